@@ -1,0 +1,86 @@
+"""The one interface every training method implements (dense, comera, galore, lte and their variants).
+
+The runner (harness/run.py) never branches on a method's name. It does, for every training step::
+
+    task_loss = workload.loss(prepared.model, batch)
+    loss = prepared.total_loss(task_loss, step)
+    loss.backward()                     # layer-wise methods step inside post-accumulate-grad hooks
+    for opt in prepared.optimizers:
+        opt.step(); opt.zero_grad(set_to_none=True)
+    info = prepared.after_step(step)    # pruning, stage switches, LTE merges; values go to the curves table
+
+and before every evaluation ``prepared.before_eval()`` (e.g. LTE merges its heads so the evaluated model
+contains what was learned).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import torch
+from torch import nn
+
+
+def _no_info(step: int) -> dict[str, float]:
+    return {}
+
+
+def _nothing() -> None:
+    return None
+
+
+@dataclass
+class Prepared:
+    """What a method hands the runner: the model to train and how to train it."""
+
+    model: nn.Module
+    optimizers: list[torch.optim.Optimizer]
+    total_loss: Callable[[torch.Tensor, int], torch.Tensor] = lambda task_loss, step: task_loss
+    after_step: Callable[[int], dict[str, float]] = _no_info
+    before_eval: Callable[[], None] = _nothing
+    settings: dict[str, Any] = field(default_factory=dict)
+    """The method's own settings (lr, rank, heads, ...), recorded as JSON in the results row."""
+    ranks: Callable[[], dict[str, list[int]]] = dict
+    """Current TT ranks per factorized layer (empty for methods without any)."""
+    size: Callable[[], dict[str, float]] = dict
+    """params_total, params_factorized_layers, compression_total, compression_layers (see DESIGN.md 3)."""
+    skipped: str | None = None
+    """A reason when the method cannot run here (e.g. 8-bit GaLore without CUDA); the runner records it."""
+
+
+class Method(Protocol):
+    """A training method. ``name`` and ``variant`` identify it in the results table."""
+
+    name: str
+    variant: str
+
+    def prepare(self, model: nn.Module, workload: Any, params: dict[str, Any], *,
+                target_ratio: float | None, total_steps: int) -> Prepared:
+        ...
+
+
+def trainable_parameters(model: nn.Module) -> int:
+    """Number of scalars that receive gradients."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def state_bytes(model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> int:
+    """Analytic training-state bytes: every parameter, a gradient per trainable parameter, and every
+    tensor held in the optimizers' state (moments, projection matrices, step counters)."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    opt_state = 0
+    for opt in optimizers:
+        for st in opt.state.values():
+            opt_state += _tensor_bytes(st)
+    return params + grads + opt_state
+
+
+def _tensor_bytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return sum(_tensor_bytes(v) for v in vars(obj).values()) if hasattr(obj, "__dict__") else 0

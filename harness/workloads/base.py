@@ -1,0 +1,40 @@
+"""The interface of a workload: a model, its data and its metric.
+
+``harness.workloads.build_workload(name, params, batch_size=..., seed=..., device=...)`` returns a
+:class:`Workload`. Models are built dense (nn.Linear / nn.Embedding); a method may tensorize them with
+``comera.convert`` using ``tt_spec``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+Batch = dict[str, torch.Tensor]
+
+
+@dataclass
+class Workload:
+    name: str
+    model: nn.Module
+    """The dense model, already on the target device."""
+    tt_spec: dict[str, dict[str, Any]]
+    """Module name -> TT spec for comera.convert.tensorize:
+    {"kind": "linear", "in_shape": [...], "out_shape": [...], "rank": int | list[int]} or
+    {"kind": "embedding", "row_shape": [...], "col_shape": [...], "rank": int | list[int]}."""
+    train_batches: Callable[[int], Iterator[Batch]]
+    """epoch -> iterator over training batches (tensors on the device), deterministic for a seed."""
+    eval_batches: Callable[[], Iterator[Batch]]
+    loss: Callable[[nn.Module, Batch], torch.Tensor]
+    """Mean task loss of one batch."""
+    evaluate: Callable[[nn.Module], dict[str, float]]
+    """Runs the eval split in eval mode under no_grad: {"metric_name": str, "metric_value": float, ...}."""
+    steps_per_epoch: int
+    metric_name: str
+    seq_len: int | None = None
+    lr: dict[str, float] = field(default_factory=dict)
+    """The paper's learning rates for this workload: {"dense": ..., "cores": ..., "other": ..., "gates": ...}."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """Anything worth recording (data source, vocabulary size, number of samples)."""
