@@ -44,6 +44,9 @@ class Prepared:
     """Current TT ranks per factorized layer (empty for methods without any)."""
     size: Callable[[], dict[str, float]] = dict
     """params_total, params_factorized_layers, compression_total, compression_layers (see DESIGN.md 3)."""
+    state_bytes: Callable[[], int] | None = None
+    """The method's own analytic state count when the generic one (``state_bytes(model, optimizers)``)
+    cannot see its state, e.g. layer-wise optimizers living in gradient hooks."""
     skipped: str | None = None
     """A reason when the method cannot run here (e.g. 8-bit GaLore without CUDA); the runner records it."""
 

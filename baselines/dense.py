@@ -1,0 +1,71 @@
+"""Uncompressed training: the dense model with torch AdamW.
+
+Also holds what the other dense-model baselines (GaLore, LTE) share: the workload's learning rate and
+the size record of an uncompressed model.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import positive, validate_params
+from .base import Prepared, trainable_parameters
+
+PARAMS_DEFAULTS: dict[str, Any] = {
+    "lr": None,  # None: the workload's lr["dense"]
+    "weight_decay": 0.0,
+}
+
+
+def check_params(params: dict[str, Any]) -> dict[str, Any]:
+    """Dense params with defaults filled; ValueError naming an unknown key or a bad value."""
+    checked = validate_params("dense", params, PARAMS_DEFAULTS)
+    positive("dense", checked, "lr")
+    if checked["weight_decay"] < 0:
+        raise ValueError(f"method 'dense': parameter 'weight_decay' must be >= 0, got {checked['weight_decay']!r}")
+    return checked
+
+
+def workload_lr(method: str, workload: Any, lr: float | None) -> float:
+    """``lr`` when given, else the workload's ``lr["dense"]`` (ValueError naming both when neither)."""
+    if lr is not None:
+        return float(lr)
+    if "dense" not in workload.lr:
+        raise ValueError(f"method {method!r}: parameter 'lr' is null and workload {workload.name!r} "
+                         f"gives no lr['dense'] (it has {sorted(workload.lr)})")
+    return float(workload.lr["dense"])
+
+
+def uncompressed_size(model: nn.Module, workload: Any, deployed: list[nn.Parameter] | None = None
+                      ) -> dict[str, float]:
+    """Size record (DESIGN.md 3) of an uncompressed model: ``params_total`` counts ``deployed`` (default:
+    every parameter), ``params_factorized_layers`` the dense size of the modules CoMERA would tensorize
+    (``workload.tt_spec``), so the appendix table can put both methods' layer sizes side by side."""
+    deployed = list(model.parameters()) if deployed is None else deployed
+    deployed_ids = {id(p) for p in deployed}
+    modules = dict(model.named_modules())
+    layer_params = {id(p): p for name in workload.tt_spec if name in modules
+                    for p in modules[name].parameters() if id(p) in deployed_ids}
+    return {"params_total": float(sum(p.numel() for p in deployed)),
+            "params_factorized_layers": float(sum(p.numel() for p in layer_params.values())),
+            "compression_total": 1.0, "compression_layers": 1.0}
+
+
+class DenseMethod:
+    """Plain AdamW on every trainable parameter of the dense model."""
+
+    name = "dense"
+    variant = "default"
+
+    def prepare(self, model: nn.Module, workload: Any, params: dict[str, Any], *,
+                target_ratio: float | None, total_steps: int) -> Prepared:
+        params = check_params(params)
+        lr = workload_lr(self.name, workload, params["lr"])
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=params["weight_decay"])
+        settings = {"optimizer": "torch.optim.AdamW", "lr": lr, "weight_decay": params["weight_decay"],
+                    "trainable_params": trainable_parameters(model)}
+        size = uncompressed_size(model, workload)
+        return Prepared(model=model, optimizers=[optimizer], settings=settings, size=lambda: dict(size))

@@ -1,0 +1,143 @@
+"""GaLore (arXiv 2403.03507) through the galore-torch package.
+
+The 2-D weights of every nn.Linear (attention, FFN, classifier) get GaLore's low-rank gradient
+projection; embeddings, biases and norms stay in a plain AdamW group of the same optimizer (a 1-D
+parameter in a GaLore group crashes the package). A Linear weight tied to an embedding counts as an
+embedding. Defaults are the GaLore paper's: rank 128, update_proj_gap 200, scale 0.25, proj_type "std";
+the package's AdamW keeps its own eps default (1e-6).
+
+Variants:
+- ``layerwise``: one optimizer per parameter, stepped from a post-accumulate-grad hook that frees the
+  gradient right after, so the full set of gradients is never held (``Prepared.optimizers`` is empty).
+- ``eight_bit``: GaLoreAdamW8bit (bitsandbytes), CUDA only; elsewhere ``Prepared.skipped`` says so.
+
+Timing: the projection is recomputed by an SVD on the first step of every window of ``update_proj_gap``
+steps, so a fair per-step time covers whole windows (see ``settings["time_window_steps"]``).
+"""
+from __future__ import annotations
+
+import warnings
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import positive, validate_params
+from .base import Prepared, trainable_parameters
+from .dense import uncompressed_size, workload_lr
+
+PROJ_TYPES = ("std", "reverse_std", "right", "left", "full")
+
+PARAMS_DEFAULTS: dict[str, Any] = {
+    "lr": None,  # None: the workload's lr["dense"]
+    "weight_decay": 0.0,
+    "rank": 128,
+    "update_proj_gap": 200,
+    "scale": 0.25,
+    "proj_type": "std",
+    "layerwise": False,
+    "eight_bit": False,
+}
+
+
+def check_params(params: dict[str, Any]) -> dict[str, Any]:
+    """GaLore params with defaults filled; ValueError naming an unknown key or a bad value."""
+    checked = validate_params("galore", params, PARAMS_DEFAULTS)
+    positive("galore", checked, "lr", "rank", "update_proj_gap", "scale")
+    if checked["weight_decay"] < 0:
+        raise ValueError(f"method 'galore': parameter 'weight_decay' must be >= 0, got {checked['weight_decay']!r}")
+    if checked["proj_type"] not in PROJ_TYPES:
+        raise ValueError(f"method 'galore': parameter 'proj_type' must be one of {list(PROJ_TYPES)}, "
+                         f"got {checked['proj_type']!r}")
+    return checked
+
+
+def galore_weights(model: nn.Module) -> list[nn.Parameter]:
+    """The trainable 2-D weights of the model's nn.Linear modules, excluding weights shared with an
+    nn.Embedding (tied output layers), each once."""
+    embedding_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    found: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and module.weight.requires_grad and id(module.weight) not in embedding_ids:
+            found.setdefault(id(module.weight), module.weight)
+    return list(found.values())
+
+
+def _optimizer_class(eight_bit: bool):
+    with warnings.catch_warnings():  # bitsandbytes, imported by galore_torch, warns about torch.jit
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import galore_torch
+    if eight_bit:
+        return galore_torch.GaLoreAdamW8bit
+    return partial(galore_torch.GaLoreAdamW, no_deprecation_warning=True)
+
+
+def _groups(plain: list[nn.Parameter], projected: list[nn.Parameter], params: dict[str, Any]) -> list[dict]:
+    galore = {"rank": params["rank"], "update_proj_gap": params["update_proj_gap"],
+              "scale": params["scale"], "proj_type": params["proj_type"]}
+    groups = [{"params": plain}] if plain else []
+    return groups + ([{"params": projected, **galore}] if projected else [])
+
+
+def _step_and_free(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> None:
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def layerwise_state_bytes(model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> int:
+    """Analytic training state of layer-wise GaLore: parameters, the optimizers' state, and the
+    gradient of ONE parameter (the largest), since each gradient is freed right after its own step."""
+    from .base import state_bytes
+
+    all_grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    largest = max((p.numel() * p.element_size() for p in model.parameters() if p.requires_grad), default=0)
+    return state_bytes(model, optimizers) - all_grads + largest
+
+
+class GaLoreMethod:
+    """GaLoreAdamW on the dense model (see the module docstring for the variants)."""
+
+    name = "galore"
+    variant = "default"
+
+    def prepare(self, model: nn.Module, workload: Any, params: dict[str, Any], *,
+                target_ratio: float | None, total_steps: int) -> Prepared:
+        params = check_params(params)
+        self.variant = "-".join(v for v, on in (("layerwise", params["layerwise"]),
+                                                ("8bit", params["eight_bit"])) if on) or "default"
+        lr = workload_lr(self.name, workload, params["lr"])
+        projected = galore_weights(model)
+        if not projected:
+            raise ValueError(f"method 'galore': model of workload {workload.name!r} has no trainable "
+                             "nn.Linear weight to project")
+        projected_ids = {id(p) for p in projected}
+        plain = [p for p in model.parameters() if p.requires_grad and id(p) not in projected_ids]
+        settings = {
+            "optimizer": "galore_torch.GaLoreAdamW8bit" if params["eight_bit"] else "galore_torch.GaLoreAdamW",
+            "lr": lr, "weight_decay": params["weight_decay"], "rank": params["rank"],
+            "update_proj_gap": params["update_proj_gap"], "scale": params["scale"],
+            "proj_type": params["proj_type"], "layerwise": params["layerwise"],
+            "eight_bit": params["eight_bit"], "time_window_steps": params["update_proj_gap"],
+            "galore_params": sum(p.numel() for p in projected), "galore_tensors": len(projected),
+            "plain_params": sum(p.numel() for p in plain),
+            "trainable_params": trainable_parameters(model),
+        }
+        size = uncompressed_size(model, workload)
+        device = projected[0].device
+        if params["eight_bit"] and device.type != "cuda":
+            return Prepared(model=model, optimizers=[], settings=settings, size=lambda: dict(size),
+                            skipped=f"8-bit GaLore needs CUDA (bitsandbytes); not run on {device.type}")
+        make = partial(_optimizer_class(params["eight_bit"]), lr=lr, weight_decay=params["weight_decay"])
+        if not params["layerwise"]:
+            optimizer = make(_groups(plain, projected, params))
+            return Prepared(model=model, optimizers=[optimizer], settings=settings, size=lambda: dict(size))
+        per_param = [(p, make(_groups([p], [], params))) for p in plain]
+        per_param += [(p, make(_groups([], [p], params))) for p in projected]
+        for p, optimizer in per_param:
+            p.register_post_accumulate_grad_hook(partial(_step_and_free, optimizer))
+        prepared = Prepared(model=model, optimizers=[], settings=settings, size=lambda: dict(size))
+        # The optimizers live in the hooks, so the generic state_bytes(model, []) would miss their state
+        # and count every gradient; harness/run.py reads prepared.state_bytes() when it exists.
+        prepared.state_bytes = partial(layerwise_state_bytes, model, [opt for _, opt in per_param])
+        return prepared

@@ -1,0 +1,188 @@
+"""LTE, LoRA-the-Explorer (Huh et al., arXiv 2402.16828): training from scratch with parallel low-rank
+heads that are merged into a frozen weight.
+
+Every nn.Linear (except one whose weight is shared with an embedding) becomes an :class:`LTELinear`
+holding the frozen weight W and H heads (A_h: r x in, B_h: out x r, scale alpha/r). In training mode
+the batch is split into H contiguous chunks and chunk h sees ``W x + s (B_h A_h - B'_h A'_h) x``, where
+(A'_h, B'_h) is head h's snapshot at the last merge. Every ``merge_every`` steps W += mean_h s(B_h A_h -
+B'_h A'_h) and the snapshots are set to the current heads. This is the "reset-less" restart of the
+authors' package (described in the paper's appendix): after a merge every head restarts from the merged
+W with a zero update, keeping its factors and its optimizer state. A_h starts orthogonal (rows scaled by
+sqrt(in/r), norm-preserving), B_h at zero, as in the package. In eval mode a layer is ``W x + b``;
+``before_eval`` merges first, so evaluation contains everything learned so far (with H > 1 that extra
+merge is also a synchronisation of the heads).
+
+The merges telescope: W = W_0 + (s/H) sum_h (B_h A_h - B_h^0 A_h^0), so the total update has rank <= H r.
+With one head, LTE is exactly LoRA folded into W whatever ``merge_every`` is (tested), which is why the
+package default cannot learn a full-rank model from scratch.
+
+Biases, embeddings and norms train normally with AdamW (``lr_other``). Presets: "default" is the
+package's LTEConfig.default (1 head, rank 8, alpha 16; reported in the CoMERA review discussion as not
+converging), "tuned" converges on the default tasks.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import positive, validate_params
+from .base import Prepared, trainable_parameters
+from .dense import uncompressed_size, workload_lr
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "default": {"heads": 1, "rank": 8, "alpha": 16.0, "merge_every": 1, "lr": None},
+    "tuned": {"heads": 4, "rank": 16, "alpha": 64.0, "merge_every": 10, "lr": 1e-3},
+}
+PARAMS_DEFAULTS: dict[str, Any] = {
+    "preset": "default",
+    **PRESETS["default"],
+    "lr_other": None,  # None: the workload's lr["dense"]
+    "weight_decay": 0.0,
+}
+
+
+def check_params(params: dict[str, Any]) -> dict[str, Any]:
+    """LTE params: the preset's values, overridden by explicit keys; ValueError naming an unknown key
+    or a bad value."""
+    preset = params.get("preset", PARAMS_DEFAULTS["preset"])
+    if preset not in PRESETS:
+        raise ValueError(f"method 'lte': parameter 'preset' must be one of {list(PRESETS)}, got {preset!r}")
+    checked = validate_params("lte", params, PARAMS_DEFAULTS)
+    checked.update({key: value for key, value in PRESETS[preset].items() if key not in params})
+    positive("lte", checked, "heads", "rank", "alpha", "merge_every", "lr", "lr_other")
+    if checked["weight_decay"] < 0:
+        raise ValueError(f"method 'lte': parameter 'weight_decay' must be >= 0, got {checked['weight_decay']!r}")
+    return checked
+
+
+class LTELinear(nn.Module):
+    """A linear layer trained through H parallel low-rank heads merged into a frozen weight.
+
+    ``weight`` (out, in) and ``bias`` follow nn.Linear's layout; ``lora_A`` (H, r, in), ``lora_B``
+    (H, out, r) are the heads, ``snapshot_A``/``snapshot_B`` their values at the last merge (frozen
+    parameters, so the generic state accounting counts their memory).
+    """
+
+    def __init__(self, linear: nn.Linear, *, heads: int, rank: int, alpha: float, name: str = ""):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.heads, self.rank, self.scaling, self.name = heads, rank, alpha / rank, name
+        self.weight = nn.Parameter(linear.weight.detach().clone(), requires_grad=False)
+        self.bias = linear.bias
+        factory = {"device": linear.weight.device, "dtype": linear.weight.dtype}
+        self.lora_A = nn.Parameter(torch.empty(heads, rank, self.in_features, **factory))
+        self.lora_B = nn.Parameter(torch.zeros(heads, self.out_features, rank, **factory))
+        with torch.no_grad():
+            for head in self.lora_A:
+                nn.init.orthogonal_(head)
+                head.mul_(math.sqrt(self.in_features / rank))
+        self.snapshot_A = nn.Parameter(self.lora_A.detach().clone(), requires_grad=False)
+        self.snapshot_B = nn.Parameter(self.lora_B.detach().clone(), requires_grad=False)
+
+    def _factors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(H, 2r, in) and (H, out, 2r) whose product per head is B A - B' A' (the unmerged update)."""
+        return (torch.cat([self.lora_A, self.snapshot_A], dim=1),
+                torch.cat([self.lora_B, -self.snapshot_B], dim=2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.linear(x, self.weight, self.bias)
+        if not self.training:
+            return out
+        batch = x.shape[0] if x.dim() > 1 else 1
+        if batch % self.heads:
+            raise ValueError(f"LTE layer {self.name or 'linear'!r}: batch size {batch} is not divisible by "
+                             f"the number of heads {self.heads}")
+        a, b = self._factors()
+        chunks = x.reshape(self.heads, -1, self.in_features)
+        update = torch.bmm(torch.bmm(chunks, a.transpose(1, 2)), b.transpose(1, 2))
+        return out + self.scaling * update.reshape(out.shape)
+
+    @torch.no_grad()
+    def merge(self) -> None:
+        """W += mean over heads of s (B_h A_h - B'_h A'_h); snapshots := current heads."""
+        a, b = self._factors()
+        stacked_b = b.permute(1, 0, 2).reshape(self.out_features, -1)  # (out, H*2r)
+        stacked_a = a.reshape(-1, self.in_features)  # (H*2r, in)
+        self.weight.addmm_(stacked_b, stacked_a, alpha=self.scaling / self.heads)
+        self.snapshot_A.copy_(self.lora_A)
+        self.snapshot_B.copy_(self.lora_B)
+
+    def flops(self, tokens: int) -> int:
+        """Matmul FLOPs of one training step (forward + backward) on ``tokens`` rows, as implemented:
+        the frozen product (forward, input gradient) and the stacked current + snapshot factors (rank
+        2r: forward, input gradient, factor gradients)."""
+        frozen = 2 * tokens * self.in_features * self.out_features
+        stacked = 2 * tokens * 2 * self.rank * (self.in_features + self.out_features)
+        return 2 * frozen + 3 * stacked
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, heads={self.heads}, "
+                f"rank={self.rank}, scaling={self.scaling:g}, bias={self.bias is not None}")
+
+
+def convert_linears(model: nn.Module, *, heads: int, rank: int, alpha: float) -> list[str]:
+    """Replace every nn.Linear of ``model`` in place by an LTELinear, except a Linear whose weight is
+    shared with an nn.Embedding (tied output layer). Returns the converted module names."""
+    embedding_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    targets = [(name, module) for name, module in model.named_modules()
+               if isinstance(module, nn.Linear) and id(module.weight) not in embedding_ids]
+    for name, module in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        setattr(parent, child, LTELinear(module, heads=heads, rank=rank, alpha=alpha, name=name))
+    return [name for name, _ in targets]
+
+
+class LTEMethod:
+    """LTE on the dense model (module docstring)."""
+
+    name = "lte"
+    variant = "default"
+
+    def prepare(self, model: nn.Module, workload: Any, params: dict[str, Any], *,
+                target_ratio: float | None, total_steps: int) -> Prepared:
+        params = check_params(params)
+        self.variant = params["preset"]
+        lr_heads = workload_lr(self.name, workload, params["lr"])
+        lr_other = workload_lr(self.name, workload, params["lr_other"])
+        converted = convert_linears(model, heads=params["heads"], rank=params["rank"], alpha=params["alpha"])
+        if not converted:
+            raise ValueError(f"method 'lte': model of workload {workload.name!r} has no nn.Linear to adapt")
+        layers = [m for m in model.modules() if isinstance(m, LTELinear)]
+        head_ids = {id(p) for m in layers for p in (m.lora_A, m.lora_B)}
+        heads = [p for m in layers for p in (m.lora_A, m.lora_B)]
+        other = [p for p in model.parameters() if p.requires_grad and id(p) not in head_ids]
+        groups = [{"params": heads, "lr": lr_heads}] + ([{"params": other, "lr": lr_other}] if other else [])
+        optimizer = torch.optim.AdamW(groups, lr=lr_heads, weight_decay=params["weight_decay"])
+        snapshot_ids = {id(p) for m in layers for p in (m.snapshot_A, m.snapshot_B)}
+        deployed = [p for p in model.parameters() if id(p) not in head_ids | snapshot_ids]
+        size = uncompressed_size(model, workload, deployed)
+        merges = {"count": 0, "steps": 0}
+
+        def merge_all() -> None:
+            for layer in layers:
+                layer.merge()
+            merges["count"] += 1
+
+        def after_step(step: int) -> dict[str, float]:
+            merges["steps"] += 1
+            if merges["steps"] % params["merge_every"]:
+                return {}
+            merge_all()
+            return {"lte_merges": float(merges["count"])}
+
+        settings = {
+            "optimizer": "torch.optim.AdamW", "preset": params["preset"], "heads": params["heads"],
+            "rank": params["rank"], "alpha": params["alpha"], "scaling": params["alpha"] / params["rank"],
+            "merge_every": params["merge_every"], "restart": "resetless (snapshot subtracted)",
+            "lr": lr_heads, "lr_other": lr_other, "weight_decay": params["weight_decay"],
+            "lte_layers": converted, "head_params": sum(p.numel() for p in heads),
+            "other_trainable_params": sum(p.numel() for p in other),
+            "trainable_params": trainable_parameters(model),
+        }
+        return Prepared(model=model, optimizers=[optimizer], after_step=after_step, before_eval=merge_all,
+                        settings=settings, size=lambda: dict(size))
