@@ -1,0 +1,256 @@
+"""The ``comera-bench`` command.
+
+    comera-bench run --spec SPEC.json --runs-out R.parquet --curves-out C.parquet
+    comera-bench run --workload transformer --method comera --batch-size 8 [...]   (defaults, results/runs/)
+    comera-bench show [RESULTS...] [--where col=value ...] [--group-by cols] [--columns cols] [--csv]
+    comera-bench merge --kind runs|curves|microbench --out OUT.parquet FILE_OR_DIR...
+    comera-bench microbench|bench|compare ...   (harness.microbench / harness.bench / harness.compare)
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from harness import results
+
+DELEGATED = {"microbench": "harness.microbench", "bench": "harness.bench", "compare": "harness.compare",
+             "merge": "harness.results"}
+SHOW_COLUMNS = {
+    "runs": ["run_id", "workload", "method", "variant", "batch_size", "target_ratio", "seed", "status",
+             "step_time_ms", "epoch_time_s", "peak_mem_bytes", "metric_name", "metric_value",
+             "compression_total", "device"],
+    "curves": results.CURVES_COLUMNS,
+    "microbench": ["op", "variant", "shape", "tokens", "rank", "direction", "time_ms", "time_ms_iqr",
+                   "peak_mem_bytes", "flops", "device"],
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in DELEGATED:
+        module = importlib.import_module(DELEGATED[argv[0]])
+        entry = "cli_merge" if argv[0] == "merge" else "cli"
+        return int(getattr(module, entry)(argv[1:]) or 0)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    return args.func(args)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="comera-bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command")
+    for name, module in DELEGATED.items():
+        sub.add_parser(name, help=f"see `comera-bench {name} --help` ({module})", add_help=False)
+
+    run = sub.add_parser("run", help="run one grid cell and write its runs/curves Parquet files")
+    run.add_argument("--spec", help="spec JSON file (when given, the cell options below are not allowed)")
+    run.add_argument("--runs-out", help="runs Parquet file (default results/runs/<device>/<run_id>.runs.parquet)")
+    run.add_argument("--curves-out", help="curves Parquet file (default next to --runs-out)")
+    cell = run.add_argument_group("a cell without a spec file")
+    cell.add_argument("--workload")
+    cell.add_argument("--method")
+    cell.add_argument("--batch-size", type=int)
+    cell.add_argument("--variant", default="")
+    cell.add_argument("--target-ratio", type=float)
+    cell.add_argument("--seed", type=int, default=0)
+    cell.add_argument("--workload-param", action="append", default=[], metavar="KEY=VALUE",
+                      help="workload parameter (YAML value), repeatable")
+    cell.add_argument("--method-param", action="append", default=[], metavar="KEY=VALUE",
+                      help="method parameter (YAML value), repeatable")
+    cell.add_argument("--epochs", type=int, default=1)
+    cell.add_argument("--max-steps-per-epoch", type=int)
+    cell.add_argument("--warmup-steps", type=int, default=1)
+    cell.add_argument("--eval-every-steps", type=int)
+    cell.add_argument("--time-limit-s", type=float)
+    cell.add_argument("--device", default="auto", help="cpu | cuda | auto (default)")
+    cell.add_argument("--threads", type=int, help="torch threads (default: torch's current setting)")
+    cell.add_argument("--cuda-graph", action="store_true")
+    cell.add_argument("--compile", action="store_true")
+    cell.add_argument("--results-dir", default="results/runs",
+                      help="folder for the default output paths (default results/runs)")
+    run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                     help="progress bar on stderr (default: when stderr is a terminal)")
+    run.add_argument("--fail-on-error", action="store_true",
+                     help="exit with 1 when the run's status is not ok (the files are written anyway)")
+    run.set_defaults(func=_cmd_run)
+
+    show = sub.add_parser("show", help="print result tables")
+    show.add_argument("results", nargs="*", default=["results"],
+                      help="Parquet files or folders (default: results)")
+    show.add_argument("--kind", choices=results.KINDS, default="runs")
+    show.add_argument("--where", action="append", default=[], metavar="COL=VALUE",
+                      help="keep rows where COL equals VALUE (repeatable; all must hold)")
+    show.add_argument("--group-by", help="comma-separated columns; numeric columns are summarised "
+                                         "by their median, with the row count in n")
+    show.add_argument("--columns", help="comma-separated columns to print")
+    show.add_argument("--csv", action="store_true", help="print CSV instead of a table")
+    show.set_defaults(func=_cmd_show)
+    return parser
+
+
+# ------------------------------------------------------------------------------------------- run
+
+def _key_values(items: list[str], option: str) -> dict[str, Any]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"comera-bench run: {option} expects KEY=VALUE, got {item!r}")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """A spec built from the cell options (defaults for everything not given)."""
+    missing = [opt for opt, v in (("--workload", args.workload), ("--method", args.method),
+                                  ("--batch-size", args.batch_size)) if v is None]
+    if missing:
+        raise SystemExit(f"comera-bench run: without --spec, {', '.join(missing)} must be given")
+    return {
+        "workload": args.workload, "method": args.method, "variant": args.variant,
+        "workload_params": _key_values(args.workload_param, "--workload-param"),
+        "method_params": _key_values(args.method_param, "--method-param"),
+        "batch_size": args.batch_size, "target_ratio": args.target_ratio, "seed": args.seed,
+        "budget": {"epochs": args.epochs, "max_steps_per_epoch": args.max_steps_per_epoch,
+                   "warmup_steps": args.warmup_steps, "eval_every_steps": args.eval_every_steps,
+                   "time_limit_s": args.time_limit_s},
+        "execution": {"device": args.device, "num_threads": args.threads,
+                      "cuda_graph": args.cuda_graph, "compile": args.compile},
+    }
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from harness import run as runner
+
+    cell_given = [opt for opt in ("workload", "method", "batch_size") if getattr(args, opt) is not None]
+    try:
+        if args.spec:
+            if cell_given:
+                raise runner.SpecError(f"--spec cannot be combined with --{cell_given[0].replace('_', '-')}")
+            spec = runner.normalize_spec(runner.load_spec(args.spec))
+        else:
+            spec = runner.normalize_spec(spec_from_args(args))
+    except runner.SpecError as exc:
+        print(f"comera-bench run: {exc}", file=sys.stderr)
+        return 2
+    runs_out, curves_out = args.runs_out, args.curves_out
+    if runs_out is None:
+        device = spec["execution"]["device"]
+        if device == "auto":
+            device = runner.resolve_device("auto").type
+        folder = Path(args.results_dir) / device.split(":")[0]
+        runs_out = folder / f"{spec['run_id']}.runs.parquet"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{spec['run_id']}.spec.json").write_text(json.dumps(spec, indent=2, sort_keys=True))
+    if curves_out is None:
+        runs_out = Path(runs_out)
+        stem = runs_out.name[:-len(".runs.parquet")] if runs_out.name.endswith(".runs.parquet") \
+            else runs_out.stem
+        curves_out = runs_out.with_name(f"{stem}.curves.parquet")
+    row = runner.run_to_files(spec, runs_out, curves_out, progress=args.progress)
+    summary = f"{row['run_id']}: {row['status']}"
+    if row["status"] == "ok":
+        summary += (f", step {row['step_time_ms']:.3g} ms, {row['metric_name']} "
+                    f"{row['metric_value']:.4g}")
+    else:
+        summary += f" ({row['error']})"
+    print(f"{summary} -> {runs_out}", file=sys.stderr)
+    return 1 if args.fail_on_error and row["status"] != "ok" else 0
+
+
+# ------------------------------------------------------------------------------------------ show
+
+def _find_results(paths: list[str], kind: str) -> list[Path]:
+    """Files as given; a folder gives its merged ``<kind>.parquet`` tables when it has any, else its
+    per-cell ``*.<kind>.parquet`` files."""
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            merged = sorted(p.rglob(f"{kind}.parquet"))
+            found.extend(merged or results.expand_paths([p], kind))
+        elif p.exists():
+            found.append(p)
+        else:
+            raise results.ResultsError(f"no such result file or folder: {p}")
+    return found
+
+
+def _parse_where(items: list[str], df: pd.DataFrame) -> pd.Series:
+    keep = pd.Series(True, index=df.index)
+    for item in items:
+        col, sep, value = item.partition("=")
+        if not sep:
+            raise results.ResultsError(f"--where expects COL=VALUE, got {item!r}")
+        if col not in df.columns:
+            raise results.ResultsError(f"--where: unknown column {col!r}; columns: {list(df.columns)}")
+        column = df[col]
+        if pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column):
+            try:
+                keep &= column == float(value)
+                continue
+            except ValueError:
+                pass
+        keep &= column.astype(str) == value
+    return keep
+
+
+def _columns(spec: str | None, df: pd.DataFrame, default: list[str]) -> list[str]:
+    if spec is None:
+        return [c for c in default if c in df.columns]
+    cols = [c.strip() for c in spec.split(",") if c.strip()]
+    unknown = [c for c in cols if c not in df.columns]
+    if unknown:
+        raise results.ResultsError(f"unknown column(s) {unknown}; columns: {list(df.columns)}")
+    return cols
+
+
+def show_table(paths: list[str], *, kind: str = "runs", where: list[str] = (), group_by: str | None = None,
+               columns: str | None = None) -> pd.DataFrame:
+    """The frame ``comera-bench show`` prints."""
+    files = _find_results(paths, kind)
+    df = pd.concat([results.read_parquet(f, kind) for f in files], ignore_index=True) if files \
+        else results.empty_frame(kind)
+    df = df[_parse_where(list(where), df)]
+    if group_by:
+        keys = _columns(group_by, df, [])
+        cols = [c for c in _columns(columns, df, SHOW_COLUMNS[kind]) if c not in keys]
+        numeric = [c for c in cols if pd.api.types.is_numeric_dtype(df[c])
+                   and not pd.api.types.is_bool_dtype(df[c])]
+        grouped = df.groupby(keys, dropna=False)
+        out = grouped[numeric].median() if numeric else grouped.size().to_frame("n").iloc[:, :0]
+        out.insert(0, "n", grouped.size())
+        return out.reset_index()
+    return df[_columns(columns, df, SHOW_COLUMNS[kind])].reset_index(drop=True)
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    try:
+        df = show_table(args.results, kind=args.kind, where=args.where, group_by=args.group_by,
+                        columns=args.columns)
+    except results.ResultsError as exc:
+        print(f"comera-bench show: {exc}", file=sys.stderr)
+        return 1
+    if args.csv:
+        sys.stdout.write(df.to_csv(index=False))
+    elif df.empty:
+        print(f"(no {args.kind} rows)")
+    else:
+        with pd.option_context("display.width", 250, "display.max_columns", None,
+                               "display.max_colwidth", 60, "display.float_format", "{:.4g}".format):
+            print(df.to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

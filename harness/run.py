@@ -1,0 +1,541 @@
+"""Running one grid cell: a spec (JSON, /work/briefs/api.md) in, one ``runs`` row and its ``curves`` out.
+
+:func:`run_cell` never raises for a failure of the run itself: the row's ``status`` says what happened
+(ok | oom | diverged | error | timeout) and ``error`` holds the message. A method that cannot run here
+(``Prepared.skipped``) is recorded as status "error" with error "skipped: <reason>".
+
+The training loop is the one documented in baselines/base.py. Per step it times (warm-up excluded,
+device synchronized) forward, loss, backward, the optimizer steps and ``after_step``; evaluation runs
+with the step clock, the epoch clock and the memory monitor paused.
+
+Curves rows (split / metric_name): ``train`` / ``loss`` (task loss) and ``objective`` (the method's total
+loss) every step; ``eval`` / every numeric value of ``workload.evaluate`` at each evaluation;
+``method`` / every key of ``after_step``'s info every step; ``ranks`` / ``<layer>[<k>]`` = k-th entry of
+the layer's rank list before training, whenever the info's ``stage`` changes, and at the end. ``step`` is
+the number of training steps done at that point.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import os
+import random
+import sys
+import time
+import traceback
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from harness import measure, results
+from harness.cudagraph import GraphedStep, require_cuda, state_signature
+
+SPEC_KEYS = ("run_id", "workload", "workload_params", "method", "variant", "method_params", "batch_size",
+             "target_ratio", "seed", "budget", "execution", "config_hash")
+BUDGET_DEFAULTS: dict[str, Any] = {"epochs": 1, "max_steps_per_epoch": None, "warmup_steps": 1,
+                                   "eval_every_steps": None, "time_limit_s": None}
+EXECUTION_DEFAULTS: dict[str, Any] = {"device": "auto", "num_threads": None, "cuda_graph": False,
+                                      "compile": False}
+FINAL_LOSS_WINDOW = 100
+"""final_train_loss is the mean task loss over the last (at most) this many steps."""
+
+
+class SpecError(ValueError):
+    """An invalid run spec; the message names the key and the value."""
+
+
+# ---------------------------------------------------------------------------------------- the spec
+
+def _check_int(where: str, value: Any, minimum: int, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise SpecError(f"spec {where} must be an integer >= {minimum}, got {value!r}")
+
+
+def _fill(where: str, given: Any, defaults: dict[str, Any]) -> dict[str, Any]:
+    if given is None:
+        given = {}
+    if not isinstance(given, dict):
+        raise SpecError(f"spec {where} must be a mapping, got {given!r}")
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise SpecError(f"unknown key {where}.{unknown[0]}; allowed keys: {sorted(defaults)}")
+    return {**defaults, **given}
+
+
+def spec_hash(spec: dict[str, Any]) -> str:
+    """Hash of everything in a spec that changes the result (all keys but run_id and config_hash)."""
+    content = {k: v for k, v in spec.items() if k not in ("run_id", "config_hash")}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def normalize_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """A complete spec: keys checked (unknown -> SpecError naming it), defaults filled, run_id and
+    config_hash derived when absent."""
+    if not isinstance(spec, dict):
+        raise SpecError(f"a spec must be a JSON object, got {type(spec).__name__}")
+    unknown = sorted(set(spec) - set(SPEC_KEYS))
+    if unknown:
+        raise SpecError(f"unknown spec key {unknown[0]!r}; allowed keys: {list(SPEC_KEYS)}")
+    for key in ("workload", "method", "batch_size"):
+        if key not in spec:
+            raise SpecError(f"spec is missing the key {key!r}")
+    out = dict(spec)
+    for key in ("workload", "method"):
+        if not isinstance(out[key], str) or not out[key]:
+            raise SpecError(f"spec {key} must be a non-empty string, got {out[key]!r}")
+    _check_int("batch_size", out["batch_size"], 1)
+    out.setdefault("seed", 0)
+    _check_int("seed", out["seed"], 0)
+    out.setdefault("variant", "")
+    out.setdefault("target_ratio", None)
+    tr = out["target_ratio"]
+    if tr is not None and (isinstance(tr, bool) or not isinstance(tr, (int, float)) or not 0 < tr <= 1):
+        raise SpecError(f"spec target_ratio must be null or in (0, 1], got {tr!r}")
+    for key in ("workload_params", "method_params"):
+        out[key] = dict(out.get(key) or {})
+    budget = out["budget"] = _fill("budget", out.get("budget"), BUDGET_DEFAULTS)
+    _check_int("budget.epochs", budget["epochs"], 1)
+    _check_int("budget.max_steps_per_epoch", budget["max_steps_per_epoch"], 1, optional=True)
+    _check_int("budget.warmup_steps", budget["warmup_steps"], 0)
+    _check_int("budget.eval_every_steps", budget["eval_every_steps"], 1, optional=True)
+    limit = budget["time_limit_s"]
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit <= 0):
+        raise SpecError(f"spec budget.time_limit_s must be null or > 0, got {limit!r}")
+    ex = out["execution"] = _fill("execution", out.get("execution"), EXECUTION_DEFAULTS)
+    if ex["device"] not in ("cpu", "cuda", "auto") and not str(ex["device"]).startswith("cuda:"):
+        raise SpecError(f"spec execution.device must be cpu|cuda|auto, got {ex['device']!r}")
+    if ex["num_threads"] is None:
+        ex["num_threads"] = torch.get_num_threads()
+    _check_int("execution.num_threads", ex["num_threads"], 1)
+    for key in ("cuda_graph", "compile"):
+        if not isinstance(ex[key], bool):
+            raise SpecError(f"spec execution.{key} must be true or false, got {ex[key]!r}")
+    out.setdefault("config_hash", "")
+    if not out["config_hash"]:
+        out["config_hash"] = spec_hash(out)
+    if not out.get("run_id"):
+        ratio = "dense" if tr is None else f"t{tr:g}"
+        variant = f"-{out['variant']}" if out["variant"] else ""
+        out["run_id"] = (f"{out['workload']}-{out['method']}{variant}-b{out['batch_size']}-{ratio}"
+                         f"-s{out['seed']}-{out['config_hash'][:8]}")
+    return out
+
+
+def resolve_device(name: str) -> torch.device:
+    """"auto" -> cuda when available (the device CUDA_VISIBLE_DEVICES gave the job), else cpu."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"execution.device is {name!r} but CUDA is not available here")
+    return device
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# --------------------------------------------------------------------------------- the registries
+
+@dataclass
+class Registry:
+    """Where workloads and methods come from (the real ones by default; tests inject toys)."""
+
+    build_workload: Callable[..., Any]
+    get_method: Callable[[str], Any]
+    check_workload_params: Callable[[str, dict], dict] = lambda name, params: dict(params)
+    check_method_params: Callable[[str, dict], dict] = lambda name, params: dict(params)
+
+
+def default_registry() -> Registry:
+    import baselines
+    import harness.workloads as workloads
+
+    return Registry(workloads.build_workload, baselines.get_method,
+                    workloads.check_params, baselines.check_params)
+
+
+# ---------------------------------------------------------------------------------------- the run
+
+class _Diverged(Exception):
+    pass
+
+
+class _Timeout(Exception):
+    pass
+
+
+class _Skipped(Exception):
+    pass
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)):
+        return True
+    msg = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in msg or "can't allocate memory" in msg)
+
+
+def _traceback_tail(exc: BaseException, lines: int = 12) -> str:
+    return "\n".join("".join(traceback.format_exception(exc)).splitlines()[-lines:])
+
+
+def _as_rank(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, int) for v in value):
+        return max(value)
+    return None
+
+
+def _rank_setting(settings: dict, method_params: dict, prepared: Any, workload: Any) -> int | None:
+    """The run's rank: the method's ``rank`` setting; for a TT method without one, the largest rank of
+    the workload's tt_spec linear entries (all entries when there is no linear one)."""
+    rank = _as_rank(settings.get("rank", method_params.get("rank")))
+    if rank is not None or prepared is None or not prepared.ranks() or workload is None:
+        return rank
+    entries = list(workload.tt_spec.values())
+    linear = [e for e in entries if e.get("kind") == "linear"] or entries
+    found = [r for r in (_as_rank(e.get("rank")) for e in linear) if r is not None]
+    return max(found) if found else None
+
+
+@dataclass
+class _State:
+    """Everything a run has found so far (partial on failure)."""
+
+    spec: dict[str, Any]
+    started: float = field(default_factory=time.perf_counter)
+    device: torch.device | None = None
+    workload: Any = None
+    method: Any = None
+    prepared: Any = None
+    workload_params: dict[str, Any] = field(default_factory=dict)
+    method_params: dict[str, Any] = field(default_factory=dict)
+    timer: measure.StepTimer | None = None
+    monitor: measure.MemoryMonitor | None = None
+    memory: measure.MemoryReading | None = None
+    epoch_clock: measure.Stopwatch | None = None
+    full_epochs_s: list[float] = field(default_factory=list)
+    steps_done: int = 0
+    steps_in_epoch: int = 0
+    losses: list[float] = field(default_factory=list)
+    last_eval: dict[str, Any] = field(default_factory=dict)
+    last_eval_step: int = -1
+    curves: list[dict[str, Any]] = field(default_factory=list)
+    flops_initial: int | None = None
+    flops_tokens: dict[str, int] = field(default_factory=dict)
+    flops_basis: dict[str, Any] = field(default_factory=dict)
+    graphed: GraphedStep | None = None
+    stage: Any = None
+    epoch: int = 0
+
+
+def run_cell(spec: dict[str, Any], *, registry: Registry | None = None,
+             progress: bool | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run one cell; returns (runs row with every RUNS_COLUMNS key, curves rows). An invalid spec raises
+    SpecError; everything that goes wrong after that is recorded in the row."""
+    spec = normalize_spec(spec)
+    st = _State(spec)
+    status, error, tb = "ok", "", ""
+    try:
+        ex = spec["execution"]
+        torch.set_num_threads(ex["num_threads"])
+        st.device = resolve_device(ex["device"])
+        if ex["cuda_graph"]:
+            require_cuda(st.device)
+        seed_everything(spec["seed"])
+        _train(st, registry or default_registry(), progress)
+    except _Diverged as exc:
+        status, error = "diverged", str(exc)
+    except _Timeout as exc:
+        status, error = "timeout", str(exc)
+    except _Skipped as exc:
+        status, error = "error", f"skipped: {exc}"
+    except Exception as exc:  # noqa: BLE001 -- every failure becomes a row
+        status = "oom" if _is_oom(exc) else "error"
+        error = f"{type(exc).__name__}: {exc}"
+        tb = _traceback_tail(exc)
+        if st.device is not None and st.device.type == "cuda":
+            torch.cuda.empty_cache()
+    finally:
+        if st.monitor is not None and st.memory is None:
+            st.memory = st.monitor.stop()
+    row = _build_row(st, status, error, tb)
+    return row, st.curves
+
+
+def _train(st: _State, reg: Registry, progress: bool | None) -> None:
+    spec, budget = st.spec, st.spec["budget"]
+    st.workload_params = reg.check_workload_params(spec["workload"], spec["workload_params"])
+    st.method_params = reg.check_method_params(spec["method"], spec["method_params"])
+    workload = st.workload = reg.build_workload(spec["workload"], st.workload_params,
+                                                batch_size=spec["batch_size"], seed=spec["seed"],
+                                                device=st.device)
+    st.steps_in_epoch = workload.steps_per_epoch
+    if budget["max_steps_per_epoch"] is not None:
+        st.steps_in_epoch = min(st.steps_in_epoch, budget["max_steps_per_epoch"])
+    total_steps = budget["epochs"] * st.steps_in_epoch
+    st.method = reg.get_method(spec["method"])
+    prepared = st.method.prepare(workload.model, workload, st.method_params,
+                                 target_ratio=spec["target_ratio"], total_steps=total_steps)
+    if prepared.skipped:  # nothing was measured: the row keeps its measurement columns empty
+        raise _Skipped(prepared.skipped)
+    st.prepared = prepared
+    model = prepared.model
+    train_model = torch.compile(model) if spec["execution"]["compile"] else model
+
+    def step_fn(batch: dict[str, torch.Tensor], step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        task_loss = workload.loss(train_model, batch)
+        loss = prepared.total_loss(task_loss, step)
+        loss.backward()
+        for opt in prepared.optimizers:
+            opt.step()
+        return task_loss.detach(), loss.detach()
+
+    if spec["execution"]["cuda_graph"]:
+        st.graphed = GraphedStep(step_fn, model, prepared.optimizers, st.device)
+
+    first = next(iter(workload.train_batches(0)), None)
+    if first is None:
+        raise RuntimeError(f"workload {spec['workload']!r} yields no training batch")
+    model.train()
+    st.flops_initial, st.flops_tokens, st.flops_basis = measure.measure_flops(
+        model, lambda: workload.loss(model, first))
+    del first
+    _record_ranks(st, 0)
+
+    deadline = (st.started + budget["time_limit_s"]) if budget["time_limit_s"] else None
+    eval_every = budget["eval_every_steps"]
+    warmup = budget["warmup_steps"]
+    if st.graphed is not None:  # the eager warm-up steps and the capture step are never timed
+        warmup = max(warmup, st.graphed.warmup + 1)
+    st.timer = measure.StepTimer(st.device, warmup)
+    st.epoch_clock = measure.Stopwatch(st.device)
+    if eval_every:
+        _evaluate(st)
+    st.monitor = measure.MemoryMonitor(st.device)
+    st.monitor.start()
+    bar = _progress_bar(total_steps, spec["run_id"], progress)
+    try:
+        for epoch in range(budget["epochs"]):
+            st.epoch = epoch
+            st.epoch_clock.start()
+            done_in_epoch = 0
+            for batch in itertools.islice(workload.train_batches(epoch), st.steps_in_epoch):
+                _one_step(st, batch, step_fn, epoch)
+                done_in_epoch += 1
+                bar.update(1)
+                if eval_every and st.steps_done % eval_every == 0:
+                    _evaluate(st, epoch)
+                if deadline is not None and time.perf_counter() > deadline:
+                    raise _Timeout(f"time limit of {budget['time_limit_s']} s reached after "
+                                   f"{st.steps_done} steps")
+            if done_in_epoch == workload.steps_per_epoch:
+                st.full_epochs_s.append(st.epoch_clock.elapsed())
+        st.memory = st.monitor.stop()
+        if st.last_eval_step != st.steps_done:
+            _evaluate(st, st.epoch)
+    finally:
+        bar.close()
+        _record_ranks(st, st.steps_done, st.epoch)
+
+
+def _one_step(st: _State, batch: dict[str, torch.Tensor], step_fn: Callable, epoch: int) -> None:
+    prepared, step = st.prepared, st.steps_done
+    if st.graphed is not None:  # outside the timed step: the check is the runner's, not the method's
+        before = state_signature(prepared.model, prepared.optimizers)
+    with st.timer.step():
+        if st.graphed is not None:
+            task_loss, loss = st.graphed(batch, step)
+        else:
+            task_loss, loss = step_fn(batch, step)
+            for opt in prepared.optimizers:
+                opt.zero_grad(set_to_none=True)
+        info = prepared.after_step(step) or {}
+        task_value, loss_value = float(task_loss), float(loss)
+    if st.graphed is not None and (state_signature(prepared.model, prepared.optimizers) != before
+                                   or st.stage is not None and info.get("stage", st.stage) != st.stage):
+        st.graphed.invalidate()
+    st.steps_done += 1
+    st.losses.append(task_value)
+    n = st.steps_done
+    st.curves.append(_curve(st, n, epoch, "train", "loss", task_value))
+    st.curves.append(_curve(st, n, epoch, "train", "objective", loss_value))
+    for key, value in info.items():
+        st.curves.append(_curve(st, n, epoch, "method", key, float(value)))
+    stage = info.get("stage")
+    if stage is not None and stage != st.stage:
+        if st.stage is not None:
+            _record_ranks(st, n, epoch)
+        st.stage = stage
+    if not (math.isfinite(task_value) and math.isfinite(loss_value)):
+        raise _Diverged(f"non-finite loss at step {n}: task loss {task_value}, objective {loss_value}")
+
+
+def _evaluate(st: _State, epoch: int = 0) -> None:
+    """prepared.before_eval() then workload.evaluate(), outside every clock and the memory monitor."""
+    monitor = st.monitor if st.monitor is not None and st.monitor.running else None
+    with (monitor.paused() if monitor else nullcontext()), \
+            (st.epoch_clock.paused() if st.epoch_clock else nullcontext()):
+        st.prepared.before_eval()
+        result = dict(st.workload.evaluate(st.prepared.model))
+        st.prepared.model.train()
+    st.last_eval, st.last_eval_step = result, st.steps_done
+    name = result.get("metric_name", st.workload.metric_name)
+    st.curves.append(_curve(st, st.steps_done, epoch, "eval", name, float(result["metric_value"])))
+    for key, value in result.items():
+        if key not in ("metric_name", "metric_value") and isinstance(value, (int, float)):
+            st.curves.append(_curve(st, st.steps_done, epoch, "eval", key, float(value)))
+
+
+def _record_ranks(st: _State, step: int, epoch: int = 0) -> None:
+    if st.prepared is None:
+        return
+    for layer, ranks in (st.prepared.ranks() or {}).items():
+        for k, r in enumerate(ranks):
+            st.curves.append(_curve(st, step, epoch, "ranks", f"{layer}[{k}]", float(r)))
+
+
+def _curve(st: _State, step: int, epoch: int, split: str, name: str, value: float) -> dict[str, Any]:
+    return {"run_id": st.spec["run_id"], "step": step, "epoch": epoch, "split": split,
+            "metric_name": name, "value": value}
+
+
+def _progress_bar(total: int, desc: str, progress: bool | None):
+    from tqdm import tqdm
+
+    enabled = sys.stderr.isatty() if progress is None else progress
+    return tqdm(total=total, desc=desc, file=sys.stderr, disable=not enabled, mininterval=1.0,
+                leave=False)
+
+
+# ---------------------------------------------------------------------------------------- the row
+
+def _build_row(st: _State, status: str, error: str, tb: str) -> dict[str, Any]:
+    spec = st.spec
+    device = st.device or torch.device("cpu")
+    row: dict[str, Any] = {c: None for c in results.RUNS_COLUMNS}
+    row.update(results.provenance(device, spec["config_hash"]))
+    variant = spec["variant"] or getattr(st.method, "variant", "") or ""
+    for flag, tag in (("cuda_graph", "cudagraph"), ("compile", "compile")):
+        if spec["execution"][flag] and tag not in variant.split("+"):
+            variant = f"{variant}+{tag}" if variant else tag
+    prepared, workload = st.prepared, st.workload
+    settings = dict(prepared.settings) if prepared is not None else {}
+    row.update(run_id=spec["run_id"], workload=spec["workload"], method=spec["method"], variant=variant,
+               batch_size=spec["batch_size"], target_ratio=spec["target_ratio"], seed=spec["seed"],
+               seq_len=getattr(workload, "seq_len", None),
+               rank=_rank_setting(settings, st.method_params, prepared, workload),
+               status=status, error=error)
+    extra: dict[str, Any] = {}
+    if tb:
+        extra["traceback"] = tb
+    if st.timer is not None:
+        summary = st.timer.summary()
+        row.update(step_time_ms=summary["step_time_ms"], step_time_ms_iqr=summary["step_time_ms_iqr"],
+                   steps_timed=summary["steps_timed"])
+        if summary["steps_timed"]:
+            row["samples_per_s"] = spec["batch_size"] * 1e3 / summary["step_time_ms"]
+            row["epoch_time_s"], row["epoch_time_kind"] = measure.epoch_time(
+                st.full_epochs_s, mean_step_ms=summary["step_time_ms_mean"],
+                steps_per_epoch=workload.steps_per_epoch)
+        extra.update(step_time_ms_mean=summary["step_time_ms_mean"], full_epochs_s=st.full_epochs_s,
+                     steps_done=st.steps_done, warmup_steps=st.timer.warmup_steps)
+    if st.memory is not None:
+        row.update(peak_mem_bytes=st.memory.peak_mem_bytes, peak_mem_kind=st.memory.peak_mem_kind,
+                   cuda_reserved_bytes=st.memory.cuda_reserved_bytes)
+        extra["memory"] = st.memory.details
+    if prepared is not None:
+        row["state_bytes"] = _state_bytes(prepared)
+        row.update(_size_columns(prepared))
+        row["ranks"] = json.dumps(prepared.ranks() or {})
+        if st.flops_tokens:
+            row["flops_per_step"], _ = measure.flops_per_step(prepared.model, st.flops_tokens)
+            extra.update(flops_per_step_initial=st.flops_initial, **st.flops_basis)
+    if workload is not None:
+        row["metric_name"] = st.last_eval.get("metric_name", workload.metric_name)
+        row["metric_value"] = st.last_eval.get("metric_value")
+        if st.steps_in_epoch:
+            row["epochs"] = st.steps_done / st.steps_in_epoch
+    if st.losses:
+        window = st.losses[-FINAL_LOSS_WINDOW:]
+        row["final_train_loss"] = float(np.mean(window))
+        extra["final_train_loss_window"] = len(window)
+    if st.last_eval:
+        extra["eval"] = {k: v for k, v in st.last_eval.items() if isinstance(v, (int, float, str))}
+        extra["eval_step"] = st.last_eval_step
+    if st.graphed is not None:
+        extra["cuda_graph"] = st.graphed.stats()
+    row["settings"] = json.dumps({
+        "method": settings, "method_params": st.method_params, "workload_params": st.workload_params,
+        "workload_info": getattr(workload, "info", {}), "steps_per_epoch":
+            getattr(workload, "steps_per_epoch", None), "steps_in_epoch": st.steps_in_epoch,
+        "budget": spec["budget"], "execution": spec["execution"]}, sort_keys=True, default=str)
+    row["extra"] = json.dumps(extra, sort_keys=True, default=str)
+    return _integral(row)
+
+
+def _integral(row: dict[str, Any]) -> dict[str, Any]:
+    """Integer columns hold ints (a method may count parameters as floats)."""
+    for col, typ in results.RUNS_TYPES.items():
+        value = row[col]
+        if typ == pa.int64() and isinstance(value, float):
+            row[col] = int(round(value)) if math.isfinite(value) else None
+    return row
+
+
+def _state_bytes(prepared: Any) -> int:
+    """The method's own count when it has one (``prepared.state_bytes()``, e.g. layer-wise optimizers
+    that Prepared.optimizers does not list), else baselines.base.state_bytes."""
+    own = getattr(prepared, "state_bytes", None)
+    if callable(own):
+        return int(own())
+    from baselines.base import state_bytes
+
+    return state_bytes(prepared.model, prepared.optimizers)
+
+
+def _size_columns(prepared: Any) -> dict[str, Any]:
+    size = dict(prepared.size() or {})
+    if not size:
+        total = sum(p.numel() for p in prepared.model.parameters())
+        size = {"params_total": total, "params_factorized_layers": None, "compression_total": 1.0,
+                "compression_layers": None}
+    keys = ("params_total", "params_factorized_layers", "compression_total", "compression_layers")
+    return {k: size.get(k) for k in keys}
+
+
+# ---------------------------------------------------------------------------------------- files
+
+def run_to_files(spec: dict[str, Any], runs_out: str | os.PathLike, curves_out: str | os.PathLike, *,
+                 registry: Registry | None = None, progress: bool | None = None) -> dict[str, Any]:
+    """Run a cell and write its runs row and curves atomically (also on failure); returns the row."""
+    row, curves = run_cell(spec, registry=registry, progress=progress)
+    prov = {c: row[c] for c in results.PROVENANCE_COLUMNS}
+    results.write_parquet_atomic(results.to_frame(curves, "curves"), curves_out, kind="curves",
+                                 provenance=prov)
+    results.write_parquet_atomic(results.to_frame([row], "runs"), runs_out, kind="runs", provenance=prov)
+    return row
+
+
+def load_spec(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a spec JSON file (SpecError naming the file when it is not valid JSON)."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SpecError(f"cannot read spec {path}: {exc}") from exc

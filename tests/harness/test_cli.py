@@ -1,0 +1,151 @@
+import io
+import json
+import subprocess
+import sys
+import types
+
+import pandas as pd
+import pytest
+
+from harness import cli, results
+from harness import run as runner
+from tests.harness.run_toys import TOY_REGISTRY, toy_spec
+
+
+@pytest.fixture
+def toys(monkeypatch):
+    monkeypatch.setattr(runner, "default_registry", lambda: TOY_REGISTRY)
+
+
+def test_run_with_spec_file(tmp_path, toys):
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps(toy_spec(run_id="cell-1", budget={"epochs": 1})))
+    runs, curves = tmp_path / "o" / "r.parquet", tmp_path / "o" / "c.parquet"
+    assert cli.main(["run", "--spec", str(spec), "--runs-out", str(runs), "--curves-out", str(curves)]) == 0
+    df = results.read_parquet(runs, "runs")
+    assert df.at[0, "run_id"] == "cell-1" and df.at[0, "status"] == "ok"
+    assert (results.read_parquet(curves, "curves")["run_id"] == "cell-1").all()
+
+
+def test_run_without_spec_uses_defaults(tmp_path, toys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["run", "--workload", "toy", "--method", "toy", "--batch-size", "16", "--device", "cpu",
+                     "--threads", "1", "--method-param", "lr=0.02", "--max-steps-per-epoch", "3"]) == 0
+    folder = tmp_path / "results" / "runs" / "cpu"
+    (runs,) = folder.glob("*.runs.parquet")
+    run_id = runs.name[:-len(".runs.parquet")]
+    assert (folder / f"{run_id}.curves.parquet").exists()
+    spec = json.loads((folder / f"{run_id}.spec.json").read_text())
+    assert spec["method_params"] == {"lr": 0.02} and spec["budget"]["max_steps_per_epoch"] == 3
+    assert json.loads(results.read_parquet(runs, "runs").at[0, "settings"])["method"]["lr"] == 0.02
+
+
+def test_run_failure_still_writes_and_can_fail_the_exit_code(tmp_path, toys):
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps(toy_spec(method_params={"fail": "nan"})))
+    args = ["run", "--spec", str(spec), "--runs-out", str(tmp_path / "r.parquet")]
+    assert cli.main(args) == 0
+    assert results.read_parquet(tmp_path / "r.parquet", "runs").at[0, "status"] == "diverged"
+    assert (tmp_path / "r.curves.parquet").exists()
+    assert cli.main(args + ["--fail-on-error"]) == 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--workload", "toy"], "--method, --batch-size must be given"),
+    (["--workload", "toy", "--method", "toy", "--batch-size", "2", "--method-param", "lr"],
+     "--method-param expects KEY=VALUE"),
+])
+def test_run_bad_options(argv, message, capsys):
+    with pytest.raises(SystemExit, match=message):
+        cli.main(["run", *argv])
+
+
+def test_run_bad_spec_is_named(tmp_path, capsys):
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps({**toy_spec(), "colour": "red"}))
+    assert cli.main(["run", "--spec", str(spec), "--runs-out", str(tmp_path / "r.parquet")]) == 2
+    assert "unknown spec key 'colour'" in capsys.readouterr().err
+    assert not (tmp_path / "r.parquet").exists()
+    spec.write_text("{not json")
+    assert cli.main(["run", "--spec", str(spec)]) == 2
+    assert str(spec) in capsys.readouterr().err
+
+
+@pytest.fixture
+def runs_dir(tmp_path):
+    rows = []
+    for i, (method, status, t) in enumerate([("dense", "ok", 10.0), ("dense", "ok", 30.0),
+                                             ("comera", "ok", 4.0), ("comera", "oom", None)]):
+        row = {c: None for c in results.RUNS_COLUMNS}
+        row.update(run_id=f"r{i}", workload="toy", method=method, variant="", batch_size=8, seed=i,
+                   status=status, error="", step_time_ms=t, metric_value=0.5 + i / 10)
+        rows.append(row)
+    folder = tmp_path / "results" / "runs" / "cpu"
+    for row in rows:
+        results.write_parquet_atomic(results.to_frame([row], "runs"), folder / f"{row['run_id']}.runs.parquet",
+                                     kind="runs")
+    return tmp_path / "results"
+
+
+def test_show_filters_groups_and_prints_csv(runs_dir, capsys):
+    assert cli.main(["show", str(runs_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "r3" in out and "oom" in out
+    assert cli.main(["show", str(runs_dir), "--where", "method=comera", "--where", "status=ok", "--csv",
+                     "--columns", "run_id,step_time_ms"]) == 0
+    df = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    assert df.to_dict("list") == {"run_id": ["r2"], "step_time_ms": [4.0]}
+    table = cli.show_table([str(runs_dir)], group_by="method", columns="step_time_ms,metric_value")
+    dense = table.set_index("method").loc["dense"]
+    assert dense["n"] == 2 and dense["step_time_ms"] == 20.0
+    assert cli.show_table([str(runs_dir)], where=["batch_size=8"]).shape[0] == 4
+
+
+def test_show_prefers_merged_tables(runs_dir, capsys):
+    results.merge([runs_dir / "runs"], runs_dir / "cpu" / "runs.parquet", "runs")
+    (runs_dir / "runs" / "cpu" / "r0.runs.parquet").unlink()
+    assert len(cli.show_table([str(runs_dir)])) == 4
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--where", "colour=red"], "unknown column 'colour'"),
+    (["--columns", "run_id,colour"], "unknown column(s) ['colour']"),
+])
+def test_show_names_bad_columns(runs_dir, argv, message, capsys):
+    assert cli.main(["show", str(runs_dir), *argv]) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_show_missing_path(tmp_path, capsys):
+    assert cli.main(["show", str(tmp_path / "nope.parquet")]) == 1
+    assert "nope.parquet" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command, module", [("microbench", "harness.microbench"),
+                                             ("bench", "harness.bench"), ("compare", "harness.compare")])
+def test_delegation(monkeypatch, command, module):
+    seen = []
+    fake = types.ModuleType(module)
+    fake.cli = lambda argv: seen.append(argv) or 7
+    monkeypatch.setitem(sys.modules, module, fake)
+    assert cli.main([command, "--x", "1"]) == 7
+    assert seen == [["--x", "1"]]
+
+
+def test_merge_subcommand(runs_dir, tmp_path):
+    out = tmp_path / "merged.parquet"
+    assert cli.main(["merge", "--kind", "runs", "--out", str(out), str(runs_dir / "runs")]) == 0
+    assert len(results.read_parquet(out, "runs")) == 4
+
+
+def test_console_script_writes_error_row_for_cuda_graph_on_cpu(tmp_path):
+    """The installed command, in its own process: cuda_graph on CPU gives a clear error row."""
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps(toy_spec(execution={"cuda_graph": True})))
+    runs = tmp_path / "r.runs.parquet"
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--spec", str(spec),
+                           "--runs-out", str(runs)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    df = results.read_parquet(runs, "runs")
+    assert df.at[0, "status"] == "error" and "cuda_graph needs CUDA" in df.at[0, "error"]
+    assert "cuda_graph needs CUDA" in proc.stderr

@@ -1,0 +1,195 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pandas as pd
+import pytest
+import torch
+
+from harness import results
+
+DESIGN_RUNS = """run_id workload method variant batch_size seq_len rank target_ratio seed status error
+step_time_ms step_time_ms_iqr steps_timed epoch_time_s epoch_time_kind samples_per_s peak_mem_bytes
+peak_mem_kind cuda_reserved_bytes state_bytes metric_name metric_value final_train_loss epochs
+params_total params_factorized_layers compression_total compression_layers ranks""".split()
+DESIGN_PROVENANCE = """device device_name num_threads torch_version cuda_version python_version
+comera_bench_version git_commit git_dirty config_hash hostname started_at""".split()
+DESIGN_CURVES = "run_id step epoch split metric_name value".split()
+DESIGN_MICROBENCH = """op variant shape tokens rank direction time_ms time_ms_iqr peak_mem_bytes
+flops""".split()
+
+
+def runs_row(**values):
+    row = {c: None for c in results.RUNS_COLUMNS}
+    row.update(results.provenance(torch.device("cpu"), "hash"))
+    row.update(run_id="r1", workload="toy", method="dense", variant="", batch_size=4, seed=0,
+               status="ok", error="", metric_value=0.5)
+    row.update(values)
+    return row
+
+
+def test_columns_follow_design():
+    assert results.PROVENANCE_COLUMNS == DESIGN_PROVENANCE
+    assert results.RUNS_COLUMNS[:len(DESIGN_RUNS)] == DESIGN_RUNS
+    assert set(DESIGN_PROVENANCE) <= set(results.RUNS_COLUMNS)
+    assert results.CURVES_COLUMNS == DESIGN_CURVES
+    assert results.MICROBENCH_COLUMNS == DESIGN_MICROBENCH + DESIGN_PROVENANCE
+
+
+def test_provenance_is_complete():
+    prov = results.provenance(torch.device("cpu"), "abc")
+    assert list(prov) == results.PROVENANCE_COLUMNS
+    assert prov["device"] == "cpu" and prov["config_hash"] == "abc"
+    assert prov["num_threads"] == torch.get_num_threads()
+    assert prov["torch_version"] == torch.__version__
+    assert prov["started_at"].endswith("Z") and "T" in prov["started_at"]
+
+
+def test_round_trip_keeps_types_and_metadata(tmp_path):
+    df = results.to_frame([runs_row(), runs_row(run_id="r2", seq_len=128, config_hash="other")], "runs")
+    path = results.write_parquet_atomic(df, tmp_path / "a.runs.parquet", kind="runs")
+    back = results.read_parquet(path, "runs")
+    assert list(back.columns) == results.RUNS_COLUMNS
+    assert str(back["batch_size"].dtype) == "Int64" and back["seq_len"].isna()[0]
+    assert back["seq_len"][1] == 128
+    meta = results.file_metadata(path)
+    assert meta["kind"] == "runs"
+    assert meta["provenance"] == {}  # config_hash differs between the rows
+    single = results.write_parquet_atomic(df.iloc[:1], tmp_path / "b.runs.parquet", kind="runs")
+    assert results.file_metadata(single)["provenance"]["config_hash"] == "hash"
+    assert pd.read_parquet(single)["batch_size"].dtype == "Int64"  # plain pandas sees the same types
+
+
+@pytest.mark.parametrize("kind", results.KINDS)
+def test_empty_tables_have_all_columns(tmp_path, kind):
+    path = results.write_parquet_atomic(results.empty_frame(kind), tmp_path / "e.parquet", kind=kind)
+    assert list(results.read_parquet(path, kind).columns) == list(results.TYPES[kind])
+
+
+def test_row_with_missing_or_unknown_column_is_refused():
+    row = runs_row()
+    del row["ranks"]
+    with pytest.raises(results.ResultsError, match="ranks"):
+        results.to_frame([row], "runs")
+    with pytest.raises(results.ResultsError, match="bogus"):
+        results.to_frame([runs_row(bogus=1)], "runs")
+
+
+def test_failed_write_leaves_neither_file_nor_temp(tmp_path, monkeypatch):
+    def broken(table, where, **kw):
+        where.write(b"PAR1 partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(results.pq, "write_table", broken)
+    with pytest.raises(OSError, match="disk full"):
+        results.write_parquet_atomic(results.empty_frame("curves"), tmp_path / "c.parquet", kind="curves")
+    assert list(tmp_path.iterdir()) == []
+
+
+KILLED_WRITER = textwrap.dedent("""
+    import sys, time
+    import pyarrow.parquet as pq
+    from harness import results
+
+    def slow(table, where, **kw):
+        where.write(b"PAR1 half a file")
+        where.flush()
+        print("writing", flush=True)
+        time.sleep(60)
+
+    pq.write_table = slow
+    results.write_parquet_atomic(results.empty_frame("curves"), sys.argv[1], kind="curves")
+""")
+
+
+def test_writer_killed_mid_write_leaves_no_output(tmp_path):
+    target = tmp_path / "cell.curves.parquet"
+    old = results.write_parquet_atomic(results.empty_frame("curves"), tmp_path / "old.curves.parquet",
+                                       kind="curves")
+    for path in (target, old):  # a new file, and an overwrite of a complete older one
+        before = path.read_bytes() if path.exists() else None
+        proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(path)], stdout=subprocess.PIPE,
+                                text=True)
+        try:
+            assert proc.stdout.readline().strip() == "writing"
+            temps = [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+            assert temps, "the writer should be writing a temporary file"
+            proc.send_signal(signal.SIGKILL)
+        finally:
+            proc.kill()
+            proc.wait()
+        if before is None:
+            assert not path.exists()
+        else:
+            assert path.read_bytes() == before
+            results.read_parquet(path, "curves")
+
+
+def curves_file(path, run_id, n):
+    rows = [{"run_id": run_id, "step": i, "epoch": 0, "split": "train", "metric_name": "loss",
+             "value": float(i)} for i in range(n)]
+    return results.write_parquet_atomic(results.to_frame(rows, "curves"), path, kind="curves")
+
+
+def test_merge_keeps_every_row(tmp_path):
+    cells = tmp_path / "runs" / "cpu"
+    curves_file(cells / "a.curves.parquet", "a", 3)
+    curves_file(cells / "b.curves.parquet", "b", 2)
+    curves_file(cells / "c.curves.parquet", "a", 3)  # a repeated run_id is kept, not deduplicated
+    out = tmp_path / "cpu" / "curves.parquet"
+    df = results.merge([cells], out, "curves")
+    assert len(df) == 8
+    assert len(results.read_parquet(out, "curves")) == 8
+    # a file named twice (directly and through its folder) is read once
+    assert len(results.merge([cells / "a.curves.parquet", cells], None, "curves")) == 8
+
+
+def test_merge_of_nothing_writes_empty_table(tmp_path):
+    df = results.merge([], tmp_path / "runs.parquet", "runs")
+    assert df.empty and list(df.columns) == results.RUNS_COLUMNS
+    assert (tmp_path / "runs.parquet").exists()
+
+
+def test_merge_refuses_truncated_file_naming_it(tmp_path):
+    good = curves_file(tmp_path / "a.curves.parquet", "a", 50)
+    bad = tmp_path / "b.curves.parquet"
+    bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    out = tmp_path / "merged.parquet"
+    with pytest.raises(results.ResultsError, match=str(bad)):
+        results.merge([good, bad], out, "curves")
+    assert not out.exists()
+
+
+def test_merge_refuses_foreign_file_naming_it(tmp_path):
+    foreign = tmp_path / "x.runs.parquet"
+    pd.DataFrame({"a": [1]}).to_parquet(foreign)
+    with pytest.raises(results.ResultsError, match=f"{foreign}.*missing columns"):
+        results.merge([foreign], None, "runs")
+    curves = curves_file(tmp_path / "y.curves.parquet", "y", 1)
+    with pytest.raises(results.ResultsError, match=str(curves)):
+        results.merge([curves], None, "runs")
+
+
+def test_cli_merge(tmp_path, capsys):
+    curves_file(tmp_path / "a.curves.parquet", "a", 4)
+    out = tmp_path / "m.parquet"
+    assert results.cli_merge(["--kind", "curves", "--out", str(out), str(tmp_path)]) == 0
+    assert len(results.read_parquet(out, "curves")) == 4
+    (tmp_path / "t.curves.parquet").write_bytes(b"PAR1 not really")
+    assert results.cli_merge(["--kind", "curves", "--out", str(out), str(tmp_path)]) == 1
+    assert "t.curves.parquet" in capsys.readouterr().err
+
+
+def test_unknown_kind_is_named():
+    with pytest.raises(ValueError, match="'bogus'"):
+        results.empty_frame("bogus")
+
+
+def test_metadata_is_json(tmp_path):
+    path = curves_file(tmp_path / "a.curves.parquet", "a", 1)
+    raw = results.pq.read_schema(path).metadata[results.METADATA_KEY]
+    assert json.loads(raw)["kind"] == "curves"

@@ -1,0 +1,224 @@
+import importlib.util
+import json
+import re
+import time
+
+import pytest
+import torch
+
+from harness import results
+from harness import run as runner
+from tests.harness.run_toys import TOY_REGISTRY, toy_spec
+
+FAILURES = [
+    ({}, {}, "ok", ""),
+    ({"fail": "oom"}, {}, "oom", "MemoryError: toy allocation failed"),
+    ({"fail": "nan"}, {}, "diverged", "non-finite loss at step 3"),
+    ({"fail": "error"}, {}, "error", "ValueError: toy method broke"),
+    ({"fail": "skip"}, {}, "error", "skipped: toy needs a device"),
+    ({"sleep_s": 0.02}, {"time_limit_s": 0.01}, "timeout", "time limit of 0.01 s reached after 1 steps"),
+]
+
+
+@pytest.mark.parametrize("method_params, budget, status, error", FAILURES)
+def test_every_status_writes_a_complete_row(tmp_path, method_params, budget, status, error):
+    spec = toy_spec(method_params=method_params, budget=budget)
+    runs_out, curves_out = tmp_path / "c.runs.parquet", tmp_path / "c.curves.parquet"
+    row = runner.run_to_files(spec, runs_out, curves_out, registry=TOY_REGISTRY)
+    df = results.read_parquet(runs_out, "runs")  # schema-complete, typed
+    curves = results.read_parquet(curves_out, "curves")
+    assert len(df) == 1 and df.at[0, "status"] == status == row["status"]
+    assert df.at[0, "error"].startswith(error)
+    assert df.at[0, "device"] == "cpu" and df.at[0, "num_threads"] == 1
+    assert results.file_metadata(runs_out)["provenance"]["config_hash"] == row["config_hash"]
+    if status in ("ok", "oom", "diverged", "timeout"):
+        assert df.at[0, "steps_timed"] >= 0 and df.at[0, "peak_mem_kind"] == "cpu_rss_delta"
+        assert df.at[0, "state_bytes"] > 0 and json.loads(df.at[0, "ranks"]) == {"fc": [1, 4, 1]}
+    if status == "ok":
+        assert df.loc[0, results.RUNS_COLUMNS[:35]].drop(["seq_len", "target_ratio", "cuda_reserved_bytes",
+                                                          "params_factorized_layers", "compression_layers",
+                                                          "error"]).notna().all()
+        assert df.at[0, "metric_value"] > 0.5  # the toy task is learnable (chance is about 1/3)
+    if status == "error" and "ValueError" in error:
+        assert "toy method broke" in json.loads(df.at[0, "extra"])["traceback"]
+    if status == "diverged":
+        assert curves.query("split == 'train' and metric_name == 'loss'")["step"].max() == 3
+
+
+def test_quality_is_deterministic_on_cpu():
+    rows = [runner.run_cell(toy_spec(), registry=TOY_REGISTRY) for _ in range(2)]
+    (a, ca), (b, cb) = rows
+    for col in ("metric_value", "final_train_loss"):
+        assert a[col] == b[col]
+    assert [c["value"] for c in ca if c["split"] != "method"] == \
+        [c["value"] for c in cb if c["split"] != "method"]
+    other, _ = runner.run_cell(toy_spec(seed=1), registry=TOY_REGISTRY)
+    assert other["final_train_loss"] != a["final_train_loss"]
+
+
+def test_cuda_graph_on_cpu_is_a_clear_error_row():
+    row, curves = runner.run_cell(toy_spec(execution={"cuda_graph": True}), registry=TOY_REGISTRY)
+    assert row["status"] == "error" and "cuda_graph needs CUDA" in row["error"]
+    assert row["variant"] == "cudagraph" and curves == []
+
+
+def test_curves_record_loss_eval_method_info_and_ranks():
+    row, curves = runner.run_cell(toy_spec(budget={"epochs": 1, "eval_every_steps": 5}),
+                                  registry=TOY_REGISTRY)
+    steps = row["steps_timed"] + 1
+    by = {}
+    for c in curves:
+        by.setdefault((c["split"], c["metric_name"]), []).append(c["step"])
+    assert by[("train", "loss")] == list(range(1, steps + 1))
+    assert by[("eval", "accuracy")] == [0, 5, 10, 15, 16] and by[("eval", "loss")] == [0, 5, 10, 15, 16]
+    assert by[("method", "stage")] == list(range(1, steps + 1))
+    assert by[("ranks", "fc[1]")] == [0, 4, 16]  # before training, at the stage switch, at the end
+
+
+def test_evaluation_is_outside_clocks_and_memory(monkeypatch):
+    """A fake clock advances 1 s per training step and 100 s per evaluation; evaluation also holds a
+    200 MB buffer that training never needs."""
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    real_build, real_method = TOY_REGISTRY.build_workload, TOY_REGISTRY.get_method("toy")
+
+    def build(name, params, **kw):
+        workload = real_build(name, params, **kw)
+        evaluate = workload.evaluate
+
+        def slow_fat_evaluate(model):
+            buf = torch.ones(50 << 20)
+            clock[0] += 100.0
+            return {**evaluate(model), "touched": float(buf[0])}
+        workload.evaluate = slow_fat_evaluate
+        return workload
+
+    class TickingMethod:
+        name, variant = "toy", "default"
+
+        def prepare(self, model, workload, params, **kw):
+            prepared = real_method.prepare(model, workload, params, **kw)
+            after_step = prepared.after_step
+
+            def tick(step):
+                clock[0] += 1.0
+                return after_step(step)
+            prepared.after_step = tick
+            return prepared
+
+    registry = runner.Registry(build_workload=build, get_method=lambda name: TickingMethod())
+    row, _ = runner.run_cell(toy_spec(budget={"epochs": 2, "eval_every_steps": 4}), registry=registry)
+    extra = json.loads(row["extra"])
+    assert row["status"] == "ok" and row["epoch_time_kind"] == "measured"
+    assert extra["full_epochs_s"] == [16.0, 16.0] and row["epoch_time_s"] == 16.0
+    assert (row["step_time_ms"], row["step_time_ms_iqr"], row["steps_timed"]) == (1000.0, 0.0, 31)
+    assert row["peak_mem_bytes"] < 100 << 20
+    assert extra["eval"]["touched"] == 1.0
+
+
+def test_partial_epochs_are_extrapolated():
+    row, _ = runner.run_cell(toy_spec(budget={"max_steps_per_epoch": 5}), registry=TOY_REGISTRY)
+    assert row["epoch_time_kind"] == "extrapolated" and row["epochs"] == 2.0
+    extra = json.loads(row["extra"])
+    assert row["epoch_time_s"] == pytest.approx(extra["step_time_ms_mean"] * 16 / 1e3)
+    assert row["steps_timed"] == 9
+
+
+def test_flops_per_step_from_linear_shapes():
+    row, _ = runner.run_cell(toy_spec(), registry=TOY_REGISTRY)
+    assert row["flops_per_step"] == 6 * 16 * (8 * 16 + 16 * 3)
+
+
+@pytest.mark.parametrize("section, key, value, message", [
+    (None, "bogus", 1, "unknown spec key 'bogus'"),
+    ("budget", "epoch", 1, "unknown key budget.epoch"),
+    ("execution", "gpu", True, "unknown key execution.gpu"),
+    (None, "batch_size", 0, "batch_size must be an integer >= 1, got 0"),
+    (None, "target_ratio", 2.0, "target_ratio must be null or in"),
+    ("execution", "device", "tpu", "execution.device must be cpu|cuda|auto, got 'tpu'"),
+    ("budget", "time_limit_s", -1, "time_limit_s must be null or > 0"),
+])
+def test_bad_spec_is_named(section, key, value, message):
+    spec = toy_spec()
+    (spec[section] if section else spec)[key] = value
+    with pytest.raises(runner.SpecError, match=re.escape(message)):
+        runner.normalize_spec(spec)
+
+
+def test_spec_defaults_and_ids():
+    spec = runner.normalize_spec({"workload": "toy", "method": "toy", "batch_size": 4})
+    assert spec["budget"] == {**runner.BUDGET_DEFAULTS}
+    assert spec["execution"]["num_threads"] == torch.get_num_threads()
+    assert spec["run_id"].startswith("toy-toy-b4-dense-s0-")
+    again = runner.normalize_spec({"workload": "toy", "method": "toy", "batch_size": 4})
+    other = runner.normalize_spec({"workload": "toy", "method": "toy", "batch_size": 4, "seed": 1})
+    assert spec["config_hash"] == again["config_hash"] != other["config_hash"]
+    with pytest.raises(runner.SpecError, match="missing the key 'method'"):
+        runner.normalize_spec({"workload": "toy", "batch_size": 4})
+
+
+def test_cuda_request_without_cuda_is_an_error_row():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    row, _ = runner.run_cell(toy_spec(execution={"device": "cuda"}), registry=TOY_REGISTRY)
+    assert row["status"] == "error" and "CUDA is not available" in row["error"]
+
+
+REAL_PARTS = all(importlib.util.find_spec(m) for m in ("harness.workloads.transformer", "baselines.dense",
+                                                          "baselines.comera"))
+
+
+def real_spec(method):
+    return {"workload": "transformer", "workload_params": {"size": "tiny"}, "method": method,
+            "batch_size": 8, "seed": 0, "target_ratio": 0.5 if method == "comera" else None,
+            "budget": {"epochs": 1, "max_steps_per_epoch": 4, "warmup_steps": 1},
+            "execution": {"device": "cpu", "num_threads": 1}}
+
+
+@pytest.mark.skipif(not REAL_PARTS, reason="the transformer workload or the methods are not there yet")
+@pytest.mark.parametrize("method", ["dense", "comera"])
+def test_real_tiny_transformer_cell(tmp_path, method):
+    row = runner.run_to_files(real_spec(method), tmp_path / "r.runs.parquet", tmp_path / "r.curves.parquet")
+    assert row["status"] == "ok", row["error"] + json.loads(row["extra"]).get("traceback", "")
+    df = results.read_parquet(tmp_path / "r.runs.parquet", "runs")
+    assert df.at[0, "metric_name"] == "accuracy" and 0 <= df.at[0, "metric_value"] <= 1
+    assert df.at[0, "seq_len"] > 0 and df.at[0, "params_total"] > 0 and df.at[0, "flops_per_step"] > 0
+    assert df.at[0, "steps_timed"] == 3 and df.at[0, "epoch_time_kind"] == "extrapolated"
+    extra = json.loads(df.at[0, "extra"])
+    if method == "comera":
+        assert df.at[0, "compression_total"] > 1 and json.loads(df.at[0, "ranks"])
+        assert extra["flops_modules_plan"] > 0  # TT layers count through their plans
+        again, _ = runner.run_cell(real_spec(method))
+        assert (again["metric_value"], again["final_train_loss"]) == (row["metric_value"],
+                                                                      row["final_train_loss"])
+
+
+def test_tt_rank_falls_back_to_the_workload_spec():
+    class NoRankSetting:
+        name, variant = "tt", "default"
+
+        def prepare(self, model, workload, params, *, target_ratio, total_steps):
+            prepared = TOY_REGISTRY.get_method("toy").prepare(model, workload, params,
+                                                              target_ratio=target_ratio,
+                                                              total_steps=total_steps)
+            prepared.settings = {}
+            return prepared
+
+    def build(name, params, **kw):
+        workload = TOY_REGISTRY.build_workload(name, params, **kw)
+        workload.tt_spec = {"0": {"kind": "linear", "rank": [1, 6, 1]},
+                            "e": {"kind": "embedding", "rank": 9}}
+        return workload
+
+    row, _ = runner.run_cell(toy_spec(budget={"epochs": 1}),
+                             registry=runner.Registry(build_workload=build, get_method=lambda n: NoRankSetting()))
+    assert row["status"] == "ok" and row["rank"] == 6
+
+
+@pytest.mark.slow
+def test_compiled_model_trains():
+    row, _ = runner.run_cell(toy_spec(execution={"compile": True}, budget={"epochs": 1}),
+                             registry=TOY_REGISTRY)
+    assert row["status"] == "ok", row["error"]
+    assert row["variant"] == "default+compile" and json.loads(row["settings"])["execution"]["compile"]
+    assert row["metric_value"] > 0.4
