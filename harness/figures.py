@@ -1,0 +1,250 @@
+"""The paper's figures from one device's results (PNG + PDF, matplotlib Agg).
+
+``python -m harness.figures --results results/<device> --device-label <device> --out figures/``
+
+Every figure is always written: when the grid has no cell for it, the figure says what it would need
+(never an invented point). A failed cell (oom | diverged | error | timeout) is drawn as a red cross at
+the bottom of its panel, labelled with its status. The paper's stated values (harness/reference) are
+drawn beside ours, labelled "paper (RTX 3090)".
+"""
+from __future__ import annotations
+
+import argparse
+import textwrap
+from pathlib import Path
+from typing import Callable
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.ticker import ScalarFormatter  # noqa: E402
+
+from harness import reference  # noqa: E402
+from harness.tables import MB, Results, load, method_label  # noqa: E402
+
+PAPER = "paper (RTX 3090)"
+
+
+def _figure(ncols: int = 2) -> tuple[plt.Figure, list[plt.Axes]]:
+    fig, axes = plt.subplots(1, ncols, figsize=(5.2 * ncols, 4.2), squeeze=False)
+    return fig, list(axes[0])
+
+
+def _finish(fig: plt.Figure, title: str, footer: str, out: Path, name: str) -> None:
+    fig.suptitle(title, fontsize=11)
+    fig.text(0.01, 0.01, textwrap.fill(footer, 180), fontsize=6.5, va="bottom", ha="left")
+    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    for ext in ("png", "pdf"):
+        fig.savefig(out / f"{name}.{ext}", dpi=130)
+    plt.close(fig)
+
+
+def _empty(out: Path, name: str, title: str, why: str, footer: str) -> None:
+    fig, (ax,) = _figure(1)
+    ax.axis("off")
+    ax.text(0.5, 0.5, textwrap.fill(f"Not measured in this grid: {why}", 60), ha="center", va="center")
+    _finish(fig, title, footer, out, name)
+
+
+def _mark_failed(ax: plt.Axes, x: float, status: str) -> None:
+    ax.plot([x], [0], marker="x", color="red", markersize=9, clip_on=False, zorder=5)
+    ax.annotate(status, (x, 0), textcoords="offset points", xytext=(3, 6), color="red", fontsize=7)
+
+
+def _per_batch(ax: plt.Axes, df: pd.DataFrame, column: str, scale: float, ylabel: str) -> None:
+    """One line per method configuration over batch size; failed cells as red crosses."""
+    for label, group in df.groupby(df.apply(method_label, axis=1), sort=True):
+        group = group.sort_values("batch_size")
+        ok = group[group.status == "ok"]
+        ax.plot(ok.batch_size, ok[column] / scale, marker="o", label=label)
+        for _, r in group[group.status != "ok"].iterrows():
+            _mark_failed(ax, r.batch_size, r.status)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.set_xlabel("batch size (samples)")
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+
+
+def _time_memory(res: Results, workload: str, df: pd.DataFrame, out: Path, name: str, title: str,
+                 paper_note: str) -> None:
+    fig, (ax_t, ax_m) = _figure(2)
+    _per_batch(ax_t, df, "epoch_time_s", 1.0, "time per epoch (s)")
+    _per_batch(ax_m, df, "peak_mem_bytes", MB, "peak memory (MB)")
+    ax_t.legend(fontsize=7)
+    kinds = "/".join(sorted(df.epoch_time_kind.dropna().unique()))
+    footer = (f"{res.settings_line(workload)}. Epoch time: {kinds} (median step time x steps per epoch "
+              f"when extrapolated). {PAPER}: {paper_note}")
+    _finish(fig, title, footer, out, name)
+
+
+def fig1_time_memory(res: Results, out: Path) -> None:
+    name, title = "fig1_time_memory", "Fig 1: transformer training time and memory per batch size"
+    df = res.main_runs("transformer")
+    df = df[df.target_ratio.isna()]
+    if not len(df):
+        return _empty(out, name, title, "transformer runs without a target", res.settings_line())
+    c2 = reference.claim("C2")["values"]
+    _time_memory(res, "transformer", df, out, name, title,
+                 f"at batch 1 CoMERA {c2['speedup_vs_galore']:g}x faster and {c2['memory_vs_galore']:g}x "
+                 "less memory than GaLore (abstract).")
+
+
+def fig8_dlrm_time_memory(res: Results, out: Path) -> None:
+    name, title = "fig8_dlrm_time_memory", "Fig 8: DLRM training time and memory per batch size"
+    df = res.main_runs("dlrm")
+    if not len(df):
+        return _empty(out, name, title, "DLRM runs", res.settings_line())
+    mem = reference.claim("C7")["values"]["memory_vs_dense"]
+    _time_memory(res, "dlrm", df, out, name, title,
+                 "uncompressed faster than CoMERA; CoMERA memory "
+                 + ", ".join(f"{v:g}x less at batch {k}" for k, v in mem.items()) + " (review discussion).")
+
+
+def _curves(res: Results, workload: str, split: str, metrics: tuple[str, ...]) -> pd.DataFrame:
+    runs = res.main_runs(workload)
+    runs = runs[runs.target_ratio.isna()]
+    curves = res.curves[res.curves.run_id.isin(runs.run_id) & (res.curves.split == split)
+                        & res.curves.metric_name.isin(metrics)]
+    labels = {r.run_id: f"{method_label(r)}, batch {r.batch_size}" for r in runs.itertuples()}
+    return curves.assign(label=curves.run_id.map(labels))
+
+
+def _curve_figure(res: Results, out: Path, name: str, title: str, workload: str, split: str,
+                  metrics: tuple[str, ...], ylabel: str, paper: tuple[float, str] | None) -> None:
+    df = _curves(res, workload, split, metrics)
+    if not len(df):
+        return _empty(out, name, title, f"{split} curves ({'/'.join(metrics)}) of {workload} runs",
+                      res.settings_line())
+    fig, (ax,) = _figure(1)
+    for label, group in df.groupby("label", sort=True):
+        group = group.sort_values("step")
+        ax.plot(group.step, group.value, marker="." if len(group) < 30 else None, label=label)
+    if paper is not None:
+        ax.axhline(paper[0], color="gray", ls="--", lw=1, label=f"{PAPER}: {paper[1]}")
+    ax.set_xlabel("training step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    _finish(fig, title, res.settings_line(workload), out, name)
+
+
+def fig6_accuracy(res: Results, out: Path) -> None:
+    acc = reference.claim("C4")["values"]["accuracy_comera"]
+    _curve_figure(res, out, "fig6_accuracy", "Fig 6: transformer validation accuracy (early stage)",
+                  "transformer", "eval", ("accuracy",), "validation accuracy (fraction)",
+                  (acc, f"final MNLI accuracy ~{acc:.0%} (real MNLI only)"))
+
+
+def fig9_dlrm_nce(res: Results, out: Path) -> None:
+    _curve_figure(res, out, "fig9_dlrm_nce", "Fig 9: DLRM validation normalized cross-entropy", "dlrm",
+                  "eval", ("nce",), "normalized cross-entropy (lower is better)", None)
+
+
+def fig10_mlm_loss(res: Results, out: Path) -> None:
+    c8 = reference.claim("C8")["values"]
+    _curve_figure(res, out, "fig10_mlm_loss", "Fig 10: MLM pretraining loss", "mlm", "train",
+                  ("loss", "train_loss", "mlm_loss"), "training loss (cross-entropy, nats)",
+                  (c8["loss_comera"], f"CoMERA final loss {c8['loss_comera']:g} (CodeBERT-large)"))
+
+
+def fig7_cuda_graph(res: Results, out: Path) -> None:
+    name, title = "fig7_cuda_graph", "Fig 7: epoch time with and without CUDA graph"
+    df = res.runs[res.runs.workload == "transformer"]
+    df = df[~df.run_id.isin(list(res.sweeps)) & df.target_ratio.isna()]
+    graph = df.run_id.map(res.cuda_graph)
+    if not graph.any():
+        return _empty(out, name, title, "cells with execution.cuda_graph true (needs CUDA; set "
+                      "execution.cuda_graph: [false, true])", res.settings_line())
+    df = df.assign(method=df.method + graph.map({True: " + CUDA graph", False: ""}))
+    fig, (ax,) = _figure(1)
+    _per_batch(ax, df, "epoch_time_s", 1.0, "time per epoch (s)")
+    ax.legend(fontsize=7)
+    _finish(fig, title, res.settings_line("transformer"), out, name)
+
+
+def fig12_time_vs_compression(res: Results, out: Path) -> None:
+    name, title = "fig12_time_vs_compression", "Fig 12: epoch time vs compression ratio"
+    df = res.runs[res.runs.run_id.isin(list(res.sweeps))]
+    if not len(df):
+        return _empty(out, name, title, "a CoMERA sweep (methods.<name>.sweep, e.g. rank)",
+                      res.settings_line())
+    dense = res.main_runs(df.workload.iloc[0])
+    dense = dense[(dense.method == "dense") & dense.batch_size.isin(df.batch_size)]
+    fig, (ax,) = _figure(1)
+    for batch, group in df.groupby("batch_size"):
+        ok = group[group.status == "ok"].sort_values("compression_layers")
+        ax.plot(ok.compression_layers, ok.epoch_time_s, marker="o", label=f"CoMERA, batch {batch}")
+        for _, r in group[group.status != "ok"].iterrows():
+            _mark_failed(ax, 1.0, r.status)
+        d = dense[(dense.batch_size == batch) & (dense.status == "ok")]
+        if len(d):
+            ax.axhline(d.epoch_time_s.iloc[0], ls=":", lw=1, color=ax.lines[-1].get_color(),
+                       label=f"uncompressed, batch {batch}")
+    ax.set_xscale("log")
+    ax.set_xlabel("compression ratio of the tensorized layers (dense / TT parameters)")
+    ax.set_ylabel("time per epoch (s)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    _finish(fig, title, f"{res.settings_line(df.workload.iloc[0])}. {PAPER}: a speedup whenever the "
+            "compression ratio is above 1 (review discussion, C10).", out, name)
+
+
+def fig5_ttm_lookup(res: Results, out: Path) -> None:
+    name, title = "fig5_ttm_lookup", "Fig 5: embedding lookup time and memory"
+    mb = res.microbench
+    mb = mb[(mb.op == "embedding") & (mb.direction == "fwd_bwd")]
+    if not len(mb):
+        return _empty(out, name, title, "embedding microbenchmarks (config microbench.specs)",
+                      res.settings_line())
+    fig, (ax_t, ax_m) = _figure(2)
+    for (shape, variant), group in mb.groupby(["shape", "variant"], sort=True):
+        group = group.sort_values("tokens")
+        label = variant if mb["shape"].nunique() == 1 else f"{variant} {shape}"
+        ax_t.plot(group.tokens, group.time_ms, marker="o", label=label)
+        ax_m.plot(group.tokens, group.peak_mem_bytes / MB, marker="o", label=label)
+    for ax, ylabel in ((ax_t, "forward + backward time (ms)"), (ax_m, "peak memory (MB)")):
+        ax.set_xlabel("indices per batch")
+        ax.set_ylabel(ylabel)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.grid(alpha=0.3)
+    ax_t.legend(fontsize=6)
+    c6 = reference.claim("C6")["values"]
+    first = mb.iloc[0]
+    _finish(fig, title, f"device {res.label} ({first.device_name}, {first.num_threads} threads); memory = "
+            "the op's allocator peak above its inputs (CPU: profiler allocations, CUDA: max allocated). "
+            f"{PAPER}: optimized TTM lookup {c6['lookup_speedup_min']:g}-{c6['lookup_speedup_max']:g}x "
+            f"faster and {c6['lookup_memory_min']:g}-{c6['lookup_memory_max']:g}x less memory than the "
+            "unoptimized one.", out, name)
+
+
+FIGURES: dict[str, Callable[[Results, Path], None]] = {
+    "fig1_time_memory": fig1_time_memory, "fig5_ttm_lookup": fig5_ttm_lookup,
+    "fig6_accuracy": fig6_accuracy, "fig7_cuda_graph": fig7_cuda_graph,
+    "fig8_dlrm_time_memory": fig8_dlrm_time_memory, "fig9_dlrm_nce": fig9_dlrm_nce,
+    "fig10_mlm_loss": fig10_mlm_loss, "fig12_time_vs_compression": fig12_time_vs_compression,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m harness.figures", description=__doc__.splitlines()[0])
+    ap.add_argument("--results", required=True, help="results/<device> folder")
+    ap.add_argument("--device-label", default=None)
+    ap.add_argument("--out", required=True, help="output folder")
+    args = ap.parse_args(argv)
+    res = load(args.results, args.device_label)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for draw in FIGURES.values():
+        draw(res, out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,204 @@
+"""The experiment grid of a pipeline config: one spec (api.md "grid cell") per run.
+
+The Snakefile validates the config against workflow/schemas/config.schema.yaml (which fills defaults),
+then calls :func:`check_config` (method and workload parameters checked by their owners) and
+:func:`expand_grid`. Everything here is plain Python so it can be tested without Snakemake.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class ConfigError(ValueError):
+    """A config value the pipeline cannot run with; the message names the key."""
+
+
+def slug(text: str) -> str:
+    """A file-name-safe lower-case form of ``text`` ("NVIDIA H200" -> "nvidia-h200")."""
+    return _SAFE.sub("-", text.strip().lower()).strip("-") or "device"
+
+
+def device_label(config: dict[str, Any]) -> str:
+    """The results folder name of this machine: ``device_name`` from the config, else "cpu" for CPU
+    runs, else the slug of the first visible GPU's name (e.g. "nvidia-h200"; "cuda" where no GPU is
+    visible, e.g. on a cluster's login node)."""
+    if config.get("device_name"):
+        return config["device_name"]
+    if config["execution"]["device"] == "cpu":
+        return "cpu"
+    import torch
+
+    if torch.cuda.is_available():
+        return slug(torch.cuda.get_device_name(0))
+    return "cuda" if config["execution"]["device"] == "cuda" else "cpu"
+
+
+def uses_gpu(config: dict[str, Any]) -> bool:
+    """Whether the cells run on a GPU (execution.device cuda, or auto on a machine with one)."""
+    device = config["execution"]["device"]
+    if device != "auto":
+        return device == "cuda"
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def schema_error(config: dict[str, Any], schema_path: str | Path) -> str | None:
+    """The most relevant JSON-schema violation of ``config`` as "key a.b[0]: message", or None."""
+    import jsonschema
+    import yaml
+
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(config))
+    if error is None:
+        return None
+    key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path).lstrip(".")
+    return f"key {key or '(top level)'}: {error.message}"
+
+
+def _method_refs(workload: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"name": ref} if isinstance(ref, str) else dict(ref) for ref in workload["methods"]]
+
+
+def check_config(config: dict[str, Any]) -> None:
+    """Cross-key checks the JSON schema cannot express, plus the methods' and workloads' own parameter
+    checks (``baselines.check_params``, ``harness.workloads.check_params``). Raises ConfigError naming
+    the key."""
+    import baselines
+    import harness.workloads as workloads
+    from harness import microbench
+
+    for name, entry in config["methods"].items():
+        for key, values in entry["sweep"].items():
+            if key in entry["params"]:
+                raise ConfigError(f"config key methods.{name}.sweep.{key}: also set in methods.{name}.params")
+            for value in values:
+                _checked(baselines.check_params, entry["method"], {**entry["params"], key: value},
+                         f"methods.{name}.sweep.{key}")
+        _checked(baselines.check_params, entry["method"], entry["params"], f"methods.{name}.params")
+    for wname, workload in config["workloads"].items():
+        _checked(workloads.check_params, wname, workload["params"], f"workloads.{wname}.params")
+        for i, ref in enumerate(_method_refs(workload)):
+            if ref["name"] not in config["methods"]:
+                raise ConfigError(
+                    f"config key workloads.{wname}.methods[{i}]: unknown method configuration "
+                    f"{ref['name']!r}; defined in methods: {sorted(config['methods'])}")
+    for name, spec in config["microbench"]["specs"].items():
+        try:
+            microbench.check_spec(spec, source=f"spec {name}")
+        except ValueError as err:
+            raise ConfigError(f"config key microbench.specs.{name}: {err}") from err
+
+
+def _checked(check, name: str, params: dict[str, Any], key: str) -> dict[str, Any]:
+    try:
+        checked = check(name, dict(params))
+    except (ValueError, TypeError, KeyError, FileNotFoundError) as err:
+        raise ConfigError(f"config key {key}: {err}") from err
+    _check_paths(checked, key)
+    return checked
+
+
+def _check_paths(params: dict[str, Any], key: str) -> None:
+    """A data path given in the params must exist (keys ending in ``path`` or ``dir``, except cache
+    folders the workload creates itself)."""
+    for name, value in params.items():
+        if (isinstance(value, str) and value and re.search(r"(path|dir|file)$", name)
+                and "cache" not in name and not os.path.exists(value)):
+            raise ConfigError(f"config key {key}.{name}: path {value!r} does not exist")
+
+
+def _variants(entry: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(variant, params, sweep point) of a method configuration, one per point of its sweep."""
+    sweep = entry["sweep"]
+    if not sweep:
+        return [(entry["variant"], dict(entry["params"]), {})]
+    keys = sorted(sweep)
+    out = []
+    for values in itertools.product(*(sweep[k] for k in keys)):
+        point = dict(zip(keys, values))
+        suffix = "-".join(f"{k}{v}" for k, v in point.items())
+        out.append((f"{entry['variant']}-{suffix}", {**entry["params"], **point}, point))
+    return out
+
+
+def run_id(spec: dict[str, Any]) -> str:
+    target = "none" if spec["target_ratio"] is None else f"{spec['target_ratio']:g}"
+    graph = "_cg" if spec["execution"]["cuda_graph"] else ""
+    return slug(f"{spec['workload']}_{spec['method']}-{spec['variant']}_b{spec['batch_size']}"
+                f"_t{target}_s{spec['seed']}{graph}")
+
+
+def config_hash(spec: dict[str, Any]) -> str:
+    """Hash of everything that defines a cell's result (not its run_id)."""
+    body = {k: v for k, v in spec.items() if k not in ("run_id", "config_hash")}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def expand_grid(config: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """(run_id -> spec, run_id -> sweep point) for workload x method/variant (x sweep point) x batch
+    size x target x seed x cuda_graph; cells outside any sweep have no sweep point."""
+    execution = config["execution"]
+    grid: dict[str, dict[str, Any]] = {}
+    sweeps: dict[str, dict[str, Any]] = {}
+    for wname, workload in config["workloads"].items():
+        for ref in _method_refs(workload):
+            graphs = ref.get("cuda_graph", workload.get("cuda_graph", execution["cuda_graph"]))
+            entry = config["methods"][ref["name"]]
+            targets = ref.get("targets", workload["targets"]) if entry["uses_target"] else [None]
+            batches = ref.get("batch_sizes", workload["batch_sizes"])
+            for (variant, params, point), batch, target, seed, graph in itertools.product(
+                    _variants(entry), batches, targets, config["seeds"], graphs):
+                spec = {
+                    "workload": wname, "workload_params": dict(workload["params"]),
+                    "method": entry["method"], "variant": variant, "method_params": params,
+                    "batch_size": batch, "target_ratio": target, "seed": seed,
+                    "budget": dict(workload["budget"]),
+                    "execution": {"device": execution["device"], "num_threads": execution["threads"],
+                                  "cuda_graph": graph, "compile": execution["compile"]},
+                }
+                spec["run_id"] = run_id(spec)
+                spec["config_hash"] = config_hash(spec)
+                if spec["run_id"] in grid:
+                    raise ConfigError(f"config key workloads.{wname}.methods: cell {spec['run_id']} "
+                                      "appears twice (same method/variant/batch/target/seed)")
+                grid[spec["run_id"]] = spec
+                if point:
+                    sweeps[spec["run_id"]] = point
+    return grid, sweeps
+
+
+def write_spec(spec: dict[str, Any], path: str | Path) -> None:
+    """Write a cell's spec as JSON (sorted keys, so an unchanged spec gives identical bytes)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(spec, indent=1, sort_keys=True) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m harness.grid --out grid.json --sweeps JSON SPEC.json...``: the grid file the
+    figures read (every cell's spec, and the sweep point of the cells that belong to a sweep)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m harness.grid", description=main.__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--sweeps", default="{}", help="JSON: run_id -> sweep point")
+    ap.add_argument("specs", nargs="*")
+    args = ap.parse_args(argv)
+    cells = {}
+    for path in args.specs:
+        spec = json.loads(Path(path).read_text())
+        cells[spec["run_id"]] = spec
+    write_spec({"cells": cells, "sweeps": json.loads(args.sweeps)}, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

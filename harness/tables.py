@@ -1,0 +1,258 @@
+"""Tables of one device's results (Markdown + CSV): Table 1 (ranks), Table 2 (DLRM), the MNLI size table
+and a summary of every run. Also the loader every report module shares (:func:`load`).
+
+``python -m harness.tables --results results/<device> --device-label <device> --out figures/``
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from harness import reference
+from harness.results import empty_frame, read_parquet
+
+MB = 1e6
+FAILED = ("oom", "diverged", "error", "timeout")
+BYTES_PER_PARAM = 4  # sizes in MB assume float32 parameters (the runs' dtype)
+
+
+@dataclass
+class Results:
+    """One device's merged results folder: runs, curves, microbench and the grid it came from."""
+
+    label: str
+    runs: pd.DataFrame
+    curves: pd.DataFrame
+    microbench: pd.DataFrame
+    cells: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sweeps: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def main_runs(self, workload: str) -> pd.DataFrame:
+        """Runs of a workload outside any sweep and without CUDA graph (the Fig 1/8 cells)."""
+        df = self.runs[self.runs.workload == workload]
+        graph = df.run_id.map(self.cuda_graph).astype(bool)
+        return df[~df.run_id.isin(list(self.sweeps)) & ~graph]
+
+    def cuda_graph(self, run_id: str) -> bool:
+        return bool(self.cells.get(run_id, {}).get("execution", {}).get("cuda_graph", False))
+
+    def settings_line(self, workload: str | None = None) -> str:
+        """Device + settings for captions: device name, threads, torch, workload params and budget."""
+        df = self.runs if workload is None else self.runs[self.runs.workload == workload]
+        if not len(df):
+            return f"device {self.label}: no runs"
+        first = df.iloc[0]
+        parts = [f"device {self.label} ({first.device_name}, {first.device}, {first.num_threads} threads)",
+                 f"torch {first.torch_version}"]
+        spec = self.cells.get(first.run_id)
+        if spec is not None and workload is not None:
+            params = ", ".join(f"{k}={v}" for k, v in sorted(spec["workload_params"].items())) or "defaults"
+            budget = spec["budget"]
+            parts.append(f"{workload} [{params}]")
+            parts.append(f"{budget['epochs']} epoch(s), <= {budget['max_steps_per_epoch']} steps/epoch")
+        kinds = sorted(df.peak_mem_kind.dropna().unique())
+        if kinds:
+            parts.append("memory = " + "/".join(kinds))
+        return "; ".join(parts)
+
+
+def load(folder: str | Path, label: str | None = None) -> Results:
+    """Read results/<device>/ (runs.parquet required; curves, microbench, grid.json when present)."""
+    folder = Path(folder)
+    runs = read_parquet(folder / "runs.parquet", "runs")
+
+    def optional(name: str, kind: str) -> pd.DataFrame:
+        path = folder / name
+        return read_parquet(path, kind) if path.exists() else empty_frame(kind)
+
+    grid = json.loads((folder / "grid.json").read_text()) if (folder / "grid.json").exists() else {}
+    return Results(label or folder.name, runs, optional("curves.parquet", "curves"),
+                   optional("microbench.parquet", "microbench"), grid.get("cells", {}),
+                   grid.get("sweeps", {}))
+
+
+def method_label(row: Any) -> str:
+    label = row.method if row.variant in ("default", "", None) else f"{row.method}-{row.variant}"
+    if pd.notna(row.target_ratio):
+        label += f" (target {row.target_ratio:g})"
+    return label
+
+
+def ranks_of(row: Any) -> dict[str, list[int]]:
+    try:
+        return json.loads(row.ranks) if isinstance(row.ranks, str) and row.ranks else {}
+    except json.JSONDecodeError:
+        return {}
+
+
+def extra_of(row: Any) -> dict[str, Any]:
+    try:
+        return json.loads(row.extra) if isinstance(row.extra, str) and row.extra else {}
+    except json.JSONDecodeError:
+        return {}
+
+
+def status_note(row: Any) -> str:
+    return "" if row.status == "ok" else f"{row.status}: {str(row.error or '')[:80]}"
+
+
+# ---------------------------------------------------------------------------------------------- tables
+
+_RANK_ENTRY = re.compile(r"(.+)\[(\d+)\]")
+_BLOCK = re.compile(r"(?:^|\.)(?:layers|layer|blocks|block|h|encoder)\.(\d+)\.")
+
+
+def _block_index(name: str) -> int | None:
+    m = _BLOCK.search(name)
+    return int(m.group(1)) if m else None
+
+
+def ranks_by_step(curves: pd.DataFrame, run_id: str) -> dict[int, dict[str, list[int]]]:
+    """step -> {layer: rank list} from a run's ``ranks`` curve rows (metric_name "<layer>[<k>]"),
+    recorded by the runner before training, at each stage change and at the end."""
+    rows = curves[(curves.run_id == run_id) & (curves.split == "ranks")]
+    out: dict[int, dict[str, dict[int, int]]] = {}
+    for r in rows.itertuples():
+        m = _RANK_ENTRY.fullmatch(r.metric_name)
+        if m:
+            out.setdefault(int(r.step), {}).setdefault(m.group(1), {})[int(m.group(2))] = int(r.value)
+    return {step: {layer: [k[i] for i in sorted(k)] for layer, k in layers.items()}
+            for step, layers in sorted(out.items())}
+
+
+def table1_ranks(res: Results, workload: str = "transformer") -> tuple[pd.DataFrame, str]:
+    """Internal TT ranks of the 5th encoder block (the last one when the model has fewer) before
+    training, after the early stage and after the late stage for each target, from the runner's rank
+    records (curves split "ranks": before training, at the stage switch, at the end)."""
+    df = res.main_runs(workload)
+    df = df[(df.method == "comera") & (df.variant == "default") & (df.status == "ok")]
+    if not len(df):
+        return pd.DataFrame(), "no finished CoMERA run of the transformer in this grid"
+    columns: dict[str, dict[str, list[int]]] = {}
+    sources = []
+    targets = df[df.target_ratio.notna()].sort_values("target_ratio", ascending=False)
+    first = next((steps for steps in (ranks_by_step(res.curves, rid) for rid in df.run_id) if steps), None)
+    if first:
+        columns["before training"] = first[min(first)]
+    switch = next((steps for steps in (ranks_by_step(res.curves, rid) for rid in targets.run_id)
+                   if len(steps) >= 3), None)
+    if switch is not None:
+        columns["after early stage"] = switch[sorted(switch)[1]]
+        sources.append("after early stage = ranks at the stage switch of the first target run")
+    else:
+        early = df[df.target_ratio.isna()]
+        if len(early):
+            columns["after early stage (no switch: end of early-stage-only run)"] = ranks_of(early.iloc[0])
+    for _, row in targets.iterrows():
+        columns[f"late stage, target {row.target_ratio:g}"] = ranks_of(row)
+    names = sorted({n for ranks in columns.values() for n in ranks})
+    blocks = sorted({b for n in names if (b := _block_index(n)) is not None})
+    if not blocks:
+        return pd.DataFrame(), "no encoder-block layer names found in the runs' ranks"
+    block = 4 if 4 in blocks else blocks[-1]
+    sources.insert(0, "5th encoder block (index 4)" if block == 4 else
+                   f"the model has {len(blocks)} encoder block(s): the last one (index {block}) is shown "
+                   "instead of the 5th")
+    rows = []
+    for name in (n for n in names if _block_index(n) == block):
+        row = {"layer": name}
+        for col, ranks in columns.items():
+            r = ranks.get(name)
+            row[col] = "" if r is None else ("-".join(map(str, r[1:-1]))
+                                             + (" (removed: rank 0)" if 0 in r else ""))
+        rows.append(row)
+    return pd.DataFrame(rows), "; ".join(sources) + "; ranks are the internal TT bonds r1-...-r(d-1)"
+
+
+def table2_dlrm(res: Results) -> tuple[pd.DataFrame, str]:
+    """DLRM: accuracy, normalized cross-entropy, model size and peak memory per method and batch size."""
+    df = res.main_runs("dlrm")
+    if not len(df):
+        return pd.DataFrame(), "no DLRM run in this grid"
+    rows = []
+    for _, r in df.sort_values(["method", "variant", "batch_size"]).iterrows():
+        extra = extra_of(r)
+        rows.append({
+            "method": method_label(r), "batch_size": r.batch_size, "status": r.status,
+            "accuracy": r.metric_value if r.metric_name == "accuracy" else extra.get("accuracy"),
+            "nce": extra.get("nce", r.metric_value if r.metric_name == "nce" else None),
+            "model_MB": _mb(r.params_total), "compression_total": r.compression_total,
+            "peak_mem_MB": _mb_bytes(r.peak_mem_bytes), "peak_mem_kind": r.peak_mem_kind,
+            "note": status_note(r)})
+    return pd.DataFrame(rows), "model size = parameters x 4 bytes (float32), MB = 10^6 bytes"
+
+
+def table_mnli_size(res: Results) -> tuple[pd.DataFrame, str]:
+    """Transformer accuracy, total size and tensorized-layer size (MB) for uncompressed and each target,
+    with the paper's dense size next to ours."""
+    df = res.main_runs("transformer")
+    df = df[df.method.isin(["dense", "comera"])]
+    rows = []
+    for _, r in df.sort_values(["method", "target_ratio", "batch_size"], na_position="first").iterrows():
+        rows.append({"source": f"ours ({res.label})", "method": method_label(r), "batch_size": r.batch_size,
+                     "status": r.status, r.metric_name or "metric": r.metric_value,
+                     "total_MB": _mb(r.params_total), "tensorized_layers_MB": _mb(r.params_factorized_layers),
+                     "compression_layers": r.compression_layers})
+    paper = reference.load()["models"]["transformer_paper"]
+    rows.append({"source": "paper (RTX 3090)", "method": "dense (paper shapes)",
+                 "total_MB": _mb(paper["params_dense"]), "status": "stated",
+                 "note": reference.source_text(paper["source"])})
+    return (pd.DataFrame(rows),
+            "sizes = parameters x 4 bytes (float32), MB = 10^6 bytes; the paper row is its model at full size")
+
+
+def table_runs(res: Results) -> tuple[pd.DataFrame, str]:
+    """Every run: status, step/epoch time, peak memory, quality and compression."""
+    cols = ["run_id", "status", "step_time_ms", "epoch_time_s", "epoch_time_kind", "peak_mem_bytes",
+            "peak_mem_kind", "metric_name", "metric_value", "compression_total", "error"]
+    df = res.runs[cols].copy()
+    df["peak_mem_MB"] = df.pop("peak_mem_bytes").map(_mb_bytes)
+    df["error"] = df["error"].fillna("").str.slice(0, 80)
+    return df.sort_values("run_id").reset_index(drop=True), "peak_mem_MB = peak_mem_bytes / 10^6"
+
+
+TABLES = {"table1_ranks": table1_ranks, "table2_dlrm": table2_dlrm, "table_mnli_size": table_mnli_size,
+          "table_runs": table_runs}
+TITLES = {"table1_ranks": "Table 1: TT ranks (transformer)", "table2_dlrm": "Table 2: DLRM",
+          "table_mnli_size": "Transformer (MNLI task) accuracy and size", "table_runs": "All runs"}
+
+
+def _mb(params: Any) -> float | None:
+    return None if pd.isna(params) else round(float(params) * BYTES_PER_PARAM / MB, 3)
+
+
+def _mb_bytes(n: Any) -> float | None:
+    return None if pd.isna(n) else round(float(n) / MB, 3)
+
+
+def write_table(df: pd.DataFrame, note: str, title: str, out: Path, name: str, settings: str) -> None:
+    """``name``.md (title, note, settings, table or "not measured") and ``name``.csv."""
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / f"{name}.csv", index=False)
+    body = df.to_markdown(index=False, floatfmt=".4g") if len(df) else f"Not measured here: {note}."
+    text = f"# {title}\n\n{body}\n\n{note}.\n\nSettings: {settings}\n" if len(df) else (
+        f"# {title}\n\n{body}\n\nSettings: {settings}\n")
+    (out / f"{name}.md").write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m harness.tables", description=__doc__.splitlines()[0])
+    ap.add_argument("--results", required=True, help="results/<device> folder")
+    ap.add_argument("--device-label", default=None)
+    ap.add_argument("--out", required=True, help="output folder")
+    args = ap.parse_args(argv)
+    res = load(args.results, args.device_label)
+    for name, build in TABLES.items():
+        df, note = build(res)
+        write_table(df, note, TITLES[name], Path(args.out), name, res.settings_line())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# A one-node SLURM cluster on this machine (Debian/Ubuntu, as root), for testing the slurm profile:
+#   scripts/slurm_cluster.sh start   # apt install slurmctld slurmd slurm-client munge, configure, start
+#   scripts/slurm_cluster.sh stop    # stop the three daemons by their PID files
+# Exit status 3: SLURM is missing and apt-get cannot install it.
+# Partition "debug" holds the node; two fake GPUs (character devices made with mknod) are declared as
+# GRES so that `--gpus=1` jobs are scheduled and see CUDA_VISIBLE_DEVICES. No accounting daemon: use
+# `--slurm-status-command squeue` (workflow/profiles/slurm does). Follows
+# /work/shared/notes/slurm-on-one-machine.md.
+set -euo pipefail
+
+FAKE_GPU_DIR=${FAKE_GPU_DIR:-/run/comera-bench-fake-gpus}
+PID_FILES=(/run/slurmd.pid /run/slurmctld.pid /run/munge/munged.pid)
+
+start() {
+    [ "$(id -u)" = 0 ] || { echo "slurm_cluster.sh: needs root" >&2; exit 2; }
+    if command -v sinfo >/dev/null && timeout 10 sinfo -h -o %t 2>/dev/null | grep -q idle; then
+        echo "slurm: already running"; return 0
+    fi
+    if [ ! -x /usr/sbin/slurmctld ] || [ ! -x /usr/sbin/slurmd ] || [ ! -x /usr/sbin/munged ] \
+        || ! command -v sbatch >/dev/null; then
+        export DEBIAN_FRONTEND=noninteractive
+        command -v apt-get >/dev/null || { echo "slurm_cluster.sh: no apt-get to install SLURM" >&2; exit 3; }
+        { apt-get update -qq && apt-get install -y -qq --no-install-recommends \
+            slurmctld slurmd slurm-client munge >/dev/null; } \
+            || { echo "slurm_cluster.sh: apt-get could not install SLURM" >&2; exit 3; }
+    fi
+    [ -s /etc/munge/munge.key ] || { /usr/sbin/mungekey --create; chown munge:munge /etc/munge/munge.key; }
+    install -d -o munge -g munge -m 755 /run/munge
+    [ -s /run/munge/munged.pid ] && kill -0 "$(cat /run/munge/munged.pid)" 2>/dev/null \
+        || runuser -u munge -- /usr/sbin/munged
+    local host
+    host=$(hostname -s)
+    mkdir -p /var/spool/slurmctld /var/spool/slurmd /var/log/slurm /etc/slurm "$FAKE_GPU_DIR"
+    for i in 0 1; do [ -c "$FAKE_GPU_DIR/gpu$i" ] || mknod "$FAKE_GPU_DIR/gpu$i" c 1 3; done
+    cat > /etc/slurm/slurm.conf <<CONF
+ClusterName=ci
+SlurmctldHost=${host}
+SlurmUser=root
+AuthType=auth/munge
+StateSaveLocation=/var/spool/slurmctld
+SlurmdSpoolDir=/var/spool/slurmd
+SlurmctldPidFile=/run/slurmctld.pid
+SlurmdPidFile=/run/slurmd.pid
+SlurmctldLogFile=/var/log/slurm/slurmctld.log
+SlurmdLogFile=/var/log/slurm/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+ReturnToService=2
+MpiDefault=none
+MinJobAge=300
+GresTypes=gpu
+NodeName=${host} NodeAddr=127.0.0.1 CPUs=$(nproc) RealMemory=4000 Gres=gpu:2 State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+CONF
+    echo "NodeName=${host} Name=gpu File=${FAKE_GPU_DIR}/gpu[0-1]" > /etc/slurm/gres.conf
+    /usr/sbin/slurmctld
+    /usr/sbin/slurmd
+    for _ in $(seq 60); do
+        sinfo -h -o %t 2>/dev/null | grep -q idle && { echo "slurm: node ${host} idle"; return 0; }
+        sleep 1
+    done
+    echo "slurm_cluster.sh: node did not become idle; see /var/log/slurm/" >&2
+    exit 1
+}
+
+stop() {
+    for f in "${PID_FILES[@]}"; do
+        if [ -s "$f" ]; then kill "$(cat "$f")" 2>/dev/null || true; fi
+    done
+}
+
+case "${1:-}" in
+    start) start ;;
+    stop) stop ;;
+    *) echo "usage: $0 start|stop" >&2; exit 2 ;;
+esac

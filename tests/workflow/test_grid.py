@@ -1,0 +1,157 @@
+"""The pipeline config: schema (defaults, unknown keys, bad values named), cross-checks and the grid."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from harness import grid
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
+
+
+def filled(config: dict) -> dict:
+    """The config with the schema's defaults filled in, as snakemake.utils.validate does."""
+    config = copy.deepcopy(config)
+    schema = yaml.safe_load(SCHEMA.read_text())
+    base = jsonschema.Draft202012Validator
+
+    def set_defaults(validator, properties, instance, sch):
+        for prop, sub in properties.items():
+            if "default" in sub and isinstance(instance, dict):
+                instance.setdefault(prop, copy.deepcopy(sub["default"]))
+        yield from base.VALIDATORS["properties"](validator, properties, instance, sch)
+
+    jsonschema.validators.extend(base, {"properties": set_defaults})(schema).validate(config)
+    return config
+
+
+def minimal() -> dict:
+    return {
+        "methods": {"dense": {"method": "dense"}, "comera": {"method": "comera", "uses_target": True},
+                    "comera-rank": {"method": "comera", "variant": "sweep", "sweep": {"rank": [2, 4]}}},
+        "workloads": {"transformer": {"params": {"size": "tiny"}, "batch_sizes": [2, 4],
+                                      "targets": [None, 0.5],
+                                      "methods": ["dense", "comera", {"name": "comera-rank", "batch_sizes": [4]}]}},
+    }
+
+
+@pytest.mark.parametrize("config_file", sorted((ROOT / "config").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_are_valid(config_file):
+    config = yaml.safe_load(config_file.read_text())
+    assert grid.schema_error(config, SCHEMA) is None
+    grid.check_config(filled(config))  # method, workload and microbench params accepted by their owners
+    cells, _ = grid.expand_grid(filled(config))
+    assert {c["method"] for c in cells.values()} == {"dense", "comera", "galore", "lte"}
+
+
+def test_defaults_filled_and_grid_expanded():
+    config = filled(minimal())
+    assert config["execution"] == {"device": "cpu", "threads": 2, "compile": False, "cuda_graph": [False],
+                                   "gpus": None}
+    cells, sweeps = grid.expand_grid(config)
+    # dense: 2 batches x 1; comera: 2 batches x 2 targets; sweep: 2 ranks x 1 batch
+    assert len(cells) == 2 + 4 + 2
+    dense = [c for c in cells.values() if c["method"] == "dense"]
+    assert all(c["target_ratio"] is None for c in dense)
+    assert {c["target_ratio"] for c in cells.values() if c["variant"] == "default" and c["method"] == "comera"} \
+        == {None, 0.5}
+    assert sorted(p["rank"] for p in sweeps.values()) == [2, 4]
+    for run_id, point in sweeps.items():
+        assert cells[run_id]["method_params"]["rank"] == point["rank"]
+        assert cells[run_id]["variant"] == f"sweep-rank{point['rank']}"
+        assert cells[run_id]["batch_size"] == 4
+    spec = next(iter(cells.values()))
+    assert set(spec) == {"run_id", "workload", "workload_params", "method", "variant", "method_params",
+                         "batch_size", "target_ratio", "seed", "budget", "execution", "config_hash"}
+    assert spec["execution"]["num_threads"] == 2
+
+
+def test_changing_one_cell_changes_only_its_spec():
+    before, _ = grid.expand_grid(filled(minimal()))
+    config = minimal()
+    config["methods"]["dense"]["params"] = {"lr": 0.01}
+    after, _ = grid.expand_grid(filled(config))
+    changed = {rid for rid in before if before[rid] != after[rid]}
+    assert changed == {rid for rid, c in before.items() if c["method"] == "dense"}
+    assert all(before[r]["config_hash"] != after[r]["config_hash"] for r in changed)
+
+
+@pytest.mark.parametrize("mutate, key", [
+    (lambda c: c.update(bogus=1), "(top level)"),
+    (lambda c: c["workloads"]["transformer"].update(batch_size=[4]), "workloads.transformer"),
+    (lambda c: c["workloads"]["transformer"]["batch_sizes"].__setitem__(0, -1),
+     "workloads.transformer.batch_sizes[0]"),
+    (lambda c: c["methods"]["dense"].update(method="sgd"), "methods.dense.method"),
+    (lambda c: c["workloads"]["transformer"].update(targets=[1.5]), "workloads.transformer.targets[0]"),
+    (lambda c: c.update(workloads={"resnet": {"batch_sizes": [1], "methods": ["dense"]}}), "workloads"),
+])
+def test_schema_names_the_bad_key(mutate, key):
+    config = minimal()
+    mutate(config)
+    error = grid.schema_error(config, SCHEMA)
+    assert error is not None and error.startswith(f"key {key}:"), error
+
+
+def test_unknown_method_reference_named():
+    config = filled(minimal())
+    config["workloads"]["transformer"]["methods"].append("galore")
+    with pytest.raises(grid.ConfigError, match=r"workloads\.transformer\.methods\[3\].*'galore'"):
+        grid.check_config(config)
+
+
+def test_bad_method_param_named():
+    config = filled(minimal())
+    config["methods"]["dense"]["params"] = {"lr_typo": 1.0}
+    with pytest.raises(grid.ConfigError, match=r"methods\.dense\.params.*lr_typo"):
+        grid.check_config(config)
+
+
+def test_missing_data_path_named(tmp_path):
+    config = filled(minimal())
+    missing = tmp_path / "no-such-mnli"
+    config["workloads"]["transformer"]["params"] = {"size": "tiny", "data": "mnli", "data_dir": str(missing)}
+    with pytest.raises(grid.ConfigError, match=r"workloads\.transformer\.params\.data_dir.*no-such-mnli"):
+        grid.check_config(config)
+
+
+def test_duplicate_cell_rejected():
+    config = filled(minimal())
+    config["workloads"]["transformer"]["methods"].append("dense")
+    with pytest.raises(grid.ConfigError, match="appears twice"):
+        grid.expand_grid(config)
+
+
+def test_device_label_and_gpu_use(monkeypatch):
+    import torch
+
+    config = filled(minimal())
+    assert grid.device_label(config) == "cpu" and not grid.uses_gpu(config)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    config["execution"]["device"] = "cuda"
+    assert grid.device_label(config) == "cuda" and grid.uses_gpu(config)  # e.g. a cluster login node
+    config["execution"]["device"] = "auto"
+    assert grid.device_label(config) == "cpu" and not grid.uses_gpu(config)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+    assert grid.device_label(config) == "nvidia-h200" and grid.uses_gpu(config)
+    config["device_name"] = "laptop-2"
+    assert grid.device_label(config) == "laptop-2"
+    assert grid.slug("NVIDIA GeForce RTX 3090") == "nvidia-geforce-rtx-3090"
+
+
+def test_grid_file_from_specs(tmp_path):
+    cells, sweeps = grid.expand_grid(filled(minimal()))
+    paths = []
+    for rid, spec in cells.items():
+        paths.append(tmp_path / f"{rid}.spec.json")
+        grid.write_spec(spec, paths[-1])
+    out = tmp_path / "grid.json"
+    import json
+
+    assert grid.main(["--out", str(out), "--sweeps", json.dumps(sweeps), *map(str, paths)]) == 0
+    assert json.loads(out.read_text()) == {"cells": cells, "sweeps": sweeps}

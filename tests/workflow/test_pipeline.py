@@ -1,0 +1,144 @@
+"""The Snakemake pipeline end to end on config/tiny.yaml (all rules, all four methods, one workload):
+a cell killed mid-run leaves no result and is the only one re-run; a second call does nothing; the
+report builds; a truncated cell file fails the merge naming it; bad configs fail before any job."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "config" / "tiny.yaml"
+BIN = Path(sys.executable).parent
+ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+pytestmark = pytest.mark.slow
+
+
+def snakemake_cmd(workdir: Path, configfile: Path, *args: str) -> list[str]:
+    return [str(BIN / "snakemake"), "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
+            "--workflow-profile", str(ROOT / "workflow" / "profiles" / "default"), "--cores", "2",
+            *args, "--configfile", str(configfile)]
+
+
+def snakemake(workdir: Path, *args: str, configfile: Path = TINY, timeout: float = 600):
+    return subprocess.run(snakemake_cmd(workdir, configfile, *args), capture_output=True, text=True,
+                          env=ENV, timeout=timeout)
+
+
+def cells(workdir: Path) -> dict[str, Path]:
+    return {p.name: p for p in (workdir / "results" / "runs" / "cpu-tiny").glob("*.parquet")}
+
+
+def kill_first_cell(proc: subprocess.Popen, min_age_s: float = 1.0, timeout_s: float = 300) -> str:
+    """SIGKILL the first `comera-bench run` process under ``proc`` once it has run ``min_age_s``;
+    returns its run_id."""
+    deadline = time.monotonic() + timeout_s
+    parent = psutil.Process(proc.pid)
+    while time.monotonic() < deadline:
+        for child in parent.children(recursive=True):
+            try:
+                cmd = child.cmdline()
+                if "run" in cmd and "--spec" in cmd and time.time() - child.create_time() >= min_age_s:
+                    spec = Path(cmd[cmd.index("--spec") + 1])
+                    child.send_signal(signal.SIGKILL)
+                    return spec.name.removesuffix(".spec.json")
+            except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+                continue
+        time.sleep(0.05)
+    raise TimeoutError("no `comera-bench run` process appeared")
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    """Run the tiny pipeline: first call with one cell SIGKILLed, then the full pipeline."""
+    workdir = tmp_path_factory.mktemp("pipeline")
+    proc = subprocess.Popen(snakemake_cmd(workdir, TINY, "runs"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=ENV)
+    killed = kill_first_cell(proc)
+    first_log, _ = proc.communicate(timeout=600)
+    after_kill = {name: p.stat().st_mtime_ns for name, p in cells(workdir).items()}
+    second = snakemake(workdir, "all")
+    return {"workdir": workdir, "killed": killed, "first_rc": proc.returncode, "first_log": first_log,
+            "after_kill": after_kill, "second": second}
+
+
+def test_killed_cell_leaves_no_file_and_reruns_alone(pipeline):
+    killed, after_kill = pipeline["killed"], pipeline["after_kill"]
+    assert pipeline["first_rc"] != 0, pipeline["first_log"][-2000:]
+    assert not any(name.startswith(killed + ".") for name in after_kill), "partial result of a killed cell"
+    assert len(after_kill) >= 2, "keep-going: the other cells must finish"
+    assert pipeline["second"].returncode == 0, pipeline["second"].stderr[-3000:]
+    now = cells(pipeline["workdir"])
+    assert f"{killed}.runs.parquet" in now and f"{killed}.curves.parquet" in now
+    for name, mtime in after_kill.items():
+        assert now[name].stat().st_mtime_ns == mtime, f"{name} was re-run"
+
+
+def test_merged_tables_complete(pipeline):
+    merged = pipeline["workdir"] / "results" / "cpu-tiny"
+    runs = pd.read_parquet(merged / "runs.parquet")
+    grid = yaml.safe_load((merged / "grid.json").read_text())
+    assert sorted(runs.run_id) == sorted(grid["cells"])
+    assert set(runs.method) == {"dense", "comera", "galore", "lte"}
+    assert set(runs.status) <= {"ok", "oom", "diverged", "error", "timeout"}
+    curves = pd.read_parquet(merged / "curves.parquet")
+    assert set(curves.run_id) == set(runs.run_id)
+    assert len(pd.read_parquet(merged / "microbench.parquet")) > 0
+
+
+def test_outputs_and_claims(pipeline):
+    figs = pipeline["workdir"] / "figures" / "tiny"
+    for name in ("fig1_time_memory", "fig5_ttm_lookup", "fig6_accuracy", "fig12_time_vs_compression"):
+        assert (figs / f"{name}.png").stat().st_size > 0 and (figs / f"{name}.pdf").stat().st_size > 0
+    for name in ("table1_ranks", "table2_dlrm", "table_mnli_size", "table_runs"):
+        assert (figs / f"{name}.md").exists() and (figs / f"{name}.csv").exists()
+    assert (figs / "compare" / "compare.md").exists() and (figs / "compare" / "compare_time_memory.png").exists()
+    lines = [ln for ln in (figs / "claims.md").read_text().splitlines() if ln.startswith("| C")]
+    assert [ln.split("|")[1].strip() for ln in lines] == [f"C{i}" for i in range(1, 11)]
+    for line in lines:
+        assert line.rstrip(" |").split("|")[-1].strip() in ("holds", "does not hold", "not measured here")
+
+
+def test_second_call_does_nothing_and_report_builds(pipeline):
+    again = snakemake(pipeline["workdir"], "all")
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+    report = snakemake(pipeline["workdir"], "--report", "report.html")
+    assert report.returncode == 0, report.stderr[-3000:]
+    html = (pipeline["workdir"] / "report.html").read_text(errors="replace")
+    assert "fig1_time_memory.png" in html and "claims.md" in html
+
+
+def test_truncated_cell_file_fails_merge_with_its_path(pipeline):
+    victim = next(p for p in sorted(cells(pipeline["workdir"]).values()) if p.name.endswith(".runs.parquet"))
+    victim.write_bytes(victim.read_bytes()[:64])
+    res = snakemake(pipeline["workdir"], "results/cpu-tiny/runs.parquet")
+    assert res.returncode != 0
+    assert str(victim.name) in res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("mutate, key", [
+    (lambda c: c.update(unknown_key=1), "unknown_key"),
+    (lambda c: c["workloads"]["transformer"]["batch_sizes"].__setitem__(0, -4),
+     "workloads.transformer.batch_sizes[0]"),
+    (lambda c: c["methods"]["dense"].update(method="adam"), "methods.dense.method"),
+    (lambda c: c["workloads"]["transformer"]["params"].update(data="mnli", data_dir="/no/such/mnli"),
+     "workloads.transformer.params.data_dir"),
+])
+def test_bad_config_rejected_before_any_job(tmp_path, mutate, key):
+    config = yaml.safe_load(TINY.read_text())
+    mutate(config)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(config))
+    res = snakemake(tmp_path, "all", configfile=path, timeout=300)
+    assert res.returncode != 0
+    assert "invalid config" in res.stderr and key in res.stderr, res.stderr[-2000:]
+    assert not (tmp_path / "results").exists()

@@ -1,0 +1,177 @@
+"""Tables, figures, claims and the device comparison on hand-made result folders (known numbers in,
+known ratios and verdicts out)."""
+from __future__ import annotations
+
+import json
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import pytest
+
+from harness import claims, compare, figures, reference, tables
+from harness.results import RUNS_COLUMNS, ResultsError, merge, to_frame, write_parquet_atomic
+
+
+def run_row(workload, method, batch, *, variant="default", target=None, time_s=10.0, mem=100e6,
+            status="ok", metric=0.5, ranks=None, compression=1.0, **extra):
+    rid = f"{workload}_{method}-{variant}_b{batch}_t{target}"
+    row = {c: None for c in RUNS_COLUMNS}
+    row.update(run_id=rid, workload=workload, method=method, variant=variant, batch_size=batch,
+               target_ratio=target, seed=0, status=status, error="" if status == "ok" else "boom",
+               step_time_ms=time_s, epoch_time_s=time_s, epoch_time_kind="measured",
+               peak_mem_bytes=None if mem is None else int(mem), peak_mem_kind="cpu_rss_delta", metric_name="accuracy",
+               metric_value=metric, final_train_loss=1.0, params_total=1000, params_factorized_layers=800,
+               compression_total=compression, compression_layers=compression, ranks=json.dumps(ranks or {}),
+               device="cpu", device_name="Test CPU", num_threads=2, torch_version="x", extra=json.dumps(extra))
+    return row
+
+
+def spec_for(row):
+    return {"run_id": row["run_id"], "workload": row["workload"], "workload_params": {"size": "small"},
+            "method": row["method"], "variant": row["variant"], "method_params": {},
+            "batch_size": row["batch_size"], "target_ratio": row["target_ratio"], "seed": 0,
+            "budget": {"epochs": 1, "max_steps_per_epoch": 10},
+            "execution": {"device": "cpu", "num_threads": 2, "cuda_graph": False, "compile": False}}
+
+
+def make_folder(path, rows, curves=(), sweeps=None):
+    path.mkdir(parents=True)
+    write_parquet_atomic(to_frame(rows, "runs"), path / "runs.parquet", kind="runs")
+    write_parquet_atomic(to_frame(list(curves), "curves"), path / "curves.parquet", kind="curves")
+    cells = {r["run_id"]: spec_for(r) for r in rows}
+    (path / "grid.json").write_text(json.dumps({"cells": cells, "sweeps": sweeps or {}}))
+    return path
+
+
+def ranks(block_ranks):
+    return {f"encoder.layers.{b}.ffn.fc1": r for b, r in block_ranks.items()}
+
+
+@pytest.fixture
+def folder(tmp_path):
+    rows = [
+        run_row("transformer", "dense", 1, time_s=30), run_row("transformer", "dense", 32, time_s=90),
+        run_row("transformer", "comera", 1, time_s=10, mem=10e6, ranks=ranks({0: [1, 8, 8, 1], 1: [1, 8, 6, 1]})),
+        run_row("transformer", "comera", 32, time_s=30, ranks=ranks({0: [1, 8, 8, 1], 1: [1, 8, 6, 1]})),
+        run_row("transformer", "comera", 32, target=0.5, time_s=20, ranks=ranks({0: [1, 4, 4, 1], 1: [1, 0, 2, 1]})),
+        run_row("transformer", "galore", 1, time_s=25, mem=95e6),
+        run_row("transformer", "galore", 32, status="oom", time_s=None, mem=None),
+        run_row("transformer", "comera", 32, variant="rank-rank2", time_s=5, compression=40.0),
+        run_row("dlrm", "dense", 256, time_s=1, mem=50e6, nce=0.9),
+        run_row("dlrm", "comera", 256, time_s=2, mem=10e6, nce=0.95),
+    ]
+    sweep = {rows[7]["run_id"]: {"rank": 2}}
+    curves = [{"run_id": rows[0]["run_id"], "step": s, "epoch": 0, "split": "eval", "metric_name": "accuracy",
+               "value": 0.3 + 0.01 * s} for s in (0, 10, 20)]
+    # the target run's rank records: before training, at the stage switch (step 6), at the end (step 10)
+    for step, r in ((0, [1, 8, 8, 1]), (6, [1, 8, 6, 1]), (10, [1, 0, 2, 1])):
+        curves += [{"run_id": rows[4]["run_id"], "step": step, "epoch": 0, "split": "ranks",
+                    "metric_name": f"encoder.layers.1.ffn.fc1[{k}]", "value": v} for k, v in enumerate(r)]
+    return make_folder(tmp_path / "cpu-test", rows, curves, sweep)
+
+
+def test_claims_verdicts_from_known_ratios(folder):
+    res = tables.load(folder)
+    table = claims.evaluate(res).set_index("claim")
+    assert list(table.index) == list(reference.CLAIM_IDS)
+    assert set(table.verdict) <= {claims.HOLDS, claims.FAILS, claims.NOT_MEASURED}
+    assert table.loc["C1", "verdict"] == claims.HOLDS  # 90/30 = 3x at batch 32
+    assert "3.00x @ batch 32" in table.loc["C1", "ours"]
+    assert table.loc["C2", "verdict"] == claims.HOLDS  # 25/10 = 2.5x time, 95/10 = 9.5x memory
+    assert "2.50x faster, 9.50x less" in table.loc["C2", "ours"]
+    assert table.loc["C7", "verdict"] == claims.HOLDS  # dense faster, CoMERA 5x lighter
+    assert table.loc["C10", "verdict"] == claims.HOLDS  # 90 s dense vs 5 s at compression 40
+    for cid in ("C3", "C4", "C5", "C6", "C8", "C9"):
+        assert table.loc[cid, "verdict"] == claims.NOT_MEASURED, cid
+
+
+def test_c2_fails_when_memory_ratio_short(tmp_path):
+    rows = [run_row("transformer", "comera", 1, time_s=10, mem=10e6),
+            run_row("transformer", "galore", 1, time_s=20, mem=80e6)]
+    res = tables.load(make_folder(tmp_path / "d", rows))
+    assert claims.c2(res, reference.claim("C2")["values"]).verdict == claims.FAILS
+
+
+def test_tables(folder, tmp_path):
+    res = tables.load(folder)
+    t1, note = tables.table1_ranks(res)
+    assert "the last one (index 1)" in note
+    assert list(t1.columns) == ["layer", "before training", "after early stage", "late stage, target 0.5"]
+    assert t1.iloc[0]["before training"] == "8-8"
+    assert t1.iloc[0]["after early stage"] == "8-6"
+    assert t1.iloc[0]["late stage, target 0.5"] == "0-2 (removed: rank 0)"
+    t2, _ = tables.table2_dlrm(res)
+    assert t2.nce.tolist() == [0.95, 0.9] and t2.model_MB.tolist() == [0.004, 0.004]
+    size, _ = tables.table_mnli_size(res)
+    assert size.iloc[-1]["source"] == "paper (RTX 3090)"
+    assert size.iloc[-1]["total_MB"] == pytest.approx(66957315 * 4 / 1e6, abs=1e-3)
+    assert tables.main(["--results", str(folder), "--out", str(tmp_path / "out")]) == 0
+    for name in tables.TABLES:
+        assert (tmp_path / "out" / f"{name}.csv").exists()
+        assert (tmp_path / "out" / f"{name}.md").read_text().startswith("# ")
+    assert "oom" in (tmp_path / "out" / "table_runs.md").read_text()
+
+
+def test_empty_grid_tables_say_not_measured(tmp_path):
+    res = tables.load(make_folder(tmp_path / "d", [run_row("mlm", "dense", 4)]))
+    df, note = tables.table2_dlrm(res)
+    tables.write_table(df, note, "T", tmp_path, "t", res.settings_line())
+    assert "Not measured here: no DLRM run" in (tmp_path / "t.md").read_text()
+
+
+def test_figures_written_and_failed_cell_marked(folder, tmp_path, monkeypatch):
+    out = tmp_path / "figs"
+    texts = []
+    real_finish = figures._finish
+
+    def spy(fig, title, footer, out_dir, name):
+        texts.append((name, [t.get_text() for ax in fig.axes for t in ax.texts]))
+        real_finish(fig, title, footer, out_dir, name)
+
+    monkeypatch.setattr(figures, "_finish", spy)
+    assert figures.main(["--results", str(folder), "--out", str(out)]) == 0
+    for name in figures.FIGURES:
+        assert (out / f"{name}.png").stat().st_size > 0 and (out / f"{name}.pdf").stat().st_size > 0
+    found = dict(texts)
+    assert "oom" in found["fig1_time_memory"]  # the failed GaLore cell at batch 32
+    assert any(t.startswith("Not measured in this grid") for t in found["fig7_cuda_graph"])
+    assert plt.get_fignums() == []
+
+
+def test_compare_two_devices_and_paper(folder, tmp_path):
+    rows = [run_row("transformer", "dense", 1, time_s=15), run_row("transformer", "comera", 1, time_s=2, mem=5e6),
+            run_row("transformer", "galore", 1, time_s=12, mem=80e6)]
+    other = make_folder(tmp_path / "gpu-x", rows)
+    out = tmp_path / "cmp"
+    assert compare.cli([str(folder), str(other), "--out", str(out)]) == 0
+    table = pd.read_csv(out / "compare.csv")
+    dense1 = table[(table.method == "dense") & (table.batch_size == 1)].iloc[0]
+    assert dense1["epoch_time ratio gpu-x/cpu-test"] == pytest.approx(0.5)
+    ratios = pd.read_csv(out / "compare_ratios.csv")
+    assert {"cpu-test", "gpu-x", "paper (RTX 3090)", "paper (RTX 4090)"} <= set(ratios.device)
+    gx = ratios[(ratios.device == "gpu-x") & (ratios.versus == "galore-default") & (ratios.quantity == "epoch_time")]
+    assert gx.ratio.iloc[0] == pytest.approx(6.0)
+    assert (out / "compare_time_memory.png").exists() and "paper (RTX 4090)" in (out / "compare.md").read_text()
+
+
+def test_compare_same_folder_names_need_names(folder, tmp_path, capsys):
+    assert compare.cli([str(folder), str(folder), "--out", str(tmp_path / "c")]) == 2
+    assert "two result folders named 'cpu-test'" in capsys.readouterr().err
+    assert compare.cli([str(folder), str(folder), "--names", "a,b", "--out", str(tmp_path / "c")]) == 0
+    assert "epoch_time ratio b/a" in pd.read_csv(tmp_path / "c" / "compare.csv").columns
+
+
+def test_truncated_cell_file_fails_merge_naming_it(tmp_path):
+    rows = [run_row("transformer", "dense", 1)]
+    good = write_parquet_atomic(to_frame(rows, "runs"), tmp_path / "a.runs.parquet", kind="runs")
+    bad = tmp_path / "b.runs.parquet"
+    bad.write_bytes(good.read_bytes()[:100])
+    with pytest.raises(ResultsError, match="b.runs.parquet"):
+        merge([good, bad], tmp_path / "merged.parquet", "runs")
+
+
+def test_reference_sources_complete():
+    data = reference.load()
+    assert set(reference.CLAIM_IDS) == set(data["claims"])
+    labels = [d["label"] for d in reference.paper_devices().values()]
+    assert labels == ["paper (RTX 3090)", "paper (RTX 4090)"]

@@ -1,0 +1,61 @@
+# Config validation (JSON schema with defaults, then the methods' and workloads' own checks) and the
+# grid, all before any job is scheduled.
+import json
+import os
+import sys
+
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+sys.path.insert(0, workflow.basedir)  # the harness package of this checkout, even if not installed
+from harness import grid as _grid
+
+
+def _validate_config():
+    schema = f"{workflow.basedir}/workflow/schemas/config.schema.yaml"
+    error = _grid.schema_error(config, schema)
+    if error:
+        raise WorkflowError(f"invalid config: {error}")
+    validate(config, schema)  # fills the defaults
+    try:
+        _grid.check_config(config)
+    except _grid.ConfigError as err:
+        raise WorkflowError(f"invalid config: {err}")
+
+
+_validate_config()
+
+# The label is derived once (by the first Snakemake process) and inherited by every job's own
+# Snakemake process through the environment, so a cluster job on another node writes the same paths.
+DEVICE = config["device_name"] or os.environ.get("COMERA_BENCH_DEVICE") or _grid.device_label(config)
+os.environ["COMERA_BENCH_DEVICE"] = DEVICE
+RESULTS = config["results_dir"]
+FIGURES = config["figures_dir"]
+CELLS = f"{RESULTS}/runs/{DEVICE}"
+MERGED = f"{RESULTS}/{DEVICE}"
+GRID, SWEEPS = _grid.expand_grid(config)
+MICROBENCH = config["microbench"]["specs"]
+SPEC_FILES = expand(f"{CELLS}/{{run_id}}.spec.json", run_id=GRID)
+RUN_FILES = expand(f"{CELLS}/{{run_id}}.runs.parquet", run_id=GRID)
+CURVE_FILES = expand(f"{CELLS}/{{run_id}}.curves.parquet", run_id=GRID)
+MICROBENCH_FILES = expand(f"{CELLS}/microbench/{{name}}.microbench.parquet", name=MICROBENCH)
+ON_GPU = _grid.uses_gpu(config)
+
+
+def spec_json(run_id):
+    """A cell's spec as canonical JSON (the rule's params: a changed spec re-runs only its cell)."""
+    return json.dumps(GRID[run_id], sort_keys=True)
+
+
+def gpu_wrapper():
+    """Locally, a GPU job takes a free GPU by file lock; under SLURM it keeps CUDA_VISIBLE_DEVICES."""
+    if not ON_GPU:
+        return ""
+    count = config["execution"]["gpus"]
+    return (f"python -m harness.gpus --lock-dir {RESULTS}/.gpu-locks"
+            + (f" --count {count}" if count else "") + " -- ")
+
+
+wildcard_constraints:
+    run_id="[A-Za-z0-9._-]+",
+    name="[A-Za-z0-9._-]+",

@@ -1,0 +1,35 @@
+# The same grid from several result folders (this machine + compare.dirs) side by side, with the
+# paper's RTX 3090 / RTX 4090 numbers as two more devices (harness/reference/paper.yaml).
+localrules: compare, report
+
+COMPARE_DIRS = [MERGED] + [d for d in config["compare"]["dirs"] if d.rstrip("/") != MERGED]
+COMPARE_OUT = f"{FIGURES}/compare"
+
+
+rule compare:
+    input:
+        [f"{d}/runs.parquet" for d in COMPARE_DIRS],
+    output:
+        md=report(f"{COMPARE_OUT}/compare.md", caption="../report/compare.rst", category="Compare"),
+        csv=f"{COMPARE_OUT}/compare.csv",
+        ratios=f"{COMPARE_OUT}/compare_ratios.csv",
+        png=report(f"{COMPARE_OUT}/compare_time_memory.png", caption="../report/compare_fig.rst",
+                   category="Compare"),
+        pdf=f"{COMPARE_OUT}/compare_time_memory.pdf",
+    params:
+        dirs=COMPARE_DIRS,
+    shell:
+        "python -m harness.compare {params.dirs} --out {COMPARE_OUT}"
+
+
+rule report:
+    input:
+        rules.figures.input,
+        rules.compare.output,
+    output:
+        "report.html",
+    params:
+        configs=" ".join(map(str, workflow.overwrite_configfiles or [])),
+    shell:
+        "snakemake --snakefile {workflow.main_snakefile} --nolock --report {output}"
+        " $( [ -n '{params.configs}' ] && echo --configfile {params.configs} )"

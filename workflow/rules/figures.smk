@@ -1,0 +1,51 @@
+# Tables, figures and the claims file from results/<device>/ (one device per call; see compare.smk for
+# several). Every output is in the report (`snakemake --report report.html`) with its caption.
+localrules: tables, plots, claims, figures
+
+PLOTS = ["fig1_time_memory", "fig5_ttm_lookup", "fig6_accuracy", "fig7_cuda_graph",
+         "fig8_dlrm_time_memory", "fig9_dlrm_nce", "fig10_mlm_loss", "fig12_time_vs_compression"]
+TABLES = ["table1_ranks", "table2_dlrm", "table_mnli_size", "table_runs"]
+MERGED_FILES = [f"{MERGED}/runs.parquet", f"{MERGED}/curves.parquet", f"{MERGED}/grid.json",
+                f"{MERGED}/microbench.parquet"]
+
+
+rule tables:
+    input:
+        MERGED_FILES,
+    output:
+        md=[report(f"{FIGURES}/{t}.md", caption=f"../report/{t}.rst", category="Tables") for t in TABLES],
+        csv=[f"{FIGURES}/{t}.csv" for t in TABLES],
+    params:
+        device=DEVICE,
+    shell:
+        "python -m harness.tables --results {MERGED} --device-label {params.device} --out {FIGURES}"
+
+
+rule plots:
+    input:
+        MERGED_FILES,
+    output:
+        png=[report(f"{FIGURES}/{p}.png", caption=f"../report/{p}.rst", category="Figures") for p in PLOTS],
+        pdf=[f"{FIGURES}/{p}.pdf" for p in PLOTS],
+    params:
+        device=DEVICE,
+    shell:
+        "python -m harness.figures --results {MERGED} --device-label {params.device} --out {FIGURES}"
+
+
+rule claims:
+    input:
+        MERGED_FILES,
+    output:
+        report(f"{FIGURES}/claims.md", caption="../report/claims.rst", category="Claims"),
+    params:
+        device=DEVICE,
+    shell:
+        "python -m harness.claims --results {MERGED} --device-label {params.device} --out {output}"
+
+
+rule figures:
+    input:
+        rules.tables.output,
+        rules.plots.output,
+        rules.claims.output,

@@ -1,0 +1,32 @@
+# Micro-benchmarks (Fig 5 TTM lookups, TT layer timings): one job per named spec in config microbench.specs.
+localrules: microbench_spec, microbench
+
+
+rule microbench_spec:
+    output:
+        f"{CELLS}/microbench/{{name}}.spec.json",
+    params:
+        spec=lambda w: json.dumps(MICROBENCH[w.name], sort_keys=True),
+    shell:
+        "printf '%s\\n' {params.spec:q} > {output}"
+
+
+rule microbench_cell:
+    input:
+        spec=f"{CELLS}/microbench/{{name}}.spec.json",
+    output:
+        f"{CELLS}/microbench/{{name}}.microbench.parquet",
+    log:
+        f"{CELLS}/logs/microbench_{{name}}.log",
+    threads: config["execution"]["threads"]
+    resources:
+        **({"gpu": 1} if ON_GPU else {}),
+    params:
+        wrapper=gpu_wrapper(),
+    shell:
+        "{params.wrapper}comera-bench microbench --spec {input.spec} --out {output} > {log} 2>&1"
+
+
+rule microbench:
+    input:
+        MICROBENCH_FILES,
