@@ -1,0 +1,608 @@
+"""``comera-bench bench``: the performance targets of the project, measured and judged in one table.
+
+Targets (ratios are always measured in the same run, alternating the compared variants round by round
+so that a load change on a shared machine hits both):
+
+1. TTLinear forward+backward vs nn.Linear at the paper's layer shapes.
+2. One full training step of the six-encoder transformer (paper shapes, seq 128), each configuration
+   in its own subprocess: CoMERA vs uncompressed at batch 32 (time, peak memory) and CoMERA vs GaLore
+   at batch 1 (time, peak memory).
+3. TTMEmbedding optimized vs naive lookup (time, peak memory) and the TTM table's memory vs an
+   nn.Embedding with dense gradients, at 10000..40000 Zipf-like indices.
+4. The transformer step after the rank gates halve every rank and comera.rank.prune shrinks the cores.
+5. Contraction-plan FLOPs vs the sum of opt_einsum's optimal costs of the forward and backward
+   contractions, over a sweep of TT orders and token counts.
+
+Each row carries the physical context of its ratio: the FLOP ratio and the compulsory-traffic ratio of
+the two ops, and the roofline bound ``max(F_a/P, B_a/W) / max(F_b/P, B_b/W)`` with the peak matmul rate
+``P`` and copy bandwidth ``W`` measured in the same run (harness.microbench.TrafficCounter defines B).
+Memory kinds: ``cpu_allocated`` / ``cuda_allocated`` for single ops (see harness.microbench), and for a
+training step ``cpu_rss_delta`` (process RSS high-water mark during the steps minus the RSS before the
+model was built; the mark is reset after the method is prepared, so the transient dense model that
+CoMERA converts does not count) or ``cuda_allocated`` (peak allocated minus allocated before the build).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import json
+import math
+import re
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from harness import microbench as mb
+
+TARGET_NAMES = {1: "TTLinear vs nn.Linear", 2: "transformer step", 3: "TTM lookup",
+                4: "step after halving ranks", 5: "plan FLOPs vs opt_einsum"}
+VERDICTS = ("pass", "short", "error")
+
+
+@dataclass
+class BenchRow:
+    """One line of the bench table."""
+
+    target: int
+    what: str
+    goal: float
+    better: str
+    """">=": measured must reach goal; "<=": measured must stay at or below it."""
+    measured: float | None
+    verdict: str
+    flop_ratio: float | None = None
+    traffic_ratio: float | None = None
+    roofline_bound: float | None = None
+    medians: str = ""
+    settings: str = ""
+    device: str = ""
+    threads: int = 0
+    note: str = ""
+
+
+def verdict(measured: float | None, goal: float, better: str) -> str:
+    """pass / short, or error when nothing was measured."""
+    if measured is None or not math.isfinite(measured):
+        return "error"
+    return "pass" if (measured >= goal if better == ">=" else measured <= goal) else "short"
+
+
+def make_row(target: int, what: str, goal: float, measured: float | None, *, better: str = ">=",
+             **fields: Any) -> BenchRow:
+    return BenchRow(target, what, goal, better, measured, verdict(measured, goal, better), **fields)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+# --------------------------------------------------------------------------------- machine and timing
+
+@dataclass
+class Roofline:
+    flops_per_s: float
+    bytes_per_s: float
+
+    def time_bound(self, flops: float, traffic: float) -> float:
+        return max(flops / self.flops_per_s, traffic / self.bytes_per_s)
+
+    def speedup_bound(self, slow: tuple[float, float], fast: tuple[float, float]) -> float:
+        """Roofline bound on how much faster ``fast`` (flops, bytes) can be than ``slow``."""
+        return self.time_bound(*slow) / self.time_bound(*fast)
+
+
+def measure_roofline(device: torch.device, num_threads: int, *, size: int = 2048,
+                     copy_mb: int = 256) -> Roofline:
+    """Peak matmul FLOP rate (float32 ``size``^3 matmul) and copy bandwidth (``copy_mb`` MiB) here."""
+    a = torch.randn(size, size, device=device)
+    b = torch.randn(size, size, device=device)
+    t_mm = mb.time_call(lambda: torch.mm(a, b), num_threads=num_threads, min_run_time_s=0.5)[0] / 1e3
+    src = torch.empty(copy_mb * 2**18, device=device).normal_()
+    dst = torch.empty_like(src)
+    t_copy = mb.time_call(lambda: dst.copy_(src), num_threads=num_threads, min_run_time_s=0.5)[0] / 1e3
+    return Roofline(2 * size**3 / t_mm, 2 * src.numel() * src.element_size() / t_copy)
+
+
+def paired_medians(runs: dict[str, Callable[[], Any]], *, rounds: int, num_threads: int,
+                   min_run_time_s: float) -> dict[str, float]:
+    """Median (ms) over ``rounds`` of each run's blocked_autorange median, the runs alternating."""
+    per_round: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            per_round[name].append(mb.time_call(run, num_threads=num_threads, min_run_time_s=min_run_time_s)[0])
+    return {name: statistics.median(times) for name, times in per_round.items()}
+
+
+@dataclass
+class Config:
+    """Sizes and repeats of one bench invocation (``quick`` shrinks everything)."""
+
+    device: torch.device
+    num_threads: int
+    quick: bool
+    rounds: int
+    min_run_time_s: float
+
+    @classmethod
+    def make(cls, device: str, num_threads: int, quick: bool) -> "Config":
+        return cls(mb.resolve_device(device), num_threads, quick, 2 if quick else 3, 0.05 if quick else 0.5)
+
+    def label(self) -> str:
+        return f"{'quick, ' if self.quick else ''}{self.rounds} rounds x {self.min_run_time_s}s blocks"
+
+
+# -------------------------------------------------------------------------------------------- target 1
+
+LINEAR_TARGETS = [  # what, in_shape, out_shape, rank, tokens (full, quick), goal
+    ("768->3072 r30", (12, 8, 8), (12, 16, 16), 30, (4096, 256), 7.0),
+    ("768->768 r30", (12, 8, 8), (8, 8, 12), 30, (4096, 256), 6.0),
+    ("768->768 r30", (12, 8, 8), (8, 8, 12), 30, (128, 32), 4.0),
+]
+
+
+def target_linear(cfg: Config, roof: Roofline) -> list[BenchRow]:
+    """TTLinear vs nn.Linear, forward + backward (input gradient included), same tokens."""
+    from comera.tt import TTLinear
+
+    rows = []
+    for what, in_shape, out_shape, rank, tokens_choice, goal in LINEAR_TARGETS:
+        tokens = tokens_choice[1] if cfg.quick else tokens_choice[0]
+        n_in, n_out = math.prod(in_shape), math.prod(out_shape)
+        x = torch.randn(tokens, n_in, device=cfg.device)
+        dense = torch.nn.Linear(n_in, n_out, device=cfg.device)
+        tt = TTLinear(n_in, n_out, in_shape=in_shape, out_shape=out_shape, rank=rank, device=cfg.device)
+        calls = {"dense": mb._call(dense, x, "fwd_bwd", wrt_input=True),
+                 "tt": mb._call(tt, x, "fwd_bwd", wrt_input=True)}
+        times = paired_medians({k: run for k, (run, _) in calls.items()}, rounds=cfg.rounds,
+                               num_threads=cfg.num_threads, min_run_time_s=cfg.min_run_time_s)
+        cost = {k: mb.count_cost(run) for k, (run, _) in calls.items()}
+        plan = tt.plan(tokens)
+        rows.append(make_row(
+            1, f"TTLinear fwd+bwd speedup, {what}, {tokens} tokens", goal, _ratio(times["dense"], times["tt"]),
+            flop_ratio=_ratio(cost["dense"][0], cost["tt"][0]),
+            traffic_ratio=_ratio(cost["dense"][1], cost["tt"][1]),
+            roofline_bound=roof.speedup_bound(cost["dense"], cost["tt"]),
+            medians=f"nn.Linear {times['dense']:.3f} ms, TTLinear {times['tt']:.3f} ms",
+            settings=f"ranks {tt.ranks}, plan {plan.left}/{plan.right}, {cfg.label()}"))
+    return rows
+
+
+# -------------------------------------------------------------------------------------------- target 3
+
+EMBEDDING_TABLE = {"full": mb.PAPER_TABLE,
+                   "quick": {"num_embeddings": 10_000, "embedding_dim": 32, "row_shape": [10, 10, 10, 10],
+                             "col_shape": [2, 2, 2, 4], "rank": 8}}
+EMBEDDING_INDICES = {"full": [10_000, 20_000, 40_000], "quick": [1000, 2000]}
+
+
+def target_embedding(cfg: Config, roof: Roofline) -> list[BenchRow]:
+    """TTM optimized vs naive lookup (fwd+bwd time and peak memory); TTM vs nn.Embedding footprint."""
+    key = "quick" if cfg.quick else "full"
+    table = EMBEDDING_TABLE[key]
+    variants = ("ttm_naive", "ttm_optimized", "dense_grad")
+    modules = {v: mb._embedding_module(v, table, cfg.device) for v in variants}
+    shape = f"{table['num_embeddings']}x{table['embedding_dim']} rank {table['rank']}"
+    rows = []
+    for count in EMBEDDING_INDICES[key]:
+        idx = mb.zipf_indices(count, table["num_embeddings"], 1.05, count).to(cfg.device)
+        calls = {v: mb._call(m, idx, "fwd_bwd", wrt_input=False) for v, m in modules.items()}
+        times = paired_medians({v: run for v, (run, _) in calls.items()}, rounds=cfg.rounds,
+                               num_threads=cfg.num_threads, min_run_time_s=cfg.min_run_time_s)
+        peaks = {}
+        for v, (run, reset) in calls.items():
+            peaks[v], kind = mb.peak_memory(run, cfg.device, reset)
+        cost = {v: mb.count_cost(run) for v, (run, _) in calls.items()}
+        footprint = {v: peaks[v] + mb.param_bytes(modules[v]) for v in variants}
+        unique = int(torch.unique(idx).numel())
+        settings = f"table {shape}, {unique} unique rows, zipf 1.05, {cfg.label()}"
+        common = {"settings": settings}
+        rows.append(make_row(
+            3, f"TTM optimized vs naive lookup fwd+bwd speedup, {count} indices", 5.0,
+            _ratio(times["ttm_naive"], times["ttm_optimized"]),
+            flop_ratio=_ratio(cost["ttm_naive"][0], cost["ttm_optimized"][0]),
+            traffic_ratio=_ratio(cost["ttm_naive"][1], cost["ttm_optimized"][1]),
+            roofline_bound=roof.speedup_bound(cost["ttm_naive"], cost["ttm_optimized"]),
+            medians=f"naive {times['ttm_naive']:.3f} ms, optimized {times['ttm_optimized']:.3f} ms, "
+                    f"nn.Embedding dense grad {times['dense_grad']:.3f} ms", **common))
+        rows.append(make_row(
+            3, f"TTM optimized vs naive lookup peak memory ratio, {count} indices", 3.0,
+            _ratio(peaks["ttm_naive"], peaks["ttm_optimized"]),
+            medians=f"naive {peaks['ttm_naive']} B, optimized {peaks['ttm_optimized']} B ({kind})", **common))
+        rows.append(make_row(
+            3, f"nn.Embedding (dense grad) vs TTM footprint (params + fwd+bwd peak), {count} indices", 15.0,
+            _ratio(footprint["dense_grad"], footprint["ttm_optimized"]),
+            medians=f"nn.Embedding {footprint['dense_grad']} B, TTM {footprint['ttm_optimized']} B ({kind})",
+            **common))
+    return rows
+
+
+# ------------------------------------------------------------------------------------- targets 2 and 4
+
+STEP_WORKLOAD = {"full": {"size": "paper"}, "quick": {"size": "tiny"}}
+STEP_CONFIGS = [  # name, method, batch size (full, quick)
+    ("dense_b32", "dense", (32, 8)),
+    ("comera_b32", "comera", (32, 8)),
+    ("galore_b1", "galore", (1, 1)),
+    ("comera_b1", "comera", (1, 1)),
+]
+
+
+def _proc_status(field: str) -> int | None:
+    """A ``/proc/self/status`` memory field in bytes (None where /proc is missing)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _reset_rss_peak() -> bool:
+    """Reset the kernel's RSS high-water mark of this process (Linux clear_refs); False if not allowed."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def halve_ranks(model: torch.nn.Module, threshold: float, optimizers=()) -> dict[str, list[int]]:
+    """Zero the upper half of every rank gate (keeping max(1, r // 2)) and prune physically."""
+    from comera.rank import prune, ranks, tensorized_modules
+
+    with torch.no_grad():
+        for _, module in tensorized_modules(model):
+            for gate in module.gates:
+                gate[max(1, gate.numel() // 2):] = 0.0
+    prune(model, threshold, optimizers)
+    return ranks(model)
+
+
+def _warm_up_torch(device: torch.device) -> None:
+    """One tiny training step, so that lazily created thread pools and library buffers exist before the
+    memory baseline is read and are not charged to the first configuration measured."""
+    layer = torch.nn.Linear(64, 64, device=device)
+    opt = torch.optim.AdamW(layer.parameters())
+    layer(torch.randn(8, 64, device=device)).square().mean().backward()
+    opt.step()
+
+
+def step_worker(job: dict[str, Any]) -> dict[str, Any]:
+    """Time full training steps of one configuration in this process (run in a fresh subprocess)."""
+    from baselines import check_params, get_method
+    from comera.rank import ranks
+    from harness.workloads import build_workload
+
+    device = mb.resolve_device(job["device"])
+    torch.set_num_threads(job["threads"])
+    torch.manual_seed(job["seed"])
+    steps, warmup = job["steps"], job["warmup"]
+    samples = job["batch_size"] * (steps + warmup)
+    params = {**job["workload_params"], "train_samples": samples, "eval_samples": job["batch_size"]}
+    _warm_up_torch(device)
+    gc.collect()
+    if device.type == "cuda":
+        base = torch.cuda.memory_allocated(device)
+    else:
+        base = _proc_status("VmRSS")
+    workload = build_workload("transformer", params, batch_size=job["batch_size"], seed=job["seed"], device=device)
+    method = get_method(job["method"])
+    prepared = method.prepare(workload.model, workload, check_params(job["method"], job.get("method_params", {})),
+                              target_ratio=None, total_steps=10**6)
+    model = prepared.model
+    model.train()
+    batches = list(itertools.islice(itertools.cycle(list(workload.train_batches(0))), steps + warmup))
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        kind = "cuda_allocated"
+    else:
+        kind = "cpu_rss_delta" if _reset_rss_peak() else "cpu_rss_delta_since_start"
+
+    def one_step(step: int, batch) -> float:
+        start = time.perf_counter()
+        loss = prepared.total_loss(workload.loss(model, batch), step)
+        loss.backward()
+        for opt in prepared.optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        prepared.after_step(step)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return (time.perf_counter() - start) * 1e3
+
+    def timed(offset: int) -> list[float]:
+        return [one_step(offset + i, b) for i, b in enumerate(batches)][warmup:]
+
+    times = timed(0)
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) - base
+    else:
+        peak = (_proc_status("VmHWM") or 0) - (base or 0)
+    out = {"step_ms": statistics.median(times), "step_ms_all": times, "peak_bytes": peak, "peak_kind": kind,
+           "ranks": ranks(model), "method_settings": prepared.settings}
+    if job.get("halve"):
+        out["ranks_halved"] = halve_ranks(model, job["threshold"], prepared.optimizers)
+        out["step_ms_halved"] = statistics.median(timed(steps + warmup))
+    return out
+
+
+def run_step_job(job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """``step_worker(job)`` in a fresh Python process; {"error": ...} when it fails."""
+    cmd = [sys.executable, "-m", "harness.bench", "--step-worker", json.dumps(job)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s:.0f} s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"exit {proc.returncode}: {tail}"}
+    return json.loads(lines[-1])
+
+
+def step_jobs(cfg: Config, targets: set[int]) -> dict[str, dict[str, Any]]:
+    """The subprocess jobs targets 2 and 4 need (4 reuses comera_b32, which then also halves)."""
+    key = "quick" if cfg.quick else "full"
+    names = {"dense_b32", "comera_b32", "galore_b1", "comera_b1"} if 2 in targets else {"comera_b32"}
+    jobs = {}
+    for name, method, batches in STEP_CONFIGS:
+        if name in names:
+            jobs[name] = {"method": method, "batch_size": batches[1] if cfg.quick else batches[0],
+                          "workload_params": STEP_WORKLOAD[key], "device": cfg.device.type, "seed": 0,
+                          "threads": cfg.num_threads, "warmup": 1,
+                          "steps": 2 if cfg.quick else 3, "halve": name == "comera_b32" and 4 in targets,
+                          "threshold": 1e-2}
+    return jobs
+
+
+def _fmt_bytes(n: float | None) -> str:
+    return "n/a" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+def target_steps(cfg: Config, targets: set[int], timeout_s: float) -> list[BenchRow]:
+    """Targets 2 and 4 from one subprocess per configuration."""
+    jobs = step_jobs(cfg, targets)
+    res = {name: run_step_job(job, timeout_s) for name, job in jobs.items()}
+    errors = "; ".join(f"{n}: {r['error']}" for n, r in res.items() if "error" in r)
+    size = STEP_WORKLOAD["quick" if cfg.quick else "full"]["size"]
+
+    def get(name: str, key: str) -> float | None:
+        return res.get(name, {}).get(key)
+
+    def pair(a: str, b: str) -> str:
+        return f"{a} {get(a, 'step_ms') or float('nan'):.1f} ms / {_fmt_bytes(get(a, 'peak_bytes'))}, " \
+               f"{b} {get(b, 'step_ms') or float('nan'):.1f} ms / {_fmt_bytes(get(b, 'peak_bytes'))}"
+
+    kind = next((r["peak_kind"] for r in res.values() if "peak_kind" in r), "n/a")
+    some_job = next(iter(jobs.values()))
+    base = (f"transformer size={size}, one process per config, {some_job['steps']} timed steps "
+            f"after {some_job['warmup']} warm-up, memory {kind}")
+    rows = []
+    if 2 in targets:
+        b32 = jobs["dense_b32"]["batch_size"]
+        rows.append(make_row(2, f"CoMERA vs uncompressed step speedup, batch {b32}", 4.0,
+                             _ratio(get("dense_b32", "step_ms"), get("comera_b32", "step_ms")),
+                             medians=pair("dense_b32", "comera_b32"), settings=base, note=errors))
+        rows.append(make_row(2, f"CoMERA / uncompressed peak memory, batch {b32}", 0.7,
+                             _ratio(get("comera_b32", "peak_bytes"), get("dense_b32", "peak_bytes")),
+                             better="<=", medians=pair("dense_b32", "comera_b32"), settings=base, note=errors))
+        rows.append(make_row(2, "CoMERA vs GaLore step speedup, batch 1", 5.0,
+                             _ratio(get("galore_b1", "step_ms"), get("comera_b1", "step_ms")),
+                             medians=pair("galore_b1", "comera_b1"), settings=base, note=errors))
+        rows.append(make_row(2, "GaLore / CoMERA peak memory, batch 1", 12.0,
+                             _ratio(get("galore_b1", "peak_bytes"), get("comera_b1", "peak_bytes")),
+                             medians=pair("galore_b1", "comera_b1"), settings=base, note=errors))
+    if 4 in targets:
+        ranks_before = get("comera_b32", "ranks") or {}
+        ranks_after = get("comera_b32", "ranks_halved") or {}
+        sample = next(iter(ranks_before), None)
+        change = f"{sample}: {ranks_before.get(sample)} -> {ranks_after.get(sample)}" if sample else ""
+        before, after = get("comera_b32", "step_ms"), get("comera_b32", "step_ms_halved")
+        rows.append(make_row(4, f"CoMERA step speedup after halving every rank, batch {jobs['comera_b32']['batch_size']}",
+                             1.5, _ratio(before, after),
+                             medians=f"before {before or float('nan'):.1f} ms, after {after or float('nan'):.1f} ms",
+                             settings=f"{base}; {change}", note=errors))
+    return rows
+
+
+# -------------------------------------------------------------------------------------------- target 5
+
+_GATE_OR_BIAS = re.compile(r"^(gate|dgate|dcore)\d+$|^d?bias$")
+
+
+def plan_contraction_flops(plan) -> int:
+    """Plan FLOPs of the contractions only (gate scaling and bias steps left out)."""
+    return sum(s.flops for s in plan.steps if not _GATE_OR_BIAS.match(s.name))
+
+
+def optimal_sum_flops(in_shape: tuple[int, ...], out_shape: tuple[int, ...], ranks: tuple[int, ...],
+                      tokens: int) -> int:
+    """Sum of opt_einsum's optimal (dynamic programming, outer products allowed) costs of the d+2
+    contractions of a TT linear layer: y, dx and every core gradient dG_k, each optimized alone."""
+    import opt_einsum as oe
+
+    d, m = len(in_shape) + len(out_shape), len(in_shape)
+    modes = tuple(in_shape) + tuple(out_shape)
+    n_idx = [oe.get_symbol(1 + k) for k in range(d)]
+    b_idx = [oe.get_symbol(1 + d + k) for k in range(d - 1)]
+    sizes = {"t": tokens, **dict(zip(n_idx, modes)), **dict(zip(b_idx, ranks[1:-1]))}
+    cores = [(b_idx[k - 1] if k else "") + n_idx[k] + (b_idx[k] if k < d - 1 else "") for k in range(d)]
+    x, y = "t" + "".join(n_idx[:m]), "t" + "".join(n_idx[m:])
+    problems = [([x, *cores], y), ([y, *cores], x)]
+    problems += [([x, y, *cores[:k], *cores[k + 1:]], cores[k]) for k in range(d)]
+    total = 0
+    for inputs, output in problems:
+        shapes = [tuple(sizes[c] for c in term) for term in inputs]
+        _, info = oe.contract_path(",".join(inputs) + "->" + output, *shapes, shapes=True,
+                                   optimize=oe.DynamicProgramming(search_outer=True))
+        total += int(info.opt_cost)
+    return total
+
+
+def plan_sweep(quick: bool) -> list[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int]]:
+    """Distinct (in_shape, out_shape, ranks, tokens) over orders 2..8 (quick: 2..4), ranks (clipped to
+    the largest rank of each bond) and token counts."""
+    modes = (4, 6, 8, 5, 3, 7, 2, 8)
+    orders = range(2, 5) if quick else range(2, 9)
+    rank_choices = (4,) if quick else (2, 8, 30)
+    token_choices = (1, 64) if quick else (1, 16, 256, 4096)
+    cases = []
+    for d in orders:
+        m = (d + 1) // 2
+        in_shape, out_shape = modes[:m], modes[m:d]
+        full = in_shape + out_shape
+        for r in rank_choices:
+            ranks = (1, *(min(r, math.prod(full[:k]), math.prod(full[k:])) for k in range(1, d)), 1)
+            cases += [(in_shape, out_shape, ranks, t) for t in token_choices]
+    return list(dict.fromkeys(cases))  # clipped ranks repeat cases
+
+
+def target_plans(cfg: Config) -> list[BenchRow]:
+    """Max over the sweep of plan FLOPs / opt_einsum optimal sum (must be <= 1)."""
+    from comera.contraction import make_plan
+
+    worst, worst_case, count, over = 0.0, None, 0, 0
+    for in_shape, out_shape, ranks, tokens in plan_sweep(cfg.quick):
+        plan = make_plan(in_shape, out_shape, ranks, tokens, False)
+        ratio = plan_contraction_flops(plan) / optimal_sum_flops(in_shape, out_shape, ranks, tokens)
+        count += 1
+        over += ratio > 1.0
+        if ratio > worst:
+            worst, worst_case = ratio, (in_shape, out_shape, ranks, tokens)
+    return [make_row(5, f"plan FLOPs / sum of opt_einsum optimal costs (max over {count} cases, "
+                        f"{over} above 1)", 1.0, worst, better="<=", flop_ratio=worst,
+                     medians=f"worst case in={list(worst_case[0])} out={list(worst_case[1])} "
+                             f"ranks={list(worst_case[2])} tokens={worst_case[3]}" if worst_case else "",
+                     settings="orders 2-4, rank 4, tokens 1,64" if cfg.quick else
+                     "orders 2-8, ranks 2/8/30, tokens 1/16/256/4096; gate scaling and bias excluded")]
+
+
+# ------------------------------------------------------------------------------------------ the table
+
+def run_targets(targets: set[int], cfg: Config, *, step_timeout_s: float = 1800,
+                progress: Callable[[str], None] = lambda line: None) -> list[BenchRow]:
+    """Measure the chosen targets; a target that fails becomes an error row naming the exception."""
+    torch.set_num_threads(cfg.num_threads)
+    torch.manual_seed(0)
+    roof = measure_roofline(cfg.device, cfg.num_threads, size=512 if cfg.quick else 2048,
+                            copy_mb=16 if cfg.quick else 256) if targets & {1, 3} else None
+    if roof:
+        progress(f"roofline: {roof.flops_per_s / 1e9:.1f} GFLOP/s matmul, {roof.bytes_per_s / 1e9:.1f} GB/s copy")
+    jobs: list[tuple[set[int], Callable[[], list[BenchRow]]]] = [
+        ({1}, lambda: target_linear(cfg, roof)),
+        ({3}, lambda: target_embedding(cfg, roof)),
+        ({2, 4}, lambda: target_steps(cfg, targets, step_timeout_s)),
+        ({5}, lambda: target_plans(cfg)),
+    ]
+    rows: list[BenchRow] = []
+    for covers, job in jobs:
+        if not covers & targets:
+            continue
+        progress(f"targets {sorted(covers & targets)} ...")
+        try:
+            new = job()
+        except Exception as exc:  # a broken part is reported in the table, not hidden
+            new = [make_row(t, TARGET_NAMES[t], float("nan"), None, note=f"{type(exc).__name__}: {exc}")
+                   for t in sorted(covers & targets)]
+        for row in new:
+            row.device, row.threads = cfg.device.type, cfg.num_threads
+            progress(format_row(row))
+        rows += new
+    rows.sort(key=lambda r: r.target)
+    if roof:
+        for row in rows:
+            row.settings += f"; roofline {roof.flops_per_s / 1e9:.1f} GFLOP/s, {roof.bytes_per_s / 1e9:.1f} GB/s"
+    return rows
+
+
+def _num(x: float | None, fmt: str = "{:.2f}") -> str:
+    return "" if x is None or not math.isfinite(x) else fmt.format(x)
+
+
+def format_row(row: BenchRow) -> str:
+    return (f"[{row.target}] {row.what}: {_num(row.measured)} (goal {row.better} {_num(row.goal)}) "
+            f"-> {row.verdict}  {row.medians} {row.note}")
+
+
+TABLE_COLUMNS = ["target", "what", "measured", "goal", "verdict", "flop_ratio", "traffic_ratio",
+                 "roofline_bound", "medians", "device", "threads", "settings", "note"]
+
+
+def to_markdown(rows: list[BenchRow]) -> str:
+    head = "| " + " | ".join(TABLE_COLUMNS) + " |\n|" + "---|" * len(TABLE_COLUMNS) + "\n"
+    lines = []
+    for r in rows:
+        cells = [str(r.target), r.what, _num(r.measured), f"{r.better} {_num(r.goal)}", r.verdict,
+                 _num(r.flop_ratio), _num(r.traffic_ratio), _num(r.roofline_bound), r.medians, r.device,
+                 str(r.threads), r.settings, r.note]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return head + "\n".join(lines) + "\n"
+
+
+def write_outputs(rows: list[BenchRow], out_dir: Path, device: torch.device) -> tuple[Path, Path]:
+    """results/bench/bench_<device>.md and .parquet (provenance in the Parquet metadata)."""
+    import pandas as pd
+
+    from harness.results import provenance, write_parquet_atomic
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / f"bench_{device.type}"
+    prov = provenance(device)
+    md = stem.with_suffix(".md")
+    md.write_text(f"# comera-bench bench ({prov['device_name']}, {prov['started_at']})\n\n" + to_markdown(rows))
+    frame = pd.DataFrame([asdict(r) for r in rows])
+    pq = write_parquet_atomic(frame, stem.with_suffix(".parquet"), provenance=prov)
+    return md, pq
+
+
+def parse_targets(text: str) -> set[int]:
+    try:
+        targets = {int(t) for t in text.split(",") if t.strip()}
+    except ValueError:
+        raise ValueError(f"--targets {text!r}: expected comma-separated numbers from {sorted(TARGET_NAMES)}") from None
+    unknown = targets - set(TARGET_NAMES)
+    if unknown or not targets:
+        raise ValueError(f"--targets {text!r}: unknown target(s) {sorted(unknown)}; known: {sorted(TARGET_NAMES)}")
+    return targets
+
+
+def cli(argv: list[str]) -> int:
+    """``comera-bench bench [--quick] [--targets 1,2,...] [--device cpu|cuda|auto] [--threads N]``"""
+    ap = argparse.ArgumentParser(prog="comera-bench bench", description="Measure and judge the performance "
+                                 "targets (ratios measured in the same run).")
+    ap.add_argument("--quick", action="store_true", help="reduced sizes and repeats (tests, smoke runs)")
+    ap.add_argument("--targets", default="1,2,3,4,5", help="comma-separated target numbers (default all)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
+    ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
+    ap.add_argument("--out-dir", default="results/bench", help="where the .md and .parquet go")
+    ap.add_argument("--step-timeout", type=float, default=1800, help="seconds per transformer-step subprocess")
+    ap.add_argument("--step-worker", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.step_worker:
+        print(json.dumps(step_worker(json.loads(args.step_worker)), default=str))
+        return 0
+    try:
+        targets = parse_targets(args.targets)
+        cfg = Config.make(args.device, args.threads, args.quick)
+    except (ValueError, RuntimeError) as exc:
+        print(f"comera-bench bench: {exc}", file=sys.stderr)
+        return 2
+    rows = run_targets(targets, cfg, step_timeout_s=args.step_timeout,
+                       progress=lambda line: print(line, file=sys.stderr, flush=True))
+    md, pq = write_outputs(rows, Path(args.out_dir), cfg.device)
+    print(to_markdown(rows))
+    print(f"-> {md}, {pq}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli(sys.argv[1:]))

@@ -1,0 +1,151 @@
+"""harness.bench: verdicts, table output, the opt_einsum reference and each target's code path (quick)."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from harness import bench
+from harness.results import file_metadata
+
+
+@pytest.mark.parametrize("measured, goal, better, expected", [
+    (7.2, 7.0, ">=", "pass"), (7.0, 7.0, ">=", "pass"), (6.9, 7.0, ">=", "short"),
+    (0.5, 0.7, "<=", "pass"), (0.71, 0.7, "<=", "short"), (None, 4.0, ">=", "error"),
+    (float("nan"), 4.0, ">=", "error"),
+])
+def test_verdict(measured, goal, better, expected):
+    assert bench.verdict(measured, goal, better) == expected
+    assert bench.make_row(1, "x", goal, measured, better=better).verdict == expected
+
+
+def test_roofline_bound_takes_the_slower_resource():
+    roof = bench.Roofline(flops_per_s=100.0, bytes_per_s=10.0)
+    # slow op is compute bound (10 s), fast op is memory bound (2 s): bound 5x, not the FLOP ratio 100x
+    assert roof.speedup_bound((1000.0, 10.0), (10.0, 20.0)) == pytest.approx(5.0)
+
+
+def test_markdown_table_has_every_row_and_escapes_pipes():
+    rows = [bench.make_row(1, "a | b", 7.0, 8.0, flop_ratio=18.0, medians="x 1 ms"),
+            bench.make_row(5, "plans", 1.0, 1.2, better="<=")]
+    text = bench.to_markdown(rows)
+    lines = text.strip().splitlines()
+    assert lines[0].startswith("| target | what | measured | goal | verdict")
+    assert len(lines) == 4
+    assert "a \\| b" in lines[2] and "| pass |" in lines[2] and "18.00" in lines[2]
+    assert "<= 1.00" in lines[3] and "| short |" in lines[3]
+
+
+@pytest.mark.parametrize("text, message", [("1,9", "unknown target"), ("a", "comma-separated"), ("", "unknown")])
+def test_parse_targets_rejects_bad_lists(text, message):
+    with pytest.raises(ValueError, match=message):
+        bench.parse_targets(text)
+    assert bench.parse_targets("5, 1") == {1, 5}
+
+
+def test_optimal_sum_matches_hand_count_for_two_cores():
+    # x[T,a] G0[a,r] G1[r,b]; T=100, a=4, r=2, b=6
+    T, a, r, b = 100, 4, 2, 6
+    y = min(2 * T * a * r + 2 * T * r * b, 2 * a * r * b + 2 * T * a * b)
+    dx = min(2 * T * b * r + 2 * T * r * a, 2 * a * r * b + 2 * T * a * b)
+    dg0 = min(2 * T * b * r + 2 * T * a * r, 2 * T * a * b + 2 * a * b * r)
+    dg1 = min(2 * T * a * r + 2 * T * r * b, 2 * T * a * b + 2 * a * b * r)
+    assert bench.optimal_sum_flops((a,), (b,), (1, r, 1), T) == y + dx + dg0 + dg1
+
+
+def test_plan_contraction_flops_leave_out_gate_scaling():
+    from comera.contraction import make_plan
+
+    plan = make_plan((4, 4), (4, 8), (1, 4, 4, 4, 1), 64, False)
+    gated_core_sizes = 1 * 4 * 4 + 4 * 4 * 4 + 4 * 4 * 4  # cores 0..d-2 carry a gate
+    # per gated core: H = G * g (1 per element), dg (2), dG = dH * g (1)
+    assert bench.plan_contraction_flops(plan) == plan.flops - 4 * gated_core_sizes
+
+
+def test_plan_sweep_covers_orders_and_is_distinct():
+    full = bench.plan_sweep(quick=False)
+    assert {len(i) + len(o) for i, o, _, _ in full} == set(range(2, 9))
+    assert {t for *_, t in full} == {1, 16, 256, 4096}
+    assert len(full) == len(set(full))
+    for in_shape, out_shape, ranks, _ in full:
+        assert len(ranks) == len(in_shape) + len(out_shape) + 1 and ranks[0] == ranks[-1] == 1
+
+
+def test_halve_ranks_shrinks_every_bond():
+    from comera.tt import TTLinear
+
+    model = torch.nn.Sequential(TTLinear(64, 64, in_shape=(4, 4, 4), out_shape=(4, 4, 4), rank=8))
+    before = model[0].ranks
+    after = bench.halve_ranks(model, 1e-2)["0"]
+    assert after == [1] + [max(1, r // 2) for r in before[1:-1]] + [1]
+    assert model[0].ranks == after
+
+
+def test_quick_targets_produce_a_table(tmp_path, monkeypatch):
+    """Targets 1, 3 and 5 run their code paths at reduced size and end in the written table."""
+    monkeypatch.setattr(bench, "LINEAR_TARGETS", [("16->32 r4", (4, 4), (4, 8), 4, (64, 8), 1.0)])
+    monkeypatch.setitem(bench.EMBEDDING_TABLE, "quick", {"num_embeddings": 1000, "embedding_dim": 8,
+                                                        "row_shape": [10, 10, 10], "col_shape": [2, 2, 2],
+                                                        "rank": 2})
+    monkeypatch.setitem(bench.EMBEDDING_INDICES, "quick", [300])
+    monkeypatch.setattr(bench, "measure_roofline", lambda *a, **k: bench.Roofline(1e10, 1e9))
+    assert bench.cli(["--quick", "--targets", "1,3,5", "--threads", "1", "--out-dir", str(tmp_path)]) == 0
+    frame = pd.read_parquet(tmp_path / "bench_cpu.parquet")
+    assert list(frame["target"]) == [1, 3, 3, 3, 5]
+    assert set(frame["verdict"]) <= {"pass", "short"}
+    assert frame["measured"].map(math.isfinite).all()
+    linear = frame.iloc[0]
+    assert linear["flop_ratio"] > 0 and linear["roofline_bound"] > 0 and "TTLinear" in linear["medians"]
+    assert file_metadata(tmp_path / "bench_cpu.parquet")["provenance"]["device"] == "cpu"
+    text = (tmp_path / "bench_cpu.md").read_text()
+    assert text.count("\n| 3 |") == 3 and "| 5 |" in text
+
+
+def test_a_failing_target_becomes_an_error_row(monkeypatch):
+    def broken(cfg):
+        raise RuntimeError("plan exploded")
+
+    monkeypatch.setattr(bench, "target_plans", broken)
+    rows = bench.run_targets({5}, bench.Config.make("cpu", 1, quick=True))
+    assert [r.verdict for r in rows] == ["error"] and "plan exploded" in rows[0].note
+
+
+def test_step_worker_times_and_halves_in_process():
+    """The code path of targets 2 and 4 (one configuration, run here instead of in a subprocess)."""
+    job = {"method": "comera", "batch_size": 2, "workload_params": {"size": "tiny"}, "device": "cpu",
+           "seed": 0, "threads": 1, "warmup": 1, "steps": 2, "halve": True, "threshold": 1e-2}
+    out = bench.step_worker(job)
+    assert out["step_ms"] > 0 and out["step_ms_halved"] > 0 and len(out["step_ms_all"]) == 2
+    assert out["peak_bytes"] > 0 and out["peak_kind"].startswith("cpu_rss_delta")
+    for name, ranks in out["ranks"].items():
+        assert out["ranks_halved"][name] == [1] + [max(1, r // 2) for r in ranks[1:-1]] + [1]
+
+
+def test_step_table_from_worker_results(monkeypatch):
+    """Targets 2 and 4 turn the per-configuration results into ratios (subprocess replaced)."""
+    fake = {"dense_b32": {"step_ms": 800.0, "peak_bytes": 1000, "peak_kind": "cpu_rss_delta"},
+            "comera_b32": {"step_ms": 100.0, "peak_bytes": 500, "peak_kind": "cpu_rss_delta",
+                           "step_ms_halved": 80.0, "ranks": {"l": [1, 8, 1]}, "ranks_halved": {"l": [1, 4, 1]}},
+            "galore_b1": {"step_ms": 60.0, "peak_bytes": 2400},
+            "comera_b1": {"error": "exit 1: boom"}}
+    monkeypatch.setattr(bench, "run_step_job", lambda job, timeout_s: fake[_name(job)])
+    rows = bench.target_steps(bench.Config.make("cpu", 1, quick=True), {2, 4}, 10)
+    got = {(r.target, r.what.split(",")[0]): (r.measured, r.verdict) for r in rows}
+    assert got[(2, "CoMERA vs uncompressed step speedup")] == (8.0, "pass")
+    assert got[(2, "CoMERA / uncompressed peak memory")] == (0.5, "pass")
+    assert got[(2, "CoMERA vs GaLore step speedup")] == (None, "error")
+    assert got[(4, "CoMERA step speedup after halving every rank")] == (1.25, "short")
+    assert all("comera_b1: exit 1: boom" in r.note for r in rows)
+
+
+def _name(job):
+    return f"{job['method']}_b{32 if job['batch_size'] == 8 else 1}"
+
+
+@pytest.mark.slow
+def test_a_failing_subprocess_is_reported():
+    """A fresh interpreter importing torch: slow on a loaded machine."""
+    out = bench.run_step_job({"method": "no-such-method"}, timeout_s=120)
+    assert out["error"].startswith("exit 1")
