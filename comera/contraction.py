@@ -1,0 +1,430 @@
+"""Contraction plans for tensor-train linear layers, and the kernels that follow them.
+
+A TT linear layer with input modes ``n_0..n_{m-1}``, output modes ``n_m..n_{d-1}`` and ranks
+``r_0 = 1, r_1, ..., r_d = 1`` computes ``y = x W + b`` with ``W = H_0 H_1 ... H_{d-1}``, where the
+effective core ``H_k = G_k * g_k`` is core ``k`` scaled along its last axis by its rank gate (the last
+core has no gate). The bond ``m`` between the input and the output cores joins two sides through the
+rank-``r_m`` activation ``z``:
+
+* input side: ``z = x A`` with ``A = H_0 ... H_{m-1}`` (in, r_m);
+* output side: ``y = z B + b`` with ``B = H_m ... H_{d-1}`` (r_m, out).
+
+Each side is contracted group by group: its cores are split into consecutive groups, each group is
+merged into one block (a chain of small matmuls on the cores alone) and the activations absorb the
+blocks one after another. One group is the classic low-rank pair ("merge": form A, then one matmul with
+x); one group per core contracts the activations core by core ("sequential"). The plan takes, per side,
+the partition with the fewest FLOPs for the token count at hand (a dynamic program over the group
+boundaries), or the "dense" strategy (form W = A B and use plain matmuls) when that is cheaper, which
+happens only when r_m is close to full rank.
+
+FLOPs are counted the way ``opt_einsum`` counts them: a pairwise contraction with a summed index costs
+``2 * prod(sizes of all its indices)`` (a multiply and an add per term), an elementwise product or a
+sum one per element. Backward saves the inputs of each absorption (x and rank-sized intermediates) and
+the merged blocks, never the full-width output. When the output side is one group, the bias rides in
+its GEMM (``y = [z | 1] @ [B ; b]``), so the bias gradient comes out of the ``dB`` GEMM and no separate
+pass over ``y`` or ``dy`` is made.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Step:
+    """One operation of a plan: where it runs, what it computes, and its FLOPs."""
+
+    phase: str
+    """"forward" or "backward"."""
+    name: str
+    expr: str
+    """The operation with operand sizes, e.g. ``z = Z0[4096,768] @ A[768,30]``."""
+    flops: int
+
+
+@dataclass(frozen=True)
+class ContractionPlan:
+    """How one TT linear layer contracts its forward and backward passes for a given token count.
+
+    Plans are values: build them with :func:`make_plan` (cached); ``print(plan)`` lists the steps.
+    """
+
+    in_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    ranks: tuple[int, ...]
+    tokens: int
+    bias: bool
+    dense: bool
+    """True when the plan forms the full weight W = A B and uses dense matmuls."""
+    left_groups: tuple[int, ...]
+    """Sizes of the consecutive groups of input cores, absorbed into x in this order (() at rank 0)."""
+    right_groups: tuple[int, ...]
+    """Sizes of the consecutive groups of output cores, absorbed into z in this order."""
+    steps: tuple[Step, ...]
+
+    @property
+    def left(self) -> str:
+        """Input-side strategy: "merge", "sequential", "groups(2,1)", "dense" or "none" (rank 0)."""
+        return _label(self.left_groups, self.dense)
+
+    @property
+    def right(self) -> str:
+        """Output-side strategy, named like :attr:`left`."""
+        return _label(self.right_groups, self.dense)
+
+    @property
+    def forward_flops(self) -> int:
+        return sum(s.flops for s in self.steps if s.phase == "forward")
+
+    @property
+    def backward_flops(self) -> int:
+        return sum(s.flops for s in self.steps if s.phase == "backward")
+
+    @property
+    def flops(self) -> int:
+        """Forward plus backward FLOPs."""
+        return self.forward_flops + self.backward_flops
+
+    @property
+    def zero(self) -> bool:
+        """True when some bond has rank 0: the weight is zero and nothing is contracted."""
+        return 0 in self.ranks
+
+    def __str__(self) -> str:
+        head = (f"ContractionPlan in={list(self.in_shape)} out={list(self.out_shape)} "
+                f"ranks={list(self.ranks)} tokens={self.tokens} bias={self.bias} "
+                f"left={self.left} right={self.right}")
+        width = max((len(s.name) for s in self.steps), default=4)
+        lines = [head]
+        lines += [f"  {s.phase:<8} {s.name:<{width}}  {s.flops:>14,d}  {s.expr}" for s in self.steps]
+        lines.append(f"  forward {self.forward_flops:,d}  backward {self.backward_flops:,d}  "
+                     f"total {self.flops:,d} FLOPs")
+        return "\n".join(lines)
+
+
+def _label(groups: tuple[int, ...], dense: bool) -> str:
+    if not groups:
+        return "none"
+    if dense:
+        return "dense"
+    if len(groups) == 1:
+        return "merge"
+    if all(g == 1 for g in groups):
+        return "sequential"
+    return f"groups({','.join(map(str, groups))})"
+
+
+def _fmt(name: str, *dims: int) -> str:
+    return f"{name}[{','.join(str(d) for d in dims)}]"
+
+
+def _bounds(groups: tuple[int, ...], offset: int = 0) -> list[tuple[int, int]]:
+    out, a = [], offset
+    for size in groups:
+        out.append((a, a + size))
+        a += size
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Step lists. Core indices are global (0..d-1); each function returns (forward steps, backward steps),
+# both in execution order.
+
+def _gate_steps(modes, ranks):
+    fwd, bwd = [], []
+    for k in range(len(modes) - 1):
+        size = ranks[k] * modes[k] * ranks[k + 1]
+        core = _fmt(f"G{k}", ranks[k], modes[k], ranks[k + 1])
+        fwd.append(Step("forward", f"gate{k}", f"H{k} = {core} * g{k}[{ranks[k + 1]}]", size))
+        bwd.append(Step("backward", f"dgate{k}", f"dg{k} = sum_ai dH{k} * {core}", 2 * size))
+        bwd.append(Step("backward", f"dcore{k}", f"dG{k} = dH{k} * g{k}", size))
+    return fwd, bwd
+
+
+def _left_chain(modes, ranks, a, b, block):
+    """Merge cores a..b-1 left to right into a (r_a n_a..n_{b-1}, r_b) block."""
+    fwd, bwd = [], []
+    rows = ranks[a] * modes[a]
+    for k in range(a + 1, b):
+        f = 2 * rows * ranks[k] * modes[k] * ranks[k + 1]
+        fwd.append(Step("forward", f"merge{k}", f"{block}|{k} = {block}|{k - 1}[{rows},{ranks[k]}] @ "
+                        f"{_fmt(f'H{k}', ranks[k], modes[k] * ranks[k + 1])}", f))
+        bwd.append(Step("backward", f"dmerge{k}", f"dH{k} = {block}|{k - 1}^T @ d{block}|{k}", f))
+        bwd.append(Step("backward", f"dmerge{k}'", f"d{block}|{k - 1} = d{block}|{k} @ H{k}^T", f))
+        rows *= modes[k]
+    return fwd, [s for i in range(len(bwd) - 2, -1, -2) for s in bwd[i:i + 2]], rows
+
+
+def _right_chain(modes, ranks, a, b, block):
+    """Merge cores a..b-1 right to left into a (r_a, n_a..n_{b-1} r_b) block."""
+    fwd, bwd = [], []
+    cols = modes[b - 1] * ranks[b]
+    for k in range(b - 2, a - 1, -1):
+        f = 2 * ranks[k] * modes[k] * ranks[k + 1] * cols
+        fwd.append(Step("forward", f"merge{k}", f"{block}|{k} = {_fmt(f'H{k}', ranks[k] * modes[k], ranks[k + 1])}"
+                        f" @ {block}|{k + 1}[{ranks[k + 1]},{cols}]", f))
+        bwd.append(Step("backward", f"dmerge{k}", f"dH{k} = d{block}|{k} @ {block}|{k + 1}^T", f))
+        bwd.append(Step("backward", f"dmerge{k}'", f"d{block}|{k + 1} = H{k}^T @ d{block}|{k}", f))
+        cols *= modes[k]
+    return fwd, [s for i in range(len(bwd) - 2, -1, -2) for s in bwd[i:i + 2]], cols
+
+
+def _left_group(modes, ranks, tokens, m, a, b):
+    """Steps of input-core group a..b-1: merge it into block K_a, absorb K_a into Z_a (T, r_a n_a.., rest)."""
+    block = f"K{a}"
+    chain_fwd, chain_bwd, rows = _left_chain(modes, ranks, a, b, block)
+    rest = math.prod(modes[b:m])
+    f = 2 * tokens * rows * ranks[b] * rest
+    fwd = chain_fwd + [Step("forward", f"absorb{a}", f"Z{b} = {block}[{rows},{ranks[b]}]^T @ "
+                            f"{_fmt(f'Z{a}', tokens, rows, rest)}", f)]
+    bwd = [Step("backward", f"dabsorb{a}", f"d{block} = sum_t Z{a} @ dZ{b}^T", f),
+           Step("backward", "dx" if a == 0 else f"dabsorb{a}'", f"dZ{a} = {block} @ dZ{b}", f)]
+    return fwd, bwd + chain_bwd
+
+
+def _right_group(modes, ranks, tokens, m, a, b, fold_bias=False):
+    """Steps of output-core group a..b-1: merge it into block K_a, absorb it: Y_b = Y_a (T.., r_a) @ K_a.
+    With ``fold_bias`` (one group only) the bias rides along as an extra row of K_a against a column of
+    ones, so y and the bias gradient come out of the same two GEMMs."""
+    block = f"K{a}"
+    chain_fwd, chain_bwd, cols = _right_chain(modes, ranks, a, b, block)
+    rows = tokens * math.prod(modes[m:a])
+    f = 2 * rows * ranks[a] * cols
+    if fold_bias:
+        fa = 2 * rows * (ranks[a] + 1) * cols
+        fwd = chain_fwd + [Step("forward", f"absorb{a}", f"y = [Y{a}|1][{rows},{ranks[a] + 1}] @ "
+                                f"[{block};b][{ranks[a] + 1},{cols}]", fa)]
+        bwd = [Step("backward", f"dabsorb{a}", f"[d{block};db] = [Y{a}|1]^T @ dy", fa)]
+    else:
+        fwd = chain_fwd + [Step("forward", f"absorb{a}", f"Y{b} = {_fmt(f'Y{a}', rows, ranks[a])} @ "
+                                f"{_fmt(block, ranks[a], cols)}", f)]
+        bwd = [Step("backward", f"dabsorb{a}", f"d{block} = Y{a}^T @ dY{b}", f)]
+    bwd.append(Step("backward", "dz" if a == m else f"dabsorb{a}'", f"dY{a} = dY{b} @ {block}^T", f))
+    return fwd, bwd + chain_bwd
+
+
+def _side_steps(group_steps, bounds):
+    """Forward steps group by group, backward steps in reverse group order."""
+    parts = [group_steps(a, b) for a, b in bounds]
+    return ([s for fwd, _ in parts for s in fwd], [s for _, bwd in reversed(parts) for s in bwd])
+
+
+def _dense_steps(modes, ranks, tokens, m):
+    d = len(modes)
+    n_in, n_out, r = math.prod(modes[:m]), math.prod(modes[m:]), ranks[m]
+    left_fwd, left_bwd, _ = _left_chain(modes, ranks, 0, m, "A")
+    right_fwd, right_bwd, _ = _right_chain(modes, ranks, m, d, "B")
+    w, apply = 2 * n_in * r * n_out, 2 * tokens * n_in * n_out
+    fwd = left_fwd + right_fwd + [Step("forward", "weight", f"W = A[{n_in},{r}] @ B[{r},{n_out}]", w),
+                                  Step("forward", "y", f"y = x[{tokens},{n_in}] @ W[{n_in},{n_out}]", apply)]
+    bwd = [Step("backward", "dW", f"dW = x^T @ dy[{tokens},{n_out}]", apply),
+           Step("backward", "dx", f"dx = dy @ W^T", apply),
+           Step("backward", "dA", "dA = dW @ B^T", w), Step("backward", "dB", "dB = A^T @ dW", w)]
+    return fwd, bwd + right_bwd + left_bwd
+
+
+def _total(steps) -> int:
+    return sum(s.flops for part in steps for s in part)
+
+
+def _best_groups(first: int, count: int, group_steps) -> tuple[int, ...]:
+    """The partition of cores first..first+count-1 into consecutive groups with the fewest FLOPs
+    (dynamic program over group boundaries; a group's cost does not depend on the other groups)."""
+    best = {0: (0, ())}
+    for b in range(1, count + 1):
+        best[b] = min(((best[a][0] + _total(group_steps(first + a, first + b)), best[a][1] + (b - a,))
+                       for a in range(b)), key=lambda item: item[0])
+    return best[count][1]
+
+
+def _groups_of(choice, count: int, side: str) -> tuple[int, ...]:
+    if choice == "merge":
+        return (count,)
+    if choice == "sequential":
+        return (1,) * count
+    if (isinstance(choice, tuple) and all(isinstance(g, int) and g > 0 for g in choice)
+            and sum(choice) == count):
+        return choice
+    raise ValueError(f"make_plan: {side} strategy must be 'merge', 'sequential' or a tuple of positive "
+                     f"group sizes summing to {count}, got {choice!r}")
+
+
+@functools.lru_cache(maxsize=4096)
+def make_plan(in_shape: tuple[int, ...], out_shape: tuple[int, ...], ranks: tuple[int, ...],
+              tokens: int, bias: bool = True, strategies: tuple | str | None = None) -> ContractionPlan:
+    """The plan with the fewest FLOPs (forward + backward), or the one forced by ``strategies``.
+
+    ``strategies`` (for tests and micro-benchmarks) is "dense" or a (left, right) pair, each "merge",
+    "sequential" or a tuple of group sizes. Steps are listed in execution order. Cached: the same
+    arguments return the same object.
+    """
+    in_shape, out_shape, ranks = tuple(in_shape), tuple(out_shape), tuple(ranks)
+    m, q = len(in_shape), len(out_shape)
+    modes = in_shape + out_shape
+    if m < 1 or q < 1:
+        raise ValueError(f"make_plan: need at least one input and one output mode, got "
+                         f"in_shape={in_shape}, out_shape={out_shape}")
+    if len(ranks) != m + q + 1 or ranks[0] != 1 or ranks[-1] != 1 or min(ranks) < 0:
+        raise ValueError(f"make_plan: ranks must be [1, r_1, ..., r_{m + q - 1}, 1] (r_k >= 0) of length "
+                         f"{m + q + 1}, got {list(ranks)}")
+    if strategies not in (None, "dense") and (not isinstance(strategies, tuple) or len(strategies) != 2):
+        raise ValueError(f"make_plan: strategies must be 'dense' or a (left, right) pair, got {strategies!r}")
+    n_out = math.prod(out_shape)
+    bias_fwd = [Step("forward", "bias", f"y += b[{n_out}]", tokens * n_out)] if bias else []
+    bias_bwd = [Step("backward", "dbias", f"db = sum_t dy[{tokens},{n_out}]", tokens * n_out)] if bias else []
+    if 0 in ranks:
+        return ContractionPlan(in_shape, out_shape, ranks, tokens, bias, False, (), (),
+                               tuple(bias_fwd + bias_bwd))
+    gates_fwd, gates_bwd = _gate_steps(modes, ranks)
+    dense_fwd, dense_bwd = _dense_steps(modes, ranks, tokens, m)
+    left_group = functools.partial(_left_group, modes, ranks, tokens, m)
+    right_group = functools.partial(_right_group, modes, ranks, tokens, m)
+    if strategies is None:
+        left, right = _best_groups(0, m, left_group), _best_groups(m, q, right_group)
+    elif strategies != "dense":
+        left, right = _groups_of(strategies[0], m, "left"), _groups_of(strategies[1], q, "right")
+    dense_steps = gates_fwd + dense_fwd + bias_fwd + bias_bwd + dense_bwd + gates_bwd
+    if strategies == "dense":
+        return ContractionPlan(in_shape, out_shape, ranks, tokens, bias, True, (m,), (q,), tuple(dense_steps))
+    fold = bias and len(right) == 1  # the bias rides in the output GEMM: no separate passes over y, dy
+    left_fwd, left_bwd = _side_steps(left_group, _bounds(left))
+    right_fwd, right_bwd = _side_steps(functools.partial(right_group, fold_bias=fold), _bounds(right, m))
+    if fold:
+        bias_fwd = bias_bwd = []
+    steps = gates_fwd + left_fwd + right_fwd + bias_fwd + bias_bwd + right_bwd + left_bwd + gates_bwd
+    if strategies is None and _total((dense_steps,)) < _total((steps,)):
+        return ContractionPlan(in_shape, out_shape, ranks, tokens, bias, True, (m,), (q,), tuple(dense_steps))
+    return ContractionPlan(in_shape, out_shape, ranks, tokens, bias, False, left, right, tuple(steps))
+
+
+# --------------------------------------------------------------------------------------------------
+# Kernels. ``cores`` are the effective (gated) cores H_k of one side, shape (r_k, n_k, r_{k+1}).
+
+def _merge_left(cores):
+    chain = [cores[0].reshape(-1, cores[0].shape[-1])]
+    for h in cores[1:]:
+        chain.append(torch.mm(chain[-1], h.reshape(h.shape[0], -1)).view(-1, h.shape[-1]))
+    return chain
+
+
+def _merge_left_backward(dblock, cores, chain):
+    grads = [None] * len(cores)
+    for i in range(len(cores) - 1, 0, -1):
+        h = cores[i]
+        dblock = dblock.view(chain[i - 1].shape[0], -1)
+        grads[i] = torch.mm(chain[i - 1].t(), dblock).view_as(h)
+        dblock = torch.mm(dblock, h.reshape(h.shape[0], -1).t())
+    grads[0] = dblock.view_as(cores[0])
+    return grads
+
+
+def _merge_right(cores):
+    chain = [cores[-1].reshape(cores[-1].shape[0], -1)]
+    for h in reversed(cores[:-1]):
+        chain.append(torch.mm(h.reshape(-1, h.shape[-1]), chain[-1]).view(h.shape[0], -1))
+    return chain[::-1]
+
+
+def _merge_right_backward(dblock, cores, chain):
+    grads = [None] * len(cores)
+    for i in range(len(cores) - 1):
+        hmat = cores[i].reshape(-1, cores[i].shape[-1])
+        dblock = dblock.view(hmat.shape[0], -1)
+        grads[i] = torch.mm(dblock, chain[i + 1].t()).view_as(cores[i])
+        dblock = torch.mm(hmat.t(), dblock)
+    grads[-1] = dblock.view_as(cores[-1])
+    return grads
+
+
+def left_forward(x: torch.Tensor, cores, groups):
+    """z = x A for a contiguous x (T, in). Returns (z, inputs, chains); the last two feed the backward."""
+    tokens = x.shape[0]
+    z, inputs, chains = x, [], []
+    for a, b in _bounds(groups):
+        chain = _merge_left(cores[a:b])
+        block = chain[-1]
+        inputs.append(z)
+        if b == len(cores):
+            z = torch.mm(z.view(tokens, -1), block)
+        else:
+            z = torch.matmul(block.t(), z.view(tokens, block.shape[0], -1))
+        chains.append(chain)
+    return z, inputs, chains
+
+
+def left_backward(dz: torch.Tensor, cores, inputs, chains, groups, need_dx: bool):
+    """Gradients (dx or None, [dH_k]) of the input side."""
+    tokens = dz.shape[0]
+    grads = [None] * len(cores)
+    bounds = _bounds(groups)
+    for g in range(len(bounds) - 1, -1, -1):
+        a, b = bounds[g]
+        block, zin = chains[g][-1], inputs[g]
+        if b == len(cores):
+            dblock = torch.mm(zin.view(tokens, -1).t(), dz)
+            dzin = torch.mm(dz, block.t()) if g > 0 or need_dx else None
+        else:
+            dz = dz.view(tokens, block.shape[1], -1)
+            dblock = torch.einsum("tcs,tbs->cb", zin.view(tokens, block.shape[0], -1), dz)
+            dzin = torch.matmul(block, dz) if g > 0 or need_dx else None
+        grads[a:b] = _merge_left_backward(dblock, cores[a:b], chains[g])
+        dz = dzin
+    return (dz.reshape(tokens, -1) if need_dx else None), grads
+
+
+def right_forward(z: torch.Tensor, cores, groups, bias):
+    """y = z B + b for z (T, r). Returns (y, inputs, chains); the last two feed the backward.
+    With one group and a bias, the bias is folded into the GEMM: y = [z | 1] @ [B ; b]."""
+    tokens = z.shape[0]
+    y, inputs, chains = z, [], []
+    for a, b in _bounds(groups):
+        chain = _merge_right(cores[a:b])
+        block = chain[0]
+        chains.append(chain)
+        if len(groups) == 1 and bias is not None:
+            rank = z.shape[1]
+            z1 = z.new_empty(tokens, rank + 1)
+            z1[:, :rank] = z
+            z1[:, rank] = 1
+            inputs.append(z1)
+            return torch.mm(z1, torch.cat([block, bias.unsqueeze(0)])), inputs, chains
+        inputs.append(y.view(-1, block.shape[0]))
+        y = torch.mm(inputs[-1], block)
+    y = y.view(tokens, -1)
+    return (y if bias is None else y.add_(bias)), inputs, chains
+
+
+def right_backward(dy: torch.Tensor, cores, inputs, chains, groups):
+    """Gradients (dz, [dH_k], db or None) of the output side; db when the bias was folded in."""
+    grads = [None] * len(cores)
+    dbias = None
+    bounds = _bounds(groups)
+    for g in range(len(bounds) - 1, -1, -1):
+        a, b = bounds[g]
+        block, yin = chains[g][0], inputs[g]
+        dy = dy.reshape(yin.shape[0], -1)
+        dblock = torch.mm(yin.t(), dy)
+        if yin.shape[1] > block.shape[0]:  # folded bias: the last row is db
+            dblock, dbias = dblock[:-1], dblock[-1]
+        dy = torch.mm(dy, block.t())
+        grads[a:b] = _merge_right_backward(dblock, cores[a:b], chains[g])
+    return dy.view(inputs[0].shape[0], -1), grads, dbias
+
+
+def dense_forward(x: torch.Tensor, left_cores, right_cores, bias):
+    """y = x (A B) + b. Returns (y, weight, left chain, right chain)."""
+    left, right = _merge_left(left_cores), _merge_right(right_cores)
+    weight = torch.mm(left[-1], right[0])
+    y = torch.mm(x, weight) if bias is None else torch.addmm(bias, x, weight)
+    return y, weight, left, right
+
+
+def dense_backward(dy, x, weight, left_cores, right_cores, left, right, need_dx: bool):
+    """Gradients (dx or None, [dH_k] of both sides)."""
+    dweight = torch.mm(x.t(), dy)
+    dx = torch.mm(dy, weight.t()) if need_dx else None
+    da, db = torch.mm(dweight, right[0].t()), torch.mm(left[-1].t(), dweight)
+    return dx, _merge_left_backward(da, left_cores, left) + _merge_right_backward(db, right_cores, right)

@@ -1,0 +1,203 @@
+"""TTLinear: a linear layer whose weight is a tensor train with diagonal rank gates."""
+from __future__ import annotations
+
+import math
+import numbers
+import operator
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from comera import contraction
+from comera.contraction import ContractionPlan, make_plan
+from comera.shapes import factorize
+
+
+def _full_ranks(rank: int | Sequence[int], modes: tuple[int, ...]) -> list[int]:
+    """Bond sizes [1, r_1, ..., r_{d-1}, 1]; an int is clipped to the largest rank each bond can have."""
+    d = len(modes)
+    if isinstance(rank, bool):
+        raise ValueError(f"TTLinear: rank must be an int or a list of {d + 1} ints, got {rank!r}")
+    if isinstance(rank, numbers.Integral):
+        rank = int(rank)
+        if rank < 0:
+            raise ValueError(f"TTLinear: rank must be >= 0, got {rank}")
+        return [1] + [min(rank, math.prod(modes[:k]), math.prod(modes[k:])) for k in range(1, d)] + [1]
+    try:
+        ranks = [operator.index(r) for r in rank]
+    except TypeError:
+        raise ValueError(f"TTLinear: rank must be an int or a list of {d + 1} ints, got {rank!r}") from None
+    if len(ranks) != d + 1 or ranks[0] != 1 or ranks[-1] != 1 or min(ranks) < 0:
+        raise ValueError(f"TTLinear: rank list must be [1, r_1, ..., r_{d - 1}, 1] of length {d + 1} "
+                         f"with r_k >= 0 for modes {list(modes)}, got {list(rank)}")
+    return ranks
+
+
+def _shape(features: int, shape: Sequence[int] | None, name: str, default_modes: int) -> tuple[int, ...]:
+    if shape is None:
+        return factorize(features, default_modes)
+    shape = tuple(int(s) for s in shape)
+    if not shape or min(shape) < 1 or math.prod(shape) != features:
+        raise ValueError(f"TTLinear: {name}={list(shape)} must be positive mode sizes whose product "
+                         f"is {features}")
+    return shape
+
+
+class _TTLinearFunction(torch.autograd.Function):
+    """y = x W + b with W = H_0 ... H_{d-1}, H_k = cores[k] * gates[k], following a ContractionPlan."""
+
+    @staticmethod
+    def forward(ctx, plan: ContractionPlan, x, bias, *params):
+        d = len(plan.ranks) - 1
+        cores, gates = params[:d], params[d:]
+        ctx.plan = plan
+        ctx.has_bias = bias is not None
+        if plan.zero:
+            ctx.shapes = [p.shape for p in params]
+            ctx.x_shape = x.shape
+            y = x.new_zeros(x.shape[0], math.prod(plan.out_shape))
+            return y if bias is None else y.add_(bias)
+        eff = [c * g for c, g in zip(cores, gates)] + [cores[-1]]
+        m = len(plan.in_shape)
+        if plan.dense:
+            y, weight, left, right = contraction.dense_forward(x, eff[:m], eff[m:], bias)
+            groups = [cores, gates, eff, [x, weight], left, right]
+        else:
+            z, left_in, left = contraction.left_forward(x, eff[:m], plan.left_groups)
+            y, right_in, right = contraction.right_forward(z, eff[m:], plan.right_groups, bias)
+            groups = [cores, gates, eff, left_in, *left, right_in, *right]
+        ctx.group_sizes = [len(g) for g in groups]
+        ctx.save_for_backward(*(t for g in groups for t in g))
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        plan = ctx.plan
+        need = ctx.needs_input_grad
+        folds_bias = ctx.has_bias and not plan.dense and len(plan.right_groups) == 1
+        dbias = dy.sum(0) if ctx.has_bias and need[2] and not folds_bias else None
+        if plan.zero:
+            zeros = [dy.new_zeros(s) for s in ctx.shapes]
+            dx = dy.new_zeros(ctx.x_shape) if need[1] else None
+            return (None, dx, dbias, *zeros)
+        saved, groups = iter(ctx.saved_tensors), []
+        for size in ctx.group_sizes:
+            groups.append([next(saved) for _ in range(size)])
+        cores, gates, eff = groups[:3]
+        m = len(plan.in_shape)
+        if plan.dense:
+            (x, weight), left, right = groups[3:]
+            dx, d_eff = contraction.dense_backward(dy, x, weight, eff[:m], eff[m:], left, right, need[1])
+        else:
+            nl = len(plan.left_groups)
+            left_in, left = groups[3], groups[4:4 + nl]
+            right_in, right = groups[4 + nl], groups[5 + nl:]
+            dz, d_right, folded_dbias = contraction.right_backward(dy, eff[m:], right_in, right,
+                                                                   plan.right_groups)
+            if folded_dbias is not None:
+                dbias = folded_dbias if need[2] else None
+            dx, d_left = contraction.left_backward(dz, eff[:m], left_in, left, plan.left_groups, need[1])
+            d_eff = d_left + d_right
+        d_gates = [(de * c).sum((0, 1)) for de, c in zip(d_eff[:-1], cores[:-1])]
+        d_cores = [de * g for de, g in zip(d_eff, gates)] + [d_eff[-1]]
+        return (None, dx, dbias, *d_cores, *d_gates)
+
+
+def tt_linear(x: torch.Tensor, cores: Sequence[torch.Tensor], gates: Sequence[torch.Tensor],
+              bias: torch.Tensor | None, plan: ContractionPlan) -> torch.Tensor:
+    """Functional TT linear map of a 2-D contiguous ``x`` (tokens, in_features) following ``plan``."""
+    return _TTLinearFunction.apply(plan, x, bias, *cores, *gates)
+
+
+class TTLinear(nn.Module):
+    """Linear layer ``y = x W + b`` with ``W`` (in_features x out_features) stored as a tensor train.
+
+    ``in_shape`` / ``out_shape`` factorize the input / output features (automatic, three modes each,
+    when omitted). Core ``k`` has shape (r_k, n_k, r_{k+1}); the first ``len(in_shape)`` cores index the
+    input modes. ``gates[k]`` (shape (r_{k+1},), initialised to ones) is the diagonal rank gate on the
+    bond between ``cores[k]`` and ``cores[k+1]``. A bond of size 0 makes the weight zero.
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, in_shape: Sequence[int] | None = None,
+                 out_shape: Sequence[int] | None = None, rank: int | Sequence[int], bias: bool = True,
+                 device=None, dtype=None):
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.in_shape = _shape(self.in_features, in_shape, "in_shape", 3)
+        self.out_shape = _shape(self.out_features, out_shape, "out_shape", 3)
+        modes = self.in_shape + self.out_shape
+        ranks = _full_ranks(rank, modes)
+        self.cores = nn.ParameterList(
+            nn.Parameter(torch.empty(ranks[k], n, ranks[k + 1], **factory)) for k, n in enumerate(modes))
+        self.gates = nn.ParameterList(
+            nn.Parameter(torch.ones(ranks[k + 1], **factory)) for k in range(len(modes) - 1))
+        self.bias = nn.Parameter(torch.empty(self.out_features, **factory)) if bias else None
+        self.reset_parameters()
+
+    @property
+    def ranks(self) -> list[int]:
+        """Current bond sizes [1, r_1, ..., r_{d-1}, 1] (read from the cores, so pruning shows)."""
+        return [1] + [c.shape[2] for c in self.cores][:-1] + [1]  # (slicing a ParameterList is slow)
+
+    def reset_parameters(self) -> None:
+        """Cores i.i.d. normal with a common std chosen so that Var(W_ij) = 1 / (3 in_features), the
+        variance of nn.Linear's default uniform init; gates to ones; bias uniform like nn.Linear."""
+        ranks = self.ranks
+        bonds = math.prod(ranks[1:-1])
+        if bonds > 0:
+            # Var(W_ij) = prod_k std^2 * prod_bonds r  =>  std = (target / prod r) ** (1 / (2d)).
+            std = (1.0 / (3.0 * self.in_features) / bonds) ** (1.0 / (2 * len(self.cores)))
+            with torch.no_grad():
+                for core in self.cores:
+                    core.normal_(0.0, std)
+        with torch.no_grad():
+            for gate in self.gates:
+                gate.fill_(1.0)
+            if self.bias is not None:
+                bound = 1.0 / math.sqrt(self.in_features)
+                self.bias.uniform_(-bound, bound)
+
+    def plan(self, tokens: int) -> ContractionPlan:
+        """The cached contraction plan for ``tokens`` rows at the current ranks."""
+        return make_plan(self.in_shape, self.out_shape, tuple(self.ranks), int(tokens), self.bias is not None)
+
+    def flops(self, tokens: int) -> int:
+        """Forward plus backward FLOPs of the plan for ``tokens`` rows."""
+        return self.plan(tokens).flops
+
+    def dense_weight(self) -> torch.Tensor:
+        """The effective weight (in_features, out_features), gates included (differentiable)."""
+        if 0 in self.ranks:
+            ref = self.cores[0]
+            return ref.new_zeros(self.in_features, self.out_features)
+        w = self.cores[0].reshape(-1, self.cores[0].shape[-1])
+        for core, gate in zip(self.cores[1:], self.gates):
+            w = (w * gate) @ core.reshape(core.shape[0], -1)
+            w = w.reshape(-1, core.shape[-1])
+        return w.reshape(self.in_features, self.out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"TTLinear: expected input with last dimension {self.in_features}, "
+                             f"got shape {tuple(x.shape)}")
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        plan = self.plan(x2.shape[0])
+        cores, gates, bias = list(self.cores), list(self.gates), self.bias
+        device_type = x.device.type
+        if torch.is_autocast_enabled(device_type):  # run the kernels in the autocast dtype, autocast off
+            dtype = torch.get_autocast_dtype(device_type)
+            x2, cores, gates = x2.to(dtype), [c.to(dtype) for c in cores], [g.to(dtype) for g in gates]
+            bias = bias.to(dtype) if bias is not None else None
+            with torch.autocast(device_type, enabled=False):
+                y = tt_linear(x2.contiguous(), cores, gates, bias, plan)
+        else:
+            y = tt_linear(x2.contiguous(), cores, gates, bias, plan)
+        return y.view(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"in_shape={list(self.in_shape)}, out_shape={list(self.out_shape)}, ranks={self.ranks}, "
+                f"bias={self.bias is not None}")

@@ -1,0 +1,164 @@
+"""The contraction plan: printable, cached, strategy choice, and never costlier than opt_einsum.
+
+opt_einsum's cost convention (``PathInfo.opt_cost``, ``opt_einsum.helpers.flop_count``): a pairwise
+contraction with a summed index costs 2 x the product of all its index sizes, one without (an elementwise
+or outer product) 1 x; the plan counts the same way.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+import opt_einsum
+import pytest
+
+from comera.contraction import ContractionPlan, make_plan
+
+PAPER_FFN = ((12, 8, 8), (12, 16, 16), (1, 12, 30, 30, 30, 16, 1))
+
+
+def _einsum_problems(in_shape, out_shape, ranks, tokens):
+    """The separate contractions of one training step: y, dx, every core gradient, every gate gradient.
+
+    Each is (operand index strings, output index string, sizes)."""
+    d, m = len(in_shape) + len(out_shape), len(in_shape)
+    symbols = iter(opt_einsum.get_symbol(i) for i in range(2 * d + 1))
+    t = next(symbols)
+    modes = [next(symbols) for _ in range(d)]
+    bonds = [next(symbols) for _ in range(d - 1)]
+    sizes = {t: tokens, **dict(zip(modes, in_shape + out_shape)), **dict(zip(bonds, ranks[1:-1]))}
+    cores = [(bonds[k - 1] if k else "") + modes[k] + (bonds[k] if k < d - 1 else "") for k in range(d)]
+    x, y = t + "".join(modes[:m]), t + "".join(modes[m:])
+    problems = [([x, *cores, *bonds], y), ([y, *cores, *bonds], x)]
+    problems += [([x, y, *cores[:k], *cores[k + 1:], *bonds], cores[k]) for k in range(d)]
+    problems += [([x, y, *cores, *bonds[:k], *bonds[k + 1:]], bonds[k]) for k in range(d - 1)]
+    return problems, sizes
+
+
+def opt_einsum_total(in_shape, out_shape, ranks, tokens) -> int:
+    problems, sizes = _einsum_problems(in_shape, out_shape, ranks, tokens)
+    total = 0
+    for operands, output in problems:
+        shapes = [tuple(sizes[c] for c in op) for op in operands]
+        _, info = opt_einsum.contract_path(",".join(operands) + "->" + output, *shapes, shapes=True,
+                                           optimize="dp")
+        total += int(info.opt_cost)
+    return total
+
+
+def _without_redundancy(modes, ranks) -> tuple[int, ...]:
+    """Clip ranks so that r_k <= r_{k-1} n_{k-1} and r_k <= n_k r_{k+1}: a larger bond is structurally
+    redundant (the TT cannot use it), which TTLinear's int ranks never produce."""
+    ranks = list(ranks)
+    for k in range(1, len(modes)):
+        ranks[k] = min(ranks[k], ranks[k - 1] * modes[k - 1])
+    for k in range(len(modes) - 1, 0, -1):
+        ranks[k] = min(ranks[k], modes[k] * ranks[k + 1])
+    return tuple(ranks)
+
+
+def _sweep(count: int, orders, seed: int):
+    rng = random.Random(seed)
+    cases = []
+    for i in range(count):
+        order = orders[i % len(orders)]
+        m = rng.randint(max(1, order - 4), min(4, order - 1))
+        modes = tuple(rng.randint(2, 16) for _ in range(order))
+        ranks = [1] + [rng.randint(1, 32) for _ in range(order - 1)] + [1]
+        cases.append((modes[:m], modes[m:], _without_redundancy(modes, ranks), rng.choice([1, 3, 32, 257, 4096])))
+    return cases
+
+
+def _check_against_opt_einsum(in_shape, out_shape, ranks, tokens):
+    plan = make_plan(in_shape, out_shape, ranks, tokens, bias=False)
+    reference = opt_einsum_total(in_shape, out_shape, ranks, tokens)
+    assert plan.flops <= reference, f"{plan.flops} > opt_einsum {reference}\n{plan}"
+
+
+@pytest.mark.parametrize("case", _sweep(40, [2, 3, 4, 5, 6], seed=0) + [PAPER_FFN + (t,) for t in (1, 128, 4096)])
+def test_plan_never_exceeds_opt_einsum_sum(case):
+    _check_against_opt_einsum(*case)
+
+
+@pytest.mark.parametrize("case", _sweep(4, [7, 8], seed=1) + [((4, 4, 4, 4), (4, 4, 4, 4), (1, 4, 16, 30, 30, 30, 16, 4, 1), 1)])
+def test_plan_never_exceeds_opt_einsum_sum_high_order(case):
+    if case[3] > 64:  # opt_einsum's dp search grows with the token axis at order 8; keep the default run fast
+        case = case[:3] + (64,)
+    _check_against_opt_einsum(*case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", _sweep(8, [7, 8], seed=2))
+def test_plan_never_exceeds_opt_einsum_sum_high_order_all_tokens(case):
+    _check_against_opt_einsum(*case)
+
+
+def test_plan_is_cached_and_printable():
+    plan = make_plan(*PAPER_FFN, 4096)
+    assert make_plan(*PAPER_FFN, 4096) is plan
+    assert make_plan(*PAPER_FFN, 4095) is not plan
+    text = str(plan)
+    assert "left=merge" in text and "right=merge" in text
+    for step in plan.steps:
+        assert step.name in text
+    assert f"total {plan.flops:,d}" in text
+    assert plan.flops == plan.forward_flops + plan.backward_flops
+    phases = [s.phase for s in plan.steps]
+    assert phases == sorted(phases, key=["forward", "backward"].index)
+
+
+def test_paper_ffn_flop_ratio_against_dense():
+    tokens = 4096
+    plan = make_plan(*PAPER_FFN, tokens)
+    dense = 3 * 2 * tokens * 768 * 3072 + 2 * tokens * 3072  # fwd + dx + dW, bias add and grad
+    assert 19 < dense / plan.flops < 21
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 8, 64, 4096])
+def test_strategy_is_the_cheapest(tokens):
+    chosen = make_plan(*PAPER_FFN, tokens)
+    groups = [(3,), (1, 2), (2, 1), (1, 1, 1)]
+    for strategies in ["dense"] + [(left, right) for left in groups for right in groups]:
+        assert chosen.flops <= make_plan(*PAPER_FFN, tokens, True, strategies).flops
+
+
+def test_dense_strategy_for_full_rank_layers():
+    plan = make_plan((2,), (2,), (1, 2, 1), 32)
+    assert plan.dense and plan.left == plan.right == "dense"
+
+
+def test_groups_around_a_rank_one_bond():
+    """A rank-1 bond inside the input side: merging the cores before it beats both pure strategies."""
+    plan = make_plan((16, 6, 12, 7), (8, 15), (1, 16, 10, 1, 7, 6, 1), 32)
+    assert plan.left_groups == (3, 1) and plan.left == "groups(3,1)"
+
+
+def test_small_token_counts_contract_sequentially_large_merge():
+    assert (make_plan(*PAPER_FFN, 1).left, make_plan(*PAPER_FFN, 1).right) == ("sequential", "sequential")
+    assert (make_plan(*PAPER_FFN, 4096).left, make_plan(*PAPER_FFN, 4096).right) == ("merge", "merge")
+
+
+def test_zero_rank_plan_has_only_bias():
+    plan = make_plan((4, 6), (5, 6), (1, 3, 0, 2, 1), 7)
+    assert isinstance(plan, ContractionPlan) and plan.zero
+    assert plan.flops == 2 * 7 * 30
+    assert make_plan((4, 6), (5, 6), (1, 3, 0, 2, 1), 7, False).flops == 0
+
+
+@pytest.mark.parametrize("args,match", [
+    (((), (4,), (1, 1), 3), "at least one"),
+    (((4,), (4,), (1, 2), 3), "ranks"),
+    (((4,), (4,), (2, 2, 1), 3), "ranks"),
+    (((4,), (4,), (1, -1, 1), 3), "ranks"),
+])
+def test_bad_plan_arguments(args, match):
+    with pytest.raises(ValueError, match=match):
+        make_plan(*args)
+
+
+@pytest.mark.parametrize("strategies,match", [(("merge", "fast"), "right strategy"), (((1, 1), "merge"), "left strategy"),
+                                               ("fast", "strategies"), (("merge",), "strategies")])
+def test_bad_strategy(strategies, match):
+    with pytest.raises(ValueError, match=match):
+        make_plan((4,), (4,), (1, 2, 1), 3, True, strategies)
+

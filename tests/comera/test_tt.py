@@ -1,0 +1,221 @@
+"""TTLinear against a dense reference built from dense_weight() (forward, input, core and gate grads)."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from comera.contraction import make_plan
+from comera.tt import TTLinear, tt_linear
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                reason="no CUDA device on this machine"))]
+
+
+def _random_layer(order: int, seed: int, *, bias: bool = True, dtype=torch.float64, device="cpu"):
+    rng = random.Random(seed)
+    m = rng.randint(max(1, order - 4), min(4, order - 1))
+    modes = [rng.randint(1, 5 if order < 6 else 3) for _ in range(order)]
+    ranks = [1] + [rng.randint(1, 6) for _ in range(order - 1)] + [1]
+    layer = TTLinear(math.prod(modes[:m]), math.prod(modes[m:]), in_shape=modes[:m], out_shape=modes[m:],
+                     rank=ranks, bias=bias, dtype=dtype, device=device)
+    with torch.no_grad():
+        for gate in layer.gates:
+            gate.uniform_(0.3, 1.7)  # gates away from 1 so that a wrong gate gradient shows
+        if bias:
+            layer.bias.normal_()
+    return layer, rng
+
+
+def _partitions(count: int):
+    """Groupings of a side's cores: merge (count,), sequential (1,)*count and two mixed ones."""
+    return sorted({(count,), (1,) * count, (1, count - 1) if count > 1 else (1,),
+                   (count - 1, 1) if count > 1 else (1,)})
+
+
+def _compare(layer, x, plan, tol):
+    """Relative errors of output and every gradient: custom Function vs autograd through dense_weight()."""
+    x = x.detach().requires_grad_(True)
+    bias = layer.bias
+    y = tt_linear(x, layer.cores, layer.gates, bias, plan)
+    dy = torch.randn_like(y)
+    params = [x, *layer.cores, *layer.gates] + ([bias] if bias is not None else [])
+    got = torch.autograd.grad(y, params, dy)
+    ref_y = x @ layer.dense_weight() + (bias if bias is not None else 0)
+    want = torch.autograd.grad(ref_y, params, dy)
+    for name, a, b in [("y", y, ref_y)] + [(f"grad{i}", a, b) for i, (a, b) in enumerate(zip(got, want))]:
+        err = ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+        assert err <= tol, f"{name}: relative error {err:.2e} > {tol:.0e} (plan {plan.left}/{plan.right})"
+
+
+@pytest.mark.parametrize("order,seed", [(o, s) for o in (2, 4, 6, 8) for s in range(3)] + [(3, 3), (5, 3), (7, 3)])
+def test_float64_matches_dense_reference(order, seed):
+    """Every strategy: dense, and each partition of each side into groups."""
+    layer, rng = _random_layer(order, seed, bias=seed % 2 == 0)
+    tokens = rng.choice([1, 3, 17])
+    x = torch.randn(tokens, layer.in_features, dtype=torch.float64)
+    choices = ["dense"] + [(left, right) for left in _partitions(len(layer.in_shape))
+                           for right in _partitions(len(layer.out_shape))]
+    for strategies in choices:
+        plan = make_plan(layer.in_shape, layer.out_shape, tuple(layer.ranks), tokens,
+                         layer.bias is not None, strategies)
+        _compare(layer, x, plan, 1e-10)
+
+
+@pytest.mark.parametrize("order", [2, 4, 6, 8])
+@pytest.mark.parametrize("device", DEVICES)
+def test_float32_matches_dense_reference(order, device):
+    layer, _ = _random_layer(order, 11, dtype=torch.float32, device=device)
+    for tokens in (2, 300):
+        x = torch.randn(tokens, layer.in_features, device=device)
+        _compare(layer, x, layer.plan(tokens), 1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bfloat16_runs_close_to_float64(device):
+    layer = TTLinear(96, 128, in_shape=[4, 4, 6], out_shape=[4, 4, 8], rank=6, dtype=torch.float64,
+                     device=device)
+    x = torch.randn(5, 7, 96, dtype=torch.float64, device=device)
+    ref = layer(x)
+    low = layer.to(torch.bfloat16)
+    xb = x.to(torch.bfloat16).requires_grad_(True)
+    y = low(xb)
+    assert y.dtype == torch.bfloat16
+    y.float().square().sum().backward()
+    assert xb.grad is not None and all(c.grad is not None for c in low.cores)
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 5e-2
+
+
+def test_autocast_bfloat16_on_cpu():
+    layer = TTLinear(64, 48, in_shape=[4, 4, 4], out_shape=[4, 4, 3], rank=5)
+    x = torch.randn(6, 64, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert x.grad.dtype == torch.float32 and all(c.grad.dtype == torch.float32 for c in layer.cores)
+    ref = x @ layer.dense_weight() + layer.bias
+    assert ((y.float() - ref).norm() / ref.norm()).item() < 5e-2
+
+
+def test_leading_batch_dims_and_module_forward():
+    layer = TTLinear(64, 48, in_shape=[4, 4, 4], out_shape=[4, 4, 3], rank=5, dtype=torch.float64)
+    x = torch.randn(3, 5, 64, dtype=torch.float64)
+    y = layer(x)
+    assert y.shape == (3, 5, 48)
+    torch.testing.assert_close(y, x @ layer.dense_weight() + layer.bias, rtol=1e-12, atol=1e-12)
+    xt = x.transpose(0, 1)  # non-contiguous input
+    torch.testing.assert_close(layer(xt), xt @ layer.dense_weight() + layer.bias, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_zero_rank_bond_gives_bias_and_zero_grads(bias):
+    layer = TTLinear(24, 30, in_shape=[4, 6], out_shape=[5, 6], rank=[1, 3, 0, 2, 1], bias=bias,
+                     dtype=torch.float64)
+    assert layer.ranks == [1, 3, 0, 2, 1]
+    x = torch.randn(2, 4, 24, dtype=torch.float64, requires_grad=True)
+    y = layer(x)
+    expected = layer.bias.expand(2, 4, 30) if bias else torch.zeros(2, 4, 30, dtype=torch.float64)
+    torch.testing.assert_close(y, expected)
+    assert torch.count_nonzero(layer.dense_weight()) == 0 and layer.dense_weight().shape == (24, 30)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    assert torch.count_nonzero(x.grad) == 0
+    for p in [*layer.cores, *layer.gates]:
+        assert p.grad is not None and p.grad.shape == p.shape and torch.count_nonzero(p.grad) == 0
+    if bias:
+        torch.testing.assert_close(layer.bias.grad, dy.sum((0, 1)))
+
+
+def test_prune_by_slicing_data_changes_plan_and_stays_correct():
+    layer = TTLinear(64, 64, in_shape=[4, 4, 4], out_shape=[4, 4, 4], rank=6, dtype=torch.float64)
+    before = layer.plan(10)
+    assert layer.plan(10) is before
+    keep = torch.tensor([0, 2, 5])
+    with torch.no_grad():  # shrink bond 3 (between cores[2] and cores[3]) as rank.py does
+        layer.cores[2].data = layer.cores[2].data[:, :, keep].contiguous()
+        layer.gates[2].data = layer.gates[2].data[keep].contiguous()
+        layer.cores[3].data = layer.cores[3].data[keep].contiguous()
+    assert layer.ranks == [1, 4, 6, 3, 6, 4, 1]
+    after = layer.plan(10)
+    assert after is not before and after.ranks == tuple(layer.ranks)
+    _compare(layer, torch.randn(10, 64, dtype=torch.float64), after, 1e-10)
+
+
+@pytest.mark.parametrize("rank,expected", [(30, [1, 12, 30, 30, 30, 16, 1]), (100, [1, 12, 96, 100, 100, 16, 1]),
+                                           ([1, 2, 3, 4, 5, 6, 1], [1, 2, 3, 4, 5, 6, 1])])
+def test_rank_int_is_clipped_and_list_is_kept(rank, expected):
+    layer = TTLinear(768, 3072, in_shape=[12, 8, 8], out_shape=[12, 16, 16], rank=rank)
+    assert layer.ranks == expected
+    assert [tuple(c.shape) for c in layer.cores] == [(expected[k], n, expected[k + 1])
+                                                     for k, n in enumerate([12, 8, 8, 12, 16, 16])]
+    assert [g.shape[0] for g in layer.gates] == expected[1:-1]
+    assert all(torch.all(g == 1) for g in layer.gates)
+
+
+def test_automatic_factorization():
+    layer = TTLinear(768, 3072, rank=8)
+    assert math.prod(layer.in_shape) == 768 and math.prod(layer.out_shape) == 3072
+    assert len(layer.cores) == len(layer.in_shape) + len(layer.out_shape)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"in_shape": [5, 5]}, "in_shape"), ({"out_shape": [2, 2]}, "out_shape"),
+    ({"rank": [1, 2, 1]}, "rank list"), ({"rank": -1}, "rank"), ({"rank": 2.5}, "rank")])
+def test_bad_arguments_raise_clear_errors(kwargs, match):
+    args = {"rank": 3, **kwargs}
+    with pytest.raises((ValueError, TypeError), match=match):
+        TTLinear(24, 12, **args)
+
+
+def test_wrong_input_width_raises():
+    with pytest.raises(ValueError, match="last dimension 24"):
+        TTLinear(24, 12, rank=2)(torch.randn(3, 25))
+
+
+@pytest.mark.parametrize("shape", [((12, 8, 8), (12, 16, 16), 30), ((8, 8), (8, 8), 8), ((4, 4, 4, 4), (4, 4, 4, 4), 16)])
+def test_init_scale_matches_nn_linear(shape):
+    in_shape, out_shape, rank = shape
+    n_in, n_out = math.prod(in_shape), math.prod(out_shape)
+    torch.manual_seed(0)
+    variances = [TTLinear(n_in, n_out, in_shape=in_shape, out_shape=out_shape, rank=rank,
+                          bias=False).dense_weight().var().item() for _ in range(4)]
+    ratio = sum(variances) / len(variances) / (1.0 / (3 * n_in))
+    assert 0.5 < ratio < 2.0, ratio
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 64, 512])
+def test_executed_matmul_flops_equal_plan(tokens):
+    """FlopCounterMode counts the matmuls that really run; they must equal the plan's matmul steps
+    (with one token an einsum whose summed axes all have size 1 runs as an outer product, uncounted)."""
+    layer = TTLinear(768, 3072, in_shape=[12, 8, 8], out_shape=[12, 16, 16], rank=[1, 12, 30, 30, 30, 16, 1])
+    x = torch.randn(tokens, 768, requires_grad=True)
+    plan = layer.plan(tokens)
+    with FlopCounterMode(display=False) as counter:
+        layer(x).sum().backward()
+    planned = sum(s.flops for s in plan.steps if "@" in s.expr)
+    executed = counter.get_total_flops()
+    assert executed == planned or (tokens == 1 and 0.95 * planned <= executed <= planned), str(plan)
+
+
+def test_backward_saves_no_full_width_tensor():
+    layer = TTLinear(768, 3072, in_shape=[12, 8, 8], out_shape=[12, 16, 16], rank=[1, 12, 30, 30, 30, 16, 1])
+    x = torch.randn(256, 768, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        layer(x)
+    assert saved, "the custom Function saved nothing"
+    assert max(t.numel() for t in saved) <= 256 * 768  # x itself; nothing of size tokens x 3072
+
+
+@pytest.mark.parametrize("strategies", ["dense", ((3, 1), (1, 1)), ((1, 3), (2,)), ((2, 2), "merge")])
+def test_executed_matmul_flops_equal_plan_for_forced_strategies(strategies):
+    layer = TTLinear(120, 12, in_shape=[4, 3, 5, 2], out_shape=[3, 4], rank=[1, 4, 6, 3, 5, 4, 1])
+    x = torch.randn(7, 120, requires_grad=True)
+    plan = make_plan(layer.in_shape, layer.out_shape, tuple(layer.ranks), 7, True, strategies)
+    with FlopCounterMode(display=False) as counter:
+        tt_linear(x, layer.cores, layer.gates, layer.bias, plan).sum().backward()
+    assert counter.get_total_flops() == sum(s.flops for s in plan.steps if "@" in s.expr), str(plan)
