@@ -1,0 +1,58 @@
+"""The benchmark workloads: ``transformer`` (MNLI), ``dlrm`` (Criteo) and ``mlm`` (code).
+
+``build_workload(name, params, batch_size=, seed=, device=)`` returns a
+:class:`~harness.workloads.base.Workload`;
+``check_params(name, params)`` validates params (unknown keys and bad values are named) and fills in the
+size preset ("tiny", "small" -- the default -- or "paper") and the defaults. ``PARAMS_DEFAULTS[name]``
+is ``check_params(name, {})``. Workload modules are imported on first use.
+"""
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any, Mapping
+
+import torch
+
+from harness.workloads.base import Workload
+from harness.workloads.params import resolve
+
+WORKLOADS = ("transformer", "dlrm", "mlm")
+
+__all__ = ["WORKLOADS", "PARAMS_DEFAULTS", "Workload", "build_workload", "check_params"]
+
+
+def _module(name: str) -> ModuleType:
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+    return importlib.import_module(f"harness.workloads.{name}")
+
+
+def check_params(name: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The full, checked params of workload ``name`` (preset and defaults filled in)."""
+    return resolve(name, _module(name), params)
+
+
+def build_workload(name: str, params: Mapping[str, Any] | None, *, batch_size: int, seed: int,
+                   device: torch.device | str) -> Workload:
+    """Builds model (seeded with ``seed``, on ``device``) and data of workload ``name``."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"workload {name!r}: batch_size={batch_size!r} must be a positive integer")
+    checked = check_params(name, params)
+    return _module(name).build(checked, batch_size=batch_size, seed=seed, device=torch.device(device))
+
+
+class _Defaults(Mapping):
+    """PARAMS_DEFAULTS[name]: resolved on access, so importing this package stays cheap."""
+
+    def __getitem__(self, name: str) -> dict[str, Any]:
+        return check_params(name, {})
+
+    def __iter__(self):
+        return iter(WORKLOADS)
+
+    def __len__(self) -> int:
+        return len(WORKLOADS)
+
+
+PARAMS_DEFAULTS: Mapping[str, dict[str, Any]] = _Defaults()

@@ -1,0 +1,55 @@
+"""On-disk cache of derived data (tokenizers, tokenized tensors, generated files)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+
+DEFAULT_CACHE_DIR = "results/cache"
+
+
+def cache_dir(root: str | os.PathLike | None, *parts: str) -> Path:
+    """The folder ``root/parts...`` (created); ``root`` None means ``results/cache`` under the cwd."""
+    path = Path(root if root is not None else DEFAULT_CACHE_DIR).joinpath(*parts)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def fingerprint(*items: Any, files: Iterable[str | os.PathLike] = ()) -> str:
+    """A short hash of JSON-able ``items`` and of each file's path, size and modification time."""
+    h = hashlib.sha256(json.dumps(items, sort_keys=True, default=str).encode())
+    for f in files:
+        st = os.stat(f)
+        h.update(f"{os.fspath(f)}|{st.st_size}|{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+def atomic_write(path: Path, write: Callable[[Path], None]) -> Path:
+    """Calls ``write(tmp)`` on a temporary file next to ``path``, then renames it onto ``path``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def cached_tensors(path: Path, build: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Loads a dict of tensors from ``path``, or builds and saves it there first."""
+    if path.exists():
+        try:
+            return torch.load(path, weights_only=True)
+        except (RuntimeError, EOFError, OSError, pickle.UnpicklingError):  # corrupt: rebuilt, never trusted
+            path.unlink(missing_ok=True)
+    tensors = build()
+    atomic_write(path, lambda tmp: torch.save(tensors, tmp))
+    return tensors

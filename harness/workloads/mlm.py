@@ -1,0 +1,226 @@
+"""Masked-language-model pretraining of a BERT-like encoder on source code (DESIGN.md 4; the paper used
+CodeBERT-large on CodeSearchNet).
+
+The encoder is :class:`harness.workloads.transformer.Encoder` (one segment type, as RoBERTa/CodeBERT),
+followed by the RoBERTa LM head: dense -> GELU -> LayerNorm -> decoder tied to the word embedding (the
+decoder multiplies by the embedding's current table: ``weight`` of an nn.Embedding or ``dense_weight()``
+of a TTM embedding, so tying survives tensorization). Size "paper" has CodeBERT-large/RoBERTa-large
+shapes (24 blocks, d_model 1024, 16 heads, FFN 4096, 514 positions, vocabulary 50265; 355,412,057
+parameters here; the paper says 357M); the default is small.
+
+Data: ``data="stdlib"`` (default) uses this Python's standard-library .py files, ``data="jsonl"`` the
+CodeSearchNet-style files at ``data_path``. Every ``eval_every``-th document (at least the last one) is
+held out for evaluation.
+A byte-level BPE is trained on the training documents and cached; documents are concatenated (separated
+by [SEP]) and cut into blocks [CLS] ... [SEP] of ``seq_len`` tokens. Masking (15%, 80/10/10) is drawn
+anew for every training batch from the run's seed and epoch; the eval split is masked once (``data_seed``).
+Metric: ``mlm_loss`` (mean cross-entropy over masked tokens, lower is better), plus ``masked_accuracy``.
+Learning rates: "paper" uses the transformer's paper rates (the paper gives none for MLM), the CPU
+presets the transformer's CPU rates (5e-4, gates 5e-3).
+
+Params: model keys as the transformer's; ``max_documents`` (None = all), ``max_train_blocks``,
+``max_eval_blocks``; ``data`` ("stdlib" | "jsonl"), ``data_path``, ``eval_every``, ``mask_prob``,
+``data_seed``, ``cache_dir``, ``eval_batch_size`` (None: max(batch_size, 32)).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from harness.data import batching, code_corpus
+from harness.data.cache import cache_dir, cached_tensors, fingerprint
+from harness.data.masking import IGNORE_INDEX, mask_tokens
+from harness.data.text_tokenizer import (CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS, encode_stream,
+                                         load_or_train, train_byte_bpe)
+from harness.workloads.base import Batch, Workload
+from harness.workloads.params import Choice, ListOf, positive, require
+from harness.workloads.transformer import Encoder, encoder_tt_spec, init_bert_weights
+from harness.workloads.tt_spec import embedding_spec
+
+NAME = "mlm"
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(vocab_size=512, d_model=32, num_layers=1, num_heads=2, d_ff=64, max_positions=64, seq_len=64,
+                 dropout=0.0, rank=8, embedding_rank=8, max_documents=24, max_train_blocks=1024,
+                 max_eval_blocks=128),
+    "small": dict(vocab_size=4096, d_model=128, num_layers=2, num_heads=4, d_ff=512, max_positions=128,
+                  seq_len=128, dropout=0.1, rank=16, embedding_rank=16, max_documents=300,
+                  max_train_blocks=20000, max_eval_blocks=512),
+    "paper": dict(vocab_size=50265, d_model=1024, num_layers=24, num_heads=16, d_ff=4096, max_positions=514,
+                  seq_len=128, dropout=0.1, rank=30, embedding_rank=32, max_documents=None,
+                  max_train_blocks=None, max_eval_blocks=None),
+}
+#: TTM shapes of the word embedding per (vocab_size, d_model); other sizes are factorized.
+EMBEDDING_SHAPES = {(50265, 1024): ([15, 15, 15, 15], [4, 4, 8, 8]), (4096, 128): ([16, 16, 16], [8, 4, 4]),
+                    (512, 32): ([8, 8, 8], [4, 4, 2])}
+
+DEFAULTS: dict[str, Any] = dict(embedding_row_shape=None, embedding_col_shape=None,
+                                data="stdlib", data_path=None, cache_dir=None, data_seed=0, eval_every=20,
+                                mask_prob=0.15, eval_batch_size=None, tensorize_embedding=True)
+TYPES: dict[str, Any] = dict(
+    vocab_size=int, d_model=int, num_layers=int, num_heads=int, d_ff=int, max_positions=int, seq_len=int,
+    dropout=float, rank=int, embedding_rank=int, embedding_row_shape=(ListOf(int), None),
+    embedding_col_shape=(ListOf(int), None), max_documents=(int, None), max_train_blocks=(int, None),
+    max_eval_blocks=(int, None), data=Choice(("stdlib", "jsonl")), data_path=(str, None),
+    cache_dir=(str, None), data_seed=int, eval_every=int, mask_prob=float, eval_batch_size=(int, None),
+    tensorize_embedding=bool)
+LR = {"paper": {"dense": 1e-4, "cores": 1e-4, "other": 5e-5, "gates": 1e-3},
+      "cpu": {"dense": 5e-4, "cores": 5e-4, "other": 5e-4, "gates": 5e-3}}
+
+
+def validate(p: dict[str, Any]) -> None:
+    positive(NAME, p, "vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "max_positions", "seq_len",
+             "rank", "embedding_rank", "max_documents", "max_train_blocks", "max_eval_blocks", "eval_every",
+             "eval_batch_size")
+    require(p["d_model"] % p["num_heads"] == 0, NAME, "num_heads", p["num_heads"],
+            f"must divide d_model={p['d_model']}")
+    require(3 <= p["seq_len"] <= p["max_positions"], NAME, "seq_len", p["seq_len"],
+            f"must be in [3, max_positions={p['max_positions']}]")
+    require(p["vocab_size"] > len(SPECIAL_TOKENS) + 256, NAME, "vocab_size", p["vocab_size"],
+            "must exceed the 256 byte tokens plus the special tokens")
+    require(0.0 < p["mask_prob"] < 1.0, NAME, "mask_prob", p["mask_prob"], "must be in (0, 1)")
+    require(0.0 <= p["dropout"] < 1.0, NAME, "dropout", p["dropout"], "must be in [0, 1)")
+    require(p["eval_every"] >= 2, NAME, "eval_every", p["eval_every"], "must be at least 2")
+    require(p["data"] != "jsonl" or p["data_path"] is not None, NAME, "data_path", p["data_path"],
+            "is required when data='jsonl'")
+
+
+def _table(embedding: nn.Module) -> torch.Tensor:
+    """The (num_embeddings, dim) table of a dense or tensorized embedding."""
+    return embedding.weight if isinstance(embedding, nn.Embedding) else embedding.dense_weight()
+
+
+class MaskedLM(nn.Module):
+    """Encoder + RoBERTa LM head; forward(input_ids, attention_mask) -> logits (batch, seq, vocab)."""
+
+    def __init__(self, encoder: Encoder, d_model: int, vocab_size: int):
+        super().__init__()
+        self.encoder = encoder
+        self.dense = nn.Linear(d_model, d_model)
+        self.norm = nn.LayerNorm(d_model)
+        self.decoder_bias = nn.Parameter(torch.zeros(vocab_size))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.norm(F.gelu(self.dense(self.encoder(input_ids, None, attention_mask))))
+        return F.linear(h, _table(self.encoder.embeddings.word), self.decoder_bias)
+
+
+def build_model(p: dict[str, Any]) -> MaskedLM:
+    encoder = Encoder(vocab_size=p["vocab_size"], d_model=p["d_model"], num_layers=p["num_layers"],
+                      num_heads=p["num_heads"], d_ff=p["d_ff"], max_positions=p["max_positions"],
+                      num_segments=1, dropout=p["dropout"])
+    model = MaskedLM(encoder, p["d_model"], p["vocab_size"])
+    init_bert_weights(model)
+    return model
+
+
+def _embedding_shapes(p: dict[str, Any]) -> tuple[list[int] | None, list[int] | None]:
+    """The params' TTM shapes, else the table's for this (vocab_size, d_model), else None (factorized)."""
+    if p["embedding_row_shape"] or p["embedding_col_shape"]:
+        return p["embedding_row_shape"], p["embedding_col_shape"]
+    return EMBEDDING_SHAPES.get((p["vocab_size"], p["d_model"]), (None, None))
+
+
+def tt_spec(p: dict[str, Any]) -> dict[str, dict]:
+    """Every encoder attention/FFN linear as TT; the (tied) word embedding as TTM if tensorize_embedding."""
+    spec = encoder_tt_spec("encoder.", p["num_layers"], p["d_model"], p["d_ff"], p["rank"])
+    rows, cols = _embedding_shapes(p)
+    if p["tensorize_embedding"]:
+        spec["encoder.embeddings.word"] = embedding_spec(
+            p["vocab_size"], p["d_model"], p["embedding_rank"], row_shape=rows, col_shape=cols)
+    return spec
+
+
+def _blocks(ids: list[list[int]], seq_len: int, limit: int | None) -> torch.Tensor:
+    """Documents joined by [SEP], cut into [CLS] + (seq_len - 2) tokens + [SEP] blocks (remainder dropped)."""
+    body = seq_len - 2
+    stream = [t for doc in ids for t in (*doc, SEP_ID)]
+    n = len(stream) // body if limit is None else min(limit, len(stream) // body)
+    if n == 0:
+        raise ValueError(f"workload 'mlm': the corpus has {len(stream)} tokens, "
+                         f"fewer than one block of {body}")
+    middle = torch.tensor(stream[:n * body], dtype=torch.long).view(n, body)
+    return torch.cat([torch.full((n, 1), CLS_ID), middle, torch.full((n, 1), SEP_ID)], dim=1)
+
+
+def load_data(p: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
+    if p["data"] == "stdlib":
+        docs, files = code_corpus.read_stdlib(p["max_documents"])
+    else:
+        docs, files = code_corpus.read_jsonl(p["data_path"], p["max_documents"])
+    held_out = {i for i in range(len(docs)) if i % p["eval_every"] == p["eval_every"] - 1} or {len(docs) - 1}
+    train_docs = [d for i, d in enumerate(docs) if i not in held_out]
+    eval_docs = [d for i, d in enumerate(docs) if i in held_out]
+    if not train_docs:
+        raise ValueError(f"workload 'mlm': {len(docs)} document(s), too few for a training and an eval split")
+    folder = cache_dir(p["cache_dir"], "mlm")
+    tok_key = fingerprint("byte-bpe", p["vocab_size"], p["max_documents"], p["eval_every"], files=files)
+    tok = load_or_train(folder / f"bpe-{tok_key}.json", lambda: train_byte_bpe(train_docs, p["vocab_size"]))
+    key = fingerprint(tok_key, p["seq_len"], p["max_train_blocks"], p["max_eval_blocks"], p["data_seed"],
+                      p["mask_prob"])
+
+    def build() -> dict[str, torch.Tensor]:
+        train_ids = _blocks(list(encode_stream(tok, train_docs)), p["seq_len"], p["max_train_blocks"])
+        eval_ids = _blocks(list(encode_stream(tok, eval_docs)), p["seq_len"], p["max_eval_blocks"])
+        masked, labels = _mask(eval_ids, torch.Generator().manual_seed(p["data_seed"]), p)
+        return {"train_ids": train_ids, "eval_ids": masked, "eval_labels": labels}
+
+    data = cached_tensors(folder / f"blocks-{key}.pt", build)
+    train = {"input_ids": data["train_ids"]}
+    evals = {"input_ids": data["eval_ids"], "labels": data["eval_labels"]}
+    info = {"data": p["data"], "documents": len(docs), "files": len(files),
+            "corpus_chars": sum(len(d) for d in docs), "tokenizer_vocab": tok.get_vocab_size()}
+    return train, evals, info
+
+
+def _mask(ids: torch.Tensor, gen: torch.Generator, p: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    return mask_tokens(ids, gen, vocab_size=p["vocab_size"], mask_id=MASK_ID,
+                       special_ids=(PAD_ID, CLS_ID, SEP_ID), first_regular_id=len(SPECIAL_TOKENS),
+                       mask_prob=p["mask_prob"])
+
+
+def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    logits = model(batch["input_ids"])
+    return F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=IGNORE_INDEX)
+
+
+def build(p: dict[str, Any], *, batch_size: int, seed: int, device: torch.device) -> Workload:
+    train, evals, info = load_data(p)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = build_model(p)
+    model.to(device)
+    eval_bs = p["eval_batch_size"] or max(batch_size, 32)
+
+    def add_masks(batch: Batch, gen: torch.Generator) -> Batch:
+        masked, labels = _mask(batch["input_ids"], gen, p)
+        return {"input_ids": masked, "labels": labels}
+
+    def evaluate(m: nn.Module) -> dict[str, float]:
+        was_training = m.training
+        m.eval()
+        total, correct, n = 0.0, 0, 0
+        with torch.no_grad():
+            for batch in batching.eval_batches(evals, eval_bs, device):
+                logits = m(batch["input_ids"]).flatten(0, 1)
+                labels = batch["labels"].flatten()
+                total += F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum").item()
+                chosen = labels != IGNORE_INDEX
+                correct += (logits[chosen].argmax(-1) == labels[chosen]).sum().item()
+                n += int(chosen.sum())
+        m.train(was_training)
+        return {"metric_name": "mlm_loss", "metric_value": total / n, "masked_accuracy": correct / n,
+                "masked_tokens": n}
+
+    n_train = batching.num_rows(train)
+    info.update(train_blocks=n_train, eval_blocks=batching.num_rows(evals), eval_batch_size=eval_bs)
+    return Workload(
+        name=NAME, model=model, tt_spec=tt_spec(p),
+        train_batches=lambda epoch: batching.train_batches(train, batch_size, seed, epoch, device, add_masks),
+        eval_batches=lambda: batching.eval_batches(evals, eval_bs, device),
+        loss=loss, evaluate=evaluate, steps_per_epoch=batching.train_steps(n_train, batch_size),
+        metric_name="mlm_loss", seq_len=p["seq_len"], lr=dict(LR["paper" if p["size"] == "paper" else "cpu"]),
+        info=info)

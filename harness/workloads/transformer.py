@@ -1,0 +1,309 @@
+"""The paper's six-encoder transformer on MNLI (DESIGN.md 4), and the encoder the MLM workload reuses.
+
+Size "paper" has exactly 66,957,315 parameters. That count fixes the choices not stated in the paper:
+it is a 6-layer BERT-base classifier, i.e. 512 learned positions (sequences use 128 of them), 2 segment
+embeddings, a LayerNorm (with bias) after the summed embeddings, biases in every linear layer, two
+LayerNorms per post-LN block, and the classifier [CLS] -> tanh(fc1 768x768) -> fc2 (768x3) with dropout
+before fc2. Word embeddings have no padding row (padding is masked out of attention instead). Weights
+are initialized as in BERT (normal, std 0.02; biases zero).
+
+Learning rates (``workload.lr``): size "paper" uses the paper's AdamW rates (cores 1e-4, other 5e-5,
+gates 1e-3; dense 1e-4, our choice for uncompressed training, which the paper does not state). The
+CPU-sized presets "tiny" and "small" use larger rates (5e-4, gates 5e-3) so the short CPU budget learns;
+1e-3 made the post-LN "small" model collapse to one class after ~300 AdamW steps without warm-up.
+
+Params (``size`` sets the model keys and sample counts; any key may be overridden): model
+``vocab_size d_model num_layers num_heads d_ff max_positions seq_len dropout``; TT ``rank`` (linear layers),
+``embedding_rank``, ``embedding_row_shape``/``embedding_col_shape`` (None: the paper's or factorized),
+``tensorize_embedding``; data ``data`` ("synthetic" | "mnli"), ``data_dir`` (GLUE TSV folder or Hugging
+Face cache), ``tokenizer`` (a tokenizer.json; None: WordPiece trained on the training split),
+``train_samples``/``eval_samples`` (synthetic: how many; MNLI: at most, None = all), ``premise_len``,
+``hypothesis_len``, ``num_words`` (synthetic), ``data_seed``, ``cache_dir`` (None: results/cache),
+``eval_batch_size`` (None: max(batch_size, 64)).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from harness.data import batching, mnli, nli_synthetic
+from harness.data.cache import cache_dir, cached_tensors, fingerprint
+from harness.data.text_tokenizer import load_or_train, load_tokenizer_file, encode_pairs, train_wordpiece
+from harness.workloads.base import Batch, Workload
+from harness.workloads.params import Choice, ListOf, positive, require
+from harness.workloads.tt_spec import embedding_spec, linear_spec
+
+NAME = "transformer"
+NUM_CLASSES = 3
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(vocab_size=256, d_model=32, num_layers=1, num_heads=2, d_ff=64, max_positions=32,
+                 seq_len=32, dropout=0.0, rank=8, embedding_rank=8, premise_len=10, hypothesis_len=4,
+                 train_samples=2048, eval_samples=512),
+    "small": dict(vocab_size=1024, d_model=128, num_layers=2, num_heads=4, d_ff=512, max_positions=64,
+                  seq_len=64, dropout=0.1, rank=16, embedding_rank=16, premise_len=16, hypothesis_len=4,
+                  train_samples=20000, eval_samples=2000),
+    "paper": dict(vocab_size=30522, d_model=768, num_layers=6, num_heads=12, d_ff=3072, max_positions=512,
+                  seq_len=128, dropout=0.1, rank=30, embedding_rank=32, premise_len=40, hypothesis_len=6,
+                  train_samples=392702, eval_samples=9815),
+}
+#: TTM shapes of the word embedding per (vocab_size, d_model): the paper's, and the CPU presets'.
+EMBEDDING_SHAPES = {(30522, 768): ([16, 20, 10, 10], [4, 4, 8, 6]), (1024, 128): ([16, 8, 8], [8, 4, 4]),
+                    (256, 32): ([8, 8, 4], [4, 4, 2])}
+
+DEFAULTS: dict[str, Any] = dict(embedding_row_shape=None, embedding_col_shape=None,
+                                data="synthetic", data_dir=None, tokenizer=None, cache_dir=None,
+                                data_seed=0, num_words=None, eval_batch_size=None, tensorize_embedding=True)
+TYPES: dict[str, Any] = dict(
+    vocab_size=int, d_model=int, num_layers=int, num_heads=int, d_ff=int, max_positions=int, seq_len=int,
+    dropout=float, rank=int, embedding_rank=int, embedding_row_shape=(ListOf(int), None),
+    embedding_col_shape=(ListOf(int), None), premise_len=int, hypothesis_len=int,
+    train_samples=(int, None), eval_samples=(int, None), data=Choice(("synthetic", "mnli")),
+    data_dir=(str, None), tokenizer=(str, None), cache_dir=(str, None), data_seed=int,
+    num_words=(int, None), eval_batch_size=(int, None), tensorize_embedding=bool)
+LR = {"paper": {"dense": 1e-4, "cores": 1e-4, "other": 5e-5, "gates": 1e-3},
+      "cpu": {"dense": 5e-4, "cores": 5e-4, "other": 5e-4, "gates": 5e-3}}
+
+
+def validate(p: dict[str, Any]) -> None:
+    positive(NAME, p, "vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "max_positions", "seq_len",
+             "rank", "embedding_rank", "train_samples", "eval_samples", "num_words", "eval_batch_size")
+    require(p["d_model"] % p["num_heads"] == 0, NAME, "num_heads", p["num_heads"],
+            f"must divide d_model={p['d_model']}")
+    require(p["seq_len"] <= p["max_positions"], NAME, "seq_len", p["seq_len"],
+            f"exceeds max_positions={p['max_positions']}")
+    require(0.0 <= p["dropout"] < 1.0, NAME, "dropout", p["dropout"], "must be in [0, 1)")
+    require(p["data"] != "mnli" or p["data_dir"] is not None, NAME, "data_dir", p["data_dir"],
+            "is required when data='mnli' (a folder with train.tsv/dev_matched.tsv or Hugging Face files)")
+
+
+# ---------------------------------------------------------------- the encoder (shared with mlm)
+
+class Embeddings(nn.Module):
+    """Word + learned position (+ segment) embeddings, then LayerNorm and dropout."""
+
+    def __init__(self, vocab_size: int, d_model: int, max_positions: int, num_segments: int, dropout: float):
+        super().__init__()
+        self.word = nn.Embedding(vocab_size, d_model)
+        self.position = nn.Embedding(max_positions, d_model)
+        self.segment = nn.Embedding(num_segments, d_model) if num_segments > 0 else None
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+        positions = torch.arange(input_ids.shape[-1], device=input_ids.device)
+        x = self.word(input_ids) + self.position(positions)
+        if self.segment is not None:
+            x = x + self.segment(segment_ids if segment_ids is not None else torch.zeros_like(input_ids))
+        return self.dropout(self.norm(x))
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with separate q/k/v/o nn.Linear layers (so each can be tensorized)."""
+
+    def __init__(self, d_model: int, num_heads: int, dropout: float):
+        super().__init__()
+        self.num_heads, self.dropout = num_heads, dropout
+        self.q, self.k, self.v, self.o = (nn.Linear(d_model, d_model) for _ in range(4))
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        b, s, d = x.shape
+        heads = [t.view(b, s, self.num_heads, d // self.num_heads).transpose(1, 2)
+                 for t in (self.q(x), self.k(x), self.v(x))]
+        out = F.scaled_dot_product_attention(*heads, attn_mask=attn_mask,
+                                             dropout_p=self.dropout if self.training else 0.0)
+        return self.o(out.transpose(1, 2).reshape(b, s, d))
+
+
+class EncoderBlock(nn.Module):
+    """Post-LN block: x = LN(x + attn(x)); x = LN(x + ffn_out(gelu(ffn_in(x))))."""
+
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float):
+        super().__init__()
+        self.attn = SelfAttention(d_model, num_heads, dropout)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.ffn_in = nn.Linear(d_model, d_ff)
+        self.ffn_out = nn.Linear(d_ff, d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        x = self.norm1(x + self.dropout(self.attn(x, attn_mask)))
+        return self.norm2(x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(x)))))
+
+
+class Encoder(nn.Module):
+    """Embeddings followed by post-LN encoder blocks; returns hidden states (batch, seq, d_model)."""
+
+    def __init__(self, *, vocab_size: int, d_model: int, num_layers: int, num_heads: int, d_ff: int,
+                 max_positions: int, num_segments: int, dropout: float):
+        super().__init__()
+        self.embeddings = Embeddings(vocab_size, d_model, max_positions, num_segments, dropout)
+        self.blocks = nn.ModuleList(EncoderBlock(d_model, num_heads, d_ff, dropout)
+                                    for _ in range(num_layers))
+
+    def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``attention_mask``: (batch, seq) bool, True for real tokens (keys that may be attended)."""
+        mask = attention_mask[:, None, None, :] if attention_mask is not None else None
+        x = self.embeddings(input_ids, segment_ids)
+        for block in self.blocks:
+            x = block(x, mask)
+        return x
+
+
+def init_bert_weights(module: nn.Module, std: float = 0.02) -> None:
+    """BERT initialization: linear and embedding weights N(0, std), biases 0, LayerNorm 1 / 0."""
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, 0.0, std)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+        if isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+
+def encoder_tt_spec(prefix: str, num_layers: int, d_model: int, d_ff: int, rank: int) -> dict[str, dict]:
+    """TT specs of every attention and FFN linear layer of an :class:`Encoder` named ``prefix``."""
+    spec = {}
+    for i in range(num_layers):
+        block = f"{prefix}blocks.{i}."
+        for name in ("q", "k", "v", "o"):
+            spec[f"{block}attn.{name}"] = linear_spec(d_model, d_model, rank)
+        spec[f"{block}ffn_in"] = linear_spec(d_model, d_ff, rank)
+        spec[f"{block}ffn_out"] = linear_spec(d_ff, d_model, rank)
+    return spec
+
+
+# ---------------------------------------------------------------- the classifier
+
+class NLIClassifier(nn.Module):
+    """Encoder, then [CLS] -> tanh(fc1) -> dropout -> fc2 (class logits)."""
+
+    def __init__(self, encoder: Encoder, d_model: int, num_classes: int, dropout: float):
+        super().__init__()
+        self.encoder = encoder
+        self.fc1 = nn.Linear(d_model, d_model)
+        self.fc2 = nn.Linear(d_model, num_classes)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        cls = self.encoder(input_ids, segment_ids, attention_mask)[:, 0]
+        return self.fc2(self.dropout(torch.tanh(self.fc1(cls))))
+
+
+def build_model(p: dict[str, Any]) -> NLIClassifier:
+    """The dense classifier for checked params ``p`` (on the current default device)."""
+    encoder = Encoder(vocab_size=p["vocab_size"], d_model=p["d_model"], num_layers=p["num_layers"],
+                      num_heads=p["num_heads"], d_ff=p["d_ff"], max_positions=p["max_positions"],
+                      num_segments=2, dropout=p["dropout"])
+    model = NLIClassifier(encoder, p["d_model"], NUM_CLASSES, p["dropout"])
+    init_bert_weights(model)
+    return model
+
+
+def _embedding_shapes(p: dict[str, Any]) -> tuple[list[int] | None, list[int] | None]:
+    """The params' TTM shapes, else the table's for this (vocab_size, d_model), else None (factorized)."""
+    if p["embedding_row_shape"] or p["embedding_col_shape"]:
+        return p["embedding_row_shape"], p["embedding_col_shape"]
+    return EMBEDDING_SHAPES.get((p["vocab_size"], p["d_model"]), (None, None))
+
+
+def tt_spec(p: dict[str, Any]) -> dict[str, dict]:
+    """Attention q/k/v/o, FFN in/out and fc1 as TT; the word embedding as TTM (if tensorize_embedding)."""
+    spec = encoder_tt_spec("encoder.", p["num_layers"], p["d_model"], p["d_ff"], p["rank"])
+    rows, cols = _embedding_shapes(p)
+    spec["fc1"] = linear_spec(p["d_model"], p["d_model"], p["rank"])
+    if p["tensorize_embedding"]:
+        spec["encoder.embeddings.word"] = embedding_spec(
+            p["vocab_size"], p["d_model"], p["embedding_rank"], row_shape=rows, col_shape=cols)
+    return spec
+
+
+# ---------------------------------------------------------------- data
+
+def load_data(p: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
+    """(train, eval, info) tensors on the CPU: input_ids, segment_ids, attention_mask, labels."""
+    if p["data"] == "synthetic":
+        common = dict(vocab_size=p["vocab_size"], seq_len=p["seq_len"], premise_len=p["premise_len"],
+                      hypothesis_len=p["hypothesis_len"], num_words=p["num_words"])
+        train = nli_synthetic.generate(p["train_samples"], seed=2 * p["data_seed"], **common)
+        evals = nli_synthetic.generate(p["eval_samples"], seed=2 * p["data_seed"] + 1, **common)
+        return train, evals, {"data": "synthetic", "hypothesis_only_ceiling": 2 / 3}
+    return _load_mnli(p)
+
+
+def _load_mnli(p: dict[str, Any]):
+    train_split = mnli.load_split(p["data_dir"], "train")
+    eval_split = mnli.load_split(p["data_dir"], "validation_matched")
+    files = [*train_split.files, *eval_split.files]
+    folder = cache_dir(p["cache_dir"], "mnli")
+    if p["tokenizer"]:
+        tok = load_tokenizer_file(p["tokenizer"])
+        tok_key = fingerprint(files=[p["tokenizer"]])
+    else:
+        tok_key = fingerprint("wordpiece", p["vocab_size"], files=train_split.files)
+        tok = load_or_train(folder / f"wordpiece-{tok_key}.json",
+                            lambda: train_wordpiece(train_split.premises + train_split.hypotheses,
+                                                    p["vocab_size"]))
+    if tok.get_vocab_size() > p["vocab_size"]:
+        raise ValueError(f"workload 'transformer': tokenizer has {tok.get_vocab_size()} tokens, more than "
+                         f"param vocab_size={p['vocab_size']}")
+    key = fingerprint(tok_key, p["seq_len"], p["train_samples"], p["eval_samples"], files=files)
+
+    def encode(split: mnli.NLISplit, limit: int | None) -> dict[str, torch.Tensor]:
+        n = len(split.labels) if limit is None else min(limit, len(split.labels))
+        out = encode_pairs(tok, split.premises[:n], split.hypotheses[:n], p["seq_len"])
+        out["labels"] = torch.tensor(split.labels[:n], dtype=torch.long)
+        return out
+
+    train = cached_tensors(folder / f"train-{key}.pt", lambda: encode(train_split, p["train_samples"]))
+    evals = cached_tensors(folder / f"eval-{key}.pt", lambda: encode(eval_split, p["eval_samples"]))
+    info = {"data": "mnli", "data_files": [str(f) for f in files], "tokenizer_vocab": tok.get_vocab_size()}
+    return train, evals, info
+
+
+# ---------------------------------------------------------------- the workload
+
+def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    logits = model(batch["input_ids"], batch["segment_ids"], batch["attention_mask"])
+    return F.cross_entropy(logits, batch["labels"])
+
+
+def build(p: dict[str, Any], *, batch_size: int, seed: int, device: torch.device) -> Workload:
+    train, evals, info = load_data(p)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = build_model(p)
+    model.to(device)
+    eval_bs = p["eval_batch_size"] or max(batch_size, 64)
+
+    def evaluate(m: nn.Module) -> dict[str, float]:
+        was_training = m.training
+        m.eval()
+        correct, total_loss, n = 0, 0.0, 0
+        with torch.no_grad():
+            for batch in batching.eval_batches(evals, eval_bs, device):
+                logits = m(batch["input_ids"], batch["segment_ids"], batch["attention_mask"])
+                total_loss += F.cross_entropy(logits, batch["labels"], reduction="sum").item()
+                correct += (logits.argmax(-1) == batch["labels"]).sum().item()
+                n += batch["labels"].shape[0]
+        m.train(was_training)
+        return {"metric_name": "accuracy", "metric_value": correct / n, "loss": total_loss / n, "samples": n}
+
+    info.update(train_samples=batching.num_rows(train), eval_samples=batching.num_rows(evals),
+                vocab_size=p["vocab_size"], eval_batch_size=eval_bs,
+                label_counts=torch.bincount(train["labels"], minlength=NUM_CLASSES).tolist())
+    return Workload(
+        name=NAME, model=model, tt_spec=tt_spec(p),
+        train_batches=lambda epoch: batching.train_batches(train, batch_size, seed, epoch, device),
+        eval_batches=lambda: batching.eval_batches(evals, eval_bs, device),
+        loss=loss, evaluate=evaluate,
+        steps_per_epoch=batching.train_steps(batching.num_rows(train), batch_size),
+        metric_name="accuracy", seq_len=p["seq_len"], lr=dict(LR["paper" if p["size"] == "paper" else "cpu"]),
+        info=info)

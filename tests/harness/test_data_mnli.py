@@ -1,0 +1,99 @@
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from harness.data import mnli
+from harness.data.text_tokenizer import CLS_ID, PAD_ID, SEP_ID, encode_pairs, load_tokenizer_file, train_wordpiece
+
+FIXTURE = Path(__file__).parents[2] / "harness" / "data" / "fixtures" / "mnli"
+
+
+def test_glue_fixture_loads_both_splits():
+    train = mnli.load_split(FIXTURE, "train")
+    dev = mnli.load_split(FIXTURE, "validation_matched")
+    assert len(train.labels) == 36 and len(dev.labels) == 12
+    assert set(train.labels) == {0, 1, 2}
+    assert train.premises[0].endswith("in the morning.") and train.files == [FIXTURE / "train.tsv"]
+
+
+def _hf_table(n=6):
+    return pa.table({"premise": [f"p {i}" for i in range(n)], "hypothesis": [f"h {i}" for i in range(n)],
+                     "label": [i % 3 for i in range(n - 1)] + [-1], "idx": list(range(n))})
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow_stream", "arrow_file"])
+def test_hugging_face_files(tmp_path, fmt):
+    folder = tmp_path / "glue" / "mnli" / "0.0.0" / "abc"
+    folder.mkdir(parents=True)
+    table = _hf_table()
+    for split in ("train", "validation_matched", "validation_mismatched"):
+        if fmt == "parquet":
+            pq.write_table(table, folder / f"{split}-00000-of-00001.parquet")
+        else:
+            path = folder / f"glue-{split}.arrow"
+            writer_cls = pa.ipc.new_stream if fmt == "arrow_stream" else pa.ipc.new_file
+            with pa.OSFile(str(path), "wb") as sink, writer_cls(sink, table.schema) as writer:
+                writer.write_table(table)
+    split = mnli.load_split(tmp_path, "validation_matched")
+    assert split.labels == [0, 1, 2, 0, 1]  # the unlabelled row (-1) is skipped
+    assert len(split.files) == 1 and "validation_matched" in split.files[0].name
+
+
+def test_missing_column_is_named(tmp_path):
+    lines = (FIXTURE / "train.tsv").read_text().splitlines()
+    (tmp_path / "train.tsv").write_text("\n".join(l.replace("gold_label", "label") for l in lines) + "\n")
+    with pytest.raises(ValueError, match=r"train.tsv: missing column\(s\) gold_label"):
+        mnli.load_split(tmp_path, "train")
+    pq.write_table(_hf_table().drop_columns(["hypothesis"]), tmp_path / "validation_matched.parquet")
+    with pytest.raises(ValueError, match=r"validation_matched.parquet: missing column\(s\) hypothesis"):
+        mnli.load_split(tmp_path, "validation_matched")
+
+
+def test_bad_label_and_missing_files_are_named(tmp_path):
+    lines = (FIXTURE / "train.tsv").read_text().splitlines()
+    lines[3] = lines[3].rsplit("\t", 1)[0] + "\tmaybe"
+    (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"train.tsv:4: gold_label 'maybe'"):
+        mnli.load_split(tmp_path, "train")
+    with pytest.raises(FileNotFoundError, match="dev_matched.tsv"):
+        mnli.load_split(tmp_path, "validation_matched")
+    with pytest.raises(FileNotFoundError, match="not found"):
+        mnli.load_split(tmp_path / "nowhere", "train")
+
+
+def test_wordpiece_pair_encoding():
+    train = mnli.load_split(FIXTURE, "train")
+    tok = train_wordpiece(train.premises + train.hypotheses, vocab_size=200)
+    assert tok.get_vocab_size() <= 200 and tok.token_to_id("[PAD]") == PAD_ID
+    enc = encode_pairs(tok, train.premises[:4], train.hypotheses[:4], seq_len=24)
+    ids, seg, mask = enc["input_ids"], enc["segment_ids"], enc["attention_mask"]
+    assert ids.shape == (4, 24) and (ids[:, 0] == CLS_ID).all()
+    for row, s, m in zip(ids.tolist(), seg.tolist(), mask.tolist()):
+        n = sum(m)
+        assert row[n:] == [PAD_ID] * (24 - n) and row[n - 1] == SEP_ID and row.count(SEP_ID) == 2
+        first_sep = row.index(SEP_ID)
+        assert s[:first_sep + 1] == [0] * (first_sep + 1) and s[first_sep + 1:n] == [1] * (n - first_sep - 1)
+    short = encode_pairs(tok, train.premises[:2], train.hypotheses[:2], seq_len=8)  # truncated, still paired
+    assert short["attention_mask"].all() and (short["input_ids"] == SEP_ID).sum(1).eq(2).all()
+
+
+def test_user_tokenizer_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="tokenizer file not found: .*none.json"):
+        load_tokenizer_file(tmp_path / "none.json")
+    tok = train_wordpiece(["a b c", "b c d"], vocab_size=50)
+    tok.save(str(tmp_path / "tok.json"))
+    assert load_tokenizer_file(tmp_path / "tok.json").get_vocab() == tok.get_vocab()
+
+
+def test_whole_glue_cache_prefers_the_mnli_folder(tmp_path):
+    mnli_dir = tmp_path / "glue" / "mnli" / "0.0.0" / "a"
+    cola_dir = tmp_path / "glue" / "cola" / "0.0.0" / "b"
+    for folder in (mnli_dir, cola_dir):
+        folder.mkdir(parents=True)
+    pq.write_table(_hf_table(), mnli_dir / "train-00000-of-00001.parquet")
+    pq.write_table(pa.table({"sentence": ["x"], "label": [1]}), cola_dir / "train-00000-of-00001.parquet")
+    split = mnli.load_split(tmp_path, "train")
+    assert split.files == [mnli_dir / "train-00000-of-00001.parquet"] and len(split.labels) == 5

@@ -1,0 +1,128 @@
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from harness.workloads import build_workload, check_params, transformer
+from harness.workloads.tt_spec import tt_parameter_count
+
+FIXTURE = Path(__file__).parents[2] / "harness" / "data" / "fixtures" / "mnli"
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def paper_model():
+    params = check_params("transformer", {"size": "paper"})
+    with torch.device("meta"):
+        return params, transformer.build_model(params)
+
+
+def test_paper_model_has_the_paper_parameter_count(paper_model):
+    _, model = paper_model
+    assert sum(p.numel() for p in model.parameters()) == 66_957_315
+
+
+def test_paper_tt_spec_is_the_papers(paper_model):
+    params, model = paper_model
+    spec = transformer.tt_spec(params)
+    modules = dict(model.named_modules())
+    assert len(spec) == 6 * 6 + 2
+    for name, entry in spec.items():
+        kind = nn.Linear if entry["kind"] == "linear" else nn.Embedding
+        assert isinstance(modules[name], kind), name
+    r = 30
+    assert spec["encoder.blocks.4.attn.q"] == {"kind": "linear", "in_shape": [12, 8, 8], "out_shape": [8, 8, 12],
+                                               "rank": [1, 12, r, r, r, 12, 1]}
+    assert spec["fc1"] == spec["encoder.blocks.0.attn.o"]
+    assert spec["encoder.blocks.4.ffn_in"] == {"kind": "linear", "in_shape": [12, 8, 8],
+                                               "out_shape": [12, 16, 16], "rank": [1, 12, r, r, r, 16, 1]}
+    assert spec["encoder.blocks.4.ffn_out"]["in_shape"] == [16, 16, 12]
+    assert spec["encoder.blocks.4.ffn_out"]["out_shape"] == [8, 8, 12]
+    emb = spec["encoder.embeddings.word"]
+    assert (emb["row_shape"], emb["col_shape"], emb["rank"]) == ([16, 20, 10, 10], [4, 4, 8, 6], [1, 32, 32, 32, 1])
+    # DESIGN.md 4: "tensorized at init about 1.49M" (cores only; rank gates not counted)
+    replaced = sum(modules[name].weight.numel() for name in spec)
+    tensorized = sum(p.numel() for p in model.parameters()) - replaced + sum(map(tt_parameter_count, spec.values()))
+    assert tensorized == 1_485_795
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    cache = str(tmp_path_factory.mktemp("cache"))
+    return build_workload("transformer", {"size": "tiny", "cache_dir": cache}, batch_size=32, seed=0,
+                          device=torch.device("cpu"))
+
+
+def test_tiny_builds_trains_one_batch_and_evaluates(tiny):
+    batch = next(iter(tiny.train_batches(0)))
+    assert batch["input_ids"].shape == (32, tiny.seq_len) and batch["labels"].shape == (32,)
+    loss = tiny.loss(tiny.model, batch)
+    loss.backward()
+    assert torch.isfinite(loss) and all(p.grad is not None for p in tiny.model.fc2.parameters())
+    result = tiny.evaluate(tiny.model)
+    assert result["metric_name"] == "accuracy" == tiny.metric_name and 0.0 <= result["metric_value"] <= 1.0
+    assert tiny.model.training  # evaluate restores the mode
+    assert tiny.steps_per_epoch == 2048 // 32 and set(tiny.lr) == {"dense", "cores", "other", "gates"}
+    assert all(name in dict(tiny.model.named_modules()) for name in tiny.tt_spec)
+
+
+def test_same_seed_same_model_and_batches(tiny):
+    again = build_workload("transformer", {"size": "tiny"}, batch_size=32, seed=0, device="cpu")
+    for a, b in zip(tiny.model.state_dict().values(), again.model.state_dict().values()):
+        assert torch.equal(a, b)
+    first = next(iter(again.train_batches(3)))
+    assert torch.equal(first["input_ids"], next(iter(tiny.train_batches(3)))["input_ids"])
+    other = build_workload("transformer", {"size": "tiny"}, batch_size=32, seed=1, device="cpu")
+    assert not torch.equal(other.model.fc1.weight, tiny.model.fc1.weight)
+
+
+def test_attention_ignores_padding():
+    params = check_params("transformer", {"size": "tiny", "dropout": 0.0})
+    model = transformer.build_model(params).eval()
+    ids = torch.randint(6, 200, (2, 12))
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[:, 8:] = False
+    seg = torch.zeros_like(ids)
+    changed = ids.clone()
+    changed[:, 8:] = 7
+    with torch.no_grad():
+        assert torch.allclose(model(ids, seg, mask), model(changed, seg, mask), atol=1e-6)
+        assert not torch.allclose(model(ids, seg, None), model(changed, seg, None), atol=1e-6)
+
+
+def test_synthetic_task_is_learnable_quickly():
+    """Two epochs (128 steps) of a tiny model at the preset's learning rate go well above chance (1/3)."""
+    work = build_workload("transformer", {"size": "tiny"}, batch_size=32, seed=0, device="cpu")
+    opt = torch.optim.AdamW(work.model.parameters(), lr=work.lr["dense"], weight_decay=0.0)
+    before = work.evaluate(work.model)["metric_value"]
+    for epoch in range(2):
+        for batch in work.train_batches(epoch):
+            opt.zero_grad()
+            work.loss(work.model, batch).backward()
+            opt.step()
+    after = work.evaluate(work.model)["metric_value"]
+    assert before < 0.45 and after > 0.55
+
+
+def test_mnli_fixture_through_the_workload(tmp_path):
+    params = {"size": "tiny", "data": "mnli", "data_dir": str(FIXTURE), "cache_dir": str(tmp_path),
+              "vocab_size": 300}
+    work = build_workload("transformer", params, batch_size=8, seed=0, device="cpu")
+    assert work.info["train_samples"] == 36 and work.info["eval_samples"] == 12
+    assert work.info["tokenizer_vocab"] <= 300 and work.steps_per_epoch == 4
+    work.loss(work.model, next(iter(work.train_batches(0)))).backward()
+    assert work.evaluate(work.model)["samples"] == 12
+    cached = sorted(p.name.split("-")[0] for p in (tmp_path / "mnli").iterdir())
+    assert cached == ["eval", "train", "wordpiece"]
+    with pytest.raises(ValueError, match="more than param vocab_size=6"):
+        build_workload("transformer", {**params, "vocab_size": 6, "tokenizer":
+                                       str(next((tmp_path / "mnli").glob("wordpiece-*.json")))},
+                       batch_size=8, seed=0, device="cpu")
