@@ -1,0 +1,20 @@
+"""CoMERA: tensor-train (TT) linear layers and TT-matrix (TTM) embeddings with rank-adaptive training.
+
+The method library of comera-bench; it depends on torch (and opt_einsum for plan checks) only.
+"""
+from comera.convert import ConversionReport, model_size, tensorize
+from comera.rank import TwoStageRankAdaptation, prune, ranks, tt_parameter_count
+from comera.tt import TTLinear
+from comera.ttm import TTMEmbedding
+
+__all__ = [
+    "TTLinear",
+    "TTMEmbedding",
+    "tensorize",
+    "model_size",
+    "ConversionReport",
+    "TwoStageRankAdaptation",
+    "prune",
+    "ranks",
+    "tt_parameter_count",
+]

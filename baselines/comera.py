@@ -1,0 +1,127 @@
+"""CoMERA as a training method: tensorize the workload's model, AdamW on cores / gates / the rest, and
+the two-stage rank adaptation of ``comera.rank`` as loss and per-step hook.
+
+Params (``PARAMS_DEFAULTS``): ``rank`` (int) overrides the rank of every spec entry;
+``lookup`` picks the TTM lookup ("optimized" -> variant "default", "naive" -> variant "naive-lookup");
+``lr_cores`` / ``lr_gates`` / ``lr_other`` default to the workload's ``lr`` entries, else 1e-4 / 1e-3 /
+5e-5 (DESIGN.md section 4); ``l1_weight`` (gamma), ``l2_weight`` (beta), ``threshold``, ``prune_every``;
+``early_fraction`` of ``total_steps`` runs the early stage, then -- only when a ``target_ratio`` is
+given -- the late stage drives the TT size toward ``target_ratio`` times its size at the switch
+(``loss_target`` L0, default the running task loss at the switch; ``loss_weight``, ``size_weight``,
+``rho`` of the achievement scalarization).
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+from baselines.base import Prepared
+from comera import rank as rank_lib
+from comera.convert import model_size, tensorize
+from comera.ttm import LOOKUP_MODES
+
+DEFAULT_LR = {"cores": 1e-4, "gates": 1e-3, "other": 5e-5}
+PARAMS_DEFAULTS: dict[str, Any] = {
+    "rank": None,
+    "lookup": "optimized",
+    "lr_cores": None,
+    "lr_gates": None,
+    "lr_other": None,
+    "weight_decay": 0.0,
+    "l1_weight": 0.01,
+    "l2_weight": 0.0,
+    "threshold": 1e-2,
+    "prune_every": 100,
+    "early_fraction": 2 / 3,   # DESIGN.md: 20 early + 10 late epochs
+    "loss_target": None,
+    "loss_weight": 1.0,
+    "size_weight": 1.0,
+    "rho": 0.1,
+}
+VARIANTS = {"optimized": "default", "naive": "naive-lookup"}
+
+
+def check_params(params: dict[str, Any] | None) -> dict[str, Any]:
+    """Validate CoMERA params and fill defaults; an unknown key or a bad value raises ValueError."""
+    from baselines import positive, validate_params  # the registry's shared checks
+
+    merged = validate_params("comera", dict(params or {}), PARAMS_DEFAULTS)
+    if merged["rank"] is not None and (not isinstance(merged["rank"], int) or merged["rank"] < 0):
+        raise ValueError(f"method 'comera': parameter 'rank' must be a non-negative integer or null, "
+                         f"got {merged['rank']!r}")
+    if merged["lookup"] not in LOOKUP_MODES:
+        raise ValueError(f"method 'comera': parameter 'lookup' must be one of {list(LOOKUP_MODES)}, "
+                         f"got {merged['lookup']!r}")
+    positive("comera", merged, "lr_cores", "lr_gates", "lr_other")
+    for key in ("weight_decay", "l1_weight", "l2_weight", "threshold", "loss_weight", "size_weight", "rho",
+                "prune_every"):
+        if merged[key] < 0:
+            raise ValueError(f"method 'comera': parameter {key!r} must be >= 0, got {merged[key]!r}")
+    if not 0 <= merged["early_fraction"] <= 1:
+        raise ValueError(f"method 'comera': parameter 'early_fraction' must be in [0, 1], "
+                         f"got {merged['early_fraction']!r}")
+    return merged
+
+
+class CoMERAMethod:
+    """Rank-adaptive tensor-compressed training (arXiv 2405.14377)."""
+
+    name = "comera"
+
+    def __init__(self, variant: str = "default"):
+        self.variant = variant
+
+    def prepare(self, model: nn.Module, workload: Any, params: dict[str, Any], *,
+                target_ratio: float | None, total_steps: int) -> Prepared:
+        params = check_params(params)
+        if target_ratio is not None and not 0 < target_ratio <= 1:
+            raise ValueError(f"comera: target_ratio={target_ratio!r} must be in (0, 1]")
+        self.variant = VARIANTS[params["lookup"]]
+        report = tensorize(model, _spec(workload.tt_spec, params))
+        lrs = {group: params[f"lr_{group}"] or workload.lr.get(group) or DEFAULT_LR[group]
+               for group in DEFAULT_LR}
+        groups = _param_groups(model, lrs)
+        optimizer = torch.optim.AdamW(groups, lr=lrs["other"], weight_decay=params["weight_decay"])
+        late_start = None
+        if target_ratio is not None:
+            late_start = max(1, round(params["early_fraction"] * total_steps))
+        settings = rank_lib.RankSettings(
+            l1_weight=params["l1_weight"], l2_weight=params["l2_weight"], threshold=params["threshold"],
+            prune_every=params["prune_every"], late_start_step=late_start, target_ratio=target_ratio,
+            loss_target=params["loss_target"], loss_weight=params["loss_weight"],
+            size_weight=params["size_weight"], rho=params["rho"])
+        adaptation = rank_lib.TwoStageRankAdaptation(model, settings, [optimizer])
+        return Prepared(
+            model=model,
+            optimizers=[optimizer],
+            total_loss=adaptation.objective,
+            after_step=adaptation.after_step,
+            settings={**params, "lr": lrs, "late_start_step": late_start, "target_ratio": target_ratio,
+                      "conversion": report.as_dict()},
+            ranks=lambda: rank_lib.ranks(model),
+            size=lambda: model_size(model),
+        )
+
+
+def _spec(tt_spec: dict[str, dict[str, Any]], params: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    spec = copy.deepcopy(tt_spec)
+    for entry in spec.values():
+        if params["rank"] is not None:
+            entry["rank"] = params["rank"]
+        if entry.get("kind") == "embedding":
+            entry["lookup"] = params["lookup"]
+    return spec
+
+
+def _param_groups(model: nn.Module, lrs: dict[str, float]) -> list[dict[str, Any]]:
+    cores, gates = [], []
+    for _, module in rank_lib.tensorized_modules(model):
+        cores.extend(module.cores)
+        gates.extend(module.gates)
+    tt_ids = {id(p) for p in cores + gates}
+    other = [p for p in model.parameters() if p.requires_grad and id(p) not in tt_ids]
+    named = {"cores": cores, "gates": gates, "other": other}
+    return [{"params": ps, "lr": lrs[group], "name": group} for group, ps in named.items() if ps]

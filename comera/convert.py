@@ -1,0 +1,160 @@
+"""Replace ``nn.Linear`` / ``nn.Embedding`` modules of any model by TT / TTM layers, and count sizes.
+
+``spec`` maps module names (as in ``model.named_modules()``) to entries::
+
+    {"kind": "linear", "in_shape": [...], "out_shape": [...], "rank": int | [1, ..., 1], "order": 3}
+    {"kind": "embedding", "row_shape": [...], "col_shape": [...], "rank": int | [1, ..., 1],
+     "lookup": "optimized", "order": 3}
+
+Shapes may be omitted (``comera.shapes.factorize`` with ``order`` modes per side, default 3). New cores
+are initialized from scratch (CoMERA trains from scratch; no SVD of the dense weight). Sizes count every
+parameter of a module (cores, gates, bias); the dense equivalent of a TT linear layer is
+``in * out (+ out for the bias)``, of a TTM table ``num_embeddings * embedding_dim``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from torch import nn
+
+from comera.rank import tensorized_modules
+from comera.shapes import factorize
+from comera.tt import TTLinear
+from comera.ttm import LOOKUP_MODES, TTMEmbedding
+
+DEFAULT_ORDER = 3
+SPEC_KEYS = {
+    "linear": {"kind", "in_shape", "out_shape", "rank", "order"},
+    "embedding": {"kind", "row_shape", "col_shape", "rank", "lookup", "order", "tensor_index_level",
+                  "unique_rows"},
+}
+
+
+@dataclass
+class ConversionReport:
+    """Sizes before and after :func:`tensorize` (parameter counts and their ratios)."""
+
+    params_dense_total: int
+    params_total: int
+    params_dense_layers: int
+    params_layers: int
+    compression_total: float
+    compression_layers: float
+    layers: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def tensorize(model: nn.Module, spec: dict[str, dict[str, Any]]) -> ConversionReport:
+    """Replace the named modules of ``model`` in place by ``TTLinear`` / ``TTMEmbedding``."""
+    if not isinstance(spec, dict):
+        raise TypeError(f"tensorize: spec must be a dict of module name -> entry, got {type(spec).__name__}")
+    params_dense_total = _count(model)
+    modules = dict(model.named_modules())
+    replacements = {}
+    for name, entry in spec.items():
+        if name not in modules or name == "":
+            raise KeyError(f"tensorize: spec names module {name!r}, which the model does not have")
+        replacements[name] = _build(name, modules[name], _check_entry(name, entry))
+    layers = {}
+    params_dense_layers = params_layers = 0
+    for name, new in replacements.items():
+        dense = _count(modules[name])
+        _set_submodule(model, name, new)
+        params_dense_layers += dense
+        params_layers += _count(new)
+        layers[name] = _layer_summary(new, dense)
+    params_total = _count(model)
+    return ConversionReport(
+        params_dense_total=params_dense_total, params_total=params_total,
+        params_dense_layers=params_dense_layers, params_layers=params_layers,
+        compression_total=params_dense_total / params_total,
+        compression_layers=params_dense_layers / params_layers if params_layers else math.inf,
+        layers=layers)
+
+
+def model_size(model: nn.Module) -> dict[str, float]:
+    """``params_total``, ``params_factorized_layers``, ``compression_total``, ``compression_layers`` of
+    the current (possibly pruned) model, compressions relative to its dense equivalent."""
+    params_total = _count(model)
+    tt_layers = tensorized_modules(model)
+    params_layers = sum(_count(module) for _, module in tt_layers)
+    dense_layers = sum(dense_equivalent(module) for _, module in tt_layers)
+    return {
+        "params_total": float(params_total),
+        "params_factorized_layers": float(params_layers),
+        "compression_total": (params_total - params_layers + dense_layers) / params_total,
+        "compression_layers": dense_layers / params_layers if params_layers else (
+            math.inf if dense_layers else 1.0),
+    }
+
+
+def dense_equivalent(module: nn.Module) -> int:
+    """Parameters of the ``nn.Linear`` / ``nn.Embedding`` a TT / TTM module stands for."""
+    if isinstance(module, TTMEmbedding):
+        return module.num_embeddings * module.embedding_dim
+    if isinstance(module, TTLinear):
+        bias = module.out_features if module.bias is not None else 0
+        return module.in_features * module.out_features + bias
+    raise TypeError(f"dense_equivalent: {type(module).__name__} is neither TTLinear nor TTMEmbedding")
+
+
+def _check_entry(name: str, entry: Any) -> dict[str, Any]:
+    if not isinstance(entry, dict) or entry.get("kind") not in SPEC_KEYS:
+        raise ValueError(f"tensorize: spec[{name!r}] needs 'kind' in {sorted(SPEC_KEYS)}, got {entry!r}")
+    allowed = SPEC_KEYS[entry["kind"]]
+    for key in entry:
+        if key not in allowed:
+            raise ValueError(f"tensorize: spec[{name!r}] has unknown key {key!r}; allowed: {sorted(allowed)}")
+    if "rank" not in entry:
+        raise ValueError(f"tensorize: spec[{name!r}] needs a 'rank'")
+    if entry["kind"] == "embedding" and entry.get("lookup", "optimized") not in LOOKUP_MODES:
+        raise ValueError(f"tensorize: spec[{name!r}]['lookup']={entry['lookup']!r}, expected one of "
+                         f"{LOOKUP_MODES}")
+    return entry
+
+
+def _build(name: str, module: nn.Module, entry: dict[str, Any]) -> nn.Module:
+    order = int(entry.get("order", DEFAULT_ORDER))
+    if entry["kind"] == "linear":
+        if not isinstance(module, nn.Linear):
+            raise TypeError(f"tensorize: spec[{name!r}] is 'linear' but the module is {type(module).__name__}")
+        in_shape = entry.get("in_shape") or factorize(module.in_features, order)
+        out_shape = entry.get("out_shape") or factorize(module.out_features, order)
+        return TTLinear(module.in_features, module.out_features, in_shape=list(in_shape),
+                        out_shape=list(out_shape), rank=entry["rank"], bias=module.bias is not None,
+                        device=module.weight.device, dtype=module.weight.dtype)
+    if not isinstance(module, nn.Embedding):
+        raise TypeError(f"tensorize: spec[{name!r}] is 'embedding' but the module is {type(module).__name__}")
+    row_shape = entry.get("row_shape") or factorize(module.num_embeddings, order, allow_larger=True)
+    col_shape = entry.get("col_shape") or factorize(module.embedding_dim, order)
+    return TTMEmbedding(module.num_embeddings, module.embedding_dim, row_shape=list(row_shape),
+                        col_shape=list(col_shape), rank=entry["rank"], padding_idx=module.padding_idx,
+                        lookup=entry.get("lookup", "optimized"),
+                        tensor_index_level=entry.get("tensor_index_level"),
+                        unique_rows=entry.get("unique_rows"),
+                        init_std=float(module.weight.detach().float().std()),
+                        device=module.weight.device, dtype=module.weight.dtype)
+
+
+def _layer_summary(module: nn.Module, params_dense: int) -> dict[str, Any]:
+    params = _count(module)
+    if isinstance(module, TTMEmbedding):
+        kind, shapes = "embedding", {"row_shape": list(module.row_shape), "col_shape": list(module.col_shape)}
+    else:
+        kind, shapes = "linear", {"in_shape": list(module.in_shape), "out_shape": list(module.out_shape)}
+    return {"kind": kind, **shapes, "ranks": list(module.ranks), "params_dense": params_dense,
+            "params": params, "compression": params_dense / params if params else math.inf}
+
+
+def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, new)
+
+
+def _count(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())

@@ -1,0 +1,324 @@
+"""Rank adaptation of CoMERA (Sec. 3): rank gates, the two-stage multi-objective training, and pruning.
+
+Every tensorized module (``TTLinear``, ``TTMEmbedding``) exposes ``cores`` and ``gates``. Bond ``k+1``
+sits between ``cores[k]`` (last axis) and ``cores[k+1]`` (first axis) and is gated by the diagonal
+``D_{k+1} = diag(gates[k])``. A core of shape ``(r_k, *modes_k, r_{k+1})`` holds ``r_k u_k r_{k+1}``
+scalars with ``u_k = prod(modes_k)`` (``n_k`` for TT, ``m_k n_k`` for TTM).
+
+Objectives (arXiv 2405.14377, Sec. 3; the paper's text could not be fetched while writing this, so the
+formulas are cited by role -- size, bi-objective problem, early stage, late stage -- not by number):
+
+* model size: ``S(D) = sum_k u_k ||g_k||_0 ||g_{k+1}||_0`` with ``||g_0||_0 = ||g_d||_0 = 1``;
+  here ``||g||_0`` counts gates with ``|g| > threshold``. Unlike the official code, which under-counts
+  TTM cores, every core is counted exactly, and the gates themselves are added (``sum_k ||g_k||_0``) so
+  that after pruning ``size_l0 == tt_parameter_count``.
+* the bi-objective problem ``min_{G, D} (L(G, D), S(D))``.
+* early stage, linear scalarization: ``L + gamma * sum_k ||g_k||_1 + beta * sum_k ||G_k||_F^2``.
+  The l1 norm relaxes the l0 norm of ``S``; the l2 term stops the cores from growing to compensate
+  shrinking gates.
+* late stage, achievement scalarization toward the reference point ``(L0, S0)``:
+  ``max{w1 (L - L0), w2 (S - S0)} + rho (w1 L + w2 S)``. The max is decided with the exact l0 size
+  ``S(D)``; the active branch is then minimized with the differentiable surrogate
+  ``S_1(D) = sum_k u_k ||g_k||_1 ||g_{k+1}||_1`` (equal to ``S`` while all gates are 1), plus the same
+  ``beta ||G||_F^2``. ``S`` is divided by the size at the start of the late stage so both objectives are
+  of order one; ``S0 = target_ratio * S(start of late stage)``.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+from torch import nn
+
+
+def tensorized_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(name, module)`` for every module with TT ``cores`` and rank ``gates``."""
+    return [(name, module) for name, module in model.named_modules()
+            if isinstance(getattr(module, "cores", None), nn.ParameterList)
+            and isinstance(getattr(module, "gates", None), nn.ParameterList)]
+
+
+def ranks(model: nn.Module) -> dict[str, list[int]]:
+    """Current TT ranks ``[1, r_1, ..., 1]`` of every tensorized module, read from the core shapes."""
+    return {name: _bond_sizes(module) for name, module in tensorized_modules(model)}
+
+
+def tt_parameter_count(model: nn.Module) -> int:
+    """Exact number of stored TT scalars: every core (TT and TTM) and every gate."""
+    return sum(p.numel() for _, module in tensorized_modules(model)
+               for p in list(module.cores) + list(module.gates))
+
+
+def gate_l1(model: nn.Module) -> torch.Tensor:
+    """``sum_k ||g_k||_1`` over all tensorized modules (early-stage size surrogate)."""
+    layout = _layout(model)
+    return _per_tensor_norms(layout.gates, 1, layout).sum()
+
+
+def core_l2(model: nn.Module) -> torch.Tensor:
+    """``sum_k ||G_k||_F^2`` over all tensorized modules."""
+    layout = _layout(model)
+    return _per_tensor_norms(layout.cores, 2, layout).square().sum()
+
+
+def size_l0(model: nn.Module, threshold: float) -> torch.Tensor:
+    """Exact model size ``S(D)`` of the tensorized modules counting gates above ``threshold``.
+
+    A tensor on the parameters' device (no host sync), computed with a fixed handful of kernels."""
+    layout = _layout(model)
+    if not layout.gates:
+        return layout.bond_size(layout.one[None][:0], count_gates=True)
+    entries = torch.cat([g.detach().reshape(-1) for g in layout.gates])
+    counts = torch.zeros(len(layout.gates), device=layout.one.device, dtype=layout.one.dtype)
+    counts = counts.index_add(0, layout.segment, (entries.abs() > threshold).to(counts.dtype))
+    return layout.bond_size(counts, count_gates=True)
+
+
+def size_l1(model: nn.Module) -> torch.Tensor:
+    """Differentiable size surrogate ``sum_k u_k ||g_k||_1 ||g_{k+1}||_1`` (late stage)."""
+    layout = _layout(model)
+    return layout.bond_size(_per_tensor_norms(layout.gates, 1, layout), count_gates=False)
+
+
+def early_objective(task_loss: torch.Tensor, model: nn.Module, *, l1_weight: float,
+                    l2_weight: float) -> torch.Tensor:
+    """Linear scalarization of the early stage: ``L + gamma sum ||g||_1 + beta sum ||G||_F^2``."""
+    objective = task_loss
+    if l1_weight:
+        objective = objective + l1_weight * gate_l1(model).to(task_loss)
+    return _add_core_l2(objective, model, l2_weight)
+
+
+@dataclass
+class LateTarget:
+    """Reference point and weights of the late-stage achievement scalarization."""
+
+    loss_target: float          # L0
+    size_target: float          # S0, in scalars
+    size_scale: float           # S at the start of the late stage; sizes are divided by it
+    loss_weight: float = 1.0    # w1
+    size_weight: float = 1.0    # w2
+    rho: float = 0.1            # augmentation weight
+
+
+def late_objective(task_loss: torch.Tensor, model: nn.Module, target: LateTarget, *, threshold: float,
+                   l2_weight: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Achievement scalarization of the late stage.
+
+    Returns ``(objective, size_active)``; ``size_active`` is a bool tensor, true when the l0 size term
+    ``w2 (S - S0)`` exceeds the loss term ``w1 (L - L0)`` (then the size surrogate gets weight
+    ``(1 + rho) w2`` and the loss ``rho w1``; otherwise the other way round)."""
+    scale = target.size_scale
+    loss_gap = target.loss_weight * (task_loss.detach() - target.loss_target)
+    size_gap = target.size_weight * (size_l0(model, threshold).to(task_loss) - target.size_target) / scale
+    size_active = size_gap > loss_gap
+    surrogate = size_l1(model).to(task_loss) / scale
+    w1, w2, rho = target.loss_weight, target.size_weight, target.rho
+    size_branch = rho * w1 * task_loss + (1 + rho) * w2 * surrogate
+    loss_branch = (1 + rho) * w1 * task_loss + rho * w2 * surrogate
+    objective = _add_core_l2(torch.where(size_active, size_branch, loss_branch), model, l2_weight)
+    return objective, size_active
+
+
+@torch.no_grad()
+def prune(model: nn.Module, threshold: float, optimizers: Iterable[torch.optim.Optimizer] = ()) -> dict:
+    """Physically remove every rank whose gate satisfies ``|g| <= threshold``.
+
+    Cores, gates, their gradients and every optimizer state tensor shaped like the parameter
+    (AdamW ``exp_avg``, ``exp_avg_sq``, ...) are sliced; the Parameter objects stay the same and scalar
+    state (``step``) is kept. A bond may shrink to size 0 (the module's weight is then zero). Call it
+    between steps (after the optimizer step), never between a forward and its backward.
+    Returns ``{"ranks_before", "ranks_after", "params_before", "params_after"}``."""
+    optimizers = list(optimizers)
+    before, params_before = ranks(model), tt_parameter_count(model)
+    for _, module in tensorized_modules(model):
+        for k, gate in enumerate(module.gates):
+            keep = (gate.abs() > threshold).nonzero().squeeze(1)
+            if keep.numel() == gate.numel():
+                continue
+            _slice_parameter(module.cores[k], -1, keep, optimizers)
+            _slice_parameter(module.cores[k + 1], 0, keep, optimizers)
+            _slice_parameter(gate, 0, keep, optimizers)
+    return {"ranks_before": before, "ranks_after": ranks(model),
+            "params_before": params_before, "params_after": tt_parameter_count(model)}
+
+
+@dataclass
+class RankSettings:
+    """Settings of the two-stage rank adaptation (defaults: DESIGN.md section 4)."""
+
+    l1_weight: float = 0.01         # gamma (early stage)
+    l2_weight: float = 0.0          # beta (both stages)
+    threshold: float = 1e-2         # gates at or below are pruned
+    prune_every: int = 100          # steps between physical prunings (0: never during a stage)
+    late_start_step: int | None = None  # steps of the early stage; None: early stage only
+    target_ratio: float | None = None   # S0 / S(start of late stage); None: no late stage
+    loss_target: float | None = None    # L0; None: running mean of the task loss at the switch
+    loss_weight: float = 1.0
+    size_weight: float = 1.0
+    rho: float = 0.1
+    loss_average: float = 0.98      # EMA factor of the running task loss used for L0
+
+
+class TwoStageRankAdaptation:
+    """Stateful driver of the two stages: objective per step, stage switch and periodic pruning."""
+
+    def __init__(self, model: nn.Module, settings: RankSettings,
+                 optimizers: Iterable[torch.optim.Optimizer] = ()):
+        if settings.target_ratio is not None and not 0 < settings.target_ratio <= 1:
+            raise ValueError(f"target_ratio={settings.target_ratio} must be in (0, 1]")
+        self.model = model
+        self.settings = settings
+        self.optimizers = list(optimizers)
+        self.stage = 0
+        self.target: LateTarget | None = None
+        self.last_size_active: torch.Tensor | None = None
+        self._loss_ema: torch.Tensor | None = None
+
+    def objective(self, task_loss: torch.Tensor, step: int) -> torch.Tensor:
+        """Training objective of the current stage (early or late stage) for one step's task loss."""
+        s = self.settings
+        detached = task_loss.detach()
+        self._loss_ema = detached.clone() if self._loss_ema is None else (
+            s.loss_average * self._loss_ema + (1 - s.loss_average) * detached)
+        if self.stage == 0:
+            return early_objective(task_loss, self.model, l1_weight=s.l1_weight, l2_weight=s.l2_weight)
+        objective, self.last_size_active = late_objective(task_loss, self.model, self.target,
+                                                          threshold=s.threshold, l2_weight=s.l2_weight)
+        return objective
+
+    def after_step(self, step: int) -> dict[str, float]:
+        """Stage switch after ``late_start_step`` steps, pruning every ``prune_every`` steps.
+
+        Returns the curve values ``stage``, ``params_tt``, ``rank_mean`` and, on late-stage pruning
+        steps (which sync with the device anyway), ``size_active`` of the last objective."""
+        s = self.settings
+        done = step + 1
+        pruned = False
+        if (self.stage == 0 and s.late_start_step is not None and s.target_ratio is not None
+                and done >= s.late_start_step):
+            self.start_late_stage()
+            pruned = True
+        elif s.prune_every and done % s.prune_every == 0:
+            prune(self.model, s.threshold, self.optimizers)
+            pruned = True
+        info = {"stage": float(self.stage), "params_tt": float(tt_parameter_count(self.model)),
+                "rank_mean": _mean_internal_rank(self.model)}
+        if pruned and self.stage == 1 and self.last_size_active is not None:
+            info["size_active"] = float(self.last_size_active)
+        return info
+
+    def start_late_stage(self, loss_target: float | None = None) -> LateTarget:
+        """Prune, then fix the reference point ``(L0, S0)`` from the current size and loss."""
+        s = self.settings
+        prune(self.model, s.threshold, self.optimizers)
+        start_size = float(tt_parameter_count(self.model))
+        if loss_target is None:
+            loss_target = s.loss_target
+        if loss_target is None:
+            if self._loss_ema is None:
+                raise RuntimeError("late stage needs loss_target or at least one early-stage step")
+            loss_target = float(self._loss_ema)
+        self.target = LateTarget(loss_target=loss_target, size_target=s.target_ratio * start_size,
+                                 size_scale=max(start_size, 1.0), loss_weight=s.loss_weight,
+                                 size_weight=s.size_weight, rho=s.rho)
+        self.stage = 1
+        return self.target
+
+
+def _add_core_l2(objective: torch.Tensor, model: nn.Module, l2_weight: float) -> torch.Tensor:
+    return objective + l2_weight * core_l2(model).to(objective) if l2_weight else objective
+
+
+def _bond_sizes(module: nn.Module) -> list[int]:
+    return [module.cores[0].shape[0]] + [core.shape[-1] for core in module.cores]
+
+
+@dataclass
+class _Layout:
+    """Index tensors that turn per-gate norms into sizes with a few vectorized kernels."""
+
+    key: tuple
+    cores: list[nn.Parameter]
+    gates: list[nn.Parameter]
+    one: torch.Tensor       # a scalar 1 (device and dtype of the sizes)
+    segment: torch.Tensor   # gate number of every gate entry, for the l0 counts
+    left: torch.Tensor      # per core: index of its left-bond norm in [gate norms..., 1]
+    right: torch.Tensor     # per core: index of its right-bond norm
+    unit: torch.Tensor      # per core: u_k = prod of its mode sizes
+
+    def bond_size(self, gate_norms: torch.Tensor, count_gates: bool) -> torch.Tensor:
+        """``sum_cores u_k v_left v_right`` (+ ``sum v`` over gates) for per-gate values ``v``."""
+        values = torch.cat([gate_norms, self.one.reshape(1)])
+        size = (self.unit * values[self.left] * values[self.right]).sum()
+        return size + gate_norms.sum() if count_gates else size
+
+
+_LAYOUTS: "weakref.WeakKeyDictionary[nn.Module, _Layout]" = weakref.WeakKeyDictionary()
+
+
+def _layout(model: nn.Module) -> _Layout:
+    modules = [module for _, module in tensorized_modules(model)]
+    cores = [c for module in modules for c in module.cores]
+    gates = [g for module in modules for g in module.gates]
+    key = tuple((id(p), p.shape[0], p.device, p.dtype) for p in cores + gates)
+    cached = _LAYOUTS.get(model)
+    if cached is not None and cached.key == key:
+        return cached
+    reference = cores[0] if cores else torch.zeros(())
+    factory = {"device": reference.device}
+    left, right, unit, offset = [], [], [], 0
+    for module in modules:
+        count = len(module.gates)
+        for k, core in enumerate(module.cores):
+            left.append(offset + k - 1 if k > 0 else -1)
+            right.append(offset + k if k < count else -1)
+            unit.append(math.prod(core.shape[1:-1]))
+        offset += count
+    ones_slot = offset  # index of the constant 1 appended after the gate norms
+    layout = _Layout(
+        key=key, cores=cores, gates=gates,
+        one=torch.ones((), dtype=reference.dtype, **factory),
+        segment=torch.cat([torch.full((g.shape[0],), i, dtype=torch.long) for i, g in enumerate(gates)]
+                          ).to(**factory) if gates else torch.zeros(0, dtype=torch.long, **factory),
+        left=torch.tensor([i if i >= 0 else ones_slot for i in left], dtype=torch.long, **factory),
+        right=torch.tensor([i if i >= 0 else ones_slot for i in right], dtype=torch.long, **factory),
+        unit=torch.tensor(unit, dtype=reference.dtype, **factory))
+    _LAYOUTS[model] = layout
+    return layout
+
+
+def _per_tensor_norms(tensors: list[torch.Tensor], order: int, layout: _Layout) -> torch.Tensor:
+    """Vector of per-tensor ``order``-norms (one fused ``foreach`` kernel where available)."""
+    if not tensors:
+        return layout.one[None][:0]
+    return torch.stack(torch._foreach_norm(tensors, order)).to(layout.one.dtype)
+
+
+def _mean_internal_rank(model: nn.Module) -> float:
+    internal = [r for bonds in ranks(model).values() for r in bonds[1:-1]]
+    return float(sum(internal) / len(internal)) if internal else 0.0
+
+
+def _slice_parameter(param: nn.Parameter, dim: int, keep: torch.Tensor,
+                     optimizers: list[torch.optim.Optimizer]) -> None:
+    shape = param.shape
+    for opt in optimizers:
+        state = opt.state.get(param)
+        if not state:
+            continue
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.shape == shape:
+                state[key] = value.index_select(dim, keep.to(value.device)).contiguous()
+    grad = param.grad
+    sliced = nn.Parameter(param.detach().index_select(dim, keep).contiguous(), requires_grad=param.requires_grad)
+    try:
+        # A fresh tensor behind the same Python object: autograd graphs still alive from the last step
+        # (e.g. the runner's ``loss``) keep the old gradient accumulator, which has the old shape.
+        torch.utils.swap_tensors(param, sliced)
+    except RuntimeError:  # the old tensor is referenced elsewhere (e.g. a graph not yet backwarded)
+        param.data = sliced.data
+    param.grad = None if grad is None else grad.index_select(dim, keep).contiguous()

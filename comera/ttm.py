@@ -1,0 +1,208 @@
+"""TT-matrix (TTM) embedding table with diagonal rank gates and the optimized lookup of CoMERA Sec. 4.1.
+
+The table ``W`` of shape ``(prod(row_shape), prod(col_shape))`` is stored as ``d`` cores; core ``k`` has
+shape ``(r_k, m_k, n_k, r_{k+1})`` with ``r_0 = r_d = 1`` and
+
+    W[(i_1..i_d), (j_1..j_d)] = G_1[:, i_1, j_1, :] D_1 G_2[:, i_2, j_2, :] D_2 ... G_d[:, i_d, j_d, :]
+
+where ``D_k = diag(gates[k-1])`` is the diagonal rank gate on internal bond ``k`` (CoMERA Sec. 3). Row and
+column multi-indices are read in C order (``i_1`` most significant). Only the first ``num_embeddings``
+rows are used.
+
+Lookup modes (Fig. 5 of the paper):
+
+* ``naive``: for every requested index the chain of core slices ``G_k[:, i_k, :, :]`` is contracted.
+* tensor-index level: the first and the second half of the cores are contracted once per call into two
+  half tables; each row is then one ``(N_left x r) @ (r x N_right)`` product of two half-table rows.
+* row level: only the unique indices are computed; rows are scattered back with the inverse map
+  (autograd accumulates the gradient of repeated indices).
+
+``lookup="optimized"`` switches both levels on, ``lookup="naive"`` both off; ``tensor_index_level`` and
+``unique_rows`` override each level independently.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch import nn
+
+LOOKUP_MODES = ("naive", "optimized")
+
+
+class TTMEmbedding(nn.Module):
+    """Embedding table in TT-matrix format with rank gates (drop-in for ``nn.Embedding`` forward).
+
+    ``rank`` is an int (every internal bond, clipped to the maximal TT rank) or ``[1, r_1, ..., 1]``;
+    ``lookup`` sets both lookup levels, ``tensor_index_level`` / ``unique_rows`` override one each;
+    ``init_std`` is the std of the full table's entries at initialization (``nn.Embedding``: 1).
+    Indices are range-checked on CPU only (a check on CUDA would sync with the host).
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, *, row_shape: Sequence[int] | None = None,
+                 col_shape: Sequence[int] | None = None, rank: int | Sequence[int],
+                 padding_idx: int | None = None, lookup: str = "optimized",
+                 tensor_index_level: bool | None = None, unique_rows: bool | None = None,
+                 init_std: float = 1.0, device=None, dtype=None):
+        super().__init__()
+        if num_embeddings <= 0 or embedding_dim <= 0:
+            raise ValueError(f"TTMEmbedding: num_embeddings={num_embeddings} and embedding_dim={embedding_dim} "
+                             "must be positive")
+        if lookup not in LOOKUP_MODES:
+            raise ValueError(f"TTMEmbedding: lookup={lookup!r}, expected one of {LOOKUP_MODES}")
+        row_shape, col_shape = _resolve_shapes(num_embeddings, embedding_dim, row_shape, col_shape)
+        if padding_idx is not None:
+            if padding_idx < 0:
+                padding_idx += num_embeddings
+            if not 0 <= padding_idx < num_embeddings:
+                raise ValueError(f"TTMEmbedding: padding_idx={padding_idx} outside [0, {num_embeddings})")
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.row_shape = row_shape
+        self.col_shape = col_shape
+        self.padding_idx = padding_idx
+        self.lookup = lookup
+        optimized = lookup == "optimized"
+        self.tensor_index_level = optimized if tensor_index_level is None else bool(tensor_index_level)
+        self.unique_rows = optimized if unique_rows is None else bool(unique_rows)
+        ranks = _resolve_ranks(rank, [m * n for m, n in zip(row_shape, col_shape)])
+        factory = {"device": device, "dtype": dtype}
+        core_std = _core_std(init_std, ranks)
+        self.cores = nn.ParameterList(
+            nn.Parameter(torch.randn(ranks[k], row_shape[k], col_shape[k], ranks[k + 1], **factory) * core_std)
+            for k in range(len(row_shape)))
+        self.gates = nn.ParameterList(nn.Parameter(torch.ones(ranks[k + 1], **factory))
+                                      for k in range(len(row_shape) - 1))
+
+    @property
+    def ranks(self) -> list[int]:
+        """Current TT ranks ``[1, r_1, ..., r_{d-1}, 1]`` (read from the core shapes)."""
+        return [self.cores[0].shape[0]] + [core.shape[-1] for core in self.cores]
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_embeddings}, {self.embedding_dim}, row_shape={self.row_shape}, "
+                f"col_shape={self.col_shape}, ranks={self.ranks}, padding_idx={self.padding_idx}, "
+                f"tensor_index_level={self.tensor_index_level}, unique_rows={self.unique_rows}")
+
+    def gated_cores(self) -> list[torch.Tensor]:
+        """Cores with each gate folded into the last axis of the core before its bond."""
+        cores = list(self.cores)
+        return [core * self.gates[k] if k < len(self.gates) else core for k, core in enumerate(cores)]
+
+    def dense_weight(self) -> torch.Tensor:
+        """The table as the layer uses it, ``(num_embeddings, embedding_dim)``; the padding row is zero."""
+        full = _merge(self.gated_cores())  # (1, M, N, 1)
+        weight = full.reshape(full.shape[1], full.shape[2])[: self.num_embeddings]
+        if self.padding_idx is not None:
+            keep = torch.ones(self.num_embeddings, 1, device=weight.device, dtype=weight.dtype)
+            keep[self.padding_idx] = 0
+            weight = weight * keep
+        return weight
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        if idx.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"TTMEmbedding: indices must be int32/int64, got {idx.dtype}")
+        if not idx.is_cuda and idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.num_embeddings):
+            raise IndexError(f"TTMEmbedding: index out of range [0, {self.num_embeddings}): "
+                             f"min {int(idx.min())}, max {int(idx.max())}")
+        flat = idx.reshape(-1).long()
+        if self.unique_rows:
+            rows, inverse = torch.unique(flat, return_inverse=True)
+        else:
+            rows, inverse = flat, None
+        cores = self.gated_cores()
+        out = self._rows_by_halves(cores, rows) if self.tensor_index_level else self._rows_by_chain(cores, rows)
+        if inverse is not None:
+            out = out[inverse]
+        if self.padding_idx is not None:
+            out = out * (flat != self.padding_idx).unsqueeze(-1).to(out.dtype)
+        return out.reshape(*idx.shape, self.embedding_dim)
+
+    def _mode_indices(self, rows: torch.Tensor, shape: Sequence[int]) -> list[torch.Tensor]:
+        digits = []
+        for size in reversed(shape):
+            digits.append(rows % size)
+            rows = torch.div(rows, size, rounding_mode="floor")
+        return digits[::-1]
+
+    def _rows_by_chain(self, cores: list[torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
+        """Naive lookup: contract the chain of core slices of every row."""
+        digits = self._mode_indices(rows, self.row_shape)
+        acc = cores[0][0].index_select(0, digits[0])  # (B, n_1, r_1)
+        for core, digit in zip(cores[1:], digits[1:]):
+            piece = core.permute(1, 0, 2, 3).index_select(0, digit)  # (B, r_k, n_k, r_{k+1})
+            batch, cols, rank = acc.shape
+            _, _, width, next_rank = piece.shape
+            acc = torch.bmm(acc, piece.reshape(batch, rank, width * next_rank))
+            acc = acc.reshape(batch, cols * width, next_rank)
+        return acc.reshape(rows.shape[0], self.embedding_dim)
+
+    def _rows_by_halves(self, cores: list[torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
+        """Tensor-index level: two half tables once per call, then one small matmul per row."""
+        half = max(1, len(cores) // 2)
+        left = _merge(cores[:half])  # (1, M_L, N_L, r)
+        right_rows = math.prod(self.row_shape[half:])
+        left_index = torch.div(rows, right_rows, rounding_mode="floor")
+        left_rows = left[0].index_select(0, left_index)  # (B, N_L, r)
+        if half == len(cores):
+            return left_rows.reshape(rows.shape[0], self.embedding_dim)
+        right = _merge(cores[half:])  # (r, M_R, N_R, 1)
+        right_table = right[..., 0].permute(1, 0, 2)  # (M_R, r, N_R)
+        right_sel = right_table.index_select(0, rows % right_rows)  # (B, r, N_R)
+        return torch.bmm(left_rows, right_sel).reshape(rows.shape[0], self.embedding_dim)
+
+
+def _merge(cores: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Contract consecutive TTM cores ``(r_a, m, n, r_b)`` into one ``(r_a, prod m, prod n, r_last)``."""
+    out = cores[0]
+    for core in cores[1:]:
+        ra, m1, n1, _ = out.shape
+        _, m2, n2, rc = core.shape
+        out = torch.einsum("aijb,bklc->aikjlc", out, core).reshape(ra, m1 * m2, n1 * n2, rc)
+    return out
+
+
+def _resolve_shapes(num_embeddings: int, embedding_dim: int, row_shape, col_shape) -> tuple[tuple, tuple]:
+    if row_shape is None or col_shape is None:
+        from comera.shapes import factorize  # only needed for automatic shapes
+        order = len(row_shape if row_shape is not None else col_shape) if (row_shape or col_shape) else 3
+        if row_shape is None:
+            row_shape = factorize(num_embeddings, order, allow_larger=True)
+        if col_shape is None:
+            col_shape = factorize(embedding_dim, order)
+    row_shape, col_shape = tuple(int(m) for m in row_shape), tuple(int(n) for n in col_shape)
+    if len(row_shape) != len(col_shape) or not row_shape:
+        raise ValueError(f"TTMEmbedding: row_shape {row_shape} and col_shape {col_shape} need the same "
+                         "non-zero number of modes")
+    if min(row_shape + col_shape) <= 0:
+        raise ValueError(f"TTMEmbedding: mode sizes must be positive, got {row_shape}, {col_shape}")
+    if math.prod(row_shape) < num_embeddings:
+        raise ValueError(f"TTMEmbedding: prod(row_shape={row_shape}) = {math.prod(row_shape)} "
+                         f"< num_embeddings={num_embeddings}")
+    if math.prod(col_shape) != embedding_dim:
+        raise ValueError(f"TTMEmbedding: prod(col_shape={col_shape}) = {math.prod(col_shape)} "
+                         f"!= embedding_dim={embedding_dim}")
+    return row_shape, col_shape
+
+
+def _resolve_ranks(rank: int | Sequence[int], mode_sizes: Sequence[int]) -> list[int]:
+    """``[1, r_1, ..., r_{d-1}, 1]``; an int is clipped per bond to the maximal TT rank."""
+    d = len(mode_sizes)
+    max_ranks = [min(math.prod(mode_sizes[:k]), math.prod(mode_sizes[k:])) for k in range(1, d)]
+    if isinstance(rank, int):
+        if rank < 0:
+            raise ValueError(f"rank={rank} must be >= 0")
+        return [1] + [min(rank, top) for top in max_ranks] + [1]
+    ranks = [int(r) for r in rank]
+    if len(ranks) != d + 1 or ranks[0] != 1 or ranks[-1] != 1 or min(ranks) < 0:
+        raise ValueError(f"rank list {list(rank)} must be [1, r_1, ..., r_{d - 1}, 1] with {d + 1} "
+                         "non-negative entries")
+    return ranks
+
+
+def _core_std(target_std: float, ranks: Sequence[int]) -> float:
+    """Per-core std so that the entries of the full table have std ``target_std`` at initialization."""
+    internal = math.prod(max(r, 1) for r in ranks[1:-1])
+    cores = len(ranks) - 1
+    return (target_std ** 2 / internal) ** (1.0 / (2 * cores))

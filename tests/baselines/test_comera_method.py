@@ -1,0 +1,128 @@
+"""The CoMERA method end to end on a tiny synthetic classification workload, plus its params checks."""
+import pytest
+import torch
+from torch import nn
+
+from baselines.comera import PARAMS_DEFAULTS, CoMERAMethod, check_params
+from comera.tt import TTLinear
+from comera.ttm import TTMEmbedding
+from harness.workloads.base import Workload
+
+
+VOCAB, SEQ, CLASSES = 64, 8, 3
+
+
+class _BagClassifier(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 16)
+        self.hidden = nn.Linear(16, 32)
+        self.head = nn.Linear(32, CLASSES)
+
+    def forward(self, tokens):
+        return self.head(torch.relu(self.hidden(self.embed(tokens).mean(1))))
+
+
+def _batches(seed, count, batch_size=64):
+    """Label = which of three token groups (0-9, 10-19, 20-29) occurs most; other tokens are noise."""
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(count):
+        labels = torch.randint(0, CLASSES, (batch_size,), generator=gen)
+        tokens = torch.randint(30, VOCAB, (batch_size, SEQ), generator=gen)
+        signal = labels[:, None] * 10 + torch.randint(0, 10, (batch_size, 3), generator=gen)
+        tokens[:, :3] = signal
+        yield {"tokens": tokens, "labels": labels}
+
+
+def _loss(model, batch):
+    return nn.functional.cross_entropy(model(batch["tokens"]), batch["labels"])
+
+
+def _accuracy(model):
+    model.eval()
+    with torch.no_grad():
+        batch = next(_batches(123, 1, 1000))
+        acc = (model(batch["tokens"]).argmax(1) == batch["labels"]).float().mean().item()
+    model.train()
+    return {"metric_name": "accuracy", "metric_value": acc}
+
+
+def _workload():
+    torch.manual_seed(0)
+    return Workload(
+        name="toy", model=_BagClassifier(),
+        tt_spec={"embed": {"kind": "embedding", "row_shape": [4, 4, 4], "col_shape": [2, 2, 4], "rank": 8},
+                 "hidden": {"kind": "linear", "in_shape": [4, 4], "out_shape": [4, 8], "rank": 8}},
+        train_batches=lambda epoch: _batches(epoch, 400), eval_batches=lambda: _batches(99, 2),
+        loss=_loss, evaluate=_accuracy, steps_per_epoch=400, metric_name="accuracy",
+        lr={"dense": 1e-3, "cores": 1e-4, "other": 5e-5, "gates": 1e-3})
+
+
+def _train(prepared, workload, steps):
+    infos = []
+    for step, batch in enumerate(workload.train_batches(0)):
+        if step == steps:
+            break
+        loss = prepared.total_loss(workload.loss(prepared.model, batch), step)
+        loss.backward()
+        for opt in prepared.optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        infos.append(prepared.after_step(step))
+    return infos
+
+
+def test_comera_trains_above_chance_and_runs_both_stages():
+    workload = _workload()
+    method = CoMERAMethod()
+    params = {"lr_cores": 1e-2, "lr_gates": 1e-2, "lr_other": 1e-2, "prune_every": 25}
+    prepared = method.prepare(workload.model, workload, params, target_ratio=0.5, total_steps=150)
+    assert isinstance(prepared.model.embed, TTMEmbedding) and isinstance(prepared.model.hidden, TTLinear)
+    assert method.name == "comera" and method.variant == "default"
+    groups = {g["name"]: g["lr"] for g in prepared.optimizers[0].param_groups}
+    assert groups == {"cores": 1e-2, "gates": 1e-2, "other": 1e-2}
+    size_start = prepared.size()
+    assert size_start["compression_layers"] > 1
+
+    infos = _train(prepared, workload, 150)
+
+    assert workload.evaluate(prepared.model)["metric_value"] > 0.6  # chance is 1/3
+    stages = [info["stage"] for info in infos]
+    assert stages.index(1.0) == 99 and set(stages[99:]) == {1.0}  # late stage after 2/3 of the steps
+    assert all(set(info) >= {"stage", "params_tt", "rank_mean"} for info in infos)
+    sizes = [info["params_tt"] for info in infos]
+    assert all(b <= a for a, b in zip(sizes, sizes[1:]))  # pruning only shrinks
+    assert sizes[-1] < sizes[99]  # the late stage pushed gates below the threshold
+    assert set(prepared.ranks()) == {"embed", "hidden"}
+    assert prepared.size()["params_factorized_layers"] == sizes[-1] + 32  # + hidden bias
+
+
+def test_defaults_learning_rates_and_naive_variant():
+    workload = _workload()
+    workload.lr = {}
+    method = CoMERAMethod()
+    prepared = method.prepare(workload.model, workload, {"lookup": "naive", "rank": 4},
+                              target_ratio=None, total_steps=10)
+    assert method.variant == "naive-lookup" and prepared.model.embed.tensor_index_level is False
+    assert prepared.ranks()["embed"] == [1, 4, 4, 1]
+    assert {g["name"]: g["lr"] for g in prepared.optimizers[0].param_groups} == {
+        "cores": 1e-4, "gates": 1e-3, "other": 5e-5}
+    infos = _train(prepared, workload, 3)
+    assert [info["stage"] for info in infos] == [0.0, 0.0, 0.0]  # no target: early stage only
+
+
+def test_check_params_fills_defaults_and_names_bad_keys():
+    assert check_params({}) == PARAMS_DEFAULTS
+    assert check_params({"rank": 5})["rank"] == 5
+    with pytest.raises(ValueError, match="'rnak'.*allowed"):
+        check_params({"rnak": 5})
+    for bad in ({"lookup": "fast"}, {"rank": -1}, {"early_fraction": 2}, {"lr_cores": 0},
+                {"prune_every": 1.5}, {"l1_weight": -1}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            check_params(bad)
+
+
+def test_bad_target_ratio_is_named():
+    workload = _workload()
+    with pytest.raises(ValueError, match="target_ratio"):
+        CoMERAMethod().prepare(workload.model, workload, {}, target_ratio=2.0, total_steps=10)

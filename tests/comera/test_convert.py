@@ -1,0 +1,94 @@
+"""tensorize / model_size on a toy model with hand-counted sizes."""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from comera import rank
+from comera.convert import model_size, tensorize
+from comera.tt import TTLinear
+from comera.ttm import TTMEmbedding
+
+
+SPEC = {
+    "0": {"kind": "embedding", "row_shape": [4, 5, 5], "col_shape": [2, 3, 4], "rank": 3},
+    "1": {"kind": "linear", "in_shape": [4, 6], "out_shape": [5, 6], "rank": 2},
+}
+# embedding cores 1*4*2*3 + 3*5*3*3 + 3*5*4*1 = 219, gates 3 + 3 -> 225
+# linear cores (1,4,2) + (2,6,2) + (2,5,2) + (2,6,1) = 64, gates 3 * 2, bias 30 -> 100
+DENSE = {"0": 100 * 24, "1": 24 * 30 + 30, "2": 30 * 5 + 5}
+TT = {"0": 225, "1": 100}
+
+
+def _toy(dtype=torch.float32):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Embedding(100, 24, padding_idx=0), nn.Linear(24, 30), nn.Linear(30, 5)).to(dtype)
+
+
+def test_tensorize_replaces_modules_and_reports_hand_counted_compression():
+    model = _toy(torch.float64)
+    report = tensorize(model, SPEC)
+    assert isinstance(model[0], TTMEmbedding) and isinstance(model[1], TTLinear)
+    assert isinstance(model[2], nn.Linear)
+    assert model[0].padding_idx == 0 and model[0].cores[0].dtype == torch.float64
+    dense_total, total = sum(DENSE.values()), TT["0"] + TT["1"] + DENSE["2"]
+    assert (report.params_dense_total, report.params_total) == (dense_total, total) == (3305, 480)
+    assert (report.params_dense_layers, report.params_layers) == (3150, 325)
+    assert report.compression_total == pytest.approx(3305 / 480)
+    assert report.compression_layers == pytest.approx(3150 / 325)
+    assert report.layers["0"] == {"kind": "embedding", "row_shape": [4, 5, 5], "col_shape": [2, 3, 4],
+                                  "ranks": [1, 3, 3, 1], "params_dense": 2400, "params": 225,
+                                  "compression": pytest.approx(2400 / 225)}
+    assert report.layers["1"]["ranks"] == [1, 2, 2, 2, 1] and report.layers["1"]["params"] == 100
+    assert report.as_dict()["params_total"] == 480
+    assert model_size(model) == {"params_total": 480.0, "params_factorized_layers": 325.0,
+                                 "compression_total": pytest.approx(3305 / 480),
+                                 "compression_layers": pytest.approx(3150 / 325)}
+    out = model(torch.tensor([[1, 2, 0]]))
+    assert out.shape == (1, 3, 5)
+
+
+def test_model_size_follows_pruning():
+    model = _toy()
+    tensorize(model, SPEC)
+    with torch.no_grad():
+        model[0].gates[0][0] = 0.0  # embedding bond 1: 3 -> 2
+    rank.prune(model, 1e-2)
+    embedding = 1 * 4 * 2 * 2 + 2 * 5 * 3 * 3 + 3 * 5 * 4 + 2 + 3
+    size = model_size(model)
+    assert size["params_factorized_layers"] == embedding + TT["1"]
+    assert size["compression_layers"] == pytest.approx(3150 / (embedding + TT["1"]))
+    assert size["compression_total"] == pytest.approx(3305 / (embedding + TT["1"] + DENSE["2"]))
+
+
+def test_automatic_shapes_with_order():
+    model = nn.Sequential(nn.Embedding(1000, 64), nn.Linear(64, 48))
+    tensorize(model, {"0": {"kind": "embedding", "rank": 4, "order": 3},
+                      "1": {"kind": "linear", "rank": 4, "order": 2}})
+    assert math.prod(model[0].row_shape) >= 1000 and math.prod(model[0].col_shape) == 64
+    assert len(model[1].in_shape) == 2 and math.prod(model[1].in_shape) == 64
+    assert model(torch.tensor([3, 999])).shape == (2, 48)
+
+
+def test_nested_module_names():
+    model = nn.Module()
+    model.blocks = nn.ModuleList([nn.Sequential(nn.Linear(8, 8))])
+    tensorize(model, {"blocks.0.0": {"kind": "linear", "in_shape": [2, 4], "out_shape": [4, 2], "rank": 2}})
+    assert isinstance(model.blocks[0][0], TTLinear)
+
+
+@pytest.mark.parametrize("spec,error,message", [
+    ({"9": {"kind": "linear", "rank": 2}}, KeyError, "'9'"),
+    ({"1": {"kind": "conv", "rank": 2}}, ValueError, "kind"),
+    ({"1": {"kind": "linear", "rank": 2, "in_shpe": [4, 6]}}, ValueError, "in_shpe"),
+    ({"1": {"kind": "linear"}}, ValueError, "rank"),
+    ({"0": {"kind": "embedding", "rank": 2, "lookup": "fast"}}, ValueError, "lookup"),
+    ({"0": {"kind": "linear", "rank": 2}}, TypeError, "Embedding"),
+    ({"1": {"kind": "embedding", "rank": 2}}, TypeError, "Linear"),
+])
+def test_bad_spec_is_named(spec, error, message):
+    model = _toy()
+    with pytest.raises(error, match=message):
+        tensorize(model, spec)
+    assert isinstance(model[1], nn.Linear)  # nothing replaced on error

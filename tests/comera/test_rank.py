@@ -1,0 +1,238 @@
+"""Rank adaptation: sizes, penalties, the two stages and physical pruning (on TTM; TT where available)."""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from comera import rank
+from comera.ttm import TTMEmbedding
+
+try:
+    from comera.tt import TTLinear
+except ImportError:  # pragma: no cover - TTLinear is written by another part
+    TTLinear = None
+
+
+
+def _ttm(seed=0, **kwargs):
+    torch.manual_seed(seed)
+    layer = TTMEmbedding(50, 24, row_shape=[2, 5, 6], col_shape=[2, 3, 4], rank=[1, 3, 4, 1],
+                         dtype=torch.float64, **kwargs)
+    with torch.no_grad():
+        for gate in layer.gates:
+            gate.uniform_(0.5, 1.5)
+    return layer
+
+
+def _tt(seed=0):
+    torch.manual_seed(seed)
+    layer = TTLinear(24, 20, in_shape=[2, 3, 4], out_shape=[5, 2, 2], rank=[1, 2, 4, 3, 4, 2, 1],
+                     dtype=torch.float64)
+    with torch.no_grad():
+        for gate in layer.gates:
+            gate.uniform_(0.5, 1.5)
+    return layer
+
+
+LAYERS = [pytest.param(_ttm, torch.tensor([[0, 3, 3, 49], [7, 12, 7, 1]]), id="ttm"),
+          pytest.param(_tt, torch.randn(2, 5, 24, dtype=torch.float64), id="tt",
+                       marks=pytest.mark.skipif(TTLinear is None, reason="comera.tt.TTLinear not available"))]
+
+
+def _hand_size(ranks_, modes):
+    cores = sum(ranks_[k] * modes[k] * ranks_[k + 1] for k in range(len(modes)))
+    return cores + sum(ranks_[1:-1])
+
+
+def test_size_accounting_counts_every_core_and_gate():
+    layer = _ttm()
+    modes = [2 * 2, 5 * 3, 6 * 4]
+    assert rank.tt_parameter_count(layer) == _hand_size([1, 3, 4, 1], modes) == 295
+    assert float(rank.size_l0(layer, 1e-2)) == 295
+    with torch.no_grad():
+        layer.gates[0][1] = 0.0        # bond 1 counts 2
+        layer.gates[1][:2] = 0.005     # bond 2 counts 2
+    assert float(rank.size_l0(layer, 1e-2)) == _hand_size([1, 2, 2, 1], modes)
+    with torch.no_grad():
+        for gate in layer.gates:
+            gate.fill_(1.0)
+    assert float(rank.size_l1(layer).detach()) == _hand_size([1, 3, 4, 1], modes) - 7  # surrogate excludes gates
+
+
+def _explicit_sizes(model, threshold):
+    """Per-module loops over the cores: (l0 size with gates, l1 surrogate)."""
+    l0 = l1 = 0.0
+    for _, module in rank.tensorized_modules(model):
+        gates = [g.detach() for g in module.gates]
+        counts = [1.0] + [float((g.abs() > threshold).sum()) for g in gates] + [1.0]
+        norms = [1.0] + [float(g.abs().sum()) for g in gates] + [1.0]
+        for k, core in enumerate(module.cores):
+            unit = math.prod(core.shape[1:-1])
+            l0 += unit * counts[k] * counts[k + 1]
+            l1 += unit * norms[k] * norms[k + 1]
+        l0 += sum(counts[1:-1])
+    return l0, l1
+
+
+@pytest.mark.skipif(TTLinear is None, reason="comera.tt.TTLinear not available")
+def test_vectorized_sizes_match_per_module_loops_across_pruning():
+    torch.manual_seed(3)
+    model = nn.ModuleDict({
+        "tt": TTLinear(24, 20, in_shape=[2, 3, 4], out_shape=[5, 2, 2], rank=3, dtype=torch.float64),
+        "ttm": _ttm(),
+        "flat": TTMEmbedding(9, 6, row_shape=[9], col_shape=[6], rank=1, dtype=torch.float64),
+    })
+    with torch.no_grad():
+        for _, module in rank.tensorized_modules(model):
+            for gate in module.gates:
+                gate.uniform_(-0.05, 1.0)
+        model["ttm"].gates[1].zero_()
+    for _ in range(2):  # before and after pruning (the cached layout must follow the new shapes)
+        l0, l1 = _explicit_sizes(model, 0.02)
+        assert float(rank.size_l0(model, 0.02)) == l0
+        assert float(rank.size_l1(model).detach()) == pytest.approx(l1, rel=1e-12)
+        gates = [g.detach() for _, m in rank.tensorized_modules(model) for g in m.gates]
+        cores = [c.detach() for _, m in rank.tensorized_modules(model) for c in m.cores]
+        assert float(rank.gate_l1(model).detach()) == pytest.approx(float(sum(g.abs().sum() for g in gates)))
+        assert float(rank.core_l2(model).detach()) == pytest.approx(float(sum(c.square().sum() for c in cores)))
+        report = rank.prune(model, 0.02)
+    assert report["params_after"] == float(rank.size_l0(model, 0.02)) == rank.tt_parameter_count(model)
+    assert model["ttm"].ranks == [1, 3, 0, 1]
+
+
+def test_penalties_and_early_objective():
+    layer = _ttm()
+    loss = torch.tensor(0.7, dtype=torch.float64)
+    l1 = sum(g.abs().sum() for g in layer.gates)
+    l2 = sum(c.square().sum() for c in layer.cores)
+    torch.testing.assert_close(rank.gate_l1(layer), l1)
+    torch.testing.assert_close(rank.core_l2(layer), l2)
+    torch.testing.assert_close(rank.early_objective(loss, layer, l1_weight=0.01, l2_weight=0.001),
+                               loss + 0.01 * l1 + 0.001 * l2)
+
+
+@pytest.mark.parametrize("make,inputs", LAYERS)
+def test_prune_keeps_gated_output_shrinks_and_slices_optimizer_state(make, inputs):
+    layer = make()
+    opt = torch.optim.AdamW(layer.parameters(), lr=1e-3)
+    for _ in range(2):
+        loss = layer(inputs).square().sum()  # stays alive across prune, like the runner's loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    with torch.no_grad():
+        layer.gates[0][1] = 0.0
+        layer.gates[1][0] = 0.003  # below the threshold: pruned
+    expected_ranks = list(layer.ranks)
+    expected_ranks[1] -= 1
+    expected_ranks[2] -= 1
+    with torch.no_grad():
+        layer.gates[1][0] = 0.0    # the gated output with pruned gates set to zero
+        expected = layer(inputs)
+        layer.gates[1][0] = 0.003
+    params = list(layer.parameters())
+    state_before = {id(p): {k: v.clone() for k, v in opt.state[p].items()} for p in params}
+    keep_first = (layer.gates[0].detach().abs() > 1e-2).nonzero().squeeze(1)
+    gate_keep = (layer.gates[1].detach().abs() > 1e-2).nonzero().squeeze(1)
+    core1_avg = opt.state[layer.cores[1]]["exp_avg"].clone()
+    count_before = rank.tt_parameter_count(layer)
+    flops_before = layer.flops(10) if hasattr(layer, "flops") else None
+
+    report = rank.prune(layer, 1e-2, [opt])
+
+    assert layer.ranks == expected_ranks == report["ranks_after"][""]
+    assert report["params_after"] == rank.tt_parameter_count(layer) < count_before
+    assert [id(p) for p in layer.parameters()] == [id(p) for p in params]
+    with torch.no_grad():
+        torch.testing.assert_close(layer(inputs), expected, rtol=1e-12, atol=1e-12)
+    if flops_before is not None:
+        assert layer.flops(10) < flops_before
+    # optimizer state is sliced, not reset: core 1 lost rank 1 on its first axis and rank 0 on its last
+    torch.testing.assert_close(opt.state[layer.cores[1]]["exp_avg"],
+                               core1_avg.index_select(0, keep_first).index_select(-1, gate_keep))
+    for p in params:
+        assert opt.state[p]["exp_avg"].shape == p.shape == opt.state[p]["exp_avg_sq"].shape
+        torch.testing.assert_close(opt.state[p]["step"], state_before[id(p)]["step"])
+    layer(inputs).square().sum().backward()  # training continues on the smaller layer
+    opt.step()
+    assert float(opt.state[params[0]]["step"]) == 3.0
+    assert all(torch.isfinite(p).all() for p in layer.parameters())
+
+
+def test_prune_bond_to_zero_makes_layer_zero_and_is_counted():
+    layer = _ttm()
+    with torch.no_grad():
+        layer.gates[1].zero_()
+    report = rank.prune(layer, 1e-2)
+    assert layer.ranks == [1, 3, 0, 1]
+    assert report["params_after"] == 4 * 3 + 0 + 0 + 3  # core 0, cores 1-2 empty, gates of bond 1
+    out = layer(torch.tensor([1, 2]))
+    assert torch.count_nonzero(out) == 0
+    assert float(rank.size_l0(layer, 1e-2)) == report["params_after"]
+
+
+def test_ranks_lists_every_tensorized_module():
+    model = nn.Sequential(_ttm(), nn.Linear(24, 3), _ttm(seed=1))
+    assert rank.ranks(model) == {"0": [1, 3, 4, 1], "2": [1, 3, 4, 1]}
+    assert rank.tt_parameter_count(model) == 2 * 295
+
+
+def test_late_stage_starts_after_the_early_steps_with_reference_point():
+    layer = _ttm()
+    settings = rank.RankSettings(late_start_step=3, target_ratio=0.5, prune_every=0, loss_average=0.0)
+    driver = rank.TwoStageRankAdaptation(layer, settings)
+    losses = [2.0, 1.5, 1.25]
+    for step, value in enumerate(losses):
+        assert driver.stage == 0
+        driver.objective(torch.tensor(value, dtype=torch.float64), step)
+        info = driver.after_step(step)
+    assert driver.stage == 1 and info["stage"] == 1.0
+    assert driver.target.loss_target == 1.25  # loss_average 0: the last early-stage loss
+    assert driver.target.size_target == 0.5 * 295 and driver.target.size_scale == 295
+
+
+def test_late_stage_branch_switches_exactly_at_the_l0_condition():
+    """Zero one more gate of bond 2 per step; predict from S(D) when w2 (S - S0)/S_start <= w1 (L - L0)."""
+    layer = _ttm()
+    settings = rank.RankSettings(late_start_step=1, target_ratio=0.6, prune_every=1000, rho=0.25,
+                                 loss_target=1.0, size_weight=2.0)
+    driver = rank.TwoStageRankAdaptation(layer, settings)
+    driver.objective(torch.tensor(1.0, dtype=torch.float64), 0)
+    driver.after_step(0)
+    assert driver.stage == 1
+    task_value = 1.1                                  # loss gap w1 (L - L0) = 0.1
+    s_start, s0 = 295.0, 0.6 * 295.0
+    modes = [4, 15, 24]
+    observed, predicted = [], []
+    for zeroed in range(5):
+        with torch.no_grad():
+            layer.gates[1].fill_(1.0)
+            layer.gates[1][:zeroed] = 0.0
+        size = _hand_size([1, 3, 4 - zeroed, 1], modes)
+        predicted.append(2.0 * (size - s0) / s_start > task_value - 1.0)
+        task_loss = torch.tensor(task_value, dtype=torch.float64, requires_grad=True)
+        objective = driver.objective(task_loss, zeroed + 1)
+        (grad,) = torch.autograd.grad(objective, task_loss)
+        observed.append(bool(driver.last_size_active))
+        # size branch weighs the loss by rho * w1, the loss branch by (1 + rho) * w1
+        assert float(grad) == pytest.approx(0.25 if observed[-1] else 1.25)
+    assert observed == predicted == [True, True, False, False, False]
+
+
+def test_periodic_pruning_shrinks_and_stops_at_zero_gates():
+    layer = _ttm()
+    settings = rank.RankSettings(prune_every=2)
+    driver = rank.TwoStageRankAdaptation(layer, settings)
+    with torch.no_grad():
+        layer.gates[0][0] = 0.0
+    driver.after_step(0)
+    assert layer.ranks == [1, 3, 4, 1]
+    info = driver.after_step(1)
+    assert layer.ranks == [1, 2, 4, 1] and info["params_tt"] == rank.tt_parameter_count(layer)
+    assert info["rank_mean"] == 3.0 and info["stage"] == 0.0
+
+
+def test_bad_target_ratio_is_named():
+    with pytest.raises(ValueError, match="target_ratio"):
+        rank.TwoStageRankAdaptation(_ttm(), rank.RankSettings(target_ratio=1.5))
