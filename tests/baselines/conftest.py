@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
-import pytest
 import torch
 from torch import nn
 
@@ -91,12 +90,3 @@ def train(prepared: Prepared, workload: Workload, epochs: int = 1,
     prepared.before_eval()
     return workload.evaluate(prepared.model)["metric_value"]
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The toy models are tiny: extra intra-op threads only add contention on a shared CPU (10-30x
-    slower steps measured on the 2-core CI machine under load)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)

@@ -6,7 +6,6 @@ or outer product) 1 x; the plan counts the same way.
 """
 from __future__ import annotations
 
-import math
 import random
 
 import opt_einsum

@@ -3,7 +3,6 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import torch
 
 from harness.data import mnli
 from harness.data.text_tokenizer import CLS_ID, PAD_ID, SEP_ID, encode_pairs, load_tokenizer_file, train_wordpiece

@@ -1,10 +1,8 @@
 import json
-import os
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pandas as pd
 import pytest

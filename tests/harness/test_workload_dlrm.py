@@ -7,13 +7,6 @@ from harness.workloads import build_workload, check_params, dlrm
 from harness.workloads.tt_spec import tt_parameter_count
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):

@@ -8,13 +8,6 @@ from harness.data.text_tokenizer import CLS_ID, SEP_ID
 from harness.workloads import build_workload, check_params, mlm
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):

@@ -10,13 +10,6 @@ from harness.workloads.tt_spec import tt_parameter_count
 FIXTURE = Path(__file__).parents[2] / "harness" / "data" / "fixtures" / "mnli"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(scope="module")
 def paper_model():

@@ -1,0 +1,12 @@
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Test tensors are tiny: extra intra-op threads only add contention on a 2-core machine (10-30x
+    slower steps were measured under load). Tests that time or compare thread counts set their own."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
