@@ -221,7 +221,7 @@ def _dense_steps(modes, ranks, tokens, m):
     fwd = left_fwd + right_fwd + [Step("forward", "weight", f"W = A[{n_in},{r}] @ B[{r},{n_out}]", w),
                                   Step("forward", "y", f"y = x[{tokens},{n_in}] @ W[{n_in},{n_out}]", apply)]
     bwd = [Step("backward", "dW", f"dW = x^T @ dy[{tokens},{n_out}]", apply),
-           Step("backward", "dx", f"dx = dy @ W^T", apply),
+           Step("backward", "dx", "dx = dy @ W^T", apply),
            Step("backward", "dA", "dA = dW @ B^T", w), Step("backward", "dB", "dB = A^T @ dW", w)]
     return fwd, bwd + right_bwd + left_bwd
 
