@@ -38,7 +38,7 @@ from harness.data.text_tokenizer import (CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIA
 from harness.workloads.base import Batch, Workload
 from harness.workloads.params import Choice, ListOf, positive, require
 from harness.workloads.transformer import Encoder, encoder_tt_spec, init_bert_weights
-from harness.workloads.tt_spec import embedding_spec
+from harness.workloads.tt_spec import embedding_shapes, embedding_spec
 
 NAME = "mlm"
 
@@ -117,17 +117,10 @@ def build_model(p: dict[str, Any]) -> MaskedLM:
     return model
 
 
-def _embedding_shapes(p: dict[str, Any]) -> tuple[list[int] | None, list[int] | None]:
-    """The params' TTM shapes, else the table's for this (vocab_size, d_model), else None (factorized)."""
-    if p["embedding_row_shape"] or p["embedding_col_shape"]:
-        return p["embedding_row_shape"], p["embedding_col_shape"]
-    return EMBEDDING_SHAPES.get((p["vocab_size"], p["d_model"]), (None, None))
-
-
 def tt_spec(p: dict[str, Any]) -> dict[str, dict]:
     """Every encoder attention/FFN linear as TT; the (tied) word embedding as TTM if tensorize_embedding."""
     spec = encoder_tt_spec("encoder.", p["num_layers"], p["d_model"], p["d_ff"], p["rank"])
-    rows, cols = _embedding_shapes(p)
+    rows, cols = embedding_shapes(p, EMBEDDING_SHAPES)
     if p["tensorize_embedding"]:
         spec["encoder.embeddings.word"] = embedding_spec(
             p["vocab_size"], p["d_model"], p["embedding_rank"], row_shape=rows, col_shape=cols)

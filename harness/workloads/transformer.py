@@ -34,7 +34,7 @@ from harness.data.cache import cache_dir, cached_tensors, fingerprint
 from harness.data.text_tokenizer import load_or_train, load_tokenizer_file, encode_pairs, train_wordpiece
 from harness.workloads.base import Batch, Workload
 from harness.workloads.params import Choice, ListOf, positive, require
-from harness.workloads.tt_spec import embedding_spec, linear_spec
+from harness.workloads.tt_spec import embedding_shapes, embedding_spec, linear_spec
 
 NAME = "transformer"
 NUM_CLASSES = 3
@@ -207,17 +207,10 @@ def build_model(p: dict[str, Any]) -> NLIClassifier:
     return model
 
 
-def _embedding_shapes(p: dict[str, Any]) -> tuple[list[int] | None, list[int] | None]:
-    """The params' TTM shapes, else the table's for this (vocab_size, d_model), else None (factorized)."""
-    if p["embedding_row_shape"] or p["embedding_col_shape"]:
-        return p["embedding_row_shape"], p["embedding_col_shape"]
-    return EMBEDDING_SHAPES.get((p["vocab_size"], p["d_model"]), (None, None))
-
-
 def tt_spec(p: dict[str, Any]) -> dict[str, dict]:
     """Attention q/k/v/o, FFN in/out and fc1 as TT; the word embedding as TTM (if tensorize_embedding)."""
     spec = encoder_tt_spec("encoder.", p["num_layers"], p["d_model"], p["d_ff"], p["rank"])
-    rows, cols = _embedding_shapes(p)
+    rows, cols = embedding_shapes(p, EMBEDDING_SHAPES)
     spec["fc1"] = linear_spec(p["d_model"], p["d_model"], p["rank"])
     if p["tensorize_embedding"]:
         spec["encoder.embeddings.word"] = embedding_spec(

@@ -57,3 +57,12 @@ def tt_parameter_count(spec: dict[str, Any]) -> int:
         modes = [m * n for m, n in zip(spec["row_shape"], spec["col_shape"])]
     r = spec["rank"]
     return sum(r[k] * modes[k] * r[k + 1] for k in range(len(modes)))
+
+
+def embedding_shapes(p: dict[str, Any], known: dict[tuple[int, int], tuple[list[int], list[int]]]
+                     ) -> tuple[list[int] | None, list[int] | None]:
+    """The params' TTM shapes, else the ``known`` table's for this (vocab_size, d_model), else None
+    (factorized automatically)."""
+    if p["embedding_row_shape"] or p["embedding_col_shape"]:
+        return p["embedding_row_shape"], p["embedding_col_shape"]
+    return known.get((p["vocab_size"], p["d_model"]), (None, None))
