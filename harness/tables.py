@@ -177,11 +177,11 @@ def table2_dlrm(res: Results) -> tuple[pd.DataFrame, str]:
         return pd.DataFrame(), "no DLRM run in this grid"
     rows = []
     for _, r in df.sort_values(["method", "variant", "batch_size"]).iterrows():
-        extra = extra_of(r)
+        metrics = extra_of(r).get("eval", {})  # every metric of the last evaluation (harness/run.py)
         rows.append({
             "method": method_label(r), "batch_size": r.batch_size, "status": r.status,
-            "accuracy": r.metric_value if r.metric_name == "accuracy" else extra.get("accuracy"),
-            "nce": extra.get("nce", r.metric_value if r.metric_name == "nce" else None),
+            "accuracy": r.metric_value if r.metric_name == "accuracy" else metrics.get("accuracy"),
+            "nce": metrics.get("nce", r.metric_value if r.metric_name == "nce" else None),
             "model_MB": _mb(r.params_total), "compression_total": r.compression_total,
             "peak_mem_MB": _mb_bytes(r.peak_mem_bytes), "peak_mem_kind": r.peak_mem_kind,
             "note": status_note(r)})

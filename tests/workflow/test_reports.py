@@ -22,7 +22,7 @@ def run_row(workload, method, batch, *, variant="default", target=None, time_s=1
                peak_mem_bytes=None if mem is None else int(mem), peak_mem_kind="cpu_rss_delta", metric_name="accuracy",
                metric_value=metric, final_train_loss=1.0, params_total=1000, params_factorized_layers=800,
                compression_total=compression, compression_layers=compression, ranks=json.dumps(ranks or {}),
-               device="cpu", device_name="Test CPU", num_threads=2, torch_version="x", extra=json.dumps(extra))
+               device="cpu", device_name="Test CPU", num_threads=2, torch_version="x", extra=json.dumps({"eval": extra}))
     return row
 
 
