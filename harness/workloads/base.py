@@ -38,3 +38,13 @@ class Workload:
     """The paper's learning rates for this workload: {"dense": ..., "cores": ..., "other": ..., "gates": ...}."""
     info: dict[str, Any] = field(default_factory=dict)
     """Anything worth recording (data source, vocabulary size, number of samples)."""
+
+
+def seeded_model(build_model: Callable[[dict[str, Any]], nn.Module], params: dict[str, Any], seed: int,
+                 device: torch.device | str) -> nn.Module:
+    """``build_model(params)`` initialised from ``seed`` without touching the global RNG stream, on
+    ``device``."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = build_model(params)
+    return model.to(device)

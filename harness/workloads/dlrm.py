@@ -34,7 +34,7 @@ from torch import nn
 
 from harness.data import batching, criteo
 from harness.data.cache import atomic_write, cache_dir, cached_tensors, fingerprint
-from harness.workloads.base import Batch, Workload
+from harness.workloads.base import Batch, Workload, seeded_model
 from harness.workloads.params import Choice, ListOf, positive, require
 from harness.workloads.tt_spec import embedding_spec, tt_parameter_count
 
@@ -163,10 +163,7 @@ def _entropy(rate: float) -> float:
 
 def build(p: dict[str, Any], *, batch_size: int, seed: int, device: torch.device) -> Workload:
     train, evals, info = load_data(p)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = build_model(p)
-    model.to(device)
+    model = seeded_model(build_model, p, seed, device)
     eval_bs = p["eval_batch_size"] or max(batch_size, 1024)
     eval_rate = evals["labels"].mean().item()
 

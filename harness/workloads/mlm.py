@@ -35,7 +35,7 @@ from harness.data.cache import cache_dir, cached_tensors, fingerprint
 from harness.data.masking import IGNORE_INDEX, mask_tokens
 from harness.data.text_tokenizer import (CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS, encode_stream,
                                          load_or_train, train_byte_bpe)
-from harness.workloads.base import Batch, Workload
+from harness.workloads.base import Batch, Workload, seeded_model
 from harness.workloads.params import Choice, ListOf, positive, require
 from harness.workloads.transformer import Encoder, encoder_tt_spec, init_bert_weights
 from harness.workloads.tt_spec import embedding_shapes, embedding_spec
@@ -182,10 +182,7 @@ def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
 
 def build(p: dict[str, Any], *, batch_size: int, seed: int, device: torch.device) -> Workload:
     train, evals, info = load_data(p)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = build_model(p)
-    model.to(device)
+    model = seeded_model(build_model, p, seed, device)
     eval_bs = p["eval_batch_size"] or max(batch_size, 32)
 
     def add_masks(batch: Batch, gen: torch.Generator) -> Batch:

@@ -32,7 +32,7 @@ from torch import nn
 from harness.data import batching, mnli, nli_synthetic
 from harness.data.cache import cache_dir, cached_tensors, fingerprint
 from harness.data.text_tokenizer import load_or_train, load_tokenizer_file, encode_pairs, train_wordpiece
-from harness.workloads.base import Batch, Workload
+from harness.workloads.base import Batch, Workload, seeded_model
 from harness.workloads.params import Choice, ListOf, positive, require
 from harness.workloads.tt_spec import embedding_shapes, embedding_spec, linear_spec
 
@@ -270,10 +270,7 @@ def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
 
 def build(p: dict[str, Any], *, batch_size: int, seed: int, device: torch.device) -> Workload:
     train, evals, info = load_data(p)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = build_model(p)
-    model.to(device)
+    model = seeded_model(build_model, p, seed, device)
     eval_bs = p["eval_batch_size"] or max(batch_size, 64)
 
     def evaluate(m: nn.Module) -> dict[str, float]:
