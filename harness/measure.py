@@ -72,12 +72,25 @@ class StepTimer:
     def timed_ms(self) -> list[float]:
         return self.all_ms[self.warmup_steps:]
 
-    def summary(self) -> dict[str, float | int]:
-        """step_time_ms (median), step_time_ms_iqr, steps_timed, step_time_ms_mean over timed steps."""
+    def summary(self, window: int | None = None) -> dict[str, float | int | str]:
+        """step_time_ms (median), step_time_ms_iqr, steps_timed, and step_time_ms_mean with its basis.
+
+        With ``window`` (a method's periodic work, e.g. GaLore's SVD on every step that is a multiple of
+        update_proj_gap), the mean covers only whole windows after warm-up, so the periodic cost is counted
+        once per window; without a whole window it falls back to all timed steps and says so."""
         timed = self.timed_ms
         med, iqr = median_iqr(timed)
+        mean_over, basis = timed, "timed steps"
+        if window:
+            first = -(-self.warmup_steps // window) * window
+            last = len(self.all_ms) // window * window
+            if last > first:
+                mean_over, basis = self.all_ms[first:last], f"whole windows of {window} steps ({first}-{last})"
+            else:
+                basis = f"timed steps (no whole window of {window} steps after warm-up)"
         return {"step_time_ms": med, "step_time_ms_iqr": iqr, "steps_timed": len(timed),
-                "step_time_ms_mean": statistics.fmean(timed) if timed else float("nan")}
+                "step_time_ms_mean": statistics.fmean(mean_over) if mean_over else float("nan"),
+                "step_time_mean_basis": basis}
 
 
 class Stopwatch:

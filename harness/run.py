@@ -445,7 +445,7 @@ def _build_row(st: _State, status: str, error: str, tb: str) -> dict[str, Any]:
     if tb:
         extra["traceback"] = tb
     if st.timer is not None:
-        summary = st.timer.summary()
+        summary = st.timer.summary(window=settings.get("time_window_steps"))
         row.update(step_time_ms=summary["step_time_ms"], step_time_ms_iqr=summary["step_time_ms_iqr"],
                    steps_timed=summary["steps_timed"])
         if summary["steps_timed"]:
@@ -453,7 +453,8 @@ def _build_row(st: _State, status: str, error: str, tb: str) -> dict[str, Any]:
             row["epoch_time_s"], row["epoch_time_kind"] = measure.epoch_time(
                 st.full_epochs_s, mean_step_ms=summary["step_time_ms_mean"],
                 steps_per_epoch=workload.steps_per_epoch)
-        extra.update(step_time_ms_mean=summary["step_time_ms_mean"], full_epochs_s=st.full_epochs_s,
+        extra.update(step_time_ms_mean=summary["step_time_ms_mean"],
+                     step_time_mean_basis=summary["step_time_mean_basis"], full_epochs_s=st.full_epochs_s,
                      steps_done=st.steps_done, warmup_steps=st.timer.warmup_steps)
     if st.memory is not None:
         row.update(peak_mem_bytes=st.memory.peak_mem_bytes, peak_mem_kind=st.memory.peak_mem_kind,

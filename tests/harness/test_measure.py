@@ -52,6 +52,23 @@ def test_step_timer_excludes_warmup(clock, warmup):
     assert summary["step_time_ms_mean"] == pytest.approx(sum(timed) / len(timed))
 
 
+@pytest.mark.parametrize("warmup, window, covered", [
+    (3, 4, slice(4, 12)),     # steps 4-11: two whole windows, each with one slow (SVD) step
+    (0, 4, slice(0, 12)),
+    (3, 20, None),            # no whole window after warm-up: all timed steps, and the basis says so
+])
+def test_step_timer_mean_covers_whole_windows(clock, warmup, window, covered):
+    timer = measure.StepTimer(torch.device("cpu"), warmup_steps=warmup)
+    durations = [0.1 if i % 4 == 0 else 0.01 for i in range(14)]  # a periodic slow step every 4
+    for d in durations:
+        with timer.step():
+            clock.now += d
+    summary = timer.summary(window=window)
+    expect = [d * 1e3 for d in (durations[covered] if covered else durations[warmup:])]
+    assert summary["step_time_ms_mean"] == pytest.approx(sum(expect) / len(expect))
+    assert ("whole windows" in summary["step_time_mean_basis"]) == (covered is not None)
+
+
 def test_step_timer_drops_a_failed_step(clock):
     timer = measure.StepTimer(torch.device("cpu"))
     with pytest.raises(ValueError):
