@@ -8,7 +8,6 @@ this grid cannot test (other GPU, real dataset, model not in the grid, paper-siz
 """
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -16,7 +15,7 @@ from typing import Callable
 import pandas as pd
 
 from harness import reference
-from harness.tables import MB, Results, load
+from harness.tables import MB, Results, report_args
 
 HOLDS, FAILS, NOT_MEASURED = "holds", "does not hold", "not measured here"
 
@@ -202,12 +201,7 @@ def evaluate(res: Results) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m harness.claims", description=__doc__.splitlines()[0])
-    ap.add_argument("--results", required=True, help="results/<device> folder")
-    ap.add_argument("--device-label", default=None)
-    ap.add_argument("--out", required=True, help="claims.md path")
-    args = ap.parse_args(argv)
-    res = load(args.results, args.device_label)
+    args, res = report_args("python -m harness.claims", __doc__.splitlines()[0], argv, "claims.md path")
     table = evaluate(res)
     sources = "\n".join(f"- {k}: {v}" for k, v in reference.load()["sources"].items())
     out = Path(args.out)

@@ -9,7 +9,6 @@ drawn beside ours, labelled "paper (RTX 3090)".
 """
 from __future__ import annotations
 
-import argparse
 import textwrap
 from pathlib import Path
 from typing import Callable
@@ -22,7 +21,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.ticker import ScalarFormatter  # noqa: E402
 
 from harness import reference  # noqa: E402
-from harness.tables import MB, Results, load, method_label  # noqa: E402
+from harness.tables import MB, Results, method_label, report_args  # noqa: E402
 
 PAPER = "paper (RTX 3090)"
 
@@ -233,12 +232,7 @@ FIGURES: dict[str, Callable[[Results, Path], None]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m harness.figures", description=__doc__.splitlines()[0])
-    ap.add_argument("--results", required=True, help="results/<device> folder")
-    ap.add_argument("--device-label", default=None)
-    ap.add_argument("--out", required=True, help="output folder")
-    args = ap.parse_args(argv)
-    res = load(args.results, args.device_label)
+    args, res = report_args("python -m harness.figures", __doc__.splitlines()[0], argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for draw in FIGURES.values():

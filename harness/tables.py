@@ -241,13 +241,20 @@ def write_table(df: pd.DataFrame, note: str, title: str, out: Path, name: str, s
     (out / f"{name}.md").write_text(text)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m harness.tables", description=__doc__.splitlines()[0])
+def report_args(prog: str, description: str, argv: list[str] | None,
+                out_help: str = "output folder") -> tuple[argparse.Namespace, Results]:
+    """The command line shared by the tables, figures and claims commands (--results, --device-label,
+    --out), parsed, with the results folder loaded."""
+    ap = argparse.ArgumentParser(prog=prog, description=description)
     ap.add_argument("--results", required=True, help="results/<device> folder")
     ap.add_argument("--device-label", default=None)
-    ap.add_argument("--out", required=True, help="output folder")
+    ap.add_argument("--out", required=True, help=out_help)
     args = ap.parse_args(argv)
-    res = load(args.results, args.device_label)
+    return args, load(args.results, args.device_label)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, res = report_args("python -m harness.tables", __doc__.splitlines()[0], argv)
     for name, build in TABLES.items():
         df, note = build(res)
         write_table(df, note, TITLES[name], Path(args.out), name, res.settings_line())
