@@ -44,6 +44,19 @@ def _shape(features: int, shape: Sequence[int] | None, name: str, default_modes:
     return shape
 
 
+def gated_cores(cores: Sequence[torch.Tensor], gates: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Effective cores ``H_k = G_k * g_k`` (gate on the last axis; the last core has no gate)."""
+    return [c * g for c, g in zip(cores, gates)] + [cores[-1]]
+
+
+def core_and_gate_grads(d_eff: Sequence[torch.Tensor], cores: Sequence[torch.Tensor],
+                        gates: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Gradients of the cores and of the gates from the gradients of the effective cores."""
+    d_gates = [(de * c).sum((0, 1)) for de, c in zip(d_eff[:-1], cores[:-1])]
+    d_cores = [de * g for de, g in zip(d_eff, gates)] + [d_eff[-1]]
+    return d_cores, d_gates
+
+
 class _TTLinearFunction(torch.autograd.Function):
     """y = x W + b with W = H_0 ... H_{d-1}, H_k = cores[k] * gates[k], following a ContractionPlan."""
 
@@ -58,7 +71,7 @@ class _TTLinearFunction(torch.autograd.Function):
             ctx.x_shape = x.shape
             y = x.new_zeros(x.shape[0], math.prod(plan.out_shape))
             return y if bias is None else y.add_(bias)
-        eff = [c * g for c, g in zip(cores, gates)] + [cores[-1]]
+        eff = gated_cores(cores, gates)
         m = len(plan.in_shape)
         if plan.dense:
             y, weight, left, right = contraction.dense_forward(x, eff[:m], eff[m:], bias)
@@ -99,8 +112,7 @@ class _TTLinearFunction(torch.autograd.Function):
                 dbias = folded_dbias if need[2] else None
             dx, d_left = contraction.left_backward(dz, eff[:m], left_in, left, plan.left_groups, need[1])
             d_eff = d_left + d_right
-        d_gates = [(de * c).sum((0, 1)) for de, c in zip(d_eff[:-1], cores[:-1])]
-        d_cores = [de * g for de, g in zip(d_eff, gates)] + [d_eff[-1]]
+        d_cores, d_gates = core_and_gate_grads(d_eff, cores, gates)
         return (None, dx, dbias, *d_cores, *d_gates)
 
 
