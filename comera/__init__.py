@@ -3,6 +3,7 @@
 The method library of comera-bench; it depends on torch (and opt_einsum for plan checks) only.
 """
 from comera.convert import ConversionReport, model_size, tensorize
+from comera.feedforward import feed_forward
 from comera.rank import TwoStageRankAdaptation, prune, ranks, tt_parameter_count
 from comera.tt import TTLinear
 from comera.ttm import TTMEmbedding
@@ -10,6 +11,7 @@ from comera.ttm import TTMEmbedding
 __all__ = [
     "TTLinear",
     "TTMEmbedding",
+    "feed_forward",
     "tensorize",
     "model_size",
     "ConversionReport",

@@ -1,0 +1,128 @@
+"""A feed-forward block ``second(activation(first(x)))`` of two TT layers that saves only rank-r products.
+
+A plain composition keeps, for backward, the two full-width hidden activations ``first(x)`` and
+``activation(first(x))`` (``tokens x hidden``; 2 x 48 MiB per block for BERT-base at batch 32). With
+TTLinear layers the hidden activation is a cheap function of the rank-r product ``z1 = x A1``:
+``first(x) = z1 B1 + b1``. :func:`feed_forward` therefore keeps only ``x``, ``z1``, ``z2`` (rank-r) and the
+merged core blocks, and backward recomputes ``first(x)`` and the activation from ``z1`` -- one
+``(tokens x r) @ (r x hidden)`` GEMM and one activation more than the composition, no other extra work
+(the second layer's input projection is not redone). Results and gradients equal the composition's.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from comera import contraction
+from comera.contraction import ContractionPlan
+from comera.tt import TTLinear, core_and_gate_grads, gated_cores
+
+
+def _layer_params(layer: TTLinear) -> list[torch.Tensor]:
+    return [*layer.cores, *layer.gates]
+
+
+def _split(params, d: int):
+    return list(params[:d]), list(params[d:2 * d - 1])
+
+
+class _TTFeedForwardFunction(torch.autograd.Function):
+    """y = L2(act(L1(x))) for TT layers L1, L2 following their plans; saves rank-r products only."""
+
+    @staticmethod
+    def forward(ctx, plans, activation, x, bias1, bias2, *params):
+        p1, p2 = plans
+        d1 = len(p1.ranks) - 1
+        cores1, gates1 = _split(params[:2 * d1 - 1], d1)
+        cores2, gates2 = _split(params[2 * d1 - 1:], len(p2.ranks) - 1)
+        eff1, eff2 = gated_cores(cores1, gates1), gated_cores(cores2, gates2)
+        m1, m2 = len(p1.in_shape), len(p2.in_shape)
+        z1, left1_in, left1 = contraction.left_forward(x, eff1[:m1], p1.left_groups)
+        hidden = activation(contraction.right_forward(z1, eff1[m1:], p1.right_groups, bias1)[0])
+        z2, _, left2 = contraction.left_forward(hidden, eff2[:m2], p2.left_groups)
+        del hidden
+        y, right2_in, right2 = contraction.right_forward(z2, eff2[m2:], p2.right_groups, bias2)
+        groups = [cores1, gates1, eff1, cores2, gates2, eff2, left1_in, *left1, *left2, right2_in, *right2,
+                  [z1], [b for b in (bias1,) if b is not None]]
+        ctx.plans, ctx.activation = plans, activation
+        ctx.group_sizes = [len(g) for g in groups]
+        ctx.save_for_backward(*(t for g in groups for t in g))
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        p1, p2 = ctx.plans
+        saved, groups = iter(ctx.saved_tensors), []
+        for size in ctx.group_sizes:
+            groups.append([next(saved) for _ in range(size)])
+        cores1, gates1, eff1, cores2, gates2, eff2, left1_in = groups[:7]
+        n1, n2 = len(p1.left_groups), len(p2.left_groups)
+        left1, left2 = groups[7:7 + n1], groups[7 + n1:7 + n1 + n2]
+        right2_in, right2 = groups[7 + n1 + n2], groups[8 + n1 + n2:-2]
+        (z1,), bias1 = groups[-2], (groups[-1] or [None])[0]
+        m1, m2 = len(p1.in_shape), len(p2.in_shape)
+
+        dz2, d_right2, dbias2 = contraction.right_backward(dy, eff2[m2:], right2_in, right2, p2.right_groups)
+        if p2.bias and dbias2 is None:
+            dbias2 = dy.sum(0)
+        # Recompute the hidden activation from the rank-r product z1 (the only full-width work redone).
+        y1, right1_in, right1 = contraction.right_forward(z1, eff1[m1:], p1.right_groups, bias1)
+        with torch.enable_grad():
+            y1 = y1.detach().requires_grad_(True)
+            hidden = ctx.activation(y1)
+        left2_in = [hidden.detach()] if n2 == 1 else contraction.left_forward(hidden.detach(), eff2[:m2],
+                                                                              p2.left_groups)[1]
+        dhidden, d_left2 = contraction.left_backward(dz2, eff2[:m2], left2_in, left2, p2.left_groups, True)
+        del left2_in
+        (dy1,) = torch.autograd.grad(hidden, y1, dhidden)
+        del hidden, y1, dhidden
+        dz1, d_right1, dbias1 = contraction.right_backward(dy1, eff1[m1:], right1_in, right1, p1.right_groups)
+        if p1.bias and dbias1 is None:
+            dbias1 = dy1.sum(0)
+        dx, d_left1 = contraction.left_backward(dz1, eff1[:m1], left1_in, left1, p1.left_groups,
+                                                ctx.needs_input_grad[2])
+        d_cores1, d_gates1 = core_and_gate_grads(d_left1 + d_right1, cores1, gates1)
+        d_cores2, d_gates2 = core_and_gate_grads(d_left2 + d_right2, cores2, gates2)
+        return (None, None, dx, dbias1, dbias2, *d_cores1, *d_gates1, *d_cores2, *d_gates2)
+
+
+def _fusable(p1: ContractionPlan, p2: ContractionPlan) -> bool:
+    """Both layers contract through their rank-r bond (no dense weight formed, no rank-0 bond)."""
+    return not (p1.dense or p2.dense or p1.zero or p2.zero)
+
+
+def feed_forward(first: nn.Module, activation: Callable[[torch.Tensor], torch.Tensor], second: nn.Module,
+                 x: torch.Tensor) -> torch.Tensor:
+    """``second(activation(first(x)))``, saving only rank-r products when both layers are TTLinear.
+
+    ``activation`` must be a deterministic elementwise function (it is re-run in backward; no dropout).
+    Any other layer pair (nn.Linear, adapters), inference (grad disabled), a layer at rank 0 or a plan that
+    forms the dense weight falls back to the plain composition, with the same result.
+    """
+    if not (isinstance(first, TTLinear) and isinstance(second, TTLinear)) or not torch.is_grad_enabled():
+        return second(activation(first(x)))
+    if first.out_features != second.in_features:
+        raise ValueError(f"feed_forward: first.out_features={first.out_features} does not match "
+                         f"second.in_features={second.in_features}")
+    if x.shape[-1] != first.in_features:
+        raise ValueError(f"feed_forward: expected input with last dimension {first.in_features}, "
+                         f"got shape {tuple(x.shape)}")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, first.in_features)
+    p1, p2 = first.plan(x2.shape[0]), second.plan(x2.shape[0])
+    if not _fusable(p1, p2):
+        return second(activation(first(x)))
+    params = _layer_params(first) + _layer_params(second)
+    bias1, bias2 = first.bias, second.bias
+    device_type = x.device.type
+    if torch.is_autocast_enabled(device_type):  # run in the autocast dtype with autocast off, like TTLinear
+        dtype = torch.get_autocast_dtype(device_type)
+        x2, params = x2.to(dtype), [p.to(dtype) for p in params]
+        bias1, bias2 = (b.to(dtype) if b is not None else None for b in (bias1, bias2))
+        with torch.autocast(device_type, enabled=False):
+            y = _TTFeedForwardFunction.apply((p1, p2), activation, x2.contiguous(), bias1, bias2, *params)
+    else:
+        y = _TTFeedForwardFunction.apply((p1, p2), activation, x2.contiguous(), bias1, bias2, *params)
+    return y.view(*lead, second.out_features)
