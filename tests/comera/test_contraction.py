@@ -1,4 +1,5 @@
-"""The contraction plan: printable, cached, strategy choice, and never costlier than opt_einsum.
+"""The contraction plan (printable, cached, strategy choice, never costlier than opt_einsum) and the
+product kernel its absorptions use.
 
 opt_einsum's cost convention (``PathInfo.opt_cost``, ``opt_einsum.helpers.flop_count``): a pairwise
 contraction with a summed index costs 2 x the product of all its index sizes, one without (an elementwise
@@ -10,7 +11,10 @@ import random
 
 import opt_einsum
 import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
 
+from comera import contraction
 from comera.contraction import ContractionPlan, make_plan
 
 PAPER_FFN = ((12, 8, 8), (12, 16, 16), (1, 12, 30, 30, 30, 16, 1))
@@ -161,3 +165,60 @@ def test_bad_strategy(strategies, match):
     with pytest.raises(ValueError, match=match):
         make_plan((4,), (4,), (1, 2, 1), 3, True, strategies)
 
+
+
+def _ops_run(fn) -> set[str]:
+    """Names of the ATen / oneDNN ops ``fn`` executes."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.add(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    with Recorder() as recorder:
+        fn()
+    return recorder.names
+
+
+@pytest.mark.parametrize("b_layout", ["contiguous", "transposed"])
+@pytest.mark.parametrize("rows", [8, 4096])
+def test_mm_equals_torch_mm_and_counts_its_flops(b_layout, rows):
+    """contraction._mm: small products and float64 take torch.mm, large float32 ones oneDNN's inner
+    product where this PyTorch has it; same result and the same FLOP count either way."""
+    torch.manual_seed(0)
+    a = torch.randn(rows, 64)
+    b = torch.randn(64, 48) if b_layout == "contiguous" else torch.randn(48, 64).t()
+    large = rows * 64 * 48 >= contraction.INNER_PRODUCT_MIN_MACS[0]
+    ops = _ops_run(lambda: contraction._mm(a, b))
+    assert ("mkldnn._linear_pointwise" in ops) == (large and contraction._INNER_PRODUCT is not None), ops
+    torch.testing.assert_close(contraction._mm(a, b), a.double().mm(b.double()).float(), rtol=1e-5, atol=1e-4)
+    with FlopCounterMode(display=False) as counter:
+        contraction._mm(a, b)
+    assert counter.get_total_flops() == 2 * rows * 64 * 48
+    a64, b64 = a.double(), b.double()
+    assert _ops_run(lambda: contraction._mm(a64, b64)) == {"aten.mm"}
+
+
+def test_mm_keeps_autograd_when_recording():
+    """With grad mode on and an operand that requires grad, the product must be differentiable."""
+    a = torch.randn(4096, 64, requires_grad=True)
+    b = torch.randn(64, 48)
+    out = contraction._mm(a, b)
+    assert out.grad_fn is not None
+    out.sum().backward()
+    torch.testing.assert_close(a.grad, b.sum(1).expand(4096, 64))
+
+
+def test_mm_falls_back_to_torch_mm_when_onednn_fails(monkeypatch):
+    def unsupported(*args):
+        raise RuntimeError("could not create a primitive descriptor")
+
+    monkeypatch.setattr(contraction, "_INNER_PRODUCT", unsupported)
+    a, b = torch.randn(4096, 64), torch.randn(64, 48)
+    torch.testing.assert_close(contraction._mm(a, b), torch.mm(a, b))
+    assert contraction._INNER_PRODUCT is None  # not tried again

@@ -219,3 +219,26 @@ def test_executed_matmul_flops_equal_plan_for_forced_strategies(strategies):
     with FlopCounterMode(display=False) as counter:
         tt_linear(x, layer.cores, layer.gates, layer.bias, plan).sum().backward()
     assert counter.get_total_flops() == sum(s.flops for s in plan.steps if "@" in s.expr), str(plan)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_float32_at_inner_product_sizes_matches_dense_reference(bias):
+    """Enough tokens that the absorptions leave torch.mm (contraction._mm); an expanded output gradient
+    (from ``y.sum()``) too, which the inner product cannot read in place."""
+    from comera import contraction
+
+    torch.manual_seed(0)
+    layer = TTLinear(768, 768, in_shape=[12, 8, 8], out_shape=[8, 8, 12], rank=30, bias=bias)
+    with torch.no_grad():
+        for gate in layer.gates:
+            gate.uniform_(0.3, 1.7)
+    tokens = 256
+    assert tokens * 768 * 30 >= contraction.INNER_PRODUCT_MIN_MACS[0]
+    x = torch.randn(tokens, 768)
+    _compare(layer, x, layer.plan(tokens), 1e-4)
+    x = x.requires_grad_(True)
+    params = [x, *layer.cores, *layer.gates] + ([layer.bias] if bias else [])
+    got = torch.autograd.grad(layer(x).sum(), params)
+    want = torch.autograd.grad((x @ layer.dense_weight() + (layer.bias if bias else 0)).sum(), params)
+    for a, b in zip(got, want):
+        assert ((a - b).norm() / b.norm()).item() <= 1e-4
