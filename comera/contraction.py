@@ -12,10 +12,17 @@ rank-``r_m`` activation ``z``:
 Each side is contracted group by group: its cores are split into consecutive groups, each group is
 merged into one block (a chain of small matmuls on the cores alone) and the activations absorb the
 blocks one after another. One group is the classic low-rank pair ("merge": form A, then one matmul with
-x); one group per core contracts the activations core by core ("sequential"). The plan takes, per side,
-the partition with the fewest FLOPs for the token count at hand (a dynamic program over the group
-boundaries), or the "dense" strategy (form W = A B and use plain matmuls) when that is cheaper, which
-happens only when r_m is close to full rank.
+x); one group per core contracts the activations core by core ("sequential"). The plan scores every
+grouping of both sides for the token count at hand (a side of k cores has 2^(k-1) groupings) and takes
+the cheapest (see below), or the "dense" strategy (form W = A B and use plain matmuls) when that has
+fewer FLOPs, which happens only when r_m is close to full rank.
+
+"Cheapest" weighs FLOPs and memory traffic: ``cost = flops + TRAFFIC_WEIGHT * traffic``, where the traffic
+of a step is the number of elements of its token-sized operands (read and written), as long as the plan's
+FLOPs stay within ``FLOP_SLACK`` of the fewest possible (else the FLOP-minimal plan). Every extra group adds
+a pass over a token-sized intermediate; on CPUs and GPUs alike a float moved costs tens of FLOPs, so a
+grouping that saves a few FLOPs but writes and re-reads an activation is slower in practice (measured:
+after halving the ranks of a 768->768 layer, the FLOP-optimal groups(1,2) plan ran slower than merge).
 
 FLOPs are counted the way ``opt_einsum`` counts them: a pairwise contraction with a summed index costs
 ``2 * prod(sizes of all its indices)`` (a multiply and an add per term), an elementwise product or a
@@ -48,6 +55,16 @@ class Step:
     expr: str
     """The operation with operand sizes, e.g. ``z = Z0[4096,768] @ A[768,30]``."""
     flops: int
+    traffic: int = 0
+    """Elements of the step's token-sized operands read and written (0 for steps on cores alone)."""
+
+
+TRAFFIC_WEIGHT = 32
+"""FLOPs charged per element of token-sized traffic when plans are compared: the order of the
+FLOP-per-float balance of current CPUs (~100 GFLOP/s vs ~3 Gfloat/s per core pair) and GPUs."""
+FLOP_SLACK = 0.5
+"""The lowest-cost plan is taken only when its FLOPs exceed the fewest possible by at most this fraction;
+otherwise the FLOP-minimal plan is (so traffic never buys a plan much above the FLOP optimum)."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +111,16 @@ class ContractionPlan:
         return self.forward_flops + self.backward_flops
 
     @property
+    def traffic(self) -> int:
+        """Forward plus backward elements of token-sized operands read and written."""
+        return sum(s.traffic for s in self.steps)
+
+    @property
+    def cost(self) -> int:
+        """What the plan minimizes: ``flops + TRAFFIC_WEIGHT * traffic``."""
+        return _cost((self.steps,))
+
+    @property
     def zero(self) -> bool:
         """True when some bond has rank 0: the weight is zero and nothing is contracted."""
         return 0 in self.ranks
@@ -106,7 +133,7 @@ class ContractionPlan:
         lines = [head]
         lines += [f"  {s.phase:<8} {s.name:<{width}}  {s.flops:>14,d}  {s.expr}" for s in self.steps]
         lines.append(f"  forward {self.forward_flops:,d}  backward {self.backward_flops:,d}  "
-                     f"total {self.flops:,d} FLOPs")
+                     f"total {self.flops:,d} FLOPs; token-sized traffic {self.traffic:,d} elements")
         return "\n".join(lines)
 
 
@@ -183,10 +210,11 @@ def _left_group(modes, ranks, tokens, m, a, b):
     chain_fwd, chain_bwd, rows = _left_chain(modes, ranks, a, b, block)
     rest = math.prod(modes[b:m])
     f = 2 * tokens * rows * ranks[b] * rest
+    io = tokens * rows * rest + tokens * ranks[b] * rest  # Z_a and Z_b (or dZ_a and dZ_b)
     fwd = chain_fwd + [Step("forward", f"absorb{a}", f"Z{b} = {block}[{rows},{ranks[b]}]^T @ "
-                            f"{_fmt(f'Z{a}', tokens, rows, rest)}", f)]
-    bwd = [Step("backward", f"dabsorb{a}", f"d{block} = sum_t Z{a} @ dZ{b}^T", f),
-           Step("backward", "dx" if a == 0 else f"dabsorb{a}'", f"dZ{a} = {block} @ dZ{b}", f)]
+                            f"{_fmt(f'Z{a}', tokens, rows, rest)}", f, io)]
+    bwd = [Step("backward", f"dabsorb{a}", f"d{block} = sum_t Z{a} @ dZ{b}^T", f, io),
+           Step("backward", "dx" if a == 0 else f"dabsorb{a}'", f"dZ{a} = {block} @ dZ{b}", f, io)]
     return fwd, bwd + chain_bwd
 
 
@@ -198,16 +226,17 @@ def _right_group(modes, ranks, tokens, m, a, b, fold_bias=False):
     chain_fwd, chain_bwd, cols = _right_chain(modes, ranks, a, b, block)
     rows = tokens * math.prod(modes[m:a])
     f = 2 * rows * ranks[a] * cols
+    io = rows * ranks[a] + rows * cols  # Y_a and Y_b (or dY_a and dY_b)
     if fold_bias:
         fa = 2 * rows * (ranks[a] + 1) * cols
         fwd = chain_fwd + [Step("forward", f"absorb{a}", f"y = [Y{a}|1][{rows},{ranks[a] + 1}] @ "
-                                f"[{block};b][{ranks[a] + 1},{cols}]", fa)]
-        bwd = [Step("backward", f"dabsorb{a}", f"[d{block};db] = [Y{a}|1]^T @ dy", fa)]
+                                f"[{block};b][{ranks[a] + 1},{cols}]", fa, io + rows)]
+        bwd = [Step("backward", f"dabsorb{a}", f"[d{block};db] = [Y{a}|1]^T @ dy", fa, io + rows)]
     else:
         fwd = chain_fwd + [Step("forward", f"absorb{a}", f"Y{b} = {_fmt(f'Y{a}', rows, ranks[a])} @ "
-                                f"{_fmt(block, ranks[a], cols)}", f)]
-        bwd = [Step("backward", f"dabsorb{a}", f"d{block} = Y{a}^T @ dY{b}", f)]
-    bwd.append(Step("backward", "dz" if a == m else f"dabsorb{a}'", f"dY{a} = dY{b} @ {block}^T", f))
+                                f"{_fmt(block, ranks[a], cols)}", f, io)]
+        bwd = [Step("backward", f"dabsorb{a}", f"d{block} = Y{a}^T @ dY{b}", f, io)]
+    bwd.append(Step("backward", "dz" if a == m else f"dabsorb{a}'", f"dY{a} = dY{b} @ {block}^T", f, io))
     return fwd, bwd + chain_bwd
 
 
@@ -223,26 +252,29 @@ def _dense_steps(modes, ranks, tokens, m):
     left_fwd, left_bwd, _ = _left_chain(modes, ranks, 0, m, "A")
     right_fwd, right_bwd, _ = _right_chain(modes, ranks, m, d, "B")
     w, apply = 2 * n_in * r * n_out, 2 * tokens * n_in * n_out
+    io = tokens * (n_in + n_out)
     fwd = left_fwd + right_fwd + [Step("forward", "weight", f"W = A[{n_in},{r}] @ B[{r},{n_out}]", w),
-                                  Step("forward", "y", f"y = x[{tokens},{n_in}] @ W[{n_in},{n_out}]", apply)]
-    bwd = [Step("backward", "dW", f"dW = x^T @ dy[{tokens},{n_out}]", apply),
-           Step("backward", "dx", "dx = dy @ W^T", apply),
+                                  Step("forward", "y", f"y = x[{tokens},{n_in}] @ W[{n_in},{n_out}]", apply, io)]
+    bwd = [Step("backward", "dW", f"dW = x^T @ dy[{tokens},{n_out}]", apply, io),
+           Step("backward", "dx", "dx = dy @ W^T", apply, io),
            Step("backward", "dA", "dA = dW @ B^T", w), Step("backward", "dB", "dB = A^T @ dW", w)]
     return fwd, bwd + right_bwd + left_bwd
 
 
-def _total(steps) -> int:
+def _flops(steps) -> int:
     return sum(s.flops for part in steps for s in part)
 
 
-def _best_groups(first: int, count: int, group_steps) -> tuple[int, ...]:
-    """The partition of cores first..first+count-1 into consecutive groups with the fewest FLOPs
-    (dynamic program over group boundaries; a group's cost does not depend on the other groups)."""
-    best = {0: (0, ())}
-    for b in range(1, count + 1):
-        best[b] = min(((best[a][0] + _total(group_steps(first + a, first + b)), best[a][1] + (b - a,))
-                       for a in range(b)), key=lambda item: item[0])
-    return best[count][1]
+def _cost(steps) -> int:
+    return sum(s.flops + TRAFFIC_WEIGHT * s.traffic for part in steps for s in part)
+
+
+@functools.lru_cache(maxsize=None)
+def _partitions(count: int) -> tuple[tuple[int, ...], ...]:
+    """Every split of ``count`` consecutive cores into groups (2^(count-1) of them)."""
+    if count == 0:
+        return ((),)
+    return tuple((k,) + rest for k in range(1, count + 1) for rest in _partitions(count - k))
 
 
 def _groups_of(choice, count: int, side: str) -> tuple[int, ...]:
@@ -260,7 +292,9 @@ def _groups_of(choice, count: int, side: str) -> tuple[int, ...]:
 @functools.lru_cache(maxsize=4096)
 def make_plan(in_shape: tuple[int, ...], out_shape: tuple[int, ...], ranks: tuple[int, ...],
               tokens: int, bias: bool = True, strategies: tuple | str | None = None) -> ContractionPlan:
-    """The plan with the fewest FLOPs (forward + backward), or the one forced by ``strategies``.
+    """The plan of the lowest :attr:`ContractionPlan.cost` (forward + backward FLOPs plus weighted
+    token-sized traffic) among those within ``FLOP_SLACK`` of the fewest FLOPs, or the one forced by
+    ``strategies``.
 
     ``strategies`` (for tests and micro-benchmarks) is "dense" or a (left, right) pair, each "merge",
     "sequential" or a tuple of group sizes. Steps are listed in execution order. Cached: the same
@@ -278,8 +312,9 @@ def make_plan(in_shape: tuple[int, ...], out_shape: tuple[int, ...], ranks: tupl
     if strategies not in (None, "dense") and (not isinstance(strategies, tuple) or len(strategies) != 2):
         raise ValueError(f"make_plan: strategies must be 'dense' or a (left, right) pair, got {strategies!r}")
     n_out = math.prod(out_shape)
-    bias_fwd = [Step("forward", "bias", f"y += b[{n_out}]", tokens * n_out)] if bias else []
-    bias_bwd = [Step("backward", "dbias", f"db = sum_t dy[{tokens},{n_out}]", tokens * n_out)] if bias else []
+    bias_fwd = [Step("forward", "bias", f"y += b[{n_out}]", tokens * n_out, 2 * tokens * n_out)] if bias else []
+    bias_bwd = ([Step("backward", "dbias", f"db = sum_t dy[{tokens},{n_out}]", tokens * n_out, tokens * n_out)]
+                if bias else [])
     if 0 in ranks:
         return ContractionPlan(in_shape, out_shape, ranks, tokens, bias, False, (), (),
                                tuple(bias_fwd + bias_bwd))
@@ -287,22 +322,32 @@ def make_plan(in_shape: tuple[int, ...], out_shape: tuple[int, ...], ranks: tupl
     dense_fwd, dense_bwd = _dense_steps(modes, ranks, tokens, m)
     left_group = functools.partial(_left_group, modes, ranks, tokens, m)
     right_group = functools.partial(_right_group, modes, ranks, tokens, m)
-    if strategies is None:
-        left, right = _best_groups(0, m, left_group), _best_groups(m, q, right_group)
-    elif strategies != "dense":
-        left, right = _groups_of(strategies[0], m, "left"), _groups_of(strategies[1], q, "right")
-    dense_steps = gates_fwd + dense_fwd + bias_fwd + bias_bwd + dense_bwd + gates_bwd
+    dense = ContractionPlan(in_shape, out_shape, ranks, tokens, bias, True, (m,), (q,),
+                            tuple(gates_fwd + dense_fwd + bias_fwd + bias_bwd + dense_bwd + gates_bwd))
     if strategies == "dense":
-        return ContractionPlan(in_shape, out_shape, ranks, tokens, bias, True, (m,), (q,), tuple(dense_steps))
-    fold = bias and len(right) == 1  # the bias rides in the output GEMM: no separate passes over y, dy
-    left_fwd, left_bwd = _side_steps(left_group, _bounds(left))
-    right_fwd, right_bwd = _side_steps(functools.partial(right_group, fold_bias=fold), _bounds(right, m))
-    if fold:
-        bias_fwd = bias_bwd = []
-    steps = gates_fwd + left_fwd + right_fwd + bias_fwd + bias_bwd + right_bwd + left_bwd + gates_bwd
-    if strategies is None and _total((dense_steps,)) < _total((steps,)):
-        return ContractionPlan(in_shape, out_shape, ranks, tokens, bias, True, (m,), (q,), tuple(dense_steps))
-    return ContractionPlan(in_shape, out_shape, ranks, tokens, bias, False, left, right, tuple(steps))
+        return dense
+
+    def sides(left: tuple[int, ...], right: tuple[int, ...]):
+        fold = bias and len(right) == 1  # the bias rides in the output GEMM: no separate passes over y, dy
+        left_fwd, left_bwd = _side_steps(left_group, _bounds(left))
+        right_fwd, right_bwd = _side_steps(functools.partial(right_group, fold_bias=fold), _bounds(right, m))
+        return left_fwd, right_fwd + ([] if fold else bias_fwd + bias_bwd) + right_bwd, left_bwd
+
+    def grouped(left: tuple[int, ...], right: tuple[int, ...]) -> ContractionPlan:
+        steps = gates_fwd + [s for part in sides(left, right) for s in part] + gates_bwd
+        return ContractionPlan(in_shape, out_shape, ranks, tokens, bias, False, left, right, tuple(steps))
+
+    if strategies is not None:
+        return grouped(_groups_of(strategies[0], m, "left"), _groups_of(strategies[1], q, "right"))
+    # Every grouping of both sides (at most 2^(d-2) pairs), scored without building plans.
+    scored = [(_flops(sides(left, right)), _cost(sides(left, right)), left, right)
+              for left in _partitions(m) for right in _partitions(q)]
+    fewest = min(flops for flops, *_ in scored)
+    if dense.flops < fewest + _flops((gates_fwd, gates_bwd)):
+        return dense
+    _, _, left, right = min((cost, flops, left, right) for flops, cost, left, right in scored
+                            if flops <= (1 + FLOP_SLACK) * fewest)
+    return grouped(left, right)
 
 
 # --------------------------------------------------------------------------------------------------
