@@ -15,10 +15,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import torch
 from torch import nn
 
 from baselines.base import Prepared
+from baselines.dense import adamw
 from comera import rank as rank_lib
 from comera.convert import model_size, tensorize
 from comera.ttm import LOOKUP_MODES
@@ -84,7 +84,7 @@ class CoMERAMethod:
         lrs = {group: params[f"lr_{group}"] or workload.lr.get(group) or DEFAULT_LR[group]
                for group in DEFAULT_LR}
         groups = _param_groups(model, lrs)
-        optimizer = torch.optim.AdamW(groups, lr=lrs["other"], weight_decay=params["weight_decay"])
+        optimizer, impl = adamw(groups, lr=lrs["other"], weight_decay=params["weight_decay"])
         late_start = None
         if target_ratio is not None:
             late_start = max(1, round(params["early_fraction"] * total_steps))
@@ -100,7 +100,7 @@ class CoMERAMethod:
             total_loss=adaptation.objective,
             after_step=adaptation.after_step,
             settings={**params, "lr": lrs, "late_start_step": late_start, "target_ratio": target_ratio,
-                      "conversion": report.as_dict()},
+                      "conversion": report.as_dict(), "optimizer": "torch.optim.AdamW", "optimizer_impl": impl},
             ranks=lambda: rank_lib.ranks(model),
             size=lambda: model_size(model),
         )

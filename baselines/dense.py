@@ -1,10 +1,11 @@
 """Uncompressed training: the dense model with torch AdamW.
 
-Also holds what the other dense-model baselines (GaLore, LTE) share: the workload's learning rate and
-the size record of an uncompressed model.
+Also holds what the other methods share: the workload's learning rate, the size record of an
+uncompressed model (GaLore, LTE) and :func:`adamw`, the AdamW of dense, CoMERA and LTE.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -38,6 +39,24 @@ def workload_lr(method: str, workload: Any, lr: float | None) -> float:
     return float(workload.lr["dense"])
 
 
+def adamw(params: Iterable[Any], *, lr: float, weight_decay: float) -> tuple[torch.optim.AdamW, str]:
+    """torch's AdamW with the fastest implementation torch offers for these parameters, and its name:
+    "fused" (one kernel over all tensors: CUDA, and CPU since torch 2.4) where every parameter is a
+    floating-point tensor on a device torch has fused kernels for, else "foreach" (multi-tensor), else
+    "for-loop". ``params`` are tensors or param-group dicts, as for torch.optim.AdamW."""
+    params = list(params)
+    tensors = [p for item in params for p in (item["params"] if isinstance(item, dict) else [item])]
+    try:  # torch's own rule for choosing fused / foreach (private; absent in old versions)
+        from torch.optim.optimizer import _default_to_fused_or_foreach
+        fused, foreach = _default_to_fused_or_foreach(tensors, differentiable=False, use_fused=True)
+    except (ImportError, TypeError):
+        fused, foreach = False, False
+    impl = "fused" if fused else "foreach" if foreach else "for-loop"
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused or None,
+                                  foreach=foreach if not fused else None)
+    return optimizer, impl
+
+
 def uncompressed_size(model: nn.Module, workload: Any, deployed: list[nn.Parameter] | None = None
                       ) -> dict[str, float]:
     """Size record (DESIGN.md 3) of an uncompressed model: ``params_total`` counts ``deployed`` (default:
@@ -64,8 +83,9 @@ class DenseMethod:
         params = check_params(params)
         lr = workload_lr(self.name, workload, params["lr"])
         trainable = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=params["weight_decay"])
-        settings = {"optimizer": "torch.optim.AdamW", "lr": lr, "weight_decay": params["weight_decay"],
+        optimizer, impl = adamw(trainable, lr=lr, weight_decay=params["weight_decay"])
+        settings = {"optimizer": "torch.optim.AdamW", "optimizer_impl": impl, "lr": lr,
+                    "weight_decay": params["weight_decay"],
                     "trainable_params": trainable_parameters(model)}
         size = uncompressed_size(model, workload)
         return Prepared(model=model, optimizers=[optimizer], settings=settings, size=lambda: dict(size))

@@ -31,7 +31,7 @@ from torch import nn
 
 from . import positive, validate_params
 from .base import Prepared, trainable_parameters
-from .dense import uncompressed_size, workload_lr
+from .dense import adamw, uncompressed_size, workload_lr
 
 PRESETS: dict[str, dict[str, Any]] = {
     "default": {"heads": 1, "rank": 8, "alpha": 16.0, "merge_every": 1, "lr": None},
@@ -157,7 +157,7 @@ class LTEMethod:
         heads = [p for m in layers for p in (m.lora_A, m.lora_B)]
         other = [p for p in model.parameters() if p.requires_grad and id(p) not in head_ids]
         groups = [{"params": heads, "lr": lr_heads}] + ([{"params": other, "lr": lr_other}] if other else [])
-        optimizer = torch.optim.AdamW(groups, lr=lr_heads, weight_decay=params["weight_decay"])
+        optimizer, impl = adamw(groups, lr=lr_heads, weight_decay=params["weight_decay"])
         snapshot_ids = {id(p) for m in layers for p in (m.snapshot_A, m.snapshot_B)}
         deployed = [p for p in model.parameters() if id(p) not in head_ids | snapshot_ids]
         size = uncompressed_size(model, workload, deployed)
@@ -176,7 +176,7 @@ class LTEMethod:
             return {"lte_merges": float(merges["count"])}
 
         settings = {
-            "optimizer": "torch.optim.AdamW", "preset": params["preset"], "heads": params["heads"],
+            "optimizer": "torch.optim.AdamW", "optimizer_impl": impl, "preset": params["preset"], "heads": params["heads"],
             "rank": params["rank"], "alpha": params["alpha"], "scaling": params["alpha"] / params["rank"],
             "merge_every": params["merge_every"], "restart": "resetless (snapshot subtracted)",
             "lr": lr_heads, "lr_other": lr_other, "weight_decay": params["weight_decay"],

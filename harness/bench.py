@@ -18,8 +18,22 @@ the two ops, and the roofline bound ``max(F_a/P, B_a/W) / max(F_b/P, B_b/W)`` wi
 ``P`` and copy bandwidth ``W`` measured in the same run (harness.microbench.TrafficCounter defines B).
 Memory kinds: ``cpu_allocated`` / ``cuda_allocated`` for single ops (see harness.microbench), and for a
 training step ``cpu_rss_delta`` (process RSS high-water mark during the steps minus the RSS before the
-model was built; the mark is reset after the method is prepared, so the transient dense model that
-CoMERA converts does not count) or ``cuda_allocated`` (peak allocated minus allocated before the build).
+model was built) or ``cuda_allocated`` (peak allocated minus allocated before the build). On CPU the
+free heap is handed back to the kernel (``harness.allocator.release_free_memory``, glibc malloc_trim)
+before the baseline is read and again after the method is prepared, just before the high-water mark is
+reset: the dense model that CoMERA converts is freed by then, but glibc would otherwise keep its pages
+resident and the mark would start above what the training steps use.
+
+Allocator: every measuring process (this one and each step worker) applies the ``--allocator`` policy
+of :mod:`harness.allocator` (default "reuse": freed memory is kept for reuse instead of being unmapped
+and page-faulted again); what was applied is printed in the header and recorded in every row.
+
+Target 3's table-memory row counts what the table costs in training: parameters + parameter gradients
++ the lookup's working memory beyond the (N x d) output (the peak of one forward+backward minus the
+output and the gradients; the output gradient is an input and not counted either), i.e. what differs
+between the two layers, which produce the same output and receive the same output gradient.
+Target 4 carries its Amdahl bound: the share ``f`` of the step spent in the tensorized layers'
+forward+backward and the speedup ``s`` of those layers after halving give at most ``1/((1-f)+f/s)``.
 """
 from __future__ import annotations
 
@@ -39,11 +53,13 @@ from typing import Any, Callable
 
 import torch
 
+from harness import allocator as allocator_lib
 from harness import microbench as mb
 
 TARGET_NAMES = {1: "TTLinear vs nn.Linear", 2: "transformer step", 3: "TTM lookup",
                 4: "step after halving ranks", 5: "plan FLOPs vs opt_einsum"}
-VERDICTS = ("pass", "short", "error")
+VERDICTS = ("pass", "short", "error", "info")
+"""info: a row without a goal (context for another row; no verdict)."""
 
 
 @dataclass
@@ -52,7 +68,8 @@ class BenchRow:
 
     target: int
     what: str
-    goal: float
+    goal: float | None
+    """None for an informational row (verdict "info")."""
     better: str
     """">=": measured must reach goal; "<=": measured must stay at or below it."""
     measured: float | None
@@ -67,14 +84,16 @@ class BenchRow:
     note: str = ""
 
 
-def verdict(measured: float | None, goal: float, better: str) -> str:
-    """pass / short, or error when nothing was measured."""
+def verdict(measured: float | None, goal: float | None, better: str) -> str:
+    """pass / short, error when nothing was measured, info for a row without a goal."""
     if measured is None or not math.isfinite(measured):
         return "error"
+    if goal is None:
+        return "info"
     return "pass" if (measured >= goal if better == ">=" else measured <= goal) else "short"
 
 
-def make_row(target: int, what: str, goal: float, measured: float | None, *, better: str = ">=",
+def make_row(target: int, what: str, goal: float | None, measured: float | None, *, better: str = ">=",
              **fields: Any) -> BenchRow:
     return BenchRow(target, what, goal, better, measured, verdict(measured, goal, better), **fields)
 
@@ -129,10 +148,17 @@ class Config:
     quick: bool
     rounds: int
     min_run_time_s: float
+    allocator: str = "reuse"
+    """Policy of harness.allocator for this process and the step workers."""
+    allocator_applied: str = ""
+    """What applying it did here (set by run_targets)."""
 
     @classmethod
-    def make(cls, device: str, num_threads: int, quick: bool) -> "Config":
-        return cls(mb.resolve_device(device), num_threads, quick, 2 if quick else 3, 0.05 if quick else 0.5)
+    def make(cls, device: str, num_threads: int, quick: bool, allocator: str = "reuse") -> "Config":
+        if allocator not in allocator_lib.POLICIES:
+            raise ValueError(f"--allocator {allocator!r}: expected one of {list(allocator_lib.POLICIES)}")
+        return cls(mb.resolve_device(device), num_threads, quick, 2 if quick else 3, 0.05 if quick else 0.5,
+                   allocator)
 
     def label(self) -> str:
         return f"{'quick, ' if self.quick else ''}{self.rounds} rounds x {self.min_run_time_s}s blocks"
@@ -182,8 +208,35 @@ EMBEDDING_TABLE = {"full": mb.PAPER_TABLE,
 EMBEDDING_INDICES = {"full": [10_000, 20_000, 40_000], "quick": [1000, 2000]}
 
 
+def grad_bytes(module: torch.nn.Module) -> int:
+    """Bytes of the dense gradients of the module's trainable parameters."""
+    return sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+
+
+@dataclass
+class TableMemory:
+    """Training memory of an embedding table at one lookup (bytes): parameters, parameter gradients and
+    the working memory of forward+backward beyond the output (N x d) and the gradients."""
+
+    params: int
+    grads: int
+    working: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.working
+
+    @classmethod
+    def of(cls, module: torch.nn.Module, peak: int, output_bytes: int) -> "TableMemory":
+        grads = grad_bytes(module)
+        return cls(mb.param_bytes(module), grads, peak - output_bytes - grads)
+
+    def __str__(self) -> str:
+        return f"{self.total} B = params {self.params} + grads {self.grads} + working {self.working}"
+
+
 def target_embedding(cfg: Config, roof: Roofline) -> list[BenchRow]:
-    """TTM optimized vs naive lookup (fwd+bwd time and peak memory); TTM vs nn.Embedding footprint."""
+    """TTM optimized vs naive lookup (fwd+bwd time and peak memory); TTM vs nn.Embedding table memory."""
     key = "quick" if cfg.quick else "full"
     table = EMBEDDING_TABLE[key]
     variants = ("ttm_naive", "ttm_optimized", "dense_grad")
@@ -199,7 +252,9 @@ def target_embedding(cfg: Config, roof: Roofline) -> list[BenchRow]:
         for v, (run, reset) in calls.items():
             peaks[v], kind = mb.peak_memory(run, cfg.device, reset)
         cost = {v: mb.count_cost(run) for v, (run, _) in calls.items()}
+        output_bytes = count * table["embedding_dim"] * modules["dense_grad"].weight.element_size()
         footprint = {v: peaks[v] + mb.param_bytes(modules[v]) for v in variants}
+        memory = {v: TableMemory.of(modules[v], peaks[v], output_bytes) for v in ("ttm_optimized", "dense_grad")}
         unique = int(torch.unique(idx).numel())
         settings = f"table {shape}, {unique} unique rows, zipf 1.05, {cfg.label()}"
         common = {"settings": settings}
@@ -216,10 +271,16 @@ def target_embedding(cfg: Config, roof: Roofline) -> list[BenchRow]:
             _ratio(peaks["ttm_naive"], peaks["ttm_optimized"]),
             medians=f"naive {peaks['ttm_naive']} B, optimized {peaks['ttm_optimized']} B ({kind})", **common))
         rows.append(make_row(
-            3, f"nn.Embedding (dense grad) vs TTM footprint (params + fwd+bwd peak), {count} indices", 15.0,
+            3, f"nn.Embedding (dense grad) / TTM table memory (params + grads + lookup working memory "
+               f"beyond the {count}x{table['embedding_dim']} output), {count} indices", 15.0,
+            _ratio(memory["dense_grad"].total, memory["ttm_optimized"].total),
+            medians=f"nn.Embedding {memory['dense_grad']}; TTM {memory['ttm_optimized']} ({kind})", **common))
+        rows.append(make_row(
+            3, f"nn.Embedding (dense grad) / TTM footprint (params + fwd+bwd peak, which includes the "
+               f"{output_bytes} B output both produce), {count} indices", None,
             _ratio(footprint["dense_grad"], footprint["ttm_optimized"]),
             medians=f"nn.Embedding {footprint['dense_grad']} B, TTM {footprint['ttm_optimized']} B ({kind})",
-            **common))
+            note="informational: the table-memory row above carries the goal", **common))
     return rows
 
 
@@ -275,10 +336,71 @@ def _warm_up_torch(device: torch.device) -> None:
     opt.step()
 
 
+def _capture_tensorized_inputs(model: torch.nn.Module, forward: Callable[[], Any]) -> dict[str, torch.Tensor]:
+    """The first positional input each tensorized module (comera.rank.tensorized_modules) receives during
+    ``forward()`` (run without gradients): index tensors as they are, float inputs as empty tensors of
+    the same shape (only their shape matters for timing)."""
+    from comera.rank import tensorized_modules
+
+    seen: dict[str, torch.Tensor] = {}
+    handles = []
+    for name, module in tensorized_modules(model):
+        def hook(_module, args, name=name):
+            x = args[0]
+            seen.setdefault(name, x.detach().clone() if not x.is_floating_point() else
+                            torch.empty(x.shape, dtype=x.dtype, device=x.device))
+        handles.append(module.register_forward_pre_hook(hook))
+    try:
+        with torch.no_grad():
+            forward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen
+
+
+def tensorized_layer_ms(model: torch.nn.Module, inputs: dict[str, torch.Tensor], device: torch.device,
+                        repeats: int = 3) -> float:
+    """Sum over the tensorized modules of the median (``repeats`` calls after one warm-up) of one
+    forward+backward on its captured input (random values, random output gradient, input gradient for
+    float inputs); the parameters' gradients are dropped afterwards."""
+    from comera.rank import tensorized_modules
+
+    modules = dict(tensorized_modules(model))
+    total = 0.0
+    for name, shape_of in inputs.items():
+        x = torch.randn_like(shape_of) if shape_of.is_floating_point() else shape_of
+        run, reset = mb._call(modules[name], x, "fwd_bwd", wrt_input=x.is_floating_point())
+        run()
+        times = []
+        for _ in range(repeats):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            run()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append((time.perf_counter() - start) * 1e3)
+        reset()
+        total += statistics.median(times)
+    return total
+
+
+def amdahl_bound(share: float, layer_speedup: float) -> float:
+    """Step speedup when a share ``share`` of the step gets ``layer_speedup`` times faster."""
+    return 1.0 / ((1.0 - share) + share / layer_speedup)
+
+
 def step_worker(job: dict[str, Any]) -> dict[str, Any]:
-    """Time full training steps of one configuration in this process (run in a fresh subprocess)."""
+    """Time full training steps of one configuration in this process (run in a fresh subprocess), under
+    the job's allocator policy."""
+    with allocator_lib.policy(job.get("allocator", "reuse")) as applied:
+        return _step_worker(job, applied)
+
+
+def _step_worker(job: dict[str, Any], allocator_applied: str) -> dict[str, Any]:
     from baselines import check_params, get_method
-    from comera.rank import ranks
+    from comera.rank import ranks, tensorized_modules
     from harness.workloads import build_workload
 
     device = mb.resolve_device(job["device"])
@@ -292,6 +414,7 @@ def step_worker(job: dict[str, Any]) -> dict[str, Any]:
     if device.type == "cuda":
         base = torch.cuda.memory_allocated(device)
     else:
+        allocator_lib.release_free_memory()
         base = _proc_status("VmRSS")
     workload = build_workload("transformer", params, batch_size=job["batch_size"], seed=job["seed"], device=device)
     method = get_method(job["method"])
@@ -305,6 +428,7 @@ def step_worker(job: dict[str, Any]) -> dict[str, Any]:
         torch.cuda.reset_peak_memory_stats(device)
         kind = "cuda_allocated"
     else:
+        allocator_lib.release_free_memory()  # the converted dense model's freed pages leave the RSS
         kind = "cpu_rss_delta" if _reset_rss_peak() else "cpu_rss_delta_since_start"
 
     def one_step(step: int, batch) -> float:
@@ -328,10 +452,15 @@ def step_worker(job: dict[str, Any]) -> dict[str, Any]:
     else:
         peak = (_proc_status("VmHWM") or 0) - (base or 0)
     out = {"step_ms": statistics.median(times), "step_ms_all": times, "peak_bytes": peak, "peak_kind": kind,
-           "ranks": ranks(model), "method_settings": prepared.settings}
-    if job.get("halve"):
+           "ranks": ranks(model), "method_settings": prepared.settings, "allocator": allocator_applied}
+    if job.get("halve"):  # after the timed steps and the memory reading: nothing here is in them
+        inputs = _capture_tensorized_inputs(model, lambda: workload.loss(model, batches[0]))
+        layers_before = tensorized_layer_ms(model, inputs, device)
         out["ranks_halved"] = halve_ranks(model, job["threshold"], prepared.optimizers)
         out["step_ms_halved"] = statistics.median(timed(steps + warmup))
+        layers_after = tensorized_layer_ms(model, inputs, device)
+        out.update(tt_layers_ms=layers_before, tt_layers_ms_halved=layers_after, tt_layers_seen=len(inputs),
+                   tt_layers=len(tensorized_modules(model)))
     return out
 
 
@@ -360,8 +489,22 @@ def step_jobs(cfg: Config, targets: set[int]) -> dict[str, dict[str, Any]]:
                           "workload_params": STEP_WORKLOAD[key], "device": cfg.device.type, "seed": 0,
                           "threads": cfg.num_threads, "warmup": 1,
                           "steps": 2 if cfg.quick else 3, "halve": name == "comera_b32" and 4 in targets,
-                          "threshold": 1e-2}
+                          "threshold": 1e-2, "allocator": cfg.allocator}
     return jobs
+
+
+def amdahl_note(result: dict[str, Any]) -> str:
+    """The Amdahl bound of target 4 from a step worker's result ("" when it was not measured)."""
+    needed = ("step_ms", "tt_layers_ms", "tt_layers_ms_halved")
+    if not all(result.get(k) for k in needed):
+        return ""
+    share = min(1.0, result["tt_layers_ms"] / result["step_ms"])
+    speedup = result["tt_layers_ms"] / result["tt_layers_ms_halved"]
+    return (f"Amdahl: TT/TTM layers fwd+bwd take f={share:.2f} of the step before halving "
+            f"({result['tt_layers_ms']:.1f} of {result['step_ms']:.1f} ms, {result.get('tt_layers_seen')} of "
+            f"{result.get('tt_layers')} tensorized modules, each re-run alone on its step input), "
+            f"s={speedup:.2f}x faster after halving ({result['tt_layers_ms_halved']:.1f} ms): "
+            f"step speedup <= 1/((1-f)+f/s) = {amdahl_bound(share, speedup):.2f}x")
 
 
 def _fmt_bytes(n: float | None) -> str:
@@ -383,9 +526,12 @@ def target_steps(cfg: Config, targets: set[int], timeout_s: float) -> list[Bench
                f"{b} {get(b, 'step_ms') or float('nan'):.1f} ms / {_fmt_bytes(get(b, 'peak_bytes'))}"
 
     kind = next((r["peak_kind"] for r in res.values() if "peak_kind" in r), "n/a")
+    differing = sorted({r["allocator"] for r in res.values() if r.get("allocator", cfg.allocator_applied)
+                        != cfg.allocator_applied})  # the workers normally apply what this process did
     some_job = next(iter(jobs.values()))
     base = (f"transformer size={size}, one process per config, {some_job['steps']} timed steps "
-            f"after {some_job['warmup']} warm-up, memory {kind}")
+            f"after {some_job['warmup']} warm-up, memory {kind}"
+            + (f", worker allocator {' / '.join(differing)}" if differing else ""))
     rows = []
     if 2 in targets:
         b32 = jobs["dense_b32"]["batch_size"]
@@ -410,7 +556,8 @@ def target_steps(cfg: Config, targets: set[int], timeout_s: float) -> list[Bench
         rows.append(make_row(4, f"CoMERA step speedup after halving every rank, batch {jobs['comera_b32']['batch_size']}",
                              1.5, _ratio(before, after),
                              medians=f"before {before or float('nan'):.1f} ms, after {after or float('nan'):.1f} ms",
-                             settings=f"{base}; {change}", note=errors))
+                             settings=f"{base}; {change}", note="; ".join(filter(None, [
+                                 amdahl_note(res.get("comera_b32", {})), errors]))))
     return rows
 
 
@@ -490,7 +637,15 @@ def target_plans(cfg: Config) -> list[BenchRow]:
 
 def run_targets(targets: set[int], cfg: Config, *, step_timeout_s: float = 1800,
                 progress: Callable[[str], None] = lambda line: None) -> list[BenchRow]:
-    """Measure the chosen targets; a target that fails becomes an error row naming the exception."""
+    """Measure the chosen targets under ``cfg.allocator`` (this process; the step workers apply it to
+    themselves); a target that fails becomes an error row naming the exception."""
+    with allocator_lib.policy(cfg.allocator) as cfg.allocator_applied:
+        progress(f"allocator: {cfg.allocator} ({cfg.allocator_applied})")
+        return _run_targets(targets, cfg, step_timeout_s, progress)
+
+
+def _run_targets(targets: set[int], cfg: Config, step_timeout_s: float,
+                 progress: Callable[[str], None]) -> list[BenchRow]:
     torch.set_num_threads(cfg.num_threads)
     torch.manual_seed(0)
     roof = measure_roofline(cfg.device, cfg.num_threads, size=512 if cfg.quick else 2048,
@@ -518,8 +673,9 @@ def run_targets(targets: set[int], cfg: Config, *, step_timeout_s: float = 1800,
             progress(format_row(row))
         rows += new
     rows.sort(key=lambda r: r.target)
-    if roof:
-        for row in rows:
+    for row in rows:
+        row.settings += f"; allocator {cfg.allocator} ({cfg.allocator_applied})"
+        if roof:
             row.settings += f"; roofline {roof.flops_per_s / 1e9:.1f} GFLOP/s, {roof.bytes_per_s / 1e9:.1f} GB/s"
     return rows
 
@@ -529,8 +685,8 @@ def _num(x: float | None, fmt: str = "{:.2f}") -> str:
 
 
 def format_row(row: BenchRow) -> str:
-    return (f"[{row.target}] {row.what}: {_num(row.measured)} (goal {row.better} {_num(row.goal)}) "
-            f"-> {row.verdict}  {row.medians} {row.note}")
+    goal = "no goal" if row.goal is None else f"goal {row.better} {_num(row.goal)}"
+    return f"[{row.target}] {row.what}: {_num(row.measured)} ({goal}) -> {row.verdict}  {row.medians} {row.note}"
 
 
 TABLE_COLUMNS = ["target", "what", "measured", "goal", "verdict", "flop_ratio", "traffic_ratio",
@@ -541,24 +697,27 @@ def to_markdown(rows: list[BenchRow]) -> str:
     head = "| " + " | ".join(TABLE_COLUMNS) + " |\n|" + "---|" * len(TABLE_COLUMNS) + "\n"
     lines = []
     for r in rows:
-        cells = [str(r.target), r.what, _num(r.measured), f"{r.better} {_num(r.goal)}", r.verdict,
+        cells = [str(r.target), r.what, _num(r.measured), "" if r.goal is None else f"{r.better} {_num(r.goal)}", r.verdict,
                  _num(r.flop_ratio), _num(r.traffic_ratio), _num(r.roofline_bound), r.medians, r.device,
                  str(r.threads), r.settings, r.note]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return head + "\n".join(lines) + "\n"
 
 
-def write_outputs(rows: list[BenchRow], out_dir: Path, device: torch.device) -> tuple[Path, Path]:
-    """results/bench/bench_<device>.md and .parquet (provenance in the Parquet metadata)."""
+def write_outputs(rows: list[BenchRow], out_dir: Path, device: torch.device,
+                  allocator: str = "") -> tuple[Path, Path]:
+    """results/bench/bench_<device>.md and .parquet (provenance, with the allocator applied, in the
+    Parquet metadata)."""
     import pandas as pd
 
     from harness.results import provenance, write_parquet_atomic
 
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = out_dir / f"bench_{device.type}"
-    prov = provenance(device)
+    prov = {**provenance(device), "allocator": allocator}
     md = stem.with_suffix(".md")
-    md.write_text(f"# comera-bench bench ({prov['device_name']}, {prov['started_at']})\n\n" + to_markdown(rows))
+    md.write_text(f"# comera-bench bench ({prov['device_name']}, {prov['started_at']})\n\n"
+                  + (f"Allocator: {allocator}\n\n" if allocator else "") + to_markdown(rows))
     frame = pd.DataFrame([asdict(r) for r in rows])
     pq = write_parquet_atomic(frame, stem.with_suffix(".parquet"), provenance=prov)
     return md, pq
@@ -576,7 +735,8 @@ def parse_targets(text: str) -> set[int]:
 
 
 def cli(argv: list[str]) -> int:
-    """``comera-bench bench [--quick] [--targets 1,2,...] [--device cpu|cuda|auto] [--threads N]``"""
+    """``comera-bench bench [--quick] [--targets 1,2,...] [--device cpu|cuda|auto] [--threads N]
+    [--allocator reuse|system]``"""
     ap = argparse.ArgumentParser(prog="comera-bench bench", description="Measure and judge the performance "
                                  "targets (ratios measured in the same run).")
     ap.add_argument("--quick", action="store_true", help="reduced sizes and repeats (tests, smoke runs)")
@@ -585,6 +745,9 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
     ap.add_argument("--out-dir", default="results/bench", help="where the .md and .parquet go")
     ap.add_argument("--step-timeout", type=float, default=1800, help="seconds per transformer-step subprocess")
+    ap.add_argument("--allocator", choices=allocator_lib.POLICIES, default="reuse",
+                    help="CPU allocator policy of this process and the step workers (default reuse; "
+                         "see harness.allocator)")
     ap.add_argument("--step-worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.step_worker:
@@ -592,13 +755,15 @@ def cli(argv: list[str]) -> int:
         return 0
     try:
         targets = parse_targets(args.targets)
-        cfg = Config.make(args.device, args.threads, args.quick)
+        cfg = Config.make(args.device, args.threads, args.quick, args.allocator)
     except (ValueError, RuntimeError) as exc:
         print(f"comera-bench bench: {exc}", file=sys.stderr)
         return 2
     rows = run_targets(targets, cfg, step_timeout_s=args.step_timeout,
                        progress=lambda line: print(line, file=sys.stderr, flush=True))
-    md, pq = write_outputs(rows, Path(args.out_dir), cfg.device)
+    applied = f"{cfg.allocator}: {cfg.allocator_applied}"
+    md, pq = write_outputs(rows, Path(args.out_dir), cfg.device, applied)
+    print(f"Allocator: {applied}\n")
     print(to_markdown(rows))
     print(f"-> {md}, {pq}")
     return 0

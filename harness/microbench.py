@@ -19,6 +19,8 @@ parameters and the output gradient are not counted):
 * CPU: the peak of the running sum of the CPU allocator's allocation and free events recorded by
   ``torch.profiler`` (``profile_memory=True``) during one call (kind ``cpu_allocated``).
 The kind is stored in the file metadata (``peak_mem_kind``) since it follows from the device.
+Allocator: the spec's ``allocator`` ("reuse", default, or "system"; ``--allocator`` overrides it) is
+applied to the process while measuring (see harness.allocator) and recorded in the file metadata.
 FLOPs: the matmul-class FLOPs actually executed, counted by ``torch.utils.flop_counter.FlopCounterMode``
 (2 per multiply-add; gathers and elementwise ops count 0).
 """
@@ -37,10 +39,12 @@ import torch
 import yaml
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
-from torch.utils.benchmark import Timer
-from torch.utils.flop_counter import FlopCounterMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+from torch.utils.benchmark import Timer
+from torch.utils.flop_counter import FlopCounterMode
+
+from harness import allocator
 
 DIRECTIONS = ("fwd", "fwd_bwd")
 LINEAR_VARIANTS = ("dense", "tt")
@@ -77,11 +81,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
-_SPEC_KEYS = {"device", "num_threads", "min_run_time_s", "seed", "memory", "linear", "embedding"}
+_SPEC_KEYS = {"device", "num_threads", "min_run_time_s", "seed", "memory", "allocator", "linear", "embedding"}
 _LINEAR_KEYS = {"layers", "ranks", "tokens", "directions", "variants"}
 _EMBEDDING_KEYS = {"tables", "indices", "zipf_exponent", "variants", "directions"}
 _TABLE_KEYS = {"num_embeddings", "embedding_dim", "row_shape", "col_shape", "rank"}
-_DEFAULTS = {"device": "auto", "num_threads": 2, "min_run_time_s": 0.5, "seed": 0, "memory": True}
+_DEFAULTS = {"device": "auto", "num_threads": 2, "min_run_time_s": 0.5, "seed": 0, "memory": True,
+             "allocator": "reuse"}
 
 
 # ------------------------------------------------------------------------------------------- the spec
@@ -104,6 +109,9 @@ def check_spec(spec: Any, *, source: str = "spec") -> dict[str, Any]:
     out = {**_DEFAULTS, **spec}
     if out["device"] not in ("cpu", "cuda", "auto"):
         raise ValueError(f"microbench {source}: device={out['device']!r}, expected cpu, cuda or auto")
+    if out["allocator"] not in allocator.POLICIES:
+        raise ValueError(f"microbench {source}: allocator={out['allocator']!r}, expected one of "
+                         f"{list(allocator.POLICIES)}")
     for key, least in (("num_threads", 1), ("seed", 0)):
         if not isinstance(out[key], int) or isinstance(out[key], bool) or out[key] < least:
             raise ValueError(f"microbench {source}: {key}={out[key]!r} must be an integer >= {least}")
@@ -383,7 +391,7 @@ def measure(case: Case, device: torch.device, *, num_threads: int, min_run_time_
 
 
 def run_cases(spec: dict[str, Any], *, progress: Callable[[str], None] | None = None) -> Iterator[Result]:
-    """Measure every case of a (checked) spec, one at a time."""
+    """Measure every case of a (checked) spec, one at a time (the caller sets the allocator policy)."""
     device = resolve_device(spec["device"])
     torch.set_num_threads(spec["num_threads"])
     torch.manual_seed(spec["seed"])
@@ -413,11 +421,13 @@ def to_row(result: Result, prov: dict[str, Any]) -> dict[str, Any]:
 
 def run(spec: dict[str, Any], *, config_hash: str = "",
         progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """Rows with the ``microbench`` columns for every case of ``spec`` (checked here)."""
+    """Rows with the ``microbench`` columns for every case of ``spec`` (checked here), measured under its
+    allocator policy."""
     from harness.results import provenance
 
     spec = check_spec(spec)
-    results = list(run_cases(spec, progress=progress))
+    with allocator.policy(spec["allocator"]):
+        results = list(run_cases(spec, progress=progress))
     prov = provenance(resolve_device(spec["device"]), config_hash)
     return [to_row(r, prov) for r in results]
 
@@ -434,20 +444,26 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--out", required=True, help="microbench Parquet file (written atomically)")
     ap.add_argument("--device", choices=["cpu", "cuda", "auto"], help="override the spec's device")
     ap.add_argument("--config-hash", default="", help="recorded in the provenance columns")
+    ap.add_argument("--allocator", choices=allocator.POLICIES,
+                    help="override the spec's allocator policy (default reuse; see harness.allocator)")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     try:
         spec = load_spec(args.spec) if args.spec else check_spec(PRESETS[args.preset], source=f"preset {args.preset}")
         if args.device:
             spec["device"] = args.device
-        rows = run(spec, config_hash=args.config_hash,
-                   progress=None if args.quiet else lambda line: print(line, file=sys.stderr))
+        if args.allocator:
+            spec["allocator"] = args.allocator
+        with allocator.policy(spec["allocator"]) as applied:
+            rows = run(spec, config_hash=args.config_hash,
+                       progress=None if args.quiet else lambda line: print(line, file=sys.stderr))
     except (ValueError, RuntimeError) as exc:
         print(f"comera-bench microbench: {exc}", file=sys.stderr)
         return 2
     device = resolve_device(spec["device"])
     meta = {**(provenance(device, args.config_hash) if not rows else {k: rows[0][k] for k in PROVENANCE_COLUMNS}),
-            "peak_mem_kind": "cuda_allocated" if device.type == "cuda" else "cpu_allocated", "spec": spec}
+            "peak_mem_kind": "cuda_allocated" if device.type == "cuda" else "cpu_allocated", "spec": spec,
+            "allocator": applied}
     write_parquet_atomic(to_frame(rows, "microbench"), args.out, kind="microbench",
                          provenance=json.loads(json.dumps(meta, default=str)))
     print(f"{len(rows)} microbench rows -> {args.out}")

@@ -8,6 +8,13 @@ The training loop is the one documented in baselines/base.py. Per step it times 
 device synchronized) forward, loss, backward, the optimizer steps and ``after_step``; evaluation runs
 with the step clock, the epoch clock and the memory monitor paused.
 
+Execution: ``execution.allocator`` ("reuse", default, or "system") is applied to the process before the
+workload is built and undone when the run ends (see :mod:`harness.allocator`); the settings JSON records
+it under ``execution`` and what it did under ``allocator``. Before the memory monitor starts (and after
+each evaluation inside it), the free heap is handed back to the kernel (``release_free_memory``), so
+memory freed while preparing (the dense model CoMERA converts) does not sit in the RSS baseline, where
+later allocations could reuse it unseen.
+
 Curves rows (split / metric_name): ``train`` / ``loss`` (task loss) and ``objective`` (the method's total
 loss) every step; ``eval`` / every numeric value of ``workload.evaluate`` at each evaluation;
 ``method`` / every key of ``after_step``'s info every step; ``ranks`` / ``<layer>[<k>]`` = k-th entry of
@@ -16,6 +23,7 @@ the number of training steps done at that point.
 """
 from __future__ import annotations
 
+import gc
 import hashlib
 import itertools
 import json
@@ -34,7 +42,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from harness import measure, results
+from harness import allocator, measure, results
 from harness.cudagraph import GraphedStep, require_cuda, state_signature
 
 SPEC_KEYS = ("run_id", "workload", "workload_params", "method", "variant", "method_params", "batch_size",
@@ -42,7 +50,7 @@ SPEC_KEYS = ("run_id", "workload", "workload_params", "method", "variant", "meth
 BUDGET_DEFAULTS: dict[str, Any] = {"epochs": 1, "max_steps_per_epoch": None, "warmup_steps": 1,
                                    "eval_every_steps": None, "time_limit_s": None}
 EXECUTION_DEFAULTS: dict[str, Any] = {"device": "auto", "num_threads": None, "cuda_graph": False,
-                                      "compile": False}
+                                      "compile": False, "allocator": "reuse"}
 FINAL_LOSS_WINDOW = 100
 """final_train_loss is the mean task loss over the last (at most) this many steps."""
 
@@ -119,6 +127,9 @@ def normalize_spec(spec: dict[str, Any]) -> dict[str, Any]:
     for key in ("cuda_graph", "compile"):
         if not isinstance(ex[key], bool):
             raise SpecError(f"spec execution.{key} must be true or false, got {ex[key]!r}")
+    if ex["allocator"] not in allocator.POLICIES:
+        raise SpecError(f"spec execution.allocator must be one of {list(allocator.POLICIES)}, "
+                        f"got {ex['allocator']!r}")
     out.setdefault("config_hash", "")
     if not out["config_hash"]:
         out["config_hash"] = spec_hash(out)
@@ -240,6 +251,7 @@ class _State:
     flops_tokens: dict[str, int] = field(default_factory=dict)
     flops_basis: dict[str, Any] = field(default_factory=dict)
     graphed: GraphedStep | None = None
+    allocator: str = ""
     stage: Any = None
     epoch: int = 0
 
@@ -253,12 +265,13 @@ def run_cell(spec: dict[str, Any], *, registry: Registry | None = None,
     status, error, tb = "ok", "", ""
     try:
         ex = spec["execution"]
-        torch.set_num_threads(ex["num_threads"])
-        st.device = resolve_device(ex["device"])
-        if ex["cuda_graph"]:
-            require_cuda(st.device)
-        seed_everything(spec["seed"])
-        _train(st, registry or default_registry(), progress)
+        with allocator.policy(ex["allocator"]) as st.allocator:
+            torch.set_num_threads(ex["num_threads"])
+            st.device = resolve_device(ex["device"])
+            if ex["cuda_graph"]:
+                require_cuda(st.device)
+            seed_everything(spec["seed"])
+            _train(st, registry or default_registry(), progress)
     except _Diverged as exc:
         status, error = "diverged", str(exc)
     except _Timeout as exc:
@@ -328,6 +341,8 @@ def _train(st: _State, reg: Registry, progress: bool | None) -> None:
     if eval_every:
         _evaluate(st)
     st.monitor = measure.MemoryMonitor(st.device)
+    gc.collect()
+    allocator.release_free_memory()
     st.monitor.start()
     bar = _progress_bar(total_steps, spec["run_id"], progress)
     try:
@@ -387,13 +402,16 @@ def _one_step(st: _State, batch: dict[str, torch.Tensor], step_fn: Callable, epo
 
 
 def _evaluate(st: _State, epoch: int = 0) -> None:
-    """prepared.before_eval() then workload.evaluate(), outside every clock and the memory monitor."""
+    """prepared.before_eval() then workload.evaluate(), outside every clock and the memory monitor (whose
+    mark restarts from the RSS after the free heap is handed back)."""
     monitor = st.monitor if st.monitor is not None and st.monitor.running else None
     with (monitor.paused() if monitor else nullcontext()), \
             (st.epoch_clock.paused() if st.epoch_clock else nullcontext()):
         st.prepared.before_eval()
         result = dict(st.workload.evaluate(st.prepared.model))
         st.prepared.model.train()
+        if monitor:  # evaluation's freed memory must not sit in the RSS when the peak mark is reset
+            allocator.release_free_memory()
     st.last_eval, st.last_eval_step = result, st.steps_done
     name = result.get("metric_name", st.workload.metric_name)
     st.curves.append(_curve(st, st.steps_done, epoch, "eval", name, float(result["metric_value"])))
@@ -485,7 +503,8 @@ def _build_row(st: _State, status: str, error: str, tb: str) -> dict[str, Any]:
         "method": settings, "method_params": st.method_params, "workload_params": st.workload_params,
         "workload_info": getattr(workload, "info", {}), "steps_per_epoch":
             getattr(workload, "steps_per_epoch", None), "steps_in_epoch": st.steps_in_epoch,
-        "budget": spec["budget"], "execution": spec["execution"]}, sort_keys=True, default=str)
+        "budget": spec["budget"], "execution": spec["execution"], "allocator": st.allocator},
+        sort_keys=True, default=str)
     row["extra"] = json.dumps(extra, sort_keys=True, default=str)
     return _integral(row)
 

@@ -14,7 +14,7 @@ from harness.results import file_metadata
 @pytest.mark.parametrize("measured, goal, better, expected", [
     (7.2, 7.0, ">=", "pass"), (7.0, 7.0, ">=", "pass"), (6.9, 7.0, ">=", "short"),
     (0.5, 0.7, "<=", "pass"), (0.71, 0.7, "<=", "short"), (None, 4.0, ">=", "error"),
-    (float("nan"), 4.0, ">=", "error"),
+    (float("nan"), 4.0, ">=", "error"), (3.0, None, ">=", "info"), (None, None, ">=", "error"),
 ])
 def test_verdict(measured, goal, better, expected):
     assert bench.verdict(measured, goal, better) == expected
@@ -43,6 +43,12 @@ def test_parse_targets_rejects_bad_lists(text, message):
     with pytest.raises(ValueError, match=message):
         bench.parse_targets(text)
     assert bench.parse_targets("5, 1") == {1, 5}
+
+
+def test_unknown_allocator_is_named():
+    with pytest.raises(ValueError, match="--allocator 'tcmalloc'"):
+        bench.Config.make("cpu", 1, quick=True, allocator="tcmalloc")
+    assert bench.Config.make("cpu", 1, quick=True, allocator="system").allocator == "system"
 
 
 def test_optimal_sum_matches_hand_count_for_two_cores():
@@ -93,14 +99,20 @@ def test_quick_targets_produce_a_table(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "measure_roofline", lambda *a, **k: bench.Roofline(1e10, 1e9))
     assert bench.cli(["--quick", "--targets", "1,3,5", "--threads", "1", "--out-dir", str(tmp_path)]) == 0
     frame = pd.read_parquet(tmp_path / "bench_cpu.parquet")
-    assert list(frame["target"]) == [1, 3, 3, 3, 5]
-    assert set(frame["verdict"]) <= {"pass", "short"}
+    assert list(frame["target"]) == [1, 3, 3, 3, 3, 5]
+    assert set(frame["verdict"]) <= {"pass", "short", "info"}
     assert frame["measured"].map(math.isfinite).all()
+    table_rows = frame[frame["what"].str.contains("table memory")]
+    info_rows = frame[frame["verdict"] == "info"]
+    assert len(table_rows) == len(info_rows) == 1 and table_rows["goal"].item() == 15.0
+    assert "footprint" in info_rows["what"].item() and info_rows["goal"].isna().all()
+    assert "params" in table_rows["medians"].item() and "working" in table_rows["medians"].item()
+    assert frame["settings"].str.contains("allocator reuse").all()
     linear = frame.iloc[0]
     assert linear["flop_ratio"] > 0 and linear["roofline_bound"] > 0 and "TTLinear" in linear["medians"]
     assert file_metadata(tmp_path / "bench_cpu.parquet")["provenance"]["device"] == "cpu"
     text = (tmp_path / "bench_cpu.md").read_text()
-    assert text.count("\n| 3 |") == 3 and "| 5 |" in text
+    assert text.count("\n| 3 |") == 4 and "| 5 |" in text and "Allocator: reuse" in text
 
 
 def test_a_failing_target_becomes_an_error_row(monkeypatch):
@@ -112,22 +124,37 @@ def test_a_failing_target_becomes_an_error_row(monkeypatch):
     assert [r.verdict for r in rows] == ["error"] and "plan exploded" in rows[0].note
 
 
-def test_step_worker_times_and_halves_in_process():
+def test_step_worker_times_and_halves_in_process(monkeypatch):
     """The code path of targets 2 and 4 (one configuration, run here instead of in a subprocess)."""
+    events = []
+    release, reset = bench.allocator_lib.release_free_memory, bench._reset_rss_peak
+    monkeypatch.setattr(bench.allocator_lib, "release_free_memory", lambda: events.append("release") or release())
+    monkeypatch.setattr(bench, "_reset_rss_peak", lambda: events.append("reset") or reset())
     job = {"method": "comera", "batch_size": 2, "workload_params": {"size": "tiny"}, "device": "cpu",
-           "seed": 0, "threads": 1, "warmup": 1, "steps": 2, "halve": True, "threshold": 1e-2}
+           "seed": 0, "threads": 1, "warmup": 1, "steps": 2, "halve": True, "threshold": 1e-2,
+           "allocator": "reuse"}
     out = bench.step_worker(job)
+    # before the baseline, before the mark is reset, and when the "reuse" policy is undone at the end
+    assert events == ["release", "release", "reset", "release"]
     assert out["step_ms"] > 0 and out["step_ms_halved"] > 0 and len(out["step_ms_all"]) == 2
     assert out["peak_bytes"] > 0 and out["peak_kind"].startswith("cpu_rss_delta")
+    assert out["allocator"].startswith(("glibc", "unavailable"))
+    assert not bench.allocator_lib.current().startswith("glibc")  # undone when the worker returns
+    assert out["method_settings"]["optimizer_impl"] == "fused"
     for name, ranks in out["ranks"].items():
         assert out["ranks_halved"][name] == [1] + [max(1, r // 2) for r in ranks[1:-1]] + [1]
+    assert out["tt_layers_seen"] == out["tt_layers"] == len(out["ranks"]) > 0
+    assert out["tt_layers_ms"] > 0 and out["tt_layers_ms_halved"] > 0
+    assert "step speedup <= 1/((1-f)+f/s)" in bench.amdahl_note(out)
 
 
 def test_step_table_from_worker_results(monkeypatch):
     """Targets 2 and 4 turn the per-configuration results into ratios (subprocess replaced)."""
     fake = {"dense_b32": {"step_ms": 800.0, "peak_bytes": 1000, "peak_kind": "cpu_rss_delta"},
             "comera_b32": {"step_ms": 100.0, "peak_bytes": 500, "peak_kind": "cpu_rss_delta",
-                           "step_ms_halved": 80.0, "ranks": {"l": [1, 8, 1]}, "ranks_halved": {"l": [1, 4, 1]}},
+                           "step_ms_halved": 80.0, "ranks": {"l": [1, 8, 1]}, "ranks_halved": {"l": [1, 4, 1]},
+                           "tt_layers_ms": 40.0, "tt_layers_ms_halved": 20.0, "tt_layers_seen": 1, "tt_layers": 1,
+                           "allocator": "glibc x"},
             "galore_b1": {"step_ms": 60.0, "peak_bytes": 2400},
             "comera_b1": {"error": "exit 1: boom"}}
     monkeypatch.setattr(bench, "run_step_job", lambda job, timeout_s: fake[_name(job)])
@@ -138,6 +165,28 @@ def test_step_table_from_worker_results(monkeypatch):
     assert got[(2, "CoMERA vs GaLore step speedup")] == (None, "error")
     assert got[(4, "CoMERA step speedup after halving every rank")] == (1.25, "short")
     assert all("comera_b1: exit 1: boom" in r.note for r in rows)
+    halving = next(r for r in rows if r.target == 4)
+    assert "f=0.40" in halving.note and "s=2.00x" in halving.note and "= 1.25x" in halving.note  # 1/(0.6+0.2)
+    assert all("worker allocator glibc x" in r.settings for r in rows)  # differs from this process
+
+
+@pytest.mark.parametrize("share, speedup, bound", [(0.0, 3.0, 1.0), (1.0, 2.0, 2.0), (0.5, 2.0, 4 / 3)])
+def test_amdahl_bound(share, speedup, bound):
+    assert bench.amdahl_bound(share, speedup) == pytest.approx(bound)
+    assert bench.amdahl_note({"step_ms": 1.0}) == ""  # not measured: no note
+
+
+def test_table_memory_counts_params_grads_and_working_memory_beyond_the_output():
+    from harness import microbench as mb
+
+    emb = torch.nn.Embedding(1000, 8)
+    idx = torch.randint(0, 1000, (300,))
+    run, reset = mb._call(emb, idx, "fwd_bwd", wrt_input=False)
+    peak, _ = mb.peak_memory(run, torch.device("cpu"), reset)
+    memory = bench.TableMemory.of(emb, peak, 300 * 8 * 4)
+    assert memory.params == memory.grads == 1000 * 8 * 4
+    assert 0 <= memory.working < memory.params  # the dense backward needs little beyond its gradient
+    assert memory.total == memory.params + memory.grads + memory.working == 32000 + peak - 300 * 8 * 4
 
 
 def _name(job):

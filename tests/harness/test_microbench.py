@@ -102,6 +102,7 @@ def test_zipf_indices_are_deterministic_in_range_and_skewed():
     ({"embedding": {"variants": ["fast"]}}, "unknown value 'fast'"),
     ({"embedding": {"tables": [{"rows": 3}]}}, "embedding.tables: unknown key 'rows'"),
     ({"embedding": {"zipf_exponent": -1}}, "zipf_exponent=-1"),
+    ({"allocator": "jemalloc"}, "allocator='jemalloc'"),
 ])
 def test_bad_specs_name_the_key(spec, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[")):
@@ -122,13 +123,15 @@ def test_cli_writes_a_microbench_file(tmp_path):
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec))
     out = tmp_path / "m.parquet"
-    assert mb.cli(["--spec", str(path), "--out", str(out), "--quiet"]) == 0
+    assert mb.cli(["--spec", str(path), "--out", str(out), "--quiet", "--allocator", "system"]) == 0
     frame = read_parquet(out, "microbench")
     assert sorted(frame["variant"]) == ["dense", "tt"]
     assert frame.loc[frame.variant == "tt", "shape"].item() == "8x8 [2,4|4,2]"
     meta = file_metadata(out)
     assert meta["kind"] == "microbench" and meta["provenance"]["peak_mem_kind"] == "cpu_allocated"
     assert meta["provenance"]["spec"]["linear"]["ranks"] == [2]
+    assert meta["provenance"]["spec"]["allocator"] == "system"
+    assert meta["provenance"]["allocator"].startswith("system")
 
 
 def test_cli_reports_a_bad_spec(tmp_path, capsys):

@@ -137,6 +137,7 @@ def test_flops_per_step_from_linear_shapes():
     (None, "target_ratio", 2.0, "target_ratio must be null or in"),
     ("execution", "device", "tpu", "execution.device must be cpu|cuda|auto, got 'tpu'"),
     ("budget", "time_limit_s", -1, "time_limit_s must be null or > 0"),
+    ("execution", "allocator", "tcmalloc", "execution.allocator must be one of ['reuse', 'system'], got 'tcmalloc'"),
 ])
 def test_bad_spec_is_named(section, key, value, message):
     spec = toy_spec()
@@ -155,6 +156,21 @@ def test_spec_defaults_and_ids():
     assert spec["config_hash"] == again["config_hash"] != other["config_hash"]
     with pytest.raises(runner.SpecError, match="missing the key 'method'"):
         runner.normalize_spec({"workload": "toy", "batch_size": 4})
+
+
+def test_allocator_is_applied_and_recorded(monkeypatch):
+    from harness import allocator
+
+    calls = []
+    monkeypatch.setattr(allocator, "apply", lambda policy: calls.append(policy) or f"applied {policy}")
+    monkeypatch.setattr(allocator, "release_free_memory", lambda: calls.append("release") or True)
+    row, _ = runner.run_cell(toy_spec(budget={"epochs": 1, "eval_every_steps": 8}), registry=TOY_REGISTRY)
+    settings = json.loads(row["settings"])
+    assert row["status"] == "ok" and settings["execution"]["allocator"] == "reuse"
+    assert settings["allocator"] == "applied reuse"
+    # applied first; the free heap handed back before the memory region starts and after each evaluation
+    # inside it (the evaluation before training runs before the region)
+    assert calls == ["reuse", "release", "release", "release"]
 
 
 def test_cuda_request_without_cuda_is_an_error_row():
