@@ -29,10 +29,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from comera import feed_forward
 from harness.data import batching, mnli, nli_synthetic
 from harness.data.cache import cache_dir, cached_tensors, fingerprint
 from harness.data.text_tokenizer import load_or_train, load_tokenizer_file, encode_pairs, train_wordpiece
 from harness.workloads.base import Batch, Workload, seeded_model
+from harness.workloads.dropout import Dropout, attention, replaces_torch
 from harness.workloads.params import Choice, ListOf, positive, require
 from harness.workloads.tt_spec import embedding_shapes, embedding_spec, linear_spec
 
@@ -91,7 +93,7 @@ class Embeddings(nn.Module):
         self.position = nn.Embedding(max_positions, d_model)
         self.segment = nn.Embedding(num_segments, d_model) if num_segments > 0 else None
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
         positions = torch.arange(input_ids.shape[-1], device=input_ids.device)
@@ -102,7 +104,11 @@ class Embeddings(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention with separate q/k/v/o nn.Linear layers (so each can be tensorized)."""
+    """Multi-head self-attention with separate q/k/v/o nn.Linear layers (so each can be tensorized).
+
+    Eager training on CPU with dropout uses :func:`harness.workloads.dropout.attention` (SDPA would fall
+    back to its math path with ``bernoulli_`` masks); otherwise ``F.scaled_dot_product_attention``.
+    """
 
     def __init__(self, d_model: int, num_heads: int, dropout: float):
         super().__init__()
@@ -113,13 +119,17 @@ class SelfAttention(nn.Module):
         b, s, d = x.shape
         heads = [t.view(b, s, self.num_heads, d // self.num_heads).transpose(1, 2)
                  for t in (self.q(x), self.k(x), self.v(x))]
-        out = F.scaled_dot_product_attention(*heads, attn_mask=attn_mask,
-                                             dropout_p=self.dropout if self.training else 0.0)
+        p = self.dropout if self.training else 0.0
+        if replaces_torch(x, p, self.training):
+            out = attention(*heads, attn_mask, p)
+        else:
+            out = F.scaled_dot_product_attention(*heads, attn_mask=attn_mask, dropout_p=p)
         return self.o(out.transpose(1, 2).reshape(b, s, d))
 
 
 class EncoderBlock(nn.Module):
-    """Post-LN block: x = LN(x + attn(x)); x = LN(x + ffn_out(gelu(ffn_in(x))))."""
+    """Post-LN block: x = LN(x + attn(x)); x = LN(x + ffn_out(gelu(ffn_in(x)))). The FFN goes through
+    :func:`comera.feed_forward`: once both layers are TTLinear, backward keeps rank-r products only."""
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float):
         super().__init__()
@@ -128,11 +138,11 @@ class EncoderBlock(nn.Module):
         self.ffn_in = nn.Linear(d_model, d_ff)
         self.ffn_out = nn.Linear(d_ff, d_model)
         self.norm2 = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
         x = self.norm1(x + self.dropout(self.attn(x, attn_mask)))
-        return self.norm2(x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(x)))))
+        return self.norm2(x + self.dropout(feed_forward(self.ffn_in, F.gelu, self.ffn_out, x)))
 
 
 class Encoder(nn.Module):
@@ -189,7 +199,7 @@ class NLIClassifier(nn.Module):
         self.encoder = encoder
         self.fc1 = nn.Linear(d_model, d_model)
         self.fc2 = nn.Linear(d_model, num_classes)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
