@@ -145,7 +145,7 @@ def test_step_worker_times_and_halves_in_process(monkeypatch):
         assert out["ranks_halved"][name] == [1] + [max(1, r // 2) for r in ranks[1:-1]] + [1]
     assert out["tt_layers_seen"] == out["tt_layers"] == len(out["ranks"]) > 0
     assert out["tt_layers_ms"] > 0 and out["tt_layers_ms_halved"] > 0
-    assert "step speedup <= 1/((1-f)+f/s)" in bench.amdahl_note(out)
+    assert "Amdahl estimate 1/((1-f)+f/s)" in bench.amdahl_note(out)
 
 
 def test_step_table_from_worker_results(monkeypatch):
