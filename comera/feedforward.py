@@ -17,11 +17,11 @@ from torch import nn
 
 from comera import contraction
 from comera.contraction import ContractionPlan
-from comera.tt import TTLinear, core_and_gate_grads, gated_cores
+from comera.tt import TTLinear, _entries, core_and_gate_grads, gated_cores, outside_autocast
 
 
 def _layer_params(layer: TTLinear) -> list[torch.Tensor]:
-    return [*layer.cores, *layer.gates]
+    return _entries(layer.cores) + _entries(layer.gates)
 
 
 def _split(params, d: int):
@@ -114,15 +114,8 @@ def feed_forward(first: nn.Module, activation: Callable[[torch.Tensor], torch.Te
     p1, p2 = first.plan(x2.shape[0]), second.plan(x2.shape[0])
     if not _fusable(p1, p2):
         return second(activation(first(x)))
-    params = _layer_params(first) + _layer_params(second)
-    bias1, bias2 = first.bias, second.bias
-    device_type = x.device.type
-    if torch.is_autocast_enabled(device_type):  # run in the autocast dtype with autocast off, like TTLinear
-        dtype = torch.get_autocast_dtype(device_type)
-        x2, params = x2.to(dtype), [p.to(dtype) for p in params]
-        bias1, bias2 = (b.to(dtype) if b is not None else None for b in (bias1, bias2))
-        with torch.autocast(device_type, enabled=False):
-            y = _TTFeedForwardFunction.apply((p1, p2), activation, x2.contiguous(), bias1, bias2, *params)
-    else:
-        y = _TTFeedForwardFunction.apply((p1, p2), activation, x2.contiguous(), bias1, bias2, *params)
+    y = outside_autocast(
+        lambda x, b1, b2, *params: _TTFeedForwardFunction.apply((p1, p2), activation, x.contiguous(), b1, b2,
+                                                                 *params),
+        x.device.type, x2, first.bias, second.bias, *_layer_params(first), *_layer_params(second))
     return y.view(*lead, second.out_features)

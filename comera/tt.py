@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -48,6 +48,17 @@ def _entries(params: nn.ParameterList) -> list[torch.Tensor]:
     """The parameters of a ParameterList in order (iterating the list itself goes through
     ``Module.__getattr__`` per entry: ~20 us for six cores, a per-call cost at small token counts)."""
     return list(params._parameters.values())
+
+
+def outside_autocast(fn: Callable[..., torch.Tensor], device_type: str,
+                     *tensors: torch.Tensor | None) -> torch.Tensor:
+    """``fn(*tensors)``; under autocast for ``device_type`` the tensors are cast to the autocast dtype and
+    ``fn`` runs with autocast off (custom autograd kernels pick no per-op dtypes). None passes through."""
+    if not torch.is_autocast_enabled(device_type):
+        return fn(*tensors)
+    dtype = torch.get_autocast_dtype(device_type)
+    with torch.autocast(device_type, enabled=False):
+        return fn(*(t.to(dtype) if t is not None else None for t in tensors))
 
 
 def gated_cores(cores: Sequence[torch.Tensor], gates: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -203,16 +214,9 @@ class TTLinear(nn.Module):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         plan = self.plan(x2.shape[0])
-        cores, gates, bias = _entries(self.cores), _entries(self.gates), self.bias
-        device_type = x.device.type
-        if torch.is_autocast_enabled(device_type):  # run the kernels in the autocast dtype, autocast off
-            dtype = torch.get_autocast_dtype(device_type)
-            x2, cores, gates = x2.to(dtype), [c.to(dtype) for c in cores], [g.to(dtype) for g in gates]
-            bias = bias.to(dtype) if bias is not None else None
-            with torch.autocast(device_type, enabled=False):
-                y = tt_linear(x2.contiguous(), cores, gates, bias, plan)
-        else:
-            y = tt_linear(x2.contiguous(), cores, gates, bias, plan)
+        d = len(self.cores)
+        y = outside_autocast(lambda x, b, *p: tt_linear(x.contiguous(), p[:d], p[d:], b, plan),
+                             x.device.type, x2, self.bias, *_entries(self.cores), *_entries(self.gates))
         return y.view(*lead, self.out_features)
 
     def extra_repr(self) -> str:
