@@ -269,7 +269,7 @@ def _cost(steps) -> int:
     return sum(s.flops + TRAFFIC_WEIGHT * s.traffic for part in steps for s in part)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _partitions(count: int) -> tuple[tuple[int, ...], ...]:
     """Every split of ``count`` consecutive cores into groups (2^(count-1) of them)."""
     if count == 0:

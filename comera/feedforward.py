@@ -10,14 +10,20 @@ merged core blocks, and backward recomputes ``first(x)`` and the activation from
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from comera import contraction
 from comera.contraction import ContractionPlan
-from comera.tt import TTLinear, _entries, core_and_gate_grads, gated_cores, outside_autocast
+from comera.tt import (
+    TTLinear,
+    _entries,
+    core_and_gate_grads,
+    gated_cores,
+    outside_autocast,
+)
 
 
 def _layer_params(layer: TTLinear) -> list[torch.Tensor]:

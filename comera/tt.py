@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
