@@ -386,6 +386,15 @@ def tensorized_layer_ms(model: torch.nn.Module, inputs: dict[str, torch.Tensor],
     return total
 
 
+def _state_tensor_bytes(model: torch.nn.Module, optimizers) -> int:
+    """Bytes of the tensors that live across steps: parameters, buffers and optimizer state."""
+    tensors = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    for opt in optimizers:
+        for state in opt.state.values():
+            tensors.update((id(t), t) for t in state.values() if torch.is_tensor(t))
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
 def amdahl_bound(share: float, layer_speedup: float) -> float:
     """Step speedup when a share ``share`` of the step gets ``layer_speedup`` times faster."""
     return 1.0 / ((1.0 - share) + share / layer_speedup)
@@ -453,6 +462,9 @@ def _step_worker(job: dict[str, Any], allocator_applied: str) -> dict[str, Any]:
         peak = (_proc_status("VmHWM") or 0) - (base or 0)
     out = {"step_ms": statistics.median(times), "step_ms_all": times, "peak_bytes": peak, "peak_kind": kind,
            "ranks": ranks(model), "method_settings": prepared.settings, "allocator": allocator_applied}
+    if device.type == "cpu":  # after the timed steps and the RSS reading: nothing here is in them
+        step_peak, _ = mb.peak_memory(lambda: one_step(steps + warmup, batches[0]), device)
+        out["tensor_peak_bytes"] = _state_tensor_bytes(model, prepared.optimizers) + step_peak
     if job.get("halve"):  # after the timed steps and the memory reading: nothing here is in them
         inputs = _capture_tensorized_inputs(model, lambda: workload.loss(model, batches[0]))
         layers_before = tensorized_layer_ms(model, inputs, device)
@@ -488,7 +500,7 @@ def step_jobs(cfg: Config, targets: set[int]) -> dict[str, dict[str, Any]]:
             jobs[name] = {"method": method, "batch_size": batches[1] if cfg.quick else batches[0],
                           "workload_params": STEP_WORKLOAD[key], "device": cfg.device.type, "seed": 0,
                           "threads": cfg.num_threads, "warmup": 1 if cfg.quick else 2,
-                          "steps": 2 if cfg.quick else 3, "halve": name == "comera_b32" and 4 in targets,
+                          "steps": 2 if cfg.quick else 3 if batches[0] > 1 else 10,  # batch-1 steps are short "halve": name == "comera_b32" and 4 in targets,
                           "threshold": 1e-2, "allocator": cfg.allocator}
     return jobs
 
@@ -531,7 +543,8 @@ def target_steps(cfg: Config, targets: set[int], timeout_s: float) -> list[Bench
     differing = sorted({r["allocator"] for r in res.values() if r.get("allocator", cfg.allocator_applied)
                         != cfg.allocator_applied})  # the workers normally apply what this process did
     some_job = next(iter(jobs.values()))
-    base = (f"transformer size={size}, one process per config, {some_job['steps']} timed steps "
+    counts = ", ".join(f"{name} {job['steps']}" for name, job in jobs.items())
+    base = (f"transformer size={size}, one process per config, median of timed steps ({counts}) "
             f"after {some_job['warmup']} warm-up, memory {kind}"
             + (f", worker allocator {' / '.join(differing)}" if differing else ""))
     rows = []
@@ -549,6 +562,17 @@ def target_steps(cfg: Config, targets: set[int], timeout_s: float) -> list[Bench
         rows.append(make_row(2, "GaLore / CoMERA peak memory, batch 1", 12.0,
                              _ratio(get("galore_b1", "peak_bytes"), get("comera_b1", "peak_bytes")),
                              medians=pair("galore_b1", "comera_b1"), settings=base, note=errors))
+        for slow, fast, label in (("dense_b32", "comera_b32", f"uncompressed / CoMERA, batch {b32}"),
+                                  ("galore_b1", "comera_b1", "GaLore / CoMERA, batch 1")):
+            if get(fast, "tensor_peak_bytes"):
+                rows.append(make_row(
+                    2, f"{label} tensor-allocation peak (cpu_allocated: parameters, buffers, optimizer "
+                       f"state + one step's allocator peak, the CPU analogue of cuda_allocated)", None,
+                    _ratio(get(slow, "tensor_peak_bytes"), get(fast, "tensor_peak_bytes")),
+                    medians=f"{slow} {_fmt_bytes(get(slow, 'tensor_peak_bytes'))}, "
+                            f"{fast} {_fmt_bytes(get(fast, 'tensor_peak_bytes'))}", settings=base,
+                    note="informational: the RSS rows above carry the goals; the gap between the two is "
+                         "memory outside tensors (library workspaces and JIT code, heap, Python)"))
     if 4 in targets:
         ranks_before = get("comera_b32", "ranks") or {}
         ranks_after = get("comera_b32", "ranks_halved") or {}

@@ -146,6 +146,20 @@ def test_step_worker_times_and_halves_in_process(monkeypatch):
     assert out["tt_layers_seen"] == out["tt_layers"] == len(out["ranks"]) > 0
     assert out["tt_layers_ms"] > 0 and out["tt_layers_ms_halved"] > 0
     assert "Amdahl estimate 1/((1-f)+f/s)" in bench.amdahl_note(out)
+    assert out["tensor_peak_bytes"] > 0
+
+
+def test_state_tensor_bytes_counts_parameters_buffers_and_optimizer_state_once():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    model[1].weight = model[0].bias  # a shared tensor counts once
+    opt = torch.optim.AdamW(model.parameters())
+    before = bench._state_tensor_bytes(model, [opt])
+    assert before == 4 * (12 + 3 + 3) + 4 * (3 + 3) + 8  # weight, shared bias, bn bias; running stats; count
+    model(torch.randn(5, 4)).sum().backward()
+    opt.step()
+    params = 12 + 3 + 3
+    assert bench._state_tensor_bytes(model, [opt]) == before + 4 * 2 * params + sum(
+        st["step"].numel() * st["step"].element_size() for st in opt.state.values())
 
 
 def test_step_table_from_worker_results(monkeypatch):
