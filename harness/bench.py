@@ -500,8 +500,9 @@ def step_jobs(cfg: Config, targets: set[int]) -> dict[str, dict[str, Any]]:
             jobs[name] = {"method": method, "batch_size": batches[1] if cfg.quick else batches[0],
                           "workload_params": STEP_WORKLOAD[key], "device": cfg.device.type, "seed": 0,
                           "threads": cfg.num_threads, "warmup": 1 if cfg.quick else 2,
-                          "steps": 2 if cfg.quick else 3 if batches[0] > 1 else 10,  # batch-1 steps are short "halve": name == "comera_b32" and 4 in targets,
-                          "threshold": 1e-2, "allocator": cfg.allocator}
+                          "steps": 2 if cfg.quick else 3 if batches[0] > 1 else 10,  # batch-1 steps are short
+                          "halve": name == "comera_b32" and 4 in targets, "threshold": 1e-2,
+                          "allocator": cfg.allocator}
     return jobs
 
 

@@ -212,3 +212,14 @@ def test_a_failing_subprocess_is_reported():
     """A fresh interpreter importing torch: slow on a loaded machine."""
     out = bench.run_step_job({"method": "no-such-method"}, timeout_s=120)
     assert out["error"].startswith("exit 1")
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_step_jobs_halve_only_comera_b32_for_target_4(quick):
+    cfg = bench.Config.make("cpu", 2, quick)
+    jobs = bench.step_jobs(cfg, {2, 4})
+    assert {n for n, j in jobs.items() if j["halve"]} == {"comera_b32"}
+    assert not any(j["halve"] for j in bench.step_jobs(cfg, {2}).values())
+    steps = {n: j["steps"] for n, j in jobs.items()}
+    assert steps == ({n: 2 for n in jobs} if quick else {"dense_b32": 3, "comera_b32": 3, "galore_b1": 10,
+                                                          "comera_b1": 10})
