@@ -77,6 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     cell.add_argument("--threads", type=int, help="torch threads (default: torch's current setting)")
     cell.add_argument("--cuda-graph", action="store_true")
     cell.add_argument("--compile", action="store_true")
+    cell.add_argument("--allocator", choices=["reuse", "system"], default="reuse",
+                      help="CPU allocator policy (harness/allocator.py; default reuse)")
     cell.add_argument("--results-dir", default="results/runs",
                       help="folder for the default output paths (default results/runs)")
     run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -126,7 +128,7 @@ def spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
                    "warmup_steps": args.warmup_steps, "eval_every_steps": args.eval_every_steps,
                    "time_limit_s": args.time_limit_s},
         "execution": {"device": args.device, "num_threads": args.threads,
-                      "cuda_graph": args.cuda_graph, "compile": args.compile},
+                      "cuda_graph": args.cuda_graph, "compile": args.compile, "allocator": args.allocator},
     }
 
 

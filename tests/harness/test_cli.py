@@ -38,6 +38,16 @@ def test_run_without_spec_uses_defaults(tmp_path, toys, monkeypatch):
     spec = json.loads((folder / f"{run_id}.spec.json").read_text())
     assert spec["method_params"] == {"lr": 0.02} and spec["budget"]["max_steps_per_epoch"] == 3
     assert json.loads(results.read_parquet(runs, "runs").at[0, "settings"])["method"]["lr"] == 0.02
+    assert spec["execution"]["allocator"] == "reuse"
+
+
+def test_run_allocator_option_is_applied_and_recorded(tmp_path, toys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["run", "--workload", "toy", "--method", "toy", "--batch-size", "16", "--device", "cpu",
+                     "--threads", "1", "--max-steps-per-epoch", "2", "--allocator", "system"]) == 0
+    (runs,) = (tmp_path / "results" / "runs" / "cpu").glob("*.runs.parquet")
+    settings = json.loads(results.read_parquet(runs, "runs").at[0, "settings"])
+    assert settings["execution"]["allocator"] == "system" and settings["allocator"].startswith("system")
 
 
 def test_run_failure_still_writes_and_can_fail_the_exit_code(tmp_path, toys):
