@@ -8,7 +8,9 @@
   absolute number that includes the model), plus the reserved peak (kind ``cuda_allocated``). On CPU: the
   peak resident-set size minus the resident-set size at the start of the region (kind ``cpu_rss_delta``),
   from the kernel's high-water mark (VmHWM, reset through /proc/self/clear_refs) where the kernel allows
-  it, else from a sampling thread (1 ms). Both can be paused around evaluation.
+  it, else from a sampling thread (1 ms); free heap pages are handed back to the kernel
+  (``malloc_trim``) before the baseline is read and before the mark is reset on resuming. Both can be
+  paused around evaluation.
 * :func:`count_tokens` and :func:`flops_per_step` give analytic training FLOPs (forward + backward) of the
   layers that dominate: a module with a ``flops(tokens)`` method (TT / TTM plans) counts itself, an
   ``nn.Linear`` counts 6 * tokens * in * out; nothing else is counted (attention score products,
@@ -27,6 +29,8 @@ from typing import Any, Callable, Iterator
 import psutil
 import torch
 from torch import nn
+
+from harness import allocator
 
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 _STATUS = Path("/proc/self/status")
@@ -217,6 +221,7 @@ class MemoryMonitor:
             synchronize(self.device)
             self._baseline = torch.cuda.memory_allocated(self.device)
         else:
+            allocator.release_free_memory()  # freed heap (e.g. a converted dense model) leaves the RSS
             self._baseline = _rss()
             hwm_ok = self.cpu_method in ("auto", "hwm", "both") and reset_hwm()
             if self.cpu_method == "hwm" and not hwm_ok:
@@ -224,12 +229,14 @@ class MemoryMonitor:
             self._use_hwm = hwm_ok
             self._use_sampler = self.cpu_method in ("sample", "both") or not hwm_ok
         self._peak = self._reserved = 0
-        self._resume()
+        self._resume(release=False)
 
-    def _resume(self) -> None:
+    def _resume(self, release: bool = True) -> None:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
+            if release:  # memory freed while paused (an evaluation) must not hold the mark up
+                allocator.release_free_memory()
             if self._use_hwm:
                 reset_hwm()
             if self._use_sampler:

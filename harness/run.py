@@ -10,10 +10,10 @@ with the step clock, the epoch clock and the memory monitor paused.
 
 Execution: ``execution.allocator`` ("reuse", default, or "system") is applied to the process before the
 workload is built and undone when the run ends (see :mod:`harness.allocator`); the settings JSON records
-it under ``execution`` and what it did under ``allocator``. Before the memory monitor starts (and after
-each evaluation inside it), the free heap is handed back to the kernel (``release_free_memory``), so
-memory freed while preparing (the dense model CoMERA converts) does not sit in the RSS baseline, where
-later allocations could reuse it unseen.
+it under ``execution`` and what it did under ``allocator``. The memory monitor hands the free heap back to
+the kernel before it reads its baseline and whenever it resumes (harness.measure.MemoryMonitor), so memory
+freed while preparing (the dense model CoMERA converts) or evaluating does not sit in the RSS, where later
+allocations could reuse it unseen.
 
 Curves rows (split / metric_name): ``train`` / ``loss`` (task loss) and ``objective`` (the method's total
 loss) every step; ``eval`` / every numeric value of ``workload.evaluate`` at each evaluation;
@@ -342,7 +342,6 @@ def _train(st: _State, reg: Registry, progress: bool | None) -> None:
         _evaluate(st)
     st.monitor = measure.MemoryMonitor(st.device)
     gc.collect()
-    allocator.release_free_memory()
     st.monitor.start()
     bar = _progress_bar(total_steps, spec["run_id"], progress)
     try:
@@ -410,8 +409,6 @@ def _evaluate(st: _State, epoch: int = 0) -> None:
         st.prepared.before_eval()
         result = dict(st.workload.evaluate(st.prepared.model))
         st.prepared.model.train()
-        if monitor:  # evaluation's freed memory must not sit in the RSS when the peak mark is reset
-            allocator.release_free_memory()
     st.last_eval, st.last_eval_step = result, st.steps_done
     name = result.get("metric_name", st.workload.metric_name)
     st.curves.append(_curve(st, st.steps_done, epoch, "eval", name, float(result["metric_value"])))

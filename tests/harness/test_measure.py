@@ -126,6 +126,20 @@ def test_paused_region_is_not_counted():
     assert 15 * MB <= reading.peak_mem_bytes < 150 * MB
 
 
+@pytest.mark.parametrize("method", ["auto", "sample"])
+def test_cpu_monitor_releases_free_heap_before_baseline_and_on_resume(monkeypatch, method):
+    events = []
+    monkeypatch.setattr(measure.allocator, "release_free_memory", lambda: events.append("release") or True)
+    monkeypatch.setattr(measure, "_rss", lambda: events.append("baseline") or 0)
+    monitor = measure.MemoryMonitor(torch.device("cpu"), cpu_method=method)
+    monitor.start()
+    assert events[:2] == ["release", "baseline"] and events.count("release") == 1
+    with monitor.paused():
+        events.clear()
+    assert events == ["release"]  # on resuming, before the mark is reset
+    monitor.stop()
+
+
 def test_monitor_rejects_unknown_method():
     with pytest.raises(ValueError, match="cpu_method"):
         measure.MemoryMonitor(torch.device("cpu"), cpu_method="guess")

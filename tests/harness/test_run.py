@@ -168,9 +168,8 @@ def test_allocator_is_applied_and_recorded(monkeypatch):
     settings = json.loads(row["settings"])
     assert row["status"] == "ok" and settings["execution"]["allocator"] == "reuse"
     assert settings["allocator"] == "applied reuse"
-    # applied first; the free heap handed back before the memory region starts and after each evaluation
-    # inside it (the evaluation before training runs before the region)
-    assert calls == ["reuse", "release", "release", "release"]
+    # applied first; then the memory monitor hands the free heap back (see test_measure for when)
+    assert calls[0] == "reuse" and calls[1:] == ["release"] * (len(calls) - 1) and len(calls) >= 2
 
 
 def test_cuda_request_without_cuda_is_an_error_row():
