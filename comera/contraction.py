@@ -340,8 +340,8 @@ def make_plan(in_shape: tuple[int, ...], out_shape: tuple[int, ...], ranks: tupl
     if strategies is not None:
         return grouped(_groups_of(strategies[0], m, "left"), _groups_of(strategies[1], q, "right"))
     # Every grouping of both sides (at most 2^(d-2) pairs), scored without building plans.
-    scored = [(_flops(sides(left, right)), _cost(sides(left, right)), left, right)
-              for left in _partitions(m) for right in _partitions(q)]
+    scored = [(_flops(parts), _cost(parts), left, right)
+              for left in _partitions(m) for right in _partitions(q) for parts in [sides(left, right)]]
     fewest = min(flops for flops, *_ in scored)
     if dense.flops < fewest + _flops((gates_fwd, gates_bwd)):
         return dense
