@@ -32,8 +32,9 @@ Target 3's table-memory row counts what the table costs in training: parameters 
 + the lookup's working memory beyond the (N x d) output (the peak of one forward+backward minus the
 output and the gradients; the output gradient is an input and not counted either), i.e. what differs
 between the two layers, which produce the same output and receive the same output gradient.
-Target 4 carries its Amdahl bound: the share ``f`` of the step spent in the tensorized layers'
-forward+backward and the speedup ``s`` of those layers after halving give at most ``1/((1-f)+f/s)``.
+Target 4 carries its Amdahl estimate: the share ``f`` of the step spent in the tensorized layers'
+forward+backward (each re-run alone) and their speedup ``s`` after halving give ``1/((1-f)+f/s)``; the
+measured step can gain more, since it also sheds work the lone layers do not show.
 """
 from __future__ import annotations
 
