@@ -6,7 +6,8 @@ so that a load change on a shared machine hits both):
 1. TTLinear forward+backward vs nn.Linear at the paper's layer shapes.
 2. One full training step of the six-encoder transformer (paper shapes, seq 128), each configuration
    in its own subprocess: CoMERA vs uncompressed at batch 32 (time, peak memory) and CoMERA vs GaLore
-   at batch 1 (time, peak memory).
+   at batch 1 (time, peak memory). ``--step-rounds`` (default 3) runs every configuration once per
+   round; a ratio is the median over rounds of the ratio within a round.
 3. TTMEmbedding optimized vs naive lookup (time, peak memory) and the TTM table's memory vs an
    nn.Embedding with dense gradients, at 10000..40000 Zipf-like indices.
 4. The transformer step after the rank gates halve every rank and comera.rank.prune shrinks the cores.
@@ -153,13 +154,19 @@ class Config:
     """Policy of harness.allocator for this process and the step workers."""
     allocator_applied: str = ""
     """What applying it did here (set by run_targets)."""
+    step_rounds: int = 1
+    """Rounds of the transformer-step processes of targets 2 and 4 (every configuration once per round)."""
 
     @classmethod
-    def make(cls, device: str, num_threads: int, quick: bool, allocator: str = "reuse") -> "Config":
+    def make(cls, device: str, num_threads: int, quick: bool, allocator: str = "reuse",
+             step_rounds: int | None = None) -> "Config":
         if allocator not in allocator_lib.POLICIES:
             raise ValueError(f"--allocator {allocator!r}: expected one of {list(allocator_lib.POLICIES)}")
+        step_rounds = (1 if quick else 3) if step_rounds is None else step_rounds
+        if step_rounds < 1:
+            raise ValueError(f"--step-rounds {step_rounds}: need at least 1")
         return cls(mb.resolve_device(device), num_threads, quick, 2 if quick else 3, 0.05 if quick else 0.5,
-                   allocator)
+                   allocator, step_rounds=step_rounds)
 
     def label(self) -> str:
         return f"{'quick, ' if self.quick else ''}{self.rounds} rounds x {self.min_run_time_s}s blocks"
@@ -527,15 +534,64 @@ def _fmt_bytes(n: float | None) -> str:
     return "n/a" if n is None else f"{n / 2**20:.1f} MiB"
 
 
-def target_steps(cfg: Config, targets: set[int], timeout_s: float) -> list[BenchRow]:
-    """Targets 2 and 4 from one subprocess per configuration."""
+STEP_MEDIAN_KEYS = ("step_ms", "peak_bytes", "tensor_peak_bytes", "step_ms_halved", "tt_layers_ms",
+                    "tt_layers_ms_halved")
+"""The numbers of a step worker's result that are taken as medians over the rounds."""
+
+
+def run_step_rounds(jobs: dict[str, dict[str, Any]], rounds: int, timeout_s: float,
+                    progress: Callable[[str], None] = lambda line: None) -> dict[str, list[dict[str, Any]]]:
+    """Every job once per round, in the same order each round, each in a fresh process: configurations
+    are compared within a round (neighbours in time), so a slow spell of the machine hits one round's
+    ratio, not one configuration of the only round."""
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in jobs}
+    for r in range(rounds):
+        for name, job in jobs.items():
+            progress(f"  step round {r + 1}/{rounds}: {name}")
+            results[name].append(run_step_job(job, timeout_s))
+    return results
+
+
+def median_result(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One configuration over its rounds: medians of :data:`STEP_MEDIAN_KEYS` over the rounds that ran,
+    everything else from the first that ran; the first error when none ran."""
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return {"error": runs[0]["error"]}
+    out = dict(ok[0])
+    for key in STEP_MEDIAN_KEYS:
+        values = [r[key] for r in ok if r.get(key) is not None]
+        if values:
+            out[key] = statistics.median(values)
+    return out
+
+
+def round_ratios(results: dict[str, list[dict[str, Any]]], num: tuple[str, str],
+                 den: tuple[str, str]) -> list[float]:
+    """``num``/``den`` ((configuration, key) each) in every round where both were measured."""
+    return [a[num[1]] / b[den[1]] for a, b in zip(results.get(num[0], []), results.get(den[0], []))
+            if a.get(num[1]) is not None and b.get(den[1])]
+
+
+def target_steps(cfg: Config, targets: set[int], timeout_s: float,
+                 progress: Callable[[str], None] = lambda line: None) -> list[BenchRow]:
+    """Targets 2 and 4 from one subprocess per configuration and round; each ratio is the median over the
+    rounds of the ratio within a round."""
     jobs = step_jobs(cfg, targets)
-    res = {name: run_step_job(job, timeout_s) for name, job in jobs.items()}
-    errors = "; ".join(f"{n}: {r['error']}" for n, r in res.items() if "error" in r)
+    rounds = run_step_rounds(jobs, cfg.step_rounds, timeout_s, progress)
+    res = {name: median_result(runs) for name, runs in rounds.items()}
+    errors = "; ".join(f"{n}{f' round {i + 1}' if cfg.step_rounds > 1 else ''}: {r['error']}"
+                       for n, runs in rounds.items() for i, r in enumerate(runs) if "error" in r)
     size = STEP_WORKLOAD["quick" if cfg.quick else "full"]["size"]
 
     def get(name: str, key: str) -> float | None:
         return res.get(name, {}).get(key)
+
+    def ratio(num: tuple[str, str], den: tuple[str, str]) -> tuple[float | None, str]:
+        """Median of the per-round ratios, and the per-round list when there are several rounds."""
+        per_round = round_ratios(rounds, num, den)
+        shown = f"; per round {', '.join(f'{v:.2f}' for v in per_round)}" if cfg.step_rounds > 1 else ""
+        return (statistics.median(per_round) if per_round else None), shown
 
     def pair(a: str, b: str) -> str:
         return f"{a} {get(a, 'step_ms') or float('nan'):.1f} ms / {_fmt_bytes(get(a, 'peak_bytes'))}, " \
@@ -546,33 +602,35 @@ def target_steps(cfg: Config, targets: set[int], timeout_s: float) -> list[Bench
                         != cfg.allocator_applied})  # the workers normally apply what this process did
     some_job = next(iter(jobs.values()))
     counts = ", ".join(f"{name} {job['steps']}" for name, job in jobs.items())
-    base = (f"transformer size={size}, one process per config, median of timed steps ({counts}) "
-            f"after {some_job['warmup']} warm-up, memory {kind}"
+    base = (f"transformer size={size}, one process per config and round, {cfg.step_rounds} round(s) "
+            f"(ratio: median over rounds of the ratio within a round; times and memory shown: medians), "
+            f"median of timed steps ({counts}) after {some_job['warmup']} warm-up, memory {kind}"
             + (f", worker allocator {' / '.join(differing)}" if differing else ""))
     rows = []
     if 2 in targets:
         b32 = jobs["dense_b32"]["batch_size"]
-        rows.append(make_row(2, f"CoMERA vs uncompressed step speedup, batch {b32}", 4.0,
-                             _ratio(get("dense_b32", "step_ms"), get("comera_b32", "step_ms")),
-                             medians=pair("dense_b32", "comera_b32"), settings=base, note=errors))
-        rows.append(make_row(2, f"CoMERA / uncompressed peak memory, batch {b32}", 0.7,
-                             _ratio(get("comera_b32", "peak_bytes"), get("dense_b32", "peak_bytes")),
-                             better="<=", medians=pair("dense_b32", "comera_b32"), settings=base, note=errors))
-        rows.append(make_row(2, "CoMERA vs GaLore step speedup, batch 1", 5.0,
-                             _ratio(get("galore_b1", "step_ms"), get("comera_b1", "step_ms")),
-                             medians=pair("galore_b1", "comera_b1"), settings=base, note=errors))
-        rows.append(make_row(2, "GaLore / CoMERA peak memory, batch 1", 12.0,
-                             _ratio(get("galore_b1", "peak_bytes"), get("comera_b1", "peak_bytes")),
-                             medians=pair("galore_b1", "comera_b1"), settings=base, note=errors))
+        for what, goal, better, num, den, shown in (
+                (f"CoMERA vs uncompressed step speedup, batch {b32}", 4.0, ">=",
+                 ("dense_b32", "step_ms"), ("comera_b32", "step_ms"), ("dense_b32", "comera_b32")),
+                (f"CoMERA / uncompressed peak memory, batch {b32}", 0.7, "<=",
+                 ("comera_b32", "peak_bytes"), ("dense_b32", "peak_bytes"), ("dense_b32", "comera_b32")),
+                ("CoMERA vs GaLore step speedup, batch 1", 5.0, ">=",
+                 ("galore_b1", "step_ms"), ("comera_b1", "step_ms"), ("galore_b1", "comera_b1")),
+                ("GaLore / CoMERA peak memory, batch 1", 12.0, ">=",
+                 ("galore_b1", "peak_bytes"), ("comera_b1", "peak_bytes"), ("galore_b1", "comera_b1"))):
+            measured, per_round = ratio(num, den)
+            rows.append(make_row(2, what, goal, measured, better=better, medians=pair(*shown) + per_round,
+                                 settings=base, note=errors))
         for slow, fast, label in (("dense_b32", "comera_b32", f"uncompressed / CoMERA, batch {b32}"),
                                   ("galore_b1", "comera_b1", "GaLore / CoMERA, batch 1")):
             if get(fast, "tensor_peak_bytes"):
+                measured, per_round = ratio((slow, "tensor_peak_bytes"), (fast, "tensor_peak_bytes"))
                 rows.append(make_row(
                     2, f"{label} tensor-allocation peak (cpu_allocated: parameters, buffers, optimizer "
                        f"state + one step's allocator peak, the CPU analogue of cuda_allocated)", None,
-                    _ratio(get(slow, "tensor_peak_bytes"), get(fast, "tensor_peak_bytes")),
-                    medians=f"{slow} {_fmt_bytes(get(slow, 'tensor_peak_bytes'))}, "
-                            f"{fast} {_fmt_bytes(get(fast, 'tensor_peak_bytes'))}", settings=base,
+                    measured, medians=f"{slow} {_fmt_bytes(get(slow, 'tensor_peak_bytes'))}, "
+                                      f"{fast} {_fmt_bytes(get(fast, 'tensor_peak_bytes'))}{per_round}",
+                    settings=base,
                     note="informational: the RSS rows above carry the goals; the gap between the two is "
                          "memory outside tensors (library workspaces and JIT code, heap, Python)"))
     if 4 in targets:
@@ -581,9 +639,11 @@ def target_steps(cfg: Config, targets: set[int], timeout_s: float) -> list[Bench
         sample = next(iter(ranks_before), None)
         change = f"{sample}: {ranks_before.get(sample)} -> {ranks_after.get(sample)}" if sample else ""
         before, after = get("comera_b32", "step_ms"), get("comera_b32", "step_ms_halved")
+        measured, per_round = ratio(("comera_b32", "step_ms"), ("comera_b32", "step_ms_halved"))
         rows.append(make_row(4, f"CoMERA step speedup after halving every rank, batch {jobs['comera_b32']['batch_size']}",
-                             1.5, _ratio(before, after),
-                             medians=f"before {before or float('nan'):.1f} ms, after {after or float('nan'):.1f} ms",
+                             1.5, measured,
+                             medians=f"before {before or float('nan'):.1f} ms, after {after or float('nan'):.1f} ms"
+                                     + per_round,
                              settings=f"{base}; {change}", note="; ".join(filter(None, [
                                  amdahl_note(res.get("comera_b32", {})), errors]))))
     return rows
@@ -683,7 +743,7 @@ def _run_targets(targets: set[int], cfg: Config, step_timeout_s: float,
     jobs: list[tuple[set[int], Callable[[], list[BenchRow]]]] = [
         ({1}, lambda: target_linear(cfg, roof)),
         ({3}, lambda: target_embedding(cfg, roof)),
-        ({2, 4}, lambda: target_steps(cfg, targets, step_timeout_s)),
+        ({2, 4}, lambda: target_steps(cfg, targets, step_timeout_s, progress)),
         ({5}, lambda: target_plans(cfg)),
     ]
     rows: list[BenchRow] = []
@@ -773,6 +833,9 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
     ap.add_argument("--out-dir", default="results/bench", help="where the .md and .parquet go")
     ap.add_argument("--step-timeout", type=float, default=1800, help="seconds per transformer-step subprocess")
+    ap.add_argument("--step-rounds", type=int, default=None,
+                    help="rounds of the transformer-step processes of targets 2 and 4, every configuration "
+                         "once per round (default 3, --quick 1)")
     ap.add_argument("--allocator", choices=allocator_lib.POLICIES, default="reuse",
                     help="CPU allocator policy of this process and the step workers (default reuse; "
                          "see harness.allocator)")
@@ -783,7 +846,7 @@ def cli(argv: list[str]) -> int:
         return 0
     try:
         targets = parse_targets(args.targets)
-        cfg = Config.make(args.device, args.threads, args.quick, args.allocator)
+        cfg = Config.make(args.device, args.threads, args.quick, args.allocator, args.step_rounds)
     except (ValueError, RuntimeError) as exc:
         print(f"comera-bench bench: {exc}", file=sys.stderr)
         return 2

@@ -223,3 +223,37 @@ def test_step_jobs_halve_only_comera_b32_for_target_4(quick):
     steps = {n: j["steps"] for n, j in jobs.items()}
     assert steps == ({n: 2 for n in jobs} if quick else {"dense_b32": 3, "comera_b32": 3, "galore_b1": 10,
                                                           "comera_b1": 10})
+
+
+def test_step_ratios_are_medians_of_per_round_ratios(monkeypatch):
+    """Several rounds: each ratio is the median of the within-round ratios; a failed round is named and
+    left out; the shown times are medians over the rounds that ran."""
+    per_round = {"dense_b32": [800.0, 1200.0, 900.0], "comera_b32": [100.0, 400.0, 300.0],
+                 "galore_b1": [60.0, 60.0, 60.0], "comera_b1": [10.0, None, 20.0]}
+    calls = []
+
+    def fake(job, timeout_s):
+        name = _name(job)
+        ms = per_round[name][sum(c == name for c in calls)]
+        calls.append(name)
+        return {"error": "exit 1: flaky"} if ms is None else {"step_ms": ms, "peak_bytes": 1000,
+                                                               "peak_kind": "cpu_rss_delta"}
+
+    monkeypatch.setattr(bench, "run_step_job", fake)
+    cfg = bench.Config.make("cpu", 1, quick=True, step_rounds=3)
+    rows = bench.target_steps(cfg, {2}, 10)
+    assert calls == ["dense_b32", "comera_b32", "galore_b1", "comera_b1"] * 3  # alternating, round by round
+    got = {r.what.split(",")[0]: r for r in rows}
+    speed = got["CoMERA vs uncompressed step speedup"]
+    assert speed.measured == 3.0 and "per round 8.00, 3.00, 3.00" in speed.medians  # not 900/300
+    assert "dense_b32 900.0 ms" in speed.medians and "comera_b32 300.0 ms" in speed.medians
+    galore = got["CoMERA vs GaLore step speedup"]
+    assert galore.measured == 4.5 and "per round 6.00, 3.00" in galore.medians
+    assert "comera_b1 round 2: exit 1: flaky" in galore.note and "3 round(s)" in galore.settings
+
+
+def test_step_rounds_must_be_positive():
+    with pytest.raises(ValueError, match="--step-rounds 0"):
+        bench.Config.make("cpu", 1, quick=False, step_rounds=0)
+    assert bench.Config.make("cpu", 1, quick=False).step_rounds == 3
+    assert bench.Config.make("cpu", 1, quick=True).step_rounds == 1
