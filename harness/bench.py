@@ -23,7 +23,11 @@ model was built) or ``cuda_allocated`` (peak allocated minus allocated before th
 free heap is handed back to the kernel (``harness.allocator.release_free_memory``, glibc malloc_trim)
 before the baseline is read and again after the method is prepared, just before the high-water mark is
 reset: the dense model that CoMERA converts is freed by then, but glibc would otherwise keep its pages
-resident and the mark would start above what the training steps use.
+resident and the mark would start above what the training steps use. Before the baseline, each worker
+runs one step of its method on the tiny transformer (dropped again), so that once-per-process costs --
+lazy imports (GaLore pulls in transformers and bitsandbytes, ~60 MiB), thread pools, library buffers --
+sit in the baseline as a training script's imports would; the peak counts the model, its data and its
+training.
 
 Allocator: every measuring process (this one and each step worker) applies the ``--allocator`` policy
 of :mod:`harness.allocator` (default "reuse": freed memory is kept for reuse instead of being unmapped
@@ -335,13 +339,22 @@ def halve_ranks(model: torch.nn.Module, threshold: float, optimizers=()) -> dict
     return ranks(model)
 
 
-def _warm_up_torch(device: torch.device) -> None:
-    """One tiny training step, so that lazily created thread pools and library buffers exist before the
-    memory baseline is read and are not charged to the first configuration measured."""
-    layer = torch.nn.Linear(64, 64, device=device)
-    opt = torch.optim.AdamW(layer.parameters())
-    layer(torch.randn(8, 64, device=device)).square().mean().backward()
-    opt.step()
+def _warm_up_code_path(job: dict[str, Any], device: torch.device) -> None:
+    """One training step of the job's method on the tiny transformer, dropped afterwards, so that what a
+    process pays once whatever the model -- lazy imports (tokenizers, pyarrow; GaLore's transformers and
+    bitsandbytes), thread pools, library buffers -- exists before the memory baseline is read, as the
+    imports at the top of a training script would. Only the model, its data and its training then count."""
+    from baselines import check_params, get_method
+    from harness.workloads import build_workload
+
+    workload = build_workload("transformer", {"size": "tiny", "train_samples": 1, "eval_samples": 1},
+                              batch_size=1, seed=job["seed"], device=device)
+    prepared = get_method(job["method"]).prepare(
+        workload.model, workload, check_params(job["method"], job.get("method_params", {})),
+        target_ratio=None, total_steps=10**6)
+    prepared.total_loss(workload.loss(prepared.model, next(iter(workload.train_batches(0)))), 0).backward()
+    for opt in prepared.optimizers:
+        opt.step()
 
 
 def _capture_tensorized_inputs(model: torch.nn.Module, forward: Callable[[], Any]) -> dict[str, torch.Tensor]:
@@ -426,7 +439,7 @@ def _step_worker(job: dict[str, Any], allocator_applied: str) -> dict[str, Any]:
     steps, warmup = job["steps"], job["warmup"]
     samples = job["batch_size"] * (steps + warmup)
     params = {**job["workload_params"], "train_samples": samples, "eval_samples": job["batch_size"]}
-    _warm_up_torch(device)
+    _warm_up_code_path(job, device)
     gc.collect()
     if device.type == "cuda":
         base = torch.cuda.memory_allocated(device)
