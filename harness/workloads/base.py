@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -48,3 +49,15 @@ def seeded_model(build_model: Callable[[dict[str, Any]], nn.Module], params: dic
         torch.manual_seed(seed)
         model = build_model(params)
     return model.to(device)
+
+
+@contextlib.contextmanager
+def evaluating(model: nn.Module) -> Iterator[None]:
+    """The block runs with ``model`` in eval mode and gradients off; its training mode is restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)

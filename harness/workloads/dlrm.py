@@ -34,7 +34,7 @@ from torch import nn
 
 from harness.data import batching, criteo
 from harness.data.cache import atomic_write, cache_dir, cached_tensors, fingerprint
-from harness.workloads.base import Batch, Workload, seeded_model
+from harness.workloads.base import Batch, Workload, evaluating, seeded_model
 from harness.workloads.params import Choice, ListOf, positive, require
 from harness.workloads.tt_spec import embedding_spec, tt_parameter_count
 
@@ -168,16 +168,13 @@ def build(p: dict[str, Any], *, batch_size: int, seed: int, device: torch.device
     eval_rate = evals["labels"].mean().item()
 
     def evaluate(m: nn.Module) -> dict[str, float]:
-        was_training = m.training
-        m.eval()
         correct, bce, n = 0, 0.0, 0
-        with torch.no_grad():
+        with evaluating(m):
             for batch in batching.eval_batches(evals, eval_bs, device):
                 logits = m(batch["dense"], batch["sparse"])
                 bce += F.binary_cross_entropy_with_logits(logits, batch["labels"], reduction="sum").item()
                 correct += ((logits >= 0).float() == batch["labels"]).sum().item()
                 n += batch["labels"].shape[0]
-        m.train(was_training)
         return {"metric_name": "accuracy", "metric_value": correct / n,
                 "nce": (bce / n) / _entropy(eval_rate),
                 "bce": bce / n, "base_rate": eval_rate, "samples": n}

@@ -35,7 +35,7 @@ from harness.data.cache import cache_dir, cached_tensors, fingerprint
 from harness.data.masking import IGNORE_INDEX, mask_tokens
 from harness.data.text_tokenizer import (CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS, encode_stream,
                                          load_or_train, train_byte_bpe)
-from harness.workloads.base import Batch, Workload, seeded_model
+from harness.workloads.base import Batch, Workload, evaluating, seeded_model
 from harness.workloads.params import Choice, ListOf, positive, require
 from harness.workloads.transformer import Encoder, encoder_tt_spec, init_bert_weights
 from harness.workloads.tt_spec import embedding_shapes, embedding_spec
@@ -190,10 +190,8 @@ def build(p: dict[str, Any], *, batch_size: int, seed: int, device: torch.device
         return {"input_ids": masked, "labels": labels}
 
     def evaluate(m: nn.Module) -> dict[str, float]:
-        was_training = m.training
-        m.eval()
         total, correct, n = 0.0, 0, 0
-        with torch.no_grad():
+        with evaluating(m):
             for batch in batching.eval_batches(evals, eval_bs, device):
                 logits = m(batch["input_ids"]).flatten(0, 1)
                 labels = batch["labels"].flatten()
@@ -201,7 +199,6 @@ def build(p: dict[str, Any], *, batch_size: int, seed: int, device: torch.device
                 chosen = labels != IGNORE_INDEX
                 correct += (logits[chosen].argmax(-1) == labels[chosen]).sum().item()
                 n += int(chosen.sum())
-        m.train(was_training)
         return {"metric_name": "mlm_loss", "metric_value": total / n, "masked_accuracy": correct / n,
                 "masked_tokens": n}
 

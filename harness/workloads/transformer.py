@@ -33,7 +33,7 @@ from comera import feed_forward
 from harness.data import batching, mnli, nli_synthetic
 from harness.data.cache import cache_dir, cached_tensors, fingerprint
 from harness.data.text_tokenizer import load_or_train, load_tokenizer_file, encode_pairs, train_wordpiece
-from harness.workloads.base import Batch, Workload, seeded_model
+from harness.workloads.base import Batch, Workload, evaluating, seeded_model
 from harness.workloads.dropout import Dropout, attention, replaces_torch
 from harness.workloads.params import Choice, ListOf, positive, require
 from harness.workloads.tt_spec import embedding_shapes, embedding_spec, linear_spec
@@ -284,16 +284,13 @@ def build(p: dict[str, Any], *, batch_size: int, seed: int, device: torch.device
     eval_bs = p["eval_batch_size"] or max(batch_size, 64)
 
     def evaluate(m: nn.Module) -> dict[str, float]:
-        was_training = m.training
-        m.eval()
         correct, total_loss, n = 0, 0.0, 0
-        with torch.no_grad():
+        with evaluating(m):
             for batch in batching.eval_batches(evals, eval_bs, device):
                 logits = m(batch["input_ids"], batch["segment_ids"], batch["attention_mask"])
                 total_loss += F.cross_entropy(logits, batch["labels"], reduction="sum").item()
                 correct += (logits.argmax(-1) == batch["labels"]).sum().item()
                 n += batch["labels"].shape[0]
-        m.train(was_training)
         return {"metric_name": "accuracy", "metric_value": correct / n, "loss": total_loss / n, "samples": n}
 
     info.update(train_samples=batching.num_rows(train), eval_samples=batching.num_rows(evals),
