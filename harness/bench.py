@@ -380,11 +380,11 @@ def _capture_tensorized_inputs(model: torch.nn.Module, forward: Callable[[], Any
     return seen
 
 
-def tensorized_layer_ms(model: torch.nn.Module, inputs: dict[str, torch.Tensor], device: torch.device,
-                        repeats: int = 3) -> float:
-    """Sum over the tensorized modules of the median (``repeats`` calls after one warm-up) of one
-    forward+backward on its captured input (random values, random output gradient, input gradient for
-    float inputs); the parameters' gradients are dropped afterwards."""
+def tensorized_layer_ms(model: torch.nn.Module, inputs: dict[str, torch.Tensor],
+                        min_run_time_s: float = 0.1) -> float:
+    """Sum over the tensorized modules of the median time (``harness.microbench.time_call``, blocks of at
+    least ``min_run_time_s``) of one forward+backward on its captured input (random values, random output
+    gradient, input gradient for float inputs); the parameters' gradients are dropped afterwards."""
     from comera.rank import tensorized_modules
 
     modules = dict(tensorized_modules(model))
@@ -392,18 +392,8 @@ def tensorized_layer_ms(model: torch.nn.Module, inputs: dict[str, torch.Tensor],
     for name, shape_of in inputs.items():
         x = torch.randn_like(shape_of) if shape_of.is_floating_point() else shape_of
         run, reset = mb._call(modules[name], x, "fwd_bwd", wrt_input=x.is_floating_point())
-        run()
-        times = []
-        for _ in range(repeats):
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            start = time.perf_counter()
-            run()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append((time.perf_counter() - start) * 1e3)
+        total += mb.time_call(run, num_threads=torch.get_num_threads(), min_run_time_s=min_run_time_s)[0]
         reset()
-        total += statistics.median(times)
     return total
 
 
@@ -488,10 +478,10 @@ def _step_worker(job: dict[str, Any], allocator_applied: str) -> dict[str, Any]:
         out["tensor_peak_bytes"] = _state_tensor_bytes(model, prepared.optimizers) + step_peak
     if job.get("halve"):  # after the timed steps and the memory reading: nothing here is in them
         inputs = _capture_tensorized_inputs(model, lambda: workload.loss(model, batches[0]))
-        layers_before = tensorized_layer_ms(model, inputs, device)
+        layers_before = tensorized_layer_ms(model, inputs)
         out["ranks_halved"] = halve_ranks(model, job["threshold"], prepared.optimizers)
         out["step_ms_halved"] = statistics.median(timed(steps + warmup))
-        layers_after = tensorized_layer_ms(model, inputs, device)
+        layers_after = tensorized_layer_ms(model, inputs)
         out.update(tt_layers_ms=layers_before, tt_layers_ms_halved=layers_after, tt_layers_seen=len(inputs),
                    tt_layers=len(tensorized_modules(model)))
     return out
