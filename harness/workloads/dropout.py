@@ -62,8 +62,15 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     levels = keep_levels(p)
     if levels == LANE_LEVELS:  # p < 2^-17 rounds to keeping everything
         return x
-    # where(mask, x, 0) rather than x * mask, which first casts the whole mask to x's dtype
-    return torch.where(keep_mask(x.shape, levels, x.device), x, 0.0).mul_(_scale(levels))
+    return _apply(x, keep_mask(x.shape, levels, x.device)).mul_(_scale(levels))
+
+
+def _apply(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``x`` with the elements where ``keep`` is False zeroed, as ``x * keep`` in torch's dropout (NaN stays
+    NaN). The bool mask is read as uint8 (a view): float x uint8 runs a vectorized kernel, 4-9x faster on
+    CPU than ``torch.where(keep, x, 0)`` or ``x * keep`` (which casts the mask to x's dtype first); autograd
+    saves the 1-byte mask."""
+    return torch.mul(x, keep.view(torch.uint8))
 
 
 def _scale(levels: int) -> float:
@@ -108,17 +115,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch
 
 
 class _DroppedMatmul(torch.autograd.Function):
-    """``where(keep, probs, 0) @ v`` saving ``probs`` (which softmax saves anyway) and the boolean mask
-    instead of the dropped copy: 4 bytes less per attention probability, for one ``where`` in backward."""
+    """``(probs * keep) @ v`` saving ``probs`` (which softmax saves anyway) and the boolean mask instead
+    of the dropped copy: 4 bytes less per attention probability, for one masking more in backward."""
 
     @staticmethod
     def forward(ctx, probs: torch.Tensor, keep: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(probs, keep, v)
-        return torch.matmul(torch.where(keep, probs, 0.0), v)
+        return torch.matmul(_apply(probs, keep), v)
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         probs, keep, v = ctx.saved_tensors
-        grad_probs = torch.where(keep, torch.matmul(grad_out, v.transpose(-2, -1)), 0.0)
-        grad_v = torch.matmul(torch.where(keep, probs, 0.0).transpose(-2, -1), grad_out)
+        grad_probs = _apply(torch.matmul(grad_out, v.transpose(-2, -1)), keep)
+        grad_v = torch.matmul(_apply(probs, keep).transpose(-2, -1), grad_out)
         return grad_probs, None, grad_v

@@ -230,3 +230,12 @@ def test_tiny_workloads_train_deterministically_with_dropout(name, tmp_path):
     assert sum(isinstance(m, Dropout) for m in model.modules()) >= 2
     assert all(math.isfinite(x) for x in losses)
     assert two_steps()[1] == losses
+
+
+def test_non_finite_values_propagate_like_torchs_dropout():
+    """Masking multiplies (as F.dropout does): a dropped NaN or inf stays non-finite, kept values scale."""
+    x = torch.tensor([float("nan"), float("inf"), 1.0] * 400)
+    for out in (dropout(x, 0.5), torch.nn.functional.dropout(x, 0.5)):
+        assert out[0::3].isnan().all() and not out[1::3].isfinite().any()
+        assert out[2::3].isfinite().all()
+    assert set(dropout(x, 0.5)[2::3].tolist()) == {0.0, LANE_LEVELS / keep_levels(0.5)}
