@@ -14,6 +14,9 @@ Lookup modes (Fig. 5 of the paper):
 * ``naive``: for every requested index the chain of core slices ``G_k[:, i_k, :, :]`` is contracted.
 * tensor-index level: the first and the second half of the cores are contracted once per call into two
   half tables; each row is then one ``(N_left x r) @ (r x N_right)`` product of two half-table rows.
+  ``HalfTableRows`` computes these products in chunks of about ``CHUNK_BYTES`` of gathered rows and saves
+  only the two half tables and the row indices; backward gathers each chunk's rows again. No per-row
+  ``N_left x r`` / ``r x N_right`` gathers or their gradients outlive a chunk.
 * row level: only the unique indices are computed; rows are scattered back with the inverse map
   (autograd accumulates the gradient of repeated indices).
 
@@ -28,7 +31,11 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from comera.tt import outside_autocast
+
 LOOKUP_MODES = ("naive", "optimized")
+CHUNK_BYTES = 4 * 2 ** 20
+"""Bytes of gathered half-table rows per ``HalfTableRows`` chunk (forward and backward alike)."""
 
 
 class TTMEmbedding(nn.Module):
@@ -114,7 +121,7 @@ class TTMEmbedding(nn.Module):
         cores = self.gated_cores()
         out = self._rows_by_halves(cores, rows) if self.tensor_index_level else self._rows_by_chain(cores, rows)
         if inverse is not None:
-            out = out[inverse]
+            out = out.index_select(0, inverse)  # faster than out[inverse] on CPU, forward and backward
         if self.padding_idx is not None:
             out = out * (flat != self.padding_idx).unsqueeze(-1).to(out.dtype)
         return out.reshape(*idx.shape, self.embedding_dim)
@@ -144,13 +151,59 @@ class TTMEmbedding(nn.Module):
         left = _merge(cores[:half])  # (1, M_L, N_L, r)
         right_rows = math.prod(self.row_shape[half:])
         left_index = torch.div(rows, right_rows, rounding_mode="floor")
-        left_rows = left[0].index_select(0, left_index)  # (B, N_L, r)
         if half == len(cores):
-            return left_rows.reshape(rows.shape[0], self.embedding_dim)
+            return left[0].index_select(0, left_index).reshape(rows.shape[0], self.embedding_dim)
         right = _merge(cores[half:])  # (r, M_R, N_R, 1)
-        right_table = right[..., 0].permute(1, 0, 2)  # (M_R, r, N_R)
-        right_sel = right_table.index_select(0, rows % right_rows)  # (B, r, N_R)
-        return torch.bmm(left_rows, right_sel).reshape(rows.shape[0], self.embedding_dim)
+        right_table = right[..., 0].permute(1, 0, 2).contiguous()  # (M_R, r, N_R); gathers copy whole rows
+        right_index = rows % right_rows
+        out = outside_autocast(lambda lt, rt: _half_table_rows(lt, rt, left_index, right_index),
+                               rows.device.type, left[0], right_table)  # both tables in one dtype
+        return out.reshape(rows.shape[0], self.embedding_dim)
+
+
+class HalfTableRows(torch.autograd.Function):
+    """Rows ``left[left_index[b]] @ right[right_index[b]]``, ``(B, N_L, N_R)``, computed ``chunk`` rows at a
+    time; ``left`` is ``(M_L, N_L, r)``, ``right`` is ``(M_R, r, N_R)``. Saves the two tables and the index
+    vectors only; backward gathers each chunk's rows again and adds their gradients into the tables."""
+
+    @staticmethod
+    def forward(ctx, left, right, left_index, right_index, chunk):
+        if chunk <= 0:
+            raise ValueError(f"HalfTableRows: chunk={chunk} must be positive")
+        ctx.save_for_backward(left, right, left_index, right_index)
+        ctx.chunk = chunk
+        out = left.new_empty(left_index.shape[0], left.shape[1], right.shape[2])
+        for start, stop in _spans(left_index.shape[0], chunk):
+            torch.bmm(left.index_select(0, left_index[start:stop]),
+                      right.index_select(0, right_index[start:stop]), out=out[start:stop])
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        left, right, left_index, right_index = ctx.saved_tensors
+        need_left, need_right = ctx.needs_input_grad[:2]
+        grad_left = torch.zeros_like(left, memory_format=torch.contiguous_format) if need_left else None
+        grad_right = torch.zeros_like(right, memory_format=torch.contiguous_format) if need_right else None
+        for start, stop in _spans(left_index.shape[0], ctx.chunk):
+            grad = grad_out[start:stop]
+            left_pos, right_pos = left_index[start:stop], right_index[start:stop]
+            if need_left:  # no names: one gathered block and one gradient block alive at a time
+                grad_left.index_add_(0, left_pos, torch.bmm(grad, right.index_select(0, right_pos).mT))
+            if need_right:
+                grad_right.index_add_(0, right_pos, torch.bmm(left.index_select(0, left_pos).mT, grad))
+        return grad_left, grad_right, None, None, None
+
+
+def _half_table_rows(left: torch.Tensor, right: torch.Tensor, left_index: torch.Tensor,
+                     right_index: torch.Tensor) -> torch.Tensor:
+    """``HalfTableRows`` with chunks whose gathered left and right rows fill ``CHUNK_BYTES``."""
+    row_bytes = (left[0].numel() + right[0].numel()) * left.element_size()
+    return HalfTableRows.apply(left, right, left_index, right_index, max(1, CHUNK_BYTES // max(1, row_bytes)))
+
+
+def _spans(total: int, chunk: int):
+    """``(start, stop)`` of consecutive blocks of ``chunk`` rows covering ``range(total)``."""
+    return ((start, min(start + chunk, total)) for start in range(0, total, chunk))
 
 
 def _merge(cores: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from comera.ttm import TTMEmbedding
+from comera import ttm
+from comera.ttm import HalfTableRows, TTMEmbedding
 
 
 LEVELS = list(itertools.product([False, True], [False, True]))  # (tensor_index_level, unique_rows)
@@ -50,9 +51,13 @@ def test_dense_weight_matches_entrywise_reference(shape):
     torch.testing.assert_close(layer.dense_weight().detach(), _reference_table(layer), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("chunk_bytes", [None, 1], ids=["default_chunks", "one_row_chunks"])
 @pytest.mark.parametrize("shape", SHAPES, ids=["d3", "d4", "d1"])
 @pytest.mark.parametrize("tensor_index_level,unique_rows", LEVELS)
-def test_lookup_matches_dense_weight_values_and_gradients(shape, tensor_index_level, unique_rows):
+def test_lookup_matches_dense_weight_values_and_gradients(shape, tensor_index_level, unique_rows, chunk_bytes,
+                                                          monkeypatch):
+    if chunk_bytes is not None:
+        monkeypatch.setattr(ttm, "CHUNK_BYTES", chunk_bytes)
     layer = _layer(shape, tensor_index_level=tensor_index_level, unique_rows=unique_rows, padding_idx=1)
     num = shape[0]
     idx = torch.tensor([[1, 3, 3, num - 1, 0], [1, 0, 3, 7 % num, 3]])  # repeats and padding
@@ -79,12 +84,71 @@ def test_padding_row_is_zero_and_gets_no_gradient(tensor_index_level, unique_row
     assert all(torch.count_nonzero(p.grad) == 0 for p in layer.parameters())
 
 
+@pytest.mark.parametrize("ranks", [[1, 3, 0, 1], [1, 0, 3, 1]], ids=["inside_right_half", "between_halves"])
 @pytest.mark.parametrize("lookup", ["naive", "optimized"])
-def test_bond_of_rank_zero_gives_zero_rows(lookup):
-    layer = TTMEmbedding(50, 24, row_shape=[2, 5, 6], col_shape=[2, 3, 4], rank=[1, 3, 0, 1], lookup=lookup)
+def test_bond_of_rank_zero_gives_zero_rows(lookup, ranks):
+    layer = TTMEmbedding(50, 24, row_shape=[2, 5, 6], col_shape=[2, 3, 4], rank=ranks, lookup=lookup)
     out = layer(torch.tensor([0, 4, 49]))
     assert out.shape == (3, 24) and torch.count_nonzero(out) == 0
     out.sum().backward()
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 50])  # several chunks with a remainder, one exact chunk, one larger
+def test_half_table_rows_values_and_gradcheck(chunk):
+    gen = torch.Generator().manual_seed(chunk)
+    left = torch.randn(3, 2, 4, dtype=torch.float64, generator=gen, requires_grad=True)
+    right = torch.randn(5, 4, 3, dtype=torch.float64, generator=gen, requires_grad=True)
+    left_index = torch.tensor([0, 2, 2, 1, 0, 2, 1])  # repeats: gradients of one table row accumulate
+    right_index = torch.tensor([4, 0, 4, 3, 3, 1, 4])
+
+    out = HalfTableRows.apply(left, right, left_index, right_index, chunk)
+
+    expected = torch.einsum("bir,brj->bij", left.detach()[left_index], right.detach()[right_index])
+    torch.testing.assert_close(out.detach(), expected, rtol=0, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda a, b: HalfTableRows.apply(a, b, left_index, right_index, chunk),
+                                    (left, right))
+
+
+def test_half_table_rows_names_a_bad_chunk():
+    table = torch.zeros(2, 1, 1)
+    with pytest.raises(ValueError, match="chunk=0"):
+        HalfTableRows.apply(table, table, torch.tensor([0]), torch.tensor([1]), 0)
+
+
+def test_lookup_saves_no_per_row_gathers():
+    """Saved floating tensors are no larger than a half table (M x N x r), saved index tensors no longer than
+    the index count; the per-row gathers of the two half tables (rows x N x r each) would exceed both."""
+    torch.manual_seed(0)
+    layer = TTMEmbedding(4096, 16, row_shape=[8, 8, 8, 8], col_shape=[2, 2, 2, 2], rank=4)
+    idx = torch.randint(0, 4096, (600,))
+    rows = int(torch.unique(idx).numel())
+    half_table = 8 * 8 * 2 * 2 * 4  # M_L * N_L * r = M_R * r * N_R
+    assert rows * 2 * 2 * 4 > max(half_table, idx.numel())  # a per-row gather would fail the bounds below
+    saved = []
+
+    def pack(tensor):
+        saved.append((tensor.dtype, tensor.numel()))
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = layer(idx)
+    out.sum().backward()
+
+    assert saved
+    too_large = [(dtype, numel) for dtype, numel in saved
+                 if numel > (half_table if dtype.is_floating_point else idx.numel())]
+    assert not too_large
+
+
+def test_autocast_runs_the_half_table_product_in_the_autocast_dtype():
+    torch.manual_seed(0)
+    layer = TTMEmbedding(50, 24, row_shape=[2, 5, 6], col_shape=[2, 3, 4], rank=3)  # left half: a bare core
+    idx = torch.tensor([1, 7, 7, 49])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(idx)
+    out.float().sum().backward()
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), layer(idx).detach(), rtol=0.05, atol=0.05)
 
 
 def test_lookup_modes_agree_on_zipf_indices_in_float32():
