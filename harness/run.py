@@ -6,7 +6,16 @@
 
 The training loop is the one documented in baselines/base.py. Per step it times (warm-up excluded,
 device synchronized) forward, loss, backward, the optimizer steps and ``after_step``; evaluation runs
-with the step clock, the epoch clock and the memory monitor paused.
+with the step clock, the epoch clock and the memory monitor paused; an evaluation after the last training
+step lies after the end of the memory region.
+
+Warm-up: before the model is built, one throwaway training step of the method on the workload's tiny
+instance (harness.warmup: random states restored, everything dropped) puts what a process pays once --
+lazy imports, library code pages, thread pools, buffers -- into the memory baseline. It runs eagerly for
+compile / cuda_graph cells too (compiling a throwaway model would take long): their compilation or graph
+capture still happens in their first training steps, inside the memory region, as before. The settings
+JSON records its outcome under ``warm_up`` ("ok", "method skipped: <reason>" or "failed: <ExcType>:
+<message>"; a failure never stops the cell), ``extra`` its wall time under ``warm_up_s``.
 
 Execution: ``execution.allocator`` ("reuse", default, or "system") is applied to the process before the
 workload is built and undone when the run ends (see :mod:`harness.allocator`); the settings JSON records
@@ -42,7 +51,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from harness import allocator, measure, results
+from harness import allocator, measure, results, warmup
 from harness.cudagraph import GraphedStep, require_cuda, state_signature
 
 SPEC_KEYS = ("run_id", "workload", "workload_params", "method", "variant", "method_params", "batch_size",
@@ -252,6 +261,8 @@ class _State:
     flops_basis: dict[str, Any] = field(default_factory=dict)
     graphed: GraphedStep | None = None
     allocator: str = ""
+    warm_up: str | None = None
+    warm_up_s: float | None = None
     stage: Any = None
     epoch: int = 0
 
@@ -295,6 +306,7 @@ def _train(st: _State, reg: Registry, progress: bool | None) -> None:
     spec, budget = st.spec, st.spec["budget"]
     st.workload_params = reg.check_workload_params(spec["workload"], spec["workload_params"])
     st.method_params = reg.check_method_params(spec["method"], spec["method_params"])
+    _warm_up(st, reg)
     workload = st.workload = reg.build_workload(spec["workload"], st.workload_params,
                                                 batch_size=spec["batch_size"], seed=spec["seed"],
                                                 device=st.device)
@@ -354,6 +366,8 @@ def _train(st: _State, reg: Registry, progress: bool | None) -> None:
                 done_in_epoch += 1
                 bar.update(1)
                 if eval_every and st.steps_done % eval_every == 0:
+                    if st.steps_done == total_steps:  # no training follows: the memory region ends here
+                        st.monitor.stop()
                     _evaluate(st, epoch)
                 if deadline is not None and time.perf_counter() > deadline:
                     raise _Timeout(f"time limit of {budget['time_limit_s']} s reached after "
@@ -366,6 +380,20 @@ def _train(st: _State, reg: Registry, progress: bool | None) -> None:
     finally:
         bar.close()
         _record_ranks(st, st.steps_done, st.epoch)
+
+
+def _warm_up(st: _State, reg: Registry) -> None:
+    """harness.warmup.warm_up for the cell; its outcome and wall time go to ``st`` (a failure too)."""
+    spec, started = st.spec, time.perf_counter()
+    try:
+        st.warm_up = warmup.warm_up(
+            spec["workload"], spec["method"], batch_size=spec["batch_size"], device=st.device,
+            workload_params=st.workload_params, method_params=st.method_params,
+            target_ratio=spec["target_ratio"], seed=spec["seed"], build_workload=reg.build_workload,
+            get_method=reg.get_method)
+    except Exception as exc:  # noqa: BLE001 -- the cell runs without it; the row says why
+        st.warm_up = f"failed: {type(exc).__name__}: {exc}"
+    st.warm_up_s = time.perf_counter() - started
 
 
 def _one_step(st: _State, batch: dict[str, torch.Tensor], step_fn: Callable, epoch: int) -> None:
@@ -459,6 +487,8 @@ def _build_row(st: _State, status: str, error: str, tb: str) -> dict[str, Any]:
     extra: dict[str, Any] = {}
     if tb:
         extra["traceback"] = tb
+    if st.warm_up_s is not None:
+        extra["warm_up_s"] = st.warm_up_s
     if st.timer is not None:
         summary = st.timer.summary(window=settings.get("time_window_steps"))
         row.update(step_time_ms=summary["step_time_ms"], step_time_ms_iqr=summary["step_time_ms_iqr"],
@@ -500,7 +530,8 @@ def _build_row(st: _State, status: str, error: str, tb: str) -> dict[str, Any]:
         "method": settings, "method_params": st.method_params, "workload_params": st.workload_params,
         "workload_info": getattr(workload, "info", {}), "steps_per_epoch":
             getattr(workload, "steps_per_epoch", None), "steps_in_epoch": st.steps_in_epoch,
-        "budget": spec["budget"], "execution": spec["execution"], "allocator": st.allocator},
+        "budget": spec["budget"], "execution": spec["execution"], "allocator": st.allocator,
+        "warm_up": st.warm_up},
         sort_keys=True, default=str)
     row["extra"] = json.dumps(extra, sort_keys=True, default=str)
     return _integral(row)

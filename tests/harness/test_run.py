@@ -237,3 +237,57 @@ def test_compiled_model_trains():
     assert row["status"] == "ok", row["error"]
     assert row["variant"] == "default+compile" and json.loads(row["settings"])["execution"]["compile"]
     assert row["metric_value"] > 0.4
+
+
+def test_evaluation_after_the_last_step_is_outside_the_memory_region():
+    """The last evaluation (at step 16 of 16) leaves 100 MB behind; no training follows it."""
+    kept = []
+
+    def build(name, params, **kw):
+        workload = TOY_REGISTRY.build_workload(name, params, **kw)
+        evaluate, calls = workload.evaluate, []
+
+        def evaluate_leaving_memory(model):
+            calls.append(1)
+            if len(calls) == 3:  # steps 0 (before the region), 8, 16
+                kept.append(torch.ones(25 << 20))
+            return evaluate(model)
+        workload.evaluate = evaluate_leaving_memory
+        return workload
+
+    registry = runner.Registry(build_workload=build, get_method=TOY_REGISTRY.get_method)
+    row, curves = runner.run_cell(toy_spec(budget={"epochs": 1, "eval_every_steps": 8}), registry=registry)
+    assert row["status"] == "ok" and len(kept) == 1
+    assert [c["step"] for c in curves if c["metric_name"] == "accuracy"] == [0, 8, 16]
+    assert row["peak_mem_bytes"] < 50 << 20
+
+
+def test_a_failing_warm_up_is_recorded_and_the_cell_runs():
+    def build(name, params, **kw):
+        if params.get("size") == "tiny":
+            raise ValueError("no tiny toy")
+        return TOY_REGISTRY.build_workload(name, params, **kw)
+
+    registry = runner.Registry(build_workload=build, get_method=TOY_REGISTRY.get_method)
+    failed, _ = runner.run_cell(toy_spec(budget={"epochs": 1}), registry=registry)
+    ok, _ = runner.run_cell(toy_spec(budget={"epochs": 1}), registry=TOY_REGISTRY)
+    assert failed["status"] == ok["status"] == "ok"
+    assert json.loads(failed["settings"])["warm_up"] == "failed: ValueError: no tiny toy"
+    assert json.loads(ok["settings"])["warm_up"] == "ok" and json.loads(ok["extra"])["warm_up_s"] > 0
+    assert failed["final_train_loss"] == ok["final_train_loss"]
+
+
+@pytest.mark.skipif(not REAL_PARTS, reason="the transformer workload or the methods are not there yet")
+def test_the_warm_up_changes_no_number(monkeypatch):
+    """With dropout the training draws from torch's global stream, which the workload does not reseed."""
+    spec = {**real_spec("dense"), "workload_params": {"size": "tiny", "dropout": 0.1},
+            "budget": {"epochs": 1, "max_steps_per_epoch": 4, "warmup_steps": 1, "eval_every_steps": 2}}
+    warmed, warmed_curves = runner.run_cell(spec)
+    monkeypatch.setattr(runner.warmup, "warm_up", lambda *a, **k: "not run")
+    cold, cold_curves = runner.run_cell(spec)
+    assert json.loads(warmed["settings"])["warm_up"] == "ok"
+    assert json.loads(cold["settings"])["warm_up"] == "not run"
+    for col in ("metric_value", "final_train_loss"):
+        assert warmed[col] == cold[col]
+    assert [(c["step"], c["metric_name"], c["value"]) for c in warmed_curves] == \
+        [(c["step"], c["metric_name"], c["value"]) for c in cold_curves]

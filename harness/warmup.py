@@ -1,0 +1,117 @@
+"""One throwaway training step before a memory baseline.
+
+A process pays some memory once, whatever the model: lazy imports, the library code pages that the first
+backward pass, optimizer step or SVD touches (several MB of libtorch_cpu.so on CPU), thread pools and
+library buffers. :func:`warm_up` runs one training step of the method -- the runner's step: loss,
+backward, optimizer steps, ``zero_grad``, ``after_step`` -- on a tiny instance of the workload and drops
+everything, so that this cost is in the baseline, as the imports at the top of a training script would
+be, and only the model, its data and its training count in the measured peak.
+
+The tiny instance is the workload's "tiny" size preset with data for one batch of the cell's batch size
+(:data:`ONE_BATCH`; the batch size matters to methods such as LTE whose heads split the batch), the
+cell's ``CARRIED`` params (cache folder, dropout, embedding tensorization: they choose code paths), and
+default (synthetic) data. The step runs eagerly (never compiled or CUDA-graphed). The global random
+states (python ``random``, numpy, torch CPU and the CUDA device's) are restored afterwards, so a run
+with the warm-up produces the same numbers as one without.
+"""
+from __future__ import annotations
+
+import gc
+import random
+import traceback
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+import torch
+
+#: Per workload: the params that give it data for one training batch of the given size (and one eval
+#: sample), over the "tiny" preset.
+ONE_BATCH: dict[str, Callable[[int], dict[str, Any]]] = {
+    "transformer": lambda b: {"train_samples": b, "eval_samples": 1},
+    "dlrm": lambda b: {"synthetic_rows": 2 * b},  # 10% are split off for evaluation
+    "mlm": lambda b: {"max_train_blocks": b, "max_eval_blocks": 1},
+}
+#: The cell's params the tiny instance keeps when the cell has them.
+CARRIED = ("cache_dir", "dropout", "tensorize_embedding")
+_LONG = 10 ** 6
+"""total_steps given to the method: no schedule reaches a later stage in the one step."""
+
+
+def _tiny_params(workload: str, cell_params: Mapping[str, Any], batch_size: int) -> dict[str, Any]:
+    """The params of the tiny instance of ``workload`` for a cell with ``cell_params``."""
+    one_batch = ONE_BATCH.get(workload, lambda b: {})(batch_size)
+    carried = {k: cell_params[k] for k in CARRIED if k in cell_params}
+    return {"size": "tiny", **one_batch, **carried}
+
+
+def warm_up(workload: str, method: str, *, batch_size: int, device: torch.device,
+            workload_params: Mapping[str, Any] | None = None, method_params: Mapping[str, Any] | None = None,
+            target_ratio: float | None = None, seed: int = 0,
+            build_workload: Callable[..., Any] | None = None,
+            get_method: Callable[[str], Any] | None = None) -> str:
+    """One training step of ``method`` (with its checked ``method_params``) on the tiny ``workload``
+    (see :func:`_tiny_params`; ``workload_params`` are the cell's), everything dropped afterwards and
+    the random states untouched. ``build_workload``/``get_method`` default to the real registries.
+
+    Returns "ok", or "method skipped: <reason>" when the method cannot run here (nothing ran). A failing
+    step raises (its frames cleared, so the tiny model does not outlive it). Nothing it built is referenced
+    afterwards; reference cycles among it wait for the caller's ``gc.collect()`` before the baseline (0.1 s
+    in a process full of imports), except on CUDA, where they are collected here to empty the cache."""
+    if build_workload is None or get_method is None:
+        import baselines
+        import harness.workloads as workloads
+
+        build_workload = build_workload or workloads.build_workload
+        get_method = get_method or baselines.get_method
+    device = torch.device(device)
+    try:
+        with _random_states_kept(device):
+            return _one_step(build_workload, get_method, workload, method, batch_size=batch_size,
+                             device=device, workload_params=_tiny_params(workload, workload_params or {},
+                                                                        batch_size),
+                             method_params=dict(method_params or {}), target_ratio=target_ratio, seed=seed)
+    except BaseException as exc:
+        traceback.clear_frames(exc.__traceback__)  # the failed step's locals hold the tiny model
+        raise
+    finally:
+        if device.type == "cuda":  # its cached blocks would count as reserved in the measured region
+            gc.collect()
+            torch.cuda.empty_cache()
+
+
+def _one_step(build_workload: Callable[..., Any], get_method: Callable[[str], Any], workload: str,
+              method: str, *, batch_size: int, device: torch.device, workload_params: dict[str, Any],
+              method_params: dict[str, Any], target_ratio: float | None, seed: int) -> str:
+    built = build_workload(workload, workload_params, batch_size=batch_size, seed=seed, device=device)
+    prepared = get_method(method).prepare(built.model, built, method_params, target_ratio=target_ratio,
+                                          total_steps=_LONG)
+    if prepared.skipped:
+        return f"method skipped: {prepared.skipped}"
+    batch = next(iter(built.train_batches(0)), None)
+    if batch is None:
+        raise RuntimeError(f"the tiny {workload!r} (params {workload_params}) yields no training batch "
+                           f"of size {batch_size}")
+    prepared.model.train()
+    loss = prepared.total_loss(built.loss(prepared.model, batch), 0)
+    loss.backward()
+    for opt in prepared.optimizers:
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    prepared.after_step(0)
+    float(loss.detach())
+    return "ok"
+
+
+@contextmanager
+def _random_states_kept(device: torch.device) -> Iterator[None]:
+    """Restores python's, numpy's and torch's (CPU and ``device``'s) global random states on exit."""
+    py_state, np_state = random.getstate(), np.random.get_state()
+    cuda = [device.index if device.index is not None else torch.cuda.current_device()] \
+        if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=cuda):
+            yield
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
