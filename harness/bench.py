@@ -7,7 +7,9 @@ so that a load change on a shared machine hits both):
 2. One full training step of the six-encoder transformer (paper shapes, seq 128), each configuration
    in its own subprocess: CoMERA vs uncompressed at batch 32 (time, peak memory) and CoMERA vs GaLore
    at batch 1 (time, peak memory). ``--step-rounds`` (default 3) runs every configuration once per
-   round; a ratio is the median over rounds of the ratio within a round.
+   round; a ratio is the median over rounds of the ratio within a round. The speed rows carry a profile:
+   the time of CoMERA's tensorized layers (each re-run alone on its step input) and of the rest of its
+   step, which bounds the ratio even if the tensorized layers took no time.
 3. TTMEmbedding optimized vs naive lookup (time, peak memory) and the TTM table's memory vs an
    nn.Embedding with dense gradients, at 10000..40000 Zipf-like indices.
 4. The transformer step after the rank gates halve every rank and comera.rank.prune shrinks the cores.
@@ -340,21 +342,15 @@ def halve_ranks(model: torch.nn.Module, threshold: float, optimizers=()) -> dict
 
 
 def _warm_up_code_path(job: dict[str, Any], device: torch.device) -> None:
-    """One training step of the job's method on the tiny transformer, dropped afterwards, so that what a
-    process pays once whatever the model -- lazy imports (tokenizers, pyarrow; GaLore's transformers and
-    bitsandbytes), thread pools, library buffers -- exists before the memory baseline is read, as the
-    imports at the top of a training script would. Only the model, its data and its training then count."""
-    from baselines import check_params, get_method
-    from harness.workloads import build_workload
+    """One training step of the job's method on the tiny transformer, dropped afterwards
+    (harness.warmup.warm_up), so that what a process pays once whatever the model -- lazy imports, library
+    code pages, thread pools, library buffers -- exists before the memory baseline is read. Only the model,
+    its data and its training then count."""
+    from baselines import check_params
+    from harness.warmup import warm_up
 
-    workload = build_workload("transformer", {"size": "tiny", "train_samples": 1, "eval_samples": 1},
-                              batch_size=1, seed=job["seed"], device=device)
-    prepared = get_method(job["method"]).prepare(
-        workload.model, workload, check_params(job["method"], job.get("method_params", {})),
-        target_ratio=None, total_steps=10**6)
-    prepared.total_loss(workload.loss(prepared.model, next(iter(workload.train_batches(0)))), 0).backward()
-    for opt in prepared.optimizers:
-        opt.step()
+    warm_up("transformer", job["method"], batch_size=1, device=device, seed=job["seed"],
+            method_params=check_params(job["method"], job.get("method_params", {})))
 
 
 def _capture_tensorized_inputs(model: torch.nn.Module, forward: Callable[[], Any]) -> dict[str, torch.Tensor]:
@@ -476,14 +472,17 @@ def _step_worker(job: dict[str, Any], allocator_applied: str) -> dict[str, Any]:
     if device.type == "cpu":  # after the timed steps and the RSS reading: nothing here is in them
         step_peak, _ = mb.peak_memory(lambda: one_step(steps + warmup, batches[0]), device)
         out["tensor_peak_bytes"] = _state_tensor_bytes(model, prepared.optimizers) + step_peak
-    if job.get("halve"):  # after the timed steps and the memory reading: nothing here is in them
-        inputs = _capture_tensorized_inputs(model, lambda: workload.loss(model, batches[0]))
-        layers_before = tensorized_layer_ms(model, inputs)
+    # Profile and halving after the timed steps and the memory reading: nothing here is in them.
+    inputs = (_capture_tensorized_inputs(model, lambda: workload.loss(model, batches[0]))
+              if tensorized_modules(model) else {})
+    if inputs:
+        out.update(tt_layers_ms=tensorized_layer_ms(model, inputs), tt_layers_seen=len(inputs),
+                   tt_layers=len(tensorized_modules(model)))
+    if job.get("halve"):
         out["ranks_halved"] = halve_ranks(model, job["threshold"], prepared.optimizers)
         out["step_ms_halved"] = statistics.median(timed(steps + warmup))
-        layers_after = tensorized_layer_ms(model, inputs)
-        out.update(tt_layers_ms=layers_before, tt_layers_ms_halved=layers_after, tt_layers_seen=len(inputs),
-                   tt_layers=len(tensorized_modules(model)))
+        if inputs:
+            out["tt_layers_ms_halved"] = tensorized_layer_ms(model, inputs)
     return out
 
 
@@ -531,6 +530,24 @@ def amdahl_note(result: dict[str, Any]) -> str:
             f"Amdahl estimate 1/((1-f)+f/s) = {amdahl_bound(share, speedup):.2f}x; even s=inf gives "
             f"{1 / (1 - share) if share < 1 else float('inf'):.2f}x (the step also sheds work the lone "
             f"layers do not show: the fused feed-forward's recomputation, smaller gate/penalty terms)")
+
+
+OTHER_NAMES = {"dense_b32": "the uncompressed model", "galore_b1": "GaLore"}
+
+
+def share_note(comera: dict[str, Any], other: dict[str, Any], other_name: str) -> str:
+    """Where a CoMERA step's time goes, from a step worker's result: the tensorized layers (each re-run
+    alone) and the rest, and the ratio the step could reach if the tensorized layers took no time ("" when
+    not measured)."""
+    step, layers, other_step = comera.get("step_ms"), comera.get("tt_layers_ms"), other.get("step_ms")
+    if not (step and layers and other_step):
+        return ""
+    rest = max(step - layers, 1e-9)
+    return (f"profile: tensorized layers fwd+bwd {layers:.1f} of the {step:.1f} ms CoMERA step "
+            f"(f={min(1.0, layers / step):.2f}, {comera.get('tt_layers_seen')} modules re-run alone); the rest, "
+            f"{rest:.1f} ms, is attention, GELU, LayerNorm, dropout, embeddings, loss, rank penalty and the "
+            f"optimizer, work {other_name} does at least as much of: even free tensorized layers would give "
+            f"at most {other_step / rest:.2f}x")
 
 
 def _fmt_bytes(n: float | None) -> str:
@@ -622,8 +639,10 @@ def target_steps(cfg: Config, targets: set[int], timeout_s: float,
                 ("GaLore / CoMERA peak memory, batch 1", 12.0, ">=",
                  ("galore_b1", "peak_bytes"), ("comera_b1", "peak_bytes"), ("galore_b1", "comera_b1"))):
             measured, per_round = ratio(num, den)
+            profile = (share_note(res.get(shown[1], {}), res.get(shown[0], {}), OTHER_NAMES[shown[0]])
+                       if "speedup" in what else "")
             rows.append(make_row(2, what, goal, measured, better=better, medians=pair(*shown) + per_round,
-                                 settings=base, note=errors))
+                                 settings=base, note="; ".join(filter(None, [profile, errors]))))
         for slow, fast, label in (("dense_b32", "comera_b32", f"uncompressed / CoMERA, batch {b32}"),
                                   ("galore_b1", "comera_b1", "GaLore / CoMERA, batch 1")):
             if get(fast, "tensor_peak_bytes"):

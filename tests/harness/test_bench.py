@@ -144,6 +144,8 @@ def test_step_worker_times_and_halves_in_process(monkeypatch):
     for name, ranks in out["ranks"].items():
         assert out["ranks_halved"][name] == [1] + [max(1, r // 2) for r in ranks[1:-1]] + [1]
     assert out["tt_layers_seen"] == out["tt_layers"] == len(out["ranks"]) > 0
+    plain = bench.step_worker({**job, "halve": False, "steps": 1})
+    assert plain["tt_layers_ms"] > 0 and "step_ms_halved" not in plain and "tt_layers_ms_halved" not in plain
     assert out["tt_layers_ms"] > 0 and out["tt_layers_ms_halved"] > 0
     assert "Amdahl estimate 1/((1-f)+f/s)" in bench.amdahl_note(out)
     assert out["tensor_peak_bytes"] > 0
@@ -182,6 +184,9 @@ def test_step_table_from_worker_results(monkeypatch):
     halving = next(r for r in rows if r.target == 4)
     assert "f=0.40" in halving.note and "s=2.00x" in halving.note and "= 1.25x" in halving.note  # 1/(0.6+0.2)
     assert all("worker allocator glibc x" in r.settings for r in rows)  # differs from this process
+    speed = next(r for r in rows if r.what.startswith("CoMERA vs uncompressed step speedup"))
+    # 40 of 100 ms in the tensorized layers: the other 60 ms bound the ratio by 800 / 60
+    assert "f=0.40" in speed.note and "at most 13.33x" in speed.note and "uncompressed model" in speed.note
 
 
 @pytest.mark.parametrize("share, speedup, bound", [(0.0, 3.0, 1.0), (1.0, 2.0, 2.0), (0.5, 2.0, 4 / 3)])
