@@ -110,6 +110,7 @@ def test_quick_targets_produce_a_table(tmp_path, monkeypatch):
     assert frame["settings"].str.contains("allocator reuse").all()
     linear = frame.iloc[0]
     assert linear["flop_ratio"] > 0 and linear["roofline_bound"] > 0 and "TTLinear" in linear["medians"]
+    assert "on 1 token takes" in linear["note"] and "at most" in linear["note"]
     assert file_metadata(tmp_path / "bench_cpu.parquet")["provenance"]["device"] == "cpu"
     text = (tmp_path / "bench_cpu.md").read_text()
     assert text.count("\n| 3 |") == 4 and "| 5 |" in text and "Allocator: reuse" in text
@@ -262,3 +263,8 @@ def test_step_rounds_must_be_positive():
         bench.Config.make("cpu", 1, quick=False, step_rounds=0)
     assert bench.Config.make("cpu", 1, quick=False).step_rounds == 3
     assert bench.Config.make("cpu", 1, quick=True).step_rounds == 1
+
+
+def test_fixed_cost_note_bounds_the_ratio_by_the_one_token_time():
+    note = bench.fixed_cost_note(dense_ms=2.0, tt_ms=1.0, one_token_ms=0.5)
+    assert "0.500 ms (50% of its time here" in note and "at most 4.00x" in note
