@@ -484,11 +484,11 @@ def _step_worker(job: dict[str, Any], allocator_applied: str) -> dict[str, Any]:
         step_peak, _ = mb.peak_memory(lambda: one_step(steps + warmup, batches[0]), device)
         out["tensor_peak_bytes"] = _state_tensor_bytes(model, prepared.optimizers) + step_peak
     # Profile and halving after the timed steps and the memory reading: nothing here is in them.
-    inputs = (_capture_tensorized_inputs(model, lambda: workload.loss(model, batches[0]))
-              if tensorized_modules(model) else {})
+    tensorized = tensorized_modules(model)
+    inputs = _capture_tensorized_inputs(model, lambda: workload.loss(model, batches[0])) if tensorized else {}
     if inputs:
         out.update(tt_layers_ms=tensorized_layer_ms(model, inputs), tt_layers_seen=len(inputs),
-                   tt_layers=len(tensorized_modules(model)))
+                   tt_layers=len(tensorized))
     if job.get("halve"):
         out["ranks_halved"] = halve_ranks(model, job["threshold"], prepared.optimizers)
         out["step_ms_halved"] = statistics.median(timed(steps + warmup))
