@@ -50,6 +50,18 @@ class Prepared:
     skipped: str | None = None
     """A reason when the method cannot run here (e.g. 8-bit GaLore without CUDA); the runner records it."""
 
+    def train_step(self, workload: Any, batch: Any, step: int) -> torch.Tensor:
+        """One eager training step as in the module docstring; returns the objective (detached). The
+        runner splits the same step (its loss/backward/optimizer part must be capturable in a CUDA graph);
+        the bench's step workers and harness.warmup call this."""
+        loss = self.total_loss(workload.loss(self.model, batch), step)
+        loss.backward()
+        for opt in self.optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        self.after_step(step)
+        return loss.detach()
+
 
 class Method(Protocol):
     """A training method. ``name`` and ``variant`` identify it in the results table."""

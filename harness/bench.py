@@ -460,12 +460,7 @@ def _step_worker(job: dict[str, Any], allocator_applied: str) -> dict[str, Any]:
 
     def one_step(step: int, batch) -> float:
         start = time.perf_counter()
-        loss = prepared.total_loss(workload.loss(model, batch), step)
-        loss.backward()
-        for opt in prepared.optimizers:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        prepared.after_step(step)
+        prepared.train_step(workload, batch, step)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         return (time.perf_counter() - start) * 1e3

@@ -93,13 +93,7 @@ def _one_step(build_workload: Callable[..., Any], get_method: Callable[[str], An
         raise RuntimeError(f"the tiny {workload!r} (params {workload_params}) yields no training batch "
                            f"of size {batch_size}")
     prepared.model.train()
-    loss = prepared.total_loss(built.loss(prepared.model, batch), 0)
-    loss.backward()
-    for opt in prepared.optimizers:
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    prepared.after_step(0)
-    float(loss.detach())
+    float(prepared.train_step(built, batch, 0))
     return "ok"
 
 
