@@ -2,12 +2,16 @@
 
 ``spec`` maps module names (as in ``model.named_modules()``) to entries::
 
-    {"kind": "linear", "in_shape": [...], "out_shape": [...], "rank": int | [1, ..., 1], "order": 3}
+    {"kind": "linear", "in_shape": [...], "out_shape": [...], "rank": int | [1, ..., 1], "order": 3,
+     "init": "default"}
     {"kind": "embedding", "row_shape": [...], "col_shape": [...], "rank": int | [1, ..., 1],
-     "lookup": "optimized", "order": 3}
+     "lookup": "optimized", "order": 3, "init": "default"}
 
 Shapes may be omitted (``comera.shapes.factorize`` with ``order`` modes per side, default 3). New cores
-are initialized from scratch (CoMERA trains from scratch; no SVD of the dense weight). Sizes count every
+are initialized from scratch (CoMERA trains from scratch; no SVD of the dense weight): ``init``
+"default" gives a TT layer nn.Linear's weight variance and a TTM table the std of the embedding it
+replaces; "official" follows the official code (weight std 1/sqrt(in + out), table std 1, cores split
+as in :mod:`comera.init`). Sizes count every
 parameter of a module (cores, gates, bias); the dense equivalent of a TT linear layer is
 ``in * out (+ out for the bias)``, of a TTM table ``num_embeddings * embedding_dim``.
 """
@@ -19,6 +23,7 @@ from typing import Any
 
 from torch import nn
 
+from comera.init import INIT_SCHEMES
 from comera.rank import tensorized_modules
 from comera.shapes import factorize
 from comera.tt import TTLinear
@@ -26,9 +31,9 @@ from comera.ttm import LOOKUP_MODES, TTMEmbedding
 
 DEFAULT_ORDER = 3
 SPEC_KEYS = {
-    "linear": {"kind", "in_shape", "out_shape", "rank", "order"},
+    "linear": {"kind", "in_shape", "out_shape", "rank", "order", "init"},
     "embedding": {"kind", "row_shape", "col_shape", "rank", "lookup", "order", "tensor_index_level",
-                  "unique_rows"},
+                  "unique_rows", "init"},
 }
 
 
@@ -111,6 +116,8 @@ def _check_entry(name: str, entry: Any) -> dict[str, Any]:
             raise ValueError(f"tensorize: spec[{name!r}] has unknown key {key!r}; allowed: {sorted(allowed)}")
     if "rank" not in entry:
         raise ValueError(f"tensorize: spec[{name!r}] needs a 'rank'")
+    if entry.get("init", "default") not in INIT_SCHEMES:
+        raise ValueError(f"tensorize: spec[{name!r}]['init']={entry['init']!r}, expected one of {INIT_SCHEMES}")
     if entry["kind"] == "embedding" and entry.get("lookup", "optimized") not in LOOKUP_MODES:
         raise ValueError(f"tensorize: spec[{name!r}]['lookup']={entry['lookup']!r}, expected one of "
                          f"{LOOKUP_MODES}")
@@ -119,6 +126,7 @@ def _check_entry(name: str, entry: Any) -> dict[str, Any]:
 
 def _build(name: str, module: nn.Module, entry: dict[str, Any]) -> nn.Module:
     order = int(entry.get("order", DEFAULT_ORDER))
+    init = entry.get("init", "default")
     if entry["kind"] == "linear":
         if not isinstance(module, nn.Linear):
             raise TypeError(f"tensorize: spec[{name!r}] is 'linear' but the module is {type(module).__name__}")
@@ -126,7 +134,7 @@ def _build(name: str, module: nn.Module, entry: dict[str, Any]) -> nn.Module:
         out_shape = entry.get("out_shape") or factorize(module.out_features, order)
         return TTLinear(module.in_features, module.out_features, in_shape=list(in_shape),
                         out_shape=list(out_shape), rank=entry["rank"], bias=module.bias is not None,
-                        device=module.weight.device, dtype=module.weight.dtype)
+                        init=init, device=module.weight.device, dtype=module.weight.dtype)
     if not isinstance(module, nn.Embedding):
         raise TypeError(f"tensorize: spec[{name!r}] is 'embedding' but the module is {type(module).__name__}")
     row_shape = entry.get("row_shape") or factorize(module.num_embeddings, order, allow_larger=True)
@@ -136,8 +144,8 @@ def _build(name: str, module: nn.Module, entry: dict[str, Any]) -> nn.Module:
                         lookup=entry.get("lookup", "optimized"),
                         tensor_index_level=entry.get("tensor_index_level"),
                         unique_rows=entry.get("unique_rows"),
-                        init_std=float(module.weight.detach().float().std()),
-                        device=module.weight.device, dtype=module.weight.dtype)
+                        init_std=1.0 if init == "official" else float(module.weight.detach().float().std()),
+                        init=init, device=module.weight.device, dtype=module.weight.dtype)
 
 
 def _layer_summary(module: nn.Module, params_dense: int) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from torch import nn
 
 from comera import contraction
 from comera.contraction import ContractionPlan, make_plan
+from comera.init import INIT_SCHEMES, core_stds
 from comera.shapes import factorize
 
 
@@ -146,12 +147,16 @@ class TTLinear(nn.Module):
     when omitted). Core ``k`` has shape (r_k, n_k, r_{k+1}); the first ``len(in_shape)`` cores index the
     input modes. ``gates[k]`` (shape (r_{k+1},), initialised to ones) is the diagonal rank gate on the
     bond between ``cores[k]`` and ``cores[k+1]``. A bond of size 0 makes the weight zero.
+    ``init`` ("default" or "official", see :mod:`comera.init`) sets how the cores are drawn.
     """
 
     def __init__(self, in_features: int, out_features: int, *, in_shape: Sequence[int] | None = None,
                  out_shape: Sequence[int] | None = None, rank: int | Sequence[int], bias: bool = True,
-                 device=None, dtype=None):
+                 init: str = "default", device=None, dtype=None):
         super().__init__()
+        if init not in INIT_SCHEMES:
+            raise ValueError(f"TTLinear: init={init!r}, expected one of {INIT_SCHEMES}")
+        self.init = init
         factory = {"device": device, "dtype": dtype}
         self.in_features, self.out_features = int(in_features), int(out_features)
         self.in_shape = _shape(self.in_features, in_shape, "in_shape", 3)
@@ -171,17 +176,16 @@ class TTLinear(nn.Module):
         return [1] + [c.shape[2] for c in _entries(self.cores)][:-1] + [1]
 
     def reset_parameters(self) -> None:
-        """Cores i.i.d. normal with a common std chosen so that Var(W_ij) = 1 / (3 in_features), the
-        variance of nn.Linear's default uniform init; gates to ones; bias uniform like nn.Linear."""
-        ranks = self.ranks
-        bonds = math.prod(ranks[1:-1])
-        if bonds > 0:
-            # Var(W_ij) = prod_k std^2 * prod_bonds r  =>  std = (target / prod r) ** (1 / (2d)).
-            std = (1.0 / (3.0 * self.in_features) / bonds) ** (1.0 / (2 * len(self.cores)))
-            with torch.no_grad():
-                for core in self.cores:
-                    core.normal_(0.0, std)
+        """Cores normal with Var(W_ij) = 1 / (3 in_features) (nn.Linear's default uniform init), one std
+        for all cores (init "default"), or the official code's Var(W_ij) = 1 / (in + out) with core k
+        scaled by 1 / sqrt(r_{k+1}) (init "official"); gates to ones; bias uniform like nn.Linear."""
+        if self.init == "official":
+            target = math.sqrt(1.0 / (self.in_features + self.out_features))
+        else:
+            target = math.sqrt(1.0 / (3.0 * self.in_features))
         with torch.no_grad():
+            for core, std in zip(self.cores, core_stds(self.ranks, target, self.init)):
+                core.normal_(0.0, std)
             for gate in self.gates:
                 gate.fill_(1.0)
             if self.bias is not None:

@@ -31,6 +31,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from comera.init import core_stds
 from comera.tt import outside_autocast
 
 LOOKUP_MODES = ("naive", "optimized")
@@ -43,7 +44,8 @@ class TTMEmbedding(nn.Module):
 
     ``rank`` is an int (every internal bond, clipped to the maximal TT rank) or ``[1, r_1, ..., 1]``;
     ``lookup`` sets both lookup levels, ``tensor_index_level`` / ``unique_rows`` override one each;
-    ``init_std`` is the std of the full table's entries at initialization (``nn.Embedding``: 1).
+    ``init_std`` is the std of the full table's entries at initialization (``nn.Embedding``: 1);
+    ``init`` ("default" or "official", see :mod:`comera.init`) how it is split among the cores.
     Indices are range-checked on CPU only (a check on CUDA would sync with the host).
     """
 
@@ -51,7 +53,7 @@ class TTMEmbedding(nn.Module):
                  col_shape: Sequence[int] | None = None, rank: int | Sequence[int],
                  padding_idx: int | None = None, lookup: str = "optimized",
                  tensor_index_level: bool | None = None, unique_rows: bool | None = None,
-                 init_std: float = 1.0, device=None, dtype=None):
+                 init_std: float = 1.0, init: str = "default", device=None, dtype=None):
         super().__init__()
         if num_embeddings <= 0 or embedding_dim <= 0:
             raise ValueError(f"TTMEmbedding: num_embeddings={num_embeddings} and embedding_dim={embedding_dim} "
@@ -75,9 +77,9 @@ class TTMEmbedding(nn.Module):
         self.unique_rows = optimized if unique_rows is None else bool(unique_rows)
         ranks = _resolve_ranks(rank, [m * n for m, n in zip(row_shape, col_shape)])
         factory = {"device": device, "dtype": dtype}
-        core_std = _core_std(init_std, ranks)
+        stds = core_stds(ranks, init_std, init)
         self.cores = nn.ParameterList(
-            nn.Parameter(torch.randn(ranks[k], row_shape[k], col_shape[k], ranks[k + 1], **factory) * core_std)
+            nn.Parameter(torch.randn(ranks[k], row_shape[k], col_shape[k], ranks[k + 1], **factory) * stds[k])
             for k in range(len(row_shape)))
         self.gates = nn.ParameterList(nn.Parameter(torch.ones(ranks[k + 1], **factory))
                                       for k in range(len(row_shape) - 1))
@@ -253,9 +255,3 @@ def _resolve_ranks(rank: int | Sequence[int], mode_sizes: Sequence[int]) -> list
                          "non-negative entries")
     return ranks
 
-
-def _core_std(target_std: float, ranks: Sequence[int]) -> float:
-    """Per-core std so that the entries of the full table have std ``target_std`` at initialization."""
-    internal = math.prod(max(r, 1) for r in ranks[1:-1])
-    cores = len(ranks) - 1
-    return (target_std ** 2 / internal) ** (1.0 / (2 * cores))
