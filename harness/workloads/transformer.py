@@ -18,7 +18,8 @@ Params (``size`` sets the model keys and sample counts; any key may be overridde
 ``tensorize_embedding``; data ``data`` ("synthetic" | "mnli"), ``data_dir`` (GLUE TSV folder or Hugging
 Face cache), ``tokenizer`` (a tokenizer.json; None: WordPiece trained on the training split),
 ``train_samples``/``eval_samples`` (synthetic: how many; MNLI: at most, None = all), ``premise_len``,
-``hypothesis_len``, ``num_words`` (synthetic), ``data_seed``, ``cache_dir`` (None: results/cache),
+``hypothesis_len``, ``num_words``, ``task`` and ``num_topics`` (synthetic, see
+:mod:`harness.data.nli_synthetic`), ``data_seed``, ``cache_dir`` (None: results/cache),
 ``eval_batch_size`` (None: max(batch_size, 64)).
 """
 from __future__ import annotations
@@ -46,8 +47,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                  seq_len=32, dropout=0.0, rank=8, embedding_rank=8, premise_len=10, hypothesis_len=4,
                  train_samples=2048, eval_samples=512),
     "small": dict(vocab_size=1024, d_model=128, num_layers=2, num_heads=4, d_ff=512, max_positions=64,
-                  seq_len=64, dropout=0.1, rank=16, embedding_rank=16, premise_len=16, hypothesis_len=4,
-                  train_samples=20000, eval_samples=2000),
+                  seq_len=32, dropout=0.1, rank=16, embedding_rank=16, premise_len=10, hypothesis_len=4,
+                  num_words=48, train_samples=20000, eval_samples=2000),
     "paper": dict(vocab_size=30522, d_model=768, num_layers=6, num_heads=12, d_ff=3072, max_positions=512,
                   seq_len=128, dropout=0.1, rank=30, embedding_rank=32, premise_len=40, hypothesis_len=6,
                   train_samples=392702, eval_samples=9815),
@@ -58,14 +59,16 @@ EMBEDDING_SHAPES = {(30522, 768): ([16, 20, 10, 10], [4, 4, 8, 6]), (1024, 128):
 
 DEFAULTS: dict[str, Any] = dict(embedding_row_shape=None, embedding_col_shape=None,
                                 data="synthetic", data_dir=None, tokenizer=None, cache_dir=None,
-                                data_seed=0, num_words=None, eval_batch_size=None, tensorize_embedding=True)
+                                data_seed=0, num_words=None, eval_batch_size=None, tensorize_embedding=True,
+                                task="topic", num_topics=4)
 TYPES: dict[str, Any] = dict(
     vocab_size=int, d_model=int, num_layers=int, num_heads=int, d_ff=int, max_positions=int, seq_len=int,
     dropout=float, rank=int, embedding_rank=int, embedding_row_shape=(ListOf(int), None),
     embedding_col_shape=(ListOf(int), None), premise_len=int, hypothesis_len=int,
     train_samples=(int, None), eval_samples=(int, None), data=Choice(("synthetic", "mnli")),
     data_dir=(str, None), tokenizer=(str, None), cache_dir=(str, None), data_seed=int,
-    num_words=(int, None), eval_batch_size=(int, None), tensorize_embedding=bool)
+    num_words=(int, None), eval_batch_size=(int, None), tensorize_embedding=bool,
+    task=Choice(nli_synthetic.TASKS), num_topics=int)
 LR = {"paper": {"dense": 1e-4, "cores": 1e-4, "other": 5e-5, "gates": 1e-3},
       "cpu": {"dense": 5e-4, "cores": 5e-4, "other": 5e-4, "gates": 5e-3}}
 
@@ -78,6 +81,7 @@ def validate(p: dict[str, Any]) -> None:
     require(p["seq_len"] <= p["max_positions"], NAME, "seq_len", p["seq_len"],
             f"exceeds max_positions={p['max_positions']}")
     require(0.0 <= p["dropout"] < 1.0, NAME, "dropout", p["dropout"], "must be in [0, 1)")
+    require(p["num_topics"] >= 2, NAME, "num_topics", p["num_topics"], "must be >= 2")
     require(p["data"] != "mnli" or p["data_dir"] is not None, NAME, "data_dir", p["data_dir"],
             "is required when data='mnli' (a folder with train.tsv/dev_matched.tsv or Hugging Face files)")
 
@@ -234,10 +238,11 @@ def load_data(p: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, tor
     """(train, eval, info) tensors on the CPU: input_ids, segment_ids, attention_mask, labels."""
     if p["data"] == "synthetic":
         common = dict(vocab_size=p["vocab_size"], seq_len=p["seq_len"], premise_len=p["premise_len"],
-                      hypothesis_len=p["hypothesis_len"], num_words=p["num_words"])
+                      hypothesis_len=p["hypothesis_len"], num_words=p["num_words"], task=p["task"],
+                      num_topics=p["num_topics"])
         train = nli_synthetic.generate(p["train_samples"], seed=2 * p["data_seed"], **common)
         evals = nli_synthetic.generate(p["eval_samples"], seed=2 * p["data_seed"] + 1, **common)
-        return train, evals, {"data": "synthetic", "hypothesis_only_ceiling": 2 / 3}
+        return train, evals, {"data": "synthetic", "task": p["task"], "hypothesis_only_ceiling": 2 / 3}
     return _load_mnli(p)
 
 
