@@ -21,6 +21,8 @@ from baselines.base import Prepared
 from baselines.dense import adamw
 from comera import rank as rank_lib
 from comera.convert import model_size, tensorize
+from comera.init import INIT_SCHEMES
+from comera.rank import L1_REDUCTIONS
 from comera.ttm import LOOKUP_MODES
 
 DEFAULT_LR = {"cores": 1e-4, "gates": 1e-3, "other": 5e-5}
@@ -32,7 +34,8 @@ PARAMS_DEFAULTS: dict[str, Any] = {
     "lr_other": None,
     "weight_decay": 0.0,
     "l1_weight": 0.01,
-    "l2_weight": 0.0,
+    "l1_reduction": "mean",
+    "l2_weight": 1e-4,
     "threshold": 1e-2,
     "prune_every": 100,
     "early_fraction": 2 / 3,   # DESIGN.md: 20 early + 10 late epochs
@@ -40,6 +43,8 @@ PARAMS_DEFAULTS: dict[str, Any] = {
     "loss_weight": 1.0,
     "size_weight": 1.0,
     "rho": 0.1,
+    "stop_at_target": True,
+    "init": "default",
 }
 VARIANTS = {"optimized": "default", "naive": "naive-lookup"}
 
@@ -52,6 +57,13 @@ def check_params(params: dict[str, Any] | None) -> dict[str, Any]:
     if merged["rank"] is not None and (not isinstance(merged["rank"], int) or merged["rank"] < 0):
         raise ValueError(f"method 'comera': parameter 'rank' must be a non-negative integer or null, "
                          f"got {merged['rank']!r}")
+    for key, choices in (("l1_reduction", L1_REDUCTIONS), ("init", INIT_SCHEMES)):
+        if merged[key] not in choices:
+            raise ValueError(f"method 'comera': parameter {key!r} must be one of {list(choices)}, "
+                             f"got {merged[key]!r}")
+    if not isinstance(merged["stop_at_target"], bool):
+        raise ValueError(f"method 'comera': parameter 'stop_at_target' must be true or false, "
+                         f"got {merged['stop_at_target']!r}")
     if merged["lookup"] not in LOOKUP_MODES:
         raise ValueError(f"method 'comera': parameter 'lookup' must be one of {list(LOOKUP_MODES)}, "
                          f"got {merged['lookup']!r}")
@@ -89,7 +101,8 @@ class CoMERAMethod:
         if target_ratio is not None:
             late_start = max(1, round(params["early_fraction"] * total_steps))
         settings = rank_lib.RankSettings(
-            l1_weight=params["l1_weight"], l2_weight=params["l2_weight"], threshold=params["threshold"],
+            l1_weight=params["l1_weight"], l2_weight=params["l2_weight"], l1_reduction=params["l1_reduction"],
+            threshold=params["threshold"], stop_at_target=params["stop_at_target"],
             prune_every=params["prune_every"], late_start_step=late_start, target_ratio=target_ratio,
             loss_target=params["loss_target"], loss_weight=params["loss_weight"],
             size_weight=params["size_weight"], rho=params["rho"])
@@ -100,6 +113,7 @@ class CoMERAMethod:
             total_loss=adaptation.objective,
             after_step=adaptation.after_step,
             settings={**params, "lr": lrs, "late_start_step": late_start, "target_ratio": target_ratio,
+                      "switch": adaptation.switch,
                       "conversion": report.as_dict(), "optimizer": "torch.optim.AdamW", "optimizer_impl": impl},
             ranks=lambda: rank_lib.ranks(model),
             size=lambda: model_size(model),
@@ -111,6 +125,7 @@ def _spec(tt_spec: dict[str, dict[str, Any]], params: dict[str, Any]) -> dict[st
     for entry in spec.values():
         if params["rank"] is not None:
             entry["rank"] = params["rank"]
+        entry["init"] = params["init"]
         if entry.get("kind") == "embedding":
             entry["lookup"] = params["lookup"]
     return spec

@@ -13,15 +13,26 @@ formulas are cited by role -- size, bi-objective problem, early stage, late stag
   TTM cores, every core is counted exactly, and the gates themselves are added (``sum_k ||g_k||_0``) so
   that after pruning ``size_l0 == tt_parameter_count``.
 * the bi-objective problem ``min_{G, D} (L(G, D), S(D))``.
-* early stage, linear scalarization: ``L + gamma * sum_k ||g_k||_1 + beta * sum_k ||G_k||_F^2``.
-  The l1 norm relaxes the l0 norm of ``S``; the l2 term stops the cores from growing to compensate
-  shrinking gates.
+* early stage, linear scalarization: ``L + gamma * P(D) + beta * sum_k ||G_k||_F^2``, where the gate
+  penalty ``P`` relaxes the l0 norm of ``S`` to an l1 norm over the *active* gates (``g > threshold``).
+  Its reduction follows the official code (ziyangjoy/CoMERA ``MNLI_trainer.rank_loss``): the sum of the
+  active gates divided by their number (``l1_reduction="mean"``, default). The literal sum
+  (``l1_reduction="sum"``) is ~4,000x stronger per gate at the paper's size (4,362 gates): at
+  ``gamma = 0.01`` it outweighs the task gradient on almost every gate and prunes every rank within a
+  few hundred steps, where the paper's early stage "prunes tensor ranks gently without hurting the model
+  performance" (rebuttal). The l2 term on the cores (Prop. 3.1 and the rebuttal: with l1 alone the cores
+  grow to compensate shrinking gates) is not in the official code; its default weight is set in
+  baselines/comera.py.
+* sign rule: a gate is active when ``g > threshold`` and pruned otherwise, negative gates included (the
+  official ``get_rank_mask`` zeroes every gate ``<= threshold``); ``S(D)`` counts the active gates.
 * late stage, achievement scalarization toward the reference point ``(L0, S0)``:
   ``max{w1 (L - L0), w2 (S - S0)} + rho (w1 L + w2 S)``. The max is decided with the exact l0 size
   ``S(D)``; the active branch is then minimized with the differentiable surrogate
   ``S_1(D) = sum_k u_k ||g_k||_1 ||g_{k+1}||_1`` (equal to ``S`` while all gates are 1), plus the same
   ``beta ||G||_F^2``. ``S`` is divided by the size at the start of the late stage so both objectives are
-  of order one; ``S0 = target_ratio * S(start of late stage)``.
+  of order one; ``S0 = target_ratio * S(start of late stage)``. Pruning in the late stage never takes
+  the size below ``S0`` (the gates that cross the threshold in the same step are pruned smallest first,
+  up to the target), so the run ends at its size target instead of overshooting it.
 """
 from __future__ import annotations
 
@@ -32,6 +43,8 @@ from typing import Iterable
 
 import torch
 from torch import nn
+
+L1_REDUCTIONS = ("mean", "sum")
 
 
 def tensorized_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -52,10 +65,19 @@ def tt_parameter_count(model: nn.Module) -> int:
                for p in list(module.cores) + list(module.gates))
 
 
-def gate_l1(model: nn.Module) -> torch.Tensor:
-    """``sum_k ||g_k||_1`` over all tensorized modules (early-stage size surrogate)."""
+def gate_penalty(model: nn.Module, threshold: float, reduction: str = "mean") -> torch.Tensor:
+    """Early-stage size surrogate over the active gates (``g > threshold``): their sum, divided by
+    their number for ``reduction="mean"`` (the official code), or not (``"sum"``). Zero when no gate is
+    active; inactive gates get no gradient. No host sync."""
+    if reduction not in L1_REDUCTIONS:
+        raise ValueError(f"gate_penalty: reduction={reduction!r}, expected one of {L1_REDUCTIONS}")
     layout = _layout(model)
-    return _per_tensor_norms(layout.gates, 1, layout).sum()
+    if not layout.gates:
+        return layout.one * 0
+    entries = torch.cat([g.reshape(-1) for g in layout.gates]).to(layout.one.dtype)
+    active = entries > threshold
+    total = torch.where(active, entries, torch.zeros_like(entries)).sum()
+    return total if reduction == "sum" else total / active.sum().clamp_min(1).to(total.dtype)
 
 
 def core_l2(model: nn.Module) -> torch.Tensor:
@@ -73,7 +95,7 @@ def size_l0(model: nn.Module, threshold: float) -> torch.Tensor:
         return layout.bond_size(layout.one[None][:0], count_gates=True)
     entries = torch.cat([g.detach().reshape(-1) for g in layout.gates])
     counts = torch.zeros(len(layout.gates), device=layout.one.device, dtype=layout.one.dtype)
-    counts = counts.index_add(0, layout.segment, (entries.abs() > threshold).to(counts.dtype))
+    counts = counts.index_add(0, layout.segment, (entries > threshold).to(counts.dtype))
     return layout.bond_size(counts, count_gates=True)
 
 
@@ -83,12 +105,13 @@ def size_l1(model: nn.Module) -> torch.Tensor:
     return layout.bond_size(_per_tensor_norms(layout.gates, 1, layout), count_gates=False)
 
 
-def early_objective(task_loss: torch.Tensor, model: nn.Module, *, l1_weight: float,
-                    l2_weight: float) -> torch.Tensor:
-    """Linear scalarization of the early stage: ``L + gamma sum ||g||_1 + beta sum ||G||_F^2``."""
+def early_objective(task_loss: torch.Tensor, model: nn.Module, *, l1_weight: float, l2_weight: float,
+                    threshold: float, l1_reduction: str = "mean") -> torch.Tensor:
+    """Linear scalarization of the early stage: ``L + gamma P(D) + beta sum ||G||_F^2`` with the gate
+    penalty ``P`` of :func:`gate_penalty`."""
     objective = task_loss
     if l1_weight:
-        objective = objective + l1_weight * gate_l1(model).to(task_loss)
+        objective = objective + l1_weight * gate_penalty(model, threshold, l1_reduction).to(task_loss)
     return _add_core_l2(objective, model, l2_weight)
 
 
@@ -124,9 +147,12 @@ def late_objective(task_loss: torch.Tensor, model: nn.Module, target: LateTarget
 
 
 @torch.no_grad()
-def prune(model: nn.Module, threshold: float, optimizers: Iterable[torch.optim.Optimizer] = ()) -> dict:
-    """Physically remove every rank whose gate satisfies ``|g| <= threshold``.
+def prune(model: nn.Module, threshold: float, optimizers: Iterable[torch.optim.Optimizer] = (),
+          min_size: float | None = None) -> dict:
+    """Physically remove every rank whose gate is inactive (``g <= threshold``, negative gates included).
 
+    With ``min_size``, inactive ranks are removed smallest gate first and one is skipped when removing it
+    would take :func:`tt_parameter_count` below ``min_size`` (the late stage's size target).
     Cores, gates, their gradients and every optimizer state tensor shaped like the parameter
     (AdamW ``exp_avg``, ``exp_avg_sq``, ...) are sliced; the Parameter objects stay the same and scalar
     state (``step``) is kept. A bond may shrink to size 0 (the module's weight is then zero). Call it
@@ -134,16 +160,43 @@ def prune(model: nn.Module, threshold: float, optimizers: Iterable[torch.optim.O
     Returns ``{"ranks_before", "ranks_after", "params_before", "params_after"}``."""
     optimizers = list(optimizers)
     before, params_before = ranks(model), tt_parameter_count(model)
-    for _, module in tensorized_modules(model):
-        for k, gate in enumerate(module.gates):
-            keep = (gate.abs() > threshold).nonzero().squeeze(1)
-            if keep.numel() == gate.numel():
-                continue
-            _slice_parameter(module.cores[k], -1, keep, optimizers)
-            _slice_parameter(module.cores[k + 1], 0, keep, optimizers)
-            _slice_parameter(gate, 0, keep, optimizers)
+    modules = [module for _, module in tensorized_modules(model)]
+    drop = _ranks_to_drop(modules, threshold, min_size, params_before)
+    for (m, k), gone in drop.items():
+        module = modules[m]
+        gate = module.gates[k]
+        keep = torch.tensor(sorted(set(range(gate.numel())) - gone), dtype=torch.long, device=gate.device)
+        _slice_parameter(module.cores[k], -1, keep, optimizers)
+        _slice_parameter(module.cores[k + 1], 0, keep, optimizers)
+        _slice_parameter(gate, 0, keep, optimizers)
     return {"ranks_before": before, "ranks_after": ranks(model),
             "params_before": params_before, "params_after": tt_parameter_count(model)}
+
+
+def _ranks_to_drop(modules: list[nn.Module], threshold: float, min_size: float | None,
+                   size: int) -> dict[tuple[int, int], set[int]]:
+    """(module number, bond) -> indices of the inactive ranks to remove, within the size floor."""
+    candidates = []  # (gate value, module number, bond, index)
+    for m, module in enumerate(modules):
+        for k, gate in enumerate(module.gates):
+            values = gate.detach().float().cpu()
+            candidates += [(float(values[i]), m, k, int(i)) for i in (values <= threshold).nonzero().flatten()]
+    drop: dict[tuple[int, int], set[int]] = {}
+    if min_size is None:
+        for _, m, k, i in candidates:
+            drop.setdefault((m, k), set()).add(i)
+        return drop
+    bonds = [_bond_sizes(module) for module in modules]
+    for _, m, k, i in sorted(candidates):
+        cores, r = modules[m].cores, bonds[m]
+        # one rank less on bond k+1: core k loses r_k u_k scalars, core k+1 u_{k+1} r_{k+2}, plus the gate
+        saved = (r[k] * math.prod(cores[k].shape[1:-1]) + math.prod(cores[k + 1].shape[1:-1]) * r[k + 2] + 1)
+        if size - saved < min_size:
+            continue
+        size -= saved
+        r[k + 1] -= 1
+        drop.setdefault((m, k), set()).add(i)
+    return drop
 
 
 @dataclass
@@ -152,6 +205,7 @@ class RankSettings:
 
     l1_weight: float = 0.01         # gamma (early stage)
     l2_weight: float = 0.0          # beta (both stages)
+    l1_reduction: str = "mean"      # gate penalty over the active gates: "mean" (official code) or "sum"
     threshold: float = 1e-2         # gates at or below are pruned
     prune_every: int = 100          # steps between physical prunings (0: never during a stage)
     late_start_step: int | None = None  # steps of the early stage; None: early stage only
@@ -161,6 +215,7 @@ class RankSettings:
     size_weight: float = 1.0
     rho: float = 0.1
     loss_average: float = 0.98      # EMA factor of the running task loss used for L0
+    stop_at_target: bool = True     # late-stage pruning never takes the size below S0
 
 
 class TwoStageRankAdaptation:
@@ -170,6 +225,8 @@ class TwoStageRankAdaptation:
                  optimizers: Iterable[torch.optim.Optimizer] = ()):
         if settings.target_ratio is not None and not 0 < settings.target_ratio <= 1:
             raise ValueError(f"target_ratio={settings.target_ratio} must be in (0, 1]")
+        if settings.l1_reduction not in L1_REDUCTIONS:
+            raise ValueError(f"l1_reduction={settings.l1_reduction!r} must be one of {L1_REDUCTIONS}")
         self.model = model
         self.settings = settings
         self.optimizers = list(optimizers)
@@ -177,6 +234,7 @@ class TwoStageRankAdaptation:
         self.target: LateTarget | None = None
         self.last_size_active: torch.Tensor | None = None
         self._loss_ema: torch.Tensor | None = None
+        self.switch: dict[str, float] = {}  # the late stage's start: step, size, reference point
 
     def objective(self, task_loss: torch.Tensor, step: int) -> torch.Tensor:
         """Training objective of the current stage (early or late stage) for one step's task loss."""
@@ -185,7 +243,8 @@ class TwoStageRankAdaptation:
         self._loss_ema = detached.clone() if self._loss_ema is None else (
             s.loss_average * self._loss_ema + (1 - s.loss_average) * detached)
         if self.stage == 0:
-            return early_objective(task_loss, self.model, l1_weight=s.l1_weight, l2_weight=s.l2_weight)
+            return early_objective(task_loss, self.model, l1_weight=s.l1_weight, l2_weight=s.l2_weight,
+                                   threshold=s.threshold, l1_reduction=s.l1_reduction)
         objective, self.last_size_active = late_objective(task_loss, self.model, self.target,
                                                           threshold=s.threshold, l2_weight=s.l2_weight)
         return objective
@@ -200,10 +259,11 @@ class TwoStageRankAdaptation:
         pruned = False
         if (self.stage == 0 and s.late_start_step is not None and s.target_ratio is not None
                 and done >= s.late_start_step):
-            self.start_late_stage()
+            self.start_late_stage(step=done)
             pruned = True
         elif s.prune_every and done % s.prune_every == 0:
-            prune(self.model, s.threshold, self.optimizers)
+            floor = self.target.size_target if self.stage == 1 and s.stop_at_target else None
+            prune(self.model, s.threshold, self.optimizers, min_size=floor)
             pruned = True
         info = {"stage": float(self.stage), "params_tt": float(tt_parameter_count(self.model)),
                 "rank_mean": _mean_internal_rank(self.model)}
@@ -211,8 +271,9 @@ class TwoStageRankAdaptation:
             info["size_active"] = float(self.last_size_active)
         return info
 
-    def start_late_stage(self, loss_target: float | None = None) -> LateTarget:
-        """Prune, then fix the reference point ``(L0, S0)`` from the current size and loss."""
+    def start_late_stage(self, loss_target: float | None = None, step: int | None = None) -> LateTarget:
+        """Prune, then fix the reference point ``(L0, S0)`` from the current size and loss; ``switch``
+        records them with ``step`` (training steps done)."""
         s = self.settings
         prune(self.model, s.threshold, self.optimizers)
         start_size = float(tt_parameter_count(self.model))
@@ -225,6 +286,8 @@ class TwoStageRankAdaptation:
         self.target = LateTarget(loss_target=loss_target, size_target=s.target_ratio * start_size,
                                  size_scale=max(start_size, 1.0), loss_weight=s.loss_weight,
                                  size_weight=s.size_weight, rho=s.rho)
+        self.switch.update(step=step, size=start_size, size_target=self.target.size_target,
+                           loss_target=loss_target)
         self.stage = 1
         return self.target
 

@@ -65,7 +65,7 @@ def _explicit_sizes(model, threshold):
     l0 = l1 = 0.0
     for _, module in rank.tensorized_modules(model):
         gates = [g.detach() for g in module.gates]
-        counts = [1.0] + [float((g.abs() > threshold).sum()) for g in gates] + [1.0]
+        counts = [1.0] + [float((g > threshold).sum()) for g in gates] + [1.0]
         norms = [1.0] + [float(g.abs().sum()) for g in gates] + [1.0]
         for k, core in enumerate(module.cores):
             unit = math.prod(core.shape[1:-1])
@@ -94,22 +94,83 @@ def test_vectorized_sizes_match_per_module_loops_across_pruning():
         assert float(rank.size_l1(model).detach()) == pytest.approx(l1, rel=1e-12)
         gates = [g.detach() for _, m in rank.tensorized_modules(model) for g in m.gates]
         cores = [c.detach() for _, m in rank.tensorized_modules(model) for c in m.cores]
-        assert float(rank.gate_l1(model).detach()) == pytest.approx(float(sum(g.abs().sum() for g in gates)))
+        active = [g[g > 0.02] for g in gates]
+        assert float(rank.gate_penalty(model, 0.02, "sum").detach()) == pytest.approx(
+            float(sum(a.sum() for a in active)))
         assert float(rank.core_l2(model).detach()) == pytest.approx(float(sum(c.square().sum() for c in cores)))
         report = rank.prune(model, 0.02)
     assert report["params_after"] == float(rank.size_l0(model, 0.02)) == rank.tt_parameter_count(model)
     assert model["ttm"].ranks == [1, 3, 0, 1]
 
 
-def test_penalties_and_early_objective():
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_penalties_and_early_objective(reduction):
+    """The gate penalty covers the active gates only (g > threshold; negative ones are inactive), divided
+    by their count for "mean" (the official code's rank_loss), and only they get its gradient."""
     layer = _ttm()
+    with torch.no_grad():
+        layer.gates[0][0] = -0.5      # negative: inactive, pruned by the sign rule
+        layer.gates[1][1] = 0.01      # at the threshold: inactive
     loss = torch.tensor(0.7, dtype=torch.float64)
-    l1 = sum(g.abs().sum() for g in layer.gates)
+    active = [g > 0.01 for g in layer.gates]
+    l1 = sum(g[a].sum() for g, a in zip(layer.gates, active))
+    if reduction == "mean":
+        l1 = l1 / sum(int(a.sum()) for a in active)
     l2 = sum(c.square().sum() for c in layer.cores)
-    torch.testing.assert_close(rank.gate_l1(layer), l1)
+    torch.testing.assert_close(rank.gate_penalty(layer, 0.01, reduction), l1)
     torch.testing.assert_close(rank.core_l2(layer), l2)
-    torch.testing.assert_close(rank.early_objective(loss, layer, l1_weight=0.01, l2_weight=0.001),
-                               loss + 0.01 * l1 + 0.001 * l2)
+    objective = rank.early_objective(loss, layer, l1_weight=0.01, l2_weight=0.001, threshold=0.01,
+                                     l1_reduction=reduction)
+    torch.testing.assert_close(objective, loss + 0.01 * l1 + 0.001 * l2)
+    grads = torch.autograd.grad(rank.gate_penalty(layer, 0.01, reduction), list(layer.gates))
+    per_gate = 1.0 if reduction == "sum" else 1.0 / sum(int(a.sum()) for a in active)
+    for grad, a in zip(grads, active):
+        torch.testing.assert_close(grad, a.to(grad.dtype) * per_gate)
+
+
+def test_mean_penalty_is_gentle_per_gate_where_the_sum_is_not():
+    """Per-gate gradient of the mean penalty shrinks with the number of gates (the official code's
+    normalisation); the sum's stays 1 whatever the model size."""
+    torch.manual_seed(0)
+    model = nn.ModuleList(TTMEmbedding(50, 24, row_shape=[2, 5, 6], col_shape=[2, 3, 4], rank=4,
+                                       dtype=torch.float64) for _ in range(10))
+    gates = [g for m in model for g in m.gates]
+    (mean_grad,) = torch.autograd.grad(rank.gate_penalty(model, 1e-2, "mean"), gates[:1])
+    (sum_grad,) = torch.autograd.grad(rank.gate_penalty(model, 1e-2, "sum"), gates[:1])
+    count = sum(g.numel() for g in gates)
+    torch.testing.assert_close(mean_grad, torch.full_like(mean_grad, 1.0 / count))
+    torch.testing.assert_close(sum_grad, torch.ones_like(sum_grad))
+
+
+def test_gate_penalty_rejects_unknown_reduction():
+    with pytest.raises(ValueError, match="reduction"):
+        rank.gate_penalty(_ttm(), 0.01, "max")
+    with pytest.raises(ValueError, match="l1_reduction"):
+        rank.TwoStageRankAdaptation(_ttm(), rank.RankSettings(l1_reduction="max"))
+
+
+def test_prune_removes_negative_gates():
+    """Sign rule of the official code: every gate <= threshold is pruned, negative ones included."""
+    layer = _ttm()
+    with torch.no_grad():
+        layer.gates[0][2] = -0.8
+        layer.gates[1][3] = 0.5
+    rank.prune(layer, 1e-2)
+    assert layer.ranks == [1, 2, 4, 1]
+
+
+def test_prune_with_a_size_floor_removes_smallest_gates_first_and_stops_at_the_floor():
+    layer = _ttm()
+    modes = [4, 15, 24]
+    with torch.no_grad():
+        layer.gates[1][:] = torch.tensor([0.005, -0.2, 0.001, 0.9], dtype=torch.float64)
+    floor = _hand_size([1, 3, 2, 1], modes)  # room for two of the three inactive ranks
+    report = rank.prune(layer, 1e-2, min_size=floor)
+    assert layer.ranks == [1, 3, 2, 1] and report["params_after"] == floor
+    # the smallest gates (-0.2, 0.001) went, the 0.005 one stays
+    torch.testing.assert_close(layer.gates[1].detach(), torch.tensor([0.005, 0.9], dtype=torch.float64))
+    report = rank.prune(layer, 1e-2, min_size=floor + 1)  # no room at all: nothing removed
+    assert layer.ranks == [1, 3, 2, 1]
 
 
 @pytest.mark.parametrize("make,inputs", LAYERS)
