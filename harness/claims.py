@@ -1,215 +1,597 @@
-"""figures/claims.md: the paper's claims C1-C10 (DESIGN.md 5) next to what this device measured.
+"""figures/claims.md: the paper's claims C1-C10 (DESIGN.md 5), each judged only in its own setting.
 
-``python -m harness.claims --results results/<device> --device-label <device> --out figures/claims.md``
+``python -m harness.claims --results results/<device> --device-label <device> --out figures/claims.md
+[--compare results/<other device> ...]`` (the --compare folders feed C3's RTX 4090 vs RTX 3090 part)
 
-Every ratio comes from rows of the same results folder (one pipeline run on one device). A claim that
-this grid cannot test (other GPU, real dataset, model not in the grid, paper-size model needed) is
-"not measured here", with whatever related number we have shown as context, never as a verdict.
+A row is in a claim's setting when it has the paper-size model (``size == "paper"`` in the row's settings
+JSON or its grid spec), ran on the GPU the claim names (:func:`on_gpu`) and completed its schedule
+(:func:`full_schedule`); the claims compare default method configurations. Claims about compressed
+models also need the late stage to have run (:func:`late_stage_done`) and the accuracy to be kept
+(:data:`ACCURACY_KEPT`, against the uncompressed model of the same grid). Only rows in the setting give
+"holds" / "does not hold". The same comparison measured in any other setting is shown beside it, one
+entry per setting, and the verdict is then "not comparable here"; "not measured here" means the
+comparison was made nowhere. A stated speedup, memory saving or compression ratio is met when the
+measured ratio is at least it; "same direction" says the measured ratio is on the paper's side of 1.
 """
 from __future__ import annotations
 
+import argparse
+import functools
+import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterable, Sequence
 
 import pandas as pd
 
 from harness import reference
-from harness.tables import MB, Results, report_args
+from harness.tables import MB, Results, load
 
-HOLDS, FAILS, NOT_MEASURED = "holds", "does not hold", "not measured here"
+HOLDS, FAILS = "holds", "does not hold"
+NOT_COMPARABLE, NOT_MEASURED = "not comparable here", "not measured here"
+
+ABOUT_ACCURACY = 0.03  # C4 "about 64%": within 3 accuracy points of the stated value
+ACCURACY_KEPT = 0.05   # a compressed model kept its accuracy: at most 5 points below the uncompressed one
+FAR_BELOW = 0.10       # C4 "LTE did not converge": at least 10 points below CoMERA and GaLore in its cell
+ALMOST_SAME = 0.20     # C3 "almost the same": an RTX 4090 ratio within 20% of the RTX 3090 one
+LOSS_GAP_SLACK = 0.05  # C8: CoMERA's final loss may exceed the uncompressed one by the paper's gap + this
+
+COLUMNS = {"claim": "claim", "paper": "paper value", "measured": "measured (in its setting)",
+           "verdict": "verdict", "elsewhere": "same comparison here (other settings)", "device": "device",
+           "settings": "settings"}
+
+
+@dataclass
+class Finding:
+    """A comparison made on some rows; ``holds`` is None when the rows judge only part of the claim."""
+
+    text: str
+    holds: bool | None
 
 
 @dataclass
 class Verdict:
-    ours: str
+    measured: str
     verdict: str
+    elsewhere: str
+    device: str
     settings: str
 
 
-def _ok(res: Results, workload: str, method: str, variant: str = "default") -> pd.DataFrame:
-    df = res.main_runs(workload)
+@dataclass
+class Context:
+    """What a claim is judged with: this device's results, the claim's values and GPU, other devices."""
+
+    res: Results
+    values: dict[str, Any]
+    gpu: str
+    others: Sequence[Results] = ()
+
+
+# ------------------------------------------------------------------------------------ row settings
+
+def _json(text: Any) -> dict[str, Any]:
+    try:
+        return json.loads(text) if isinstance(text, str) and text else {}
+    except json.JSONDecodeError:
+        return {}
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def on_gpu(device: Any, device_name: Any, gpu: str) -> bool:
+    """A CUDA device of the claim's GPU model: the device name's slug is the GPU's slug or ends with
+    "-" + it ("NVIDIA GeForce RTX 3090" is an RTX 3090; "RTX 3090 Ti", "RTX 4090" or an H200 are not)."""
+    name, want = _slug(str(device_name or "")), _slug(gpu)
+    return device == "cuda" and (name == want or name.endswith("-" + want))
+
+
+def model_size(settings: dict[str, Any], spec: dict[str, Any]) -> str:
+    """The workload's size preset from the row's settings JSON, else its grid spec ("default" if none)."""
+    return (settings.get("workload_params", {}).get("size") or spec.get("workload_params", {}).get("size")
+            or "default")
+
+
+def dataset(settings: dict[str, Any]) -> str | None:
+    return settings.get("workload_info", {}).get("data") or settings.get("workload_params", {}).get("data")
+
+
+def full_schedule(row: Any, settings: dict[str, Any]) -> bool:
+    """Status ok, every budgeted epoch done, and no epoch cut below the workload's steps_per_epoch."""
+    steps, per_epoch = settings.get("steps_in_epoch"), settings.get("steps_per_epoch")
+    epochs = settings.get("budget", {}).get("epochs", 1)
+    return (row.status == "ok" and bool(steps) and steps == per_epoch and pd.notna(row.epochs)
+            and row.epochs >= epochs - 1e-9)
+
+
+def late_stage_done(row: Any, settings: dict[str, Any]) -> bool:
+    """A target was set and the late stage started within the steps the run did (``late_start_step``)."""
+    start = settings.get("method", {}).get("late_start_step")
+    done = row.epochs * (settings.get("steps_in_epoch") or 0) if pd.notna(row.epochs) else 0
+    return pd.notna(row.target_ratio) and start is not None and start < done
+
+
+def schedule_label(row: Any, settings: dict[str, Any]) -> str:
+    if full_schedule(row, settings):
+        return "full schedule"
+    if (settings.get("steps_in_epoch") or 0) < (settings.get("steps_per_epoch") or 0):
+        return f"epochs cut to {settings['steps_in_epoch']} steps"
+    return "schedule not completed"
+
+
+def annotate(res: Results, runs: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` with the columns a setting is judged by: model_size, dataset, full_schedule, late_stage
+    and ``setting`` (a label of where the row was measured)."""
+    settings = [_json(s) for s in runs.settings]
+    specs = [res.cells.get(rid, {}) for rid in runs.run_id]
+    rows = list(runs.itertuples())
+    out = runs.assign(
+        model_size=[model_size(s, spec) for s, spec in zip(settings, specs)],
+        dataset=[dataset(s) for s in settings],
+        full_schedule=[full_schedule(r, s) for r, s in zip(rows, settings)],
+        late_stage=[late_stage_done(r, s) for r, s in zip(rows, settings)],
+        schedule=[schedule_label(r, s) for r, s in zip(rows, settings)])
+    out["setting"] = [f"{r.device_name} ({r.device}), size {r.model_size}"
+                      + (f", {r.dataset} data" if r.dataset else "") + f", {r.schedule}"
+                      for r in out.itertuples()]
+    return out
+
+
+def runs_of(res: Results, workloads: Iterable[str], *, sweeps: bool = False) -> pd.DataFrame:
+    """Annotated runs of some workloads without CUDA graph; rank-sweep rows only with ``sweeps``."""
+    df = res.runs[res.runs.workload.isin(list(workloads)) & ~res.runs.run_id.map(res.cuda_graph).astype(bool)]
+    return annotate(res, df if sweeps else df[~df.run_id.isin(list(res.sweeps))])
+
+
+def gpu_rows(df: pd.DataFrame, gpu: str) -> pd.Series:
+    """Rows (runs or microbench) measured on the claim's GPU (:func:`on_gpu`)."""
+    return pd.Series([on_gpu(d, n, gpu) for d, n in zip(df.device, df.device_name)], index=df.index, dtype=bool)
+
+
+def in_setting(df: pd.DataFrame, gpu: str) -> pd.Series:
+    """Annotated runs of the paper-size model on the claim's GPU after their full schedule."""
+    return (df.model_size == "paper") & gpu_rows(df, gpu) & df.full_schedule.astype(bool)
+
+
+# ------------------------------------------------------------------------------------- judging
+
+def _all(parts: Iterable[bool | None]) -> bool | None:
+    """False if any part fails, True if every part holds, None if some part is not judged."""
+    parts = list(parts)
+    if any(p is not None and not p for p in parts):
+        return False
+    return True if parts and all(p is not None for p in parts) else None
+
+
+def judge(df: pd.DataFrame, scope: pd.Series,
+          measure: Callable[[pd.DataFrame], Finding | None]) -> tuple[Finding | None, list[str]]:
+    """The comparison on the rows in the setting, and on each other setting's rows (labelled)."""
+    inside = measure(df[scope]) if scope.any() else None
+    outside = [f"{found.text} [{label}]" for label, group in df[~scope].groupby("setting", sort=True)
+               if (found := measure(group)) is not None]
+    return inside, outside
+
+
+def verdict_of(inside: Finding | None, outside: list[str]) -> str:
+    if inside is not None and inside.holds is not None:
+        return HOLDS if inside.holds else FAILS
+    return NOT_COMPARABLE if inside is not None or outside else NOT_MEASURED
+
+
+def _verdict(inside: Finding | None, outside: list[str], devices: str, settings: str) -> Verdict:
+    return Verdict(inside.text if inside else "-", verdict_of(inside, outside), "; ".join(outside) or "-",
+                   devices, settings)
+
+
+def _devices(df: pd.DataFrame) -> str:
+    names = sorted({f"{n} ({d})" for d, n in zip(df.device, df.device_name) if pd.notna(d)})
+    return ", ".join(names) or "-"
+
+
+def _judged(ctx: Context, df: pd.DataFrame, measure: Callable[[pd.DataFrame], Finding | None],
+            settings: str, scope: pd.Series | None = None) -> Verdict:
+    inside, outside = judge(df, in_setting(df, ctx.gpu) if scope is None else scope, measure)
+    return _verdict(inside, outside, _devices(df), settings)
+
+
+# ------------------------------------------------------------------------------------ comparisons
+
+def _cells(df: pd.DataFrame, method: str, variant: str = "default") -> pd.DataFrame:
+    """Ok rows of one method configuration without a target (CoMERA: early stage only)."""
     return df[(df.method == method) & (df.variant == variant) & (df.status == "ok") & df.target_ratio.isna()]
 
 
-def _ratios(res: Results, workload: str, other: str, column: str, other_variant: str = "default") -> dict:
-    """batch size -> median(column of ``other``) / median(column of CoMERA), over seeds, ok cells only."""
-    a = _ok(res, workload, other, other_variant).groupby("batch_size")[column].median()
-    b = _ok(res, workload, "comera").groupby("batch_size")[column].median()
+def _ratios(df: pd.DataFrame, other: str, column: str, keys: Sequence[str] = ("batch_size",),
+            other_variant: str = "default") -> dict:
+    """key -> median(column of ``other``) / median(column of CoMERA) over seeds, for keys both have."""
+    a = _cells(df, other, other_variant).groupby(list(keys))[column].median()
+    b = _cells(df, "comera").groupby(list(keys))[column].median()
     both = a.index.intersection(b.index)
-    return {int(k): float(a[k] / b[k]) for k in both if b[k] > 0 and pd.notna(a[k]) and pd.notna(b[k])}
+    return {k: float(a[k] / b[k]) for k in both if pd.notna(a[k]) and pd.notna(b[k]) and b[k] > 0}
 
 
-def _fmt(ratios: dict) -> str:
-    return ", ".join(f"{v:.2f}x @ batch {k}" for k, v in sorted(ratios.items())) or "no pair of ok cells"
+def _directed(ratios: dict, above_one: bool = True, label: Callable[[Any], str] = "batch {}".format) -> str:
+    """"same direction, 2.40x @ batch 32, ...": whether every ratio is on the paper's side of 1."""
+    same = [(v > 1) if above_one else (v < 1) for v in ratios.values()]
+    word = "same direction" if all(same) else "opposite direction" if not any(same) else "mixed directions"
+    return f"{word}, " + ", ".join(f"{v:.2f}x @ {label(k)}" for k, v in sorted(ratios.items()))
 
 
-def _size(res: Results, workload: str) -> str | None:
-    for spec in res.cells.values():
-        if spec["workload"] == workload:
-            return spec["workload_params"].get("size")
-    return None
+def c1(ctx: Context) -> Verdict:
+    v = ctx.values
+
+    def measure(rows: pd.DataFrame) -> Finding | None:
+        r = _ratios(rows, "dense", "epoch_time_s")
+        if not r:
+            return None
+        judged = [x >= v["speedup_vs_dense_min"] for b, x in r.items() if b in v["batch_sizes"]]
+        return Finding(f"dense/CoMERA epoch time: {_directed(r)}", all(judged) if judged else None)
+
+    return _judged(ctx, runs_of(ctx.res, ["transformer"]), measure,
+                   f"transformer size=paper, {ctx.gpu}, full schedule; dense / CoMERA (no target) epoch time "
+                   f">= {v['speedup_vs_dense_min']:g}x at every batch of {v['batch_sizes']}")
 
 
-def _settings(res: Results, workload: str, extra: str = "") -> str:
-    df = res.runs[res.runs.workload == workload]
-    kinds = "/".join(sorted(df.peak_mem_kind.dropna().unique())) or "-"
-    return (f"{workload} size={_size(res, workload) or 'default'}, batches "
-            f"{sorted(df.batch_size.unique().tolist())}, memory={kinds}{extra}")
+def c2(ctx: Context) -> Verdict:
+    v, b = ctx.values, ctx.values["batch_size"]
+
+    def measure(rows: pd.DataFrame) -> Finding | None:
+        t, m = _ratios(rows, "galore", "epoch_time_s"), _ratios(rows, "galore", "peak_mem_bytes")
+        if b not in t or b not in m:
+            return None
+        return Finding(f"GaLore/CoMERA time: {_directed({b: t[b]})}; memory: {_directed({b: m[b]})}",
+                       t[b] >= v["speedup_vs_galore"] and m[b] >= v["memory_vs_galore"])
+
+    return _judged(ctx, runs_of(ctx.res, ["transformer"]), measure,
+                   f"transformer size=paper, {ctx.gpu}, full schedule, batch {b}; GaLore / CoMERA (no target) "
+                   f"epoch time >= {v['speedup_vs_galore']:g}x and peak memory >= {v['memory_vs_galore']:g}x")
 
 
-def c1(res: Results, ref: dict) -> Verdict:
-    r = _ratios(res, "transformer", "dense", "epoch_time_s")
-    if not r:
-        return Verdict(_fmt(r), NOT_MEASURED, _settings(res, "transformer"))
-    best = r[max(r)]
-    ok = best >= ref["speedup_vs_dense_min"]
-    return Verdict(f"dense/CoMERA epoch time {_fmt(r)}", HOLDS if ok else FAILS,
-                   _settings(res, "transformer", f"; verdict at the largest batch ({max(r)}): >= 2x"))
+def _batch1_vs_galore(v: dict) -> Callable[[pd.DataFrame], Finding | None]:
+    b = v["batch_size"]
+
+    def measure(rows: pd.DataFrame) -> Finding | None:
+        t = _ratios(rows, "galore", "epoch_time_s")
+        if b not in t:
+            return None
+        return Finding(f"GaLore/CoMERA epoch time: {_directed({b: t[b]})}",
+                       t[b] >= v["speedup_vs_galore_b1_rtx4090"])
+    return measure
 
 
-def c2(res: Results, ref: dict) -> Verdict:
-    t = _ratios(res, "transformer", "galore", "epoch_time_s")
-    m = _ratios(res, "transformer", "galore", "peak_mem_bytes")
-    b = ref["batch_size"]
-    if b not in t or b not in m:
-        return Verdict("no ok CoMERA and GaLore cells at batch 1", NOT_MEASURED, _settings(res, "transformer"))
-    ok = t[b] >= ref["speedup_vs_galore"] and m[b] >= ref["memory_vs_galore"]
-    return Verdict(f"batch 1: {t[b]:.2f}x faster, {m[b]:.2f}x less peak memory than GaLore",
-                   HOLDS if ok else FAILS, _settings(res, "transformer", "; needs >= 2x time and >= 9x memory"))
+def _method_ratios(rows: pd.DataFrame, batches: Sequence[int]) -> dict:
+    """(method, quantity, batch) -> other / CoMERA, for every other method and the given batches."""
+    out = {}
+    for method in sorted(set(rows.method) - {"comera"}):
+        for column in ("epoch_time_s", "peak_mem_bytes"):
+            for b, x in _ratios(rows, method, column).items():
+                if b in batches:
+                    out[(method, column, b)] = x
+    return out
 
 
-def c3(res: Results, ref: dict) -> Verdict:
-    t = _ratios(res, "transformer", "galore", "epoch_time_s")
-    ours = f"batch 1 speedup vs GaLore here: {t[1]:.2f}x" if 1 in t else "no batch-1 pair here"
-    names = " ".join(res.runs.device_name.dropna().unique())
-    if "4090" not in names or 1 not in t:
-        return Verdict(ours, NOT_MEASURED, f"needs an RTX 4090 (this device: {names or res.label})")
-    return Verdict(ours, HOLDS if t[1] > 1.0 else FAILS, _settings(res, "transformer"))
+def _as_on_baseline(a: pd.DataFrame, base: pd.DataFrame, v: dict) -> Finding | None:
+    """C3's second part: CoMERA's ratios over the other methods at the given batches on the claim's GPU
+    (``a``) within ALMOST_SAME of those on the baseline GPU (``base``)."""
+    ra, rb = _method_ratios(a, v["batch_sizes"]), _method_ratios(base, v["batch_sizes"])
+    both = sorted(set(ra) & set(rb))
+    if not both:
+        return None
+    rel = {k: ra[k] / rb[k] for k in both}
+    worst = max(rel, key=lambda k: abs(rel[k] - 1))
+    method, column, b = worst
+    return Finding(f"vs {v['baseline_device']}: {len(both)} time/memory ratios (batch {v['batch_sizes']}), "
+                   f"farthest {method} {column} @ batch {b}: {ra[worst]:.2f}x vs {rb[worst]:.2f}x",
+                   all(abs(x - 1) <= ALMOST_SAME for x in rel.values()))
 
 
-def c4(res: Results, ref: dict) -> Verdict:
-    acc = {}
-    for method, variant in (("comera", "default"), ("galore", "default"), ("lte", "default"), ("lte", "tuned")):
-        rows = _ok(res, "transformer", method, variant)
-        if len(rows):
-            acc[f"{method}-{variant}"] = rows.metric_value.max()
-    ours = ", ".join(f"{k} {v:.3f}" for k, v in acc.items()) or "no transformer accuracy"
-    data = next((s["workload_params"].get("data") for s in res.cells.values()
-                 if s["workload"] == "transformer"), None)
-    if data != "mnli" or "comera-default" not in acc or "galore-default" not in acc:
-        return Verdict(ours, NOT_MEASURED, f"needs real MNLI data (data={data or 'default synthetic'}) "
-                       "and a full training budget")
-    ok = all(abs(acc[k] - ref[f"accuracy_{k.split('-')[0]}"]) <= 0.03 for k in ("comera-default", "galore-default"))
-    return Verdict(ours, HOLDS if ok else FAILS, _settings(res, "transformer", "; within 3 points of 64%"))
+def c3(ctx: Context) -> Verdict:
+    v = ctx.values
+    pool = pd.concat([runs_of(r, ["transformer"]) for r in (ctx.res, *ctx.others)])
+    scope = in_setting(pool, ctx.gpu)
+    inside, outside = judge(pool, scope, _batch1_vs_galore(v))
+    same = _as_on_baseline(pool[scope], pool[in_setting(pool, v["baseline_device"])], v) if scope.any() else None
+    if inside is not None or same is not None:
+        parts = [f for f in (inside, same) if f is not None]
+        inside = Finding("; ".join(f.text for f in parts),
+                         _all([inside.holds if inside else None, same.holds if same else None]))
+    return _verdict(inside, outside, _devices(pool),
+                    f"transformer size=paper, {ctx.gpu}, full schedule; GaLore / CoMERA epoch time at batch "
+                    f"{v['batch_size']} >= {v['speedup_vs_galore_b1_rtx4090']:g}x; CoMERA's time and memory "
+                    f"ratios over each method at batches {v['batch_sizes']} within {ALMOST_SAME:.0%} of the "
+                    f"{v['baseline_device']} rows' (this folder and --compare folders)")
 
 
-def c5(res: Results, ref: dict) -> Verdict:
-    parts, verdicts = [], []
-    for workload, key in (("transformer", "compression_transformer"), ("dlrm", "compression_dlrm")):
-        df = res.runs[(res.runs.workload == workload) & (res.runs.method == "comera") & (res.runs.status == "ok")]
-        if not len(df):
-            continue
-        best = df.compression_total.max()
-        parts.append(f"{workload} {best:.1f}x (size {_size(res, workload) or 'default'})")
-        if _size(res, workload) == "paper":
-            verdicts.append(best >= ref[key])
-    ours = ", ".join(parts) or "no CoMERA run"
-    if not verdicts:
-        return Verdict(ours, NOT_MEASURED, "compression depends on model size: needs size=paper models")
-    return Verdict(ours, HOLDS if all(verdicts) else FAILS, "paper-size models, best target")
+def c4(ctx: Context) -> Verdict:
+    v = ctx.values
+    names = {"CoMERA": ("comera", v["accuracy_comera"]), "GaLore": ("galore", v["accuracy_galore"]),
+             "LTE default": ("lte", None)}
+
+    def measure(rows: pd.DataFrame) -> Finding | None:
+        acc = {k: _cells(rows, method).groupby("batch_size").metric_value.median().dropna()
+               for k, (method, _) in names.items()}
+        cells = sorted(set(acc["CoMERA"].index) & set(acc["GaLore"].index))
+        if not cells:
+            return None
+        texts, about, lte = [], [], []
+        for b in cells:
+            got = {k: a[b] for k, a in acc.items() if b in a.index}
+            about += [abs(got[k] - names[k][1]) <= ABOUT_ACCURACY for k in ("CoMERA", "GaLore")]
+            if "LTE default" in got:
+                lte.append(got["LTE default"] <= min(got["CoMERA"], got["GaLore"]) - FAR_BELOW)
+            texts.append(f"batch {b}: " + ", ".join(f"{k} {x:.3f}" for k, x in got.items()))
+        return Finding("; ".join(texts), _all([all(about), all(lte) if lte else None]))
+
+    df = runs_of(ctx.res, ["transformer"])
+    return _judged(ctx, df, measure,
+                   f"transformer size=paper on MNLI, {ctx.gpu}, full schedule, per batch size: CoMERA (no "
+                   f"target) and GaLore accuracy within {ABOUT_ACCURACY:g} of {v['accuracy_comera']:g}; LTE "
+                   f"(default preset) at least {FAR_BELOW:g} below both",
+                   in_setting(df, ctx.gpu) & (df.dataset == "mnli"))
 
 
-def c6(res: Results, ref: dict) -> Verdict:
+def kept_accuracy(rows: pd.DataFrame) -> pd.DataFrame:
+    """Default CoMERA rows after the late stage whose accuracy is at most ACCURACY_KEPT below the
+    uncompressed model's (dense, same workload and batch size, among ``rows``)."""
+    comera = rows[(rows.method == "comera") & (rows.variant == "default") & (rows.status == "ok")
+                  & rows.late_stage.astype(bool) & (rows.metric_name == "accuracy")]
+    dense = _cells(rows, "dense").groupby(["workload", "batch_size"]).metric_value.median()
+    ref = [dense.get((w, b)) for w, b in zip(comera.workload, comera.batch_size)]
+    keep = [r is not None and pd.notna(r) and m >= r - ACCURACY_KEPT for m, r in zip(comera.metric_value, ref)]
+    return comera.assign(dense_accuracy=ref)[keep]
+
+
+def c5(ctx: Context) -> Verdict:
+    v = ctx.values
+    paper = {"transformer": v["compression_transformer"], "dlrm": v["compression_dlrm"]}
+
+    def measure(rows: pd.DataFrame) -> Finding | None:
+        late = rows[(rows.method == "comera") & (rows.variant == "default") & (rows.status == "ok")
+                    & rows.late_stage.astype(bool)]
+        kept = kept_accuracy(rows)
+        texts, parts = [], []
+        for workload, stated in paper.items():
+            tried = late[late.workload == workload]
+            if not len(tried):
+                parts.append(None)
+                continue
+            ok = kept[kept.workload == workload]
+            if not len(ok):
+                texts.append(f"{workload}: none of {len(tried)} rank-adapted runs kept its accuracy")
+                parts.append(False)
+                continue
+            best = ok.sort_values("compression_total").iloc[-1]
+            texts.append(f"{workload}: {best.compression_total:.1f}x ({best.compression_layers:.1f}x layers) at "
+                         f"target {best.target_ratio:g}, accuracy {best.metric_value:.3f} vs dense "
+                         f"{best.dense_accuracy:.3f}")
+            parts.append(bool(best.compression_total >= stated))
+        return Finding("; ".join(texts), _all(parts)) if texts else None
+
+    return _judged(ctx, runs_of(ctx.res, list(paper)), measure,
+                   f"size=paper, {ctx.gpu}, full schedule; default CoMERA after its late stage (target set, "
+                   f"late_start_step reached) with accuracy at most {ACCURACY_KEPT:g} below dense at the same "
+                   "batch; best total compression >= the stated one; rank sweeps and early-stage-only models "
+                   "are not counted")
+
+
+# --------------------------------------------------------------------------------- C6 (microbench)
+
+@functools.lru_cache(maxsize=None)
+def _param_bytes(variant: str, shape: str, rank: int | None) -> tuple[int, int]:
+    """Parameter bytes and bytes per element of a microbench lookup module (built on the meta device)."""
+    import torch
+
+    from harness import microbench as mb
+
+    m = re.fullmatch(r"(\d+)x(\d+)(?: \[([\d,]+)\|([\d,]+)\])?", shape)
+    if m is None:
+        raise ValueError(f"microbench embedding shape {shape!r} not understood")
+    table = {"num_embeddings": int(m[1]), "embedding_dim": int(m[2]), "rank": rank,
+             "row_shape": [int(x) for x in m[3].split(",")] if m[3] else None,
+             "col_shape": [int(x) for x in m[4].split(",")] if m[4] else None}
+    module = mb._embedding_module(variant, table, torch.device("meta"))
+    return mb.param_bytes(module), next(module.parameters()).element_size()
+
+
+def table_memory(row: Any) -> float:
+    """Training memory of an embedding table at one lookup, as `comera-bench bench` target 3 counts it:
+    parameters + the forward+backward peak (gradients, working memory) - the (indices x dim) output."""
+    rank = None if pd.isna(row.rank) else int(row.rank)
+    params, element = _param_bytes(row.variant, row.shape, rank)
+    return params + row.peak_mem_bytes - row.tokens * int(row.table.split("x")[1]) * element
+
+
+def lookups(res: Results) -> pd.DataFrame:
+    """Embedding fwd+bwd microbench rows with ``table`` (rows x dim), ``table_memory`` and ``setting``."""
     mb = res.microbench
-    mb = mb[(mb.op == "embedding") & (mb.direction == "fwd_bwd")]
-    pairs = mb[mb.variant == "ttm_naive"].merge(mb[mb.variant == "ttm_optimized"], on=["shape", "tokens"],
-                                                suffixes=("_naive", "_opt"))
-    if not len(pairs):
-        return Verdict("no naive/optimized TTM lookup pair in the microbenchmarks", NOT_MEASURED,
-                       f"device {res.label}")
-    speed = (pairs.time_ms_naive / pairs.time_ms_opt).min()
-    mem = (pairs.peak_mem_bytes_naive / pairs.peak_mem_bytes_opt).min()
-    ok = speed >= ref["lookup_speedup_min"] and mem >= ref["lookup_memory_min"]
-    return Verdict(f"optimized vs naive lookup: >= {speed:.2f}x faster, >= {mem:.2f}x less memory "
-                   f"(worst over {sorted(pairs.tokens.unique().tolist())} indices)", HOLDS if ok else FAILS,
-                   f"device {res.label}, microbench fwd+bwd; needs >= 4x time and >= 2x memory")
+    mb = mb[(mb.op == "embedding") & (mb.direction == "fwd_bwd") & mb.peak_mem_bytes.notna()]
+    mb = mb.assign(table=mb["shape"].str.split(" ").str[0])
+    mb = mb.assign(table_memory=[table_memory(r) for r in mb.itertuples()],
+                   setting=[f"{n} ({d}), table {t}" for d, n, t in zip(mb.device, mb.device_name, mb.table)])
+    return mb
 
 
-def c7(res: Results, ref: dict) -> Verdict:
-    t = _ratios(res, "dlrm", "dense", "epoch_time_s")
-    m = _ratios(res, "dlrm", "dense", "peak_mem_bytes")
-    if not t or not m:
-        return Verdict("no ok dense/CoMERA DLRM pair", NOT_MEASURED, _settings(res, "dlrm"))
-    ok = all(v < 1.0 for v in t.values()) and all(v > 1.0 for v in m.values())
-    return Verdict(f"dense/CoMERA time {_fmt(t)}; memory {_fmt(m)}", HOLDS if ok else FAILS,
-                   _settings(res, "dlrm", "; needs dense faster and CoMERA lighter at every batch"))
+def _over(wide: pd.DataFrame, column: str, a: str, b: str) -> pd.Series | None:
+    """Per index count: column of variant ``a`` / column of variant ``b`` (None if either is missing)."""
+    if a not in wide[column] or b not in wide[column]:
+        return None
+    ratio = (wide[column][a] / wide[column][b]).dropna()
+    return ratio if len(ratio) else None
 
 
-def c8(res: Results, ref: dict) -> Verdict:
-    t = _ratios(res, "mlm", "dense", "epoch_time_s")
-    comera = _ok(res, "mlm", "comera")
-    dense = _ok(res, "mlm", "dense")
-    parts = [f"speedup {_fmt(t)}"]
-    if len(comera):
-        parts.append(f"compression {comera.compression_total.max():.2f}x total, "
-                     f"{comera.compression_layers.max():.2f}x layers")
-    if len(comera) and len(dense):
-        parts.append(f"final loss {comera.final_train_loss.median():.3f} vs {dense.final_train_loss.median():.3f}")
-    if _size(res, "mlm") != "paper" or not t:
-        return Verdict("; ".join(parts), NOT_MEASURED, "needs the CodeBERT-large-size MLM (size=paper)")
-    ok = max(t.values()) >= ref["speedup_seq512"]
-    return Verdict("; ".join(parts), HOLDS if ok else FAILS, _settings(res, "mlm", "; needs >= 1.9x"))
+def _lookup_finding(rows: pd.DataFrame, v: dict) -> Finding | None:
+    """Optimized vs naive TTM lookup; TTM vs nn.Embedding table memory; nn.Embedding speed vs TTM."""
+    if not len(rows):
+        return None
+    wide = rows.pivot_table(index=["table", "tokens"], columns="variant",
+                            values=["time_ms", "peak_mem_bytes", "table_memory"], aggfunc="median")
+    checks = [("naive/optimized TTM time", "time_ms", "ttm_naive", "ttm_optimized", v["lookup_speedup_min"]),
+              ("naive/optimized TTM peak memory", "peak_mem_bytes", "ttm_naive", "ttm_optimized",
+               v["lookup_memory_min"]),
+              ("sparse-grad nn.Embedding/TTM table memory", "table_memory", "sparse_grad", "ttm_optimized",
+               v["table_memory_vs_sparse"]),
+              ("dense-grad nn.Embedding/TTM table memory", "table_memory", "dense_grad", "ttm_optimized",
+               v["table_memory_vs_dense"]),
+              ("TTM/sparse-grad nn.Embedding time", "time_ms", "ttm_optimized", "sparse_grad", None),
+              ("dense-grad nn.Embedding/TTM time", "time_ms", "dense_grad", "ttm_optimized", None)]
+    texts, parts = [], []
+    for name, column, a, b, least in checks:  # least None: the ratio must exceed 1 (a is slower)
+        ratio = _over(wide, column, a, b)
+        if ratio is None:
+            parts.append(None)
+            continue
+        ratio = {k[1]: float(x) for k, x in ratio.items()}
+        worst = min(ratio.values())
+        texts.append(f"{name}: {_directed(ratio, label='{} indices'.format)}")
+        parts.append(worst > 1 if least is None else worst >= least)
+    return Finding("; ".join(texts), _all(parts)) if texts else None
 
 
-def c9(res: Results, ref: dict) -> Verdict:
-    return Verdict("-", NOT_MEASURED, "BERT-large on WikiText/SQuAD is not a workload of this harness")
+def c6(ctx: Context) -> Verdict:
+    from harness.microbench import PAPER_TABLE
+
+    v = ctx.values
+    rows = lookups(ctx.res)
+    table = f"{PAPER_TABLE['num_embeddings']}x{PAPER_TABLE['embedding_dim']}"
+    scope = gpu_rows(rows, ctx.gpu) & (rows["table"] == table)
+    inside, outside = judge(rows, scope, lambda r: _lookup_finding(r, v))
+    return _verdict(inside, outside, _devices(rows),
+                    f"microbench fwd+bwd, table {table} (harness.microbench PAPER_TABLE), {ctx.gpu}; worst over "
+                    f"index counts: naive/optimized time >= {v['lookup_speedup_min']:g}x, peak >= "
+                    f"{v['lookup_memory_min']:g}x; nn.Embedding/TTM table memory (params + peak - output) >= "
+                    f"{v['table_memory_vs_sparse']:g}x (sparse grad), >= {v['table_memory_vs_dense']:g}x (dense "
+                    "grad); sparse-grad nn.Embedding faster than TTM, dense-grad slower")
 
 
-def c10(res: Results, ref: dict) -> Verdict:
-    sweep = res.runs[res.runs.run_id.isin(list(res.sweeps)) & (res.runs.status == "ok")]
-    points = []
-    for _, r in sweep.iterrows():
-        dense = _ok(res, r.workload, "dense")
-        dense = dense[dense.batch_size == r.batch_size]
-        if len(dense) and r.compression_layers > 1:
-            points.append((r.compression_layers, dense.epoch_time_s.median() / r.epoch_time_s, r.batch_size))
-    if not points:
-        return Verdict("no compression sweep with a dense cell at the same batch", NOT_MEASURED,
-                       f"device {res.label}")
-    points.sort()
-    ours = ", ".join(f"{s:.2f}x @ compression {c:.1f} (batch {b})" for c, s, b in points)
-    ok = all(s > 1.0 for _, s, _ in points)
-    return Verdict(ours, HOLDS if ok else FAILS,
-                   _settings(res, sweep.workload.iloc[0], "; needs a speedup at every compression > 1"))
+def c7(ctx: Context) -> Verdict:
+    stated = {int(k): x for k, x in ctx.values["memory_vs_dense"].items()}
+
+    def measure(rows: pd.DataFrame) -> Finding | None:
+        t, m = _ratios(rows, "dense", "epoch_time_s"), _ratios(rows, "dense", "peak_mem_bytes")
+        if not t and not m:
+            return None
+        mem = [x >= stated[b] for b, x in m.items() if b in stated]
+        return Finding(f"dense/CoMERA time: {_directed(t, above_one=False) if t else '-'}; memory: "
+                       f"{_directed(m) if m else '-'}",
+                       _all([all(x < 1 for x in t.values()) if t else None, all(mem) if mem else None]))
+
+    return _judged(ctx, runs_of(ctx.res, ["dlrm"]), measure,
+                   f"dlrm size=paper, {ctx.gpu}, full schedule; dense faster than CoMERA (no target) at every "
+                   f"batch, dense / CoMERA peak memory >= {stated} per batch")
 
 
-CLAIMS: dict[str, Callable[[Results, dict], Verdict]] = {
+def _losses(rows: pd.DataFrame, keys: Sequence[str]) -> dict:
+    """key -> (CoMERA, dense) median final training loss, for keys both have."""
+    c, d = (_cells(rows, m).groupby(list(keys)).final_train_loss.median().dropna() for m in ("comera", "dense"))
+    return {k: (float(c[k]), float(d[k])) for k in c.index.intersection(d.index)}
+
+
+def c8(ctx: Context) -> Verdict:
+    v = ctx.values
+    speedups = {128: v["speedup_seq128"], 512: v["speedup_seq512"]}
+    gap = v["loss_comera"] - v["loss_dense"]
+    keys = ("seq_len", "batch_size")
+
+    def measure(rows: pd.DataFrame) -> Finding | None:
+        t = _ratios(rows, "dense", "epoch_time_s", keys)
+        comera = _cells(rows, "comera")
+        if not t and not len(comera):
+            return None
+        texts = [f"dense/CoMERA time: {_directed(t, label=lambda k: f'seq {k[0]}, batch {k[1]}')}"] if t else []
+        fast = [x >= speedups[k[0]] for k, x in t.items() if k[0] in speedups]
+        small = None
+        if len(comera):
+            size = comera[["compression_total", "compression_layers"]].min()
+            texts.append(f"compression {size.compression_total:.2f}x total, {size.compression_layers:.2f}x layers")
+            small = bool(size.compression_total >= v["compression_total"]
+                         and size.compression_layers >= v["compression_layers"])
+        loss = _losses(rows, keys)
+        texts += [f"final loss {c:.3f} vs {d:.3f} @ seq {k[0]}, batch {k[1]}"
+                  for k, (c, d) in sorted(loss.items())]
+        close = [c - d <= gap + LOSS_GAP_SLACK for c, d in loss.values()]
+        return Finding("; ".join(texts), _all([all(fast) if fast else None, small, all(close) if close else None]))
+
+    return _judged(ctx, runs_of(ctx.res, ["mlm"]), measure,
+                   f"mlm size=paper (CodeBERT-large shapes), {ctx.gpu}, full schedule; dense / CoMERA (no target) "
+                   f"epoch time >= the stated speedup at the same sequence length {speedups}; compression >= "
+                   f"{v['compression_total']:g}x total and >= {v['compression_layers']:g}x layers; final loss "
+                   f"at most {gap:.2f} + {LOSS_GAP_SLACK:g} above dense")
+
+
+def c9(ctx: Context) -> Verdict:
+    return Verdict("-", NOT_MEASURED, "-", "-", "BERT-large on WikiText/SQuAD is not a workload of this harness")
+
+
+def c10(ctx: Context) -> Verdict:
+    res = ctx.res
+
+    def measure(rows: pd.DataFrame) -> Finding | None:
+        sweep = rows[rows.run_id.isin(list(res.sweeps)) & (rows.status == "ok") & (rows.compression_layers > 1)]
+        dense = _cells(rows[~rows.run_id.isin(list(res.sweeps))], "dense")
+        dense = dense.groupby(["workload", "batch_size"]).epoch_time_s.median()
+        points = {(r.compression_layers, r.batch_size): dense[(r.workload, r.batch_size)] / r.epoch_time_s
+                  for r in sweep.itertuples() if (r.workload, r.batch_size) in dense.index and r.epoch_time_s > 0}
+        if not points:
+            return None
+        return Finding(f"dense/CoMERA epoch time: "
+                       f"{_directed(points, label=lambda k: f'compression {k[0]:.1f} (batch {k[1]})')}",
+                       all(x > 1 for x in points.values()))
+
+    return _judged(ctx, runs_of(res, set(res.runs.workload), sweeps=True), measure,
+                   f"compression sweep rows and dense (no target) at the same batch, size=paper, {ctx.gpu}, full "
+                   "schedule; a speedup at every compression of the tensorized layers > 1")
+
+
+CLAIMS: dict[str, Callable[[Context], Verdict]] = {
     "C1": c1, "C2": c2, "C3": c3, "C4": c4, "C5": c5, "C6": c6, "C7": c7, "C8": c8, "C9": c9, "C10": c10,
 }
 
 
-def evaluate(res: Results) -> pd.DataFrame:
-    """One row per claim: claim, paper (value, device, source), ours, device, settings, verdict."""
+def _paper(ref: dict[str, Any]) -> str:
+    sources = ", ".join([ref["source"], *ref.get("also_sources", [])])
+    return f"{ref['text']} [{ref['device']}; {sources}]"
+
+
+def evaluate(res: Results, others: Sequence[Results] = ()) -> pd.DataFrame:
+    """One row per claim, columns COLUMNS (``others``: results of other devices, for C3)."""
     rows = []
-    for cid, judge in CLAIMS.items():
+    for cid, claim in CLAIMS.items():
         ref = reference.claim(cid)
-        v = judge(res, ref["values"])
-        rows.append({"claim": cid, "paper": f"{ref['text']} [{ref['device']}; {ref['source']}]",
-                     "ours": v.ours, "device": res.label, "settings": v.settings, "verdict": v.verdict})
-    return pd.DataFrame(rows)
+        v = claim(Context(res, ref["values"], ref["device"], tuple(others)))
+        rows.append({"claim": cid, "paper": _paper(ref), **vars(v)})
+    return pd.DataFrame(rows)[list(COLUMNS)].rename(columns=COLUMNS)
+
+
+RULES = ("A verdict (holds / does not hold) comes only from rows in the claim's setting: the paper-size model "
+         "(size=paper), on the GPU the claim names (device cuda and a device name ending in that model, e.g. "
+         "NVIDIA GeForce RTX 3090; an RTX 3090 Ti or another GPU does not count), status ok after the full "
+         "schedule (every budgeted epoch, no epoch cut by max_steps_per_epoch), default method configurations; "
+         "compressed models also need the late stage run and an accuracy at most "
+         f"{ACCURACY_KEPT:g} below the uncompressed model of the same grid. Stated speedups, memory savings and "
+         "compressions are met when the measured ratio is at least them. 'not comparable here': the comparison "
+         "was measured only in other settings (shown, with each setting, in 'same comparison here'; 'same "
+         "direction' = on the paper's side of 1); 'not measured here': measured nowhere.")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, res = report_args("python -m harness.claims", __doc__.splitlines()[0], argv, "claims.md path")
-    table = evaluate(res)
+    ap = argparse.ArgumentParser(prog="python -m harness.claims", description=__doc__.splitlines()[0])
+    ap.add_argument("--results", required=True, help="results/<device> folder")
+    ap.add_argument("--device-label", default=None)
+    ap.add_argument("--out", required=True, help="claims.md path")
+    ap.add_argument("--compare", nargs="*", default=[], help="results folders of other devices (for C3)")
+    args = ap.parse_args(argv)
+    res = load(args.results, args.device_label)
+    table = evaluate(res, [load(d) for d in args.compare])
     sources = "\n".join(f"- {k}: {v}" for k, v in reference.load()["sources"].items())
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(f"# Claims of the CoMERA paper vs this device ({res.label})\n\n"
-                   f"{table.to_markdown(index=False)}\n\nRatios use only rows of {args.results} (same "
-                   f"pipeline run, same device). Memory is the runs' peak_mem_bytes (its kind is in the "
-                   f"settings column; MB = {MB:.0e} bytes).\n\nSources:\n{sources}\n")
+                   f"{table.to_markdown(index=False)}\n\n{RULES}\n\nRows from {args.results}"
+                   + (f" and {', '.join(args.compare)}" if args.compare else "")
+                   + f". Memory is the runs' peak_mem_bytes (MB = {MB:.0e} bytes).\n\nSources:\n{sources}\n")
     return 0
 
 

@@ -102,10 +102,14 @@ def test_outputs_and_claims(pipeline):
     for name in ("table1_ranks", "table2_dlrm", "table_mnli_size", "table_runs"):
         assert (figs / f"{name}.md").exists() and (figs / f"{name}.csv").exists()
     assert (figs / "compare" / "compare.md").exists() and (figs / "compare" / "compare_time_memory.png").exists()
-    lines = [ln for ln in (figs / "claims.md").read_text().splitlines() if ln.startswith("| C")]
-    assert [ln.split("|")[1].strip() for ln in lines] == [f"C{i}" for i in range(1, 11)]
-    for line in lines:
-        assert line.rstrip(" |").split("|")[-1].strip() in ("holds", "does not hold", "not measured here")
+    text = (figs / "claims.md").read_text().splitlines()
+    header = [c.strip() for c in text[2].strip("|").split("|")]
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in text if ln.startswith("| C")]
+    assert [r[0] for r in rows] == [f"C{i}" for i in range(1, 11)]
+    verdicts = {r[0]: r[header.index("verdict")] for r in rows}
+    # a CPU run of the tiny model judges no claim; what it measured is shown as "not comparable here"
+    assert set(verdicts.values()) <= {"not comparable here", "not measured here"}
+    assert verdicts["C1"] == "not comparable here" and verdicts["C9"] == "not measured here"
 
 
 def test_second_call_does_nothing_and_report_builds(pipeline):
