@@ -4,6 +4,11 @@
 (ok | oom | diverged | error | timeout) and ``error`` holds the message. A method that cannot run here
 (``Prepared.skipped``) is recorded as status "error" with error "skipped: <reason>".
 
+Divergence: the status is "diverged" when a step's task loss or objective is not finite, when any
+numeric value an evaluation returns is not finite (the metric, its loss, DLRM's nce, ...), or when a
+parameter is not finite after the last step; training stops there, the error names the value and the
+step, and the row and curves keep what was measured up to it (that evaluation included).
+
 The training loop is the one documented in baselines/base.py. Per step it times (warm-up excluded,
 device synchronized) forward, loss, backward, the optimizer steps and ``after_step``; evaluation runs
 with the step clock, the epoch clock and the memory monitor paused; an evaluation after the last training
@@ -37,6 +42,7 @@ import hashlib
 import itertools
 import json
 import math
+import numbers
 import os
 import random
 import sys
@@ -377,6 +383,7 @@ def _train(st: _State, reg: Registry, progress: bool | None) -> None:
         st.memory = st.monitor.stop()
         if st.last_eval_step != st.steps_done:
             _evaluate(st, st.epoch)
+        _check_parameters(st)
     finally:
         bar.close()
         _record_ranks(st, st.steps_done, st.epoch)
@@ -430,7 +437,8 @@ def _one_step(st: _State, batch: dict[str, torch.Tensor], step_fn: Callable, epo
 
 def _evaluate(st: _State, epoch: int = 0) -> None:
     """prepared.before_eval() then workload.evaluate(), outside every clock and the memory monitor (whose
-    mark restarts from the RSS after the free heap is handed back)."""
+    mark restarts from the RSS after the free heap is handed back). Diverged when any numeric value it
+    returns is not finite (recorded first: the row and curves keep it)."""
     monitor = st.monitor if st.monitor is not None and st.monitor.running else None
     with (monitor.paused() if monitor else nullcontext()), \
             (st.epoch_clock.paused() if st.epoch_clock else nullcontext()):
@@ -443,6 +451,18 @@ def _evaluate(st: _State, epoch: int = 0) -> None:
     for key, value in result.items():
         if key not in ("metric_name", "metric_value") and isinstance(value, (int, float)):
             st.curves.append(_curve(st, st.steps_done, epoch, "eval", key, float(value)))
+    bad = [f"{key} {value}" for key, value in result.items()
+           if isinstance(value, numbers.Real) and not math.isfinite(value)]
+    if bad:
+        raise _Diverged(f"non-finite evaluation at step {st.steps_done}: {', '.join(bad)}")
+
+
+def _check_parameters(st: _State, shown: int = 5) -> None:
+    """Diverged when a parameter holds a non-finite value after the last step (names the first few)."""
+    bad = [name for name, p in st.prepared.model.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        more = f" and {len(bad) - shown} more" if len(bad) > shown else ""
+        raise _Diverged(f"non-finite parameters after step {st.steps_done}: {', '.join(bad[:shown])}{more}")
 
 
 def _record_ranks(st: _State, step: int, epoch: int = 0) -> None:

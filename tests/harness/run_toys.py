@@ -48,7 +48,8 @@ def toy_workload(name: str, params: dict[str, Any], *, batch_size: int, seed: in
 
 class ToyMethod:
     """AdamW on the whole model; ``params["fail"]`` injects oom | nan | error | skip at step
-    ``fail_at``; ``sleep_s`` slows every step."""
+    ``fail_at``, or nan_params (every parameter NaN after that step's update); ``sleep_s`` slows every
+    step."""
 
     name = "toy"
     variant = "default"
@@ -69,6 +70,12 @@ class ToyMethod:
         def after_step(step):
             if fail == "error" and step >= fail_at:
                 raise ValueError("toy method broke")
+            if fail == "nan_params" and step >= fail_at:  # via the optimizer: a traceback through
+                # after_step must not keep the model alive (test_warmup)
+                with torch.no_grad():
+                    for group in opt.param_groups:
+                        for p in group["params"]:
+                            p.fill_(float("nan"))
             time.sleep(params.get("sleep_s", 0.0))
             return {"stage": float(step >= 3)}
 

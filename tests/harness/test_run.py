@@ -1,5 +1,6 @@
 import importlib.util
 import json
+import math
 import re
 import time
 
@@ -43,6 +44,57 @@ def test_every_status_writes_a_complete_row(tmp_path, method_params, budget, sta
         assert "toy method broke" in json.loads(df.at[0, "extra"])["traceback"]
     if status == "diverged":
         assert curves.query("split == 'train' and metric_name == 'loss'")["step"].max() == 3
+
+
+def test_divergence_in_the_last_step_is_diverged_with_its_numbers():
+    """Parameters turn NaN in the last step's update: its loss is finite, the final evaluation is not."""
+    spec = toy_spec(method_params={"fail": "nan_params", "fail_at": 2},
+                    budget={"epochs": 1, "max_steps_per_epoch": 3, "eval_every_steps": None})
+    row, curves = runner.run_cell(spec, registry=TOY_REGISTRY)
+    assert row["status"] == "diverged"
+    assert row["error"] == "non-finite evaluation at step 3: loss nan"
+    assert 0 <= row["metric_value"] <= 1 and math.isfinite(row["final_train_loss"])  # partial numbers kept
+    extra = json.loads(row["extra"])
+    assert extra["steps_done"] == 3 and extra["eval_step"] == 3 and math.isnan(extra["eval"]["loss"])
+    assert [c["step"] for c in curves if c["split"] == "eval" and c["metric_name"] == "loss"] == [3]
+
+
+def test_any_non_finite_evaluation_value_stops_training():
+    """Every numeric value of evaluate counts (here an extra metric, finite at step 0, infinite at the
+    evaluation after step 2 of 4)."""
+    def build(name, params, **kw):
+        workload = TOY_REGISTRY.build_workload(name, params, **kw)
+        evaluate, calls = workload.evaluate, []
+
+        def evaluate_nce(m):
+            calls.append(1)
+            return {**evaluate(m), "nce": 1.0 if len(calls) == 1 else float("inf"), "samples": 64}
+        workload.evaluate = evaluate_nce
+        return workload
+
+    registry = runner.Registry(build_workload=build, get_method=TOY_REGISTRY.get_method)
+    spec = toy_spec(budget={"epochs": 1, "max_steps_per_epoch": 4, "eval_every_steps": 2})
+    row, curves = runner.run_cell(spec, registry=registry)
+    assert row["status"] == "diverged" and row["error"] == "non-finite evaluation at step 2: nce inf"
+    assert json.loads(row["extra"])["steps_done"] == 2 and row["metric_value"] is not None
+    assert max(c["step"] for c in curves if c["split"] == "train") == 2
+
+
+def test_non_finite_parameters_after_the_last_step_are_diverged():
+    """An evaluation that reports nothing non-finite (accuracy only) still cannot hide NaN parameters."""
+    def build(name, params, **kw):
+        workload = TOY_REGISTRY.build_workload(name, params, **kw)
+        evaluate = workload.evaluate
+        workload.evaluate = lambda m: {k: v for k, v in evaluate(m).items() if k != "loss"}
+        return workload
+
+    registry = runner.Registry(build_workload=build, get_method=TOY_REGISTRY.get_method)
+    spec = toy_spec(method_params={"fail": "nan_params", "fail_at": 2},
+                    budget={"epochs": 1, "max_steps_per_epoch": 3, "eval_every_steps": None})
+    row, _ = runner.run_cell(spec, registry=registry)
+    assert row["status"] == "diverged"
+    assert row["error"] == "non-finite parameters after step 3: 0.weight, 0.bias, 3.weight, 3.bias"
+    assert 0 <= row["metric_value"] <= 1 and json.loads(row["extra"])["eval_step"] == 3
 
 
 def test_quality_is_deterministic_on_cpu():
@@ -206,6 +258,18 @@ def test_real_tiny_transformer_cell(tmp_path, method):
         again, _ = runner.run_cell(real_spec(method))
         assert (again["metric_value"], again["final_train_loss"]) == (row["metric_value"],
                                                                       row["final_train_loss"])
+
+
+@pytest.mark.skipif(not REAL_PARTS, reason="the transformer workload or the methods are not there yet")
+def test_real_dlrm_divergence_in_its_only_step():
+    """The issue's case: lr 1e30 makes the only step's update non-finite; accuracy stays at the
+    always-no-click rate, so only the evaluation's loss values tell."""
+    spec = {"workload": "dlrm", "workload_params": {"size": "tiny"}, "method": "dense",
+            "method_params": {"lr": 1e30}, "batch_size": 64,
+            "budget": {"max_steps_per_epoch": 1}, "execution": {"device": "cpu", "num_threads": 1}}
+    row, _ = runner.run_cell(spec)
+    assert row["status"] == "diverged" and row["error"].startswith("non-finite evaluation at step 1: ")
+    assert "bce nan" in row["error"] and 0 < row["metric_value"] < 1
 
 
 def test_tt_rank_falls_back_to_the_workload_spec():
