@@ -2,7 +2,11 @@ import importlib.util
 import json
 import math
 import re
+import subprocess
+import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -166,6 +170,87 @@ def test_evaluation_is_outside_clocks_and_memory(monkeypatch):
     assert (row["step_time_ms"], row["step_time_ms_iqr"], row["steps_timed"]) == (1000.0, 0.0, 31)
     assert row["peak_mem_bytes"] < 100 << 20
     assert extra["eval"]["touched"] == 1.0
+
+
+def test_time_limit_counts_from_the_first_training_step(monkeypatch):
+    """A fake clock: building each workload (the warm-up's tiny one and the cell's) takes 100 s, the
+    evaluation before training 100 s, each training step 1 s. Only the steps count toward the limit."""
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+
+    def build(name, params, **kw):
+        clock[0] += 100.0
+        workload = TOY_REGISTRY.build_workload(name, params, **kw)
+        evaluate = workload.evaluate
+
+        def slow_first_evaluate(model):
+            clock[0] += 100.0 if clock[0] < 300 else 0.0
+            return evaluate(model)
+        workload.evaluate = slow_first_evaluate
+        return workload
+
+    class TickingMethod:
+        name, variant = "toy", "default"
+
+        def prepare(self, model, workload, params, **kw):
+            prepared = TOY_REGISTRY.get_method("toy").prepare(model, workload, params, **kw)
+            after_step = prepared.after_step
+            prepared.after_step = lambda step: clock.__setitem__(0, clock[0] + 1.0) or after_step(step)
+            return prepared
+
+    registry = runner.Registry(build_workload=build, get_method=lambda name: TickingMethod())
+    ok, _ = runner.run_cell(toy_spec(budget={"epochs": 1, "eval_every_steps": 16, "time_limit_s": 20}),
+                            registry=registry)
+    assert ok["status"] == "ok" and json.loads(ok["extra"])["steps_done"] == 16
+    cut, _ = runner.run_cell(toy_spec(budget={"epochs": 1, "eval_every_steps": 16, "time_limit_s": 10.5}),
+                             registry=registry)
+    assert cut["status"] == "timeout" and cut["error"] == "time limit of 10.5 s reached after 11 steps"
+    assert cut["steps_timed"] == 10 and cut["final_train_loss"] is not None
+
+
+HANG = """
+import sys
+from harness import run as runner
+from tests.harness.run_toys import TOY_REGISTRY, toy_spec
+runner.WATCHDOG_GRACE_S = 0.5
+spec = toy_spec(method_params={method_params!r}, workload_params={workload_params!r},
+                budget={{"epochs": 1, "eval_every_steps": 2, "time_limit_s": 2.0}})
+runner.run_to_files(spec, sys.argv[1], sys.argv[2], registry=TOY_REGISTRY, hang_exit_status=3)
+print("run_to_files returned")
+"""
+
+
+@pytest.mark.parametrize("method_params, workload_params, steps, activity", [
+    ({"hang_at": 3}, {}, 3, "training step 4"),
+    ({}, {"hang_eval": 2}, 4, "the evaluation at step 4"),  # evaluations at steps 0, 2 and 4
+])
+def test_a_hung_step_or_evaluation_ends_as_timeout_with_its_row(tmp_path, method_params, workload_params,
+                                                                 steps, activity):
+    """The toy blocks for an hour; the watchdog writes the partial row 2 + 0.5 s into training and ends
+    the process."""
+    runs_out, curves_out = tmp_path / "h.runs.parquet", tmp_path / "h.curves.parquet"
+    script = HANG.format(method_params=method_params, workload_params=workload_params)
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", script, str(runs_out), str(curves_out)],
+                          cwd=Path(__file__).parents[2], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert "returned" not in proc.stdout and time.monotonic() - started < 60
+    df = results.read_parquet(runs_out, "runs")
+    assert df.at[0, "status"] == "timeout"
+    assert df.at[0, "error"].startswith(f"time limit of 2.0 s reached after {steps} steps; {activity} ")
+    assert df.at[0, "error"] in proc.stderr
+    extra = json.loads(df.at[0, "extra"])
+    assert extra["steps_done"] == steps and df.at[0, "steps_timed"] == steps - 1
+    assert df.at[0, "metric_value"] is not None and df.at[0, "peak_mem_kind"] == "cpu_rss_delta"
+    curves = results.read_parquet(curves_out, "curves")
+    assert curves.query("split == 'train' and metric_name == 'loss'")["step"].max() == steps
+
+
+def test_a_finished_cell_stops_its_watchdog(tmp_path):
+    row = runner.run_to_files(toy_spec(budget={"epochs": 1, "time_limit_s": 60}), tmp_path / "w.runs.parquet",
+                              tmp_path / "w.curves.parquet", registry=TOY_REGISTRY)
+    assert row["status"] == "ok"
+    assert not [t for t in threading.enumerate() if t.name == "cell-watchdog"]
 
 
 def test_partial_epochs_are_extrapolated():
