@@ -160,7 +160,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         stem = runs_out.name[:-len(".runs.parquet")] if runs_out.name.endswith(".runs.parquet") \
             else runs_out.stem
         curves_out = runs_out.with_name(f"{stem}.curves.parquet")
-    row = runner.run_to_files(spec, runs_out, curves_out, progress=args.progress)
+    row = runner.run_to_files(spec, runs_out, curves_out, progress=args.progress,
+                              hang_exit_status=1 if args.fail_on_error else 0)
     summary = f"{row['run_id']}: {row['status']}"
     if row["status"] == "ok":
         summary += (f", step {row['step_time_ms']:.3g} ms, {row['metric_name']} "

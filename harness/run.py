@@ -4,6 +4,22 @@
 (ok | oom | diverged | error | timeout) and ``error`` holds the message. A method that cannot run here
 (``Prepared.skipped``) is recorded as status "error" with error "skipped: <reason>".
 
+Divergence: the status is "diverged" when a step's task loss or objective is not finite, when any
+numeric value an evaluation returns is not finite (the metric, its loss, DLRM's nce, ...), or when a
+parameter is not finite after the last step; training stops there, the error names the value and the
+step, and the row and curves keep what was measured up to it (that evaluation included).
+
+Time limit: ``budget.time_limit_s`` bounds the wall time from the start of the first training step to
+the end of the final evaluation -- the training steps (their batches included) and every evaluation
+from the first step on. The warm-up, building the workload and its data, preparing the method, the
+FLOP count and the evaluation before the first step are not counted. It is checked after every step
+and after the final evaluation: past it, the status is "timeout" and the row keeps what was measured
+so far. A step or evaluation that hangs is stopped by a watchdog thread (armed by
+:func:`run_to_files`, hence ``comera-bench run``): when it is still running WATCHDOG_GRACE_S after the
+limit, the watchdog writes the partial row (status "timeout", the error naming the step or evaluation)
+and the curves, then ends the process with ``os._exit`` -- the only way to stop a call that is blocked,
+in C code too. Only code that holds the GIL throughout escapes it.
+
 The training loop is the one documented in baselines/base.py. Per step it times (warm-up excluded,
 device synchronized) forward, loss, backward, the optimizer steps and ``after_step``; evaluation runs
 with the step clock, the epoch clock and the memory monitor paused; an evaluation after the last training
@@ -37,13 +53,15 @@ import hashlib
 import itertools
 import json
 import math
+import numbers
 import os
 import random
 import sys
+import threading
 import time
 import traceback
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -62,6 +80,8 @@ EXECUTION_DEFAULTS: dict[str, Any] = {"device": "auto", "num_threads": None, "cu
                                       "compile": False, "allocator": "reuse"}
 FINAL_LOSS_WINDOW = 100
 """final_train_loss is the mean task loss over the last (at most) this many steps."""
+WATCHDOG_GRACE_S = 30.0
+"""How long a step or evaluation may run past budget.time_limit_s before the watchdog ends the cell."""
 
 
 class SpecError(ValueError):
@@ -238,7 +258,6 @@ class _State:
     """Everything a run has found so far (partial on failure)."""
 
     spec: dict[str, Any]
-    started: float = field(default_factory=time.perf_counter)
     device: torch.device | None = None
     workload: Any = None
     method: Any = None
@@ -265,12 +284,20 @@ class _State:
     warm_up_s: float | None = None
     stage: Any = None
     epoch: int = 0
+    activity: str = ""
+    watchdog: _Watchdog | None = None
 
 
-def run_cell(spec: dict[str, Any], *, registry: Registry | None = None,
-             progress: bool | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress: bool | None = None,
+             on_hang: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None = None,
+             ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run one cell; returns (runs row with every RUNS_COLUMNS key, curves rows). An invalid spec raises
-    SpecError; everything that goes wrong after that is recorded in the row."""
+    SpecError; everything that goes wrong after that is recorded in the row.
+
+    ``on_hang(row, curves)``: with a time limit, called from a watchdog thread with the partial row
+    (status timeout) when a step or an evaluation is still running WATCHDOG_GRACE_S after the limit;
+    it must end the process (the main thread is stuck). Without it only the checks between steps
+    apply."""
     spec = normalize_spec(spec)
     st = _State(spec)
     status, error, tb = "ok", "", ""
@@ -282,7 +309,7 @@ def run_cell(spec: dict[str, Any], *, registry: Registry | None = None,
             if ex["cuda_graph"]:
                 require_cuda(st.device)
             seed_everything(spec["seed"])
-            _train(st, registry or default_registry(), progress)
+            _train(st, registry or default_registry(), progress, on_hang)
     except _Diverged as exc:
         status, error = "diverged", str(exc)
     except _Timeout as exc:
@@ -296,13 +323,15 @@ def run_cell(spec: dict[str, Any], *, registry: Registry | None = None,
         if st.device is not None and st.device.type == "cuda":
             torch.cuda.empty_cache()
     finally:
+        if st.watchdog is not None:
+            st.watchdog.disarm()
         if st.monitor is not None and st.memory is None:
             st.memory = st.monitor.stop()
     row = _build_row(st, status, error, tb)
     return row, st.curves
 
 
-def _train(st: _State, reg: Registry, progress: bool | None) -> None:
+def _train(st: _State, reg: Registry, progress: bool | None, on_hang: Callable | None) -> None:
     spec, budget = st.spec, st.spec["budget"]
     st.workload_params = reg.check_workload_params(spec["workload"], spec["workload_params"])
     st.method_params = reg.check_method_params(spec["method"], spec["method_params"])
@@ -343,7 +372,6 @@ def _train(st: _State, reg: Registry, progress: bool | None) -> None:
     del first
     _record_ranks(st, 0)
 
-    deadline = (st.started + budget["time_limit_s"]) if budget["time_limit_s"] else None
     eval_every = budget["eval_every_steps"]
     warmup = budget["warmup_steps"]
     if st.graphed is not None:  # the eager warm-up steps and the capture step are never timed
@@ -356,6 +384,12 @@ def _train(st: _State, reg: Registry, progress: bool | None) -> None:
     gc.collect()
     st.monitor.start()
     bar = _progress_bar(total_steps, spec["run_id"], progress)
+    limit, deadline = budget["time_limit_s"], None
+    st.activity = "training step 1"
+    if limit:  # the clock starts with the first training step
+        deadline = time.perf_counter() + limit
+        if on_hang is not None:
+            st.watchdog = _Watchdog(limit + WATCHDOG_GRACE_S, lambda: _end_hung(st, on_hang))
     try:
         for epoch in range(budget["epochs"]):
             st.epoch = epoch
@@ -369,14 +403,15 @@ def _train(st: _State, reg: Registry, progress: bool | None) -> None:
                     if st.steps_done == total_steps:  # no training follows: the memory region ends here
                         st.monitor.stop()
                     _evaluate(st, epoch)
-                if deadline is not None and time.perf_counter() > deadline:
-                    raise _Timeout(f"time limit of {budget['time_limit_s']} s reached after "
-                                   f"{st.steps_done} steps")
+                _check_time(st, deadline)
+                st.activity = f"training step {st.steps_done + 1}"  # its batch included
             if done_in_epoch == workload.steps_per_epoch:
                 st.full_epochs_s.append(st.epoch_clock.elapsed())
         st.memory = st.monitor.stop()
         if st.last_eval_step != st.steps_done:
             _evaluate(st, st.epoch)
+        _check_parameters(st)
+        _check_time(st, deadline)
     finally:
         bar.close()
         _record_ranks(st, st.steps_done, st.epoch)
@@ -430,7 +465,9 @@ def _one_step(st: _State, batch: dict[str, torch.Tensor], step_fn: Callable, epo
 
 def _evaluate(st: _State, epoch: int = 0) -> None:
     """prepared.before_eval() then workload.evaluate(), outside every clock and the memory monitor (whose
-    mark restarts from the RSS after the free heap is handed back)."""
+    mark restarts from the RSS after the free heap is handed back). Diverged when any numeric value it
+    returns is not finite (recorded first: the row and curves keep it)."""
+    st.activity = f"the evaluation at step {st.steps_done}"
     monitor = st.monitor if st.monitor is not None and st.monitor.running else None
     with (monitor.paused() if monitor else nullcontext()), \
             (st.epoch_clock.paused() if st.epoch_clock else nullcontext()):
@@ -443,6 +480,70 @@ def _evaluate(st: _State, epoch: int = 0) -> None:
     for key, value in result.items():
         if key not in ("metric_name", "metric_value") and isinstance(value, (int, float)):
             st.curves.append(_curve(st, st.steps_done, epoch, "eval", key, float(value)))
+    bad = [f"{key} {value}" for key, value in result.items()
+           if isinstance(value, numbers.Real) and not math.isfinite(value)]
+    if bad:
+        raise _Diverged(f"non-finite evaluation at step {st.steps_done}: {', '.join(bad)}")
+
+
+def _check_parameters(st: _State, shown: int = 5) -> None:
+    """Diverged when a parameter holds a non-finite value after the last step (names the first few)."""
+    bad = [name for name, p in st.prepared.model.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        more = f" and {len(bad) - shown} more" if len(bad) > shown else ""
+        raise _Diverged(f"non-finite parameters after step {st.steps_done}: {', '.join(bad[:shown])}{more}")
+
+
+def _check_time(st: _State, deadline: float | None) -> None:
+    if deadline is not None and time.perf_counter() > deadline:
+        raise _Timeout(f"time limit of {st.spec['budget']['time_limit_s']} s reached after "
+                       f"{st.steps_done} steps")
+
+
+class _Watchdog:
+    """Calls ``fire`` from a daemon thread unless disarmed within ``after_s``; ``fire`` must end the
+    process (should it block, the process exits with status 1 after BACKSTOP_S). ``disarm`` after
+    ``fire`` has begun blocks until the process ends, so the main thread never writes a second row."""
+
+    BACKSTOP_S = 120.0
+
+    def __init__(self, after_s: float, fire: Callable[[], None]):
+        self._disarmed = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._watch, args=(after_s, fire), name="cell-watchdog",
+                                        daemon=True)
+        self._thread.start()
+
+    def _watch(self, after_s: float, fire: Callable[[], None]) -> None:
+        if self._disarmed.wait(after_s):
+            return
+        with self._lock:
+            if not self._disarmed.is_set():
+                backstop = threading.Timer(self.BACKSTOP_S, os._exit, args=(1,))
+                backstop.daemon = True
+                backstop.start()
+                fire()
+
+    def disarm(self) -> None:
+        self._disarmed.set()
+        with self._lock:  # waits for a fire already under way (it ends the process)
+            pass
+        self._thread.join()
+
+
+def _end_hung(st: _State, on_hang: Callable[[dict[str, Any], list[dict[str, Any]]], None]) -> None:
+    """The watchdog's end of a cell whose step or evaluation hangs: the row of what is known so far
+    (status timeout) and the curves go to ``on_hang``."""
+    error = (f"time limit of {st.spec['budget']['time_limit_s']} s reached after {st.steps_done} steps; "
+             f"{st.activity} was still running {WATCHDOG_GRACE_S:g} s later and the process was ended")
+    try:
+        # a CUDA reading synchronizes the device, which a hung kernel would block
+        if st.monitor is not None and st.memory is None and st.device.type != "cuda":
+            st.memory = st.monitor.stop()
+        row = _build_row(st, "timeout", error, "")
+    except Exception:  # noqa: BLE001 -- the main thread changed the method's state while it was read
+        row = _build_row(replace(st, prepared=None), "timeout", error, "")
+    on_hang(row, list(st.curves))
 
 
 def _record_ranks(st: _State, step: int, epoch: int = 0) -> None:
@@ -570,13 +671,35 @@ def _size_columns(prepared: Any) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------- files
 
 def run_to_files(spec: dict[str, Any], runs_out: str | os.PathLike, curves_out: str | os.PathLike, *,
-                 registry: Registry | None = None, progress: bool | None = None) -> dict[str, Any]:
-    """Run a cell and write its runs row and curves atomically (also on failure); returns the row."""
-    row, curves = run_cell(spec, registry=registry, progress=progress)
-    prov = {c: row[c] for c in results.PROVENANCE_COLUMNS}
-    results.write_parquet_atomic(results.to_frame(curves, "curves"), curves_out, kind="curves",
-                                 provenance=prov)
-    results.write_parquet_atomic(results.to_frame([row], "runs"), runs_out, kind="runs", provenance=prov)
+                 registry: Registry | None = None, progress: bool | None = None,
+                 hang_exit_status: int = 0) -> dict[str, Any]:
+    """Run a cell and write its runs row and curves atomically (also on failure); returns the row.
+
+    A step or evaluation that hangs past the time limit never returns: the watchdog writes the partial
+    row (status timeout) and curves, then ends the process with ``hang_exit_status`` (1 when they could
+    not be written)."""
+    def write(row: dict[str, Any], curves: list[dict[str, Any]]) -> None:
+        prov = {c: row[c] for c in results.PROVENANCE_COLUMNS}
+        results.write_parquet_atomic(results.to_frame(curves, "curves"), curves_out, kind="curves",
+                                     provenance=prov)
+        results.write_parquet_atomic(results.to_frame([row], "runs"), runs_out, kind="runs",
+                                     provenance=prov)
+
+    def end_process(row: dict[str, Any], curves: list[dict[str, Any]]) -> None:
+        status = 1
+        try:
+            write(row, curves)
+            print(f"{row['run_id']}: timeout ({row['error']}) -> {runs_out}", file=sys.stderr)
+            status = hang_exit_status
+        except BaseException:  # noqa: BLE001 -- the process ends either way; say why
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
+
+    row, curves = run_cell(spec, registry=registry, progress=progress, on_hang=end_process)
+    write(row, curves)
     return row
 
 

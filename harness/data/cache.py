@@ -1,4 +1,7 @@
-"""On-disk cache of derived data (tokenizers, tokenized tensors, generated files)."""
+"""On-disk cache of derived data (tokenizers, tokenized tensors, generated files).
+
+Entries are written atomically (:func:`atomic_write`) and checked when read: one that cannot be read
+(e.g. truncated) is reported with a warning naming the file, deleted and rebuilt (:func:`discard`)."""
 from __future__ import annotations
 
 import hashlib
@@ -6,6 +9,7 @@ import json
 import os
 import pickle
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -31,11 +35,14 @@ def fingerprint(*items: Any, files: Iterable[str | os.PathLike] = ()) -> str:
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> Path:
-    """Calls ``write(tmp)`` on a temporary file next to ``path``, then renames it onto ``path``."""
+    """Calls ``write(tmp)`` on a temporary file next to ``path``, flushes it to disk, then renames it onto
+    ``path``."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     os.close(fd)
     try:
         write(Path(tmp))
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -43,13 +50,23 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> Path:
     return path
 
 
+def discard(path: Path, what: str, exc: BaseException) -> None:
+    """Warns that the cached ``what`` at ``path`` cannot be read and deletes it (the caller rebuilds it)."""
+    warnings.warn(f"cached {what} {path} cannot be read ({type(exc).__name__}: {exc}); rebuilding it",
+                  stacklevel=3)
+    path.unlink(missing_ok=True)
+
+
 def cached_tensors(path: Path, build: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Loads a dict of tensors from ``path``, or builds and saves it there first."""
     if path.exists():
         try:
-            return torch.load(path, weights_only=True)
-        except (RuntimeError, EOFError, OSError, pickle.UnpicklingError):  # corrupt: rebuilt, never trusted
-            path.unlink(missing_ok=True)
+            tensors = torch.load(path, weights_only=True)
+            if isinstance(tensors, dict) and all(isinstance(t, torch.Tensor) for t in tensors.values()):
+                return tensors
+            raise ValueError(f"it holds a {type(tensors).__name__}, not a dict of tensors")
+        except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:
+            discard(path, "tensors", exc)
     tensors = build()
     atomic_write(path, lambda tmp: torch.save(tensors, tmp))
     return tensors

@@ -11,6 +11,7 @@ import gzip
 import json
 import os
 import sysconfig
+import zlib
 from pathlib import Path
 
 CODE_FIELDS = ("code", "original_string")
@@ -52,23 +53,39 @@ def jsonl_files(path: str | Path) -> list[Path]:
 
 
 def read_jsonl(path: str | Path, max_documents: int | None = None) -> tuple[list[str], list[Path]]:
-    """(documents, files) from CodeSearchNet-style JSON lines; errors name the file and line."""
+    """(documents, files) from CodeSearchNet-style JSON lines; errors name the file, and the line where
+    known (a damaged .gz file: the last line read before the damage)."""
     docs: list[str] = []
     files = jsonl_files(path)
     for file in files:
         opener = gzip.open if file.name.endswith(".gz") else open
-        with opener(file, "rt", encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{file}:{lineno}: not valid JSON: {exc.msg}") from exc
-                field = next((f for f in CODE_FIELDS if isinstance(record, dict) and f in record), None)
-                if field is None:
-                    raise ValueError(f"{file}:{lineno}: no field {' or '.join(CODE_FIELDS)}")
-                docs.append(str(record[field]))
-                if max_documents is not None and len(docs) >= max_documents:
-                    return docs, files
+        lineno = 0
+        try:
+            with opener(file, "rb") as fh:
+                for lineno, raw in enumerate(fh, start=1):
+                    code = _code_of(raw, f"{file}:{lineno}")
+                    if code is not None:
+                        docs.append(code)
+                    if max_documents is not None and len(docs) >= max_documents:
+                        return docs, files
+        except (OSError, EOFError, zlib.error) as exc:  # unreadable, or a damaged .gz (BadGzipFile, cut)
+            raise ValueError(f"{file}: cannot read after line {lineno}: {exc}") from exc
     return docs, files
+
+
+def _code_of(raw: bytes, where: str) -> str | None:
+    """The code of one JSON line (None for a blank line); errors start with ``where``."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{where}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
+    if not line.strip():
+        return None
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: not valid JSON: {exc.msg}") from exc
+    field = next((f for f in CODE_FIELDS if isinstance(record, dict) and f in record), None)
+    if field is None:
+        raise ValueError(f"{where}: no field {' or '.join(CODE_FIELDS)}")
+    return str(record[field])

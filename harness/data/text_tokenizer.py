@@ -11,6 +11,8 @@ from typing import Callable, Iterable, Iterator, Sequence
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from harness.data.cache import atomic_write, discard
+
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(len(SPECIAL_TOKENS))
 
@@ -39,13 +41,15 @@ def train_byte_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
 
 
 def load_or_train(path: Path, train: Callable[[], Tokenizer]) -> Tokenizer:
-    """The tokenizer cached at ``path``, or a newly trained one saved there."""
+    """The tokenizer cached at ``path``, or a newly trained one saved there atomically; a cached file
+    that cannot be read (e.g. truncated) is reported, deleted and rebuilt."""
     if path.exists():
-        return Tokenizer.from_file(os.fspath(path))
+        try:
+            return Tokenizer.from_file(os.fspath(path))
+        except Exception as exc:  # noqa: BLE001 -- tokenizers raises a bare Exception ("EOF while parsing")
+            discard(path, "tokenizer", exc)
     tok = train()
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    tok.save(os.fspath(tmp))
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: tok.save(os.fspath(tmp)))
     return tok
 
 

@@ -8,7 +8,8 @@ Kaggle table sizes (:data:`harness.data.criteo.KAGGLE_TABLE_SIZES`). The CPU pre
 ``tt_spec`` holds every table with at least ``tt_min_rows`` rows whose TTM cores (3 modes, rank
 ``rank``) are smaller than the dense table. ``metric_name`` is "accuracy" (click predicted when
 p >= 0.5); evaluate also returns "nce": mean binary cross-entropy divided by the entropy of the eval
-split's click rate (1.0 = no better than predicting the base rate).
+split's click rate (1.0 = no better than predicting the base rate; left out when every eval label is
+the same, where it is undefined, so a non-finite value always means divergence).
 
 Data: ``data="synthetic"`` (default) writes a Criteo-format file with a planted signal
 (:func:`harness.data.criteo.write_synthetic`) into the cache dir and reads it back through the real
@@ -155,9 +156,9 @@ def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     return F.binary_cross_entropy_with_logits(model(batch["dense"], batch["sparse"]), batch["labels"])
 
 
-def _entropy(rate: float) -> float:
+def _entropy(rate: float) -> float | None:
     if rate <= 0.0 or rate >= 1.0:
-        return float("nan")
+        return None
     return -(rate * math.log(rate) + (1 - rate) * math.log(1 - rate))
 
 
@@ -166,6 +167,7 @@ def build(p: dict[str, Any], *, batch_size: int, seed: int, device: torch.device
     model = seeded_model(build_model, p, seed, device)
     eval_bs = p["eval_batch_size"] or max(batch_size, 1024)
     eval_rate = evals["labels"].mean().item()
+    entropy = _entropy(eval_rate)
 
     def evaluate(m: nn.Module) -> dict[str, float]:
         correct, bce, n = 0, 0.0, 0
@@ -175,8 +177,8 @@ def build(p: dict[str, Any], *, batch_size: int, seed: int, device: torch.device
                 bce += F.binary_cross_entropy_with_logits(logits, batch["labels"], reduction="sum").item()
                 correct += ((logits >= 0).float() == batch["labels"]).sum().item()
                 n += batch["labels"].shape[0]
-        return {"metric_name": "accuracy", "metric_value": correct / n,
-                "nce": (bce / n) / _entropy(eval_rate),
+        nce = {} if entropy is None else {"nce": (bce / n) / entropy}
+        return {"metric_name": "accuracy", "metric_value": correct / n, **nce,
                 "bce": bce / n, "base_rate": eval_rate, "samples": n}
 
     info.update(train_samples=batching.num_rows(train), eval_samples=batching.num_rows(evals),

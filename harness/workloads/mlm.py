@@ -148,7 +148,9 @@ def load_data(p: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, tor
     train_docs = [d for i, d in enumerate(docs) if i not in held_out]
     eval_docs = [d for i, d in enumerate(docs) if i in held_out]
     if not train_docs:
-        raise ValueError(f"workload 'mlm': {len(docs)} document(s), too few for a training and an eval split")
+        source = "the standard library" if p["data"] == "stdlib" else p["data_path"]
+        raise ValueError(f"workload 'mlm': {len(docs)} document(s) in {source}, too few for a training and "
+                         f"an eval split")
     folder = cache_dir(p["cache_dir"], "mlm")
     tok_key = fingerprint("byte-bpe", p["vocab_size"], p["max_documents"], p["eval_every"], files=files)
     tok = load_or_train(folder / f"bpe-{tok_key}.json", lambda: train_byte_bpe(train_docs, p["vocab_size"]))

@@ -272,7 +272,10 @@ def _load_mnli(p: dict[str, Any]):
 
     train = cached_tensors(folder / f"train-{key}.pt", lambda: encode(train_split, p["train_samples"]))
     evals = cached_tensors(folder / f"eval-{key}.pt", lambda: encode(eval_split, p["eval_samples"]))
-    info = {"data": "mnli", "data_files": [str(f) for f in files], "tokenizer_vocab": tok.get_vocab_size()}
+    info = {"data": "mnli", "data_files": [str(f) for f in files], "tokenizer_vocab": tok.get_vocab_size(),
+            "rows_read": {"train": train_split.rows_read, "validation_matched": eval_split.rows_read},
+            "rows_dropped": {"train": dict(train_split.dropped),
+                             "validation_matched": dict(eval_split.dropped)}}
     return train, evals, info
 
 

@@ -12,9 +12,14 @@ from harness.run import Registry
 from harness.workloads.base import Workload
 
 
+HANG_S = 3600.0
+"""How long an injected hang blocks (far beyond any test's time limit)."""
+
+
 def toy_workload(name: str, params: dict[str, Any], *, batch_size: int, seed: int,
                  device: torch.device) -> Workload:
-    """A 3-class problem on 8 features, learnable by a small MLP in a few dozen steps."""
+    """A 3-class problem on 8 features, learnable by a small MLP in a few dozen steps; the evaluation
+    numbered ``params["hang_eval"]`` (0 = the first) hangs."""
     n = params.get("samples", 256)
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 8, generator=gen)
@@ -32,7 +37,12 @@ def toy_workload(name: str, params: dict[str, Any], *, batch_size: int, seed: in
     def loss(m: nn.Module, batch):
         return nn.functional.cross_entropy(m(batch["x"]), batch["y"])
 
+    evaluations = []
+
     def evaluate(m: nn.Module):
+        if len(evaluations) == params.get("hang_eval"):
+            time.sleep(HANG_S)
+        evaluations.append(1)
         m.eval()
         with torch.no_grad():
             logits = m(x_eval.to(device))
@@ -48,7 +58,8 @@ def toy_workload(name: str, params: dict[str, Any], *, batch_size: int, seed: in
 
 class ToyMethod:
     """AdamW on the whole model; ``params["fail"]`` injects oom | nan | error | skip at step
-    ``fail_at``; ``sleep_s`` slows every step."""
+    ``fail_at``, or nan_params (every parameter NaN after that step's update); ``sleep_s`` slows every
+    step; step ``hang_at`` hangs."""
 
     name = "toy"
     variant = "default"
@@ -69,7 +80,13 @@ class ToyMethod:
         def after_step(step):
             if fail == "error" and step >= fail_at:
                 raise ValueError("toy method broke")
-            time.sleep(params.get("sleep_s", 0.0))
+            if fail == "nan_params" and step >= fail_at:  # via the optimizer: a traceback through
+                # after_step must not keep the model alive (test_warmup)
+                with torch.no_grad():
+                    for group in opt.param_groups:
+                        for p in group["params"]:
+                            p.fill_(float("nan"))
+            time.sleep(HANG_S if step == params.get("hang_at") else params.get("sleep_s", 0.0))
             return {"stage": float(step >= 3)}
 
         return Prepared(model=model, optimizers=[opt], total_loss=total_loss, after_step=after_step,

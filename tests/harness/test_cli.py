@@ -60,6 +60,21 @@ def test_run_failure_still_writes_and_can_fail_the_exit_code(tmp_path, toys):
     assert cli.main(args + ["--fail-on-error"]) == 1
 
 
+def test_run_gives_a_hung_cell_the_exit_status_of_a_failed_one(tmp_path, monkeypatch):
+    """The watchdog ends a hung cell's process itself (tests/harness/test_run.py), with this status."""
+    statuses = []
+
+    def run_to_files(spec, runs_out, curves_out, **kw):
+        statuses.append(kw["hang_exit_status"])
+        return {"run_id": spec["run_id"], "status": "timeout", "error": "hung"}
+    monkeypatch.setattr(runner, "run_to_files", run_to_files)
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps(toy_spec()))
+    args = ["run", "--spec", str(spec), "--runs-out", str(tmp_path / "r.parquet")]
+    assert cli.main(args) == 0 and cli.main(args + ["--fail-on-error"]) == 1
+    assert statuses == [0, 1]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--workload", "toy"], "--method, --batch-size must be given"),
     (["--workload", "toy", "--method", "toy", "--batch-size", "2", "--method-param", "lr"],

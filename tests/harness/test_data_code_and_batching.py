@@ -35,6 +35,28 @@ def test_jsonl_errors_name_the_line(tmp_path, line, message):
         code_corpus.read_jsonl(tmp_path / "x.jsonl")
 
 
+@pytest.mark.parametrize("name, content, message", [
+    ("bad.jsonl", b'{"code": "pass"}\n{"code": "\xff"}\n', r"bad.jsonl:2: not valid UTF-8"),
+    ("bad.jsonl.gz", gzip.compress(b'{"code": "\xff"}\n'), r"bad.jsonl.gz:1: not valid UTF-8"),
+    ("cut.jsonl.gz", gzip.compress(b'{"code": "pass"}\n' * 2000)[:-20],
+     r"cut.jsonl.gz: cannot read after line"),
+    ("plain.jsonl.gz", b'{"code": "pass"}\n', r"plain.jsonl.gz: cannot read after line 0: Not a gzipped file"),
+])
+def test_jsonl_decode_errors_name_the_file(tmp_path, name, content, message):
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(ValueError, match=message):
+        code_corpus.read_jsonl(tmp_path / name)
+
+
+def test_an_empty_corpus_is_named(tmp_path):
+    from harness.workloads import build_workload
+
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(ValueError, match=r"0 document\(s\) in .*empty.jsonl, too few"):
+        build_workload("mlm", {"size": "tiny", "data": "jsonl", "data_path": str(tmp_path / "empty.jsonl"),
+                               "cache_dir": str(tmp_path)}, batch_size=2, seed=0, device="cpu")
+
+
 def test_missing_corpus_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="code corpus not found: .*missing"):
         code_corpus.jsonl_files(tmp_path / "missing")

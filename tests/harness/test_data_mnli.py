@@ -36,8 +36,10 @@ def test_hugging_face_files(tmp_path, fmt):
             writer_cls = pa.ipc.new_stream if fmt == "arrow_stream" else pa.ipc.new_file
             with pa.OSFile(str(path), "wb") as sink, writer_cls(sink, table.schema) as writer:
                 writer.write_table(table)
-    split = mnli.load_split(tmp_path, "validation_matched")
-    assert split.labels == [0, 1, 2, 0, 1]  # the unlabelled row (-1) is skipped
+    with pytest.warns(UserWarning, match=r"6 rows read, 1 dropped \(label -1: 1\)"):
+        split = mnli.load_split(tmp_path, "validation_matched")
+    assert split.labels == [0, 1, 2, 0, 1]  # the unlabelled row (-1) is skipped, and counted
+    assert split.rows_read == 6 and split.dropped == {"-1": 1}
     assert len(split.files) == 1 and "validation_matched" in split.files[0].name
 
 
@@ -94,5 +96,62 @@ def test_whole_glue_cache_prefers_the_mnli_folder(tmp_path):
         folder.mkdir(parents=True)
     pq.write_table(_hf_table(), mnli_dir / "train-00000-of-00001.parquet")
     pq.write_table(pa.table({"sentence": ["x"], "label": [1]}), cola_dir / "train-00000-of-00001.parquet")
-    split = mnli.load_split(tmp_path, "train")
+    with pytest.warns(UserWarning, match="1 dropped"):
+        split = mnli.load_split(tmp_path, "train")
     assert split.files == [mnli_dir / "train-00000-of-00001.parquet"] and len(split.labels) == 5
+
+
+def _fixture_lines(split="train"):
+    return (FIXTURE / mnli.SPLITS[split]).read_text().splitlines()
+
+
+def _with_gold(line, gold):
+    return line.rsplit("\t", 1)[0] + "\t" + gold
+
+
+def test_undecodable_tsv_is_named_with_its_line(tmp_path):
+    raw = (FIXTURE / "train.tsv").read_bytes().splitlines(keepends=True)
+    raw[5] = raw[5][:12] + b"\xff\xfe" + raw[5][12:]
+    (tmp_path / "train.tsv").write_bytes(b"".join(raw))
+    with pytest.raises(ValueError, match=r"train.tsv:6: not valid UTF-8 \(invalid start byte at byte 12\)"):
+        mnli.load_split(tmp_path, "train")
+    raw[5] = raw[5].replace(b"\xff\xfe", b"\r")  # a line break inside a line: csv's error, located
+    (tmp_path / "train.tsv").write_bytes(b"".join(raw))
+    with pytest.raises(ValueError, match=r"train.tsv:6: new-line character seen in unquoted field"):
+        mnli.load_split(tmp_path, "train")
+
+
+@pytest.mark.parametrize("gold, message", [
+    (None, r"MNLI split 'train' \(.*train.tsv\) has no labelled row: 0 rows read, 0 dropped"),
+    ("-", r"MNLI split 'train' \(.*train.tsv\) has no labelled row: 36 rows read, 36 dropped "
+          r"\(label '-': 36\)"),
+])
+def test_an_empty_split_is_a_clear_error(tmp_path, gold, message):
+    """A header-only file, or one whose rows are all unlabelled, used to end in ZeroDivisionError (the
+    latter only after the whole training)."""
+    lines = _fixture_lines()
+    lines = lines[:1] if gold is None else lines[:1] + [_with_gold(line, gold) for line in lines[1:]]
+    (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=message):
+        mnli.load_split(tmp_path, "train")
+
+
+def test_unlabelled_tsv_rows_are_counted_and_warned(tmp_path):
+    lines = _fixture_lines("validation_matched")
+    lines[2], lines[5] = _with_gold(lines[2], "-"), _with_gold(lines[5], "-")
+    (tmp_path / "dev_matched.tsv").write_text("\n".join(lines) + "\n")
+    with pytest.warns(UserWarning, match=r"dev_matched.tsv\): 12 rows read, 2 dropped \(label '-': 2\)"):
+        split = mnli.load_split(tmp_path, "validation_matched")
+    assert len(split.labels) == 10 and split.rows_read == 12 and split.dropped == {"'-'": 2}
+
+
+def test_hugging_face_rows_without_a_valid_label_fail_above_half(tmp_path):
+    table = pa.table({"premise": list("abcdef"), "hypothesis": list("abcdef"),
+                      "label": [0, 1, 7, -1, -1, None]})
+    pq.write_table(table, tmp_path / "train.parquet")
+    with pytest.raises(ValueError, match=r"more than 50% of its rows dropped: 6 rows read, 4 dropped "
+                                         r"\(label 7: 1, label -1: 2, label None: 1\)"):
+        mnli.load_split(tmp_path, "train")
+    pq.write_table(table.slice(0, 3), tmp_path / "train.parquet")
+    with pytest.warns(UserWarning, match=r"train.parquet\): 3 rows read, 1 dropped \(label 7: 1\)"):
+        assert mnli.load_split(tmp_path, "train").labels == [0, 1]

@@ -1,7 +1,12 @@
 import importlib.util
 import json
+import math
 import re
+import subprocess
+import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -43,6 +48,57 @@ def test_every_status_writes_a_complete_row(tmp_path, method_params, budget, sta
         assert "toy method broke" in json.loads(df.at[0, "extra"])["traceback"]
     if status == "diverged":
         assert curves.query("split == 'train' and metric_name == 'loss'")["step"].max() == 3
+
+
+def test_divergence_in_the_last_step_is_diverged_with_its_numbers():
+    """Parameters turn NaN in the last step's update: its loss is finite, the final evaluation is not."""
+    spec = toy_spec(method_params={"fail": "nan_params", "fail_at": 2},
+                    budget={"epochs": 1, "max_steps_per_epoch": 3, "eval_every_steps": None})
+    row, curves = runner.run_cell(spec, registry=TOY_REGISTRY)
+    assert row["status"] == "diverged"
+    assert row["error"] == "non-finite evaluation at step 3: loss nan"
+    assert 0 <= row["metric_value"] <= 1 and math.isfinite(row["final_train_loss"])  # partial numbers kept
+    extra = json.loads(row["extra"])
+    assert extra["steps_done"] == 3 and extra["eval_step"] == 3 and math.isnan(extra["eval"]["loss"])
+    assert [c["step"] for c in curves if c["split"] == "eval" and c["metric_name"] == "loss"] == [3]
+
+
+def test_any_non_finite_evaluation_value_stops_training():
+    """Every numeric value of evaluate counts (here an extra metric, finite at step 0, infinite at the
+    evaluation after step 2 of 4)."""
+    def build(name, params, **kw):
+        workload = TOY_REGISTRY.build_workload(name, params, **kw)
+        evaluate, calls = workload.evaluate, []
+
+        def evaluate_nce(m):
+            calls.append(1)
+            return {**evaluate(m), "nce": 1.0 if len(calls) == 1 else float("inf"), "samples": 64}
+        workload.evaluate = evaluate_nce
+        return workload
+
+    registry = runner.Registry(build_workload=build, get_method=TOY_REGISTRY.get_method)
+    spec = toy_spec(budget={"epochs": 1, "max_steps_per_epoch": 4, "eval_every_steps": 2})
+    row, curves = runner.run_cell(spec, registry=registry)
+    assert row["status"] == "diverged" and row["error"] == "non-finite evaluation at step 2: nce inf"
+    assert json.loads(row["extra"])["steps_done"] == 2 and row["metric_value"] is not None
+    assert max(c["step"] for c in curves if c["split"] == "train") == 2
+
+
+def test_non_finite_parameters_after_the_last_step_are_diverged():
+    """An evaluation that reports nothing non-finite (accuracy only) still cannot hide NaN parameters."""
+    def build(name, params, **kw):
+        workload = TOY_REGISTRY.build_workload(name, params, **kw)
+        evaluate = workload.evaluate
+        workload.evaluate = lambda m: {k: v for k, v in evaluate(m).items() if k != "loss"}
+        return workload
+
+    registry = runner.Registry(build_workload=build, get_method=TOY_REGISTRY.get_method)
+    spec = toy_spec(method_params={"fail": "nan_params", "fail_at": 2},
+                    budget={"epochs": 1, "max_steps_per_epoch": 3, "eval_every_steps": None})
+    row, _ = runner.run_cell(spec, registry=registry)
+    assert row["status"] == "diverged"
+    assert row["error"] == "non-finite parameters after step 3: 0.weight, 0.bias, 3.weight, 3.bias"
+    assert 0 <= row["metric_value"] <= 1 and json.loads(row["extra"])["eval_step"] == 3
 
 
 def test_quality_is_deterministic_on_cpu():
@@ -114,6 +170,87 @@ def test_evaluation_is_outside_clocks_and_memory(monkeypatch):
     assert (row["step_time_ms"], row["step_time_ms_iqr"], row["steps_timed"]) == (1000.0, 0.0, 31)
     assert row["peak_mem_bytes"] < 100 << 20
     assert extra["eval"]["touched"] == 1.0
+
+
+def test_time_limit_counts_from_the_first_training_step(monkeypatch):
+    """A fake clock: building each workload (the warm-up's tiny one and the cell's) takes 100 s, the
+    evaluation before training 100 s, each training step 1 s. Only the steps count toward the limit."""
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+
+    def build(name, params, **kw):
+        clock[0] += 100.0
+        workload = TOY_REGISTRY.build_workload(name, params, **kw)
+        evaluate = workload.evaluate
+
+        def slow_first_evaluate(model):
+            clock[0] += 100.0 if clock[0] < 300 else 0.0
+            return evaluate(model)
+        workload.evaluate = slow_first_evaluate
+        return workload
+
+    class TickingMethod:
+        name, variant = "toy", "default"
+
+        def prepare(self, model, workload, params, **kw):
+            prepared = TOY_REGISTRY.get_method("toy").prepare(model, workload, params, **kw)
+            after_step = prepared.after_step
+            prepared.after_step = lambda step: clock.__setitem__(0, clock[0] + 1.0) or after_step(step)
+            return prepared
+
+    registry = runner.Registry(build_workload=build, get_method=lambda name: TickingMethod())
+    ok, _ = runner.run_cell(toy_spec(budget={"epochs": 1, "eval_every_steps": 16, "time_limit_s": 20}),
+                            registry=registry)
+    assert ok["status"] == "ok" and json.loads(ok["extra"])["steps_done"] == 16
+    cut, _ = runner.run_cell(toy_spec(budget={"epochs": 1, "eval_every_steps": 16, "time_limit_s": 10.5}),
+                             registry=registry)
+    assert cut["status"] == "timeout" and cut["error"] == "time limit of 10.5 s reached after 11 steps"
+    assert cut["steps_timed"] == 10 and cut["final_train_loss"] is not None
+
+
+HANG = """
+import sys
+from harness import run as runner
+from tests.harness.run_toys import TOY_REGISTRY, toy_spec
+runner.WATCHDOG_GRACE_S = 0.5
+spec = toy_spec(method_params={method_params!r}, workload_params={workload_params!r},
+                budget={{"epochs": 1, "eval_every_steps": 2, "time_limit_s": 2.0}})
+runner.run_to_files(spec, sys.argv[1], sys.argv[2], registry=TOY_REGISTRY, hang_exit_status=3)
+print("run_to_files returned")
+"""
+
+
+@pytest.mark.parametrize("method_params, workload_params, steps, activity", [
+    ({"hang_at": 3}, {}, 3, "training step 4"),
+    ({}, {"hang_eval": 2}, 4, "the evaluation at step 4"),  # evaluations at steps 0, 2 and 4
+])
+def test_a_hung_step_or_evaluation_ends_as_timeout_with_its_row(tmp_path, method_params, workload_params,
+                                                                 steps, activity):
+    """The toy blocks for an hour; the watchdog writes the partial row 2 + 0.5 s into training and ends
+    the process."""
+    runs_out, curves_out = tmp_path / "h.runs.parquet", tmp_path / "h.curves.parquet"
+    script = HANG.format(method_params=method_params, workload_params=workload_params)
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", script, str(runs_out), str(curves_out)],
+                          cwd=Path(__file__).parents[2], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert "returned" not in proc.stdout and time.monotonic() - started < 60
+    df = results.read_parquet(runs_out, "runs")
+    assert df.at[0, "status"] == "timeout"
+    assert df.at[0, "error"].startswith(f"time limit of 2.0 s reached after {steps} steps; {activity} ")
+    assert df.at[0, "error"] in proc.stderr
+    extra = json.loads(df.at[0, "extra"])
+    assert extra["steps_done"] == steps and df.at[0, "steps_timed"] == steps - 1
+    assert df.at[0, "metric_value"] is not None and df.at[0, "peak_mem_kind"] == "cpu_rss_delta"
+    curves = results.read_parquet(curves_out, "curves")
+    assert curves.query("split == 'train' and metric_name == 'loss'")["step"].max() == steps
+
+
+def test_a_finished_cell_stops_its_watchdog(tmp_path):
+    row = runner.run_to_files(toy_spec(budget={"epochs": 1, "time_limit_s": 60}), tmp_path / "w.runs.parquet",
+                              tmp_path / "w.curves.parquet", registry=TOY_REGISTRY)
+    assert row["status"] == "ok"
+    assert not [t for t in threading.enumerate() if t.name == "cell-watchdog"]
 
 
 def test_partial_epochs_are_extrapolated():
@@ -206,6 +343,18 @@ def test_real_tiny_transformer_cell(tmp_path, method):
         again, _ = runner.run_cell(real_spec(method))
         assert (again["metric_value"], again["final_train_loss"]) == (row["metric_value"],
                                                                       row["final_train_loss"])
+
+
+@pytest.mark.skipif(not REAL_PARTS, reason="the transformer workload or the methods are not there yet")
+def test_real_dlrm_divergence_in_its_only_step():
+    """The issue's case: lr 1e30 makes the only step's update non-finite; accuracy stays at the
+    always-no-click rate, so only the evaluation's loss values tell."""
+    spec = {"workload": "dlrm", "workload_params": {"size": "tiny"}, "method": "dense",
+            "method_params": {"lr": 1e30}, "batch_size": 64,
+            "budget": {"max_steps_per_epoch": 1}, "execution": {"device": "cpu", "num_threads": 1}}
+    row, _ = runner.run_cell(spec)
+    assert row["status"] == "diverged" and row["error"].startswith("non-finite evaluation at step 1: ")
+    assert "bce nan" in row["error"] and 0 < row["metric_value"] < 1
 
 
 def test_tt_rank_falls_back_to_the_workload_spec():

@@ -119,3 +119,18 @@ def test_mnli_fixture_through_the_workload(tmp_path):
         build_workload("transformer", {**params, "vocab_size": 6, "tokenizer":
                                        str(next((tmp_path / "mnli").glob("wordpiece-*.json")))},
                        batch_size=8, seed=0, device="cpu")
+
+
+def test_mnli_rows_dropped_are_in_the_workload_info(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.tsv").write_text((FIXTURE / "train.tsv").read_text())
+    lines = (FIXTURE / "dev_matched.tsv").read_text().splitlines()
+    lines[1] = lines[1].rsplit("\t", 1)[0] + "\t-"
+    (data / "dev_matched.tsv").write_text("\n".join(lines) + "\n")
+    params = {"size": "tiny", "data": "mnli", "data_dir": str(data), "cache_dir": str(tmp_path / "cache")}
+    with pytest.warns(UserWarning, match="1 dropped"):
+        work = build_workload("transformer", params, batch_size=8, seed=0, device="cpu")
+    assert work.info["rows_read"] == {"train": 36, "validation_matched": 12}
+    assert work.info["rows_dropped"] == {"train": {}, "validation_matched": {"'-'": 1}}
+    assert work.info["eval_samples"] == 11

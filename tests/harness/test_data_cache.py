@@ -1,0 +1,66 @@
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from harness.data import cache, text_tokenizer
+from harness.data.text_tokenizer import load_or_train, train_wordpiece
+
+
+def _truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2])
+
+
+def test_a_truncated_cached_tokenizer_is_reported_and_rebuilt(tmp_path):
+    """It used to fail every later run with a pathless "EOF while parsing" and was never rebuilt."""
+    path, trained = tmp_path / "tok.json", []
+
+    def train():
+        trained.append(1)
+        return train_wordpiece(["a b c", "b c d"], vocab_size=50)
+
+    first = load_or_train(path, train)
+    assert load_or_train(path, train).get_vocab() == first.get_vocab() and len(trained) == 1  # cached
+    _truncate(path)
+    with pytest.warns(UserWarning, match=rf"cached tokenizer {path} cannot be read .*EOF while parsing"):
+        again = load_or_train(path, train)
+    assert len(trained) == 2 and again.get_vocab() == first.get_vocab()
+    assert Tokenizer.from_file(str(path)).get_vocab() == first.get_vocab()  # the cache holds it again
+
+
+def test_tokenizers_are_written_atomically(tmp_path, monkeypatch):
+    written = []
+    real = cache.atomic_write
+    monkeypatch.setattr(text_tokenizer, "atomic_write",
+                        lambda path, write: written.append(path) or real(path, write))
+    load_or_train(tmp_path / "tok.json", lambda: train_wordpiece(["a b"], vocab_size=20))
+    assert written == [tmp_path / "tok.json"] and [p.name for p in tmp_path.iterdir()] == ["tok.json"]
+
+
+def test_atomic_write_leaves_nothing_when_the_write_fails(tmp_path):
+    def fail(tmp):
+        tmp.write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        cache.atomic_write(tmp_path / "x.json", fail)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("damage", ["truncate", "not a dict"])
+def test_a_damaged_cached_tensor_file_is_reported_and_rebuilt(tmp_path, damage):
+    path, built = tmp_path / "t.pt", []
+
+    def build():
+        built.append(1)
+        return {"x": torch.arange(1000)}
+
+    cache.cached_tensors(path, build)
+    if damage == "truncate":
+        _truncate(path)
+    else:
+        torch.save(torch.arange(3), path)
+    with pytest.warns(UserWarning, match=rf"cached tensors {path} cannot be read"):
+        data = cache.cached_tensors(path, build)
+    assert len(built) == 2 and torch.equal(data["x"], torch.arange(1000))
+    assert torch.equal(torch.load(path, weights_only=True)["x"], torch.arange(1000))
