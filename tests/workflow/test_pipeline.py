@@ -1,6 +1,7 @@
 """The Snakemake pipeline end to end on config/tiny.yaml (all rules, all four methods, one workload):
 a cell killed mid-run leaves no result and is the only one re-run; a second call does nothing; the
-report builds; a truncated cell file fails the merge naming it; bad configs fail before any job."""
+report builds; a truncated cell file fails the merge naming it; bad or unsafe configs fail before any
+job."""
 from __future__ import annotations
 
 import os
@@ -142,3 +143,26 @@ def test_bad_config_rejected_before_any_job(tmp_path, mutate, key):
     assert res.returncode != 0
     assert "invalid config" in res.stderr and key in res.stderr, res.stderr[-2000:]
     assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("case", ["injected results_dir", "injected device variable", "duplicated key"])
+def test_unsafe_config_runs_nothing(tmp_path, case):
+    """Rejected while the config is read: no job, no shell command, no file (a path with a space is
+    rejected by the same schema rule: tests/workflow/test_grid.py)."""
+    marker = tmp_path / "injected"
+    text, env, key = TINY.read_text(), dict(ENV), "key results_dir"
+    if case == "injected results_dir":
+        text = text.replace("results_dir: results", f"results_dir: 'res$(touch {marker})'")
+    elif case == "injected device variable":
+        text = text.replace("device_name: cpu-tiny", "device_name: null")
+        env["COMERA_BENCH_DEVICE"], key = f"x$(touch {marker})", "environment variable COMERA_BENCH_DEVICE"
+    else:
+        text, key = text + "seeds: [1]\n", "key 'seeds' appears twice"
+    path = tmp_path / "unsafe.yaml"
+    path.write_text(text)
+    res = subprocess.run(snakemake_cmd(tmp_path, path, "runs"), capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert res.returncode != 0
+    assert "invalid config" in res.stderr and key in res.stderr, res.stderr[-2000:]
+    assert case != "duplicated key" or str(path) in res.stderr
+    assert not marker.exists() and {p.name for p in tmp_path.iterdir()} <= {"unsafe.yaml", ".snakemake"}

@@ -1,5 +1,6 @@
-# Config validation (JSON schema with defaults, then the methods' and workloads' own checks) and the
-# grid, all before any job is scheduled.
+# Config validation (config files re-read for duplicated keys, the COMERA_BENCH_DEVICE variable, JSON
+# schema with defaults, then the methods' and workloads' own checks) and the grid, all before any job is
+# scheduled.
 import json
 import os
 import sys
@@ -12,12 +13,16 @@ from harness import grid as _grid
 
 
 def _validate_config():
+    """The checks that need no torch come first, so a bad value fails fast."""
     schema = f"{workflow.basedir}/workflow/schemas/config.schema.yaml"
-    error = _grid.schema_error(config, schema)
-    if error:
-        raise WorkflowError(f"invalid config: {error}")
-    validate(config, schema)  # fills the defaults
     try:
+        for path in workflow.configfiles:  # Snakemake's own loader lets a repeated key win silently
+            _grid.load_config_file(path)
+        _grid.env_device_label()
+        error = _grid.schema_error(config, schema)
+        if error:
+            raise _grid.ConfigError(error)
+        validate(config, schema)  # fills the defaults
         _grid.check_config(config)
     except _grid.ConfigError as err:
         raise WorkflowError(f"invalid config: {err}")
@@ -27,8 +32,8 @@ _validate_config()
 
 # The label is derived once (by the first Snakemake process) and inherited by every job's own
 # Snakemake process through the environment, so a cluster job on another node writes the same paths.
-DEVICE = config["device_name"] or os.environ.get("COMERA_BENCH_DEVICE") or _grid.device_label(config)
-os.environ["COMERA_BENCH_DEVICE"] = DEVICE
+DEVICE = config["device_name"] or _grid.env_device_label() or _grid.device_label(config)
+os.environ[_grid.DEVICE_ENV] = DEVICE
 RESULTS = config["results_dir"]
 FIGURES = config["figures_dir"]
 CELLS = f"{RESULTS}/runs/{DEVICE}"
