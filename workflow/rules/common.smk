@@ -3,6 +3,7 @@
 # scheduled.
 import json
 import os
+import shlex
 import sys
 
 from snakemake.exceptions import WorkflowError
@@ -57,7 +58,7 @@ def gpu_wrapper():
     if not ON_GPU:
         return ""
     count = config["execution"]["gpus"]
-    return (f"python -m harness.gpus --lock-dir {RESULTS}/.gpu-locks"
+    return (f"python -m harness.gpus --lock-dir {shlex.quote(f'{RESULTS}/.gpu-locks')}"
             + (f" --count {count}" if count else "") + " -- ")
 
 

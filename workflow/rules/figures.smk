@@ -17,8 +17,11 @@ rule tables:
         csv=[f"{FIGURES}/{t}.csv" for t in TABLES],
     params:
         device=DEVICE,
+        merged=MERGED,
+        out=FIGURES,
     shell:
-        "python -m harness.tables --results {MERGED} --device-label {params.device} --out {FIGURES}"
+        "python -m harness.tables --results {params.merged:q} --device-label {params.device:q}"
+        " --out {params.out:q}"
 
 
 rule plots:
@@ -29,8 +32,11 @@ rule plots:
         pdf=[f"{FIGURES}/{p}.pdf" for p in PLOTS],
     params:
         device=DEVICE,
+        merged=MERGED,
+        out=FIGURES,
     shell:
-        "python -m harness.figures --results {MERGED} --device-label {params.device} --out {FIGURES}"
+        "python -m harness.figures --results {params.merged:q} --device-label {params.device:q}"
+        " --out {params.out:q}"
 
 
 rule claims:
@@ -40,8 +46,10 @@ rule claims:
         report(f"{FIGURES}/claims.md", caption="../report/claims.rst", category="Claims"),
     params:
         device=DEVICE,
+        merged=MERGED,
     shell:
-        "python -m harness.claims --results {MERGED} --device-label {params.device} --out {output}"
+        "python -m harness.claims --results {params.merged:q} --device-label {params.device:q}"
+        " --out {output:q}"
 
 
 rule figures:

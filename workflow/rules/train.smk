@@ -10,7 +10,7 @@ rule cell_spec:
     params:
         spec=lambda w: spec_json(w.run_id),
     shell:
-        "printf '%s\\n' {params.spec:q} > {output}"
+        "printf '%s\\n' {params.spec:q} > {output:q}"
 
 
 rule train:
@@ -27,9 +27,9 @@ rule train:
     params:
         wrapper=gpu_wrapper(),
     shell:
-        "{params.wrapper}comera-bench run --spec {input.spec} --runs-out {output.runs}"
-        " --curves-out {output.curves} > {log} 2>&1"
-        " || (test -s {output.runs} && test -s {output.curves})"
+        "{params.wrapper}comera-bench run --spec {input.spec:q} --runs-out {output.runs:q}"
+        " --curves-out {output.curves:q} > {log:q} 2>&1"
+        " || (test -s {output.runs:q} && test -s {output.curves:q})"
 
 
 rule runs:
