@@ -1,10 +1,11 @@
 """The Snakemake pipeline end to end on config/tiny.yaml (all rules, all four methods, one workload):
 a cell killed mid-run leaves no result and is the only one re-run; a second call does nothing; the
-report builds; a truncated cell file fails the merge naming it; bad or unsafe configs fail before any
-job."""
+report builds; `figures` without .snakemake/ metadata runs exactly the new cells; a truncated cell
+file fails the merge naming it; bad or unsafe configs fail before any job."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -116,6 +117,30 @@ def test_second_call_does_nothing_and_report_builds(pipeline):
     assert report.returncode == 0, report.stderr[-3000:]
     html = (pipeline["workdir"] / "report.html").read_text(errors="replace")
     assert "fig1_time_memory.png" in html and "claims.md" in html
+
+
+def test_figures_without_metadata_runs_exactly_the_new_cells(pipeline, tmp_path):
+    """Results copied into a fresh checkout (no .snakemake/), one more cell in the config."""
+    for folder in ("results", "figures"):
+        shutil.copytree(pipeline["workdir"] / folder, tmp_path / folder)
+    config = yaml.safe_load(TINY.read_text())
+    config["workloads"]["transformer"]["methods"].append({"name": "dense", "batch_sizes": [2]})
+    path = tmp_path / "more.yaml"
+    path.write_text(yaml.safe_dump(config))
+    before = {name: p.stat().st_mtime_ns for name, p in cells(tmp_path).items()}
+    figure = tmp_path / "figures" / "tiny" / "fig1_time_memory.png"
+    figure_mtime = figure.stat().st_mtime_ns
+    res = snakemake(tmp_path, "figures", configfile=path)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    new = "transformer_dense-default_b2_tnone_s0"
+    assert [ln.split("run_id=")[1] for ln in out.splitlines() if "wildcards: run_id=" in ln] == [new] * 2
+    assert out.count("rule train:") == 1 and "rule merge_runs:" in out and "rule plots:" in out
+    now = cells(tmp_path)
+    assert set(now) == set(before) | {f"{new}.runs.parquet", f"{new}.curves.parquet"}
+    assert all(now[name].stat().st_mtime_ns == mtime for name, mtime in before.items())
+    assert new in set(pd.read_parquet(tmp_path / "results" / "cpu-tiny" / "runs.parquet").run_id)
+    assert figure.stat().st_mtime_ns > figure_mtime
 
 
 def test_truncated_cell_file_fails_merge_with_its_path(pipeline):

@@ -52,8 +52,14 @@ rule claims:
         " --out {output:q}"
 
 
+# Every cell file too: Snakemake never looks behind an existing merged table for a missing input (a
+# new cell when .snakemake/ is absent, e.g. results copied in, or a cell file deleted to re-run it);
+# only a target without outputs, like this one, asks for missing inputs to be built. The new cells
+# then make the merge, and so the tables, figures and claims, re-run.
 rule figures:
     input:
+        rules.runs.input,
+        rules.microbench.input,
         rules.tables.output,
         rules.plots.output,
         rules.claims.output,
