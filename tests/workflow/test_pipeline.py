@@ -1,5 +1,6 @@
 """The Snakemake pipeline end to end on config/tiny.yaml (all rules, all four methods, one workload):
-a cell killed mid-run becomes a row with its status and is not re-run; a second call does nothing; the
+a cell killed mid-run becomes a row with its status and is not re-run; a second pipeline on the same
+results folder is refused while the first runs (a dry run is not); a second call does nothing; the
 report builds; `figures` without .snakemake/ metadata runs exactly the new cells; a truncated cell
 file fails the merge naming it; bad or unsafe configs fail before any job."""
 from __future__ import annotations
@@ -60,18 +61,38 @@ def kill_first_cell(proc: subprocess.Popen, min_age_s: float = 1.0, timeout_s: f
     raise TimeoutError("no `comera-bench run` process appeared")
 
 
+def wait_for_lock(results: Path, proc: subprocess.Popen, timeout_s: float = 300) -> None:
+    lock = results / ".pipeline.lock"
+    deadline = time.monotonic() + timeout_s
+    while not (lock.exists() and lock.stat().st_size) and proc.poll() is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the pipeline never took its results lock")
+        time.sleep(0.1)
+
+
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
-    """Run the tiny pipeline: first call with one cell SIGKILLed, then the full pipeline."""
+    """Run the tiny pipeline: first call with one cell SIGKILLed and, while it runs, a second pipeline
+    (another checkout) on the same results folder; then the full pipeline."""
     workdir = tmp_path_factory.mktemp("pipeline")
     proc = subprocess.Popen(snakemake_cmd(workdir, TINY, "runs"), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=ENV)
+    wait_for_lock(workdir / "results", proc)
+    other = tmp_path_factory.mktemp("other-checkout")
+    shared = other / "shared.yaml"
+    shared.write_text(yaml.safe_dump({**yaml.safe_load(TINY.read_text()), "results_dir": str(workdir / "results")}))
+    target = str(workdir / "results" / "runs" / "cpu-tiny" / "microbench" / "tiny.spec.json")  # one quick job
+    concurrent = [subprocess.Popen(snakemake_cmd(other, shared, target, *dry), stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, env=ENV) for dry in ([], ["-n"])]
     killed = kill_first_cell(proc)
+    blocked, dry = (p.communicate(timeout=300)[0] for p in concurrent)
+    blocked_ran_its_job = Path(target).exists()  # only the refused pipeline asks for this file
     first_log, _ = proc.communicate(timeout=600)
     after_kill = {name: p.stat().st_mtime_ns for name, p in cells(workdir).items()}
     second = snakemake(workdir, "all")
     return {"workdir": workdir, "killed": killed, "first_rc": proc.returncode, "first_log": first_log,
-            "after_kill": after_kill, "second": second}
+            "after_kill": after_kill, "second": second, "blocked": (concurrent[0].returncode, blocked),
+            "dry": (concurrent[1].returncode, dry), "blocked_ran_its_job": blocked_ran_its_job}
 
 
 def test_killed_cell_is_a_row_and_not_rerun(pipeline):
@@ -87,6 +108,16 @@ def test_killed_cell_is_a_row_and_not_rerun(pipeline):
     now = cells(workdir)
     for name, mtime in after_kill.items():
         assert now[name].stat().st_mtime_ns == mtime, f"{name} was re-run"
+
+
+def test_second_pipeline_on_the_same_results_refused(pipeline):
+    workdir = pipeline["workdir"]
+    rc, out = pipeline["blocked"]
+    assert rc != 0 and f"results folder {workdir / 'results'} is in use by another pipeline: pid" in out, out[-2000:]
+    assert not pipeline["blocked_ran_its_job"]
+    rc, out = pipeline["dry"]
+    assert rc == 0 and "This was a dry-run" in out, out[-2000:]  # a dry run takes no lock
+    assert (workdir / "results" / ".pipeline.lock").read_text() == ""  # released at the end
 
 
 def test_merged_tables_complete(pipeline):

@@ -11,6 +11,7 @@ from snakemake.utils import validate
 
 sys.path.insert(0, workflow.basedir)  # the harness package of this checkout, even if not installed
 from harness import grid as _grid
+from harness import lock as _lock
 
 
 def _validate_config():
@@ -60,6 +61,23 @@ def gpu_wrapper():
     count = config["execution"]["gpus"]
     return (f"python -m harness.gpus --lock-dir {shlex.quote(f'{RESULTS}/.gpu-locks')}"
             + (f" --count {count}" if count else "") + " -- ")
+
+
+# One pipeline at a time per results folder (harness/lock.py): taken when the first job is about to
+# start (never for dry runs, never in the per-job Snakemake processes), released at the end.
+onstart:
+    try:
+        _lock.acquire(RESULTS)
+    except _lock.LockError as err:
+        raise WorkflowError(str(err))
+
+
+onsuccess:
+    _lock.release(RESULTS)
+
+
+onerror:
+    _lock.release(RESULTS)
 
 
 wildcard_constraints:
