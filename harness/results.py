@@ -22,7 +22,6 @@ import platform
 import socket
 import subprocess
 import sys
-import tempfile
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
@@ -30,6 +29,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from harness.atomic import atomic_write
 
 if TYPE_CHECKING:
     import torch
@@ -210,13 +211,12 @@ def coerce(df: pd.DataFrame, kind: str, *, source: str = "frame") -> pd.DataFram
 
 def write_parquet_atomic(df: pd.DataFrame, path: str | os.PathLike, *, kind: str | None = None,
                          provenance: dict[str, Any] | None = None) -> Path:
-    """Write ``df`` to ``path`` atomically (temporary file in the same folder + fsync + os.replace).
+    """Write ``df`` to ``path`` atomically (harness.atomic: temporary file in the same folder, stale ones
+    of killed writers removed, fsync, os.replace).
 
     With ``kind`` the frame is checked and typed against that table's columns. ``provenance`` (default:
     taken from the frame's provenance columns when they hold a single value each) is stored in the file's
     key-value metadata together with the kind."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     if kind is not None:
         df = coerce(df, kind)
     if provenance is None:
@@ -225,17 +225,12 @@ def write_parquet_atomic(df: pd.DataFrame, path: str | os.PathLike, *, kind: str
     meta = dict(table.schema.metadata or {})
     meta[METADATA_KEY] = json.dumps({"kind": kind, "provenance": provenance}, default=str).encode()
     table = table.replace_schema_metadata(meta)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as fh:
             pq.write_table(table, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+
+    return atomic_write(path, write, fsync=True)
 
 
 def read_parquet(path: str | os.PathLike, kind: str | None = None) -> pd.DataFrame:

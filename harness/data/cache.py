@@ -5,11 +5,12 @@ import hashlib
 import json
 import os
 import pickle
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import torch
+
+from harness import atomic
 
 DEFAULT_CACHE_DIR = "results/cache"
 
@@ -31,16 +32,9 @@ def fingerprint(*items: Any, files: Iterable[str | os.PathLike] = ()) -> str:
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> Path:
-    """Calls ``write(tmp)`` on a temporary file next to ``path``, then renames it onto ``path``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    """Calls ``write(tmp)`` on a temporary file next to ``path``, flushes it to disk, then renames it onto
+    ``path`` (harness.atomic: the temporary of a writer that was killed is removed by the next write)."""
+    return atomic.atomic_write(path, write, fsync=True)
 
 
 def cached_tensors(path: Path, build: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
