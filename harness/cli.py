@@ -254,8 +254,8 @@ def show_table(paths: list[str], *, kind: str = "runs", where: list[str] = (), g
                columns: str | None = None) -> pd.DataFrame:
     """The frame ``comera-bench show`` prints."""
     files = _find_results(paths, kind)
-    df = pd.concat([results.read_parquet(f, kind) for f in files], ignore_index=True) if files \
-        else results.empty_frame(kind)
+    frames = [results.read_parquet(f, kind, fill_missing=True) for f in files]
+    df = pd.concat(frames, ignore_index=True) if frames else results.empty_frame(kind)
     df = df[_parse_where(list(where), df)]
     if group_by:
         keys = _columns(group_by, df, [])

@@ -189,14 +189,21 @@ def to_frame(rows: Iterable[dict[str, Any]], kind: str) -> pd.DataFrame:
     return coerce(pd.DataFrame(rows, columns=list(types)), kind)
 
 
-def coerce(df: pd.DataFrame, kind: str, *, source: str = "frame") -> pd.DataFrame:
-    """``df`` with exactly the columns of ``kind`` in order and their dtypes (ResultsError otherwise)."""
+def coerce(df: pd.DataFrame, kind: str, *, source: str = "frame", fill_missing: bool = False) -> pd.DataFrame:
+    """``df`` with exactly the columns of ``kind`` in order and their dtypes (ResultsError otherwise).
+
+    With ``fill_missing``, a table of an older schema (columns missing, none unknown) gets the missing
+    columns as nulls and a warning on stderr naming ``source`` and the columns."""
     types = _types(kind)
     missing = [c for c in types if c not in df.columns]
     unknown = [c for c in df.columns if c not in types]
-    if missing or unknown:
+    if unknown or (missing and not fill_missing):
         raise ResultsError(f"{source} is not a {kind} table: missing columns {missing}, "
                            f"unknown columns {unknown}")
+    if missing:
+        print(f"comera-bench: warning: {source}: {kind} table of an older schema, columns {missing} "
+              "missing; filled with nulls", file=sys.stderr)
+        df = df.assign(**{c: None for c in missing})
     out = df[list(types)].copy()
     for col, t in types.items():
         try:
@@ -233,9 +240,10 @@ def write_parquet_atomic(df: pd.DataFrame, path: str | os.PathLike, *, kind: str
     return atomic_write(path, write, fsync=True)
 
 
-def read_parquet(path: str | os.PathLike, kind: str | None = None) -> pd.DataFrame:
+def read_parquet(path: str | os.PathLike, kind: str | None = None, *, fill_missing: bool = False
+                 ) -> pd.DataFrame:
     """Read one result file; a corrupt file, or (with ``kind``) a foreign one, raises ResultsError
-    naming the path."""
+    naming the path. ``fill_missing``: see :func:`coerce` (for files written by older versions)."""
     path = Path(path)
     try:
         table = pq.read_table(path)
@@ -243,7 +251,7 @@ def read_parquet(path: str | os.PathLike, kind: str | None = None) -> pd.DataFra
         raise ResultsError(f"cannot read result file {path}: {exc}") from exc
     df = table.to_pandas()
     if kind is not None:
-        df = coerce(df, kind, source=str(path))
+        df = coerce(df, kind, source=str(path), fill_missing=fill_missing)
     return df
 
 
@@ -277,9 +285,10 @@ def expand_paths(paths: Sequence[str | os.PathLike], kind: str) -> list[Path]:
 
 def merge(paths: Sequence[str | os.PathLike], out: str | os.PathLike | None, kind: str) -> pd.DataFrame:
     """Concatenate result files of one kind (never dropping a row) and write ``out`` atomically (when
-    given). Any unreadable, truncated or foreign file raises ResultsError naming its path."""
+    given). Any unreadable, truncated or foreign file raises ResultsError naming its path; a file of an
+    older schema gets its missing columns as nulls, with a warning."""
     _types(kind)
-    frames = [read_parquet(p, kind) for p in expand_paths(paths, kind)]
+    frames = [read_parquet(p, kind, fill_missing=True) for p in expand_paths(paths, kind)]
     frames = [f for f in frames if len(f)]
     df = coerce(pd.concat(frames, ignore_index=True), kind) if frames else empty_frame(kind)
     if out is not None:
