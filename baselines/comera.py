@@ -54,8 +54,8 @@ def check_params(params: dict[str, Any] | None) -> dict[str, Any]:
     from baselines import positive, validate_params  # the registry's shared checks
 
     merged = validate_params("comera", dict(params or {}), PARAMS_DEFAULTS)
-    if merged["rank"] is not None and (not isinstance(merged["rank"], int) or merged["rank"] < 0):
-        raise ValueError(f"method 'comera': parameter 'rank' must be a non-negative integer or null, "
+    if merged["rank"] is not None and (not isinstance(merged["rank"], int) or merged["rank"] < 1):
+        raise ValueError(f"method 'comera': parameter 'rank' must be a positive integer or null, "
                          f"got {merged['rank']!r}")
     for key, choices in (("l1_reduction", L1_REDUCTIONS), ("init", INIT_SCHEMES)):
         if merged[key] not in choices:

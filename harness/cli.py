@@ -1,6 +1,6 @@
 """The ``comera-bench`` command.
 
-    comera-bench run --spec SPEC.json --runs-out R.parquet --curves-out C.parquet
+    comera-bench run --spec SPEC.json --runs-out R.parquet --curves-out C.parquet [--isolate --log L]
     comera-bench run --workload transformer --method comera --batch-size 8 [...]   (defaults, results/runs/)
     comera-bench show [RESULTS...] [--where col=value ...] [--group-by cols] [--columns cols] [--csv]
     comera-bench merge --kind runs|curves|microbench --out OUT.parquet FILE_OR_DIR...
@@ -85,6 +85,12 @@ def _parser() -> argparse.ArgumentParser:
                      help="progress bar on stderr (default: when stderr is a terminal)")
     run.add_argument("--fail-on-error", action="store_true",
                      help="exit with 1 when the run's status is not ok (the files are written anyway)")
+    run.add_argument("--isolate", action="store_true",
+                     help="run the cell in a child process; if it dies without writing its row (killed by a "
+                          "signal, e.g. the OOM killer), write one here: status oom, or error naming the "
+                          "signal (harness/supervise.py; needs --spec and --runs-out)")
+    run.add_argument("--log", help="with --isolate: the child's output goes to this file; this process's "
+                                   "own messages stay on stderr")
     run.set_defaults(func=_cmd_run)
 
     show = sub.add_parser("show", help="print result tables")
@@ -132,7 +138,37 @@ def spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _curves_path(runs_out: str | Path) -> Path:
+    """The curves file next to a runs file: ``X.runs.parquet`` -> ``X.curves.parquet``."""
+    runs_out = Path(runs_out)
+    stem = runs_out.name[:-len(".runs.parquet")] if runs_out.name.endswith(".runs.parquet") else runs_out.stem
+    return runs_out.with_name(f"{stem}.curves.parquet")
+
+
+def _cmd_run_isolated(args: argparse.Namespace) -> int:
+    """--isolate: the cell in a child process (harness.supervise); this process does not import torch
+    unless it has to write the row itself."""
+    from harness import supervise
+
+    if not args.spec or not args.runs_out or any(getattr(args, opt) is not None
+                                                 for opt in ("workload", "method", "batch_size")):
+        print("comera-bench run: --isolate needs --spec and --runs-out (no cell options)", file=sys.stderr)
+        return 2
+    curves_out = args.curves_out or _curves_path(args.runs_out)
+    command = [sys.executable, "-m", "harness.cli", "run", "--spec", args.spec, "--runs-out", args.runs_out,
+               "--curves-out", str(curves_out)]
+    if args.progress is not None:
+        command.append("--progress" if args.progress else "--no-progress")
+    code, status = supervise.supervise(command, args.spec, args.runs_out, curves_out, log=args.log)
+    return 1 if code == 0 and args.fail_on_error and status != "ok" else code
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
+    if args.isolate:
+        return _cmd_run_isolated(args)
+    if args.log:
+        print("comera-bench run: --log needs --isolate", file=sys.stderr)
+        return 2
     from harness import run as runner
 
     cell_given = [opt for opt in ("workload", "method", "batch_size") if getattr(args, opt) is not None]
@@ -156,10 +192,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{spec['run_id']}.spec.json").write_text(json.dumps(spec, indent=2, sort_keys=True))
     if curves_out is None:
-        runs_out = Path(runs_out)
-        stem = runs_out.name[:-len(".runs.parquet")] if runs_out.name.endswith(".runs.parquet") \
-            else runs_out.stem
-        curves_out = runs_out.with_name(f"{stem}.curves.parquet")
+        curves_out = _curves_path(runs_out)
     row = runner.run_to_files(spec, runs_out, curves_out, progress=args.progress,
                               hang_exit_status=1 if args.fail_on_error else 0)
     summary = f"{row['run_id']}: {row['status']}"
@@ -222,8 +255,8 @@ def show_table(paths: list[str], *, kind: str = "runs", where: list[str] = (), g
                columns: str | None = None) -> pd.DataFrame:
     """The frame ``comera-bench show`` prints."""
     files = _find_results(paths, kind)
-    df = pd.concat([results.read_parquet(f, kind) for f in files], ignore_index=True) if files \
-        else results.empty_frame(kind)
+    frames = [results.read_parquet(f, kind, fill_missing=True) for f in files]
+    df = pd.concat(frames, ignore_index=True) if frames else results.empty_frame(kind)
     df = df[_parse_where(list(where), df)]
     if group_by:
         keys = _columns(group_by, df, [])

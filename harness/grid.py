@@ -9,12 +9,19 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import os
 import re
+from collections.abc import Hashable, Iterable
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+LABEL_PATTERN = r"^(?!\.\.?$)[A-Za-z0-9._][A-Za-z0-9._-]*$"
+"""A device label (a results folder name); the schema's ``$defs.label`` pattern."""
+DEVICE_ENV = "COMERA_BENCH_DEVICE"
 
 
 class ConfigError(ValueError):
@@ -51,17 +58,83 @@ def uses_gpu(config: dict[str, Any]) -> bool:
     return torch.cuda.is_available()
 
 
-def schema_error(config: dict[str, Any], schema_path: str | Path) -> str | None:
-    """The most relevant JSON-schema violation of ``config`` as "key a.b[0]: message", or None."""
-    import jsonschema
-    import yaml
+def env_device_label() -> str | None:
+    """The device label from the COMERA_BENCH_DEVICE environment variable (None when unset or empty);
+    a value that is not a plain folder name raises ConfigError naming the variable and the value."""
+    value = os.environ.get(DEVICE_ENV)
+    if value and not re.fullmatch(LABEL_PATTERN, value):
+        raise ConfigError(f"environment variable {DEVICE_ENV}={value!r}: a device label must be letters, "
+                          "digits and . _ - only, not starting with -, not '.' or '..'")
+    return value or None
 
+
+class _StrictLoader(yaml.SafeLoader):
+    """A YAML loader that rejects a key given twice in one mapping."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # "<<: *anchor" may be overridden by own keys
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if not isinstance(key, Hashable):  # the base loader names it
+                continue
+            if key in seen:
+                raise ConfigError(f"config file {self.name}: key {key!r} appears twice (lines {seen[key]} "
+                                  f"and {line}); the second would silently replace the first")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_config_file(path: str | os.PathLike) -> Any:
+    """A YAML (or JSON) config file; a duplicated key raises ConfigError naming the file and the key."""
+    with open(path, encoding="utf-8") as fh:
+        loader = _StrictLoader(fh)
+        loader.name = str(path)
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
+
+
+def _key(path: Iterable[Any]) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".") or "(top level)"
+
+
+def _non_finite(value: Any, path: tuple = ()) -> tuple[tuple, float] | None:
+    """The first NaN or infinite number anywhere in ``value``: (its key path, the number), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        found = _non_finite(v, (*path, k))
+        if found:
+            return found
+    return None
+
+
+def schema_error(config: dict[str, Any], schema_path: str | Path) -> str | None:
+    """The most relevant violation of ``config`` as "key a.b[0]: message", or None: a NaN or infinite
+    number anywhere, else the JSON schema, where (unlike JSON schema's own rule) an integer field
+    rejects a float such as 4.0."""
+    import jsonschema
+
+    found = _non_finite(config)
+    if found:
+        return f"key {_key(found[0])}: {found[1]} is not a finite number"
     schema = yaml.safe_load(Path(schema_path).read_text())
-    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(config))
+    base = jsonschema.Draft202012Validator
+    strict_int = base.TYPE_CHECKER.redefine(
+        "integer", lambda _, v: isinstance(v, int) and not isinstance(v, bool))
+    validator = jsonschema.validators.extend(base, type_checker=strict_int)(schema)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(config))
     if error is None:
         return None
-    key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path).lstrip(".")
-    return f"key {key or '(top level)'}: {error.message}"
+    message = error.message
+    if error.validator == "pattern" and "title" in error.schema:
+        message += f" ({error.schema['title']})"
+    return f"key {_key(error.absolute_path)}: {message}"
 
 
 def _method_refs(workload: dict[str, Any]) -> list[dict[str, Any]]:

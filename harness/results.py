@@ -22,7 +22,6 @@ import platform
 import socket
 import subprocess
 import sys
-import tempfile
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
@@ -30,6 +29,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from harness.atomic import atomic_write
 
 if TYPE_CHECKING:
     import torch
@@ -188,14 +189,21 @@ def to_frame(rows: Iterable[dict[str, Any]], kind: str) -> pd.DataFrame:
     return coerce(pd.DataFrame(rows, columns=list(types)), kind)
 
 
-def coerce(df: pd.DataFrame, kind: str, *, source: str = "frame") -> pd.DataFrame:
-    """``df`` with exactly the columns of ``kind`` in order and their dtypes (ResultsError otherwise)."""
+def coerce(df: pd.DataFrame, kind: str, *, source: str = "frame", fill_missing: bool = False) -> pd.DataFrame:
+    """``df`` with exactly the columns of ``kind`` in order and their dtypes (ResultsError otherwise).
+
+    With ``fill_missing``, a table of an older schema (columns missing, none unknown) gets the missing
+    columns as nulls and a warning on stderr naming ``source`` and the columns."""
     types = _types(kind)
     missing = [c for c in types if c not in df.columns]
     unknown = [c for c in df.columns if c not in types]
-    if missing or unknown:
+    if unknown or (missing and not fill_missing):
         raise ResultsError(f"{source} is not a {kind} table: missing columns {missing}, "
                            f"unknown columns {unknown}")
+    if missing:
+        print(f"comera-bench: warning: {source}: {kind} table of an older schema, columns {missing} "
+              "missing; filled with nulls", file=sys.stderr)
+        df = df.assign(**{c: None for c in missing})
     out = df[list(types)].copy()
     for col, t in types.items():
         try:
@@ -210,13 +218,12 @@ def coerce(df: pd.DataFrame, kind: str, *, source: str = "frame") -> pd.DataFram
 
 def write_parquet_atomic(df: pd.DataFrame, path: str | os.PathLike, *, kind: str | None = None,
                          provenance: dict[str, Any] | None = None) -> Path:
-    """Write ``df`` to ``path`` atomically (temporary file in the same folder + fsync + os.replace).
+    """Write ``df`` to ``path`` atomically (harness.atomic: temporary file in the same folder, stale ones
+    of killed writers removed, fsync, os.replace).
 
     With ``kind`` the frame is checked and typed against that table's columns. ``provenance`` (default:
     taken from the frame's provenance columns when they hold a single value each) is stored in the file's
     key-value metadata together with the kind."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     if kind is not None:
         df = coerce(df, kind)
     if provenance is None:
@@ -225,22 +232,18 @@ def write_parquet_atomic(df: pd.DataFrame, path: str | os.PathLike, *, kind: str
     meta = dict(table.schema.metadata or {})
     meta[METADATA_KEY] = json.dumps({"kind": kind, "provenance": provenance}, default=str).encode()
     table = table.replace_schema_metadata(meta)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as fh:
             pq.write_table(table, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+
+    return atomic_write(path, write, fsync=True)
 
 
-def read_parquet(path: str | os.PathLike, kind: str | None = None) -> pd.DataFrame:
+def read_parquet(path: str | os.PathLike, kind: str | None = None, *, fill_missing: bool = False
+                 ) -> pd.DataFrame:
     """Read one result file; a corrupt file, or (with ``kind``) a foreign one, raises ResultsError
-    naming the path."""
+    naming the path. ``fill_missing``: see :func:`coerce` (for files written by older versions)."""
     path = Path(path)
     try:
         table = pq.read_table(path)
@@ -248,7 +251,7 @@ def read_parquet(path: str | os.PathLike, kind: str | None = None) -> pd.DataFra
         raise ResultsError(f"cannot read result file {path}: {exc}") from exc
     df = table.to_pandas()
     if kind is not None:
-        df = coerce(df, kind, source=str(path))
+        df = coerce(df, kind, source=str(path), fill_missing=fill_missing)
     return df
 
 
@@ -282,9 +285,10 @@ def expand_paths(paths: Sequence[str | os.PathLike], kind: str) -> list[Path]:
 
 def merge(paths: Sequence[str | os.PathLike], out: str | os.PathLike | None, kind: str) -> pd.DataFrame:
     """Concatenate result files of one kind (never dropping a row) and write ``out`` atomically (when
-    given). Any unreadable, truncated or foreign file raises ResultsError naming its path."""
+    given). Any unreadable, truncated or foreign file raises ResultsError naming its path; a file of an
+    older schema gets its missing columns as nulls, with a warning."""
     _types(kind)
-    frames = [read_parquet(p, kind) for p in expand_paths(paths, kind)]
+    frames = [read_parquet(p, kind, fill_missing=True) for p in expand_paths(paths, kind)]
     frames = [f for f in frames if len(f)]
     df = coerce(pd.concat(frames, ignore_index=True), kind) if frames else empty_frame(kind)
     if out is not None:

@@ -56,6 +56,7 @@ import math
 import numbers
 import os
 import random
+import re
 import sys
 import threading
 import time
@@ -78,6 +79,8 @@ BUDGET_DEFAULTS: dict[str, Any] = {"epochs": 1, "max_steps_per_epoch": None, "wa
                                    "eval_every_steps": None, "time_limit_s": None}
 EXECUTION_DEFAULTS: dict[str, Any] = {"device": "auto", "num_threads": None, "cuda_graph": False,
                                       "compile": False, "allocator": "reuse"}
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+"""A run_id is a plain file name (it names the cell's files): no "/", not starting with "." or "-"."""
 FINAL_LOSS_WINDOW = 100
 """final_train_loss is the mean task loss over the last (at most) this many steps."""
 WATCHDOG_GRACE_S = 30.0
@@ -167,6 +170,9 @@ def normalize_spec(spec: dict[str, Any]) -> dict[str, Any]:
         variant = f"-{out['variant']}" if out["variant"] else ""
         out["run_id"] = (f"{out['workload']}-{out['method']}{variant}-b{out['batch_size']}-{ratio}"
                          f"-s{out['seed']}-{out['config_hash'][:8]}")
+    if not isinstance(out["run_id"], str) or not RUN_ID_PATTERN.fullmatch(out["run_id"]):
+        raise SpecError(f"spec run_id must be a plain file name (letters, digits, . _ -; not starting "
+                        f"with '.' or '-'), got {out['run_id']!r}")
     return out
 
 
@@ -242,14 +248,26 @@ def _as_rank(value: Any) -> int | None:
 
 
 def _rank_setting(settings: dict, method_params: dict, prepared: Any, workload: Any) -> int | None:
-    """The run's rank: the method's ``rank`` setting; for a TT method without one, the largest rank of
-    the workload's tt_spec linear entries (all entries when there is no linear one)."""
+    """The run's rank. For a TT method, the largest internal TT rank of the model as built (its
+    conversion report in the settings, else the workload's tt_spec): a requested rank the shapes cannot
+    hold is clipped there, and the row says what was built (the request stays in the settings).
+    Otherwise the method's ``rank`` setting."""
+    built = settings.get("conversion", {}).get("layers") if prepared is not None else None
+    if built:
+        return _largest_rank(built.values(), "ranks")
     rank = _as_rank(settings.get("rank", method_params.get("rank")))
     if rank is not None or prepared is None or not prepared.ranks() or workload is None:
         return rank
-    entries = list(workload.tt_spec.values())
+    return _largest_rank(workload.tt_spec.values(), "rank")
+
+
+def _largest_rank(entries: Any, key: str) -> int | None:
+    """The largest internal bond of the linear entries' ranks (all entries when none is linear)."""
+    entries = list(entries)
     linear = [e for e in entries if e.get("kind") == "linear"] or entries
-    found = [r for r in (_as_rank(e.get("rank")) for e in linear) if r is not None]
+    internal = [r[1:-1] if isinstance(r, (list, tuple)) and len(r) > 2 else r
+                for r in (e.get(key) for e in linear)]
+    found = [r for r in map(_as_rank, internal) if r is not None]
     return max(found) if found else None
 
 

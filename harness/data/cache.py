@@ -8,12 +8,13 @@ import hashlib
 import json
 import os
 import pickle
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import torch
+
+from harness import atomic
 
 DEFAULT_CACHE_DIR = "results/cache"
 
@@ -36,18 +37,8 @@ def fingerprint(*items: Any, files: Iterable[str | os.PathLike] = ()) -> str:
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> Path:
     """Calls ``write(tmp)`` on a temporary file next to ``path``, flushes it to disk, then renames it onto
-    ``path``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    ``path`` (harness.atomic: the temporary of a writer that was killed is removed by the next write)."""
+    return atomic.atomic_write(path, write, fsync=True)
 
 
 def discard(path: Path, what: str, exc: BaseException) -> None:

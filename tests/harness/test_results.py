@@ -125,6 +125,10 @@ def test_writer_killed_mid_write_leaves_no_output(tmp_path):
         else:
             assert path.read_bytes() == before
             results.read_parquet(path, "curves")
+    assert len(list(tmp_path.glob("*.tmp"))) == 2  # a SIGKILLed writer cleans nothing up ...
+    for path in (target, old):  # ... the next write of the same target removes its temporary
+        results.write_parquet_atomic(results.empty_frame("curves"), path, kind="curves")
+    assert not list(tmp_path.glob("*.tmp"))
 
 
 def curves_file(path, run_id, n):

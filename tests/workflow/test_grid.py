@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import jsonschema
@@ -155,3 +156,96 @@ def test_grid_file_from_specs(tmp_path):
 
     assert grid.main(["--out", str(out), "--sweeps", json.dumps(sweeps), *map(str, paths)]) == 0
     assert json.loads(out.read_text()) == {"cells": cells, "sweeps": sweeps}
+
+
+@pytest.mark.parametrize("mutate, key, value", [
+    (lambda c: c.update(results_dir="res$(touch /tmp/x)"), "results_dir", "res$(touch /tmp/x)"),
+    (lambda c: c.update(figures_dir="my figures"), "figures_dir", "my figures"),
+    (lambda c: c.update(results_dir="-rf"), "results_dir", "-rf"),
+    (lambda c: c.update(compare={"dirs": ["results/gpu; rm -rf ~"]}), "compare.dirs[0]", "rm -rf"),
+    (lambda c: c.update(device_name=".."), "device_name", "'..'"),
+    (lambda c: c.update(device_name="a b"), "device_name", "'a b'"),
+])
+def test_paths_and_labels_reject_shell_metacharacters(mutate, key, value):
+    config = minimal()
+    mutate(config)
+    error = grid.schema_error(config, SCHEMA)
+    assert error is not None and error.startswith(f"key {key}:") and value in error, error
+    assert "no spaces" in error or "letters, digits" in error  # the rule, not only the regex
+
+
+def test_plain_paths_and_labels_accepted():
+    config = minimal()
+    config.update(results_dir="/tmp/x/results-2.a_b+c@d", figures_dir="figures/tiny", device_name="gpu.a_1",
+                  compare={"dirs": ["../other/results/nvidia-h200"]})
+    assert grid.schema_error(config, SCHEMA) is None
+
+
+def test_label_pattern_matches_the_schema():
+    schema = yaml.safe_load(SCHEMA.read_text())
+    assert schema["$defs"]["label"]["pattern"] == grid.LABEL_PATTERN
+
+
+@pytest.mark.parametrize("value", ["x;touch /tmp/y", "$(id)", ".", "..", "a/b", "a b"])
+def test_device_environment_variable_checked(monkeypatch, value):
+    monkeypatch.setenv("COMERA_BENCH_DEVICE", value)
+    with pytest.raises(grid.ConfigError, match=r"COMERA_BENCH_DEVICE=.*" + re.escape(repr(value)[1:-1])):
+        grid.env_device_label()
+    monkeypatch.setenv("COMERA_BENCH_DEVICE", "nvidia-h200")
+    assert grid.env_device_label() == "nvidia-h200"
+    monkeypatch.delenv("COMERA_BENCH_DEVICE")
+    assert grid.env_device_label() is None
+
+
+@pytest.mark.parametrize("mutate, key", [
+    (lambda c: c["workloads"]["transformer"].update(batch_sizes=[4.0]), "workloads.transformer.batch_sizes[0]"),
+    (lambda c: c.update(seeds=[0.0]), "seeds[0]"),
+    (lambda c: c.update(execution={"threads": 2.0}), "execution.threads"),
+    (lambda c: c["workloads"]["transformer"].update(budget={"epochs": 1.0}), "workloads.transformer.budget.epochs"),
+])
+def test_integer_fields_reject_floats(mutate, key):
+    config = minimal()
+    mutate(config)
+    error = grid.schema_error(config, SCHEMA)
+    assert error is not None and error.startswith(f"key {key}:") and "integer" in error, error
+
+
+@pytest.mark.parametrize("mutate, key", [
+    (lambda c: c["workloads"]["transformer"].update(targets=[float("nan")]), "workloads.transformer.targets[0]"),
+    (lambda c: c["workloads"]["transformer"].update(budget={"time_limit_s": float("inf")}),
+     "workloads.transformer.budget.time_limit_s"),
+    (lambda c: c["methods"]["dense"].update(params={"lr": float("nan")}), "methods.dense.params.lr"),
+    (lambda c: c["workloads"]["transformer"]["params"].update(dropout=float("-inf")),
+     "workloads.transformer.params.dropout"),
+])
+def test_non_finite_numbers_rejected_everywhere(mutate, key):
+    config = minimal()
+    mutate(config)
+    error = grid.schema_error(config, SCHEMA)
+    assert error is not None and error.startswith(f"key {key}:") and "not a finite number" in error, error
+
+
+def test_duplicated_yaml_key_rejected_naming_file_and_key(tmp_path):
+    path = tmp_path / "dup.yaml"
+    path.write_text("methods:\n  dense: {method: dense}\nseeds: [0]\nmethods:\n  comera: {method: comera}\n")
+    assert yaml.safe_load(path.read_text())["methods"] == {"comera": {"method": "comera"}}  # what Snakemake sees
+    with pytest.raises(grid.ConfigError, match=rf"{re.escape(str(path))}: key 'methods' appears twice "
+                                               r"\(lines 1 and 4\)"):
+        grid.load_config_file(path)
+    path.write_text("methods:\n  dense: {method: dense}\n  dense: {method: galore}\n")
+    with pytest.raises(grid.ConfigError, match="key 'dense' appears twice"):
+        grid.load_config_file(path)
+    path.write_text("base: &b {x: 1}\nm:\n  <<: *b\n  x: 2\n")  # a merge key overridden: allowed
+    assert grid.load_config_file(path) == {"base": {"x": 1}, "m": {"x": 2}}
+
+
+@pytest.mark.parametrize("where", ["params", "sweep"])
+def test_comera_rank_zero_rejected(where):
+    config = filled(minimal())
+    entry = config["methods"]["comera-rank"]
+    if where == "params":
+        entry.update(sweep={}, params={"rank": 0})
+    else:
+        entry["sweep"] = {"rank": [4, 0]}
+    with pytest.raises(grid.ConfigError, match=rf"methods\.comera-rank\.{where}.*'rank' must be a positive"):
+        grid.check_config(config)

@@ -1,9 +1,12 @@
 """The Snakemake pipeline end to end on config/tiny.yaml (all rules, all four methods, one workload):
-a cell killed mid-run leaves no result and is the only one re-run; a second call does nothing; the
-report builds; a truncated cell file fails the merge naming it; bad configs fail before any job."""
+a cell killed mid-run becomes a row with its status and is not re-run; a second pipeline on the same
+results folder is refused while the first runs (a dry run is not); a second call does nothing; the
+report builds; `figures` without .snakemake/ metadata runs exactly the new cells; a truncated cell
+file fails the merge naming it; bad or unsafe configs fail before any job."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,7 +42,8 @@ def cells(workdir: Path) -> dict[str, Path]:
 
 
 def kill_first_cell(proc: subprocess.Popen, min_age_s: float = 1.0, timeout_s: float = 300) -> str:
-    """SIGKILL the first `comera-bench run` process under ``proc`` once it has run ``min_age_s``;
+    """SIGKILL the first cell's worker process (`python -m harness.cli run`, the child of `comera-bench
+    run --isolate`, as the OOM killer would pick it) under ``proc`` once it has run ``min_age_s``;
     returns its run_id."""
     deadline = time.monotonic() + timeout_s
     parent = psutil.Process(proc.pid)
@@ -47,7 +51,7 @@ def kill_first_cell(proc: subprocess.Popen, min_age_s: float = 1.0, timeout_s: f
         for child in parent.children(recursive=True):
             try:
                 cmd = child.cmdline()
-                if "run" in cmd and "--spec" in cmd and time.time() - child.create_time() >= min_age_s:
+                if "harness.cli" in cmd and "--spec" in cmd and time.time() - child.create_time() >= min_age_s:
                     spec = Path(cmd[cmd.index("--spec") + 1])
                     child.send_signal(signal.SIGKILL)
                     return spec.name.removesuffix(".spec.json")
@@ -57,30 +61,63 @@ def kill_first_cell(proc: subprocess.Popen, min_age_s: float = 1.0, timeout_s: f
     raise TimeoutError("no `comera-bench run` process appeared")
 
 
+def wait_for_lock(results: Path, proc: subprocess.Popen, timeout_s: float = 300) -> None:
+    lock = results / ".pipeline.lock"
+    deadline = time.monotonic() + timeout_s
+    while not (lock.exists() and lock.stat().st_size) and proc.poll() is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the pipeline never took its results lock")
+        time.sleep(0.1)
+
+
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
-    """Run the tiny pipeline: first call with one cell SIGKILLed, then the full pipeline."""
+    """Run the tiny pipeline: first call with one cell SIGKILLed and, while it runs, a second pipeline
+    (another checkout) on the same results folder; then the full pipeline."""
     workdir = tmp_path_factory.mktemp("pipeline")
     proc = subprocess.Popen(snakemake_cmd(workdir, TINY, "runs"), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=ENV)
+    wait_for_lock(workdir / "results", proc)
+    other = tmp_path_factory.mktemp("other-checkout")
+    shared = other / "shared.yaml"
+    shared.write_text(yaml.safe_dump({**yaml.safe_load(TINY.read_text()), "results_dir": str(workdir / "results")}))
+    target = str(workdir / "results" / "runs" / "cpu-tiny" / "microbench" / "tiny.spec.json")  # one quick job
+    concurrent = [subprocess.Popen(snakemake_cmd(other, shared, target, *dry), stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, env=ENV) for dry in ([], ["-n"])]
     killed = kill_first_cell(proc)
+    blocked, dry = (p.communicate(timeout=300)[0] for p in concurrent)
+    blocked_ran_its_job = Path(target).exists()  # only the refused pipeline asks for this file
     first_log, _ = proc.communicate(timeout=600)
     after_kill = {name: p.stat().st_mtime_ns for name, p in cells(workdir).items()}
     second = snakemake(workdir, "all")
     return {"workdir": workdir, "killed": killed, "first_rc": proc.returncode, "first_log": first_log,
-            "after_kill": after_kill, "second": second}
+            "after_kill": after_kill, "second": second, "blocked": (concurrent[0].returncode, blocked),
+            "dry": (concurrent[1].returncode, dry), "blocked_ran_its_job": blocked_ran_its_job}
 
 
-def test_killed_cell_leaves_no_file_and_reruns_alone(pipeline):
-    killed, after_kill = pipeline["killed"], pipeline["after_kill"]
-    assert pipeline["first_rc"] != 0, pipeline["first_log"][-2000:]
-    assert not any(name.startswith(killed + ".") for name in after_kill), "partial result of a killed cell"
-    assert len(after_kill) >= 2, "keep-going: the other cells must finish"
+def test_killed_cell_is_a_row_and_not_rerun(pipeline):
+    killed, after_kill, workdir = pipeline["killed"], pipeline["after_kill"], pipeline["workdir"]
+    assert pipeline["first_rc"] == 0, pipeline["first_log"][-3000:]  # the job of the killed cell succeeds
+    assert f"{killed}.runs.parquet" in after_kill and f"{killed}.curves.parquet" in after_kill
+    assert len(after_kill) == 10, "keep-going: the other cells must finish"
+    row = pd.read_parquet(workdir / "results" / "runs" / "cpu-tiny" / f"{killed}.runs.parquet").iloc[0]
+    assert row["run_id"] == killed and row["status"] in ("error", "oom"), row["status"]
+    assert "signal 9 (SIGKILL)" in row["error"] and row["hostname"] and row["workload"] == "transformer"
+    assert len(pd.read_parquet(workdir / "results" / "runs" / "cpu-tiny" / f"{killed}.curves.parquet")) == 0
     assert pipeline["second"].returncode == 0, pipeline["second"].stderr[-3000:]
-    now = cells(pipeline["workdir"])
-    assert f"{killed}.runs.parquet" in now and f"{killed}.curves.parquet" in now
+    now = cells(workdir)
     for name, mtime in after_kill.items():
         assert now[name].stat().st_mtime_ns == mtime, f"{name} was re-run"
+
+
+def test_second_pipeline_on_the_same_results_refused(pipeline):
+    workdir = pipeline["workdir"]
+    rc, out = pipeline["blocked"]
+    assert rc != 0 and f"results folder {workdir / 'results'} is in use by another pipeline: pid" in out, out[-2000:]
+    assert not pipeline["blocked_ran_its_job"]
+    rc, out = pipeline["dry"]
+    assert rc == 0 and "This was a dry-run" in out, out[-2000:]  # a dry run takes no lock
+    assert (workdir / "results" / ".pipeline.lock").read_text() == ""  # released at the end
 
 
 def test_merged_tables_complete(pipeline):
@@ -91,7 +128,7 @@ def test_merged_tables_complete(pipeline):
     assert set(runs.method) == {"dense", "comera", "galore", "lte"}
     assert set(runs.status) <= {"ok", "oom", "diverged", "error", "timeout"}
     curves = pd.read_parquet(merged / "curves.parquet")
-    assert set(curves.run_id) == set(runs.run_id)
+    assert set(curves.run_id) == set(runs.run_id) - {pipeline["killed"]}  # a killed cell has no curves
     assert len(pd.read_parquet(merged / "microbench.parquet")) > 0
 
 
@@ -121,6 +158,30 @@ def test_second_call_does_nothing_and_report_builds(pipeline):
     assert "fig1_time_memory.png" in html and "claims.md" in html
 
 
+def test_figures_without_metadata_runs_exactly_the_new_cells(pipeline, tmp_path):
+    """Results copied into a fresh checkout (no .snakemake/), one more cell in the config."""
+    for folder in ("results", "figures"):
+        shutil.copytree(pipeline["workdir"] / folder, tmp_path / folder)
+    config = yaml.safe_load(TINY.read_text())
+    config["workloads"]["transformer"]["methods"].append({"name": "dense", "batch_sizes": [2]})
+    path = tmp_path / "more.yaml"
+    path.write_text(yaml.safe_dump(config))
+    before = {name: p.stat().st_mtime_ns for name, p in cells(tmp_path).items()}
+    figure = tmp_path / "figures" / "tiny" / "fig1_time_memory.png"
+    figure_mtime = figure.stat().st_mtime_ns
+    res = snakemake(tmp_path, "figures", configfile=path)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    new = "transformer_dense-default_b2_tnone_s0"
+    assert [ln.split("run_id=")[1] for ln in out.splitlines() if "wildcards: run_id=" in ln] == [new] * 2
+    assert out.count("rule train:") == 1 and "rule merge_runs:" in out and "rule plots:" in out
+    now = cells(tmp_path)
+    assert set(now) == set(before) | {f"{new}.runs.parquet", f"{new}.curves.parquet"}
+    assert all(now[name].stat().st_mtime_ns == mtime for name, mtime in before.items())
+    assert new in set(pd.read_parquet(tmp_path / "results" / "cpu-tiny" / "runs.parquet").run_id)
+    assert figure.stat().st_mtime_ns > figure_mtime
+
+
 def test_truncated_cell_file_fails_merge_with_its_path(pipeline):
     victim = next(p for p in sorted(cells(pipeline["workdir"]).values()) if p.name.endswith(".runs.parquet"))
     victim.write_bytes(victim.read_bytes()[:64])
@@ -146,3 +207,26 @@ def test_bad_config_rejected_before_any_job(tmp_path, mutate, key):
     assert res.returncode != 0
     assert "invalid config" in res.stderr and key in res.stderr, res.stderr[-2000:]
     assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("case", ["injected results_dir", "injected device variable", "duplicated key"])
+def test_unsafe_config_runs_nothing(tmp_path, case):
+    """Rejected while the config is read: no job, no shell command, no file (a path with a space is
+    rejected by the same schema rule: tests/workflow/test_grid.py)."""
+    marker = tmp_path / "injected"
+    text, env, key = TINY.read_text(), dict(ENV), "key results_dir"
+    if case == "injected results_dir":
+        text = text.replace("results_dir: results", f"results_dir: 'res$(touch {marker})'")
+    elif case == "injected device variable":
+        text = text.replace("device_name: cpu-tiny", "device_name: null")
+        env["COMERA_BENCH_DEVICE"], key = f"x$(touch {marker})", "environment variable COMERA_BENCH_DEVICE"
+    else:
+        text, key = text + "seeds: [1]\n", "key 'seeds' appears twice"
+    path = tmp_path / "unsafe.yaml"
+    path.write_text(text)
+    res = subprocess.run(snakemake_cmd(tmp_path, path, "runs"), capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert res.returncode != 0
+    assert "invalid config" in res.stderr and key in res.stderr, res.stderr[-2000:]
+    assert case != "duplicated key" or str(path) in res.stderr
+    assert not marker.exists() and {p.name for p in tmp_path.iterdir()} <= {"unsafe.yaml", ".snakemake"}

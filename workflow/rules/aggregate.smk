@@ -15,9 +15,9 @@ rule merge_runs:
     params:
         sweeps=json.dumps(SWEEPS, sort_keys=True),
     shell:
-        "comera-bench merge --kind runs --out {output.runs} {input.runs}"
-        " && comera-bench merge --kind curves --out {output.curves} {input.curves}"
-        " && python -m harness.grid --out {output.grid} --sweeps {params.sweeps:q} {input.specs}"
+        "comera-bench merge --kind runs --out {output.runs:q} {input.runs:q}"
+        " && comera-bench merge --kind curves --out {output.curves:q} {input.curves:q}"
+        " && python -m harness.grid --out {output.grid:q} --sweeps {params.sweeps:q} {input.specs:q}"
 
 
 rule merge_microbench:
@@ -26,4 +26,4 @@ rule merge_microbench:
     output:
         f"{MERGED}/microbench.parquet",
     shell:
-        "comera-bench merge --kind microbench --out {output} {input}"
+        "comera-bench merge --kind microbench --out {output:q} {input:q}"

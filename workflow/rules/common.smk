@@ -1,7 +1,9 @@
-# Config validation (JSON schema with defaults, then the methods' and workloads' own checks) and the
-# grid, all before any job is scheduled.
+# Config validation (config files re-read for duplicated keys, the COMERA_BENCH_DEVICE variable, JSON
+# schema with defaults, then the methods' and workloads' own checks) and the grid, all before any job is
+# scheduled.
 import json
 import os
+import shlex
 import sys
 
 from snakemake.exceptions import WorkflowError
@@ -9,15 +11,20 @@ from snakemake.utils import validate
 
 sys.path.insert(0, workflow.basedir)  # the harness package of this checkout, even if not installed
 from harness import grid as _grid
+from harness import lock as _lock
 
 
 def _validate_config():
+    """The checks that need no torch come first, so a bad value fails fast."""
     schema = f"{workflow.basedir}/workflow/schemas/config.schema.yaml"
-    error = _grid.schema_error(config, schema)
-    if error:
-        raise WorkflowError(f"invalid config: {error}")
-    validate(config, schema)  # fills the defaults
     try:
+        for path in workflow.configfiles:  # Snakemake's own loader lets a repeated key win silently
+            _grid.load_config_file(path)
+        _grid.env_device_label()
+        error = _grid.schema_error(config, schema)
+        if error:
+            raise _grid.ConfigError(error)
+        validate(config, schema)  # fills the defaults
         _grid.check_config(config)
     except _grid.ConfigError as err:
         raise WorkflowError(f"invalid config: {err}")
@@ -27,8 +34,8 @@ _validate_config()
 
 # The label is derived once (by the first Snakemake process) and inherited by every job's own
 # Snakemake process through the environment, so a cluster job on another node writes the same paths.
-DEVICE = config["device_name"] or os.environ.get("COMERA_BENCH_DEVICE") or _grid.device_label(config)
-os.environ["COMERA_BENCH_DEVICE"] = DEVICE
+DEVICE = config["device_name"] or _grid.env_device_label() or _grid.device_label(config)
+os.environ[_grid.DEVICE_ENV] = DEVICE
 RESULTS = config["results_dir"]
 FIGURES = config["figures_dir"]
 CELLS = f"{RESULTS}/runs/{DEVICE}"
@@ -52,8 +59,25 @@ def gpu_wrapper():
     if not ON_GPU:
         return ""
     count = config["execution"]["gpus"]
-    return (f"python -m harness.gpus --lock-dir {RESULTS}/.gpu-locks"
+    return (f"python -m harness.gpus --lock-dir {shlex.quote(f'{RESULTS}/.gpu-locks')}"
             + (f" --count {count}" if count else "") + " -- ")
+
+
+# One pipeline at a time per results folder (harness/lock.py): taken when the first job is about to
+# start (never for dry runs, never in the per-job Snakemake processes), released at the end.
+onstart:
+    try:
+        _lock.acquire(RESULTS)
+    except _lock.LockError as err:
+        raise WorkflowError(str(err))
+
+
+onsuccess:
+    _lock.release(RESULTS)
+
+
+onerror:
+    _lock.release(RESULTS)
 
 
 wildcard_constraints:

@@ -18,8 +18,9 @@ rule compare:
         pdf=f"{COMPARE_OUT}/compare_time_memory.pdf",
     params:
         dirs=COMPARE_DIRS,
+        out=COMPARE_OUT,
     shell:
-        "python -m harness.compare {params.dirs} --out {COMPARE_OUT}"
+        "python -m harness.compare {params.dirs:q} --out {params.out:q}"
 
 
 rule report:
@@ -29,7 +30,7 @@ rule report:
     output:
         "report.html",
     params:
-        configs=" ".join(map(str, workflow.overwrite_configfiles or [])),
+        configs=["--configfile", *map(str, workflow.overwrite_configfiles)] if workflow.overwrite_configfiles
+        else [],
     shell:
-        "snakemake --snakefile {workflow.main_snakefile} --nolock --report {output}"
-        " $( [ -n '{params.configs}' ] && echo --configfile {params.configs} )"
+        "snakemake --snakefile {workflow.main_snakefile:q} --nolock --report {output:q} {params.configs:q}"

@@ -17,8 +17,11 @@ rule tables:
         csv=[f"{FIGURES}/{t}.csv" for t in TABLES],
     params:
         device=DEVICE,
+        merged=MERGED,
+        out=FIGURES,
     shell:
-        "python -m harness.tables --results {MERGED} --device-label {params.device} --out {FIGURES}"
+        "python -m harness.tables --results {params.merged:q} --device-label {params.device:q}"
+        " --out {params.out:q}"
 
 
 rule plots:
@@ -29,8 +32,11 @@ rule plots:
         pdf=[f"{FIGURES}/{p}.pdf" for p in PLOTS],
     params:
         device=DEVICE,
+        merged=MERGED,
+        out=FIGURES,
     shell:
-        "python -m harness.figures --results {MERGED} --device-label {params.device} --out {FIGURES}"
+        "python -m harness.figures --results {params.merged:q} --device-label {params.device:q}"
+        " --out {params.out:q}"
 
 
 rule claims:
@@ -40,12 +46,20 @@ rule claims:
         report(f"{FIGURES}/claims.md", caption="../report/claims.rst", category="Claims"),
     params:
         device=DEVICE,
+        merged=MERGED,
     shell:
-        "python -m harness.claims --results {MERGED} --device-label {params.device} --out {output}"
+        "python -m harness.claims --results {params.merged:q} --device-label {params.device:q}"
+        " --out {output:q}"
 
 
+# Every cell file too: Snakemake never looks behind an existing merged table for a missing input (a
+# new cell when .snakemake/ is absent, e.g. results copied in, or a cell file deleted to re-run it);
+# only a target without outputs, like this one, asks for missing inputs to be built. The new cells
+# then make the merge, and so the tables, figures and claims, re-run.
 rule figures:
     input:
+        rules.runs.input,
+        rules.microbench.input,
         rules.tables.output,
         rules.plots.output,
         rules.claims.output,

@@ -8,7 +8,7 @@ rule microbench_spec:
     params:
         spec=lambda w: json.dumps(MICROBENCH[w.name], sort_keys=True),
     shell:
-        "printf '%s\\n' {params.spec:q} > {output}"
+        "printf '%s\\n' {params.spec:q} > {output:q}"
 
 
 rule microbench_cell:
@@ -24,7 +24,7 @@ rule microbench_cell:
     params:
         wrapper=gpu_wrapper(),
     shell:
-        "{params.wrapper}comera-bench microbench --spec {input.spec} --out {output} > {log} 2>&1"
+        "{params.wrapper}comera-bench microbench --spec {input.spec:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule microbench:

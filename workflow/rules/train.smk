@@ -1,6 +1,8 @@
 # One job per grid cell: write its spec (params = the spec, so a changed cell re-runs alone), then run
 # it in its own process. The runner writes both files atomically, also for a failed cell (status
-# oom | diverged | error | timeout); a killed runner leaves neither, so the job fails and re-runs.
+# oom | diverged | error | timeout); a runner killed by a signal (the OOM killer's SIGKILL) gets its row
+# from its supervising parent (`--isolate`, harness/supervise.py). Either way the job succeeds, the
+# cell is done and the tables go on; to run a failed cell again, delete its files (README "Pipeline").
 localrules: cell_spec, runs
 
 
@@ -10,7 +12,7 @@ rule cell_spec:
     params:
         spec=lambda w: spec_json(w.run_id),
     shell:
-        "printf '%s\\n' {params.spec:q} > {output}"
+        "printf '%s\\n' {params.spec:q} > {output:q}"
 
 
 rule train:
@@ -27,9 +29,8 @@ rule train:
     params:
         wrapper=gpu_wrapper(),
     shell:
-        "{params.wrapper}comera-bench run --spec {input.spec} --runs-out {output.runs}"
-        " --curves-out {output.curves} > {log} 2>&1"
-        " || (test -s {output.runs} && test -s {output.curves})"
+        "{params.wrapper}comera-bench run --isolate --spec {input.spec:q} --runs-out {output.runs:q}"
+        " --curves-out {output.curves:q} --log {log:q}"
 
 
 rule runs:
