@@ -137,8 +137,23 @@ def schema_error(config: dict[str, Any], schema_path: str | Path) -> str | None:
     return f"key {_key(error.absolute_path)}: {message}"
 
 
+PURPOSES = ("timing", "quality")
+"""A cell's purpose: short runs for time and memory, or training long enough to compare accuracy."""
+
+
 def _method_refs(workload: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"name": ref} if isinstance(ref, str) else dict(ref) for ref in workload["methods"]]
+
+
+def sections(workload: dict[str, Any]) -> list[tuple[str, str, dict[str, Any], dict[str, Any]]]:
+    """``(purpose, config key, section, workload params)`` of a workload: its own cells ("timing": short
+    runs for time and memory) and, when it has a ``quality`` block, the cells of that block ("quality":
+    trained long enough to compare accuracy and rank adaptation; its ``params`` override the workload's)."""
+    out = [("timing", "", workload, dict(workload["params"]))]
+    quality = workload.get("quality")
+    if quality:
+        out.append(("quality", ".quality", quality, {**workload["params"], **quality["params"]}))
+    return out
 
 
 def check_config(config: dict[str, Any]) -> None:
@@ -158,12 +173,13 @@ def check_config(config: dict[str, Any]) -> None:
                          f"methods.{name}.sweep.{key}")
         _checked(baselines.check_params, entry["method"], entry["params"], f"methods.{name}.params")
     for wname, workload in config["workloads"].items():
-        _checked(workloads.check_params, wname, workload["params"], f"workloads.{wname}.params")
-        for i, ref in enumerate(_method_refs(workload)):
-            if ref["name"] not in config["methods"]:
-                raise ConfigError(
-                    f"config key workloads.{wname}.methods[{i}]: unknown method configuration "
-                    f"{ref['name']!r}; defined in methods: {sorted(config['methods'])}")
+        for _, key, section, params in sections(workload):
+            _checked(workloads.check_params, wname, params, f"workloads.{wname}{key}.params")
+            for i, ref in enumerate(_method_refs(section)):
+                if ref["name"] not in config["methods"]:
+                    raise ConfigError(
+                        f"config key workloads.{wname}{key}.methods[{i}]: unknown method configuration "
+                        f"{ref['name']!r}; defined in methods: {sorted(config['methods'])}")
     for name, spec in config["microbench"]["specs"].items():
         try:
             microbench.check_spec(spec, source=f"spec {name}")
@@ -206,8 +222,9 @@ def _variants(entry: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str
 def run_id(spec: dict[str, Any]) -> str:
     target = "none" if spec["target_ratio"] is None else f"{spec['target_ratio']:g}"
     graph = "_cg" if spec["execution"]["cuda_graph"] else ""
+    quality = "_quality" if spec.get("purpose") == "quality" else ""
     return slug(f"{spec['workload']}_{spec['method']}-{spec['variant']}_b{spec['batch_size']}"
-                f"_t{target}_s{spec['seed']}{graph}")
+                f"_t{target}_s{spec['seed']}{graph}{quality}")
 
 
 def config_hash(spec: dict[str, Any]) -> str:
@@ -217,35 +234,41 @@ def config_hash(spec: dict[str, Any]) -> str:
 
 
 def expand_grid(config: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
-    """(run_id -> spec, run_id -> sweep point) for workload x method/variant (x sweep point) x batch
-    size x target x seed x cuda_graph; cells outside any sweep have no sweep point."""
+    """(run_id -> spec, run_id -> sweep point) for workload x section (timing, quality) x method/variant
+    (x sweep point) x batch size x target x seed x cuda_graph; cells outside any sweep have no sweep
+    point. Timing cells have no ``purpose`` key (their run_ids and hashes are those of earlier
+    versions); quality cells have ``"purpose": "quality"`` and a run_id ending in ``_quality``."""
     execution = config["execution"]
     grid: dict[str, dict[str, Any]] = {}
     sweeps: dict[str, dict[str, Any]] = {}
     for wname, workload in config["workloads"].items():
-        for ref in _method_refs(workload):
-            graphs = ref.get("cuda_graph", workload.get("cuda_graph", execution["cuda_graph"]))
-            entry = config["methods"][ref["name"]]
-            targets = ref.get("targets", workload["targets"]) if entry["uses_target"] else [None]
-            batches = ref.get("batch_sizes", workload["batch_sizes"])
-            for (variant, params, point), batch, target, seed, graph in itertools.product(
-                    _variants(entry), batches, targets, config["seeds"], graphs):
-                spec = {
-                    "workload": wname, "workload_params": dict(workload["params"]),
-                    "method": entry["method"], "variant": variant, "method_params": params,
-                    "batch_size": batch, "target_ratio": target, "seed": seed,
-                    "budget": dict(workload["budget"]),
-                    "execution": {"device": execution["device"], "num_threads": execution["threads"],
-                                  "cuda_graph": graph, "compile": execution["compile"]},
-                }
-                spec["run_id"] = run_id(spec)
-                spec["config_hash"] = config_hash(spec)
-                if spec["run_id"] in grid:
-                    raise ConfigError(f"config key workloads.{wname}.methods: cell {spec['run_id']} "
-                                      "appears twice (same method/variant/batch/target/seed)")
-                grid[spec["run_id"]] = spec
-                if point:
-                    sweeps[spec["run_id"]] = point
+        for purpose, key, section, workload_params in sections(workload):
+            for ref in _method_refs(section):
+                graphs = ref.get("cuda_graph", section.get("cuda_graph", workload.get(
+                    "cuda_graph", execution["cuda_graph"])))
+                entry = config["methods"][ref["name"]]
+                targets = ref.get("targets", section["targets"]) if entry["uses_target"] else [None]
+                batches = ref.get("batch_sizes", section["batch_sizes"])
+                for (variant, params, point), batch, target, seed, graph in itertools.product(
+                        _variants(entry), batches, targets, config["seeds"], graphs):
+                    spec = {
+                        "workload": wname, "workload_params": dict(workload_params),
+                        "method": entry["method"], "variant": variant, "method_params": params,
+                        "batch_size": batch, "target_ratio": target, "seed": seed,
+                        "budget": dict(section["budget"]),
+                        "execution": {"device": execution["device"], "num_threads": execution["threads"],
+                                      "cuda_graph": graph, "compile": execution["compile"]},
+                    }
+                    if purpose != "timing":
+                        spec["purpose"] = purpose
+                    spec["run_id"] = run_id(spec)
+                    spec["config_hash"] = config_hash(spec)
+                    if spec["run_id"] in grid:
+                        raise ConfigError(f"config key workloads.{wname}{key}.methods: cell {spec['run_id']} "
+                                          "appears twice (same method/variant/batch/target/seed)")
+                    grid[spec["run_id"]] = spec
+                    if point:
+                        sweeps[spec["run_id"]] = point
     return grid, sweeps
 
 

@@ -6,10 +6,12 @@ the same folder, then ``os.replace``), so a killed writer never leaves a partial
 provenance of the writing process is stored as columns (runs, microbench) and in the file's key-value
 metadata under the key ``comera_bench``.
 
-The runs table carries three columns beyond DESIGN.md 3: ``flops_per_step`` (analytic FLOPs of one
+The runs table carries four columns beyond DESIGN.md 3: ``flops_per_step`` (analytic FLOPs of one
 training step, forward + backward, see harness.measure.flops_per_step), ``settings`` (JSON: method
-settings, workload params, budget, execution) and ``extra`` (JSON: every evaluation metric, FLOP basis,
-epoch-time details, traceback tail of a failure).
+settings, workload params, budget, execution), ``extra`` (JSON: every evaluation metric, FLOP basis,
+epoch-time details, traceback tail of a failure) and ``purpose`` ("timing": a short run for time and
+memory; "quality": trained long enough to compare accuracy and rank adaptation; null in files written
+before the column existed).
 """
 from __future__ import annotations
 
@@ -65,7 +67,7 @@ RUNS_TYPES: dict[str, pa.DataType] = {
     "compression_layers": pa.float64(), "ranks": pa.string(),
     **PROVENANCE_TYPES,
     # beyond DESIGN.md 3 (see module docstring)
-    "flops_per_step": pa.float64(), "settings": pa.string(), "extra": pa.string(),
+    "flops_per_step": pa.float64(), "settings": pa.string(), "extra": pa.string(), "purpose": pa.string(),
 }
 
 CURVES_TYPES: dict[str, pa.DataType] = {

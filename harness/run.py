@@ -41,7 +41,8 @@ freed while preparing (the dense model CoMERA converts) or evaluating does not s
 allocations could reuse it unseen.
 
 Curves rows (split / metric_name): ``train`` / ``loss`` (task loss) and ``objective`` (the method's total
-loss) every step; ``eval`` / every numeric value of ``workload.evaluate`` at each evaluation;
+loss) every step; ``eval`` / every numeric value of ``workload.evaluate`` at each evaluation (every
+``eval_every_steps`` steps and, when evaluations are on, right after a stage switch of the method);
 ``method`` / every key of ``after_step``'s info every step; ``ranks`` / ``<layer>[<k>]`` = k-th entry of
 the layer's rank list before training, whenever the info's ``stage`` changes, and at the end. ``step`` is
 the number of training steps done at that point.
@@ -72,9 +73,10 @@ import torch
 
 from harness import allocator, measure, results, warmup
 from harness.cudagraph import GraphedStep, require_cuda, state_signature
+from harness.grid import PURPOSES
 
-SPEC_KEYS = ("run_id", "workload", "workload_params", "method", "variant", "method_params", "batch_size",
-             "target_ratio", "seed", "budget", "execution", "config_hash")
+SPEC_KEYS = ("run_id", "purpose", "workload", "workload_params", "method", "variant", "method_params",
+             "batch_size", "target_ratio", "seed", "budget", "execution", "config_hash")
 BUDGET_DEFAULTS: dict[str, Any] = {"epochs": 1, "max_steps_per_epoch": None, "warmup_steps": 1,
                                    "eval_every_steps": None, "time_limit_s": None}
 EXECUTION_DEFAULTS: dict[str, Any] = {"device": "auto", "num_threads": None, "cuda_graph": False,
@@ -136,6 +138,9 @@ def normalize_spec(spec: dict[str, Any]) -> dict[str, Any]:
     out.setdefault("seed", 0)
     _check_int("seed", out["seed"], 0)
     out.setdefault("variant", "")
+    out.setdefault("purpose", "timing")
+    if out["purpose"] not in PURPOSES:
+        raise SpecError(f"spec purpose must be one of {list(PURPOSES)}, got {out['purpose']!r}")
     out.setdefault("target_ratio", None)
     tr = out["target_ratio"]
     if tr is not None and (isinstance(tr, bool) or not isinstance(tr, (int, float)) or not 0 < tr <= 1):
@@ -301,6 +306,7 @@ class _State:
     warm_up: str | None = None
     warm_up_s: float | None = None
     stage: Any = None
+    stage_switch_step: int | None = None
     epoch: int = 0
     activity: str = ""
     watchdog: _Watchdog | None = None
@@ -417,7 +423,7 @@ def _train(st: _State, reg: Registry, progress: bool | None, on_hang: Callable |
                 _one_step(st, batch, step_fn, epoch)
                 done_in_epoch += 1
                 bar.update(1)
-                if eval_every and st.steps_done % eval_every == 0:
+                if eval_every and (st.steps_done % eval_every == 0 or st.steps_done == st.stage_switch_step):
                     if st.steps_done == total_steps:  # no training follows: the memory region ends here
                         st.monitor.stop()
                     _evaluate(st, epoch)
@@ -476,6 +482,7 @@ def _one_step(st: _State, batch: dict[str, torch.Tensor], step_fn: Callable, epo
     if stage is not None and stage != st.stage:
         if st.stage is not None:
             _record_ranks(st, n, epoch)
+            st.stage_switch_step = n
         st.stage = stage
     if not (math.isfinite(task_value) and math.isfinite(loss_value)):
         raise _Diverged(f"non-finite loss at step {n}: task loss {task_value}, objective {loss_value}")
@@ -598,7 +605,7 @@ def _build_row(st: _State, status: str, error: str, tb: str) -> dict[str, Any]:
             variant = f"{variant}+{tag}" if variant else tag
     prepared, workload = st.prepared, st.workload
     settings = dict(prepared.settings) if prepared is not None else {}
-    row.update(run_id=spec["run_id"], workload=spec["workload"], method=spec["method"], variant=variant,
+    row.update(run_id=spec["run_id"], purpose=spec["purpose"], workload=spec["workload"], method=spec["method"], variant=variant,
                batch_size=spec["batch_size"], target_ratio=spec["target_ratio"], seed=spec["seed"],
                seq_len=getattr(workload, "seq_len", None),
                rank=_rank_setting(settings, st.method_params, prepared, workload),

@@ -126,7 +126,8 @@ def test_curves_record_loss_eval_method_info_and_ranks():
     for c in curves:
         by.setdefault((c["split"], c["metric_name"]), []).append(c["step"])
     assert by[("train", "loss")] == list(range(1, steps + 1))
-    assert by[("eval", "accuracy")] == [0, 5, 10, 15, 16] and by[("eval", "loss")] == [0, 5, 10, 15, 16]
+    # every 5 steps, right after the stage switch at step 4, and after the last step
+    assert by[("eval", "accuracy")] == [0, 4, 5, 10, 15, 16] and by[("eval", "loss")] == [0, 4, 5, 10, 15, 16]
     assert by[("method", "stage")] == list(range(1, steps + 1))
     assert by[("ranks", "fc[1]")] == [0, 4, 16]  # before training, at the stage switch, at the end
 
@@ -398,7 +399,7 @@ def test_evaluation_after_the_last_step_is_outside_the_memory_region():
 
         def evaluate_leaving_memory(model):
             calls.append(1)
-            if len(calls) == 3:  # steps 0 (before the region), 8, 16
+            if len(calls) == 4:  # steps 0 (before the region), 4 (the toy's stage switch), 8, 16
                 kept.append(torch.ones(25 << 20))
             return evaluate(model)
         workload.evaluate = evaluate_leaving_memory
@@ -407,7 +408,7 @@ def test_evaluation_after_the_last_step_is_outside_the_memory_region():
     registry = runner.Registry(build_workload=build, get_method=TOY_REGISTRY.get_method)
     row, curves = runner.run_cell(toy_spec(budget={"epochs": 1, "eval_every_steps": 8}), registry=registry)
     assert row["status"] == "ok" and len(kept) == 1
-    assert [c["step"] for c in curves if c["metric_name"] == "accuracy"] == [0, 8, 16]
+    assert [c["step"] for c in curves if c["metric_name"] == "accuracy"] == [0, 4, 8, 16]
     assert row["peak_mem_bytes"] < 50 << 20
 
 

@@ -249,3 +249,37 @@ def test_comera_rank_zero_rejected(where):
         entry["sweep"] = {"rank": [4, 0]}
     with pytest.raises(grid.ConfigError, match=rf"methods\.comera-rank\.{where}.*'rank' must be a positive"):
         grid.check_config(config)
+
+
+def test_quality_cells_have_their_own_budget_params_and_run_ids():
+    config = minimal()
+    config["workloads"]["transformer"]["quality"] = {
+        "params": {"eval_samples": 64}, "batch_sizes": [8], "targets": [0.5], "methods": ["dense", "comera"],
+        "budget": {"max_steps_per_epoch": 50, "eval_every_steps": 10}}
+    cells, _ = grid.expand_grid(filled(config))
+    timing = {k: c for k, c in cells.items() if "purpose" not in c}
+    quality = {k: c for k, c in cells.items() if c.get("purpose") == "quality"}
+    assert len(timing) == 8  # as without the block: timing run_ids and hashes do not change
+    assert timing == grid.expand_grid(filled(minimal()))[0]
+    assert sorted(quality) == ["transformer_comera-default_b8_t0.5_s0_quality",
+                               "transformer_dense-default_b8_tnone_s0_quality"]
+    for spec in quality.values():
+        assert spec["workload_params"] == {"size": "tiny", "eval_samples": 64}
+        assert spec["budget"]["max_steps_per_epoch"] == 50 and spec["budget"]["eval_every_steps"] == 10
+
+
+@pytest.mark.parametrize("block, key", [
+    ({"batch_sizes": [8], "methods": ["dense"]}, "budget"),                      # a budget is required
+    ({"batch_sizes": [8], "methods": ["dense"], "budget": {}, "extra": 1}, "extra"),
+    ({"batch_sizes": [8], "methods": ["nope"], "budget": {}}, "quality.methods[0]"),
+    ({"batch_sizes": [8], "methods": ["dense"], "budget": {}, "params": {"size": "huge"}}, "quality.params"),
+])
+def test_bad_quality_blocks_are_named(block, key):
+    config = minimal()
+    config["workloads"]["transformer"]["quality"] = block
+    error = grid.schema_error(config, SCHEMA)
+    if error is None:
+        with pytest.raises(grid.ConfigError, match=re.escape(key)):
+            grid.check_config(filled(config))
+    else:
+        assert key in error
