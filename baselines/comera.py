@@ -44,7 +44,7 @@ PARAMS_DEFAULTS: dict[str, Any] = {
     "size_weight": 1.0,
     "rho": 0.1,
     "stop_at_target": True,
-    "init": "default",
+    "init": "official",
 }
 VARIANTS = {"optimized": "default", "naive": "naive-lookup"}
 
