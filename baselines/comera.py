@@ -8,7 +8,12 @@ Params (``PARAMS_DEFAULTS``): ``rank`` (int) overrides the rank of every spec en
 ``early_fraction`` of ``total_steps`` runs the early stage, then -- only when a ``target_ratio`` is
 given -- the late stage drives the TT size toward ``target_ratio`` times its size at the switch
 (``loss_target`` L0, default the running task loss at the switch; ``loss_weight``, ``size_weight``,
-``rho`` of the achievement scalarization).
+``rho`` of the achievement scalarization; ``stop_at_target``: pruning never goes below S0;
+``target_ramp``: the fraction of the late stage over which S0 falls from the size at the switch to its
+value, 0 = fixed as in the paper). ``l1_reduction`` "mean" (the official code's normalisation, default) or
+"sum" (the literal formula); ``l2_weight`` 1e-4 by default (the paper's core penalty; the official code
+has none); ``init`` "official" (default: the small CPU transformer learned its task in <= 1000 steps with
+it and not at all with "default") or "default" (see comera.init).
 """
 from __future__ import annotations
 
@@ -44,6 +49,7 @@ PARAMS_DEFAULTS: dict[str, Any] = {
     "size_weight": 1.0,
     "rho": 0.1,
     "stop_at_target": True,
+    "target_ramp": 0.0,        # fraction of the late stage over which S0 falls to its value (0: fixed)
     "init": "official",
 }
 VARIANTS = {"optimized": "default", "naive": "naive-lookup"}
@@ -72,6 +78,9 @@ def check_params(params: dict[str, Any] | None) -> dict[str, Any]:
                 "prune_every"):
         if merged[key] < 0:
             raise ValueError(f"method 'comera': parameter {key!r} must be >= 0, got {merged[key]!r}")
+    if not 0 <= merged["target_ramp"] <= 1:
+        raise ValueError(f"method 'comera': parameter 'target_ramp' must be in [0, 1], "
+                         f"got {merged['target_ramp']!r}")
     if not 0 <= merged["early_fraction"] <= 1:
         raise ValueError(f"method 'comera': parameter 'early_fraction' must be in [0, 1], "
                          f"got {merged['early_fraction']!r}")
@@ -103,6 +112,7 @@ class CoMERAMethod:
         settings = rank_lib.RankSettings(
             l1_weight=params["l1_weight"], l2_weight=params["l2_weight"], l1_reduction=params["l1_reduction"],
             threshold=params["threshold"], stop_at_target=params["stop_at_target"],
+            target_ramp_steps=round(params["target_ramp"] * (total_steps - late_start)) if late_start else 0,
             prune_every=params["prune_every"], late_start_step=late_start, target_ratio=target_ratio,
             loss_target=params["loss_target"], loss_weight=params["loss_weight"],
             size_weight=params["size_weight"], rho=params["rho"])

@@ -297,3 +297,24 @@ def test_periodic_pruning_shrinks_and_stops_at_zero_gates():
 def test_bad_target_ratio_is_named():
     with pytest.raises(ValueError, match="target_ratio"):
         rank.TwoStageRankAdaptation(_ttm(), rank.RankSettings(target_ratio=1.5))
+
+
+def test_ramped_target_falls_linearly_and_floors_pruning():
+    """target_ramp_steps: S0 moves from the size at the switch to target_ratio x that size in n steps;
+    pruning never goes below the current S0."""
+    layer = _ttm()
+    settings = rank.RankSettings(late_start_step=1, target_ratio=0.2, prune_every=1, target_ramp_steps=4)
+    driver = rank.TwoStageRankAdaptation(layer, settings)
+    driver.objective(torch.tensor(1.0, dtype=torch.float64), 0)
+    driver.after_step(0)
+    assert driver.switch == {"step": 1, "size": 295.0, "size_target": 59.0, "loss_target": 1.0}
+    assert float(driver.target.size_target) == 295.0
+    targets = []
+    for step in range(1, 7):
+        with torch.no_grad():
+            for gate in layer.gates:
+                gate.fill_(0.0)  # every rank inactive: only the floor stops pruning
+        driver.after_step(step)
+        targets.append(float(driver.target.size_target))
+        assert rank.tt_parameter_count(layer) >= targets[-1]
+    assert targets == pytest.approx([295 - 236 * k / 4 for k in (1, 2, 3, 4)] + [59.0, 59.0])
