@@ -145,14 +145,23 @@ def _method_refs(workload: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"name": ref} if isinstance(ref, str) else dict(ref) for ref in workload["methods"]]
 
 
-def sections(workload: dict[str, Any]) -> list[tuple[str, str, dict[str, Any], dict[str, Any]]]:
-    """``(purpose, config key, section, workload params)`` of a workload: its own cells ("timing": short
-    runs for time and memory) and, when it has a ``quality`` block, the cells of that block ("quality":
-    trained long enough to compare accuracy and rank adaptation; its ``params`` override the workload's)."""
-    out = [("timing", "", workload, dict(workload["params"]))]
-    quality = workload.get("quality")
-    if quality:
-        out.append(("quality", ".quality", quality, {**workload["params"], **quality["params"]}))
+def sections(workload: dict[str, Any]) -> list[tuple[str, str, dict[str, Any], dict[str, Any], str]]:
+    """``(purpose, config key, section, workload params, run_id suffix)`` of a workload: its own cells
+    ("timing": short runs for time and memory) and, when it has a ``quality`` block, the cells of that
+    block ("quality": trained long enough to compare accuracy and rank adaptation; its ``params``
+    override the workload's); each once per point of the workload's ``sweep`` (param -> values; the
+    point's params override both, the suffix names it, e.g. "_seq_len512")."""
+    keys = sorted(workload.get("sweep", {}))
+    points = [dict(zip(keys, values)) for values in itertools.product(*(workload["sweep"][k] for k in keys))] \
+        if keys else [{}]
+    out = []
+    for point in points:
+        suffix = "".join(f"_{k}{v}" for k, v in point.items())
+        out.append(("timing", "", workload, {**workload["params"], **point}, suffix))
+        quality = workload.get("quality")
+        if quality:
+            out.append(("quality", ".quality", quality, {**workload["params"], **quality["params"], **point},
+                        suffix))
     return out
 
 
@@ -173,7 +182,7 @@ def check_config(config: dict[str, Any]) -> None:
                          f"methods.{name}.sweep.{key}")
         _checked(baselines.check_params, entry["method"], entry["params"], f"methods.{name}.params")
     for wname, workload in config["workloads"].items():
-        for _, key, section, params in sections(workload):
+        for _, key, section, params, _ in sections(workload):
             _checked(workloads.check_params, wname, params, f"workloads.{wname}{key}.params")
             for i, ref in enumerate(_method_refs(section)):
                 if ref["name"] not in config["methods"]:
@@ -219,12 +228,12 @@ def _variants(entry: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str
     return out
 
 
-def run_id(spec: dict[str, Any]) -> str:
+def run_id(spec: dict[str, Any], suffix: str = "") -> str:
     target = "none" if spec["target_ratio"] is None else f"{spec['target_ratio']:g}"
     graph = "_cg" if spec["execution"]["cuda_graph"] else ""
     quality = "_quality" if spec.get("purpose") == "quality" else ""
     return slug(f"{spec['workload']}_{spec['method']}-{spec['variant']}_b{spec['batch_size']}"
-                f"_t{target}_s{spec['seed']}{graph}{quality}")
+                f"_t{target}_s{spec['seed']}{graph}{suffix}{quality}")
 
 
 def config_hash(spec: dict[str, Any]) -> str:
@@ -242,7 +251,7 @@ def expand_grid(config: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict
     grid: dict[str, dict[str, Any]] = {}
     sweeps: dict[str, dict[str, Any]] = {}
     for wname, workload in config["workloads"].items():
-        for purpose, key, section, workload_params in sections(workload):
+        for purpose, key, section, workload_params, suffix in sections(workload):
             for ref in _method_refs(section):
                 graphs = ref.get("cuda_graph", section.get("cuda_graph", workload.get(
                     "cuda_graph", execution["cuda_graph"])))
@@ -261,7 +270,7 @@ def expand_grid(config: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict
                     }
                     if purpose != "timing":
                         spec["purpose"] = purpose
-                    spec["run_id"] = run_id(spec)
+                    spec["run_id"] = run_id(spec, suffix)
                     spec["config_hash"] = config_hash(spec)
                     if spec["run_id"] in grid:
                         raise ConfigError(f"config key workloads.{wname}{key}.methods: cell {spec['run_id']} "

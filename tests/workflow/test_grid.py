@@ -42,7 +42,9 @@ def minimal() -> dict:
 
 
 @pytest.mark.parametrize("config_file", sorted((ROOT / "config").glob("*.yaml")), ids=lambda p: p.name)
-def test_shipped_configs_are_valid(config_file):
+def test_shipped_configs_are_valid(config_file, tmp_path, monkeypatch):
+    (tmp_path / "data" / "mnli").mkdir(parents=True)  # config/paper.yaml's quality cells read MNLI there
+    monkeypatch.chdir(tmp_path)
     config = yaml.safe_load(config_file.read_text())
     assert grid.schema_error(config, SCHEMA) is None
     grid.check_config(filled(config))  # method, workload and microbench params accepted by their owners
@@ -283,3 +285,17 @@ def test_bad_quality_blocks_are_named(block, key):
             grid.check_config(filled(config))
     else:
         assert key in error
+
+
+def test_workload_sweep_runs_every_cell_once_per_point():
+    config = minimal()
+    config["workloads"]["transformer"]["sweep"] = {"seq_len": [16, 32]}
+    config["workloads"]["transformer"]["params"]["max_positions"] = 32
+    cells, _ = grid.expand_grid(filled(config))
+    assert len(cells) == 2 * 8
+    assert {c["workload_params"]["seq_len"] for c in cells.values()} == {16, 32}
+    assert "transformer_dense-default_b2_tnone_s0_seq_len32" in cells
+    grid.check_config(filled(config))
+    config["workloads"]["transformer"]["sweep"] = {"seq_len": [16, 64]}  # 64 > max_positions
+    with pytest.raises(grid.ConfigError, match="seq_len"):
+        grid.check_config(filled(config))
