@@ -285,3 +285,18 @@ def test_every_source_of_a_claim_is_listed():
     data = reference.load()
     for cid, claim in data["claims"].items():
         assert set(claim.get("also_sources", [])) <= set(data["sources"]), cid
+
+
+def test_speed_claims_ignore_quality_cells_and_c4_takes_rank_adapted_comera(tmp_path):
+    """A quality cell (trained for accuracy) never enters a speed ratio; on a grid whose CoMERA runs all
+    have a target (config/paper.yaml's quality cells), C4 judges their accuracy."""
+    rows, mb, _ = paper_case()
+    slow = run("transformer", "dense", 64, time=1.0, metric=0.65)  # would flip C1 if it counted
+    slow.update(run_id="transformer_dense_quality", purpose="quality")
+    table = evaluate(tmp_path, rows + placed([slow]), mb)
+    assert table.loc["C1", VERDICT] == claims.HOLDS
+    only_targets = [r for r in rows if not (r["workload"] == "transformer" and r["method"] == "comera"
+                                            and r["target_ratio"] is None and r["variant"] == "default")]
+    assert evaluate(tmp_path / "t", only_targets, mb).loc["C4", VERDICT] == claims.HOLDS
+    edit(only_targets, {"metric_value": 0.5}, workload="transformer", method="comera", target_ratio=0.2)
+    assert evaluate(tmp_path / "f", only_targets, mb).loc["C4", VERDICT] == claims.FAILS
