@@ -131,11 +131,73 @@ def _curve_figure(res: Results, out: Path, name: str, title: str, workload: str,
     _finish(fig, title, res.settings_line(workload), out, name)
 
 
+def _quality_curves(res: Results, metric: str, split: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """(quality runs of the transformer, their ``split``/``metric`` curves labelled by method, source)."""
+    runs, source = res.quality_runs("transformer")
+    runs = runs[runs.status == "ok"]
+    curves = res.curves[res.curves.run_id.isin(runs.run_id) & (res.curves.split == split)
+                        & (res.curves.metric_name == metric)]
+    labels = {r.run_id: method_label(r) for r in runs.itertuples()}
+    return runs, curves.assign(label=curves.run_id.map(labels)).sort_values("step"), source
+
+
+def _switch_line(ax: plt.Axes, res: Results, runs: pd.DataFrame) -> None:
+    steps = sorted({info["step"] for r in runs.itertuples() if (info := res.switch(r))})
+    for i, step in enumerate(steps):
+        ax.axvline(step, color="gray", ls=":", lw=1, label="stage switch (early -> late)" if i == 0 else None)
+
+
 def fig6_accuracy(res: Results, out: Path) -> None:
+    """Validation accuracy over training, one line per method (CoMERA: one per target; they share the
+    early stage, so the lines part at the stage switch)."""
+    name, title = "fig6_accuracy", "Fig 6: transformer validation accuracy over training"
+    runs, df, source = _quality_curves(res, "accuracy", "eval")
+    if not len(df):
+        return _empty(out, name, title, "eval accuracy curves of transformer runs", res.settings_line())
+    fig, (ax,) = _figure(1)
+    for label, group in df.groupby("label", sort=True):
+        ax.plot(group.step, group.value, marker=".", label=label)
+    _switch_line(ax, res, runs)
     acc = reference.claim("C4")["values"]["accuracy_comera"]
-    _curve_figure(res, out, "fig6_accuracy", "Fig 6: transformer validation accuracy (early stage)",
-                  "transformer", "eval", ("accuracy",), "validation accuracy (fraction)",
-                  (acc, f"final MNLI accuracy ~{acc:.0%} (real MNLI only)"))
+    ax.axhline(acc, color="gray", ls="--", lw=1, label=f"{PAPER}: final MNLI accuracy ~{acc:.0%} (real MNLI)")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("validation accuracy (fraction)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    _finish(fig, title, f"{source}; evaluated every eval_every_steps and right after the stage switch; "
+            + res.settings_line("transformer"), out, name)
+
+
+def fig13_rank_adaptation(res: Results, out: Path) -> None:
+    """Not in the paper: for each CoMERA target, the TT size relative to the size at the stage switch and
+    the validation accuracy along training."""
+    name, title = "fig13_rank_adaptation", "Rank adaptation along training (not a figure of the paper)"
+    runs, sizes, source = _quality_curves(res, "params_tt", "method")
+    runs = runs[(runs.method == "comera") & runs.target_ratio.notna()]
+    switches = {r.run_id: info for r in runs.itertuples() if (info := res.switch(r))}
+    if not switches:
+        return _empty(out, name, title, "CoMERA runs with a target whose late stage started",
+                      res.settings_line())
+    _, acc, _ = _quality_curves(res, "accuracy", "eval")
+    fig, (left, right) = _figure(2)
+    for i, r in enumerate(runs[runs.run_id.isin(list(switches))].sort_values("target_ratio").itertuples()):
+        color = f"C{i}"
+        size = sizes[sizes.run_id == r.run_id]
+        left.plot(size.step, size.value / switches[r.run_id]["size"], color=color,
+                  label=f"target {r.target_ratio:g}")
+        left.axhline(r.target_ratio, color=color, ls="--", lw=0.8)
+        a = acc[acc.run_id == r.run_id]
+        right.plot(a.step, a.value, color=color, marker=".", label=f"target {r.target_ratio:g}")
+    for ax, ylabel in ((left, "TT size / TT size at the switch (dashed: target)"),
+                       (right, "validation accuracy (fraction)")):
+        _switch_line(ax, res, runs)
+        ax.set_xlabel("training step")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    _finish(fig, title, f"{source}; TT size = scalars in every core and gate (curves method/params_tt, "
+            "every step), divided by the size right after the switch's pruning; " + res.settings_line("transformer"),
+            out, name)
 
 
 def fig9_dlrm_nce(res: Results, out: Path) -> None:
@@ -228,6 +290,7 @@ FIGURES: dict[str, Callable[[Results, Path], None]] = {
     "fig6_accuracy": fig6_accuracy, "fig7_cuda_graph": fig7_cuda_graph,
     "fig8_dlrm_time_memory": fig8_dlrm_time_memory, "fig9_dlrm_nce": fig9_dlrm_nce,
     "fig10_mlm_loss": fig10_mlm_loss, "fig12_time_vs_compression": fig12_time_vs_compression,
+    "fig13_rank_adaptation": fig13_rank_adaptation,
 }
 
 

@@ -34,10 +34,31 @@ class Results:
     sweeps: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def main_runs(self, workload: str) -> pd.DataFrame:
-        """Runs of a workload outside any sweep and without CUDA graph (the Fig 1/8 cells)."""
-        df = self.runs[self.runs.workload == workload]
+        """Timing runs of a workload outside any sweep and without CUDA graph (the Fig 1/8 cells)."""
+        df = self.runs[(self.runs.workload == workload) & (self.runs.purpose.fillna("timing") == "timing")]
         graph = df.run_id.map(self.cuda_graph).astype(bool)
         return df[~df.run_id.isin(list(self.sweeps)) & ~graph]
+
+    def quality_runs(self, workload: str) -> tuple[pd.DataFrame, str]:
+        """(runs, source): the workload's quality cells (trained to compare accuracy and rank
+        adaptation), or its timing runs when the grid has no quality cell (said in ``source``)."""
+        df = self.runs[(self.runs.workload == workload) & (self.runs.purpose == "quality")]
+        if len(df):
+            return df, "quality cells"
+        return self.main_runs(workload), "timing cells (this grid has no quality cells)"
+
+    def switch(self, row: Any) -> dict[str, float]:
+        """A CoMERA run's stage switch: step, TT size (from its settings), accuracy right after it and
+        the TT size at the end (from its curves); empty when the late stage never started."""
+        info = dict(settings_of(row).get("method", {}).get("switch") or {})
+        if not info.get("step"):
+            return {}
+        curves = self.curves[self.curves.run_id == row.run_id]
+        acc = curves[(curves.split == "eval") & (curves.metric_name == "accuracy") & (curves.step == info["step"])]
+        size = curves[(curves.split == "method") & (curves.metric_name == "params_tt")].sort_values("step")
+        info["accuracy"] = float(acc.value.iloc[-1]) if len(acc) else None
+        info["size_end"] = float(size.value.iloc[-1]) if len(size) else None
+        return info
 
     def cuda_graph(self, run_id: str) -> bool:
         return bool(self.cells.get(run_id, {}).get("execution", {}).get("cuda_graph", False))
@@ -91,6 +112,13 @@ def ranks_of(row: Any) -> dict[str, list[int]]:
         return {}
 
 
+def settings_of(row: Any) -> dict[str, Any]:
+    try:
+        return json.loads(row.settings) if isinstance(row.settings, str) and row.settings else {}
+    except json.JSONDecodeError:
+        return {}
+
+
 def extra_of(row: Any) -> dict[str, Any]:
     try:
         return json.loads(row.extra) if isinstance(row.extra, str) and row.extra else {}
@@ -128,29 +156,40 @@ def ranks_by_step(curves: pd.DataFrame, run_id: str) -> dict[int, dict[str, list
 
 def table1_ranks(res: Results, workload: str = "transformer") -> tuple[pd.DataFrame, str]:
     """Internal TT ranks of the 5th encoder block (the last one when the model has fewer) before
-    training, after the early stage and after the late stage for each target, from the runner's rank
-    records (curves split "ranks": before training, at the stage switch, at the end)."""
-    df = res.main_runs(workload)
-    df = df[(df.method == "comera") & (df.variant == "default") & (df.status == "ok")]
+    training, after the early stage (at the stage switch) and after the late stage for each target, from
+    the runner's rank records (curves split "ranks": before training, at the switch, at the end), plus
+    a last row with the TT size of the whole model in each column."""
+    runs, source = res.quality_runs(workload)
+    df = runs[(runs.method == "comera") & (runs.variant == "default") & (runs.status == "ok")]
     if not len(df):
-        return pd.DataFrame(), "no finished CoMERA run of the transformer in this grid"
+        return pd.DataFrame(), f"no finished CoMERA run of the transformer among the {source}"
     columns: dict[str, dict[str, list[int]]] = {}
-    sources = []
+    sizes: dict[str, float | None] = {}
     targets = df[df.target_ratio.notna()].sort_values("target_ratio", ascending=False)
-    first = next((steps for steps in (ranks_by_step(res.curves, rid) for rid in df.run_id) if steps), None)
+    records = {rid: ranks_by_step(res.curves, rid) for rid in df.run_id}
+    first = next((steps for steps in records.values() if steps), None)
     if first:
         columns["before training"] = first[min(first)]
-    switch = next((steps for steps in (ranks_by_step(res.curves, rid) for rid in targets.run_id)
-                   if len(steps) >= 3), None)
-    if switch is not None:
-        columns["after early stage"] = switch[sorted(switch)[1]]
-        sources.append("after early stage = ranks at the stage switch of the first target run")
+        sizes["before training"] = _tt_size(res, df.run_id.iloc[0], 0)
+    sources = [source]
+    switched = [(row, res.switch(row)) for row in targets.itertuples()]
+    switched = [(row, info) for row, info in switched if info and info["step"] in records[row.run_id]]
+    if switched:
+        row, info = switched[0]
+        columns["after early stage"] = records[row.run_id][info["step"]]
+        sizes["after early stage"] = info["size"]
+        sources.append(f"after early stage = ranks at the stage switch (step {info['step']}) of the "
+                       f"target-{row.target_ratio:g} run")
     else:
         early = df[df.target_ratio.isna()]
         if len(early):
-            columns["after early stage (no switch: end of early-stage-only run)"] = ranks_of(early.iloc[0])
-    for _, row in targets.iterrows():
-        columns[f"late stage, target {row.target_ratio:g}"] = ranks_of(row)
+            name = "after early stage (no switch: end of early-stage-only run)"
+            columns[name] = ranks_of(early.iloc[0])
+            sizes[name] = _tt_size(res, early.run_id.iloc[0], None)
+    for row in targets.itertuples():
+        name = f"late stage, target {row.target_ratio:g}"
+        columns[name] = ranks_of(row)
+        sizes[name] = _tt_size(res, row.run_id, None)
     names = sorted({n for ranks in columns.values() for n in ranks})
     blocks = sorted({b for n in names if (b := _block_index(n)) is not None})
     if not blocks:
@@ -167,7 +206,20 @@ def table1_ranks(res: Results, workload: str = "transformer") -> tuple[pd.DataFr
             row[col] = "" if r is None else ("-".join(map(str, r[1:-1]))
                                              + (" (removed: rank 0)" if 0 in r else ""))
         rows.append(row)
-    return pd.DataFrame(rows), "; ".join(sources) + "; ranks are the internal TT bonds r1-...-r(d-1)"
+    rows.append({"layer": "TT size of the model (scalars)",
+                 **{col: "" if sizes.get(col) is None else f"{sizes[col]:.0f}" for col in columns}})
+    return (pd.DataFrame(rows), "; ".join(sources) + "; ranks are the internal TT bonds r1-...-r(d-1); the TT "
+            "size counts every core and gate of every tensorized layer")
+
+
+def _tt_size(res: Results, run_id: str, step: int | None) -> float | None:
+    """A run's TT size (curves method/params_tt) after ``step`` steps (None: the last record; 0: before
+    training, i.e. the first step's value unless pruning happened in it)."""
+    c = res.curves[(res.curves.run_id == run_id) & (res.curves.split == "method")
+                   & (res.curves.metric_name == "params_tt")].sort_values("step")
+    if not len(c):
+        return None
+    return float(c.value.iloc[0] if step == 0 else c.value.iloc[-1])
 
 
 def table2_dlrm(res: Results) -> tuple[pd.DataFrame, str]:
@@ -189,38 +241,51 @@ def table2_dlrm(res: Results) -> tuple[pd.DataFrame, str]:
 
 
 def table_mnli_size(res: Results) -> tuple[pd.DataFrame, str]:
-    """Transformer accuracy, total size and tensorized-layer size (MB) for uncompressed and each target,
-    with the paper's dense size next to ours."""
-    df = res.main_runs("transformer")
-    df = df[df.method.isin(["dense", "comera"])]
+    """Transformer quality cells: accuracy, total size and tensorized-layer size (MB), compression; for
+    CoMERA per target (0.8, 0.5, 0.2 in that order) also the accuracy and TT size at the stage switch
+    and the TT size at the end relative to it. The paper's dense size is the last row."""
+    runs, source = res.quality_runs("transformer")
+    order = {"dense": 0, "comera": 1, "galore": 2, "lte": 3}
+    df = runs.assign(_m=runs.method.map(order).fillna(9), _t=-runs.target_ratio.fillna(2.0))
     rows = []
-    for _, r in df.sort_values(["method", "target_ratio", "batch_size"], na_position="first").iterrows():
+    for r in df.sort_values(["_m", "variant", "_t", "batch_size"]).itertuples():
+        info = res.switch(r) if r.method == "comera" else {}
+        end_vs_switch = (info["size_end"] / info["size"]) if info.get("size_end") and info.get("size") else None
         rows.append({"source": f"ours ({res.label})", "method": method_label(r), "batch_size": r.batch_size,
                      "status": r.status, r.metric_name or "metric": r.metric_value,
-                     "total_MB": _mb(r.params_total), "tensorized_layers_MB": _mb(r.params_factorized_layers),
-                     "compression_layers": r.compression_layers})
+                     "accuracy_at_switch": info.get("accuracy"), "tt_size_at_switch": info.get("size"),
+                     "tt_size_end": info.get("size_end"), "end/switch": end_vs_switch,
+                     "target": r.target_ratio, "total_MB": _mb(r.params_total),
+                     "tensorized_layers_MB": _mb(r.params_factorized_layers),
+                     "compression_total": r.compression_total, "compression_layers": r.compression_layers,
+                     "note": status_note(r)})
     paper = reference.load()["models"]["transformer_paper"]
     rows.append({"source": "paper (RTX 3090)", "method": "dense (paper shapes)",
                  "total_MB": _mb(paper["params_dense"]), "status": "stated",
                  "note": reference.source_text(paper["source"])})
     return (pd.DataFrame(rows),
-            "sizes = parameters x 4 bytes (float32), MB = 10^6 bytes; the paper row is its model at full size")
+            f"rows from the {source}; sizes = parameters x 4 bytes (float32), MB = 10^6 bytes; TT size = "
+            "scalars in every core and gate (at the switch: after its pruning; end/switch is to be read "
+            "against the target); accuracy at the switch = the evaluation right after it; the paper row is "
+            "its model at full size")
 
 
 def table_runs(res: Results) -> tuple[pd.DataFrame, str]:
     """Every run: status, step/epoch time, peak memory, quality and compression."""
-    cols = ["run_id", "status", "step_time_ms", "epoch_time_s", "epoch_time_kind", "peak_mem_bytes",
+    cols = ["run_id", "purpose", "status", "step_time_ms", "epoch_time_s", "epoch_time_kind", "peak_mem_bytes",
             "peak_mem_kind", "metric_name", "metric_value", "compression_total", "error"]
     df = res.runs[cols].copy()
     df["peak_mem_MB"] = df.pop("peak_mem_bytes").map(_mb_bytes)
     df["error"] = df["error"].fillna("").str.slice(0, 80)
+    df["purpose"] = df["purpose"].fillna("timing")
     return df.sort_values("run_id").reset_index(drop=True), "peak_mem_MB = peak_mem_bytes / 10^6"
 
 
 TABLES = {"table1_ranks": table1_ranks, "table2_dlrm": table2_dlrm, "table_mnli_size": table_mnli_size,
           "table_runs": table_runs}
 TITLES = {"table1_ranks": "Table 1: TT ranks (transformer)", "table2_dlrm": "Table 2: DLRM",
-          "table_mnli_size": "Transformer (MNLI task) accuracy and size", "table_runs": "All runs"}
+          "table_mnli_size": "Transformer (MNLI task) accuracy and size, per method and target",
+          "table_runs": "All runs"}
 
 
 def _mb(params: Any) -> float | None:

@@ -60,6 +60,7 @@ def folder(tmp_path):
         run_row("dlrm", "dense", 256, time_s=1, mem=50e6, nce=0.9),
         run_row("dlrm", "comera", 256, time_s=2, mem=10e6, nce=0.95),
     ]
+    rows[4]["settings"] = json.dumps({"method": {"switch": {"step": 6, "size": 500.0, "size_target": 250.0}}})
     sweep = {rows[7]["run_id"]: {"rank": 2}}
     curves = [{"run_id": rows[0]["run_id"], "step": s, "epoch": 0, "split": "eval", "metric_name": "accuracy",
                "value": 0.3 + 0.01 * s} for s in (0, 10, 20)]
@@ -153,3 +154,74 @@ def test_reference_sources_complete():
     assert set(reference.CLAIM_IDS) == set(data["claims"])
     labels = [d["label"] for d in reference.paper_devices().values()]
     assert labels == ["paper (RTX 3090)", "paper (RTX 4090)"]
+
+
+def quality_folder(path, *, with_timing=True):
+    """Quality cells: dense and CoMERA at targets 0.2 / 0.8 (switch at step 4, TT size 1000 there), with
+    eval and params_tt curves; plus a timing dense cell whose numbers must not reach quality outputs."""
+    rows, curves = [], []
+    for method, target, end_acc, end_size in (("dense", None, 0.95, None), ("comera", 0.2, 0.9, 210.0),
+                                               ("comera", 0.8, 0.97, 800.0)):
+        row = run_row("transformer", method, 32, target=target, metric=end_acc)
+        row.update(run_id=row["run_id"] + "_quality", purpose="quality")
+        if target is not None:
+            row["settings"] = json.dumps({"method": {"switch": {"step": 4, "size": 1000.0,
+                                                                 "size_target": 1000.0 * target}}})
+            for step, size in ((1, 1200.0), (4, 1000.0), (8, end_size)):
+                curves.append({"run_id": row["run_id"], "step": step, "epoch": 0, "split": "method",
+                               "metric_name": "params_tt", "value": size})
+        for step, acc in ((0, 0.3), (4, 0.92), (8, end_acc)):
+            curves.append({"run_id": row["run_id"], "step": step, "epoch": 0, "split": "eval",
+                           "metric_name": "accuracy", "value": acc})
+        rows.append(row)
+    if with_timing:
+        rows.append(run_row("transformer", "dense", 32, metric=0.1, time_s=99.0))
+    return tables.load(make_folder(path, rows, curves))
+
+
+def test_size_table_reads_quality_cells_in_target_order(tmp_path):
+    res = quality_folder(tmp_path / "q")
+    size, note = tables.table_mnli_size(res)
+    ours = size[size.source != "paper (RTX 3090)"]
+    assert ours.method.tolist() == ["dense", "comera (target 0.8)", "comera (target 0.2)"]
+    assert ours.accuracy.tolist() == [0.95, 0.97, 0.9]  # not the timing cell's 0.1
+    assert ours["accuracy_at_switch"].tolist()[1:] == [0.92, 0.92]
+    assert ours["end/switch"].tolist()[1:] == pytest.approx([0.8, 0.21])
+    assert "quality cells" in note
+
+
+def test_timing_figures_ignore_quality_cells(tmp_path):
+    res = quality_folder(tmp_path / "q")
+    assert res.main_runs("transformer").metric_value.tolist() == [0.1]
+    runs, source = quality_folder(tmp_path / "t", with_timing=True).quality_runs("transformer")
+    assert len(runs) == 3 and source == "quality cells"
+
+
+@pytest.mark.parametrize("name, lines", [("fig6_accuracy", 3), ("fig13_rank_adaptation", 2)])
+def test_quality_figures_draw_a_line_per_method_or_target(tmp_path, monkeypatch, name, lines):
+    res = quality_folder(tmp_path / "q")
+    drawn = {}
+
+    def spy(fig, title, footer, out_dir, fig_name):
+        drawn[fig_name] = [[line for line in ax.get_lines() if not line.get_label().startswith("_")]
+                           for ax in fig.axes]
+        plt.close(fig)
+
+    monkeypatch.setattr(figures, "_finish", spy)
+    figures.FIGURES[name](res, tmp_path)
+    data = [line for ax in drawn[name] for line in ax if line.get_label().startswith(("comera", "dense", "target"))]
+    assert len(data) == lines * len(drawn[name])
+    if name == "fig13_rank_adaptation":
+        left = {line.get_label(): list(line.get_ydata()) for line in drawn[name][0]}
+        assert left["target 0.2"] == pytest.approx([1.2, 1.0, 0.21])  # sizes / the size at the switch
+
+
+def test_quality_outputs_without_quality_cells_fall_back_or_say_not_measured(tmp_path, monkeypatch):
+    res = tables.load(make_folder(tmp_path / "d", [run_row("transformer", "dense", 32)]))
+    _, note = tables.table1_ranks(res)
+    assert "no finished CoMERA run" in note and "timing cells" in note
+    texts = []
+    monkeypatch.setattr(figures, "_finish", lambda fig, title, footer, out, name: texts.append(
+        [t.get_text() for ax in fig.axes for t in ax.texts]))
+    figures.fig13_rank_adaptation(res, tmp_path)
+    assert "Not measured" in texts[0][0]
