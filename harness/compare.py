@@ -20,7 +20,7 @@ import pandas as pd  # noqa: E402
 
 from harness import reference  # noqa: E402
 from harness.results import ResultsError  # noqa: E402
-from harness.tables import MB, load  # noqa: E402
+from harness.tables import MB, load, timing_cells  # noqa: E402
 
 CELL = ["workload", "method", "variant", "batch_size", "target_ratio", "seed"]
 QUANTITIES = {"epoch_time": "epoch_time_s", "peak_mem": "peak_mem_bytes"}
@@ -37,7 +37,9 @@ def side_by_side(folders: list[str | Path], names: list[str] | None = None) -> t
         labels.append(res.label)
         df = res.runs[res.runs.status == "ok"].copy()
         df["cuda_graph"] = df.run_id.map(res.cuda_graph)
-        df = df.groupby(CELL + ["cuda_graph"], dropna=False)[list(QUANTITIES.values())].median().astype(float)
+        df["purpose"] = df.purpose.fillna("timing")  # a quality cell is never pooled with a timing cell
+        df = df.groupby(CELL + ["cuda_graph", "purpose"], dropna=False)[list(QUANTITIES.values())]
+        df = df.median().astype(float)
         frames.append(df.rename(columns={c: f"{q}@{res.label}" for q, c in QUANTITIES.items()}))
     table = pd.concat(frames, axis=1, join="outer").reset_index()
     for label in labels[1:]:
@@ -52,9 +54,9 @@ def method_ratios(folders: list[str | Path], names: list[str] | None = None) -> 
     rows = []
     for i, folder in enumerate(folders):
         res = load(folder, names[i] if names else None)
-        runs = res.runs[(res.runs.status == "ok") & res.runs.target_ratio.isna()
-                        & ~res.runs.run_id.isin(list(res.sweeps))
-                        & ~res.runs.run_id.map(res.cuda_graph).astype(bool)]
+        runs = timing_cells(res.runs)  # time and memory ratios of the timing cells only
+        runs = runs[(runs.status == "ok") & runs.target_ratio.isna() & ~runs.run_id.isin(list(res.sweeps))
+                    & ~runs.run_id.map(res.cuda_graph).astype(bool)]
         med = runs.groupby(["workload", "method", "variant", "batch_size"])[list(QUANTITIES.values())].median()
         med = med.astype(float)
         for (workload, method, variant, batch), values in med.iterrows():
@@ -76,7 +78,8 @@ def method_ratios(folders: list[str | Path], names: list[str] | None = None) -> 
 def plot(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, out: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(17, 5))
     cells = table.apply(lambda r: f"{r.workload}/{r.method}-{r.variant}/b{r.batch_size}"
-                        + ("" if pd.isna(r.target_ratio) else f"/t{r.target_ratio:g}"), axis=1)
+                        + ("" if pd.isna(r.target_ratio) else f"/t{r.target_ratio:g}")
+                        + ("/quality" if r.purpose == "quality" else ""), axis=1)
     width = 0.8 / len(labels)
     for ax, (q, unit, scale) in zip(axes, (("epoch_time", "time per epoch (s)", 1.0),
                                            ("peak_mem", "peak memory (MB)", MB))):

@@ -21,20 +21,25 @@ import pandas as pd  # noqa: E402
 from matplotlib.ticker import ScalarFormatter  # noqa: E402
 
 from harness import reference  # noqa: E402
-from harness.tables import MB, Results, method_label, report_args  # noqa: E402
+from harness.tables import (MB, Results, late_stage_missing, method_label, quality_order,  # noqa: E402
+                            report_args, status_note, timing_cells)
 
 PAPER = "paper (RTX 3090)"
+FOOTER_CHARS_PER_INCH = 19  # characters of the 6.5-point footer per inch of figure width
 
 
-def _figure(ncols: int = 2) -> tuple[plt.Figure, list[plt.Axes]]:
-    fig, axes = plt.subplots(1, ncols, figsize=(5.2 * ncols, 4.2), squeeze=False)
+def _figure(ncols: int = 2, width: float = 5.2) -> tuple[plt.Figure, list[plt.Axes]]:
+    """A row of ``ncols`` panels, each ``width`` inches wide."""
+    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, 4.2), squeeze=False)
     return fig, list(axes[0])
 
 
 def _finish(fig: plt.Figure, title: str, footer: str, out: Path, name: str) -> None:
+    """Title, footer (wrapped to the figure's width, the plots moved up to make room), PNG + PDF."""
     fig.suptitle(title, fontsize=11)
-    fig.text(0.01, 0.01, textwrap.fill(footer, 180), fontsize=6.5, va="bottom", ha="left")
-    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    lines = textwrap.wrap(footer, int(fig.get_figwidth() * FOOTER_CHARS_PER_INCH))
+    fig.text(0.01, 0.01, "\n".join(lines), fontsize=6.5, va="bottom", ha="left")
+    fig.tight_layout(rect=(0, 0.03 + len(lines) * 9.5 / 72 / fig.get_figheight(), 1, 0.95))
     for ext in ("png", "pdf"):
         fig.savefig(out / f"{name}.{ext}", dpi=130)
     plt.close(fig)
@@ -131,14 +136,28 @@ def _curve_figure(res: Results, out: Path, name: str, title: str, workload: str,
     _finish(fig, title, res.settings_line(workload), out, name)
 
 
-def _quality_curves(res: Results, metric: str, split: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
-    """(quality runs of the transformer, their ``split``/``metric`` curves labelled by method, source)."""
+def _quality_runs(res: Results) -> tuple[pd.DataFrame, dict[str, str], str]:
+    """(the transformer's quality cells in table order, run_id -> line label, source); the label names
+    the batch size and seed when they vary (timing cells) and a CoMERA target without a late stage."""
     runs, source = res.quality_runs("transformer")
-    runs = runs[runs.status == "ok"]
-    curves = res.curves[res.curves.run_id.isin(runs.run_id) & (res.curves.split == split)
-                        & (res.curves.metric_name == metric)]
-    labels = {r.run_id: method_label(r) for r in runs.itertuples()}
-    return runs, curves.assign(label=curves.run_id.map(labels)).sort_values("step"), source
+    runs = quality_order(runs)
+    vary = [(key, col) for key, col in (("batch", "batch_size"), ("seed", "seed")) if runs[col].nunique() > 1]
+    labels = {}
+    for r in runs.itertuples():
+        why = late_stage_missing(r) if r.status == "ok" else ""
+        labels[r.run_id] = (", ".join([method_label(r)] + [f"{key} {getattr(r, col)}" for key, col in vary])
+                            + (f" [{why}]" if why else ""))
+    return runs, labels, source
+
+
+def _series(res: Results, run_id: str, split: str, metric: str) -> pd.DataFrame:
+    c = res.curves
+    return c[(c.run_id == run_id) & (c.split == split) & (c.metric_name == metric)].sort_values("step")
+
+
+def _quality_footer(res: Results, runs: pd.DataFrame, source: str, how: str) -> str:
+    batches = ", ".join(map(str, sorted(runs.batch_size.unique())))
+    return f"{source}, batch {batches}; {how}; {res.settings_line('transformer', runs)}"
 
 
 def _switch_line(ax: plt.Axes, res: Results, runs: pd.DataFrame) -> None:
@@ -148,56 +167,66 @@ def _switch_line(ax: plt.Axes, res: Results, runs: pd.DataFrame) -> None:
 
 
 def fig6_accuracy(res: Results, out: Path) -> None:
-    """Validation accuracy over training, one line per method (CoMERA: one per target; they share the
-    early stage, so the lines part at the stage switch)."""
+    """Validation accuracy over training, one line per quality cell (CoMERA: one per target; they share
+    the early stage, so the lines part at the stage switch); failed cells as red crosses."""
     name, title = "fig6_accuracy", "Fig 6: transformer validation accuracy over training"
-    runs, df, source = _quality_curves(res, "accuracy", "eval")
-    if not len(df):
-        return _empty(out, name, title, "eval accuracy curves of transformer runs", res.settings_line())
-    fig, (ax,) = _figure(1)
-    for label, group in df.groupby("label", sort=True):
-        ax.plot(group.step, group.value, marker=".", label=label)
+    runs, labels, source = _quality_runs(res)
+    curves = {r: _series(res, r, "eval", "accuracy") for r in runs.run_id}
+    if not any(len(c) for c in curves.values()):
+        return _empty(out, name, title, f"eval accuracy curves of transformer runs ({source})",
+                      res.settings_line())
+    fig, (ax,) = _figure(1, width=9.0)  # the legend beside the plot
+    for r in runs.itertuples():
+        c = curves[r.run_id]
+        if len(c):
+            ax.plot(c.step, c.value, marker=".", label=labels[r.run_id])
+        if r.status != "ok":
+            _mark_failed(ax, c.step.max() if len(c) else 0, f"{labels[r.run_id]}: {r.status}")
     _switch_line(ax, res, runs)
     acc = reference.claim("C4")["values"]["accuracy_comera"]
     ax.axhline(acc, color="gray", ls="--", lw=1, label=f"{PAPER}: final MNLI accuracy ~{acc:.0%} (real MNLI)")
     ax.set_xlabel("training step")
     ax.set_ylabel("validation accuracy (fraction)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    _finish(fig, title, f"{source}; evaluated every eval_every_steps and right after the stage switch; "
-            + res.settings_line("transformer"), out, name)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    _finish(fig, title, _quality_footer(res, runs, source, "accuracy on the validation set before training, "
+                                        "every eval_every_steps, right after the stage switch and at the end"),
+            out, name)
 
 
 def fig13_rank_adaptation(res: Results, out: Path) -> None:
-    """Not in the paper: for each CoMERA target, the TT size relative to the size at the stage switch and
-    the validation accuracy along training."""
+    """Not in the paper: for each CoMERA target (0.8, 0.5, 0.2), the TT size relative to the size at the
+    stage switch and the validation accuracy along training; targets without a late stage are named."""
     name, title = "fig13_rank_adaptation", "Rank adaptation along training (not a figure of the paper)"
-    runs, sizes, source = _quality_curves(res, "params_tt", "method")
+    runs, labels, source = _quality_runs(res)
     runs = runs[(runs.method == "comera") & runs.target_ratio.notna()]
-    switches = {r.run_id: info for r in runs.itertuples() if (info := res.switch(r))}
-    if not switches:
-        return _empty(out, name, title, "CoMERA runs with a target whose late stage started",
-                      res.settings_line())
-    _, acc, _ = _quality_curves(res, "accuracy", "eval")
+    why = pd.Series([late_stage_missing(r) for r in runs.itertuples()], index=runs.index, dtype=str)
+    missing = [f"target {t:g}: {w}" for t, w in zip(runs.target_ratio, why) if w]
+    shown = runs[why == ""]
+    if not len(shown):
+        return _empty(out, name, title, "CoMERA runs with a target whose late stage ran ("
+                      + ("; ".join(missing) or f"none among the {source}") + ")", res.settings_line())
     fig, (left, right) = _figure(2)
-    for i, r in enumerate(runs[runs.run_id.isin(list(switches))].sort_values("target_ratio").itertuples()):
-        color = f"C{i}"
-        size = sizes[sizes.run_id == r.run_id]
-        left.plot(size.step, size.value / switches[r.run_id]["size"], color=color,
-                  label=f"target {r.target_ratio:g}")
-        left.axhline(r.target_ratio, color=color, ls="--", lw=0.8)
-        a = acc[acc.run_id == r.run_id]
-        right.plot(a.step, a.value, color=color, marker=".", label=f"target {r.target_ratio:g}")
+    for i, r in enumerate(shown.itertuples()):
+        size, acc = _series(res, r.run_id, "method", "params_tt"), _series(res, r.run_id, "eval", "accuracy")
+        left.plot(size.step, size.value / res.switch(r)["size"], color=f"C{i}", label=labels[r.run_id])
+        left.axhline(r.target_ratio, color=f"C{i}", ls="--", lw=0.8)
+        right.plot(acc.step, acc.value, color=f"C{i}", marker=".", label=labels[r.run_id])
     for ax, ylabel in ((left, "TT size / TT size at the switch (dashed: target)"),
                        (right, "validation accuracy (fraction)")):
-        _switch_line(ax, res, runs)
+        _switch_line(ax, res, shown)
         ax.set_xlabel("training step")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    _finish(fig, title, f"{source}; TT size = scalars in every core and gate (curves method/params_tt, "
-            "every step), divided by the size right after the switch's pruning; " + res.settings_line("transformer"),
-            out, name)
+    if missing:
+        left.text(0.02, 0.02, textwrap.fill("not measured here: " + "; ".join(missing), 70), fontsize=7,
+                  transform=left.transAxes, color="red", va="bottom", zorder=5,
+                  bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"})
+    _finish(fig, title, _quality_footer(
+        res, shown, source, "TT size = scalars in every core and gate (curves method/params_tt, after every "
+        "step) divided by the size right after the switch's pruning (the same divisor before the switch); "
+        "accuracy as in Fig 6"), out, name)
 
 
 def fig9_dlrm_nce(res: Results, out: Path) -> None:
@@ -214,7 +243,7 @@ def fig10_mlm_loss(res: Results, out: Path) -> None:
 
 def fig7_cuda_graph(res: Results, out: Path) -> None:
     name, title = "fig7_cuda_graph", "Fig 7: epoch time with and without CUDA graph"
-    df = res.runs[res.runs.workload == "transformer"]
+    df = timing_cells(res.runs[res.runs.workload == "transformer"])
     df = df[~df.run_id.isin(list(res.sweeps)) & df.target_ratio.isna()]
     graph = df.run_id.map(res.cuda_graph)
     if not graph.any():
@@ -229,7 +258,7 @@ def fig7_cuda_graph(res: Results, out: Path) -> None:
 
 def fig12_time_vs_compression(res: Results, out: Path) -> None:
     name, title = "fig12_time_vs_compression", "Fig 12: epoch time vs compression ratio"
-    df = res.runs[res.runs.run_id.isin(list(res.sweeps))]
+    df = timing_cells(res.runs[res.runs.run_id.isin(list(res.sweeps))])
     if not len(df):
         return _empty(out, name, title, "a CoMERA sweep (methods.<name>.sweep, e.g. rank)",
                       res.settings_line())

@@ -35,17 +35,20 @@ class Results:
 
     def main_runs(self, workload: str) -> pd.DataFrame:
         """Timing runs of a workload outside any sweep and without CUDA graph (the Fig 1/8 cells)."""
-        df = self.runs[(self.runs.workload == workload) & (self.runs.purpose.fillna("timing") == "timing")]
-        graph = df.run_id.map(self.cuda_graph).astype(bool)
-        return df[~df.run_id.isin(list(self.sweeps)) & ~graph]
+        return self._plain(timing_cells(self.runs[self.runs.workload == workload]))
 
     def quality_runs(self, workload: str) -> tuple[pd.DataFrame, str]:
         """(runs, source): the workload's quality cells (trained to compare accuracy and rank
-        adaptation), or its timing runs when the grid has no quality cell (said in ``source``)."""
-        df = self.runs[(self.runs.workload == workload) & (self.runs.purpose == "quality")]
+        adaptation) outside any sweep and without CUDA graph, or its timing runs when the grid has no
+        quality cell (said in ``source``)."""
+        df = self._plain(self.runs[(self.runs.workload == workload) & (self.runs.purpose == "quality")])
         if len(df):
             return df, "quality cells"
         return self.main_runs(workload), "timing cells (this grid has no quality cells)"
+
+    def _plain(self, df: pd.DataFrame) -> pd.DataFrame:
+        graph = df.run_id.map(self.cuda_graph).astype(bool)
+        return df[~df.run_id.isin(list(self.sweeps)) & ~graph]
 
     def switch(self, row: Any) -> dict[str, float]:
         """A CoMERA run's stage switch: step, TT size (from its settings), accuracy right after it and
@@ -53,31 +56,39 @@ class Results:
         info = dict(settings_of(row).get("method", {}).get("switch") or {})
         if not info.get("step"):
             return {}
-        curves = self.curves[self.curves.run_id == row.run_id]
-        acc = curves[(curves.split == "eval") & (curves.metric_name == "accuracy") & (curves.step == info["step"])]
-        size = curves[(curves.split == "method") & (curves.metric_name == "params_tt")].sort_values("step")
+        acc = self.curves[(self.curves.run_id == row.run_id) & (self.curves.split == "eval")
+                          & (self.curves.metric_name == "accuracy") & (self.curves.step == info["step"])]
         info["accuracy"] = float(acc.value.iloc[-1]) if len(acc) else None
-        info["size_end"] = float(size.value.iloc[-1]) if len(size) else None
+        info["size_end"] = self.tt_size(row.run_id)
         return info
+
+    def tt_size(self, run_id: str, first: bool = False) -> float | None:
+        """A run's TT size (curves method/params_tt, recorded after every step): the last record, or with
+        ``first`` the one after the first step (the size before training unless that step pruned)."""
+        c = self.curves[(self.curves.run_id == run_id) & (self.curves.split == "method")
+                        & (self.curves.metric_name == "params_tt")].sort_values("step")
+        return float(c.value.iloc[0 if first else -1]) if len(c) else None
 
     def cuda_graph(self, run_id: str) -> bool:
         return bool(self.cells.get(run_id, {}).get("execution", {}).get("cuda_graph", False))
 
-    def settings_line(self, workload: str | None = None) -> str:
-        """Device + settings for captions: device name, threads, torch, workload params and budget."""
-        df = self.runs if workload is None else self.runs[self.runs.workload == workload]
-        if not len(df):
+    def settings_line(self, workload: str | None = None, runs: pd.DataFrame | None = None) -> str:
+        """Device + settings for captions: device name, threads, torch, workload params and budget of the
+        first of ``runs`` (default: the workload's runs, timing cells first)."""
+        if runs is None:
+            runs = self.runs if workload is None else self.runs[self.runs.workload == workload]
+            runs = runs.sort_values("purpose", key=lambda p: p.fillna("timing") != "timing", kind="stable")
+        if not len(runs):
             return f"device {self.label}: no runs"
-        first = df.iloc[0]
+        first = runs.iloc[0]
         parts = [f"device {self.label} ({first.device_name}, {first.device}, {first.num_threads} threads)",
                  f"torch {first.torch_version}"]
         spec = self.cells.get(first.run_id)
         if spec is not None and workload is not None:
             params = ", ".join(f"{k}={v}" for k, v in sorted(spec["workload_params"].items())) or "defaults"
-            budget = spec["budget"]
             parts.append(f"{workload} [{params}]")
-            parts.append(f"{budget['epochs']} epoch(s), <= {budget['max_steps_per_epoch']} steps/epoch")
-        kinds = sorted(df.peak_mem_kind.dropna().unique())
+            parts.append(budget_text(spec["budget"]))
+        kinds = sorted(runs.peak_mem_kind.dropna().unique())
         if kinds:
             parts.append("memory = " + "/".join(kinds))
         return "; ".join(parts)
@@ -96,6 +107,17 @@ def load(folder: str | Path, label: str | None = None) -> Results:
     return Results(label or folder.name, runs, optional("curves.parquet", "curves"),
                    optional("microbench.parquet", "microbench"), grid.get("cells", {}),
                    grid.get("sweeps", {}))
+
+
+def timing_cells(runs: pd.DataFrame) -> pd.DataFrame:
+    """Rows of timing cells (purpose "timing", or null in files written before quality cells existed)."""
+    return runs[runs.purpose.fillna("timing") == "timing"]
+
+
+def budget_text(budget: dict[str, Any]) -> str:
+    steps = budget.get("max_steps_per_epoch")
+    text = f"{budget['epochs']} epoch(s), " + (f"<= {steps} steps/epoch" if steps else "full epochs")
+    return text + (f", evaluated every {budget['eval_every_steps']} steps" if budget.get("eval_every_steps") else "")
 
 
 def method_label(row: Any) -> str:
@@ -130,6 +152,28 @@ def status_note(row: Any) -> str:
     return "" if row.status == "ok" else f"{row.status}: {str(row.error or '')[:80]}"
 
 
+def late_stage_missing(row: Any) -> str:
+    """Why a CoMERA run with a target has no late stage to show: its failure, or a stage switch that never
+    came ("" when it has one, or is no such run)."""
+    if row.method != "comera" or pd.isna(row.target_ratio):
+        return ""
+    method = settings_of(row).get("method", {})
+    if row.status != "ok" or (method.get("switch") or {}).get("step"):
+        return status_note(row)
+    return f"late stage never started (late_start_step {method.get('late_start_step')})"
+
+
+QUALITY_ORDER = {"dense": 0, "comera": 1, "galore": 2, "lte": 3}
+
+
+def quality_order(runs: pd.DataFrame) -> pd.DataFrame:
+    """Runs ordered dense, CoMERA (no target, then targets from the largest: 0.8, 0.5, 0.2), GaLore, LTE,
+    other methods; within a method by variant, batch size and seed."""
+    key = runs.assign(_m=runs.method.map(QUALITY_ORDER).fillna(len(QUALITY_ORDER)),
+                      _t=-runs.target_ratio.fillna(float("inf")))
+    return runs.loc[key.sort_values(["_m", "variant", "_t", "batch_size", "seed"]).index]
+
+
 # ---------------------------------------------------------------------------------------------- tables
 
 _RANK_ENTRY = re.compile(r"(.+)\[(\d+)\]")
@@ -160,66 +204,60 @@ def table1_ranks(res: Results, workload: str = "transformer") -> tuple[pd.DataFr
     the runner's rank records (curves split "ranks": before training, at the switch, at the end), plus
     a last row with the TT size of the whole model in each column."""
     runs, source = res.quality_runs(workload)
-    df = runs[(runs.method == "comera") & (runs.variant == "default") & (runs.status == "ok")]
+    comera = quality_order(runs[(runs.method == "comera") & (runs.variant == "default")])
+    df = comera[comera.status == "ok"]
     if not len(df):
-        return pd.DataFrame(), f"no finished CoMERA run of the transformer among the {source}"
-    columns: dict[str, dict[str, list[int]]] = {}
-    sizes: dict[str, float | None] = {}
-    targets = df[df.target_ratio.notna()].sort_values("target_ratio", ascending=False)
-    records = {rid: ranks_by_step(res.curves, rid) for rid in df.run_id}
-    first = next((steps for steps in records.values() if steps), None)
-    if first:
-        columns["before training"] = first[min(first)]
-        sizes["before training"] = _tt_size(res, df.run_id.iloc[0], 0)
-    sources = [source]
-    switched = [(row, res.switch(row)) for row in targets.itertuples()]
-    switched = [(row, info) for row, info in switched if info and info["step"] in records[row.run_id]]
-    if switched:
-        row, info = switched[0]
-        columns["after early stage"] = records[row.run_id][info["step"]]
-        sizes["after early stage"] = info["size"]
-        sources.append(f"after early stage = ranks at the stage switch (step {info['step']}) of the "
-                       f"target-{row.target_ratio:g} run")
-    else:
-        early = df[df.target_ratio.isna()]
-        if len(early):
-            name = "after early stage (no switch: end of early-stage-only run)"
-            columns[name] = ranks_of(early.iloc[0])
-            sizes[name] = _tt_size(res, early.run_id.iloc[0], None)
-    for row in targets.itertuples():
-        name = f"late stage, target {row.target_ratio:g}"
-        columns[name] = ranks_of(row)
-        sizes[name] = _tt_size(res, row.run_id, None)
-    names = sorted({n for ranks in columns.values() for n in ranks})
+        return pd.DataFrame(), f"no finished CoMERA run of the {workload} among the {source}"
+    columns, notes = _rank_columns(res, df)
+    names = sorted({n for ranks, _ in columns.values() for n in ranks})
     blocks = sorted({b for n in names if (b := _block_index(n)) is not None})
     if not blocks:
         return pd.DataFrame(), "no encoder-block layer names found in the runs' ranks"
     block = 4 if 4 in blocks else blocks[-1]
-    sources.insert(0, "5th encoder block (index 4)" if block == 4 else
-                   f"the model has {len(blocks)} encoder block(s): the last one (index {block}) is shown "
-                   "instead of the 5th")
-    rows = []
-    for name in (n for n in names if _block_index(n) == block):
-        row = {"layer": name}
-        for col, ranks in columns.items():
-            r = ranks.get(name)
-            row[col] = "" if r is None else ("-".join(map(str, r[1:-1]))
-                                             + (" (removed: rank 0)" if 0 in r else ""))
-        rows.append(row)
+    notes[:0] = ["5th encoder block (index 4)" if block == 4 else
+                 f"the model has {len(blocks)} encoder block(s): the last one (index {block}) is shown "
+                 "instead of the 5th", f"from the {source}"]
+    missing = [f"target {r.target_ratio:g}: {why}" for r in comera.itertuples() if (why := late_stage_missing(r))]
+    if missing:
+        notes.append("not measured here: " + "; ".join(missing))
+    rows = [{"layer": name, **{col: _ranks_text(ranks.get(name)) for col, (ranks, _) in columns.items()}}
+            for name in names if _block_index(name) == block]
     rows.append({"layer": "TT size of the model (scalars)",
-                 **{col: "" if sizes.get(col) is None else f"{sizes[col]:.0f}" for col in columns}})
-    return (pd.DataFrame(rows), "; ".join(sources) + "; ranks are the internal TT bonds r1-...-r(d-1); the TT "
-            "size counts every core and gate of every tensorized layer")
+                 **{col: "" if size is None else f"{size:.0f}" for col, (_, size) in columns.items()}})
+    return (pd.DataFrame(rows), "; ".join(notes) + "; ranks are the internal TT bonds r1-...-r(d-1); the TT "
+            "size counts every core and gate of every tensorized layer (before training: after the first "
+            "step; after early stage: right after the switch's pruning)")
 
 
-def _tt_size(res: Results, run_id: str, step: int | None) -> float | None:
-    """A run's TT size (curves method/params_tt) after ``step`` steps (None: the last record; 0: before
-    training, i.e. the first step's value unless pruning happened in it)."""
-    c = res.curves[(res.curves.run_id == run_id) & (res.curves.split == "method")
-                   & (res.curves.metric_name == "params_tt")].sort_values("step")
-    if not len(c):
-        return None
-    return float(c.value.iloc[0] if step == 0 else c.value.iloc[-1])
+def _rank_columns(res: Results, df: pd.DataFrame) -> tuple[dict[str, tuple[dict[str, list[int]], float | None]],
+                                                              list[str]]:
+    """Table 1's columns, name -> (layer -> ranks, TT size), and where they come from: before training,
+    after the early stage (at the first recorded switch, else at the end of an early-stage-only run) and
+    one per target whose late stage ran, in ``df``'s order."""
+    records = {rid: ranks_by_step(res.curves, rid) for rid in df.run_id}
+    columns, notes = {}, []
+    first = next((rid for rid, steps in records.items() if steps), None)
+    if first:
+        columns["before training"] = (records[first][min(records[first])], res.tt_size(first, first=True))
+    targets = [(r, res.switch(r)) for r in df[df.target_ratio.notna()].itertuples()]
+    targets = [(r, info) for r, info in targets if info]
+    at_switch = next(((r, info) for r, info in targets if info["step"] in records[r.run_id]), None)
+    early = df[df.target_ratio.isna()]
+    if at_switch:
+        r, info = at_switch
+        columns["after early stage"] = (records[r.run_id][info["step"]], info["size"])
+        notes.append(f"after early stage = ranks at the stage switch (step {info['step']}) of the target-"
+                     f"{r.target_ratio:g} run")
+    elif len(early):
+        columns["after early stage (no switch: end of early-stage-only run)"] = (
+            ranks_of(early.iloc[0]), res.tt_size(early.run_id.iloc[0]))
+    for r, info in targets:
+        columns[f"late stage, target {r.target_ratio:g}"] = (ranks_of(r), info["size_end"])
+    return columns, notes
+
+
+def _ranks_text(r: list[int] | None) -> str:
+    return "" if r is None else "-".join(map(str, r[1:-1])) + (" (removed: rank 0)" if 0 in r else "")
 
 
 def table2_dlrm(res: Results) -> tuple[pd.DataFrame, str]:
@@ -241,33 +279,33 @@ def table2_dlrm(res: Results) -> tuple[pd.DataFrame, str]:
 
 
 def table_mnli_size(res: Results) -> tuple[pd.DataFrame, str]:
-    """Transformer quality cells: accuracy, total size and tensorized-layer size (MB), compression; for
-    CoMERA per target (0.8, 0.5, 0.2 in that order) also the accuracy and TT size at the stage switch
-    and the TT size at the end relative to it. The paper's dense size is the last row."""
+    """Transformer quality cells (dense, CoMERA per target 0.8, 0.5, 0.2, GaLore, LTE): accuracy, total
+    size and tensorized-layer size (MB), compression; for CoMERA also the accuracy and TT size at the
+    stage switch and the TT size at the end relative to it. The paper's dense size is the last row."""
     runs, source = res.quality_runs("transformer")
-    order = {"dense": 0, "comera": 1, "galore": 2, "lte": 3}
-    df = runs.assign(_m=runs.method.map(order).fillna(9), _t=-runs.target_ratio.fillna(2.0))
-    rows = []
-    for r in df.sort_values(["_m", "variant", "_t", "batch_size"]).itertuples():
-        info = res.switch(r) if r.method == "comera" else {}
-        end_vs_switch = (info["size_end"] / info["size"]) if info.get("size_end") and info.get("size") else None
-        rows.append({"source": f"ours ({res.label})", "method": method_label(r), "batch_size": r.batch_size,
-                     "status": r.status, r.metric_name or "metric": r.metric_value,
-                     "accuracy_at_switch": info.get("accuracy"), "tt_size_at_switch": info.get("size"),
-                     "tt_size_end": info.get("size_end"), "end/switch": end_vs_switch,
-                     "target": r.target_ratio, "total_MB": _mb(r.params_total),
-                     "tensorized_layers_MB": _mb(r.params_factorized_layers),
-                     "compression_total": r.compression_total, "compression_layers": r.compression_layers,
-                     "note": status_note(r)})
+    rows = [_size_row(res, r) for r in quality_order(runs).itertuples()]
     paper = reference.load()["models"]["transformer_paper"]
     rows.append({"source": "paper (RTX 3090)", "method": "dense (paper shapes)",
                  "total_MB": _mb(paper["params_dense"]), "status": "stated",
                  "note": reference.source_text(paper["source"])})
     return (pd.DataFrame(rows),
-            f"rows from the {source}; sizes = parameters x 4 bytes (float32), MB = 10^6 bytes; TT size = "
-            "scalars in every core and gate (at the switch: after its pruning; end/switch is to be read "
-            "against the target); accuracy at the switch = the evaluation right after it; the paper row is "
-            "its model at full size")
+            f"rows from the {source}; accuracy = the last evaluation, accuracy_at_switch = the one right after "
+            "the stage switch; sizes = parameters x 4 bytes (float32), MB = 10^6 bytes; TT size = scalars in "
+            "every core and gate (at the switch: after its pruning); end/switch = TT size at the end / at the "
+            "switch, to be read against the target; the paper row is its model at full size")
+
+
+def _size_row(res: Results, r: Any) -> dict[str, Any]:
+    info = res.switch(r) if r.method == "comera" else {}
+    size_end = res.tt_size(r.run_id) if r.method == "comera" else None
+    return {"source": f"ours ({res.label})", "method": method_label(r), "batch_size": r.batch_size,
+            "status": r.status, "accuracy": r.metric_value if r.metric_name == "accuracy" else None,
+            "accuracy_at_switch": info.get("accuracy"), "tt_size_at_switch": info.get("size"),
+            "tt_size_end": size_end, "end/switch": size_end / info["size"] if size_end and info.get("size") else None,
+            "target": r.target_ratio, "total_MB": _mb(r.params_total),
+            "tensorized_layers_MB": _mb(r.params_factorized_layers),
+            "compression_total": r.compression_total, "compression_layers": r.compression_layers,
+            "note": status_note(r) or late_stage_missing(r)}
 
 
 def table_runs(res: Results) -> tuple[pd.DataFrame, str]:
@@ -283,6 +321,7 @@ def table_runs(res: Results) -> tuple[pd.DataFrame, str]:
 
 TABLES = {"table1_ranks": table1_ranks, "table2_dlrm": table2_dlrm, "table_mnli_size": table_mnli_size,
           "table_runs": table_runs}
+QUALITY_TABLES = ("table1_ranks", "table_mnli_size")  # from the quality cells: their settings
 TITLES = {"table1_ranks": "Table 1: TT ranks (transformer)", "table2_dlrm": "Table 2: DLRM",
           "table_mnli_size": "Transformer (MNLI task) accuracy and size, per method and target",
           "table_runs": "All runs"}
@@ -300,7 +339,8 @@ def write_table(df: pd.DataFrame, note: str, title: str, out: Path, name: str, s
     """``name``.md (title, note, settings, table or "not measured") and ``name``.csv."""
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / f"{name}.csv", index=False)
-    body = df.to_markdown(index=False, floatfmt=".4g") if len(df) else f"Not measured here: {note}."
+    cells = df.astype(object).where(df.notna(), None)  # an empty cell, not "nan", where a value is missing
+    body = cells.to_markdown(index=False, floatfmt=".4g", missingval="") if len(df) else f"Not measured here: {note}."
     text = f"# {title}\n\n{body}\n\n{note}.\n\nSettings: {settings}\n" if len(df) else (
         f"# {title}\n\n{body}\n\nSettings: {settings}\n")
     (out / f"{name}.md").write_text(text)
@@ -320,9 +360,11 @@ def report_args(prog: str, description: str, argv: list[str] | None,
 
 def main(argv: list[str] | None = None) -> int:
     args, res = report_args("python -m harness.tables", __doc__.splitlines()[0], argv)
+    quality = res.settings_line("transformer", res.quality_runs("transformer")[0])
     for name, build in TABLES.items():
         df, note = build(res)
-        write_table(df, note, TITLES[name], Path(args.out), name, res.settings_line())
+        settings = quality if name in QUALITY_TABLES else res.settings_line()
+        write_table(df, note, TITLES[name], Path(args.out), name, settings)
     return 0
 
 

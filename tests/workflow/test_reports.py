@@ -156,72 +156,169 @@ def test_reference_sources_complete():
     assert labels == ["paper (RTX 3090)", "paper (RTX 4090)"]
 
 
-def quality_folder(path, *, with_timing=True):
-    """Quality cells: dense and CoMERA at targets 0.2 / 0.8 (switch at step 4, TT size 1000 there), with
-    eval and params_tt curves; plus a timing dense cell whose numbers must not reach quality outputs."""
-    rows, curves = [], []
-    for method, target, end_acc, end_size in (("dense", None, 0.95, None), ("comera", 0.2, 0.9, 210.0),
-                                               ("comera", 0.8, 0.97, 800.0)):
-        row = run_row("transformer", method, 32, target=target, metric=end_acc)
-        row.update(run_id=row["run_id"] + "_quality", purpose="quality")
-        if target is not None:
-            row["settings"] = json.dumps({"method": {"switch": {"step": 4, "size": 1000.0,
-                                                                 "size_target": 1000.0 * target}}})
-            for step, size in ((1, 1200.0), (4, 1000.0), (8, end_size)):
-                curves.append({"run_id": row["run_id"], "step": step, "epoch": 0, "split": "method",
-                               "metric_name": "params_tt", "value": size})
-        for step, acc in ((0, 0.3), (4, 0.92), (8, end_acc)):
-            curves.append({"run_id": row["run_id"], "step": step, "epoch": 0, "split": "eval",
-                           "metric_name": "accuracy", "value": acc})
-        rows.append(row)
+SWITCH, SWITCH_SIZE = 4, 1000.0  # every quality CoMERA cell's stage switch: step and TT size right after it
+RANKS_BEFORE, RANKS_AT_SWITCH = [1, 8, 8, 1], [1, 8, 7, 1]
+RANKS_END = {0.8: [1, 6, 6, 1], 0.5: [1, 4, 4, 1], 0.2: [1, 0, 2, 1]}
+
+
+def quality_cell(method, target=None, *, end_acc=0.9, variant="default", switched=True, status="ok"):
+    """(runs row, curves) of a transformer quality cell (batch 32): eval accuracy at steps 0, 4, 8; a
+    CoMERA cell with a target also the TT size after steps 1, 4, 8 (1200, the switch's 1000, then 1050 x
+    its target) and the ranks of blocks 3 and 4 before training, at the switch and at the end."""
+    end = RANKS_END.get(target, RANKS_AT_SWITCH) if switched else RANKS_AT_SWITCH
+    row = run_row("transformer", method, 32, variant=variant, target=target, metric=end_acc, status=status,
+                  ranks=ranks({3: [1, 5, 5, 1], 4: end}))
+    row.update(run_id=row["run_id"] + "_quality", purpose="quality")
+    rid, curves = row["run_id"], []
+    for step, acc in ((0, 0.3), (4, 0.92), (8, end_acc)):
+        curves.append({"run_id": rid, "step": step, "epoch": 0, "split": "eval", "metric_name": "accuracy",
+                       "value": acc})
+    if target is not None:
+        row["settings"] = json.dumps({"method": {"late_start_step": SWITCH, "target_ratio": target, "switch": {
+            "step": SWITCH, "size": SWITCH_SIZE, "size_target": SWITCH_SIZE * target} if switched else {}}})
+        end_size = 1050.0 * target if switched else SWITCH_SIZE
+        for step, size in ((1, 1200.0), (SWITCH, SWITCH_SIZE), (8, end_size)):
+            curves.append({"run_id": rid, "step": step, "epoch": 0, "split": "method", "metric_name": "params_tt",
+                           "value": size})
+        for step, r in ((0, RANKS_BEFORE), (SWITCH, RANKS_AT_SWITCH), (8, end)):
+            curves += [{"run_id": rid, "step": step, "epoch": 0, "split": "ranks",
+                        "metric_name": f"encoder.layers.4.ffn.fc1[{k}]", "value": v} for k, v in enumerate(r)]
+    return row, curves
+
+
+def quality_folder(path, *cells, with_timing=True):
+    """Quality cells (default: dense, CoMERA at targets 0.2 / 0.8 / 0.5, deliberately out of order, GaLore,
+    LTE-tuned) plus timing cells whose numbers must not reach the quality outputs: dense (accuracy 0.1,
+    99 s per epoch) and CoMERA at target 0.5 (ranks 9-9, switch at step 2)."""
+    cells = cells or (quality_cell("dense", end_acc=0.95), quality_cell("comera", 0.2, end_acc=0.90),
+                      quality_cell("comera", 0.8, end_acc=0.97), quality_cell("comera", 0.5, end_acc=0.94),
+                      quality_cell("galore", end_acc=0.93), quality_cell("lte", variant="tuned", end_acc=0.6))
+    rows = [row for row, _ in cells]
+    curves = [c for _, cell_curves in cells for c in cell_curves]
     if with_timing:
-        rows.append(run_row("transformer", "dense", 32, metric=0.1, time_s=99.0))
+        comera = run_row("transformer", "comera", 32, target=0.5, metric=0.2, ranks=ranks({4: [1, 9, 9, 1]}))
+        comera["settings"] = json.dumps({"method": {"switch": {"step": 2, "size": 10.0}}})
+        rows += [run_row("transformer", "dense", 32, metric=0.1, time_s=99.0), comera]
+        curves += [{"run_id": comera["run_id"], "step": s, "epoch": 0, "split": "ranks",
+                    "metric_name": f"encoder.layers.4.ffn.fc1[{k}]", "value": v}
+                   for s in (0, 2, 4) for k, v in enumerate([1, 9, 9, 1])]
     return tables.load(make_folder(path, rows, curves))
 
 
-def test_size_table_reads_quality_cells_in_target_order(tmp_path):
-    res = quality_folder(tmp_path / "q")
-    size, note = tables.table_mnli_size(res)
-    ours = size[size.source != "paper (RTX 3090)"]
-    assert ours.method.tolist() == ["dense", "comera (target 0.8)", "comera (target 0.2)"]
-    assert ours.accuracy.tolist() == [0.95, 0.97, 0.9]  # not the timing cell's 0.1
-    assert ours["accuracy_at_switch"].tolist()[1:] == [0.92, 0.92]
-    assert ours["end/switch"].tolist()[1:] == pytest.approx([0.8, 0.21])
-    assert "quality cells" in note
+@pytest.fixture
+def drawn(monkeypatch):
+    """name -> (axes' labelled lines as {label: y data} in drawing order, texts, footer) of every figure
+    drawn while it is in use (not written)."""
+    found = {}
 
-
-def test_timing_figures_ignore_quality_cells(tmp_path):
-    res = quality_folder(tmp_path / "q")
-    assert res.main_runs("transformer").metric_value.tolist() == [0.1]
-    runs, source = quality_folder(tmp_path / "t", with_timing=True).quality_runs("transformer")
-    assert len(runs) == 3 and source == "quality cells"
-
-
-@pytest.mark.parametrize("name, lines", [("fig6_accuracy", 3), ("fig13_rank_adaptation", 2)])
-def test_quality_figures_draw_a_line_per_method_or_target(tmp_path, monkeypatch, name, lines):
-    res = quality_folder(tmp_path / "q")
-    drawn = {}
-
-    def spy(fig, title, footer, out_dir, fig_name):
-        drawn[fig_name] = [[line for line in ax.get_lines() if not line.get_label().startswith("_")]
-                           for ax in fig.axes]
+    def spy(fig, title, footer, out, name):
+        lines = [{ln.get_label(): list(ln.get_ydata()) for ln in ax.get_lines() if not ln.get_label().startswith("_")}
+                 for ax in fig.axes]
+        found[name] = (lines, [t.get_text() for ax in fig.axes for t in ax.texts], footer)
         plt.close(fig)
 
     monkeypatch.setattr(figures, "_finish", spy)
-    figures.FIGURES[name](res, tmp_path)
-    data = [line for ax in drawn[name] for line in ax if line.get_label().startswith(("comera", "dense", "target"))]
-    assert len(data) == lines * len(drawn[name])
-    if name == "fig13_rank_adaptation":
-        left = {line.get_label(): list(line.get_ydata()) for line in drawn[name][0]}
-        assert left["target 0.2"] == pytest.approx([1.2, 1.0, 0.21])  # sizes / the size at the switch
+    return found
 
 
-def test_quality_outputs_without_quality_cells_fall_back_or_say_not_measured(tmp_path, monkeypatch):
-    res = tables.load(make_folder(tmp_path / "d", [run_row("transformer", "dense", 32)]))
-    _, note = tables.table1_ranks(res)
-    assert "no finished CoMERA run" in note and "timing cells" in note
-    texts = []
-    monkeypatch.setattr(figures, "_finish", lambda fig, title, footer, out, name: texts.append(
-        [t.get_text() for ax in fig.axes for t in ax.texts]))
+def test_timing_outputs_ignore_quality_cells(tmp_path, drawn):
+    res = quality_folder(tmp_path / "q")
+    assert res.main_runs("transformer").metric_value.tolist() == [0.1, 0.2]
+    figures.fig1_time_memory(res, tmp_path)
+    (times, _), _, footer = drawn["fig1_time_memory"]
+    assert times == {"dense": [99.0]}  # the quality cells' 10 s epochs are not drawn
+    assert "<= 10 steps/epoch" in footer
+    grid = json.loads((tmp_path / "q" / "grid.json").read_text())
+    for spec in grid["cells"].values():  # every dense cell with CUDA graph: Fig 7 draws the timing one only
+        spec["execution"]["cuda_graph"] = spec["method"] == "dense"
+    (tmp_path / "q" / "grid.json").write_text(json.dumps(grid))
+    figures.fig7_cuda_graph(tables.load(tmp_path / "q"), tmp_path)
+    assert drawn["fig7_cuda_graph"][0][0]["dense + CUDA graph"] == [99.0]
+    runs, _ = tables.table_runs(res)
+    assert runs.purpose.value_counts().to_dict() == {"quality": 6, "timing": 2}
+    ratios = compare.method_ratios([res_dir := tmp_path / "q"])
+    assert ratios[ratios.source == "measured"].empty  # no timing CoMERA row without a target to compare with
+    table, _ = compare.side_by_side([res_dir])
+    assert sorted(table[table.method == "dense"].purpose) == ["quality", "timing"]
+
+
+def test_table1_reads_quality_cells_in_target_order(tmp_path):
+    t1, note = tables.table1_ranks(quality_folder(tmp_path / "q"))
+    assert list(t1.columns) == ["layer", "before training", "after early stage", "late stage, target 0.8",
+                                "late stage, target 0.5", "late stage, target 0.2"]
+    assert t1.layer.tolist() == ["encoder.layers.4.ffn.fc1", "TT size of the model (scalars)"]
+    assert t1.iloc[0, 1:].tolist() == ["8-8", "8-7", "6-6", "4-4", "0-2 (removed: rank 0)"]  # no timing "9-9"
+    assert t1.iloc[1, 1:].tolist() == ["1200", "1000", "840", "525", "210"]
+    assert "5th encoder block" in note and "from the quality cells" in note and "step 4" in note
+
+
+def test_size_table_orders_targets_and_takes_end_over_switch_from_curves_and_settings(tmp_path):
+    size, note = tables.table_mnli_size(quality_folder(tmp_path / "q"))
+    ours = size[size.source != "paper (RTX 3090)"].set_index("method")
+    assert ours.index.tolist() == ["dense", "comera (target 0.8)", "comera (target 0.5)", "comera (target 0.2)",
+                                   "galore", "lte-tuned"]
+    assert ours.accuracy.tolist() == [0.95, 0.97, 0.94, 0.90, 0.93, 0.6]  # not the timing cell's 0.1
+    comera = ours.loc[ours.target.notna()]
+    assert comera.accuracy_at_switch.tolist() == [0.92] * 3
+    assert comera.tt_size_at_switch.tolist() == [SWITCH_SIZE] * 3
+    assert comera["end/switch"].tolist() == pytest.approx([0.84, 0.525, 0.21])
+    assert ours.loc["dense", "end/switch"] != ours.loc["dense", "end/switch"]  # NaN: no TT size
+    assert size.iloc[-1]["source"] == "paper (RTX 3090)" and "quality cells" in note
+
+
+def test_quality_figures_draw_one_line_per_method_and_target(tmp_path, drawn):
+    res = quality_folder(tmp_path / "q")
+    figures.fig6_accuracy(res, tmp_path)
     figures.fig13_rank_adaptation(res, tmp_path)
-    assert "Not measured" in texts[0][0]
+    (acc,), _, footer = drawn["fig6_accuracy"]
+    assert list(acc)[:6] == ["dense", "comera (target 0.8)", "comera (target 0.5)", "comera (target 0.2)",
+                             "galore", "lte-tuned"]
+    assert acc["comera (target 0.2)"] == [0.3, 0.92, 0.9] and "stage switch (early -> late)" in acc
+    assert "quality cells, batch 32" in footer
+    (size, acc13), _, _ = drawn["fig13_rank_adaptation"]
+    targets = ["comera (target 0.8)", "comera (target 0.5)", "comera (target 0.2)"]
+    assert list(size)[:3] == targets and list(acc13)[:3] == targets
+    assert size["comera (target 0.2)"] == pytest.approx([1.2, 1.0, 0.21])  # TT size / the size at the switch
+    assert acc13["comera (target 0.5)"] == [0.3, 0.92, 0.94]
+
+
+def test_missing_late_stage_and_failed_cell_are_named(tmp_path, drawn):
+    res = quality_folder(tmp_path / "q", quality_cell("dense"), quality_cell("comera", 0.8),
+                         quality_cell("comera", 0.5, switched=False), quality_cell("comera", 0.2, status="oom"))
+    t1, note = tables.table1_ranks(res)
+    assert list(t1.columns)[-1] == "late stage, target 0.8"
+    assert "not measured here: target 0.5: late stage never started (late_start_step 4); target 0.2: oom: boom" in note
+    size, _ = tables.table_mnli_size(res)
+    assert size.note.tolist()[1:4] == ["", "late stage never started (late_start_step 4)", "oom: boom"]
+    assert size["end/switch"].notna().tolist()[1:4] == [True, False, True]  # the oom cell failed after its switch
+    figures.fig6_accuracy(res, tmp_path)
+    (acc,), texts, _ = drawn["fig6_accuracy"]
+    assert "comera (target 0.5) [late stage never started (late_start_step 4)]" in acc
+    assert "comera (target 0.2): oom" in texts  # the failed cell's red cross
+    figures.fig13_rank_adaptation(res, tmp_path)
+    (size13, _), texts, _ = drawn["fig13_rank_adaptation"]
+    assert [k for k in size13 if k.startswith("comera")] == ["comera (target 0.8)"]
+    assert [t.replace("\n", " ") for t in texts] == [
+        "not measured here: target 0.5: late stage never started (late_start_step 4); target 0.2: oom: boom"]
+
+
+def test_quality_outputs_without_quality_cells(tmp_path, drawn):
+    """Timing cells stand in (said so), one line per cell even when methods repeat over batch sizes;
+    without CoMERA targets Table 1 and fig13 say what is missing."""
+    rows = [run_row("transformer", "dense", 1), run_row("transformer", "dense", 32)]
+    curves = [{"run_id": r["run_id"], "step": s, "epoch": 0, "split": "eval", "metric_name": "accuracy",
+               "value": 0.3 + r["batch_size"] / 100} for r in rows for s in (0, 10)]
+    res = tables.load(make_folder(tmp_path / "d", rows, curves))
+    t1, note = tables.table1_ranks(res)
+    assert t1.empty and "no finished CoMERA run" in note and "timing cells" in note
+    size, note = tables.table_mnli_size(res)
+    assert size.method.tolist() == ["dense", "dense", "dense (paper shapes)"] and "timing cells" in note
+    figures.fig6_accuracy(res, tmp_path)
+    (acc,), _, footer = drawn["fig6_accuracy"]
+    assert acc["dense, batch 1"] == [0.31, 0.31] and acc["dense, batch 32"] == [0.62, 0.62]
+    assert "timing cells (this grid has no quality cells)" in footer
+    figures.fig13_rank_adaptation(res, tmp_path)
+    assert drawn["fig13_rank_adaptation"][1][0].startswith("Not measured in this grid: CoMERA runs with a target")
+    empty = tables.load(make_folder(tmp_path / "e", [run_row("dlrm", "dense", 4)]))
+    figures.fig6_accuracy(empty, tmp_path)
+    assert drawn["fig6_accuracy"][1][0].startswith("Not measured in this grid: eval accuracy curves")
