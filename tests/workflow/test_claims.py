@@ -300,3 +300,27 @@ def test_speed_claims_ignore_quality_cells_and_c4_takes_rank_adapted_comera(tmp_
     assert evaluate(tmp_path / "t", only_targets, mb).loc["C4", VERDICT] == claims.HOLDS
     edit(only_targets, {"metric_value": 0.5}, workload="transformer", method="comera", target_ratio=0.2)
     assert evaluate(tmp_path / "f", only_targets, mb).loc["C4", VERDICT] == claims.FAILS
+
+
+def test_accuracy_and_compression_claims_take_quality_cells_when_the_grid_has_them(tmp_path):
+    """The timing rows hold C4 and C5; quality cells of the transformer replace them there (DLRM, which has
+    none, keeps its timing rows): a quality CoMERA far from 64% fails C4, one at 40x fails C5's 80x."""
+    rows, mb, _ = paper_case()
+    quality = [run("transformer", "dense", 32, metric=0.66), run("transformer", "galore", 32, metric=0.63),
+               run("transformer", "lte", 32, metric=0.35),
+               run("transformer", "comera", 32, target=0.5, late=60, metric=0.50, compression=85)]
+    for r in quality:
+        r.update(run_id=r["run_id"] + "_quality", purpose="quality")
+
+    def verdicts(name):
+        table = evaluate(tmp_path / name, rows + placed(quality), mb)
+        return table.loc["C4", VERDICT], table.loc["C5", VERDICT], table.loc["C5", MEASURED]
+
+    c4, _, _ = verdicts("far")
+    assert c4 == claims.FAILS
+    edit(quality, {"metric_value": 0.64, "compression_total": 40.0}, method="comera")
+    c4, c5, measured = verdicts("40x")
+    assert (c4, c5) == (claims.HOLDS, claims.FAILS)
+    assert "transformer: 40.0x" in measured and "dlrm: 100.0x" in measured
+    edit(quality, {"compression_total": 85.0}, method="comera")
+    assert verdicts("85x")[:2] == (claims.HOLDS, claims.HOLDS)
