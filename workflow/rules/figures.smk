@@ -2,8 +2,8 @@
 # several). Every output is in the report (`snakemake --report report.html`) with its caption.
 localrules: tables, plots, claims, figures
 
-PLOTS = ["fig1_time_memory", "fig5_ttm_lookup", "fig6_accuracy", "fig7_cuda_graph", "fig13_rank_adaptation",
-         "fig8_dlrm_time_memory", "fig9_dlrm_nce", "fig10_mlm_loss", "fig12_time_vs_compression"]
+PLOTS = ["fig1_time_memory", "fig5_ttm_lookup", "fig6_accuracy", "fig7_cuda_graph", "fig8_dlrm_time_memory",
+         "fig9_dlrm_nce", "fig10_mlm_loss", "fig12_time_vs_compression", "fig13_rank_adaptation"]
 TABLES = ["table1_ranks", "table2_dlrm", "table_mnli_size", "table_runs"]
 MERGED_FILES = [f"{MERGED}/runs.parquet", f"{MERGED}/curves.parquet", f"{MERGED}/grid.json",
                 f"{MERGED}/microbench.parquet"]
