@@ -38,7 +38,8 @@ formulas are cited by role -- size, bi-objective problem, early stage, late stag
   large enough to reach the target shrinks every gate at once and the accuracy collapses (measured on the
   small CPU transformer: target 0.2 in 600 late steps ended at 0.33 accuracy with size_weight 10); with
   the ramp the size term only pushes while the size is above the moving ``S0`` and the loss branch repairs
-  in between (same run: 0.993 accuracy, size within 0.1% of the target).
+  in between (same run: 0.993 accuracy, size within 0.1% of the target). Measured on an earlier,
+  4-topic version of the small preset's task; see README "Configs" for the current default grid.
 """
 from __future__ import annotations
 

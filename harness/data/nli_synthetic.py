@@ -7,8 +7,10 @@ the hypothesis is a few words (plus, maybe, ``not``). Two tasks (``task``):
 * ``"topic"`` (default): content word ``w`` belongs to topic ``(w - 6) % num_topics``; a premise uses the
   words of one topic. Neutral (1): the hypothesis's words come from another topic; contradiction (2):
   they come from the premise's topic and the hypothesis contains ``not``; entailment (0): the premise's
-  topic and no ``not``. Comparing the topics of the two sentences is what attention has to learn; a small
-  encoder learns it in a few hundred steps.
+  topic and no ``not``. Comparing the topics of the two sentences is what attention has to learn. It is
+  learned in a sudden transition whose step varies with the seed; with 2 topics, 24 words and premises
+  of up to 5 words (the small preset) the small encoder made it within 200-400 steps for seeds 0 and 1,
+  with 4 topics, 48 words and 10-word premises anywhere from 300 to 1000 steps.
 * ``"membership"``: neutral when some hypothesis word does not occur in the premise, else contradiction
   with ``not`` and entailment without. Matching single tokens across the sentences is much harder to
   learn: small encoders stay at the hypothesis-only ceiling for thousands of steps on a CPU budget.
