@@ -5,13 +5,14 @@
     {"kind": "linear", "in_shape": [...], "out_shape": [...], "rank": int | [1, ..., 1], "order": 3,
      "init": "default"}
     {"kind": "embedding", "row_shape": [...], "col_shape": [...], "rank": int | [1, ..., 1],
-     "lookup": "optimized", "order": 3, "init": "default"}
+     "lookup": "optimized", "order": 3, "init": "default", "init_std": None}
 
 Shapes may be omitted (``comera.shapes.factorize`` with ``order`` modes per side, default 3). New cores
 are initialized from scratch (CoMERA trains from scratch; no SVD of the dense weight): ``init``
 "default" gives a TT layer nn.Linear's weight variance and a TTM table the std of the embedding it
 replaces; "official" follows the official code (weight std 1/sqrt(in + out), table std 1, cores split
-as in :mod:`comera.init`). Sizes count every
+as in :mod:`comera.init`). An embedding's ``init_std`` (a positive number) sets its table's std under
+either scheme, e.g. for a table tied to an output layer, whose logits grow with it. Sizes count every
 parameter of a module (cores, gates, bias); the dense equivalent of a TT linear layer is
 ``in * out (+ out for the bias)``, of a TTM table ``num_embeddings * embedding_dim``.
 """
@@ -33,7 +34,7 @@ DEFAULT_ORDER = 3
 SPEC_KEYS = {
     "linear": {"kind", "in_shape", "out_shape", "rank", "order", "init"},
     "embedding": {"kind", "row_shape", "col_shape", "rank", "lookup", "order", "tensor_index_level",
-                  "unique_rows", "init"},
+                  "unique_rows", "init", "init_std"},
 }
 
 
@@ -118,6 +119,9 @@ def _check_entry(name: str, entry: Any) -> dict[str, Any]:
         raise ValueError(f"tensorize: spec[{name!r}] needs a 'rank'")
     if entry.get("init", "default") not in INIT_SCHEMES:
         raise ValueError(f"tensorize: spec[{name!r}]['init']={entry['init']!r}, expected one of {INIT_SCHEMES}")
+    std = entry.get("init_std")
+    if std is not None and not (isinstance(std, (int, float)) and not isinstance(std, bool) and 0 < std < math.inf):
+        raise ValueError(f"tensorize: spec[{name!r}]['init_std']={std!r}, expected a positive number or None")
     if entry["kind"] == "embedding" and entry.get("lookup", "optimized") not in LOOKUP_MODES:
         raise ValueError(f"tensorize: spec[{name!r}]['lookup']={entry['lookup']!r}, expected one of "
                          f"{LOOKUP_MODES}")
@@ -144,8 +148,15 @@ def _build(name: str, module: nn.Module, entry: dict[str, Any]) -> nn.Module:
                         lookup=entry.get("lookup", "optimized"),
                         tensor_index_level=entry.get("tensor_index_level"),
                         unique_rows=entry.get("unique_rows"),
-                        init_std=1.0 if init == "official" else float(module.weight.detach().float().std()),
+                        init_std=_table_std(module, entry.get("init_std"), init),
                         init=init, device=module.weight.device, dtype=module.weight.dtype)
+
+
+def _table_std(module: nn.Embedding, init_std: float | None, init: str) -> float:
+    """The TTM table's std: ``init_std`` if given, else the scheme's (official: 1, default: the module's)."""
+    if init_std is not None:
+        return float(init_std)
+    return 1.0 if init == "official" else float(module.weight.detach().float().std())
 
 
 def _layer_summary(module: nn.Module, params_dense: int) -> dict[str, Any]:

@@ -171,7 +171,11 @@ class Encoder(nn.Module):
         return x
 
 
-def init_bert_weights(module: nn.Module, std: float = 0.02) -> None:
+#: BERT's initialization std of linear and embedding weights.
+BERT_INIT_STD = 0.02
+
+
+def init_bert_weights(module: nn.Module, std: float = BERT_INIT_STD) -> None:
     """BERT initialization: linear and embedding weights N(0, std), biases 0, LayerNorm 1 / 0."""
     for m in module.modules():
         if isinstance(m, (nn.Linear, nn.Embedding)):

@@ -62,3 +62,20 @@ def test_tensorize_passes_the_scheme_and_the_official_table_std():
     with pytest.raises(ValueError, match="init"):
         tensorize(torch.nn.ModuleDict({"l": torch.nn.Linear(8, 8)}), {"l": {"kind": "linear", "rank": 2,
                                                                             "init": "xavier"}})
+
+
+@pytest.mark.parametrize("init", ["default", "official"])
+def test_embedding_init_std_sets_the_table_std_under_either_scheme(init):
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"emb": torch.nn.Embedding(1000, 64)})  # N(0, 1) as built
+    tensorize(model, {"emb": {"kind": "embedding", "row_shape": [10, 10, 10], "col_shape": [4, 4, 4],
+                              "rank": 16, "init": init, "init_std": 0.05}})
+    assert float(model["emb"](torch.arange(1000)).std()) == pytest.approx(0.05, rel=0.25)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), "0.1", True])
+def test_bad_embedding_init_std_is_named(bad):
+    model = torch.nn.ModuleDict({"emb": torch.nn.Embedding(1000, 64)})
+    with pytest.raises(ValueError, match=r"spec\['emb'\]\['init_std'\]"):
+        tensorize(model, {"emb": {"kind": "embedding", "rank": 4, "init_std": bad}})
+    assert isinstance(model["emb"], torch.nn.Embedding)

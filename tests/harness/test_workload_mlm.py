@@ -1,4 +1,5 @@
 import json
+import math
 
 import pytest
 import torch
@@ -89,6 +90,22 @@ def test_a_few_steps_lower_the_loss(tiny):
         if step == 40:
             break
     assert tiny.evaluate(model)["metric_value"] < before - 0.1
+
+
+@pytest.mark.parametrize("init", ["official", "default"])
+def test_tied_ttm_embedding_starts_at_the_dense_loss(tiny, init):
+    """The decoder multiplies by the TTM table, so its std sets the logits' scale: CoMERA's model must
+    start where the dense one does, near ln(vocab) (the official scheme's table std 1 gave 42 vs 8.3)."""
+    from comera.convert import tensorize
+
+    params = check_params("mlm", {"size": "tiny", "vocab_size": 300})
+    spec = {name: {**entry, "init": init} for name, entry in mlm.tt_spec(params).items()}
+    torch.manual_seed(0)
+    model = mlm.build_model(params)
+    dense_loss = tiny.evaluate(model)["metric_value"]
+    tensorize(model, spec)
+    assert tiny.evaluate(model)["metric_value"] == pytest.approx(dense_loss, abs=0.5)
+    assert abs(dense_loss - math.log(params["vocab_size"])) < 0.5
 
 
 def test_default_corpus_is_the_standard_library(tmp_path):
