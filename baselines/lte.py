@@ -18,7 +18,10 @@ package default cannot learn a full-rank model from scratch.
 
 Biases, embeddings and norms train normally with AdamW (``lr_other``). Presets: "default" is the
 package's LTEConfig.default (1 head, rank 8, alpha 16; reported in the CoMERA review discussion as not
-converging), "tuned" converges on the default tasks.
+converging); "tuned" has 4 heads of rank 16, alpha 64, a merge every 10 steps and the workload's dense
+lr. Measured on the embedded grid's quality cell (small transformer, batch 32, 1000 steps): with the
+dense lr 3e-4 it reached accuracy 1.0 at step 500 (seed 0) and 400 (seed 1); with a head lr of 1e-3
+(this preset's earlier value) it stayed at the 0.674 hypothesis-only plateau, with 3e-3 at chance.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ from .dense import adamw, uncompressed_size, workload_lr
 
 PRESETS: dict[str, dict[str, Any]] = {
     "default": {"heads": 1, "rank": 8, "alpha": 16.0, "merge_every": 1, "lr": None},
-    "tuned": {"heads": 4, "rank": 16, "alpha": 64.0, "merge_every": 10, "lr": 1e-3},
+    "tuned": {"heads": 4, "rank": 16, "alpha": 64.0, "merge_every": 10, "lr": None},
 }
 PARAMS_DEFAULTS: dict[str, Any] = {
     "preset": "default",

@@ -161,9 +161,9 @@ def test_linear_tied_to_embedding_stays_a_normal_linear():
 def test_presets_fill_values_and_explicit_keys_win():
     assert {k: check_params({})[k] for k in PRESETS["default"]} == {
         "heads": 1, "rank": 8, "alpha": 16.0, "merge_every": 1, "lr": None}
-    tuned = check_params({"preset": "tuned", "rank": 4, "lr": None})
+    tuned = check_params({"preset": "tuned", "rank": 4, "lr": 5e-4})
     assert tuned["rank"] == 4 and tuned["heads"] == PRESETS["tuned"]["heads"] > 1
-    assert tuned["lr"] is None and check_params({"preset": "tuned"})["lr"] == PRESETS["tuned"]["lr"]
+    assert tuned["lr"] == 5e-4 and check_params({"preset": "tuned"})["lr"] == PRESETS["tuned"]["lr"]
     with pytest.raises(ValueError, match="'rank' must be an integer"):
         check_params({"preset": "tuned", "rank": 4.0})
     prepared = prepare(linear64(), preset="tuned")
