@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
-from harness import results
+from harness import results, yamlnum
 
 DELEGATED = {"microbench": "harness.microbench", "bench": "harness.bench", "compare": "harness.compare",
              "merge": "harness.results"}
@@ -115,7 +114,7 @@ def _key_values(items: list[str], option: str) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise SystemExit(f"comera-bench run: {option} expects KEY=VALUE, got {item!r}")
-        out[key] = yaml.safe_load(value)
+        out[key] = yamlnum.load(value)
     return out
 
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from harness.yamlnum import NumberLoader
+
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 LABEL_PATTERN = r"^(?!\.\.?$)[A-Za-z0-9._][A-Za-z0-9._-]*$"
 """A device label (a results folder name); the schema's ``$defs.label`` pattern."""
@@ -68,8 +70,8 @@ def env_device_label() -> str | None:
     return value or None
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """A YAML loader that rejects a key given twice in one mapping."""
+class _StrictLoader(NumberLoader):
+    """A YAML loader that rejects a key given twice in one mapping (numbers as :mod:`harness.yamlnum`)."""
 
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, int] = {}

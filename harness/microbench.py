@@ -44,7 +44,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.benchmark import Timer
 from torch.utils.flop_counter import FlopCounterMode
 
-from harness import allocator
+from harness import allocator, yamlnum
 
 DIRECTIONS = ("fwd", "fwd_bwd")
 LINEAR_VARIANTS = ("dense", "tt")
@@ -95,7 +95,7 @@ def load_spec(path: str | Path) -> dict[str, Any]:
     """Read a JSON or YAML spec file and validate it (errors name the file and the offending key)."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())  # YAML is a superset of JSON
+        raw = yamlnum.load(path.read_text())  # YAML is a superset of JSON
     except (OSError, yaml.YAMLError) as exc:
         raise ValueError(f"microbench spec {path}: cannot read: {exc}") from exc
     return check_spec(raw, source=str(path))

@@ -41,6 +41,17 @@ def test_run_without_spec_uses_defaults(tmp_path, toys, monkeypatch):
     assert spec["execution"]["allocator"] == "reuse"
 
 
+def test_run_issue_command_with_exponent_lr_is_diverged(tmp_path):
+    """The divergence case as a user types it: lr=1e30 is a number (YAML 1.1 would make it text)."""
+    runs = tmp_path / "d.runs.parquet"
+    cli.main(["run", "--workload", "dlrm", "--method", "dense", "--batch-size", "64", "--workload-param",
+              "size=tiny", "--method-param", "lr=1e30", "--max-steps-per-epoch", "1", "--device", "cpu",
+              "--threads", "1", "--runs-out", str(runs)])
+    row = results.read_parquet(runs, "runs").iloc[0]
+    assert row["status"] == "diverged" and "bce nan" in row["error"]
+    assert json.loads(row["settings"])["method"]["lr"] == 1e30
+
+
 def test_run_allocator_option_is_applied_and_recorded(tmp_path, toys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert cli.main(["run", "--workload", "toy", "--method", "toy", "--batch-size", "16", "--device", "cpu",

@@ -2,7 +2,7 @@
 a cell killed mid-run becomes a row with its status and is not re-run; a second pipeline on the same
 results folder is refused while the first runs (a dry run is not); a second call does nothing; the
 report builds; `figures` without .snakemake/ metadata runs exactly the new cells; a truncated cell
-file fails the merge naming it; bad or unsafe configs fail before any job."""
+file fails the merge naming it; bad or unsafe configs fail before any job; `lr: 1e-3` is a number."""
 from __future__ import annotations
 
 import json
@@ -210,6 +210,14 @@ def test_bad_config_rejected_before_any_job(tmp_path, mutate, key):
     assert res.returncode != 0
     assert "invalid config" in res.stderr and key in res.stderr, res.stderr[-2000:]
     assert not (tmp_path / "results").exists()
+
+
+def test_exponent_numbers_in_a_config_are_numbers(tmp_path):
+    """`lr: 1e-3` (YAML 1.1, which Snakemake reads, makes it text) passes the methods' own checks."""
+    path = tmp_path / "exp.yaml"
+    path.write_text(TINY.read_text().replace("dense: {method: dense}", "dense: {method: dense, params: {lr: 1e-3}}"))
+    res = snakemake(tmp_path, "-n", "runs", configfile=path, timeout=300)
+    assert res.returncode == 0 and "This was a dry-run" in res.stdout, res.stderr[-2000:]
 
 
 @pytest.mark.parametrize("case", ["injected results_dir", "injected device variable", "duplicated key"])

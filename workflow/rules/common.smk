@@ -1,6 +1,6 @@
-# Config validation (config files re-read for duplicated keys, the COMERA_BENCH_DEVICE variable, JSON
-# schema with defaults, then the methods' and workloads' own checks) and the grid, all before any job is
-# scheduled.
+# Config validation (config files re-read for duplicated keys, the COMERA_BENCH_DEVICE variable, numbers
+# in exponent notation made numbers, JSON schema with defaults, then the methods' and workloads' own
+# checks) and the grid, all before any job is scheduled.
 import json
 import os
 import shlex
@@ -12,6 +12,7 @@ from snakemake.utils import validate
 sys.path.insert(0, workflow.basedir)  # the harness package of this checkout, even if not installed
 from harness import grid as _grid
 from harness import lock as _lock
+from harness import yamlnum as _yamlnum
 
 
 def _validate_config():
@@ -21,6 +22,7 @@ def _validate_config():
         for path in workflow.configfiles:  # Snakemake's own loader lets a repeated key win silently
             _grid.load_config_file(path)
         _grid.env_device_label()
+        _yamlnum.exponent_strings_as_numbers(config)  # lr: 1e-3 is a number (Snakemake reads YAML 1.1)
         error = _grid.schema_error(config, schema)
         if error:
             raise _grid.ConfigError(error)
