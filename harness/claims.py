@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import pandas as pd
 
-from harness import reference
+from harness import reference, timing
 from harness.tables import MB, Results, load, timing_cells
 
 HOLDS, FAILS = "holds", "does not hold"
@@ -221,20 +221,62 @@ def _accuracy_cells(df: pd.DataFrame, method: str) -> pd.DataFrame:
     return df[(df.method == method) & (df.variant == "default") & (df.status == "ok")]
 
 
+TIME_COLUMNS = ("epoch_time_s", "step_time_ms")
+
+
+def stable_only(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows whose timing is stable (harness.timing.judge); a time ratio uses no other row."""
+    return df[df.timing_quality.fillna("") == "stable"] if len(df) else df
+
+
+def _pair_ratio(a: pd.DataFrame, b: pd.DataFrame, column: str) -> timing.Ratio | None:
+    """``column`` of ``a`` over ``b`` (rows of one key): per seed the per-round ratio where both were timed
+    in the same interleaved group, else the ratio of their values; the median over seeds."""
+    found = []
+    for seed, ra in a.groupby("seed", dropna=False):
+        rb = b[b.seed == seed] if pd.notna(seed) else b[b.seed.isna()]
+        if len(rb):
+            r = timing.ratio(ra.iloc[0].to_dict(), rb.iloc[0].to_dict(), column)
+            if r is not None:
+                found.append(r)
+    if not found:
+        return None
+    found.sort(key=lambda r: r.value)
+    return found[len(found) // 2]
+
+
 def _ratios(df: pd.DataFrame, other: str, column: str, keys: Sequence[str] = ("batch_size",),
-            other_variant: str = "default") -> dict:
-    """key -> median(column of ``other``) / median(column of CoMERA) over seeds, for keys both have."""
-    a = _cells(df, other, other_variant).groupby(list(keys))[column].median()
-    b = _cells(df, "comera").groupby(list(keys))[column].median()
-    both = a.index.intersection(b.index)
-    return {k: float(a[k] / b[k]) for k in both if pd.notna(a[k]) and pd.notna(b[k]) and b[k] > 0}
+            other_variant: str = "default") -> dict[Any, timing.Ratio]:
+    """key -> ``other``'s column / CoMERA's (median over seeds), for keys both have. Time columns use
+    stable rows only, and the per-round ratios of cells timed together (harness.timing.ratio)."""
+    a, b = _cells(df, other, other_variant), _cells(df, "comera")
+    if column in TIME_COLUMNS:
+        a, b = stable_only(a), stable_only(b)
+    by_key = dict(iter(b.groupby(list(keys))))
+    out = {}
+    for key, ra in a.groupby(list(keys)):
+        r = _pair_ratio(ra, by_key[key], column) if key in by_key else None
+        if r is not None and r.value > 0:
+            out[key[0] if len(keys) == 1 else key] = r
+    return out
+
+
+def _value(r: Any) -> float:
+    return r.value if isinstance(r, timing.Ratio) else float(r)
+
+
+def _ratio_text(r: Any) -> str:
+    if isinstance(r, timing.Ratio) and r.interleaved and r.n > 1:
+        return f"{r.value:.2f}x [{r.low:.2f}-{r.high:.2f}]"
+    return f"{_value(r):.2f}x"
 
 
 def _directed(ratios: dict, above_one: bool = True, label: Callable[[Any], str] = "batch {}".format) -> str:
-    """"same direction, 2.40x @ batch 32, ...": whether every ratio is on the paper's side of 1."""
-    same = [(v > 1) if above_one else (v < 1) for v in ratios.values()]
+    """"same direction, 2.40x [2.31-2.52] @ batch 32, ...": whether every ratio is on the paper's side of
+    1; a ratio of cells timed in interleaved rounds shows the IQR of its per-round values."""
+    same = [(_value(v) > 1) if above_one else (_value(v) < 1) for v in ratios.values()]
     word = "same direction" if all(same) else "opposite direction" if not any(same) else "mixed directions"
-    return f"{word}, " + ", ".join(f"{v:.2f}x @ {label(k)}" for k, v in sorted(ratios.items()))
+    return f"{word}, " + ", ".join(f"{_ratio_text(v)} @ {label(k)}" for k, v in sorted(ratios.items()))
 
 
 def c1(ctx: Context) -> Verdict:
@@ -244,7 +286,7 @@ def c1(ctx: Context) -> Verdict:
         r = _ratios(rows, "dense", "epoch_time_s")
         if not r:
             return None
-        judged = [x >= v["speedup_vs_dense_min"] for b, x in r.items() if b in v["batch_sizes"]]
+        judged = [x.value >= v["speedup_vs_dense_min"] for b, x in r.items() if b in v["batch_sizes"]]
         return Finding(f"dense/CoMERA epoch time: {_directed(r)}", all(judged) if judged else None)
 
     return _judged(ctx, runs_of(ctx.res, ["transformer"], timing=True), measure,
@@ -260,7 +302,7 @@ def c2(ctx: Context) -> Verdict:
         if b not in t or b not in m:
             return None
         return Finding(f"GaLore/CoMERA time: {_directed({b: t[b]})}; memory: {_directed({b: m[b]})}",
-                       t[b] >= v["speedup_vs_galore"] and m[b] >= v["memory_vs_galore"])
+                       t[b].value >= v["speedup_vs_galore"] and m[b].value >= v["memory_vs_galore"])
 
     return _judged(ctx, runs_of(ctx.res, ["transformer"], timing=True), measure,
                    f"transformer size=paper, {ctx.gpu}, full schedule, batch {b}; GaLore / CoMERA (no target) "
@@ -275,7 +317,7 @@ def _batch1_vs_galore(v: dict) -> Callable[[pd.DataFrame], Finding | None]:
         if b not in t:
             return None
         return Finding(f"GaLore/CoMERA epoch time: {_directed({b: t[b]})}",
-                       t[b] >= v["speedup_vs_galore_b1_rtx4090"])
+                       t[b].value >= v["speedup_vs_galore_b1_rtx4090"])
     return measure
 
 
@@ -286,7 +328,7 @@ def _method_ratios(rows: pd.DataFrame, batches: Sequence[int]) -> dict:
         for column in ("epoch_time_s", "peak_mem_bytes"):
             for b, x in _ratios(rows, method, column).items():
                 if b in batches:
-                    out[(method, column, b)] = x
+                    out[(method, column, b)] = x.value
     return out
 
 
@@ -491,10 +533,10 @@ def c7(ctx: Context) -> Verdict:
         t, m = _ratios(rows, "dense", "epoch_time_s"), _ratios(rows, "dense", "peak_mem_bytes")
         if not t and not m:
             return None
-        mem = [x >= stated[b] for b, x in m.items() if b in stated]
+        mem = [x.value >= stated[b] for b, x in m.items() if b in stated]
         return Finding(f"dense/CoMERA time: {_directed(t, above_one=False) if t else '-'}; memory: "
                        f"{_directed(m) if m else '-'}",
-                       _all([all(x < 1 for x in t.values()) if t else None, all(mem) if mem else None]))
+                       _all([all(x.value < 1 for x in t.values()) if t else None, all(mem) if mem else None]))
 
     return _judged(ctx, runs_of(ctx.res, ["dlrm"], timing=True), measure,
                    f"dlrm size=paper, {ctx.gpu}, full schedule; dense faster than CoMERA (no target) at every "
@@ -519,7 +561,7 @@ def c8(ctx: Context) -> Verdict:
         if not t and not len(comera):
             return None
         texts = [f"dense/CoMERA time: {_directed(t, label=lambda k: f'seq {k[0]}, batch {k[1]}')}"] if t else []
-        fast = [x >= speedups[k[0]] for k, x in t.items() if k[0] in speedups]
+        fast = [x.value >= speedups[k[0]] for k, x in t.items() if k[0] in speedups]
         small = None
         if len(comera):
             size = comera[["compression_total", "compression_layers"]].min()
@@ -547,16 +589,20 @@ def c10(ctx: Context) -> Verdict:
     res = ctx.res
 
     def measure(rows: pd.DataFrame) -> Finding | None:
-        sweep = rows[rows.run_id.isin(list(res.sweeps)) & (rows.status == "ok") & (rows.compression_layers > 1)]
-        dense = _cells(rows[~rows.run_id.isin(list(res.sweeps))], "dense")
-        dense = dense.groupby(["workload", "batch_size"]).epoch_time_s.median()
-        points = {(r.compression_layers, r.batch_size): dense[(r.workload, r.batch_size)] / r.epoch_time_s
-                  for r in sweep.itertuples() if (r.workload, r.batch_size) in dense.index and r.epoch_time_s > 0}
+        sweep = stable_only(rows[rows.run_id.isin(list(res.sweeps)) & (rows.status == "ok")
+                                 & (rows.compression_layers > 1)])
+        dense = stable_only(_cells(rows[~rows.run_id.isin(list(res.sweeps))], "dense"))
+        points = {}
+        for r in sweep.itertuples():
+            ref = dense[(dense.workload == r.workload) & (dense.batch_size == r.batch_size)]
+            found = _pair_ratio(ref, sweep[sweep.run_id == r.run_id], "epoch_time_s") if len(ref) else None
+            if found is not None:
+                points[(r.compression_layers, r.batch_size)] = found
         if not points:
             return None
         return Finding(f"dense/CoMERA epoch time: "
                        f"{_directed(points, label=lambda k: f'compression {k[0]:.1f} (batch {k[1]})')}",
-                       all(x > 1 for x in points.values()))
+                       all(x.value > 1 for x in points.values()))
 
     return _judged(ctx, runs_of(res, set(res.runs.workload), sweeps=True, timing=True), measure,
                    f"compression sweep rows and dense (no target) at the same batch, size=paper, {ctx.gpu}, full "
@@ -594,6 +640,21 @@ RULES = ("A verdict (holds / does not hold) comes only from rows in the claim's 
          "direction' = on the paper's side of 1); 'not measured here': measured nowhere.")
 
 
+def left_out_text(results: Sequence[Results]) -> str:
+    """The timing cells that no time ratio used (not stable), each with its reason."""
+    lines = []
+    for res in results:
+        runs = timing_cells(res.runs)
+        lines += [f"- {res.label}: {entry}" for entry in timing.describe_left_out(
+            r for _, r in runs[runs.status == "ok"].iterrows())]
+    head = ("Time ratios use stable timing rows only (harness/timing.py: spread, timed steps, the machine's "
+            "CPU contention while the steps ran); ratios of cells timed together in interleaved rounds are "
+            "the median of their per-round ratios, with the IQR over rounds in brackets.")
+    if not lines:
+        return head + " No timing row was left out."
+    return head + f" Left out of every time ratio ({len(lines)}):\n" + "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.claims", description=__doc__.splitlines()[0])
     ap.add_argument("--results", required=True, help="results/<device> folder")
@@ -604,12 +665,13 @@ def main(argv: list[str] | None = None) -> int:
     res = load(args.results, args.device_label)
     table = evaluate(res, [load(d) for d in args.compare])
     sources = "\n".join(f"- {k}: {v}" for k, v in reference.load()["sources"].items())
+    left = left_out_text([res, *[load(d) for d in args.compare]])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(f"# Claims of the CoMERA paper vs this device ({res.label})\n\n"
                    f"{table.to_markdown(index=False)}\n\n{RULES}\n\nRows from {args.results}"
                    + (f" and {', '.join(args.compare)}" if args.compare else "")
-                   + f". Memory is the runs' peak_mem_bytes (MB = {MB:.0e} bytes).\n\nSources:\n{sources}\n")
+                   + f". Memory is the runs' peak_mem_bytes (MB = {MB:.0e} bytes).\n\n{left}\n\nSources:\n{sources}\n")
     return 0
 
 

@@ -272,6 +272,10 @@ def expand_grid(config: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict
                     }
                     if purpose != "timing":
                         spec["purpose"] = purpose
+                    if purpose == "timing":
+                        spec["execution"].update(rounds=execution.get("rounds", 1), timing_group=(
+                            slug(f"{wname}{suffix}_b{batch}_s{seed}")
+                            if execution.get("interleave", False) else None))
                     spec["run_id"] = run_id(spec, suffix)
                     spec["config_hash"] = config_hash(spec)
                     if spec["run_id"] in grid:
@@ -281,6 +285,17 @@ def expand_grid(config: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict
                     if point:
                         sweeps[spec["run_id"]] = point
     return grid, sweeps
+
+
+def timing_groups(grid: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """timing group -> its run_ids (in grid order), for the groups of at least two cells; a timing
+    cell alone in its group is timed alone."""
+    groups: dict[str, list[str]] = {}
+    for rid, spec in grid.items():
+        group = spec["execution"].get("timing_group")
+        if group:
+            groups.setdefault(group, []).append(rid)
+    return {g: ids for g, ids in groups.items() if len(ids) > 1}
 
 
 def write_spec(spec: dict[str, Any], path: str | Path) -> None:

@@ -62,19 +62,34 @@ class StepTimer:
         self.device = torch.device(device)
         self.warmup_steps = warmup_steps
         self.all_ms: list[float] = []
+        self.all_cpu_ms: list[float] = []
+        self.all_rounds: list[int] = []
+        self.round = 0
+        """The timing round the next steps belong to (harness.interleave)."""
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
-        """Times the enclosed block as one step (recorded only when it finishes without exception)."""
+        """Times the enclosed block as one step (recorded only when it finishes without exception),
+        with the process's CPU time (all threads) during it."""
         synchronize(self.device)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         yield
         synchronize(self.device)
         self.all_ms.append((time.perf_counter() - start) * 1e3)
+        self.all_cpu_ms.append((time.process_time() - cpu) * 1e3)
+        self.all_rounds.append(self.round)
 
     @property
     def timed_ms(self) -> list[float]:
         return self.all_ms[self.warmup_steps:]
+
+    @property
+    def timed_rounds(self) -> list[int]:
+        return self.all_rounds[self.warmup_steps:]
+
+    @property
+    def timed_cpu_ms(self) -> list[float]:
+        return self.all_cpu_ms[self.warmup_steps:]
 
     def summary(self, window: int | None = None) -> dict[str, float | int | str]:
         """step_time_ms (median), step_time_ms_iqr, steps_timed, and step_time_ms_mean with its basis.

@@ -11,7 +11,11 @@ training step, forward + backward, see harness.measure.flops_per_step), ``settin
 settings, workload params, budget, execution), ``extra`` (JSON: every evaluation metric, FLOP basis,
 epoch-time details, traceback tail of a failure) and ``purpose`` ("timing": a short run for time and
 memory; "quality": trained long enough to compare accuracy and rank adaptation; null in files written
-before the column existed).
+before the column existed), and the timing-trust columns of harness.timing: ``timing_quality``
+("stable" | "noisy: <reasons>"), ``load_avg_1m``, ``cpu_pressure``, ``run_queue_frac`` and
+``cpu_time_ratio`` (the machine's state while the steps ran), ``timing_group`` (the interleaved group
+the cell was timed in, null when it was timed alone) and ``round_step_ms`` (JSON list: the median step
+time of each timing round).
 """
 from __future__ import annotations
 
@@ -68,6 +72,10 @@ RUNS_TYPES: dict[str, pa.DataType] = {
     **PROVENANCE_TYPES,
     # beyond DESIGN.md 3 (see module docstring)
     "flops_per_step": pa.float64(), "settings": pa.string(), "extra": pa.string(), "purpose": pa.string(),
+    # timing trust (harness.timing): the machine's state while the steps ran, the verdict, the rounds
+    "timing_quality": pa.string(), "load_avg_1m": pa.float64(), "cpu_pressure": pa.float64(),
+    "run_queue_frac": pa.float64(), "cpu_time_ratio": pa.float64(), "timing_group": pa.string(),
+    "round_step_ms": pa.string(),
 }
 
 CURVES_TYPES: dict[str, pa.DataType] = {

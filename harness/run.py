@@ -71,16 +71,18 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from harness import allocator, measure, results, warmup
+from harness import allocator, measure, results, timing, warmup
 from harness.cudagraph import GraphedStep, require_cuda, state_signature
 from harness.grid import PURPOSES
+from harness.interleave import RoundGate
 
 SPEC_KEYS = ("run_id", "purpose", "workload", "workload_params", "method", "variant", "method_params",
              "batch_size", "target_ratio", "seed", "budget", "execution", "config_hash")
 BUDGET_DEFAULTS: dict[str, Any] = {"epochs": 1, "max_steps_per_epoch": None, "warmup_steps": 1,
                                    "eval_every_steps": None, "time_limit_s": None}
 EXECUTION_DEFAULTS: dict[str, Any] = {"device": "auto", "num_threads": None, "cuda_graph": False,
-                                      "compile": False, "allocator": "reuse"}
+                                      "compile": False, "allocator": "reuse", "rounds": 1,
+                                      "timing_group": None}
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 """A run_id is a plain file name (it names the cell's files): no "/", not starting with "." or "-"."""
 FINAL_LOSS_WINDOW = 100
@@ -164,6 +166,9 @@ def normalize_spec(spec: dict[str, Any]) -> dict[str, Any]:
     for key in ("cuda_graph", "compile"):
         if not isinstance(ex[key], bool):
             raise SpecError(f"spec execution.{key} must be true or false, got {ex[key]!r}")
+    _check_int("execution.rounds", ex["rounds"], 1)
+    if ex["timing_group"] is not None and not isinstance(ex["timing_group"], str):
+        raise SpecError(f"spec execution.timing_group must be null or a string, got {ex['timing_group']!r}")
     if ex["allocator"] not in allocator.POLICIES:
         raise SpecError(f"spec execution.allocator must be one of {list(allocator.POLICIES)}, "
                         f"got {ex['allocator']!r}")
@@ -310,6 +315,11 @@ class _State:
     epoch: int = 0
     activity: str = ""
     watchdog: _Watchdog | None = None
+    machine: timing.MachineState | None = None
+    gate: RoundGate | None = None
+    round_starts: dict[int, int] = field(default_factory=dict)
+    """step index (0-based) -> the timing round that starts before it"""
+    waited_s: float = 0.0
 
 
 def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress: bool | None = None,
@@ -349,6 +359,8 @@ def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress
     finally:
         if st.watchdog is not None:
             st.watchdog.disarm()
+        if st.gate is not None:
+            st.gate.close()
         if st.monitor is not None and st.memory is None:
             st.memory = st.monitor.stop()
     row = _build_row(st, status, error, tb)
@@ -402,6 +414,10 @@ def _train(st: _State, reg: Registry, progress: bool | None, on_hang: Callable |
         warmup = max(warmup, st.graphed.warmup + 1)
     st.timer = measure.StepTimer(st.device, warmup)
     st.epoch_clock = measure.Stopwatch(st.device)
+    st.machine = timing.MachineState()
+    bounds = timing.round_bounds(min(warmup, total_steps), total_steps, spec["execution"]["rounds"])
+    st.round_starts = {step: r for r, step in enumerate(bounds)}
+    st.gate = RoundGate.from_env(spec["run_id"])
     if eval_every:
         _evaluate(st)
     st.monitor = measure.MemoryMonitor(st.device)
@@ -420,9 +436,12 @@ def _train(st: _State, reg: Registry, progress: bool | None, on_hang: Callable |
             st.epoch_clock.start()
             done_in_epoch = 0
             for batch in itertools.islice(workload.train_batches(epoch), st.steps_in_epoch):
+                _round_boundary(st, deadline)
                 _one_step(st, batch, step_fn, epoch)
                 done_in_epoch += 1
                 bar.update(1)
+                if st.steps_done == total_steps:
+                    _rounds_over(st)
                 if eval_every and (st.steps_done % eval_every == 0 or st.steps_done == st.stage_switch_step):
                     if st.steps_done == total_steps:  # no training follows: the memory region ends here
                         st.monitor.stop()
@@ -431,6 +450,7 @@ def _train(st: _State, reg: Registry, progress: bool | None, on_hang: Callable |
                 st.activity = f"training step {st.steps_done + 1}"  # its batch included
             if done_in_epoch == workload.steps_per_epoch:
                 st.full_epochs_s.append(st.epoch_clock.elapsed())
+        _rounds_over(st)
         st.memory = st.monitor.stop()
         if st.last_eval_step != st.steps_done:
             _evaluate(st, st.epoch)
@@ -439,6 +459,39 @@ def _train(st: _State, reg: Registry, progress: bool | None, on_hang: Callable |
     finally:
         bar.close()
         _record_ranks(st, st.steps_done, st.epoch)
+
+
+def _round_boundary(st: _State, deadline: float | None) -> None:
+    """Before a step that starts a timing round: close the machine-state segment, wait for the round
+    coordinator's go (outside every clock and the time limit), open the next segment."""
+    r = st.round_starts.get(st.steps_done)
+    if r is None:
+        return
+    st.machine.end()
+    if st.gate is not None:
+        before = st.gate.waited_s
+        with st.epoch_clock.paused():
+            st.gate.wait(r)
+        waited = st.gate.waited_s - before
+        st.waited_s += waited
+        if st.watchdog is not None:
+            st.watchdog.extend(waited)
+    st.timer.round = r
+    st.machine.begin()
+
+
+def _rounds_over(st: _State) -> None:
+    """After the last training step: the last segment ends; wait until every cell of the timing
+    group has run its rounds, so that no later work (evaluation, writing) overlaps another's steps."""
+    st.machine.end()
+    if st.gate is not None:
+        before = st.gate.waited_s
+        with st.epoch_clock.paused():
+            st.gate.done()
+        if st.watchdog is not None:
+            st.watchdog.extend(st.gate.waited_s - before)
+        st.waited_s += st.gate.waited_s - before
+        st.gate = None
 
 
 def _warm_up(st: _State, reg: Registry) -> None:
@@ -520,7 +573,7 @@ def _check_parameters(st: _State, shown: int = 5) -> None:
 
 
 def _check_time(st: _State, deadline: float | None) -> None:
-    if deadline is not None and time.perf_counter() > deadline:
+    if deadline is not None and time.perf_counter() - st.waited_s > deadline:
         raise _Timeout(f"time limit of {st.spec['budget']['time_limit_s']} s reached after "
                        f"{st.steps_done} steps")
 
@@ -535,13 +588,22 @@ class _Watchdog:
     def __init__(self, after_s: float, fire: Callable[[], None]):
         self._disarmed = threading.Event()
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._watch, args=(after_s, fire), name="cell-watchdog",
+        self._deadline = time.monotonic() + after_s
+        self._thread = threading.Thread(target=self._watch, args=(fire,), name="cell-watchdog",
                                         daemon=True)
         self._thread.start()
 
-    def _watch(self, after_s: float, fire: Callable[[], None]) -> None:
-        if self._disarmed.wait(after_s):
-            return
+    def extend(self, seconds: float) -> None:
+        """Move the deadline by ``seconds`` (time spent waiting for a timing round)."""
+        self._deadline += seconds
+
+    def _watch(self, fire: Callable[[], None]) -> None:
+        while True:
+            remaining = self._deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            if self._disarmed.wait(remaining):
+                return
         with self._lock:
             if not self._disarmed.is_set():
                 backstop = threading.Timer(self.BACKSTOP_S, os._exit, args=(1,))
@@ -619,6 +681,7 @@ def _build_row(st: _State, status: str, error: str, tb: str) -> dict[str, Any]:
         summary = st.timer.summary(window=settings.get("time_window_steps"))
         row.update(step_time_ms=summary["step_time_ms"], step_time_ms_iqr=summary["step_time_ms_iqr"],
                    steps_timed=summary["steps_timed"])
+        row.update(_timing_columns(st, summary))
         if summary["steps_timed"]:
             row["samples_per_s"] = spec["batch_size"] * 1e3 / summary["step_time_ms"]
             row["epoch_time_s"], row["epoch_time_kind"] = measure.epoch_time(
@@ -661,6 +724,22 @@ def _build_row(st: _State, status: str, error: str, tb: str) -> dict[str, Any]:
         sort_keys=True, default=str)
     row["extra"] = json.dumps(extra, sort_keys=True, default=str)
     return _integral(row)
+
+
+def _timing_columns(st: _State, summary: dict[str, Any]) -> dict[str, Any]:
+    """The machine's state while the steps ran, the per-round medians and the stability verdict."""
+    ex = st.spec["execution"]
+    state = st.machine.columns() if st.machine is not None else {}
+    medians = timing.round_medians(st.timer.timed_ms, st.timer.timed_rounds)
+    cols = {**state, "timing_group": ex["timing_group"] or None,
+            "cpu_time_ratio": timing.cpu_time_ratio(st.timer.timed_cpu_ms, st.timer.timed_ms,
+                                                    ex["num_threads"]),
+            "round_step_ms": json.dumps(medians) if medians else None}
+    cols["timing_quality"] = timing.judge(
+        step_time_ms=summary["step_time_ms"], step_time_ms_iqr=summary["step_time_ms_iqr"],
+        steps_timed=summary["steps_timed"], step_time_ms_mean=summary["step_time_ms_mean"],
+        run_queue_frac=state.get("run_queue_frac"), cpu_pressure=state.get("cpu_pressure"))
+    return cols
 
 
 def _integral(row: dict[str, Any]) -> dict[str, Any]:

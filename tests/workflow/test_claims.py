@@ -27,7 +27,7 @@ def run(workload, method, batch, *, variant="default", target=None, time=10.0, m
                epoch_time_s=time, step_time_ms=time, epoch_time_kind="measured", peak_mem_bytes=int(mem),
                peak_mem_kind="cuda_allocated", metric_name=metric_name, metric_value=metric,
                final_train_loss=loss, epochs=1.0, compression_total=compression,
-               compression_layers=layers or compression, num_threads=4,
+               compression_layers=layers or compression, num_threads=4, timing_quality="stable",
                settings=json.dumps({"method": {"late_start_step": late, "target_ratio": target}}))
     return row
 
@@ -324,3 +324,45 @@ def test_accuracy_and_compression_claims_take_quality_cells_when_the_grid_has_th
     assert "transformer: 40.0x" in measured and "dlrm: 100.0x" in measured
     edit(quality, {"compression_total": 85.0}, method="comera")
     assert verdicts("85x")[:2] == (claims.HOLDS, claims.HOLDS)
+
+
+# ------------------------------------------------------------------------- timing trust (harness.timing)
+
+def test_noisy_rows_give_no_time_verdict_and_are_named(tmp_path):
+    rows = placed(paper_rows())
+    edit(rows, {"timing_quality": "noisy: CPU pressure 60% (> 25%)"}, workload="transformer", method="dense",
+         batch_size=32)
+    table = evaluate(tmp_path, rows, lookup_rows())
+    # C1 still holds on the other batches, but batch 32 no longer enters it
+    assert "@ batch 32" not in table.loc["C1", MEASURED]
+    assert "@ batch 1" in table.loc["C1", MEASURED]
+    claims_md = tmp_path / "claims.md"
+    claims.main(["--results", str(tmp_path / "here"), "--out", str(claims_md)])
+    text = claims_md.read_text()
+    assert "transformer_dense-default_b32_sNone_tNone: CPU pressure 60% (> 25%)" in text
+
+
+def test_memory_ratios_keep_noisy_rows(tmp_path):
+    rows = placed(paper_rows())
+    edit(rows, {"timing_quality": "noisy: 3 timed steps (< 5)"}, workload="transformer", method="galore",
+         batch_size=1)
+    table = evaluate(tmp_path, rows, lookup_rows())
+    assert table.loc["C2", VERDICT] == claims.NOT_MEASURED  # needs the batch-1 time ratio
+    res = tables.load(tmp_path / "here")
+    mem = claims._ratios(claims.annotate(res, res.runs), "galore", "peak_mem_bytes")
+    assert mem[1].value == pytest.approx(950 / 100)
+
+
+def test_interleaved_rows_give_the_median_of_per_round_ratios(tmp_path):
+    rows = placed(paper_rows())
+    group = {"timing_group": "transformer_b32_s0"}
+    edit(rows, {**group, "round_step_ms": json.dumps([30, 33, 60, 30, 36])}, workload="transformer",
+         method="dense", batch_size=32)
+    edit(rows, {**group, "round_step_ms": json.dumps([10, 11, 20, 12, 12])}, workload="transformer",
+         method="comera", batch_size=32, target_ratio=None, variant="default")
+    res = folder(tmp_path / "here", rows)
+    r = claims._ratios(claims.annotate(res, res.runs), "dense", "epoch_time_s")[32]
+    assert r.interleaved and r.n == 5
+    assert r.value == pytest.approx(3.0)  # per round 3, 3, 3, 2.5, 3: not the ratio of medians (33/12)
+    assert r.low == pytest.approx(3.0) and r.high == pytest.approx(3.0)
+    assert "3.00x [3.00-3.00] @ batch 32" in claims._directed({32: r})

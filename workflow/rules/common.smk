@@ -43,6 +43,9 @@ FIGURES = config["figures_dir"]
 CELLS = f"{RESULTS}/runs/{DEVICE}"
 MERGED = f"{RESULTS}/{DEVICE}"
 GRID, SWEEPS = _grid.expand_grid(config)
+GROUPS = _grid.timing_groups(GRID)  # timing group -> its cells, timed in interleaved rounds
+GROUPED = {rid for ids in GROUPS.values() for rid in ids}
+SOLO = [rid for rid in GRID if rid not in GROUPED]  # quality cells, and timing cells timed alone
 MICROBENCH = config["microbench"]["specs"]
 SPEC_FILES = expand(f"{CELLS}/{{run_id}}.spec.json", run_id=GRID)
 RUN_FILES = expand(f"{CELLS}/{{run_id}}.runs.parquet", run_id=GRID)

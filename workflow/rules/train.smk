@@ -15,7 +15,11 @@ rule cell_spec:
         "printf '%s\\n' {params.spec:q} > {output:q}"
 
 
+import re as _re
+
 rule train:
+    wildcard_constraints:
+        run_id="|".join(map(_re.escape, SOLO)) or "(?!)",
     input:
         spec=f"{CELLS}/{{run_id}}.spec.json",
     output:
@@ -37,3 +41,30 @@ rule runs:
     input:
         RUN_FILES,
         CURVE_FILES,
+
+
+# The timing cells of one group (same workload, sweep point, batch size and seed; harness/interleave.py)
+# run as one job: every cell in its own process, taking turns round by round, so that a change of the
+# machine's load hits every method alike. A changed or missing cell re-runs its whole group: ratios come
+# only from cells timed together.
+for _group, _ids in GROUPS.items():
+
+    rule:
+        name:
+            f"time_{_group}"
+        input:
+            [f"{CELLS}/{rid}.spec.json" for rid in _ids],
+        output:
+            [f"{CELLS}/{rid}.{kind}.parquet" for rid in _ids for kind in ("runs", "curves")],
+        log:
+            [f"{CELLS}/logs/{rid}.log" for rid in _ids],
+        threads: config["execution"]["threads"]
+        resources:
+            **({"gpu": 1} if ON_GPU else {}),
+        params:
+            wrapper=gpu_wrapper(),
+            cells=[arg for rid in _ids for arg in ("--cell", f"{CELLS}/{rid}.spec.json",
+                   f"{CELLS}/{rid}.runs.parquet", f"{CELLS}/{rid}.curves.parquet", f"{CELLS}/logs/{rid}.log")],
+            rounds=config["execution"]["rounds"],
+        shell:
+            "{params.wrapper}python -m harness.interleave --rounds {params.rounds} {params.cells:q}"

@@ -1,0 +1,274 @@
+"""Timing the cells that are compared together in interleaved rounds, each cell in its own process.
+
+A *timing group* is the set of cells whose times a figure, a claim or a comparison divides (the
+pipeline's: same workload and sweep point, batch size and seed; every method, variant and CUDA-graph
+setting). :func:`run_group` starts one process per cell (``comera-bench run --isolate``, so a killed
+cell still becomes a row) and lets each build its model, warm up and run its warm-up steps at the same
+time; no timed step runs before every cell is ready. Then, round by round, it lets exactly one cell run
+its share of timed steps at a time (the order reversed every other round: A B C, C B A, ...), so a
+change of the machine's load hits every method of the group within one round. After the last round
+the cells finish (final evaluation, rows written) together.
+
+Protocol (one Unix socket, path in the environment variable ``COMERA_BENCH_ROUNDS``): a cell connects
+and sends ``hello <run_id>``; before the timed steps of each round r it sends ``ready <r>`` and
+waits for ``go``; after its last round it sends ``done`` and waits for ``go`` (the release). :class:`RoundGate` is the cell's side. A cell that ends (a failure,
+a kill) closes its connection and drops out of the rounds; a cell whose coordinator vanishes runs on
+without waiting. Memory stays each process's own; on one GPU the group's processes share its memory.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import selectors
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+ENV = "COMERA_BENCH_ROUNDS"
+POLL_S = 0.5
+
+
+class RoundGate:
+    """The cell's side: :meth:`wait` before each round's steps (a no-op without a coordinator)."""
+
+    def __init__(self, path: str, run_id: str):
+        self._sock: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.connect(path)
+        self._file = self._sock.makefile("rwb", buffering=0)
+        self._send(f"hello {run_id}")
+        self.waited_s = 0.0
+
+    @classmethod
+    def from_env(cls, run_id: str) -> "RoundGate | None":
+        path = os.environ.get(ENV)
+        if not path:
+            return None
+        try:
+            return cls(path, run_id)
+        except OSError as exc:
+            print(f"comera-bench: warning: cannot reach the round coordinator at {path} ({exc}); "
+                  "timing this cell without rounds", file=sys.stderr)
+            return None
+
+    def _send(self, line: str) -> None:
+        self._file.write(line.encode() + b"\n")
+
+    def wait(self, round_index: int) -> None:
+        """Tell the coordinator this cell is at round ``round_index`` and block until it says go."""
+        if self._sock is None:
+            return
+        started = time.perf_counter()
+        try:
+            self._send(f"ready {round_index}")
+            answer = self._file.readline()
+        except OSError:
+            answer = b""
+        self.waited_s += time.perf_counter() - started
+        if answer.strip() != b"go":
+            self.close()  # the coordinator is gone: run on alone
+
+    def done(self) -> None:
+        """This cell's rounds are over: wait until the coordinator lets every cell finish."""
+        if self._sock is None:
+            return
+        started = time.perf_counter()
+        try:
+            self._send("done")
+            self._file.readline()
+        except OSError:
+            pass
+        self.waited_s += time.perf_counter() - started
+        self.close()
+
+    def close(self) -> None:
+        if self._sock is not None:
+            try:
+                self._file.close()
+                self._sock.close()
+            finally:
+                self._sock = None
+
+
+@dataclass
+class Cell:
+    """A cell of a group: its spec and output files, and while running its process and connection."""
+
+    spec: str
+    runs: str
+    curves: str
+    log: str | None = None
+    run_id: str = ""
+    proc: subprocess.Popen | None = None
+    conn: socket.socket | None = None
+    buffer: bytes = b""
+    state: str = "starting"
+    """starting (no connection yet) | running (steps under way) | ready (waits for the round in
+    ``at_round``) | done (its rounds are over; waits to be released) | gone (left the rounds)"""
+    at_round: int | None = None
+    rounds_run: list[int] = field(default_factory=list)
+
+
+def _command(cell: Cell) -> list[str]:
+    cmd = [sys.executable, "-m", "harness.cli", "run", "--isolate", "--spec", cell.spec,
+           "--runs-out", cell.runs, "--curves-out", cell.curves]
+    return cmd + (["--log", cell.log] if cell.log else [])
+
+
+class _Coordinator:
+    def __init__(self, cells: list[Cell], server: socket.socket):
+        self.cells = cells
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(server, selectors.EVENT_READ, None)
+
+    def close(self) -> None:
+        self.sel.close()
+
+    def _drop(self, cell: Cell) -> None:
+        if cell.conn is not None:
+            self.sel.unregister(cell.conn)
+            cell.conn.close()
+            cell.conn = None
+        cell.state = "gone"
+
+    def _read(self, cell: Cell) -> None:
+        """Read what ``cell`` sent; a closed connection drops it out of the rounds."""
+        try:
+            data = cell.conn.recv(4096)
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(cell)
+            return
+        cell.buffer += data
+        while b"\n" in cell.buffer:
+            line, cell.buffer = cell.buffer.split(b"\n", 1)
+            word, _, arg = line.decode(errors="replace").strip().partition(" ")
+            if word == "hello" and cell.state == "starting":
+                cell.state = "running"
+            elif word == "ready":
+                cell.state, cell.at_round = "ready", int(arg)
+            elif word == "done":
+                cell.state, cell.at_round = "done", None
+
+    def _accept(self, server: socket.socket) -> None:
+        conn, _ = server.accept()
+        conn.settimeout(30)
+        hello = b""
+        try:
+            while not hello.endswith(b"\n"):
+                chunk = conn.recv(256)
+                if not chunk:
+                    break
+                hello += chunk
+        except OSError:
+            hello = b""
+        conn.settimeout(None)
+        run_id = hello.decode(errors="replace").strip().removeprefix("hello ")
+        for cell in self.cells:
+            if cell.run_id == run_id and cell.state == "starting":
+                cell.conn, cell.state = conn, "running"
+                self.sel.register(conn, selectors.EVENT_READ, cell)
+                return
+        conn.close()  # not one of ours
+
+    def pump(self, timeout: float = POLL_S) -> None:
+        for key, _ in self.sel.select(timeout):
+            if key.data is None:
+                self._accept(key.fileobj)
+            elif key.data.conn is not None:
+                self._read(key.data)
+        for cell in self.cells:  # a process that ended before it connected
+            if cell.state == "starting" and cell.proc is not None and cell.proc.poll() is not None:
+                cell.state = "gone"
+
+    def wait_until(self, round_index: int) -> None:
+        """Until no cell is starting or running (each waits at ``round_index``, is done or gone)."""
+        while any(c.state in ("starting", "running") for c in self.cells):
+            self.pump()
+
+    def run_round(self, cell: Cell, round_index: int) -> None:
+        """Let ``cell`` run its steps of ``round_index``; return when it waits again or has left."""
+        if cell.state != "ready" or cell.at_round != round_index:
+            return
+        cell.state = "running"
+        cell.rounds_run.append(round_index)
+        try:
+            cell.conn.sendall(b"go\n")
+        except OSError:
+            self._drop(cell)
+        while cell.state == "running":
+            self.pump()
+
+    def release(self) -> None:
+        """Let every cell finish (final evaluation, rows) at once."""
+        for cell in self.cells:
+            if cell.conn is not None:
+                try:
+                    cell.conn.sendall(b"go\n")
+                except OSError:
+                    pass
+                self._drop(cell)
+
+
+def run_group(cells: Sequence[Cell], rounds: int, *, log=None) -> int:
+    """Run ``cells`` in interleaved rounds (module docstring); returns the number of cells whose
+    process exited with a non-zero status."""
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    cells = list(cells)
+    for cell in cells:
+        cell.run_id = json.loads(Path(cell.spec).read_text())["run_id"]
+    with tempfile.TemporaryDirectory(prefix="comera-rounds-") as tmp:
+        path = os.path.join(tmp, "rounds.sock")
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(path)
+        server.listen(len(cells))
+        coord = _Coordinator(cells, server)
+        env = {**os.environ, ENV: path}
+        started = time.monotonic()
+        try:
+            for cell in cells:
+                cell.proc = subprocess.Popen(_command(cell), env=env)
+            log(f"timing group of {len(cells)} cells, {rounds} interleaved rounds: "
+                + ", ".join(c.run_id for c in cells))
+            for r in range(rounds):
+                coord.wait_until(r)
+                for cell in (cells if r % 2 == 0 else cells[::-1]):
+                    coord.run_round(cell, r)
+                log(f"  round {r + 1}/{rounds} ({time.monotonic() - started:.0f} s)")
+            coord.wait_until(rounds)
+            coord.release()
+            failed = sum(1 for cell in cells if cell.proc.wait() != 0)
+        finally:
+            for cell in cells:
+                if cell.proc is not None and cell.proc.poll() is None:
+                    cell.proc.terminate()
+                    try:
+                        cell.proc.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        cell.proc.kill()
+            coord.close()
+            server.close()
+    return failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m harness.interleave --rounds R --cell SPEC RUNS CURVES LOG ...``: one timing group."""
+    ap = argparse.ArgumentParser(prog="python -m harness.interleave", description=main.__doc__)
+    ap.add_argument("--rounds", type=int, required=True)
+    ap.add_argument("--cell", nargs=4, action="append", required=True,
+                    metavar=("SPEC", "RUNS_OUT", "CURVES_OUT", "LOG"))
+    args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds {args.rounds}: need at least 1")
+    cells = [Cell(spec, runs, curves, log) for spec, runs, curves, log in args.cell]
+    return 1 if run_group(cells, args.rounds) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

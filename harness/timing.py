@@ -1,0 +1,264 @@
+"""Whether a timing can be trusted: the machine's state while a cell was timed, the per-row stability
+verdict, and ratios between cells taken round by round.
+
+Machine state (:class:`MachineState`), accumulated over the segments in which the cell's own training
+steps ran (one segment per timing round; evaluations inside a segment count, waits between rounds do not):
+
+* ``load_avg_1m``: the largest 1-minute load average read at the start or end of a segment.
+* ``cpu_pressure``: the share of the segments' wall time in which some task of the machine waited for a
+  CPU (Linux PSI, ``/proc/pressure/cpu`` "some"); null where the kernel has no PSI.
+* ``run_queue_frac``: the share of its runnable time the cell's own threads spent waiting for a CPU
+  (``/proc/self/task/*/schedstat``: run-queue delay / (delay + time on a CPU)); 0 on an idle machine,
+  about 0.5 when every thread shares its core with one busy thread of another program; null where
+  schedstat is missing.
+* ``cpu_time_ratio``: the process's CPU time during its timed steps over their wall time x its torch
+  threads (1.0: every thread busy all the time). Informative only: a small model leaves threads idle on
+  a quiet machine too, so it enters no verdict.
+
+Stability (:func:`judge`): a row is ``stable`` unless one of the documented thresholds below is crossed;
+then ``noisy: <reasons>``. Verdicts and "same comparison here" ratios use stable rows only.
+"""
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+MIN_TIMED_STEPS = 5
+"""Fewer timed steps than this: too few for a median."""
+MAX_IQR_OVER_MEDIAN = 0.25
+"""Inter-quartile range of the step times above this share of their median: the steps disagree."""
+MAX_MEAN_OVER_MEDIAN = 1.5
+"""Mean step time (whole windows of periodic work) above this multiple of the median: outliers dominate."""
+MAX_RUN_QUEUE_FRAC = 0.10
+"""The cell's threads waited for a CPU more than this share of their runnable time: other work competed."""
+MAX_CPU_PRESSURE = 0.25
+"""Some task of the machine waited for a CPU during more than this share of the timed wall time."""
+MAX_ROUND_SPREAD = 0.25
+"""A ratio whose per-round values spread (IQR) more than this share of their median is not stable."""
+
+_PSI = Path("/proc/pressure/cpu")
+_TASKS = Path("/proc/self/task")
+
+
+# ------------------------------------------------------------------------------------- machine state
+
+def psi_some_us() -> int | None:
+    """Total microseconds some task waited for a CPU since boot (PSI), or None without PSI."""
+    try:
+        for line in _PSI.read_text().splitlines():
+            if line.startswith("some"):
+                return int(line.rsplit("total=", 1)[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def schedstat_ns() -> tuple[int, int] | None:
+    """(time on a CPU, time waiting on a run queue) in ns, summed over the process's threads."""
+    on_cpu = waiting = 0
+    try:
+        tasks = list(_TASKS.iterdir())
+    except OSError:
+        return None
+    seen = False
+    for task in tasks:
+        try:
+            fields = (task / "schedstat").read_text().split()
+            on_cpu += int(fields[0])
+            waiting += int(fields[1])
+            seen = True
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+    return (on_cpu, waiting) if seen else None
+
+
+def load_avg_1m() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+@dataclass
+class MachineState:
+    """The machine's state over the segments in which a cell's steps ran (see the module docstring)."""
+
+    wall_s: float = 0.0
+    psi_us: int | None = None
+    on_cpu_ns: int | None = None
+    waiting_ns: int | None = None
+    load_max: float | None = None
+    _start: tuple[float, int | None, tuple[int, int] | None] | None = field(default=None, repr=False)
+
+    def _load(self) -> None:
+        load = load_avg_1m()
+        if load is not None:
+            self.load_max = load if self.load_max is None else max(self.load_max, load)
+
+    def begin(self) -> None:
+        """Start a segment (idempotent while one is open)."""
+        if self._start is None:
+            self._load()
+            self._start = (time.perf_counter(), psi_some_us(), schedstat_ns())
+
+    def end(self) -> None:
+        """Close the open segment, adding its deltas."""
+        if self._start is None:
+            return
+        wall0, psi0, sched0 = self._start
+        self._start = None
+        self.wall_s += time.perf_counter() - wall0
+        psi1, sched1 = psi_some_us(), schedstat_ns()
+        if psi0 is not None and psi1 is not None:
+            self.psi_us = (self.psi_us or 0) + psi1 - psi0
+        if sched0 is not None and sched1 is not None:
+            self.on_cpu_ns = (self.on_cpu_ns or 0) + max(sched1[0] - sched0[0], 0)
+            self.waiting_ns = (self.waiting_ns or 0) + max(sched1[1] - sched0[1], 0)
+        self._load()
+
+    def columns(self) -> dict[str, float | None]:
+        """The runs columns load_avg_1m, cpu_pressure and run_queue_frac."""
+        pressure = (min(self.psi_us / 1e6 / self.wall_s, 1.0)
+                    if self.psi_us is not None and self.wall_s > 0 else None)
+        busy = (self.on_cpu_ns or 0) + (self.waiting_ns or 0)
+        queue = self.waiting_ns / busy if self.waiting_ns is not None and busy > 0 else None
+        return {"load_avg_1m": self.load_max, "cpu_pressure": pressure, "run_queue_frac": queue}
+
+
+def cpu_time_ratio(cpu_ms: Sequence[float], wall_ms: Sequence[float], num_threads: int) -> float | None:
+    """The process's CPU time over wall time x threads during the timed steps (None without steps)."""
+    wall = sum(wall_ms)
+    return sum(cpu_ms) / (wall * num_threads) if wall > 0 and num_threads > 0 else None
+
+
+# ------------------------------------------------------------------------------------------ verdicts
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def judge(*, step_time_ms: float | None, step_time_ms_iqr: float | None, steps_timed: int | None,
+          step_time_ms_mean: float | None = None, run_queue_frac: float | None = None,
+          cpu_pressure: float | None = None) -> str:
+    """``stable`` or ``noisy: <reason>; <reason>`` from the thresholds of this module."""
+    reasons = []
+    if not steps_timed or steps_timed < MIN_TIMED_STEPS:
+        reasons.append(f"{steps_timed or 0} timed steps (< {MIN_TIMED_STEPS})")
+    if _finite(step_time_ms) and step_time_ms > 0:
+        if _finite(step_time_ms_iqr) and step_time_ms_iqr / step_time_ms > MAX_IQR_OVER_MEDIAN:
+            reasons.append(f"IQR {step_time_ms_iqr / step_time_ms:.0%} of the median "
+                           f"(> {MAX_IQR_OVER_MEDIAN:.0%})")
+        if _finite(step_time_ms_mean) and step_time_ms_mean / step_time_ms > MAX_MEAN_OVER_MEDIAN:
+            reasons.append(f"mean {step_time_ms_mean / step_time_ms:.2f}x the median "
+                           f"(> {MAX_MEAN_OVER_MEDIAN:g}x)")
+    if _finite(run_queue_frac) and run_queue_frac > MAX_RUN_QUEUE_FRAC:
+        reasons.append(f"its threads waited for a CPU {run_queue_frac:.0%} of their runnable time "
+                       f"(> {MAX_RUN_QUEUE_FRAC:.0%})")
+    if _finite(cpu_pressure) and cpu_pressure > MAX_CPU_PRESSURE:
+        reasons.append(f"CPU pressure {cpu_pressure:.0%} (> {MAX_CPU_PRESSURE:.0%})")
+    return "noisy: " + "; ".join(reasons) if reasons else "stable"
+
+
+def is_stable(row: Any) -> bool:
+    """A row (mapping or pandas row) is stable; rows written before the verdict existed are not."""
+    value = row.get("timing_quality") if hasattr(row, "get") else None
+    return value == "stable"
+
+
+def noisy_reason(row: Any) -> str:
+    value = row.get("timing_quality") if hasattr(row, "get") else None
+    if not isinstance(value, str) or not value:
+        return "no timing verdict (written before timing_quality existed)"
+    return value.removeprefix("noisy: ")
+
+
+# ------------------------------------------------------------------------------------------- rounds
+
+def round_medians(step_ms: Sequence[float], step_round: Sequence[int]) -> list[float | None]:
+    """Median step time of each round (None for a round without a timed step)."""
+    if not step_round:
+        return []
+    by_round: dict[int, list[float]] = {}
+    for ms, r in zip(step_ms, step_round):
+        by_round.setdefault(r, []).append(ms)
+    return [statistics.median(by_round[r]) if r in by_round else None for r in range(max(step_round) + 1)]
+
+
+def round_bounds(first_timed: int, total_steps: int, rounds: int) -> list[int]:
+    """Step indices (0-based) at which rounds 0..rounds-1 start: the timed steps split evenly."""
+    timed = max(total_steps - first_timed, 0)
+    rounds = max(1, min(rounds, timed)) if timed else 1
+    return [first_timed + (r * timed) // rounds for r in range(rounds)]
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A ratio of two cells' times with its spread: the median over rounds of the per-round ratios
+    (``interleaved``), else the ratio of the two medians (``n`` = 1, no spread)."""
+
+    value: float
+    low: float
+    high: float
+    n: int
+    interleaved: bool
+
+    @property
+    def spread(self) -> float:
+        """(high - low) / value: the relative width of the per-round ratios' IQR."""
+        return (self.high - self.low) / self.value if self.value else math.inf
+
+    def text(self, digits: int = 2) -> str:
+        if self.interleaved and self.n > 1:
+            return f"{self.value:.{digits}f}x (IQR {self.low:.{digits}f}-{self.high:.{digits}f}, {self.n} rounds)"
+        return f"{self.value:.{digits}f}x (not interleaved)"
+
+
+def _json_list(value: Any) -> list[float | None]:
+    import json
+
+    if isinstance(value, str) and value:
+        try:
+            data = json.loads(value)
+        except ValueError:
+            return []
+        return data if isinstance(data, list) else []
+    return list(value) if isinstance(value, (list, tuple)) else []
+
+
+def _quartiles(values: list[float]) -> tuple[float, float, float]:
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def ratio(num: Any, den: Any, column: str = "step_time_ms") -> Ratio | None:
+    """``num``/``den`` for two runs rows. When both were timed in the same interleaved group, the
+    median over rounds of the per-round ratio of their round medians (``round_step_ms``), with its IQR;
+    else the ratio of their ``column`` values (None when either is missing). For ``epoch_time_s`` the
+    per-round step-time ratio is used too (an epoch is steps x step time for both cells)."""
+    group_a, group_b = num.get("timing_group"), den.get("timing_group")
+    if column in ("step_time_ms", "epoch_time_s") and group_a and group_a == group_b:
+        a, b = _json_list(num.get("round_step_ms")), _json_list(den.get("round_step_ms"))
+        per_round = [x / y for x, y in zip(a, b) if _finite(x) and _finite(y) and y > 0]
+        if per_round and len(a) == len(b):
+            low, mid, high = _quartiles(per_round)
+            return Ratio(mid, low, high, len(per_round), True)
+    x, y = num.get(column), den.get(column)
+    if not (_finite(x) and _finite(y)) or y == 0:
+        return None
+    return Ratio(x / y, x / y, x / y, 1, False)
+
+
+def ratio_is_stable(r: Ratio | None) -> bool:
+    return r is not None and (not r.interleaved or r.n < 2 or r.spread <= MAX_ROUND_SPREAD)
+
+
+def describe_left_out(rows: Iterable[Any]) -> list[str]:
+    """``run_id: reason`` for each row that is not stable (for notes under tables and claims)."""
+    return [f"{row.get('run_id')}: {noisy_reason(row)}" for row in rows if not is_stable(row)]
