@@ -25,7 +25,11 @@ from harness.tables import (MB, Results, late_stage_missing, method_label, quali
                             report_args, status_note, timing_cells)
 
 PAPER = "paper (RTX 3090)"
-FOOTER_CHARS_PER_INCH = 19  # characters of the 6.5-point footer per inch of figure width
+FOOTER_POINTS = 8
+FOOTER_CHARS_PER_INCH = 15  # characters of the 8-point footer per inch of figure width
+NOISY_COLOR = "black"
+SPREAD_NOTE = ("Bars: IQR of the cell's step times (scaled to the epoch); black-ringed markers: "
+               "timing not stable (timing_quality, table_runs), left out of every verdict.")
 
 
 def _figure(ncols: int = 2, width: float = 5.2) -> tuple[plt.Figure, list[plt.Axes]]:
@@ -38,8 +42,8 @@ def _finish(fig: plt.Figure, title: str, footer: str, out: Path, name: str) -> N
     """Title, footer (wrapped to the figure's width, the plots moved up to make room), PNG + PDF."""
     fig.suptitle(title, fontsize=11)
     lines = textwrap.wrap(footer, int(fig.get_figwidth() * FOOTER_CHARS_PER_INCH))
-    fig.text(0.01, 0.01, "\n".join(lines), fontsize=6.5, va="bottom", ha="left")
-    fig.tight_layout(rect=(0, 0.03 + len(lines) * 9.5 / 72 / fig.get_figheight(), 1, 0.95))
+    fig.text(0.01, 0.01, "\n".join(lines), fontsize=FOOTER_POINTS, va="bottom", ha="left")
+    fig.tight_layout(rect=(0, 0.03 + len(lines) * FOOTER_POINTS * 1.45 / 72 / fig.get_figheight(), 1, 0.95))
     for ext in ("png", "pdf"):
         fig.savefig(out / f"{name}.{ext}", dpi=130)
     plt.close(fig)
@@ -57,31 +61,70 @@ def _mark_failed(ax: plt.Axes, x: float, status: str) -> None:
     ax.annotate(status, (x, 0), textcoords="offset points", xytext=(3, 6), color="red", fontsize=7)
 
 
-def _per_batch(ax: plt.Axes, df: pd.DataFrame, column: str, scale: float, ylabel: str) -> None:
-    """One line per method configuration over batch size; failed cells as red crosses."""
-    for label, group in df.groupby(df.apply(method_label, axis=1), sort=True):
+def display_label(row: pd.Series) -> str:
+    """A method configuration as a reader knows it ("uncompressed" for dense training)."""
+    label = method_label(row)
+    return "uncompressed" + label[len("dense"):] if label.startswith("dense") else label
+
+
+def _relative_iqr(df: pd.DataFrame) -> pd.Series:
+    """Each row's step-time IQR over its median (0 where unknown)."""
+    rel = df.step_time_ms_iqr / df.step_time_ms
+    return rel.where(rel.notna() & (df.step_time_ms > 0), 0.0)
+
+
+def _log_if_spread(ax: plt.Axes, values: pd.Series) -> None:
+    """A log y axis where the positive values span more than a decade, else linear from 0."""
+    values = values[values > 0].dropna()
+    if len(values) and values.max() / values.min() > 10:
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(bottom=0)
+
+
+def _per_batch(ax: plt.Axes, df: pd.DataFrame, column: str, scale: float, ylabel: str,
+               spread: bool = False) -> None:
+    """Markers per method configuration at each batch size (no line joins two batch sizes: they are
+    separate measurements), dodged sideways so that they do not hide each other; failed cells as red
+    crosses. With ``spread`` (a time column) each point carries its IQR bar and an unstable timing is
+    drawn with a black ring."""
+    labels = df.apply(display_label, axis=1) if len(df) else pd.Series(dtype=object)
+    groups = list(df.groupby(labels, sort=True))
+    for i, (label, group) in enumerate(groups):
+        dodge = 2 ** ((i - (len(groups) - 1) / 2) * 0.06)
         group = group.sort_values("batch_size")
         ok = group[group.status == "ok"]
-        ax.plot(ok.batch_size, ok[column] / scale, marker="o", label=label)
+        x, y = ok.batch_size.astype(float) * dodge, ok[column].astype(float) / scale
+        err = y * _relative_iqr(ok) / 2 if spread else None
+        ax.errorbar(x, y, yerr=err, marker="o", ls="none", capsize=3, label=label, color=f"C{i}", zorder=2)
+        if spread:
+            noisy = ok.timing_quality.fillna("") != "stable"
+            if noisy.any():
+                ax.plot(x[noisy], y[noisy], marker="o", ls="none", markersize=12, markerfacecolor="white",
+                        markeredgecolor=NOISY_COLOR, markeredgewidth=2, zorder=1)
         for _, r in group[group.status != "ok"].iterrows():
-            _mark_failed(ax, r.batch_size, r.status)
+            _mark_failed(ax, r.batch_size * dodge, r.status)
     ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_formatter(ScalarFormatter())
+    batches = sorted(int(b) for b in df.batch_size.dropna().unique())
+    ax.set_xticks(batches, [str(b) for b in batches])
+    if batches:
+        ax.set_xlim(batches[0] / 1.5, batches[-1] * 1.5)
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xlabel("batch size (samples)")
     ax.set_ylabel(ylabel)
-    ax.set_ylim(bottom=0)
+    _log_if_spread(ax, df[df.status == "ok"][column].astype(float) / scale if len(df) else pd.Series(dtype=float))
     ax.grid(alpha=0.3)
 
 
 def _time_memory(res: Results, workload: str, df: pd.DataFrame, out: Path, name: str, title: str,
                  paper_note: str) -> None:
     fig, (ax_t, ax_m) = _figure(2)
-    _per_batch(ax_t, df, "epoch_time_s", 1.0, "time per epoch (s)")
+    _per_batch(ax_t, df, "epoch_time_s", 1.0, "time per epoch (s)", spread=True)
     _per_batch(ax_m, df, "peak_mem_bytes", MB, "peak memory (MB)")
     ax_t.legend(fontsize=7)
     kinds = "/".join(sorted(df.epoch_time_kind.dropna().unique()))
-    footer = (f"{res.settings_line(workload)}. Epoch time: {kinds} (median step time x steps per epoch "
-              f"when extrapolated). {PAPER}: {paper_note}")
+    footer = (f"{res.settings_line(workload)}. Epoch time: {kinds} (mean step time x steps per epoch "
+              f"when extrapolated). {SPREAD_NOTE} {PAPER}: {paper_note}")
     _finish(fig, title, footer, out, name)
 
 
@@ -251,9 +294,9 @@ def fig7_cuda_graph(res: Results, out: Path) -> None:
                       "execution.cuda_graph: [false, true])", res.settings_line())
     df = df.assign(method=df.method + graph.map({True: " + CUDA graph", False: ""}))
     fig, (ax,) = _figure(1)
-    _per_batch(ax, df, "epoch_time_s", 1.0, "time per epoch (s)")
+    _per_batch(ax, df, "epoch_time_s", 1.0, "time per epoch (s)", spread=True)
     ax.legend(fontsize=7)
-    _finish(fig, title, res.settings_line("transformer"), out, name)
+    _finish(fig, title, f"{res.settings_line('transformer')}. {SPREAD_NOTE}", out, name)
 
 
 def fig12_time_vs_compression(res: Results, out: Path) -> None:
@@ -267,21 +310,27 @@ def fig12_time_vs_compression(res: Results, out: Path) -> None:
     fig, (ax,) = _figure(1)
     for batch, group in df.groupby("batch_size"):
         ok = group[group.status == "ok"].sort_values("compression_layers")
-        ax.plot(ok.compression_layers, ok.epoch_time_s, marker="o", label=f"CoMERA, batch {batch}")
+        y = ok.epoch_time_s.astype(float)
+        line = ax.errorbar(ok.compression_layers, y, yerr=y * _relative_iqr(ok) / 2, marker="o", capsize=3,
+                           label=f"CoMERA, batch {int(batch)}")
+        noisy = ok.timing_quality.fillna("") != "stable"
+        if noisy.any():
+            ax.plot(ok.compression_layers[noisy], y[noisy], marker="o", ls="none", markersize=11,
+                    markerfacecolor="white", markeredgecolor=NOISY_COLOR, markeredgewidth=2, zorder=1)
         for _, r in group[group.status != "ok"].iterrows():
             _mark_failed(ax, 1.0, r.status)
         d = dense[(dense.batch_size == batch) & (dense.status == "ok")]
         if len(d):
-            ax.axhline(d.epoch_time_s.iloc[0], ls=":", lw=1, color=ax.lines[-1].get_color(),
-                       label=f"uncompressed, batch {batch}")
+            ax.axhline(d.epoch_time_s.iloc[0], ls=":", lw=1, color=line[0].get_color(),
+                       label=f"uncompressed, batch {int(batch)}")
     ax.set_xscale("log")
     ax.set_xlabel("compression ratio of the tensorized layers (dense / TT parameters)")
     ax.set_ylabel("time per epoch (s)")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    _finish(fig, title, f"{res.settings_line(df.workload.iloc[0])}. {PAPER}: a speedup whenever the "
-            "compression ratio is above 1 (review discussion, C10).", out, name)
+    _finish(fig, title, f"{res.settings_line(df.workload.iloc[0])}. {SPREAD_NOTE} {PAPER}: a speedup "
+            "whenever the compression ratio is above 1 (review discussion, C10).", out, name)
 
 
 def fig5_ttm_lookup(res: Results, out: Path) -> None:

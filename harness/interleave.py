@@ -28,7 +28,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 ENV = "COMERA_BENCH_ROUNDS"
 POLL_S = 0.5
@@ -136,53 +136,55 @@ class _Coordinator:
             cell.conn = None
         cell.state = "gone"
 
-    def _read(self, cell: Cell) -> None:
-        """Read what ``cell`` sent; a closed connection drops it out of the rounds."""
+    def _read(self, key: selectors.SelectorKey) -> None:
+        """Read what a connection sent. Its first line (``hello <run_id>``) binds it to its cell; a
+        connection that closes drops its cell out of the rounds."""
+        conn, cell = key.fileobj, key.data
         try:
-            data = cell.conn.recv(4096)
+            data = conn.recv(4096)
         except OSError:
             data = b""
         if not data:
-            self._drop(cell)
+            if isinstance(cell, Cell):
+                self._drop(cell)
+            else:
+                self.sel.unregister(conn)
+                conn.close()
             return
-        cell.buffer += data
-        while b"\n" in cell.buffer:
-            line, cell.buffer = cell.buffer.split(b"\n", 1)
+        buffer = (cell.buffer if isinstance(cell, Cell) else cell["buffer"]) + data
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
             word, _, arg = line.decode(errors="replace").strip().partition(" ")
-            if word == "hello" and cell.state == "starting":
-                cell.state = "running"
+            if not isinstance(cell, Cell):  # an unbound connection: expect hello
+                cell = self._bind(conn, arg) if word == "hello" else None
+                if cell is None:
+                    self.sel.unregister(conn)
+                    conn.close()
+                    return
             elif word == "ready":
                 cell.state, cell.at_round = "ready", int(arg)
             elif word == "done":
                 cell.state, cell.at_round = "done", None
+        if isinstance(cell, Cell):
+            cell.buffer = buffer
+        else:
+            cell["buffer"] = buffer
 
-    def _accept(self, server: socket.socket) -> None:
-        conn, _ = server.accept()
-        conn.settimeout(30)
-        hello = b""
-        try:
-            while not hello.endswith(b"\n"):
-                chunk = conn.recv(256)
-                if not chunk:
-                    break
-                hello += chunk
-        except OSError:
-            hello = b""
-        conn.settimeout(None)
-        run_id = hello.decode(errors="replace").strip().removeprefix("hello ")
+    def _bind(self, conn: socket.socket, run_id: str) -> Cell | None:
         for cell in self.cells:
             if cell.run_id == run_id and cell.state == "starting":
                 cell.conn, cell.state = conn, "running"
-                self.sel.register(conn, selectors.EVENT_READ, cell)
-                return
-        conn.close()  # not one of ours
+                self.sel.modify(conn, selectors.EVENT_READ, cell)
+                return cell
+        return None  # not one of ours
 
     def pump(self, timeout: float = POLL_S) -> None:
         for key, _ in self.sel.select(timeout):
             if key.data is None:
-                self._accept(key.fileobj)
-            elif key.data.conn is not None:
-                self._read(key.data)
+                conn, _ = key.fileobj.accept()
+                self.sel.register(conn, selectors.EVENT_READ, {"buffer": b""})
+            else:
+                self._read(key)
         for cell in self.cells:  # a process that ended before it connected
             if cell.state == "starting" and cell.proc is not None and cell.proc.poll() is not None:
                 cell.state = "gone"
@@ -192,10 +194,11 @@ class _Coordinator:
         while any(c.state in ("starting", "running") for c in self.cells):
             self.pump()
 
-    def run_round(self, cell: Cell, round_index: int) -> None:
-        """Let ``cell`` run its steps of ``round_index``; return when it waits again or has left."""
+    def run_round(self, cell: Cell, round_index: int) -> bool:
+        """Let ``cell`` run its steps of ``round_index``; return when it waits again or has left
+        (False when it was not waiting for this round)."""
         if cell.state != "ready" or cell.at_round != round_index:
-            return
+            return False
         cell.state = "running"
         cell.rounds_run.append(round_index)
         try:
@@ -204,6 +207,7 @@ class _Coordinator:
             self._drop(cell)
         while cell.state == "running":
             self.pump()
+        return True
 
     def release(self) -> None:
         """Let every cell finish (final evaluation, rows) at once."""
@@ -216,9 +220,10 @@ class _Coordinator:
                 self._drop(cell)
 
 
-def run_group(cells: Sequence[Cell], rounds: int, *, log=None) -> int:
+def run_group(cells: Sequence[Cell], rounds: int, *, log=None,
+              command: Callable[[Cell], list[str]] = _command) -> int:
     """Run ``cells`` in interleaved rounds (module docstring); returns the number of cells whose
-    process exited with a non-zero status."""
+    process exited with a non-zero status. ``command``: a cell's command line (tests use toys)."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     cells = list(cells)
     for cell in cells:
@@ -233,14 +238,14 @@ def run_group(cells: Sequence[Cell], rounds: int, *, log=None) -> int:
         started = time.monotonic()
         try:
             for cell in cells:
-                cell.proc = subprocess.Popen(_command(cell), env=env)
+                cell.proc = subprocess.Popen(command(cell), env=env)
             log(f"timing group of {len(cells)} cells, {rounds} interleaved rounds: "
                 + ", ".join(c.run_id for c in cells))
             for r in range(rounds):
                 coord.wait_until(r)
-                for cell in (cells if r % 2 == 0 else cells[::-1]):
-                    coord.run_round(cell, r)
-                log(f"  round {r + 1}/{rounds} ({time.monotonic() - started:.0f} s)")
+                ran = [coord.run_round(cell, r) for cell in (cells if r % 2 == 0 else cells[::-1])]
+                if any(ran):
+                    log(f"  round {r + 1}/{rounds}: {sum(ran)} cells ({time.monotonic() - started:.0f} s)")
             coord.wait_until(rounds)
             coord.release()
             failed = sum(1 for cell in cells if cell.proc.wait() != 0)

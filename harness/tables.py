@@ -310,13 +310,16 @@ def _size_row(res: Results, r: Any) -> dict[str, Any]:
 
 def table_runs(res: Results) -> tuple[pd.DataFrame, str]:
     """Every run: status, step/epoch time, peak memory, quality and compression."""
-    cols = ["run_id", "purpose", "status", "step_time_ms", "epoch_time_s", "epoch_time_kind", "peak_mem_bytes",
-            "peak_mem_kind", "metric_name", "metric_value", "compression_total", "error"]
+    cols = ["run_id", "purpose", "status", "step_time_ms", "step_time_ms_iqr", "timing_quality",
+            "run_queue_frac", "epoch_time_s", "epoch_time_kind", "peak_mem_bytes", "peak_mem_kind", "metric_name",
+            "metric_value", "compression_total", "error"]
     df = res.runs[cols].copy()
     df["peak_mem_MB"] = df.pop("peak_mem_bytes").map(_mb_bytes)
     df["error"] = df["error"].fillna("").str.slice(0, 80)
     df["purpose"] = df["purpose"].fillna("timing")
-    return df.sort_values("run_id").reset_index(drop=True), "peak_mem_MB = peak_mem_bytes / 10^6"
+    return df.sort_values("run_id").reset_index(drop=True), (
+        "peak_mem_MB = peak_mem_bytes / 10^6; timing_quality: 'stable' or 'noisy: <reasons>' (docs/measurement.md); "
+        "run_queue_frac: share of its runnable time the cell's threads waited for a CPU")
 
 
 TABLES = {"table1_ranks": table1_ranks, "table2_dlrm": table2_dlrm, "table_mnli_size": table_mnli_size,

@@ -55,7 +55,7 @@ def test_shipped_configs_are_valid(config_file, tmp_path, monkeypatch):
 def test_defaults_filled_and_grid_expanded():
     config = filled(minimal())
     assert config["execution"] == {"device": "cpu", "threads": 2, "compile": False, "cuda_graph": [False],
-                                   "gpus": None}
+                                   "gpus": None, "rounds": 5, "interleave": True}
     cells, sweeps = grid.expand_grid(config)
     # dense: 2 batches x 1; comera: 2 batches x 2 targets; sweep: 2 ranks x 1 batch
     assert len(cells) == 2 + 4 + 2
@@ -72,6 +72,23 @@ def test_defaults_filled_and_grid_expanded():
     assert set(spec) == {"run_id", "workload", "workload_params", "method", "variant", "method_params",
                          "batch_size", "target_ratio", "seed", "budget", "execution", "config_hash"}
     assert spec["execution"]["num_threads"] == 2
+
+
+def test_timing_groups_hold_the_cells_compared_together():
+    cells, _ = grid.expand_grid(filled(minimal()))
+    groups = grid.timing_groups(cells)
+    # one group per batch size: every method, target and sweep point of that batch, timed in rounds
+    for group, ids in groups.items():
+        specs = [cells[i] for i in ids]
+        assert len({(s["workload"], s["batch_size"], s["seed"]) for s in specs}) == 1
+        assert all(s["execution"]["timing_group"] == group and s["execution"]["rounds"] == 5 for s in specs)
+    by_batch = {cells[ids[0]]["batch_size"]: len(ids) for ids in groups.values()}
+    assert by_batch == {2: 1 + 2, 4: 1 + 2 + 2}  # dense, comera x 2 targets (+ 2 sweep points at batch 4)
+    config = minimal()
+    config["execution"] = {"interleave": False}
+    alone, _ = grid.expand_grid(filled(config))
+    assert grid.timing_groups(alone) == {}
+    assert all(s["execution"]["timing_group"] is None for s in alone.values())
 
 
 def test_changing_one_cell_changes_only_its_spec():

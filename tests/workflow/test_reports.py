@@ -212,7 +212,10 @@ def drawn(monkeypatch):
     found = {}
 
     def spy(fig, title, footer, out, name):
-        lines = [{ln.get_label(): list(ln.get_ydata()) for ln in ax.get_lines() if not ln.get_label().startswith("_")}
+        lines = [{**{ln.get_label(): list(ln.get_ydata()) for ln in ax.get_lines()
+                     if not ln.get_label().startswith("_")},
+                  **{c.get_label(): list(c.lines[0].get_ydata()) for c in ax.containers
+                     if hasattr(c, "lines") and not c.get_label().startswith("_")}}
                  for ax in fig.axes]
         found[name] = (lines, [t.get_text() for ax in fig.axes for t in ax.texts], footer)
         plt.close(fig)
@@ -226,14 +229,14 @@ def test_timing_outputs_ignore_quality_cells(tmp_path, drawn):
     assert res.main_runs("transformer").metric_value.tolist() == [0.1, 0.2]
     figures.fig1_time_memory(res, tmp_path)
     (times, _), _, footer = drawn["fig1_time_memory"]
-    assert times == {"dense": [99.0]}  # the quality cells' 10 s epochs are not drawn
+    assert times == {"uncompressed": [99.0]}  # the quality cells' 10 s epochs are not drawn
     assert "<= 10 steps/epoch" in footer
     grid = json.loads((tmp_path / "q" / "grid.json").read_text())
     for spec in grid["cells"].values():  # every dense cell with CUDA graph: Fig 7 draws the timing one only
         spec["execution"]["cuda_graph"] = spec["method"] == "dense"
     (tmp_path / "q" / "grid.json").write_text(json.dumps(grid))
     figures.fig7_cuda_graph(tables.load(tmp_path / "q"), tmp_path)
-    assert drawn["fig7_cuda_graph"][0][0]["dense + CUDA graph"] == [99.0]
+    assert drawn["fig7_cuda_graph"][0][0]["uncompressed + CUDA graph"] == [99.0]
     runs, _ = tables.table_runs(res)
     assert runs.purpose.value_counts().to_dict() == {"quality": 6, "timing": 2}
     ratios = compare.method_ratios([res_dir := tmp_path / "q"])

@@ -67,4 +67,4 @@ for _group, _ids in GROUPS.items():
                    f"{CELLS}/{rid}.runs.parquet", f"{CELLS}/{rid}.curves.parquet", f"{CELLS}/logs/{rid}.log")],
             rounds=config["execution"]["rounds"],
         shell:
-            "{params.wrapper}python -m harness.interleave --rounds {params.rounds} {params.cells:q}"
+            "{params.wrapper}python -m harness.interleave --rounds {params.rounds:q} {params.cells:q}"
