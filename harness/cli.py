@@ -2,7 +2,7 @@
 
     comera-bench run --spec SPEC.json --runs-out R.parquet --curves-out C.parquet [--isolate --log L]
     comera-bench run --workload transformer --method comera --batch-size 8 [...]   (defaults, results/runs/)
-    comera-bench show [RESULTS...] [--where col=value ...] [--group-by cols] [--columns cols] [--csv]
+    comera-bench show [RESULTS...] [--where col=value|col>=x|col~text|col=null ...] [--group-by cols] [--columns cols] [--csv]
     comera-bench merge --kind runs|curves|microbench --out OUT.parquet FILE_OR_DIR...
     comera-bench microbench|bench|compare ...   (harness.microbench / harness.bench / harness.compare)
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,8 @@ DELEGATED = {"microbench": "harness.microbench", "bench": "harness.bench", "comp
              "merge": "harness.results"}
 SHOW_COLUMNS = {
     "runs": ["run_id", "workload", "method", "variant", "batch_size", "target_ratio", "seed", "status",
-             "step_time_ms", "epoch_time_s", "peak_mem_bytes", "metric_name", "metric_value",
-             "compression_total", "device"],
+             "step_time_ms", "step_time_ms_iqr", "timing_quality", "epoch_time_s", "peak_mem_bytes", "metric_name",
+             "metric_value", "compression_total", "device"],
     "curves": results.CURVES_COLUMNS,
     "microbench": ["op", "variant", "shape", "tokens", "rank", "direction", "time_ms", "time_ms_iqr",
                    "peak_mem_bytes", "flops", "device"],
@@ -97,7 +98,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="Parquet files or folders (default: results)")
     show.add_argument("--kind", choices=results.KINDS, default="runs")
     show.add_argument("--where", action="append", default=[], metavar="COL=VALUE",
-                      help="keep rows where COL equals VALUE (repeatable; all must hold)")
+                      help="keep rows where COL=VALUE; also != > >= < <= (numbers), ~ (contains), VALUE null "
+                           "for missing values (repeatable; all must hold)")
     show.add_argument("--group-by", help="comma-separated columns; numeric columns are summarised "
                                          "by their median, with the row count in n")
     show.add_argument("--columns", help="comma-separated columns to print")
@@ -221,23 +223,63 @@ def _find_results(paths: list[str], kind: str) -> list[Path]:
     return found
 
 
+_WHERE = re.compile(r"([A-Za-z0-9_]+)(!=|>=|<=|=|>|<|~)(.*)", re.S)
+_COMPARE = {"=": "__eq__", "!=": "__ne__", ">=": "__ge__", "<=": "__le__", ">": "__gt__", "<": "__lt__"}
+POOLED = ("batch_size", "purpose", "variant", "seq_len", "rank", "target_ratio", "device_name", "device",
+          "timing_group")
+"""Columns whose different values a --group-by summary should not pool silently."""
+
+
 def _parse_where(items: list[str], df: pd.DataFrame) -> pd.Series:
+    """Rows that meet every ``COL<op>VALUE``: op one of = != > >= < <= (numbers compare as numbers) or ~
+    (the value occurs in the text); VALUE ``null`` matches missing values (= and != only)."""
     keep = pd.Series(True, index=df.index)
     for item in items:
-        col, sep, value = item.partition("=")
-        if not sep:
-            raise results.ResultsError(f"--where expects COL=VALUE, got {item!r}")
+        m = _WHERE.fullmatch(item)
+        if m is None:
+            raise results.ResultsError(f"--where expects COL=VALUE (or != > >= < <= ~), got {item!r}")
+        col, op, value = m.groups()
         if col not in df.columns:
             raise results.ResultsError(f"--where: unknown column {col!r}; columns: {list(df.columns)}")
         column = df[col]
+        if value == "null":
+            if op not in ("=", "!="):
+                raise results.ResultsError(f"--where {item!r}: null takes = or != only")
+            keep &= column.isna() if op == "=" else column.notna()
+            continue
+        if op == "~":
+            keep &= column.astype(str).str.contains(value, regex=False) & column.notna()
+            continue
         if pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column):
             try:
-                keep &= column == float(value)
-                continue
+                number = float(value)
             except ValueError:
-                pass
-        keep &= column.astype(str) == value
+                if op not in ("=", "!="):
+                    raise results.ResultsError(f"--where {item!r}: {col} is numeric, {value!r} is not a number")
+            else:
+                keep &= getattr(column.astype(float), _COMPARE[op])(number).fillna(False).astype(bool)
+                continue
+        elif op not in ("=", "!="):
+            raise results.ResultsError(f"--where {item!r}: {op} compares numbers; {col} is text (use = != ~)")
+        text = column.astype(str).where(column.notna(), None)
+        keep &= (text == value) if op == "=" else (text != value)
     return keep
+
+
+def pooling_warnings(df: pd.DataFrame, keys: list[str]) -> list[str]:
+    """What a --group-by summary pools: columns of :data:`POOLED` outside ``keys`` with several values
+    inside one group."""
+    out = []
+    grouped = df.groupby(keys, dropna=False)
+    for col in POOLED:
+        if col in keys or col not in df.columns:
+            continue
+        mixed = grouped[col].nunique(dropna=False)
+        if (mixed > 1).any():
+            values = sorted(map(str, df[col].dropna().unique()))[:6] + (["null"] if df[col].isna().any() else [])
+            out.append(f"groups pool rows with different {col} ({', '.join(values)}) in {int((mixed > 1).sum())} "
+                       f"of {len(mixed)} groups; add {col} to --group-by or select one with --where {col}=...")
+    return out
 
 
 def _columns(spec: str | None, df: pd.DataFrame, default: list[str]) -> list[str]:
@@ -262,6 +304,8 @@ def show_table(paths: list[str], *, kind: str = "runs", where: list[str] = (), g
         cols = [c for c in _columns(columns, df, SHOW_COLUMNS[kind]) if c not in keys]
         numeric = [c for c in cols if pd.api.types.is_numeric_dtype(df[c])
                    and not pd.api.types.is_bool_dtype(df[c])]
+        for warning in pooling_warnings(df, keys):
+            print(f"comera-bench show: warning: {warning}", file=sys.stderr)
         grouped = df.groupby(keys, dropna=False)
         out = grouped[numeric].median() if numeric else grouped.size().to_frame("n").iloc[:, :0]
         out.insert(0, "n", grouped.size())

@@ -137,6 +137,43 @@ def test_show_filters_groups_and_prints_csv(runs_dir, capsys):
     assert cli.show_table([str(runs_dir)], where=["batch_size=8"]).shape[0] == 4
 
 
+@pytest.mark.parametrize("where, ids", [
+    (["step_time_ms>=10"], ["r0", "r1"]),
+    (["step_time_ms<10"], ["r2"]),
+    (["step_time_ms=null"], ["r3"]),
+    (["step_time_ms!=null", "method!=dense"], ["r2"]),
+    (["status~oo"], ["r3"]),
+    (["seed>0", "seed<=2"], ["r1", "r2"]),
+])
+def test_show_where_ranges_and_nulls(runs_dir, where, ids):
+    assert cli.show_table([str(runs_dir)], where=where, columns="run_id").run_id.tolist() == ids
+
+
+@pytest.mark.parametrize("where, message", [
+    ("method>dense", "compares numbers; method is text"),
+    ("seed>=x", "seed is numeric, 'x' is not a number"),
+    ("seed>null", "null takes = or != only"),
+    ("=3", "expects COL=VALUE"),
+])
+def test_show_where_errors(runs_dir, where, message, capsys):
+    assert cli.main(["show", str(runs_dir), "--where", where]) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_show_group_by_warns_when_a_group_pools_different_settings(runs_dir, capsys):
+    frame = results.read_parquet(next((runs_dir / "runs" / "cpu").glob("r0.*")), "runs")
+    row = frame.iloc[0].to_dict()
+    row.update(run_id="r4", batch_size=32, purpose="quality")
+    results.write_parquet_atomic(results.to_frame([row], "runs"), runs_dir / "runs" / "cpu" / "r4.runs.parquet",
+                                 kind="runs")
+    cli.show_table([str(runs_dir)], group_by="method", columns="step_time_ms")
+    err = capsys.readouterr().err
+    assert "groups pool rows with different batch_size (32, 8)" in err
+    assert "groups pool rows with different purpose (quality, null)" in err
+    cli.show_table([str(runs_dir)], group_by="method,batch_size,purpose", columns="step_time_ms")
+    assert "pool" not in capsys.readouterr().err
+
+
 def test_show_prefers_merged_tables(runs_dir, capsys):
     results.merge([runs_dir / "runs"], runs_dir / "cpu" / "runs.parquet", "runs")
     (runs_dir / "runs" / "cpu" / "r0.runs.parquet").unlink()

@@ -22,7 +22,8 @@ def run_row(workload, method, batch, *, variant="default", target=None, time_s=1
                peak_mem_bytes=None if mem is None else int(mem), peak_mem_kind="cpu_rss_delta", metric_name="accuracy",
                metric_value=metric, final_train_loss=1.0, params_total=1000, params_factorized_layers=800,
                compression_total=compression, compression_layers=compression, ranks=json.dumps(ranks or {}),
-               device="cpu", device_name="Test CPU", num_threads=2, torch_version="x", extra=json.dumps({"eval": extra}))
+               device="cpu", device_name="Test CPU", num_threads=2, torch_version="x", extra=json.dumps({"eval": extra}),
+               timing_quality="stable")
     return row
 
 
@@ -133,6 +134,53 @@ def test_compare_two_devices_and_paper(folder, tmp_path):
     assert (out / "compare_time_memory.png").exists() and "paper (RTX 4090)" in (out / "compare.md").read_text()
 
 
+def _seq_rows(seq, time_s, **kw):
+    rows = [run_row("mlm", "dense", 16, time_s=time_s, **kw), run_row("mlm", "comera", 16, time_s=time_s / 2, **kw)]
+    for r in rows:
+        r.update(run_id=f"{r['run_id']}_seq{seq}", seq_len=seq,
+                 settings=json.dumps({"workload_params": {"size": kw.pop("size", "small") if False else "small",
+                                                          "seq_len": seq}, "budget": {"epochs": 1}}))
+    return rows
+
+
+def test_compare_keeps_sweep_points_apart(tmp_path):
+    a = make_folder(tmp_path / "a", _seq_rows(128, 92.0) + _seq_rows(512, 920.0))
+    b = make_folder(tmp_path / "b", _seq_rows(128, 46.0) + _seq_rows(512, 460.0))
+    table, labels, warnings = compare.side_by_side([a, b])
+    dense = table[table.method == "dense"].sort_values("seq_len")
+    assert dense["epoch_time@a"].tolist() == [92.0, 920.0]  # never pooled into one median
+    assert dense["epoch_time ratio b/a"].tolist() == [pytest.approx(0.5), pytest.approx(0.5)]
+    assert warnings == []
+
+
+def test_compare_flags_and_refuses_what_differs(folder, tmp_path, capsys):
+    rows = [run_row("transformer", "dense", 1, time_s=15), run_row("transformer", "comera", 1, time_s=2, mem=5e6)]
+    rows[0].update(peak_mem_kind="cuda_allocated", num_threads=16)
+    rows[1].update(timing_quality="noisy: CPU pressure 60% (> 25%)")
+    other = make_folder(tmp_path / "gpu-y", rows)
+    table, labels, _ = compare.side_by_side([folder, other])
+    dense = table[(table.method == "dense") & (table.batch_size == 1)].iloc[0]
+    assert pd.isna(dense["peak_mem ratio gpu-y/cpu-test"])  # cpu_rss_delta vs cuda_allocated: refused
+    assert dense["epoch_time ratio gpu-y/cpu-test"] == pytest.approx(0.5)
+    assert "memory kind differs" in dense.differences and "torch threads differs (cpu-test 2 vs gpu-y 16)" in dense.differences
+    comera = table[(table.method == "comera") & (table.batch_size == 1) & table.target_ratio.isna()].iloc[0]
+    assert pd.isna(comera["epoch_time ratio gpu-y/cpu-test"])
+    assert "timing not stable on gpu-y: CPU pressure 60%" in comera.differences
+    ratios = compare.method_ratios([other])
+    left = ratios[(ratios.device == "gpu-y") & (ratios.quantity == "epoch_time")]
+    assert left.ratio.isna().all() and (left.note == "left out: timing not stable").all()
+
+
+def test_compare_of_different_model_sizes_warns(folder, tmp_path, capsys):
+    rows = [run_row("transformer", "dense", 1, time_s=15)]
+    rows[0]["settings"] = json.dumps({"workload_params": {"size": "paper"}, "budget": {"epochs": 1}})
+    other = make_folder(tmp_path / "paper-gpu", rows)
+    assert compare.cli([str(folder), str(other), "--out", str(tmp_path / "c")]) == 0
+    err = capsys.readouterr().err
+    assert "no cell in common" in err and "paper" in err
+    assert "no cell in common" in (tmp_path / "c" / "compare.md").read_text()
+
+
 def test_compare_same_folder_names_need_names(folder, tmp_path, capsys):
     assert compare.cli([str(folder), str(folder), "--out", str(tmp_path / "c")]) == 2
     assert "two result folders named 'cpu-test'" in capsys.readouterr().err
@@ -241,7 +289,7 @@ def test_timing_outputs_ignore_quality_cells(tmp_path, drawn):
     assert runs.purpose.value_counts().to_dict() == {"quality": 6, "timing": 2}
     ratios = compare.method_ratios([res_dir := tmp_path / "q"])
     assert ratios[ratios.source == "measured"].empty  # no timing CoMERA row without a target to compare with
-    table, _ = compare.side_by_side([res_dir])
+    table, _, _ = compare.side_by_side([res_dir])
     assert sorted(table[table.method == "dense"].purpose) == ["quality", "timing"]
 
 
