@@ -30,6 +30,7 @@ from harness.tables import MB, Results, load, timing_cells
 
 HOLDS, FAILS = "holds", "does not hold"
 NOT_COMPARABLE, NOT_MEASURED = "not comparable here", "not measured here"
+NOT_STABLE = "not judged: timing not stable"
 
 ABOUT_ACCURACY = 0.03  # C4 "about 64%": within 3 accuracy points of the stated value
 ACCURACY_KEPT = 0.05   # a compressed model kept its accuracy: at most 5 points below the uncompressed one
@@ -202,7 +203,14 @@ def _devices(df: pd.DataFrame) -> str:
 def _judged(ctx: Context, df: pd.DataFrame, measure: Callable[[pd.DataFrame], Finding | None],
             settings: str, scope: pd.Series | None = None) -> Verdict:
     inside, outside = judge(df, in_setting(df, ctx.gpu) if scope is None else scope, measure)
-    return _verdict(inside, outside, _devices(df), settings)
+    verdict = _verdict(inside, outside, _devices(df), settings)
+    unstable = df[(df.status == "ok") & (df.timing_quality.fillna("") != "stable")
+                  & (df.purpose.fillna("timing") == "timing")] if len(df) else df
+    if verdict.verdict == NOT_MEASURED and len(unstable):  # measured, but no stable timing to compare
+        verdict.verdict = NOT_STABLE
+        verdict.elsewhere = (f"{len(unstable)} timing row(s) measured but not stable, left out (listed below "
+                             "the table)")
+    return verdict
 
 
 # ------------------------------------------------------------------------------------ comparisons

@@ -21,7 +21,7 @@ import pandas as pd
 from harness import results, yamlnum
 
 DELEGATED = {"microbench": "harness.microbench", "bench": "harness.bench", "compare": "harness.compare",
-             "merge": "harness.results"}
+             "merge": "harness.results", "noisy": "harness.noisy"}
 SHOW_COLUMNS = {
     "runs": ["run_id", "workload", "method", "variant", "batch_size", "target_ratio", "seed", "status",
              "step_time_ms", "step_time_ms_iqr", "timing_quality", "epoch_time_s", "peak_mem_bytes", "metric_name",

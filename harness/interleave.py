@@ -115,8 +115,10 @@ class Cell:
 
 
 def _command(cell: Cell) -> list[str]:
-    cmd = [sys.executable, "-m", "harness.cli", "run", "--isolate", "--spec", cell.spec,
-           "--runs-out", cell.runs, "--curves-out", cell.curves]
+    """``comera-bench run --isolate`` (as the pipeline's per-cell rule runs it) for ``cell``."""
+    script = Path(sys.executable).with_name("comera-bench")
+    entry = [str(script)] if script.exists() else [sys.executable, "-m", "harness.cli"]
+    cmd = [*entry, "run", "--isolate", "--spec", cell.spec, "--runs-out", cell.runs, "--curves-out", cell.curves]
     return cmd + (["--log", cell.log] if cell.log else [])
 
 
@@ -272,7 +274,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1:
         ap.error(f"--rounds {args.rounds}: need at least 1")
     cells = [Cell(spec, runs, curves, log) for spec, runs, curves, log in args.cell]
-    return 1 if run_group(cells, args.rounds) else 0
+    run_group(cells, args.rounds)
+    missing = [path for cell in cells for path in (cell.runs, cell.curves) if not Path(path).exists()]
+    if missing:  # a cell's supervisor failed to write even its failure row
+        print(f"python -m harness.interleave: no result written to {', '.join(missing)}", file=sys.stderr)
+    return 1 if missing else 0
 
 
 if __name__ == "__main__":

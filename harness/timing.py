@@ -84,6 +84,17 @@ def load_avg_1m() -> float | None:
         return None
 
 
+def busy_warning(threads: int) -> str:
+    """A warning when the machine is already busier than a cell asking for ``threads`` CPU threads can
+    afford ('' when it is not): the 1-minute load average above the CPUs left for the cell."""
+    load, cpus = load_avg_1m(), os.cpu_count() or 1
+    if load is None or load <= max(cpus - threads, 0) + 0.5:
+        return ""
+    return (f"the machine is busy (1-minute load average {load:.1f} on {cpus} CPUs) while each cell asks for "
+            f"{threads} thread(s): timings will be noisy; cells whose timing is not stable are named at the end "
+            "and left out of every verdict")
+
+
 @dataclass
 class MachineState:
     """The machine's state over the segments in which a cell's steps ran (see the module docstring)."""

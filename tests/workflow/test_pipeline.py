@@ -148,8 +148,10 @@ def test_outputs_and_claims(pipeline):
     assert [r[0] for r in rows] == [f"C{i}" for i in range(1, 11)]
     verdicts = {r[0]: r[header.index("verdict")] for r in rows}
     # a CPU run of the tiny model judges no claim; what it measured is shown as "not comparable here"
-    assert set(verdicts.values()) <= {"not comparable here", "not measured here"}
-    assert verdicts["C1"] == "not comparable here" and verdicts["C9"] == "not measured here"
+    assert set(verdicts.values()) <= {"not comparable here", "not measured here", "not judged: timing not stable"}
+    # C1 is measured here: a ratio from stable rows, or its rows named as not stable (a busy machine)
+    assert verdicts["C1"] in ("not comparable here", "not judged: timing not stable")
+    assert verdicts["C9"] == "not measured here"
 
 
 def test_second_call_does_nothing_and_report_builds(pipeline):

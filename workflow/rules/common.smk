@@ -75,10 +75,21 @@ onstart:
         _lock.acquire(RESULTS)
     except _lock.LockError as err:
         raise WorkflowError(str(err))
+    from harness import timing as _timing
+
+    _busy = _timing.busy_warning(config["execution"]["threads"])
+    if _busy:
+        logger.warning(f"comera-bench: warning: {_busy}")
 
 
 onsuccess:
     _lock.release(RESULTS)
+    if os.path.exists(f"{MERGED}/runs.parquet"):
+        from harness import noisy as _noisy
+
+        _summary = _noisy.summary([f"{MERGED}/runs.parquet"], CELLS)
+        if _summary:
+            logger.warning(f"comera-bench: {_summary}")
 
 
 onerror:
