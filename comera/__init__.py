@@ -1,6 +1,6 @@
 """CoMERA: tensor-train (TT) linear layers and TT-matrix (TTM) embeddings with rank-adaptive training.
 
-The method library of comera-bench; it depends on torch (and opt_einsum for plan checks) only.
+The method library of comera-bench; it depends on torch only.
 """
 from comera.convert import ConversionReport, model_size, tensorize
 from comera.feedforward import feed_forward
