@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from comera.init import core_stds
+from comera.reload import resize_to_state_dict
 from comera.tt import outside_autocast
 from comera.ttsvd import relative_error, tt_svd
 
@@ -85,6 +86,13 @@ class TTMEmbedding(nn.Module):
         self.gates = nn.ParameterList(nn.Parameter(torch.ones(ranks[k + 1], **factory))
                                       for k in range(len(row_shape) - 1))
         self.reconstruction_error: float | None = None  # set by the TT-SVD constructor
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        """Pruned ranks load into a fresh layer (:mod:`comera.reload`)."""
+        resize_to_state_dict(self, state_dict, prefix, error_msgs)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     @classmethod
     def from_embedding(cls, embedding: nn.Embedding, *, rank: int | Sequence[int],
