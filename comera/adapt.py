@@ -84,6 +84,10 @@ class RankAdaptation:
         self.settings = RankSettings(**{**DEFAULTS, **settings, "late_start_step": late_start,
                                         "target_ratio": target, "target_ramp_steps": ramp})
         optimizers = [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else list(optimizer)
+        for item in optimizers:
+            if not isinstance(item, torch.optim.Optimizer):
+                raise TypeError(f"RankAdaptation: optimizer must be a torch optimizer or a list of them (pruning "
+                                f"slices their state), got {type(item).__name__}")
         self.model = model
         self.total_steps = total_steps
         self.driver = TwoStageRankAdaptation(model, self.settings, optimizers)

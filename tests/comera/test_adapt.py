@@ -53,6 +53,12 @@ def test_bad_settings_are_named(kwargs, error, message):
         comera.RankAdaptation(_model(), **kwargs)
 
 
+def test_param_groups_in_place_of_the_optimizer_are_refused():
+    model = _model()
+    with pytest.raises(TypeError, match="torch optimizer.*got dict"):
+        comera.RankAdaptation(model, comera.param_groups(model))
+
+
 def test_a_model_without_tt_layers_is_refused():
     with pytest.raises(ValueError, match="tensorize"):
         comera.RankAdaptation(nn.Linear(4, 4))
