@@ -25,6 +25,7 @@ from torch import nn
 from baselines.base import Prepared
 from baselines.dense import adamw
 from comera import rank as rank_lib
+from comera.adapt import param_groups
 from comera.convert import model_size, tensorize
 from comera.init import INIT_SCHEMES
 from comera.rank import L1_REDUCTIONS
@@ -142,11 +143,4 @@ def _spec(tt_spec: dict[str, dict[str, Any]], params: dict[str, Any]) -> dict[st
 
 
 def _param_groups(model: nn.Module, lrs: dict[str, float]) -> list[dict[str, Any]]:
-    cores, gates = [], []
-    for _, module in rank_lib.tensorized_modules(model):
-        cores.extend(module.cores)
-        gates.extend(module.gates)
-    tt_ids = {id(p) for p in cores + gates}
-    other = [p for p in model.parameters() if p.requires_grad and id(p) not in tt_ids]
-    named = {"cores": cores, "gates": gates, "other": other}
-    return [{"params": ps, "lr": lrs[group], "name": group} for group, ps in named.items() if ps]
+    return param_groups(model, cores=lrs["cores"], gates=lrs["gates"], other=lrs["other"])

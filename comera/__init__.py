@@ -1,10 +1,11 @@
 """CoMERA: tensor-train (TT) linear layers and TT-matrix (TTM) embeddings with rank-adaptive training.
 
-The method library of comera-bench; it depends on torch (and opt_einsum for plan checks) only.
+The method library of comera-bench; it depends on torch only.
 """
+from comera.adapt import RankAdaptation, param_groups
 from comera.convert import ConversionReport, model_size, tensorize
 from comera.feedforward import feed_forward
-from comera.rank import TwoStageRankAdaptation, prune, ranks, tt_parameter_count
+from comera.rank import RankSettings, TwoStageRankAdaptation, prune, ranks, tt_parameter_count
 from comera.tt import TTLinear
 from comera.ttm import TTMEmbedding
 
@@ -13,6 +14,9 @@ __all__ = [
     "TTMEmbedding",
     "feed_forward",
     "tensorize",
+    "RankAdaptation",
+    "param_groups",
+    "RankSettings",
     "model_size",
     "ConversionReport",
     "TwoStageRankAdaptation",

@@ -1,24 +1,36 @@
 """Replace ``nn.Linear`` / ``nn.Embedding`` modules of any model by TT / TTM layers, and count sizes.
 
-``spec`` maps module names (as in ``model.named_modules()``) to entries::
+``spec`` maps module names, or patterns of names, to entries::
 
     {"kind": "linear", "in_shape": [...], "out_shape": [...], "rank": int | [1, ..., 1], "order": 3,
-     "init": "default"}
+     "init": "official"}
     {"kind": "embedding", "row_shape": [...], "col_shape": [...], "rank": int | [1, ..., 1],
-     "lookup": "optimized", "order": 3, "init": "default", "init_std": None}
+     "lookup": "optimized", "order": 3, "init": "official", "init_std": None}
 
-Shapes may be omitted (``comera.shapes.factorize`` with ``order`` modes per side, default 3). New cores
-are initialized from scratch (CoMERA trains from scratch; no SVD of the dense weight): ``init``
-"default" gives a TT layer nn.Linear's weight variance and a TTM table the std of the embedding it
-replaces; "official" follows the official code (weight std 1/sqrt(in + out), table std 1, cores split
-as in :mod:`comera.init`). An embedding's ``init_std`` (a positive number) sets its table's std under
-either scheme, e.g. for a table tied to an output layer, whose logits grow with it. Sizes count every
-parameter of a module (cores, gates, bias); the dense equivalent of a TT linear layer is
-``in * out (+ out for the bias)``, of a TTM table ``num_embeddings * embedding_dim``.
+A key is an exact module name (as in ``model.named_modules()``), ``"all-linear"`` / ``"all-embedding"``
+(every ``nn.Linear`` / ``nn.Embedding``), ``"re:<regex>"`` (matching whole names) or a glob
+(``"encoder.*.ffn.*"``, ``*`` crosses dots); patterns select ``nn.Linear`` / ``nn.Embedding`` modules
+only, an exact name wins over patterns, and a module that two patterns select is an error. ``kind`` may
+be omitted (it is read from the module). ``spec`` may also be one pattern or a list of them, and keyword
+arguments give every entry its defaults (``tensorize(model, "all-linear", rank=16)``).
+
+Shapes may be omitted (``comera.shapes.factorize`` with ``order`` modes per side, default 3). ``init``
+"official" (default: the scheme rank-adaptive training works with) follows the official code (weight std
+1/sqrt(in + out), table std 1, cores split as in :mod:`comera.init`); "default" gives a TT layer
+nn.Linear's weight variance and a TTM table the std of the embedding it replaces; "svd" starts from the
+module's trained weight (``TTLinear.from_linear`` / ``TTMEmbedding.from_embedding``, TT-SVD at the ranks;
+the report gives each layer's ``reconstruction_error``). An embedding's ``init_std`` (a positive number)
+sets its table's std under "default" or "official", e.g. for a table tied to an output layer, whose
+logits grow with it. A layer whose TT has more parameters than its dense module gets a warning naming
+it and both sizes. Sizes count every parameter of a module (cores, gates, bias); the dense equivalent of
+a TT linear layer is ``in * out (+ out for the bias)``, of a TTM table ``num_embeddings * embedding_dim``.
 """
 from __future__ import annotations
 
+import fnmatch
 import math
+import re
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -31,6 +43,9 @@ from comera.tt import TTLinear
 from comera.ttm import LOOKUP_MODES, TTMEmbedding
 
 DEFAULT_ORDER = 3
+DEFAULT_INIT = "official"
+INITS = (*INIT_SCHEMES, "svd")
+ALL = {"all-linear": nn.Linear, "all-embedding": nn.Embedding}
 SPEC_KEYS = {
     "linear": {"kind", "in_shape", "out_shape", "rank", "order", "init"},
     "embedding": {"kind", "row_shape", "col_shape", "rank", "lookup", "order", "tensor_index_level",
@@ -54,17 +69,27 @@ class ConversionReport:
         return asdict(self)
 
 
-def tensorize(model: nn.Module, spec: dict[str, dict[str, Any]]) -> ConversionReport:
-    """Replace the named modules of ``model`` in place by ``TTLinear`` / ``TTMEmbedding``."""
+def tensorize(model: nn.Module, spec: dict[str, dict[str, Any]] | str | list[str],
+              **defaults: Any) -> ConversionReport:
+    """Replace the modules of ``model`` that ``spec`` selects, in place, by ``TTLinear`` / ``TTMEmbedding``
+    (``defaults``: entry values for every selected module, an entry's own keys win)."""
+    if isinstance(spec, str):
+        spec = [spec]
+    if isinstance(spec, (list, tuple)):
+        spec = {key: {} for key in spec}
     if not isinstance(spec, dict):
-        raise TypeError(f"tensorize: spec must be a dict of module name -> entry, got {type(spec).__name__}")
+        raise TypeError(f"tensorize: spec must be a dict of module name or pattern -> entry, a pattern or a "
+                        f"list of patterns, got {type(spec).__name__}")
+    unknown = set(defaults) - set().union(*SPEC_KEYS.values())
+    if unknown:
+        raise ValueError(f"tensorize: unknown keyword(s) {sorted(unknown)}; allowed: "
+                         f"{sorted(set().union(*SPEC_KEYS.values()))}")
     params_dense_total = _count(model)
     modules = dict(model.named_modules())
     replacements = {}
-    for name, entry in spec.items():
-        if name not in modules or name == "":
-            raise KeyError(f"tensorize: spec names module {name!r}, which the model does not have")
-        replacements[name] = _build(name, modules[name], _check_entry(name, entry))
+    for name, (key, entry) in _select(modules, spec).items():
+        entry = _check_entry(key, entry if entry is not None else {}, modules[name], defaults)
+        replacements[name] = _build(name, modules[name], entry)
     layers = {}
     params_dense_layers = params_layers = 0
     for name, new in replacements.items():
@@ -73,6 +98,10 @@ def tensorize(model: nn.Module, spec: dict[str, dict[str, Any]]) -> ConversionRe
         params_dense_layers += dense
         params_layers += _count(new)
         layers[name] = _layer_summary(new, dense)
+        if layers[name]["params"] > dense:
+            warnings.warn(f"tensorize: layer {name!r} grows: its TT has {layers[name]['params']:,} parameters, "
+                          f"its dense {type(modules[name]).__name__} {dense:,} (ranks {layers[name]['ranks']}; "
+                          "lower the rank or use more modes)", stacklevel=2)
     params_total = _count(model)
     return ConversionReport(
         params_dense_total=params_dense_total, params_total=params_total,
@@ -108,17 +137,67 @@ def dense_equivalent(module: nn.Module) -> int:
     raise TypeError(f"dense_equivalent: {type(module).__name__} is neither TTLinear nor TTMEmbedding")
 
 
-def _check_entry(name: str, entry: Any) -> dict[str, Any]:
-    if not isinstance(entry, dict) or entry.get("kind") not in SPEC_KEYS:
+def _select(modules: dict[str, nn.Module], spec: dict[str, Any]) -> dict[str, tuple[str, Any]]:
+    """module name -> (the spec key that selects it, its entry); exact names win over patterns."""
+    selected: dict[str, tuple[str, Any]] = {}
+    exact = {key for key in spec if key in modules and key != ""}
+    for key, entry in spec.items():
+        if key in exact:
+            selected[key] = (key, entry)
+            continue
+        names = [name for name, module in modules.items()
+                 if name and isinstance(module, (nn.Linear, nn.Embedding)) and _matches(key, name, module)]
+        if not names:
+            raise KeyError(f"tensorize: spec key {key!r} is no module name of the model and, as a pattern, "
+                           f"selects no nn.Linear / nn.Embedding; names: {_some_names(modules)}")
+        for name in names:
+            if name in exact:
+                continue
+            if name in selected:
+                raise ValueError(f"tensorize: module {name!r} is selected by both {selected[name][0]!r} and "
+                                 f"{key!r}; name it exactly or narrow a pattern")
+            selected[name] = (key, entry)
+    return selected
+
+
+def _matches(key: str, name: str, module: nn.Module) -> bool:
+    if key in ALL:
+        return isinstance(module, ALL[key])
+    if key.startswith("re:"):
+        try:
+            return re.fullmatch(key[3:], name) is not None
+        except re.error as error:
+            raise ValueError(f"tensorize: spec key {key!r} is not a valid regular expression: {error}") from None
+    return fnmatch.fnmatchcase(name, key)
+
+
+def _some_names(modules: dict[str, nn.Module], shown: int = 12) -> str:
+    names = [f"{name} ({type(m).__name__})" for name, m in modules.items()
+             if name and isinstance(m, (nn.Linear, nn.Embedding))]
+    return ", ".join(names[:shown]) + (f", ... ({len(names)} in all)" if len(names) > shown else "") or "none"
+
+
+def _check_entry(name: str, entry: Any, module: nn.Module, defaults: dict[str, Any]) -> dict[str, Any]:
+    """The entry with its kind (read from the module where omitted) and the defaults its kind takes."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"tensorize: spec[{name!r}] must be a dict, got {entry!r}")
+    entry = {**({"kind": defaults["kind"]} if "kind" in defaults else {}), **entry}
+    if "kind" not in entry:
+        if not isinstance(module, (nn.Linear, nn.Embedding)):
+            raise TypeError(f"tensorize: spec[{name!r}] selects a {type(module).__name__}, which is neither "
+                            "nn.Linear nor nn.Embedding")
+        entry = {**entry, "kind": "linear" if isinstance(module, nn.Linear) else "embedding"}
+    if entry["kind"] not in SPEC_KEYS:
         raise ValueError(f"tensorize: spec[{name!r}] needs 'kind' in {sorted(SPEC_KEYS)}, got {entry!r}")
     allowed = SPEC_KEYS[entry["kind"]]
+    entry = {**{k: v for k, v in defaults.items() if k in allowed}, **entry}
     for key in entry:
         if key not in allowed:
             raise ValueError(f"tensorize: spec[{name!r}] has unknown key {key!r}; allowed: {sorted(allowed)}")
     if "rank" not in entry:
         raise ValueError(f"tensorize: spec[{name!r}] needs a 'rank'")
-    if entry.get("init", "default") not in INIT_SCHEMES:
-        raise ValueError(f"tensorize: spec[{name!r}]['init']={entry['init']!r}, expected one of {INIT_SCHEMES}")
+    if entry.get("init", DEFAULT_INIT) not in INITS:
+        raise ValueError(f"tensorize: spec[{name!r}]['init']={entry['init']!r}, expected one of {INITS}")
     std = entry.get("init_std")
     if std is not None and not (isinstance(std, (int, float)) and not isinstance(std, bool) and 0 < std < math.inf):
         raise ValueError(f"tensorize: spec[{name!r}]['init_std']={std!r}, expected a positive number or None")
@@ -130,12 +209,15 @@ def _check_entry(name: str, entry: Any) -> dict[str, Any]:
 
 def _build(name: str, module: nn.Module, entry: dict[str, Any]) -> nn.Module:
     order = int(entry.get("order", DEFAULT_ORDER))
-    init = entry.get("init", "default")
+    init = entry.get("init", DEFAULT_INIT)
     if entry["kind"] == "linear":
         if not isinstance(module, nn.Linear):
             raise TypeError(f"tensorize: spec[{name!r}] is 'linear' but the module is {type(module).__name__}")
         in_shape = entry.get("in_shape") or factorize(module.in_features, order)
         out_shape = entry.get("out_shape") or factorize(module.out_features, order)
+        if init == "svd":
+            return TTLinear.from_linear(module, rank=entry["rank"], in_shape=list(in_shape),
+                                        out_shape=list(out_shape))
         return TTLinear(module.in_features, module.out_features, in_shape=list(in_shape),
                         out_shape=list(out_shape), rank=entry["rank"], bias=module.bias is not None,
                         init=init, device=module.weight.device, dtype=module.weight.dtype)
@@ -143,6 +225,13 @@ def _build(name: str, module: nn.Module, entry: dict[str, Any]) -> nn.Module:
         raise TypeError(f"tensorize: spec[{name!r}] is 'embedding' but the module is {type(module).__name__}")
     row_shape = entry.get("row_shape") or factorize(module.num_embeddings, order, allow_larger=True)
     col_shape = entry.get("col_shape") or factorize(module.embedding_dim, order)
+    if init == "svd":
+        layer = TTMEmbedding.from_embedding(module, rank=entry["rank"], row_shape=list(row_shape),
+                                            col_shape=list(col_shape), lookup=entry.get("lookup", "optimized"))
+        layer.tensor_index_level = layer.tensor_index_level if entry.get("tensor_index_level") is None else bool(
+            entry["tensor_index_level"])
+        layer.unique_rows = layer.unique_rows if entry.get("unique_rows") is None else bool(entry["unique_rows"])
+        return layer
     return TTMEmbedding(module.num_embeddings, module.embedding_dim, row_shape=list(row_shape),
                         col_shape=list(col_shape), rank=entry["rank"], padding_idx=module.padding_idx,
                         lookup=entry.get("lookup", "optimized"),
@@ -165,8 +254,11 @@ def _layer_summary(module: nn.Module, params_dense: int) -> dict[str, Any]:
         kind, shapes = "embedding", {"row_shape": list(module.row_shape), "col_shape": list(module.col_shape)}
     else:
         kind, shapes = "linear", {"in_shape": list(module.in_shape), "out_shape": list(module.out_shape)}
-    return {"kind": kind, **shapes, "ranks": list(module.ranks), "params_dense": params_dense,
-            "params": params, "compression": params_dense / params if params else math.inf}
+    summary = {"kind": kind, **shapes, "ranks": list(module.ranks), "params_dense": params_dense,
+               "params": params, "compression": params_dense / params if params else math.inf}
+    if module.reconstruction_error is not None:
+        summary["reconstruction_error"] = module.reconstruction_error
+    return summary
 
 
 def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:

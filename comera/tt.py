@@ -12,7 +12,9 @@ from torch import nn
 from comera import contraction
 from comera.contraction import ContractionPlan, make_plan
 from comera.init import INIT_SCHEMES, core_stds
+from comera.reload import resize_to_state_dict
 from comera.shapes import factorize
+from comera.ttsvd import relative_error, tt_svd
 
 
 def _full_ranks(rank: int | Sequence[int], modes: tuple[int, ...]) -> list[int]:
@@ -168,6 +170,7 @@ class TTLinear(nn.Module):
         self.gates = nn.ParameterList(
             nn.Parameter(torch.ones(ranks[k + 1], **factory)) for k in range(len(modes) - 1))
         self.bias = nn.Parameter(torch.empty(self.out_features, **factory)) if bias else None
+        self.reconstruction_error: float | None = None  # set by the TT-SVD constructor
         self.reset_parameters()
 
     @property
@@ -191,6 +194,32 @@ class TTLinear(nn.Module):
             if self.bias is not None:
                 bound = 1.0 / math.sqrt(self.in_features)
                 self.bias.uniform_(-bound, bound)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        """Pruned ranks load into a fresh layer (:mod:`comera.reload`)."""
+        resize_to_state_dict(self, state_dict, prefix, error_msgs)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, *, rank: int | Sequence[int], in_shape: Sequence[int] | None = None,
+                    out_shape: Sequence[int] | None = None) -> "TTLinear":
+        """A TTLinear holding the TT-SVD of a trained ``linear``'s weight at ``rank`` (bias copied).
+
+        A bond keeps fewer ranks than asked where the weight's unfolding has fewer singular values.
+        ``reconstruction_error`` on the result is ``||W - W_tt||_F / ||W||_F`` of the weight."""
+        weight = linear.weight.detach().T  # (in, out): y = x W
+        layer = cls(linear.in_features, linear.out_features, in_shape=in_shape, out_shape=out_shape, rank=rank,
+                    bias=linear.bias is not None, device=weight.device, dtype=weight.dtype)
+        cores = tt_svd(weight, layer.in_shape + layer.out_shape, layer.ranks)
+        layer.cores = nn.ParameterList(nn.Parameter(c.to(weight)) for c in cores)
+        layer.gates = nn.ParameterList(nn.Parameter(weight.new_ones(c.shape[-1])) for c in cores[:-1])
+        with torch.no_grad():
+            if layer.bias is not None:
+                layer.bias.copy_(linear.bias)
+            layer.reconstruction_error = relative_error(weight, layer.dense_weight())
+        return layer
 
     def plan(self, tokens: int) -> ContractionPlan:
         """The cached contraction plan for ``tokens`` rows at the current ranks."""

@@ -32,7 +32,9 @@ import torch
 from torch import nn
 
 from comera.init import core_stds
+from comera.reload import resize_to_state_dict
 from comera.tt import outside_autocast
+from comera.ttsvd import relative_error, tt_svd
 
 LOOKUP_MODES = ("naive", "optimized")
 CHUNK_BYTES = 4 * 2 ** 20
@@ -83,6 +85,44 @@ class TTMEmbedding(nn.Module):
             for k in range(len(row_shape)))
         self.gates = nn.ParameterList(nn.Parameter(torch.ones(ranks[k + 1], **factory))
                                       for k in range(len(row_shape) - 1))
+        self.reconstruction_error: float | None = None  # set by the TT-SVD constructor
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        """Pruned ranks load into a fresh layer (:mod:`comera.reload`)."""
+        resize_to_state_dict(self, state_dict, prefix, error_msgs)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+    @classmethod
+    def from_embedding(cls, embedding: nn.Embedding, *, rank: int | Sequence[int],
+                       row_shape: Sequence[int] | None = None, col_shape: Sequence[int] | None = None,
+                       lookup: str = "optimized") -> "TTMEmbedding":
+        """A TTMEmbedding holding the TT-SVD (TT-matrix format) of a trained ``embedding``'s table at
+        ``rank`` (rows beyond ``num_embeddings`` padded with zeros; ``padding_idx`` kept).
+
+        A bond keeps fewer ranks than asked where the table's unfolding has fewer singular values.
+        ``reconstruction_error`` on the result is ``||T - T_tt||_F / ||T||_F`` of the table as looked up
+        (the padding row zero in both)."""
+        table = embedding.weight.detach()
+        layer = cls(embedding.num_embeddings, embedding.embedding_dim, row_shape=row_shape, col_shape=col_shape,
+                    rank=rank, padding_idx=embedding.padding_idx, lookup=lookup, device=table.device,
+                    dtype=table.dtype)
+        rows, cols, d = layer.row_shape, layer.col_shape, len(layer.row_shape)
+        padded = table.new_zeros(math.prod(rows), math.prod(cols))
+        padded[: embedding.num_embeddings] = table
+        if layer.padding_idx is not None:
+            padded[layer.padding_idx] = 0
+        # (m_1..m_d, n_1..n_d) -> (m_1, n_1, ..., m_d, n_d): TT-SVD over the paired modes m_k n_k
+        paired = padded.reshape(*rows, *cols).permute(*[i for k in range(d) for i in (k, d + k)])
+        cores = tt_svd(paired.contiguous(), [m * n for m, n in zip(rows, cols)], layer.ranks)
+        layer.cores = nn.ParameterList(
+            nn.Parameter(c.reshape(c.shape[0], m, n, c.shape[-1]).to(table))
+            for c, m, n in zip(cores, rows, cols))
+        layer.gates = nn.ParameterList(nn.Parameter(table.new_ones(c.shape[-1])) for c in cores[:-1])
+        with torch.no_grad():
+            layer.reconstruction_error = relative_error(padded[: embedding.num_embeddings], layer.dense_weight())
+        return layer
 
     @property
     def ranks(self) -> list[int]:

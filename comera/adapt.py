@@ -1,0 +1,136 @@
+"""Rank adaptation for your own training loop: one object, called in two places, with the defaults that
+train, and the optimizer's parameter groups (TT cores / rank gates / the rest).
+
+    optimizer = torch.optim.AdamW(comera.param_groups(model, lr=1e-3))
+    adapt = comera.RankAdaptation(model, optimizer, target=0.3, total_steps=2000)
+    for step in range(2000):
+        loss = adapt.loss(task_loss(model, batch))   # the current stage's objective
+        loss.backward(); optimizer.step(); optimizer.zero_grad()
+        adapt.step()                                  # stage switch and pruning
+
+Built on :class:`comera.rank.TwoStageRankAdaptation`. The early stage (the first ``early_fraction`` of
+``total_steps``) prunes ranks gently (gate penalty ``l1_weight``, core penalty ``l2_weight``); the late
+stage, only with a ``target``, drives the TT size to ``target`` times its size at the switch, the target
+falling linearly over the first ``target_ramp`` of the late stage, and never prunes below it. Defaults are
+the recipe of the pipeline's quality cells (``baselines/comera.py``, ``config/config.yaml``): l2 1e-4,
+size weight 5, ramp 0.8, early fraction 0.45, pruning every 10 steps; layers built by ``tensorize`` use
+the official initialization, and the gates learn 5x faster than the cores.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from comera.convert import dense_equivalent
+from comera.rank import RankSettings, TwoStageRankAdaptation, ranks, tensorized_modules, tt_parameter_count
+
+GATE_LR_FACTOR = 5.0
+DEFAULTS: dict[str, Any] = {"l1_weight": 0.01, "l2_weight": 1e-4, "l1_reduction": "mean", "threshold": 1e-2,
+                            "prune_every": 10, "size_weight": 5.0, "stop_at_target": True}
+DERIVED = ("late_start_step", "target_ratio", "target_ramp_steps")  # set from target / total_steps
+
+
+def param_groups(model: nn.Module, lr: float = 1e-3, *, cores: float | None = None, gates: float | None = None,
+                 other: float | None = None) -> list[dict[str, Any]]:
+    """Optimizer parameter groups ``cores`` (lr ``cores`` or ``lr``), ``gates`` (``gates`` or 5 x ``lr``)
+    and ``other`` (every other trainable parameter: ``other`` or ``lr``); empty groups are left out."""
+    lrs = {"cores": lr if cores is None else cores, "gates": GATE_LR_FACTOR * lr if gates is None else gates,
+           "other": lr if other is None else other}
+    for group, value in lrs.items():
+        if not value > 0:
+            raise ValueError(f"param_groups: the learning rate of {group!r} must be positive, got {value!r}")
+    core_params, gate_params = [], []
+    for _, module in tensorized_modules(model):
+        core_params.extend(module.cores)
+        gate_params.extend(module.gates)
+    tt_ids = {id(p) for p in core_params + gate_params}
+    other_params = [p for p in model.parameters() if p.requires_grad and id(p) not in tt_ids]
+    named = {"cores": core_params, "gates": gate_params, "other": other_params}
+    return [{"params": ps, "lr": lrs[group], "name": group} for group, ps in named.items() if ps]
+
+
+class RankAdaptation:
+    """CoMERA's two-stage rank adaptation driven by a training loop: ``loss`` and ``step``.
+
+    ``optimizer``: one or a list; pruning slices their state with the parameters. ``target``: the final
+    TT size as a fraction of the size at the stage switch (None: early stage only). ``total_steps``: the
+    steps the loop will run (needed with a target). ``early_fraction`` of them is the early stage;
+    ``target_ramp``: the fraction of the late stage over which the target falls (0: fixed, the paper).
+    Keyword ``settings`` override the defaults (any field of :class:`comera.rank.RankSettings` but the
+    three derived from ``target`` and ``total_steps``)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] = (),
+                 *, target: float | None = None, total_steps: int | None = None, early_fraction: float = 0.45,
+                 target_ramp: float = 0.8, **settings: Any):
+        fields = {f.name for f in dataclasses.fields(RankSettings)} - set(DERIVED)
+        unknown = set(settings) - fields
+        if unknown:
+            raise TypeError(f"RankAdaptation: unknown setting(s) {sorted(unknown)}; settings: {sorted(fields)}")
+        if not tensorized_modules(model):
+            raise ValueError("RankAdaptation: the model has no TT / TTM layer; run comera.tensorize first")
+        if target is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, int)
+                                   or total_steps < 2):
+            raise ValueError(f"RankAdaptation: a target needs total_steps (an int >= 2), got {total_steps!r}")
+        for name, value in (("early_fraction", early_fraction), ("target_ramp", target_ramp)):
+            if not 0 <= value <= 1:
+                raise ValueError(f"RankAdaptation: {name} must be in [0, 1], got {value!r}")
+        late_start = None
+        if target is not None:
+            late_start = min(total_steps - 1, max(1, round(early_fraction * total_steps)))
+        ramp = round(target_ramp * (total_steps - late_start)) if late_start else 0
+        self.settings = RankSettings(**{**DEFAULTS, **settings, "late_start_step": late_start,
+                                        "target_ratio": target, "target_ramp_steps": ramp})
+        optimizers = [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else list(optimizer)
+        for item in optimizers:
+            if not isinstance(item, torch.optim.Optimizer):
+                raise TypeError(f"RankAdaptation: optimizer must be a torch optimizer or a list of them (pruning "
+                                f"slices their state), got {type(item).__name__}")
+        self.model = model
+        self.total_steps = total_steps
+        self.driver = TwoStageRankAdaptation(model, self.settings, optimizers)
+        self.steps = 0
+        self.initial_size = tt_parameter_count(model)
+
+    def loss(self, task_loss: torch.Tensor) -> torch.Tensor:
+        """The objective to backpropagate for this step's task loss (early or late stage)."""
+        return self.driver.objective(task_loss, self.steps)
+
+    def step(self) -> dict[str, float]:
+        """Call once per training step, after ``optimizer.step()``: switches stage, prunes. Returns the
+        stage (0 early, 1 late), the TT size ``params_tt`` and the mean internal rank."""
+        info = self.driver.after_step(self.steps)
+        self.steps += 1
+        return info
+
+    @property
+    def stage(self) -> str:
+        return "late" if self.driver.stage == 1 else "early"
+
+    @property
+    def size(self) -> int:
+        """TT scalars now (every core and gate of the model's TT / TTM layers)."""
+        return tt_parameter_count(self.model)
+
+    @property
+    def size_target(self) -> float | None:
+        """The late stage's final size in TT scalars (``target`` x the size at the switch); None before."""
+        return self.driver.switch.get("size_target")
+
+    def summary(self) -> str:
+        """One line: steps, stage, TT size against its start, its dense equivalent and the target."""
+        dense = sum(dense_equivalent(m) for _, m in tensorized_modules(self.model))
+        size = self.size
+        target = self.size_target
+        text = (f"step {self.steps}, {self.stage} stage: {size:,} TT parameters ({size / self.initial_size:.3f} "
+                f"of {self.initial_size:,} at the start; dense layers {dense:,}, compression {dense / max(size, 1):.1f}x)")
+        if target is not None:
+            text += (f"; target {target:,.0f} = {self.settings.target_ratio} x {self.driver.switch['size']:,.0f} "
+                     f"at the switch (now {size / target:.3f} of it)")
+        return text
+
+    def ranks(self) -> dict[str, list[int]]:
+        """Current TT ranks of every TT / TTM layer."""
+        return ranks(self.model)

@@ -1,0 +1,36 @@
+"""Loading a pruned checkpoint into a freshly built TT / TTM layer: the ranks travel with the state dict.
+
+Pruning shrinks the cores and gates (``comera.rank.prune``), so a state dict saved after training holds
+smaller tensors than a newly tensorized model. Before loading, each layer gives its cores and gates the
+shapes the state dict holds (new, uninitialised Parameters that the load then fills), when their mode
+sizes agree; then ``model.load_state_dict(state)`` works as for any model. Build the optimizer after
+loading: it must see the new Parameters.
+"""
+from __future__ import annotations
+
+from torch import nn
+
+
+def resize_to_state_dict(module: nn.Module, state_dict: dict, prefix: str, error_msgs: list[str]) -> None:
+    """Resize ``module.cores`` / ``module.gates`` to the ``{prefix}cores.k`` / ``{prefix}gates.k`` entries
+    of ``state_dict`` whose mode sizes match; a chain of bonds that does not fit is reported in
+    ``error_msgs`` (``load_state_dict`` raises with it)."""
+    changed = False
+    for name, size_axes in (("cores", slice(1, -1)), ("gates", slice(0, 0))):  # mode axes (a gate has none)
+        params = getattr(module, name)
+        for k, param in enumerate(list(params)):
+            saved = state_dict.get(f"{prefix}{name}.{k}")
+            if saved is None or saved.shape == param.shape or saved.dim() != param.dim():
+                continue
+            if saved.shape[size_axes] != param.shape[size_axes]:
+                continue  # other mode sizes: load_state_dict reports the size mismatch
+            params[k] = nn.Parameter(param.new_empty(saved.shape), requires_grad=param.requires_grad)
+            changed = True
+    if changed:
+        cores, gates = list(module.cores), list(module.gates)
+        bonds_ok = all(a.shape[-1] == b.shape[0] for a, b in zip(cores, cores[1:]))
+        gates_ok = all(g.shape[0] == c.shape[-1] for g, c in zip(gates, cores))
+        if not (bonds_ok and gates_ok):
+            error_msgs.append(f"{prefix or 'the module'}: the checkpoint's cores and gates do not form one tensor "
+                              f"train (cores {[tuple(c.shape) for c in cores]}, gates "
+                              f"{[tuple(g.shape) for g in gates]})")

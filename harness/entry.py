@@ -1,0 +1,26 @@
+"""Entry point of the ``comera-bench`` command: the pipeline's packages are an extra of the project
+(``pip install 'comera-bench[bench]'``); without them the command says so instead of a bare traceback."""
+from __future__ import annotations
+
+import sys
+
+PROJECT_PACKAGES = ("comera", "baselines", "harness")
+INSTALL_HINT = "pip install 'comera-bench[bench]' (or: bash scripts/setup.sh)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        from harness.cli import main as cli_main
+        return cli_main(argv)
+    except ModuleNotFoundError as error:
+        missing = (error.name or "").partition(".")[0]
+        if not missing or missing in PROJECT_PACKAGES:
+            raise
+        print(f"comera-bench: the Python package {missing!r} is missing; the comera-bench command needs the "
+              f"pipeline extra 'bench': {INSTALL_HINT}. The library itself (import comera) needs torch "
+              "only.", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""comera.RankAdaptation / comera.param_groups: the defaults are the pipeline's working recipe, the two
+calls switch stage and prune (optimizer state included), and bad settings are named."""
+import pytest
+import torch
+from torch import nn
+
+import comera
+from baselines.comera import PARAMS_DEFAULTS
+
+
+def _model():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    comera.tensorize(model, {"0": {"rank": 4}})
+    return model
+
+
+def test_param_groups_split_cores_gates_and_the_rest():
+    model = _model()
+    groups = {g["name"]: g for g in comera.param_groups(model, lr=2e-3)}
+    assert {k: g["lr"] for k, g in groups.items()} == {"cores": 2e-3, "gates": 1e-2, "other": 2e-3}
+    assert [p is q for p, q in zip(groups["cores"]["params"], model[0].cores)] == [True] * 6
+    assert len(groups["gates"]["params"]) == 5
+    assert {id(p) for p in groups["other"]["params"]} == {id(model[0].bias), id(model[2].weight), id(model[2].bias)}
+    overridden = {g["name"]: g["lr"] for g in comera.param_groups(model, cores=1e-4, gates=1e-3, other=5e-5)}
+    assert overridden == {"cores": 1e-4, "gates": 1e-3, "other": 5e-5}
+    with pytest.raises(ValueError, match="'gates'"):
+        comera.param_groups(model, gates=0)
+
+
+def test_defaults_are_the_pipelines_recipe():
+    adapt = comera.RankAdaptation(_model(), target=0.3, total_steps=1000)
+    s = adapt.settings
+    recipe = {key: PARAMS_DEFAULTS[key] for key in ("l1_weight", "l2_weight", "l1_reduction", "threshold", "rho",
+                                                    "stop_at_target")}
+    assert {key: getattr(s, key) for key in recipe} == recipe and s.l2_weight == 1e-4
+    assert (s.size_weight, s.prune_every, s.late_start_step, s.target_ratio, s.target_ramp_steps) == (
+        5.0, 10, 450, 0.3, 440)  # config.yaml's quality recipe: early 0.45, ramp 0.8 of the late stage
+    early_only = comera.RankAdaptation(_model()).settings
+    assert (early_only.late_start_step, early_only.target_ratio, early_only.target_ramp_steps) == (None, None, 0)
+    assert comera.RankAdaptation(_model(), l2_weight=0.0, rho=0.2).settings.rho == 0.2
+
+
+@pytest.mark.parametrize("kwargs,error,message", [
+    ({"target": 0.5}, ValueError, "total_steps"),
+    ({"target": 0.5, "total_steps": 10, "early_fraction": 1.5}, ValueError, "early_fraction"),
+    ({"l2_wieght": 1e-3}, TypeError, "l2_wieght"),
+    ({"late_start_step": 5}, TypeError, "late_start_step"),
+    ({"target": 1.5, "total_steps": 10}, ValueError, "target_ratio"),
+])
+def test_bad_settings_are_named(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        comera.RankAdaptation(_model(), **kwargs)
+
+
+def test_param_groups_in_place_of_the_optimizer_are_refused():
+    model = _model()
+    with pytest.raises(TypeError, match="torch optimizer.*got dict"):
+        comera.RankAdaptation(model, comera.param_groups(model))
+
+
+def test_a_model_without_tt_layers_is_refused():
+    with pytest.raises(ValueError, match="tensorize"):
+        comera.RankAdaptation(nn.Linear(4, 4))
+
+
+def test_loss_and_step_switch_stage_and_prune_with_the_optimizer_state():
+    model = _model()
+    optimizer = torch.optim.AdamW(comera.param_groups(model))
+    adapt = comera.RankAdaptation(model, optimizer, target=0.5, total_steps=20, early_fraction=0.5)
+    x, y = torch.randn(32, 16), torch.randint(0, 4, (32,))
+    stages = []
+    for step in range(20):
+        task = nn.functional.cross_entropy(model(x), y)
+        objective = adapt.loss(task)
+        assert objective.item() != task.item()  # penalties are added
+        objective.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step == 12:
+            with torch.no_grad():
+                model[0].gates[2][:2] = 0.0  # two ranks to prune at the next pruning step (every 10)
+        stages.append(adapt.step()["stage"])
+        assert adapt.steps == step + 1
+    assert stages == [0.0] * 9 + [1.0] * 11 and adapt.stage == "late"
+    assert adapt.ranks()["0"][3] == 2
+    for gate in model[0].gates:
+        assert optimizer.state[gate]["exp_avg"].shape == gate.shape
+    assert adapt.size_target == pytest.approx(0.5 * adapt.driver.switch["size"])
+    assert adapt.size >= adapt.size_target
+    assert "late stage" in adapt.summary() and f"{adapt.size:,} TT parameters" in adapt.summary()
