@@ -34,7 +34,7 @@ def summary(paths: list[str | Path], cells_dir: str, target: str = "figures") ->
     if not len(df):
         return ""
     lines = [f"{len(df)} timing cell(s) were not timed stably; no verdict or ratio uses them:"]
-    lines += [f"  {r.run_id}: {timing.noisy_reason(r)}" for r in df.itertuples()]
+    lines += [f"  {r.run_id}: {timing.noisy_reason(r)}" for _, r in df.iterrows()]
     lines.append(f"To time them again (with their timing groups) on a quieter machine: "
                  f"comera-bench noisy {cells_dir} --delete && snakemake --cores 1 {target}")
     return "\n".join(lines)
@@ -54,7 +54,7 @@ def cli(argv: list[str] | None = None) -> int:
     if not len(df):
         print("every ok timing cell is stable")
         return 0
-    for r in df.itertuples():
+    for _, r in df.iterrows():
         print(f"{r.run_id}\t{timing.noisy_reason(r)}")
     if args.delete:
         removed = 0
