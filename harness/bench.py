@@ -6,9 +6,10 @@ so that a load change on a shared machine hits both):
 1. TTLinear forward+backward vs nn.Linear at the paper's layer shapes; each row's profile note times the
    same layer on one token (the cost that does not shrink with tokens) and the ratio that caps.
 2. One full training step of the six-encoder transformer (paper shapes, seq 128), each configuration
-   in its own subprocess: CoMERA vs uncompressed at batch 32 (time, peak memory) and CoMERA vs GaLore
-   at batch 1 (time, peak memory). ``--step-rounds`` (default 3) runs every configuration once per
-   round; a ratio is the median over rounds of the ratio within a round. The speed rows carry a profile:
+   in its own process: CoMERA vs uncompressed at batch 32 (time, peak memory) and CoMERA vs GaLore
+   at batch 1 (time, peak memory). The processes take turns in ``--step-rounds`` interleaved rounds
+   (default 3; harness.interleave, the mechanism of the pipeline's timing groups); a time ratio is the
+   median over rounds of the ratio within a round. The speed rows carry a profile:
    the time of CoMERA's tensorized layers (each re-run alone on its step input) and of the rest of its
    step, which bounds the ratio even if the tensorized layers took no time.
 3. TTMEmbedding optimized vs naive lookup (time, peak memory) and the TTM table's memory vs an
@@ -53,9 +54,10 @@ import json
 import math
 import re
 import statistics
-import subprocess
 import sys
+import tempfile
 import time
+import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -63,7 +65,9 @@ from typing import Any, Callable
 import torch
 
 from harness import allocator as allocator_lib
+from harness import interleave
 from harness import microbench as mb
+from harness.atomic import atomic_write
 
 TARGET_NAMES = {1: "TTLinear vs nn.Linear", 2: "transformer step", 3: "TTM lookup",
                 4: "step after halving ranks", 5: "plan FLOPs vs opt_einsum"}
@@ -419,7 +423,8 @@ def amdahl_bound(share: float, layer_speedup: float) -> float:
 
 
 def step_worker(job: dict[str, Any]) -> dict[str, Any]:
-    """Time full training steps of one configuration in this process (run in a fresh subprocess), under
+    """Time full training steps of one configuration in this process (a step-worker process of
+    :func:`run_step_rounds`, taking turns with the others when a round coordinator is reachable), under
     the job's allocator policy."""
     with allocator_lib.policy(job.get("allocator", "reuse")) as applied:
         return _step_worker(job, applied)
@@ -433,7 +438,8 @@ def _step_worker(job: dict[str, Any], allocator_applied: str) -> dict[str, Any]:
     device = mb.resolve_device(job["device"])
     torch.set_num_threads(job["threads"])
     torch.manual_seed(job["seed"])
-    steps, warmup = job["steps"], job["warmup"]
+    steps, warmup, rounds = job["steps"], job["warmup"], job.get("rounds", 1)
+    gate = interleave.RoundGate.from_env(job["run_id"]) if job.get("run_id") else None
     samples = job["batch_size"] * (steps + warmup)
     params = {**job["workload_params"], "train_samples": samples, "eval_samples": job["batch_size"]}
     _warm_up_code_path(job, device)
@@ -468,12 +474,23 @@ def _step_worker(job: dict[str, Any], allocator_applied: str) -> dict[str, Any]:
     def timed(offset: int) -> list[float]:
         return [one_step(offset + i, b) for i, b in enumerate(batches)][warmup:]
 
-    times = timed(0)
+    for i, b in enumerate(batches[:warmup]):
+        one_step(i, b)
+    times, per_round = [], []
+    for r in range(rounds):  # with a coordinator, one configuration at a time (harness.interleave)
+        if gate is not None:
+            gate.wait(r)
+        these = [one_step(warmup + r * steps + i, b) for i, b in enumerate(batches[warmup:])]
+        times += these
+        per_round.append(statistics.median(these))
+    if gate is not None:  # the last round: the tensor peak, profile and halving below, alone too
+        gate.wait(rounds)
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device) - base
     else:
         peak = (_proc_status("VmHWM") or 0) - (base or 0)
-    out = {"step_ms": statistics.median(times), "step_ms_all": times, "peak_bytes": peak, "peak_kind": kind,
+    out = {"step_ms": statistics.median(times), "step_ms_all": times, "step_ms_rounds": per_round,
+           "peak_bytes": peak, "peak_kind": kind,
            "ranks": ranks(model), "method_settings": prepared.settings, "allocator": allocator_applied}
     if device.type == "cpu":  # after the timed steps and the RSS reading: nothing here is in them
         step_peak, _ = mb.peak_memory(lambda: one_step(steps + warmup, batches[0]), device)
@@ -489,21 +506,9 @@ def _step_worker(job: dict[str, Any], allocator_applied: str) -> dict[str, Any]:
         out["step_ms_halved"] = statistics.median(timed(steps + warmup))
         if inputs:
             out["tt_layers_ms_halved"] = tensorized_layer_ms(model, inputs)
+    if gate is not None:
+        gate.done()
     return out
-
-
-def run_step_job(job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    """``step_worker(job)`` in a fresh Python process; {"error": ...} when it fails."""
-    cmd = [sys.executable, "-m", "harness.bench", "--step-worker", json.dumps(job)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout_s:.0f} s"}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"error": f"exit {proc.returncode}: {tail}"}
-    return json.loads(lines[-1])
 
 
 def step_jobs(cfg: Config, targets: set[int]) -> dict[str, dict[str, Any]]:
@@ -560,54 +565,61 @@ def _fmt_bytes(n: float | None) -> str:
     return "n/a" if n is None else f"{n / 2**20:.1f} MiB"
 
 
-STEP_MEDIAN_KEYS = ("step_ms", "peak_bytes", "tensor_peak_bytes", "step_ms_halved", "tt_layers_ms",
-                    "tt_layers_ms_halved")
-"""The numbers of a step worker's result that are taken as medians over the rounds."""
-
-
 def run_step_rounds(jobs: dict[str, dict[str, Any]], rounds: int, timeout_s: float,
-                    progress: Callable[[str], None] = lambda line: None) -> dict[str, list[dict[str, Any]]]:
-    """Every job once per round, in the same order each round, each in a fresh process: configurations
-    are compared within a round (neighbours in time), so a slow spell of the machine hits one round's
-    ratio, not one configuration of the only round."""
-    results: dict[str, list[dict[str, Any]]] = {name: [] for name in jobs}
-    for r in range(rounds):
+                    progress: Callable[[str], None] = lambda line: None) -> dict[str, dict[str, Any]]:
+    """Every configuration in its own process, all alive at once, timed in interleaved rounds by the
+    coordinator of the pipeline's timing groups (harness.interleave): in each round one configuration
+    at a time runs its timed steps, the order reversed every other round, so that a slow spell of the
+    machine hits every configuration of a round; a last round (alone too) for the tensor peak, the
+    profile and the halving. name -> the worker's result, with ``step_ms_rounds`` (one median per
+    round); ``{"error": ...}`` for a configuration that failed."""
+    with tempfile.TemporaryDirectory(prefix="comera-bench-steps-") as tmp:
+        cells = []
         for name, job in jobs.items():
-            progress(f"  step round {r + 1}/{rounds}: {name}")
-            results[name].append(run_step_job(job, timeout_s))
-    return results
+            spec = Path(tmp) / f"{name}.json"
+            spec.write_text(json.dumps({**job, "run_id": name, "rounds": rounds}))
+            cells.append(interleave.Cell(str(spec), str(Path(tmp) / f"{name}.out.json"), "",
+                                         str(Path(tmp) / f"{name}.log")))
 
+        def command(cell: interleave.Cell) -> list[str]:
+            return [sys.executable, "-m", "harness.bench", "--step-worker-file", cell.spec,
+                    "--step-out", cell.runs, "--step-log", cell.log]
 
-def median_result(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """One configuration over its rounds: medians of :data:`STEP_MEDIAN_KEYS` over the rounds that ran,
-    everything else from the first that ran; the first error when none ran."""
-    ok = [r for r in runs if "error" not in r]
-    if not ok:
-        return {"error": runs[0]["error"]}
-    out = dict(ok[0])
-    for key in STEP_MEDIAN_KEYS:
-        values = [r[key] for r in ok if r.get(key) is not None]
-        if values:
-            out[key] = statistics.median(values)
+        try:
+            interleave.run_group(cells, rounds + 1, command=command, log=progress, timeout_s=timeout_s)
+            timed_out = ""
+        except TimeoutError:
+            timed_out = f"timed out after {timeout_s:.0f} s"
+        out = {}
+        for name, cell in zip(jobs, cells):
+            path, log = Path(cell.runs), Path(cell.log)
+            if path.exists():
+                out[name] = json.loads(path.read_text())
+                continue
+            tail = (log.read_text(errors="replace").strip().splitlines() if log.exists() else []) or ["no output"]
+            code = cell.proc.returncode if cell.proc is not None else None
+            out[name] = {"error": timed_out or f"exit {code}: {tail[-1]}"}
     return out
 
 
-def round_ratios(results: dict[str, list[dict[str, Any]]], num: tuple[str, str],
-                 den: tuple[str, str]) -> list[float]:
-    """``num``/``den`` ((configuration, key) each) in every round where both were measured."""
-    return [a[num[1]] / b[den[1]] for a, b in zip(results.get(num[0], []), results.get(den[0], []))
-            if a.get(num[1]) is not None and b.get(den[1])]
+def round_ratios(results: dict[str, dict[str, Any]], num: tuple[str, str], den: tuple[str, str]) -> list[float]:
+    """``num``/``den`` ((configuration, key) each): per round where both keys were timed round by round
+    (``<key>_rounds``), else the one ratio of the two values; empty where either is missing."""
+    a, b = results.get(num[0], {}), results.get(den[0], {})
+    ra, rb = a.get(f"{num[1]}_rounds"), b.get(f"{den[1]}_rounds")
+    if ra and rb and len(ra) == len(rb):
+        return [x / y for x, y in zip(ra, rb) if x is not None and y]
+    x, y = a.get(num[1]), b.get(den[1])
+    return [x / y] if x is not None and y else []
 
 
 def target_steps(cfg: Config, targets: set[int], timeout_s: float,
                  progress: Callable[[str], None] = lambda line: None) -> list[BenchRow]:
-    """Targets 2 and 4 from one subprocess per configuration and round; each ratio is the median over the
-    rounds of the ratio within a round."""
+    """Targets 2 and 4 from one process per configuration, timed in interleaved rounds; each time ratio is
+    the median over the rounds of the ratio within a round."""
     jobs = step_jobs(cfg, targets)
-    rounds = run_step_rounds(jobs, cfg.step_rounds, timeout_s, progress)
-    res = {name: median_result(runs) for name, runs in rounds.items()}
-    errors = "; ".join(f"{n}{f' round {i + 1}' if cfg.step_rounds > 1 else ''}: {r['error']}"
-                       for n, runs in rounds.items() for i, r in enumerate(runs) if "error" in r)
+    res = run_step_rounds(jobs, cfg.step_rounds, timeout_s, progress)
+    errors = "; ".join(f"{n}: {r['error']}" for n, r in res.items() if "error" in r)
     size = STEP_WORKLOAD["quick" if cfg.quick else "full"]["size"]
 
     def get(name: str, key: str) -> float | None:
@@ -615,8 +627,8 @@ def target_steps(cfg: Config, targets: set[int], timeout_s: float,
 
     def ratio(num: tuple[str, str], den: tuple[str, str]) -> tuple[float | None, str]:
         """Median of the per-round ratios, and the per-round list when there are several rounds."""
-        per_round = round_ratios(rounds, num, den)
-        shown = f"; per round {', '.join(f'{v:.2f}' for v in per_round)}" if cfg.step_rounds > 1 else ""
+        per_round = round_ratios(res, num, den)
+        shown = f"; per round {', '.join(f'{v:.2f}' for v in per_round)}" if len(per_round) > 1 else ""
         return (statistics.median(per_round) if per_round else None), shown
 
     def pair(a: str, b: str) -> str:
@@ -628,8 +640,8 @@ def target_steps(cfg: Config, targets: set[int], timeout_s: float,
                         != cfg.allocator_applied})  # the workers normally apply what this process did
     some_job = next(iter(jobs.values()))
     counts = ", ".join(f"{name} {job['steps']}" for name, job in jobs.items())
-    base = (f"transformer size={size}, one process per config and round, {cfg.step_rounds} round(s) "
-            f"(ratio: median over rounds of the ratio within a round; times and memory shown: medians), "
+    base = (f"transformer size={size}, one process per config, {cfg.step_rounds} interleaved round(s) "
+            f"(harness.interleave; time ratio: median over rounds of the ratio within a round), "
             f"median of timed steps ({counts}) after {some_job['warmup']} warm-up, memory {kind}"
             + (f", worker allocator {' / '.join(differing)}" if differing else ""))
     rows = []
@@ -850,6 +862,17 @@ def parse_targets(text: str) -> set[int]:
     return targets
 
 
+def _step_worker_main(job_file: str, out: str, log: str) -> int:
+    """A step worker process: its result JSON to ``out``; a failure's traceback tail to ``log``."""
+    try:
+        result = step_worker(json.loads(Path(job_file).read_text()))
+    except Exception as exc:  # noqa: BLE001 -- the parent reports it as the configuration's error
+        Path(log).write_text("".join(traceback.format_exception(exc))[-4000:])
+        return 1
+    atomic_write(out, lambda tmp: tmp.write_text(json.dumps(result, default=str)))
+    return 0
+
+
 def cli(argv: list[str]) -> int:
     """``comera-bench bench [--quick] [--targets 1,2,...] [--device cpu|cuda|auto] [--threads N]
     [--allocator reuse|system]``"""
@@ -860,18 +883,19 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
     ap.add_argument("--out-dir", default="results/bench", help="where the .md and .parquet go")
-    ap.add_argument("--step-timeout", type=float, default=1800, help="seconds per transformer-step subprocess")
+    ap.add_argument("--step-timeout", type=float, default=1800, help="seconds for all transformer-step processes together")
     ap.add_argument("--step-rounds", type=int, default=None,
                     help="rounds of the transformer-step processes of targets 2 and 4, every configuration "
                          "once per round (default 3, --quick 1)")
     ap.add_argument("--allocator", choices=allocator_lib.POLICIES, default="reuse",
                     help="CPU allocator policy of this process and the step workers (default reuse; "
                          "see harness.allocator)")
-    ap.add_argument("--step-worker", help=argparse.SUPPRESS)
+    ap.add_argument("--step-worker-file", help=argparse.SUPPRESS)
+    ap.add_argument("--step-out", help=argparse.SUPPRESS)
+    ap.add_argument("--step-log", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.step_worker:
-        print(json.dumps(step_worker(json.loads(args.step_worker)), default=str))
-        return 0
+    if args.step_worker_file:
+        return _step_worker_main(args.step_worker_file, args.step_out, args.step_log)
     try:
         targets = parse_targets(args.targets)
         cfg = Config.make(args.device, args.threads, args.quick, args.allocator, args.step_rounds)

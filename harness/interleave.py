@@ -123,8 +123,8 @@ def _command(cell: Cell) -> list[str]:
 
 
 class _Coordinator:
-    def __init__(self, cells: list[Cell], server: socket.socket):
-        self.cells = cells
+    def __init__(self, cells: list[Cell], server: socket.socket, deadline: float | None = None):
+        self.cells, self.deadline = cells, deadline
         self.sel = selectors.DefaultSelector()
         self.sel.register(server, selectors.EVENT_READ, None)
 
@@ -181,6 +181,8 @@ class _Coordinator:
         return None  # not one of ours
 
     def pump(self, timeout: float = POLL_S) -> None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise TimeoutError("the timing group ran past its time limit")
         for key, _ in self.sel.select(timeout):
             if key.data is None:
                 conn, _ = key.fileobj.accept()
@@ -223,9 +225,11 @@ class _Coordinator:
 
 
 def run_group(cells: Sequence[Cell], rounds: int, *, log=None,
-              command: Callable[[Cell], list[str]] = _command) -> int:
+              command: Callable[[Cell], list[str]] = _command, timeout_s: float | None = None) -> int:
     """Run ``cells`` in interleaved rounds (module docstring); returns the number of cells whose
-    process exited with a non-zero status. ``command``: a cell's command line (tests use toys)."""
+    process exited with a non-zero status (each cell's ``proc`` keeps its return code). ``command``: a
+    cell's command line (default ``comera-bench run --isolate``; the performance bench runs its step
+    workers). ``timeout_s``: TimeoutError past it, every process of the group terminated."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     cells = list(cells)
     for cell in cells:
@@ -235,7 +239,7 @@ def run_group(cells: Sequence[Cell], rounds: int, *, log=None,
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         server.bind(path)
         server.listen(len(cells))
-        coord = _Coordinator(cells, server)
+        coord = _Coordinator(cells, server, None if timeout_s is None else time.monotonic() + timeout_s)
         env = {**os.environ, ENV: path}
         started = time.monotonic()
         try:
@@ -250,7 +254,13 @@ def run_group(cells: Sequence[Cell], rounds: int, *, log=None,
                     log(f"  round {r + 1}/{rounds}: {sum(ran)} cells ({time.monotonic() - started:.0f} s)")
             coord.wait_until(rounds)
             coord.release()
-            failed = sum(1 for cell in cells if cell.proc.wait() != 0)
+            for cell in cells:
+                left = None if coord.deadline is None else max(coord.deadline - time.monotonic(), 0.1)
+                try:
+                    cell.proc.wait(timeout=left)
+                except subprocess.TimeoutExpired:
+                    raise TimeoutError("the timing group ran past its time limit") from None
+            failed = sum(1 for cell in cells if cell.proc.returncode != 0)
         finally:
             for cell in cells:
                 if cell.proc is not None and cell.proc.poll() is None:
