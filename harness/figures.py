@@ -344,7 +344,8 @@ def fig5_ttm_lookup(res: Results, out: Path) -> None:
     for (shape, variant), group in mb.groupby(["shape", "variant"], sort=True):
         group = group.sort_values("tokens")
         label = variant if mb["shape"].nunique() == 1 else f"{variant} {shape}"
-        ax_t.plot(group.tokens, group.time_ms, marker="o", label=label)
+        ax_t.errorbar(group.tokens, group.time_ms, yerr=group.time_ms_iqr.fillna(0) / 2, marker="o", capsize=3,
+                      label=label)
         ax_m.plot(group.tokens, group.peak_mem_bytes / MB, marker="o", label=label)
     for ax, ylabel in ((ax_t, "forward + backward time (ms)"), (ax_m, "peak memory (MB)")):
         ax.set_xlabel("indices per batch")
@@ -357,7 +358,8 @@ def fig5_ttm_lookup(res: Results, out: Path) -> None:
     c6 = reference.claim("C6")["values"]
     first = mb.iloc[0]
     _finish(fig, title, f"device {res.label} ({first.device_name}, {first.num_threads} threads); memory = "
-            "the op's allocator peak above its inputs (CPU: profiler allocations, CUDA: max allocated). "
+            "the op's allocator peak above its inputs (CPU: profiler allocations, CUDA: max allocated); "
+            "time bars: IQR of the timed blocks (torch.utils.benchmark). "
             f"{PAPER}: optimized TTM lookup {c6['lookup_speedup_min']:g}-{c6['lookup_speedup_max']:g}x "
             f"faster and {c6['lookup_memory_min']:g}-{c6['lookup_memory_max']:g}x less memory than the "
             "unoptimized one.", out, name)
