@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import selectors
+import signal
 import socket
 import subprocess
 import sys
@@ -274,6 +275,16 @@ def run_group(cells: Sequence[Cell], rounds: int, *, log=None,
     return failed
 
 
+def stop_on_signals() -> None:
+    """SIGTERM / SIGHUP (a job's time limit, scancel, a closed session) end :func:`run_group` through its
+    cleanup: every cell's process is terminated and the socket folder removed; exit status 128 + N."""
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m harness.interleave --rounds R --cell SPEC RUNS CURVES LOG ...``: one timing group."""
     ap = argparse.ArgumentParser(prog="python -m harness.interleave", description=main.__doc__)
@@ -284,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1:
         ap.error(f"--rounds {args.rounds}: need at least 1")
     cells = [Cell(spec, runs, curves, log) for spec, runs, curves, log in args.cell]
+    stop_on_signals()
     run_group(cells, args.rounds)
     missing = [path for cell in cells for path in (cell.runs, cell.curves) if not Path(path).exists()]
     if missing:  # a cell's supervisor failed to write even its failure row

@@ -91,3 +91,36 @@ def test_cli_refuses_no_rounds(rounds, capsys):
         interleave.main(["--rounds", str(rounds), "--cell", "s", "r", "c", "l"])
     assert exc.value.code == 2
     assert "need at least 1" in capsys.readouterr().err
+
+
+def test_sigterm_ends_the_group_and_its_cells(tmp_path):
+    """The coordinator stopped by SIGTERM terminates every cell process and removes its socket folder."""
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    script = f"""
+import json, sys, tempfile
+from pathlib import Path
+from harness import interleave
+cells = []
+for name in "ab":
+    spec = Path({str(tmp_path)!r}) / (name + ".json")
+    spec.write_text(json.dumps({{"run_id": name}}))
+    cells.append(interleave.Cell(str(spec), "", ""))
+interleave.stop_on_signals()
+interleave.run_group(cells, 3, command=lambda c: [sys.executable, "-c", "import time; time.sleep(60)"],
+                     log=lambda m: None)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.monotonic() + 60
+    while len(psutil.Process(proc.pid).children()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    kids = psutil.Process(proc.pid).children()
+    assert len(kids) == 2
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    gone, alive = psutil.wait_procs(kids, timeout=30)
+    assert not alive
