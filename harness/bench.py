@@ -478,9 +478,10 @@ def _step_worker(job: dict[str, Any], allocator_applied: str) -> dict[str, Any]:
         one_step(i, b)
     times, per_round = [], []
     for r in range(rounds):  # with a coordinator, one configuration at a time (harness.interleave)
-        if gate is not None:
+        if gate is not None:  # after the pause, one step re-warms the caches (timed steps follow)
             gate.wait(r)
-        these = [one_step(warmup + r * steps + i, b) for i, b in enumerate(batches[warmup:])]
+            one_step(warmup + r * (steps + 1), batches[0])
+        these = [one_step(warmup + r * (steps + 1) + 1 + i, b) for i, b in enumerate(batches[warmup:])]
         times += these
         per_round.append(statistics.median(these))
     if gate is not None:  # the last round: the tensor peak, profile and halving below, alone too

@@ -66,6 +66,10 @@ class StepTimer:
         self.all_rounds: list[int] = []
         self.round = 0
         """The timing round the next steps belong to (harness.interleave)."""
+        self.rewarm: set[int] = set()
+        """Indices of steps right after a pause between timing rounds: timed, not counted (the pause
+        left the caches to other processes; measured ~20% slower than the steps after it)."""
+        self.rewarm_next = False
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
@@ -78,18 +82,24 @@ class StepTimer:
         self.all_ms.append((time.perf_counter() - start) * 1e3)
         self.all_cpu_ms.append((time.process_time() - cpu) * 1e3)
         self.all_rounds.append(self.round)
+        if self.rewarm_next:
+            self.rewarm.add(len(self.all_ms) - 1)
+            self.rewarm_next = False
+
+    def _counted(self, values: list) -> list:
+        return [v for i, v in enumerate(values) if i >= self.warmup_steps and i not in self.rewarm]
 
     @property
     def timed_ms(self) -> list[float]:
-        return self.all_ms[self.warmup_steps:]
+        return self._counted(self.all_ms)
 
     @property
     def timed_rounds(self) -> list[int]:
-        return self.all_rounds[self.warmup_steps:]
+        return self._counted(self.all_rounds)
 
     @property
     def timed_cpu_ms(self) -> list[float]:
-        return self.all_cpu_ms[self.warmup_steps:]
+        return self._counted(self.all_cpu_ms)
 
     def summary(self, window: int | None = None) -> dict[str, float | int | str]:
         """step_time_ms (median), step_time_ms_iqr, steps_timed, and step_time_ms_mean with its basis.
@@ -104,7 +114,8 @@ class StepTimer:
             first = -(-self.warmup_steps // window) * window
             last = len(self.all_ms) // window * window
             if last > first:
-                mean_over, basis = self.all_ms[first:last], f"whole windows of {window} steps ({first}-{last})"
+                mean_over = [ms for i, ms in enumerate(self.all_ms[first:last], first) if i not in self.rewarm]
+                basis = f"whole windows of {window} steps ({first}-{last})"
             else:
                 basis = f"timed steps (no whole window of {window} steps after warm-up)"
         return {"step_time_ms": med, "step_time_ms_iqr": iqr, "steps_timed": len(timed),

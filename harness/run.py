@@ -415,9 +415,10 @@ def _train(st: _State, reg: Registry, progress: bool | None, on_hang: Callable |
     st.timer = measure.StepTimer(st.device, warmup)
     st.epoch_clock = measure.Stopwatch(st.device)
     st.machine = timing.MachineState()
-    bounds = timing.round_bounds(min(warmup, total_steps), total_steps, spec["execution"]["rounds"])
-    st.round_starts = {step: r for r, step in enumerate(bounds)}
     st.gate = RoundGate.from_env(spec["run_id"])
+    bounds = timing.round_bounds(min(warmup, total_steps), total_steps, spec["execution"]["rounds"],
+                                 steps_per_round=1 if st.gate is None else 2)
+    st.round_starts = {step: r for r, step in enumerate(bounds)}
     if eval_every:
         _evaluate(st)
     st.monitor = measure.MemoryMonitor(st.device)
@@ -472,6 +473,7 @@ def _round_boundary(st: _State, deadline: float | None) -> None:
         before = st.gate.waited_s
         with st.epoch_clock.paused():
             st.gate.wait(r)
+        st.timer.rewarm_next = True  # the first step after the pause is not counted
         waited = st.gate.waited_s - before
         st.waited_s += waited
         if st.watchdog is not None:
@@ -687,7 +689,8 @@ def _build_row(st: _State, status: str, error: str, tb: str) -> dict[str, Any]:
             row["epoch_time_s"], row["epoch_time_kind"] = measure.epoch_time(
                 st.full_epochs_s, mean_step_ms=summary["step_time_ms_mean"],
                 steps_per_epoch=workload.steps_per_epoch)
-        extra.update(step_time_ms_mean=summary["step_time_ms_mean"],
+        extra.update(step_ms=[round(ms, 4) for ms in st.timer.all_ms], step_round=st.timer.all_rounds,
+                     step_time_ms_mean=summary["step_time_ms_mean"],
                      step_time_mean_basis=summary["step_time_mean_basis"], full_epochs_s=st.full_epochs_s,
                      steps_done=st.steps_done, warmup_steps=st.timer.warmup_steps)
     if st.memory is not None:

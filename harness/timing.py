@@ -88,7 +88,7 @@ def busy_warning(threads: int) -> str:
     """A warning when the machine is already busier than a cell asking for ``threads`` CPU threads can
     afford ('' when it is not): the 1-minute load average above the CPUs left for the cell."""
     load, cpus = load_avg_1m(), os.cpu_count() or 1
-    if load is None or load <= max(cpus - threads, 0) + 0.5:
+    if load is None or load <= max(cpus - threads, 0) + 1.0:
         return ""
     return (f"the machine is busy (1-minute load average {load:.1f} on {cpus} CPUs) while each cell asks for "
             f"{threads} thread(s): timings will be noisy; cells whose timing is not stable are named at the end "
@@ -200,10 +200,11 @@ def round_medians(step_ms: Sequence[float], step_round: Sequence[int]) -> list[f
     return [statistics.median(by_round[r]) if r in by_round else None for r in range(max(step_round) + 1)]
 
 
-def round_bounds(first_timed: int, total_steps: int, rounds: int) -> list[int]:
-    """Step indices (0-based) at which rounds 0..rounds-1 start: the timed steps split evenly."""
+def round_bounds(first_timed: int, total_steps: int, rounds: int, steps_per_round: int = 1) -> list[int]:
+    """Step indices (0-based) at which rounds 0..rounds-1 start: the timed steps split evenly, at least
+    ``steps_per_round`` to a round (2 when a round's first step is a re-warm step that is not counted)."""
     timed = max(total_steps - first_timed, 0)
-    rounds = max(1, min(rounds, timed)) if timed else 1
+    rounds = max(1, min(rounds, timed // steps_per_round)) if timed else 1
     return [first_timed + (r * timed) // rounds for r in range(rounds)]
 
 

@@ -195,3 +195,16 @@ def test_flops_counts_indices_of_embedding_like_modules():
     idx = torch.randint(0, 5, (3, 4))
     flops, tokens, _ = measure.measure_flops(model, lambda: model(idx))
     assert tokens == {"": 12} and flops == 120
+
+
+def test_step_after_a_round_pause_is_timed_but_not_counted():
+    timer = measure.StepTimer(torch.device("cpu"), warmup_steps=1)
+    for i in range(6):
+        if i in (1, 4):  # a round starts: the coordinator paused this process before the step
+            timer.round += i > 1
+            timer.rewarm_next = True
+        with timer.step():
+            pass
+    assert len(timer.all_ms) == 6 and timer.rewarm == {1, 4}
+    assert len(timer.timed_ms) == 3 and timer.timed_rounds == [0, 0, 1]
+    assert timer.summary()["steps_timed"] == 3

@@ -47,6 +47,10 @@ def test_round_bounds(first, total, rounds, bounds):
     assert timing.round_bounds(first, total, rounds) == bounds
 
 
+def test_round_bounds_leave_a_counted_step_after_each_rewarm_step():
+    assert timing.round_bounds(1, 8, 5, steps_per_round=2) == [1, 3, 5]  # 7 timed steps: 3 rounds of >= 2
+
+
 def test_round_medians():
     assert timing.round_medians([1, 3, 2, 10, 20], [0, 0, 0, 2, 2]) == [2, None, 15]
     assert timing.round_medians([], []) == []
