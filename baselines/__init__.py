@@ -1,4 +1,6 @@
-"""Training methods behind one interface (see baselines/base.py): dense, comera, galore, lte.
+"""Training methods behind one interface (see baselines/base.py): dense, comera, galore, lte -- and any
+``baselines/<name>.py`` (or plug-in folder file, harness/plugins.py) that defines ``METHOD`` and
+``check_params``.
 
 ``get_method(name)`` returns a fresh method object; ``check_params(name, params)`` validates a method's
 parameters and fills their defaults. Method modules are imported on first use (galore-torch and the
@@ -6,32 +8,28 @@ CoMERA library are slow or optional imports).
 """
 from __future__ import annotations
 
-from importlib import import_module
+from pathlib import Path
 from typing import Any
+
+from harness import plugins
 
 from .base import Method, Prepared
 
-_CONSTRUCTORS: dict[str, tuple[str, str]] = {
-    "dense": ("baselines.dense", "DenseMethod"),
-    "comera": ("baselines.comera", "CoMERAMethod"),
-    "galore": ("baselines.galore", "GaLoreMethod"),
-    "lte": ("baselines.lte", "LTEMethod"),
-}
-METHODS: tuple[str, ...] = tuple(_CONSTRUCTORS)
+_FILES = plugins.discover("methods", Path(__file__).parent)
+METHODS: tuple[str, ...] = tuple(_FILES)
 
 __all__ = ["METHODS", "Method", "Prepared", "check_params", "get_method", "positive", "validate_params"]
 
 
 def _module(name: str):
-    if name not in _CONSTRUCTORS:
+    if name not in _FILES:
         raise ValueError(f"unknown method {name!r}; known methods: {list(METHODS)}")
-    return import_module(_CONSTRUCTORS[name][0])
+    return plugins.load("methods", name, _FILES[name], __name__)
 
 
 def get_method(name: str) -> Method:
     """A new method object for ``name`` (one of METHODS)."""
-    module = _module(name)
-    return getattr(module, _CONSTRUCTORS[name][1])()
+    return _module(name).METHOD()
 
 
 def check_params(name: str, params: dict[str, Any]) -> dict[str, Any]:

@@ -144,3 +144,6 @@ def _spec(tt_spec: dict[str, dict[str, Any]], params: dict[str, Any]) -> dict[st
 
 def _param_groups(model: nn.Module, lrs: dict[str, float]) -> list[dict[str, Any]]:
     return param_groups(model, cores=lrs["cores"], gates=lrs["gates"], other=lrs["other"])
+
+
+METHOD = CoMERAMethod

@@ -89,3 +89,6 @@ class DenseMethod:
                     "trainable_params": trainable_parameters(model)}
         size = uncompressed_size(model, workload)
         return Prepared(model=model, optimizers=[optimizer], settings=settings, size=lambda: dict(size))
+
+
+METHOD = DenseMethod

@@ -141,3 +141,6 @@ class GaLoreMethod:
         # and count every gradient; harness/run.py reads prepared.state_bytes() when it exists.
         prepared.state_bytes = partial(layerwise_state_bytes, model, [opt for _, opt in per_param])
         return prepared
+
+
+METHOD = GaLoreMethod

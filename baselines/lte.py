@@ -189,3 +189,6 @@ class LTEMethod:
         }
         return Prepared(model=model, optimizers=[optimizer], after_step=after_step, before_eval=merge_all,
                         settings=settings, size=lambda: dict(size))
+
+
+METHOD = LTEMethod

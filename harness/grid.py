@@ -176,6 +176,9 @@ def check_config(config: dict[str, Any]) -> None:
     from harness import microbench
 
     for name, entry in config["methods"].items():
+        if entry["method"] not in baselines.METHODS:
+            raise ConfigError(f"config key methods.{name}.method: unknown method {entry['method']!r}; known "
+                              f"methods: {list(baselines.METHODS)}")
         for key, values in entry["sweep"].items():
             if key in entry["params"]:
                 raise ConfigError(f"config key methods.{name}.sweep.{key}: also set in methods.{name}.params")
@@ -184,6 +187,8 @@ def check_config(config: dict[str, Any]) -> None:
                          f"methods.{name}.sweep.{key}")
         _checked(baselines.check_params, entry["method"], entry["params"], f"methods.{name}.params")
     for wname, workload in config["workloads"].items():
+        if wname not in workloads.WORKLOADS:
+            raise ConfigError(f"config key workloads.{wname}: unknown workload; known: {list(workloads.WORKLOADS)}")
         for _, key, section, params, _ in sections(workload):
             _checked(workloads.check_params, wname, params, f"workloads.{wname}{key}.params")
             for i, ref in enumerate(_method_refs(section)):

@@ -8,24 +8,27 @@ is ``check_params(name, {})``. Workload modules are imported on first use.
 """
 from __future__ import annotations
 
-import importlib
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Mapping
 
 import torch
 
+from harness import plugins
 from harness.workloads.base import Workload
 from harness.workloads.params import resolve
 
-WORKLOADS = ("transformer", "dlrm", "mlm")
+_FILES = plugins.discover("workloads", Path(__file__).parent)
+WORKLOADS: tuple[str, ...] = tuple(_FILES)
+"""transformer, dlrm, mlm, and every other module here (or plug-in folder file) that defines ``build``."""
 
 __all__ = ["WORKLOADS", "PARAMS_DEFAULTS", "Workload", "build_workload", "check_params"]
 
 
 def _module(name: str) -> ModuleType:
-    if name not in WORKLOADS:
+    if name not in _FILES:
         raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
-    return importlib.import_module(f"harness.workloads.{name}")
+    return plugins.load("workloads", name, _FILES[name], __name__)
 
 
 def check_params(name: str, params: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -106,15 +106,28 @@ def test_changing_one_cell_changes_only_its_spec():
     (lambda c: c["workloads"]["transformer"].update(batch_size=[4]), "workloads.transformer"),
     (lambda c: c["workloads"]["transformer"]["batch_sizes"].__setitem__(0, -1),
      "workloads.transformer.batch_sizes[0]"),
-    (lambda c: c["methods"]["dense"].update(method="sgd"), "methods.dense.method"),
+    (lambda c: c["methods"]["dense"].update(method="SGD!"), "methods.dense.method"),
     (lambda c: c["workloads"]["transformer"].update(targets=[1.5]), "workloads.transformer.targets[0]"),
-    (lambda c: c.update(workloads={"resnet": {"batch_sizes": [1], "methods": ["dense"]}}), "workloads"),
+    (lambda c: c.update(workloads={"Res-Net": {"batch_sizes": [1], "methods": ["dense"]}}), "workloads"),
 ])
 def test_schema_names_the_bad_key(mutate, key):
     config = minimal()
     mutate(config)
     error = grid.schema_error(config, SCHEMA)
     assert error is not None and error.startswith(f"key {key}:"), error
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda c: c["methods"]["dense"].update(method="sgd"),
+     r"methods\.dense\.method: unknown method 'sgd'; known methods: \['comera', 'dense', 'galore', 'lte'\]"),
+    (lambda c: c.update(workloads={"resnet": {"batch_sizes": [1], "methods": ["dense"]}}),
+     r"workloads\.resnet: unknown workload; known: \['dlrm', 'mlm', 'transformer'\]"),
+])
+def test_unknown_method_or_workload_module_named(mutate, message):
+    config = minimal()
+    mutate(config)
+    with pytest.raises(grid.ConfigError, match=message):
+        grid.check_config(filled(config))
 
 
 def test_unknown_method_reference_named():

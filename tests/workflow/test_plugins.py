@@ -1,0 +1,124 @@
+"""Plug-ins by file (harness/plugins.py): a toy method and a toy workload, each one file in a folder
+named by COMERA_BENCH_PLUGINS, run through the real pipeline on a tiny grid; nothing in the repository
+changes."""
+from __future__ import annotations
+
+import subprocess
+
+import pandas as pd
+import pytest
+import yaml
+
+from harness import plugins
+from tests.workflow.test_pipeline import ENV, ROOT, snakemake_cmd
+
+TOY_METHOD = '''
+"""Plain SGD on every parameter (a toy method plug-in)."""
+import torch
+from baselines import validate_params
+from baselines.base import Prepared
+
+def check_params(params):
+    return validate_params("toy_sgd", params, {"lr": 0.1})
+
+class ToySGD:
+    name, variant = "toy_sgd", "default"
+
+    def prepare(self, model, workload, params, *, target_ratio, total_steps):
+        params = check_params(params)
+        return Prepared(model=model, optimizers=[torch.optim.SGD(model.parameters(), lr=params["lr"])],
+                        settings={"lr": params["lr"]})
+
+METHOD = ToySGD
+'''
+
+TOY_WORKLOAD = '''
+"""y = x w + noise with a small MLP (a toy workload plug-in); metric: validation MSE."""
+import torch
+from torch import nn
+from harness.workloads.base import Workload, evaluating, seeded_model
+
+PRESETS = {"tiny": {"samples": 64}, "small": {"samples": 256}, "paper": {"samples": 1024}}
+DEFAULTS = {"features": 8}
+TYPES = {"samples": int, "features": int}
+
+def validate(params):
+    pass
+
+def build(p, *, batch_size, seed, device):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(p["samples"], p["features"], generator=g)
+    y = x @ torch.randn(p["features"], 1, generator=g) + 0.01 * torch.randn(p["samples"], 1, generator=g)
+    model = seeded_model(lambda q: nn.Sequential(nn.Linear(q["features"], 16), nn.ReLU(), nn.Linear(16, 1)),
+                         p, seed, device)
+    n = p["samples"] // batch_size
+
+    def batches(epoch):
+        for i in range(n):
+            yield {"x": x[i * batch_size:(i + 1) * batch_size].to(device), "y": y[i * batch_size:(i + 1) * batch_size].to(device)}
+
+    def loss(m, b):
+        return nn.functional.mse_loss(m(b["x"]), b["y"])
+
+    def evaluate(m):
+        with evaluating(m):
+            return {"metric_name": "mse", "metric_value": float(loss(m, {"x": x.to(device), "y": y.to(device)}))}
+
+    return Workload(name="toy_reg", model=model, tt_spec={}, train_batches=batches,
+                    eval_batches=lambda: batches(0), loss=loss, evaluate=evaluate, steps_per_epoch=n,
+                    metric_name="mse", lr={"dense": 1e-2})
+'''
+
+
+@pytest.fixture
+def plugin_dir(tmp_path):
+    folder = tmp_path / "plugins"
+    (folder / "methods").mkdir(parents=True)
+    (folder / "workloads").mkdir()
+    (folder / "methods" / "toy_sgd.py").write_text(TOY_METHOD)
+    (folder / "workloads" / "toy_reg.py").write_text(TOY_WORKLOAD)
+    return folder
+
+
+@pytest.mark.slow
+def test_toy_method_and_workload_run_through_the_pipeline(plugin_dir, tmp_path):
+    config = {"device_name": "cpu-plugins", "execution": {"device": "cpu", "threads": 1},
+              "methods": {"dense": {"method": "dense"}, "toy": {"method": "toy_sgd", "params": {"lr": 0.05}}},
+              "workloads": {"toy_reg": {"params": {"size": "tiny"}, "batch_sizes": [8], "methods": ["dense", "toy"],
+                                        "budget": {"epochs": 1, "max_steps_per_epoch": 8, "warmup_steps": 1,
+                                                   "eval_every_steps": 4}}},
+              "microbench": {"specs": {}}}
+    configfile = tmp_path / "plugins.yaml"
+    configfile.write_text(yaml.safe_dump(config))
+    before = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+    env = {**ENV, plugins.ENV: str(plugin_dir)}
+    proc = subprocess.run(snakemake_cmd(tmp_path / "wd", configfile, "results/cpu-plugins/runs.parquet"),
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    runs = pd.read_parquet(tmp_path / "wd" / "results" / "cpu-plugins" / "runs.parquet").set_index("method")
+    assert set(runs.index) == {"dense", "toy_sgd"} and (runs.status == "ok").all(), runs[["status", "error"]]
+    assert (runs.metric_name == "mse").all() and runs.timing_group.nunique() == 1  # timed together
+    assert runs.loc["toy_sgd", "settings"].count('"lr": 0.05') == 2  # its own settings and params
+    after = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+    assert after == before
+
+
+def test_bad_plugins_are_named(tmp_path, monkeypatch):
+    for kind, name, text, message in (
+            ("methods", "Bad-Name", "METHOD = 1\n", "name must match"),
+            ("methods", "dense", "METHOD = 1\n", "'dense' exists already"),
+            ("workloads", "noop", "x = 1\n", "no line matching")):
+        folder = tmp_path / name
+        (folder / kind).mkdir(parents=True)
+        (folder / kind / f"{name}.py").write_text(text)
+        monkeypatch.setenv(plugins.ENV, str(folder))
+        package = ROOT / ("baselines" if kind == "methods" else "harness/workloads")
+        with pytest.raises(plugins.PluginError, match=message):
+            plugins.discover(kind, package)
+    broken = tmp_path / "broken"
+    (broken / "methods").mkdir(parents=True)
+    (broken / "methods" / "oops.py").write_text("METHOD = undefined_name\n")
+    monkeypatch.setenv(plugins.ENV, str(broken))
+    found = plugins.discover("methods", ROOT / "baselines")
+    with pytest.raises(plugins.PluginError, match=r"oops.py failed to import: NameError"):
+        plugins.load("methods", "oops", found["oops"], "baselines")
