@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="comera-bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"comera-bench {results.package_version() or 'unknown'}")
     sub = parser.add_subparsers(dest="command")
     for name, module in DELEGATED.items():
         sub.add_parser(name, help=f"see `comera-bench {name} --help` ({module})", add_help=False)
@@ -58,8 +59,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--runs-out", help="runs Parquet file (default results/runs/<device>/<run_id>.runs.parquet)")
     run.add_argument("--curves-out", help="curves Parquet file (default next to --runs-out)")
     cell = run.add_argument_group("a cell without a spec file")
-    cell.add_argument("--workload")
-    cell.add_argument("--method")
+    import baselines
+    import harness.workloads as workloads
+
+    cell.add_argument("--workload", help=f"one of {', '.join(workloads.WORKLOADS)} (plug-ins included)")
+    cell.add_argument("--method", help=f"one of {', '.join(baselines.METHODS)} (plug-ins included)")
     cell.add_argument("--batch-size", type=int)
     cell.add_argument("--variant", default="")
     cell.add_argument("--target-ratio", type=float)

@@ -142,7 +142,7 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _package_version() -> str:
+def package_version() -> str:
     try:
         return metadata.version("comera-bench")
     except metadata.PackageNotFoundError:
@@ -168,7 +168,7 @@ def provenance(device: torch.device | str, config_hash: str = "") -> dict[str, A
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda or "",
         "python_version": platform.python_version(),
-        "comera_bench_version": _package_version(),
+        "comera_bench_version": package_version(),
         "git_commit": commit,
         "git_dirty": dirty,
         "config_hash": config_hash,

@@ -222,3 +222,13 @@ def test_console_script_writes_error_row_for_cuda_graph_on_cpu(tmp_path):
     df = results.read_parquet(runs, "runs")
     assert df.at[0, "status"] == "error" and "cuda_graph needs CUDA" in df.at[0, "error"]
     assert "cuda_graph needs CUDA" in proc.stderr
+
+
+def test_version_and_known_names_in_help(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.startswith("comera-bench ")
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    out = capsys.readouterr().out
+    assert "one of dlrm, mlm, transformer" in out and "one of comera, dense, galore, lte" in out
