@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     cell.add_argument("--workload", help=f"one of {', '.join(workloads.WORKLOADS)} (plug-ins included)")
     cell.add_argument("--method", help=f"one of {', '.join(baselines.METHODS)} (plug-ins included)")
     cell.add_argument("--batch-size", type=int)
-    cell.add_argument("--variant", default="")
+    cell.add_argument("--variant", default="default")
     cell.add_argument("--target-ratio", type=float)
     cell.add_argument("--seed", type=int, default=0)
     cell.add_argument("--workload-param", action="append", default=[], metavar="KEY=VALUE",
@@ -74,17 +74,18 @@ def _parser() -> argparse.ArgumentParser:
                       help="method parameter (YAML value), repeatable")
     cell.add_argument("--epochs", type=int, default=1)
     cell.add_argument("--max-steps-per-epoch", type=int)
-    cell.add_argument("--warmup-steps", type=int, default=1)
+    cell.add_argument("--warmup-steps", type=int, help="steps timed but not counted (default: the budget default, 2)")
     cell.add_argument("--eval-every-steps", type=int)
     cell.add_argument("--time-limit-s", type=float)
-    cell.add_argument("--device", default="auto", help="cpu | cuda | auto (default)")
+    cell.add_argument("--device", help="cpu | cuda | auto (default: auto, as in a config)")
     cell.add_argument("--threads", type=int, help="torch threads (default: torch's current setting)")
     cell.add_argument("--cuda-graph", action="store_true")
     cell.add_argument("--compile", action="store_true")
     cell.add_argument("--allocator", choices=["reuse", "system"], default="reuse",
                       help="CPU allocator policy (harness/allocator.py; default reuse)")
-    cell.add_argument("--results-dir", default="results/runs",
-                      help="folder for the default output paths (default results/runs)")
+    cell.add_argument("--results-dir", default="results/cli",
+                      help="folder for the default output paths (default results/cli: apart from the "
+                           "pipeline's results/runs, whose cells have the same names)")
     run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                      help="progress bar on stderr (default: when stderr is a terminal)")
     run.add_argument("--fail-on-error", action="store_true",
@@ -130,16 +131,18 @@ def spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
                                   ("--batch-size", args.batch_size)) if v is None]
     if missing:
         raise SystemExit(f"comera-bench run: without --spec, {', '.join(missing)} must be given")
-    return {
+    budget = {"epochs": args.epochs, "max_steps_per_epoch": args.max_steps_per_epoch,
+              "warmup_steps": args.warmup_steps, "eval_every_steps": args.eval_every_steps,
+              "time_limit_s": args.time_limit_s}
+    execution = {"device": args.device, "num_threads": args.threads, "cuda_graph": args.cuda_graph,
+                 "compile": args.compile, "allocator": args.allocator}
+    return {  # options not given take the spec defaults (harness.run), the same as a config's
         "workload": args.workload, "method": args.method, "variant": args.variant,
         "workload_params": _key_values(args.workload_param, "--workload-param"),
         "method_params": _key_values(args.method_param, "--method-param"),
         "batch_size": args.batch_size, "target_ratio": args.target_ratio, "seed": args.seed,
-        "budget": {"epochs": args.epochs, "max_steps_per_epoch": args.max_steps_per_epoch,
-                   "warmup_steps": args.warmup_steps, "eval_every_steps": args.eval_every_steps,
-                   "time_limit_s": args.time_limit_s},
-        "execution": {"device": args.device, "num_threads": args.threads,
-                      "cuda_graph": args.cuda_graph, "compile": args.compile, "allocator": args.allocator},
+        "budget": {k: v for k, v in budget.items() if v is not None or k not in ("warmup_steps",)},
+        "execution": {k: v for k, v in execution.items() if v is not None or k != "device"},
     }
 
 

@@ -74,12 +74,14 @@ import torch
 from harness import allocator, measure, results, timing, warmup
 from harness.cudagraph import GraphedStep, require_cuda, state_signature
 from harness.grid import PURPOSES
+from harness.grid import run_id as grid_run_id
 from harness.interleave import RoundGate
 
 SPEC_KEYS = ("run_id", "purpose", "workload", "workload_params", "method", "variant", "method_params",
              "batch_size", "target_ratio", "seed", "budget", "execution", "config_hash")
-BUDGET_DEFAULTS: dict[str, Any] = {"epochs": 1, "max_steps_per_epoch": None, "warmup_steps": 1,
+BUDGET_DEFAULTS: dict[str, Any] = {"epochs": 1, "max_steps_per_epoch": None, "warmup_steps": 2,
                                    "eval_every_steps": None, "time_limit_s": None}
+"""The defaults of a cell's budget, the same as the config schema's (a test keeps them equal)."""
 EXECUTION_DEFAULTS: dict[str, Any] = {"device": "auto", "num_threads": None, "cuda_graph": False,
                                       "compile": False, "allocator": "reuse", "rounds": 1,
                                       "timing_group": None}
@@ -139,7 +141,7 @@ def normalize_spec(spec: dict[str, Any]) -> dict[str, Any]:
     _check_int("batch_size", out["batch_size"], 1)
     out.setdefault("seed", 0)
     _check_int("seed", out["seed"], 0)
-    out.setdefault("variant", "")
+    out.setdefault("variant", "default")
     out.setdefault("purpose", "timing")
     if out["purpose"] not in PURPOSES:
         raise SpecError(f"spec purpose must be one of {list(PURPOSES)}, got {out['purpose']!r}")
@@ -175,11 +177,8 @@ def normalize_spec(spec: dict[str, Any]) -> dict[str, Any]:
     out.setdefault("config_hash", "")
     if not out["config_hash"]:
         out["config_hash"] = spec_hash(out)
-    if not out.get("run_id"):
-        ratio = "dense" if tr is None else f"t{tr:g}"
-        variant = f"-{out['variant']}" if out["variant"] else ""
-        out["run_id"] = (f"{out['workload']}-{out['method']}{variant}-b{out['batch_size']}-{ratio}"
-                         f"-s{out['seed']}-{out['config_hash'][:8]}")
+    if not out.get("run_id"):  # the pipeline's scheme (harness.grid.run_id)
+        out["run_id"] = grid_run_id(out)
     if not isinstance(out["run_id"], str) or not RUN_ID_PATTERN.fullmatch(out["run_id"]):
         raise SpecError(f"spec run_id must be a plain file name (letters, digits, . _ -; not starting "
                         f"with '.' or '-'), got {out['run_id']!r}")

@@ -31,14 +31,16 @@ def test_run_without_spec_uses_defaults(tmp_path, toys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert cli.main(["run", "--workload", "toy", "--method", "toy", "--batch-size", "16", "--device", "cpu",
                      "--threads", "1", "--method-param", "lr=0.02", "--max-steps-per-epoch", "3"]) == 0
-    folder = tmp_path / "results" / "runs" / "cpu"
+    folder = tmp_path / "results" / "cli" / "cpu"  # apart from the pipeline's results/runs
     (runs,) = folder.glob("*.runs.parquet")
     run_id = runs.name[:-len(".runs.parquet")]
+    assert run_id == "toy_toy-default_b16_tnone_s0"  # the pipeline's run_id scheme
     assert (folder / f"{run_id}.curves.parquet").exists()
     spec = json.loads((folder / f"{run_id}.spec.json").read_text())
     assert spec["method_params"] == {"lr": 0.02} and spec["budget"]["max_steps_per_epoch"] == 3
     assert json.loads(results.read_parquet(runs, "runs").at[0, "settings"])["method"]["lr"] == 0.02
     assert spec["execution"]["allocator"] == "reuse"
+    assert spec["budget"]["warmup_steps"] == 2  # the config schema's default
 
 
 def test_run_issue_command_with_exponent_lr_is_diverged(tmp_path):
@@ -56,7 +58,7 @@ def test_run_allocator_option_is_applied_and_recorded(tmp_path, toys, monkeypatc
     monkeypatch.chdir(tmp_path)
     assert cli.main(["run", "--workload", "toy", "--method", "toy", "--batch-size", "16", "--device", "cpu",
                      "--threads", "1", "--max-steps-per-epoch", "2", "--allocator", "system"]) == 0
-    (runs,) = (tmp_path / "results" / "runs" / "cpu").glob("*.runs.parquet")
+    (runs,) = (tmp_path / "results" / "cli" / "cpu").glob("*.runs.parquet")
     settings = json.loads(results.read_parquet(runs, "runs").at[0, "settings"])
     assert settings["execution"]["allocator"] == "system" and settings["allocator"].startswith("system")
 

@@ -115,7 +115,7 @@ def test_quality_is_deterministic_on_cpu():
 def test_cuda_graph_on_cpu_is_a_clear_error_row():
     row, curves = runner.run_cell(toy_spec(execution={"cuda_graph": True}), registry=TOY_REGISTRY)
     assert row["status"] == "error" and "cuda_graph needs CUDA" in row["error"]
-    assert row["variant"] == "cudagraph" and curves == []
+    assert row["variant"] == "default+cudagraph" and curves == []
 
 
 def test_curves_record_loss_eval_method_info_and_ranks():
@@ -288,7 +288,7 @@ def test_spec_defaults_and_ids():
     spec = runner.normalize_spec({"workload": "toy", "method": "toy", "batch_size": 4})
     assert spec["budget"] == {**runner.BUDGET_DEFAULTS}
     assert spec["execution"]["num_threads"] == torch.get_num_threads()
-    assert spec["run_id"].startswith("toy-toy-b4-dense-s0-")
+    assert spec["run_id"] == "toy_toy-default_b4_tnone_s0"  # the pipeline's scheme (harness.grid.run_id)
     again = runner.normalize_spec({"workload": "toy", "method": "toy", "batch_size": 4})
     other = runner.normalize_spec({"workload": "toy", "method": "toy", "batch_size": 4, "seed": 1})
     assert spec["config_hash"] == again["config_hash"] != other["config_hash"]

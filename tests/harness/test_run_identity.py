@@ -29,7 +29,7 @@ def test_run_with_an_escaping_run_id_writes_nothing(tmp_path, monkeypatch, capsy
 
 
 def test_derived_and_grid_run_ids_accepted():
-    assert runner.normalize_spec(toy_spec())["run_id"].startswith("toy-toy-b16-dense-s0-")
+    assert runner.normalize_spec(toy_spec())["run_id"] == "toy_toy-default_b16_tnone_s0"
     assert runner.normalize_spec(toy_spec(run_id="transformer_comera-default_b4_t0.5_s0"))
 
 

@@ -54,7 +54,7 @@ def test_shipped_configs_are_valid(config_file, tmp_path, monkeypatch):
 
 def test_defaults_filled_and_grid_expanded():
     config = filled(minimal())
-    assert config["execution"] == {"device": "cpu", "threads": 2, "compile": False, "cuda_graph": [False],
+    assert config["execution"] == {"device": "auto", "threads": 2, "compile": False, "cuda_graph": [False],
                                    "gpus": None, "rounds": 5, "interleave": True}
     cells, sweeps = grid.expand_grid(config)
     # dense: 2 batches x 1; comera: 2 batches x 2 targets; sweep: 2 ranks x 1 batch
@@ -329,3 +329,17 @@ def test_workload_sweep_runs_every_cell_once_per_point():
     config["workloads"]["transformer"]["sweep"] = {"seq_len": [16, 64]}  # 64 > max_positions
     with pytest.raises(grid.ConfigError, match="seq_len"):
         grid.check_config(filled(config))
+
+
+def test_the_cli_and_the_pipeline_share_defaults_and_run_ids():
+    """One set of defaults (the config schema's = harness.run's) and one run_id scheme."""
+    from harness import run as runner
+
+    schema = yaml.safe_load(SCHEMA.read_text())
+    budget = {k: v["default"] for k, v in schema["$defs"]["budget"]["properties"].items()}
+    assert budget == runner.BUDGET_DEFAULTS
+    assert schema["properties"]["execution"]["properties"]["device"]["default"] == runner.EXECUTION_DEFAULTS["device"]
+    cells, _ = grid.expand_grid(filled(minimal()))
+    for run_id, spec in cells.items():
+        bare = {k: v for k, v in spec.items() if k not in ("run_id", "config_hash")}
+        assert runner.normalize_spec(bare)["run_id"] == run_id
