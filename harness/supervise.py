@@ -29,7 +29,10 @@ from typing import Any
 from harness import results
 
 FORWARDED = (signal.SIGTERM, signal.SIGHUP)
-"""Signals passed on to the child (a scheduler stopping the job); SIGINT reaches it from the terminal."""
+"""Signals passed on to the child (a scheduler stopping the job, ``timeout``, a closed session); SIGINT
+reaches it from the terminal. A cell stopped by one of them, or by SIGINT, is interrupted, not failed:
+it gets no row, the process exits 128 + the signal, and the next pipeline run runs it again."""
+INTERRUPTS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 LOG_TAIL_LINES = 20
 
 
@@ -151,7 +154,8 @@ def supervise(command: list[str], spec_path: str | os.PathLike, runs_out: str | 
               curves_out: str | os.PathLike, *, log: str | os.PathLike | None = None) -> tuple[int, str]:
     """Run ``command`` (the cell's child process) and make sure the cell has a row: (exit code for
     this process, the row's status). Exit code 0 once a row exists (the child's or the one written
-    here), 2 for a spec that cannot be read, 1 when no row could be written."""
+    here), 2 for a spec that cannot be read, 1 when no row could be written, 128 + N (status
+    "interrupted", no row) when the cell was stopped by SIGTERM, SIGHUP or SIGINT."""
     runs_out, curves_out = Path(runs_out), Path(curves_out)
     before = _identity(runs_out)
     oom_before = oom_kill_count()
@@ -159,7 +163,13 @@ def supervise(command: list[str], spec_path: str | os.PathLike, runs_out: str | 
     started = time.monotonic()
     log_fh, log_error = _open_log(log, str(spec_path))
     child = subprocess.Popen(command, stdout=log_fh, stderr=subprocess.STDOUT if log_fh else None)
-    handlers = {sig: signal.signal(sig, lambda s, _f: child.send_signal(s)) for sig in FORWARDED}
+    received: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        received.append(signum)
+        child.send_signal(signum)
+
+    handlers = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     try:
         returncode = child.wait()
     finally:
@@ -170,6 +180,12 @@ def supervise(command: list[str], spec_path: str | os.PathLike, runs_out: str | 
     if _identity(runs_out) not in (None, before):
         status = results.read_parquet(runs_out, "runs").at[0, "status"]
         return 0, status
+    stopped = received[0] if received else -returncode if -returncode in INTERRUPTS else None
+    if stopped is not None:  # stopped from outside: no row, so that the cell runs again
+        name = signal.Signals(stopped).name
+        print(f"comera-bench run: {spec_path}: interrupted by {name}; no row written, the cell runs again "
+              "next time", file=sys.stderr)
+        return 128 + stopped, "interrupted"
     sig, error = describe_exit(returncode)
     oom_after = oom_kill_count()
     evidence = []

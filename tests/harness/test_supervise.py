@@ -111,3 +111,33 @@ def test_cli_isolate_options(cell, monkeypatch, capsys):
     assert cli.main(["run", "--spec", str(spec), "--log", "l.log"]) == 2
     err = capsys.readouterr().err
     assert "--isolate needs --spec and --runs-out" in err and "--log needs --isolate" in err
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP", "SIGINT"])
+def test_a_cell_stopped_from_outside_gets_no_row(cell, capsys, signame):
+    """timeout, scancel, a job's time limit or a closed session stop the cell: it is interrupted, not
+    failed, so no row is written and the pipeline runs it again."""
+    spec, runs, curves = cell
+    stop = [sys.executable, "-c", f"import os, signal; os.kill(os.getpid(), signal.{signame})"]
+    code, status = supervise.supervise(stop, spec, runs, curves)
+    import signal
+    assert (code, status) == (128 + getattr(signal, signame), "interrupted")
+    assert not runs.exists() and not curves.exists()
+    assert f"interrupted by {signame}" in capsys.readouterr().err
+
+
+def test_a_signal_to_the_supervisor_is_forwarded_and_leaves_no_row(cell, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    spec, runs, curves = cell
+    script = (f"from harness import supervise; import sys; "
+              f"code, _ = supervise.supervise([sys.executable, '-c', 'import time; time.sleep(60)'], "
+              f"{str(spec)!r}, {str(runs)!r}, {str(curves)!r}); sys.exit(code)")
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    time.sleep(2)  # the child sleeps
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert not runs.exists()

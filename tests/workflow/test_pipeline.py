@@ -28,14 +28,15 @@ pytestmark = pytest.mark.slow
 
 
 def snakemake_cmd(workdir: Path, configfile: Path, *args: str) -> list[str]:
-    return [str(BIN / "snakemake"), "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
-            "--workflow-profile", str(ROOT / "workflow" / "profiles" / "default"), "--cores", "2",
-            *args, "--configfile", str(configfile)]
+    """The README's command, run from the repository root (subprocesses get ``cwd=ROOT``): Snakemake finds
+    workflow/Snakefile and its default profile by itself; the results go to ``workdir``."""
+    return [str(BIN / "snakemake"), "--directory", str(workdir), "--cores", "2", *args,
+            "--configfile", str(configfile)]
 
 
 def snakemake(workdir: Path, *args: str, configfile: Path = TINY, timeout: float = 600):
     return subprocess.run(snakemake_cmd(workdir, configfile, *args), capture_output=True, text=True,
-                          env=ENV, timeout=timeout)
+                          env=ENV, cwd=ROOT, timeout=timeout)
 
 
 def cells(workdir: Path) -> dict[str, Path]:
@@ -77,14 +78,14 @@ def pipeline(tmp_path_factory):
     (another checkout) on the same results folder; then the full pipeline."""
     workdir = tmp_path_factory.mktemp("pipeline")
     proc = subprocess.Popen(snakemake_cmd(workdir, TINY, "runs"), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=ENV)
+                            stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT)
     wait_for_lock(workdir / "results", proc)
     other = tmp_path_factory.mktemp("other-checkout")
     shared = other / "shared.yaml"
     shared.write_text(yaml.safe_dump({**yaml.safe_load(TINY.read_text()), "results_dir": str(workdir / "results")}))
     target = str(workdir / "results" / "runs" / "cpu-tiny" / "microbench" / "tiny.spec.json")  # one quick job
     concurrent = [subprocess.Popen(snakemake_cmd(other, shared, target, *dry), stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True, env=ENV) for dry in ([], ["-n"])]
+                                   stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT) for dry in ([], ["-n"])]
     killed = kill_first_cell(proc)
     blocked, dry = (p.communicate(timeout=300)[0] for p in concurrent)
     blocked_ran_its_job = Path(target).exists()  # only the refused pipeline asks for this file
@@ -237,9 +238,38 @@ def test_unsafe_config_runs_nothing(tmp_path, case):
         text, key = text + "seeds: [1]\n", "key 'seeds' appears twice"
     path = tmp_path / "unsafe.yaml"
     path.write_text(text)
-    res = subprocess.run(snakemake_cmd(tmp_path, path, "runs"), capture_output=True, text=True, env=env,
+    res = subprocess.run(snakemake_cmd(tmp_path, path, "runs"), capture_output=True, text=True, env=env, cwd=ROOT,
                          timeout=300)
     assert res.returncode != 0
     assert "invalid config" in res.stderr and key in res.stderr, res.stderr[-2000:]
     assert case != "duplicated key" or str(path) in res.stderr
     assert not marker.exists() and {p.name for p in tmp_path.iterdir()} <= {"unsafe.yaml", ".snakemake"}
+
+
+def test_sigterm_to_the_pipeline_leaves_no_failure_and_a_rerun_finishes(tmp_path):
+    """`timeout`, scancel or a closed session send SIGTERM to the pipeline's process group: the cell that
+    was running is interrupted (no row), the README's command run again finishes every cell ok, and the
+    cells whose jobs had finished keep their numbers (their files are not rewritten)."""
+    proc = subprocess.Popen(snakemake_cmd(tmp_path, TINY, "runs"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT, start_new_session=True)
+    folder = tmp_path / "results" / "runs" / "cpu-tiny"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        running = [c for c in psutil.Process(proc.pid).children(recursive=True)
+                   if "harness.cli" in " ".join(c.cmdline()) and "--spec" in c.cmdline()]
+        if list(folder.glob("*.runs.parquet")) and running:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the pipeline ended before a cell could be interrupted"
+    os.killpg(proc.pid, signal.SIGTERM)
+    log, _ = proc.communicate(timeout=300)
+    kept = {p.name: p.stat().st_mtime_ns for p in folder.glob("*.parquet")}
+    for path in folder.glob("*.runs.parquet"):
+        row = pd.read_parquet(path).iloc[0]
+        assert row["status"] == "ok", (path.name, row["error"])  # no "killed by signal 15" row
+    again = snakemake(tmp_path, "runs")
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    rows = pd.concat(pd.read_parquet(p) for p in folder.glob("*.runs.parquet"))
+    assert len(rows) == 7 and (rows.status == "ok").all(), rows[["run_id", "status", "error"]]
+    for name, mtime in kept.items():
+        assert (folder / name).stat().st_mtime_ns == mtime, f"{name} was rewritten"

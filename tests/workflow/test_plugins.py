@@ -93,7 +93,7 @@ def test_toy_method_and_workload_run_through_the_pipeline(plugin_dir, tmp_path):
     before = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
     env = {**ENV, plugins.ENV: str(plugin_dir)}
     proc = subprocess.run(snakemake_cmd(tmp_path / "wd", configfile, "results/cpu-plugins/runs.parquet"),
-                          capture_output=True, text=True, env=env, timeout=600)
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     runs = pd.read_parquet(tmp_path / "wd" / "results" / "cpu-plugins" / "runs.parquet").set_index("method")
     assert set(runs.index) == {"dense", "toy_sgd"} and (runs.status == "ok").all(), runs[["status", "error"]]

@@ -9,7 +9,8 @@ import sys
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-sys.path.insert(0, workflow.basedir)  # the harness package of this checkout, even if not installed
+REPO = os.path.dirname(workflow.basedir)  # the checkout: workflow/Snakefile is found from its root
+sys.path.insert(0, REPO)  # the harness package of this checkout, even if not installed
 from harness import grid as _grid
 from harness import lock as _lock
 from harness import yamlnum as _yamlnum
@@ -17,7 +18,7 @@ from harness import yamlnum as _yamlnum
 
 def _validate_config():
     """The checks that need no torch come first, so a bad value fails fast."""
-    schema = f"{workflow.basedir}/workflow/schemas/config.schema.yaml"
+    schema = f"{workflow.basedir}/schemas/config.schema.yaml"
     try:
         for path in workflow.configfiles:  # Snakemake's own loader lets a repeated key win silently
             _grid.load_config_file(path)
