@@ -39,6 +39,12 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
     return removed
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], None], *, fsync: bool = False) -> Path:
     """Call ``write(tmp)`` on a temporary file next to ``path`` (fsync'ed if asked), then rename it onto
     ``path``; the temporary is removed when ``write`` fails."""
@@ -47,6 +53,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None], *, fsyn
     remove_stale_temporaries(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{socket.gethostname()}.{os.getpid()}.", suffix=".tmp",
                                dir=path.parent)
+    os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes it 0600: give the file the mode open() would
     os.close(fd)
     try:
         write(Path(tmp))

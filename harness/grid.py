@@ -191,6 +191,12 @@ def check_config(config: dict[str, Any]) -> None:
             raise ConfigError(f"config key workloads.{wname}: unknown workload; known: {list(workloads.WORKLOADS)}")
         for _, key, section, params, _ in sections(workload):
             _checked(workloads.check_params, wname, params, f"workloads.{wname}{key}.params")
+            budget = section["budget"]
+            if budget["max_steps_per_epoch"] is not None and (
+                    budget["warmup_steps"] >= budget["epochs"] * budget["max_steps_per_epoch"]):
+                raise ConfigError(
+                    f"config key workloads.{wname}{key}.budget.warmup_steps: {budget['warmup_steps']} warm-up "
+                    f"step(s) of {budget['epochs'] * budget['max_steps_per_epoch']} leave no timed step")
             for i, ref in enumerate(_method_refs(section)):
                 if ref["name"] not in config["methods"]:
                     raise ConfigError(

@@ -157,8 +157,9 @@ def normalize_spec(spec: dict[str, Any]) -> dict[str, Any]:
     _check_int("budget.warmup_steps", budget["warmup_steps"], 0)
     _check_int("budget.eval_every_steps", budget["eval_every_steps"], 1, optional=True)
     limit = budget["time_limit_s"]
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit <= 0):
-        raise SpecError(f"spec budget.time_limit_s must be null or > 0, got {limit!r}")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
+                              or not math.isfinite(limit) or limit <= 0):
+        raise SpecError(f"spec budget.time_limit_s must be null or a finite number > 0, got {limit!r}")
     ex = out["execution"] = _fill("execution", out.get("execution"), EXECUTION_DEFAULTS)
     if ex["device"] not in ("cpu", "cuda", "auto") and not str(ex["device"]).startswith("cuda:"):
         raise SpecError(f"spec execution.device must be cpu|cuda|auto, got {ex['device']!r}")
@@ -232,6 +233,10 @@ class _Timeout(Exception):
 
 
 class _Skipped(Exception):
+    pass
+
+
+class _NoTimedStep(Exception):
     pass
 
 
@@ -343,12 +348,18 @@ def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress
                 require_cuda(st.device)
             seed_everything(spec["seed"])
             _train(st, registry or default_registry(), progress, on_hang)
+            if st.timer is not None and not st.timer.timed_ms:
+                raise _NoTimedStep(f"no timed step: {st.steps_done} step(s) ran and warmup_steps is "
+                                   f"{st.timer.warmup_steps} (the data gives {st.steps_in_epoch} step(s) per "
+                                   "epoch); step and epoch times are unknown")
     except _Diverged as exc:
         status, error = "diverged", str(exc)
     except _Timeout as exc:
         status, error = "timeout", str(exc)
     except _Skipped as exc:
         status, error = "error", f"skipped: {exc}"
+    except _NoTimedStep as exc:
+        status, error = "error", str(exc)
     except Exception as exc:  # noqa: BLE001 -- every failure becomes a row
         status = "oom" if _is_oom(exc) else "error"
         error = f"{type(exc).__name__}: {exc}"

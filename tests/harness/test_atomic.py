@@ -7,6 +7,8 @@ import os
 import socket
 import subprocess
 import sys
+
+import pytest
 from pathlib import Path
 
 from harness import atomic
@@ -30,3 +32,16 @@ def test_only_stale_temporaries_of_the_same_target_removed(tmp_path):
     cache.atomic_write(target, lambda tmp: Path(tmp).write_text("{}"))
     assert target.read_text() == "{}" and not stale.exists() and all(p.exists() for p in keep)
     assert atomic.remove_stale_temporaries(target) == []
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_written_files_respect_the_umask(tmp_path, umask, mode):
+    """A shared results folder is readable by the group when the umask says so (mkstemp alone gives 0600)."""
+    import os
+
+    old = os.umask(umask)
+    try:
+        path = atomic.atomic_write(tmp_path / "r.parquet", lambda tmp: tmp.write_bytes(b"x"))
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == mode

@@ -274,7 +274,9 @@ def test_flops_per_step_from_linear_shapes():
     (None, "batch_size", 0, "batch_size must be an integer >= 1, got 0"),
     (None, "target_ratio", 2.0, "target_ratio must be null or in"),
     ("execution", "device", "tpu", "execution.device must be cpu|cuda|auto, got 'tpu'"),
-    ("budget", "time_limit_s", -1, "time_limit_s must be null or > 0"),
+    ("budget", "time_limit_s", -1, "time_limit_s must be null or a finite number > 0"),
+    ("budget", "time_limit_s", float("nan"), "time_limit_s must be null or a finite number > 0, got nan"),
+    ("budget", "time_limit_s", float("inf"), "time_limit_s must be null or a finite number > 0, got inf"),
     ("execution", "allocator", "tcmalloc", "execution.allocator must be one of ['reuse', 'system'], got 'tcmalloc'"),
 ])
 def test_bad_spec_is_named(section, key, value, message):
@@ -441,3 +443,11 @@ def test_the_warm_up_changes_no_number(monkeypatch):
         assert warmed[col] == cold[col]
     assert [(c["step"], c["metric_name"], c["value"]) for c in warmed_curves] == \
         [(c["step"], c["metric_name"], c["value"]) for c in cold_curves]
+
+
+@pytest.mark.parametrize("budget", [{"max_steps_per_epoch": 2, "warmup_steps": 2, "epochs": 1},
+                                    {"max_steps_per_epoch": 1, "warmup_steps": 3, "epochs": 2}])
+def test_a_cell_without_a_timed_step_is_not_ok(budget):
+    row, _ = runner.run_cell(toy_spec(budget=budget), registry=TOY_REGISTRY)
+    assert row["status"] == "error" and row["error"].startswith("no timed step:"), row["error"]
+    assert row["steps_timed"] == 0

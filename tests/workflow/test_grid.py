@@ -343,3 +343,11 @@ def test_the_cli_and_the_pipeline_share_defaults_and_run_ids():
     for run_id, spec in cells.items():
         bare = {k: v for k, v in spec.items() if k not in ("run_id", "config_hash")}
         assert runner.normalize_spec(bare)["run_id"] == run_id
+
+
+def test_a_budget_without_a_timed_step_is_refused():
+    config = minimal()
+    config["workloads"]["transformer"]["budget"] = {"max_steps_per_epoch": 3, "warmup_steps": 3}
+    with pytest.raises(grid.ConfigError, match=r"workloads\.transformer\.budget\.warmup_steps: 3 warm-up "
+                                               r"step\(s\) of 3 leave no timed step"):
+        grid.check_config(filled(config))
