@@ -5,12 +5,24 @@
 # Exit status 3: SLURM is missing and apt-get cannot install it.
 # Partition "debug" holds the node; two fake GPUs (character devices made with mknod) are declared as
 # GRES so that `--gpus=1` jobs are scheduled and see CUDA_VISIBLE_DEVICES. No accounting daemon: use
-# `--slurm-status-command squeue` (workflow/profiles/slurm does). Follows
-# /work/shared/notes/slurm-on-one-machine.md.
+# `--slurm-status-command squeue` (workflow/profiles/slurm does).
+# It never overwrites an /etc/slurm/slurm.conf it did not write (exit 4): a machine's own cluster
+# configuration is left alone. The tests start it only with COMERA_BENCH_SLURM_TESTS=1.
 set -euo pipefail
 
 FAKE_GPU_DIR=${FAKE_GPU_DIR:-/run/comera-bench-fake-gpus}
+MARK="# written by comera-bench scripts/slurm_cluster.sh"
 PID_FILES=(/run/slurmd.pid /run/slurmctld.pid /run/munge/munged.pid)
+
+# may_write FILE CONTENT: FILE is absent, carries this script's mark, or already holds CONTENT (written
+# by an earlier version of this script, before the mark); else say so and fail.
+may_write() {
+    if [ -e "$1" ] && ! grep -qxF "$MARK" "$1" \
+        && [ "$(grep -v '^#' "$1")" != "$(printf '%s\n' "$2" | grep -v '^#')" ]; then
+        echo "slurm_cluster.sh: $1 exists and was not written by this script; not overwriting it" >&2
+        return 1
+    fi
+}
 
 start() {
     [ "$(id -u)" = 0 ] || { echo "slurm_cluster.sh: needs root" >&2; exit 2; }
@@ -33,7 +45,9 @@ start() {
     host=$(hostname -s)
     mkdir -p /var/spool/slurmctld /var/spool/slurmd /var/log/slurm /etc/slurm "$FAKE_GPU_DIR"
     for i in 0 1; do [ -c "$FAKE_GPU_DIR/gpu$i" ] || mknod "$FAKE_GPU_DIR/gpu$i" c 1 3; done
-    cat > /etc/slurm/slurm.conf <<CONF
+    local conf
+    conf=$(cat <<CONF
+$MARK
 ClusterName=ci
 SlurmctldHost=${host}
 SlurmUser=root
@@ -58,6 +72,9 @@ GresTypes=gpu
 NodeName=${host} NodeAddr=127.0.0.1 CPUs=$(nproc) RealMemory=4000 Gres=gpu:2 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
+)
+    may_write /etc/slurm/slurm.conf "$conf" || exit 4
+    printf '%s\n' "$conf" > /etc/slurm/slurm.conf
     echo "NodeName=${host} Name=gpu File=${FAKE_GPU_DIR}/gpu[0-1]" > /etc/slurm/gres.conf
     /usr/sbin/slurmctld
     /usr/sbin/slurmd
@@ -78,5 +95,6 @@ stop() {
 case "${1:-}" in
     start) start ;;
     stop) stop ;;
+    may-write) may_write "$2" "$(cat "$3")" || exit 4 ;;   # for the tests
     *) echo "usage: $0 start|stop" >&2; exit 2 ;;
 esac

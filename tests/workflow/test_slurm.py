@@ -19,7 +19,14 @@ SCRIPT = ROOT / "scripts" / "slurm_cluster.sh"
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
+OPT_IN = "COMERA_BENCH_SLURM_TESTS"
+"""Starting the cluster installs packages, writes /etc/slurm and starts daemons: only when this is 1
+(.ci/run sets it)."""
+
+
 def _skip_reason() -> str | None:
+    if os.environ.get(OPT_IN) != "1":
+        return f"set {OPT_IN}=1 to start a real one-node SLURM cluster (apt-get, /etc/slurm, daemons)"
     if os.geteuid() != 0:
         return "needs root to install and start slurmctld/slurmd/munged"
     if shutil.which("sbatch") is None and shutil.which("apt-get") is None:
@@ -64,3 +71,24 @@ def test_tiny_grid_through_the_slurm_plugin(cluster, tmp_path):
     assert set(rows.method) == {"dense", "comera", "galore", "lte"}
     assert set(rows.status) <= {"ok", "oom", "diverged", "error", "timeout"}
     assert (tmp_path / "results" / "runs" / "cpu-tiny" / "microbench" / "tiny.microbench.parquet").exists()
+
+
+def test_the_script_never_overwrites_a_foreign_slurm_conf(tmp_path):
+    """Without root or SLURM: the overwrite guard alone, on files of this test's own."""
+    ours = tmp_path / "ours.conf"
+    ours.write_text("# written by comera-bench scripts/slurm_cluster.sh\nClusterName=ci\n")
+    foreign = tmp_path / "foreign.conf"
+    foreign.write_text("ClusterName=production\nSlurmctldHost=head01\n")
+    new = tmp_path / "new.conf"
+    new.write_text("# written by comera-bench scripts/slurm_cluster.sh\nClusterName=ci\nNodeName=x\n")
+    same = tmp_path / "same.conf"  # an earlier version's file: the same settings, no mark
+    same.write_text("ClusterName=ci\nNodeName=x\n")
+
+    def may_write(target):
+        return subprocess.run(["bash", str(SCRIPT), "may-write", str(target), str(new)], capture_output=True,
+                              text=True)
+
+    assert may_write(tmp_path / "absent.conf").returncode == 0
+    assert may_write(ours).returncode == 0 and may_write(same).returncode == 0
+    refused = may_write(foreign)
+    assert refused.returncode == 4 and "was not written by this script" in refused.stderr
