@@ -187,7 +187,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
             spec = runner.normalize_spec(runner.load_spec(args.spec))
         else:
             spec = runner.normalize_spec(spec_from_args(args))
-    except runner.SpecError as exc:
+        registry = runner.default_registry()  # a usage error is refused here, before any file is written
+        registry.check_workload_params(spec["workload"], spec["workload_params"])
+        registry.check_method_params(spec["method"], spec["method_params"])
+    except (runner.SpecError, ValueError, TypeError) as exc:
         print(f"comera-bench run: {exc}", file=sys.stderr)
         return 2
     runs_out, curves_out = args.runs_out, args.curves_out

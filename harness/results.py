@@ -314,6 +314,9 @@ def cli_merge(argv: list[str]) -> int:
     ap.add_argument("--out", required=True, help="merged Parquet file (written atomically)")
     ap.add_argument("inputs", nargs="*", help="result files, or folders holding *.<kind>.parquet")
     args = ap.parse_args(argv)
+    if not args.inputs:
+        print(f"comera-bench merge: no input files or folders given; {args.out} left as it is", file=sys.stderr)
+        return 2
     try:
         df = merge(args.inputs, args.out, args.kind)
     except ResultsError as exc:

@@ -73,7 +73,7 @@ def test_run_failure_still_writes_and_can_fail_the_exit_code(tmp_path, toys):
     assert cli.main(args + ["--fail-on-error"]) == 1
 
 
-def test_run_gives_a_hung_cell_the_exit_status_of_a_failed_one(tmp_path, monkeypatch):
+def test_run_gives_a_hung_cell_the_exit_status_of_a_failed_one(tmp_path, monkeypatch, toys):
     """The watchdog ends a hung cell's process itself (tests/harness/test_run.py), with this status."""
     statuses = []
 
@@ -216,7 +216,8 @@ def test_merge_subcommand(runs_dir, tmp_path):
 def test_console_script_writes_error_row_for_cuda_graph_on_cpu(tmp_path):
     """The installed command, in its own process: cuda_graph on CPU gives a clear error row."""
     spec = tmp_path / "s.json"
-    spec.write_text(json.dumps(toy_spec(execution={"cuda_graph": True})))
+    spec.write_text(json.dumps(toy_spec(workload="transformer", method="dense", workload_params={"size": "tiny"},
+                                        execution={"cuda_graph": True})))
     runs = tmp_path / "r.runs.parquet"
     proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--spec", str(spec),
                            "--runs-out", str(runs)], capture_output=True, text=True, timeout=120)
@@ -234,3 +235,24 @@ def test_version_and_known_names_in_help(capsys):
         cli.main(["run", "--help"])
     out = capsys.readouterr().out
     assert "one of dlrm, mlm, transformer" in out and "one of comera, dense, galore, lte" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--workload", "nope", "--method", "dense", "--batch-size", "2"], "unknown workload 'nope'"),
+    (["--workload", "transformer", "--method", "sgd", "--batch-size", "2"], "unknown method 'sgd'"),
+    (["--workload", "transformer", "--method", "dense", "--batch-size", "2", "--method-param", "lr=-1"], "lr"),
+    (["--workload", "transformer", "--method", "dense", "--batch-size", "2", "--workload-param", "size=huge"],
+     "size='huge'"),
+])
+def test_run_usage_errors_exit_2_and_write_nothing(tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["run", *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "results").exists()
+
+
+def test_merge_without_inputs_leaves_the_output_alone(tmp_path, capsys):
+    out = tmp_path / "all.parquet"
+    out.write_bytes(b"keep me")
+    assert cli.main(["merge", "--kind", "runs", "--out", str(out)]) == 2
+    assert out.read_bytes() == b"keep me" and "no input files" in capsys.readouterr().err
