@@ -195,6 +195,16 @@ def cell_label(r: pd.Series) -> str:
     return label + ("/cg" if graph else "") + ("/quality" if r.purpose == "quality" else "")
 
 
+def _log_x_if_positive(ax: plt.Axes, columns: list[pd.Series], label: str) -> None:
+    """A log x axis when some value is positive (a linear one, said so, when none is)."""
+    values = pd.concat(columns) if columns else pd.Series(dtype=float)
+    if (values.astype(float) > 0).any():
+        ax.set_xscale("log")
+        ax.set_xlabel(f"{label}, log scale")
+    else:
+        ax.set_xlabel(f"{label} (nothing measured)")
+
+
 def plot(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, out: Path) -> None:
     """Each device's time and memory per cell, the device ratio per cell with its spread, and CoMERA's
     speedup over the other methods on each device."""
@@ -208,8 +218,7 @@ def plot(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, out: Path
             ax.barh([y + i * width for y in range(len(table))], table[f"{q}@{label}"] / scale,
                     height=width, label=label)
         ax.set_yticks([y + 0.4 - width / 2 for y in range(len(table))], cells, fontsize=7)
-        ax.set_xscale("log")
-        ax.set_xlabel(unit + ", log scale")
+        _log_x_if_positive(ax, [table[f"{q}@{label}"] for label in labels], unit)
         ax.legend(fontsize=8)
     ax = axes[2]
     for i, label in enumerate(labels[1:]):
@@ -221,8 +230,8 @@ def plot(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, out: Path
                     capsize=3, label=f"{label} / {labels[0]} (bars: step-time IQRs)")
     ax.set_yticks(range(len(table)), cells if len(labels) > 1 else [], fontsize=7)
     ax.axvline(1.0, color="gray", lw=1)
-    ax.set_xscale("log")
-    ax.set_xlabel("epoch time ratio between devices (stable cells only)")
+    _log_x_if_positive(ax, [table[f"epoch_time ratio {label}/{labels[0]}"] for label in labels[1:]],
+                       "epoch time ratio between devices (stable cells only)")
     if len(labels) > 1:
         ax.legend(fontsize=8)
     else:

@@ -2,6 +2,7 @@
 (``pip install 'comera-bench[bench]'``); without them the command says so instead of a bare traceback."""
 from __future__ import annotations
 
+import os
 import sys
 
 PROJECT_PACKAGES = ("comera", "baselines", "harness")
@@ -12,6 +13,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from harness.cli import main as cli_main
         return cli_main(argv)
+    except BrokenPipeError:  # `comera-bench show ... | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except ModuleNotFoundError as error:
         missing = (error.name or "").partition(".")[0]
         if not missing or missing in PROJECT_PACKAGES:

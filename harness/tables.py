@@ -97,11 +97,11 @@ class Results:
 def load(folder: str | Path, label: str | None = None) -> Results:
     """Read results/<device>/ (runs.parquet required; curves, microbench, grid.json when present)."""
     folder = Path(folder)
-    runs = read_parquet(folder / "runs.parquet", "runs")
+    runs = read_parquet(folder / "runs.parquet", "runs", fill_missing=True)  # older schemas: nulls, warned
 
     def optional(name: str, kind: str) -> pd.DataFrame:
         path = folder / name
-        return read_parquet(path, kind) if path.exists() else empty_frame(kind)
+        return read_parquet(path, kind, fill_missing=True) if path.exists() else empty_frame(kind)
 
     grid = json.loads((folder / "grid.json").read_text()) if (folder / "grid.json").exists() else {}
     return Results(label or folder.name, runs, optional("curves.parquet", "curves"),

@@ -160,6 +160,8 @@ def test_second_call_does_nothing_and_report_builds(pipeline):
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
     report = snakemake(pipeline["workdir"], "--report", "report.html")
     assert report.returncode == 0, report.stderr[-3000:]
+    figures_only = snakemake(pipeline["workdir"], "--report", "figures.html", "figures")  # README's command
+    assert figures_only.returncode == 0 and (pipeline["workdir"] / "figures.html").stat().st_size > 0
     html = (pipeline["workdir"] / "report.html").read_text(errors="replace")
     assert "fig1_time_memory.png" in html and "claims.md" in html
 
