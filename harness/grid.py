@@ -241,6 +241,10 @@ def _variants(entry: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str
     return out
 
 
+MAX_RUN_ID = 150
+"""The longest cell name: it names files such as .<run_id>.runs.parquet.<host>.<pid>.<random>.tmp."""
+
+
 def run_id(spec: dict[str, Any], suffix: str = "") -> str:
     target = "none" if spec["target_ratio"] is None else f"{spec['target_ratio']:g}"
     graph = "_cg" if spec["execution"]["cuda_graph"] else ""
@@ -288,6 +292,10 @@ def expand_grid(config: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict
                             slug(f"{wname}{suffix}_b{batch}_s{seed}")
                             if execution.get("interleave", False) else None))
                     spec["run_id"] = run_id(spec, suffix)
+                    if len(spec["run_id"]) > MAX_RUN_ID:  # it names files: keep well below 255 bytes
+                        raise ConfigError(f"config key workloads.{wname}{key}: cell name {spec['run_id']!r} is "
+                                          f"{len(spec['run_id'])} characters (at most {MAX_RUN_ID}); shorten the "
+                                          "variant or the sweep values")
                     spec["config_hash"] = config_hash(spec)
                     if spec["run_id"] in grid:
                         raise ConfigError(f"config key workloads.{wname}{key}.methods: cell {spec['run_id']} "

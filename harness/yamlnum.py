@@ -38,3 +38,38 @@ def exponent_strings_as_numbers(value: Any) -> Any:
     elif isinstance(value, str) and EXPONENT_FLOAT.match(value):
         return float(value.replace("_", ""))
     return value
+
+
+_ABSENT = object()
+
+
+def numbers_as_in(value: Any, reference: Any = _ABSENT) -> Any:
+    """``value`` (a config another YAML 1.1 loader read) with an exponent-notation string made a float
+    only where ``reference`` (the same files read with :class:`NumberLoader`) holds a number: a quoted
+    ``"1e5"`` stays text. Where ``reference`` has nothing (a ``--config`` override), as
+    :func:`exponent_strings_as_numbers`. In place where it can be."""
+    if reference is _ABSENT:
+        return exponent_strings_as_numbers(value)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            value[key] = numbers_as_in(item, reference.get(key, _ABSENT) if isinstance(reference, dict) else _ABSENT)
+    elif isinstance(value, list):
+        refs = reference if isinstance(reference, list) and len(reference) == len(value) else [_ABSENT] * len(value)
+        value[:] = [numbers_as_in(item, ref) for item, ref in zip(value, refs)]
+    elif isinstance(value, str) and isinstance(reference, float) and EXPONENT_FLOAT.match(value):
+        return float(value.replace("_", ""))
+    return value
+
+
+def merged(documents: list[Any]) -> Any:
+    """Config documents deep-merged in order (later keys win), as Snakemake merges --configfile files."""
+    out: Any = {}
+    for doc in documents:
+        out = _merge(out, doc)
+    return out
+
+
+def _merge(base: Any, update: Any) -> Any:
+    if isinstance(base, dict) and isinstance(update, dict):
+        return {**base, **{k: _merge(base.get(k, _ABSENT), v) if k in base else v for k, v in update.items()}}
+    return update

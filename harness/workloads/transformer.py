@@ -84,6 +84,10 @@ def validate(p: dict[str, Any]) -> None:
             f"exceeds max_positions={p['max_positions']}")
     require(0.0 <= p["dropout"] < 1.0, NAME, "dropout", p["dropout"], "must be in [0, 1)")
     require(p["num_topics"] >= 2, NAME, "num_topics", p["num_topics"], "must be >= 2")
+    if p["data"] == "synthetic":  # the generator's own rule, checked before any cell runs
+        needed = p["premise_len"] + p["hypothesis_len"] + 4
+        require(needed <= p["seq_len"], NAME, "seq_len", p["seq_len"],
+                f"is too short for premise_len + hypothesis_len + 4 = {needed} (synthetic data)")
     require(p["data"] != "mnli" or p["data_dir"] is not None, NAME, "data_dir", p["data_dir"],
             "is required when data='mnli' (a folder with train.tsv/dev_matched.tsv or Hugging Face files)")
 

@@ -319,11 +319,11 @@ def test_bad_quality_blocks_are_named(block, key):
 
 def test_workload_sweep_runs_every_cell_once_per_point():
     config = minimal()
-    config["workloads"]["transformer"]["sweep"] = {"seq_len": [16, 32]}
+    config["workloads"]["transformer"]["sweep"] = {"seq_len": [24, 32]}
     config["workloads"]["transformer"]["params"]["max_positions"] = 32
     cells, _ = grid.expand_grid(filled(config))
     assert len(cells) == 2 * 8
-    assert {c["workload_params"]["seq_len"] for c in cells.values()} == {16, 32}
+    assert {c["workload_params"]["seq_len"] for c in cells.values()} == {24, 32}
     assert "transformer_dense-default_b2_tnone_s0_seq_len32" in cells
     grid.check_config(filled(config))
     config["workloads"]["transformer"]["sweep"] = {"seq_len": [16, 64]}  # 64 > max_positions
@@ -350,4 +350,24 @@ def test_a_budget_without_a_timed_step_is_refused():
     config["workloads"]["transformer"]["budget"] = {"max_steps_per_epoch": 3, "warmup_steps": 3}
     with pytest.raises(grid.ConfigError, match=r"workloads\.transformer\.budget\.warmup_steps: 3 warm-up "
                                                r"step\(s\) of 3 leave no timed step"):
+        grid.check_config(filled(config))
+
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda c: c.update(seeds=[4294967296]), "key seeds[0]: 4294967296 is greater than the maximum"),
+    (lambda c: c.update(device_name="d" * 300), "key device_name"),
+    (lambda c: c["methods"]["dense"].update(variant="v" * 240), "key methods.dense.variant"),
+])
+def test_values_that_would_fail_every_cell_are_refused_by_the_schema(mutate, message):
+    config = minimal()
+    mutate(config)
+    error = grid.schema_error(config, SCHEMA)
+    assert error is not None and message in error, error
+
+
+def test_seq_len_too_short_for_the_synthetic_pairs_is_refused():
+    config = minimal()
+    config["workloads"]["transformer"]["params"]["seq_len"] = 12  # tiny: premise 10 + hypothesis 4 + 4
+    with pytest.raises(grid.ConfigError, match=r"seq_len=12 is too short for premise_len \+ hypothesis_len"):
         grid.check_config(filled(config))

@@ -20,10 +20,11 @@ def _validate_config():
     """The checks that need no torch come first, so a bad value fails fast."""
     schema = f"{workflow.basedir}/schemas/config.schema.yaml"
     try:
-        for path in workflow.configfiles:  # Snakemake's own loader lets a repeated key win silently
-            _grid.load_config_file(path)
+        # Snakemake's own loader lets a repeated key win silently and reads YAML 1.1: the files again
+        documents = [_grid.load_config_file(path) for path in workflow.configfiles]
         _grid.env_device_label()
-        _yamlnum.exponent_strings_as_numbers(config)  # lr: 1e-3 is a number (Snakemake reads YAML 1.1)
+        # lr: 1e-3 is a number, a quoted "1e5" stays text (as the files say, read as YAML 1.2)
+        _yamlnum.numbers_as_in(config, _yamlnum.merged(documents))
         error = _grid.schema_error(config, schema)
         if error:
             raise _grid.ConfigError(error)
