@@ -204,8 +204,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         (folder / f"{spec['run_id']}.spec.json").write_text(json.dumps(spec, indent=2, sort_keys=True))
     if curves_out is None:
         curves_out = _curves_path(runs_out)
-    row = runner.run_to_files(spec, runs_out, curves_out, progress=args.progress,
-                              hang_exit_status=1 if args.fail_on_error else 0)
+    try:
+        row = runner.run_to_files(spec, runs_out, curves_out, progress=args.progress,
+                                  hang_exit_status=1 if args.fail_on_error else 0)
+    except runner.EnvironmentFault as exc:
+        print(f"comera-bench run: environment fault: {exc.strerror} ({exc.filename}); no row written, the cell "
+              "runs again next time", file=sys.stderr)
+        return runner.EXIT_ENVIRONMENT_FAULT
     summary = f"{row['run_id']}: {row['status']}"
     if row["status"] == "ok":
         summary += (f", step {row['step_time_ms']:.3g} ms, {row['metric_name']} "

@@ -49,6 +49,7 @@ the number of training steps done at that point.
 """
 from __future__ import annotations
 
+import errno
 import gc
 import hashlib
 import itertools
@@ -95,6 +96,16 @@ WATCHDOG_GRACE_S = 30.0
 
 class SpecError(ValueError):
     """An invalid run spec; the message names the key and the value."""
+
+
+ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+EXIT_ENVIRONMENT_FAULT = 75
+"""Exit status (EX_TEMPFAIL) of a cell whose row could not be written for a fault of the machine (a full
+disk, a quota, a read-only file system): no row, so that a later run, after the fault is fixed, runs it."""
+
+
+class EnvironmentFault(OSError):
+    """The row could not be written for a fault of the machine, not of the cell."""
 
 
 # ---------------------------------------------------------------------------------------- the spec
@@ -797,10 +808,16 @@ def run_to_files(spec: dict[str, Any], runs_out: str | os.PathLike, curves_out: 
     not be written)."""
     def write(row: dict[str, Any], curves: list[dict[str, Any]]) -> None:
         prov = {c: row[c] for c in results.PROVENANCE_COLUMNS}
-        results.write_parquet_atomic(results.to_frame(curves, "curves"), curves_out, kind="curves",
-                                     provenance=prov)
-        results.write_parquet_atomic(results.to_frame([row], "runs"), runs_out, kind="runs",
-                                     provenance=prov)
+        try:
+            results.write_parquet_atomic(results.to_frame(curves, "curves"), curves_out, kind="curves",
+                                         provenance=prov)
+            results.write_parquet_atomic(results.to_frame([row], "runs"), runs_out, kind="runs",
+                                         provenance=prov)
+        except OSError as exc:
+            if exc.errno in ENVIRONMENT_ERRNOS:
+                raise EnvironmentFault(exc.errno, f"cannot write the row of {row['run_id']} "
+                                                  f"({row['status']}): {exc.strerror}", str(exc.filename)) from exc
+            raise
 
     def end_process(row: dict[str, Any], curves: list[dict[str, Any]]) -> None:
         status = 1

@@ -34,6 +34,8 @@ reaches it from the terminal. A cell stopped by one of them, or by SIGINT, is in
 it gets no row, the process exits 128 + the signal, and the next pipeline run runs it again."""
 INTERRUPTS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 LOG_TAIL_LINES = 20
+EXIT_ENVIRONMENT_FAULT = 75
+"""The child's status for a row it could not write for a fault of the machine (harness.run)."""
 
 
 def oom_kill_count() -> int | None:
@@ -186,6 +188,10 @@ def supervise(command: list[str], spec_path: str | os.PathLike, runs_out: str | 
         print(f"comera-bench run: {spec_path}: interrupted by {name}; no row written, the cell runs again "
               "next time", file=sys.stderr)
         return 128 + stopped, "interrupted"
+    if returncode == EXIT_ENVIRONMENT_FAULT:  # the child said why (its log, the job's stderr)
+        print(f"comera-bench run: {spec_path}: environment fault (e.g. a full disk); no row written, the cell "
+              "runs again next time", file=sys.stderr)
+        return returncode, "environment fault"
     sig, error = describe_exit(returncode)
     oom_after = oom_kill_count()
     evidence = []

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from harness import cli, results, supervise
-from tests.harness.run_toys import toy_spec
+from tests.harness.run_toys import TOY_REGISTRY, toy_spec
 
 SIGKILL_SELF = [sys.executable, "-c", "import os, signal; print('started', flush=True); "
                                       "os.kill(os.getpid(), signal.SIGKILL)"]
@@ -141,3 +141,29 @@ def test_a_signal_to_the_supervisor_is_forwarded_and_leaves_no_row(cell, tmp_pat
     os.kill(proc.pid, signal.SIGTERM)
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     assert not runs.exists()
+
+
+def test_an_environment_fault_leaves_no_row_so_the_cell_runs_again(cell, capsys):
+    """A full disk is the machine's fault: no failure row that a rerun would keep."""
+    spec, runs, curves = cell
+    code, status = supervise.supervise([sys.executable, "-c", "raise SystemExit(75)"], spec, runs, curves)
+    assert (code, status) == (75, "environment fault") and not runs.exists()
+    assert "runs again next time" in capsys.readouterr().err
+
+
+def test_run_turns_a_full_disk_into_the_environment_fault_status(tmp_path, monkeypatch, capsys):
+    import errno
+
+    from harness import run as runner
+
+    monkeypatch.setattr(runner, "default_registry", lambda: TOY_REGISTRY)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "r.runs.parquet"))
+
+    monkeypatch.setattr(results, "write_parquet_atomic", full)
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps(toy_spec(budget={"epochs": 1, "max_steps_per_epoch": 3})))
+    assert cli.main(["run", "--spec", str(spec), "--runs-out", str(tmp_path / "r.runs.parquet")]) == 75
+    err = capsys.readouterr().err
+    assert "environment fault: cannot write the row" in err and "No space left on device" in err
