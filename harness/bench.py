@@ -898,6 +898,10 @@ def cli(argv: list[str]) -> int:
     if args.step_worker_file:
         return _step_worker_main(args.step_worker_file, args.step_out, args.step_log)
     try:
+        if args.threads < 1:
+            raise ValueError(f"--threads {args.threads}: need at least 1")
+        if not args.step_timeout > 0:
+            raise ValueError(f"--step-timeout {args.step_timeout:g}: need a positive number of seconds")
         targets = parse_targets(args.targets)
         cfg = Config.make(args.device, args.threads, args.quick, args.allocator, args.step_rounds)
     except (ValueError, RuntimeError) as exc:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import yaml
 
 from harness import results, yamlnum
 
@@ -121,7 +122,11 @@ def _key_values(items: list[str], option: str) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise SystemExit(f"comera-bench run: {option} expects KEY=VALUE, got {item!r}")
-        out[key] = yamlnum.load(value)
+        try:
+            out[key] = yamlnum.load(value)
+        except yaml.YAMLError as exc:
+            reason = str(getattr(exc, "problem", "") or exc).strip()
+            raise SystemExit(f"comera-bench run: {option} {item!r}: the value is not valid YAML ({reason})") from None
     return out
 
 

@@ -161,6 +161,8 @@ def normalize_spec(spec: dict[str, Any]) -> dict[str, Any]:
     if tr is not None and (isinstance(tr, bool) or not isinstance(tr, (int, float)) or not 0 < tr <= 1):
         raise SpecError(f"spec target_ratio must be null or in (0, 1], got {tr!r}")
     for key in ("workload_params", "method_params"):
+        if out.get(key) is not None and not isinstance(out[key], dict):
+            raise SpecError(f"spec {key} must be a mapping of parameter names to values, got {out[key]!r}")
         out[key] = dict(out.get(key) or {})
     budget = out["budget"] = _fill("budget", out.get("budget"), BUDGET_DEFAULTS)
     _check_int("budget.epochs", budget["epochs"], 1)
@@ -187,6 +189,8 @@ def normalize_spec(spec: dict[str, Any]) -> dict[str, Any]:
         raise SpecError(f"spec execution.allocator must be one of {list(allocator.POLICIES)}, "
                         f"got {ex['allocator']!r}")
     out.setdefault("config_hash", "")
+    if not isinstance(out["config_hash"], str):
+        raise SpecError(f"spec config_hash must be a string (or absent), got {out['config_hash']!r}")
     if not out["config_hash"]:
         out["config_hash"] = spec_hash(out)
     if not out.get("run_id"):  # the pipeline's scheme (harness.grid.run_id)
@@ -842,5 +846,5 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     try:
         return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise SpecError(f"cannot read spec {path}: {exc}") from exc

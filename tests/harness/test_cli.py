@@ -256,3 +256,31 @@ def test_merge_without_inputs_leaves_the_output_alone(tmp_path, capsys):
     out.write_bytes(b"keep me")
     assert cli.main(["merge", "--kind", "runs", "--out", str(out)]) == 2
     assert out.read_bytes() == b"keep me" and "no input files" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"workload": "toy", "method": "toy", "batch_size": 2, "method_params": "abc"}',
+     "spec method_params must be a mapping of parameter names to values, got 'abc'"),
+    ('{"workload": "toy", "method": "toy", "batch_size": 2, "config_hash": 5}',
+     "spec config_hash must be a string (or absent), got 5"),
+    (b"\xda\x00\xff binary", "cannot read spec"),
+])
+def test_run_bad_spec_values_are_named(tmp_path, capsys, content, message):
+    spec = tmp_path / "s.json"
+    spec.write_bytes(content if isinstance(content, bytes) else content.encode())
+    assert cli.main(["run", "--spec", str(spec), "--runs-out", str(tmp_path / "r.runs.parquet")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "r.runs.parquet").exists()
+
+
+def test_run_method_param_that_is_not_yaml_is_named():
+    with pytest.raises(SystemExit, match=r"--method-param 'lr=\[1,': the value is not valid YAML"):
+        cli.main(["run", "--workload", "toy", "--method", "toy", "--batch-size", "2", "--method-param", "lr=[1,"])
+
+
+@pytest.mark.parametrize("argv, message", [(["--threads", "0"], "--threads 0: need at least 1"),
+                                           (["--step-timeout", "-1"], "--step-timeout -1: need a positive")])
+def test_bench_bad_options_are_named(capsys, argv, message):
+    assert cli.main(["bench", *argv]) == 2
+    assert message in capsys.readouterr().err
