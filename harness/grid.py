@@ -89,15 +89,40 @@ class _StrictLoader(NumberLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+MAX_CONFIG_VALUES = 100_000
+"""A config that expands to more values than this (YAML aliases nested into each other, an "alias bomb")
+is refused before anything walks it."""
+
+
+def _check_size(value: Any, path: str | os.PathLike) -> None:
+    """ConfigError when ``value`` holds more than MAX_CONFIG_VALUES values once its aliases are expanded
+    (counted without expanding: a walk that stops at the limit)."""
+    stack, seen = [value], 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if seen > MAX_CONFIG_VALUES:
+            raise ConfigError(f"config file {path}: more than {MAX_CONFIG_VALUES} values once its YAML aliases "
+                              "are expanded; refused (nested aliases multiply)")
+        if isinstance(item, dict):
+            stack.extend(item.values())
+            stack.extend(item.keys())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
 def load_config_file(path: str | os.PathLike) -> Any:
-    """A YAML (or JSON) config file; a duplicated key raises ConfigError naming the file and the key."""
+    """A YAML (or JSON) config file; a duplicated key raises ConfigError naming the file and the key, and
+    so does a file that expands to more than MAX_CONFIG_VALUES values."""
     with open(path, encoding="utf-8") as fh:
         loader = _StrictLoader(fh)
         loader.name = str(path)
         try:
-            return loader.get_single_data()
+            data = loader.get_single_data()
         finally:
             loader.dispose()
+    _check_size(data, path)
+    return data
 
 
 def _key(path: Iterable[Any]) -> str:

@@ -371,3 +371,19 @@ def test_seq_len_too_short_for_the_synthetic_pairs_is_refused():
     config["workloads"]["transformer"]["params"]["seq_len"] = 12  # tiny: premise 10 + hypothesis 4 + 4
     with pytest.raises(grid.ConfigError, match=r"seq_len=12 is too short for premise_len \+ hypothesis_len"):
         grid.check_config(filled(config))
+
+
+def test_an_alias_bomb_is_refused_at_once(tmp_path):
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 9):  # 10^9 values once expanded, 1.5 KB of text
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]")
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(grid.ConfigError, match=r"bomb.yaml: more than 100000 values once its YAML aliases"):
+        grid.load_config_file(path)  # the walk stops at the limit: no expansion of the 10^9 values
+
+
+def test_a_config_with_a_few_aliases_loads(tmp_path):
+    path = tmp_path / "ok.yaml"
+    path.write_text("base: &b {epochs: 1}\nworkloads: {t: {budget: *b}}\n")
+    assert grid.load_config_file(path)["workloads"]["t"]["budget"] == {"epochs": 1}
