@@ -88,4 +88,6 @@ def _code_of(raw: bytes, where: str) -> str | None:
     field = next((f for f in CODE_FIELDS if isinstance(record, dict) and f in record), None)
     if field is None:
         raise ValueError(f"{where}: no field {' or '.join(CODE_FIELDS)}")
-    return str(record[field])
+    if not isinstance(record[field], str):  # null or a number would become the text "None" / "3"
+        raise ValueError(f"{where}: field {field!r} must be a string, got {json.dumps(record[field])}")
+    return record[field]

@@ -60,7 +60,7 @@ def resolve(workload: str, module: Any, params: Mapping[str, Any] | None) -> dic
         raise ValueError(f"workload {workload!r}: unknown param(s) {', '.join(unknown)}; "
                          f"allowed: {', '.join(sorted(allowed))}")
     size = params.pop("size", "small")
-    if size not in module.PRESETS:
+    if not isinstance(size, str) or size not in module.PRESETS:
         raise ValueError(f"workload {workload!r}: param size={size!r} must be one of "
                          f"{', '.join(module.PRESETS)}")
     out = {"size": size, **module.DEFAULTS, **module.PRESETS[size], **params}

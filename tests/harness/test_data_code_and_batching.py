@@ -28,7 +28,9 @@ def test_jsonl_corpus(tmp_path, gz, field):
 
 
 @pytest.mark.parametrize("line, message", [('{"func_name": "f"}', r"x.jsonl:2: no field code or original_string"),
-                                           ("{not json", r"x.jsonl:2: not valid JSON")])
+                                           ("{not json", r"x.jsonl:2: not valid JSON"),
+                                           ('{"code": null}', r"x.jsonl:2: field 'code' must be a string, got null"),
+                                           ('{"code": 3}', r"x.jsonl:2: field 'code' must be a string, got 3")])
 def test_jsonl_errors_name_the_line(tmp_path, line, message):
     (tmp_path / "x.jsonl").write_text('{"code": "pass"}\n' + line + "\n")
     with pytest.raises(ValueError, match=message):

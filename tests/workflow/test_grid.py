@@ -387,3 +387,10 @@ def test_a_config_with_a_few_aliases_loads(tmp_path):
     path = tmp_path / "ok.yaml"
     path.write_text("base: &b {epochs: 1}\nworkloads: {t: {budget: *b}}\n")
     assert grid.load_config_file(path)["workloads"]["t"]["budget"] == {"epochs": 1}
+
+
+def test_a_list_where_a_size_belongs_is_named():
+    config = minimal()
+    config["workloads"]["transformer"]["params"]["size"] = [1, 2]
+    with pytest.raises(grid.ConfigError, match=r"param size=\[1, 2\] must be one of tiny, small, paper"):
+        grid.check_config(filled(config))
