@@ -17,6 +17,8 @@ import torch
 from harness import atomic
 
 DEFAULT_CACHE_DIR = "results/cache"
+CACHE_FORMAT = 2
+"""Part of every cache key: raise it when what an entry holds changes, so old entries are not read."""
 
 
 def cache_dir(root: str | os.PathLike | None, *parts: str) -> Path:
@@ -28,7 +30,7 @@ def cache_dir(root: str | os.PathLike | None, *parts: str) -> Path:
 
 def fingerprint(*items: Any, files: Iterable[str | os.PathLike] = ()) -> str:
     """A short hash of JSON-able ``items`` and of each file's path, size and modification time."""
-    h = hashlib.sha256(json.dumps(items, sort_keys=True, default=str).encode())
+    h = hashlib.sha256(json.dumps([CACHE_FORMAT, *items], sort_keys=True, default=str).encode())
     for f in files:
         st = os.stat(f)
         h.update(f"{os.fspath(f)}|{st.st_size}|{st.st_mtime_ns}".encode())
@@ -48,14 +50,19 @@ def discard(path: Path, what: str, exc: BaseException) -> None:
     path.unlink(missing_ok=True)
 
 
-def cached_tensors(path: Path, build: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Loads a dict of tensors from ``path``, or builds and saves it there first."""
+def cached_tensors(path: Path, build: Callable[[], dict[str, torch.Tensor]],
+                   keys: Iterable[str] = ()) -> dict[str, torch.Tensor]:
+    """Loads a dict of tensors from ``path``, or builds and saves it there first. An entry that is not a
+    dict of tensors with every one of ``keys`` is discarded (a warning naming it) and rebuilt."""
     if path.exists():
         try:
             tensors = torch.load(path, weights_only=True)
-            if isinstance(tensors, dict) and all(isinstance(t, torch.Tensor) for t in tensors.values()):
-                return tensors
-            raise ValueError(f"it holds a {type(tensors).__name__}, not a dict of tensors")
+            if not (isinstance(tensors, dict) and all(isinstance(t, torch.Tensor) for t in tensors.values())):
+                raise ValueError(f"it holds a {type(tensors).__name__}, not a dict of tensors")
+            missing = sorted(set(keys) - set(tensors))
+            if missing:
+                raise ValueError(f"it lacks {missing} (it holds {sorted(tensors)})")
+            return tensors
         except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:
             discard(path, "tensors", exc)
     tensors = build()

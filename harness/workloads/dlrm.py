@@ -142,7 +142,8 @@ def load_data(p: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, tor
         path = p["data_path"]
         info = {"data": "criteo", "data_file": str(path)}
     key = fingerprint(sizes, p["max_rows"], files=[path])
-    data = cached_tensors(folder / f"parsed-{key}.pt", lambda: criteo.read(path, sizes, p["max_rows"]))
+    data = cached_tensors(folder / f"parsed-{key}.pt", lambda: criteo.read(path, sizes, p["max_rows"]),
+                          keys=("dense", "sparse", "labels"))
     n = batching.num_rows(data)
     n_eval = max(1, int(round(n * p["eval_fraction"])))
     if n - n_eval < 1:

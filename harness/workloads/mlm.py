@@ -169,7 +169,7 @@ def load_data(p: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, tor
         masked, labels = _mask(eval_ids, torch.Generator().manual_seed(p["data_seed"]), p)
         return {"train_ids": train_ids, "eval_ids": masked, "eval_labels": labels}
 
-    data = cached_tensors(folder / f"blocks-{key}.pt", build)
+    data = cached_tensors(folder / f"blocks-{key}.pt", build, keys=("train_ids", "eval_ids", "eval_labels"))
     train = {"input_ids": data["train_ids"]}
     evals = {"input_ids": data["eval_ids"], "labels": data["eval_labels"]}
     info = {"data": p["data"], "documents": len(docs), "files": len(files),

@@ -280,8 +280,9 @@ def _load_mnli(p: dict[str, Any]):
         out["labels"] = torch.tensor(split.labels[:n], dtype=torch.long)
         return out
 
-    train = cached_tensors(folder / f"train-{key}.pt", lambda: encode(train_split, p["train_samples"]))
-    evals = cached_tensors(folder / f"eval-{key}.pt", lambda: encode(eval_split, p["eval_samples"]))
+    keys = ("input_ids", "labels")
+    train = cached_tensors(folder / f"train-{key}.pt", lambda: encode(train_split, p["train_samples"]), keys)
+    evals = cached_tensors(folder / f"eval-{key}.pt", lambda: encode(eval_split, p["eval_samples"]), keys)
     info = {"data": "mnli", "data_files": [str(f) for f in files], "tokenizer_vocab": tok.get_vocab_size(),
             "rows_read": {"train": train_split.rows_read, "validation_matched": eval_split.rows_read},
             "rows_dropped": {"train": dict(train_split.dropped),

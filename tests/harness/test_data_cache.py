@@ -47,7 +47,7 @@ def test_atomic_write_leaves_nothing_when_the_write_fails(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("damage", ["truncate", "not a dict"])
+@pytest.mark.parametrize("damage", ["truncate", "not a dict", "wrong keys"])
 def test_a_damaged_cached_tensor_file_is_reported_and_rebuilt(tmp_path, damage):
     path, built = tmp_path / "t.pt", []
 
@@ -55,12 +55,20 @@ def test_a_damaged_cached_tensor_file_is_reported_and_rebuilt(tmp_path, damage):
         built.append(1)
         return {"x": torch.arange(1000)}
 
-    cache.cached_tensors(path, build)
+    cache.cached_tensors(path, build, keys=("x",))
     if damage == "truncate":
         _truncate(path)
-    else:
+    elif damage == "not a dict":
         torch.save(torch.arange(3), path)
+    else:  # the right type, the wrong content (an entry of another format)
+        torch.save({"train_ids": torch.arange(3)}, path)
     with pytest.warns(UserWarning, match=rf"cached tensors {path} cannot be read"):
-        data = cache.cached_tensors(path, build)
+        data = cache.cached_tensors(path, build, keys=("x",))
     assert len(built) == 2 and torch.equal(data["x"], torch.arange(1000))
     assert torch.equal(torch.load(path, weights_only=True)["x"], torch.arange(1000))
+
+
+def test_cache_keys_carry_the_format_version(monkeypatch):
+    before = cache.fingerprint("a", 1)
+    monkeypatch.setattr(cache, "CACHE_FORMAT", cache.CACHE_FORMAT + 1)
+    assert cache.fingerprint("a", 1) != before
