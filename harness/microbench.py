@@ -464,7 +464,11 @@ def cli(argv: list[str]) -> int:
     meta = {**(provenance(device, args.config_hash) if not rows else {k: rows[0][k] for k in PROVENANCE_COLUMNS}),
             "peak_mem_kind": "cuda_allocated" if device.type == "cuda" else "cpu_allocated", "spec": spec,
             "allocator": applied}
-    write_parquet_atomic(to_frame(rows, "microbench"), args.out, kind="microbench",
-                         provenance=json.loads(json.dumps(meta, default=str)))
+    try:
+        write_parquet_atomic(to_frame(rows, "microbench"), args.out, kind="microbench",
+                             provenance=json.loads(json.dumps(meta, default=str)))
+    except OSError as exc:
+        print(f"comera-bench microbench: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     print(f"{len(rows)} microbench rows -> {args.out}")
     return 0

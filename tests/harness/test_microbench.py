@@ -148,3 +148,17 @@ def test_cuda_peak_memory():
 
     peak, kind = mb.peak_memory(run, torch.device("cuda"))
     assert kind == "cuda_allocated" and peak >= 4 * 2**20
+
+
+def test_an_output_that_cannot_be_written_is_named(tmp_path, monkeypatch, capsys):
+    import errno
+
+    from harness import microbench, results
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "ro" / "x.parquet"))
+
+    monkeypatch.setattr(results, "write_parquet_atomic", refuse)
+    assert microbench.cli(["--preset", "tiny", "--out", str(tmp_path / "ro" / "x.parquet")]) == 1
+    err = capsys.readouterr().err
+    assert "cannot write" in err and "Permission denied" in err and "Traceback" not in err
