@@ -313,8 +313,10 @@ def cli_merge(argv: list[str]) -> int:
     ap.add_argument("--kind", required=True, choices=KINDS)
     ap.add_argument("--out", required=True, help="merged Parquet file (written atomically)")
     ap.add_argument("inputs", nargs="*", help="result files, or folders holding *.<kind>.parquet")
+    ap.add_argument("--allow-empty", action="store_true",
+                    help="with no inputs, write an empty table (the pipeline's grids without micro-benchmarks)")
     args = ap.parse_args(argv)
-    if not args.inputs:
+    if not args.inputs and not args.allow_empty:
         print(f"comera-bench merge: no input files or folders given; {args.out} left as it is", file=sys.stderr)
         return 2
     try:

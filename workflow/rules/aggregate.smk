@@ -12,12 +12,14 @@ rule merge_runs:
         runs=f"{MERGED}/runs.parquet",
         curves=f"{MERGED}/curves.parquet",
         grid=f"{MERGED}/grid.json",
+    log:
+        f"{MERGED}/logs/merge_runs.log",
     params:
         sweeps=json.dumps(SWEEPS, sort_keys=True),
     shell:
-        "comera-bench merge --kind runs --out {output.runs:q} {input.runs:q}"
+        "(comera-bench merge --kind runs --out {output.runs:q} {input.runs:q}"
         " && comera-bench merge --kind curves --out {output.curves:q} {input.curves:q}"
-        " && python -m harness.grid --out {output.grid:q} --sweeps {params.sweeps:q} {input.specs:q}"
+        " && python -m harness.grid --out {output.grid:q} --sweeps {params.sweeps:q} {input.specs:q}) > {log:q} 2>&1"
 
 
 rule merge_microbench:
@@ -25,5 +27,7 @@ rule merge_microbench:
         MICROBENCH_FILES,
     output:
         f"{MERGED}/microbench.parquet",
-    shell:
-        "comera-bench merge --kind microbench --out {output:q} {input:q}"
+    log:
+        f"{MERGED}/logs/merge_microbench.log",
+    shell:  # a grid without micro-benchmarks gets an empty table
+        "comera-bench merge --kind microbench --allow-empty --out {output:q} {input:q} > {log:q} 2>&1"

@@ -18,9 +18,11 @@ rule compare:
         pdf=f"{COMPARE_OUT}/compare_time_memory.pdf",
     params:
         dirs=COMPARE_DIRS,
-        out=COMPARE_OUT,
+        out=lambda w, output: os.path.dirname(output.md),
+    log:
+        f"{MERGED}/logs/compare.log",
     shell:
-        "python -m harness.compare {params.dirs:q} --out {params.out:q}"
+        "python -m harness.compare {params.dirs:q} --out {params.out:q} > {log:q} 2>&1"
 
 
 rule report:
@@ -29,8 +31,11 @@ rule report:
         rules.compare.output,
     output:
         "report.html",
+    log:
+        f"{MERGED}/logs/report.log",
     params:
+        snakefile=workflow.main_snakefile,
         configs=["--configfile", *map(str, workflow.overwrite_configfiles)] if workflow.overwrite_configfiles
         else [],
-    shell:
-        "snakemake --snakefile {workflow.main_snakefile:q} --nolock --report {output:q} {params.configs:q}"
+    shell:  # the report is Snakemake's own command: run from this job (docs/architecture.md)
+        "snakemake --snakefile {params.snakefile:q} --nolock --report {output:q} {params.configs:q} > {log:q} 2>&1"

@@ -15,13 +15,15 @@ rule tables:
     output:
         md=[report(f"{FIGURES}/{t}.md", caption=f"../report/{t}.rst", category="Tables") for t in TABLES],
         csv=[f"{FIGURES}/{t}.csv" for t in TABLES],
+    log:
+        f"{MERGED}/logs/tables.log",
     params:
         device=DEVICE,
-        merged=MERGED,
-        out=FIGURES,
+        merged=lambda w, input: os.path.dirname(input[0]),
+        out=lambda w, output: os.path.dirname(output.md[0]),
     shell:
         "python -m harness.tables --results {params.merged:q} --device-label {params.device:q}"
-        " --out {params.out:q}"
+        " --out {params.out:q} > {log:q} 2>&1"
 
 
 rule plots:
@@ -30,13 +32,15 @@ rule plots:
     output:
         png=[report(f"{FIGURES}/{p}.png", caption=f"../report/{p}.rst", category="Figures") for p in PLOTS],
         pdf=[f"{FIGURES}/{p}.pdf" for p in PLOTS],
+    log:
+        f"{MERGED}/logs/plots.log",
     params:
         device=DEVICE,
-        merged=MERGED,
-        out=FIGURES,
+        merged=lambda w, input: os.path.dirname(input[0]),
+        out=lambda w, output: os.path.dirname(output.png[0]),
     shell:
         "python -m harness.figures --results {params.merged:q} --device-label {params.device:q}"
-        " --out {params.out:q}"
+        " --out {params.out:q} > {log:q} 2>&1"
 
 
 rule claims:
@@ -44,12 +48,14 @@ rule claims:
         MERGED_FILES,
     output:
         report(f"{FIGURES}/claims.md", caption="../report/claims.rst", category="Claims"),
+    log:
+        f"{MERGED}/logs/claims.log",
     params:
         device=DEVICE,
-        merged=MERGED,
+        merged=lambda w, input: os.path.dirname(input[0]),
     shell:
         "python -m harness.claims --results {params.merged:q} --device-label {params.device:q}"
-        " --out {output:q}"
+        " --out {output:q} > {log:q} 2>&1"
 
 
 # Every cell file too: Snakemake never looks behind an existing merged table for a missing input (a

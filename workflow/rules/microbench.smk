@@ -5,10 +5,12 @@ localrules: microbench_spec, microbench
 rule microbench_spec:
     output:
         f"{CELLS}/microbench/{{name}}.spec.json",
+    log:
+        f"{CELLS}/logs/microbench_{{name}}.spec.log",
     params:
         spec=lambda w: json.dumps(MICROBENCH[w.name], sort_keys=True),
     shell:
-        "printf '%s\\n' {params.spec:q} > {output:q}"
+        "printf '%s\\n' {params.spec:q} > {output:q} 2> {log:q}"
 
 
 rule microbench_cell:

@@ -9,10 +9,12 @@ localrules: cell_spec, runs
 rule cell_spec:
     output:
         f"{CELLS}/{{run_id}}.spec.json",
+    log:
+        f"{CELLS}/logs/{{run_id}}.spec.log",
     params:
         spec=lambda w: spec_json(w.run_id),
     shell:
-        "printf '%s\\n' {params.spec:q} > {output:q}"
+        "printf '%s\\n' {params.spec:q} > {output:q} 2> {log:q}"
 
 
 import re as _re
