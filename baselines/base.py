@@ -43,7 +43,7 @@ class Prepared:
     ranks: Callable[[], dict[str, list[int]]] = dict
     """Current TT ranks per factorized layer (empty for methods without any)."""
     size: Callable[[], dict[str, float]] = dict
-    """params_total, params_factorized_layers, compression_total, compression_layers (see DESIGN.md 3)."""
+    """params_total, params_factorized_layers, compression_total, compression_layers (see docs/schema.md)."""
     state_bytes: Callable[[], int] | None = None
     """The method's own analytic state count when the generic one (``state_bytes(model, optimizers)``)
     cannot see its state, e.g. layer-wise optimizers living in gradient hooks."""

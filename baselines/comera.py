@@ -4,7 +4,7 @@ the two-stage rank adaptation of ``comera.rank`` as loss and per-step hook.
 Params (``PARAMS_DEFAULTS``): ``rank`` (int) overrides the rank of every spec entry;
 ``lookup`` picks the TTM lookup ("optimized" -> variant "default", "naive" -> variant "naive-lookup");
 ``lr_cores`` / ``lr_gates`` / ``lr_other`` default to the workload's ``lr`` entries, else 1e-4 / 1e-3 /
-5e-5 (DESIGN.md section 4); ``l1_weight`` (gamma), ``l2_weight`` (beta), ``threshold``, ``prune_every``;
+5e-5 (docs/workloads.md); ``l1_weight`` (gamma), ``l2_weight`` (beta), ``threshold``, ``prune_every``;
 ``early_fraction`` of ``total_steps`` runs the early stage, then -- only when a ``target_ratio`` is
 given -- the late stage drives the TT size toward ``target_ratio`` times its size at the switch
 (``loss_target`` L0, default the running task loss at the switch; ``loss_weight``, ``size_weight``,
@@ -44,7 +44,7 @@ PARAMS_DEFAULTS: dict[str, Any] = {
     "l2_weight": 1e-4,
     "threshold": 1e-2,
     "prune_every": 100,
-    "early_fraction": 2 / 3,   # DESIGN.md: 20 early + 10 late epochs
+    "early_fraction": 2 / 3,   # docs/workloads.md: 20 early + 10 late epochs
     "loss_target": None,
     "loss_weight": 1.0,
     "size_weight": 1.0,

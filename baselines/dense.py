@@ -59,7 +59,7 @@ def adamw(params: Iterable[Any], *, lr: float, weight_decay: float) -> tuple[tor
 
 def uncompressed_size(model: nn.Module, workload: Any, deployed: list[nn.Parameter] | None = None
                       ) -> dict[str, float]:
-    """Size record (DESIGN.md 3) of an uncompressed model: ``params_total`` counts ``deployed`` (default:
+    """Size record (docs/schema.md) of an uncompressed model: ``params_total`` counts ``deployed`` (default:
     every parameter), ``params_factorized_layers`` the dense size of the modules CoMERA would tensorize
     (``workload.tt_spec``), so the appendix table can put both methods' layer sizes side by side."""
     deployed = list(model.parameters()) if deployed is None else deployed

@@ -39,7 +39,7 @@ formulas are cited by role -- size, bi-objective problem, early stage, late stag
   small CPU transformer: target 0.2 in 600 late steps ended at 0.33 accuracy with size_weight 10); with
   the ramp the size term only pushes while the size is above the moving ``S0`` and the loss branch repairs
   in between (same run: 0.993 accuracy, size within 0.1% of the target). Measured on an earlier,
-  4-topic version of the small preset's task; see README "Configs" for the current default grid.
+  4-topic version of the small preset's task; see docs/pipeline.md "Configs" for the current default grid.
 """
 from __future__ import annotations
 
@@ -208,7 +208,7 @@ def _ranks_to_drop(modules: list[nn.Module], threshold: float, min_size: float |
 
 @dataclass
 class RankSettings:
-    """Settings of the two-stage rank adaptation (defaults: DESIGN.md section 4)."""
+    """Settings of the two-stage rank adaptation (defaults: docs/workloads.md)."""
 
     l1_weight: float = 0.01         # gamma (early stage)
     l2_weight: float = 0.0          # beta (both stages)

@@ -1,4 +1,4 @@
-"""figures/claims.md: the paper's claims C1-C10 (DESIGN.md 5), each judged only in its own setting.
+"""figures/claims.md: the paper's claims C1-C10 (docs/paper.md), each judged only in its own setting.
 
 ``python -m harness.claims --results results/<device> --device-label <device> --out figures/claims.md
 [--compare results/<other device> ...]`` (the --compare folders feed C3's RTX 4090 vs RTX 3090 part)

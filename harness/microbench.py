@@ -1,7 +1,7 @@
 """Micro-benchmarks of single layers: TTLinear vs nn.Linear, TTMEmbedding lookups vs nn.Embedding (Fig 5).
 
 ``comera-bench microbench --spec S.json|S.yaml --out M.parquet`` (or ``--preset tiny|paper``) writes one
-``microbench`` row (DESIGN.md 3) per case. A case is one op, variant, shape, token count, rank and
+``microbench`` row (docs/schema.md) per case. A case is one op, variant, shape, token count, rank and
 direction:
 
 * ``fwd``: the forward pass under ``torch.no_grad()`` (inference);
@@ -54,7 +54,7 @@ TTM_LEVELS = {  # variant -> (tensor-index level, unique-rows level) of comera.t
     "ttm_unique": (False, True), "ttm_optimized": (True, True),
 }
 
-# The paper's encoder layer shapes (DESIGN.md 4) and a Criteo-sized embedding table.
+# The paper's encoder layer shapes (docs/workloads.md) and a Criteo-sized embedding table.
 PAPER_LAYERS = [
     {"in_shape": [12, 8, 8], "out_shape": [8, 8, 12]},
     {"in_shape": [12, 8, 8], "out_shape": [12, 16, 16]},
@@ -412,7 +412,7 @@ def run_cases(spec: dict[str, Any], *, progress: Callable[[str], None] | None = 
 
 
 def to_row(result: Result, prov: dict[str, Any]) -> dict[str, Any]:
-    """A ``microbench`` row (DESIGN.md 3) for one result."""
+    """A ``microbench`` row (docs/schema.md) for one result."""
     c = result.case
     return {"op": c.op, "variant": c.variant, "shape": c.shape, "tokens": c.tokens, "rank": c.rank,
             "direction": c.direction, "time_ms": result.time_ms, "time_ms_iqr": result.time_ms_iqr,

@@ -1,4 +1,4 @@
-"""Result tables (DESIGN.md section 3): column lists and types, provenance, atomic Parquet I/O, merging.
+"""Result tables (docs/schema.md): column lists and types, provenance, atomic Parquet I/O, merging.
 
 Three kinds of table: ``runs`` (one row per grid cell), ``curves`` (per-step values of a run) and
 ``microbench`` (one row per micro-benchmark case). Every file is written atomically (a temporary file in
@@ -6,7 +6,7 @@ the same folder, then ``os.replace``), so a killed writer never leaves a partial
 provenance of the writing process is stored as columns (runs, microbench) and in the file's key-value
 metadata under the key ``comera_bench``.
 
-The runs table carries four columns beyond DESIGN.md 3: ``flops_per_step`` (analytic FLOPs of one
+The runs table also carries (see docs/schema.md for every column) ``flops_per_step`` (analytic FLOPs of one
 training step, forward + backward, see harness.measure.flops_per_step), ``settings`` (JSON: method
 settings, workload params, budget, execution), ``extra`` (JSON: every evaluation metric, FLOP basis,
 epoch-time details, traceback tail of a failure) and ``purpose`` ("timing": a short run for time and
@@ -70,7 +70,7 @@ RUNS_TYPES: dict[str, pa.DataType] = {
     "params_total": pa.int64(), "params_factorized_layers": pa.int64(), "compression_total": pa.float64(),
     "compression_layers": pa.float64(), "ranks": pa.string(),
     **PROVENANCE_TYPES,
-    # beyond DESIGN.md 3 (see module docstring)
+    # beyond the paper-facing columns (see module docstring)
     "flops_per_step": pa.float64(), "settings": pa.string(), "extra": pa.string(), "purpose": pa.string(),
     # timing trust (harness.timing): the machine's state while the steps ran, the verdict, the rounds
     "timing_quality": pa.string(), "load_avg_1m": pa.float64(), "cpu_pressure": pa.float64(),

@@ -1,4 +1,4 @@
-"""Running one grid cell: a spec (JSON, /work/briefs/api.md) in, one ``runs`` row and its ``curves`` out.
+"""Running one grid cell: a spec (JSON, docs/usage.md) in, one ``runs`` row and its ``curves`` out.
 
 :func:`run_cell` never raises for a failure of the run itself: the row's ``status`` says what happened
 (ok | oom | diverged | error | timeout) and ``error`` holds the message. A method that cannot run here

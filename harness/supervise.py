@@ -8,7 +8,7 @@ OOM killer did it and that can be told (the OOM-kill count of this process's mem
 the run, or the kernel log names the child), else ``error`` naming the signal ("killed by signal 9
 (SIGKILL)") or the exit code; identity and provenance as far as the spec tells them, the tail of the
 log in ``extra``, and an empty curves file. So a failed cell is a finished cell: the merge, tables and
-figures go on, and the pipeline does not redo it unless asked (README "Pipeline").
+figures go on, and the pipeline does not redo it unless asked (docs/pipeline.md).
 
 The parent's own messages go to its stderr, not to the log: when the log cannot be written (a full
 disk), the failure is still on the job's stderr and in the row (``extra.log_error``).

@@ -1,4 +1,4 @@
-"""DLRM on Criteo Kaggle click logs (DESIGN.md 4): bottom MLP on the 13 dense features, 26 embedding
+"""DLRM on Criteo Kaggle click logs (docs/workloads.md): bottom MLP on the 13 dense features, 26 embedding
 tables, pairwise dot-product interaction, top MLP, click logit.
 
 Size "paper" follows the DLRM reference Kaggle configuration (facebookresearch/dlrm,

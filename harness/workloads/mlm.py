@@ -1,4 +1,4 @@
-"""Masked-language-model pretraining of a BERT-like encoder on source code (DESIGN.md 4; the paper used
+"""Masked-language-model pretraining of a BERT-like encoder on source code (docs/workloads.md; the paper used
 CodeBERT-large on CodeSearchNet).
 
 The encoder is :class:`harness.workloads.transformer.Encoder` (one segment type, as RoBERTa/CodeBERT),

@@ -1,4 +1,4 @@
-"""The paper's six-encoder transformer on MNLI (DESIGN.md 4), and the encoder the MLM workload reuses.
+"""The paper's six-encoder transformer on MNLI (docs/workloads.md), and the encoder the MLM workload reuses.
 
 Size "paper" has exactly 66,957,315 parameters. That count fixes the choices not stated in the paper:
 it is a 6-layer BERT-base classifier, i.e. 512 learned positions (sequences use 128 of them), 2 segment

@@ -41,7 +41,7 @@ def test_paper_tt_spec_is_the_papers(paper_model):
     assert spec["encoder.blocks.4.ffn_out"]["out_shape"] == [8, 8, 12]
     emb = spec["encoder.embeddings.word"]
     assert (emb["row_shape"], emb["col_shape"], emb["rank"]) == ([16, 20, 10, 10], [4, 4, 8, 6], [1, 32, 32, 32, 1])
-    # DESIGN.md 4: "tensorized at init about 1.49M" (cores only; rank gates not counted)
+    # docs/workloads.md: "tensorized at init about 1.49M" (cores only; rank gates not counted)
     replaced = sum(modules[name].weight.numel() for name in spec)
     tensorized = sum(p.numel() for p in model.parameters()) - replaced + sum(map(tt_parameter_count, spec.values()))
     assert tensorized == 1_485_795

@@ -2,7 +2,7 @@
 # it in its own process. The runner writes both files atomically, also for a failed cell (status
 # oom | diverged | error | timeout); a runner killed by a signal (the OOM killer's SIGKILL) gets its row
 # from its supervising parent (`--isolate`, harness/supervise.py). Either way the job succeeds, the
-# cell is done and the tables go on; to run a failed cell again, delete its files (README "Pipeline").
+# cell is done and the tables go on; to run a failed cell again, delete its files (docs/pipeline.md).
 localrules: cell_spec, runs
 
 
