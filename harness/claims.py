@@ -663,6 +663,60 @@ def left_out_text(results: Sequence[Results]) -> str:
     return head + f" Left out of every time ratio ({len(lines)}):\n" + "\n".join(lines)
 
 
+SUMMARY_CELL = 100
+"""Characters a summary-table cell shows at most (the details follow in the claim's own section)."""
+
+
+def _short(text: str, limit: int = SUMMARY_CELL) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3].rstrip() + "..."
+
+
+def _here_cell(text: str) -> str:
+    """A finding for the summary: its words shortened, its setting reduced to device and model size."""
+    m = re.search(r"\[([^\[\]]*)\]$", text)
+    if m is None:
+        return _short(text)
+    setting = m.group(1)
+    where = re.search(r"\((\w+)\)(?:, (?:size|table) (\S+?))?(?:,|$)", setting)
+    brief = ", ".join(filter(None, where.groups())) if where else _short(setting, 30)
+    return _short(text[:m.start()].strip(), SUMMARY_CELL - len(brief) - 3) + f" [{brief}]"
+
+
+def summary_table(table: pd.DataFrame) -> pd.DataFrame:
+    """One line per claim: the paper's number (short), the number here (in its setting, else the first
+    same comparison with its setting) and the verdict; cells of at most SUMMARY_CELL characters."""
+    rows = []
+    for r in table.to_dict("records"):
+        cid = r[COLUMNS["claim"]]
+        measured, elsewhere = r[COLUMNS["measured"]], r[COLUMNS["elsewhere"]]
+        here = measured if measured != "-" else elsewhere.split("; ")[0] if elsewhere != "-" else "-"
+        rows.append({"claim": cid, "paper": _short(f"{reference.claim(cid)['short']} ({reference.claim(cid)['device']})"),
+                     "here": _here_cell(here), "verdict": r[COLUMNS["verdict"]]})
+    return pd.DataFrame(rows)
+
+
+def markdown(table: pd.DataFrame, label: str, results_dirs: Sequence[str], left: str) -> str:
+    """claims.md: the summary table a person reads in a minute, then one section per claim."""
+    sources = "\n".join(f"- {k}: {v}" for k, v in reference.load()["sources"].items())
+    parts = [f"# Claims of the CoMERA paper vs this device ({label})\n",
+             "| claim | paper | here | verdict |\n|:--|:--|:--|:--|"]
+    parts += [f"| {r.claim} | {r.paper} | {r.here} | {r.verdict} |" for r in summary_table(table).itertuples()]
+    parts.append("\n'here': the measurement in the claim's own setting, else the nearest comparison measured "
+                 "here (its setting in brackets). Details per claim below.\n")
+    for r in table.to_dict("records"):
+        parts.append(f"## {r[COLUMNS['claim']]}: {r[COLUMNS['verdict']]}\n")
+        parts.append(f"- paper: {r[COLUMNS['paper']]}")
+        parts.append(f"- measured in its setting: {r[COLUMNS['measured']]}")
+        for item in (r[COLUMNS["elsewhere"]].split("; ") if r[COLUMNS["elsewhere"]] != "-" else ["-"]):
+            parts.append(f"- same comparison here: {item}")
+        parts.append(f"- devices: {r[COLUMNS['device']]}")
+        parts.append(f"- judged by: {r[COLUMNS['settings']]}\n")
+    parts.append(f"## How claims are judged\n\n{RULES}\n\nRows from {', '.join(results_dirs)}. Memory is the "
+                 f"runs' peak_mem_bytes (MB = {MB:.0e} bytes).\n\n{left}\n\nSources:\n{sources}\n")
+    return "\n".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.claims", description=__doc__.splitlines()[0])
     ap.add_argument("--results", required=True, help="results/<device> folder")
@@ -671,15 +725,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare", nargs="*", default=[], help="results folders of other devices (for C3)")
     args = ap.parse_args(argv)
     res = load(args.results, args.device_label)
-    table = evaluate(res, [load(d) for d in args.compare])
-    sources = "\n".join(f"- {k}: {v}" for k, v in reference.load()["sources"].items())
-    left = left_out_text([res, *[load(d) for d in args.compare]])
+    others = [load(d) for d in args.compare]
+    table = evaluate(res, others)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(f"# Claims of the CoMERA paper vs this device ({res.label})\n\n"
-                   f"{table.to_markdown(index=False)}\n\n{RULES}\n\nRows from {args.results}"
-                   + (f" and {', '.join(args.compare)}" if args.compare else "")
-                   + f". Memory is the runs' peak_mem_bytes (MB = {MB:.0e} bytes).\n\n{left}\n\nSources:\n{sources}\n")
+    out.write_text(markdown(table, res.label, [args.results, *args.compare], left_out_text([res, *others])))
     return 0
 
 
