@@ -34,3 +34,14 @@ def resize_to_state_dict(module: nn.Module, state_dict: dict, prefix: str, error
             error_msgs.append(f"{prefix or 'the module'}: the checkpoint's cores and gates do not form one tensor "
                               f"train (cores {[tuple(c.shape) for c in cores]}, gates "
                               f"{[tuple(g.shape) for g in gates]})")
+
+
+class ResizeOnLoad:
+    """Mixin of the TT layers: a state dict with pruned ranks loads into a freshly built layer (its cores
+    and gates take the checkpoint's shapes first, :func:`resize_to_state_dict`)."""
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        resize_to_state_dict(self, state_dict, prefix, error_msgs)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)

@@ -12,7 +12,7 @@ from torch import nn
 from comera import contraction
 from comera.contraction import ContractionPlan, make_plan
 from comera.init import INIT_SCHEMES, core_stds
-from comera.reload import resize_to_state_dict
+from comera.reload import ResizeOnLoad
 from comera.shapes import factorize
 from comera.ttsvd import relative_error, tt_svd
 
@@ -142,7 +142,7 @@ def tt_linear(x: torch.Tensor, cores: Sequence[torch.Tensor], gates: Sequence[to
     return _TTLinearFunction.apply(plan, x, bias, *cores, *gates)
 
 
-class TTLinear(nn.Module):
+class TTLinear(ResizeOnLoad, nn.Module):
     """Linear layer ``y = x W + b`` with ``W`` (in_features x out_features) stored as a tensor train.
 
     ``in_shape`` / ``out_shape`` factorize the input / output features (automatic, three modes each,
@@ -194,13 +194,6 @@ class TTLinear(nn.Module):
             if self.bias is not None:
                 bound = 1.0 / math.sqrt(self.in_features)
                 self.bias.uniform_(-bound, bound)
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
-        """Pruned ranks load into a fresh layer (:mod:`comera.reload`)."""
-        resize_to_state_dict(self, state_dict, prefix, error_msgs)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, rank: int | Sequence[int], in_shape: Sequence[int] | None = None,

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from comera.init import core_stds
-from comera.reload import resize_to_state_dict
+from comera.reload import ResizeOnLoad
 from comera.tt import outside_autocast
 from comera.ttsvd import relative_error, tt_svd
 
@@ -41,7 +41,7 @@ CHUNK_BYTES = 4 * 2 ** 20
 """Bytes of gathered half-table rows per ``HalfTableRows`` chunk (forward and backward alike)."""
 
 
-class TTMEmbedding(nn.Module):
+class TTMEmbedding(ResizeOnLoad, nn.Module):
     """Embedding table in TT-matrix format with rank gates (drop-in for ``nn.Embedding`` forward).
 
     ``rank`` is an int (every internal bond, clipped to the maximal TT rank) or ``[1, r_1, ..., 1]``;
@@ -86,13 +86,6 @@ class TTMEmbedding(nn.Module):
         self.gates = nn.ParameterList(nn.Parameter(torch.ones(ranks[k + 1], **factory))
                                       for k in range(len(row_shape) - 1))
         self.reconstruction_error: float | None = None  # set by the TT-SVD constructor
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
-        """Pruned ranks load into a fresh layer (:mod:`comera.reload`)."""
-        resize_to_state_dict(self, state_dict, prefix, error_msgs)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
 
     @classmethod
     def from_embedding(cls, embedding: nn.Embedding, *, rank: int | Sequence[int],
