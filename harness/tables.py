@@ -284,15 +284,27 @@ def table_mnli_size(res: Results) -> tuple[pd.DataFrame, str]:
     stage switch and the TT size at the end relative to it. The paper's dense size is the last row."""
     runs, source = res.quality_runs("transformer")
     rows = [_size_row(res, r) for r in quality_order(runs).itertuples()]
+    data = sorted({str(settings_of(r).get("workload_info", {}).get("data") or "") for r in runs.itertuples()} - {""})
     paper = reference.load()["models"]["transformer_paper"]
     rows.append({"source": "paper (RTX 3090)", "method": "dense (paper shapes)",
                  "total_MB": _mb(paper["params_dense"]), "status": "stated",
                  "note": reference.source_text(paper["source"])})
-    return (pd.DataFrame(rows),
-            f"rows from the {source}; accuracy = the last evaluation, accuracy_at_switch = the one right after "
+    on_data = (f"data: {', '.join(data)}" + (" (the synthetic NLI task, not MNLI: its accuracies are not "
+                                             "the paper's)" if "mnli" not in data else "") + "; ") if data else ""
+    df = pd.DataFrame(rows)
+    for col in ("tt_size_at_switch", "tt_size_end"):  # whole numbers of scalars, printed as such
+        if col in df:
+            df[col] = pd.Series([None if pd.isna(v) else int(v) for v in df[col]], index=df.index, dtype=object)
+    return (df,
+            f"{on_data}rows from the {source}; accuracy = the last evaluation, accuracy_at_switch = the one right after "
             "the stage switch; sizes = parameters x 4 bytes (float32), MB = 10^6 bytes; TT size = scalars in "
             "every core and gate (at the switch: after its pruning); end/switch = TT size at the end / at the "
             "switch, to be read against the target; the paper row is its model at full size")
+
+
+def _count(value: Any) -> int | None:
+    """A number of scalars as an integer (printed 59360, not 5.936e+04), None when unknown."""
+    return None if value is None or pd.isna(value) else int(round(float(value)))
 
 
 def _size_row(res: Results, r: Any) -> dict[str, Any]:
@@ -300,8 +312,8 @@ def _size_row(res: Results, r: Any) -> dict[str, Any]:
     size_end = res.tt_size(r.run_id) if r.method == "comera" else None
     return {"source": f"ours ({res.label})", "method": method_label(r), "batch_size": r.batch_size,
             "status": r.status, "accuracy": r.metric_value if r.metric_name == "accuracy" else None,
-            "accuracy_at_switch": info.get("accuracy"), "tt_size_at_switch": info.get("size"),
-            "tt_size_end": size_end, "end/switch": size_end / info["size"] if size_end and info.get("size") else None,
+            "accuracy_at_switch": info.get("accuracy"), "tt_size_at_switch": _count(info.get("size")),
+            "tt_size_end": _count(size_end), "end/switch": size_end / info["size"] if size_end and info.get("size") else None,
             "target": r.target_ratio, "total_MB": _mb(r.params_total),
             "tensorized_layers_MB": _mb(r.params_factorized_layers),
             "compression_total": r.compression_total, "compression_layers": r.compression_layers,
@@ -326,7 +338,7 @@ TABLES = {"table1_ranks": table1_ranks, "table2_dlrm": table2_dlrm, "table_mnli_
           "table_runs": table_runs}
 QUALITY_TABLES = ("table1_ranks", "table_mnli_size")  # from the quality cells: their settings
 TITLES = {"table1_ranks": "Table 1: TT ranks (transformer)", "table2_dlrm": "Table 2: DLRM",
-          "table_mnli_size": "Transformer (MNLI task) accuracy and size, per method and target",
+          "table_mnli_size": "Transformer (NLI task: MNLI or synthetic, see the note) accuracy and size, per method and target",
           "table_runs": "All runs"}
 
 

@@ -373,3 +373,17 @@ def test_quality_outputs_without_quality_cells(tmp_path, drawn):
     empty = tables.load(make_folder(tmp_path / "e", [run_row("dlrm", "dense", 4)]))
     figures.fig6_accuracy(empty, tmp_path)
     assert drawn["fig6_accuracy"][1][0].startswith("Not measured in this grid: eval accuracy curves")
+
+
+def test_size_table_prints_whole_scalar_counts_and_names_its_data(tmp_path):
+    res = quality_folder(tmp_path / "q")
+    for i, row in res.runs.iterrows():  # the quality cells ran on the synthetic task
+        res.runs.at[i, "settings"] = json.dumps({**json.loads(row.settings or "{}"),
+                                                 "workload_info": {"data": "synthetic"}})
+    df, note = tables.table_mnli_size(res)
+    sizes = [v for v in df.tt_size_at_switch if v is not None]
+    assert sizes and all(isinstance(v, int) for v in sizes)
+    tables.write_table(df, note, tables.TITLES["table_mnli_size"], tmp_path, "t", res.settings_line())
+    text = (tmp_path / "t.md").read_text()
+    assert "e+0" not in text and "the synthetic NLI task, not MNLI" in text
+    assert "(MNLI task)" not in tables.TITLES["table_mnli_size"]
