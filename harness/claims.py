@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Sequence
 import pandas as pd
 
 from harness import reference, timing
-from harness.tables import MB, Results, load, timing_cells
+from harness.tables import MB, Results, load, stable, timing_cells, unstable_timing_cells
 
 HOLDS, FAILS = "holds", "does not hold"
 NOT_COMPARABLE, NOT_MEASURED = "not comparable here", "not measured here"
@@ -204,8 +204,7 @@ def _judged(ctx: Context, df: pd.DataFrame, measure: Callable[[pd.DataFrame], Fi
             settings: str, scope: pd.Series | None = None) -> Verdict:
     inside, outside = judge(df, in_setting(df, ctx.gpu) if scope is None else scope, measure)
     verdict = _verdict(inside, outside, _devices(df), settings)
-    unstable = df[(df.status == "ok") & (df.timing_quality.fillna("") != "stable")
-                  & (df.purpose.fillna("timing") == "timing")] if len(df) else df
+    unstable = unstable_timing_cells(df) if len(df) else df
     if verdict.verdict == NOT_MEASURED and len(unstable):  # measured, but no stable timing to compare
         verdict.verdict = NOT_STABLE
         verdict.elsewhere = (f"{len(unstable)} timing row(s) measured but not stable, left out (listed below "
@@ -234,7 +233,7 @@ TIME_COLUMNS = ("epoch_time_s", "step_time_ms")
 
 def stable_only(df: pd.DataFrame) -> pd.DataFrame:
     """Rows whose timing is stable (harness.timing.judge); a time ratio uses no other row."""
-    return df[df.timing_quality.fillna("") == "stable"] if len(df) else df
+    return df[stable(df)] if len(df) else df
 
 
 def _pair_ratio(a: pd.DataFrame, b: pd.DataFrame, column: str) -> timing.Ratio | None:
@@ -652,9 +651,8 @@ def left_out_text(results: Sequence[Results]) -> str:
     """The timing cells that no time ratio used (not stable), each with its reason."""
     lines = []
     for res in results:
-        runs = timing_cells(res.runs)
         lines += [f"- {res.label}: {entry}" for entry in timing.describe_left_out(
-            r for _, r in runs[runs.status == "ok"].iterrows())]
+            r for _, r in unstable_timing_cells(res.runs).iterrows())]
     head = ("Time ratios use stable timing rows only (harness/timing.py: spread, timed steps, the machine's "
             "CPU contention while the steps ran); ratios of cells timed together in interleaved rounds are "
             "the median of their per-round ratios, with the IQR over rounds in brackets.")

@@ -28,7 +28,7 @@ import pandas as pd  # noqa: E402
 
 from harness import reference, timing  # noqa: E402
 from harness.results import ResultsError  # noqa: E402
-from harness.tables import MB, Results, load, settings_of, timing_cells  # noqa: E402
+from harness.tables import MB, Results, load, relative_iqr, settings_of, stable, timing_cells  # noqa: E402
 
 CELL = ["workload", "workload_params", "method", "variant", "batch_size", "seq_len", "rank", "target_ratio",
         "seed", "cuda_graph", "purpose", "budget"]
@@ -52,8 +52,8 @@ def cells_of(res: Results) -> pd.DataFrame:
                              for s, rid in zip(settings, df.run_id)]
     df["budget"] = [_canonical(s.get("budget", res.cells.get(rid, {}).get("budget"))) for s, rid in
                     zip(settings, df.run_id)]
-    df["rel_iqr"] = (df.step_time_ms_iqr / df.step_time_ms).where(df.step_time_ms > 0)
-    df["stable"] = df.timing_quality.fillna("") == "stable"
+    df["rel_iqr"] = relative_iqr(df)
+    df["stable"] = stable(df)
     for col in QUANTITIES.values():
         df[col] = df[col].astype(float)
     keep = ["run_id", *QUANTITIES.values(), "rel_iqr", "stable", "timing_quality", *CHECKED]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import matplotlib
 
@@ -22,7 +22,7 @@ from matplotlib.ticker import ScalarFormatter  # noqa: E402
 
 from harness import reference  # noqa: E402
 from harness.tables import (MB, Results, late_stage_missing, method_label, quality_order,  # noqa: E402
-                            report_args, status_note, timing_cells)
+                            relative_iqr, report_args, stable, status_note, timing_cells)
 
 PAPER = "paper (RTX 3090)"
 FOOTER_POINTS = 8
@@ -67,10 +67,14 @@ def display_label(row: pd.Series) -> str:
     return "uncompressed" + label[len("dense"):] if label.startswith("dense") else label
 
 
-def _relative_iqr(df: pd.DataFrame) -> pd.Series:
-    """Each row's step-time IQR over its median (0 where unknown)."""
-    rel = df.step_time_ms_iqr / df.step_time_ms
-    return rel.where(rel.notna() & (df.step_time_ms > 0), 0.0)
+def _with_spread(ax: plt.Axes, ok: pd.DataFrame, x: pd.Series, y: pd.Series, **style) -> Any:
+    """Points with their step-time IQR bars; a black ring marks each timing that is not stable."""
+    drawn = ax.errorbar(x, y, yerr=y * relative_iqr(ok).fillna(0.0) / 2, capsize=3, **style)
+    noisy = ~stable(ok)
+    if noisy.any():
+        ax.plot(x[noisy], y[noisy], marker="o", ls="none", markersize=12, markerfacecolor="white",
+                markeredgecolor=NOISY_COLOR, markeredgewidth=2, zorder=1)
+    return drawn
 
 
 def _log_if_spread(ax: plt.Axes, values: pd.Series) -> None:
@@ -95,13 +99,11 @@ def _per_batch(ax: plt.Axes, df: pd.DataFrame, column: str, scale: float, ylabel
         group = group.sort_values("batch_size")
         ok = group[group.status == "ok"]
         x, y = ok.batch_size.astype(float) * dodge, ok[column].astype(float) / scale
-        err = y * _relative_iqr(ok) / 2 if spread else None
-        ax.errorbar(x, y, yerr=err, marker="o", ls="none", capsize=3, label=label, color=f"C{i}", zorder=2)
+        style = dict(marker="o", ls="none", label=label, color=f"C{i}", zorder=2)
         if spread:
-            noisy = ok.timing_quality.fillna("") != "stable"
-            if noisy.any():
-                ax.plot(x[noisy], y[noisy], marker="o", ls="none", markersize=12, markerfacecolor="white",
-                        markeredgecolor=NOISY_COLOR, markeredgewidth=2, zorder=1)
+            _with_spread(ax, ok, x, y, **style)
+        else:
+            ax.errorbar(x, y, capsize=3, **style)
         for _, r in group[group.status != "ok"].iterrows():
             _mark_failed(ax, r.batch_size * dodge, r.status)
     ax.set_xscale("log", base=2)
@@ -311,12 +313,7 @@ def fig12_time_vs_compression(res: Results, out: Path) -> None:
     for batch, group in df.groupby("batch_size"):
         ok = group[group.status == "ok"].sort_values("compression_layers")
         y = ok.epoch_time_s.astype(float)
-        line = ax.errorbar(ok.compression_layers, y, yerr=y * _relative_iqr(ok) / 2, marker="o", capsize=3,
-                           label=f"CoMERA, batch {int(batch)}")
-        noisy = ok.timing_quality.fillna("") != "stable"
-        if noisy.any():
-            ax.plot(ok.compression_layers[noisy], y[noisy], marker="o", ls="none", markersize=11,
-                    markerfacecolor="white", markeredgecolor=NOISY_COLOR, markeredgewidth=2, zorder=1)
+        line = _with_spread(ax, ok, ok.compression_layers, y, marker="o", label=f"CoMERA, batch {int(batch)}")
         for _, r in group[group.status != "ok"].iterrows():
             _mark_failed(ax, 1.0, r.status)
         d = dense[(dense.batch_size == batch) & (dense.status == "ok")]

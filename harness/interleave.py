@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -43,7 +43,6 @@ class RoundGate:
         self._sock.connect(path)
         self._file = self._sock.makefile("rwb", buffering=0)
         self._send(f"hello {run_id}")
-        self.waited_s = 0.0
 
     @classmethod
     def from_env(cls, run_id: str) -> "RoundGate | None":
@@ -60,32 +59,34 @@ class RoundGate:
     def _send(self, line: str) -> None:
         self._file.write(line.encode() + b"\n")
 
-    def wait(self, round_index: int) -> None:
-        """Tell the coordinator this cell is at round ``round_index`` and block until it says go."""
+    def wait(self, round_index: int) -> float:
+        """Tell the coordinator this cell is at round ``round_index`` and block until it says go;
+        return the seconds waited."""
         if self._sock is None:
-            return
+            return 0.0
         started = time.perf_counter()
         try:
             self._send(f"ready {round_index}")
             answer = self._file.readline()
         except OSError:
             answer = b""
-        self.waited_s += time.perf_counter() - started
         if answer.strip() != b"go":
             self.close()  # the coordinator is gone: run on alone
+        return time.perf_counter() - started
 
-    def done(self) -> None:
-        """This cell's rounds are over: wait until the coordinator lets every cell finish."""
+    def done(self) -> float:
+        """This cell's rounds are over: wait until the coordinator lets every cell finish; return the
+        seconds waited."""
         if self._sock is None:
-            return
+            return 0.0
         started = time.perf_counter()
         try:
             self._send("done")
             self._file.readline()
         except OSError:
             pass
-        self.waited_s += time.perf_counter() - started
         self.close()
+        return time.perf_counter() - started
 
     def close(self) -> None:
         if self._sock is not None:
@@ -112,7 +113,6 @@ class Cell:
     """starting (no connection yet) | running (steps under way) | ready (waits for the round in
     ``at_round``) | done (its rounds are over; waits to be released) | gone (left the rounds)"""
     at_round: int | None = None
-    rounds_run: list[int] = field(default_factory=list)
 
 
 def _command(cell: Cell) -> list[str]:
@@ -205,7 +205,6 @@ class _Coordinator:
         if cell.state != "ready" or cell.at_round != round_index:
             return False
         cell.state = "running"
-        cell.rounds_run.append(round_index)
         try:
             cell.conn.sendall(b"go\n")
         except OSError:

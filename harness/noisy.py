@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness import results, timing
+from harness.tables import unstable_timing_cells
 
 
 def noisy_cells(paths: list[str | Path]) -> pd.DataFrame:
@@ -23,9 +24,8 @@ def noisy_cells(paths: list[str | Path]) -> pd.DataFrame:
     frames = [results.read_parquet(f, "runs", fill_missing=True) for f in files]
     if not frames:
         return results.empty_frame("runs")
-    df = pd.concat(frames, ignore_index=True)
-    df = df[(df.purpose.fillna("timing") == "timing") & (df.status == "ok")]
-    return df[df.timing_quality.fillna("") != "stable"].drop_duplicates("run_id").reset_index(drop=True)
+    df = unstable_timing_cells(pd.concat(frames, ignore_index=True))
+    return df.drop_duplicates("run_id").reset_index(drop=True)
 
 
 def summary(paths: list[str | Path], cells_dir: str, target: str = "figures") -> str:

@@ -462,7 +462,7 @@ def _train(st: _State, reg: Registry, progress: bool | None, on_hang: Callable |
             st.epoch_clock.start()
             done_in_epoch = 0
             for batch in itertools.islice(workload.train_batches(epoch), st.steps_in_epoch):
-                _round_boundary(st, deadline)
+                _round_boundary(st)
                 _one_step(st, batch, step_fn, epoch)
                 done_in_epoch += 1
                 bar.update(1)
@@ -487,7 +487,7 @@ def _train(st: _State, reg: Registry, progress: bool | None, on_hang: Callable |
         _record_ranks(st, st.steps_done, st.epoch)
 
 
-def _round_boundary(st: _State, deadline: float | None) -> None:
+def _round_boundary(st: _State) -> None:
     """Before a step that starts a timing round: close the machine-state segment, wait for the round
     coordinator's go (outside every clock and the time limit), open the next segment."""
     r = st.round_starts.get(st.steps_done)
@@ -495,14 +495,8 @@ def _round_boundary(st: _State, deadline: float | None) -> None:
         return
     st.machine.end()
     if st.gate is not None:
-        before = st.gate.waited_s
-        with st.epoch_clock.paused():
-            st.gate.wait(r)
+        _wait_at_gate(st, lambda gate: gate.wait(r))
         st.timer.rewarm_next = True  # the first step after the pause is not counted
-        waited = st.gate.waited_s - before
-        st.waited_s += waited
-        if st.watchdog is not None:
-            st.watchdog.extend(waited)
     st.timer.round = r
     st.machine.begin()
 
@@ -512,13 +506,18 @@ def _rounds_over(st: _State) -> None:
     group has run its rounds, so that no later work (evaluation, writing) overlaps another's steps."""
     st.machine.end()
     if st.gate is not None:
-        before = st.gate.waited_s
-        with st.epoch_clock.paused():
-            st.gate.done()
-        if st.watchdog is not None:
-            st.watchdog.extend(st.gate.waited_s - before)
-        st.waited_s += st.gate.waited_s - before
+        _wait_at_gate(st, lambda gate: gate.done())
         st.gate = None
+
+
+def _wait_at_gate(st: _State, wait: Callable[[RoundGate], float]) -> None:
+    """Run ``wait`` on the round gate with the epoch clock paused; the seconds waited count neither
+    against the time limit nor against the hang watchdog."""
+    with st.epoch_clock.paused():
+        waited = wait(st.gate)
+    st.waited_s += waited
+    if st.watchdog is not None:
+        st.watchdog.extend(waited)
 
 
 def _warm_up(st: _State, reg: Registry) -> None:

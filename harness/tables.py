@@ -114,6 +114,22 @@ def timing_cells(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[runs.purpose.fillna("timing") == "timing"]
 
 
+def stable(runs: pd.DataFrame) -> pd.Series:
+    """Which rows were timed stably (timing_quality "stable"; harness.timing.judge)."""
+    return runs.timing_quality.fillna("") == "stable"
+
+
+def unstable_timing_cells(runs: pd.DataFrame) -> pd.DataFrame:
+    """Ok timing cells whose timing is not stable: the rows no time ratio uses."""
+    cells = timing_cells(runs)
+    return cells[(cells.status == "ok") & ~stable(cells)]
+
+
+def relative_iqr(runs: pd.DataFrame) -> pd.Series:
+    """Each row's step-time IQR over its median step time (NaN where either is unknown or zero)."""
+    return (runs.step_time_ms_iqr / runs.step_time_ms).where(runs.step_time_ms > 0)
+
+
 def budget_text(budget: dict[str, Any]) -> str:
     steps = budget.get("max_steps_per_epoch")
     text = f"{budget['epochs']} epoch(s), " + (f"<= {steps} steps/epoch" if steps else "full epochs")

@@ -38,8 +38,6 @@ MAX_RUN_QUEUE_FRAC = 0.10
 """The cell's threads waited for a CPU more than this share of their runnable time: other work competed."""
 MAX_CPU_PRESSURE = 0.25
 """Some task of the machine waited for a CPU during more than this share of the timed wall time."""
-MAX_ROUND_SPREAD = 0.25
-"""A ratio whose per-round values spread (IQR) more than this share of their median is not stable."""
 
 _PSI = Path("/proc/pressure/cpu")
 _TASKS = Path("/proc/self/task")
@@ -265,10 +263,6 @@ def ratio(num: Any, den: Any, column: str = "step_time_ms") -> Ratio | None:
     if not (_finite(x) and _finite(y)) or y == 0:
         return None
     return Ratio(x / y, x / y, x / y, 1, False)
-
-
-def ratio_is_stable(r: Ratio | None) -> bool:
-    return r is not None and (not r.interleaved or r.n < 2 or r.spread <= MAX_ROUND_SPREAD)
 
 
 def describe_left_out(rows: Iterable[Any]) -> list[str]:
