@@ -1,7 +1,8 @@
 """CoMERA as a training method: tensorize the workload's model, AdamW on cores / gates / the rest, and
 the two-stage rank adaptation of ``comera.rank`` as loss and per-step hook.
 
-Params (``PARAMS_DEFAULTS``): ``rank`` (int) overrides the rank of every spec entry;
+Params (``PARAMS_DEFAULTS``): ``rank`` (int) overrides the rank of every TT linear layer and
+``embedding_rank`` that of every TTM embedding (a rank sweep of the linear layers keeps the embedding);
 ``lookup`` picks the TTM lookup ("optimized" -> variant "default", "naive" -> variant "naive-lookup");
 ``lr_cores`` / ``lr_gates`` / ``lr_other`` default to the workload's ``lr`` entries, else 1e-4 / 1e-3 /
 5e-5 (docs/workloads.md); ``l1_weight`` (gamma), ``l2_weight`` (beta), ``threshold``, ``prune_every``;
@@ -34,6 +35,7 @@ from comera.ttm import LOOKUP_MODES
 DEFAULT_LR = {"cores": 1e-4, "gates": 1e-3, "other": 5e-5}
 PARAMS_DEFAULTS: dict[str, Any] = {
     "rank": None,
+    "embedding_rank": None,
     "lookup": "optimized",
     "lr_cores": None,
     "lr_gates": None,
@@ -61,9 +63,10 @@ def check_params(params: dict[str, Any] | None) -> dict[str, Any]:
     from baselines import positive, validate_params  # the registry's shared checks
 
     merged = validate_params("comera", dict(params or {}), PARAMS_DEFAULTS)
-    if merged["rank"] is not None and (not isinstance(merged["rank"], int) or merged["rank"] < 1):
-        raise ValueError(f"method 'comera': parameter 'rank' must be a positive integer or null, "
-                         f"got {merged['rank']!r}")
+    for key in ("rank", "embedding_rank"):
+        if merged[key] is not None and (not isinstance(merged[key], int) or merged[key] < 1):
+            raise ValueError(f"method 'comera': parameter {key!r} must be a positive integer or null, "
+                             f"got {merged[key]!r}")
     for key, choices in (("l1_reduction", L1_REDUCTIONS), ("init", INIT_SCHEMES)):
         if merged[key] not in choices:
             raise ValueError(f"method 'comera': parameter {key!r} must be one of {list(choices)}, "
@@ -134,8 +137,9 @@ class CoMERAMethod:
 def _spec(tt_spec: dict[str, dict[str, Any]], params: dict[str, Any]) -> dict[str, dict[str, Any]]:
     spec = copy.deepcopy(tt_spec)
     for entry in spec.values():
-        if params["rank"] is not None:
-            entry["rank"] = params["rank"]
+        rank = params["embedding_rank" if entry.get("kind") == "embedding" else "rank"]
+        if rank is not None:
+            entry["rank"] = rank
         entry["init"] = params["init"]
         if entry.get("kind") == "embedding":
             entry["lookup"] = params["lookup"]

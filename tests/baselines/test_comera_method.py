@@ -97,6 +97,13 @@ def test_comera_trains_above_chance_and_runs_both_stages():
     assert prepared.size()["params_factorized_layers"] == sizes[-1] + 32  # + hidden bias
 
 
+def test_embedding_rank_sets_the_embedding_only():
+    workload = _workload()
+    prepared = CoMERAMethod().prepare(workload.model, workload, {"embedding_rank": 3}, target_ratio=None,
+                                      total_steps=10)
+    assert prepared.ranks() == {"embed": [1, 3, 3, 1], "hidden": [1, 4, 8, 8, 1]}
+
+
 def test_defaults_learning_rates_and_naive_variant():
     workload = _workload()
     workload.lr = {}
@@ -104,7 +111,8 @@ def test_defaults_learning_rates_and_naive_variant():
     prepared = method.prepare(workload.model, workload, {"lookup": "naive", "rank": 4},
                               target_ratio=None, total_steps=10)
     assert method.variant == "naive-lookup" and prepared.model.embed.tensor_index_level is False
-    assert prepared.ranks()["embed"] == [1, 4, 4, 1]
+    assert prepared.ranks()["embed"] == [1, 8, 8, 1]  # "rank" sets the linear layers only
+    assert prepared.ranks()["hidden"] == [1, 4, 4, 4, 1]
     assert {g["name"]: g["lr"] for g in prepared.optimizers[0].param_groups} == {
         "cores": 1e-4, "gates": 1e-3, "other": 5e-5}
     infos = _train(prepared, workload, 3)
@@ -116,7 +124,7 @@ def test_check_params_fills_defaults_and_names_bad_keys():
     assert check_params({"rank": 5})["rank"] == 5
     with pytest.raises(ValueError, match="'rnak'.*allowed"):
         check_params({"rnak": 5})
-    for bad in ({"lookup": "fast"}, {"rank": -1}, {"early_fraction": 2}, {"lr_cores": 0},
+    for bad in ({"lookup": "fast"}, {"rank": -1}, {"embedding_rank": 0}, {"early_fraction": 2}, {"lr_cores": 0},
                 {"prune_every": 1.5}, {"l1_weight": -1}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             check_params(bad)
