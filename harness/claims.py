@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable, Sequence
 import pandas as pd
 
 from harness import reference, timing
+from harness.results import FINAL_LOSS_WINDOW
 from harness.tables import MB, Results, load, stable, timing_cells, unstable_timing_cells
 
 HOLDS, FAILS = "holds", "does not hold"
@@ -606,7 +607,7 @@ def c8(ctx: Context) -> Verdict:
             small = bool(size.compression_total >= least * v["compression_total"]
                          and size.compression_layers >= least * v["compression_layers"])
         loss = _losses(rows[rows.full_schedule.astype(bool)], keys)  # a short run's loss is no final loss
-        texts += [f"final loss {c:.3f} vs {d:.3f} @ seq {k[0]}, batch {k[1]}"
+        texts += [f"final loss (mean of the last {FINAL_LOSS_WINDOW} steps) {c:.3f} vs {d:.3f} @ seq {k[0]}, batch {k[1]}"
                   for k, (c, d) in sorted(loss.items())]
         close = [c - d <= gap + LOSS_GAP_SLACK for c, d in loss.values()]
         return Finding("; ".join(texts), _all([all(fast) if fast else None, small, all(close) if close else None]))

@@ -22,7 +22,7 @@ from matplotlib.ticker import ScalarFormatter  # noqa: E402
 
 from harness import reference  # noqa: E402
 from harness.tables import (MB, Results, late_stage_missing, method_label, quality_order,  # noqa: E402
-                            relative_iqr, report_args, stable, status_note, timing_cells)
+                            relative_iqr, report_args, settings_of, stable, status_note, timing_cells)
 
 PAPER = "paper (RTX 3090)"
 FOOTER_POINTS = 8
@@ -118,6 +118,26 @@ def _per_batch(ax: plt.Axes, df: pd.DataFrame, column: str, scale: float, ylabel
     ax.grid(alpha=0.3)
 
 
+def slower_note(df: pd.DataFrame) -> str:
+    """Where a CoMERA cell (no target) took longer per step than the uncompressed one at the same batch
+    size: its FLOPs and time ratios, and why (empty when it never did)."""
+    ok = df[(df.status == "ok") & df.target_ratio.isna()]
+    parts = []
+    for batch, cells in ok.groupby("batch_size"):
+        dense, comera = cells[cells.method == "dense"], cells[(cells.method == "comera") & (cells.variant == "default")]
+        if not (len(dense) and len(comera)):
+            continue
+        d, c = dense.iloc[0], comera.iloc[0]
+        if c.step_time_ms > d.step_time_ms and c.flops_per_step > 0 and d.flops_per_step > 0:
+            parts.append(f"batch {int(batch)}: {d.flops_per_step / c.flops_per_step:.1f}x fewer FLOPs, "
+                         f"{c.step_time_ms / d.step_time_ms:.1f}x the time")
+    if not parts:
+        return ""
+    return ("CoMERA slower than uncompressed at " + "; ".join(parts) + ": with few tokens per call the TT "
+            "layers' fixed cost per call (several small products and their autograd nodes) outweighs their "
+            "FLOP saving. ")
+
+
 def _time_memory(res: Results, workload: str, df: pd.DataFrame, out: Path, name: str, title: str,
                  paper_note: str) -> None:
     fig, (ax_t, ax_m) = _figure(2)
@@ -125,9 +145,25 @@ def _time_memory(res: Results, workload: str, df: pd.DataFrame, out: Path, name:
     _per_batch(ax_m, df, "peak_mem_bytes", MB, "peak memory (MB)")
     ax_t.legend(fontsize=7)
     kinds = "/".join(sorted(df.epoch_time_kind.dropna().unique()))
-    footer = (f"{res.settings_line(workload)}. Epoch time: {kinds} (mean step time x steps per epoch "
-              f"when extrapolated). {SPREAD_NOTE} {PAPER}: {paper_note}")
+    footer = (f"{model_line(res, df)}. {res.settings_line(workload)}. Epoch time: {kinds} (mean step time x "
+              f"steps per epoch when extrapolated). {slower_note(df)}{SPREAD_NOTE} {PAPER}: {paper_note}")
     _finish(fig, title, footer, out, name)
+
+
+MODELS = {("transformer", "paper"): "the paper's six-encoder transformer (hidden 768, FFN 3072, 12 heads, "
+                                    "seq 128, the paper's TT/TTM shapes)",
+          ("dlrm", "paper"): "DLRM at the Kaggle table sizes"}
+
+
+def model_line(res: Results, df: pd.DataFrame) -> str:
+    """"Model: ..." for the workload/size presets of ``df``'s cells (from their grid specs)."""
+    found = []
+    for r in df.itertuples():
+        size = res.cells.get(r.run_id, {}).get("workload_params", {}).get("size", "default")
+        text = MODELS.get((r.workload, size), f"{r.workload}, size preset {size!r}")
+        if text not in found:
+            found.append(text)
+    return "Model: " + "; ".join(found) if found else "Model: -"
 
 
 def fig1_time_memory(res: Results, out: Path) -> None:
@@ -150,7 +186,8 @@ def fig8_dlrm_time_memory(res: Results, out: Path) -> None:
     mem = reference.claim("C7")["values"]["memory_vs_dense"]
     _time_memory(res, "dlrm", df, out, name, title,
                  "uncompressed faster than CoMERA; CoMERA memory "
-                 + ", ".join(f"{v:g}x less at batch {k}" for k, v in mem.items()) + " (review discussion).")
+                 + ", ".join(f"{v:g}x less at batch {k}" for k, v in mem.items()) + " (review discussion). "
+                 + base_rate_note(res))
 
 
 def _curves(res: Results, workload: str, split: str, metrics: tuple[str, ...]) -> pd.DataFrame:
@@ -163,7 +200,8 @@ def _curves(res: Results, workload: str, split: str, metrics: tuple[str, ...]) -
 
 
 def _curve_figure(res: Results, out: Path, name: str, title: str, workload: str, split: str,
-                  metrics: tuple[str, ...], ylabel: str, paper: tuple[float, str] | None) -> None:
+                  metrics: tuple[str, ...], ylabel: str, paper: tuple[float, str] | None,
+                  note: str = "") -> None:
     df = _curves(res, workload, split, metrics)
     if not len(df):
         return _empty(out, name, title, f"{split} curves ({'/'.join(metrics)}) of {workload} runs",
@@ -178,7 +216,7 @@ def _curve_figure(res: Results, out: Path, name: str, title: str, workload: str,
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    _finish(fig, title, res.settings_line(workload), out, name)
+    _finish(fig, title, " ".join(filter(None, [f"{res.settings_line(workload)}.", note])), out, name)
 
 
 def _quality_runs(res: Results) -> tuple[pd.DataFrame, dict[str, str], str]:
@@ -271,12 +309,41 @@ def fig13_rank_adaptation(res: Results, out: Path) -> None:
     _finish(fig, title, _quality_footer(
         res, shown, source, "TT size = scalars in every core and gate (curves method/params_tt, after every "
         "step) divided by the size right after the switch's pruning (the same divisor before the switch); "
-        "accuracy as in Fig 6"), out, name)
+        f"{ramp_text(shown)}; accuracy as in Fig 6"), out, name)
+
+
+def ramp_text(runs: pd.DataFrame) -> str:
+    """What shapes the left panel's fall: CoMERA's target_ramp (method params in the runs' settings)."""
+    ramps = sorted({float(settings_of(r).get("method", {}).get("target_ramp") or 0.0) for r in runs.itertuples()})
+    if ramps == [0.0]:
+        return "the size target S0 is fixed at target x size at the switch from the switch on (target_ramp 0)"
+    return ("the size target S0 falls linearly from the size at the switch to target x that size over "
+            + "/".join(f"{x:.0%}" for x in ramps) + " of the late stage (method param target_ramp), then stays")
+
+
+BASE_RATE_NCE = 0.98
+"""DLRM runs whose last eval NCE is at least this learned (almost) nothing beyond the click base rate."""
+
+
+def base_rate_note(res: Results) -> str:
+    """A note when no DLRM run beat the click base rate (every last eval NCE >= BASE_RATE_NCE)."""
+    runs = res.main_runs("dlrm")
+    curves = res.curves[res.curves.run_id.isin(runs.run_id) & (res.curves.split == "eval")
+                        & (res.curves.metric_name == "nce")]
+    if not len(curves):
+        return ""
+    last = curves.sort_values("step").groupby("run_id").value.last()
+    if last.min() < BASE_RATE_NCE:
+        return ""
+    steps = int(curves.step.max())
+    return (f"No run learned more than the click base rate in its {steps} steps (last NCE "
+            f"{last.min():.3f}-{last.max():.3f}; 1.0 = predicting the base rate): these are timing cells; their "
+            "accuracy is the share of the majority class. Train longer (budget) for a learning curve.")
 
 
 def fig9_dlrm_nce(res: Results, out: Path) -> None:
     _curve_figure(res, out, "fig9_dlrm_nce", "Fig 9: DLRM validation normalized cross-entropy", "dlrm",
-                  "eval", ("nce",), "normalized cross-entropy (lower is better)", None)
+                  "eval", ("nce",), "normalized cross-entropy (lower is better)", None, base_rate_note(res))
 
 
 def fig10_mlm_loss(res: Results, out: Path) -> None:
@@ -302,32 +369,43 @@ def fig7_cuda_graph(res: Results, out: Path) -> None:
 
 
 def fig12_time_vs_compression(res: Results, out: Path) -> None:
+    """Epoch time against the tensorized layers' compression: the sweep's points and the default CoMERA
+    cell at the same batch sizes, with the uncompressed cell as a dotted line."""
     name, title = "fig12_time_vs_compression", "Fig 12: epoch time vs compression ratio"
-    df = timing_cells(res.runs[res.runs.run_id.isin(list(res.sweeps))])
-    if not len(df):
+    sweep = timing_cells(res.runs[res.runs.run_id.isin(list(res.sweeps))])
+    if not len(sweep):
         return _empty(out, name, title, "a CoMERA sweep (methods.<name>.sweep, e.g. rank)",
                       res.settings_line())
-    dense = res.main_runs(df.workload.iloc[0])
-    dense = dense[(dense.method == "dense") & dense.batch_size.isin(df.batch_size)]
+    main = res.main_runs(sweep.workload.iloc[0])
+    main = main[main.batch_size.isin(sweep.batch_size) & main.target_ratio.isna()]
+    df = pd.concat([sweep, main[(main.method == "comera") & (main.variant == "default")]])
+    dense = main[(main.method == "dense") & (main.status == "ok")]
     fig, (ax,) = _figure(1)
+    slower = []
     for batch, group in df.groupby("batch_size"):
         ok = group[group.status == "ok"].sort_values("compression_layers")
         y = ok.epoch_time_s.astype(float)
         line = _with_spread(ax, ok, ok.compression_layers, y, marker="o", label=f"CoMERA, batch {int(batch)}")
         for _, r in group[group.status != "ok"].iterrows():
             _mark_failed(ax, 1.0, r.status)
-        d = dense[(dense.batch_size == batch) & (dense.status == "ok")]
+        d = dense[dense.batch_size == batch]
         if len(d):
             ax.axhline(d.epoch_time_s.iloc[0], ls=":", lw=1, color=line[0].get_color(),
                        label=f"uncompressed, batch {int(batch)}")
+            slower += [f"{c:.2f}x (batch {int(batch)}, {t / d.epoch_time_s.iloc[0]:.2f}x the time)"
+                       for c, t in zip(ok.compression_layers, y) if t > d.epoch_time_s.iloc[0]]
     ax.set_xscale("log")
     ax.set_xlabel("compression ratio of the tensorized layers (dense / TT parameters)")
     ax.set_ylabel("time per epoch (s)")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    _finish(fig, title, f"{res.settings_line(df.workload.iloc[0])}. {SPREAD_NOTE} {PAPER}: a speedup "
-            "whenever the compression ratio is above 1 (review discussion, C10).", out, name)
+    note = ("" if not slower else "Slower than uncompressed at compression " + ", ".join(slower) + ": near 1x "
+            "the TT cores hold about as many scalars as the dense weights, and a chain of contractions costs "
+            "more than one dense product. ")
+    _finish(fig, title, f"{model_line(res, df)}. {res.settings_line(df.workload.iloc[0])}. Points: the rank "
+            f"sweep and the default CoMERA cell. {note}{SPREAD_NOTE} {PAPER}: a speedup whenever the compression "
+            "ratio is above 1 (review discussion, C10).", out, name)
 
 
 def fig5_ttm_lookup(res: Results, out: Path) -> None:

@@ -50,6 +50,9 @@ PROVENANCE_TYPES: dict[str, pa.DataType] = {
     "config_hash": pa.string(), "hostname": pa.string(), "started_at": pa.string(),
 }
 
+FINAL_LOSS_WINDOW = 100
+"""final_train_loss is the mean task loss over the last (at most) this many steps."""
+
 RUNS_TYPES: dict[str, pa.DataType] = {
     # identity
     "run_id": pa.string(), "workload": pa.string(), "method": pa.string(), "variant": pa.string(),

@@ -88,8 +88,6 @@ EXECUTION_DEFAULTS: dict[str, Any] = {"device": "auto", "num_threads": None, "cu
                                       "timing_group": None}
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 """A run_id is a plain file name (it names the cell's files): no "/", not starting with "." or "-"."""
-FINAL_LOSS_WINDOW = 100
-"""final_train_loss is the mean task loss over the last (at most) this many steps."""
 WATCHDOG_GRACE_S = 30.0
 """How long a step or evaluation may run past budget.time_limit_s before the watchdog ends the cell."""
 
@@ -734,7 +732,7 @@ def _build_row(st: _State, status: str, error: str, tb: str) -> dict[str, Any]:
         if st.steps_in_epoch:
             row["epochs"] = st.steps_done / st.steps_in_epoch
     if st.losses:
-        window = st.losses[-FINAL_LOSS_WINDOW:]
+        window = st.losses[-results.FINAL_LOSS_WINDOW:]
         row["final_train_loss"] = float(np.mean(window))
         extra["final_train_loss_window"] = len(window)
     if st.last_eval:

@@ -387,3 +387,40 @@ def test_size_table_prints_whole_scalar_counts_and_names_its_data(tmp_path):
     text = (tmp_path / "t.md").read_text()
     assert "e+0" not in text and "the synthetic NLI task, not MNLI" in text
     assert "(MNLI task)" not in tables.TITLES["table_mnli_size"]
+
+
+def _cells(*rows):
+    cols = ("run_id", "workload", "method", "variant", "batch_size", "target_ratio", "status", "step_time_ms",
+            "flops_per_step")
+    return pd.DataFrame([dict(zip(cols, r)) for r in rows])
+
+
+def test_slower_note_gives_flops_and_time_where_comera_is_slower():
+    df = _cells(("d1", "transformer", "dense", "default", 1, None, "ok", 4.0, 1e9),
+                ("c1", "transformer", "comera", "default", 1, None, "ok", 12.0, 2e8),
+                ("d32", "transformer", "dense", "default", 32, None, "ok", 100.0, 3e10),
+                ("c32", "transformer", "comera", "default", 32, None, "ok", 40.0, 6e9))
+    note = figures.slower_note(df)
+    assert note.startswith("CoMERA slower than uncompressed at batch 1: 5.0x fewer FLOPs, 3.0x the time")
+    assert "batch 32" not in note
+    assert figures.slower_note(df[df.batch_size == 32]) == ""
+
+
+def test_ramp_text_names_the_target_ramp():
+    runs = pd.DataFrame({"settings": [json.dumps({"method": {"target_ramp": 0.8}})]})
+    assert "over 80% of the late stage" in figures.ramp_text(runs)
+    fixed = pd.DataFrame({"settings": [json.dumps({"method": {"target_ramp": 0.0}})]})
+    assert "fixed" in figures.ramp_text(fixed)
+
+
+@pytest.mark.parametrize("last_nce, noted", [(0.999, True), (0.7, False)])
+def test_base_rate_note_when_no_dlrm_run_learned(last_nce, noted):
+    class Res:
+        curves = pd.DataFrame({"run_id": ["a", "a", "b"], "split": "eval", "metric_name": "nce",
+                               "step": [10, 20, 20], "value": [0.5, last_nce, 1.0]})
+
+        def main_runs(self, workload):
+            return pd.DataFrame({"run_id": ["a", "b"]})
+
+    note = figures.base_rate_note(Res())
+    assert ("No run learned more than the click base rate in its 20 steps" in note) is noted
