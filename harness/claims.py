@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable, Sequence
 import pandas as pd
 
 from harness import reference, timing
+from harness.html import write_html
 from harness.results import FINAL_LOSS_WINDOW
 from harness.tables import MB, Results, load, stable, timing_cells, unstable_timing_cells
 
@@ -765,6 +766,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(markdown(table, res.label, [args.results, *args.compare], left_out_text([res, *others])))
+    write_html(out)
     return 0
 
 

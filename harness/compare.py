@@ -27,6 +27,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from harness import reference, timing  # noqa: E402
+from harness.html import write_html  # noqa: E402
 from harness.results import ResultsError  # noqa: E402
 from harness.tables import MB, Results, load, relative_iqr, settings_of, stable, timing_cells  # noqa: E402
 
@@ -295,6 +296,7 @@ def cli(argv: list[str]) -> int:
     table.to_csv(out / "compare.csv", index=False)
     ratios.to_csv(out / "compare_ratios.csv", index=False)
     (out / "compare.md").write_text(_markdown(table, labels, ratios, warnings))
+    write_html(out / "compare.md")
     plot(table, labels, ratios, out)
     flagged = int((table.differences != "").sum()) if len(table) else 0
     print(f"compared {len(table)} cells over {labels} ({flagged} flagged) -> {out}")

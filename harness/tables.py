@@ -1,5 +1,5 @@
-"""Tables of one device's results (Markdown + CSV): Table 1 (ranks), Table 2 (DLRM), the MNLI size table
-and a summary of every run. Also the loader every report module shares (:func:`load`).
+"""Tables of one device's results (Markdown + HTML + CSV): the run overview, Table 1 (ranks), Table 2
+(DLRM), the MNLI size table and a summary of every run. Also the loader every report module shares (:func:`load`).
 
 ``python -m harness.tables --results results/<device> --device-label <device> --out figures/``
 """
@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from harness import reference
+from harness.html import write_html
 from harness.results import empty_frame, read_parquet
 
 MB = 1e6
@@ -350,10 +351,39 @@ def table_runs(res: Results) -> tuple[pd.DataFrame, str]:
         "run_queue_frac: share of its runnable time the cell's threads waited for a CPU")
 
 
-TABLES = {"table1_ranks": table1_ranks, "table2_dlrm": table2_dlrm, "table_mnli_size": table_mnli_size,
-          "table_runs": table_runs}
+def _values(series: pd.Series) -> str:
+    values = sorted({str(v) for v in series.dropna() if str(v)})
+    return ", ".join(values) if values else "-"
+
+
+def overview(res: Results) -> tuple[pd.DataFrame, str]:
+    """What the run was: device, software, machine, when, and its cells by purpose and outcome."""
+    runs = res.runs
+    timed = timing_cells(runs)
+    ok_timed = timed[timed.status == "ok"]
+    started = runs.started_at.dropna().sort_values()
+    counts = runs.assign(purpose=runs.purpose.fillna("timing")).groupby(["purpose", "status"]).size()
+    rows = [("device", f"{res.label}: {_values(runs.device_name)} ({_values(runs.device)})"),
+            ("torch / CUDA / Python", f"{_values(runs.torch_version)} / {_values(runs.cuda_version)} / "
+                                      f"{_values(runs.python_version)}"),
+            ("torch threads per cell", _values(runs.num_threads)),
+            ("comera-bench version, git commit", f"{_values(runs.comera_bench_version)}, "
+                                                 f"{_values(runs.git_commit.str.slice(0, 12))}"
+                                                 + (" (uncommitted changes)" if runs.git_dirty.fillna(False).any() else "")),
+            ("host", _values(runs.hostname)),
+            ("cells started", f"{started.iloc[0]} to {started.iloc[-1]}" if len(started) else "-"),
+            ("cells", ", ".join(f"{n} {purpose} {status}" for (purpose, status), n in counts.items()) or "none"),
+            ("timing cells stable", f"{int(stable(ok_timed).sum())} of {len(ok_timed)} ok timing cells "
+                                    "(the others are left out of every time ratio)")]
+    return pd.DataFrame(rows, columns=["", "this run"]), (
+        "Figures: figures/*.png; the paper's claims judged: claims.md; every run: table_runs; the measuring "
+        "method: docs/measurement.md")
+
+
+TABLES = {"overview": overview, "table1_ranks": table1_ranks, "table2_dlrm": table2_dlrm,
+          "table_mnli_size": table_mnli_size, "table_runs": table_runs}
 QUALITY_TABLES = ("table1_ranks", "table_mnli_size")  # from the quality cells: their settings
-TITLES = {"table1_ranks": "Table 1: TT ranks (transformer)", "table2_dlrm": "Table 2: DLRM",
+TITLES = {"overview": "Run overview", "table1_ranks": "Table 1: TT ranks (transformer)", "table2_dlrm": "Table 2: DLRM",
           "table_mnli_size": "Transformer (NLI task: MNLI or synthetic, see the note) accuracy and size, per method and target",
           "table_runs": "All runs"}
 
@@ -375,6 +405,7 @@ def write_table(df: pd.DataFrame, note: str, title: str, out: Path, name: str, s
     text = f"# {title}\n\n{body}\n\n{note}.\n\nSettings: {settings}\n" if len(df) else (
         f"# {title}\n\n{body}\n\nSettings: {settings}\n")
     (out / f"{name}.md").write_text(text)
+    write_html(out / f"{name}.md")
 
 
 def report_args(prog: str, description: str, argv: list[str] | None,

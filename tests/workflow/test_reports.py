@@ -89,7 +89,13 @@ def test_tables(folder, tmp_path):
     for name in tables.TABLES:
         assert (tmp_path / "out" / f"{name}.csv").exists()
         assert (tmp_path / "out" / f"{name}.md").read_text().startswith("# ")
+        page = (tmp_path / "out" / f"{name}.html").read_text()  # what the Snakemake report shows
+        assert page.startswith("<!DOCTYPE html>") and "<h1>" in page
     assert "oom" in (tmp_path / "out" / "table_runs.md").read_text()
+    assert "<td>oom</td>" in (tmp_path / "out" / "table_runs.html").read_text().replace(' style="text-align:left"', "")
+    overview = dict(tables.overview(res)[0].values)
+    assert overview["cells"].count("timing") >= 1 and "ok" in overview["cells"]
+    assert overview["torch / CUDA / Python"].count(" / ") == 2
 
 
 def test_empty_grid_tables_say_not_measured(tmp_path):

@@ -10,7 +10,8 @@ rule compare:
     input:
         [f"{d}/runs.parquet" for d in COMPARE_DIRS],
     output:
-        md=report(f"{COMPARE_OUT}/compare.md", caption="../report/compare.rst", category="Compare"),
+        md=f"{COMPARE_OUT}/compare.md",
+        html=report(f"{COMPARE_OUT}/compare.html", caption="../report/compare.rst", category="Compare"),
         csv=f"{COMPARE_OUT}/compare.csv",
         ratios=f"{COMPARE_OUT}/compare_ratios.csv",
         png=report(f"{COMPARE_OUT}/compare_time_memory.png", caption="../report/compare_fig.rst",

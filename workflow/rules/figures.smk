@@ -4,7 +4,7 @@ localrules: tables, plots, claims, figures
 
 PLOTS = ["fig1_time_memory", "fig5_ttm_lookup", "fig6_accuracy", "fig7_cuda_graph", "fig8_dlrm_time_memory",
          "fig9_dlrm_nce", "fig10_mlm_loss", "fig12_time_vs_compression", "fig13_rank_adaptation"]
-TABLES = ["table1_ranks", "table2_dlrm", "table_mnli_size", "table_runs"]
+TABLES = ["overview", "table1_ranks", "table2_dlrm", "table_mnli_size", "table_runs"]
 MERGED_FILES = [f"{MERGED}/runs.parquet", f"{MERGED}/curves.parquet", f"{MERGED}/grid.json",
                 f"{MERGED}/microbench.parquet"]
 
@@ -13,7 +13,9 @@ rule tables:
     input:
         MERGED_FILES,
     output:
-        md=[report(f"{FIGURES}/{t}.md", caption=f"../report/{t}.rst", category="Tables") for t in TABLES],
+        md=[f"{FIGURES}/{t}.md" for t in TABLES],
+        html=[report(f"{FIGURES}/{t}.html", caption=f"../report/{t}.rst",
+                     category="Run" if t == "overview" else "Tables") for t in TABLES],
         csv=[f"{FIGURES}/{t}.csv" for t in TABLES],
     log:
         f"{MERGED}/logs/tables.log",
@@ -47,7 +49,8 @@ rule claims:
     input:
         MERGED_FILES,
     output:
-        report(f"{FIGURES}/claims.md", caption="../report/claims.rst", category="Claims"),
+        md=f"{FIGURES}/claims.md",
+        html=report(f"{FIGURES}/claims.html", caption="../report/claims.rst", category="Claims"),
     log:
         f"{MERGED}/logs/claims.log",
     params:
@@ -55,7 +58,7 @@ rule claims:
         merged=lambda w, input: os.path.dirname(input[0]),
     shell:
         "python -m harness.claims --results {params.merged:q} --device-label {params.device:q}"
-        " --out {output:q} > {log:q} 2>&1"
+        " --out {output.md:q} > {log:q} 2>&1"
 
 
 # Every cell file too: Snakemake never looks behind an existing merged table for a missing input (a
