@@ -4,6 +4,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from harness.cli import show_table
 from harness.perf import report
 from harness.results import PROVENANCE_COLUMNS, file_metadata, provenance
 
@@ -41,3 +42,5 @@ def test_written_rows_carry_the_provenance_columns(tmp_path):
     assert file_metadata(pq)["provenance"]["allocator"] == "reuse: glibc"
     assert md == tmp_path / "cpu" / "bench.md" and "Allocator: reuse: glibc" in md.read_text()
     assert not list((tmp_path / "cpu").glob("*.tmp"))
+    shown = show_table([str(tmp_path)], kind="bench")  # `comera-bench show results --kind bench`
+    assert list(shown["what"]) == ["a", "b"] and "bound" in shown.columns
