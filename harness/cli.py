@@ -3,7 +3,7 @@
     comera-bench run --spec SPEC.json --runs-out R.parquet --curves-out C.parquet [--isolate --log L]
     comera-bench run --workload transformer --method comera --batch-size 8 [...]   (defaults, results/runs/)
     comera-bench show [RESULTS...] [--where col=value|col>=x|col~text|col=null ...] [--group-by cols] [--columns cols] [--csv]
-    comera-bench merge --kind runs|curves|microbench --out OUT.parquet FILE_OR_DIR...
+    comera-bench merge --kind runs|curves|microbench|bench --out OUT.parquet FILE_OR_DIR...
     comera-bench microbench|bench|compare ...   (harness.microbench / harness.bench / harness.compare)
 """
 from __future__ import annotations
@@ -30,6 +30,7 @@ SHOW_COLUMNS = {
     "curves": results.CURVES_COLUMNS,
     "microbench": ["op", "variant", "shape", "tokens", "rank", "direction", "time_ms", "time_ms_iqr",
                    "peak_mem_bytes", "flops", "device"],
+    "bench": ["target", "what", "measured", "goal", "bound", "verdict", "device_name", "started_at"],
 }
 
 

@@ -1,9 +1,10 @@
 """Result tables (docs/schema.md): column lists and types, provenance, atomic Parquet I/O, merging.
 
-Three kinds of table: ``runs`` (one row per grid cell), ``curves`` (per-step values of a run) and
-``microbench`` (one row per micro-benchmark case). Every file is written atomically (a temporary file in
+Four kinds of table: ``runs`` (one row per grid cell), ``curves`` (per-step values of a run),
+``microbench`` (one row per micro-benchmark case) and ``bench`` (one row per performance-target row of
+``comera-bench bench``). Every file is written atomically (a temporary file in
 the same folder, then ``os.replace``), so a killed writer never leaves a partial result behind. The
-provenance of the writing process is stored as columns (runs, microbench) and in the file's key-value
+provenance of the writing process is stored as columns (runs, microbench, bench) and in the file's key-value
 metadata under the key ``comera_bench``.
 
 The runs table also carries (see docs/schema.md for every column) ``flops_per_step`` (analytic FLOPs of one
@@ -93,13 +94,22 @@ MICROBENCH_TYPES: dict[str, pa.DataType] = {
     **PROVENANCE_TYPES,
 }
 
+BENCH_TYPES: dict[str, pa.DataType] = {
+    "target": pa.int64(), "what": pa.string(), "goal_key": pa.string(), "goal": pa.float64(),
+    "better": pa.string(), "measured": pa.float64(), "verdict": pa.string(), "flop_ratio": pa.float64(),
+    "traffic_ratio": pa.float64(), "bound": pa.float64(), "bound_basis": pa.string(), "medians": pa.string(),
+    "settings": pa.string(), "note": pa.string(),
+    **PROVENANCE_TYPES,
+}
+
 TYPES: dict[str, dict[str, pa.DataType]] = {
-    "runs": RUNS_TYPES, "curves": CURVES_TYPES, "microbench": MICROBENCH_TYPES,
+    "runs": RUNS_TYPES, "curves": CURVES_TYPES, "microbench": MICROBENCH_TYPES, "bench": BENCH_TYPES,
 }
 PROVENANCE_COLUMNS: list[str] = list(PROVENANCE_TYPES)
 RUNS_COLUMNS: list[str] = list(RUNS_TYPES)
 CURVES_COLUMNS: list[str] = list(CURVES_TYPES)
 MICROBENCH_COLUMNS: list[str] = list(MICROBENCH_TYPES)
+BENCH_COLUMNS: list[str] = list(BENCH_TYPES)
 KINDS: tuple[str, ...] = tuple(TYPES)
 
 STATUSES: tuple[str, ...] = ("ok", "oom", "diverged", "error", "timeout")

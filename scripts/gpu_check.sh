@@ -3,7 +3,7 @@
 # are skipped elsewhere) and `comera-bench bench` on the GPU (targets 1-5, one round of step processes).
 #   here, once:      bash scripts/device_wheels.sh   (what the device image lacks, into .whl/)
 #   on the device:   bash scripts/gpu_check.sh       (device tool: carry [".whl"]; about 5 minutes)
-# Writes env.txt, pytest.txt, bench.txt and bench_<device>.{md,parquet} to $OUT (else results/gpu_check).
+# Writes env.txt, pytest.txt, bench.txt and bench.{parquet,md} to $OUT (else results/gpu_check).
 # DEVICE=cpu QUICK=1 PYTHON=.venv/bin/python runs the same flow here: a dry run of the script itself.
 # Exit status: 0 when every part ran and the tests passed, 1 otherwise (the files say which part failed).
 set -uo pipefail
@@ -30,7 +30,7 @@ status=0
 timeout 300 "$py" -m pytest -q -m "not slow" -p no:cacheprovider -rs tests/comera tests/baselines tests/harness \
   > "$out/pytest.txt" 2>&1 || status=1
 tail -25 "$out/pytest.txt"
-timeout 420 "$py" -m harness.bench --device "$device" ${QUICK:+--quick} --step-rounds 1 --out-dir "$out" \
+timeout 420 "$py" -m harness.bench --device "$device" ${QUICK:+--quick} --step-rounds 1 --out "$out/bench.parquet" \
   > "$out/bench.txt" 2>&1 || status=1
 tail -40 "$out/bench.txt"
 exit $status

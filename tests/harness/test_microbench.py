@@ -40,7 +40,7 @@ def test_dense_linear_flops_are_counted_exactly(tiny_rows):
 
 def test_tt_fwd_bwd_flops_match_the_plan():
     from comera.tt import TTLinear
-    from harness.bench import plan_contraction_flops
+    from harness.perf.plans import plan_contraction_flops
 
     layer = TTLinear(16, 32, in_shape=(4, 4), out_shape=(4, 8), rank=4, bias=False)
     run, _ = mb._call(layer, torch.randn(16, 16), "fwd_bwd", wrt_input=True)

@@ -275,3 +275,14 @@ def test_sigterm_to_the_pipeline_leaves_no_failure_and_a_rerun_finishes(tmp_path
     assert len(rows) == 7 and (rows.status == "ok").all(), rows[["run_id", "status", "error"]]
     for name, mtime in kept.items():
         assert (folder / name).stat().st_mtime_ns == mtime, f"{name} was rewritten"
+
+
+def test_bench_is_its_own_target_writing_to_the_device_folder(tmp_path):
+    """`snakemake bench` plans one `comera-bench bench` job into results/<device>/ with its log; the
+    default target does not include it."""
+    res = snakemake(tmp_path, "-n", "-p", "bench", timeout=300)
+    assert res.returncode == 0 and "This was a dry-run" in res.stdout, res.stderr[-2000:]
+    assert "comera-bench bench --device cpu" in res.stdout and "config/bench.yaml" in res.stdout
+    assert "--out results/cpu-tiny/bench.parquet > results/cpu-tiny/logs/bench.log" in res.stdout
+    everything = snakemake(tmp_path, "-n", timeout=300)
+    assert everything.returncode == 0 and "comera-bench bench" not in everything.stdout + everything.stderr

@@ -1,0 +1,55 @@
+"""The performance targets of ``comera-bench bench`` (harness.bench), measured and judged in one table
+against the goals of config/bench.yaml (:mod:`.goals`).
+
+Modules: :mod:`.config` (one invocation's settings), :mod:`.roofline` (machine peaks, paired timing),
+:mod:`.layers` (targets 1 and 3), :mod:`.steps` with :mod:`.worker` (targets 2 and 4), :mod:`.plans`
+(target 5), :mod:`.targets` (running them), :mod:`.report` (rows, verdicts, table, files).
+
+Targets (ratios are always measured in the same run, alternating the compared variants round by round
+so that a load change on a shared machine hits both):
+
+1. TTLinear forward+backward vs nn.Linear at the paper's layer shapes; each row's profile note times the
+   same layer on one token (the cost that does not shrink with tokens) and the ratio that caps.
+2. One full training step of the six-encoder transformer (paper shapes, seq 128), each configuration
+   in its own process: CoMERA vs uncompressed at batch 32 (time, peak memory) and CoMERA vs GaLore
+   at batch 1 (time, peak memory); and the small preset (size "small"), CoMERA vs uncompressed at batch
+   32 and batch 1 (time). The processes take turns in ``--step-rounds`` interleaved rounds
+   (default 3; harness.interleave, the mechanism of the pipeline's timing groups); a time ratio is the
+   median over rounds of the ratio within a round. The speed rows carry a profile:
+   the time of CoMERA's tensorized layers (each re-run alone on its step input) and of the rest of its
+   step, which bounds the ratio even if the tensorized layers took no time (the row's bound).
+3. TTMEmbedding optimized vs naive lookup (time, peak memory) and the TTM table's memory vs an
+   nn.Embedding with dense gradients, at 10000..40000 Zipf-like indices.
+4. The paper-shape step at batch 32 after the rank gates halve every rank and comera.rank.prune shrinks
+   the cores: the tensorized layers' speedup, and the step's speedup as a fraction of its Amdahl estimate.
+5. Contraction-plan FLOPs vs the sum of opt_einsum's optimal costs of the forward and backward
+   contractions, over a sweep of TT orders and token counts.
+
+Each row carries the physical context of its ratio: the FLOP ratio and the compulsory-traffic ratio of
+the two ops, and the roofline bound (the row's bound for targets 1 and 3)
+``max(F_a/P, B_a/W) / max(F_b/P, B_b/W)`` with the peak matmul rate ``P`` and copy bandwidth ``W``
+measured in the same run (harness.microbench.TrafficCounter defines B).
+Memory kinds: ``cpu_allocated`` / ``cuda_allocated`` for single ops (see harness.microbench), and for a
+training step ``cpu_rss_delta`` (process RSS high-water mark during the steps minus the RSS before the
+model was built) or ``cuda_allocated`` (peak allocated minus allocated before the build). On CPU the
+free heap is handed back to the kernel (``harness.allocator.release_free_memory``, glibc malloc_trim)
+before the baseline is read and again after the method is prepared, just before the high-water mark is
+reset: the dense model that CoMERA converts is freed by then, but glibc would otherwise keep its pages
+resident and the mark would start above what the training steps use. Before the baseline, each worker
+runs one step of its method on the tiny transformer (dropped again), so that once-per-process costs --
+lazy imports (GaLore pulls in transformers and bitsandbytes, ~60 MiB), thread pools, library buffers --
+sit in the baseline as a training script's imports would; the peak counts the model, its data and its
+training.
+
+Allocator: every measuring process (this one and each step worker) applies the ``--allocator`` policy
+of :mod:`harness.allocator` (default "reuse": freed memory is kept for reuse instead of being unmapped
+and page-faulted again); what was applied is printed in the header and recorded in every row.
+
+Target 3's table-memory row counts what the table costs in training: parameters + parameter gradients
++ the lookup's working memory beyond the (N x d) output (the peak of one forward+backward minus the
+output and the gradients; the output gradient is an input and not counted either), i.e. what differs
+between the two layers, which produce the same output and receive the same output gradient.
+Target 4 carries its Amdahl estimate: the share ``f`` of the step spent in the tensorized layers'
+forward+backward (each re-run alone) and their speedup ``s`` after halving give ``1/((1-f)+f/s)``; the
+measured step can gain more, since it also sheds work the lone layers do not show.
+"""

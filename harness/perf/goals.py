@@ -1,0 +1,29 @@
+"""The goals of ``comera-bench bench``: config/bench.yaml, checked against workflow/schemas/bench.schema.yaml
+(errors name the file and the key)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness import grid
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_PATH = REPO / "config" / "bench.yaml"
+SCHEMA = REPO / "workflow" / "schemas" / "bench.schema.yaml"
+
+
+def load(path: str | Path = DEFAULT_PATH) -> dict[str, Any]:
+    """The goals file, read as the pipeline's configs are (a repeated key is an error, ``1e-3`` a number)
+    and checked against the schema; ValueError names the file and the offending key."""
+    try:
+        goals = grid.load_config_file(path)
+    except OSError as exc:
+        raise ValueError(f"bench goals {path}: cannot read: {exc.strerror or exc}") from exc
+    except (grid.ConfigError, yaml.YAMLError) as exc:
+        raise ValueError(f"bench goals {path}: {exc}") from exc
+    error = grid.schema_error(goals, SCHEMA)
+    if error:
+        raise ValueError(f"bench goals {path}: {error}")
+    return goals

@@ -1,0 +1,103 @@
+"""Rows of the bench table: verdicts, the printed table and the written files (Markdown and Parquet)."""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.atomic import atomic_write
+
+TARGET_NAMES = {1: "TTLinear vs nn.Linear", 2: "transformer step", 3: "TTM lookup",
+                4: "step after halving ranks", 5: "plan FLOPs vs opt_einsum"}
+VERDICTS = ("pass", "short", "error", "info")
+"""info: a row without a goal (context for another row; no verdict)."""
+
+
+@dataclass
+class BenchRow:
+    """One line of the bench table."""
+
+    target: int
+    what: str
+    goal: float | None
+    """None for an informational row (verdict "info")."""
+    better: str
+    """">=": measured must reach goal; "<=": measured must stay at or below it."""
+    measured: float | None
+    verdict: str
+    goal_key: str = ""
+    """Where the goal is in the goals file (config/bench.yaml), e.g. ``step.paper.speedup_vs_dense_b32``."""
+    flop_ratio: float | None = None
+    traffic_ratio: float | None = None
+    bound: float | None = None
+    """The most the ratio can be, measured in the same run (its basis in ``bound_basis``)."""
+    bound_basis: str = ""
+    """"roofline" (peak matmul rate and copy bandwidth vs the ops' FLOPs and traffic), "free tensorized
+    layers" (the rest of the CoMERA step alone) or "Amdahl" (the layers' share and speedup)."""
+    medians: str = ""
+    settings: str = ""
+    note: str = ""
+
+
+def verdict(measured: float | None, goal: float | None, better: str) -> str:
+    """pass / short, error when nothing was measured, info for a row without a goal."""
+    if measured is None or not math.isfinite(measured):
+        return "error"
+    if goal is None:
+        return "info"
+    return "pass" if (measured >= goal if better == ">=" else measured <= goal) else "short"
+
+
+def make_row(target: int, what: str, goal: float | None, measured: float | None, *, better: str = ">=",
+             **fields: Any) -> BenchRow:
+    return BenchRow(target, what, goal, better, measured, verdict(measured, goal, better), **fields)
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a / b, None when either is missing or b is zero."""
+    return a / b if a is not None and b else None
+
+
+def _num(x: float | None, fmt: str = "{:.2f}") -> str:
+    return "" if x is None or not math.isfinite(x) else fmt.format(x)
+
+
+def format_row(row: BenchRow) -> str:
+    goal = "no goal" if row.goal is None else f"goal {row.better} {_num(row.goal)}"
+    bound = f", bound {_num(row.bound)} {row.bound_basis}" if row.bound is not None else ""
+    return (f"[{row.target}] {row.what}: {_num(row.measured)} ({goal}{bound}) -> {row.verdict}  "
+            f"{row.medians} {row.note}")
+
+
+TABLE_COLUMNS = ["target", "what", "measured", "goal", "bound", "verdict", "flop_ratio", "traffic_ratio",
+                 "medians", "settings", "note"]
+
+
+def to_markdown(rows: list[BenchRow]) -> str:
+    head = "| " + " | ".join(TABLE_COLUMNS) + " |\n|" + "---|" * len(TABLE_COLUMNS) + "\n"
+    lines = []
+    for r in rows:
+        bound = f"{_num(r.bound)} ({r.bound_basis})" if r.bound is not None else ""
+        cells = [str(r.target), r.what, _num(r.measured), "" if r.goal is None else f"{r.better} {_num(r.goal)}",
+                 bound, r.verdict, _num(r.flop_ratio), _num(r.traffic_ratio), r.medians, r.settings, r.note]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return head + "\n".join(lines) + "\n"
+
+
+def write(rows: list[BenchRow], path: str | Path, prov: dict[str, Any], allocator: str) -> tuple[Path, Path]:
+    """``path`` (a ``bench`` table, docs/schema.md: one row per table row, with the provenance columns of
+    the pipeline's rows) and the Markdown table next to it (``.md``), both written atomically; the
+    provenance and the allocator applied also go to the Parquet file's metadata."""
+    from harness.results import to_frame, write_parquet_atomic
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    md = path.with_suffix(".md")
+    title = f"{prov['device_name']}, {prov['num_threads']} threads, {prov['started_at']}"
+    text = (f"# comera-bench bench ({title})\n\n"
+            + (f"Allocator: {allocator}\n\n" if allocator else "") + to_markdown(rows))
+    frame = to_frame([{**asdict(r), **prov} for r in rows], "bench")
+    pq = write_parquet_atomic(frame, path, kind="bench", provenance={**prov, "allocator": allocator})
+    atomic_write(md, lambda tmp: tmp.write_text(text))
+    return md, pq

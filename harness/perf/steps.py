@@ -1,0 +1,255 @@
+"""Targets 2 and 4: full training steps of the six-encoder transformer, one process per configuration
+(harness.perf.worker), timed in interleaved rounds (harness.interleave); each time ratio is the median over
+the rounds of the ratio within a round."""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from harness import interleave
+from harness.perf.config import Config
+from harness.perf.report import BenchRow, make_row, ratio
+
+STEP_CONFIGS = {  # name -> workload size (full, quick), method, batch size (full, quick), timed steps (full)
+    "dense_b32": (("paper", "tiny"), "dense", (32, 8), 3),
+    "comera_b32": (("paper", "tiny"), "comera", (32, 8), 3),
+    "galore_b1": (("paper", "tiny"), "galore", (1, 1), 10),  # batch-1 steps are short: more of them
+    "comera_b1": (("paper", "tiny"), "comera", (1, 1), 10),
+    "small_dense_b32": (("small", "tiny"), "dense", (32, 8), 10),
+    "small_comera_b32": (("small", "tiny"), "comera", (32, 8), 10),
+    "small_dense_b1": (("small", "tiny"), "dense", (1, 1), 20),
+    "small_comera_b1": (("small", "tiny"), "comera", (1, 1), 20),
+}
+STEP_ROWS = [  # goal key under "step", numerator and denominator configuration, measured key, better
+    ("paper.speedup_vs_dense_b32", "dense_b32", "comera_b32", "step_ms", ">="),
+    ("paper.memory_vs_dense_b32", "comera_b32", "dense_b32", "peak_bytes", "<="),
+    ("paper.speedup_vs_galore_b1", "galore_b1", "comera_b1", "step_ms", ">="),
+    ("paper.memory_saving_vs_galore_b1", "galore_b1", "comera_b1", "peak_bytes", ">="),
+    ("small.speedup_vs_dense_b32", "small_dense_b32", "small_comera_b32", "step_ms", ">="),
+    ("small.speedup_vs_dense_b1", "small_dense_b1", "small_comera_b1", "step_ms", ">="),
+]
+METHOD_NAMES = {"dense": "uncompressed", "galore": "GaLore", "comera": "CoMERA"}
+OTHER_NAMES = {"dense": "the uncompressed model", "galore": "GaLore"}
+
+
+def step_jobs(cfg: Config, targets: set[int]) -> dict[str, dict[str, Any]]:
+    """The subprocess jobs targets 2 and 4 need (4 reuses comera_b32, which then also halves)."""
+    names = set(STEP_CONFIGS) if 2 in targets else {"comera_b32"}
+    jobs = {}  # two warm-up steps in full runs: under "reuse" the heap grows during the first steps
+    for name, (sizes, method, batches, steps) in STEP_CONFIGS.items():
+        if name in names:
+            jobs[name] = {"method": method, "batch_size": batches[cfg.quick],
+                          "workload_params": {"size": sizes[cfg.quick]}, "device": cfg.device.type, "seed": 0,
+                          "threads": cfg.num_threads, "warmup": 1 if cfg.quick else 2,
+                          "steps": 2 if cfg.quick else steps,
+                          "halve": name == "comera_b32" and 4 in targets, "threshold": 1e-2,
+                          "allocator": cfg.allocator}
+    return jobs
+
+
+def amdahl_bound(share: float, layer_speedup: float) -> float:
+    """Step speedup when a share ``share`` of the step gets ``layer_speedup`` times faster."""
+    return 1.0 / ((1.0 - share) + share / layer_speedup)
+
+
+def amdahl_estimate(result: dict[str, Any]) -> float | None:
+    """Target 4's Amdahl estimate from a step worker's result (None when it was not measured)."""
+    if not all(result.get(k) for k in ("step_ms", "tt_layers_ms", "tt_layers_ms_halved")):
+        return None
+    share = min(1.0, result["tt_layers_ms"] / result["step_ms"])
+    return amdahl_bound(share, result["tt_layers_ms"] / result["tt_layers_ms_halved"])
+
+
+def amdahl_note(result: dict[str, Any]) -> str:
+    """How target 4's Amdahl estimate comes about ("" when it was not measured)."""
+    estimate = amdahl_estimate(result)
+    if estimate is None:
+        return ""
+    share = min(1.0, result["tt_layers_ms"] / result["step_ms"])
+    speedup = result["tt_layers_ms"] / result["tt_layers_ms_halved"]
+    return (f"Amdahl: TT/TTM layers fwd+bwd take f={share:.2f} of the step before halving "
+            f"({result['tt_layers_ms']:.1f} of {result['step_ms']:.1f} ms, {result.get('tt_layers_seen')} of "
+            f"{result.get('tt_layers')} tensorized modules, each re-run alone on its step input), "
+            f"s={speedup:.2f}x faster after halving ({result['tt_layers_ms_halved']:.1f} ms): "
+            f"Amdahl estimate 1/((1-f)+f/s) = {estimate:.2f}x; even s=inf gives "
+            f"{1 / (1 - share) if share < 1 else float('inf'):.2f}x (the step also sheds work the lone "
+            f"layers do not show: the fused feed-forward's recomputation, smaller gate/penalty terms)")
+
+
+def free_layers_cap(comera: dict[str, Any], other: dict[str, Any]) -> float | None:
+    """The most ``other``'s step time / CoMERA's can be if CoMERA's tensorized layers took no time: the
+    rest of the CoMERA step, which the other method does at least as much of (None when not measured)."""
+    step, layers, other_step = comera.get("step_ms"), comera.get("tt_layers_ms"), other.get("step_ms")
+    if not (step and layers and other_step):
+        return None
+    return other_step / max(step - layers, 1e-9)
+
+
+def share_note(comera: dict[str, Any], other_name: str) -> str:
+    """Where a CoMERA step's time goes, from a step worker's result: the tensorized layers (each re-run
+    alone) and the rest ("" when not measured)."""
+    step, layers = comera.get("step_ms"), comera.get("tt_layers_ms")
+    if not (step and layers):
+        return ""
+    return (f"profile: tensorized layers fwd+bwd {layers:.1f} of the {step:.1f} ms CoMERA step "
+            f"(f={min(1.0, layers / step):.2f}, {comera.get('tt_layers_seen')} modules re-run alone); the rest, "
+            f"{max(step - layers, 1e-9):.1f} ms, is attention, GELU, LayerNorm, dropout, embeddings, loss, rank "
+            f"penalty and the optimizer, work {other_name} does at least as much of: the bound column is the "
+            f"ratio even free tensorized layers would give")
+
+
+def _fmt_bytes(n: float | None) -> str:
+    return "n/a" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+def run_step_rounds(jobs: dict[str, dict[str, Any]], rounds: int, timeout_s: float,
+                    progress: Callable[[str], None] = lambda line: None) -> dict[str, dict[str, Any]]:
+    """Every configuration in its own process, all alive at once, timed in interleaved rounds by the
+    coordinator of the pipeline's timing groups (harness.interleave): in each round one configuration
+    at a time runs its timed steps, the order reversed every other round, so that a slow spell of the
+    machine hits every configuration of a round; a last round (alone too) for the tensor peak, the
+    profile and the halving. name -> the worker's result, with ``step_ms_rounds`` (one median per
+    round); ``{"error": ...}`` for a configuration that failed."""
+    with tempfile.TemporaryDirectory(prefix="comera-bench-steps-") as tmp:
+        cells = []
+        for name, job in jobs.items():
+            spec = Path(tmp) / f"{name}.json"
+            spec.write_text(json.dumps({**job, "run_id": name, "rounds": rounds}))
+            cells.append(interleave.Cell(str(spec), str(Path(tmp) / f"{name}.out.json"), "",
+                                         str(Path(tmp) / f"{name}.log")))
+
+        def command(cell: interleave.Cell) -> list[str]:
+            return [sys.executable, "-m", "harness.bench", "--step-worker-file", cell.spec,
+                    "--step-out", cell.runs, "--step-log", cell.log]
+
+        try:
+            interleave.run_group(cells, rounds + 1, command=command, log=progress, timeout_s=timeout_s)
+            timed_out = ""
+        except TimeoutError:
+            timed_out = f"timed out after {timeout_s:.0f} s"
+        out = {}
+        for name, cell in zip(jobs, cells):
+            path, log = Path(cell.runs), Path(cell.log)
+            if path.exists():
+                out[name] = json.loads(path.read_text())
+                continue
+            tail = (log.read_text(errors="replace").strip().splitlines() if log.exists() else []) or ["no output"]
+            code = cell.proc.returncode if cell.proc is not None else None
+            out[name] = {"error": timed_out or f"exit {code}: {tail[-1]}"}
+    return out
+
+
+def round_ratios(results: dict[str, dict[str, Any]], num: tuple[str, str], den: tuple[str, str]) -> list[float]:
+    """``num``/``den`` ((configuration, key) each): per round where both keys were timed round by round
+    (``<key>_rounds``), else the one ratio of the two values; empty where either is missing."""
+    a, b = results.get(num[0], {}), results.get(den[0], {})
+    ra, rb = a.get(f"{num[1]}_rounds"), b.get(f"{den[1]}_rounds")
+    if ra and rb and len(ra) == len(rb):
+        return [x / y for x, y in zip(ra, rb) if x is not None and y]
+    x, y = a.get(num[1]), b.get(den[1])
+    return [x / y] if x is not None and y else []
+
+
+def target_steps(cfg: Config, targets: set[int], timeout_s: float,
+                 progress: Callable[[str], None] = lambda line: None) -> list[BenchRow]:
+    """Targets 2 and 4 from one process per configuration, timed in interleaved rounds; each time ratio is
+    the median over the rounds of the ratio within a round."""
+    jobs = step_jobs(cfg, targets)
+    res = run_step_rounds(jobs, cfg.step_rounds, timeout_s, progress)
+    errors = "; ".join(f"{n}: {r['error']}" for n, r in res.items() if "error" in r)
+
+    def get(name: str, key: str) -> float | None:
+        return res.get(name, {}).get(key)
+
+    def rounds_ratio(num: tuple[str, str], den: tuple[str, str]) -> tuple[float | None, str]:
+        """Median of the per-round ratios, and the per-round list when there are several rounds."""
+        per_round = round_ratios(res, num, den)
+        shown = f"; per round {', '.join(f'{v:.2f}' for v in per_round)}" if len(per_round) > 1 else ""
+        return (statistics.median(per_round) if per_round else None), shown
+
+    def pair(a: str, b: str) -> str:
+        return f"{a} {get(a, 'step_ms') or float('nan'):.1f} ms / {_fmt_bytes(get(a, 'peak_bytes'))}, " \
+               f"{b} {get(b, 'step_ms') or float('nan'):.1f} ms / {_fmt_bytes(get(b, 'peak_bytes'))}"
+
+    kind = next((r["peak_kind"] for r in res.values() if "peak_kind" in r), "n/a")
+    differing = sorted({r["allocator"] for r in res.values() if r.get("allocator", cfg.allocator_applied)
+                        != cfg.allocator_applied})  # the workers normally apply what this process did
+    some_job = next(iter(jobs.values()))
+    counts = ", ".join(f"{name} {job['steps']}" for name, job in jobs.items())
+    base = (f"one process per config, {cfg.step_rounds} interleaved round(s) "
+            f"(harness.interleave; time ratio: median over rounds of the ratio within a round), "
+            f"median of timed steps ({counts}) after {some_job['warmup']} warm-up, memory {kind}"
+            + (f", worker allocator {' / '.join(differing)}" if differing else ""))
+
+    def settings(name: str) -> str:
+        return f"transformer size={jobs[name]['workload_params']['size']}, {base}"
+
+    rows = []
+    if 2 in targets:
+        for key, num, den, metric, better in STEP_ROWS:
+            group, goal = key.split(".")
+            comera, other = (den, num) if jobs[den]["method"] == "comera" else (num, den)
+            preset = ", small preset" if group == "small" else ""
+            batch = f"batch {jobs[comera]['batch_size']}"
+            if metric == "step_ms":
+                what = f"CoMERA vs {METHOD_NAMES[jobs[other]['method']]} step speedup{preset}, {batch}"
+                cap = free_layers_cap(res.get(comera, {}), res.get(other, {}))
+                profile = share_note(res.get(comera, {}), OTHER_NAMES[jobs[other]["method"]])
+                extra = {"bound": cap, "bound_basis": "free tensorized layers" if cap else "",
+                         "note": "; ".join(filter(None, [profile, errors]))}
+            else:
+                what = f"{METHOD_NAMES[jobs[num]['method']]} / {METHOD_NAMES[jobs[den]['method']]} peak memory" \
+                       f"{preset}, {batch}"
+                extra = {"note": errors}
+            measured, per_round = rounds_ratio((num, metric), (den, metric))
+            rows.append(make_row(2, what, cfg.goals["step"][group][goal], measured, better=better,
+                                 goal_key=f"step.{key}", medians=pair(other, comera) + per_round,
+                                 settings=settings(comera), **extra))
+        for slow, fast in (("dense_b32", "comera_b32"), ("galore_b1", "comera_b1")):
+            if get(fast, "tensor_peak_bytes"):
+                label = f"{METHOD_NAMES[jobs[slow]['method']]} / CoMERA, batch {jobs[fast]['batch_size']}"
+                measured, per_round = rounds_ratio((slow, "tensor_peak_bytes"), (fast, "tensor_peak_bytes"))
+                rows.append(make_row(
+                    2, f"{label} tensor-allocation peak (cpu_allocated: parameters, buffers, optimizer "
+                       f"state + one step's allocator peak, the CPU analogue of cuda_allocated)", None,
+                    measured, medians=f"{slow} {_fmt_bytes(get(slow, 'tensor_peak_bytes'))}, "
+                                      f"{fast} {_fmt_bytes(get(fast, 'tensor_peak_bytes'))}{per_round}",
+                    settings=settings(fast),
+                    note="informational: the RSS rows above carry the goals; the gap between the two is "
+                         "memory outside tensors (library workspaces and JIT code, heap, Python)"))
+    if 4 in targets:
+        rows += halving_rows(cfg, res.get("comera_b32", {}), jobs["comera_b32"]["batch_size"],
+                             settings("comera_b32"), errors)
+    return rows
+
+
+def halving_rows(cfg: Config, result: dict[str, Any], batch: int, settings: str, errors: str) -> list[BenchRow]:
+    """Target 4: the tensorized layers' speedup after halving every rank, and the step's speedup as a
+    fraction of its Amdahl estimate."""
+    goals = cfg.goals["halving"]
+    before, after = result.get("ranks") or {}, result.get("ranks_halved") or {}
+    sample = next(iter(before), None)
+    settings += f"; {sample}: {before.get(sample)} -> {after.get(sample)}" if sample else ""
+    layers = ratio(result.get("tt_layers_ms"), result.get("tt_layers_ms_halved"))
+    step = ratio(result.get("step_ms"), result.get("step_ms_halved"))
+    estimate = amdahl_estimate(result)
+
+    def ms(key: str) -> str:
+        return f"{result.get(key) or float('nan'):.1f} ms"
+
+    return [
+        make_row(4, f"tensorized layers fwd+bwd speedup after halving every rank, batch {batch}",
+                 goals["layers_speedup"], layers, goal_key="halving.layers_speedup",
+                 medians=f"before {ms('tt_layers_ms')}, after {ms('tt_layers_ms_halved')} "
+                         f"({result.get('tt_layers_seen')} modules, each re-run alone on its step input)",
+                 settings=settings, note=errors),
+        make_row(4, f"CoMERA step speedup after halving every rank / its Amdahl estimate, batch {batch}",
+                 goals["amdahl_fraction"], ratio(step, estimate), goal_key="halving.amdahl_fraction",
+                 medians=f"step before {ms('step_ms')}, after {ms('step_ms_halved')}: "
+                         f"{step or float('nan'):.2f}x; Amdahl estimate {estimate or float('nan'):.2f}x",
+                 settings=settings, note="; ".join(filter(None, [amdahl_note(result), errors]))),
+    ]

@@ -1,0 +1,199 @@
+"""A step-worker process of targets 2 and 4: full training steps of one configuration (time, peak memory),
+then the profile of its tensorized layers and, for target 4, the same after halving every rank."""
+from __future__ import annotations
+
+import gc
+import itertools
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from harness import allocator as allocator_lib
+from harness import interleave
+from harness import microbench as mb
+
+
+def _proc_status(field: str) -> int | None:
+    """A ``/proc/self/status`` memory field in bytes (None where /proc is missing)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _reset_rss_peak() -> bool:
+    """Reset the kernel's RSS high-water mark of this process (Linux clear_refs); False if not allowed."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def halve_ranks(model: torch.nn.Module, threshold: float, optimizers=()) -> dict[str, list[int]]:
+    """Zero the upper half of every rank gate (keeping max(1, r // 2)) and prune physically."""
+    from comera.rank import prune, ranks, tensorized_modules
+
+    with torch.no_grad():
+        for _, module in tensorized_modules(model):
+            for gate in module.gates:
+                gate[max(1, gate.numel() // 2):] = 0.0
+    prune(model, threshold, optimizers)
+    return ranks(model)
+
+
+def _warm_up_code_path(job: dict[str, Any], device: torch.device) -> None:
+    """One training step of the job's method on the tiny transformer, dropped afterwards
+    (harness.warmup.warm_up), so that what a process pays once whatever the model -- lazy imports, library
+    code pages, thread pools, library buffers -- exists before the memory baseline is read. Only the model,
+    its data and its training then count."""
+    from baselines import check_params
+    from harness.warmup import warm_up
+
+    warm_up("transformer", job["method"], batch_size=1, device=device, seed=job["seed"],
+            method_params=check_params(job["method"], job.get("method_params", {})))
+
+
+def _capture_tensorized_inputs(model: torch.nn.Module, forward: Callable[[], Any]) -> dict[str, torch.Tensor]:
+    """The first positional input each tensorized module (comera.rank.tensorized_modules) receives during
+    ``forward()`` (run without gradients): index tensors as they are, float inputs as empty tensors of
+    the same shape (only their shape matters for timing)."""
+    from comera.rank import tensorized_modules
+
+    seen: dict[str, torch.Tensor] = {}
+    handles = []
+    for name, module in tensorized_modules(model):
+        def hook(_module, args, name=name):
+            x = args[0]
+            seen.setdefault(name, x.detach().clone() if not x.is_floating_point() else
+                            torch.empty(x.shape, dtype=x.dtype, device=x.device))
+        handles.append(module.register_forward_pre_hook(hook))
+    try:
+        with torch.no_grad():
+            forward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen
+
+
+def tensorized_layer_ms(model: torch.nn.Module, inputs: dict[str, torch.Tensor],
+                        min_run_time_s: float = 0.1) -> float:
+    """Sum over the tensorized modules of the median time (``harness.microbench.time_call``, blocks of at
+    least ``min_run_time_s``) of one forward+backward on its captured input (random values, random output
+    gradient, input gradient for float inputs); the parameters' gradients are dropped afterwards."""
+    from comera.rank import tensorized_modules
+
+    modules = dict(tensorized_modules(model))
+    total = 0.0
+    for name, shape_of in inputs.items():
+        x = torch.randn_like(shape_of) if shape_of.is_floating_point() else shape_of
+        run, reset = mb._call(modules[name], x, "fwd_bwd", wrt_input=x.is_floating_point())
+        total += mb.time_call(run, num_threads=torch.get_num_threads(), min_run_time_s=min_run_time_s)[0]
+        reset()
+    return total
+
+
+def _state_tensor_bytes(model: torch.nn.Module, optimizers) -> int:
+    """Bytes of the tensors that live across steps: parameters, buffers and optimizer state."""
+    tensors = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    for opt in optimizers:
+        for state in opt.state.values():
+            tensors.update((id(t), t) for t in state.values() if torch.is_tensor(t))
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def step_worker(job: dict[str, Any]) -> dict[str, Any]:
+    """Time full training steps of one configuration in this process (a step-worker process of
+    :func:`harness.perf.steps.run_step_rounds`, taking turns with the others when a round coordinator is
+    reachable), under the job's allocator policy."""
+    with allocator_lib.policy(job.get("allocator", "reuse")) as applied:
+        return _step_worker(job, applied)
+
+
+def _step_worker(job: dict[str, Any], allocator_applied: str) -> dict[str, Any]:
+    from baselines import check_params, get_method
+    from comera.rank import ranks, tensorized_modules
+    from harness.workloads import build_workload
+
+    device = mb.resolve_device(job["device"])
+    torch.set_num_threads(job["threads"])
+    torch.manual_seed(job["seed"])
+    steps, warmup, rounds = job["steps"], job["warmup"], job.get("rounds", 1)
+    gate = interleave.RoundGate.from_env(job["run_id"]) if job.get("run_id") else None
+    samples = job["batch_size"] * (steps + warmup)
+    params = {**job["workload_params"], "train_samples": samples, "eval_samples": job["batch_size"]}
+    _warm_up_code_path(job, device)
+    gc.collect()
+    if device.type == "cuda":
+        base = torch.cuda.memory_allocated(device)
+    else:
+        allocator_lib.release_free_memory()
+        base = _proc_status("VmRSS")
+    workload = build_workload("transformer", params, batch_size=job["batch_size"], seed=job["seed"], device=device)
+    method = get_method(job["method"])
+    prepared = method.prepare(workload.model, workload, check_params(job["method"], job.get("method_params", {})),
+                              target_ratio=None, total_steps=10**6)
+    model = prepared.model
+    model.train()
+    batches = list(itertools.islice(itertools.cycle(list(workload.train_batches(0))), steps + warmup))
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        kind = "cuda_allocated"
+    else:
+        allocator_lib.release_free_memory()  # the converted dense model's freed pages leave the RSS
+        kind = "cpu_rss_delta" if _reset_rss_peak() else "cpu_rss_delta_since_start"
+
+    def one_step(step: int, batch) -> float:
+        start = time.perf_counter()
+        prepared.train_step(workload, batch, step)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return (time.perf_counter() - start) * 1e3
+
+    def timed(offset: int) -> list[float]:
+        return [one_step(offset + i, b) for i, b in enumerate(batches)][warmup:]
+
+    for i, b in enumerate(batches[:warmup]):
+        one_step(i, b)
+    times, per_round = [], []
+    for r in range(rounds):  # with a coordinator, one configuration at a time (harness.interleave)
+        if gate is not None:  # after the pause, one step re-warms the caches (timed steps follow)
+            gate.wait(r)
+            one_step(warmup + r * (steps + 1), batches[0])
+        these = [one_step(warmup + r * (steps + 1) + 1 + i, b) for i, b in enumerate(batches[warmup:])]
+        times += these
+        per_round.append(statistics.median(these))
+    if gate is not None:  # the last round: the tensor peak, profile and halving below, alone too
+        gate.wait(rounds)
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) - base
+    else:
+        peak = (_proc_status("VmHWM") or 0) - (base or 0)
+    out = {"step_ms": statistics.median(times), "step_ms_all": times, "step_ms_rounds": per_round,
+           "peak_bytes": peak, "peak_kind": kind,
+           "ranks": ranks(model), "method_settings": prepared.settings, "allocator": allocator_applied}
+    if device.type == "cpu":  # after the timed steps and the RSS reading: nothing here is in them
+        step_peak, _ = mb.peak_memory(lambda: one_step(steps + warmup, batches[0]), device)
+        out["tensor_peak_bytes"] = _state_tensor_bytes(model, prepared.optimizers) + step_peak
+    # Profile and halving after the timed steps and the memory reading: nothing here is in them.
+    tensorized = tensorized_modules(model)
+    inputs = _capture_tensorized_inputs(model, lambda: workload.loss(model, batches[0])) if tensorized else {}
+    if inputs:
+        out.update(tt_layers_ms=tensorized_layer_ms(model, inputs), tt_layers_seen=len(inputs),
+                   tt_layers=len(tensorized))
+    if job.get("halve"):
+        out["ranks_halved"] = halve_ranks(model, job["threshold"], prepared.optimizers)
+        out["step_ms_halved"] = statistics.median(timed(steps + warmup))
+        if inputs:
+            out["tt_layers_ms_halved"] = tensorized_layer_ms(model, inputs)
+    if gate is not None:
+        gate.done()
+    return out

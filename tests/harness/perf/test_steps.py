@@ -1,0 +1,170 @@
+"""harness.perf.steps and harness.perf.worker: the step worker, the jobs and the rows of targets 2 and 4."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.perf import steps, worker
+from harness.perf.config import Config
+
+
+def test_halve_ranks_shrinks_every_bond():
+    from comera.tt import TTLinear
+
+    model = torch.nn.Sequential(TTLinear(64, 64, in_shape=(4, 4, 4), out_shape=(4, 4, 4), rank=8))
+    before = model[0].ranks
+    after = worker.halve_ranks(model, 1e-2)["0"]
+    assert after == [1] + [max(1, r // 2) for r in before[1:-1]] + [1]
+    assert model[0].ranks == after
+
+
+def test_step_worker_times_and_halves_in_process(monkeypatch):
+    """The code path of targets 2 and 4 (one configuration, run here instead of in a subprocess)."""
+    events = []
+    release, reset = worker.allocator_lib.release_free_memory, worker._reset_rss_peak
+    monkeypatch.setattr(worker.allocator_lib, "release_free_memory", lambda: events.append("release") or release())
+    monkeypatch.setattr(worker, "_reset_rss_peak", lambda: events.append("reset") or reset())
+    job = {"method": "comera", "batch_size": 2, "workload_params": {"size": "tiny"}, "device": "cpu",
+           "seed": 0, "threads": 1, "warmup": 1, "steps": 2, "halve": True, "threshold": 1e-2,
+           "allocator": "reuse"}
+    out = worker.step_worker(job)
+    # before the baseline, before the mark is reset, and when the "reuse" policy is undone at the end
+    assert events == ["release", "release", "reset", "release"]
+    assert out["step_ms"] > 0 and out["step_ms_halved"] > 0 and len(out["step_ms_all"]) == 2
+    assert out["peak_bytes"] > 0 and out["peak_kind"].startswith("cpu_rss_delta")
+    assert out["allocator"].startswith(("glibc", "unavailable"))
+    assert not worker.allocator_lib.current().startswith("glibc")  # undone when the worker returns
+    assert out["method_settings"]["optimizer_impl"] == "fused"
+    for name, ranks in out["ranks"].items():
+        assert out["ranks_halved"][name] == [1] + [max(1, r // 2) for r in ranks[1:-1]] + [1]
+    assert out["tt_layers_seen"] == out["tt_layers"] == len(out["ranks"]) > 0
+    plain = worker.step_worker({**job, "halve": False, "steps": 1})
+    assert plain["tt_layers_ms"] > 0 and "step_ms_halved" not in plain and "tt_layers_ms_halved" not in plain
+    assert out["tt_layers_ms"] > 0 and out["tt_layers_ms_halved"] > 0
+    assert "Amdahl estimate 1/((1-f)+f/s)" in steps.amdahl_note(out)
+    assert out["tensor_peak_bytes"] > 0
+
+
+def test_state_tensor_bytes_counts_parameters_buffers_and_optimizer_state_once():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    model[1].weight = model[0].bias  # a shared tensor counts once
+    opt = torch.optim.AdamW(model.parameters())
+    before = worker._state_tensor_bytes(model, [opt])
+    assert before == 4 * (12 + 3 + 3) + 4 * (3 + 3) + 8  # weight, shared bias, bn bias; running stats; count
+    model(torch.randn(5, 4)).sum().backward()
+    opt.step()
+    params = 12 + 3 + 3
+    assert worker._state_tensor_bytes(model, [opt]) == before + 4 * 2 * params + sum(
+        st["step"].numel() * st["step"].element_size() for st in opt.state.values())
+
+
+@pytest.mark.parametrize("share, speedup, bound", [(0.0, 3.0, 1.0), (1.0, 2.0, 2.0), (0.5, 2.0, 4 / 3)])
+def test_amdahl_bound(share, speedup, bound):
+    assert steps.amdahl_bound(share, speedup) == pytest.approx(bound)
+    assert steps.amdahl_note({"step_ms": 1.0}) == ""  # not measured: no note
+
+
+@pytest.mark.slow
+def test_step_workers_take_turns_and_a_failure_is_reported():
+    """Two tiny configurations in their own processes under the round coordinator, and one that fails:
+    per-round medians come back, the failure is named (fresh interpreters importing torch: slow)."""
+    job = {"batch_size": 2, "workload_params": {"size": "tiny"}, "device": "cpu", "seed": 0, "threads": 1,
+           "warmup": 1, "steps": 2, "halve": False, "threshold": 1e-2, "allocator": "reuse"}
+    jobs = {"dense": {**job, "method": "dense"}, "comera": {**job, "method": "comera"},
+            "broken": {**job, "method": "no-such-method"}}
+    seen = []
+    res = steps.run_step_rounds(jobs, 2, timeout_s=300, progress=seen.append)
+    for name in ("dense", "comera"):
+        assert len(res[name]["step_ms_rounds"]) == 2 and res[name]["step_ms"] > 0
+    assert res["broken"]["error"].startswith("exit 1") and "no-such-method" in res["broken"]["error"]
+    assert any("round 2/3" in line for line in seen)
+    assert len(steps.round_ratios(res, ("dense", "step_ms"), ("comera", "step_ms"))) == 2
+
+
+def _fake_results(dense_ms: float = 800.0, **comera_b32) -> dict:
+    """Worker results of every configuration of target 2 (comera_b1 failed)."""
+    ok = {"peak_kind": "cpu_rss_delta"}
+    return {"dense_b32": {**ok, "step_ms": dense_ms, "peak_bytes": 1000},
+            "comera_b32": {**ok, "step_ms": 100.0, "peak_bytes": 500, **comera_b32},
+            "galore_b1": {**ok, "step_ms": 60.0, "peak_bytes": 2400},
+            "comera_b1": {"error": "exit 1: boom"},
+            "small_dense_b32": {**ok, "step_ms": 50.0, "peak_bytes": 100},
+            "small_comera_b32": {**ok, "step_ms": 40.0, "peak_bytes": 100},
+            "small_dense_b1": {**ok, "step_ms": 10.0, "peak_bytes": 100},
+            "small_comera_b1": {**ok, "step_ms": 16.0, "peak_bytes": 100}}
+
+
+def test_step_table_from_worker_results(monkeypatch):
+    """Targets 2 and 4 turn the per-configuration results into ratios judged against the goals file
+    (subprocess replaced); the bound of a speed row is the ratio free tensorized layers would give."""
+    fake = _fake_results(step_ms_halved=80.0, ranks={"l": [1, 8, 1]}, ranks_halved={"l": [1, 4, 1]},
+                         tt_layers_ms=40.0, tt_layers_ms_halved=20.0, tt_layers_seen=1, tt_layers=1,
+                         allocator="glibc x")
+    monkeypatch.setattr(steps, "run_step_rounds", lambda jobs, rounds, timeout_s, progress: fake)
+    rows = steps.target_steps(Config.make("cpu", 1, quick=True), {2, 4}, 10)
+    got = {r.goal_key: (r.measured, r.verdict) for r in rows if r.goal_key}
+    assert got == {"step.paper.speedup_vs_dense_b32": (8.0, "pass"),
+                   "step.paper.memory_vs_dense_b32": (0.5, "pass"),
+                   "step.paper.speedup_vs_galore_b1": (None, "error"),
+                   "step.paper.memory_saving_vs_galore_b1": (None, "error"),
+                   "step.small.speedup_vs_dense_b32": (1.25, "pass"), "step.small.speedup_vs_dense_b1": (0.625, "short"),
+                   "halving.layers_speedup": (2.0, "short"), "halving.amdahl_fraction": (1.0, "pass")}
+    assert all("comera_b1: exit 1: boom" in r.note for r in rows)
+    assert all("worker allocator glibc x" in r.settings for r in rows)  # differs from this process
+    by_key = {r.goal_key: r for r in rows}
+    speed = by_key["step.paper.speedup_vs_dense_b32"]
+    # 40 of 100 ms in the tensorized layers: the other 60 ms bound the ratio by 800 / 60
+    assert speed.bound == pytest.approx(800 / 60) and speed.bound_basis == "free tensorized layers"
+    assert "f=0.40" in speed.note and "uncompressed model" in speed.note and "size=tiny" in speed.settings
+    small = by_key["step.small.speedup_vs_dense_b1"]
+    assert "small preset" in small.what and small.goal == 0.667 and small.bound is None
+    halving = by_key["halving.amdahl_fraction"]  # f=0.4, s=2: 1/(0.6+0.2) = 1.25 = the step's 100/80
+    assert "= 1.25x" in halving.note and "1.25x; Amdahl estimate 1.25x" in halving.medians
+    assert "l: [1, 8, 1] -> [1, 4, 1]" in halving.settings
+
+
+def test_step_goals_come_from_the_goals_file(monkeypatch, tmp_path):
+    """A changed goal in the file changes the verdict; the code holds none."""
+    from harness.perf import goals
+
+    text = goals.DEFAULT_PATH.read_text().replace("speedup_vs_dense_b32: 4.0", "speedup_vs_dense_b32: 9.0")
+    (tmp_path / "bench.yaml").write_text(text)
+    monkeypatch.setattr(steps, "run_step_rounds", lambda jobs, rounds, timeout_s, progress: _fake_results())
+    rows = steps.target_steps(Config.make("cpu", 1, quick=True, goals=tmp_path / "bench.yaml"), {2}, 10)
+    speed = next(r for r in rows if r.goal_key == "step.paper.speedup_vs_dense_b32")
+    assert (speed.goal, speed.measured, speed.verdict) == (9.0, 8.0, "short")
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_step_jobs_cover_both_presets_and_halve_only_comera_b32_for_target_4(quick):
+    cfg = Config.make("cpu", 2, quick)
+    jobs = steps.step_jobs(cfg, {2, 4})
+    assert {n for n, j in jobs.items() if j["halve"]} == {"comera_b32"}
+    assert not any(j["halve"] for j in steps.step_jobs(cfg, {2}).values())
+    assert set(steps.step_jobs(cfg, {4})) == {"comera_b32"}
+    sizes = {n: j["workload_params"]["size"] for n, j in jobs.items()}
+    assert sizes == {n: "tiny" if quick else "small" if n.startswith("small_") else "paper" for n in jobs}
+    assert {n: j["batch_size"] for n, j in jobs.items()} == {
+        n: 1 if n.endswith("_b1") else 8 if quick else 32 for n in jobs}
+    assert {k for _, a, b, _, _ in steps.STEP_ROWS for k in (a, b)} == set(jobs)
+    if not quick:
+        assert jobs["dense_b32"]["steps"] == 3 and jobs["small_comera_b1"]["steps"] == 20
+
+
+def test_step_ratios_are_medians_of_per_round_ratios(monkeypatch):
+    """Several rounds: each time ratio is the median of the within-round ratios (not the ratio of the
+    medians); a failed configuration is named; memory is one reading per process."""
+    per_round = {"dense_b32": [800.0, 1200.0, 900.0], "comera_b32": [100.0, 400.0, 300.0],
+                 "galore_b1": [60.0, 60.0, 60.0], "comera_b1": [10.0, 20.0, 20.0]}
+    fake = {name: {"step_ms": sorted(ms)[1], "step_ms_rounds": ms, "peak_bytes": 1000,
+                   "peak_kind": "cpu_rss_delta"} for name, ms in per_round.items()}
+    fake["galore_b1"] = {"error": "exit 1: flaky"}
+    monkeypatch.setattr(steps, "run_step_rounds", lambda jobs, rounds, timeout_s, progress: fake)
+    cfg = Config.make("cpu", 1, quick=True, step_rounds=3)
+    got = {r.goal_key: r for r in steps.target_steps(cfg, {2}, 10)}
+    speed = got["step.paper.speedup_vs_dense_b32"]
+    assert speed.measured == 3.0 and "per round 8.00, 3.00, 3.00" in speed.medians  # not 900/300
+    assert "dense_b32 900.0 ms" in speed.medians and "comera_b32 300.0 ms" in speed.medians
+    assert got["step.paper.speedup_vs_galore_b1"].measured is None
+    assert "galore_b1: exit 1: flaky" in speed.note and "3 interleaved round(s)" in speed.settings
+    assert steps.round_ratios(fake, ("dense_b32", "peak_bytes"), ("comera_b32", "peak_bytes")) == [1.0]

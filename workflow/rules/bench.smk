@@ -1,0 +1,22 @@
+# `snakemake bench`: the performance targets of `comera-bench bench` on this machine, judged against the
+# goals of config/bench.yaml -> results/<device>/bench.{parquet,md} (docs/performance.md). Not part of
+# the default target: it wants the machine to itself for some minutes (its ratios are timings).
+
+
+rule bench:
+    input:
+        goals=f"{REPO}/config/bench.yaml",
+    output:
+        parquet=f"{MERGED}/bench.parquet",
+        md=f"{MERGED}/bench.md",
+    log:
+        f"{MERGED}/logs/bench.log",
+    threads: config["execution"]["threads"]
+    resources:
+        **({"gpu": 1} if ON_GPU else {}),
+    params:
+        wrapper=gpu_wrapper(),
+        device="cuda" if ON_GPU else "cpu",
+    shell:
+        "{params.wrapper}comera-bench bench --device {params.device:q} --threads {threads:q}"
+        " --goals {input.goals:q} --out {output.parquet:q} > {log:q} 2>&1"
