@@ -1,5 +1,5 @@
 """Training methods behind one interface (see baselines/base.py): dense, comera, galore, lte -- and any
-``baselines/<name>.py`` (or plug-in folder file, harness/plugins.py) that defines ``METHOD`` and
+``baselines/<name>.py`` (or plug-in folder file, harness/configs/plugins.py) that defines ``METHOD`` and
 ``check_params``.
 
 ``get_method(name)`` returns a fresh method object; ``check_params(name, params)`` validates a method's
@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness import plugins
+from harness.configs import plugins
 
 from .base import Method, Prepared
 

@@ -1,6 +1,6 @@
 """The one interface every training method implements (dense, comera, galore, lte and their variants).
 
-The runner (harness/run.py) never branches on a method's name. It does, for every training step::
+The runner (harness/running/run.py) never branches on a method's name. It does, for every training step::
 
     task_loss = workload.loss(prepared.model, batch)
     loss = prepared.total_loss(task_loss, step)
@@ -53,7 +53,7 @@ class Prepared:
     def train_step(self, workload: Any, batch: Any, step: int) -> torch.Tensor:
         """One eager training step as in the module docstring; returns the objective (detached). The
         runner splits the same step (its loss/backward/optimizer part must be capturable in a CUDA graph);
-        the bench's step workers and harness.warmup call this."""
+        the bench's step workers and harness.running.warmup call this."""
         loss = self.total_loss(workload.loss(self.model, batch), step)
         loss.backward()
         for opt in self.optimizers:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from comera.tt import TTLinear
-from harness import microbench as mb
+from harness.perf import microbench as mb
 
 LINEAR_SHAPES = {  # id -> in_shape, out_shape, tokens (the paper's encoder layers, rank 30)
     "768x768-128tok": ((12, 8, 8), (8, 8, 12), 128),

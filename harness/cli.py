@@ -4,7 +4,7 @@
     comera-bench run --workload transformer --method comera --batch-size 8 [...]   (defaults, results/runs/)
     comera-bench show [RESULTS...] [--where col=value|col>=x|col~text|col=null ...] [--group-by cols] [--columns cols] [--csv]
     comera-bench merge --kind runs|curves|microbench|bench --out OUT.parquet FILE_OR_DIR...
-    comera-bench microbench|bench|compare ...   (harness.microbench / harness.bench / harness.compare)
+    comera-bench microbench|bench|compare ...   (harness.perf.microbench / harness.perf.bench / harness.reports.compare)
 """
 from __future__ import annotations
 
@@ -19,10 +19,11 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from harness import results, yamlnum
+from harness import results
+from harness.configs import yamlnum
 
-DELEGATED = {"microbench": "harness.microbench", "bench": "harness.bench", "compare": "harness.compare",
-             "merge": "harness.results", "noisy": "harness.noisy"}
+DELEGATED = {"microbench": "harness.perf.microbench", "bench": "harness.perf.bench", "compare": "harness.reports.compare",
+             "merge": "harness.results", "noisy": "harness.reports.noisy"}
 SHOW_COLUMNS = {
     "runs": ["run_id", "workload", "method", "variant", "batch_size", "target_ratio", "seed", "status",
              "step_time_ms", "step_time_ms_iqr", "timing_quality", "epoch_time_s", "peak_mem_bytes", "metric_name",
@@ -84,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
     cell.add_argument("--cuda-graph", action="store_true")
     cell.add_argument("--compile", action="store_true")
     cell.add_argument("--allocator", choices=["reuse", "system"], default="reuse",
-                      help="CPU allocator policy (harness/allocator.py; default reuse)")
+                      help="CPU allocator policy (harness/running/allocator.py; default reuse)")
     cell.add_argument("--results-dir", default="results/cli",
                       help="folder for the default output paths (default results/cli: apart from the "
                            "pipeline's results/runs, whose cells have the same names)")
@@ -95,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--isolate", action="store_true",
                      help="run the cell in a child process; if it dies without writing its row (killed by a "
                           "signal, e.g. the OOM killer), write one here: status oom, or error naming the "
-                          "signal (harness/supervise.py; needs --spec and --runs-out)")
+                          "signal (harness/running/supervise.py; needs --spec and --runs-out)")
     run.add_argument("--log", help="with --isolate: the child's output goes to this file; this process's "
                                    "own messages stay on stderr")
     run.set_defaults(func=_cmd_run)
@@ -142,7 +143,7 @@ def spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
               "time_limit_s": args.time_limit_s}
     execution = {"device": args.device, "num_threads": args.threads, "cuda_graph": args.cuda_graph,
                  "compile": args.compile, "allocator": args.allocator}
-    return {  # options not given take the spec defaults (harness.run), the same as a config's
+    return {  # options not given take the spec defaults (harness.running.run), the same as a config's
         "workload": args.workload, "method": args.method, "variant": args.variant,
         "workload_params": _key_values(args.workload_param, "--workload-param"),
         "method_params": _key_values(args.method_param, "--method-param"),
@@ -160,9 +161,9 @@ def _curves_path(runs_out: str | Path) -> Path:
 
 
 def _cmd_run_isolated(args: argparse.Namespace) -> int:
-    """--isolate: the cell in a child process (harness.supervise); this process does not import torch
+    """--isolate: the cell in a child process (harness.running.supervise); this process does not import torch
     unless it has to write the row itself."""
-    from harness import supervise
+    from harness.running import supervise
 
     if not args.spec or not args.runs_out or any(getattr(args, opt) is not None
                                                  for opt in ("workload", "method", "batch_size")):
@@ -183,20 +184,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.log:
         print("comera-bench run: --log needs --isolate", file=sys.stderr)
         return 2
-    from harness import run as runner
+    from harness.running import run as runner
+    from harness.running import specs
 
     cell_given = [opt for opt in ("workload", "method", "batch_size") if getattr(args, opt) is not None]
     try:
         if args.spec:
             if cell_given:
-                raise runner.SpecError(f"--spec cannot be combined with --{cell_given[0].replace('_', '-')}")
-            spec = runner.normalize_spec(runner.load_spec(args.spec))
+                raise specs.SpecError(f"--spec cannot be combined with --{cell_given[0].replace('_', '-')}")
+            spec = specs.normalize_spec(specs.load_spec(args.spec))
         else:
-            spec = runner.normalize_spec(spec_from_args(args))
+            spec = specs.normalize_spec(spec_from_args(args))
         registry = runner.default_registry()  # a usage error is refused here, before any file is written
         registry.check_workload_params(spec["workload"], spec["workload_params"])
         registry.check_method_params(spec["method"], spec["method_params"])
-    except (runner.SpecError, ValueError, TypeError) as exc:
+    except (specs.SpecError, ValueError, TypeError) as exc:
         print(f"comera-bench run: {exc}", file=sys.stderr)
         return 2
     runs_out, curves_out = args.runs_out, args.curves_out

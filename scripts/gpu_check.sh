@@ -30,7 +30,7 @@ status=0
 timeout 300 "$py" -m pytest -q -m "not slow" -p no:cacheprovider -rs tests/comera tests/baselines tests/harness \
   > "$out/pytest.txt" 2>&1 || status=1
 tail -25 "$out/pytest.txt"
-timeout 420 "$py" -m harness.bench --device "$device" ${QUICK:+--quick} --step-rounds 1 --out "$out/bench.parquet" \
+timeout 420 "$py" -m harness.perf.bench --device "$device" ${QUICK:+--quick} --step-rounds 1 --out "$out/bench.parquet" \
   > "$out/bench.txt" 2>&1 || status=1
 tail -40 "$out/bench.txt"
 exit $status

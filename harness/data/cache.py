@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from harness import atomic
+from harness.results import atomic
 
 DEFAULT_CACHE_DIR = "results/cache"
 CACHE_FORMAT = 2
@@ -39,7 +39,7 @@ def fingerprint(*items: Any, files: Iterable[str | os.PathLike] = ()) -> str:
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> Path:
     """Calls ``write(tmp)`` on a temporary file next to ``path``, flushes it to disk, then renames it onto
-    ``path`` (harness.atomic: the temporary of a writer that was killed is removed by the next write)."""
+    ``path`` (harness.results.atomic: the temporary of a writer that was killed is removed by the next write)."""
     return atomic.atomic_write(path, write, fsync=True)
 
 

@@ -1,4 +1,4 @@
-"""The performance targets of ``comera-bench bench`` (harness.bench), measured and judged in one table
+"""The performance targets of ``comera-bench bench`` (harness.perf.bench), measured and judged in one table
 against the goals of config/bench.yaml (:mod:`.goals`).
 
 Modules: :mod:`.config` (one invocation's settings), :mod:`.roofline` (machine peaks, paired timing),
@@ -14,7 +14,7 @@ so that a load change on a shared machine hits both):
    in its own process: CoMERA vs uncompressed at batch 32 (time, peak memory) and CoMERA vs GaLore
    at batch 1 (time, peak memory); and the small preset (size "small"), CoMERA vs uncompressed at batch
    32 and batch 1 (time). The processes take turns in ``--step-rounds`` interleaved rounds
-   (default 3; harness.interleave, the mechanism of the pipeline's timing groups); a time ratio is the
+   (default 3; harness.core.interleave, the mechanism of the pipeline's timing groups); a time ratio is the
    median over rounds of the ratio within a round. The speed rows carry a profile:
    the time of CoMERA's tensorized layers (each re-run alone on its step input) and of the rest of its
    step, which bounds the ratio even if the tensorized layers took no time (the row's bound).
@@ -28,11 +28,11 @@ so that a load change on a shared machine hits both):
 Each row carries the physical context of its ratio: the FLOP ratio and the compulsory-traffic ratio of
 the two ops, and the roofline bound (the row's bound for targets 1 and 3)
 ``max(F_a/P, B_a/W) / max(F_b/P, B_b/W)`` with the peak matmul rate ``P`` and copy bandwidth ``W``
-measured in the same run (harness.microbench.TrafficCounter defines B).
-Memory kinds: ``cpu_allocated`` / ``cuda_allocated`` for single ops (see harness.microbench), and for a
+measured in the same run (harness.perf.microbench.TrafficCounter defines B).
+Memory kinds: ``cpu_allocated`` / ``cuda_allocated`` for single ops (see harness.perf.microbench), and for a
 training step ``cpu_rss_delta`` (process RSS high-water mark during the steps minus the RSS before the
 model was built) or ``cuda_allocated`` (peak allocated minus allocated before the build). On CPU the
-free heap is handed back to the kernel (``harness.allocator.release_free_memory``, glibc malloc_trim)
+free heap is handed back to the kernel (``harness.running.allocator.release_free_memory``, glibc malloc_trim)
 before the baseline is read and again after the method is prepared, just before the high-water mark is
 reset: the dense model that CoMERA converts is freed by then, but glibc would otherwise keep its pages
 resident and the mark would start above what the training steps use. Before the baseline, each worker
@@ -42,7 +42,7 @@ sit in the baseline as a training script's imports would; the peak counts the mo
 training.
 
 Allocator: every measuring process (this one and each step worker) applies the ``--allocator`` policy
-of :mod:`harness.allocator` (default "reuse": freed memory is kept for reuse instead of being unmapped
+of :mod:`harness.running.allocator` (default "reuse": freed memory is kept for reuse instead of being unmapped
 and page-faulted again); what was applied is printed in the header and recorded in every row.
 
 Target 3's table-memory row counts what the table costs in training: parameters + parameter gradients

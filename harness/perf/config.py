@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from harness import allocator as allocator_lib
-from harness import microbench as mb
+from harness.running import allocator as allocator_lib
+from harness.perf import microbench as mb
 from harness.perf import goals as goals_lib
 
 
@@ -22,7 +22,7 @@ class Config:
     rounds: int
     min_run_time_s: float
     allocator: str = "reuse"
-    """Policy of harness.allocator for this process and the step workers."""
+    """Policy of harness.running.allocator for this process and the step workers."""
     allocator_applied: str = ""
     """What applying it did here (set by run_targets)."""
     step_rounds: int = 1

@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from harness import grid
+from harness.configs import grid
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PATH = REPO / "config" / "bench.yaml"

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness import microbench as mb
+from harness.perf import microbench as mb
 from harness.perf.config import Config
 from harness.perf.report import BenchRow, make_row, ratio
 from harness.perf.roofline import Roofline, paired_medians

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import torch
 
-from harness import microbench as mb
+from harness.perf import microbench as mb
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Targets 2 and 4: full training steps of the six-encoder transformer, one process per configuration
-(harness.perf.worker), timed in interleaved rounds (harness.interleave); each time ratio is the median over
+(harness.perf.worker), timed in interleaved rounds (harness.core.interleave); each time ratio is the median over
 the rounds of the ratio within a round."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from harness import interleave
+from harness.core import interleave
 from harness.perf.config import Config
 from harness.perf.report import BenchRow, make_row, ratio
 
@@ -109,7 +109,7 @@ def _fmt_bytes(n: float | None) -> str:
 def run_step_rounds(jobs: dict[str, dict[str, Any]], rounds: int, timeout_s: float,
                     progress: Callable[[str], None] = lambda line: None) -> dict[str, dict[str, Any]]:
     """Every configuration in its own process, all alive at once, timed in interleaved rounds by the
-    coordinator of the pipeline's timing groups (harness.interleave): in each round one configuration
+    coordinator of the pipeline's timing groups (harness.core.interleave): in each round one configuration
     at a time runs its timed steps, the order reversed every other round, so that a slow spell of the
     machine hits every configuration of a round; a last round (alone too) for the tensor peak, the
     profile and the halving. name -> the worker's result, with ``step_ms_rounds`` (one median per
@@ -123,7 +123,7 @@ def run_step_rounds(jobs: dict[str, dict[str, Any]], rounds: int, timeout_s: flo
                                          str(Path(tmp) / f"{name}.log")))
 
         def command(cell: interleave.Cell) -> list[str]:
-            return [sys.executable, "-m", "harness.bench", "--step-worker-file", cell.spec,
+            return [sys.executable, "-m", "harness.perf.bench", "--step-worker-file", cell.spec,
                     "--step-out", cell.runs, "--step-log", cell.log]
 
         try:
@@ -181,7 +181,7 @@ def target_steps(cfg: Config, targets: set[int], timeout_s: float,
     some_job = next(iter(jobs.values()))
     counts = ", ".join(f"{name} {job['steps']}" for name, job in jobs.items())
     base = (f"one process per config, {cfg.step_rounds} interleaved round(s) "
-            f"(harness.interleave; time ratio: median over rounds of the ratio within a round), "
+            f"(harness.core.interleave; time ratio: median over rounds of the ratio within a round), "
             f"median of timed steps ({counts}) after {some_job['warmup']} warm-up, memory {kind}"
             + (f", worker allocator {' / '.join(differing)}" if differing else ""))
 

@@ -11,9 +11,9 @@ from typing import Any, Callable
 
 import torch
 
-from harness import allocator as allocator_lib
-from harness import interleave
-from harness import microbench as mb
+from harness.running import allocator as allocator_lib
+from harness.core import interleave
+from harness.perf import microbench as mb
 
 
 def _proc_status(field: str) -> int | None:
@@ -50,11 +50,11 @@ def halve_ranks(model: torch.nn.Module, threshold: float, optimizers=()) -> dict
 
 def _warm_up_code_path(job: dict[str, Any], device: torch.device) -> None:
     """One training step of the job's method on the tiny transformer, dropped afterwards
-    (harness.warmup.warm_up), so that what a process pays once whatever the model -- lazy imports, library
+    (harness.running.warmup.warm_up), so that what a process pays once whatever the model -- lazy imports, library
     code pages, thread pools, library buffers -- exists before the memory baseline is read. Only the model,
     its data and its training then count."""
     from baselines import check_params
-    from harness.warmup import warm_up
+    from harness.running.warmup import warm_up
 
     warm_up("transformer", job["method"], batch_size=1, device=device, seed=job["seed"],
             method_params=check_params(job["method"], job.get("method_params", {})))
@@ -85,7 +85,7 @@ def _capture_tensorized_inputs(model: torch.nn.Module, forward: Callable[[], Any
 
 def tensorized_layer_ms(model: torch.nn.Module, inputs: dict[str, torch.Tensor],
                         min_run_time_s: float = 0.1) -> float:
-    """Sum over the tensorized modules of the median time (``harness.microbench.time_call``, blocks of at
+    """Sum over the tensorized modules of the median time (``harness.perf.microbench.time_call``, blocks of at
     least ``min_run_time_s``) of one forward+backward on its captured input (random values, random output
     gradient, input gradient for float inputs); the parameters' gradients are dropped afterwards."""
     from comera.rank import tensorized_modules
@@ -164,7 +164,7 @@ def _step_worker(job: dict[str, Any], allocator_applied: str) -> dict[str, Any]:
     for i, b in enumerate(batches[:warmup]):
         one_step(i, b)
     times, per_round = [], []
-    for r in range(rounds):  # with a coordinator, one configuration at a time (harness.interleave)
+    for r in range(rounds):  # with a coordinator, one configuration at a time (harness.core.interleave)
         if gate is not None:  # after the pause, one step re-warms the caches (timed steps follow)
             gate.wait(r)
             one_step(warmup + r * (steps + 1), batches[0])

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from harness import run as runner
+from harness.running import run as runner
 
 STEPS = 300
 

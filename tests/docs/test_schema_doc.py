@@ -1,4 +1,4 @@
-"""docs/schema.md describes every column of the result tables (harness/results.py)."""
+"""docs/schema.md describes every column of the result tables (harness/results/__init__.py)."""
 from __future__ import annotations
 
 import re

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from harness import cli, results
-from harness import run as runner
-from tests.harness.run_toys import TOY_REGISTRY, toy_spec
+from harness.running import run as runner
+from tests.harness.running.run_toys import TOY_REGISTRY, toy_spec
 
 
 @pytest.fixture
@@ -74,7 +74,7 @@ def test_run_failure_still_writes_and_can_fail_the_exit_code(tmp_path, toys):
 
 
 def test_run_gives_a_hung_cell_the_exit_status_of_a_failed_one(tmp_path, monkeypatch, toys):
-    """The watchdog ends a hung cell's process itself (tests/harness/test_run.py), with this status."""
+    """The watchdog ends a hung cell's process itself (tests/harness/running/test_run.py), with this status."""
     statuses = []
 
     def run_to_files(spec, runs_out, curves_out, **kw):
@@ -196,8 +196,8 @@ def test_show_missing_path(tmp_path, capsys):
     assert "nope.parquet" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command, module", [("microbench", "harness.microbench"),
-                                             ("bench", "harness.bench"), ("compare", "harness.compare")])
+@pytest.mark.parametrize("command, module", [("microbench", "harness.perf.microbench"),
+                                             ("bench", "harness.perf.bench"), ("compare", "harness.reports.compare")])
 def test_delegation(monkeypatch, command, module):
     seen = []
     fake = types.ModuleType(module)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import claims, grid, reference, tables
+from harness.reports import claims, reference, tables
+from harness.configs import grid
 from tests.workflow import test_grid
 from harness.results import RUNS_COLUMNS, to_frame, write_parquet_atomic
 
@@ -347,7 +348,7 @@ def test_accuracy_and_compression_claims_take_quality_cells_when_the_grid_has_th
     assert verdicts("85x")[:2] == (claims.HOLDS, claims.HOLDS)
 
 
-# ------------------------------------------------------------------------- timing trust (harness.timing)
+# ------------------------------------------------------------------------- timing trust (harness.core.timing)
 
 def test_noisy_rows_give_no_time_verdict_and_are_named(tmp_path):
     rows = placed(paper_rows())

@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
-from harness import compare, figures, reference, tables
+from harness.reports import compare, figures, reference, tables
 from harness.results import RUNS_COLUMNS, ResultsError, merge, to_frame, write_parquet_atomic
 
 

@@ -11,7 +11,8 @@ import time
 import pandas as pd
 import pytest
 
-from harness import claims, compare, tables, timing
+from harness.reports import claims, compare, tables
+from harness.core import timing
 from tests.workflow.test_pipeline import TINY, snakemake
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ rule merge_runs:
     shell:
         "(comera-bench merge --kind runs --out {output.runs:q} {input.runs:q}"
         " && comera-bench merge --kind curves --out {output.curves:q} {input.curves:q}"
-        " && python -m harness.grid --out {output.grid:q} --sweeps {params.sweeps:q} {input.specs:q}) > {log:q} 2>&1"
+        " && python -m harness.configs.grid --out {output.grid:q} --sweeps {params.sweeps:q} {input.specs:q}) > {log:q} 2>&1"
 
 
 rule merge_microbench:

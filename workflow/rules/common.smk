@@ -11,9 +11,9 @@ from snakemake.utils import validate
 
 REPO = os.path.dirname(workflow.basedir)  # the checkout: workflow/Snakefile is found from its root
 sys.path.insert(0, REPO)  # the harness package of this checkout, even if not installed
-from harness import grid as _grid
-from harness import lock as _lock
-from harness import yamlnum as _yamlnum
+from harness.configs import grid as _grid
+from harness.results import lock as _lock
+from harness.configs import yamlnum as _yamlnum
 
 
 def _validate_config():
@@ -66,18 +66,18 @@ def gpu_wrapper():
     if not ON_GPU:
         return ""
     count = config["execution"]["gpus"]
-    return (f"python -m harness.gpus --lock-dir {shlex.quote(f'{RESULTS}/.gpu-locks')}"
+    return (f"python -m harness.running.gpus --lock-dir {shlex.quote(f'{RESULTS}/.gpu-locks')}"
             + (f" --count {count}" if count else "") + " -- ")
 
 
-# One pipeline at a time per results folder (harness/lock.py): taken when the first job is about to
+# One pipeline at a time per results folder (harness/results/lock.py): taken when the first job is about to
 # start (never for dry runs, never in the per-job Snakemake processes), released at the end.
 onstart:
     try:
         _lock.acquire(RESULTS)
     except _lock.LockError as err:
         raise WorkflowError(str(err))
-    from harness import timing as _timing
+    from harness.core import timing as _timing
 
     _busy = _timing.busy_warning(config["execution"]["threads"])
     if _busy:
@@ -87,7 +87,7 @@ onstart:
 onsuccess:
     _lock.release(RESULTS)
     if os.path.exists(f"{MERGED}/runs.parquet"):
-        from harness import noisy as _noisy
+        from harness.reports import noisy as _noisy
 
         _summary = _noisy.summary([f"{MERGED}/runs.parquet"], CELLS)
         if _summary:

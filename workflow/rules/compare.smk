@@ -1,5 +1,5 @@
 # The same grid from several result folders (this machine + compare.dirs) side by side, with the
-# paper's RTX 3090 / RTX 4090 numbers as two more devices (harness/reference/paper.yaml).
+# paper's RTX 3090 / RTX 4090 numbers as two more devices (harness/reports/reference/paper.yaml).
 localrules: compare, report
 
 COMPARE_DIRS = [MERGED] + [d for d in config["compare"]["dirs"] if d.rstrip("/") != MERGED]
@@ -23,7 +23,7 @@ rule compare:
     log:
         f"{MERGED}/logs/compare.log",
     shell:
-        "python -m harness.compare {params.dirs:q} --out {params.out:q} > {log:q} 2>&1"
+        "python -m harness.reports.compare {params.dirs:q} --out {params.out:q} > {log:q} 2>&1"
 
 
 rule report:

@@ -24,7 +24,7 @@ rule tables:
         merged=lambda w, input: os.path.dirname(input[0]),
         out=lambda w, output: os.path.dirname(output.md[0]),
     shell:
-        "python -m harness.tables --results {params.merged:q} --device-label {params.device:q}"
+        "python -m harness.reports.tables --results {params.merged:q} --device-label {params.device:q}"
         " --out {params.out:q} > {log:q} 2>&1"
 
 
@@ -41,7 +41,7 @@ rule plots:
         merged=lambda w, input: os.path.dirname(input[0]),
         out=lambda w, output: os.path.dirname(output.png[0]),
     shell:
-        "python -m harness.figures --results {params.merged:q} --device-label {params.device:q}"
+        "python -m harness.reports.figures --results {params.merged:q} --device-label {params.device:q}"
         " --out {params.out:q} > {log:q} 2>&1"
 
 
@@ -57,7 +57,7 @@ rule claims:
         device=DEVICE,
         merged=lambda w, input: os.path.dirname(input[0]),
     shell:
-        "python -m harness.claims --results {params.merged:q} --device-label {params.device:q}"
+        "python -m harness.reports.claims --results {params.merged:q} --device-label {params.device:q}"
         " --out {output.md:q} > {log:q} 2>&1"
 
 

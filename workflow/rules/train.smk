@@ -1,7 +1,7 @@
 # One job per grid cell: write its spec (params = the spec, so a changed cell re-runs alone), then run
 # it in its own process. The runner writes both files atomically, also for a failed cell (status
 # oom | diverged | error | timeout); a runner killed by a signal (the OOM killer's SIGKILL) gets its row
-# from its supervising parent (`--isolate`, harness/supervise.py). Either way the job succeeds, the
+# from its supervising parent (`--isolate`, harness/running/supervise.py). Either way the job succeeds, the
 # cell is done and the tables go on; to run a failed cell again, delete its files (docs/pipeline.md).
 localrules: cell_spec, runs
 
@@ -45,7 +45,7 @@ rule runs:
         CURVE_FILES,
 
 
-# The timing cells of one group (same workload, sweep point, batch size and seed; harness/interleave.py)
+# The timing cells of one group (same workload, sweep point, batch size and seed; harness/core/interleave.py)
 # run as one job: every cell in its own process, taking turns round by round, so that a change of the
 # machine's load hits every method alike. A changed or missing cell re-runs its whole group: ratios come
 # only from cells timed together.
@@ -69,4 +69,4 @@ for _group, _ids in GROUPS.items():
                    f"{CELLS}/{rid}.runs.parquet", f"{CELLS}/{rid}.curves.parquet", f"{CELLS}/logs/{rid}.log")],
             rounds=config["execution"]["rounds"],
         shell:
-            "{params.wrapper}python -m harness.interleave --rounds {params.rounds:q} {params.cells:q}"
+            "{params.wrapper}python -m harness.core.interleave --rounds {params.rounds:q} {params.cells:q}"

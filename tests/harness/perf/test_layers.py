@@ -15,7 +15,7 @@ def test_roofline_bound_takes_the_slower_resource():
 
 
 def test_table_memory_counts_params_grads_and_working_memory_beyond_the_output():
-    from harness import microbench as mb
+    from harness.perf import microbench as mb
 
     emb = torch.nn.Embedding(1000, 8)
     idx = torch.randint(0, 1000, (300,))

@@ -1,0 +1,370 @@
+"""The experiment grid of a pipeline config: one spec (api.md "grid cell") per run.
+
+The Snakefile validates the config against workflow/schemas/config.schema.yaml (which fills defaults),
+then calls :func:`check_config` (method and workload parameters checked by their owners) and
+:func:`expand_grid`. Everything here is plain Python so it can be tested without Snakemake.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import os
+import re
+from collections.abc import Hashable, Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.configs.yamlnum import NumberLoader
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+LABEL_PATTERN = r"^(?!\.\.?$)[A-Za-z0-9._][A-Za-z0-9._-]*$"
+"""A device label (a results folder name); the schema's ``$defs.label`` pattern."""
+DEVICE_ENV = "COMERA_BENCH_DEVICE"
+
+
+class ConfigError(ValueError):
+    """A config value the pipeline cannot run with; the message names the key."""
+
+
+def slug(text: str) -> str:
+    """A file-name-safe lower-case form of ``text`` ("NVIDIA H200" -> "nvidia-h200")."""
+    return _SAFE.sub("-", text.strip().lower()).strip("-") or "device"
+
+
+def device_label(config: dict[str, Any]) -> str:
+    """The results folder name of this machine: ``device_name`` from the config, else "cpu" for CPU
+    runs, else the slug of the first visible GPU's name (e.g. "nvidia-h200"; "cuda" where no GPU is
+    visible, e.g. on a cluster's login node)."""
+    if config.get("device_name"):
+        return config["device_name"]
+    if config["execution"]["device"] == "cpu":
+        return "cpu"
+    import torch
+
+    if torch.cuda.is_available():
+        return slug(torch.cuda.get_device_name(0))
+    return "cuda" if config["execution"]["device"] == "cuda" else "cpu"
+
+
+def uses_gpu(config: dict[str, Any]) -> bool:
+    """Whether the cells run on a GPU (execution.device cuda, or auto on a machine with one)."""
+    device = config["execution"]["device"]
+    if device != "auto":
+        return device == "cuda"
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def env_device_label() -> str | None:
+    """The device label from the COMERA_BENCH_DEVICE environment variable (None when unset or empty);
+    a value that is not a plain folder name raises ConfigError naming the variable and the value."""
+    value = os.environ.get(DEVICE_ENV)
+    if value and not re.fullmatch(LABEL_PATTERN, value):
+        raise ConfigError(f"environment variable {DEVICE_ENV}={value!r}: a device label must be letters, "
+                          "digits and . _ - only, not starting with -, not '.' or '..'")
+    return value or None
+
+
+class _StrictLoader(NumberLoader):
+    """A YAML loader that rejects a key given twice in one mapping (numbers as :mod:`harness.configs.yamlnum`)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # "<<: *anchor" may be overridden by own keys
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if not isinstance(key, Hashable):  # the base loader names it
+                continue
+            if key in seen:
+                raise ConfigError(f"config file {self.name}: key {key!r} appears twice (lines {seen[key]} "
+                                  f"and {line}); the second would silently replace the first")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+MAX_CONFIG_VALUES = 100_000
+"""A config that expands to more values than this (YAML aliases nested into each other, an "alias bomb")
+is refused before anything walks it."""
+
+
+def _check_size(value: Any, path: str | os.PathLike) -> None:
+    """ConfigError when ``value`` holds more than MAX_CONFIG_VALUES values once its aliases are expanded
+    (counted without expanding: a walk that stops at the limit)."""
+    stack, seen = [value], 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if seen > MAX_CONFIG_VALUES:
+            raise ConfigError(f"config file {path}: more than {MAX_CONFIG_VALUES} values once its YAML aliases "
+                              "are expanded; refused (nested aliases multiply)")
+        if isinstance(item, dict):
+            stack.extend(item.values())
+            stack.extend(item.keys())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def load_config_file(path: str | os.PathLike) -> Any:
+    """A YAML (or JSON) config file; a duplicated key raises ConfigError naming the file and the key, and
+    so does a file that expands to more than MAX_CONFIG_VALUES values."""
+    with open(path, encoding="utf-8") as fh:
+        loader = _StrictLoader(fh)
+        loader.name = str(path)
+        try:
+            data = loader.get_single_data()
+        finally:
+            loader.dispose()
+    _check_size(data, path)
+    return data
+
+
+def _key(path: Iterable[Any]) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".") or "(top level)"
+
+
+def _non_finite(value: Any, path: tuple = ()) -> tuple[tuple, float] | None:
+    """The first NaN or infinite number anywhere in ``value``: (its key path, the number), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        found = _non_finite(v, (*path, k))
+        if found:
+            return found
+    return None
+
+
+def schema_error(config: dict[str, Any], schema_path: str | Path) -> str | None:
+    """The most relevant violation of ``config`` as "key a.b[0]: message", or None: a NaN or infinite
+    number anywhere, else the JSON schema, where (unlike JSON schema's own rule) an integer field
+    rejects a float such as 4.0."""
+    import jsonschema
+
+    found = _non_finite(config)
+    if found:
+        return f"key {_key(found[0])}: {found[1]} is not a finite number"
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    base = jsonschema.Draft202012Validator
+    strict_int = base.TYPE_CHECKER.redefine(
+        "integer", lambda _, v: isinstance(v, int) and not isinstance(v, bool))
+    validator = jsonschema.validators.extend(base, type_checker=strict_int)(schema)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(config))
+    if error is None:
+        return None
+    message = error.message
+    if error.validator == "pattern" and "title" in error.schema:
+        message += f" ({error.schema['title']})"
+    return f"key {_key(error.absolute_path)}: {message}"
+
+
+PURPOSES = ("timing", "quality")
+"""A cell's purpose: short runs for time and memory, or training long enough to compare accuracy."""
+
+
+def _method_refs(workload: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"name": ref} if isinstance(ref, str) else dict(ref) for ref in workload["methods"]]
+
+
+def sections(workload: dict[str, Any]) -> list[tuple[str, str, dict[str, Any], dict[str, Any], str]]:
+    """``(purpose, config key, section, workload params, run_id suffix)`` of a workload: its own cells
+    ("timing": short runs for time and memory) and, when it has a ``quality`` block, the cells of that
+    block ("quality": trained long enough to compare accuracy and rank adaptation; its ``params``
+    override the workload's); each once per point of the workload's ``sweep`` (param -> values; the
+    point's params override both, the suffix names it, e.g. "_seq_len512")."""
+    keys = sorted(workload.get("sweep", {}))
+    points = [dict(zip(keys, values)) for values in itertools.product(*(workload["sweep"][k] for k in keys))] \
+        if keys else [{}]
+    out = []
+    for point in points:
+        suffix = "".join(f"_{k}{v}" for k, v in point.items())
+        out.append(("timing", "", workload, {**workload["params"], **point}, suffix))
+        quality = workload.get("quality")
+        if quality:
+            out.append(("quality", ".quality", quality, {**workload["params"], **quality["params"], **point},
+                        suffix))
+    return out
+
+
+def check_config(config: dict[str, Any]) -> None:
+    """Cross-key checks the JSON schema cannot express, plus the methods' and workloads' own parameter
+    checks (``baselines.check_params``, ``harness.workloads.check_params``). Raises ConfigError naming
+    the key."""
+    import baselines
+    import harness.workloads as workloads
+    from harness.perf import microbench
+
+    for name, entry in config["methods"].items():
+        if entry["method"] not in baselines.METHODS:
+            raise ConfigError(f"config key methods.{name}.method: unknown method {entry['method']!r}; known "
+                              f"methods: {list(baselines.METHODS)}")
+        for key, values in entry["sweep"].items():
+            if key in entry["params"]:
+                raise ConfigError(f"config key methods.{name}.sweep.{key}: also set in methods.{name}.params")
+            for value in values:
+                _checked(baselines.check_params, entry["method"], {**entry["params"], key: value},
+                         f"methods.{name}.sweep.{key}")
+        _checked(baselines.check_params, entry["method"], entry["params"], f"methods.{name}.params")
+    for wname, workload in config["workloads"].items():
+        if wname not in workloads.WORKLOADS:
+            raise ConfigError(f"config key workloads.{wname}: unknown workload; known: {list(workloads.WORKLOADS)}")
+        for _, key, section, params, _ in sections(workload):
+            _checked(workloads.check_params, wname, params, f"workloads.{wname}{key}.params")
+            budget = section["budget"]
+            if budget["max_steps_per_epoch"] is not None and (
+                    budget["warmup_steps"] >= budget["epochs"] * budget["max_steps_per_epoch"]):
+                raise ConfigError(
+                    f"config key workloads.{wname}{key}.budget.warmup_steps: {budget['warmup_steps']} warm-up "
+                    f"step(s) of {budget['epochs'] * budget['max_steps_per_epoch']} leave no timed step")
+            for i, ref in enumerate(_method_refs(section)):
+                if ref["name"] not in config["methods"]:
+                    raise ConfigError(
+                        f"config key workloads.{wname}{key}.methods[{i}]: unknown method configuration "
+                        f"{ref['name']!r}; defined in methods: {sorted(config['methods'])}")
+    for name, spec in config["microbench"]["specs"].items():
+        try:
+            microbench.check_spec(spec, source=f"spec {name}")
+        except ValueError as err:
+            raise ConfigError(f"config key microbench.specs.{name}: {err}") from err
+
+
+def _checked(check, name: str, params: dict[str, Any], key: str) -> dict[str, Any]:
+    try:
+        checked = check(name, dict(params))
+    except (ValueError, TypeError, KeyError, FileNotFoundError) as err:
+        raise ConfigError(f"config key {key}: {err}") from err
+    _check_paths(checked, key)
+    return checked
+
+
+def _check_paths(params: dict[str, Any], key: str) -> None:
+    """A data path given in the params must exist (keys ending in ``path`` or ``dir``, except cache
+    folders the workload creates itself)."""
+    for name, value in params.items():
+        if (isinstance(value, str) and value and re.search(r"(path|dir|file)$", name)
+                and "cache" not in name and not os.path.exists(value)):
+            raise ConfigError(f"config key {key}.{name}: path {value!r} does not exist")
+
+
+def _variants(entry: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(variant, params, sweep point) of a method configuration, one per point of its sweep."""
+    sweep = entry["sweep"]
+    if not sweep:
+        return [(entry["variant"], dict(entry["params"]), {})]
+    keys = sorted(sweep)
+    out = []
+    for values in itertools.product(*(sweep[k] for k in keys)):
+        point = dict(zip(keys, values))
+        suffix = "-".join(f"{k}{v}" for k, v in point.items())
+        out.append((f"{entry['variant']}-{suffix}", {**entry["params"], **point}, point))
+    return out
+
+
+MAX_RUN_ID = 150
+"""The longest cell name: it names files such as .<run_id>.runs.parquet.<host>.<pid>.<random>.tmp."""
+
+
+def run_id(spec: dict[str, Any], suffix: str = "") -> str:
+    target = "none" if spec["target_ratio"] is None else f"{spec['target_ratio']:g}"
+    graph = "_cg" if spec["execution"]["cuda_graph"] else ""
+    quality = "_quality" if spec.get("purpose") == "quality" else ""
+    return slug(f"{spec['workload']}_{spec['method']}-{spec['variant']}_b{spec['batch_size']}"
+                f"_t{target}_s{spec['seed']}{graph}{suffix}{quality}")
+
+
+def config_hash(spec: dict[str, Any]) -> str:
+    """Hash of everything that defines a cell's result (not its run_id)."""
+    body = {k: v for k, v in spec.items() if k not in ("run_id", "config_hash")}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def expand_grid(config: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """(run_id -> spec, run_id -> sweep point) for workload x section (timing, quality) x method/variant
+    (x sweep point) x batch size x target x seed x cuda_graph; cells outside any sweep have no sweep
+    point. Timing cells have no ``purpose`` key (their run_ids and hashes are those of earlier
+    versions); quality cells have ``"purpose": "quality"`` and a run_id ending in ``_quality``."""
+    execution = config["execution"]
+    grid: dict[str, dict[str, Any]] = {}
+    sweeps: dict[str, dict[str, Any]] = {}
+    for wname, workload in config["workloads"].items():
+        for purpose, key, section, workload_params, suffix in sections(workload):
+            for ref in _method_refs(section):
+                graphs = ref.get("cuda_graph", section.get("cuda_graph", workload.get(
+                    "cuda_graph", execution["cuda_graph"])))
+                entry = config["methods"][ref["name"]]
+                targets = ref.get("targets", section["targets"]) if entry["uses_target"] else [None]
+                batches = ref.get("batch_sizes", section["batch_sizes"])
+                for (variant, params, point), batch, target, seed, graph in itertools.product(
+                        _variants(entry), batches, targets, config["seeds"], graphs):
+                    spec = {
+                        "workload": wname, "workload_params": dict(workload_params),
+                        "method": entry["method"], "variant": variant, "method_params": params,
+                        "batch_size": batch, "target_ratio": target, "seed": seed,
+                        "budget": dict(section["budget"]),
+                        "execution": {"device": execution["device"], "num_threads": execution["threads"],
+                                      "cuda_graph": graph, "compile": execution["compile"]},
+                    }
+                    if purpose != "timing":
+                        spec["purpose"] = purpose
+                    if purpose == "timing":
+                        spec["execution"].update(rounds=execution.get("rounds", 1), timing_group=(
+                            slug(f"{wname}{suffix}_b{batch}_s{seed}")
+                            if execution.get("interleave", False) else None))
+                    spec["run_id"] = run_id(spec, suffix)
+                    if len(spec["run_id"]) > MAX_RUN_ID:  # it names files: keep well below 255 bytes
+                        raise ConfigError(f"config key workloads.{wname}{key}: cell name {spec['run_id']!r} is "
+                                          f"{len(spec['run_id'])} characters (at most {MAX_RUN_ID}); shorten the "
+                                          "variant or the sweep values")
+                    spec["config_hash"] = config_hash(spec)
+                    if spec["run_id"] in grid:
+                        raise ConfigError(f"config key workloads.{wname}{key}.methods: cell {spec['run_id']} "
+                                          "appears twice (same method/variant/batch/target/seed)")
+                    grid[spec["run_id"]] = spec
+                    if point:
+                        sweeps[spec["run_id"]] = point
+    return grid, sweeps
+
+
+def timing_groups(grid: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """timing group -> its run_ids (in grid order), for the groups of at least two cells; a timing
+    cell alone in its group is timed alone."""
+    groups: dict[str, list[str]] = {}
+    for rid, spec in grid.items():
+        group = spec["execution"].get("timing_group")
+        if group:
+            groups.setdefault(group, []).append(rid)
+    return {g: ids for g, ids in groups.items() if len(ids) > 1}
+
+
+def write_spec(spec: dict[str, Any], path: str | Path) -> None:
+    """Write a cell's spec as JSON (sorted keys, so an unchanged spec gives identical bytes)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(spec, indent=1, sort_keys=True) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m harness.configs.grid --out grid.json --sweeps JSON SPEC.json...``: the grid file the
+    figures read (every cell's spec, and the sweep point of the cells that belong to a sweep)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m harness.configs.grid", description=main.__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--sweeps", default="{}", help="JSON: run_id -> sweep point")
+    ap.add_argument("specs", nargs="*")
+    args = ap.parse_args(argv)
+    cells = {}
+    for path in args.specs:
+        spec = json.loads(Path(path).read_text())
+        cells[spec["run_id"]] = spec
+    write_spec({"cells": cells, "sweeps": json.loads(args.sweeps)}, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,306 @@
+"""Timing the cells that are compared together in interleaved rounds, each cell in its own process.
+
+A *timing group* is the set of cells whose times a figure, a claim or a comparison divides (the
+pipeline's: same workload and sweep point, batch size and seed; every method, variant and CUDA-graph
+setting). :func:`run_group` starts one process per cell (``comera-bench run --isolate``, so a killed
+cell still becomes a row) and lets each build its model, warm up and run its warm-up steps at the same
+time; no timed step runs before every cell is ready. Then, round by round, it lets exactly one cell run
+its share of timed steps at a time (the order reversed every other round: A B C, C B A, ...), so a
+change of the machine's load hits every method of the group within one round. After the last round
+the cells finish (final evaluation, rows written) together.
+
+Protocol (one Unix socket, path in the environment variable ``COMERA_BENCH_ROUNDS``): a cell connects
+and sends ``hello <run_id>``; before the timed steps of each round r it sends ``ready <r>`` and
+waits for ``go``; after its last round it sends ``done`` and waits for ``go`` (the release). :class:`RoundGate` is the cell's side. A cell that ends (a failure,
+a kill) closes its connection and drops out of the rounds; a cell whose coordinator vanishes runs on
+without waiting. Memory stays each process's own; on one GPU the group's processes share its memory.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+ENV = "COMERA_BENCH_ROUNDS"
+POLL_S = 0.5
+
+
+class RoundGate:
+    """The cell's side: :meth:`wait` before each round's steps (a no-op without a coordinator)."""
+
+    def __init__(self, path: str, run_id: str):
+        self._sock: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.connect(path)
+        self._file = self._sock.makefile("rwb", buffering=0)
+        self._send(f"hello {run_id}")
+
+    @classmethod
+    def from_env(cls, run_id: str) -> "RoundGate | None":
+        path = os.environ.get(ENV)
+        if not path:
+            return None
+        try:
+            return cls(path, run_id)
+        except OSError as exc:
+            print(f"comera-bench: warning: cannot reach the round coordinator at {path} ({exc}); "
+                  "timing this cell without rounds", file=sys.stderr)
+            return None
+
+    def _send(self, line: str) -> None:
+        self._file.write(line.encode() + b"\n")
+
+    def wait(self, round_index: int) -> float:
+        """Tell the coordinator this cell is at round ``round_index`` and block until it says go;
+        return the seconds waited."""
+        if self._sock is None:
+            return 0.0
+        started = time.perf_counter()
+        try:
+            self._send(f"ready {round_index}")
+            answer = self._file.readline()
+        except OSError:
+            answer = b""
+        if answer.strip() != b"go":
+            self.close()  # the coordinator is gone: run on alone
+        return time.perf_counter() - started
+
+    def done(self) -> float:
+        """This cell's rounds are over: wait until the coordinator lets every cell finish; return the
+        seconds waited."""
+        if self._sock is None:
+            return 0.0
+        started = time.perf_counter()
+        try:
+            self._send("done")
+            self._file.readline()
+        except OSError:
+            pass
+        self.close()
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        if self._sock is not None:
+            try:
+                self._file.close()
+                self._sock.close()
+            finally:
+                self._sock = None
+
+
+@dataclass
+class Cell:
+    """A cell of a group: its spec and output files, and while running its process and connection."""
+
+    spec: str
+    runs: str
+    curves: str
+    log: str | None = None
+    run_id: str = ""
+    proc: subprocess.Popen | None = None
+    conn: socket.socket | None = None
+    buffer: bytes = b""
+    state: str = "starting"
+    """starting (no connection yet) | running (steps under way) | ready (waits for the round in
+    ``at_round``) | done (its rounds are over; waits to be released) | gone (left the rounds)"""
+    at_round: int | None = None
+
+
+def _command(cell: Cell) -> list[str]:
+    """``comera-bench run --isolate`` (as the pipeline's per-cell rule runs it) for ``cell``."""
+    script = Path(sys.executable).with_name("comera-bench")
+    entry = [str(script)] if script.exists() else [sys.executable, "-m", "harness.cli"]
+    cmd = [*entry, "run", "--isolate", "--spec", cell.spec, "--runs-out", cell.runs, "--curves-out", cell.curves]
+    return cmd + (["--log", cell.log] if cell.log else [])
+
+
+class _Coordinator:
+    def __init__(self, cells: list[Cell], server: socket.socket, deadline: float | None = None):
+        self.cells, self.deadline = cells, deadline
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(server, selectors.EVENT_READ, None)
+
+    def close(self) -> None:
+        self.sel.close()
+
+    def _drop(self, cell: Cell) -> None:
+        if cell.conn is not None:
+            self.sel.unregister(cell.conn)
+            cell.conn.close()
+            cell.conn = None
+        cell.state = "gone"
+
+    def _read(self, key: selectors.SelectorKey) -> None:
+        """Read what a connection sent. Its first line (``hello <run_id>``) binds it to its cell; a
+        connection that closes drops its cell out of the rounds."""
+        conn, cell = key.fileobj, key.data
+        try:
+            data = conn.recv(4096)
+        except OSError:
+            data = b""
+        if not data:
+            if isinstance(cell, Cell):
+                self._drop(cell)
+            else:
+                self.sel.unregister(conn)
+                conn.close()
+            return
+        buffer = (cell.buffer if isinstance(cell, Cell) else cell["buffer"]) + data
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            word, _, arg = line.decode(errors="replace").strip().partition(" ")
+            if not isinstance(cell, Cell):  # an unbound connection: expect hello
+                cell = self._bind(conn, arg) if word == "hello" else None
+                if cell is None:
+                    self.sel.unregister(conn)
+                    conn.close()
+                    return
+            elif word == "ready":
+                cell.state, cell.at_round = "ready", int(arg)
+            elif word == "done":
+                cell.state, cell.at_round = "done", None
+        if isinstance(cell, Cell):
+            cell.buffer = buffer
+        else:
+            cell["buffer"] = buffer
+
+    def _bind(self, conn: socket.socket, run_id: str) -> Cell | None:
+        for cell in self.cells:
+            if cell.run_id == run_id and cell.state == "starting":
+                cell.conn, cell.state = conn, "running"
+                self.sel.modify(conn, selectors.EVENT_READ, cell)
+                return cell
+        return None  # not one of ours
+
+    def pump(self, timeout: float = POLL_S) -> None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise TimeoutError("the timing group ran past its time limit")
+        for key, _ in self.sel.select(timeout):
+            if key.data is None:
+                conn, _ = key.fileobj.accept()
+                self.sel.register(conn, selectors.EVENT_READ, {"buffer": b""})
+            else:
+                self._read(key)
+        for cell in self.cells:  # a process that ended before it connected
+            if cell.state == "starting" and cell.proc is not None and cell.proc.poll() is not None:
+                cell.state = "gone"
+
+    def wait_until(self, round_index: int) -> None:
+        """Until no cell is starting or running (each waits at ``round_index``, is done or gone)."""
+        while any(c.state in ("starting", "running") for c in self.cells):
+            self.pump()
+
+    def run_round(self, cell: Cell, round_index: int) -> bool:
+        """Let ``cell`` run its steps of ``round_index``; return when it waits again or has left
+        (False when it was not waiting for this round)."""
+        if cell.state != "ready" or cell.at_round != round_index:
+            return False
+        cell.state = "running"
+        try:
+            cell.conn.sendall(b"go\n")
+        except OSError:
+            self._drop(cell)
+        while cell.state == "running":
+            self.pump()
+        return True
+
+    def release(self) -> None:
+        """Let every cell finish (final evaluation, rows) at once."""
+        for cell in self.cells:
+            if cell.conn is not None:
+                try:
+                    cell.conn.sendall(b"go\n")
+                except OSError:
+                    pass
+                self._drop(cell)
+
+
+def run_group(cells: Sequence[Cell], rounds: int, *, log=None,
+              command: Callable[[Cell], list[str]] = _command, timeout_s: float | None = None) -> int:
+    """Run ``cells`` in interleaved rounds (module docstring); returns the number of cells whose
+    process exited with a non-zero status (each cell's ``proc`` keeps its return code). ``command``: a
+    cell's command line (default ``comera-bench run --isolate``; the performance bench runs its step
+    workers). ``timeout_s``: TimeoutError past it, every process of the group terminated."""
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    cells = list(cells)
+    for cell in cells:
+        cell.run_id = json.loads(Path(cell.spec).read_text())["run_id"]
+    with tempfile.TemporaryDirectory(prefix="comera-rounds-") as tmp:
+        path = os.path.join(tmp, "rounds.sock")
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(path)
+        server.listen(len(cells))
+        coord = _Coordinator(cells, server, None if timeout_s is None else time.monotonic() + timeout_s)
+        env = {**os.environ, ENV: path}
+        started = time.monotonic()
+        try:
+            for cell in cells:
+                cell.proc = subprocess.Popen(command(cell), env=env)
+            log(f"timing group of {len(cells)} cells, {rounds} interleaved rounds: "
+                + ", ".join(c.run_id for c in cells))
+            for r in range(rounds):
+                coord.wait_until(r)
+                ran = [coord.run_round(cell, r) for cell in (cells if r % 2 == 0 else cells[::-1])]
+                if any(ran):
+                    log(f"  round {r + 1}/{rounds}: {sum(ran)} cells ({time.monotonic() - started:.0f} s)")
+            coord.wait_until(rounds)
+            coord.release()
+            for cell in cells:
+                left = None if coord.deadline is None else max(coord.deadline - time.monotonic(), 0.1)
+                try:
+                    cell.proc.wait(timeout=left)
+                except subprocess.TimeoutExpired:
+                    raise TimeoutError("the timing group ran past its time limit") from None
+            failed = sum(1 for cell in cells if cell.proc.returncode != 0)
+        finally:
+            for cell in cells:
+                if cell.proc is not None and cell.proc.poll() is None:
+                    cell.proc.terminate()
+                    try:
+                        cell.proc.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        cell.proc.kill()
+            coord.close()
+            server.close()
+    return failed
+
+
+def stop_on_signals() -> None:
+    """SIGTERM / SIGHUP (a job's time limit, scancel, a closed session) end :func:`run_group` through its
+    cleanup: every cell's process is terminated and the socket folder removed; exit status 128 + N."""
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m harness.core.interleave --rounds R --cell SPEC RUNS CURVES LOG ...``: one timing group."""
+    ap = argparse.ArgumentParser(prog="python -m harness.core.interleave", description=main.__doc__)
+    ap.add_argument("--rounds", type=int, required=True)
+    ap.add_argument("--cell", nargs=4, action="append", required=True,
+                    metavar=("SPEC", "RUNS_OUT", "CURVES_OUT", "LOG"))
+    args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds {args.rounds}: need at least 1")
+    cells = [Cell(spec, runs, curves, log) for spec, runs, curves, log in args.cell]
+    stop_on_signals()
+    run_group(cells, args.rounds)
+    missing = [path for cell in cells for path in (cell.runs, cell.curves) if not Path(path).exists()]
+    if missing:  # a cell's supervisor failed to write even its failure row
+        print(f"python -m harness.core.interleave: no result written to {', '.join(missing)}", file=sys.stderr)
+    return 1 if missing else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

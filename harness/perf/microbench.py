@@ -1,0 +1,475 @@
+"""Micro-benchmarks of single layers: TTLinear vs nn.Linear, TTMEmbedding lookups vs nn.Embedding (Fig 5).
+
+``comera-bench microbench --spec S.json|S.yaml --out M.parquet`` (or ``--preset tiny|paper``) writes one
+``microbench`` row (docs/schema.md) per case. A case is one op, variant, shape, token count, rank and
+direction:
+
+* ``fwd``: the forward pass under ``torch.no_grad()`` (inference);
+* ``fwd_bwd``: the training forward plus the backward into every parameter (and into the input of a
+  linear layer, as for an inner layer of a network) for a fixed random output gradient; gradients are
+  reset to None before each call, as ``zero_grad(set_to_none=True)`` does.
+
+Time: ``torch.utils.benchmark.Timer.blocked_autorange`` (its block-size estimation is the warm-up; it
+synchronizes the accelerator), median and IQR over blocks, in ms per call.
+Memory (``peak_mem_bytes``): bytes allocated by the op above what was allocated before the call (inputs,
+parameters and the output gradient are not counted):
+
+* CUDA: ``torch.cuda.max_memory_allocated`` after a reset, minus ``memory_allocated`` before
+  (kind ``cuda_allocated``);
+* CPU: the peak of the running sum of the CPU allocator's allocation and free events recorded by
+  ``torch.profiler`` (``profile_memory=True``) during one call (kind ``cpu_allocated``).
+The kind is stored in the file metadata (``peak_mem_kind``) since it follows from the device.
+Allocator: the spec's ``allocator`` ("reuse", default, or "system"; ``--allocator`` overrides it) is
+applied to the process while measuring (see harness.running.allocator) and recorded in the file metadata.
+FLOPs: the matmul-class FLOPs actually executed, counted by ``torch.utils.flop_counter.FlopCounterMode``
+(2 per multiply-add; gathers and elementwise ops count 0).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+import yaml
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.benchmark import Timer
+from torch.utils.flop_counter import FlopCounterMode
+
+from harness.running import allocator
+from harness.configs import yamlnum
+
+DIRECTIONS = ("fwd", "fwd_bwd")
+LINEAR_VARIANTS = ("dense", "tt")
+EMBEDDING_VARIANTS = ("dense_grad", "sparse_grad", "ttm_naive", "ttm_order", "ttm_unique", "ttm_optimized")
+TTM_LEVELS = {  # variant -> (tensor-index level, unique-rows level) of comera.ttm.TTMEmbedding
+    "ttm_naive": (False, False), "ttm_order": (True, False),
+    "ttm_unique": (False, True), "ttm_optimized": (True, True),
+}
+
+# The paper's encoder layer shapes (docs/workloads.md) and a Criteo-sized embedding table.
+PAPER_LAYERS = [
+    {"in_shape": [12, 8, 8], "out_shape": [8, 8, 12]},
+    {"in_shape": [12, 8, 8], "out_shape": [12, 16, 16]},
+    {"in_shape": [16, 16, 12], "out_shape": [8, 8, 12]},
+]
+PAPER_TABLE = {"num_embeddings": 1_000_000, "embedding_dim": 128, "row_shape": [32, 32, 32, 32],
+               "col_shape": [2, 4, 4, 4], "rank": 32}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {
+        "device": "cpu", "num_threads": 1, "min_run_time_s": 0.01, "seed": 0,
+        "linear": {"layers": [{"in_shape": [4, 4], "out_shape": [4, 8]}], "ranks": [4], "tokens": [16],
+                   "directions": list(DIRECTIONS)},
+        "embedding": {"tables": [{"num_embeddings": 1000, "embedding_dim": 16, "row_shape": [10, 10, 10],
+                                  "col_shape": [2, 2, 4], "rank": 4}],
+                      "indices": [256], "variants": list(EMBEDDING_VARIANTS), "directions": ["fwd_bwd"]},
+    },
+    "paper": {
+        "device": "auto", "num_threads": 2, "min_run_time_s": 1.0, "seed": 0,
+        "linear": {"layers": PAPER_LAYERS, "ranks": [10, 20, 30], "tokens": [128, 1024, 4096],
+                   "directions": list(DIRECTIONS)},
+        "embedding": {"tables": [PAPER_TABLE], "indices": [10000, 20000, 40000],
+                      "variants": list(EMBEDDING_VARIANTS), "directions": list(DIRECTIONS)},
+    },
+}
+
+_SPEC_KEYS = {"device", "num_threads", "min_run_time_s", "seed", "memory", "allocator", "linear", "embedding"}
+_LINEAR_KEYS = {"layers", "ranks", "tokens", "directions", "variants"}
+_EMBEDDING_KEYS = {"tables", "indices", "zipf_exponent", "variants", "directions"}
+_TABLE_KEYS = {"num_embeddings", "embedding_dim", "row_shape", "col_shape", "rank"}
+_DEFAULTS = {"device": "auto", "num_threads": 2, "min_run_time_s": 0.5, "seed": 0, "memory": True,
+             "allocator": "reuse"}
+
+
+# ------------------------------------------------------------------------------------------- the spec
+
+def load_spec(path: str | Path) -> dict[str, Any]:
+    """Read a JSON or YAML spec file and validate it (errors name the file and the offending key)."""
+    path = Path(path)
+    try:
+        raw = yamlnum.load(path.read_text())  # YAML is a superset of JSON
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"microbench spec {path}: cannot read: {exc}") from exc
+    return check_spec(raw, source=str(path))
+
+
+def check_spec(spec: Any, *, source: str = "spec") -> dict[str, Any]:
+    """The spec with defaults filled; unknown keys or bad values raise ValueError naming them."""
+    if not isinstance(spec, dict):
+        raise ValueError(f"microbench {source}: expected a mapping, got {type(spec).__name__}")
+    _check_keys(spec, _SPEC_KEYS, source)
+    out = {**_DEFAULTS, **spec}
+    if out["device"] not in ("cpu", "cuda", "auto"):
+        raise ValueError(f"microbench {source}: device={out['device']!r}, expected cpu, cuda or auto")
+    if out["allocator"] not in allocator.POLICIES:
+        raise ValueError(f"microbench {source}: allocator={out['allocator']!r}, expected one of "
+                         f"{list(allocator.POLICIES)}")
+    for key, least in (("num_threads", 1), ("seed", 0)):
+        if not isinstance(out[key], int) or isinstance(out[key], bool) or out[key] < least:
+            raise ValueError(f"microbench {source}: {key}={out[key]!r} must be an integer >= {least}")
+    if not isinstance(out["min_run_time_s"], (int, float)) or out["min_run_time_s"] <= 0:
+        raise ValueError(f"microbench {source}: min_run_time_s={out['min_run_time_s']!r} must be > 0")
+    if "linear" in out:
+        lin = out["linear"]
+        _check_keys(lin, _LINEAR_KEYS, f"{source}: linear")
+        out["linear"] = lin = {"directions": list(DIRECTIONS), "variants": list(LINEAR_VARIANTS), **lin}
+        for layer in lin.get("layers", []):
+            _check_keys(layer, {"in_shape", "out_shape"}, f"{source}: linear.layers")
+        _check_choices(lin["directions"], DIRECTIONS, f"{source}: linear.directions")
+        _check_choices(lin["variants"], LINEAR_VARIANTS, f"{source}: linear.variants")
+        _check_positive_ints(lin.get("tokens", []), f"{source}: linear.tokens")
+        _check_positive_ints(lin.get("ranks", []), f"{source}: linear.ranks")
+    if "embedding" in out:
+        emb = out["embedding"]
+        _check_keys(emb, _EMBEDDING_KEYS, f"{source}: embedding")
+        out["embedding"] = emb = {"zipf_exponent": 1.05, "directions": list(DIRECTIONS),
+                                  "variants": list(EMBEDDING_VARIANTS), **emb}
+        for table in emb.get("tables", []):
+            _check_keys(table, _TABLE_KEYS, f"{source}: embedding.tables")
+        _check_choices(emb["directions"], DIRECTIONS, f"{source}: embedding.directions")
+        _check_choices(emb["variants"], EMBEDDING_VARIANTS, f"{source}: embedding.variants")
+        _check_positive_ints(emb.get("indices", []), f"{source}: embedding.indices")
+        if not isinstance(emb["zipf_exponent"], (int, float)) or emb["zipf_exponent"] < 0:
+            raise ValueError(f"microbench {source}: embedding.zipf_exponent={emb['zipf_exponent']!r} must be >= 0")
+    return out
+
+
+def _check_keys(mapping: Any, allowed: set[str], where: str) -> None:
+    if not isinstance(mapping, dict):
+        raise ValueError(f"microbench {where}: expected a mapping, got {mapping!r}")
+    for key in mapping:
+        if key not in allowed:
+            raise ValueError(f"microbench {where}: unknown key {key!r}; allowed keys: {sorted(allowed)}")
+
+
+def _check_choices(values: Any, allowed: tuple[str, ...], where: str) -> None:
+    for value in values:
+        if value not in allowed:
+            raise ValueError(f"microbench {where}: unknown value {value!r}; allowed: {list(allowed)}")
+
+
+def _check_positive_ints(values: Any, where: str) -> None:
+    for value in values:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"microbench {where}: {value!r} must be a positive integer")
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` is CUDA when available, else CPU; ``cuda`` without CUDA is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("microbench: device 'cuda' requested but CUDA is not available")
+    return torch.device(name)
+
+
+# -------------------------------------------------------------------------------------------- cases
+
+@dataclass
+class Case:
+    """One measured call: ``run()`` executes the op once (forward, or forward + backward)."""
+
+    op: str
+    variant: str
+    shape: str
+    tokens: int
+    rank: int | None
+    direction: str
+    run: Callable[[], Any]
+    reset: Callable[[], None]
+    """Drops what ``run`` left behind (gradients), so a measurement starts from the inputs only."""
+    param_bytes: int
+    """Bytes of the module's parameters (not part of peak_mem_bytes)."""
+
+
+@dataclass
+class Result:
+    case: Case
+    time_ms: float
+    time_ms_iqr: float
+    blocks: int
+    peak_mem_bytes: int | None
+    peak_mem_kind: str | None
+    flops: float
+    traffic_bytes: float
+    """Compulsory memory traffic of the executed ops (see :class:`TrafficCounter`)."""
+
+
+def param_bytes(module: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def _call(module: nn.Module, inputs: torch.Tensor, direction: str,
+          wrt_input: bool) -> tuple[Callable[[], Any], Callable[[], None]]:
+    """A closure running ``module(inputs)`` once in the given direction, and one dropping the gradients
+    it left (a ``fwd_bwd`` call starts with it, as ``zero_grad(set_to_none=True)`` would)."""
+    if direction == "fwd":
+        def fwd():
+            with torch.no_grad():
+                return module(inputs)
+        return fwd, _nothing
+    x = inputs.detach().requires_grad_(True) if wrt_input else inputs
+    wrt = ([x] if wrt_input else []) + [p for p in module.parameters() if p.requires_grad]
+    with torch.no_grad():
+        grad_out = torch.randn_like(module(inputs))
+
+    def reset():
+        for t in wrt:
+            t.grad = None
+
+    def fwd_bwd():
+        reset()
+        torch.autograd.backward(module(x), grad_out, inputs=wrt)
+    return fwd_bwd, reset
+
+
+def _nothing() -> None:
+    return None
+
+
+def linear_cases(cfg: dict[str, Any], device: torch.device, seed: int) -> Iterator[Case]:
+    """TTLinear (every rank) and nn.Linear at each layer shape, token count and direction."""
+    from comera.tt import TTLinear
+
+    gen = torch.Generator().manual_seed(seed)
+    for layer in cfg.get("layers", []):
+        in_shape, out_shape = [int(n) for n in layer["in_shape"]], [int(n) for n in layer["out_shape"]]
+        n_in, n_out = math.prod(in_shape), math.prod(out_shape)
+        dims = f"{n_in}x{n_out}"
+        tt_shape = f"{dims} [{','.join(map(str, in_shape))}|{','.join(map(str, out_shape))}]"
+        modules: list[tuple[str, str, int | None, nn.Module]] = []
+        if "dense" in cfg["variants"]:
+            modules.append(("dense", dims, None, nn.Linear(n_in, n_out, device=device)))
+        if "tt" in cfg["variants"]:
+            modules += [("tt", tt_shape, r, TTLinear(n_in, n_out, in_shape=in_shape, out_shape=out_shape,
+                                                     rank=r, device=device))
+                        for r in cfg.get("ranks", [])]
+        for tokens in cfg.get("tokens", []):
+            x = torch.randn(tokens, n_in, generator=gen).to(device)
+            for variant, shape, rank, module in modules:
+                for direction in cfg["directions"]:
+                    yield Case("linear", variant, shape, tokens, rank, direction,
+                               *_call(module, x, direction, wrt_input=True), param_bytes(module))
+
+
+def zipf_indices(count: int, num_embeddings: int, exponent: float, seed: int) -> torch.Tensor:
+    """``count`` row ids with Zipf-like frequencies (P(k-th most frequent) ~ k^-exponent); which row is
+    the k-th most frequent is a random permutation, so hot rows are spread over the table."""
+    rng = np.random.default_rng(seed)
+    weights = 1.0 / np.arange(1, num_embeddings + 1, dtype=np.float64) ** exponent
+    ranks = rng.choice(num_embeddings, size=count, p=weights / weights.sum())
+    return torch.from_numpy(rng.permutation(num_embeddings)[ranks]).long()
+
+
+def _embedding_module(variant: str, table: dict[str, Any], device: torch.device) -> nn.Module:
+    if variant in ("dense_grad", "sparse_grad"):
+        return nn.Embedding(table["num_embeddings"], table["embedding_dim"], sparse=variant == "sparse_grad",
+                            device=device)
+    from comera.ttm import TTMEmbedding
+
+    order_level, unique_level = TTM_LEVELS[variant]
+    return TTMEmbedding(table["num_embeddings"], table["embedding_dim"], row_shape=table.get("row_shape"),
+                        col_shape=table.get("col_shape"), rank=table["rank"], tensor_index_level=order_level,
+                        unique_rows=unique_level, device=device)
+
+
+def embedding_cases(cfg: dict[str, Any], device: torch.device, seed: int) -> Iterator[Case]:
+    """Every lookup variant of each table at each index count (Zipf-like indices) and direction.
+
+    One module lives at a time (a dense table with its gradient may take gigabytes)."""
+    for table in cfg.get("tables", []):
+        num, dim = int(table["num_embeddings"]), int(table["embedding_dim"])
+        indices = {n: zipf_indices(n, num, cfg["zipf_exponent"], seed + n).to(device) for n in cfg.get("indices", [])}
+        for variant in cfg["variants"]:
+            module = _embedding_module(variant, table, device)
+            ttm = variant.startswith("ttm_")
+            shape = f"{num}x{dim}"
+            if ttm:
+                shape += f" [{','.join(map(str, module.row_shape))}|{','.join(map(str, module.col_shape))}]"
+            for count, idx in indices.items():
+                for direction in cfg["directions"]:
+                    yield Case("embedding", variant, shape, count, int(table["rank"]) if ttm else None, direction,
+                               *_call(module, idx, direction, wrt_input=False), param_bytes(module))
+            del module
+
+
+# ------------------------------------------------------------------------------------------ measuring
+
+def time_call(run: Callable[[], Any], *, num_threads: int, min_run_time_s: float) -> tuple[float, float, int]:
+    """Median and IQR (ms) of ``run`` over blocked_autorange blocks, and the number of blocks."""
+    timer = Timer(stmt="run()", globals={"run": run}, num_threads=num_threads)
+    m = timer.blocked_autorange(min_run_time=min_run_time_s)
+    return m.median * 1e3, m.iqr * 1e3, len(m.times)
+
+
+def peak_memory(run: Callable[[], Any], device: torch.device,
+                reset: Callable[[], None] = _nothing) -> tuple[int, str]:
+    """Peak bytes allocated by one call above what was allocated before it (after ``reset``), and the
+    kind of number."""
+    reset()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        run()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before, "cuda_allocated"
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
+    current = peak = 0
+    for _, nbytes in events:
+        current += nbytes
+        peak = max(peak, current)
+    return peak, "cpu_allocated"
+
+
+_GATHERS = {torch.ops.aten.index_select.default, torch.ops.aten.embedding.default,
+            torch.ops.aten.index.Tensor, torch.ops.aten.gather.default}
+_NO_TRAFFIC = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.default,
+               torch.ops.aten.empty_strided.default, torch.ops.aten.detach.default}
+
+
+class TrafficCounter(TorchDispatchMode):
+    """Compulsory memory traffic of the executed ATen ops: every non-view op reads its tensor arguments
+    and writes its outputs once; a gather reads only the rows it returns (2x output + indices).
+    A lower bound of real traffic for operands larger than the caches (reused operands counted again)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view and func not in _NO_TRAFFIC:
+            outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+            if func in _GATHERS:
+                index = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)
+                         and not t.is_floating_point()]
+                self.bytes += 2 * _nbytes(outs) + _nbytes(index)
+            else:
+                ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+                self.bytes += _nbytes(ins) + _nbytes(outs)
+        return out
+
+
+def _nbytes(tensors: list[torch.Tensor]) -> int:
+    total = 0
+    for t in tensors:
+        if t.is_sparse:
+            total += _nbytes([t._indices(), t._values()])
+        else:
+            total += t.numel() * t.element_size()
+    return total
+
+
+def count_cost(run: Callable[[], Any]) -> tuple[float, float]:
+    """(matmul-class FLOPs, compulsory traffic bytes) of one call."""
+    counter = FlopCounterMode(display=False)
+    traffic = TrafficCounter()
+    with counter, traffic:
+        run()
+    return float(counter.get_total_flops()), float(traffic.bytes)
+
+
+def measure(case: Case, device: torch.device, *, num_threads: int, min_run_time_s: float,
+            memory: bool = True) -> Result:
+    """Time, peak memory and op cost of one case."""
+    median, iqr, blocks = time_call(case.run, num_threads=num_threads, min_run_time_s=min_run_time_s)
+    mem, kind = peak_memory(case.run, device, case.reset) if memory else (None, None)
+    flops, traffic = count_cost(case.run)
+    return Result(case, median, iqr, blocks, mem, kind, flops, traffic)
+
+
+def run_cases(spec: dict[str, Any], *, progress: Callable[[str], None] | None = None) -> Iterator[Result]:
+    """Measure every case of a (checked) spec, one at a time (the caller sets the allocator policy)."""
+    device = resolve_device(spec["device"])
+    torch.set_num_threads(spec["num_threads"])
+    torch.manual_seed(spec["seed"])
+    cases: list[Iterator[Case]] = []
+    if "linear" in spec:
+        cases.append(linear_cases(spec["linear"], device, spec["seed"]))
+    if "embedding" in spec:
+        cases.append(embedding_cases(spec["embedding"], device, spec["seed"]))
+    for generator in cases:
+        for case in generator:
+            result = measure(case, device, num_threads=spec["num_threads"],
+                             min_run_time_s=spec["min_run_time_s"], memory=spec["memory"])
+            if progress:
+                progress(f"{case.op:9s} {case.variant:13s} {case.shape:28s} tokens={case.tokens:<6d} "
+                         f"rank={case.rank!s:4s} {case.direction:7s} {result.time_ms:10.3f} ms  "
+                         f"peak={result.peak_mem_bytes}")
+            yield result
+
+
+def to_row(result: Result, prov: dict[str, Any]) -> dict[str, Any]:
+    """A ``microbench`` row (docs/schema.md) for one result."""
+    c = result.case
+    return {"op": c.op, "variant": c.variant, "shape": c.shape, "tokens": c.tokens, "rank": c.rank,
+            "direction": c.direction, "time_ms": result.time_ms, "time_ms_iqr": result.time_ms_iqr,
+            "peak_mem_bytes": result.peak_mem_bytes, "flops": result.flops, **prov}
+
+
+def run(spec: dict[str, Any], *, config_hash: str = "",
+        progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Rows with the ``microbench`` columns for every case of ``spec`` (checked here), measured under its
+    allocator policy."""
+    from harness.results import provenance
+
+    spec = check_spec(spec)
+    with allocator.policy(spec["allocator"]):
+        results = list(run_cases(spec, progress=progress))
+    prov = provenance(resolve_device(spec["device"]), config_hash)
+    return [to_row(r, prov) for r in results]
+
+
+def cli(argv: list[str]) -> int:
+    """``comera-bench microbench (--spec S.json | --preset tiny|paper) --out M.parquet``"""
+    from harness.results import PROVENANCE_COLUMNS, provenance, to_frame, write_parquet_atomic
+
+    ap = argparse.ArgumentParser(prog="comera-bench microbench",
+                                 description="Time and memory of single TT/TTM layers against dense ones.")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--spec", help="JSON or YAML spec (ops, shapes, ranks, tokens, lookups, repeats, device)")
+    src.add_argument("--preset", choices=sorted(PRESETS), help="a built-in spec")
+    ap.add_argument("--out", required=True, help="microbench Parquet file (written atomically)")
+    ap.add_argument("--device", choices=["cpu", "cuda", "auto"], help="override the spec's device")
+    ap.add_argument("--config-hash", default="", help="recorded in the provenance columns")
+    ap.add_argument("--allocator", choices=allocator.POLICIES,
+                    help="override the spec's allocator policy (default reuse; see harness.running.allocator)")
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        spec = load_spec(args.spec) if args.spec else check_spec(PRESETS[args.preset], source=f"preset {args.preset}")
+        if args.device:
+            spec["device"] = args.device
+        if args.allocator:
+            spec["allocator"] = args.allocator
+        with allocator.policy(spec["allocator"]) as applied:
+            rows = run(spec, config_hash=args.config_hash,
+                       progress=None if args.quiet else lambda line: print(line, file=sys.stderr))
+    except (ValueError, RuntimeError) as exc:
+        print(f"comera-bench microbench: {exc}", file=sys.stderr)
+        return 2
+    device = resolve_device(spec["device"])
+    meta = {**(provenance(device, args.config_hash) if not rows else {k: rows[0][k] for k in PROVENANCE_COLUMNS}),
+            "peak_mem_kind": "cuda_allocated" if device.type == "cuda" else "cpu_allocated", "spec": spec,
+            "allocator": applied}
+    try:
+        write_parquet_atomic(to_frame(rows, "microbench"), args.out, kind="microbench",
+                             provenance=json.loads(json.dumps(meta, default=str)))
+    except OSError as exc:
+        print(f"comera-bench microbench: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    print(f"{len(rows)} microbench rows -> {args.out}")
+    return 0

@@ -1,0 +1,308 @@
+"""The same grid on several devices side by side: `comera-bench compare DIR... [--out DIR] [--names A,B]`.
+
+Each DIR is a results/<device> folder (this machine's, or one copied from another machine). A cell is
+matched across devices only on every identity column (:data:`CELL`: workload, its parameters -- model
+size, sequence length, any sweep point --, method, variant, batch size, rank, target, seed, CUDA graph,
+purpose and budget), so two sweep points or two model sizes are never pooled. A matched pair is flagged
+when its devices ran with different torch threads, torch versions or memory kinds; a memory ratio
+between two memory kinds (``cpu_rss_delta`` vs ``cuda_allocated``) is refused (left empty, said why),
+and a time ratio needs a stable timing on both devices (harness.core.timing). Writes compare.md /
+compare.csv (one row per cell: each device's epoch time and peak memory, the ratio of every device to
+the first with its spread, flags), compare_ratios.csv (within each device, CoMERA's speedup and memory
+saving over the other methods, from stable rows, per-round ratios where the cells were timed together,
+beside the paper's RTX 3090 and RTX 4090 ratios as two more "devices") and compare_time_memory.png/.pdf.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from harness.reports import reference
+from harness.core import timing  # noqa: E402
+from harness.reports.html import write_html  # noqa: E402
+from harness.results import ResultsError  # noqa: E402
+from harness.reports.tables import MB, Results, load, relative_iqr, settings_of, stable, timing_cells  # noqa: E402
+
+CELL = ["workload", "workload_params", "method", "variant", "batch_size", "seq_len", "rank", "target_ratio",
+        "seed", "cuda_graph", "purpose", "budget"]
+QUANTITIES = {"epoch_time": "epoch_time_s", "peak_mem": "peak_mem_bytes"}
+CHECKED = {"num_threads": "torch threads", "torch_version": "torch version", "peak_mem_kind": "memory kind"}
+"""Columns that should agree between two devices' runs of one cell; a difference is flagged."""
+
+
+def _canonical(value: object) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def cells_of(res: Results) -> pd.DataFrame:
+    """One row per cell (ok runs, median over repeated rows of a cell) with the identity columns
+    :data:`CELL`, the quantities, their spread, the timing verdict and :data:`CHECKED`."""
+    df = res.runs[res.runs.status == "ok"].copy()
+    settings = [settings_of(r) for r in df.itertuples()]
+    df["cuda_graph"] = df.run_id.map(res.cuda_graph)
+    df["purpose"] = df.purpose.fillna("timing")  # a quality cell is never pooled with a timing cell
+    df["workload_params"] = [_canonical(s.get("workload_params", res.cells.get(rid, {}).get("workload_params")))
+                             for s, rid in zip(settings, df.run_id)]
+    df["budget"] = [_canonical(s.get("budget", res.cells.get(rid, {}).get("budget"))) for s, rid in
+                    zip(settings, df.run_id)]
+    df["rel_iqr"] = relative_iqr(df)
+    df["stable"] = stable(df)
+    for col in QUANTITIES.values():
+        df[col] = df[col].astype(float)
+    keep = ["run_id", *QUANTITIES.values(), "rel_iqr", "stable", "timing_quality", *CHECKED]
+    return df[CELL + keep].drop_duplicates(CELL, keep="last").reset_index(drop=True)
+
+
+def _flags(a: pd.Series, b: pd.Series, label_a: str, label_b: str, timed: bool) -> list[str]:
+    out = []
+    for col, what in CHECKED.items():
+        x, y = a.get(col), b.get(col)
+        if pd.notna(x) and pd.notna(y) and str(x) != str(y):
+            out.append(f"{what} differs ({label_a} {x} vs {label_b} {y})")
+    for label, row in ((label_a, a), (label_b, b)):
+        if timed and not row.get("stable"):
+            out.append(f"timing not stable on {label}: {timing.noisy_reason(row)}")
+    return out
+
+
+def _spread(num: float, den: float, rel_num: float, rel_den: float) -> tuple[float, float]:
+    """(low, high) of num/den from each value's IQR over its median (half above, half below)."""
+    rn = 0.0 if pd.isna(rel_num) else rel_num / 2
+    rd = 0.0 if pd.isna(rel_den) else min(rel_den / 2, 0.99)
+    return num * (1 - rn) / (den * (1 + rd)), num * (1 + rn) / (den * (1 - rd))
+
+
+def side_by_side(folders: list[str | Path], names: list[str] | None = None
+                 ) -> tuple[pd.DataFrame, list[str], list[str]]:
+    """(table, device labels, warnings): one row per cell; columns <quantity>@<device>, and per later
+    device <quantity> ratio <device>/<first> with _low/_high, plus flags. A device is named by its
+    folder unless ``names`` are given."""
+    labels, frames, warnings = [], [], []
+    for i, folder in enumerate(folders):
+        res = load(folder, names[i] if names else None)
+        if res.label in labels:
+            raise ValueError(f"two result folders named {res.label!r}: give each device its own name")
+        labels.append(res.label)
+        frames.append(cells_of(res))
+    base = frames[0].set_index(CELL)
+    table = base[list(QUANTITIES.values())].rename(columns={c: f"{q}@{labels[0]}" for q, c in QUANTITIES.items()})
+    table["differences"] = ""
+    for label, frame in zip(labels[1:], frames[1:]):
+        other = frame.set_index(CELL)
+        both = base.index.intersection(other.index)
+        if not len(both):
+            warnings.append(f"{label} and {labels[0]} have no cell in common (every identity column must match): "
+                            + _why_apart(frames[0], frame, labels[0], label))
+        table = table.join(other[list(QUANTITIES.values())].rename(
+            columns={c: f"{q}@{label}" for q, c in QUANTITIES.items()}), how="outer")
+        table["differences"] = table["differences"].fillna("")
+        for q, col in QUANTITIES.items():
+            ratio, low, high = (pd.Series(float("nan"), index=table.index) for _ in range(3))
+            for key in both:
+                a, b = base.loc[key], other.loc[key]
+                timed = key[CELL.index("purpose")] == "timing"
+                flags = _flags(a, b, labels[0], label, timed)
+                refused = (q == "peak_mem" and str(a.peak_mem_kind) != str(b.peak_mem_kind)) or (
+                    q == "epoch_time" and timed and not (a.stable and b.stable))
+                if not refused and pd.notna(a[col]) and pd.notna(b[col]) and a[col] > 0:
+                    ratio[key] = b[col] / a[col]
+                    if q == "epoch_time":
+                        low[key], high[key] = _spread(b[col], a[col], b.rel_iqr, a.rel_iqr)
+                    else:
+                        low[key] = high[key] = ratio[key]
+                if flags:
+                    prior = table.at[key, "differences"]
+                    new = [f for f in flags if f not in prior]
+                    table.at[key, "differences"] = "; ".join(filter(None, [prior, *new]))
+            table[f"{q} ratio {label}/{labels[0]}"] = ratio
+            table[f"{q} ratio {label}/{labels[0]} low"] = low
+            table[f"{q} ratio {label}/{labels[0]} high"] = high
+    return table.reset_index(), labels, warnings
+
+
+def _why_apart(a: pd.DataFrame, b: pd.DataFrame, label_a: str, label_b: str) -> str:
+    """Which identity columns keep two folders' cells apart (their distinct values per workload)."""
+    reasons = []
+    for col in ("workload_params", "budget", "batch_size", "method"):
+        va, vb = set(a[col].astype(str)), set(b[col].astype(str))
+        if va != vb and not va & vb:
+            reasons.append(f"{col}: {label_a} {sorted(va)[:3]} vs {label_b} {sorted(vb)[:3]}")
+    return "; ".join(reasons) or "no identity column in common"
+
+
+def method_ratios(folders: list[str | Path], names: list[str] | None = None) -> pd.DataFrame:
+    """CoMERA vs each other method on every device (other / CoMERA, same workload, its parameters and
+    batch; time from stable rows only, per-round where they were timed together), plus the paper's
+    stated ratios as devices "paper (RTX 3090)" and "paper (RTX 4090)"."""
+    rows = []
+    for i, folder in enumerate(folders):
+        res = load(folder, names[i] if names else None)
+        runs = timing_cells(res.runs)  # time and memory ratios of the timing cells only
+        runs = runs[(runs.status == "ok") & runs.target_ratio.isna() & ~runs.run_id.isin(list(res.sweeps))
+                    & ~runs.run_id.map(res.cuda_graph).astype(bool)]
+        runs = runs.assign(workload_params=[_canonical(settings_of(r).get("workload_params")) for r in runs.itertuples()])
+        for (workload, params, batch, seed), group in runs.groupby(["workload", "workload_params", "batch_size", "seed"]):
+            base = group[(group.method == "comera") & (group.variant == "default")]
+            if not len(base):
+                continue
+            base = base.iloc[0]
+            for _, other in group[group.method != "comera"].iterrows():
+                for q, col in QUANTITIES.items():
+                    if q == "epoch_time":
+                        r = (timing.ratio(other.to_dict(), base.to_dict(), col)
+                             if timing.is_stable(other) and timing.is_stable(base) else None)
+                        note = "" if r is not None else "left out: timing not stable"
+                    else:
+                        r = timing.ratio(other.to_dict(), base.to_dict(), col)
+                        if str(other.peak_mem_kind) != str(base.peak_mem_kind):
+                            r, note = None, "memory kinds differ"
+                        else:
+                            note = ""
+                    rows.append({"device": res.label, "workload": workload, "params": params, "batch_size": batch,
+                                 "seed": seed, "versus": f"{other.method}-{other.variant}", "quantity": q,
+                                 "ratio": r.value if r else float("nan"), "low": r.low if r else float("nan"),
+                                 "high": r.high if r else float("nan"), "rounds": r.n if r else 0,
+                                 "interleaved": bool(r and r.interleaved), "source": "measured",
+                                 "note": note})
+    for device in reference.paper_devices().values():
+        for r in device["ratios"]:
+            rows.append({"device": device["label"], "workload": r["workload"], "params": "", "batch_size": r["batch_size"],
+                         "seed": None, "versus": f"{r['method']}-default", "quantity": r["quantity"],
+                         "ratio": r["ratio"], "low": r["ratio"], "high": r["ratio"], "rounds": 0,
+                         "interleaved": False, "source": f"{r['claim']}: {reference.source_text(r['source'])}",
+                         "note": ""})
+    return pd.DataFrame(rows)
+
+
+def _batch(value: object) -> str:
+    """An integer batch size as text ("all" where a paper ratio holds for every batch)."""
+    return str(int(value)) if pd.notna(value) else "all"
+
+
+def cell_label(r: pd.Series) -> str:
+    params = json.loads(r.workload_params) if isinstance(r.workload_params, str) else {}
+    extra = ",".join(f"{k}={v}" for k, v in sorted((params or {}).items()) if k in ("size", "seq_len"))
+    label = f"{r.workload}[{extra}]/{r.method}-{r.variant}/b{_batch(r.batch_size)}"
+    label += "" if pd.isna(r.target_ratio) else f"/t{r.target_ratio:g}"
+    graph = pd.notna(r.cuda_graph) and bool(r.cuda_graph)
+    return label + ("/cg" if graph else "") + ("/quality" if r.purpose == "quality" else "")
+
+
+def _log_x_if_positive(ax: plt.Axes, columns: list[pd.Series], label: str) -> None:
+    """A log x axis when some value is positive (a linear one, said so, when none is)."""
+    values = pd.concat(columns) if columns else pd.Series(dtype=float)
+    if (values.astype(float) > 0).any():
+        ax.set_xscale("log")
+        ax.set_xlabel(f"{label}, log scale")
+    else:
+        ax.set_xlabel(f"{label} (nothing measured)")
+
+
+def plot(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, out: Path) -> None:
+    """Each device's time and memory per cell, the device ratio per cell with its spread, and CoMERA's
+    speedup over the other methods on each device."""
+    n = max(len(table), 1)
+    fig, axes = plt.subplots(1, 4, figsize=(24, max(5.0, 0.28 * n + 2)))
+    cells = table.apply(cell_label, axis=1) if len(table) else pd.Series(dtype=str)
+    width = 0.8 / len(labels)
+    for ax, (q, unit, scale) in zip(axes, (("epoch_time", "time per epoch (s)", 1.0),
+                                           ("peak_mem", "peak memory (MB)", MB))):
+        for i, label in enumerate(labels):
+            ax.barh([y + i * width for y in range(len(table))], table[f"{q}@{label}"] / scale,
+                    height=width, label=label)
+        ax.set_yticks([y + 0.4 - width / 2 for y in range(len(table))], cells, fontsize=7)
+        _log_x_if_positive(ax, [table[f"{q}@{label}"] for label in labels], unit)
+        ax.legend(fontsize=8)
+    ax = axes[2]
+    for i, label in enumerate(labels[1:]):
+        col = f"epoch_time ratio {label}/{labels[0]}"
+        ok = table[col].notna()
+        ys = [y for y, good in enumerate(ok) if good]
+        r = table[col][ok]
+        ax.errorbar(r, ys, xerr=[r - table[f"{col} low"][ok], table[f"{col} high"][ok] - r], fmt="o",
+                    capsize=3, label=f"{label} / {labels[0]} (bars: step-time IQRs)")
+    ax.set_yticks(range(len(table)), cells if len(labels) > 1 else [], fontsize=7)
+    ax.axvline(1.0, color="gray", lw=1)
+    _log_x_if_positive(ax, [table[f"epoch_time ratio {label}/{labels[0]}"] for label in labels[1:]],
+                       "epoch time ratio between devices (stable cells only)")
+    if len(labels) > 1:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "one device: no ratio", transform=ax.transAxes, ha="center")
+    ax = axes[3]
+    r = ratios[(ratios.quantity == "epoch_time") & ratios.ratio.notna()]
+    keys = r.apply(lambda x: f"{x.workload}/b{_batch(x.batch_size)}: {x.versus}", axis=1) if len(r) else pd.Series(dtype=str)
+    order = sorted(keys.unique())
+    ndev = max(1, r.device.nunique())
+    for i, (device, group) in enumerate(r.assign(key=keys).groupby("device", sort=False)):
+        ys = [order.index(k) + i * 0.8 / ndev for k in group.key]
+        ax.errorbar(group.ratio, ys, xerr=[group.ratio - group.low, group.high - group.ratio], fmt="o",
+                    capsize=3, label=device)
+    ax.set_yticks(range(len(order)), order, fontsize=7)
+    ax.axvline(1.0, color="gray", lw=1)
+    ax.set_xlabel("CoMERA speedup per epoch (other / CoMERA; bars: IQR over rounds)")
+    ax.legend(fontsize=8)
+    fig.suptitle("Devices compared: " + ", ".join(labels) + " + the paper's stated ratios")
+    fig.tight_layout()
+    for ext in ("png", "pdf"):
+        fig.savefig(out / f"compare_time_memory.{ext}", dpi=110)
+    plt.close(fig)
+
+
+def _markdown(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, warnings: list[str]) -> str:
+    shown = table.assign(cell=table.apply(cell_label, axis=1) if len(table) else [])
+    cols = ["cell"] + [c for c in table.columns if c.startswith(tuple(QUANTITIES)) and not c.endswith(("low", "high"))]
+    cols += ["differences"]
+    warn = "".join(f"\n> **Warning:** {w}\n" for w in warnings)
+    ratio_cols = ["device", "workload", "batch_size", "versus", "quantity", "ratio", "low", "high", "rounds",
+                  "interleaved", "note", "source"]
+    return (f"# Devices compared: {', '.join(labels)}\n{warn}\nPer cell (ok cells; time in s, memory in bytes "
+            "of each device's own peak_mem_kind). A cell is matched on every identity column (workload and "
+            "its parameters, method, variant, batch, rank, target, seed, CUDA graph, purpose, budget); a time "
+            "ratio needs a stable timing on both devices, a memory ratio the same memory kind; flags name "
+            f"what differs:\n\n{shown[cols].to_markdown(index=False, floatfmt='.4g')}"
+            "\n\n## CoMERA vs the other methods on each device (other / CoMERA)\n\nTime from stable rows only; "
+            "cells timed together in interleaved rounds give the median of the per-round ratios and its IQR "
+            f"(low-high) over `rounds` rounds.\n\n{ratios[ratio_cols].to_markdown(index=False, floatfmt='.3g')}\n")
+
+
+def cli(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="comera-bench compare", description=__doc__.splitlines()[0])
+    ap.add_argument("folders", nargs="+", help="results/<device> folders (runs.parquet inside)")
+    ap.add_argument("--out", default="figures/compare", help="output folder")
+    ap.add_argument("--names", help="comma-separated device names, one per folder (default: folder names)")
+    args = ap.parse_args(argv)
+    names = args.names.split(",") if args.names else None
+    if names is not None and len(names) != len(args.folders):
+        ap.error(f"--names has {len(names)} names for {len(args.folders)} folders")
+    try:
+        table, labels, warnings = side_by_side(args.folders, names)
+        ratios = method_ratios(args.folders, names)
+    except (ValueError, ResultsError, FileNotFoundError) as err:
+        print(f"comera-bench compare: {err}", file=sys.stderr)
+        return 2
+    for w in warnings:
+        print(f"comera-bench compare: warning: {w}", file=sys.stderr)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "compare.csv", index=False)
+    ratios.to_csv(out / "compare_ratios.csv", index=False)
+    (out / "compare.md").write_text(_markdown(table, labels, ratios, warnings))
+    write_html(out / "compare.md")
+    plot(table, labels, ratios, out)
+    flagged = int((table.differences != "").sum()) if len(table) else 0
+    print(f"compared {len(table)} cells over {labels} ({flagged} flagged) -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli(sys.argv[1:]))

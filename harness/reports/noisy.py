@@ -1,0 +1,75 @@
+"""The timing cells whose timing is not stable, and how to time them again.
+
+``comera-bench noisy RESULTS... [--delete]``: RESULTS are per-cell folders (results/runs/<device>) or
+merged runs tables. Lists every ok timing cell whose ``timing_quality`` is not "stable", with its
+reason. ``--delete`` removes their per-cell files (runs, curves), so that the next ``snakemake ...
+figures`` times them again -- each with its whole timing group, since ratios come only from cells
+timed together. The pipeline prints this list at its end (workflow/rules/common.smk).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from harness import results
+from harness.core import timing
+from harness.reports.tables import unstable_timing_cells
+
+
+def noisy_cells(paths: list[str | Path]) -> pd.DataFrame:
+    """Ok timing rows that are not stable (run_id, timing_group, timing_quality), from files or folders."""
+    files = results.expand_paths(paths, "runs")
+    frames = [results.read_parquet(f, "runs", fill_missing=True) for f in files]
+    if not frames:
+        return results.empty_frame("runs")
+    df = unstable_timing_cells(pd.concat(frames, ignore_index=True))
+    return df.drop_duplicates("run_id").reset_index(drop=True)
+
+
+def summary(paths: list[str | Path], cells_dir: str, target: str = "figures") -> str:
+    """Lines naming the noisy timing cells and the commands that time them again ('' when none)."""
+    df = noisy_cells(paths)
+    if not len(df):
+        return ""
+    lines = [f"{len(df)} timing cell(s) were not timed stably; no verdict or ratio uses them:"]
+    lines += [f"  {r.run_id}: {timing.noisy_reason(r)}" for _, r in df.iterrows()]
+    lines.append(f"To time them again (with their timing groups) on a quieter machine: "
+                 f"comera-bench noisy {cells_dir} --delete && snakemake --cores 1 {target}")
+    return "\n".join(lines)
+
+
+def cli(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="comera-bench noisy", description=__doc__.splitlines()[0])
+    ap.add_argument("results", nargs="+", help="results/runs/<device> folders or runs tables")
+    ap.add_argument("--delete", action="store_true",
+                    help="remove their per-cell runs and curves files so the pipeline times them again")
+    args = ap.parse_args(argv)
+    try:
+        df = noisy_cells(args.results)
+    except results.ResultsError as exc:
+        print(f"comera-bench noisy: {exc}", file=sys.stderr)
+        return 1
+    if not len(df):
+        print("every ok timing cell is stable")
+        return 0
+    for _, r in df.iterrows():
+        print(f"{r.run_id}\t{timing.noisy_reason(r)}")
+    if args.delete:
+        removed = 0
+        for folder in (Path(p) for p in args.results if Path(p).is_dir()):
+            for rid in df.run_id:
+                for kind in ("runs", "curves"):
+                    path = folder / f"{rid}.{kind}.parquet"
+                    if path.exists():
+                        path.unlink()
+                        removed += 1
+        print(f"removed {removed} file(s); the next pipeline run times these cells (and their groups) again",
+              file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli(sys.argv[1:]))

@@ -1,0 +1,434 @@
+"""Tables of one device's results (Markdown + HTML + CSV): the run overview, Table 1 (ranks), Table 2
+(DLRM), the MNLI size table and a summary of every run. Also the loader every report module shares (:func:`load`).
+
+``python -m harness.reports.tables --results results/<device> --device-label <device> --out figures/``
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from harness.reports import reference
+from harness.reports.html import write_html
+from harness.results import empty_frame, read_parquet
+
+MB = 1e6
+FAILED = ("oom", "diverged", "error", "timeout")
+BYTES_PER_PARAM = 4  # sizes in MB assume float32 parameters (the runs' dtype)
+
+
+@dataclass
+class Results:
+    """One device's merged results folder: runs, curves, microbench and the grid it came from."""
+
+    label: str
+    runs: pd.DataFrame
+    curves: pd.DataFrame
+    microbench: pd.DataFrame
+    cells: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sweeps: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def main_runs(self, workload: str) -> pd.DataFrame:
+        """Timing runs of a workload outside any sweep and without CUDA graph (the Fig 1/8 cells)."""
+        return self._plain(timing_cells(self.runs[self.runs.workload == workload]))
+
+    def quality_runs(self, workload: str) -> tuple[pd.DataFrame, str]:
+        """(runs, source): the workload's quality cells (trained to compare accuracy and rank
+        adaptation) outside any sweep and without CUDA graph, or its timing runs when the grid has no
+        quality cell (said in ``source``)."""
+        df = self._plain(self.runs[(self.runs.workload == workload) & (self.runs.purpose == "quality")])
+        if len(df):
+            return df, "quality cells"
+        return self.main_runs(workload), "timing cells (this grid has no quality cells)"
+
+    def _plain(self, df: pd.DataFrame) -> pd.DataFrame:
+        graph = df.run_id.map(self.cuda_graph).astype(bool)
+        return df[~df.run_id.isin(list(self.sweeps)) & ~graph]
+
+    def switch(self, row: Any) -> dict[str, float]:
+        """A CoMERA run's stage switch: step, TT size (from its settings), accuracy right after it and
+        the TT size at the end (from its curves); empty when the late stage never started."""
+        info = dict(settings_of(row).get("method", {}).get("switch") or {})
+        if not info.get("step"):
+            return {}
+        acc = self.curves[(self.curves.run_id == row.run_id) & (self.curves.split == "eval")
+                          & (self.curves.metric_name == "accuracy") & (self.curves.step == info["step"])]
+        info["accuracy"] = float(acc.value.iloc[-1]) if len(acc) else None
+        info["size_end"] = self.tt_size(row.run_id)
+        return info
+
+    def tt_size(self, run_id: str, first: bool = False) -> float | None:
+        """A run's TT size (curves method/params_tt, recorded after every step): the last record, or with
+        ``first`` the one after the first step (the size before training unless that step pruned)."""
+        c = self.curves[(self.curves.run_id == run_id) & (self.curves.split == "method")
+                        & (self.curves.metric_name == "params_tt")].sort_values("step")
+        return float(c.value.iloc[0 if first else -1]) if len(c) else None
+
+    def cuda_graph(self, run_id: str) -> bool:
+        return bool(self.cells.get(run_id, {}).get("execution", {}).get("cuda_graph", False))
+
+    def settings_line(self, workload: str | None = None, runs: pd.DataFrame | None = None) -> str:
+        """Device + settings for captions: device name, threads, torch, workload params and budget of the
+        first of ``runs`` (default: the workload's runs, timing cells first)."""
+        if runs is None:
+            runs = self.runs if workload is None else self.runs[self.runs.workload == workload]
+            runs = runs.sort_values("purpose", key=lambda p: p.fillna("timing") != "timing", kind="stable")
+        if not len(runs):
+            return f"device {self.label}: no runs"
+        first = runs.iloc[0]
+        parts = [f"device {self.label} ({first.device_name}, {first.device}, {first.num_threads} threads)",
+                 f"torch {first.torch_version}"]
+        spec = self.cells.get(first.run_id)
+        if spec is not None and workload is not None:
+            params = ", ".join(f"{k}={v}" for k, v in sorted(spec["workload_params"].items())) or "defaults"
+            parts.append(f"{workload} [{params}]")
+            parts.append(budget_text(spec["budget"]))
+        kinds = sorted(runs.peak_mem_kind.dropna().unique())
+        if kinds:
+            parts.append("memory = " + "/".join(kinds))
+        return "; ".join(parts)
+
+
+def load(folder: str | Path, label: str | None = None) -> Results:
+    """Read results/<device>/ (runs.parquet required; curves, microbench, grid.json when present)."""
+    folder = Path(folder)
+    runs = read_parquet(folder / "runs.parquet", "runs", fill_missing=True)  # older schemas: nulls, warned
+
+    def optional(name: str, kind: str) -> pd.DataFrame:
+        path = folder / name
+        return read_parquet(path, kind, fill_missing=True) if path.exists() else empty_frame(kind)
+
+    grid = json.loads((folder / "grid.json").read_text()) if (folder / "grid.json").exists() else {}
+    return Results(label or folder.name, runs, optional("curves.parquet", "curves"),
+                   optional("microbench.parquet", "microbench"), grid.get("cells", {}),
+                   grid.get("sweeps", {}))
+
+
+def timing_cells(runs: pd.DataFrame) -> pd.DataFrame:
+    """Rows of timing cells (purpose "timing", or null in files written before quality cells existed)."""
+    return runs[runs.purpose.fillna("timing") == "timing"]
+
+
+def stable(runs: pd.DataFrame) -> pd.Series:
+    """Which rows were timed stably (timing_quality "stable"; harness.core.timing.judge)."""
+    return runs.timing_quality.fillna("") == "stable"
+
+
+def unstable_timing_cells(runs: pd.DataFrame) -> pd.DataFrame:
+    """Ok timing cells whose timing is not stable: the rows no time ratio uses."""
+    cells = timing_cells(runs)
+    return cells[(cells.status == "ok") & ~stable(cells)]
+
+
+def relative_iqr(runs: pd.DataFrame) -> pd.Series:
+    """Each row's step-time IQR over its median step time (NaN where either is unknown or zero)."""
+    return (runs.step_time_ms_iqr / runs.step_time_ms).where(runs.step_time_ms > 0)
+
+
+def budget_text(budget: dict[str, Any]) -> str:
+    steps = budget.get("max_steps_per_epoch")
+    text = f"{budget['epochs']} epoch(s), " + (f"<= {steps} steps/epoch" if steps else "full epochs")
+    return text + (f", evaluated every {budget['eval_every_steps']} steps" if budget.get("eval_every_steps") else "")
+
+
+def method_label(row: Any) -> str:
+    label = row.method if row.variant in ("default", "", None) else f"{row.method}-{row.variant}"
+    if pd.notna(row.target_ratio):
+        label += f" (target {row.target_ratio:g})"
+    return label
+
+
+def ranks_of(row: Any) -> dict[str, list[int]]:
+    try:
+        return json.loads(row.ranks) if isinstance(row.ranks, str) and row.ranks else {}
+    except json.JSONDecodeError:
+        return {}
+
+
+def settings_of(row: Any) -> dict[str, Any]:
+    try:
+        return json.loads(row.settings) if isinstance(row.settings, str) and row.settings else {}
+    except json.JSONDecodeError:
+        return {}
+
+
+def extra_of(row: Any) -> dict[str, Any]:
+    try:
+        return json.loads(row.extra) if isinstance(row.extra, str) and row.extra else {}
+    except json.JSONDecodeError:
+        return {}
+
+
+def status_note(row: Any) -> str:
+    return "" if row.status == "ok" else f"{row.status}: {str(row.error or '')[:80]}"
+
+
+def late_stage_missing(row: Any) -> str:
+    """Why a CoMERA run with a target has no late stage to show: its failure, or a stage switch that never
+    came ("" when it has one, or is no such run)."""
+    if row.method != "comera" or pd.isna(row.target_ratio):
+        return ""
+    method = settings_of(row).get("method", {})
+    if row.status != "ok" or (method.get("switch") or {}).get("step"):
+        return status_note(row)
+    return f"late stage never started (late_start_step {method.get('late_start_step')})"
+
+
+QUALITY_ORDER = {"dense": 0, "comera": 1, "galore": 2, "lte": 3}
+
+
+def quality_order(runs: pd.DataFrame) -> pd.DataFrame:
+    """Runs ordered dense, CoMERA (no target, then targets from the largest: 0.8, 0.5, 0.2), GaLore, LTE,
+    other methods; within a method by variant, batch size and seed."""
+    key = runs.assign(_m=runs.method.map(QUALITY_ORDER).fillna(len(QUALITY_ORDER)),
+                      _t=-runs.target_ratio.fillna(float("inf")))
+    return runs.loc[key.sort_values(["_m", "variant", "_t", "batch_size", "seed"]).index]
+
+
+# ---------------------------------------------------------------------------------------------- tables
+
+_RANK_ENTRY = re.compile(r"(.+)\[(\d+)\]")
+_BLOCK = re.compile(r"(?:^|\.)(?:layers|layer|blocks|block|h|encoder)\.(\d+)\.")
+
+
+def _block_index(name: str) -> int | None:
+    m = _BLOCK.search(name)
+    return int(m.group(1)) if m else None
+
+
+def ranks_by_step(curves: pd.DataFrame, run_id: str) -> dict[int, dict[str, list[int]]]:
+    """step -> {layer: rank list} from a run's ``ranks`` curve rows (metric_name "<layer>[<k>]"),
+    recorded by the runner before training, at each stage change and at the end."""
+    rows = curves[(curves.run_id == run_id) & (curves.split == "ranks")]
+    out: dict[int, dict[str, dict[int, int]]] = {}
+    for r in rows.itertuples():
+        m = _RANK_ENTRY.fullmatch(r.metric_name)
+        if m:
+            out.setdefault(int(r.step), {}).setdefault(m.group(1), {})[int(m.group(2))] = int(r.value)
+    return {step: {layer: [k[i] for i in sorted(k)] for layer, k in layers.items()}
+            for step, layers in sorted(out.items())}
+
+
+def table1_ranks(res: Results, workload: str = "transformer") -> tuple[pd.DataFrame, str]:
+    """Internal TT ranks of the 5th encoder block (the last one when the model has fewer) before
+    training, after the early stage (at the stage switch) and after the late stage for each target, from
+    the runner's rank records (curves split "ranks": before training, at the switch, at the end), plus
+    a last row with the TT size of the whole model in each column."""
+    runs, source = res.quality_runs(workload)
+    comera = quality_order(runs[(runs.method == "comera") & (runs.variant == "default")])
+    df = comera[comera.status == "ok"]
+    if not len(df):
+        return pd.DataFrame(), f"no finished CoMERA run of the {workload} among the {source}"
+    columns, notes = _rank_columns(res, df)
+    names = sorted({n for ranks, _ in columns.values() for n in ranks})
+    blocks = sorted({b for n in names if (b := _block_index(n)) is not None})
+    if not blocks:
+        return pd.DataFrame(), "no encoder-block layer names found in the runs' ranks"
+    block = 4 if 4 in blocks else blocks[-1]
+    notes[:0] = ["5th encoder block (index 4)" if block == 4 else
+                 f"the model has {len(blocks)} encoder block(s): the last one (index {block}) is shown "
+                 "instead of the 5th", f"from the {source}"]
+    missing = [f"target {r.target_ratio:g}: {why}" for r in comera.itertuples() if (why := late_stage_missing(r))]
+    if missing:
+        notes.append("not measured here: " + "; ".join(missing))
+    rows = [{"layer": name, **{col: _ranks_text(ranks.get(name)) for col, (ranks, _) in columns.items()}}
+            for name in names if _block_index(name) == block]
+    rows.append({"layer": "TT size of the model (scalars)",
+                 **{col: "" if size is None else f"{size:.0f}" for col, (_, size) in columns.items()}})
+    return (pd.DataFrame(rows), "; ".join(notes) + "; ranks are the internal TT bonds r1-...-r(d-1); the TT "
+            "size counts every core and gate of every tensorized layer (before training: after the first "
+            "step; after early stage: right after the switch's pruning)")
+
+
+def _rank_columns(res: Results, df: pd.DataFrame) -> tuple[dict[str, tuple[dict[str, list[int]], float | None]],
+                                                              list[str]]:
+    """Table 1's columns, name -> (layer -> ranks, TT size), and where they come from: before training,
+    after the early stage (at the first recorded switch, else at the end of an early-stage-only run) and
+    one per target whose late stage ran, in ``df``'s order."""
+    records = {rid: ranks_by_step(res.curves, rid) for rid in df.run_id}
+    columns, notes = {}, []
+    first = next((rid for rid, steps in records.items() if steps), None)
+    if first:
+        columns["before training"] = (records[first][min(records[first])], res.tt_size(first, first=True))
+    targets = [(r, res.switch(r)) for r in df[df.target_ratio.notna()].itertuples()]
+    targets = [(r, info) for r, info in targets if info]
+    at_switch = next(((r, info) for r, info in targets if info["step"] in records[r.run_id]), None)
+    early = df[df.target_ratio.isna()]
+    if at_switch:
+        r, info = at_switch
+        columns["after early stage"] = (records[r.run_id][info["step"]], info["size"])
+        notes.append(f"after early stage = ranks at the stage switch (step {info['step']}) of the target-"
+                     f"{r.target_ratio:g} run")
+    elif len(early):
+        columns["after early stage (no switch: end of early-stage-only run)"] = (
+            ranks_of(early.iloc[0]), res.tt_size(early.run_id.iloc[0]))
+    for r, info in targets:
+        columns[f"late stage, target {r.target_ratio:g}"] = (ranks_of(r), info["size_end"])
+    return columns, notes
+
+
+def _ranks_text(r: list[int] | None) -> str:
+    return "" if r is None else "-".join(map(str, r[1:-1])) + (" (removed: rank 0)" if 0 in r else "")
+
+
+def table2_dlrm(res: Results) -> tuple[pd.DataFrame, str]:
+    """DLRM: accuracy, normalized cross-entropy, model size and peak memory per method and batch size."""
+    df = res.main_runs("dlrm")
+    if not len(df):
+        return pd.DataFrame(), "no DLRM run in this grid"
+    rows = []
+    for _, r in df.sort_values(["method", "variant", "batch_size"]).iterrows():
+        metrics = extra_of(r).get("eval", {})  # every metric of the last evaluation (harness/running/run.py)
+        rows.append({
+            "method": method_label(r), "batch_size": r.batch_size, "status": r.status,
+            "accuracy": r.metric_value if r.metric_name == "accuracy" else metrics.get("accuracy"),
+            "nce": metrics.get("nce", r.metric_value if r.metric_name == "nce" else None),
+            "model_MB": _mb(r.params_total), "compression_total": r.compression_total,
+            "peak_mem_MB": _mb_bytes(r.peak_mem_bytes), "peak_mem_kind": r.peak_mem_kind,
+            "note": status_note(r)})
+    return pd.DataFrame(rows), "model size = parameters x 4 bytes (float32), MB = 10^6 bytes"
+
+
+def table_mnli_size(res: Results) -> tuple[pd.DataFrame, str]:
+    """Transformer quality cells (dense, CoMERA per target 0.8, 0.5, 0.2, GaLore, LTE): accuracy, total
+    size and tensorized-layer size (MB), compression; for CoMERA also the accuracy and TT size at the
+    stage switch and the TT size at the end relative to it. The paper's dense size is the last row."""
+    runs, source = res.quality_runs("transformer")
+    rows = [_size_row(res, r) for r in quality_order(runs).itertuples()]
+    data = sorted({str(settings_of(r).get("workload_info", {}).get("data") or "") for r in runs.itertuples()} - {""})
+    paper = reference.load()["models"]["transformer_paper"]
+    rows.append({"source": "paper (RTX 3090)", "method": "dense (paper shapes)",
+                 "total_MB": _mb(paper["params_dense"]), "status": "stated",
+                 "note": reference.source_text(paper["source"])})
+    on_data = (f"data: {', '.join(data)}" + (" (the synthetic NLI task, not MNLI: its accuracies are not "
+                                             "the paper's)" if "mnli" not in data else "") + "; ") if data else ""
+    df = pd.DataFrame(rows)
+    for col in ("tt_size_at_switch", "tt_size_end"):  # whole numbers of scalars, printed as such
+        if col in df:
+            df[col] = pd.Series([None if pd.isna(v) else int(v) for v in df[col]], index=df.index, dtype=object)
+    return (df,
+            f"{on_data}rows from the {source}; accuracy = the last evaluation, accuracy_at_switch = the one right after "
+            "the stage switch; sizes = parameters x 4 bytes (float32), MB = 10^6 bytes; TT size = scalars in "
+            "every core and gate (at the switch: after its pruning); end/switch = TT size at the end / at the "
+            "switch, to be read against the target; the paper row is its model at full size")
+
+
+def _count(value: Any) -> int | None:
+    """A number of scalars as an integer (printed 59360, not 5.936e+04), None when unknown."""
+    return None if value is None or pd.isna(value) else int(round(float(value)))
+
+
+def _size_row(res: Results, r: Any) -> dict[str, Any]:
+    info = res.switch(r) if r.method == "comera" else {}
+    size_end = res.tt_size(r.run_id) if r.method == "comera" else None
+    return {"source": f"ours ({res.label})", "method": method_label(r), "batch_size": r.batch_size,
+            "status": r.status, "accuracy": r.metric_value if r.metric_name == "accuracy" else None,
+            "accuracy_at_switch": info.get("accuracy"), "tt_size_at_switch": _count(info.get("size")),
+            "tt_size_end": _count(size_end), "end/switch": size_end / info["size"] if size_end and info.get("size") else None,
+            "target": r.target_ratio, "total_MB": _mb(r.params_total),
+            "tensorized_layers_MB": _mb(r.params_factorized_layers),
+            "compression_total": r.compression_total, "compression_layers": r.compression_layers,
+            "note": status_note(r) or late_stage_missing(r)}
+
+
+def table_runs(res: Results) -> tuple[pd.DataFrame, str]:
+    """Every run: status, step/epoch time, peak memory, quality and compression."""
+    cols = ["run_id", "purpose", "status", "step_time_ms", "step_time_ms_iqr", "timing_quality",
+            "run_queue_frac", "epoch_time_s", "epoch_time_kind", "peak_mem_bytes", "peak_mem_kind", "metric_name",
+            "metric_value", "compression_total", "error"]
+    df = res.runs[cols].copy()
+    df["peak_mem_MB"] = df.pop("peak_mem_bytes").map(_mb_bytes)
+    df["error"] = df["error"].fillna("").str.slice(0, 80)
+    df["purpose"] = df["purpose"].fillna("timing")
+    return df.sort_values("run_id").reset_index(drop=True), (
+        "peak_mem_MB = peak_mem_bytes / 10^6; timing_quality: 'stable' or 'noisy: <reasons>' (docs/measurement.md); "
+        "run_queue_frac: share of its runnable time the cell's threads waited for a CPU")
+
+
+def _values(series: pd.Series) -> str:
+    values = sorted({str(v) for v in series.dropna() if str(v)})
+    return ", ".join(values) if values else "-"
+
+
+def overview(res: Results) -> tuple[pd.DataFrame, str]:
+    """What the run was: device, software, machine, when, and its cells by purpose and outcome."""
+    runs = res.runs
+    timed = timing_cells(runs)
+    ok_timed = timed[timed.status == "ok"]
+    started = runs.started_at.dropna().sort_values()
+    counts = runs.assign(purpose=runs.purpose.fillna("timing")).groupby(["purpose", "status"]).size()
+    rows = [("device", f"{res.label}: {_values(runs.device_name)} ({_values(runs.device)})"),
+            ("torch / CUDA / Python", f"{_values(runs.torch_version)} / {_values(runs.cuda_version)} / "
+                                      f"{_values(runs.python_version)}"),
+            ("torch threads per cell", _values(runs.num_threads)),
+            ("comera-bench version, git commit", f"{_values(runs.comera_bench_version)}, "
+                                                 f"{_values(runs.git_commit.str.slice(0, 12))}"
+                                                 + (" (uncommitted changes)" if runs.git_dirty.fillna(False).any() else "")),
+            ("host", _values(runs.hostname)),
+            ("cells started", f"{started.iloc[0]} to {started.iloc[-1]}" if len(started) else "-"),
+            ("cells", ", ".join(f"{n} {purpose} {status}" for (purpose, status), n in counts.items()) or "none"),
+            ("timing cells stable", f"{int(stable(ok_timed).sum())} of {len(ok_timed)} ok timing cells "
+                                    "(the others are left out of every time ratio)")]
+    return pd.DataFrame(rows, columns=["", "this run"]), (
+        "Figures: figures/*.png; the paper's claims judged: claims.md; every run: table_runs; the measuring "
+        "method: docs/measurement.md")
+
+
+TABLES = {"overview": overview, "table1_ranks": table1_ranks, "table2_dlrm": table2_dlrm,
+          "table_mnli_size": table_mnli_size, "table_runs": table_runs}
+QUALITY_TABLES = ("table1_ranks", "table_mnli_size")  # from the quality cells: their settings
+TITLES = {"overview": "Run overview", "table1_ranks": "Table 1: TT ranks (transformer)", "table2_dlrm": "Table 2: DLRM",
+          "table_mnli_size": "Transformer (NLI task: MNLI or synthetic, see the note) accuracy and size, per method and target",
+          "table_runs": "All runs"}
+
+
+def _mb(params: Any) -> float | None:
+    return None if pd.isna(params) else round(float(params) * BYTES_PER_PARAM / MB, 3)
+
+
+def _mb_bytes(n: Any) -> float | None:
+    return None if pd.isna(n) else round(float(n) / MB, 3)
+
+
+def write_table(df: pd.DataFrame, note: str, title: str, out: Path, name: str, settings: str) -> None:
+    """``name``.md (title, note, settings, table or "not measured") and ``name``.csv."""
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / f"{name}.csv", index=False)
+    cells = df.astype(object).where(df.notna(), None)  # an empty cell, not "nan", where a value is missing
+    body = cells.to_markdown(index=False, floatfmt=".4g", missingval="") if len(df) else f"Not measured here: {note}."
+    text = f"# {title}\n\n{body}\n\n{note}.\n\nSettings: {settings}\n" if len(df) else (
+        f"# {title}\n\n{body}\n\nSettings: {settings}\n")
+    (out / f"{name}.md").write_text(text)
+    write_html(out / f"{name}.md")
+
+
+def report_args(prog: str, description: str, argv: list[str] | None,
+                out_help: str = "output folder") -> tuple[argparse.Namespace, Results]:
+    """The command line shared by the tables, figures and claims commands (--results, --device-label,
+    --out), parsed, with the results folder loaded."""
+    ap = argparse.ArgumentParser(prog=prog, description=description)
+    ap.add_argument("--results", required=True, help="results/<device> folder")
+    ap.add_argument("--device-label", default=None)
+    ap.add_argument("--out", required=True, help=out_help)
+    args = ap.parse_args(argv)
+    return args, load(args.results, args.device_label)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, res = report_args("python -m harness.reports.tables", __doc__.splitlines()[0], argv)
+    quality = res.settings_line("transformer", res.quality_runs("transformer")[0])
+    for name, build in TABLES.items():
+        df, note = build(res)
+        settings = quality if name in QUALITY_TABLES else res.settings_line()
+        write_table(df, note, TITLES[name], Path(args.out), name, settings)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,361 @@
+"""Result tables (docs/schema.md): column lists and types, provenance, atomic Parquet I/O, merging.
+
+Four kinds of table: ``runs`` (one row per grid cell), ``curves`` (per-step values of a run),
+``microbench`` (one row per micro-benchmark case) and ``bench`` (one row per performance-target row of
+``comera-bench bench``). Every file is written atomically (a temporary file in
+the same folder, then ``os.replace``), so a killed writer never leaves a partial result behind. The
+provenance of the writing process is stored as columns (runs, microbench, bench) and in the file's key-value
+metadata under the key ``comera_bench``.
+
+The runs table also carries (see docs/schema.md for every column) ``flops_per_step`` (analytic FLOPs of one
+training step, forward + backward, see harness.core.measure.flops_per_step), ``settings`` (JSON: method
+settings, workload params, budget, execution), ``extra`` (JSON: every evaluation metric, FLOP basis,
+epoch-time details, traceback tail of a failure) and ``purpose`` ("timing": a short run for time and
+memory; "quality": trained long enough to compare accuracy and rank adaptation; null in files written
+before the column existed), and the timing-trust columns of harness.core.timing: ``timing_quality``
+("stable" | "noisy: <reasons>"), ``load_avg_1m``, ``cpu_pressure``, ``run_queue_frac`` and
+``cpu_time_ratio`` (the machine's state while the steps ran), ``timing_group`` (the interleaved group
+the cell was timed in, null when it was timed alone) and ``round_step_ms`` (JSON list: the median step
+time of each timing round).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import functools
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from harness.results.atomic import atomic_write
+
+if TYPE_CHECKING:
+    import torch
+
+METADATA_KEY = b"comera_bench"
+
+PROVENANCE_TYPES: dict[str, pa.DataType] = {
+    "device": pa.string(), "device_name": pa.string(), "num_threads": pa.int64(),
+    "torch_version": pa.string(), "cuda_version": pa.string(), "python_version": pa.string(),
+    "comera_bench_version": pa.string(), "git_commit": pa.string(), "git_dirty": pa.bool_(),
+    "config_hash": pa.string(), "hostname": pa.string(), "started_at": pa.string(),
+}
+
+FINAL_LOSS_WINDOW = 100
+"""final_train_loss is the mean task loss over the last (at most) this many steps."""
+
+RUNS_TYPES: dict[str, pa.DataType] = {
+    # identity
+    "run_id": pa.string(), "workload": pa.string(), "method": pa.string(), "variant": pa.string(),
+    "batch_size": pa.int64(), "seq_len": pa.int64(), "rank": pa.int64(), "target_ratio": pa.float64(),
+    "seed": pa.int64(),
+    # status
+    "status": pa.string(), "error": pa.string(),
+    # time
+    "step_time_ms": pa.float64(), "step_time_ms_iqr": pa.float64(), "steps_timed": pa.int64(),
+    "epoch_time_s": pa.float64(), "epoch_time_kind": pa.string(), "samples_per_s": pa.float64(),
+    # memory
+    "peak_mem_bytes": pa.int64(), "peak_mem_kind": pa.string(), "cuda_reserved_bytes": pa.int64(),
+    "state_bytes": pa.int64(),
+    # quality
+    "metric_name": pa.string(), "metric_value": pa.float64(), "final_train_loss": pa.float64(),
+    "epochs": pa.float64(),
+    # size
+    "params_total": pa.int64(), "params_factorized_layers": pa.int64(), "compression_total": pa.float64(),
+    "compression_layers": pa.float64(), "ranks": pa.string(),
+    **PROVENANCE_TYPES,
+    # beyond the paper-facing columns (see module docstring)
+    "flops_per_step": pa.float64(), "settings": pa.string(), "extra": pa.string(), "purpose": pa.string(),
+    # timing trust (harness.core.timing): the machine's state while the steps ran, the verdict, the rounds
+    "timing_quality": pa.string(), "load_avg_1m": pa.float64(), "cpu_pressure": pa.float64(),
+    "run_queue_frac": pa.float64(), "cpu_time_ratio": pa.float64(), "timing_group": pa.string(),
+    "round_step_ms": pa.string(),
+}
+
+CURVES_TYPES: dict[str, pa.DataType] = {
+    "run_id": pa.string(), "step": pa.int64(), "epoch": pa.int64(), "split": pa.string(),
+    "metric_name": pa.string(), "value": pa.float64(),
+}
+
+MICROBENCH_TYPES: dict[str, pa.DataType] = {
+    "op": pa.string(), "variant": pa.string(), "shape": pa.string(), "tokens": pa.int64(),
+    "rank": pa.int64(), "direction": pa.string(), "time_ms": pa.float64(), "time_ms_iqr": pa.float64(),
+    "peak_mem_bytes": pa.int64(), "flops": pa.float64(),
+    **PROVENANCE_TYPES,
+}
+
+BENCH_TYPES: dict[str, pa.DataType] = {
+    "target": pa.int64(), "what": pa.string(), "goal_key": pa.string(), "goal": pa.float64(),
+    "better": pa.string(), "measured": pa.float64(), "verdict": pa.string(), "flop_ratio": pa.float64(),
+    "traffic_ratio": pa.float64(), "bound": pa.float64(), "bound_basis": pa.string(), "medians": pa.string(),
+    "settings": pa.string(), "note": pa.string(),
+    **PROVENANCE_TYPES,
+}
+
+TYPES: dict[str, dict[str, pa.DataType]] = {
+    "runs": RUNS_TYPES, "curves": CURVES_TYPES, "microbench": MICROBENCH_TYPES, "bench": BENCH_TYPES,
+}
+PROVENANCE_COLUMNS: list[str] = list(PROVENANCE_TYPES)
+RUNS_COLUMNS: list[str] = list(RUNS_TYPES)
+CURVES_COLUMNS: list[str] = list(CURVES_TYPES)
+MICROBENCH_COLUMNS: list[str] = list(MICROBENCH_TYPES)
+BENCH_COLUMNS: list[str] = list(BENCH_TYPES)
+KINDS: tuple[str, ...] = tuple(TYPES)
+
+STATUSES: tuple[str, ...] = ("ok", "oom", "diverged", "error", "timeout")
+
+_PANDAS_DTYPES = {pa.string(): "object", pa.int64(): "Int64", pa.float64(): "float64",
+                  pa.bool_(): "boolean"}
+
+
+class ResultsError(Exception):
+    """A result file that cannot be read or does not belong to the expected table."""
+
+
+# ----------------------------------------------------------------------------------------- provenance
+
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=_REPO_ROOT, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+@functools.lru_cache(maxsize=1)
+def _git_state() -> tuple[str, bool | None]:
+    commit = _git("rev-parse", "HEAD")
+    if commit is None:
+        return "", None
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return commit, (bool(status) if status is not None else None)
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def package_version() -> str:
+    try:
+        return metadata.version("comera-bench")
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+def provenance(device: torch.device | str, config_hash: str = "") -> dict[str, Any]:
+    """Where and with what a result was produced (the PROVENANCE_COLUMNS); started_at is now, UTC.
+
+    git_dirty says whether tracked files differ from the commit (None when git is unavailable)."""
+    import torch  # lazily: reading and merging results does not need torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        device_name = torch.cuda.get_device_name(device)
+    else:
+        device_name = _cpu_name()
+    commit, dirty = _git_state()
+    return {
+        "device": device.type,
+        "device_name": device_name,
+        "num_threads": torch.get_num_threads(),
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda or "",
+        "python_version": platform.python_version(),
+        "comera_bench_version": package_version(),
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "config_hash": config_hash,
+        "hostname": socket.gethostname(),
+        "started_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+# ------------------------------------------------------------------------------------- frames and I/O
+
+def empty_frame(kind: str) -> pd.DataFrame:
+    """A frame with no rows and the columns and dtypes of ``kind``."""
+    types = _types(kind)
+    return pd.DataFrame({c: pd.Series(dtype=_PANDAS_DTYPES[t]) for c, t in types.items()})
+
+
+def to_frame(rows: Iterable[dict[str, Any]], kind: str) -> pd.DataFrame:
+    """Rows (dicts) as a frame of ``kind``; a missing or unknown column raises ResultsError."""
+    rows = list(rows)
+    types = _types(kind)
+    for i, row in enumerate(rows):
+        missing = [c for c in types if c not in row]
+        unknown = [c for c in row if c not in types]
+        if missing or unknown:
+            raise ResultsError(f"{kind} row {i}: missing columns {missing}, unknown columns {unknown}")
+    if not rows:
+        return empty_frame(kind)
+    return coerce(pd.DataFrame(rows, columns=list(types)), kind)
+
+
+def coerce(df: pd.DataFrame, kind: str, *, source: str = "frame", fill_missing: bool = False) -> pd.DataFrame:
+    """``df`` with exactly the columns of ``kind`` in order and their dtypes (ResultsError otherwise).
+
+    With ``fill_missing``, a table of an older schema (columns missing, none unknown) gets the missing
+    columns as nulls and a warning on stderr naming ``source`` and the columns."""
+    types = _types(kind)
+    missing = [c for c in types if c not in df.columns]
+    unknown = [c for c in df.columns if c not in types]
+    if unknown or (missing and not fill_missing):
+        raise ResultsError(f"{source} is not a {kind} table: missing columns {missing}, "
+                           f"unknown columns {unknown}")
+    if missing:
+        print(f"comera-bench: warning: {source}: {kind} table of an older schema, columns {missing} "
+              "missing; filled with nulls", file=sys.stderr)
+        df = df.assign(**{c: None for c in missing})
+    out = df[list(types)].copy()
+    for col, t in types.items():
+        try:
+            if t == pa.string():
+                out[col] = out[col].astype(object).where(out[col].notna(), None)
+            else:
+                out[col] = out[col].astype(_PANDAS_DTYPES[t])
+        except (TypeError, ValueError) as exc:
+            raise ResultsError(f"{source}: column {col!r} cannot be read as {t}: {exc}") from exc
+    return out.reset_index(drop=True)
+
+
+def write_parquet_atomic(df: pd.DataFrame, path: str | os.PathLike, *, kind: str | None = None,
+                         provenance: dict[str, Any] | None = None) -> Path:
+    """Write ``df`` to ``path`` atomically (harness.results.atomic: temporary file in the same folder, stale ones
+    of killed writers removed, fsync, os.replace).
+
+    With ``kind`` the frame is checked and typed against that table's columns. ``provenance`` (default:
+    taken from the frame's provenance columns when they hold a single value each) is stored in the file's
+    key-value metadata together with the kind."""
+    if kind is not None:
+        df = coerce(df, kind)
+    if provenance is None:
+        provenance = _frame_provenance(df)
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    meta = dict(table.schema.metadata or {})
+    meta[METADATA_KEY] = json.dumps({"kind": kind, "provenance": provenance}, default=str).encode()
+    table = table.replace_schema_metadata(meta)
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as fh:
+            pq.write_table(table, fh)
+
+    return atomic_write(path, write, fsync=True)
+
+
+def read_parquet(path: str | os.PathLike, kind: str | None = None, *, fill_missing: bool = False
+                 ) -> pd.DataFrame:
+    """Read one result file; a corrupt file, or (with ``kind``) a foreign one, raises ResultsError
+    naming the path. ``fill_missing``: see :func:`coerce` (for files written by older versions)."""
+    path = Path(path)
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise ResultsError(f"cannot read result file {path}: {exc}") from exc
+    df = table.to_pandas()
+    if kind is not None:
+        df = coerce(df, kind, source=str(path), fill_missing=fill_missing)
+    return df
+
+
+def file_metadata(path: str | os.PathLike) -> dict[str, Any]:
+    """The ``comera_bench`` key-value metadata of a result file ({} when absent)."""
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except (OSError, pa.ArrowException) as exc:
+        raise ResultsError(f"cannot read result file {path}: {exc}") from exc
+    raw = meta.get(METADATA_KEY)
+    return json.loads(raw) if raw else {}
+
+
+def infer_kind(df: pd.DataFrame) -> str | None:
+    """The table kind whose columns ``df`` has exactly, or None."""
+    for kind, types in TYPES.items():
+        if set(df.columns) == set(types):
+            return kind
+    return None
+
+
+def expand_paths(paths: Sequence[str | os.PathLike], kind: str) -> list[Path]:
+    """Files as given; a folder stands for its ``*.<kind>.parquet`` files (recursively), sorted; a file
+    named twice is read once."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        found = sorted(p.rglob(f"*.{kind}.parquet")) if p.is_dir() else [p]
+        out.extend(f for f in found if f.resolve() not in {o.resolve() for o in out})
+    return out
+
+
+def merge(paths: Sequence[str | os.PathLike], out: str | os.PathLike | None, kind: str) -> pd.DataFrame:
+    """Concatenate result files of one kind (never dropping a row) and write ``out`` atomically (when
+    given). Any unreadable, truncated or foreign file raises ResultsError naming its path; a file of an
+    older schema gets its missing columns as nulls, with a warning."""
+    _types(kind)
+    frames = [read_parquet(p, kind, fill_missing=True) for p in expand_paths(paths, kind)]
+    frames = [f for f in frames if len(f)]
+    df = coerce(pd.concat(frames, ignore_index=True), kind) if frames else empty_frame(kind)
+    if out is not None:
+        write_parquet_atomic(df, out, kind=kind, provenance={"merged_from": len(frames)})
+    return df
+
+
+def cli_merge(argv: list[str]) -> int:
+    """``comera-bench merge --kind runs|curves|microbench --out OUT.parquet FILE_OR_DIR...``"""
+    ap = argparse.ArgumentParser(prog="comera-bench merge",
+                                 description="Concatenate per-cell result files into one table.")
+    ap.add_argument("--kind", required=True, choices=KINDS)
+    ap.add_argument("--out", required=True, help="merged Parquet file (written atomically)")
+    ap.add_argument("inputs", nargs="*", help="result files, or folders holding *.<kind>.parquet")
+    ap.add_argument("--allow-empty", action="store_true",
+                    help="with no inputs, write an empty table (the pipeline's grids without micro-benchmarks)")
+    args = ap.parse_args(argv)
+    if not args.inputs and not args.allow_empty:
+        print(f"comera-bench merge: no input files or folders given; {args.out} left as it is", file=sys.stderr)
+        return 2
+    try:
+        df = merge(args.inputs, args.out, args.kind)
+    except ResultsError as exc:
+        print(f"comera-bench merge: {exc}", file=sys.stderr)
+        return 1
+    print(f"{len(df)} {args.kind} rows -> {args.out}")
+    return 0
+
+
+def _types(kind: str) -> dict[str, pa.DataType]:
+    try:
+        return TYPES[kind]
+    except KeyError:
+        raise ValueError(f"unknown result kind {kind!r}; expected one of {list(TYPES)}") from None
+
+
+def _frame_provenance(df: pd.DataFrame) -> dict[str, Any]:
+    if not len(df) or not all(c in df.columns for c in PROVENANCE_COLUMNS):
+        return {}
+    prov = {}
+    for col in PROVENANCE_COLUMNS:
+        values = df[col].dropna().unique()
+        if len(values) > 1:
+            return {}
+        prov[col] = values[0].item() if len(values) and hasattr(values[0], "item") else (
+            values[0] if len(values) else None)
+    return prov

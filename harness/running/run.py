@@ -1,0 +1,734 @@
+"""Running one grid cell: a spec (JSON, docs/usage.md; checked in harness.running.specs) in, one ``runs``
+row and its ``curves`` out.
+
+Why one module of ~700 lines: the training loop, its step, evaluation, time limit, watchdog and row all
+read and write one cell state (``_State``); split across modules they would pass that state around and
+import each other. The spec (specs.py), warm-up, allocator, CUDA graph, measuring core and supervisor
+live in their own modules.
+
+:func:`run_cell` never raises for a failure of the run itself: the row's ``status`` says what happened
+(ok | oom | diverged | error | timeout) and ``error`` holds the message. A method that cannot run here
+(``Prepared.skipped``) is recorded as status "error" with error "skipped: <reason>".
+
+Divergence: the status is "diverged" when a step's task loss or objective is not finite, when any
+numeric value an evaluation returns is not finite (the metric, its loss, DLRM's nce, ...), or when a
+parameter is not finite after the last step; training stops there, the error names the value and the
+step, and the row and curves keep what was measured up to it (that evaluation included).
+
+Time limit: ``budget.time_limit_s`` bounds the wall time from the start of the first training step to
+the end of the final evaluation -- the training steps (their batches included) and every evaluation
+from the first step on. The warm-up, building the workload and its data, preparing the method, the
+FLOP count and the evaluation before the first step are not counted. It is checked after every step
+and after the final evaluation: past it, the status is "timeout" and the row keeps what was measured
+so far. A step or evaluation that hangs is stopped by a watchdog thread (armed by
+:func:`run_to_files`, hence ``comera-bench run``): when it is still running WATCHDOG_GRACE_S after the
+limit, the watchdog writes the partial row (status "timeout", the error naming the step or evaluation)
+and the curves, then ends the process with ``os._exit`` -- the only way to stop a call that is blocked,
+in C code too. Only code that holds the GIL throughout escapes it.
+
+The training loop is the one documented in baselines/base.py. Per step it times (warm-up excluded,
+device synchronized) forward, loss, backward, the optimizer steps and ``after_step``; evaluation runs
+with the step clock, the epoch clock and the memory monitor paused; an evaluation after the last training
+step lies after the end of the memory region.
+
+Warm-up: before the model is built, one throwaway training step of the method on the workload's tiny
+instance (harness.running.warmup: random states restored, everything dropped) puts what a process pays once --
+lazy imports, library code pages, thread pools, buffers -- into the memory baseline. It runs eagerly for
+compile / cuda_graph cells too (compiling a throwaway model would take long): their compilation or graph
+capture still happens in their first training steps, inside the memory region, as before. The settings
+JSON records its outcome under ``warm_up`` ("ok", "method skipped: <reason>" or "failed: <ExcType>:
+<message>"; a failure never stops the cell), ``extra`` its wall time under ``warm_up_s``.
+
+Execution: ``execution.allocator`` ("reuse", default, or "system") is applied to the process before the
+workload is built and undone when the run ends (see :mod:`harness.running.allocator`); the settings JSON records
+it under ``execution`` and what it did under ``allocator``. The memory monitor hands the free heap back to
+the kernel before it reads its baseline and whenever it resumes (harness.core.measure.MemoryMonitor), so memory
+freed while preparing (the dense model CoMERA converts) or evaluating does not sit in the RSS, where later
+allocations could reuse it unseen.
+
+Curves rows (split / metric_name): ``train`` / ``loss`` (task loss) and ``objective`` (the method's total
+loss) every step; ``eval`` / every numeric value of ``workload.evaluate`` at each evaluation (every
+``eval_every_steps`` steps and, when evaluations are on, right after a stage switch of the method);
+``method`` / every key of ``after_step``'s info every step; ``ranks`` / ``<layer>[<k>]`` = k-th entry of
+the layer's rank list before training, whenever the info's ``stage`` changes, and at the end. ``step`` is
+the number of training steps done at that point.
+"""
+from __future__ import annotations
+
+import errno
+import gc
+import itertools
+import json
+import math
+import numbers
+import os
+import random
+import sys
+import threading
+import time
+import traceback
+from contextlib import nullcontext
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from harness import results
+from harness.running import allocator, specs, warmup
+from harness.core import measure, timing
+from harness.running.cudagraph import GraphedStep, require_cuda, state_signature
+from harness.core.interleave import RoundGate
+
+WATCHDOG_GRACE_S = 30.0
+"""How long a step or evaluation may run past budget.time_limit_s before the watchdog ends the cell."""
+
+
+ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+EXIT_ENVIRONMENT_FAULT = 75
+"""Exit status (EX_TEMPFAIL) of a cell whose row could not be written for a fault of the machine (a full
+disk, a quota, a read-only file system): no row, so that a later run, after the fault is fixed, runs it."""
+
+
+class EnvironmentFault(OSError):
+    """The row could not be written for a fault of the machine, not of the cell."""
+
+
+def resolve_device(name: str) -> torch.device:
+    """"auto" -> cuda when available (the device CUDA_VISIBLE_DEVICES gave the job), else cpu."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"execution.device is {name!r} but CUDA is not available here")
+    return device
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# --------------------------------------------------------------------------------- the registries
+
+@dataclass
+class Registry:
+    """Where workloads and methods come from (the real ones by default; tests inject toys)."""
+
+    build_workload: Callable[..., Any]
+    get_method: Callable[[str], Any]
+    check_workload_params: Callable[[str, dict], dict] = lambda name, params: dict(params)
+    check_method_params: Callable[[str, dict], dict] = lambda name, params: dict(params)
+
+
+def default_registry() -> Registry:
+    import baselines
+    import harness.workloads as workloads
+
+    return Registry(workloads.build_workload, baselines.get_method,
+                    workloads.check_params, baselines.check_params)
+
+
+# ---------------------------------------------------------------------------------------- the run
+
+class _Diverged(Exception):
+    pass
+
+
+class _Timeout(Exception):
+    pass
+
+
+class _Skipped(Exception):
+    pass
+
+
+class _NoTimedStep(Exception):
+    pass
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)):
+        return True
+    msg = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in msg or "can't allocate memory" in msg)
+
+
+def _traceback_tail(exc: BaseException, lines: int = 12) -> str:
+    return "\n".join("".join(traceback.format_exception(exc)).splitlines()[-lines:])
+
+
+def _as_rank(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, int) for v in value):
+        return max(value)
+    return None
+
+
+def _rank_setting(settings: dict, method_params: dict, prepared: Any, workload: Any) -> int | None:
+    """The run's rank. For a TT method, the largest internal TT rank of the model as built (its
+    conversion report in the settings, else the workload's tt_spec): a requested rank the shapes cannot
+    hold is clipped there, and the row says what was built (the request stays in the settings).
+    Otherwise the method's ``rank`` setting."""
+    built = settings.get("conversion", {}).get("layers") if prepared is not None else None
+    if built:
+        return _largest_rank(built.values(), "ranks")
+    rank = _as_rank(settings.get("rank", method_params.get("rank")))
+    if rank is not None or prepared is None or not prepared.ranks() or workload is None:
+        return rank
+    return _largest_rank(workload.tt_spec.values(), "rank")
+
+
+def _largest_rank(entries: Any, key: str) -> int | None:
+    """The largest internal bond of the linear entries' ranks (all entries when none is linear)."""
+    entries = list(entries)
+    linear = [e for e in entries if e.get("kind") == "linear"] or entries
+    internal = [r[1:-1] if isinstance(r, (list, tuple)) and len(r) > 2 else r
+                for r in (e.get(key) for e in linear)]
+    found = [r for r in map(_as_rank, internal) if r is not None]
+    return max(found) if found else None
+
+
+@dataclass
+class _State:
+    """Everything a run has found so far (partial on failure)."""
+
+    spec: dict[str, Any]
+    device: torch.device | None = None
+    workload: Any = None
+    method: Any = None
+    prepared: Any = None
+    workload_params: dict[str, Any] = field(default_factory=dict)
+    method_params: dict[str, Any] = field(default_factory=dict)
+    timer: measure.StepTimer | None = None
+    monitor: measure.MemoryMonitor | None = None
+    memory: measure.MemoryReading | None = None
+    epoch_clock: measure.Stopwatch | None = None
+    full_epochs_s: list[float] = field(default_factory=list)
+    steps_done: int = 0
+    steps_in_epoch: int = 0
+    losses: list[float] = field(default_factory=list)
+    last_eval: dict[str, Any] = field(default_factory=dict)
+    last_eval_step: int = -1
+    curves: list[dict[str, Any]] = field(default_factory=list)
+    flops_initial: int | None = None
+    flops_tokens: dict[str, int] = field(default_factory=dict)
+    flops_basis: dict[str, Any] = field(default_factory=dict)
+    graphed: GraphedStep | None = None
+    allocator: str = ""
+    warm_up: str | None = None
+    warm_up_s: float | None = None
+    stage: Any = None
+    stage_switch_step: int | None = None
+    epoch: int = 0
+    activity: str = ""
+    watchdog: _Watchdog | None = None
+    machine: timing.MachineState | None = None
+    gate: RoundGate | None = None
+    round_starts: dict[int, int] = field(default_factory=dict)
+    """step index (0-based) -> the timing round that starts before it"""
+    waited_s: float = 0.0
+
+
+def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress: bool | None = None,
+             on_hang: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None = None,
+             ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run one cell; returns (runs row with every RUNS_COLUMNS key, curves rows). An invalid spec raises
+    specs.SpecError; everything that goes wrong after that is recorded in the row.
+
+    ``on_hang(row, curves)``: with a time limit, called from a watchdog thread with the partial row
+    (status timeout) when a step or an evaluation is still running WATCHDOG_GRACE_S after the limit;
+    it must end the process (the main thread is stuck). Without it only the checks between steps
+    apply."""
+    spec = specs.normalize_spec(spec)
+    st = _State(spec)
+    status, error, tb = "ok", "", ""
+    try:
+        ex = spec["execution"]
+        with allocator.policy(ex["allocator"]) as st.allocator:
+            torch.set_num_threads(ex["num_threads"])
+            st.device = resolve_device(ex["device"])
+            if ex["cuda_graph"]:
+                require_cuda(st.device)
+            seed_everything(spec["seed"])
+            _train(st, registry or default_registry(), progress, on_hang)
+            if st.timer is not None and not st.timer.timed_ms:
+                raise _NoTimedStep(f"no timed step: {st.steps_done} step(s) ran and warmup_steps is "
+                                   f"{st.timer.warmup_steps} (the data gives {st.steps_in_epoch} step(s) per "
+                                   "epoch); step and epoch times are unknown")
+    except _Diverged as exc:
+        status, error = "diverged", str(exc)
+    except _Timeout as exc:
+        status, error = "timeout", str(exc)
+    except _Skipped as exc:
+        status, error = "error", f"skipped: {exc}"
+    except _NoTimedStep as exc:
+        status, error = "error", str(exc)
+    except Exception as exc:  # noqa: BLE001 -- every failure becomes a row
+        status = "oom" if _is_oom(exc) else "error"
+        error = f"{type(exc).__name__}: {exc}"
+        tb = _traceback_tail(exc)
+        if st.device is not None and st.device.type == "cuda":
+            torch.cuda.empty_cache()
+    finally:
+        if st.watchdog is not None:
+            st.watchdog.disarm()
+        if st.gate is not None:
+            st.gate.close()
+        if st.monitor is not None and st.memory is None:
+            st.memory = st.monitor.stop()
+    row = _build_row(st, status, error, tb)
+    return row, st.curves
+
+
+def _train(st: _State, reg: Registry, progress: bool | None, on_hang: Callable | None) -> None:
+    spec, budget = st.spec, st.spec["budget"]
+    st.workload_params = reg.check_workload_params(spec["workload"], spec["workload_params"])
+    st.method_params = reg.check_method_params(spec["method"], spec["method_params"])
+    _warm_up(st, reg)
+    workload = st.workload = reg.build_workload(spec["workload"], st.workload_params,
+                                                batch_size=spec["batch_size"], seed=spec["seed"],
+                                                device=st.device)
+    st.steps_in_epoch = workload.steps_per_epoch
+    if budget["max_steps_per_epoch"] is not None:
+        st.steps_in_epoch = min(st.steps_in_epoch, budget["max_steps_per_epoch"])
+    total_steps = budget["epochs"] * st.steps_in_epoch
+    st.method = reg.get_method(spec["method"])
+    prepared = st.method.prepare(workload.model, workload, st.method_params,
+                                 target_ratio=spec["target_ratio"], total_steps=total_steps)
+    if prepared.skipped:  # nothing was measured: the row keeps its measurement columns empty
+        raise _Skipped(prepared.skipped)
+    st.prepared = prepared
+    model = prepared.model
+    train_model = torch.compile(model) if spec["execution"]["compile"] else model
+
+    def step_fn(batch: dict[str, torch.Tensor], step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        task_loss = workload.loss(train_model, batch)
+        loss = prepared.total_loss(task_loss, step)
+        loss.backward()
+        for opt in prepared.optimizers:
+            opt.step()
+        return task_loss.detach(), loss.detach()
+
+    if spec["execution"]["cuda_graph"]:
+        st.graphed = GraphedStep(step_fn, model, prepared.optimizers, st.device)
+
+    first = next(iter(workload.train_batches(0)), None)
+    if first is None:
+        raise RuntimeError(f"workload {spec['workload']!r} yields no training batch")
+    model.train()
+    st.flops_initial, st.flops_tokens, st.flops_basis = measure.measure_flops(
+        model, lambda: workload.loss(model, first))
+    del first
+    _record_ranks(st, 0)
+
+    eval_every = budget["eval_every_steps"]
+    warmup = budget["warmup_steps"]
+    if st.graphed is not None:  # the eager warm-up steps and the capture step are never timed
+        warmup = max(warmup, st.graphed.warmup + 1)
+    st.timer = measure.StepTimer(st.device, warmup)
+    st.epoch_clock = measure.Stopwatch(st.device)
+    st.machine = timing.MachineState()
+    st.gate = RoundGate.from_env(spec["run_id"])
+    bounds = timing.round_bounds(min(warmup, total_steps), total_steps, spec["execution"]["rounds"],
+                                 steps_per_round=1 if st.gate is None else 2)
+    st.round_starts = {step: r for r, step in enumerate(bounds)}
+    if eval_every:
+        _evaluate(st)
+    st.monitor = measure.MemoryMonitor(st.device)
+    gc.collect()
+    st.monitor.start()
+    bar = _progress_bar(total_steps, spec["run_id"], progress)
+    limit, deadline = budget["time_limit_s"], None
+    st.activity = "training step 1"
+    if limit:  # the clock starts with the first training step
+        deadline = time.perf_counter() + limit
+        if on_hang is not None:
+            st.watchdog = _Watchdog(limit + WATCHDOG_GRACE_S, lambda: _end_hung(st, on_hang))
+    try:
+        for epoch in range(budget["epochs"]):
+            st.epoch = epoch
+            st.epoch_clock.start()
+            done_in_epoch = 0
+            for batch in itertools.islice(workload.train_batches(epoch), st.steps_in_epoch):
+                _round_boundary(st)
+                _one_step(st, batch, step_fn, epoch)
+                done_in_epoch += 1
+                bar.update(1)
+                if st.steps_done == total_steps:
+                    _rounds_over(st)
+                if eval_every and (st.steps_done % eval_every == 0 or st.steps_done == st.stage_switch_step):
+                    if st.steps_done == total_steps:  # no training follows: the memory region ends here
+                        st.monitor.stop()
+                    _evaluate(st, epoch)
+                _check_time(st, deadline)
+                st.activity = f"training step {st.steps_done + 1}"  # its batch included
+            if done_in_epoch == workload.steps_per_epoch:
+                st.full_epochs_s.append(st.epoch_clock.elapsed())
+        _rounds_over(st)
+        st.memory = st.monitor.stop()
+        if st.last_eval_step != st.steps_done:
+            _evaluate(st, st.epoch)
+        _check_parameters(st)
+        _check_time(st, deadline)
+    finally:
+        bar.close()
+        _record_ranks(st, st.steps_done, st.epoch)
+
+
+def _round_boundary(st: _State) -> None:
+    """Before a step that starts a timing round: close the machine-state segment, wait for the round
+    coordinator's go (outside every clock and the time limit), open the next segment."""
+    r = st.round_starts.get(st.steps_done)
+    if r is None:
+        return
+    st.machine.end()
+    if st.gate is not None:
+        _wait_at_gate(st, lambda gate: gate.wait(r))
+        st.timer.rewarm_next = True  # the first step after the pause is not counted
+    st.timer.round = r
+    st.machine.begin()
+
+
+def _rounds_over(st: _State) -> None:
+    """After the last training step: the last segment ends; wait until every cell of the timing
+    group has run its rounds, so that no later work (evaluation, writing) overlaps another's steps."""
+    st.machine.end()
+    if st.gate is not None:
+        _wait_at_gate(st, lambda gate: gate.done())
+        st.gate = None
+
+
+def _wait_at_gate(st: _State, wait: Callable[[RoundGate], float]) -> None:
+    """Run ``wait`` on the round gate with the epoch clock paused; the seconds waited count neither
+    against the time limit nor against the hang watchdog."""
+    with st.epoch_clock.paused():
+        waited = wait(st.gate)
+    st.waited_s += waited
+    if st.watchdog is not None:
+        st.watchdog.extend(waited)
+
+
+def _warm_up(st: _State, reg: Registry) -> None:
+    """harness.running.warmup.warm_up for the cell; its outcome and wall time go to ``st`` (a failure too)."""
+    spec, started = st.spec, time.perf_counter()
+    try:
+        st.warm_up = warmup.warm_up(
+            spec["workload"], spec["method"], batch_size=spec["batch_size"], device=st.device,
+            workload_params=st.workload_params, method_params=st.method_params,
+            target_ratio=spec["target_ratio"], seed=spec["seed"], build_workload=reg.build_workload,
+            get_method=reg.get_method)
+    except Exception as exc:  # noqa: BLE001 -- the cell runs without it; the row says why
+        st.warm_up = f"failed: {type(exc).__name__}: {exc}"
+    st.warm_up_s = time.perf_counter() - started
+
+
+def _one_step(st: _State, batch: dict[str, torch.Tensor], step_fn: Callable, epoch: int) -> None:
+    prepared, step = st.prepared, st.steps_done
+    if st.graphed is not None:  # outside the timed step: the check is the runner's, not the method's
+        before = state_signature(prepared.model, prepared.optimizers)
+    with st.timer.step():
+        if st.graphed is not None:
+            task_loss, loss = st.graphed(batch, step)
+        else:
+            task_loss, loss = step_fn(batch, step)
+            for opt in prepared.optimizers:
+                opt.zero_grad(set_to_none=True)
+        info = prepared.after_step(step) or {}
+        task_value, loss_value = float(task_loss), float(loss)
+    if st.graphed is not None and (state_signature(prepared.model, prepared.optimizers) != before
+                                   or st.stage is not None and info.get("stage", st.stage) != st.stage):
+        st.graphed.invalidate()
+    st.steps_done += 1
+    st.losses.append(task_value)
+    n = st.steps_done
+    st.curves.append(_curve(st, n, epoch, "train", "loss", task_value))
+    st.curves.append(_curve(st, n, epoch, "train", "objective", loss_value))
+    for key, value in info.items():
+        st.curves.append(_curve(st, n, epoch, "method", key, float(value)))
+    stage = info.get("stage")
+    if stage is not None and stage != st.stage:
+        if st.stage is not None:
+            _record_ranks(st, n, epoch)
+            st.stage_switch_step = n
+        st.stage = stage
+    if not (math.isfinite(task_value) and math.isfinite(loss_value)):
+        raise _Diverged(f"non-finite loss at step {n}: task loss {task_value}, objective {loss_value}")
+
+
+def _evaluate(st: _State, epoch: int = 0) -> None:
+    """prepared.before_eval() then workload.evaluate(), outside every clock and the memory monitor (whose
+    mark restarts from the RSS after the free heap is handed back). Diverged when any numeric value it
+    returns is not finite (recorded first: the row and curves keep it)."""
+    st.activity = f"the evaluation at step {st.steps_done}"
+    monitor = st.monitor if st.monitor is not None and st.monitor.running else None
+    with (monitor.paused() if monitor else nullcontext()), \
+            (st.epoch_clock.paused() if st.epoch_clock else nullcontext()):
+        st.prepared.before_eval()
+        result = dict(st.workload.evaluate(st.prepared.model))
+        st.prepared.model.train()
+    st.last_eval, st.last_eval_step = result, st.steps_done
+    name = result.get("metric_name", st.workload.metric_name)
+    st.curves.append(_curve(st, st.steps_done, epoch, "eval", name, float(result["metric_value"])))
+    for key, value in result.items():
+        if key not in ("metric_name", "metric_value") and isinstance(value, (int, float)):
+            st.curves.append(_curve(st, st.steps_done, epoch, "eval", key, float(value)))
+    bad = [f"{key} {value}" for key, value in result.items()
+           if isinstance(value, numbers.Real) and not math.isfinite(value)]
+    if bad:
+        raise _Diverged(f"non-finite evaluation at step {st.steps_done}: {', '.join(bad)}")
+
+
+def _check_parameters(st: _State, shown: int = 5) -> None:
+    """Diverged when a parameter holds a non-finite value after the last step (names the first few)."""
+    bad = [name for name, p in st.prepared.model.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        more = f" and {len(bad) - shown} more" if len(bad) > shown else ""
+        raise _Diverged(f"non-finite parameters after step {st.steps_done}: {', '.join(bad[:shown])}{more}")
+
+
+def _check_time(st: _State, deadline: float | None) -> None:
+    if deadline is not None and time.perf_counter() - st.waited_s > deadline:
+        raise _Timeout(f"time limit of {st.spec['budget']['time_limit_s']} s reached after "
+                       f"{st.steps_done} steps")
+
+
+class _Watchdog:
+    """Calls ``fire`` from a daemon thread unless disarmed within ``after_s``; ``fire`` must end the
+    process (should it block, the process exits with status 1 after BACKSTOP_S). ``disarm`` after
+    ``fire`` has begun blocks until the process ends, so the main thread never writes a second row."""
+
+    BACKSTOP_S = 120.0
+
+    def __init__(self, after_s: float, fire: Callable[[], None]):
+        self._disarmed = threading.Event()
+        self._lock = threading.Lock()
+        self._deadline = time.monotonic() + after_s
+        self._thread = threading.Thread(target=self._watch, args=(fire,), name="cell-watchdog",
+                                        daemon=True)
+        self._thread.start()
+
+    def extend(self, seconds: float) -> None:
+        """Move the deadline by ``seconds`` (time spent waiting for a timing round)."""
+        self._deadline += seconds
+
+    def _watch(self, fire: Callable[[], None]) -> None:
+        while True:
+            remaining = self._deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            if self._disarmed.wait(remaining):
+                return
+        with self._lock:
+            if not self._disarmed.is_set():
+                backstop = threading.Timer(self.BACKSTOP_S, os._exit, args=(1,))
+                backstop.daemon = True
+                backstop.start()
+                fire()
+
+    def disarm(self) -> None:
+        self._disarmed.set()
+        with self._lock:  # waits for a fire already under way (it ends the process)
+            pass
+        self._thread.join()
+
+
+def _end_hung(st: _State, on_hang: Callable[[dict[str, Any], list[dict[str, Any]]], None]) -> None:
+    """The watchdog's end of a cell whose step or evaluation hangs: the row of what is known so far
+    (status timeout) and the curves go to ``on_hang``."""
+    error = (f"time limit of {st.spec['budget']['time_limit_s']} s reached after {st.steps_done} steps; "
+             f"{st.activity} was still running {WATCHDOG_GRACE_S:g} s later and the process was ended")
+    try:
+        # a CUDA reading synchronizes the device, which a hung kernel would block
+        if st.monitor is not None and st.memory is None and st.device.type != "cuda":
+            st.memory = st.monitor.stop()
+        row = _build_row(st, "timeout", error, "")
+    except Exception:  # noqa: BLE001 -- the main thread changed the method's state while it was read
+        row = _build_row(replace(st, prepared=None), "timeout", error, "")
+    on_hang(row, list(st.curves))
+
+
+def _record_ranks(st: _State, step: int, epoch: int = 0) -> None:
+    if st.prepared is None:
+        return
+    for layer, ranks in (st.prepared.ranks() or {}).items():
+        for k, r in enumerate(ranks):
+            st.curves.append(_curve(st, step, epoch, "ranks", f"{layer}[{k}]", float(r)))
+
+
+def _curve(st: _State, step: int, epoch: int, split: str, name: str, value: float) -> dict[str, Any]:
+    return {"run_id": st.spec["run_id"], "step": step, "epoch": epoch, "split": split,
+            "metric_name": name, "value": value}
+
+
+def _progress_bar(total: int, desc: str, progress: bool | None):
+    from tqdm import tqdm
+
+    enabled = sys.stderr.isatty() if progress is None else progress
+    return tqdm(total=total, desc=desc, file=sys.stderr, disable=not enabled, mininterval=1.0,
+                leave=False)
+
+
+# ---------------------------------------------------------------------------------------- the row
+
+def _build_row(st: _State, status: str, error: str, tb: str) -> dict[str, Any]:
+    spec = st.spec
+    device = st.device or torch.device("cpu")
+    row: dict[str, Any] = {c: None for c in results.RUNS_COLUMNS}
+    row.update(results.provenance(device, spec["config_hash"]))
+    variant = spec["variant"] or getattr(st.method, "variant", "") or ""
+    for flag, tag in (("cuda_graph", "cudagraph"), ("compile", "compile")):
+        if spec["execution"][flag] and tag not in variant.split("+"):
+            variant = f"{variant}+{tag}" if variant else tag
+    prepared, workload = st.prepared, st.workload
+    settings = dict(prepared.settings) if prepared is not None else {}
+    row.update(run_id=spec["run_id"], purpose=spec["purpose"], workload=spec["workload"], method=spec["method"], variant=variant,
+               batch_size=spec["batch_size"], target_ratio=spec["target_ratio"], seed=spec["seed"],
+               seq_len=getattr(workload, "seq_len", None),
+               rank=_rank_setting(settings, st.method_params, prepared, workload),
+               status=status, error=error)
+    extra: dict[str, Any] = {}
+    if tb:
+        extra["traceback"] = tb
+    if st.warm_up_s is not None:
+        extra["warm_up_s"] = st.warm_up_s
+    if st.timer is not None:
+        summary = st.timer.summary(window=settings.get("time_window_steps"))
+        row.update(step_time_ms=summary["step_time_ms"], step_time_ms_iqr=summary["step_time_ms_iqr"],
+                   steps_timed=summary["steps_timed"])
+        row.update(_timing_columns(st, summary))
+        if summary["steps_timed"]:
+            row["samples_per_s"] = spec["batch_size"] * 1e3 / summary["step_time_ms"]
+            row["epoch_time_s"], row["epoch_time_kind"] = measure.epoch_time(
+                st.full_epochs_s, mean_step_ms=summary["step_time_ms_mean"],
+                steps_per_epoch=workload.steps_per_epoch)
+        extra.update(step_ms=[round(ms, 4) for ms in st.timer.all_ms], step_round=st.timer.all_rounds,
+                     step_time_ms_mean=summary["step_time_ms_mean"],
+                     step_time_mean_basis=summary["step_time_mean_basis"], full_epochs_s=st.full_epochs_s,
+                     steps_done=st.steps_done, warmup_steps=st.timer.warmup_steps)
+    if st.memory is not None:
+        row.update(peak_mem_bytes=st.memory.peak_mem_bytes, peak_mem_kind=st.memory.peak_mem_kind,
+                   cuda_reserved_bytes=st.memory.cuda_reserved_bytes)
+        extra["memory"] = st.memory.details
+    if prepared is not None:
+        row["state_bytes"] = _state_bytes(prepared)
+        row.update(_size_columns(prepared))
+        row["ranks"] = json.dumps(prepared.ranks() or {})
+        if st.flops_tokens:
+            row["flops_per_step"], _ = measure.flops_per_step(prepared.model, st.flops_tokens)
+            extra.update(flops_per_step_initial=st.flops_initial, **st.flops_basis)
+    if workload is not None:
+        row["metric_name"] = st.last_eval.get("metric_name", workload.metric_name)
+        row["metric_value"] = st.last_eval.get("metric_value")
+        if st.steps_in_epoch:
+            row["epochs"] = st.steps_done / st.steps_in_epoch
+    if st.losses:
+        window = st.losses[-results.FINAL_LOSS_WINDOW:]
+        row["final_train_loss"] = float(np.mean(window))
+        extra["final_train_loss_window"] = len(window)
+    if st.last_eval:
+        extra["eval"] = {k: v for k, v in st.last_eval.items() if isinstance(v, (int, float, str))}
+        extra["eval_step"] = st.last_eval_step
+    if st.graphed is not None:
+        extra["cuda_graph"] = st.graphed.stats()
+    row["settings"] = json.dumps({
+        "method": settings, "method_params": st.method_params, "workload_params": st.workload_params,
+        "workload_info": getattr(workload, "info", {}), "steps_per_epoch":
+            getattr(workload, "steps_per_epoch", None), "steps_in_epoch": st.steps_in_epoch,
+        "budget": spec["budget"], "execution": spec["execution"], "allocator": st.allocator,
+        "warm_up": st.warm_up},
+        sort_keys=True, default=str)
+    row["extra"] = json.dumps(extra, sort_keys=True, default=str)
+    return _integral(row)
+
+
+def _timing_columns(st: _State, summary: dict[str, Any]) -> dict[str, Any]:
+    """The machine's state while the steps ran, the per-round medians and the stability verdict."""
+    ex = st.spec["execution"]
+    state = st.machine.columns() if st.machine is not None else {}
+    medians = timing.round_medians(st.timer.timed_ms, st.timer.timed_rounds)
+    cols = {**state, "timing_group": ex["timing_group"] or None,
+            "cpu_time_ratio": timing.cpu_time_ratio(st.timer.timed_cpu_ms, st.timer.timed_ms,
+                                                    ex["num_threads"]),
+            "round_step_ms": json.dumps(medians) if medians else None}
+    cols["timing_quality"] = timing.judge(
+        step_time_ms=summary["step_time_ms"], step_time_ms_iqr=summary["step_time_ms_iqr"],
+        steps_timed=summary["steps_timed"], step_time_ms_mean=summary["step_time_ms_mean"],
+        run_queue_frac=state.get("run_queue_frac"), cpu_pressure=state.get("cpu_pressure"))
+    return cols
+
+
+def _integral(row: dict[str, Any]) -> dict[str, Any]:
+    """Integer columns hold ints (a method may count parameters as floats)."""
+    for col, typ in results.RUNS_TYPES.items():
+        value = row[col]
+        if typ == pa.int64() and isinstance(value, float):
+            row[col] = int(round(value)) if math.isfinite(value) else None
+    return row
+
+
+def _state_bytes(prepared: Any) -> int:
+    """The method's own count when it has one (``prepared.state_bytes()``, e.g. layer-wise optimizers
+    that Prepared.optimizers does not list), else baselines.base.state_bytes."""
+    own = getattr(prepared, "state_bytes", None)
+    if callable(own):
+        return int(own())
+    from baselines.base import state_bytes
+
+    return state_bytes(prepared.model, prepared.optimizers)
+
+
+def _size_columns(prepared: Any) -> dict[str, Any]:
+    size = dict(prepared.size() or {})
+    if not size:
+        total = sum(p.numel() for p in prepared.model.parameters())
+        size = {"params_total": total, "params_factorized_layers": None, "compression_total": 1.0,
+                "compression_layers": None}
+    keys = ("params_total", "params_factorized_layers", "compression_total", "compression_layers")
+    return {k: size.get(k) for k in keys}
+
+
+# ---------------------------------------------------------------------------------------- files
+
+def run_to_files(spec: dict[str, Any], runs_out: str | os.PathLike, curves_out: str | os.PathLike, *,
+                 registry: Registry | None = None, progress: bool | None = None,
+                 hang_exit_status: int = 0) -> dict[str, Any]:
+    """Run a cell and write its runs row and curves atomically (also on failure); returns the row.
+
+    A step or evaluation that hangs past the time limit never returns: the watchdog writes the partial
+    row (status timeout) and curves, then ends the process with ``hang_exit_status`` (1 when they could
+    not be written)."""
+    def write(row: dict[str, Any], curves: list[dict[str, Any]]) -> None:
+        prov = {c: row[c] for c in results.PROVENANCE_COLUMNS}
+        try:
+            results.write_parquet_atomic(results.to_frame(curves, "curves"), curves_out, kind="curves",
+                                         provenance=prov)
+            results.write_parquet_atomic(results.to_frame([row], "runs"), runs_out, kind="runs",
+                                         provenance=prov)
+        except OSError as exc:
+            if exc.errno in ENVIRONMENT_ERRNOS:
+                raise EnvironmentFault(exc.errno, f"cannot write the row of {row['run_id']} "
+                                                  f"({row['status']}): {exc.strerror}", str(exc.filename)) from exc
+            raise
+
+    def end_process(row: dict[str, Any], curves: list[dict[str, Any]]) -> None:
+        status = 1
+        try:
+            write(row, curves)
+            print(f"{row['run_id']}: timeout ({row['error']}) -> {runs_out}", file=sys.stderr)
+            status = hang_exit_status
+        except BaseException:  # noqa: BLE001 -- the process ends either way; say why
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
+
+    row, curves = run_cell(spec, registry=registry, progress=progress, on_hang=end_process)
+    write(row, curves)
+    return row

@@ -1,0 +1,236 @@
+"""A cell in a child process, so that a cell killed by a signal still becomes a row.
+
+``comera-bench run --isolate --spec S --runs-out R [--log L]`` (the pipeline's train rule) runs the cell
+as ``python -m harness.cli run`` in a child process, with the child's output in the log, and waits. A
+child that ends without writing a new runs file -- killed by the kernel's OOM killer (SIGKILL, which
+Python cannot catch), by the scheduler, or crashed -- gets its row from here: status ``oom`` when the
+OOM killer did it and that can be told (the OOM-kill count of this process's memory cgroup grew during
+the run, or the kernel log names the child), else ``error`` naming the signal ("killed by signal 9
+(SIGKILL)") or the exit code; identity and provenance as far as the spec tells them, the tail of the
+log in ``extra``, and an empty curves file. So a failed cell is a finished cell: the merge, tables and
+figures go on, and the pipeline does not redo it unless asked (docs/pipeline.md).
+
+The parent's own messages go to its stderr, not to the log: when the log cannot be written (a full
+disk), the failure is still on the job's stderr and in the row (``extra.log_error``).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from harness import results
+
+FORWARDED = (signal.SIGTERM, signal.SIGHUP)
+"""Signals passed on to the child (a scheduler stopping the job, ``timeout``, a closed session); SIGINT
+reaches it from the terminal. A cell stopped by one of them, or by SIGINT, is interrupted, not failed:
+it gets no row, the process exits 128 + the signal, and the next pipeline run runs it again."""
+INTERRUPTS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+LOG_TAIL_LINES = 20
+EXIT_ENVIRONMENT_FAULT = 75
+"""The child's status for a row it could not write for a fault of the machine (harness.running.run)."""
+
+
+def oom_kill_count() -> int | None:
+    """How many processes the kernel's OOM killer has killed in this process's memory cgroup (cgroup v2
+    ``memory.events`` or v1 ``memory.oom_control``), or None where that cannot be read."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    candidates = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        path = path.lstrip("/")
+        if controllers == "":
+            candidates += [Path("/sys/fs/cgroup", path, "memory.events"),
+                           Path("/sys/fs/cgroup/unified", path, "memory.events")]
+        elif "memory" in controllers.split(","):
+            candidates.append(Path("/sys/fs/cgroup/memory", path, "memory.oom_control"))
+    for candidate in candidates:
+        try:
+            found = re.search(r"^oom_kill (\d+)$", candidate.read_text(), re.MULTILINE)
+        except OSError:
+            continue
+        if found:
+            return int(found.group(1))
+    return None
+
+
+def kernel_log_oom(pid: int) -> bool:
+    """Whether the kernel log (``/dev/kmsg``, where readable) says the OOM killer killed ``pid``."""
+    pattern = re.compile(rf"(Killed process {pid}\b|oom-kill:.*\bpid={pid},)")
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        while True:
+            try:
+                record = os.read(fd, 16384).decode(errors="replace")
+            except BlockingIOError:  # the end of the buffer
+                return False
+            except OSError:
+                return False
+            if not record:
+                return False
+            if pattern.search(record):
+                return True
+    finally:
+        os.close(fd)
+
+
+def describe_exit(returncode: int) -> tuple[str | None, str]:
+    """(signal name or None, words) for a child's return code (negative: killed by that signal)."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return name, f"killed by signal {-returncode} ({name})"
+    return None, f"exited with code {returncode} without writing its row"
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+def _open_log(log: str | os.PathLike | None, spec_path: str) -> tuple[Any, str | None]:
+    """The log file for the child (None: inherit stderr) and why it could not be written (or None)."""
+    if log is None:
+        return None, None
+    try:
+        Path(log).parent.mkdir(parents=True, exist_ok=True)
+        fh = open(log, "wb", buffering=0)  # noqa: SIM115 -- handed to the child, closed by the caller
+    except OSError as exc:
+        return None, f"cannot open log {log}: {exc}"
+    try:  # unbuffered: a full disk shows here, and close() has nothing left to flush
+        fh.write(f"comera-bench run --isolate: {spec_path} in a child process\n".encode())
+    except OSError as exc:
+        fh.close()
+        return None, f"cannot write log {log}: {exc}"
+    return fh, None
+
+
+def _log_tail(log: str | os.PathLike) -> list[str]:
+    """The last lines of the log (from its last 16 KiB at most)."""
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - 16384))
+            return fh.read(16384).decode(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+    except OSError:
+        return []
+
+
+def failure_row(spec: dict[str, Any], status: str, error: str, extra: dict[str, Any],
+                started_at: str) -> dict[str, Any]:
+    """The runs row of a cell whose process died: the runner's row of a run that got nowhere (identity,
+    settings and provenance from the spec; the runner's own row builder, so both agree), with the
+    start time, thread count and ``extra`` of the failed run."""
+    from harness.running import run as runner  # torch: only once a row has to be written here
+    from harness.running import specs
+
+    st = runner._State(specs.normalize_spec(spec))
+    st.workload_params, st.method_params = st.spec["workload_params"], st.spec["method_params"]
+    try:
+        st.device = runner.resolve_device(st.spec["execution"]["device"])
+    except RuntimeError:  # CUDA asked for but not visible here: the row says cpu
+        pass
+    row = runner._build_row(st, status, error, "")
+    row.update(started_at=started_at, num_threads=st.spec["execution"]["num_threads"],
+               extra=json.dumps(extra, sort_keys=True, default=str))
+    return row
+
+
+def supervise(command: list[str], spec_path: str | os.PathLike, runs_out: str | os.PathLike,
+              curves_out: str | os.PathLike, *, log: str | os.PathLike | None = None) -> tuple[int, str]:
+    """Run ``command`` (the cell's child process) and make sure the cell has a row: (exit code for
+    this process, the row's status). Exit code 0 once a row exists (the child's or the one written
+    here), 2 for a spec that cannot be read, 1 when no row could be written, 128 + N (status
+    "interrupted", no row) when the cell was stopped by SIGTERM, SIGHUP or SIGINT."""
+    runs_out, curves_out = Path(runs_out), Path(curves_out)
+    before = _identity(runs_out)
+    oom_before = oom_kill_count()
+    started_at = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    started = time.monotonic()
+    log_fh, log_error = _open_log(log, str(spec_path))
+    child = subprocess.Popen(command, stdout=log_fh, stderr=subprocess.STDOUT if log_fh else None)
+    received: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        received.append(signum)
+        child.send_signal(signum)
+
+    handlers = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+    try:
+        returncode = child.wait()
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        if log_fh is not None:
+            log_fh.close()
+    if _identity(runs_out) not in (None, before):
+        status = results.read_parquet(runs_out, "runs").at[0, "status"]
+        return 0, status
+    stopped = received[0] if received else -returncode if -returncode in INTERRUPTS else None
+    if stopped is not None:  # stopped from outside: no row, so that the cell runs again
+        name = signal.Signals(stopped).name
+        print(f"comera-bench run: {spec_path}: interrupted by {name}; no row written, the cell runs again "
+              "next time", file=sys.stderr)
+        return 128 + stopped, "interrupted"
+    if returncode == EXIT_ENVIRONMENT_FAULT:  # the child said why (its log, the job's stderr)
+        print(f"comera-bench run: {spec_path}: environment fault (e.g. a full disk); no row written, the cell "
+              "runs again next time", file=sys.stderr)
+        return returncode, "environment fault"
+    sig, error = describe_exit(returncode)
+    oom_after = oom_kill_count()
+    evidence = []
+    if sig == "SIGKILL" and oom_before is not None and oom_after is not None and oom_after > oom_before:
+        evidence.append(f"memory cgroup oom_kill count {oom_before} -> {oom_after} during the run")
+    if sig == "SIGKILL" and kernel_log_oom(child.pid):
+        evidence.append(f"kernel log: OOM killer killed pid {child.pid}")
+    status = "oom" if evidence else "error"
+    if evidence:
+        error = f"killed by the kernel's OOM killer (signal 9, SIGKILL): {'; '.join(evidence)}"
+    extra = {"exit_code": returncode, "signal": sig, "pid": child.pid, "wall_s": time.monotonic() - started,
+             "log": None if log is None else str(log)}
+    if log is not None and log_error is None:
+        extra["log_tail"] = _log_tail(log)
+    if log_error:
+        extra["log_error"] = log_error
+    print(f"comera-bench run: {spec_path}: {error}" + (f" ({log_error})" if log_error else ""),
+          file=sys.stderr)
+    try:
+        spec = json.loads(Path(spec_path).read_text())
+        row = failure_row(spec, status, error, extra, started_at)
+    except Exception as exc:  # noqa: BLE001 -- an unreadable or invalid spec: nothing to build a row from
+        print(f"comera-bench run: no row written, the spec cannot be used: {exc}", file=sys.stderr)
+        return 2, status
+    prov = {c: row[c] for c in results.PROVENANCE_COLUMNS}
+    try:
+        results.write_parquet_atomic(results.empty_frame("curves"), curves_out, kind="curves",
+                                     provenance=prov)
+        results.write_parquet_atomic(results.to_frame([row], "runs"), runs_out, kind="runs",
+                                     provenance=prov)
+    except OSError as exc:
+        print(f"comera-bench run: cannot write the row of {row['run_id']} ({status}: {error}): {exc}",
+              file=sys.stderr)
+        return 1, status
+    if log_error is None and log is not None:
+        try:
+            with open(log, "a") as fh:
+                fh.write(f"comera-bench run --isolate: {error}; row written to {runs_out}\n")
+        except OSError:
+            pass
+    return 0, status

@@ -1,0 +1,79 @@
+"""harness.perf.bench (the ``comera-bench bench`` command): options, the quick end-to-end table and its files."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from harness.perf import bench
+from harness.perf import goals, layers, targets
+from harness.perf.config import Config
+from harness.perf.roofline import Roofline
+from harness.results import PROVENANCE_COLUMNS, file_metadata
+
+
+@pytest.mark.parametrize("text, message", [("1,9", "unknown target"), ("a", "comma-separated"), ("", "unknown")])
+def test_parse_targets_rejects_bad_lists(text, message):
+    with pytest.raises(ValueError, match=message):
+        bench.parse_targets(text)
+    assert bench.parse_targets("5, 1") == {1, 5}
+
+
+@pytest.mark.parametrize("env, device, expected", [("", "cpu", "results/cpu/bench.parquet"),
+                                                   ("my-vm", "cpu", "results/my-vm/bench.parquet")])
+def test_default_out_is_the_pipeline_folder_of_this_machine(monkeypatch, env, device, expected):
+    monkeypatch.setenv("COMERA_BENCH_DEVICE", env)
+    assert str(bench.default_out(device)) == expected
+
+
+def test_a_bad_goals_file_stops_before_measuring(tmp_path, capsys):
+    path = tmp_path / "bench.yaml"
+    path.write_text(goals.DEFAULT_PATH.read_text().replace("table_memory: 15.0", "table_memory: many"))
+    assert bench.cli(["--quick", "--targets", "5", "--goals", str(path), "--out", str(tmp_path / "b.parquet")]) == 2
+    assert "key lookup.table_memory" in capsys.readouterr().err and not (tmp_path / "b.parquet").exists()
+
+
+def test_quick_targets_produce_a_table(tmp_path, monkeypatch):
+    """Targets 1, 3 and 5 run their code paths at reduced size and end in the written files: one Parquet
+    row per table row with the provenance columns, the Markdown table next to it."""
+    path = tmp_path / "bench.yaml"
+    small = "  - {in_shape: [4, 4], out_shape: [4, 8], rank: 4, tokens: 64, quick_tokens: 8, goal: 1.0}\n"
+    lines = goals.DEFAULT_PATH.read_text().splitlines(keepends=True)
+    path.write_text("".join(small if line.startswith("  - {in_shape") else line for line in lines))
+    monkeypatch.setitem(layers.EMBEDDING_TABLE, "quick", {"num_embeddings": 1000, "embedding_dim": 8,
+                                                         "row_shape": [10, 10, 10], "col_shape": [2, 2, 2],
+                                                         "rank": 2})
+    monkeypatch.setitem(layers.EMBEDDING_INDICES, "quick", [300])
+    monkeypatch.setattr(targets, "measure_roofline", lambda *a, **k: Roofline(1e10, 1e9))
+    out = tmp_path / "cpu" / "bench.parquet"
+    assert bench.cli(["--quick", "--targets", "1,3,5", "--threads", "1", "--goals", str(path),
+                      "--out", str(out)]) == 0
+    frame = pd.read_parquet(out)
+    assert list(frame["target"]) == [1, 1, 1, 3, 3, 3, 3, 5]
+    assert set(PROVENANCE_COLUMNS) <= set(frame.columns) and (frame["device"] == "cpu").all()
+    assert set(frame["verdict"]) <= {"pass", "short", "info"}
+    assert frame["measured"].map(math.isfinite).all()
+    assert list(frame["goal_key"]) == ["linear[0]", "linear[1]", "linear[2]", "lookup.speedup", "lookup.memory",
+                                       "lookup.table_memory", "", "plans.flops_vs_optimal"]
+    table_rows = frame[frame["what"].str.contains("table memory")]
+    info_rows = frame[frame["verdict"] == "info"]
+    assert len(table_rows) == len(info_rows) == 1 and table_rows["goal"].item() == 15.0
+    assert "footprint" in info_rows["what"].item() and info_rows["goal"].isna().all()
+    assert "params" in table_rows["medians"].item() and "working" in table_rows["medians"].item()
+    assert frame["settings"].str.contains("allocator reuse").all()
+    linear = frame.iloc[0]
+    assert linear["flop_ratio"] > 0 and linear["bound"] > 0 and linear["bound_basis"] == "roofline"
+    assert "TTLinear" in linear["medians"] and "on 1 token takes" in linear["note"] and "at most" in linear["note"]
+    assert file_metadata(out)["provenance"]["device"] == "cpu"
+    text = out.with_suffix(".md").read_text()
+    assert text.count("\n| 3 |") == 4 and "| 5 |" in text and "Allocator: reuse" in text
+
+
+def test_a_failing_target_becomes_an_error_row(monkeypatch):
+    def broken(cfg):
+        raise RuntimeError("plan exploded")
+
+    monkeypatch.setattr(targets, "target_plans", broken)
+    rows = targets.run_targets({5}, Config.make("cpu", 1, quick=True))
+    assert [r.verdict for r in rows] == ["error"] and "plan exploded" in rows[0].note

@@ -1,0 +1,165 @@
+"""harness.perf.microbench: spec checking, cost counters, memory measurement and schema-complete rows."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from harness.perf import microbench as mb
+from harness.results import MICROBENCH_COLUMNS, file_metadata, read_parquet, to_frame
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny_rows():
+    return mb.run(mb.PRESETS["tiny"])
+
+
+def test_tiny_spec_rows_are_schema_complete(tiny_rows):
+    frame = to_frame(tiny_rows, "microbench")
+    assert list(frame.columns) == MICROBENCH_COLUMNS
+    assert (frame["time_ms"] > 0).all() and (frame["time_ms_iqr"] >= 0).all()
+    assert (frame["peak_mem_bytes"] > 0).all()
+    assert set(frame["direction"]) == {"fwd", "fwd_bwd"}
+    assert set(frame.loc[frame.op == "embedding", "variant"]) == set(mb.EMBEDDING_VARIANTS)
+    assert set(frame.loc[frame.op == "linear", "variant"]) == set(mb.LINEAR_VARIANTS)
+    assert frame.loc[frame.variant == "dense", "rank"].isna().all()
+    assert (frame.loc[frame.variant == "tt", "rank"] == 4).all()
+    assert (frame["device"] == "cpu").all() and (frame["num_threads"] == 1).all()
+
+
+def test_dense_linear_flops_are_counted_exactly(tiny_rows):
+    dense = {r["direction"]: r["flops"] for r in tiny_rows if r["variant"] == "dense"}
+    tokens, n_in, n_out = 16, 16, 32
+    assert dense["fwd"] == 2 * tokens * n_in * n_out
+    assert dense["fwd_bwd"] == 6 * tokens * n_in * n_out  # forward, input gradient, weight gradient
+
+
+def test_tt_fwd_bwd_flops_match_the_plan():
+    from comera.tt import TTLinear
+    from harness.perf.plans import plan_contraction_flops
+
+    layer = TTLinear(16, 32, in_shape=(4, 4), out_shape=(4, 8), rank=4, bias=False)
+    run, _ = mb._call(layer, torch.randn(16, 16), "fwd_bwd", wrt_input=True)
+    flops, _ = mb.count_cost(run)
+    assert flops == plan_contraction_flops(layer.plan(16))  # the kernels execute what the plan counts
+
+
+@pytest.mark.parametrize("numel", [2**10, 2**18])
+def test_cpu_peak_memory_sees_a_transient_allocation(numel):
+    def run():
+        a = torch.ones(numel)
+        b = a * 2  # a and b alive together: peak is two buffers
+        del a
+        return b.sum()
+
+    peak, kind = mb.peak_memory(run, CPU)
+    assert kind == "cpu_allocated"
+    assert 2 * numel * 4 <= peak <= 2 * numel * 4 + 4096
+
+
+def test_fwd_bwd_peak_includes_output_and_gradients():
+    layer = nn.Linear(64, 128, bias=False)
+    run, reset = mb._call(layer, torch.randn(32, 64), "fwd_bwd", wrt_input=True)
+    run()  # leaves gradients behind; reset must drop them before measuring
+    peak, _ = mb.peak_memory(run, CPU, reset)
+    minimum = 4 * (32 * 128 + 32 * 64 + 64 * 128)  # output + input grad + weight grad
+    assert minimum <= peak <= 2 * minimum
+
+
+def test_traffic_counter_counts_operands_and_gathers():
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    flops, traffic = mb.count_cost(lambda: a @ b)
+    assert flops == 2 * 8 * 16 * 4
+    assert traffic == 4 * (8 * 16 + 16 * 4 + 8 * 4)
+    table, idx = torch.randn(1000, 16), torch.tensor([1, 5, 7])
+    _, gather = mb.count_cost(lambda: table.index_select(0, idx))
+    assert gather == 2 * 3 * 16 * 4 + 3 * 8  # rows read + written, indices read; not the whole table
+    _, view = mb.count_cost(lambda: table.view(16, 1000))
+    assert view == 0
+
+
+def test_zipf_indices_are_deterministic_in_range_and_skewed():
+    idx = mb.zipf_indices(20000, 5000, 1.05, seed=3)
+    assert torch.equal(idx, mb.zipf_indices(20000, 5000, 1.05, seed=3))
+    assert idx.dtype == torch.int64 and int(idx.min()) >= 0 and int(idx.max()) < 5000
+    counts = torch.bincount(idx, minlength=5000)
+    assert int(counts.max()) > 50 * 20000 / 5000  # the hottest row is far above uniform
+    assert int(torch.unique(idx).numel()) < 5000
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"repeats": 3}, "unknown key 'repeats'"),
+    ({"device": "tpu"}, "device='tpu'"),
+    ({"num_threads": 0}, "num_threads=0"),
+    ({"min_run_time_s": 0}, "min_run_time_s=0"),
+    ({"linear": {"layers": [], "rank": [4]}}, "linear: unknown key 'rank'"),
+    ({"linear": {"layers": [{"in_shape": [4], "outshape": [4]}]}}, "unknown key 'outshape'"),
+    ({"linear": {"tokens": [0]}}, "linear.tokens: 0"),
+    ({"embedding": {"variants": ["fast"]}}, "unknown value 'fast'"),
+    ({"embedding": {"tables": [{"rows": 3}]}}, "embedding.tables: unknown key 'rows'"),
+    ({"embedding": {"zipf_exponent": -1}}, "zipf_exponent=-1"),
+    ({"allocator": "jemalloc"}, "allocator='jemalloc'"),
+])
+def test_bad_specs_name_the_key(spec, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[")):
+        mb.check_spec(spec)
+
+
+def test_spec_file_errors_name_the_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("device: cpu\nthreads: 2\n")
+    with pytest.raises(ValueError, match=f"{bad}.*unknown key 'threads'"):
+        mb.load_spec(bad)
+
+
+def test_cli_writes_a_microbench_file(tmp_path):
+    spec = {"device": "cpu", "num_threads": 1, "min_run_time_s": 0.005,
+            "linear": {"layers": [{"in_shape": [2, 4], "out_shape": [4, 2]}], "ranks": [2], "tokens": [4],
+                       "directions": ["fwd"]}}
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    out = tmp_path / "m.parquet"
+    assert mb.cli(["--spec", str(path), "--out", str(out), "--quiet", "--allocator", "system"]) == 0
+    frame = read_parquet(out, "microbench")
+    assert sorted(frame["variant"]) == ["dense", "tt"]
+    assert frame.loc[frame.variant == "tt", "shape"].item() == "8x8 [2,4|4,2]"
+    meta = file_metadata(out)
+    assert meta["kind"] == "microbench" and meta["provenance"]["peak_mem_kind"] == "cpu_allocated"
+    assert meta["provenance"]["spec"]["linear"]["ranks"] == [2]
+    assert meta["provenance"]["spec"]["allocator"] == "system"
+    assert meta["provenance"]["allocator"].startswith("system")
+
+
+def test_cli_reports_a_bad_spec(tmp_path, capsys):
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps({"devices": "cpu"}))
+    assert mb.cli(["--spec", str(path), "--out", str(tmp_path / "m.parquet")]) == 2
+    assert "unknown key 'devices'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: cuda_allocated peak not exercised")
+def test_cuda_peak_memory():
+    def run():
+        return torch.ones(2**20, device="cuda").sum()
+
+    peak, kind = mb.peak_memory(run, torch.device("cuda"))
+    assert kind == "cuda_allocated" and peak >= 4 * 2**20
+
+
+def test_an_output_that_cannot_be_written_is_named(tmp_path, monkeypatch, capsys):
+    import errno
+
+    from harness import results
+    from harness.perf import microbench
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "ro" / "x.parquet"))
+
+    monkeypatch.setattr(results, "write_parquet_atomic", refuse)
+    assert microbench.cli(["--preset", "tiny", "--out", str(tmp_path / "ro" / "x.parquet")]) == 1
+    err = capsys.readouterr().err
+    assert "cannot write" in err and "Permission denied" in err and "Traceback" not in err

@@ -1,0 +1,32 @@
+"""`comera-bench noisy`: the ok timing cells that are not stable, named with their reason; --delete
+removes their per-cell files so the pipeline times them (and their groups) again."""
+from __future__ import annotations
+
+from harness import cli, results
+from harness.reports import noisy
+
+
+def _cell(folder, run_id, quality, purpose="timing", status="ok"):
+    row = {c: None for c in results.RUNS_COLUMNS}
+    row.update(run_id=run_id, workload="toy", method="dense", variant="", batch_size=4, seed=0, status=status,
+               error="", purpose=purpose, timing_quality=quality)
+    for kind in ("runs", "curves"):
+        (folder / f"{run_id}.{kind}.parquet").parent.mkdir(parents=True, exist_ok=True)
+    results.write_parquet_atomic(results.to_frame([row], "runs"), folder / f"{run_id}.runs.parquet", kind="runs")
+    results.write_parquet_atomic(results.empty_frame("curves"), folder / f"{run_id}.curves.parquet", kind="curves")
+
+
+def test_noisy_lists_and_deletes(tmp_path, capsys):
+    cells = tmp_path / "runs" / "cpu"
+    _cell(cells, "a", "stable")
+    _cell(cells, "b", "noisy: CPU pressure 40% (> 25%)")
+    _cell(cells, "c", "noisy: 3 timed steps (< 5)", purpose="quality")  # not a timing cell
+    _cell(cells, "d", None, status="error")                              # failed: not a timing question
+    assert noisy.noisy_cells([cells]).run_id.tolist() == ["b"]
+    text = noisy.summary([cells], str(cells))
+    assert "b: CPU pressure 40% (> 25%)" in text and f"comera-bench noisy {cells} --delete" in text
+    assert cli.main(["noisy", str(cells), "--delete"]) == 0
+    assert "b\tCPU pressure 40% (> 25%)" in capsys.readouterr().out
+    assert sorted(p.name for p in cells.iterdir()) == sorted(
+        f"{r}.{k}.parquet" for r in "acd" for k in ("runs", "curves"))
+    assert noisy.summary([cells], str(cells)) == ""

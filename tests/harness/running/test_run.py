@@ -1,0 +1,454 @@
+import importlib.util
+import json
+import math
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import results
+from harness.running import run as runner
+from harness.running import specs
+from tests.harness.running.run_toys import TOY_REGISTRY, toy_spec
+
+FAILURES = [
+    ({}, {}, "ok", ""),
+    ({"fail": "oom"}, {}, "oom", "MemoryError: toy allocation failed"),
+    ({"fail": "nan"}, {}, "diverged", "non-finite loss at step 3"),
+    ({"fail": "error"}, {}, "error", "ValueError: toy method broke"),
+    ({"fail": "skip"}, {}, "error", "skipped: toy needs a device"),
+    ({"sleep_s": 0.02}, {"time_limit_s": 0.01}, "timeout", "time limit of 0.01 s reached after 1 steps"),
+]
+
+
+@pytest.mark.parametrize("method_params, budget, status, error", FAILURES)
+def test_every_status_writes_a_complete_row(tmp_path, method_params, budget, status, error):
+    spec = toy_spec(method_params=method_params, budget=budget)
+    runs_out, curves_out = tmp_path / "c.runs.parquet", tmp_path / "c.curves.parquet"
+    row = runner.run_to_files(spec, runs_out, curves_out, registry=TOY_REGISTRY)
+    df = results.read_parquet(runs_out, "runs")  # schema-complete, typed
+    curves = results.read_parquet(curves_out, "curves")
+    assert len(df) == 1 and df.at[0, "status"] == status == row["status"]
+    assert df.at[0, "error"].startswith(error)
+    assert df.at[0, "device"] == "cpu" and df.at[0, "num_threads"] == 1
+    assert results.file_metadata(runs_out)["provenance"]["config_hash"] == row["config_hash"]
+    if status in ("ok", "oom", "diverged", "timeout"):
+        assert df.at[0, "steps_timed"] >= 0 and df.at[0, "peak_mem_kind"] == "cpu_rss_delta"
+        assert df.at[0, "state_bytes"] > 0 and json.loads(df.at[0, "ranks"]) == {"fc": [1, 4, 1]}
+    if status == "ok":
+        assert df.loc[0, results.RUNS_COLUMNS[:35]].drop(["seq_len", "target_ratio", "cuda_reserved_bytes",
+                                                          "params_factorized_layers", "compression_layers",
+                                                          "error"]).notna().all()
+        assert df.at[0, "metric_value"] > 0.5  # the toy task is learnable (chance is about 1/3)
+    if status == "error" and "ValueError" in error:
+        assert "toy method broke" in json.loads(df.at[0, "extra"])["traceback"]
+    if status == "diverged":
+        assert curves.query("split == 'train' and metric_name == 'loss'")["step"].max() == 3
+
+
+def test_divergence_in_the_last_step_is_diverged_with_its_numbers():
+    """Parameters turn NaN in the last step's update: its loss is finite, the final evaluation is not."""
+    spec = toy_spec(method_params={"fail": "nan_params", "fail_at": 2},
+                    budget={"epochs": 1, "max_steps_per_epoch": 3, "eval_every_steps": None})
+    row, curves = runner.run_cell(spec, registry=TOY_REGISTRY)
+    assert row["status"] == "diverged"
+    assert row["error"] == "non-finite evaluation at step 3: loss nan"
+    assert 0 <= row["metric_value"] <= 1 and math.isfinite(row["final_train_loss"])  # partial numbers kept
+    extra = json.loads(row["extra"])
+    assert extra["steps_done"] == 3 and extra["eval_step"] == 3 and math.isnan(extra["eval"]["loss"])
+    assert [c["step"] for c in curves if c["split"] == "eval" and c["metric_name"] == "loss"] == [3]
+
+
+def test_any_non_finite_evaluation_value_stops_training():
+    """Every numeric value of evaluate counts (here an extra metric, finite at step 0, infinite at the
+    evaluation after step 2 of 4)."""
+    def build(name, params, **kw):
+        workload = TOY_REGISTRY.build_workload(name, params, **kw)
+        evaluate, calls = workload.evaluate, []
+
+        def evaluate_nce(m):
+            calls.append(1)
+            return {**evaluate(m), "nce": 1.0 if len(calls) == 1 else float("inf"), "samples": 64}
+        workload.evaluate = evaluate_nce
+        return workload
+
+    registry = runner.Registry(build_workload=build, get_method=TOY_REGISTRY.get_method)
+    spec = toy_spec(budget={"epochs": 1, "max_steps_per_epoch": 4, "eval_every_steps": 2})
+    row, curves = runner.run_cell(spec, registry=registry)
+    assert row["status"] == "diverged" and row["error"] == "non-finite evaluation at step 2: nce inf"
+    assert json.loads(row["extra"])["steps_done"] == 2 and row["metric_value"] is not None
+    assert max(c["step"] for c in curves if c["split"] == "train") == 2
+
+
+def test_non_finite_parameters_after_the_last_step_are_diverged():
+    """An evaluation that reports nothing non-finite (accuracy only) still cannot hide NaN parameters."""
+    def build(name, params, **kw):
+        workload = TOY_REGISTRY.build_workload(name, params, **kw)
+        evaluate = workload.evaluate
+        workload.evaluate = lambda m: {k: v for k, v in evaluate(m).items() if k != "loss"}
+        return workload
+
+    registry = runner.Registry(build_workload=build, get_method=TOY_REGISTRY.get_method)
+    spec = toy_spec(method_params={"fail": "nan_params", "fail_at": 2},
+                    budget={"epochs": 1, "max_steps_per_epoch": 3, "eval_every_steps": None})
+    row, _ = runner.run_cell(spec, registry=registry)
+    assert row["status"] == "diverged"
+    assert row["error"] == "non-finite parameters after step 3: 0.weight, 0.bias, 3.weight, 3.bias"
+    assert 0 <= row["metric_value"] <= 1 and json.loads(row["extra"])["eval_step"] == 3
+
+
+def test_quality_is_deterministic_on_cpu():
+    rows = [runner.run_cell(toy_spec(), registry=TOY_REGISTRY) for _ in range(2)]
+    (a, ca), (b, cb) = rows
+    for col in ("metric_value", "final_train_loss"):
+        assert a[col] == b[col]
+    assert [c["value"] for c in ca if c["split"] != "method"] == \
+        [c["value"] for c in cb if c["split"] != "method"]
+    other, _ = runner.run_cell(toy_spec(seed=1), registry=TOY_REGISTRY)
+    assert other["final_train_loss"] != a["final_train_loss"]
+
+
+def test_cuda_graph_on_cpu_is_a_clear_error_row():
+    row, curves = runner.run_cell(toy_spec(execution={"cuda_graph": True}), registry=TOY_REGISTRY)
+    assert row["status"] == "error" and "cuda_graph needs CUDA" in row["error"]
+    assert row["variant"] == "default+cudagraph" and curves == []
+
+
+def test_curves_record_loss_eval_method_info_and_ranks():
+    row, curves = runner.run_cell(toy_spec(budget={"epochs": 1, "eval_every_steps": 5}),
+                                  registry=TOY_REGISTRY)
+    steps = row["steps_timed"] + 1
+    by = {}
+    for c in curves:
+        by.setdefault((c["split"], c["metric_name"]), []).append(c["step"])
+    assert by[("train", "loss")] == list(range(1, steps + 1))
+    # every 5 steps, right after the stage switch at step 4, and after the last step
+    assert by[("eval", "accuracy")] == [0, 4, 5, 10, 15, 16] and by[("eval", "loss")] == [0, 4, 5, 10, 15, 16]
+    assert by[("method", "stage")] == list(range(1, steps + 1))
+    assert by[("ranks", "fc[1]")] == [0, 4, 16]  # before training, at the stage switch, at the end
+
+
+def test_evaluation_is_outside_clocks_and_memory(monkeypatch):
+    """A fake clock advances 1 s per training step and 100 s per evaluation; evaluation also holds a
+    200 MB buffer that training never needs."""
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    real_build, real_method = TOY_REGISTRY.build_workload, TOY_REGISTRY.get_method("toy")
+
+    def build(name, params, **kw):
+        workload = real_build(name, params, **kw)
+        evaluate = workload.evaluate
+
+        def slow_fat_evaluate(model):
+            buf = torch.ones(50 << 20)
+            clock[0] += 100.0
+            return {**evaluate(model), "touched": float(buf[0])}
+        workload.evaluate = slow_fat_evaluate
+        return workload
+
+    class TickingMethod:
+        name, variant = "toy", "default"
+
+        def prepare(self, model, workload, params, **kw):
+            prepared = real_method.prepare(model, workload, params, **kw)
+            after_step = prepared.after_step
+
+            def tick(step):
+                clock[0] += 1.0
+                return after_step(step)
+            prepared.after_step = tick
+            return prepared
+
+    registry = runner.Registry(build_workload=build, get_method=lambda name: TickingMethod())
+    row, _ = runner.run_cell(toy_spec(budget={"epochs": 2, "eval_every_steps": 4}), registry=registry)
+    extra = json.loads(row["extra"])
+    assert row["status"] == "ok" and row["epoch_time_kind"] == "measured"
+    assert extra["full_epochs_s"] == [16.0, 16.0] and row["epoch_time_s"] == 16.0
+    assert (row["step_time_ms"], row["step_time_ms_iqr"], row["steps_timed"]) == (1000.0, 0.0, 31)
+    assert row["peak_mem_bytes"] < 100 << 20
+    assert extra["eval"]["touched"] == 1.0
+
+
+def test_time_limit_counts_from_the_first_training_step(monkeypatch):
+    """A fake clock: building each workload (the warm-up's tiny one and the cell's) takes 100 s, the
+    evaluation before training 100 s, each training step 1 s. Only the steps count toward the limit."""
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+
+    def build(name, params, **kw):
+        clock[0] += 100.0
+        workload = TOY_REGISTRY.build_workload(name, params, **kw)
+        evaluate = workload.evaluate
+
+        def slow_first_evaluate(model):
+            clock[0] += 100.0 if clock[0] < 300 else 0.0
+            return evaluate(model)
+        workload.evaluate = slow_first_evaluate
+        return workload
+
+    class TickingMethod:
+        name, variant = "toy", "default"
+
+        def prepare(self, model, workload, params, **kw):
+            prepared = TOY_REGISTRY.get_method("toy").prepare(model, workload, params, **kw)
+            after_step = prepared.after_step
+            prepared.after_step = lambda step: clock.__setitem__(0, clock[0] + 1.0) or after_step(step)
+            return prepared
+
+    registry = runner.Registry(build_workload=build, get_method=lambda name: TickingMethod())
+    ok, _ = runner.run_cell(toy_spec(budget={"epochs": 1, "eval_every_steps": 16, "time_limit_s": 20}),
+                            registry=registry)
+    assert ok["status"] == "ok" and json.loads(ok["extra"])["steps_done"] == 16
+    cut, _ = runner.run_cell(toy_spec(budget={"epochs": 1, "eval_every_steps": 16, "time_limit_s": 10.5}),
+                             registry=registry)
+    assert cut["status"] == "timeout" and cut["error"] == "time limit of 10.5 s reached after 11 steps"
+    assert cut["steps_timed"] == 10 and cut["final_train_loss"] is not None
+
+
+HANG = """
+import sys
+from harness.running import run as runner
+from tests.harness.running.run_toys import TOY_REGISTRY, toy_spec
+runner.WATCHDOG_GRACE_S = 0.5
+spec = toy_spec(method_params={method_params!r}, workload_params={workload_params!r},
+                budget={{"epochs": 1, "eval_every_steps": 2, "time_limit_s": 2.0}})
+runner.run_to_files(spec, sys.argv[1], sys.argv[2], registry=TOY_REGISTRY, hang_exit_status=3)
+print("run_to_files returned")
+"""
+
+
+@pytest.mark.parametrize("method_params, workload_params, steps, activity", [
+    ({"hang_at": 3}, {}, 3, "training step 4"),
+    ({}, {"hang_eval": 2}, 4, "the evaluation at step 4"),  # evaluations at steps 0, 2 and 4
+])
+def test_a_hung_step_or_evaluation_ends_as_timeout_with_its_row(tmp_path, method_params, workload_params,
+                                                                 steps, activity):
+    """The toy blocks for an hour; the watchdog writes the partial row 2 + 0.5 s into training and ends
+    the process."""
+    runs_out, curves_out = tmp_path / "h.runs.parquet", tmp_path / "h.curves.parquet"
+    script = HANG.format(method_params=method_params, workload_params=workload_params)
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", script, str(runs_out), str(curves_out)],
+                          cwd=Path(__file__).parents[3], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert "returned" not in proc.stdout and time.monotonic() - started < 60
+    df = results.read_parquet(runs_out, "runs")
+    assert df.at[0, "status"] == "timeout"
+    assert df.at[0, "error"].startswith(f"time limit of 2.0 s reached after {steps} steps; {activity} ")
+    assert df.at[0, "error"] in proc.stderr
+    extra = json.loads(df.at[0, "extra"])
+    assert extra["steps_done"] == steps and df.at[0, "steps_timed"] == steps - 1
+    assert df.at[0, "metric_value"] is not None and df.at[0, "peak_mem_kind"] == "cpu_rss_delta"
+    curves = results.read_parquet(curves_out, "curves")
+    assert curves.query("split == 'train' and metric_name == 'loss'")["step"].max() == steps
+
+
+def test_a_finished_cell_stops_its_watchdog(tmp_path):
+    row = runner.run_to_files(toy_spec(budget={"epochs": 1, "time_limit_s": 60}), tmp_path / "w.runs.parquet",
+                              tmp_path / "w.curves.parquet", registry=TOY_REGISTRY)
+    assert row["status"] == "ok"
+    assert not [t for t in threading.enumerate() if t.name == "cell-watchdog"]
+
+
+def test_partial_epochs_are_extrapolated():
+    row, _ = runner.run_cell(toy_spec(budget={"max_steps_per_epoch": 5}), registry=TOY_REGISTRY)
+    assert row["epoch_time_kind"] == "extrapolated" and row["epochs"] == 2.0
+    extra = json.loads(row["extra"])
+    assert row["epoch_time_s"] == pytest.approx(extra["step_time_ms_mean"] * 16 / 1e3)
+    assert row["steps_timed"] == 9
+
+
+def test_flops_per_step_from_linear_shapes():
+    row, _ = runner.run_cell(toy_spec(), registry=TOY_REGISTRY)
+    assert row["flops_per_step"] == 6 * 16 * (8 * 16 + 16 * 3)
+
+
+@pytest.mark.parametrize("section, key, value, message", [
+    (None, "bogus", 1, "unknown spec key 'bogus'"),
+    ("budget", "epoch", 1, "unknown key budget.epoch"),
+    ("execution", "gpu", True, "unknown key execution.gpu"),
+    (None, "batch_size", 0, "batch_size must be an integer >= 1, got 0"),
+    (None, "target_ratio", 2.0, "target_ratio must be null or in"),
+    ("execution", "device", "tpu", "execution.device must be cpu|cuda|auto, got 'tpu'"),
+    ("budget", "time_limit_s", -1, "time_limit_s must be null or a finite number > 0"),
+    ("budget", "time_limit_s", float("nan"), "time_limit_s must be null or a finite number > 0, got nan"),
+    ("budget", "time_limit_s", float("inf"), "time_limit_s must be null or a finite number > 0, got inf"),
+    ("execution", "allocator", "tcmalloc", "execution.allocator must be one of ['reuse', 'system'], got 'tcmalloc'"),
+])
+def test_bad_spec_is_named(section, key, value, message):
+    spec = toy_spec()
+    (spec[section] if section else spec)[key] = value
+    with pytest.raises(specs.SpecError, match=re.escape(message)):
+        specs.normalize_spec(spec)
+
+
+def test_spec_defaults_and_ids():
+    spec = specs.normalize_spec({"workload": "toy", "method": "toy", "batch_size": 4})
+    assert spec["budget"] == {**specs.BUDGET_DEFAULTS}
+    assert spec["execution"]["num_threads"] == torch.get_num_threads()
+    assert spec["run_id"] == "toy_toy-default_b4_tnone_s0"  # the pipeline's scheme (harness.configs.grid.run_id)
+    again = specs.normalize_spec({"workload": "toy", "method": "toy", "batch_size": 4})
+    other = specs.normalize_spec({"workload": "toy", "method": "toy", "batch_size": 4, "seed": 1})
+    assert spec["config_hash"] == again["config_hash"] != other["config_hash"]
+    with pytest.raises(specs.SpecError, match="missing the key 'method'"):
+        specs.normalize_spec({"workload": "toy", "batch_size": 4})
+
+
+def test_allocator_is_applied_and_recorded(monkeypatch):
+    from harness.running import allocator
+
+    calls = []
+    monkeypatch.setattr(allocator, "apply", lambda policy: calls.append(policy) or f"applied {policy}")
+    monkeypatch.setattr(allocator, "release_free_memory", lambda: calls.append("release") or True)
+    row, _ = runner.run_cell(toy_spec(budget={"epochs": 1, "eval_every_steps": 8}), registry=TOY_REGISTRY)
+    settings = json.loads(row["settings"])
+    assert row["status"] == "ok" and settings["execution"]["allocator"] == "reuse"
+    assert settings["allocator"] == "applied reuse"
+    # applied first; then the memory monitor hands the free heap back (see test_measure for when)
+    assert calls[0] == "reuse" and calls[1:] == ["release"] * (len(calls) - 1) and len(calls) >= 2
+
+
+def test_cuda_request_without_cuda_is_an_error_row():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    row, _ = runner.run_cell(toy_spec(execution={"device": "cuda"}), registry=TOY_REGISTRY)
+    assert row["status"] == "error" and "CUDA is not available" in row["error"]
+
+
+REAL_PARTS = all(importlib.util.find_spec(m) for m in ("harness.workloads.transformer", "baselines.dense",
+                                                          "baselines.comera"))
+
+
+def real_spec(method):
+    return {"workload": "transformer", "workload_params": {"size": "tiny"}, "method": method,
+            "batch_size": 8, "seed": 0, "target_ratio": 0.5 if method == "comera" else None,
+            "budget": {"epochs": 1, "max_steps_per_epoch": 4, "warmup_steps": 1},
+            "execution": {"device": "cpu", "num_threads": 1}}
+
+
+@pytest.mark.skipif(not REAL_PARTS, reason="the transformer workload or the methods are not there yet")
+@pytest.mark.parametrize("method", ["dense", "comera"])
+def test_real_tiny_transformer_cell(tmp_path, method):
+    row = runner.run_to_files(real_spec(method), tmp_path / "r.runs.parquet", tmp_path / "r.curves.parquet")
+    assert row["status"] == "ok", row["error"] + json.loads(row["extra"]).get("traceback", "")
+    df = results.read_parquet(tmp_path / "r.runs.parquet", "runs")
+    assert df.at[0, "metric_name"] == "accuracy" and 0 <= df.at[0, "metric_value"] <= 1
+    assert df.at[0, "seq_len"] > 0 and df.at[0, "params_total"] > 0 and df.at[0, "flops_per_step"] > 0
+    assert df.at[0, "steps_timed"] == 3 and df.at[0, "epoch_time_kind"] == "extrapolated"
+    extra = json.loads(df.at[0, "extra"])
+    if method == "comera":
+        assert df.at[0, "compression_total"] > 1 and json.loads(df.at[0, "ranks"])
+        assert extra["flops_modules_plan"] > 0  # TT layers count through their plans
+        again, _ = runner.run_cell(real_spec(method))
+        assert (again["metric_value"], again["final_train_loss"]) == (row["metric_value"],
+                                                                      row["final_train_loss"])
+
+
+@pytest.mark.skipif(not REAL_PARTS, reason="the transformer workload or the methods are not there yet")
+def test_real_dlrm_divergence_in_its_only_step():
+    """The issue's case: lr 1e30 makes the only step's update non-finite; accuracy stays at the
+    always-no-click rate, so only the evaluation's loss values tell."""
+    spec = {"workload": "dlrm", "workload_params": {"size": "tiny"}, "method": "dense",
+            "method_params": {"lr": 1e30}, "batch_size": 64,
+            "budget": {"max_steps_per_epoch": 1}, "execution": {"device": "cpu", "num_threads": 1}}
+    row, _ = runner.run_cell(spec)
+    assert row["status"] == "diverged" and row["error"].startswith("non-finite evaluation at step 1: ")
+    assert "bce nan" in row["error"] and 0 < row["metric_value"] < 1
+
+
+def test_tt_rank_falls_back_to_the_workload_spec():
+    class NoRankSetting:
+        name, variant = "tt", "default"
+
+        def prepare(self, model, workload, params, *, target_ratio, total_steps):
+            prepared = TOY_REGISTRY.get_method("toy").prepare(model, workload, params,
+                                                              target_ratio=target_ratio,
+                                                              total_steps=total_steps)
+            prepared.settings = {}
+            return prepared
+
+    def build(name, params, **kw):
+        workload = TOY_REGISTRY.build_workload(name, params, **kw)
+        workload.tt_spec = {"0": {"kind": "linear", "rank": [1, 6, 1]},
+                            "e": {"kind": "embedding", "rank": 9}}
+        return workload
+
+    row, _ = runner.run_cell(toy_spec(budget={"epochs": 1}),
+                             registry=runner.Registry(build_workload=build, get_method=lambda n: NoRankSetting()))
+    assert row["status"] == "ok" and row["rank"] == 6
+
+
+@pytest.mark.slow
+def test_compiled_model_trains():
+    row, _ = runner.run_cell(toy_spec(execution={"compile": True}, budget={"epochs": 1}),
+                             registry=TOY_REGISTRY)
+    assert row["status"] == "ok", row["error"]
+    assert row["variant"] == "default+compile" and json.loads(row["settings"])["execution"]["compile"]
+    assert row["metric_value"] > 0.4
+
+
+def test_evaluation_after_the_last_step_is_outside_the_memory_region():
+    """The last evaluation (at step 16 of 16) leaves 100 MB behind; no training follows it."""
+    kept = []
+
+    def build(name, params, **kw):
+        workload = TOY_REGISTRY.build_workload(name, params, **kw)
+        evaluate, calls = workload.evaluate, []
+
+        def evaluate_leaving_memory(model):
+            calls.append(1)
+            if len(calls) == 4:  # steps 0 (before the region), 4 (the toy's stage switch), 8, 16
+                kept.append(torch.ones(25 << 20))
+            return evaluate(model)
+        workload.evaluate = evaluate_leaving_memory
+        return workload
+
+    registry = runner.Registry(build_workload=build, get_method=TOY_REGISTRY.get_method)
+    row, curves = runner.run_cell(toy_spec(budget={"epochs": 1, "eval_every_steps": 8}), registry=registry)
+    assert row["status"] == "ok" and len(kept) == 1
+    assert [c["step"] for c in curves if c["metric_name"] == "accuracy"] == [0, 4, 8, 16]
+    assert row["peak_mem_bytes"] < 50 << 20
+
+
+def test_a_failing_warm_up_is_recorded_and_the_cell_runs():
+    def build(name, params, **kw):
+        if params.get("size") == "tiny":
+            raise ValueError("no tiny toy")
+        return TOY_REGISTRY.build_workload(name, params, **kw)
+
+    registry = runner.Registry(build_workload=build, get_method=TOY_REGISTRY.get_method)
+    failed, _ = runner.run_cell(toy_spec(budget={"epochs": 1}), registry=registry)
+    ok, _ = runner.run_cell(toy_spec(budget={"epochs": 1}), registry=TOY_REGISTRY)
+    assert failed["status"] == ok["status"] == "ok"
+    assert json.loads(failed["settings"])["warm_up"] == "failed: ValueError: no tiny toy"
+    assert json.loads(ok["settings"])["warm_up"] == "ok" and json.loads(ok["extra"])["warm_up_s"] > 0
+    assert failed["final_train_loss"] == ok["final_train_loss"]
+
+
+@pytest.mark.skipif(not REAL_PARTS, reason="the transformer workload or the methods are not there yet")
+def test_the_warm_up_changes_no_number(monkeypatch):
+    """With dropout the training draws from torch's global stream, which the workload does not reseed."""
+    spec = {**real_spec("dense"), "workload_params": {"size": "tiny", "dropout": 0.1},
+            "budget": {"epochs": 1, "max_steps_per_epoch": 4, "warmup_steps": 1, "eval_every_steps": 2}}
+    warmed, warmed_curves = runner.run_cell(spec)
+    monkeypatch.setattr(runner.warmup, "warm_up", lambda *a, **k: "not run")
+    cold, cold_curves = runner.run_cell(spec)
+    assert json.loads(warmed["settings"])["warm_up"] == "ok"
+    assert json.loads(cold["settings"])["warm_up"] == "not run"
+    for col in ("metric_value", "final_train_loss"):
+        assert warmed[col] == cold[col]
+    assert [(c["step"], c["metric_name"], c["value"]) for c in warmed_curves] == \
+        [(c["step"], c["metric_name"], c["value"]) for c in cold_curves]
+
+
+@pytest.mark.parametrize("budget", [{"max_steps_per_epoch": 2, "warmup_steps": 2, "epochs": 1},
+                                    {"max_steps_per_epoch": 1, "warmup_steps": 3, "epochs": 2}])
+def test_a_cell_without_a_timed_step_is_not_ok(budget):
+    row, _ = runner.run_cell(toy_spec(budget=budget), registry=TOY_REGISTRY)
+    assert row["status"] == "error" and row["error"].startswith("no timed step:"), row["error"]
+    assert row["steps_timed"] == 0

@@ -1,0 +1,50 @@
+"""A run's identity: run_id is a plain file name (it names the cell's files), and the rank column is
+the rank of the model as built (a requested rank the shapes cannot hold is clipped; rank 0 is refused)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from baselines.comera import CoMERAMethod, check_params
+from harness import cli, workloads
+from harness.running import run as runner
+from harness.running import specs
+from tests.harness.running.run_toys import toy_spec
+
+
+@pytest.mark.parametrize("run_id", ["../escape", "a/b", "/abs", ".hidden", "..", "-rf", "a b", 7])
+def test_run_id_must_be_a_plain_file_name(run_id):
+    with pytest.raises(specs.SpecError, match=r"run_id must be a plain file name.*" + repr(run_id)[:3]):
+        specs.normalize_spec(toy_spec(run_id=run_id))
+
+
+def test_run_with_an_escaping_run_id_writes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps(toy_spec(run_id="../../escaped")))
+    assert cli.main(["run", "--spec", str(spec)]) == 2
+    assert "run_id must be a plain file name" in capsys.readouterr().err
+    assert not (tmp_path / "results").exists() and not list(tmp_path.parent.glob("escaped*"))
+
+
+def test_derived_and_grid_run_ids_accepted():
+    assert specs.normalize_spec(toy_spec())["run_id"] == "toy_toy-default_b16_tnone_s0"
+    assert specs.normalize_spec(toy_spec(run_id="transformer_comera-default_b4_t0.5_s0"))
+
+
+def test_comera_rank_below_one_refused():
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="'rank' must be a positive integer"):
+            check_params({"rank": bad})
+
+
+def test_rank_column_is_the_rank_as_built():
+    """tiny (d_model 32): no internal bond of its TT layers can exceed 32."""
+    params = {"rank": 100000}
+    workload = workloads.build_workload("transformer", workloads.check_params("transformer", {"size": "tiny"}),
+                                        batch_size=2, seed=0, device=torch.device("cpu"))
+    prepared = CoMERAMethod().prepare(workload.model, workload, params, target_ratio=None, total_steps=4)
+    assert runner._rank_setting(prepared.settings, params, prepared, workload) == 32
+    assert prepared.settings["rank"] == 100000  # the request stays in the row's settings
