@@ -1,3 +1,5 @@
+from collections import Counter
+
 import pytest
 import torch
 
@@ -11,9 +13,13 @@ def _rule(ids: list[int], task: str, topics: int) -> int:
     premise = ids[1:sep]
     end = ids.index(SEP_ID, sep + 1)
     hyp = [t for t in ids[sep + 1:end] if t != NOT_ID]
-    if task == "topic":
-        topic = {(t - FIRST_WORD_ID) % topics for t in premise}
-        assert len(topic) == 1  # a premise uses one topic
+    if task in ("topic", "majority"):
+        counts = Counter((t - FIRST_WORD_ID) % topics for t in premise)
+        top, n_top = counts.most_common(1)[0]
+        if task == "topic":
+            assert len(counts) == 1  # a premise uses one topic
+        assert 2 * n_top > len(premise)  # a strict majority
+        topic = {top}
         hyp_topics = {(t - FIRST_WORD_ID) % topics for t in hyp}
         assert len(hyp_topics) == 1
         if hyp_topics != topic:
@@ -23,10 +29,11 @@ def _rule(ids: list[int], task: str, topics: int) -> int:
     return CONTRADICTION if NOT_ID in ids[sep + 1:end] else ENTAILMENT
 
 
-@pytest.mark.parametrize("task, topics", [("topic", 4), ("topic", 2), ("membership", 1)])
+@pytest.mark.parametrize("task, topics", [("topic", 4), ("topic", 2), ("membership", 1),
+                                         ("majority", 4), ("majority", 2)])
 @pytest.mark.parametrize("vocab_size, seq_len, premise_len", [(64, 24, 8), (1024, 64, 16)])
 def test_labels_follow_the_rules_and_layout(vocab_size, seq_len, premise_len, task, topics):
-    if task == "topic" and (vocab_size - FIRST_WORD_ID) // topics < premise_len + 1:
+    if task != "membership" and (vocab_size - FIRST_WORD_ID) // topics < premise_len + 1:
         pytest.skip("too few words per topic")
     data = generate(600, vocab_size=vocab_size, seq_len=seq_len, premise_len=premise_len, seed=3, task=task,
                     num_topics=max(topics, 2))
@@ -44,7 +51,7 @@ def test_labels_follow_the_rules_and_layout(vocab_size, seq_len, premise_len, ta
     assert counts.min() > 150  # balanced classes
 
 
-@pytest.mark.parametrize("task", ["topic", "membership"])
+@pytest.mark.parametrize("task", ["topic", "membership", "majority"])
 def test_needs_both_sentences(task):
     """Half of the neutral hypotheses carry 'not' too, so 'not' alone cannot separate the classes."""
     data = generate(3000, vocab_size=256, seq_len=32, premise_len=10, seed=0, task=task)
@@ -54,12 +61,40 @@ def test_needs_both_sentences(task):
     assert has_not[data["labels"] == CONTRADICTION].all() and not has_not[data["labels"] == ENTAILMENT].any()
 
 
-def test_deterministic_per_seed():
-    a = generate(50, vocab_size=128, seq_len=32, premise_len=10, seed=1)
-    b = generate(50, vocab_size=128, seq_len=32, premise_len=10, seed=1)
-    c = generate(50, vocab_size=128, seq_len=32, premise_len=10, seed=2)
+@pytest.mark.parametrize("task", ["topic", "majority"])
+def test_deterministic_per_seed(task):
+    a = generate(50, vocab_size=128, seq_len=32, premise_len=10, seed=1, task=task)
+    b = generate(50, vocab_size=128, seq_len=32, premise_len=10, seed=1, task=task)
+    c = generate(50, vocab_size=128, seq_len=32, premise_len=10, seed=2, task=task)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(a["input_ids"], c["input_ids"])
+
+
+def test_majority_premises_carry_noise_words():
+    """Up to (n-1)//2 premise words come from other topics; more than half of the premises have some."""
+    data = generate(2000, vocab_size=128, seq_len=24, premise_len=8, num_words=80, seed=0, task="majority")
+    mixed = 0
+    for row in data["input_ids"].tolist():
+        premise = row[1:row.index(SEP_ID)]
+        counts = Counter((t - FIRST_WORD_ID) % 4 for t in premise).most_common()
+        assert len(premise) - counts[0][1] <= (len(premise) - 1) // 2
+        mixed += len(counts) > 1
+    assert mixed > 2000 / 2
+
+
+@pytest.mark.parametrize("task", ["topic", "majority"])
+def test_hypothesis_only_ceiling(task):
+    """Knowing the hypothesis's topic and whether it has 'not' predicts at most ~2/3 of the labels."""
+    data = generate(6000, vocab_size=128, seq_len=24, premise_len=8, num_words=80, seed=0, task=task)
+    groups = Counter()
+    for row, label in zip(data["input_ids"].tolist(), data["labels"].tolist()):
+        sep = row.index(SEP_ID)
+        hyp = row[sep + 1:row.index(SEP_ID, sep + 1)]
+        groups[(NOT_ID in hyp, (next(t for t in hyp if t != NOT_ID) - FIRST_WORD_ID) % 4, label)] += 1
+    best = Counter()
+    for (has_not, topic, _), n in groups.items():
+        best[has_not, topic] = max(best[has_not, topic], n)
+    assert sum(best.values()) / 6000 < 2 / 3 + 0.02
 
 
 @pytest.mark.parametrize("kwargs, message", [
