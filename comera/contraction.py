@@ -379,10 +379,12 @@ if _INNER_PRODUCT is not None:
 def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` of 2-D tensors: oneDNN's inner product for large float32 CPU products with a contiguous
     ``a`` (fastest when ``b`` is a transposed view of a contiguous matrix), else torch.mm. The inner
-    product has no autograd formula, so a product autograd would record always takes torch.mm. A build
-    whose oneDNN cannot run it on this machine falls back to torch.mm for the rest of the process."""
+    product has no autograd formula, so a product autograd would record always takes torch.mm; under
+    torch.compile the compiler picks the kernels (its lowering of the inner product needs a constant
+    weight). A build whose oneDNN cannot run it on this machine falls back to torch.mm for the rest of the
+    process."""
     global _INNER_PRODUCT
-    if (_INNER_PRODUCT is not None and a.dtype == torch.float32 and b.dtype == torch.float32
+    if (_INNER_PRODUCT is not None and not torch.compiler.is_compiling() and a.dtype == torch.float32 and b.dtype == torch.float32
             and a.device.type == "cpu"
             and a.shape[0] * a.shape[1] * b.shape[1] >= INNER_PRODUCT_MIN_MACS[b.shape[1] > 64]
             and a.is_contiguous() and not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad))):
