@@ -272,7 +272,8 @@ MAX_RUN_ID = 150
 
 def run_id(spec: dict[str, Any], suffix: str = "") -> str:
     target = "none" if spec["target_ratio"] is None else f"{spec['target_ratio']:g}"
-    graph = "_cg" if spec["execution"]["cuda_graph"] else ""
+    graph = ("_cg" if spec["execution"]["cuda_graph"] else "") + (
+        "_compiled" if spec["execution"].get("compile") else "")
     quality = "_quality" if spec.get("purpose") == "quality" else ""
     return slug(f"{spec['workload']}_{spec['method']}-{spec['variant']}_b{spec['batch_size']}"
                 f"_t{target}_s{spec['seed']}{graph}{suffix}{quality}")
@@ -286,7 +287,7 @@ def config_hash(spec: dict[str, Any]) -> str:
 
 def expand_grid(config: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
     """(run_id -> spec, run_id -> sweep point) for workload x section (timing, quality) x method/variant
-    (x sweep point) x batch size x target x seed x cuda_graph; cells outside any sweep have no sweep
+    (x sweep point) x batch size x target x seed x cuda_graph x compile; cells outside any sweep have no sweep
     point. Timing cells have no ``purpose`` key (their run_ids and hashes are those of earlier
     versions); quality cells have ``"purpose": "quality"`` and a run_id ending in ``_quality``."""
     execution = config["execution"]
@@ -300,15 +301,16 @@ def expand_grid(config: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict
                 entry = config["methods"][ref["name"]]
                 targets = ref.get("targets", section["targets"]) if entry["uses_target"] else [None]
                 batches = ref.get("batch_sizes", section["batch_sizes"])
-                for (variant, params, point), batch, target, seed, graph in itertools.product(
-                        _variants(entry), batches, targets, config["seeds"], graphs):
+                compiles = execution["compile"] if isinstance(execution["compile"], list) else [execution["compile"]]
+                for (variant, params, point), batch, target, seed, graph, compiled in itertools.product(
+                        _variants(entry), batches, targets, config["seeds"], graphs, compiles):
                     spec = {
                         "workload": wname, "workload_params": dict(workload_params),
                         "method": entry["method"], "variant": variant, "method_params": params,
                         "batch_size": batch, "target_ratio": target, "seed": seed,
                         "budget": dict(section["budget"]),
                         "execution": {"device": execution["device"], "num_threads": execution["threads"],
-                                      "cuda_graph": graph, "compile": execution["compile"]},
+                                      "cuda_graph": graph, "compile": compiled},
                     }
                     if purpose != "timing":
                         spec["purpose"] = purpose

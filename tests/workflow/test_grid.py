@@ -65,7 +65,7 @@ def test_shipped_configs_are_valid(config_file, tmp_path, monkeypatch):
 
 def test_defaults_filled_and_grid_expanded():
     config = filled(minimal())
-    assert config["execution"] == {"device": "auto", "threads": 2, "compile": False, "cuda_graph": [False],
+    assert config["execution"] == {"device": "auto", "threads": 2, "compile": [False], "cuda_graph": [False],
                                    "gpus": None, "rounds": 5, "interleave": True}
     cells, sweeps = grid.expand_grid(config)
     # dense: 2 batches x 1; comera: 2 batches x 2 targets; sweep: 2 ranks x 1 batch
@@ -405,3 +405,16 @@ def test_a_list_where_a_size_belongs_is_named():
     config["workloads"]["transformer"]["params"]["size"] = [1, 2]
     with pytest.raises(grid.ConfigError, match=r"param size=\[1, 2\] must be one of tiny, small, paper"):
         grid.check_config(filled(config))
+
+
+def test_compile_is_a_grid_axis_timed_with_the_eager_cells():
+    config = minimal()
+    config["execution"] = {"compile": [False, True]}
+    cells, _ = grid.expand_grid(filled(config))
+    compiled = {rid: c for rid, c in cells.items() if c["execution"]["compile"]}
+    assert len(compiled) == len(cells) // 2 and all(rid.endswith("_compiled") for rid in compiled)
+    eager = cells[next(iter(compiled)).removesuffix("_compiled")]
+    assert eager["execution"]["timing_group"] == compiled[eager["run_id"] + "_compiled"]["execution"]["timing_group"]
+    single = filled(minimal())
+    single["execution"]["compile"] = True  # one boolean is one value
+    assert all(rid.endswith("_compiled") for rid in grid.expand_grid(single)[0])
