@@ -18,7 +18,9 @@ keep their defaults); ``mask_gates`` "at_prune" (default: raw gates between prun
 (gates <= threshold zeroed in every forward, as the official code); see comera.rank. ``l1_reduction`` "mean" (the official code's normalisation, default) or
 "sum" (the literal formula); ``l2_weight`` 1e-4 by default (the paper's core penalty; the official code
 has none); ``init`` "official" (default: the small CPU transformer learned its task in <= 1000 steps with
-it and not at all with "default") or "default" (see comera.init).
+it and not at all with "default") or "default" (see comera.init); "official" also re-initializes the
+parameters that stay dense as the official code when the workload says how (``Workload.official_init``:
+the transformer's position / segment embeddings N(0, 1), classifier fc2 PyTorch's default).
 """
 from __future__ import annotations
 
@@ -117,6 +119,8 @@ class CoMERAMethod:
             raise ValueError(f"comera: target_ratio={target_ratio!r} must be in (0, 1]")
         self.variant = VARIANTS[params["lookup"]]
         report = tensorize(model, _spec(workload.tt_spec, params))
+        if params["init"] == "official" and getattr(workload, "official_init", None) is not None:
+            workload.official_init(model)
         lrs = {group: params[f"lr_{group}"] or workload.lr.get(group) or DEFAULT_LR[group]
                for group in DEFAULT_LR}
         groups = _param_groups(model, lrs)

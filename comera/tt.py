@@ -160,7 +160,7 @@ class TTLinear(ResizeOnLoad, nn.Module):
     when omitted). Core ``k`` has shape (r_k, n_k, r_{k+1}); the first ``len(in_shape)`` cores index the
     input modes. ``gates[k]`` (shape (r_{k+1},), initialised to ones) is the diagonal rank gate on the
     bond between ``cores[k]`` and ``cores[k+1]``. A bond of size 0 makes the weight zero.
-    ``init`` ("default" or "official", see :mod:`comera.init`) sets how the cores are drawn.
+    ``init`` ("default" or "official", see :mod:`comera.init`) sets how the cores and the bias are drawn.
     ``gate_threshold`` (None: raw gates) masks the gates in the forward, see :func:`forward_gates`.
     """
 
@@ -195,7 +195,8 @@ class TTLinear(ResizeOnLoad, nn.Module):
     def reset_parameters(self) -> None:
         """Cores normal with Var(W_ij) = 1 / (3 in_features) (nn.Linear's default uniform init), one std
         for all cores (init "default"), or the official code's Var(W_ij) = 1 / (in + out) with core k
-        scaled by 1 / sqrt(r_{k+1}) (init "official"); gates to ones; bias uniform like nn.Linear."""
+        scaled by 1 / sqrt(r_{k+1}) (init "official"); gates to ones; bias uniform in +-1/sqrt(in_features)
+        like nn.Linear, or +-1/sqrt(out_features) as the official ``TensorizedLinear_module`` (init "official")."""
         if self.init == "official":
             target = math.sqrt(1.0 / (self.in_features + self.out_features))
         else:
@@ -206,7 +207,7 @@ class TTLinear(ResizeOnLoad, nn.Module):
             for gate in self.gates:
                 gate.fill_(1.0)
             if self.bias is not None:
-                bound = 1.0 / math.sqrt(self.in_features)
+                bound = 1.0 / math.sqrt(self.out_features if self.init == "official" else self.in_features)
                 self.bias.uniform_(-bound, bound)
 
     @classmethod
