@@ -41,7 +41,7 @@ class Workload:
     """Anything worth recording (data source, vocabulary size, number of samples)."""
     official_init: Callable[[nn.Module], None] | None = None
     """Re-initializes the parameters that stay dense after tensorizing as the official CoMERA code does
-    (the CoMERA method's ``init: official``); None: they keep the workload's own init."""
+    (the CoMERA method's ``dense_init: official``); None: they keep the workload's own init."""
 
 
 def seeded_model(build_model: Callable[[dict[str, Any]], nn.Module], params: dict[str, Any], seed: int,

@@ -5,7 +5,7 @@ it is a 6-layer BERT-base classifier, i.e. 512 learned positions (sequences use 
 embeddings, a LayerNorm (with bias) after the summed embeddings, biases in every linear layer, two
 LayerNorms per post-LN block, and the classifier [CLS] -> tanh(fc1 768x768) -> fc2 (768x3) with dropout
 before fc2. Word embeddings have no padding row (padding is masked out of attention instead). Weights
-are initialized as in BERT (normal, std 0.02; biases zero); the CoMERA method's ``init: official``
+are initialized as in BERT (normal, std 0.02; biases zero); the CoMERA method's ``dense_init: official``
 re-initializes what stays dense after tensorizing as the official code (:func:`official_init`).
 
 Learning rates (``workload.lr``): size "paper" uses the paper's AdamW rates (cores 1e-4, other 5e-5,

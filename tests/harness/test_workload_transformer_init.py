@@ -1,5 +1,5 @@
-"""``init: official`` of the CoMERA method on the transformer: every parameter that is not TT is drawn as in
-the official code (ziyangjoy/CoMERA tensor_layers_CoMERA/Transformer_tensor_sublayers.py and layers.py:
+"""``init: official`` with ``dense_init: official`` of the CoMERA method on the transformer: every parameter
+that is not TT is drawn as in the official code (ziyangjoy/CoMERA tensor_layers_CoMERA/Transformer_tensor_sublayers.py and layers.py:
 PyTorch's default nn.Embedding / nn.Linear / nn.LayerNorm, TensorizedLinear_module's bias
 U(-1/sqrt(out), 1/sqrt(out)))."""
 import math
@@ -13,7 +13,7 @@ from harness.workloads import check_params, transformer
 from harness.workloads.base import Workload
 
 
-def _prepared(init: str):
+def _prepared(init: str, dense_init: str):
     params = check_params("transformer", {"size": "small"})
     torch.manual_seed(0)
     model = transformer.build_model(params)
@@ -21,13 +21,13 @@ def _prepared(init: str):
                         train_batches=lambda epoch: iter(()), eval_batches=lambda: iter(()),
                         loss=transformer.loss, evaluate=lambda m: {}, steps_per_epoch=1, metric_name="accuracy",
                         official_init=transformer.official_init)
-    CoMERAMethod().prepare(model, workload, {"init": init}, target_ratio=None, total_steps=10)
+    CoMERAMethod().prepare(model, workload, {"init": init, "dense_init": dense_init}, target_ratio=None, total_steps=10)
     return params, model
 
 
 @pytest.fixture(scope="module")
 def official():
-    return _prepared("official")
+    return _prepared("official", "official")
 
 
 def _std(t):
@@ -54,7 +54,7 @@ def test_official_init_tt_biases_are_bounded_by_their_output_width(official):
         assert _std(bias) == pytest.approx(bound / math.sqrt(3), rel=0.2), name  # U(-b, b): std b / sqrt(3)
     # d_ff = 4 d_model: the official bounds of ffn_in and ffn_out are nn.Linear's the other way round
     ffn_in = layers["encoder.blocks.0.ffn_in"]
-    assert float(ffn_in.bias.abs().max()) < 1 / math.sqrt(ffn_in.in_features) / 1.5
+    assert float(ffn_in.bias.detach().abs().max()) < 1 / math.sqrt(ffn_in.in_features) / 1.5
 
 
 def test_official_init_dense_linear_and_layernorm_are_pytorch_defaults(official):
@@ -63,14 +63,22 @@ def test_official_init_dense_linear_and_layernorm_are_pytorch_defaults(official)
     weight = model.fc2.weight.detach()
     assert float(weight.abs().max()) <= bound
     assert _std(weight) == pytest.approx(bound / math.sqrt(3), rel=0.1)   # 3 x 128 entries
-    assert float(model.fc2.bias.abs().max()) <= bound
-    assert float(model.fc2.bias.abs().max()) > 0
+    assert float(model.fc2.bias.detach().abs().max()) <= bound
+    assert float(model.fc2.bias.detach().abs().max()) > 0
     for norm in (model.encoder.embeddings.norm, model.encoder.blocks[0].norm1):
         assert torch.equal(norm.weight, torch.ones_like(norm.weight))
         assert torch.equal(norm.bias, torch.zeros_like(norm.bias))
 
 
-def test_default_init_keeps_the_workloads_bert_init():
-    _, model = _prepared("default")
+@pytest.mark.parametrize("init", ["official", "default"])
+def test_dense_init_workload_keeps_the_bert_init(init):
+    _, model = _prepared(init, "workload")
     assert _std(model.encoder.embeddings.position.weight) == pytest.approx(transformer.BERT_INIT_STD, rel=0.05)
     assert torch.equal(model.fc2.bias, torch.zeros_like(model.fc2.bias))
+
+
+def test_dense_init_is_checked():
+    from baselines.comera import check_params as method_params
+    assert method_params(None)["dense_init"] == "workload"
+    with pytest.raises(ValueError, match="dense_init"):
+        method_params({"dense_init": "bert"})
