@@ -15,16 +15,17 @@ value, 0 = fixed as in the paper). ``late_formulation`` "project" (default: the 
 "official" (the official code's late stage: relative-gap branch test, gate-penalty size term, fixed
 weights 0.1 / 0.01, ``loss_target`` 0.8 unless given; ``loss_weight`` / ``size_weight`` / ``rho`` must
 keep their defaults); ``mask_gates`` "at_prune" (default: raw gates between prunings) or "every_step"
-(gates <= threshold zeroed in every forward, as the official code); see comera.rank. ``l1_reduction`` "mean" (the official code's normalisation, default) or
-"sum" (the literal formula); ``l2_weight`` 1e-4 by default (the paper's core penalty; the official code
-has none); ``init`` "official" (default: the small CPU transformer learned its task in <= 1000 steps with
-it and not at all with "default") or "default" (see comera.init); it sets the TT layers (cores, and a
-TT layer's bias: "official" draws it in +-1/sqrt(out) as the official code). ``dense_init`` "workload"
-(default: what stays dense keeps the workload's init, BERT's for the transformer) or "official": the
-workload's ``official_init`` re-initializes it as the official code (transformer: position / segment
-embeddings N(0, 1), classifier fc2 PyTorch's default). Not the default: on the small CPU transformer's
-quality cell (target 0.5, 1000 steps, seed 0) CoMERA stayed at the 0.674 plateau with it and reached
-accuracy 1 without it.
+(gates <= threshold zeroed in every forward, as the official code); see comera.rank.
+``l1_reduction`` "mean" (the official code's normalisation, default) or "sum" (the literal formula);
+``l2_weight`` 1e-4 by default (the paper's core penalty; the official code has none); ``init``
+"official" (default: the small CPU transformer learned its task in <= 1000 steps with it and not at all
+with "default") or "default" (see comera.init); it sets the TT layers (cores, and a TT layer's bias:
+"official" draws it in +-1/sqrt(out) as the official code). ``dense_init`` "workload" (default: what
+stays dense keeps the workload's init, BERT's for the transformer) or "official": the workload's
+``official_init`` re-initializes it as the official code (transformer: position / segment embeddings
+N(0, 1), classifier fc2 PyTorch's default). Not the default: on the small CPU transformer's quality
+cell, topic task (target 0.5, 1000 steps, seed 0), CoMERA stayed at the 0.674 plateau with it and
+reached accuracy 1 without it.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""``init: official`` with ``dense_init: official`` of the CoMERA method on the transformer: every parameter
-that is not TT is drawn as in the official code (ziyangjoy/CoMERA tensor_layers_CoMERA/Transformer_tensor_sublayers.py and layers.py:
-PyTorch's default nn.Embedding / nn.Linear / nn.LayerNorm, TensorizedLinear_module's bias
-U(-1/sqrt(out), 1/sqrt(out)))."""
+"""The CoMERA method's ``init: official`` with ``dense_init: official`` on the transformer: every
+parameter that is not TT is drawn as in the official code (ziyangjoy/CoMERA
+tensor_layers_CoMERA/Transformer_tensor_sublayers.py and layers.py: PyTorch's default nn.Embedding /
+nn.Linear / nn.LayerNorm, TensorizedLinear_module's bias U(-1/sqrt(out), 1/sqrt(out)))."""
 import math
 
 import pytest
