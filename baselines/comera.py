@@ -11,10 +11,21 @@ given -- the late stage drives the TT size toward ``target_ratio`` times its siz
 (``loss_target`` L0, default the running task loss at the switch; ``loss_weight``, ``size_weight``,
 ``rho`` of the achievement scalarization; ``stop_at_target``: pruning never goes below S0;
 ``target_ramp``: the fraction of the late stage over which S0 falls from the size at the switch to its
-value, 0 = fixed as in the paper). ``l1_reduction`` "mean" (the official code's normalisation, default) or
-"sum" (the literal formula); ``l2_weight`` 1e-4 by default (the paper's core penalty; the official code
-has none); ``init`` "official" (default: the small CPU transformer learned its task in <= 1000 steps with
-it and not at all with "default") or "default" (see comera.init).
+value, 0 = fixed as in the paper). ``late_formulation`` "project" (default: the scalarization above) or
+"official" (the official code's late stage: relative-gap branch test, gate-penalty size term, fixed
+weights 0.1 / 0.01, ``loss_target`` 0.8 unless given; ``loss_weight`` / ``size_weight`` / ``rho`` must
+keep their defaults); ``mask_gates`` "at_prune" (default: raw gates between prunings) or "every_step"
+(gates <= threshold zeroed in every forward, as the official code); see comera.rank.
+``l1_reduction`` "mean" (the official code's normalisation, default) or "sum" (the literal formula);
+``l2_weight`` 1e-4 by default (the paper's core penalty; the official code has none); ``init``
+"official" (default: the small CPU transformer learned its task in <= 1000 steps with it and not at all
+with "default") or "default" (see comera.init); it sets the TT layers (cores, and a TT layer's bias:
+"official" draws it in +-1/sqrt(out) as the official code). ``dense_init`` "workload" (default: what
+stays dense keeps the workload's init, BERT's for the transformer) or "official": the workload's
+``official_init`` re-initializes it as the official code (transformer: position / segment embeddings
+N(0, 1), classifier fc2 PyTorch's default). Not the default: on the small CPU transformer's quality
+cell, topic task (target 0.5, 1000 steps, seed 0), CoMERA stayed at the 0.674 plateau with it and
+reached accuracy 1 without it.
 """
 from __future__ import annotations
 
@@ -29,9 +40,10 @@ from comera import rank as rank_lib
 from comera.adapt import param_groups
 from comera.convert import model_size, tensorize
 from comera.init import INIT_SCHEMES
-from comera.rank import L1_REDUCTIONS
+from comera.rank import L1_REDUCTIONS, LATE_FORMULATIONS, MASK_GATES
 from comera.ttm import LOOKUP_MODES
 
+DENSE_INITS = ("workload", "official")
 DEFAULT_LR = {"cores": 1e-4, "gates": 1e-3, "other": 5e-5}
 PARAMS_DEFAULTS: dict[str, Any] = {
     "rank": None,
@@ -53,7 +65,10 @@ PARAMS_DEFAULTS: dict[str, Any] = {
     "rho": 0.1,
     "stop_at_target": True,
     "target_ramp": 0.0,        # fraction of the late stage over which S0 falls to its value (0: fixed)
+    "late_formulation": "project",
+    "mask_gates": "at_prune",
     "init": "official",
+    "dense_init": "workload",
 }
 VARIANTS = {"optimized": "default", "naive": "naive-lookup"}
 
@@ -67,7 +82,9 @@ def check_params(params: dict[str, Any] | None) -> dict[str, Any]:
         if merged[key] is not None and (not isinstance(merged[key], int) or merged[key] < 1):
             raise ValueError(f"method 'comera': parameter {key!r} must be a positive integer or null, "
                              f"got {merged[key]!r}")
-    for key, choices in (("l1_reduction", L1_REDUCTIONS), ("init", INIT_SCHEMES)):
+    for key, choices in (("l1_reduction", L1_REDUCTIONS), ("init", INIT_SCHEMES),
+                         ("late_formulation", LATE_FORMULATIONS), ("mask_gates", MASK_GATES),
+                         ("dense_init", DENSE_INITS)):
         if merged[key] not in choices:
             raise ValueError(f"method 'comera': parameter {key!r} must be one of {list(choices)}, "
                              f"got {merged[key]!r}")
@@ -82,6 +99,10 @@ def check_params(params: dict[str, Any] | None) -> dict[str, Any]:
                 "prune_every"):
         if merged[key] < 0:
             raise ValueError(f"method 'comera': parameter {key!r} must be >= 0, got {merged[key]!r}")
+    if merged["late_formulation"] == "official":
+        changed = [key for key in ("loss_weight", "size_weight", "rho") if merged[key] != PARAMS_DEFAULTS[key]]
+        if changed:
+            raise ValueError(f"method 'comera': late_formulation 'official' has fixed weights; drop {changed}")
     if not 0 <= merged["target_ramp"] <= 1:
         raise ValueError(f"method 'comera': parameter 'target_ramp' must be in [0, 1], "
                          f"got {merged['target_ramp']!r}")
@@ -106,6 +127,8 @@ class CoMERAMethod:
             raise ValueError(f"comera: target_ratio={target_ratio!r} must be in (0, 1]")
         self.variant = VARIANTS[params["lookup"]]
         report = tensorize(model, _spec(workload.tt_spec, params))
+        if params["dense_init"] == "official" and getattr(workload, "official_init", None) is not None:
+            workload.official_init(model)
         lrs = {group: params[f"lr_{group}"] or workload.lr.get(group) or DEFAULT_LR[group]
                for group in DEFAULT_LR}
         groups = _param_groups(model, lrs)
@@ -119,7 +142,8 @@ class CoMERAMethod:
             target_ramp_steps=round(params["target_ramp"] * (total_steps - late_start)) if late_start else 0,
             prune_every=params["prune_every"], late_start_step=late_start, target_ratio=target_ratio,
             loss_target=params["loss_target"], loss_weight=params["loss_weight"],
-            size_weight=params["size_weight"], rho=params["rho"])
+            size_weight=params["size_weight"], rho=params["rho"],
+            late_formulation=params["late_formulation"], mask_gates=params["mask_gates"])
         adaptation = rank_lib.TwoStageRankAdaptation(model, settings, [optimizer])
         return Prepared(
             model=model,

@@ -21,13 +21,14 @@ from comera.tt import (
     TTLinear,
     _entries,
     core_and_gate_grads,
+    forward_gates,
     gated_cores,
     outside_autocast,
 )
 
 
 def _layer_params(layer: TTLinear) -> list[torch.Tensor]:
-    return _entries(layer.cores) + _entries(layer.gates)
+    return _entries(layer.cores) + forward_gates(layer)
 
 
 def _split(params, d: int):

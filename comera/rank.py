@@ -33,6 +33,18 @@ formulas are cited by role -- size, bi-objective problem, early stage, late stag
   of order one; ``S0 = target_ratio * S(start of late stage)``. Pruning in the late stage never takes
   the size below ``S0`` (the gates that cross the threshold in the same step are pruned smallest first,
   up to the target), so the run ends at its size target instead of overshooting it.
+* late-stage formulation (``late_formulation``): ``"project"`` is the scalarization above.
+  ``"official"`` reproduces the official code's late stage (ziyangjoy/CoMERA
+  ``MNLI_trainer.Transformer_MNLI_Trainer._run_epoch_late_stage``): the size branch is taken when the
+  relative size gap exceeds the relative loss gap, ``(L - L0) / L < (S - S0) / S``; the size term is the
+  early stage's gate penalty ``P`` (mean of the active gates); the weights are fixed,
+  ``0.1 L + 0.01 P + lambda P + (1 - lambda) L`` with ``lambda`` the branch indicator; and ``L0 = 0.8``
+  (hard-coded there) unless ``loss_target`` is given. ``S`` is the exact l0 size of this module (the
+  official ``compute_size`` leaves out the gates and under-counts TTM cores), ``S0 = target_ratio`` times
+  it at the switch; pruning, ``stop_at_target`` and ``target_ramp_steps`` apply as in ``"project"``.
+* gate masking (``mask_gates``): ``"at_prune"`` multiplies by the raw gates between prunings (negative
+  ones included); ``"every_step"`` zeroes every gate ``<= threshold`` in each forward, as the official
+  ``get_rank_mask`` does (see :func:`comera.tt.forward_gates`).
 * optional target ramp (``target_ramp_steps``, not in the paper): ``S0`` starts at the size at the
   switch and falls linearly to its final value. With a fixed ``S0`` and a short late stage, a size weight
   large enough to reach the target shrinks every gate at once and the accuracy collapses (measured on the
@@ -52,6 +64,10 @@ import torch
 from torch import nn
 
 L1_REDUCTIONS = ("mean", "sum")
+LATE_FORMULATIONS = ("project", "official")
+MASK_GATES = ("at_prune", "every_step")
+OFFICIAL_LOSS_TARGET = 0.8       # L0 of the official late stage (MNLI_trainer.train: target_loss=0.8)
+OFFICIAL_LATE_WEIGHTS = (0.1, 0.01)  # fixed weights of L and P in both official branches
 
 
 def tensorized_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -132,6 +148,7 @@ class LateTarget:
     loss_weight: float = 1.0    # w1
     size_weight: float = 1.0    # w2
     rho: float = 0.1            # augmentation weight
+    formulation: str = "project"  # "project" or "official" (see the module docstring)
 
 
 def late_objective(task_loss: torch.Tensor, model: nn.Module, target: LateTarget, *, threshold: float,
@@ -140,7 +157,12 @@ def late_objective(task_loss: torch.Tensor, model: nn.Module, target: LateTarget
 
     Returns ``(objective, size_active)``; ``size_active`` is a bool tensor, true when the l0 size term
     ``w2 (S - S0)`` exceeds the loss term ``w1 (L - L0)`` (then the size surrogate gets weight
-    ``(1 + rho) w2`` and the loss ``rho w1``; otherwise the other way round)."""
+    ``(1 + rho) w2`` and the loss ``rho w1``; otherwise the other way round). With
+    ``target.formulation == "official"`` the branch test, size term and weights are the official code's
+    (:func:`official_late_objective`)."""
+    if target.formulation == "official":
+        objective, size_active = official_late_objective(task_loss, model, target, threshold=threshold)
+        return _add_core_l2(objective, model, l2_weight), size_active
     scale = target.size_scale
     loss_gap = target.loss_weight * (task_loss.detach() - target.loss_target)
     size_gap = target.size_weight * (size_l0(model, threshold) - target.size_target).to(task_loss) / scale
@@ -151,6 +173,20 @@ def late_objective(task_loss: torch.Tensor, model: nn.Module, target: LateTarget
     loss_branch = (1 + rho) * w1 * task_loss + rho * w2 * surrogate
     objective = _add_core_l2(torch.where(size_active, size_branch, loss_branch), model, l2_weight)
     return objective, size_active
+
+
+def official_late_objective(task_loss: torch.Tensor, model: nn.Module, target: LateTarget, *,
+                            threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The official late stage: ``lambda = [(L - L0) / L < (S - S0) / S]`` with the exact l0 size ``S``,
+    objective ``0.1 L + 0.01 P + lambda P + (1 - lambda) L`` with the gate penalty ``P`` (mean of the
+    active gates). Returns ``(objective, size_active)``, ``size_active = lambda`` as a bool tensor."""
+    loss = task_loss.detach()
+    size = size_l0(model, threshold).to(task_loss)
+    size_active = (loss - target.loss_target) / loss < (size - target.size_target.to(task_loss)) / size
+    penalty = gate_penalty(model, threshold, "mean").to(task_loss)
+    lam = size_active.to(task_loss.dtype)
+    w_loss, w_penalty = OFFICIAL_LATE_WEIGHTS
+    return w_loss * task_loss + w_penalty * penalty + lam * penalty + (1 - lam) * task_loss, size_active
 
 
 @torch.no_grad()
@@ -217,10 +253,12 @@ class RankSettings:
     prune_every: int = 100          # steps between physical prunings (0: never during a stage)
     late_start_step: int | None = None  # steps of the early stage; None: early stage only
     target_ratio: float | None = None   # S0 / S(start of late stage); None: no late stage
-    loss_target: float | None = None    # L0; None: running mean of the task loss at the switch
-    loss_weight: float = 1.0
+    loss_target: float | None = None    # L0; None: running task loss at the switch (project), 0.8 (official)
+    loss_weight: float = 1.0            # w1, w2, rho: "project" only ("official" has fixed weights)
     size_weight: float = 1.0
     rho: float = 0.1
+    late_formulation: str = "project"   # late-stage branch test / size term / weights: "project" or "official"
+    mask_gates: str = "at_prune"        # forward with raw gates ("at_prune") or gates <= threshold zeroed
     loss_average: float = 0.98      # EMA factor of the running task loss used for L0
     stop_at_target: bool = True     # late-stage pruning never takes the size below S0
     target_ramp_steps: int = 0      # 0: S0 fixed (the paper); n: S0 falls linearly to its value in n steps
@@ -235,6 +273,13 @@ class TwoStageRankAdaptation:
             raise ValueError(f"target_ratio={settings.target_ratio} must be in (0, 1]")
         if settings.l1_reduction not in L1_REDUCTIONS:
             raise ValueError(f"l1_reduction={settings.l1_reduction!r} must be one of {L1_REDUCTIONS}")
+        if settings.late_formulation not in LATE_FORMULATIONS:
+            raise ValueError(f"late_formulation={settings.late_formulation!r} must be one of {LATE_FORMULATIONS}")
+        if settings.mask_gates not in MASK_GATES:
+            raise ValueError(f"mask_gates={settings.mask_gates!r} must be one of {MASK_GATES}")
+        threshold = settings.threshold if settings.mask_gates == "every_step" else None
+        for _, module in tensorized_modules(model):
+            module.gate_threshold = threshold
         self.model = model
         self.settings = settings
         self.optimizers = list(optimizers)
@@ -291,6 +336,8 @@ class TwoStageRankAdaptation:
         start_size = float(tt_parameter_count(self.model))
         if loss_target is None:
             loss_target = s.loss_target
+        if loss_target is None and s.late_formulation == "official":
+            loss_target = OFFICIAL_LOSS_TARGET
         if loss_target is None:
             if self._loss_ema is None:
                 raise RuntimeError("late stage needs loss_target or at least one early-stage step")
@@ -301,7 +348,7 @@ class TwoStageRankAdaptation:
                                  size_target=torch.tensor(start_size if s.target_ramp_steps else final,
                                                           dtype=torch.float64, device=reference.device),
                                  size_scale=max(start_size, 1.0), loss_weight=s.loss_weight,
-                                 size_weight=s.size_weight, rho=s.rho)
+                                 size_weight=s.size_weight, rho=s.rho, formulation=s.late_formulation)
         self.switch.update(step=step or 0, size=start_size, size_target=final, loss_target=loss_target)
         self.stage = 1
         return self.target

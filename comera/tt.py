@@ -53,6 +53,17 @@ def _entries(params: nn.ParameterList) -> list[torch.Tensor]:
     return list(params._parameters.values())
 
 
+def forward_gates(module: nn.Module) -> list[torch.Tensor]:
+    """The gates the forward multiplies by: as stored, or, when ``module.gate_threshold`` is set (rank
+    adaptation's ``mask_gates="every_step"``), with every entry ``<= gate_threshold`` zeroed (negative
+    ones included), as the official code's ``get_rank_mask``; a zeroed entry gets no gradient."""
+    gates = _entries(module.gates)
+    threshold = module.gate_threshold
+    if threshold is None:
+        return gates
+    return [torch.nn.functional.threshold(g, threshold, 0.0) for g in gates]
+
+
 def outside_autocast(fn: Callable[..., torch.Tensor], device_type: str,
                      *tensors: torch.Tensor | None) -> torch.Tensor:
     """``fn(*tensors)``; under autocast for ``device_type`` the tensors are cast to the autocast dtype and
@@ -149,8 +160,11 @@ class TTLinear(ResizeOnLoad, nn.Module):
     when omitted). Core ``k`` has shape (r_k, n_k, r_{k+1}); the first ``len(in_shape)`` cores index the
     input modes. ``gates[k]`` (shape (r_{k+1},), initialised to ones) is the diagonal rank gate on the
     bond between ``cores[k]`` and ``cores[k+1]``. A bond of size 0 makes the weight zero.
-    ``init`` ("default" or "official", see :mod:`comera.init`) sets how the cores are drawn.
+    ``init`` ("default" or "official", see :mod:`comera.init`) sets how the cores and the bias are drawn.
+    ``gate_threshold`` (None: raw gates) masks the gates in the forward, see :func:`forward_gates`.
     """
+
+    gate_threshold: float | None = None
 
     def __init__(self, in_features: int, out_features: int, *, in_shape: Sequence[int] | None = None,
                  out_shape: Sequence[int] | None = None, rank: int | Sequence[int], bias: bool = True,
@@ -181,7 +195,8 @@ class TTLinear(ResizeOnLoad, nn.Module):
     def reset_parameters(self) -> None:
         """Cores normal with Var(W_ij) = 1 / (3 in_features) (nn.Linear's default uniform init), one std
         for all cores (init "default"), or the official code's Var(W_ij) = 1 / (in + out) with core k
-        scaled by 1 / sqrt(r_{k+1}) (init "official"); gates to ones; bias uniform like nn.Linear."""
+        scaled by 1 / sqrt(r_{k+1}) (init "official"); gates to ones; bias uniform in +-1/sqrt(in_features)
+        like nn.Linear, or +-1/sqrt(out_features) as the official ``TensorizedLinear_module`` (init "official")."""
         if self.init == "official":
             target = math.sqrt(1.0 / (self.in_features + self.out_features))
         else:
@@ -192,7 +207,7 @@ class TTLinear(ResizeOnLoad, nn.Module):
             for gate in self.gates:
                 gate.fill_(1.0)
             if self.bias is not None:
-                bound = 1.0 / math.sqrt(self.in_features)
+                bound = 1.0 / math.sqrt(self.out_features if self.init == "official" else self.in_features)
                 self.bias.uniform_(-bound, bound)
 
     @classmethod
@@ -228,7 +243,7 @@ class TTLinear(ResizeOnLoad, nn.Module):
             ref = self.cores[0]
             return ref.new_zeros(self.in_features, self.out_features)
         w = self.cores[0].reshape(-1, self.cores[0].shape[-1])
-        for core, gate in zip(self.cores[1:], self.gates):
+        for core, gate in zip(self.cores[1:], forward_gates(self)):
             w = (w * gate) @ core.reshape(core.shape[0], -1)
             w = w.reshape(-1, core.shape[-1])
         return w.reshape(self.in_features, self.out_features)
@@ -242,7 +257,7 @@ class TTLinear(ResizeOnLoad, nn.Module):
         plan = self.plan(x2.shape[0])
         d = len(self.cores)
         y = outside_autocast(lambda x, b, *p: tt_linear(x.contiguous(), p[:d], p[d:], b, plan),
-                             x.device.type, x2, self.bias, *_entries(self.cores), *_entries(self.gates))
+                             x.device.type, x2, self.bias, *_entries(self.cores), *forward_gates(self))
         return y.view(*lead, self.out_features)
 
     def extra_repr(self) -> str:

@@ -33,7 +33,7 @@ from torch import nn
 
 from comera.init import core_stds
 from comera.reload import ResizeOnLoad
-from comera.tt import outside_autocast
+from comera.tt import forward_gates, outside_autocast
 from comera.ttsvd import relative_error, tt_svd
 
 LOOKUP_MODES = ("naive", "optimized")
@@ -49,7 +49,10 @@ class TTMEmbedding(ResizeOnLoad, nn.Module):
     ``init_std`` is the std of the full table's entries at initialization (``nn.Embedding``: 1);
     ``init`` ("default" or "official", see :mod:`comera.init`) how it is split among the cores.
     Indices are range-checked on CPU only (a check on CUDA would sync with the host).
+    ``gate_threshold`` (None: raw gates) masks the gates in the forward, see :func:`comera.tt.forward_gates`.
     """
+
+    gate_threshold: float | None = None
 
     def __init__(self, num_embeddings: int, embedding_dim: int, *, row_shape: Sequence[int] | None = None,
                  col_shape: Sequence[int] | None = None, rank: int | Sequence[int],
@@ -129,8 +132,8 @@ class TTMEmbedding(ResizeOnLoad, nn.Module):
 
     def gated_cores(self) -> list[torch.Tensor]:
         """Cores with each gate folded into the last axis of the core before its bond."""
-        cores = list(self.cores)
-        return [core * self.gates[k] if k < len(self.gates) else core for k, core in enumerate(cores)]
+        cores, gates = list(self.cores), forward_gates(self)
+        return [core * gates[k] if k < len(gates) else core for k, core in enumerate(cores)]
 
     def dense_weight(self) -> torch.Tensor:
         """The table as the layer uses it, ``(num_embeddings, embedding_dim)``; the padding row is zero."""

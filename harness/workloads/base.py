@@ -39,6 +39,9 @@ class Workload:
     """The paper's learning rates for this workload: {"dense": ..., "cores": ..., "other": ..., "gates": ...}."""
     info: dict[str, Any] = field(default_factory=dict)
     """Anything worth recording (data source, vocabulary size, number of samples)."""
+    official_init: Callable[[nn.Module], None] | None = None
+    """Re-initializes the parameters that stay dense after tensorizing as the official CoMERA code does
+    (the CoMERA method's ``dense_init: official``); None: they keep the workload's own init."""
 
 
 def seeded_model(build_model: Callable[[dict[str, Any]], nn.Module], params: dict[str, Any], seed: int,

@@ -5,7 +5,8 @@ it is a 6-layer BERT-base classifier, i.e. 512 learned positions (sequences use 
 embeddings, a LayerNorm (with bias) after the summed embeddings, biases in every linear layer, two
 LayerNorms per post-LN block, and the classifier [CLS] -> tanh(fc1 768x768) -> fc2 (768x3) with dropout
 before fc2. Word embeddings have no padding row (padding is masked out of attention instead). Weights
-are initialized as in BERT (normal, std 0.02; biases zero).
+are initialized as in BERT (normal, std 0.02; biases zero); the CoMERA method's ``dense_init: official``
+re-initializes what stays dense after tensorizing as the official code (:func:`official_init`).
 
 Learning rates (``workload.lr``): size "paper" uses the paper's AdamW rates (cores 1e-4, other 5e-5,
 gates 1e-3; dense 1e-4, our choice for uncompressed training, which the paper does not state). The
@@ -191,6 +192,17 @@ def init_bert_weights(module: nn.Module, std: float = BERT_INIT_STD) -> None:
             nn.init.zeros_(m.bias)
 
 
+def official_init(model: nn.Module) -> None:
+    """The official code's init of every module that is not TT / TTM (ziyangjoy/CoMERA
+    ``tensor_layers_CoMERA/Transformer_tensor_sublayers.py`` leaves them at PyTorch's defaults):
+    embeddings (position, segment, an untensorized word embedding) N(0, 1), nn.Linear (the classifier's
+    fc2, any untensorized layer) weight and bias U(-1/sqrt(in), 1/sqrt(in)), LayerNorm 1 / 0. TT layers
+    keep their own ``init: official`` (``comera.tt.TTLinear``: bias U(-1/sqrt(out), 1/sqrt(out)))."""
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding, nn.LayerNorm)):
+            m.reset_parameters()
+
+
 def encoder_tt_spec(prefix: str, num_layers: int, d_model: int, d_ff: int, rank: int) -> dict[str, dict]:
     """TT specs of every attention and FFN linear layer of an :class:`Encoder` named ``prefix``."""
     spec = {}
@@ -322,4 +334,4 @@ def build(p: dict[str, Any], *, batch_size: int, seed: int, device: torch.device
         loss=loss, evaluate=evaluate,
         steps_per_epoch=batching.train_steps(batching.num_rows(train), batch_size),
         metric_name="accuracy", seq_len=p["seq_len"], lr=dict(LR["paper" if p["size"] == "paper" else "cpu"]),
-        info=info)
+        info=info, official_init=official_init)
