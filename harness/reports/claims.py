@@ -300,9 +300,10 @@ def _ratio_text(r: Any) -> str:
 
 
 def _epoch_kind(rows: pd.DataFrame) -> str:
-    """" (extrapolated from the median step)" when some epoch time of ``rows`` was not measured whole."""
+    """" (extrapolated)" when some epoch time of ``rows`` was not measured whole but extrapolated from
+    the steady-state median step (the rules under the claims say so)."""
     kinds = set(rows.epoch_time_kind.dropna()) if "epoch_time_kind" in rows else set()
-    return " (extrapolated from the median step)" if kinds - {"measured"} else ""
+    return " (extrapolated)" if kinds - {"measured"} else ""
 
 
 def _directed(ratios: dict, above_one: bool = True, label: Callable[[Any], str] = "batch {}".format) -> str:
@@ -601,7 +602,7 @@ def c8(ctx: Context) -> Verdict:
         if not t and not len(comera):
             return None
         data = ", ".join(sorted(set(rows.dataset.dropna()))) or "unknown"
-        texts = [f"data {data}"]
+        texts = []
         if t:
             texts.append(f"dense/CoMERA time{_epoch_kind(timed)}: "
                          f"{_directed(t, label=lambda k: f'seq {k[0]}, batch {k[1]}')}")
@@ -616,6 +617,7 @@ def c8(ctx: Context) -> Verdict:
         texts += [f"final loss (mean of the last {FINAL_LOSS_WINDOW} steps) {c:.3f} vs {d:.3f} @ seq {k[0]}, batch {k[1]}"
                   for k, (c, d) in sorted(loss.items())]
         close = [c - d <= gap + LOSS_GAP_SLACK for c, d in loss.values()]
+        texts.append(f"data {data}")
         return Finding("; ".join(texts), _all([all(fast) if fast else None, small, all(close) if close else None]))
 
     df = runs_of(ctx.res, ["mlm"])
