@@ -301,7 +301,7 @@ def _ratio_text(r: Any) -> str:
 
 def _epoch_kind(rows: pd.DataFrame) -> str:
     """" (extrapolated)" when some epoch time of ``rows`` was not measured whole but extrapolated from
-    the steady-state median step (the rules under the claims say so)."""
+    the steady-state timed steps (mean step x steps per epoch; the rules under the claims say so)."""
     kinds = set(rows.epoch_time_kind.dropna()) if "epoch_time_kind" in rows else set()
     return " (extrapolated)" if kinds - {"measured"} else ""
 
@@ -683,7 +683,8 @@ RULES = ("A verdict (holds / does not hold) comes only from rows in the claim's 
          "(size=paper), on the GPU the claim names (device cuda and a device name ending in that model, e.g. "
          "NVIDIA GeForce RTX 3090; an RTX 3090 Ti or another GPU does not count), default method configurations. "
          "Time and memory claims use timing cells (status ok; time ratios from stable rows only, whose epoch "
-         "time is the steady-state median step x steps per epoch where the run stopped early); accuracy, loss "
+         "time is the mean timed step x steps per epoch where the run stopped early; ratios of cells timed "
+         "together use their per-round medians); accuracy, loss "
          "and compression claims use runs after the full schedule (every budgeted epoch, no epoch cut by "
          "max_steps_per_epoch); compressed models also need the late stage run and an accuracy at most "
          f"{ACCURACY_KEPT:g} below the uncompressed model of the same grid. Stated speedups, memory savings and "
