@@ -85,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
     cell.add_argument("--cuda-graph", action="store_true")
     cell.add_argument("--compile", action="store_true")
     cell.add_argument("--allocator", choices=["reuse", "system"], default="reuse",
-                      help="CPU allocator policy (harness/running/allocator.py; default reuse)")
+                      help="CPU allocator policy (harness/core/allocator.py; default reuse)")
     cell.add_argument("--results-dir", default="results/cli",
                       help="folder for the default output paths (default results/cli: apart from the "
                            "pipeline's results/runs, whose cells have the same names)")

@@ -30,7 +30,7 @@ import psutil
 import torch
 from torch import nn
 
-from harness.running import allocator
+from harness.core import allocator
 
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 _STATUS = Path("/proc/self/status")

@@ -32,7 +32,7 @@ measured in the same run (harness.perf.microbench.TrafficCounter defines B).
 Memory kinds: ``cpu_allocated`` / ``cuda_allocated`` for single ops (see harness.perf.microbench), and for a
 training step ``cpu_rss_delta`` (process RSS high-water mark during the steps minus the RSS before the
 model was built) or ``cuda_allocated`` (peak allocated minus allocated before the build). On CPU the
-free heap is handed back to the kernel (``harness.running.allocator.release_free_memory``, glibc malloc_trim)
+free heap is handed back to the kernel (``harness.core.allocator.release_free_memory``, glibc malloc_trim)
 before the baseline is read and again after the method is prepared, just before the high-water mark is
 reset: the dense model that CoMERA converts is freed by then, but glibc would otherwise keep its pages
 resident and the mark would start above what the training steps use. Before the baseline, each worker
@@ -42,7 +42,7 @@ sit in the baseline as a training script's imports would; the peak counts the mo
 training.
 
 Allocator: every measuring process (this one and each step worker) applies the ``--allocator`` policy
-of :mod:`harness.running.allocator` (default "reuse": freed memory is kept for reuse instead of being unmapped
+of :mod:`harness.core.allocator` (default "reuse": freed memory is kept for reuse instead of being unmapped
 and page-faulted again); what was applied is printed in the header and recorded in every row.
 
 Target 3's table-memory row counts what the table costs in training: parameters + parameter gradients

@@ -14,7 +14,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from harness.running import allocator as allocator_lib
+from harness.core import allocator as allocator_lib
 from harness.configs import grid
 from harness.results.atomic import atomic_write
 from harness.perf import goals as goals_lib
@@ -70,7 +70,7 @@ def cli(argv: list[str]) -> int:
                          "once per round (default 3, --quick 1)")
     ap.add_argument("--allocator", choices=allocator_lib.POLICIES, default="reuse",
                     help="CPU allocator policy of this process and the step workers (default reuse; "
-                         "see harness.running.allocator)")
+                         "see harness.core.allocator)")
     ap.add_argument("--step-worker-file", help=argparse.SUPPRESS)
     ap.add_argument("--step-out", help=argparse.SUPPRESS)
     ap.add_argument("--step-log", help=argparse.SUPPRESS)

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from harness.running import allocator as allocator_lib
+from harness.core import allocator as allocator_lib
 from harness.perf import microbench as mb
 from harness.perf import goals as goals_lib
 
@@ -22,7 +22,7 @@ class Config:
     rounds: int
     min_run_time_s: float
     allocator: str = "reuse"
-    """Policy of harness.running.allocator for this process and the step workers."""
+    """Policy of harness.core.allocator for this process and the step workers."""
     allocator_applied: str = ""
     """What applying it did here (set by run_targets)."""
     step_rounds: int = 1

@@ -20,7 +20,7 @@ parameters and the output gradient are not counted):
   ``torch.profiler`` (``profile_memory=True``) during one call (kind ``cpu_allocated``).
 The kind is stored in the file metadata (``peak_mem_kind``) since it follows from the device.
 Allocator: the spec's ``allocator`` ("reuse", default, or "system"; ``--allocator`` overrides it) is
-applied to the process while measuring (see harness.running.allocator) and recorded in the file metadata.
+applied to the process while measuring (see harness.core.allocator) and recorded in the file metadata.
 FLOPs: the matmul-class FLOPs actually executed, counted by ``torch.utils.flop_counter.FlopCounterMode``
 (2 per multiply-add; gathers and elementwise ops count 0).
 """
@@ -44,7 +44,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.benchmark import Timer
 from torch.utils.flop_counter import FlopCounterMode
 
-from harness.running import allocator
+from harness.core import allocator
 from harness.configs import yamlnum
 
 DIRECTIONS = ("fwd", "fwd_bwd")
@@ -446,7 +446,7 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--device", choices=["cpu", "cuda", "auto"], help="override the spec's device")
     ap.add_argument("--config-hash", default="", help="recorded in the provenance columns")
     ap.add_argument("--allocator", choices=allocator.POLICIES,
-                    help="override the spec's allocator policy (default reuse; see harness.running.allocator)")
+                    help="override the spec's allocator policy (default reuse; see harness.core.allocator)")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     try:

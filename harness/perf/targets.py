@@ -5,7 +5,7 @@ from typing import Callable
 
 import torch
 
-from harness.running import allocator as allocator_lib
+from harness.core import allocator as allocator_lib
 from harness.perf.config import Config
 from harness.perf.layers import target_embedding, target_linear
 from harness.perf.plans import target_plans

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from harness.running import allocator as allocator_lib
+from harness.core import allocator as allocator_lib
 from harness.core import interleave
 from harness.perf import microbench as mb
 

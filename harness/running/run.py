@@ -40,7 +40,7 @@ JSON records its outcome under ``warm_up`` ("ok", "method skipped: <reason>" or 
 <message>"; a failure never stops the cell), ``extra`` its wall time under ``warm_up_s``.
 
 Execution: ``execution.allocator`` ("reuse", default, or "system") is applied to the process before the
-workload is built and undone when the run ends (see :mod:`harness.running.allocator`); the settings JSON records
+workload is built and undone when the run ends (see :mod:`harness.core.allocator`); the settings JSON records
 it under ``execution`` and what it did under ``allocator``. The memory monitor hands the free heap back to
 the kernel before it reads its baseline and whenever it resumes (harness.core.measure.MemoryMonitor), so memory
 freed while preparing (the dense model CoMERA converts) or evaluating does not sit in the RSS, where later
@@ -76,7 +76,8 @@ import pyarrow as pa
 import torch
 
 from harness import results
-from harness.running import allocator, specs, warmup
+from harness.core import allocator
+from harness.running import specs, warmup
 from harness.core import measure, timing
 from harness.running.cudagraph import GraphedStep, require_cuda, state_signature
 from harness.core.interleave import RoundGate

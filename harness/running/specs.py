@@ -17,7 +17,7 @@ import torch
 
 from harness.configs.grid import PURPOSES
 from harness.configs.grid import run_id as grid_run_id
-from harness.running import allocator
+from harness.core import allocator
 
 SPEC_KEYS = ("run_id", "purpose", "workload", "workload_params", "method", "variant", "method_params",
              "batch_size", "target_ratio", "seed", "budget", "execution", "config_hash")

@@ -300,7 +300,7 @@ def test_spec_defaults_and_ids():
 
 
 def test_allocator_is_applied_and_recorded(monkeypatch):
-    from harness.running import allocator
+    from harness.core import allocator
 
     calls = []
     monkeypatch.setattr(allocator, "apply", lambda policy: calls.append(policy) or f"applied {policy}")

@@ -1,4 +1,4 @@
-"""harness.running.allocator: policies, honest 'unavailable' answers, and the effect of "reuse" and of
+"""harness.core.allocator: policies, honest 'unavailable' answers, and the effect of "reuse" and of
 release_free_memory on a glibc process."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import psutil
 import pytest
 import torch
 
-from harness.running import allocator
+from harness.core import allocator
 
 GLIBC = allocator.glibc_version() is not None
 needs_glibc = pytest.mark.skipif(not GLIBC, reason="needs glibc (mallopt / malloc_trim): not this C library")
