@@ -7,7 +7,7 @@ import pytest
 from harness.data import mnli
 from harness.data.text_tokenizer import CLS_ID, PAD_ID, SEP_ID, encode_pairs, load_tokenizer_file, train_wordpiece
 
-FIXTURE = Path(__file__).parents[2] / "harness" / "data" / "fixtures" / "mnli"
+FIXTURE = Path(__file__).parents[3] / "harness" / "data" / "fixtures" / "mnli"
 
 
 def test_glue_fixture_loads_both_splits():

@@ -7,7 +7,7 @@ from torch import nn
 from harness.workloads import build_workload, check_params, transformer
 from harness.workloads.tt_spec import tt_parameter_count
 
-FIXTURE = Path(__file__).parents[2] / "harness" / "data" / "fixtures" / "mnli"
+FIXTURE = Path(__file__).parents[3] / "harness" / "data" / "fixtures" / "mnli"
 
 
 
