@@ -184,6 +184,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.log:
         print("comera-bench run: --log needs --isolate", file=sys.stderr)
         return 2
+    from harness.core import measure
     from harness.running import run as runner
     from harness.running import specs
 
@@ -205,7 +206,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if runs_out is None:
         device = spec["execution"]["device"]
         if device == "auto":
-            device = runner.resolve_device("auto").type
+            device = measure.resolve_device("auto").type
         folder = Path(args.results_dir) / device.split(":")[0]
         runs_out = folder / f"{spec['run_id']}.runs.parquet"
         folder.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""The experiment grid of a pipeline config: one spec (api.md "grid cell") per run.
+"""The experiment grid of a pipeline config: one spec (docs/usage.md) per cell.
 
 The Snakefile validates the config against workflow/schemas/config.schema.yaml (which fills defaults),
 then calls :func:`check_config` (method and workload parameters checked by their owners) and

@@ -173,11 +173,24 @@ class MemoryReading:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-def _rss() -> int:
+def resolve_device(name: str, what: str = "execution.device") -> torch.device:
+    """"auto" -> cuda when available (the device CUDA_VISIBLE_DEVICES gave the job), else cpu; a CUDA
+    device without CUDA is an error naming ``what`` (the config key or option that asked for it)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"{what} is {name!r} but CUDA is not available here")
+    return device
+
+
+def rss() -> int:
+    """This process's resident set size in bytes."""
     return psutil.Process().memory_info().rss
 
 
-def _vm_hwm() -> int | None:
+def vm_hwm() -> int | None:
+    """The kernel's peak-RSS mark of this process in bytes (VmHWM; None where /proc is missing)."""
     try:
         for line in _STATUS.read_text().splitlines():
             if line.startswith("VmHWM:"):
@@ -193,8 +206,8 @@ def reset_hwm() -> bool:
         _CLEAR_REFS.write_text("5")
     except OSError:
         return False
-    hwm = _vm_hwm()
-    return hwm is not None and hwm <= _rss() + (1 << 20)
+    hwm = vm_hwm()
+    return hwm is not None and hwm <= rss() + (1 << 20)
 
 
 class _Sampler(threading.Thread):
@@ -248,7 +261,7 @@ class MemoryMonitor:
             self._baseline = torch.cuda.memory_allocated(self.device)
         else:
             allocator.release_free_memory()  # freed heap (e.g. a converted dense model) leaves the RSS
-            self._baseline = _rss()
+            self._baseline = rss()
             hwm_ok = self.cpu_method in ("auto", "hwm", "both") and reset_hwm()
             if self.cpu_method == "hwm" and not hwm_ok:
                 raise RuntimeError("cannot reset the peak-RSS mark through /proc/self/clear_refs here")
@@ -278,9 +291,9 @@ class MemoryMonitor:
             self._peak = max(self._peak, torch.cuda.max_memory_allocated(self.device))
             self._reserved = max(self._reserved, torch.cuda.max_memory_reserved(self.device))
         else:
-            peak = _rss()
+            peak = rss()
             if self._use_hwm:
-                peak = max(peak, _vm_hwm() or 0)
+                peak = max(peak, vm_hwm() or 0)
             if self._sampler is not None:
                 peak = max(peak, self._sampler.stop())
                 self._samples += self._sampler.samples

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from harness.core import allocator as allocator_lib
-from harness.perf import microbench as mb
+from harness.core import measure
 from harness.perf import goals as goals_lib
 
 
@@ -38,7 +38,7 @@ class Config:
         step_rounds = (1 if quick else 3) if step_rounds is None else step_rounds
         if step_rounds < 1:
             raise ValueError(f"--step-rounds {step_rounds}: need at least 1")
-        return cls(mb.resolve_device(device), num_threads, quick, 2 if quick else 3, 0.05 if quick else 0.5,
+        return cls(measure.resolve_device(device, "bench --device"), num_threads, quick, 2 if quick else 3, 0.05 if quick else 0.5,
                    allocator, step_rounds=step_rounds, goals=goals_lib.load(goals))
 
     def label(self) -> str:

@@ -45,6 +45,7 @@ from torch.utils.benchmark import Timer
 from torch.utils.flop_counter import FlopCounterMode
 
 from harness.core import allocator
+from harness.core.measure import resolve_device
 from harness.configs import yamlnum
 
 DIRECTIONS = ("fwd", "fwd_bwd")
@@ -161,15 +162,6 @@ def _check_positive_ints(values: Any, where: str) -> None:
     for value in values:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"microbench {where}: {value!r} must be a positive integer")
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` is CUDA when available, else CPU; ``cuda`` without CUDA is an error."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("microbench: device 'cuda' requested but CUDA is not available")
-    return torch.device(name)
 
 
 # -------------------------------------------------------------------------------------------- cases
@@ -393,7 +385,7 @@ def measure(case: Case, device: torch.device, *, num_threads: int, min_run_time_
 
 def run_cases(spec: dict[str, Any], *, progress: Callable[[str], None] | None = None) -> Iterator[Result]:
     """Measure every case of a (checked) spec, one at a time (the caller sets the allocator policy)."""
-    device = resolve_device(spec["device"])
+    device = resolve_device(spec["device"], "microbench device")
     torch.set_num_threads(spec["num_threads"])
     torch.manual_seed(spec["seed"])
     cases: list[Iterator[Case]] = []
@@ -429,7 +421,7 @@ def run(spec: dict[str, Any], *, config_hash: str = "",
     spec = check_spec(spec)
     with allocator.policy(spec["allocator"]):
         results = list(run_cases(spec, progress=progress))
-    prov = provenance(resolve_device(spec["device"]), config_hash)
+    prov = provenance(resolve_device(spec["device"], "microbench device"), config_hash)
     return [to_row(r, prov) for r in results]
 
 
@@ -461,7 +453,7 @@ def cli(argv: list[str]) -> int:
     except (ValueError, RuntimeError) as exc:
         print(f"comera-bench microbench: {exc}", file=sys.stderr)
         return 2
-    device = resolve_device(spec["device"])
+    device = resolve_device(spec["device"], "microbench device")
     meta = {**(provenance(device, args.config_hash) if not rows else {k: rows[0][k] for k in PROVENANCE_COLUMNS}),
             "peak_mem_kind": "cuda_allocated" if device.type == "cuda" else "cpu_allocated", "spec": spec,
             "allocator": applied}

@@ -6,34 +6,13 @@ import gc
 import itertools
 import statistics
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from harness.core import allocator as allocator_lib
-from harness.core import interleave
+from harness.core import interleave, measure
 from harness.perf import microbench as mb
-
-
-def _proc_status(field: str) -> int | None:
-    """A ``/proc/self/status`` memory field in bytes (None where /proc is missing)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def _reset_rss_peak() -> bool:
-    """Reset the kernel's RSS high-water mark of this process (Linux clear_refs); False if not allowed."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
 
 
 def halve_ranks(model: torch.nn.Module, threshold: float, optimizers=()) -> dict[str, list[int]]:
@@ -122,7 +101,7 @@ def _step_worker(job: dict[str, Any], allocator_applied: str) -> dict[str, Any]:
     from comera.rank import ranks, tensorized_modules
     from harness.workloads import build_workload
 
-    device = mb.resolve_device(job["device"])
+    device = measure.resolve_device(job["device"], "bench --device")
     torch.set_num_threads(job["threads"])
     torch.manual_seed(job["seed"])
     steps, warmup, rounds = job["steps"], job["warmup"], job.get("rounds", 1)
@@ -135,7 +114,7 @@ def _step_worker(job: dict[str, Any], allocator_applied: str) -> dict[str, Any]:
         base = torch.cuda.memory_allocated(device)
     else:
         allocator_lib.release_free_memory()
-        base = _proc_status("VmRSS")
+        base = measure.rss()
     workload = build_workload("transformer", params, batch_size=job["batch_size"], seed=job["seed"], device=device)
     method = get_method(job["method"])
     prepared = method.prepare(workload.model, workload, check_params(job["method"], job.get("method_params", {})),
@@ -149,7 +128,7 @@ def _step_worker(job: dict[str, Any], allocator_applied: str) -> dict[str, Any]:
         kind = "cuda_allocated"
     else:
         allocator_lib.release_free_memory()  # the converted dense model's freed pages leave the RSS
-        kind = "cpu_rss_delta" if _reset_rss_peak() else "cpu_rss_delta_since_start"
+        kind = "cpu_rss_delta" if measure.reset_hwm() else "cpu_rss_delta_since_start"
 
     def one_step(step: int, batch) -> float:
         start = time.perf_counter()
@@ -176,7 +155,7 @@ def _step_worker(job: dict[str, Any], allocator_applied: str) -> dict[str, Any]:
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device) - base
     else:
-        peak = (_proc_status("VmHWM") or 0) - (base or 0)
+        peak = (measure.vm_hwm() or 0) - base
     out = {"step_ms": statistics.median(times), "step_ms_all": times, "step_ms_rounds": per_round,
            "peak_bytes": peak, "peak_kind": kind,
            "ranks": ranks(model), "method_settings": prepared.settings, "allocator": allocator_applied}

@@ -36,7 +36,8 @@ from harness.reports import reference
 from harness.core import timing
 from harness.reports.html import write_html
 from harness.results import FINAL_LOSS_WINDOW
-from harness.reports.tables import MB, Results, load, stable, timing_cells, unstable_timing_cells
+from harness.reports.tables import (MB, Results, is_timing, load, model_size, stable, timing_cells,
+                                    unstable_timing_cells)
 
 HOLDS, FAILS = "holds", "does not hold"
 NOT_COMPARABLE, NOT_MEASURED = "not comparable here", "not measured here"
@@ -100,12 +101,6 @@ def on_gpu(device: Any, device_name: Any, gpu: str) -> bool:
     "-" + it ("NVIDIA GeForce RTX 3090" is an RTX 3090; "RTX 3090 Ti", "RTX 4090" or an H200 are not)."""
     name, want = _slug(str(device_name or "")), _slug(gpu)
     return device == "cuda" and (name == want or name.endswith("-" + want))
-
-
-def model_size(settings: dict[str, Any], spec: dict[str, Any]) -> str:
-    """The workload's size preset from the row's settings JSON, else its grid spec ("default" if none)."""
-    return (settings.get("workload_params", {}).get("size") or spec.get("workload_params", {}).get("size")
-            or "default")
 
 
 def dataset(settings: dict[str, Any]) -> str | None:
@@ -181,8 +176,7 @@ def in_setting(df: pd.DataFrame, gpu: str) -> pd.Series:
 def in_timing_setting(df: pd.DataFrame, gpu: str) -> pd.Series:
     """Annotated timing cells of the paper-size model on the claim's GPU (time and memory claims: the
     steady-state step time of a short run; time ratios then use its stable rows only)."""
-    timed = df.purpose.fillna("timing") == "timing"
-    return (df.model_size == "paper") & gpu_rows(df, gpu) & timed & (df.status == "ok")
+    return (df.model_size == "paper") & gpu_rows(df, gpu) & is_timing(df) & (df.status == "ok")
 
 
 # ------------------------------------------------------------------------------------- judging
@@ -596,7 +590,7 @@ def c8(ctx: Context) -> Verdict:
     least = 1 - STATED_PRECISION
 
     def measure(rows: pd.DataFrame) -> Finding | None:
-        timed = rows[rows.purpose.fillna("timing") == "timing"]
+        timed = timing_cells(rows)
         t = _ratios(timed, "dense", "epoch_time_s", keys)
         comera = _cells(rows, "comera")
         if not t and not len(comera):

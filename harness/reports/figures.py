@@ -22,7 +22,8 @@ from matplotlib.ticker import ScalarFormatter  # noqa: E402
 
 from harness.reports import reference  # noqa: E402
 from harness.reports.tables import (MB, Results, late_stage_missing, method_label, quality_order,  # noqa: E402
-                            relative_iqr, report_args, settings_of, stable, status_note, timing_cells)
+                            model_size, relative_iqr, report_args, settings_of, stable, status_note,
+                                    timing_cells)
 
 PAPER = "paper (RTX 3090)"
 FOOTER_POINTS = 8
@@ -159,7 +160,7 @@ def model_line(res: Results, df: pd.DataFrame) -> str:
     """"Model: ..." for the workload/size presets of ``df``'s cells (from their grid specs)."""
     found = []
     for r in df.itertuples():
-        size = res.cells.get(r.run_id, {}).get("workload_params", {}).get("size", "default")
+        size = model_size(settings_of(r), res.cells.get(r.run_id, {}))
         text = MODELS.get((r.workload, size), f"{r.workload}, size preset {size!r}")
         if text not in found:
             found.append(text)
@@ -388,12 +389,11 @@ def fig12_time_vs_compression(res: Results, out: Path) -> None:
         line = _with_spread(ax, ok, ok.compression_layers, y, marker="o", label=f"CoMERA, batch {int(batch)}")
         for _, r in group[group.status != "ok"].iterrows():
             _mark_failed(ax, 1.0, r.status)
-        d = dense[dense.batch_size == batch]
+        d = dense[dense.batch_size == batch].epoch_time_s
         if len(d):
-            ax.axhline(d.epoch_time_s.iloc[0], ls=":", lw=1, color=line[0].get_color(),
-                       label=f"uncompressed, batch {int(batch)}")
-            slower += [f"{c:.2f}x (batch {int(batch)}, {t / d.epoch_time_s.iloc[0]:.2f}x the time)"
-                       for c, t in zip(ok.compression_layers, y) if t > d.epoch_time_s.iloc[0]]
+            ax.axhline(d.iloc[0], ls=":", lw=1, color=line[0].get_color(), label=f"uncompressed, batch {int(batch)}")
+            slower += [f"{c:.2f}x (batch {int(batch)}, {t / d.iloc[0]:.2f}x the time)"
+                       for c, t in zip(ok.compression_layers, y) if t > d.iloc[0]]
     ax.set_xscale("log")
     ax.set_xlabel("compression ratio of the tensorized layers (dense / TT parameters)")
     ax.set_ylabel("time per epoch (s)")

@@ -110,9 +110,14 @@ def load(folder: str | Path, label: str | None = None) -> Results:
                    grid.get("sweeps", {}))
 
 
+def is_timing(runs: pd.DataFrame) -> pd.Series:
+    """Which rows are timing cells (purpose "timing", or null in files written before quality cells)."""
+    return runs.purpose.fillna("timing") == "timing"
+
+
 def timing_cells(runs: pd.DataFrame) -> pd.DataFrame:
-    """Rows of timing cells (purpose "timing", or null in files written before quality cells existed)."""
-    return runs[runs.purpose.fillna("timing") == "timing"]
+    """Rows of timing cells (:func:`is_timing`)."""
+    return runs[is_timing(runs)]
 
 
 def stable(runs: pd.DataFrame) -> pd.Series:
@@ -149,6 +154,12 @@ def ranks_of(row: Any) -> dict[str, list[int]]:
         return json.loads(row.ranks) if isinstance(row.ranks, str) and row.ranks else {}
     except json.JSONDecodeError:
         return {}
+
+
+def model_size(settings: dict[str, Any], spec: dict[str, Any]) -> str:
+    """The workload's size preset from a row's settings JSON, else its grid spec ("default" if none)."""
+    return (settings.get("workload_params", {}).get("size") or spec.get("workload_params", {}).get("size")
+            or "default")
 
 
 def settings_of(row: Any) -> dict[str, Any]:

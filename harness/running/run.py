@@ -96,16 +96,6 @@ class EnvironmentFault(OSError):
     """The row could not be written for a fault of the machine, not of the cell."""
 
 
-def resolve_device(name: str) -> torch.device:
-    """"auto" -> cuda when available (the device CUDA_VISIBLE_DEVICES gave the job), else cpu."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"execution.device is {name!r} but CUDA is not available here")
-    return device
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -253,7 +243,7 @@ def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress
         ex = spec["execution"]
         with allocator.policy(ex["allocator"]) as st.allocator:
             torch.set_num_threads(ex["num_threads"])
-            st.device = resolve_device(ex["device"])
+            st.device = measure.resolve_device(ex["device"])
             if ex["cuda_graph"]:
                 require_cuda(st.device)
             seed_everything(spec["seed"])

@@ -139,12 +139,13 @@ def failure_row(spec: dict[str, Any], status: str, error: str, extra: dict[str, 
     settings and provenance from the spec; the runner's own row builder, so both agree), with the
     start time, thread count and ``extra`` of the failed run."""
     from harness.running import run as runner  # torch: only once a row has to be written here
+    from harness.core import measure
     from harness.running import specs
 
     st = runner._State(specs.normalize_spec(spec))
     st.workload_params, st.method_params = st.spec["workload_params"], st.spec["method_params"]
     try:
-        st.device = runner.resolve_device(st.spec["execution"]["device"])
+        st.device = measure.resolve_device(st.spec["execution"]["device"])
     except RuntimeError:  # CUDA asked for but not visible here: the row says cpu
         pass
     row = runner._build_row(st, status, error, "")

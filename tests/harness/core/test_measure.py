@@ -130,7 +130,7 @@ def test_paused_region_is_not_counted():
 def test_cpu_monitor_releases_free_heap_before_baseline_and_on_resume(monkeypatch, method):
     events = []
     monkeypatch.setattr(measure.allocator, "release_free_memory", lambda: events.append("release") or True)
-    monkeypatch.setattr(measure, "_rss", lambda: events.append("baseline") or 0)
+    monkeypatch.setattr(measure, "rss", lambda: events.append("baseline") or 0)
     monitor = measure.MemoryMonitor(torch.device("cpu"), cpu_method=method)
     monitor.start()
     assert events[:2] == ["release", "baseline"] and events.count("release") == 1

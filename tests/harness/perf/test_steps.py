@@ -21,9 +21,9 @@ def test_halve_ranks_shrinks_every_bond():
 def test_step_worker_times_and_halves_in_process(monkeypatch):
     """The code path of targets 2 and 4 (one configuration, run here instead of in a subprocess)."""
     events = []
-    release, reset = worker.allocator_lib.release_free_memory, worker._reset_rss_peak
+    release, reset = worker.allocator_lib.release_free_memory, worker.measure.reset_hwm
     monkeypatch.setattr(worker.allocator_lib, "release_free_memory", lambda: events.append("release") or release())
-    monkeypatch.setattr(worker, "_reset_rss_peak", lambda: events.append("reset") or reset())
+    monkeypatch.setattr(worker.measure, "reset_hwm", lambda: events.append("reset") or reset())
     job = {"method": "comera", "batch_size": 2, "workload_params": {"size": "tiny"}, "device": "cpu",
            "seed": 0, "threads": 1, "warmup": 1, "steps": 2, "halve": True, "threshold": 1e-2,
            "allocator": "reuse"}
