@@ -16,8 +16,11 @@ from harness.perf.roofline import Roofline, paired_medians
 # -------------------------------------------------------------------------------------------- target 1
 
 def target_linear(cfg: Config, roof: Roofline) -> list[BenchRow]:
-    """TTLinear vs nn.Linear, forward + backward (input gradient included), same tokens."""
+    """TTLinear vs nn.Linear, forward + backward (input gradient included), same tokens; and, timed in the
+    same interleaved rounds, TTLinear vs the official CoMERA algorithm (harness.perf.official) on the same
+    parameters: two rows per shape."""
     from comera.tt import TTLinear
+    from harness.perf.official import OfficialTTLinear
 
     rows = []
     for i, case in enumerate(cfg.goals["linear"]):
@@ -27,15 +30,18 @@ def target_linear(cfg: Config, roof: Roofline) -> list[BenchRow]:
         x = torch.randn(tokens, n_in, device=cfg.device)
         dense = torch.nn.Linear(n_in, n_out, device=cfg.device)
         tt = TTLinear(n_in, n_out, in_shape=in_shape, out_shape=out_shape, rank=rank, device=cfg.device)
+        official = OfficialTTLinear(tt)
         calls = {"dense": mb._call(dense, x, "fwd_bwd", wrt_input=True),
                  "tt": mb._call(tt, x, "fwd_bwd", wrt_input=True),
-                 "tt_1": mb._call(tt, x[:1].contiguous(), "fwd_bwd", wrt_input=True)}
+                 "tt_1": mb._call(tt, x[:1].contiguous(), "fwd_bwd", wrt_input=True),
+                 "official": mb._call(official, x, "fwd_bwd", wrt_input=True)}
         times = paired_medians({k: run for k, (run, _) in calls.items()}, rounds=cfg.rounds,
                                num_threads=cfg.num_threads, min_run_time_s=cfg.min_run_time_s)
         cost = {k: mb.count_cost(run) for k, (run, _) in calls.items() if k != "tt_1"}
         plan = tt.plan(tokens)
+        shape = f"{n_in}->{n_out} r{rank}, {tokens} tokens"
         rows.append(make_row(
-            1, f"TTLinear fwd+bwd speedup, {n_in}->{n_out} r{rank}, {tokens} tokens", case["goal"],
+            1, f"TTLinear fwd+bwd speedup, {shape}", case["goal"],
             ratio(times["dense"], times["tt"]), goal_key=f"linear[{i}]",
             flop_ratio=ratio(cost["dense"][0], cost["tt"][0]),
             traffic_ratio=ratio(cost["dense"][1], cost["tt"][1]),
@@ -43,6 +49,20 @@ def target_linear(cfg: Config, roof: Roofline) -> list[BenchRow]:
             medians=f"nn.Linear {times['dense']:.3f} ms, TTLinear {times['tt']:.3f} ms",
             settings=f"ranks {tt.ranks}, plan {plan.left}/{plan.right}, {cfg.label()}",
             note=fixed_cost_note(times["dense"], times["tt"], times["tt_1"])))
+        rows.append(make_row(
+            1, f"TTLinear vs official TT_forward, {shape}", case["vs_official"],
+            ratio(times["official"], times["tt"]), goal_key=f"linear[{i}].vs_official",
+            flop_ratio=ratio(cost["official"][0], cost["tt"][0]),
+            traffic_ratio=ratio(cost["official"][1], cost["tt"][1]),
+            medians=f"nn.Linear {times['dense']:.3f} ms, TTLinear {times['tt']:.3f} ms, "
+                    f"official TT_forward {times['official']:.3f} ms",
+            settings=f"same cores, gates and bias; both multiply the cores by the gates and add the bias "
+                     f"(official: get_factors(prune_mask=True) gating and the bias outside TT_forward); "
+                     f"ranks {tt.ranks}, {cfg.label()}",
+            note=f"(nn.Linear / TTLinear) / (nn.Linear / official) = official / TTLinear; nn.Linear / official "
+                 f"{ratio(times['dense'], times['official']):.2f}x; official algorithm reimplemented in "
+                 f"harness/perf/official.py, timed in the same interleaved rounds; no roofline bound: the two "
+                 f"do about the same FLOPs (flop_ratio), so the difference is per-op overhead and layouts"))
     return rows
 
 

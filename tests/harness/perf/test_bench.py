@@ -38,7 +38,8 @@ def test_quick_targets_produce_a_table(tmp_path, monkeypatch):
     """Targets 1, 3 and 5 run their code paths at reduced size and end in the written files: one Parquet
     row per table row with the provenance columns, the Markdown table next to it."""
     path = tmp_path / "bench.yaml"
-    small = "  - {in_shape: [4, 4], out_shape: [4, 8], rank: 4, tokens: 64, quick_tokens: 8, goal: 1.0}\n"
+    small = ("  - {in_shape: [2, 2, 4], out_shape: [2, 4, 4], rank: 4, tokens: 64, quick_tokens: 8, goal: 1.0, "
+             "vs_official: 0.5}\n")
     lines = goals.DEFAULT_PATH.read_text().splitlines(keepends=True)
     path.write_text("".join(small if line.startswith("  - {in_shape") else line for line in lines))
     monkeypatch.setitem(layers.EMBEDDING_TABLE, "quick", {"num_embeddings": 1000, "embedding_dim": 8,
@@ -50,11 +51,12 @@ def test_quick_targets_produce_a_table(tmp_path, monkeypatch):
     assert bench.cli(["--quick", "--targets", "1,3,5", "--threads", "1", "--goals", str(path),
                       "--out", str(out)]) == 0
     frame = pd.read_parquet(out)
-    assert list(frame["target"]) == [1, 1, 1, 3, 3, 3, 3, 5]
+    assert list(frame["target"]) == [1] * 6 + [3, 3, 3, 3, 5]
     assert set(PROVENANCE_COLUMNS) <= set(frame.columns) and (frame["device"] == "cpu").all()
     assert set(frame["verdict"]) <= {"pass", "short", "info"}
     assert frame["measured"].map(math.isfinite).all()
-    assert list(frame["goal_key"]) == ["linear[0]", "linear[1]", "linear[2]", "lookup.speedup", "lookup.memory",
+    assert list(frame["goal_key"]) == ["linear[0]", "linear[0].vs_official", "linear[1]", "linear[1].vs_official",
+                                       "linear[2]", "linear[2].vs_official", "lookup.speedup", "lookup.memory",
                                        "lookup.table_memory", "", "plans.flops_vs_optimal"]
     table_rows = frame[frame["what"].str.contains("table memory")]
     info_rows = frame[frame["verdict"] == "info"]
@@ -65,6 +67,11 @@ def test_quick_targets_produce_a_table(tmp_path, monkeypatch):
     linear = frame.iloc[0]
     assert linear["flop_ratio"] > 0 and linear["bound"] > 0 and linear["bound_basis"] == "roofline"
     assert "TTLinear" in linear["medians"] and "on 1 token takes" in linear["note"] and "at most" in linear["note"]
+    official = frame.iloc[1]
+    assert official["what"].startswith("TTLinear vs official TT_forward, 16->32 r4, 8 tokens")
+    assert official["goal"] == 0.5 and official["flop_ratio"] > 0 and math.isnan(official["bound"])
+    assert all(name in official["medians"] for name in ("nn.Linear", "TTLinear", "official TT_forward"))
+    assert "gates" in official["settings"] and "bias" in official["settings"]
     assert file_metadata(out)["provenance"]["device"] == "cpu"
     text = out.with_suffix(".md").read_text()
     assert text.count("\n| 3 |") == 4 and "| 5 |" in text and "Allocator: reuse" in text

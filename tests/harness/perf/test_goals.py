@@ -10,6 +10,7 @@ def test_the_shipped_goals_are_the_issue_goals():
     g = goals.load()
     assert [(c["out_shape"], c["tokens"], c["goal"]) for c in g["linear"]] == [
         ([8, 8, 12], 128, 4.0), ([8, 8, 12], 4096, 6.5), ([12, 16, 16], 4096, 8.5)]
+    assert [c["vs_official"] for c in g["linear"]] == [1.2, 1.2, 1.2]
     assert g["step"]["paper"]["speedup_vs_dense_b32"] == 4.0
     assert (g["step"]["paper"]["speedup_vs_galore_b1"], g["step"]["paper"]["memory_saving_vs_galore_b1"]) == (5.0, 12.0)
     assert g["step"]["small"] == {"speedup_vs_dense_b32": 1.0, "speedup_vs_dense_b1": 0.667}
@@ -22,6 +23,7 @@ def test_the_shipped_goals_are_the_issue_goals():
     ("  amdahl_fraction: 0.9", "  amdahl_fraction: 0.9\n  amdahl_fractoin: 0.9", "amdahl_fractoin"),
     ("    speedup_vs_dense_b1: 0.667", "", "key step.small: 'speedup_vs_dense_b1' is a required property"),
     ("tokens: 128,", "tokens: 12.5,", "key linear[0].tokens: 12.5 is not of type 'integer'"),
+    ("goal: 4.0, vs_official: 1.2", "goal: 4.0", "key linear[0]: 'vs_official' is a required property"),
     ("  flops_vs_optimal: 1.0", "  flops_vs_optimal: 1.0\n  flops_vs_optimal: 2.0", "flops_vs_optimal"),
     ("  speedup: 5.0", "  speedup: .nan", "key lookup.speedup: nan is not a finite number"),
 ])
