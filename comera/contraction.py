@@ -17,12 +17,17 @@ grouping of both sides for the token count at hand (a side of k cores has 2^(k-1
 the cheapest (see below), or the "dense" strategy (form W = A B and use plain matmuls) when that has
 fewer FLOPs, which happens only when r_m is close to full rank.
 
-"Cheapest" weighs FLOPs and memory traffic: ``cost = flops + TRAFFIC_WEIGHT * traffic``, where the traffic
-of a step is the number of elements of its token-sized operands (read and written), as long as the plan's
-FLOPs stay within ``FLOP_SLACK`` of the fewest possible (else the FLOP-minimal plan). Every extra group adds
+"Cheapest" weighs FLOPs, memory traffic and kernel launches:
+``cost = flops + TRAFFIC_WEIGHT * traffic + KERNEL_COST * kernels``, where the traffic of a step is the
+number of elements of its token-sized operands (read and written) and every kernel carries a fixed cost
+measured on the machine (:func:`measure_kernel_cost`), as long as the plan's FLOPs stay within
+``FLOP_SLACK`` of the fewest possible (else the FLOP-minimal plan). Every extra group adds
 a pass over a token-sized intermediate; on CPUs and GPUs alike a float moved costs tens of FLOPs, so a
 grouping that saves a few FLOPs but writes and re-reads an activation is slower in practice (measured:
 after halving the ranks of a 768->768 layer, the FLOP-optimal groups(1,2) plan ran slower than merge).
+At few tokens the FLOPs are tiny and the kernel count decides: a one-group side ("merge") launches the
+fewest kernels, and a plan with one group on both sides runs through :func:`merged_forward`, the
+shortest path (two token-sized GEMMs, the bias in the second one's epilogue).
 
 FLOPs are counted the way ``opt_einsum`` counts them: a pairwise contraction with a summed index costs
 ``2 * prod(sizes of all its indices)`` (a multiply and an add per term), an elementwise product or a
@@ -57,11 +62,25 @@ class Step:
     flops: int
     traffic: int = 0
     """Elements of the step's token-sized operands read and written (0 for steps on cores alone)."""
+    kernels: int = 1
+    """Kernels the step launches (a batched product that first copies its operand into batch layout
+    counts 2): each costs :data:`KERNEL_COST` FLOP-equivalents whatever its size."""
 
 
 TRAFFIC_WEIGHT = 32
 """FLOPs charged per element of token-sized traffic when plans are compared: the order of the
 FLOP-per-float balance of current CPUs (~100 GFLOP/s vs ~3 Gfloat/s per core pair) and GPUs."""
+KERNEL_COST = 2_500_000
+"""FLOP-equivalents charged per kernel when plans are compared: the fixed time per kernel of a TT call
+(dispatch, autograd bookkeeping, saved tensors, thread hand-off: ~12 us on one token) times the machine's
+matmul rate (~170 GFLOP/s). At few tokens it makes the plan prefer fewer, larger products. The default
+was measured on a 2-core AMD EPYC VM with torch 2.13 CPU (2.4-2.7M); :func:`comera.tt.measure_kernel_cost`
+measures it on the machine at hand and :func:`set_kernel_cost` applies it."""
+FOLD_BIAS_MIN_TOKENS = 1024
+"""Token count from which a one-group output side folds the bias into its GEMM (see
+:attr:`ContractionPlan.fold_bias`). The fold saves a pass over ``dy`` for the bias gradient, which pays
+on many tokens; below, padding ``z`` and building ``[B ; b]`` cost more than the pass (measured on a
+768->768 rank-30 layer, 2-core CPU: see docs/performance.md)."""
 FLOP_SLACK = 0.5
 """The lowest-cost plan is taken only when its FLOPs exceed the fewest possible by at most this fraction;
 otherwise the FLOP-minimal plan is (so traffic never buys a plan much above the FLOP optimum)."""
@@ -116,9 +135,28 @@ class ContractionPlan:
         return sum(s.traffic for s in self.steps)
 
     @property
+    def kernels(self) -> int:
+        """Forward plus backward kernel launches."""
+        return sum(s.kernels for s in self.steps)
+
+    @property
     def cost(self) -> int:
-        """What the plan minimizes: ``flops + TRAFFIC_WEIGHT * traffic``."""
+        """What the plan minimizes: ``flops + TRAFFIC_WEIGHT * traffic + KERNEL_COST * kernels``."""
         return _cost((self.steps,))
+
+    @property
+    def fold_bias(self) -> bool:
+        """True when the bias rides in the output GEMM as an extra row (``y = [z | 1] @ [B ; b]``), which
+        also gives its gradient; otherwise a one-group output side adds it in the GEMM's epilogue and
+        backward sums ``dy`` for it (see :data:`FOLD_BIAS_MIN_TOKENS`)."""
+        return not (self.dense or self.zero) and _folds_bias(self.bias, self.right_groups, self.tokens)
+
+    @property
+    def merged(self) -> bool:
+        """True when both sides are one group and the bias is not folded: the plan runs as
+        :func:`merged_forward` / :func:`merged_backward`, the path with the fewest kernels."""
+        return (not (self.dense or self.zero) and len(self.left_groups) == 1 and len(self.right_groups) == 1
+                and not self.fold_bias)
 
     @property
     def zero(self) -> bool:
@@ -133,8 +171,13 @@ class ContractionPlan:
         lines = [head]
         lines += [f"  {s.phase:<8} {s.name:<{width}}  {s.flops:>14,d}  {s.expr}" for s in self.steps]
         lines.append(f"  forward {self.forward_flops:,d}  backward {self.backward_flops:,d}  "
-                     f"total {self.flops:,d} FLOPs; token-sized traffic {self.traffic:,d} elements")
+                     f"total {self.flops:,d} FLOPs; token-sized traffic {self.traffic:,d} elements; "
+                     f"{self.kernels} kernels")
         return "\n".join(lines)
+
+
+def _folds_bias(bias: bool, right_groups: tuple[int, ...], tokens: int) -> bool:
+    return bias and len(right_groups) == 1 and tokens >= FOLD_BIAS_MIN_TOKENS
 
 
 def _label(groups: tuple[int, ...], dense: bool) -> str:
@@ -171,7 +214,7 @@ def _gate_steps(modes, ranks):
         size = ranks[k] * modes[k] * ranks[k + 1]
         core = _fmt(f"G{k}", ranks[k], modes[k], ranks[k + 1])
         fwd.append(Step("forward", f"gate{k}", f"H{k} = {core} * g{k}[{ranks[k + 1]}]", size))
-        bwd.append(Step("backward", f"dgate{k}", f"dg{k} = sum_ai dH{k} * {core}", 2 * size))
+        bwd.append(Step("backward", f"dgate{k}", f"dg{k} = sum_ai dH{k} * {core}", 2 * size, 0, 2))
         bwd.append(Step("backward", f"dcore{k}", f"dG{k} = dH{k} * g{k}", size))
     return fwd, bwd
 
@@ -211,10 +254,11 @@ def _left_group(modes, ranks, tokens, m, a, b):
     rest = math.prod(modes[b:m])
     f = 2 * tokens * rows * ranks[b] * rest
     io = tokens * rows * rest + tokens * ranks[b] * rest  # Z_a and Z_b (or dZ_a and dZ_b)
+    kernels = 1 if b == m else 2  # before the bond the products are batched over tokens (copy + bmm)
     fwd = chain_fwd + [Step("forward", f"absorb{a}", f"Z{b} = {block}[{rows},{ranks[b]}]^T @ "
-                            f"{_fmt(f'Z{a}', tokens, rows, rest)}", f, io)]
-    bwd = [Step("backward", f"dabsorb{a}", f"d{block} = sum_t Z{a} @ dZ{b}^T", f, io),
-           Step("backward", "dx" if a == 0 else f"dabsorb{a}'", f"dZ{a} = {block} @ dZ{b}", f, io)]
+                            f"{_fmt(f'Z{a}', tokens, rows, rest)}", f, io, kernels)]
+    bwd = [Step("backward", f"dabsorb{a}", f"d{block} = sum_t Z{a} @ dZ{b}^T", f, io, kernels),
+           Step("backward", "dx" if a == 0 else f"dabsorb{a}'", f"dZ{a} = {block} @ dZ{b}", f, io, kernels)]
     return fwd, bwd + chain_bwd
 
 
@@ -266,7 +310,17 @@ def _flops(steps) -> int:
 
 
 def _cost(steps) -> int:
-    return sum(s.flops + TRAFFIC_WEIGHT * s.traffic for part in steps for s in part)
+    return sum(s.flops + TRAFFIC_WEIGHT * s.traffic + KERNEL_COST * s.kernels for part in steps for s in part)
+
+
+def set_kernel_cost(flops: int) -> None:
+    """Set :data:`KERNEL_COST` (FLOP-equivalents per kernel) for plans made from now on (clears the plan
+    cache; layers pick up new plans on their next call)."""
+    global KERNEL_COST
+    if not isinstance(flops, int) or isinstance(flops, bool) or flops < 0:
+        raise ValueError(f"set_kernel_cost: flops must be an int >= 0, got {flops!r}")
+    KERNEL_COST = flops
+    make_plan.cache_clear()
 
 
 @functools.cache
@@ -328,7 +382,7 @@ def make_plan(in_shape: tuple[int, ...], out_shape: tuple[int, ...], ranks: tupl
         return dense
 
     def sides(left: tuple[int, ...], right: tuple[int, ...]):
-        fold = bias and len(right) == 1  # the bias rides in the output GEMM: no separate passes over y, dy
+        fold = _folds_bias(bias, right, tokens)  # the bias rides in the output GEMM: no passes over y, dy
         left_fwd, left_bwd = _side_steps(left_group, _bounds(left))
         right_fwd, right_bwd = _side_steps(functools.partial(right_group, fold_bias=fold), _bounds(right, m))
         return left_fwd, right_fwd + ([] if fold else bias_fwd + bias_bwd) + right_bwd, left_bwd
@@ -342,11 +396,12 @@ def make_plan(in_shape: tuple[int, ...], out_shape: tuple[int, ...], ranks: tupl
     # Every grouping of both sides (at most 2^(d-2) pairs), scored without building plans.
     scored = [(_flops(parts), _cost(parts), left, right)
               for left in _partitions(m) for right in _partitions(q) for parts in [sides(left, right)]]
-    fewest = min(flops for flops, *_ in scored)
-    if dense.flops < fewest + _flops((gates_fwd, gates_bwd)):
+    gate_flops = _flops((gates_fwd, gates_bwd))  # the same in every plan that contracts through the bond
+    fewest = min(flops for flops, *_ in scored) + gate_flops
+    if dense.flops < fewest:
         return dense
     _, _, left, right = min((cost, flops, left, right) for flops, cost, left, right in scored
-                            if flops <= (1 + FLOP_SLACK) * fewest)
+                            if flops + gate_flops <= (1 + FLOP_SLACK) * fewest)
     return grouped(left, right)
 
 
@@ -480,10 +535,10 @@ def left_backward(dz: torch.Tensor, cores, inputs, chains, groups, need_dx: bool
     return (_rows(dz, tokens) if need_dx else None), grads
 
 
-def right_forward(z: torch.Tensor, cores, groups, bias):
+def right_forward(z: torch.Tensor, cores, groups, bias, fold_bias: bool = False):
     """y = z B + b for z (T, r). Returns (y, inputs, chains); the last two feed the backward.
-    With one group and a bias, the bias is folded into the GEMM: y = [z | 1] @ [B ; b], and
-    ``inputs`` is ``[[z | 1]]``."""
+    With ``fold_bias`` (one group and a bias) the bias is folded into the GEMM: y = [z | 1] @ [B ; b], and
+    ``inputs`` is ``[[z | 1]]``; with one group otherwise it rides in the GEMM's epilogue (addmm)."""
     tokens = z.shape[0]
     y, inputs, chains = z, [], []
     for a, b in _bounds(groups):
@@ -491,10 +546,13 @@ def right_forward(z: torch.Tensor, cores, groups, bias):
         block = chain[0]
         chains.append(chain)
         if len(groups) == 1 and bias is not None:
-            z1 = torch.nn.functional.pad(z, (0, 1), value=1.0)
-            inputs.append(z1)
-            # [B ; b] built transposed (out, r + 1): the layout the inner product reads fastest.
-            return _mm(z1, torch.cat([block.t(), bias.unsqueeze(1)], 1).t()), inputs, chains
+            if fold_bias:
+                z1 = torch.nn.functional.pad(z, (0, 1), value=1.0)
+                inputs.append(z1)
+                # [B ; b] built transposed (out, r + 1): the layout the inner product reads fastest.
+                return _mm(z1, torch.cat([block.t(), bias.unsqueeze(1)], 1).t()), inputs, chains
+            inputs.append(z)
+            return torch.addmm(bias, z, block), inputs, chains
         inputs.append(y.view(-1, block.shape[0]))
         y = _mm(inputs[-1], block)
     y = y.view(tokens, -1)
@@ -516,6 +574,52 @@ def right_backward(dy: torch.Tensor, cores, inputs, chains, groups):
         dy = _mm(dy, block.t())
         grads[a:b] = _merge_right_backward(dblock, cores[a:b], chains[g])
     return _rows(dy, inputs[0].shape[0]), grads, dbias
+
+
+def merged_forward(x: torch.Tensor, cores, m: int, bias):
+    """y = (x A) B + b for a plan with one group per side and no bias fold, in the fewest kernels: the
+    core chains, two token-sized GEMMs (the bias in the second one's epilogue). Returns (y, z, left chain,
+    right chain); the last three feed :func:`merged_backward`."""
+    h = cores[0]
+    block = h.reshape(-1, h.shape[2])
+    left = [block]
+    for h in cores[1:m]:
+        block = torch.mm(block, h.reshape(h.shape[0], -1)).view(-1, h.shape[2])
+        left.append(block)
+    h = cores[-1]
+    block = h.reshape(h.shape[0], -1)
+    right = [block]
+    for h in cores[-2:m - 1:-1]:
+        block = torch.mm(h.reshape(-1, h.shape[2]), block).view(h.shape[0], -1)
+        right.append(block)
+    z = _mm(x, left[-1])
+    y = _mm(z, block) if bias is None else torch.addmm(bias, z, block)
+    return y, z, left, right
+
+
+def merged_backward(dy: torch.Tensor, x: torch.Tensor, z: torch.Tensor, cores, m: int, left, right,
+                    need_dx: bool):
+    """Gradients (dx or None, [dH_k]) of :func:`merged_forward` (the bias gradient is ``dy.sum(0)``)."""
+    d = len(cores)
+    grads = [None] * d
+    a, b = left[-1], right[-1]
+    d_b = torch.mm(z.t(), dy)
+    dz = _mm(dy, b.t())
+    d_a = torch.mm(x.t(), dz)
+    dx = _mm(dz, a.t()) if need_dx else None
+    for j in range(len(right) - 1, 0, -1):  # right[j] = H_{d-1-j} ... H_{d-1}
+        k = d - 1 - j
+        h = cores[k].reshape(-1, cores[k].shape[2])
+        d_b = d_b.view(h.shape[0], -1)
+        grads[k] = torch.mm(d_b, right[j - 1].t()).view(cores[k].shape)
+        d_b = torch.mm(h.t(), d_b)
+    grads[-1] = d_b.view(cores[-1].shape)
+    for k in range(m - 1, 0, -1):  # left[k] = H_0 ... H_k
+        d_a = d_a.view(left[k - 1].shape[0], -1)
+        grads[k] = torch.mm(left[k - 1].t(), d_a).view(cores[k].shape)
+        d_a = torch.mm(d_a, cores[k].reshape(cores[k].shape[0], -1).t())
+    grads[0] = d_a.view(cores[0].shape)
+    return dx, grads
 
 
 def dense_forward(x: torch.Tensor, left_cores, right_cores, bias):

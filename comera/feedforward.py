@@ -47,10 +47,10 @@ class _TTFeedForwardFunction(torch.autograd.Function):
         eff1, eff2 = gated_cores(cores1, gates1), gated_cores(cores2, gates2)
         m1, m2 = len(p1.in_shape), len(p2.in_shape)
         z1, left1_in, left1 = contraction.left_forward(x, eff1[:m1], p1.left_groups)
-        hidden = activation(contraction.right_forward(z1, eff1[m1:], p1.right_groups, bias1)[0])
+        hidden = activation(contraction.right_forward(z1, eff1[m1:], p1.right_groups, bias1, p1.fold_bias)[0])
         z2, _, left2 = contraction.left_forward(hidden, eff2[:m2], p2.left_groups)
         del hidden
-        y, right2_in, right2 = contraction.right_forward(z2, eff2[m2:], p2.right_groups, bias2)
+        y, right2_in, right2 = contraction.right_forward(z2, eff2[m2:], p2.right_groups, bias2, p2.fold_bias)
         groups = [cores1, gates1, eff1, cores2, gates2, eff2, left1_in, *left1, *left2, right2_in, *right2,
                   [z1], [b for b in (bias1,) if b is not None]]
         ctx.plans, ctx.activation = plans, activation
@@ -75,7 +75,7 @@ class _TTFeedForwardFunction(torch.autograd.Function):
         if p2.bias and dbias2 is None:
             dbias2 = dy.sum(0)
         # Recompute the hidden activation from the rank-r product z1 (the only full-width work redone).
-        y1, right1_in, right1 = contraction.right_forward(z1, eff1[m1:], p1.right_groups, bias1)
+        y1, right1_in, right1 = contraction.right_forward(z1, eff1[m1:], p1.right_groups, bias1, p1.fold_bias)
         with torch.enable_grad():
             y1 = y1.detach().requires_grad_(True)
             hidden = ctx.activation(y1)

@@ -104,12 +104,16 @@ class _TTLinearFunction(torch.autograd.Function):
             return y if bias is None else y.add_(bias)
         eff = gated_cores(cores, gates)
         m = len(plan.in_shape)
+        if plan.merged:
+            y, z, left, right = contraction.merged_forward(x, eff, m, bias)
+            ctx.save_for_backward(x, z, *cores, *gates, *eff, *left, *right)
+            return y
         if plan.dense:
             y, weight, left, right = contraction.dense_forward(x, eff[:m], eff[m:], bias)
             groups = [cores, gates, eff, [x, weight], left, right]
         else:
             z, left_in, left = contraction.left_forward(x, eff[:m], plan.left_groups)
-            y, right_in, right = contraction.right_forward(z, eff[m:], plan.right_groups, bias)
+            y, right_in, right = contraction.right_forward(z, eff[m:], plan.right_groups, bias, plan.fold_bias)
             groups = [cores, gates, eff, left_in, *left, right_in, *right]
         ctx.group_sizes = [len(g) for g in groups]
         ctx.save_for_backward(*(t for g in groups for t in g))
@@ -119,12 +123,19 @@ class _TTLinearFunction(torch.autograd.Function):
     def backward(ctx, dy):
         plan = ctx.plan
         need = ctx.needs_input_grad
-        folds_bias = ctx.has_bias and not plan.dense and len(plan.right_groups) == 1
-        dbias = dy.sum(0) if ctx.has_bias and need[2] and not folds_bias else None
+        dbias = dy.sum(0) if ctx.has_bias and need[2] and not plan.fold_bias else None
         if plan.zero:
             zeros = [dy.new_zeros(s) for s in ctx.shapes]
             dx = dy.new_zeros(ctx.x_shape) if need[1] else None
             return (None, dx, dbias, *zeros)
+        if plan.merged:
+            d, m = len(plan.ranks) - 1, len(plan.in_shape)
+            saved = ctx.saved_tensors
+            x, z, cores, gates, eff = saved[0], saved[1], saved[2:2 + d], saved[2 + d:1 + 2 * d], saved[1 + 2 * d:1 + 3 * d]
+            left, right = saved[1 + 3 * d:1 + 3 * d + m], saved[1 + 3 * d + m:]
+            dx, d_eff = contraction.merged_backward(dy, x, z, eff, m, left, right, need[1])
+            d_cores, d_gates = core_and_gate_grads(d_eff, cores, gates)
+            return (None, dx, dbias, *d_cores, *d_gates)
         saved, groups = iter(ctx.saved_tensors), []
         for size in ctx.group_sizes:
             groups.append([next(saved) for _ in range(size)])
@@ -151,6 +162,30 @@ def tt_linear(x: torch.Tensor, cores: Sequence[torch.Tensor], gates: Sequence[to
               bias: torch.Tensor | None, plan: ContractionPlan) -> torch.Tensor:
     """Functional TT linear map of a 2-D contiguous ``x`` (tokens, in_features) following ``plan``."""
     return _TTLinearFunction.apply(plan, x, bias, *cores, *gates)
+
+
+def measure_kernel_cost(device: str | torch.device = "cpu", *, min_run_time_s: float = 0.3) -> int:
+    """:data:`comera.contraction.KERNEL_COST` measured on ``device``: a one-token forward+backward of a
+    768->768 rank-30 TTLinear (its FLOPs are negligible, so its time is fixed cost) divided by its plan's
+    kernels, times the FLOP rate of a 512x512x512 float32 matmul. Apply it with
+    :func:`comera.contraction.set_kernel_cost`."""
+    from torch.utils.benchmark import Timer
+
+    device = torch.device(device)
+    sync = "; torch.cuda.synchronize()" if device.type == "cuda" else ""
+
+    def median_s(stmt: str, **names) -> float:
+        timer = Timer(stmt=stmt + sync, globals={"torch": torch, **names}, num_threads=torch.get_num_threads())
+        return timer.blocked_autorange(min_run_time=min_run_time_s).median
+
+    big = torch.randn(512, 512, device=device)
+    rate = 2 * 512 ** 3 / median_s("torch.mm(a, a)", a=big)
+    layer = TTLinear(768, 768, in_shape=(12, 8, 8), out_shape=(8, 8, 12), rank=30, device=device)
+    x = torch.randn(1, 768, device=device, requires_grad=True)
+    grad = torch.randn(1, 768, device=device)
+    wrt = [x, *layer.parameters()]
+    call = median_s("torch.autograd.backward(layer(x), grad, inputs=wrt)", layer=layer, x=x, grad=grad, wrt=wrt)
+    return int(call / layer.plan(1).kernels * rate)
 
 
 class TTLinear(ResizeOnLoad, nn.Module):

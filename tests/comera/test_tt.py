@@ -258,3 +258,31 @@ def test_compiled_layer_at_inner_product_sizes_matches_eager():
     assert torch.allclose(got_y, want_y, rtol=1e-4, atol=1e-4)
     for a, b in zip(got, want):
         assert ((a - b).norm() / b.norm()).item() <= 1e-4
+
+
+@pytest.mark.parametrize("fold_from", [0, 10**9])
+@pytest.mark.parametrize("order,seed", [(2, 0), (4, 1), (5, 3), (6, 2)])
+def test_merged_path_and_bias_fold_match_dense_reference(fold_from, order, seed):
+    """One group per side: the merged path (bias in the GEMM epilogue) and the folded bias
+    (``[z | 1] @ [B ; b]``), whichever FOLD_BIAS_MIN_TOKENS picks, equal the float64 reference."""
+    from comera import contraction
+
+    default = contraction.FOLD_BIAS_MIN_TOKENS
+    contraction.FOLD_BIAS_MIN_TOKENS = fold_from
+    contraction.make_plan.cache_clear()
+    try:
+        layer, _ = _random_layer(order, seed, bias=True)
+        x = torch.randn(5, layer.in_features, dtype=torch.float64)
+        plan = make_plan(layer.in_shape, layer.out_shape, tuple(layer.ranks), 5, True, ("merge", "merge"))
+        assert plan.fold_bias == (fold_from == 0) and plan.merged == (fold_from != 0)
+        _compare(layer, x, plan, 1e-10)
+    finally:
+        contraction.FOLD_BIAS_MIN_TOKENS = default
+        contraction.make_plan.cache_clear()
+
+
+def test_measure_kernel_cost_is_a_positive_flop_count():
+    from comera.tt import measure_kernel_cost
+
+    cost = measure_kernel_cost(min_run_time_s=0.01)
+    assert isinstance(cost, int) and cost > 0
