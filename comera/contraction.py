@@ -27,7 +27,7 @@ grouping that saves a few FLOPs but writes and re-reads an activation is slower 
 after halving the ranks of a 768->768 layer, the FLOP-optimal groups(1,2) plan ran slower than merge).
 At few tokens the FLOPs are tiny and the kernel count decides: a one-group side ("merge") launches the
 fewest kernels, and a plan with one group on both sides runs through :func:`merged_forward`, the
-shortest path (two token-sized GEMMs, the bias in the second one's epilogue).
+shortest path (two token-sized GEMMs, the bias fused into the second one).
 
 FLOPs are counted the way ``opt_einsum`` counts them: a pairwise contraction with a summed index costs
 ``2 * prod(sizes of all its indices)`` (a multiply and an add per term), an elementwise product or a
@@ -147,7 +147,7 @@ class ContractionPlan:
     @property
     def fold_bias(self) -> bool:
         """True when the bias rides in the output GEMM as an extra row (``y = [z | 1] @ [B ; b]``), which
-        also gives its gradient; otherwise a one-group output side adds it in the GEMM's epilogue and
+        also gives its gradient; otherwise a one-group output side fuses it into the GEMM and
         backward sums ``dy`` for it (see :data:`FOLD_BIAS_MIN_TOKENS`)."""
         return not (self.dense or self.zero) and _folds_bias(self.bias, self.right_groups, self.tokens)
 
@@ -419,7 +419,9 @@ Measured here (AMD EPYC, AVX2, MKL 2024.2, oneDNN 3.12, one thread) on the produ
 rank 30: with a narrow output (``z = x A``, ``dz = dy B^T``) oneDNN is 1.3x faster at 256 tokens and
 1.7-2.4x at 4096 (``dy[4096,3072] @ B^T[3072,30]``: 16 ms vs 39 ms), but a whole layer at 128 tokens
 was slower with it; with a rank-sized inner dimension (``y = z B``) MKL is faster up to ~2000 tokens x
-768 columns, oneDNN 1.3-2x beyond. Below these sizes oneDNN's per-call setup costs more than it saves."""
+768 columns, oneDNN 1.3-2x beyond. Below these sizes oneDNN's per-call setup costs more than it saves.
+Re-measured with two threads (docs/performance.md): the products alone favour oneDNN from ~1.5M
+multiply-adds, yet whole layers at 128-4096 tokens were as fast or faster with these thresholds."""
 
 if _INNER_PRODUCT is not None:
     from torch.utils.flop_counter import flop_registry, register_flop_formula
@@ -431,23 +433,24 @@ if _INNER_PRODUCT is not None:
             return 2 * math.prod(x_shape) * w_shape[0]
 
 
-def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b`` of 2-D tensors: oneDNN's inner product for large float32 CPU products with a contiguous
-    ``a`` (fastest when ``b`` is a transposed view of a contiguous matrix), else torch.mm. The inner
-    product has no autograd formula, so a product autograd would record always takes torch.mm; under
-    torch.compile the compiler picks the kernels (its lowering of the inner product needs a constant
-    weight). A build whose oneDNN cannot run it on this machine falls back to torch.mm for the rest of the
-    process."""
+def _mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``a @ b (+ bias)`` of 2-D tensors: oneDNN's inner product (bias fused) for large float32 CPU
+    products with a contiguous ``a`` (fastest when ``b`` is a transposed view of a contiguous matrix), else
+    torch.mm / torch.addmm. The inner product has no autograd formula, so a product autograd would record
+    always takes torch.mm; under torch.compile the compiler picks the kernels (its lowering of the inner
+    product needs a constant weight). A build whose oneDNN cannot run it on this machine falls back to
+    torch.mm for the rest of the process."""
     global _INNER_PRODUCT
-    if (_INNER_PRODUCT is not None and not torch.compiler.is_compiling() and a.dtype == torch.float32 and b.dtype == torch.float32
-            and a.device.type == "cpu"
+    if (_INNER_PRODUCT is not None and not torch.compiler.is_compiling() and a.dtype == torch.float32
+            and b.dtype == torch.float32 and a.device.type == "cpu"
             and a.shape[0] * a.shape[1] * b.shape[1] >= INNER_PRODUCT_MIN_MACS[b.shape[1] > 64]
+            and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
             and a.is_contiguous() and not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad))):
         try:
-            return _INNER_PRODUCT(a, b.t(), None, "none", [], "")
+            return _INNER_PRODUCT(a, b.t(), bias, "none", [], "")
         except RuntimeError:  # e.g. "could not create a primitive descriptor" on an unsupported CPU
             _INNER_PRODUCT = None
-    return torch.mm(a, b)
+    return torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
 
 
 def _merge_left(cores):
@@ -538,7 +541,7 @@ def left_backward(dz: torch.Tensor, cores, inputs, chains, groups, need_dx: bool
 def right_forward(z: torch.Tensor, cores, groups, bias, fold_bias: bool = False):
     """y = z B + b for z (T, r). Returns (y, inputs, chains); the last two feed the backward.
     With ``fold_bias`` (one group and a bias) the bias is folded into the GEMM: y = [z | 1] @ [B ; b], and
-    ``inputs`` is ``[[z | 1]]``; with one group otherwise it rides in the GEMM's epilogue (addmm)."""
+    ``inputs`` is ``[[z | 1]]``; with one group otherwise it is fused into the GEMM."""
     tokens = z.shape[0]
     y, inputs, chains = z, [], []
     for a, b in _bounds(groups):
@@ -552,7 +555,7 @@ def right_forward(z: torch.Tensor, cores, groups, bias, fold_bias: bool = False)
                 # [B ; b] built transposed (out, r + 1): the layout the inner product reads fastest.
                 return _mm(z1, torch.cat([block.t(), bias.unsqueeze(1)], 1).t()), inputs, chains
             inputs.append(z)
-            return torch.addmm(bias, z, block), inputs, chains
+            return _mm(z, block, bias), inputs, chains
         inputs.append(y.view(-1, block.shape[0]))
         y = _mm(inputs[-1], block)
     y = y.view(tokens, -1)
@@ -578,7 +581,7 @@ def right_backward(dy: torch.Tensor, cores, inputs, chains, groups):
 
 def merged_forward(x: torch.Tensor, cores, m: int, bias):
     """y = (x A) B + b for a plan with one group per side and no bias fold, in the fewest kernels: the
-    core chains, two token-sized GEMMs (the bias in the second one's epilogue). Returns (y, z, left chain,
+    core chains, two token-sized GEMMs (the bias fused into the second one). Returns (y, z, left chain,
     right chain); the last three feed :func:`merged_backward`."""
     h = cores[0]
     block = h.reshape(-1, h.shape[2])
@@ -593,8 +596,7 @@ def merged_forward(x: torch.Tensor, cores, m: int, bias):
         block = torch.mm(h.reshape(-1, h.shape[2]), block).view(h.shape[0], -1)
         right.append(block)
     z = _mm(x, left[-1])
-    y = _mm(z, block) if bias is None else torch.addmm(bias, z, block)
-    return y, z, left, right
+    return _mm(z, block, bias), z, left, right
 
 
 def merged_backward(dy: torch.Tensor, x: torch.Tensor, z: torch.Tensor, cores, m: int, left, right,

@@ -222,6 +222,19 @@ def test_mm_equals_torch_mm_and_counts_its_flops(b_layout, rows):
     assert _ops_run(lambda: contraction._mm(a64, b64)) == {"aten.mm"}
 
 
+@pytest.mark.parametrize("rows", [8, 4096])
+def test_mm_with_bias_equals_addmm(rows):
+    """The bias rides in the product: oneDNN's fused bias for large float32 products, addmm otherwise."""
+    torch.manual_seed(0)
+    a, b, bias = torch.randn(rows, 64), torch.randn(64, 48), torch.randn(48)
+    ops = _ops_run(lambda: contraction._mm(a, b, bias))
+    large = rows * 64 * 48 >= contraction.INNER_PRODUCT_MIN_MACS[0]
+    assert ("mkldnn._linear_pointwise" in ops) == (large and contraction._INNER_PRODUCT is not None), ops
+    assert large or ops == {"aten.addmm"}
+    want = torch.addmm(bias.double(), a.double(), b.double()).float()
+    torch.testing.assert_close(contraction._mm(a, b, bias), want, rtol=1e-5, atol=1e-4)
+
+
 def test_mm_keeps_autograd_when_recording():
     """With grad mode on and an operand that requires grad, the product must be differentiable."""
     a = torch.randn(4096, 64, requires_grad=True)
