@@ -58,8 +58,24 @@ def plan_sweep(quick: bool) -> list[tuple[tuple[int, ...], tuple[int, ...], tupl
     return list(dict.fromkeys(cases))  # clipped ranks repeat cases
 
 
+def kernel_cost_row(cfg: Config) -> BenchRow:
+    """Info row: the per-kernel fixed cost of a TT call measured here against the library's default
+    (:data:`comera.contraction.KERNEL_COST`), the number plans charge per kernel."""
+    from comera import contraction
+    from comera.tt import measure_kernel_cost
+
+    measured = measure_kernel_cost(cfg.device, min_run_time_s=0.05 if cfg.quick else 0.3)
+    default = contraction.KERNEL_COST
+    return make_row(5, "per-kernel cost of a TT call, measured here / library default (KERNEL_COST)", None,
+                    measured / default, medians=f"measured {measured:,d}, default {default:,d} FLOP-equivalents",
+                    settings="one-token 768->768 rank-30 TTLinear forward+backward / its plan's kernels, "
+                             "x the rate of a 512^3 float32 matmul",
+                    note="far from 1: comera.contraction.set_kernel_cost(comera.tt.measure_kernel_cost()) "
+                         "adapts the plans to this machine")
+
+
 def target_plans(cfg: Config) -> list[BenchRow]:
-    """Max over the sweep of plan FLOPs / opt_einsum optimal sum (must be <= 1)."""
+    """Max over the sweep of plan FLOPs / opt_einsum optimal sum (must be <= 1), and the kernel-cost row."""
     from comera.contraction import make_plan
 
     worst, worst_case, count, over = 0.0, None, 0, 0
@@ -76,4 +92,5 @@ def target_plans(cfg: Config) -> list[BenchRow]:
                      medians=f"worst case in={list(worst_case[0])} out={list(worst_case[1])} "
                              f"ranks={list(worst_case[2])} tokens={worst_case[3]}" if worst_case else "",
                      settings="orders 2-4, rank 4, tokens 1,64" if cfg.quick else
-                     "orders 2-8, ranks 2/8/30, tokens 1/16/256/4096; gate scaling and bias excluded")]
+                     "orders 2-8, ranks 2/8/30, tokens 1/16/256/4096; gate scaling and bias excluded"),
+            kernel_cost_row(cfg)]

@@ -80,6 +80,17 @@ def amdahl_note(result: dict[str, Any]) -> str:
             f"layers do not show: the fused feed-forward's recomputation, smaller gate/penalty terms)")
 
 
+def halving_note(flop_ratio: float | None, traffic_ratio: float | None) -> str:
+    """What halving every rank removes from the tensorized layers ("" when not counted)."""
+    if not flop_ratio:
+        return ""
+    return (f"halving every rank cuts the layers' matmul FLOPs {flop_ratio:.2f}x and their compulsory traffic "
+            f"{traffic_ratio or float('nan'):.2f}x (FlopCounterMode and the traffic counter on the same "
+            f"re-runs): the token-sized products scale with the bond rank (2x), only the core merges with "
+            f"its square, and x and y are read and written whatever the rank, so the FLOP ratio is the most "
+            f"the layers' time can fall")
+
+
 def free_layers_cap(comera: dict[str, Any], other: dict[str, Any]) -> float | None:
     """The most ``other``'s step time / CoMERA's can be if CoMERA's tensorized layers took no time: the
     rest of the CoMERA step, which the other method does at least as much of (None when not measured)."""
@@ -235,6 +246,8 @@ def halving_rows(cfg: Config, result: dict[str, Any], batch: int, settings: str,
     sample = next(iter(before), None)
     settings += f"; {sample}: {before.get(sample)} -> {after.get(sample)}" if sample else ""
     layers = ratio(result.get("tt_layers_ms"), result.get("tt_layers_ms_halved"))
+    flop_ratio = ratio(result.get("tt_layers_flops"), result.get("tt_layers_flops_halved"))
+    traffic_ratio = ratio(result.get("tt_layers_traffic"), result.get("tt_layers_traffic_halved"))
     step = ratio(result.get("step_ms"), result.get("step_ms_halved"))
     estimate = amdahl_estimate(result)
 
@@ -244,9 +257,11 @@ def halving_rows(cfg: Config, result: dict[str, Any], batch: int, settings: str,
     return [
         make_row(4, f"tensorized layers fwd+bwd speedup after halving every rank, batch {batch}",
                  goals["layers_speedup"], layers, goal_key="halving.layers_speedup",
+                 flop_ratio=flop_ratio, traffic_ratio=traffic_ratio,
+                 bound=flop_ratio, bound_basis="FLOPs" if flop_ratio else "",
                  medians=f"before {ms('tt_layers_ms')}, after {ms('tt_layers_ms_halved')} "
                          f"({result.get('tt_layers_seen')} modules, each re-run alone on its step input)",
-                 settings=settings, note=errors),
+                 settings=settings, note="; ".join(filter(None, [halving_note(flop_ratio, traffic_ratio), errors]))),
         make_row(4, f"CoMERA step speedup after halving every rank / its Amdahl estimate, batch {batch}",
                  goals["amdahl_fraction"], ratio(step, estimate), goal_key="halving.amdahl_fraction",
                  medians=f"step before {ms('step_ms')}, after {ms('step_ms_halved')}: "

@@ -79,6 +79,22 @@ def tensorized_layer_ms(model: torch.nn.Module, inputs: dict[str, torch.Tensor],
     return total
 
 
+def tensorized_layer_cost(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[float, float]:
+    """(matmul-class FLOPs, compulsory traffic bytes) of one forward+backward of every tensorized module on
+    its captured input, summed (``harness.perf.microbench.count_cost``)."""
+    from comera.rank import tensorized_modules
+
+    modules = dict(tensorized_modules(model))
+    flops = traffic = 0.0
+    for name, shape_of in inputs.items():
+        x = torch.randn_like(shape_of) if shape_of.is_floating_point() else shape_of
+        run, reset = mb._call(modules[name], x, "fwd_bwd", wrt_input=x.is_floating_point())
+        cost = mb.count_cost(run)
+        reset()
+        flops, traffic = flops + cost[0], traffic + cost[1]
+    return flops, traffic
+
+
 def _state_tensor_bytes(model: torch.nn.Module, optimizers) -> int:
     """Bytes of the tensors that live across steps: parameters, buffers and optimizer state."""
     tensors = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
@@ -169,10 +185,13 @@ def _step_worker(job: dict[str, Any], allocator_applied: str) -> dict[str, Any]:
         out.update(tt_layers_ms=tensorized_layer_ms(model, inputs), tt_layers_seen=len(inputs),
                    tt_layers=len(tensorized))
     if job.get("halve"):
+        if inputs:
+            out["tt_layers_flops"], out["tt_layers_traffic"] = tensorized_layer_cost(model, inputs)
         out["ranks_halved"] = halve_ranks(model, job["threshold"], prepared.optimizers)
         out["step_ms_halved"] = statistics.median(timed(steps + warmup))
         if inputs:
             out["tt_layers_ms_halved"] = tensorized_layer_ms(model, inputs)
+            out["tt_layers_flops_halved"], out["tt_layers_traffic_halved"] = tensorized_layer_cost(model, inputs)
     if gate is not None:
         gate.done()
     return out

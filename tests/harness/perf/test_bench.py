@@ -51,15 +51,18 @@ def test_quick_targets_produce_a_table(tmp_path, monkeypatch):
     assert bench.cli(["--quick", "--targets", "1,3,5", "--threads", "1", "--goals", str(path),
                       "--out", str(out)]) == 0
     frame = pd.read_parquet(out)
-    assert list(frame["target"]) == [1] * 6 + [3, 3, 3, 3, 5]
+    assert list(frame["target"]) == [1] * 6 + [3, 3, 3, 3, 5, 5]
     assert set(PROVENANCE_COLUMNS) <= set(frame.columns) and (frame["device"] == "cpu").all()
     assert set(frame["verdict"]) <= {"pass", "short", "info"}
     assert frame["measured"].map(math.isfinite).all()
     assert list(frame["goal_key"]) == ["linear[0]", "linear[0].vs_official", "linear[1]", "linear[1].vs_official",
                                        "linear[2]", "linear[2].vs_official", "lookup.speedup", "lookup.memory",
-                                       "lookup.table_memory", "", "plans.flops_vs_optimal"]
+                                       "lookup.table_memory", "", "plans.flops_vs_optimal", ""]
+    kernel = frame.iloc[-1]
+    assert kernel["verdict"] == "info" and kernel["measured"] > 0 and "KERNEL_COST" in kernel["what"]
+    assert "measured" in kernel["medians"] and "default" in kernel["medians"]
     table_rows = frame[frame["what"].str.contains("table memory")]
-    info_rows = frame[frame["verdict"] == "info"]
+    info_rows = frame[(frame["verdict"] == "info") & (frame["target"] == 3)]
     assert len(table_rows) == len(info_rows) == 1 and table_rows["goal"].item() == 15.0
     assert "footprint" in info_rows["what"].item() and info_rows["goal"].isna().all()
     assert "params" in table_rows["medians"].item() and "working" in table_rows["medians"].item()

@@ -41,6 +41,10 @@ def test_step_worker_times_and_halves_in_process(monkeypatch):
     plain = worker.step_worker({**job, "halve": False, "steps": 1})
     assert plain["tt_layers_ms"] > 0 and "step_ms_halved" not in plain and "tt_layers_ms_halved" not in plain
     assert out["tt_layers_ms"] > 0 and out["tt_layers_ms_halved"] > 0
+    # halving cuts the counted layer FLOPs (not more than 4x: the products scale with r or r^2)
+    assert 1 < out["tt_layers_flops"] / out["tt_layers_flops_halved"] <= 4
+    assert out["tt_layers_traffic"] >= out["tt_layers_traffic_halved"] > 0
+    assert "tt_layers_flops" not in plain
     assert "Amdahl estimate 1/((1-f)+f/s)" in steps.amdahl_note(out)
     assert out["tensor_peak_bytes"] > 0
 
@@ -99,7 +103,8 @@ def test_step_table_from_worker_results(monkeypatch):
     (subprocess replaced); the bound of a speed row is the ratio free tensorized layers would give."""
     fake = _fake_results(step_ms_halved=80.0, ranks={"l": [1, 8, 1]}, ranks_halved={"l": [1, 4, 1]},
                          tt_layers_ms=40.0, tt_layers_ms_halved=20.0, tt_layers_seen=1, tt_layers=1,
-                         allocator="glibc x")
+                         tt_layers_flops=9e9, tt_layers_flops_halved=5e9, tt_layers_traffic=4e8,
+                         tt_layers_traffic_halved=3.2e8, allocator="glibc x")
     monkeypatch.setattr(steps, "run_step_rounds", lambda jobs, rounds, timeout_s, progress: fake)
     rows = steps.target_steps(Config.make("cpu", 1, quick=True), {2, 4}, 10)
     got = {r.goal_key: (r.measured, r.verdict) for r in rows if r.goal_key}
@@ -121,6 +126,9 @@ def test_step_table_from_worker_results(monkeypatch):
     halving = by_key["halving.amdahl_fraction"]  # f=0.4, s=2: 1/(0.6+0.2) = 1.25 = the step's 100/80
     assert "= 1.25x" in halving.note and "1.25x; Amdahl estimate 1.25x" in halving.medians
     assert "l: [1, 8, 1] -> [1, 4, 1]" in halving.settings
+    layers = by_key["halving.layers_speedup"]  # the FLOP ratio bounds the layers' speedup
+    assert layers.flop_ratio == layers.bound == pytest.approx(1.8) and layers.bound_basis == "FLOPs"
+    assert layers.traffic_ratio == pytest.approx(1.25) and "FLOPs 1.80x" in layers.note
 
 
 def test_step_goals_come_from_the_goals_file(monkeypatch, tmp_path):
