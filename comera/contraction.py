@@ -27,7 +27,7 @@ grouping that saves a few FLOPs but writes and re-reads an activation is slower 
 after halving the ranks of a 768->768 layer, the FLOP-optimal groups(1,2) plan ran slower than merge).
 At few tokens the FLOPs are tiny and the kernel count decides: a one-group side ("merge") launches the
 fewest kernels, and a plan with one group on both sides runs through :func:`merged_forward`, the
-shortest path (two token-sized GEMMs, the bias fused into the second one).
+shortest path (two token-sized GEMMs, the bias fused into the second one or folded into it).
 
 FLOPs are counted the way ``opt_einsum`` counts them: a pairwise contraction with a summed index costs
 ``2 * prod(sizes of all its indices)`` (a multiply and an add per term), an elementwise product or a
@@ -76,11 +76,12 @@ KERNEL_COST = 2_500_000
 matmul rate (~170 GFLOP/s). At few tokens it makes the plan prefer fewer, larger products. The default
 was measured on a 2-core AMD EPYC VM with torch 2.13 CPU (2.4-2.7M); :func:`comera.tt.measure_kernel_cost`
 measures it on the machine at hand and :func:`set_kernel_cost` applies it."""
-FOLD_BIAS_MIN_TOKENS = 1024
+FOLD_BIAS_MIN_TOKENS = 2048
 """Token count from which a one-group output side folds the bias into its GEMM (see
 :attr:`ContractionPlan.fold_bias`). The fold saves a pass over ``dy`` for the bias gradient, which pays
-on many tokens; below, padding ``z`` and building ``[B ; b]`` cost more than the pass (measured on a
-768->768 rank-30 layer, 2-core CPU: see docs/performance.md)."""
+on many tokens of a wide output; below, padding ``z`` and building ``[B ; b]`` cost more than the pass.
+Measured (rank-30 layers, 2-core AMD EPYC VM, interleaved): 768->768 at 1024 tokens 3.9 ms folded vs 3.3
+unfolded, equal at 4096; 768->3072 at 2048 and 4096 tokens 4-7% faster folded."""
 FLOP_SLACK = 0.5
 """The lowest-cost plan is taken only when its FLOPs exceed the fewest possible by at most this fraction;
 otherwise the FLOP-minimal plan is (so traffic never buys a plan much above the FLOP optimum)."""
@@ -153,10 +154,9 @@ class ContractionPlan:
 
     @property
     def merged(self) -> bool:
-        """True when both sides are one group and the bias is not folded: the plan runs as
-        :func:`merged_forward` / :func:`merged_backward`, the path with the fewest kernels."""
-        return (not (self.dense or self.zero) and len(self.left_groups) == 1 and len(self.right_groups) == 1
-                and not self.fold_bias)
+        """True when both sides are one group: the plan runs as :func:`merged_forward` /
+        :func:`merged_backward`, the path with the fewest kernels."""
+        return not (self.dense or self.zero) and len(self.left_groups) == 1 and len(self.right_groups) == 1
 
     @property
     def zero(self) -> bool:
@@ -579,10 +579,11 @@ def right_backward(dy: torch.Tensor, cores, inputs, chains, groups):
     return _rows(dy, inputs[0].shape[0]), grads, dbias
 
 
-def merged_forward(x: torch.Tensor, cores, m: int, bias):
-    """y = (x A) B + b for a plan with one group per side and no bias fold, in the fewest kernels: the
-    core chains, two token-sized GEMMs (the bias fused into the second one). Returns (y, z, left chain,
-    right chain); the last three feed :func:`merged_backward`."""
+def merged_forward(x: torch.Tensor, cores, m: int, bias, fold_bias: bool = False):
+    """y = (x A) B + b for a plan with one group per side, in the fewest kernels: the core chains and two
+    token-sized GEMMs, the bias fused into the second (or, with ``fold_bias``, folded in as an extra row:
+    ``y = [z | 1] @ [B ; b]``). Returns (y, z or [z | 1], left chain, right chain); the last three feed
+    :func:`merged_backward`."""
     h = cores[0]
     block = h.reshape(-1, h.shape[2])
     left = [block]
@@ -596,16 +597,24 @@ def merged_forward(x: torch.Tensor, cores, m: int, bias):
         block = torch.mm(h.reshape(-1, h.shape[2]), block).view(h.shape[0], -1)
         right.append(block)
     z = _mm(x, left[-1])
+    if fold_bias:
+        z = torch.nn.functional.pad(z, (0, 1), value=1.0)
+        # [B ; b] built transposed (out, r + 1): the layout the inner product reads fastest.
+        return _mm(z, torch.cat([block.t(), bias.unsqueeze(1)], 1).t()), z, left, right
     return _mm(z, block, bias), z, left, right
 
 
 def merged_backward(dy: torch.Tensor, x: torch.Tensor, z: torch.Tensor, cores, m: int, left, right,
                     need_dx: bool):
-    """Gradients (dx or None, [dH_k]) of :func:`merged_forward` (the bias gradient is ``dy.sum(0)``)."""
+    """Gradients (dx or None, [dH_k], db or None) of :func:`merged_forward`; db when the bias was folded
+    in (``z`` is then ``[z | 1]``), else the caller sums ``dy`` for it."""
     d = len(cores)
     grads = [None] * d
     a, b = left[-1], right[-1]
-    d_b = torch.mm(z.t(), dy)
+    d_b, dbias = torch.mm(z.t(), dy), None
+    if z.shape[1] > b.shape[0]:  # folded bias: the last row is db
+        d_b, dbias = d_b[:-1], d_b[-1]
+        z = z[:, :-1]
     dz = _mm(dy, b.t())
     d_a = torch.mm(x.t(), dz)
     dx = _mm(dz, a.t()) if need_dx else None
@@ -621,7 +630,7 @@ def merged_backward(dy: torch.Tensor, x: torch.Tensor, z: torch.Tensor, cores, m
         grads[k] = torch.mm(left[k - 1].t(), d_a).view(cores[k].shape)
         d_a = torch.mm(d_a, cores[k].reshape(cores[k].shape[0], -1).t())
     grads[0] = d_a.view(cores[0].shape)
-    return dx, grads
+    return dx, grads, dbias
 
 
 def dense_forward(x: torch.Tensor, left_cores, right_cores, bias):

@@ -105,7 +105,7 @@ class _TTLinearFunction(torch.autograd.Function):
         eff = gated_cores(cores, gates)
         m = len(plan.in_shape)
         if plan.merged:
-            y, z, left, right = contraction.merged_forward(x, eff, m, bias)
+            y, z, left, right = contraction.merged_forward(x, eff, m, bias, plan.fold_bias)
             ctx.save_for_backward(x, z, *cores, *gates, *eff, *left, *right)
             return y
         if plan.dense:
@@ -133,7 +133,9 @@ class _TTLinearFunction(torch.autograd.Function):
             saved = ctx.saved_tensors
             x, z, cores, gates, eff = saved[0], saved[1], saved[2:2 + d], saved[2 + d:1 + 2 * d], saved[1 + 2 * d:1 + 3 * d]
             left, right = saved[1 + 3 * d:1 + 3 * d + m], saved[1 + 3 * d + m:]
-            dx, d_eff = contraction.merged_backward(dy, x, z, eff, m, left, right, need[1])
+            dx, d_eff, folded_dbias = contraction.merged_backward(dy, x, z, eff, m, left, right, need[1])
+            if folded_dbias is not None:
+                dbias = folded_dbias if need[2] else None
             d_cores, d_gates = core_and_gate_grads(d_eff, cores, gates)
             return (None, dx, dbias, *d_cores, *d_gates)
         saved, groups = iter(ctx.saved_tensors), []
