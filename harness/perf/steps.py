@@ -92,8 +92,8 @@ def halving_note(flop_ratio: float | None, traffic_ratio: float | None) -> str:
 
 
 def free_layers_cap(comera: dict[str, Any], other: dict[str, Any]) -> float | None:
-    """The most ``other``'s step time / CoMERA's can be if CoMERA's tensorized layers took no time: the
-    rest of the CoMERA step, which the other method does at least as much of (None when not measured)."""
+    """``other``'s step time / the rest of the CoMERA step: the ratio if CoMERA's tensorized layers took no
+    time (None when not measured)."""
     step, layers, other_step = comera.get("step_ms"), comera.get("tt_layers_ms"), other.get("step_ms")
     if not (step and layers and other_step):
         return None
@@ -108,9 +108,10 @@ def share_note(comera: dict[str, Any], other_name: str) -> str:
         return ""
     return (f"profile: tensorized layers fwd+bwd {layers:.1f} of the {step:.1f} ms CoMERA step "
             f"(f={min(1.0, layers / step):.2f}, {comera.get('tt_layers_seen')} modules re-run alone); the rest, "
-            f"{max(step - layers, 1e-9):.1f} ms, is attention, GELU, LayerNorm, dropout, embeddings, loss, rank "
-            f"penalty and the optimizer, work {other_name} does at least as much of: the bound column is the "
-            f"ratio even free tensorized layers would give")
+            f"{max(step - layers, 1e-9):.1f} ms, is attention, GELU, LayerNorm, dropout, the other embeddings "
+            f"and the loss, which {other_name} does too, and CoMERA's own rank penalty and l2 term and an "
+            f"optimizer over its many small cores and gates: the bound column is the ratio even free "
+            f"tensorized layers would give")
 
 
 def _fmt_bytes(n: float | None) -> str:
