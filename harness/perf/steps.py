@@ -13,6 +13,7 @@ from typing import Any, Callable
 from harness.core import interleave
 from harness.perf.config import Config
 from harness.perf.report import BenchRow, make_row, ratio
+from harness.perf.roofline import Roofline
 
 STEP_CONFIGS = {  # name -> workload size (full, quick), method, batch size (full, quick), timed steps (full)
     "dense_b32": (("paper", "tiny"), "dense", (32, 8), 3),
@@ -87,8 +88,8 @@ def halving_note(flop_ratio: float | None, traffic_ratio: float | None) -> str:
     return (f"halving every rank cuts the layers' matmul FLOPs {flop_ratio:.2f}x and their compulsory traffic "
             f"{traffic_ratio or float('nan'):.2f}x (FlopCounterMode and the traffic counter on the same "
             f"re-runs): the token-sized products scale with the bond rank (2x), only the core merges with "
-            f"its square, and x and y are read and written whatever the rank, so the FLOP ratio is the most "
-            f"the layers' time can fall")
+            f"its square, and x and y are read and written whatever the rank, so the layers' time can fall "
+            f"at most by the FLOP ratio (the bound column: the roofline of both counts where measured)")
 
 
 def free_layers_cap(comera: dict[str, Any], other: dict[str, Any]) -> float | None:
@@ -167,9 +168,10 @@ def round_ratios(results: dict[str, dict[str, Any]], num: tuple[str, str], den: 
 
 
 def target_steps(cfg: Config, targets: set[int], timeout_s: float,
-                 progress: Callable[[str], None] = lambda line: None) -> list[BenchRow]:
+                 progress: Callable[[str], None] = lambda line: None, roof: Roofline | None = None) -> list[BenchRow]:
     """Targets 2 and 4 from one process per configuration, timed in interleaved rounds; each time ratio is
-    the median over the rounds of the ratio within a round."""
+    the median over the rounds of the ratio within a round. ``roof`` (this machine's roofline) bounds
+    target 4's layer speedup; without it the FLOP ratio does."""
     jobs = step_jobs(cfg, targets)
     res = run_step_rounds(jobs, cfg.step_rounds, timeout_s, progress)
     errors = "; ".join(f"{n}: {r['error']}" for n, r in res.items() if "error" in r)
@@ -235,13 +237,15 @@ def target_steps(cfg: Config, targets: set[int], timeout_s: float,
                          "memory outside tensors (library workspaces and JIT code, heap, Python)"))
     if 4 in targets:
         rows += halving_rows(cfg, res.get("comera_b32", {}), jobs["comera_b32"]["batch_size"],
-                             settings("comera_b32"), errors)
+                             settings("comera_b32"), errors, roof)
     return rows
 
 
-def halving_rows(cfg: Config, result: dict[str, Any], batch: int, settings: str, errors: str) -> list[BenchRow]:
-    """Target 4: the tensorized layers' speedup after halving every rank, and the step's speedup as a
-    fraction of its Amdahl estimate."""
+def halving_rows(cfg: Config, result: dict[str, Any], batch: int, settings: str, errors: str,
+                 roof: Roofline | None = None) -> list[BenchRow]:
+    """Target 4: the tensorized layers' speedup after halving every rank (bound: the roofline of their
+    counted FLOPs and traffic before and after, or the FLOP ratio without a roofline), and the step's
+    speedup as a fraction of its Amdahl estimate."""
     goals = cfg.goals["halving"]
     before, after = result.get("ranks") or {}, result.get("ranks_halved") or {}
     sample = next(iter(before), None)
@@ -249,6 +253,12 @@ def halving_rows(cfg: Config, result: dict[str, Any], batch: int, settings: str,
     layers = ratio(result.get("tt_layers_ms"), result.get("tt_layers_ms_halved"))
     flop_ratio = ratio(result.get("tt_layers_flops"), result.get("tt_layers_flops_halved"))
     traffic_ratio = ratio(result.get("tt_layers_traffic"), result.get("tt_layers_traffic_halved"))
+    costs = [result.get(k) for k in ("tt_layers_flops", "tt_layers_traffic", "tt_layers_flops_halved",
+                                     "tt_layers_traffic_halved")]
+    if roof is not None and all(costs):
+        bound, basis = roof.speedup_bound((costs[0], costs[1]), (costs[2], costs[3])), "roofline"
+    else:
+        bound, basis = flop_ratio, "FLOPs" if flop_ratio else ""
     step = ratio(result.get("step_ms"), result.get("step_ms_halved"))
     estimate = amdahl_estimate(result)
 
@@ -259,7 +269,7 @@ def halving_rows(cfg: Config, result: dict[str, Any], batch: int, settings: str,
         make_row(4, f"tensorized layers fwd+bwd speedup after halving every rank, batch {batch}",
                  goals["layers_speedup"], layers, goal_key="halving.layers_speedup",
                  flop_ratio=flop_ratio, traffic_ratio=traffic_ratio,
-                 bound=flop_ratio, bound_basis="FLOPs" if flop_ratio else "",
+                 bound=bound, bound_basis=basis,
                  medians=f"before {ms('tt_layers_ms')}, after {ms('tt_layers_ms_halved')} "
                          f"({result.get('tt_layers_seen')} modules, each re-run alone on its step input)",
                  settings=settings, note="; ".join(filter(None, [halving_note(flop_ratio, traffic_ratio), errors]))),

@@ -28,13 +28,13 @@ def _run_targets(targets: set[int], cfg: Config, step_timeout_s: float,
     torch.set_num_threads(cfg.num_threads)
     torch.manual_seed(0)
     roof = measure_roofline(cfg.device, cfg.num_threads, size=512 if cfg.quick else 2048,
-                            copy_mb=16 if cfg.quick else 256) if targets & {1, 3} else None
+                            copy_mb=16 if cfg.quick else 256) if targets & {1, 3, 4} else None
     if roof:
         progress(f"roofline: {roof.flops_per_s / 1e9:.1f} GFLOP/s matmul, {roof.bytes_per_s / 1e9:.1f} GB/s copy")
     jobs: list[tuple[set[int], Callable[[], list[BenchRow]]]] = [
         ({1}, lambda: target_linear(cfg, roof)),
         ({3}, lambda: target_embedding(cfg, roof)),
-        ({2, 4}, lambda: target_steps(cfg, targets, step_timeout_s, progress)),
+        ({2, 4}, lambda: target_steps(cfg, targets, step_timeout_s, progress, roof)),
         ({5}, lambda: target_plans(cfg)),
     ]
     rows: list[BenchRow] = []

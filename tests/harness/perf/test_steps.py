@@ -131,6 +131,21 @@ def test_step_table_from_worker_results(monkeypatch):
     assert layers.traffic_ratio == pytest.approx(1.25) and "FLOPs 1.80x" in layers.note
 
 
+def test_halving_bound_is_the_roofline_of_the_counted_costs():
+    """With the machine's roofline the layer row's bound is the roofline ratio of FLOPs and traffic before
+    and after (traffic-bound here: 4 s vs 3.2 s), the FLOP ratio stays in its column."""
+    from harness.perf.roofline import Roofline
+
+    result = {"tt_layers_ms": 40.0, "tt_layers_ms_halved": 30.0, "tt_layers_flops": 9e9,
+              "tt_layers_flops_halved": 5e9, "tt_layers_traffic": 4e8, "tt_layers_traffic_halved": 3.2e8}
+    cfg = Config.make("cpu", 1, quick=True)
+    layers = steps.halving_rows(cfg, result, 32, "", "", Roofline(flops_per_s=1e12, bytes_per_s=1e8))[0]
+    assert layers.bound == pytest.approx(1.25) and layers.bound_basis == "roofline"
+    assert layers.flop_ratio == pytest.approx(1.8) and layers.measured == pytest.approx(40 / 30)
+    flops_only = steps.halving_rows(cfg, result, 32, "", "")[0]
+    assert flops_only.bound == pytest.approx(1.8) and flops_only.bound_basis == "FLOPs"
+
+
 def test_step_goals_come_from_the_goals_file(monkeypatch, tmp_path):
     """A changed goal in the file changes the verdict; the code holds none."""
     from harness.perf import goals
