@@ -614,7 +614,6 @@ def merged_backward(dy: torch.Tensor, x: torch.Tensor, z: torch.Tensor, cores, m
     d_b, dbias = torch.mm(z.t(), dy), None
     if z.shape[1] > b.shape[0]:  # folded bias: the last row is db
         d_b, dbias = d_b[:-1], d_b[-1]
-        z = z[:, :-1]
     dz = _mm(dy, b.t())
     d_a = torch.mm(x.t(), dz)
     dx = _mm(dz, a.t()) if need_dx else None
