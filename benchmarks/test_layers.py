@@ -1,4 +1,5 @@
-"""TTLinear vs nn.Linear and TTM lookup vs nn.Embedding, forward + backward (pytest-benchmark).
+"""TTLinear vs nn.Linear (and the official CoMERA contraction) and TTM lookup vs nn.Embedding, forward +
+backward (pytest-benchmark).
 
 Each pair shares a benchmark group, so ``pytest benchmarks/`` prints them side by side; the ratios with
 their goals are ``comera-bench bench``'s table (docs/performance.md)."""
@@ -23,13 +24,19 @@ TABLE = {"num_embeddings": 100_000, "embedding_dim": 64, "row_shape": [10, 10, 2
 LOOKUPS = 4096
 
 
-@pytest.mark.parametrize("variant", ["nn.Linear", "TTLinear"])
+@pytest.mark.parametrize("variant", ["nn.Linear", "TTLinear", "official"])
 @pytest.mark.parametrize("shape", list(LINEAR_SHAPES))
 def test_linear_fwd_bwd(benchmark, shape, variant):
+    """``official``: the official CoMERA contraction (harness/perf/official.py) on a TTLinear's parameters."""
+    from harness.perf.official import OfficialTTLinear
+
     in_shape, out_shape, tokens = LINEAR_SHAPES[shape]
     n_in, n_out = math.prod(in_shape), math.prod(out_shape)
-    layer = (torch.nn.Linear(n_in, n_out) if variant == "nn.Linear" else
-             TTLinear(n_in, n_out, in_shape=in_shape, out_shape=out_shape, rank=RANK))
+    if variant == "nn.Linear":
+        layer = torch.nn.Linear(n_in, n_out)
+    else:
+        layer = TTLinear(n_in, n_out, in_shape=in_shape, out_shape=out_shape, rank=RANK)
+        layer = OfficialTTLinear(layer) if variant == "official" else layer
     run, _ = mb._call(layer, torch.randn(tokens, n_in), "fwd_bwd", wrt_input=True)
     benchmark.group = f"linear {shape}"
     benchmark(run)
