@@ -3,6 +3,7 @@ each other and nn.Embedding), each ratio with its roofline bound."""
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
 import torch
@@ -10,7 +11,7 @@ import torch
 from harness.perf import microbench as mb
 from harness.perf.config import Config
 from harness.perf.report import BenchRow, make_row, ratio
-from harness.perf.roofline import Roofline, paired_medians
+from harness.perf.roofline import Roofline, paired_medians, paired_rounds, round_ratio
 
 
 # -------------------------------------------------------------------------------------------- target 1
@@ -35,27 +36,31 @@ def target_linear(cfg: Config, roof: Roofline) -> list[BenchRow]:
                  "tt": mb._call(tt, x, "fwd_bwd", wrt_input=True),
                  "tt_1": mb._call(tt, x[:1].contiguous(), "fwd_bwd", wrt_input=True),
                  "official": mb._call(official, x, "fwd_bwd", wrt_input=True)}
-        times = paired_medians({k: run for k, (run, _) in calls.items()}, rounds=cfg.rounds,
-                               num_threads=cfg.num_threads, min_run_time_s=cfg.min_run_time_s)
+        per_round = paired_rounds({k: run for k, (run, _) in calls.items()}, rounds=cfg.rounds,
+                                  num_threads=cfg.num_threads, min_run_time_s=cfg.min_run_time_s)
+        times = {k: statistics.median(v) for k, v in per_round.items()}
+        speedup, speedup_rounds = round_ratio(per_round, "dense", "tt")
+        vs_official, official_rounds = round_ratio(per_round, "official", "tt")
         cost = {k: mb.count_cost(run) for k, (run, _) in calls.items() if k != "tt_1"}
         plan = tt.plan(tokens)
         shape = f"{n_in}->{n_out} r{rank}, {tokens} tokens"
         rows.append(make_row(
             1, f"TTLinear fwd+bwd speedup, {shape}", case["goal"],
-            ratio(times["dense"], times["tt"]), goal_key=f"linear[{i}]",
+            speedup, goal_key=f"linear[{i}]",
             flop_ratio=ratio(cost["dense"][0], cost["tt"][0]),
             traffic_ratio=ratio(cost["dense"][1], cost["tt"][1]),
             bound=roof.speedup_bound(cost["dense"], cost["tt"]), bound_basis="roofline",
-            medians=f"nn.Linear {times['dense']:.3f} ms, TTLinear {times['tt']:.3f} ms",
-            settings=f"ranks {tt.ranks}, plan {plan.left}/{plan.right}, {cfg.label()}",
+            medians=f"nn.Linear {times['dense']:.3f} ms, TTLinear {times['tt']:.3f} ms; {speedup_rounds}",
+            settings=f"ranks {tt.ranks}, plan {plan.left}/{plan.right}, {cfg.label()}; ratio: median over "
+                     f"rounds of the ratio within a round",
             note=fixed_cost_note(times["dense"], times["tt"], times["tt_1"])))
         rows.append(make_row(
             1, f"TTLinear vs official TT_forward, {shape}", case["vs_official"],
-            ratio(times["official"], times["tt"]), goal_key=f"linear[{i}].vs_official",
+            vs_official, goal_key=f"linear[{i}].vs_official",
             flop_ratio=ratio(cost["official"][0], cost["tt"][0]),
             traffic_ratio=ratio(cost["official"][1], cost["tt"][1]),
             medians=f"nn.Linear {times['dense']:.3f} ms, TTLinear {times['tt']:.3f} ms, "
-                    f"official TT_forward {times['official']:.3f} ms",
+                    f"official TT_forward {times['official']:.3f} ms; {official_rounds}",
             settings=f"same cores, gates and bias; both multiply the cores by the gates and add the bias "
                      f"(official: get_factors(prune_mask=True) gating and the bias outside TT_forward); "
                      f"ranks {tt.ranks}, {cfg.label()}",

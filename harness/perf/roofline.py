@@ -35,12 +35,27 @@ def measure_roofline(device: torch.device, num_threads: int, *, size: int = 2048
     return Roofline(2 * size**3 / t_mm, 2 * src.numel() * src.element_size() / t_copy)
 
 
-def paired_medians(runs: dict[str, Callable[[], Any]], *, rounds: int, num_threads: int,
-                   min_run_time_s: float) -> dict[str, float]:
-    """Median (ms) over ``rounds`` of each run's blocked_autorange median, the runs alternating."""
+def paired_rounds(runs: dict[str, Callable[[], Any]], *, rounds: int, num_threads: int,
+                  min_run_time_s: float) -> dict[str, list[float]]:
+    """Each run's blocked_autorange median (ms) in each of ``rounds`` rounds, the runs alternating."""
     per_round: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(rounds):
         for name, run in runs.items():
             per_round[name].append(mb.time_call(run, num_threads=num_threads, min_run_time_s=min_run_time_s)[0])
+    return per_round
+
+
+def paired_medians(runs: dict[str, Callable[[], Any]], *, rounds: int, num_threads: int,
+                   min_run_time_s: float) -> dict[str, float]:
+    """Median (ms) over ``rounds`` of each run's blocked_autorange median, the runs alternating."""
+    per_round = paired_rounds(runs, rounds=rounds, num_threads=num_threads, min_run_time_s=min_run_time_s)
     return {name: statistics.median(times) for name, times in per_round.items()}
+
+
+def round_ratio(per_round: dict[str, list[float]], num: str, den: str) -> tuple[float | None, str]:
+    """Median over rounds of ``num``/``den`` within each round, and the per-round ratios as text."""
+    ratios = [a / b for a, b in zip(per_round[num], per_round[den]) if b]
+    if not ratios:
+        return None, ""
+    return statistics.median(ratios), "per round " + ", ".join(f"{r:.2f}" for r in ratios)
 

@@ -70,6 +70,7 @@ def test_quick_targets_produce_a_table(tmp_path, monkeypatch):
     linear = frame.iloc[0]
     assert linear["flop_ratio"] > 0 and linear["bound"] > 0 and linear["bound_basis"] == "roofline"
     assert "TTLinear" in linear["medians"] and "on 1 token takes" in linear["note"] and "at most" in linear["note"]
+    assert "per round" in linear["medians"] and "median over rounds of the ratio within a round" in linear["settings"]
     official = frame.iloc[1]
     assert official["what"].startswith("TTLinear vs official TT_forward, 16->32 r4, 8 tokens")
     assert official["goal"] == 0.5 and official["flop_ratio"] > 0 and math.isnan(official["bound"])

@@ -30,3 +30,24 @@ def test_table_memory_counts_params_grads_and_working_memory_beyond_the_output()
 def test_fixed_cost_note_bounds_the_ratio_by_the_one_token_time():
     note = layers.fixed_cost_note(dense_ms=2.0, tt_ms=1.0, one_token_ms=0.5)
     assert "0.500 ms (50% of its time here" in note and "at most 4.00x" in note
+
+
+def test_paired_rounds_alternate_the_runs_and_round_ratio_takes_the_median_within_rounds(monkeypatch):
+    """Every run once per round, in order; the ratio is the median of the per-round ratios (a slow spell
+    in one round moves both sides of that round), printed round by round."""
+    from harness.perf import roofline
+
+    calls, fake = [], {"a": iter([10.0, 30.0, 12.0]), "b": iter([5.0, 10.0, 4.0])}
+    run_of = {"a": lambda: None, "b": lambda: None}
+
+    def time_call(run, **kwargs):
+        name = next(k for k, v in run_of.items() if v is run)
+        calls.append(name)
+        return next(fake[name]), 0.0, 1
+
+    monkeypatch.setattr(roofline.mb, "time_call", time_call)
+    per_round = roofline.paired_rounds(run_of, rounds=3, num_threads=1, min_run_time_s=0.0)
+    assert calls == ["a", "b"] * 3 and per_round == {"a": [10.0, 30.0, 12.0], "b": [5.0, 10.0, 4.0]}
+    value, text = roofline.round_ratio(per_round, "a", "b")
+    assert value == 3.0 and text == "per round 2.00, 3.00, 3.00"  # the ratio of medians would be 12/5
+    assert roofline.round_ratio({"a": [1.0], "b": [0.0]}, "a", "b") == (None, "")
