@@ -130,9 +130,9 @@ class _TTLinearFunction(torch.autograd.Function):
             return (None, dx, dbias, *zeros)
         if plan.merged:
             d, m = len(plan.ranks) - 1, len(plan.in_shape)
-            saved = ctx.saved_tensors
-            x, z, cores, gates, eff = saved[0], saved[1], saved[2:2 + d], saved[2 + d:1 + 2 * d], saved[1 + 2 * d:1 + 3 * d]
-            left, right = saved[1 + 3 * d:1 + 3 * d + m], saved[1 + 3 * d + m:]
+            x, z, *rest = ctx.saved_tensors
+            cores, gates, eff = rest[:d], rest[d:2 * d - 1], rest[2 * d - 1:3 * d - 1]
+            left, right = rest[3 * d - 1:3 * d - 1 + m], rest[3 * d - 1 + m:]
             dx, d_eff, folded_dbias = contraction.merged_backward(dy, x, z, eff, m, left, right, need[1])
             if folded_dbias is not None:
                 dbias = folded_dbias if need[2] else None
