@@ -26,8 +26,7 @@ a pass over a token-sized intermediate; on CPUs and GPUs alike a float moved cos
 grouping that saves a few FLOPs but writes and re-reads an activation is slower in practice (measured:
 after halving the ranks of a 768->768 layer, the FLOP-optimal groups(1,2) plan ran slower than merge).
 At few tokens the FLOPs are tiny and the kernel count decides: a one-group side ("merge") launches the
-fewest kernels, and a plan with one group on both sides runs through :func:`merged_forward`, the
-shortest path (two token-sized GEMMs, the bias fused into the second one or folded into it).
+fewest kernels; a one-group output side fuses the bias into its GEMM, or folds it in as an extra row.
 
 FLOPs are counted the way ``opt_einsum`` counts them: a pairwise contraction with a summed index costs
 ``2 * prod(sizes of all its indices)`` (a multiply and an add per term), an elementwise product or a
@@ -151,12 +150,6 @@ class ContractionPlan:
         also gives its gradient; otherwise a one-group output side fuses it into the GEMM and
         backward sums ``dy`` for it (see :data:`FOLD_BIAS_MIN_TOKENS`)."""
         return not (self.dense or self.zero) and _folds_bias(self.bias, self.right_groups, self.tokens)
-
-    @property
-    def merged(self) -> bool:
-        """True when both sides are one group: the plan runs as :func:`merged_forward` /
-        :func:`merged_backward`, the path with the fewest kernels."""
-        return not (self.dense or self.zero) and len(self.left_groups) == 1 and len(self.right_groups) == 1
 
     @property
     def zero(self) -> bool:
@@ -577,59 +570,6 @@ def right_backward(dy: torch.Tensor, cores, inputs, chains, groups):
         dy = _mm(dy, block.t())
         grads[a:b] = _merge_right_backward(dblock, cores[a:b], chains[g])
     return _rows(dy, inputs[0].shape[0]), grads, dbias
-
-
-def merged_forward(x: torch.Tensor, cores, m: int, bias, fold_bias: bool = False):
-    """y = (x A) B + b for a plan with one group per side, in the fewest kernels: the core chains and two
-    token-sized GEMMs, the bias fused into the second (or, with ``fold_bias``, folded in as an extra row:
-    ``y = [z | 1] @ [B ; b]``). Returns (y, z or [z | 1], left chain, right chain); the last three feed
-    :func:`merged_backward`."""
-    h = cores[0]
-    block = h.reshape(-1, h.shape[2])
-    left = [block]
-    for h in cores[1:m]:
-        block = torch.mm(block, h.reshape(h.shape[0], -1)).view(-1, h.shape[2])
-        left.append(block)
-    h = cores[-1]
-    block = h.reshape(h.shape[0], -1)
-    right = [block]
-    for h in cores[-2:m - 1:-1]:
-        block = torch.mm(h.reshape(-1, h.shape[2]), block).view(h.shape[0], -1)
-        right.append(block)
-    z = _mm(x, left[-1])
-    if fold_bias:
-        z = torch.nn.functional.pad(z, (0, 1), value=1.0)
-        # [B ; b] built transposed (out, r + 1): the layout the inner product reads fastest.
-        return _mm(z, torch.cat([block.t(), bias.unsqueeze(1)], 1).t()), z, left, right
-    return _mm(z, block, bias), z, left, right
-
-
-def merged_backward(dy: torch.Tensor, x: torch.Tensor, z: torch.Tensor, cores, m: int, left, right,
-                    need_dx: bool):
-    """Gradients (dx or None, [dH_k], db or None) of :func:`merged_forward`; db when the bias was folded
-    in (``z`` is then ``[z | 1]``), else the caller sums ``dy`` for it."""
-    d = len(cores)
-    grads = [None] * d
-    a, b = left[-1], right[-1]
-    d_b, dbias = torch.mm(z.t(), dy), None
-    if z.shape[1] > b.shape[0]:  # folded bias: the last row is db
-        d_b, dbias = d_b[:-1], d_b[-1]
-    dz = _mm(dy, b.t())
-    d_a = torch.mm(x.t(), dz)
-    dx = _mm(dz, a.t()) if need_dx else None
-    for j in range(len(right) - 1, 0, -1):  # right[j] = H_{d-1-j} ... H_{d-1}
-        k = d - 1 - j
-        h = cores[k].reshape(-1, cores[k].shape[2])
-        d_b = d_b.view(h.shape[0], -1)
-        grads[k] = torch.mm(d_b, right[j - 1].t()).view(cores[k].shape)
-        d_b = torch.mm(h.t(), d_b)
-    grads[-1] = d_b.view(cores[-1].shape)
-    for k in range(m - 1, 0, -1):  # left[k] = H_0 ... H_k
-        d_a = d_a.view(left[k - 1].shape[0], -1)
-        grads[k] = torch.mm(left[k - 1].t(), d_a).view(cores[k].shape)
-        d_a = torch.mm(d_a, cores[k].reshape(cores[k].shape[0], -1).t())
-    grads[0] = d_a.view(cores[0].shape)
-    return dx, grads, dbias
 
 
 def dense_forward(x: torch.Tensor, left_cores, right_cores, bias):

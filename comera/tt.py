@@ -104,10 +104,6 @@ class _TTLinearFunction(torch.autograd.Function):
             return y if bias is None else y.add_(bias)
         eff = gated_cores(cores, gates)
         m = len(plan.in_shape)
-        if plan.merged:
-            y, z, left, right = contraction.merged_forward(x, eff, m, bias, plan.fold_bias)
-            ctx.save_for_backward(x, z, *cores, *gates, *eff, *left, *right)
-            return y
         if plan.dense:
             y, weight, left, right = contraction.dense_forward(x, eff[:m], eff[m:], bias)
             groups = [cores, gates, eff, [x, weight], left, right]
@@ -128,16 +124,6 @@ class _TTLinearFunction(torch.autograd.Function):
             zeros = [dy.new_zeros(s) for s in ctx.shapes]
             dx = dy.new_zeros(ctx.x_shape) if need[1] else None
             return (None, dx, dbias, *zeros)
-        if plan.merged:
-            d, m = len(plan.ranks) - 1, len(plan.in_shape)
-            x, z, *rest = ctx.saved_tensors
-            cores, gates, eff = rest[:d], rest[d:2 * d - 1], rest[2 * d - 1:3 * d - 1]
-            left, right = rest[3 * d - 1:3 * d - 1 + m], rest[3 * d - 1 + m:]
-            dx, d_eff, folded_dbias = contraction.merged_backward(dy, x, z, eff, m, left, right, need[1])
-            if folded_dbias is not None:
-                dbias = folded_dbias if need[2] else None
-            d_cores, d_gates = core_and_gate_grads(d_eff, cores, gates)
-            return (None, dx, dbias, *d_cores, *d_gates)
         saved, groups = iter(ctx.saved_tensors), []
         for size in ctx.group_sizes:
             groups.append([next(saved) for _ in range(size)])

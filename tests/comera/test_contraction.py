@@ -305,14 +305,14 @@ def test_set_kernel_cost_clears_the_plan_cache(kernel_cost):
 
 
 @pytest.mark.parametrize("tokens", [1, 128, 2048, 4096])
-def test_merged_and_fold_flags(tokens):
-    """One group per side runs the merged path, which folds the bias from FOLD_BIAS_MIN_TOKENS; without a
-    bias nothing is folded, and a grouped side is not merged."""
+def test_fold_flag(tokens):
+    """A one-group output side folds the bias from FOLD_BIAS_MIN_TOKENS; without a bias, or with a grouped
+    output side, nothing is folded."""
     plan = make_plan(*PAPER_FFN, tokens, True, ("merge", "merge"))
     folds = tokens >= contraction.FOLD_BIAS_MIN_TOKENS
-    assert plan.fold_bias == folds and plan.merged
+    assert plan.fold_bias == folds
     no_bias = make_plan(*PAPER_FFN, tokens, False, ("merge", "merge"))
-    assert not no_bias.fold_bias and no_bias.merged
+    assert not no_bias.fold_bias
     grouped = make_plan(*PAPER_FFN, tokens, True, ("merge", (1, 2)))
-    assert not grouped.merged and not grouped.fold_bias
+    assert not grouped.fold_bias
     assert any(s.name == "bias" for s in plan.steps) != folds
