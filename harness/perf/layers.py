@@ -50,7 +50,7 @@ def target_linear(cfg: Config, roof: Roofline) -> list[BenchRow]:
             flop_ratio=ratio(cost["dense"][0], cost["tt"][0]),
             traffic_ratio=ratio(cost["dense"][1], cost["tt"][1]),
             bound=roof.speedup_bound(cost["dense"], cost["tt"]), bound_basis="roofline",
-            medians=f"nn.Linear {times['dense']:.3f} ms, TTLinear {times['tt']:.3f} ms; {speedup_rounds}",
+            medians=f"nn.Linear {times['dense']:.3f} ms, TTLinear {times['tt']:.3f} ms{speedup_rounds}",
             settings=f"ranks {tt.ranks}, plan {plan.left}/{plan.right}, {cfg.label()}; ratio: median over "
                      f"rounds of the ratio within a round",
             note=fixed_cost_note(times["dense"], times["tt"], times["tt_1"])))
@@ -60,7 +60,7 @@ def target_linear(cfg: Config, roof: Roofline) -> list[BenchRow]:
             flop_ratio=ratio(cost["official"][0], cost["tt"][0]),
             traffic_ratio=ratio(cost["official"][1], cost["tt"][1]),
             medians=f"nn.Linear {times['dense']:.3f} ms, TTLinear {times['tt']:.3f} ms, "
-                    f"official TT_forward {times['official']:.3f} ms; {official_rounds}",
+                    f"official TT_forward {times['official']:.3f} ms{official_rounds}",
             settings=f"same cores, gates and bias; both multiply the cores by the gates and add the bias "
                      f"(official: get_factors(prune_mask=True) gating and the bias outside TT_forward); "
                      f"ranks {tt.ranks}, {cfg.label()}",

@@ -52,10 +52,14 @@ def paired_medians(runs: dict[str, Callable[[], Any]], *, rounds: int, num_threa
     return {name: statistics.median(times) for name, times in per_round.items()}
 
 
+def median_of_rounds(ratios: list[float]) -> tuple[float | None, str]:
+    """The median of per-round ratios (None for none), and ``"; per round a, b, ..."`` when there are
+    several (else "")."""
+    shown = f"; per round {', '.join(f'{r:.2f}' for r in ratios)}" if len(ratios) > 1 else ""
+    return (statistics.median(ratios) if ratios else None), shown
+
+
 def round_ratio(per_round: dict[str, list[float]], num: str, den: str) -> tuple[float | None, str]:
-    """Median over rounds of ``num``/``den`` within each round, and the per-round ratios as text."""
-    ratios = [a / b for a, b in zip(per_round[num], per_round[den]) if b]
-    if not ratios:
-        return None, ""
-    return statistics.median(ratios), "per round " + ", ".join(f"{r:.2f}" for r in ratios)
+    """:func:`median_of_rounds` of ``num``/``den`` within each round of :func:`paired_rounds`' times."""
+    return median_of_rounds([a / b for a, b in zip(per_round[num], per_round[den]) if b])
 

@@ -4,7 +4,6 @@ the rounds of the ratio within a round."""
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any, Callable
 from harness.core import interleave
 from harness.perf.config import Config
 from harness.perf.report import BenchRow, make_row, ratio
-from harness.perf.roofline import Roofline
+from harness.perf.roofline import Roofline, median_of_rounds
 
 STEP_CONFIGS = {  # name -> workload size (full, quick), method, batch size (full, quick), timed steps (full)
     "dense_b32": (("paper", "tiny"), "dense", (32, 8), 3),
@@ -181,9 +180,7 @@ def target_steps(cfg: Config, targets: set[int], timeout_s: float,
 
     def rounds_ratio(num: tuple[str, str], den: tuple[str, str]) -> tuple[float | None, str]:
         """Median of the per-round ratios, and the per-round list when there are several rounds."""
-        per_round = round_ratios(res, num, den)
-        shown = f"; per round {', '.join(f'{v:.2f}' for v in per_round)}" if len(per_round) > 1 else ""
-        return (statistics.median(per_round) if per_round else None), shown
+        return median_of_rounds(round_ratios(res, num, den))
 
     def pair(a: str, b: str) -> str:
         return f"{a} {get(a, 'step_ms') or float('nan'):.1f} ms / {_fmt_bytes(get(a, 'peak_bytes'))}, " \

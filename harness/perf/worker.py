@@ -62,18 +62,24 @@ def _capture_tensorized_inputs(model: torch.nn.Module, forward: Callable[[], Any
     return seen
 
 
-def tensorized_layer_ms(model: torch.nn.Module, inputs: dict[str, torch.Tensor],
-                        min_run_time_s: float = 0.1) -> float:
-    """Sum over the tensorized modules of the median time (``harness.perf.microbench.time_call``, blocks of at
-    least ``min_run_time_s``) of one forward+backward on its captured input (random values, random output
-    gradient, input gradient for float inputs); the parameters' gradients are dropped afterwards."""
+def _layer_calls(model: torch.nn.Module, inputs: dict[str, torch.Tensor]):
+    """For each tensorized module with a captured input: a closure running one forward+backward of it on
+    that input (random values, random output gradient, input gradient for float inputs), and the reset
+    that drops the gradients it left."""
     from comera.rank import tensorized_modules
 
     modules = dict(tensorized_modules(model))
-    total = 0.0
     for name, shape_of in inputs.items():
         x = torch.randn_like(shape_of) if shape_of.is_floating_point() else shape_of
-        run, reset = mb._call(modules[name], x, "fwd_bwd", wrt_input=x.is_floating_point())
+        yield mb._call(modules[name], x, "fwd_bwd", wrt_input=x.is_floating_point())
+
+
+def tensorized_layer_ms(model: torch.nn.Module, inputs: dict[str, torch.Tensor],
+                        min_run_time_s: float = 0.1) -> float:
+    """Sum over the tensorized modules of the median time (``harness.perf.microbench.time_call``, blocks of at
+    least ``min_run_time_s``) of one forward+backward on its captured input (:func:`_layer_calls`)."""
+    total = 0.0
+    for run, reset in _layer_calls(model, inputs):
         total += mb.time_call(run, num_threads=torch.get_num_threads(), min_run_time_s=min_run_time_s)[0]
         reset()
     return total
@@ -81,14 +87,9 @@ def tensorized_layer_ms(model: torch.nn.Module, inputs: dict[str, torch.Tensor],
 
 def tensorized_layer_cost(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[float, float]:
     """(matmul-class FLOPs, compulsory traffic bytes) of one forward+backward of every tensorized module on
-    its captured input, summed (``harness.perf.microbench.count_cost``)."""
-    from comera.rank import tensorized_modules
-
-    modules = dict(tensorized_modules(model))
+    its captured input (:func:`_layer_calls`), summed (``harness.perf.microbench.count_cost``)."""
     flops = traffic = 0.0
-    for name, shape_of in inputs.items():
-        x = torch.randn_like(shape_of) if shape_of.is_floating_point() else shape_of
-        run, reset = mb._call(modules[name], x, "fwd_bwd", wrt_input=x.is_floating_point())
+    for run, reset in _layer_calls(model, inputs):
         cost = mb.count_cost(run)
         reset()
         flops, traffic = flops + cost[0], traffic + cost[1]

@@ -49,5 +49,6 @@ def test_paired_rounds_alternate_the_runs_and_round_ratio_takes_the_median_withi
     per_round = roofline.paired_rounds(run_of, rounds=3, num_threads=1, min_run_time_s=0.0)
     assert calls == ["a", "b"] * 3 and per_round == {"a": [10.0, 30.0, 12.0], "b": [5.0, 10.0, 4.0]}
     value, text = roofline.round_ratio(per_round, "a", "b")
-    assert value == 3.0 and text == "per round 2.00, 3.00, 3.00"  # the ratio of medians would be 12/5
+    assert value == 3.0 and text == "; per round 2.00, 3.00, 3.00"  # the ratio of medians would be 12/5
     assert roofline.round_ratio({"a": [1.0], "b": [0.0]}, "a", "b") == (None, "")
+    assert roofline.round_ratio({"a": [3.0], "b": [2.0]}, "a", "b") == (1.5, "")  # one round: no list
