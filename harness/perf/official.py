@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from comera.tt import forward_gates
+
 MODES = 3
 """Input modes and output modes the official ``TT_forward`` supports (its ``d``)."""
 
@@ -113,10 +115,7 @@ class OfficialTTLinear(nn.Module):
     def factors(self) -> list[torch.Tensor]:
         """The gated cores, as the official ``get_factors(prune_mask=True)``: ``U * D[None, None, :]``."""
         cores = list(self.cores)
-        gates = list(self.gates)
-        if self.gate_threshold is not None:
-            gates = [F.threshold(g, self.gate_threshold, 0.0) for g in gates]
-        return [u * g[None, None, :] for u, g in zip(cores[:-1], gates)] + [cores[-1]]
+        return [u * g[None, None, :] for u, g in zip(cores[:-1], forward_gates(self))] + [cores[-1]]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
