@@ -103,6 +103,37 @@ def test_vectorized_sizes_match_per_module_loops_across_pruning():
     assert model["ttm"].ranks == [1, 3, 0, 1]
 
 
+@pytest.mark.skipif(TTLinear is None, reason="comera.tt.TTLinear not available")
+def test_core_l2_gradient_is_twice_every_core():
+    """The l2 term's own backward (one multi-tensor product) against autograd's numerical gradient and
+    the closed form 2 G, over TT and TTM cores together."""
+    model = nn.ModuleDict({"tt": _tt(), "ttm": _ttm()})
+    cores = [c for _, m in rank.tensorized_modules(model) for c in m.cores]
+    grads = torch.autograd.grad(rank.core_l2(model), cores)
+    for grad, core in zip(grads, cores):
+        torch.testing.assert_close(grad, 2 * core.detach())
+    assert torch.autograd.gradcheck(lambda *cs: rank._SumOfSquares.apply(cs[0].new_ones(()), *cs),
+                                    [c.detach().clone().requires_grad_() for c in cores])
+    loss = torch.tensor(0.3, dtype=torch.float64)
+    objective = rank.early_objective(loss, model, l1_weight=0.0, l2_weight=0.5, threshold=0.01)
+    for grad, core in zip(torch.autograd.grad(objective, cores), cores):
+        torch.testing.assert_close(grad, core.detach())
+
+
+def test_cached_layout_follows_replaced_parameters_and_dtype():
+    """The per-model layout is rebuilt when a parameter is replaced (as loading a pruned checkpoint does)
+    or the model changes dtype; sizes and penalties then read the new tensors."""
+    layer = _ttm()
+    assert float(rank.core_l2(layer)) == pytest.approx(float(sum(c.square().sum() for c in layer.cores)))
+    with torch.no_grad():
+        layer.cores[1] = nn.Parameter(torch.full_like(layer.cores[1], 2.0))
+    expected = float(sum(c.square().sum() for c in layer.cores))
+    assert float(rank.core_l2(layer)) == pytest.approx(expected)
+    layer.float()
+    assert rank.core_l2(layer).dtype == rank.size_l0(layer, 0.01).dtype == torch.float32
+    assert float(rank.core_l2(layer)) == pytest.approx(expected, rel=1e-6)
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 def test_penalties_and_early_objective(reduction):
     """The gate penalty covers the active gates only (g > threshold; negative ones are inactive), divided
@@ -292,6 +323,8 @@ def test_periodic_pruning_shrinks_and_stops_at_zero_gates():
     info = driver.after_step(1)
     assert layer.ranks == [1, 2, 4, 1] and info["params_tt"] == rank.tt_parameter_count(layer)
     assert info["rank_mean"] == 3.0 and info["stage"] == 0.0
+    internal = [r for bonds in rank.ranks(layer).values() for r in bonds[1:-1]]
+    assert info["rank_mean"] == sum(internal) / len(internal)
 
 
 def test_bad_target_ratio_is_named():
