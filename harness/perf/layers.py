@@ -32,16 +32,18 @@ def target_linear(cfg: Config, roof: Roofline) -> list[BenchRow]:
         dense = torch.nn.Linear(n_in, n_out, device=cfg.device)
         tt = TTLinear(n_in, n_out, in_shape=in_shape, out_shape=out_shape, rank=rank, device=cfg.device)
         official = OfficialTTLinear(tt)
+        one = x[:1].contiguous()
         calls = {"dense": mb._call(dense, x, "fwd_bwd", wrt_input=True),
                  "tt": mb._call(tt, x, "fwd_bwd", wrt_input=True),
-                 "tt_1": mb._call(tt, x[:1].contiguous(), "fwd_bwd", wrt_input=True),
+                 "tt_1": mb._call(tt, one, "fwd_bwd", wrt_input=True),
+                 "floor_1": mb._call(AutogradOnly(tt), one, "fwd_bwd", wrt_input=True),
                  "official": mb._call(official, x, "fwd_bwd", wrt_input=True)}
         per_round = paired_rounds({k: run for k, (run, _) in calls.items()}, rounds=cfg.rounds,
                                   num_threads=cfg.num_threads, min_run_time_s=cfg.min_run_time_s)
         times = {k: statistics.median(v) for k, v in per_round.items()}
         speedup, speedup_rounds = round_ratio(per_round, "dense", "tt")
         vs_official, official_rounds = round_ratio(per_round, "official", "tt")
-        cost = {k: mb.count_cost(run) for k, (run, _) in calls.items() if k != "tt_1"}
+        cost = {k: mb.count_cost(run) for k, (run, _) in calls.items() if k in ("dense", "tt", "official")}
         plan = tt.plan(tokens)
         shape = f"{n_in}->{n_out} r{rank}, {tokens} tokens"
         rows.append(make_row(
@@ -53,7 +55,7 @@ def target_linear(cfg: Config, roof: Roofline) -> list[BenchRow]:
             medians=f"nn.Linear {times['dense']:.3f} ms, TTLinear {times['tt']:.3f} ms{speedup_rounds}",
             settings=f"ranks {tt.ranks}, plan {plan.left}/{plan.right}, {cfg.label()}; ratio: median over "
                      f"rounds of the ratio within a round",
-            note=fixed_cost_note(times["dense"], times["tt"], times["tt_1"])))
+            note=fixed_cost_note(times["dense"], times["tt"], times["tt_1"], times["floor_1"])))
         rows.append(make_row(
             1, f"TTLinear vs official TT_forward, {shape}", case["vs_official"],
             vs_official, goal_key=f"linear[{i}].vs_official",
@@ -71,12 +73,42 @@ def target_linear(cfg: Config, roof: Roofline) -> list[BenchRow]:
     return rows
 
 
-def fixed_cost_note(dense_ms: float, tt_ms: float, one_token_ms: float) -> str:
+def fixed_cost_note(dense_ms: float, tt_ms: float, one_token_ms: float, floor_ms: float) -> str:
     """The TT layer's cost that does not shrink with the token count -- the same call on one token: core
-    merges, gate products, per-op overhead -- and the ratio it caps."""
+    merges, gate products, per-op overhead -- the ratio it caps, and what autograd alone costs such a call
+    (:class:`AutogradOnly` on one token): the part no contraction code can remove."""
     return (f"profile: the same TTLinear on 1 token takes {one_token_ms:.3f} ms ({one_token_ms / tt_ms:.0%} of "
             f"its time here: core merges, gates, per-op overhead, which do not shrink with tokens); even free "
-            f"token-sized products would give at most {dense_ms / one_token_ms:.2f}x")
+            f"token-sized products would give at most {dense_ms / one_token_ms:.2f}x; autograd alone (a "
+            f"Function over the same tensors that does no arithmetic) takes {floor_ms:.3f} ms on 1 token")
+
+
+class _NoArithmetic(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, width, x, *params):
+        ctx.save_for_backward(x, *params)
+        return x.new_empty(x.shape[0], width)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return (None, *(torch.empty_like(t) for t in ctx.saved_tensors))
+
+
+class AutogradOnly(torch.nn.Module):
+    """What autograd alone costs one call of ``layer`` (a TTLinear): a custom Function over the same input,
+    bias, cores and gates that saves them, allocates the output and one gradient per input, and computes
+    nothing. Its time is a floor of the layer's fixed cost in eager PyTorch on the machine at hand."""
+
+    def __init__(self, layer: torch.nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from comera.tt import _entries
+
+        layer = self.layer
+        bias = [] if layer.bias is None else [layer.bias]
+        return _NoArithmetic.apply(layer.out_features, x, *bias, *_entries(layer.cores), *_entries(layer.gates))
 
 
 # -------------------------------------------------------------------------------------------- target 3

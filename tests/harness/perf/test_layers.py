@@ -28,8 +28,24 @@ def test_table_memory_counts_params_grads_and_working_memory_beyond_the_output()
 
 
 def test_fixed_cost_note_bounds_the_ratio_by_the_one_token_time():
-    note = layers.fixed_cost_note(dense_ms=2.0, tt_ms=1.0, one_token_ms=0.5)
+    note = layers.fixed_cost_note(dense_ms=2.0, tt_ms=1.0, one_token_ms=0.5, floor_ms=0.125)
     assert "0.500 ms (50% of its time here" in note and "at most 4.00x" in note
+    assert "no arithmetic) takes 0.125 ms on 1 token" in note
+
+
+def test_autograd_only_passes_every_tensor_of_the_layer_and_computes_nothing():
+    """The floor call has the layer's output shape and leaves one gradient on the input and on every
+    parameter (bias, cores, gates), as a real call does, without reading their values."""
+    from comera.tt import TTLinear
+
+    layer = TTLinear(24, 20, in_shape=[2, 3, 4], out_shape=[5, 2, 2], rank=3)
+    x = torch.randn(3, 24, requires_grad=True)
+    y = layers.AutogradOnly(layer)(x)
+    assert y.shape == (3, 20)
+    y.backward(torch.ones_like(y))
+    params = list(layer.parameters())
+    assert len(params) == 6 + 5 + 1 and x.grad.shape == x.shape
+    assert all(p.grad is not None and p.grad.shape == p.shape for p in params)
 
 
 def test_paired_rounds_alternate_the_runs_and_round_ratio_takes_the_median_within_rounds(monkeypatch):
