@@ -114,8 +114,7 @@ def size_l0(model: nn.Module, threshold: float) -> torch.Tensor:
 
 def size_l1(model: nn.Module) -> torch.Tensor:
     """Differentiable size surrogate ``sum_k u_k ||g_k||_1 ||g_{k+1}||_1`` (late stage)."""
-    layout = _layout(model)
-    return layout.bond_size(_per_tensor_norms(layout.gates, 1, layout), count_gates=False)
+    return _size_l1(_layout(model))
 
 
 def early_objective(task_loss: torch.Tensor, model: nn.Module, *, l1_weight: float, l2_weight: float,
@@ -153,15 +152,15 @@ def late_objective(task_loss: torch.Tensor, model: nn.Module, target: LateTarget
     ``(1 + rho) w2`` and the loss ``rho w1``; otherwise the other way round). With
     ``target.formulation == "official"`` the branch test, size term and weights are the official code's
     (:func:`official_late_objective`)."""
-    layout = _layout(model)
     if target.formulation == "official":
         objective, size_active = official_late_objective(task_loss, model, target, threshold=threshold)
-        return _add_core_l2(objective, layout, l2_weight), size_active
+        return _add_core_l2(objective, _layout(model), l2_weight), size_active
+    layout = _layout(model)
     scale = target.size_scale
     loss_gap = target.loss_weight * (task_loss.detach() - target.loss_target)
     size_gap = target.size_weight * (_size_l0(layout, threshold) - target.size_target).to(task_loss) / scale
     size_active = size_gap > loss_gap
-    surrogate = layout.bond_size(_per_tensor_norms(layout.gates, 1, layout), count_gates=False).to(task_loss) / scale
+    surrogate = _size_l1(layout).to(task_loss) / scale
     w1, w2, rho = target.loss_weight, target.size_weight, target.rho
     size_branch = rho * w1 * task_loss + (1 + rho) * w2 * surrogate
     loss_branch = (1 + rho) * w1 * task_loss + rho * w2 * surrogate
@@ -393,6 +392,10 @@ def _size_l0(layout: "_Layout", threshold: float) -> torch.Tensor:
     counts = torch.zeros(len(layout.gates), device=layout.one.device, dtype=layout.one.dtype)
     counts = counts.index_add(0, layout.segment, (entries > threshold).to(counts.dtype))
     return layout.bond_size(counts, count_gates=True)
+
+
+def _size_l1(layout: "_Layout") -> torch.Tensor:
+    return layout.bond_size(_per_tensor_norms(layout.gates, 1, layout), count_gates=False)
 
 
 def _bond_sizes(module: nn.Module) -> list[int]:
