@@ -57,9 +57,18 @@ def amdahl_bound(share: float, layer_speedup: float) -> float:
 
 
 def step_before_halving(result: dict[str, Any]) -> float | None:
-    """The step time target 4 compares with the step after halving: the one timed right before halving
-    (in the same process, seconds before), else the median of the rounds."""
+    """The step time target 4 compares with the step after halving: a full-rank copy's, timed in rounds
+    alternating with the halved model (``step_ms_before_halving``), else the median of the step rounds."""
     return result.get("step_ms_before_halving") or result.get("step_ms")
+
+
+def halving_step_speedup(result: dict[str, Any]) -> tuple[float | None, str]:
+    """Step time before / after halving: the median of the per-round ratios of the alternated rounds
+    (with ``"; per round ..."``), else the ratio of the two times."""
+    pairs = result.get("step_ms_halving_rounds")
+    if pairs:
+        return median_of_rounds([before / after for before, after in pairs if after])
+    return ratio(step_before_halving(result), result.get("step_ms_halved")), ""
 
 
 def amdahl_estimate(result: dict[str, Any]) -> float | None:
@@ -264,9 +273,10 @@ def halving_rows(cfg: Config, result: dict[str, Any], batch: int, settings: str,
         bound, basis = roof.speedup_bound((costs[0], costs[1]), (costs[2], costs[3])), "roofline"
     else:
         bound, basis = flop_ratio, "FLOPs" if flop_ratio else ""
-    step = ratio(step_before_halving(result), result.get("step_ms_halved"))
+    step, step_rounds = halving_step_speedup(result)
     estimate = amdahl_estimate(result)
-    adjacent = "step_ms_before_halving" in result
+    alternated = (f" (a full-rank copy and the halved model alternating in {len(result['step_ms_halving_rounds'])} "
+                  f"rounds{step_rounds})" if result.get("step_ms_halving_rounds") else "")
 
     def ms(key: str) -> str:
         return f"{result.get(key) or float('nan'):.1f} ms"
@@ -281,8 +291,8 @@ def halving_rows(cfg: Config, result: dict[str, Any], batch: int, settings: str,
                  settings=settings, note="; ".join(filter(None, [halving_note(flop_ratio, traffic_ratio), errors]))),
         make_row(4, f"CoMERA step speedup after halving every rank / its Amdahl estimate, batch {batch}",
                  goals["amdahl_fraction"], ratio(step, estimate), goal_key="halving.amdahl_fraction",
-                 medians=f"step before {ms('step_ms_before_halving' if adjacent else 'step_ms')}"
-                         f"{' (timed right before halving)' if adjacent else ''}, after {ms('step_ms_halved')}: "
+                 medians=f"step before {ms('step_ms_before_halving' if alternated else 'step_ms')}, "
+                         f"after {ms('step_ms_halved')}{alternated}: "
                          f"{step or float('nan'):.2f}x; Amdahl estimate {estimate or float('nan'):.2f}x",
                  settings=settings, note="; ".join(filter(None, [amdahl_note(result), errors]))),
     ]

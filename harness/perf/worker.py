@@ -2,6 +2,7 @@
 then the profile of its tensorized layers and, for target 4, the same after halving every rank."""
 from __future__ import annotations
 
+import copy
 import gc
 import itertools
 import statistics
@@ -147,15 +148,15 @@ def _step_worker(job: dict[str, Any], allocator_applied: str) -> dict[str, Any]:
         allocator_lib.release_free_memory()  # the converted dense model's freed pages leave the RSS
         kind = "cpu_rss_delta" if measure.reset_hwm() else "cpu_rss_delta_since_start"
 
-    def one_step(step: int, batch) -> float:
+    def one_step(step: int, batch, prep=prepared) -> float:
         start = time.perf_counter()
-        prepared.train_step(workload, batch, step)
+        prep.train_step(workload, batch, step)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         return (time.perf_counter() - start) * 1e3
 
-    def timed(offset: int) -> list[float]:
-        return [one_step(offset + i, b) for i, b in enumerate(batches)][warmup:]
+    def timed(offset: int, prep=prepared) -> list[float]:
+        return [one_step(offset + i, b, prep) for i, b in enumerate(batches)][warmup:]
 
     for i, b in enumerate(batches[:warmup]):
         one_step(i, b)
@@ -188,11 +189,19 @@ def _step_worker(job: dict[str, Any], allocator_applied: str) -> dict[str, Any]:
     if job.get("halve"):
         if inputs:
             out["tt_layers_flops"], out["tt_layers_traffic"] = tensorized_layer_cost(model, inputs)
-        # The step just before halving, timed again next to the step after: minutes separate the rounds
-        # above from here, and a VM's slow spell in between would show up as a halving effect.
-        out["step_ms_before_halving"] = statistics.median(timed(steps + warmup))
+        # A copy keeps the full ranks, so the steps before and after halving alternate in rounds here
+        # (minutes separate the rounds above from this point: a slow spell in between would read as a
+        # halving effect).
+        full = copy.deepcopy(prepared)
         out["ranks_halved"] = halve_ranks(model, job["threshold"], prepared.optimizers)
-        out["step_ms_halved"] = statistics.median(timed(2 * (steps + warmup)))
+        pairs = []
+        for r in range(max(rounds, 2)):
+            offset = (2 * r + 1) * (steps + warmup)
+            pairs.append((statistics.median(timed(offset, full)), statistics.median(timed(offset, prepared))))
+        del full
+        out["step_ms_halving_rounds"] = pairs
+        out["step_ms_before_halving"] = statistics.median(before for before, _ in pairs)
+        out["step_ms_halved"] = statistics.median(after for _, after in pairs)
         if inputs:
             out["tt_layers_ms_halved"] = tensorized_layer_ms(model, inputs)
             out["tt_layers_flops_halved"], out["tt_layers_traffic_halved"] = tensorized_layer_cost(model, inputs)

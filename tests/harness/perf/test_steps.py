@@ -31,7 +31,10 @@ def test_step_worker_times_and_halves_in_process(monkeypatch):
     # before the baseline, before the mark is reset, and when the "reuse" policy is undone at the end
     assert events == ["release", "release", "reset", "release"]
     assert out["step_ms"] > 0 and out["step_ms_halved"] > 0 and len(out["step_ms_all"]) == 2
-    assert out["step_ms_before_halving"] > 0  # re-timed next to the step after halving
+    # a full-rank copy and the halved model alternate in rounds (at least two)
+    pairs = out["step_ms_halving_rounds"]
+    assert len(pairs) == 2 and all(before > 0 and after > 0 for before, after in pairs)
+    assert out["step_ms_before_halving"] == pytest.approx(sum(b for b, _ in pairs) / 2)
     assert out["peak_bytes"] > 0 and out["peak_kind"].startswith("cpu_rss_delta")
     assert out["allocator"].startswith(("glibc", "unavailable"))
     assert not worker.allocator_lib.current().startswith("glibc")  # undone when the worker returns
@@ -127,13 +130,16 @@ def test_step_table_from_worker_results(monkeypatch):
     halving = by_key["halving.amdahl_fraction"]  # f=0.4, s=2: 1/(0.6+0.2) = 1.25 = the step's 100/80
     assert "= 1.25x" in halving.note and "1.25x; Amdahl estimate 1.25x" in halving.medians
     assert "l: [1, 8, 1] -> [1, 4, 1]" in halving.settings
-    # the step timed right before halving, when the worker has it, is the "before" of both the measured
-    # speedup and the share f: here 120 ms, so f = 1/3, s = 2: estimate 1.2x, measured 120 / 80 = 1.5x
-    fake["comera_b32"]["step_ms_before_halving"] = 120.0
-    adjacent = {r.goal_key: r for r in steps.target_steps(Config.make("cpu", 1, quick=True), {4}, 10)}
-    row = adjacent["halving.amdahl_fraction"]
-    assert row.measured == pytest.approx(1.5 / 1.2) and "before 120.0 ms (timed right before halving)" in row.medians
-    assert "f=0.33" in row.note and "40.0 of 120.0 ms" in row.note
+    # with the alternated rounds of a full-rank copy and the halved model, the step speedup is the median
+    # of the per-round ratios (1.5, 1.25, 1.6 -> 1.5) and the copy's median step (120 ms) is the "before"
+    # of the share f = 40/120: s = 2 gives the estimate 1.2x
+    fake["comera_b32"].update(step_ms_halving_rounds=[(120.0, 80.0), (100.0, 80.0), (128.0, 80.0)],
+                              step_ms_before_halving=120.0)
+    alternated = {r.goal_key: r for r in steps.target_steps(Config.make("cpu", 1, quick=True), {4}, 10)}
+    row = alternated["halving.amdahl_fraction"]
+    assert row.measured == pytest.approx(1.5 / 1.2) and "f=0.33" in row.note and "40.0 of 120.0 ms" in row.note
+    assert "before 120.0 ms, after 80.0 ms (a full-rank copy and the halved model alternating in 3 rounds; " \
+           "per round 1.50, 1.25, 1.60): 1.50x; Amdahl estimate 1.20x" in row.medians
     layers = by_key["halving.layers_speedup"]  # the FLOP ratio bounds the layers' speedup
     assert layers.flop_ratio == layers.bound == pytest.approx(1.8) and layers.bound_basis == "FLOPs"
     assert layers.traffic_ratio == pytest.approx(1.25) and "FLOPs 1.80x" in layers.note
