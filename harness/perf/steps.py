@@ -56,28 +56,29 @@ def amdahl_bound(share: float, layer_speedup: float) -> float:
     return 1.0 / ((1.0 - share) + share / layer_speedup)
 
 
-def step_before_halving(result: dict[str, Any]) -> float | None:
-    """The step time target 4 compares with the step after halving: a full-rank copy's, timed in rounds
-    alternating with the halved model (``step_ms_before_halving``), else the median of the step rounds."""
-    return result.get("step_ms_before_halving") or result.get("step_ms")
+def before_halving(result: dict[str, Any], key: str) -> float | None:
+    """What target 4 compares with ``{key}_halved`` (``key``: "step_ms" or "tt_layers_ms"): the full-rank
+    copy's median from the rounds alternating with the halved model (``{key}_before_halving``), else the
+    value measured before halving (``{key}``)."""
+    return result.get(f"{key}_before_halving") or result.get(key)
 
 
-def halving_step_speedup(result: dict[str, Any]) -> tuple[float | None, str]:
-    """Step time before / after halving: the median of the per-round ratios of the alternated rounds
-    (with ``"; per round ..."``), else the ratio of the two times."""
-    pairs = result.get("step_ms_halving_rounds")
+def halving_speedup(result: dict[str, Any], key: str) -> tuple[float | None, str]:
+    """Before / after halving for ``key`` ("step_ms" or "tt_layers_ms"): the median of the per-round ratios
+    of the alternated rounds (with ``"; per round ..."``), else the ratio of the two values."""
+    pairs = result.get(f"{key}_halving_rounds")
     if pairs:
         return median_of_rounds([before / after for before, after in pairs if after])
-    return ratio(step_before_halving(result), result.get("step_ms_halved")), ""
+    return ratio(before_halving(result, key), result.get(f"{key}_halved")), ""
 
 
 def amdahl_estimate(result: dict[str, Any]) -> float | None:
     """Target 4's Amdahl estimate from a step worker's result (None when it was not measured)."""
-    step = step_before_halving(result)
-    if not (step and result.get("tt_layers_ms") and result.get("tt_layers_ms_halved")):
+    step, layers = before_halving(result, "step_ms"), before_halving(result, "tt_layers_ms")
+    speedup, _ = halving_speedup(result, "tt_layers_ms")
+    if not (step and layers and speedup):
         return None
-    share = min(1.0, result["tt_layers_ms"] / step)
-    return amdahl_bound(share, result["tt_layers_ms"] / result["tt_layers_ms_halved"])
+    return amdahl_bound(min(1.0, layers / step), speedup)
 
 
 def amdahl_note(result: dict[str, Any]) -> str:
@@ -85,11 +86,11 @@ def amdahl_note(result: dict[str, Any]) -> str:
     estimate = amdahl_estimate(result)
     if estimate is None:
         return ""
-    step = step_before_halving(result)
-    share = min(1.0, result["tt_layers_ms"] / step)
-    speedup = result["tt_layers_ms"] / result["tt_layers_ms_halved"]
+    step, layers = before_halving(result, "step_ms"), before_halving(result, "tt_layers_ms")
+    share = min(1.0, layers / step)
+    speedup, _ = halving_speedup(result, "tt_layers_ms")
     return (f"Amdahl: TT/TTM layers fwd+bwd take f={share:.2f} of the step before halving "
-            f"({result['tt_layers_ms']:.1f} of {step:.1f} ms, {result.get('tt_layers_seen')} of "
+            f"({layers:.1f} of {step:.1f} ms, {result.get('tt_layers_seen')} of "
             f"{result.get('tt_layers')} tensorized modules, each re-run alone on its step input), "
             f"s={speedup:.2f}x faster after halving ({result['tt_layers_ms_halved']:.1f} ms): "
             f"Amdahl estimate 1/((1-f)+f/s) = {estimate:.2f}x; even s=inf gives "
@@ -264,7 +265,7 @@ def halving_rows(cfg: Config, result: dict[str, Any], batch: int, settings: str,
     before, after = result.get("ranks") or {}, result.get("ranks_halved") or {}
     sample = next(iter(before), None)
     settings += f"; {sample}: {before.get(sample)} -> {after.get(sample)}" if sample else ""
-    layers = ratio(result.get("tt_layers_ms"), result.get("tt_layers_ms_halved"))
+    layers, layer_rounds = halving_speedup(result, "tt_layers_ms")
     flop_ratio = ratio(result.get("tt_layers_flops"), result.get("tt_layers_flops_halved"))
     traffic_ratio = ratio(result.get("tt_layers_traffic"), result.get("tt_layers_traffic_halved"))
     costs = [result.get(k) for k in ("tt_layers_flops", "tt_layers_traffic", "tt_layers_flops_halved",
@@ -273,26 +274,30 @@ def halving_rows(cfg: Config, result: dict[str, Any], batch: int, settings: str,
         bound, basis = roof.speedup_bound((costs[0], costs[1]), (costs[2], costs[3])), "roofline"
     else:
         bound, basis = flop_ratio, "FLOPs" if flop_ratio else ""
-    step, step_rounds = halving_step_speedup(result)
+    step, step_rounds = halving_speedup(result, "step_ms")
     estimate = amdahl_estimate(result)
-    alternated = (f" (a full-rank copy and the halved model alternating in {len(result['step_ms_halving_rounds'])} "
-                  f"rounds{step_rounds})" if result.get("step_ms_halving_rounds") else "")
 
     def ms(key: str) -> str:
-        return f"{result.get(key) or float('nan'):.1f} ms"
+        before, after = before_halving(result, key), result.get(f"{key}_halved")
+        return f"{before or float('nan'):.1f} ms, after {after or float('nan'):.1f} ms"
+
+    def alternated(key: str, per_round: str) -> str:
+        pairs = result.get(f"{key}_halving_rounds")
+        if not pairs:
+            return ""
+        return f" (a full-rank copy and the halved model alternating in {len(pairs)} rounds{per_round})"
 
     return [
         make_row(4, f"tensorized layers fwd+bwd speedup after halving every rank, batch {batch}",
                  goals["layers_speedup"], layers, goal_key="halving.layers_speedup",
                  flop_ratio=flop_ratio, traffic_ratio=traffic_ratio,
                  bound=bound, bound_basis=basis,
-                 medians=f"before {ms('tt_layers_ms')}, after {ms('tt_layers_ms_halved')} "
-                         f"({result.get('tt_layers_seen')} modules, each re-run alone on its step input)",
+                 medians=f"before {ms('tt_layers_ms')} ({result.get('tt_layers_seen')} modules, each re-run alone "
+                         f"on its step input){alternated('tt_layers_ms', layer_rounds)}",
                  settings=settings, note="; ".join(filter(None, [halving_note(flop_ratio, traffic_ratio), errors]))),
         make_row(4, f"CoMERA step speedup after halving every rank / its Amdahl estimate, batch {batch}",
                  goals["amdahl_fraction"], ratio(step, estimate), goal_key="halving.amdahl_fraction",
-                 medians=f"step before {ms('step_ms_before_halving' if alternated else 'step_ms')}, "
-                         f"after {ms('step_ms_halved')}{alternated}: "
+                 medians=f"step before {ms('step_ms')}{alternated('step_ms', step_rounds)}: "
                          f"{step or float('nan'):.2f}x; Amdahl estimate {estimate or float('nan'):.2f}x",
                  settings=settings, note="; ".join(filter(None, [amdahl_note(result), errors]))),
     ]

@@ -106,6 +106,13 @@ def _state_tensor_bytes(model: torch.nn.Module, optimizers) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
+def _halving_medians(key: str, pairs: list[tuple[float, float]]) -> dict[str, Any]:
+    """``{key}_halving_rounds`` (the (before, after) pairs of the alternated rounds), ``{key}_before_halving``
+    and ``{key}_halved`` (their medians)."""
+    return {f"{key}_halving_rounds": pairs, f"{key}_before_halving": statistics.median(b for b, _ in pairs),
+            f"{key}_halved": statistics.median(a for _, a in pairs)}
+
+
 def step_worker(job: dict[str, Any]) -> dict[str, Any]:
     """Time full training steps of one configuration in this process (a step-worker process of
     :func:`harness.perf.steps.run_step_rounds`, taking turns with the others when a round coordinator is
@@ -189,21 +196,21 @@ def _step_worker(job: dict[str, Any], allocator_applied: str) -> dict[str, Any]:
     if job.get("halve"):
         if inputs:
             out["tt_layers_flops"], out["tt_layers_traffic"] = tensorized_layer_cost(model, inputs)
-        # A copy keeps the full ranks, so the steps before and after halving alternate in rounds here
-        # (minutes separate the rounds above from this point: a slow spell in between would read as a
-        # halving effect).
+        # A copy keeps the full ranks, so the steps -- and the lone layers -- before and after halving
+        # alternate in rounds here (minutes separate the rounds above from this point: a slow spell in
+        # between would read as a halving effect).
         full = copy.deepcopy(prepared)
         out["ranks_halved"] = halve_ranks(model, job["threshold"], prepared.optimizers)
-        pairs = []
+        pairs, layer_pairs = [], []
         for r in range(max(rounds, 2)):
             offset = (2 * r + 1) * (steps + warmup)
             pairs.append((statistics.median(timed(offset, full)), statistics.median(timed(offset, prepared))))
+            if inputs:
+                layer_pairs.append((tensorized_layer_ms(full.model, inputs), tensorized_layer_ms(model, inputs)))
         del full
-        out["step_ms_halving_rounds"] = pairs
-        out["step_ms_before_halving"] = statistics.median(before for before, _ in pairs)
-        out["step_ms_halved"] = statistics.median(after for _, after in pairs)
+        out.update(_halving_medians("step_ms", pairs))
         if inputs:
-            out["tt_layers_ms_halved"] = tensorized_layer_ms(model, inputs)
+            out.update(_halving_medians("tt_layers_ms", layer_pairs))
             out["tt_layers_flops_halved"], out["tt_layers_traffic_halved"] = tensorized_layer_cost(model, inputs)
     if gate is not None:
         gate.done()

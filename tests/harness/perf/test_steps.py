@@ -35,6 +35,7 @@ def test_step_worker_times_and_halves_in_process(monkeypatch):
     pairs = out["step_ms_halving_rounds"]
     assert len(pairs) == 2 and all(before > 0 and after > 0 for before, after in pairs)
     assert out["step_ms_before_halving"] == pytest.approx(sum(b for b, _ in pairs) / 2)
+    assert len(out["tt_layers_ms_halving_rounds"]) == 2 and out["tt_layers_ms_before_halving"] > 0
     assert out["peak_bytes"] > 0 and out["peak_kind"].startswith("cpu_rss_delta")
     assert out["allocator"].startswith(("glibc", "unavailable"))
     assert not worker.allocator_lib.current().startswith("glibc")  # undone when the worker returns
@@ -130,16 +131,20 @@ def test_step_table_from_worker_results(monkeypatch):
     halving = by_key["halving.amdahl_fraction"]  # f=0.4, s=2: 1/(0.6+0.2) = 1.25 = the step's 100/80
     assert "= 1.25x" in halving.note and "1.25x; Amdahl estimate 1.25x" in halving.medians
     assert "l: [1, 8, 1] -> [1, 4, 1]" in halving.settings
-    # with the alternated rounds of a full-rank copy and the halved model, the step speedup is the median
-    # of the per-round ratios (1.5, 1.25, 1.6 -> 1.5) and the copy's median step (120 ms) is the "before"
-    # of the share f = 40/120: s = 2 gives the estimate 1.2x
+    # with the alternated rounds of a full-rank copy and the halved model, each speedup is the median of
+    # the per-round ratios (steps 1.5, 1.25, 1.6 -> 1.5; layers 2, 2.5, 1.5 -> 2) and the copy's medians
+    # (step 120 ms, layers 40 ms) give the share f = 1/3: s = 2, estimate 1.2x
     fake["comera_b32"].update(step_ms_halving_rounds=[(120.0, 80.0), (100.0, 80.0), (128.0, 80.0)],
-                              step_ms_before_halving=120.0)
+                              step_ms_before_halving=120.0,
+                              tt_layers_ms_halving_rounds=[(40.0, 20.0), (50.0, 20.0), (30.0, 20.0)],
+                              tt_layers_ms_before_halving=40.0)
     alternated = {r.goal_key: r for r in steps.target_steps(Config.make("cpu", 1, quick=True), {4}, 10)}
     row = alternated["halving.amdahl_fraction"]
     assert row.measured == pytest.approx(1.5 / 1.2) and "f=0.33" in row.note and "40.0 of 120.0 ms" in row.note
     assert "before 120.0 ms, after 80.0 ms (a full-rank copy and the halved model alternating in 3 rounds; " \
            "per round 1.50, 1.25, 1.60): 1.50x; Amdahl estimate 1.20x" in row.medians
+    lone = alternated["halving.layers_speedup"]
+    assert lone.measured == 2.0 and "alternating in 3 rounds; per round 2.00, 2.50, 1.50" in lone.medians
     layers = by_key["halving.layers_speedup"]  # the FLOP ratio bounds the layers' speedup
     assert layers.flop_ratio == layers.bound == pytest.approx(1.8) and layers.bound_basis == "FLOPs"
     assert layers.traffic_ratio == pytest.approx(1.25) and "FLOPs 1.80x" in layers.note
