@@ -37,6 +37,7 @@ def target_linear(cfg: Config, roof: Roofline) -> list[BenchRow]:
                  "tt": mb._call(tt, x, "fwd_bwd", wrt_input=True),
                  "tt_1": mb._call(tt, one, "fwd_bwd", wrt_input=True),
                  "floor_1": mb._call(AutogradOnly(tt), one, "fwd_bwd", wrt_input=True),
+                 "direct_1": (contraction_only(tt, one), mb._nothing),
                  "official": mb._call(official, x, "fwd_bwd", wrt_input=True)}
         per_round = paired_rounds({k: run for k, (run, _) in calls.items()}, rounds=cfg.rounds,
                                   num_threads=cfg.num_threads, min_run_time_s=cfg.min_run_time_s)
@@ -55,7 +56,7 @@ def target_linear(cfg: Config, roof: Roofline) -> list[BenchRow]:
             medians=f"nn.Linear {times['dense']:.3f} ms, TTLinear {times['tt']:.3f} ms{speedup_rounds}",
             settings=f"ranks {tt.ranks}, plan {plan.left}/{plan.right}, {cfg.label()}; ratio: median over "
                      f"rounds of the ratio within a round",
-            note=fixed_cost_note(times["dense"], times["tt"], times["tt_1"], times["floor_1"])))
+            note=fixed_cost_note(times["dense"], times["tt"], times["tt_1"], times["floor_1"], times["direct_1"])))
         rows.append(make_row(
             1, f"TTLinear vs official TT_forward, {shape}", case["vs_official"],
             vs_official, goal_key=f"linear[{i}].vs_official",
@@ -73,14 +74,38 @@ def target_linear(cfg: Config, roof: Roofline) -> list[BenchRow]:
     return rows
 
 
-def fixed_cost_note(dense_ms: float, tt_ms: float, one_token_ms: float, floor_ms: float) -> str:
+def fixed_cost_note(dense_ms: float, tt_ms: float, one_token_ms: float, floor_ms: float, direct_ms: float) -> str:
     """The TT layer's cost that does not shrink with the token count -- the same call on one token: core
-    merges, gate products, per-op overhead -- the ratio it caps, and what autograd alone costs such a call
-    (:class:`AutogradOnly` on one token): the part no contraction code can remove."""
+    merges, gate products, per-op overhead -- the ratio it caps, and its two parts measured on one token:
+    autograd alone (:class:`AutogradOnly`) and the contraction's own calls (:func:`contraction_only`)."""
     return (f"profile: the same TTLinear on 1 token takes {one_token_ms:.3f} ms ({one_token_ms / tt_ms:.0%} of "
             f"its time here: core merges, gates, per-op overhead, which do not shrink with tokens); even free "
-            f"token-sized products would give at most {dense_ms / one_token_ms:.2f}x; autograd alone (a "
-            f"Function over the same tensors that does no arithmetic) takes {floor_ms:.3f} ms on 1 token")
+            f"token-sized products would give at most {dense_ms / one_token_ms:.2f}x; on 1 token, autograd "
+            f"alone (a Function over the same tensors that does no arithmetic) takes {floor_ms:.3f} ms and "
+            f"the contraction's forward and backward called directly (no autograd) {direct_ms:.3f} ms")
+
+
+def contraction_only(layer: torch.nn.Module, x: torch.Tensor):
+    """A closure running the forward and the backward of ``layer``'s contraction (a TTLinear's
+    ``comera.tt._TTLinearFunction``) directly on ``x``, outside autograd: the ATen calls and the Python
+    of a TT call without the graph, its saved tensors or gradient accumulation."""
+    from comera.tt import _entries, _TTLinearFunction, forward_gates
+
+    plan, params = layer.plan(x.shape[0]), [*_entries(layer.cores), *forward_gates(layer)]
+    dy = torch.randn(x.shape[0], layer.out_features, device=x.device, dtype=x.dtype)
+
+    class Context:  # what forward and backward use of autograd's context object
+        needs_input_grad = (False, True, layer.bias is not None) + (True,) * len(params)
+
+        def save_for_backward(self, *tensors):
+            self.saved_tensors = tensors
+
+    def run() -> None:
+        with torch.no_grad():
+            ctx = Context()
+            _TTLinearFunction.forward(ctx, plan, x, layer.bias, *params)
+            _TTLinearFunction.backward(ctx, dy)
+    return run
 
 
 class _NoArithmetic(torch.autograd.Function):

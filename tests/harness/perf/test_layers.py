@@ -28,9 +28,26 @@ def test_table_memory_counts_params_grads_and_working_memory_beyond_the_output()
 
 
 def test_fixed_cost_note_bounds_the_ratio_by_the_one_token_time():
-    note = layers.fixed_cost_note(dense_ms=2.0, tt_ms=1.0, one_token_ms=0.5, floor_ms=0.125)
+    note = layers.fixed_cost_note(dense_ms=2.0, tt_ms=1.0, one_token_ms=0.5, floor_ms=0.125, direct_ms=0.25)
     assert "0.500 ms (50% of its time here" in note and "at most 4.00x" in note
-    assert "no arithmetic) takes 0.125 ms on 1 token" in note
+    assert "no arithmetic) takes 0.125 ms and the contraction's forward and backward called directly " \
+           "(no autograd) 0.250 ms" in note
+
+
+def test_contraction_only_runs_the_layer_forward_and_backward_without_a_graph(monkeypatch):
+    """The direct call goes through the layer's own contraction (forward, then backward on its saved
+    tensors) and leaves no gradient behind."""
+    from comera import tt
+
+    layer = tt.TTLinear(24, 20, in_shape=[2, 3, 4], out_shape=[5, 2, 2], rank=3)
+    seen = []
+    forward, backward = tt._TTLinearFunction.forward, tt._TTLinearFunction.backward
+    monkeypatch.setattr(tt._TTLinearFunction, "forward",
+                        staticmethod(lambda ctx, *a: seen.append("forward") or forward(ctx, *a)))
+    monkeypatch.setattr(tt._TTLinearFunction, "backward",
+                        staticmethod(lambda ctx, dy: seen.append(len(backward(ctx, dy)))))
+    layers.contraction_only(layer, torch.randn(2, 24))()
+    assert seen == ["forward", 3 + 6 + 5] and all(p.grad is None for p in layer.parameters())
 
 
 def test_autograd_only_passes_every_tensor_of_the_layer_and_computes_nothing():
