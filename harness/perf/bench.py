@@ -1,6 +1,7 @@
 """``comera-bench bench``: the performance targets of the project (harness.perf), measured in one run and
 judged against the goals of config/bench.yaml; the table goes to stdout, a Parquet file (one row per
-table row, with the provenance columns of the pipeline's rows) and a Markdown file next to it.
+table row, with the provenance columns of the pipeline's rows), a Markdown file and a figure (PNG, PDF;
+harness.perf.figure) next to it.
 
     comera-bench bench [--quick] [--targets 1,2,3,4,5] [--device cpu|cuda|auto] [--threads N]
                        [--allocator reuse|system] [--step-rounds R] [--goals config/bench.yaml]
@@ -17,6 +18,7 @@ from pathlib import Path
 from harness.core import allocator as allocator_lib
 from harness.configs import grid
 from harness.results.atomic import atomic_write
+from harness.perf import figure
 from harness.perf import goals as goals_lib
 from harness.perf.config import Config
 from harness.perf.report import TARGET_NAMES, to_markdown, write
@@ -93,10 +95,16 @@ def cli(argv: list[str]) -> int:
     rows = run_targets(targets, cfg, step_timeout_s=args.step_timeout,
                        progress=lambda line: print(line, file=sys.stderr, flush=True))
     applied = f"{cfg.allocator}: {cfg.allocator_applied}"
-    md, pq = write(rows, out, provenance(cfg.device), applied)
+    prov = provenance(cfg.device)
+    md, pq = write(rows, out, prov, applied)
+    try:  # after the table is written: a figure that cannot be drawn costs nothing measured
+        drawn = figure.draw(rows, out, figure.title_of(prov))
+    except Exception as exc:  # noqa: BLE001 -- reported, the table stands
+        print(f"comera-bench bench: figure not drawn: {type(exc).__name__}: {exc}", file=sys.stderr)
+        drawn = []
     print(f"Allocator: {applied}\n")
     print(to_markdown(rows))
-    print(f"-> {pq}, {md}")
+    print(f"-> {', '.join(str(p) for p in [pq, md, *drawn])}")
     return 0
 
 

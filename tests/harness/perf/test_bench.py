@@ -79,6 +79,7 @@ def test_quick_targets_produce_a_table(tmp_path, monkeypatch):
     assert file_metadata(out)["provenance"]["device"] == "cpu"
     text = out.with_suffix(".md").read_text()
     assert text.count("\n| 3 |") == 4 and "| 5 |" in text and "Allocator: reuse" in text
+    assert out.with_suffix(".png").stat().st_size > 0 and out.with_suffix(".pdf").stat().st_size > 0
 
 
 def test_a_failing_target_becomes_an_error_row(monkeypatch):
