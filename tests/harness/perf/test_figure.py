@@ -13,7 +13,7 @@ def _rows():
             make_row(2, "memory share", 0.7, 0.35, better="<="),
             make_row(3, "nothing measured", 5.0, None),
             make_row(5, "informational", None, 1.0),
-            make_row(1, "x" * 80, 1.0, 1.0)]
+            make_row(1, "x" * 120, 1.0, 1.0)]
 
 
 def test_scores_put_every_judged_row_against_its_goal():
