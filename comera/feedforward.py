@@ -7,6 +7,9 @@ TTLinear layers the hidden activation is a cheap function of the rank-r product 
 merged core blocks, and backward recomputes ``first(x)`` and the activation from ``z1`` -- one
 ``(tokens x r) @ (r x hidden)`` GEMM and one activation more than the composition, no other extra work
 (the second layer's input projection is not redone). Results and gradients equal the composition's.
+
+The recomputation is the price of the memory: below :data:`FUSE_MIN_ELEMENTS` hidden elements, where the
+two activations are small, :func:`feed_forward` runs the plain composition instead.
 """
 from __future__ import annotations
 
@@ -25,6 +28,16 @@ from comera.tt import (
     gated_cores,
     outside_autocast,
 )
+
+
+FUSE_MIN_ELEMENTS = 1 << 22
+"""Hidden-activation elements (tokens x hidden features) from which :func:`feed_forward` takes the fused
+path; below, the plain composition saves its two hidden activations (at most 2 x 16 MiB in float32) and
+skips the recomputed GEMM and activation. Measured (2-core AMD EPYC VM, torch 2.13 CPU, interleaved
+rounds): fused / plain time 1.04x at 64 tokens and 1.04-1.09x at 2048 tokens of a 128->512->128 block
+(rank 16), 1.16x at 128 tokens and 1.18x at 1024 tokens of 768->3072->768 (rank 30), the GELU at 1024 x
+3072 alone 2.6 ms; at the paper's batch 32 (4096 x 3072, 96 MiB of activations per block) the fused path
+keeps the step's peak memory at 0.61 of uncompressed training. Set it to 0 to always fuse."""
 
 
 def _layer_params(layer: TTLinear) -> list[torch.Tensor]:
@@ -105,8 +118,9 @@ def feed_forward(first: nn.Module, activation: Callable[[torch.Tensor], torch.Te
     """``second(activation(first(x)))``, saving only rank-r products when both layers are TTLinear.
 
     ``activation`` must be a deterministic elementwise function (it is re-run in backward; no dropout).
-    Any other layer pair (nn.Linear, adapters), inference (grad disabled), a layer at rank 0 or a plan that
-    forms the dense weight falls back to the plain composition, with the same result.
+    Any other layer pair (nn.Linear, adapters), inference (grad disabled), fewer than
+    :data:`FUSE_MIN_ELEMENTS` hidden elements, a layer at rank 0 or a plan that forms the dense weight
+    falls back to the plain composition, with the same result.
     """
     if not (isinstance(first, TTLinear) and isinstance(second, TTLinear)) or not torch.is_grad_enabled():
         return second(activation(first(x)))
@@ -118,6 +132,8 @@ def feed_forward(first: nn.Module, activation: Callable[[torch.Tensor], torch.Te
                          f"got shape {tuple(x.shape)}")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, first.in_features)
+    if x2.shape[0] * first.out_features < FUSE_MIN_ELEMENTS:
+        return second(activation(first(x)))
     p1, p2 = first.plan(x2.shape[0]), second.plan(x2.shape[0])
     if not _fusable(p1, p2):
         return second(activation(first(x)))

@@ -11,9 +11,16 @@ from torch import nn
 
 from comera import TTLinear
 from comera.contraction import make_plan
+from comera import feedforward
 from comera.feedforward import _fusable, feed_forward
 
 ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "tanh": torch.tanh}
+
+
+@pytest.fixture(autouse=True)
+def always_fuse(monkeypatch):
+    """The layers here are small: without this every call would take the plain composition."""
+    monkeypatch.setattr(feedforward, "FUSE_MIN_ELEMENTS", 0)
 
 
 def _layer(in_shape, out_shape, rng, bias, dtype=torch.float64):
@@ -147,3 +154,16 @@ def test_shape_errors_name_the_mismatch(bad):
     x = torch.randn(2, 12 if bad == "width" else 10)
     with pytest.raises(ValueError, match="out_features=24" if bad == "width" else "last dimension 12"):
         feed_forward(first, F.gelu, second, x)
+
+
+@pytest.mark.parametrize("tokens,fused", [(4, False), (5, True)])
+def test_small_activations_take_the_plain_composition(monkeypatch, tokens, fused):
+    """Below FUSE_MIN_ELEMENTS hidden elements (tokens x hidden) the plain composition runs (it keeps the
+    activations instead of recomputing them); from there on the fused path; both give the same result."""
+    first, second, _ = _pair(0)
+    monkeypatch.setattr(feedforward, "FUSE_MIN_ELEMENTS", 5 * first.out_features)
+    x = torch.randn(tokens, first.in_features, dtype=torch.float64, requires_grad=True)
+    y = feed_forward(first, F.gelu, second, x)
+    node = y.grad_fn.next_functions[0][0]  # under the output's view
+    assert (type(node).__name__ == "_TTFeedForwardFunctionBackward") == fused
+    torch.testing.assert_close(y, second(F.gelu(first(x))))
