@@ -8,8 +8,8 @@ merged core blocks, and backward recomputes ``first(x)`` and the activation from
 ``(tokens x r) @ (r x hidden)`` GEMM and one activation more than the composition, no other extra work
 (the second layer's input projection is not redone). Results and gradients equal the composition's.
 
-The recomputation is the price of the memory: below :data:`FUSE_MIN_ELEMENTS` hidden elements, where the
-two activations are small, :func:`feed_forward` runs the plain composition instead.
+The recomputation is the price of the memory; :data:`FUSE_MIN_ELEMENTS` (default 0: always fused) sets a
+size below which :func:`feed_forward` runs the plain composition instead, trading memory for time.
 """
 from __future__ import annotations
 
@@ -30,14 +30,16 @@ from comera.tt import (
 )
 
 
-FUSE_MIN_ELEMENTS = 1 << 22
+FUSE_MIN_ELEMENTS = 0
 """Hidden-activation elements (tokens x hidden features) from which :func:`feed_forward` takes the fused
-path; below, the plain composition saves its two hidden activations (at most 2 x 16 MiB in float32) and
-skips the recomputed GEMM and activation. Measured (2-core AMD EPYC VM, torch 2.13 CPU, interleaved
-rounds): fused / plain time 1.04x at 64 tokens and 1.04-1.09x at 2048 tokens of a 128->512->128 block
-(rank 16), 1.16x at 128 tokens and 1.18x at 1024 tokens of 768->3072->768 (rank 30), the GELU at 1024 x
-3072 alone 2.6 ms; at the paper's batch 32 (4096 x 3072, 96 MiB of activations per block) the fused path
-keeps the step's peak memory at 0.61 of uncompressed training. Set it to 0 to always fuse."""
+path; below, the plain composition saves its two hidden activations and skips the recomputed GEMM and
+activation. 0 (the default): always fused, for the memory. What the switch trades, measured (2-core AMD
+EPYC VM, torch 2.13 CPU; the two paths alternating in one process): the block's time, fused / plain,
+1.04x at 64 tokens and 1.04-1.09x at 2048 tokens of a 128->512->128 block (rank 16), 1.16x at 128 tokens
+and 1.18x at 1024 tokens of 768->3072->768 (rank 30; the GELU at 1024 x 3072 alone takes 2.6 ms); whole
+steps 4-7% faster with 2^22 on the small preset; but with 2^22 the paper-shape step at batch 1 (128 x
+3072 per block, plain) peaked at 110 instead of 98 MiB, so GaLore / CoMERA memory fell from 12.0 to
+10.7: CoMERA's batch-1 memory is the paper's claim, so the default keeps every block fused."""
 
 
 def _layer_params(layer: TTLinear) -> list[torch.Tensor]:

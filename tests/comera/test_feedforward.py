@@ -17,12 +17,6 @@ from comera.feedforward import _fusable, feed_forward
 ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "tanh": torch.tanh}
 
 
-@pytest.fixture(autouse=True)
-def always_fuse(monkeypatch):
-    """The layers here are small: without this every call would take the plain composition."""
-    monkeypatch.setattr(feedforward, "FUSE_MIN_ELEMENTS", 0)
-
-
 def _layer(in_shape, out_shape, rng, bias, dtype=torch.float64):
     d = len(in_shape) + len(out_shape)
     layer = TTLinear(math.prod(in_shape), math.prod(out_shape), in_shape=in_shape, out_shape=out_shape,
@@ -158,8 +152,10 @@ def test_shape_errors_name_the_mismatch(bad):
 
 @pytest.mark.parametrize("tokens,fused", [(4, False), (5, True)])
 def test_small_activations_take_the_plain_composition(monkeypatch, tokens, fused):
-    """Below FUSE_MIN_ELEMENTS hidden elements (tokens x hidden) the plain composition runs (it keeps the
-    activations instead of recomputing them); from there on the fused path; both give the same result."""
+    """With FUSE_MIN_ELEMENTS set, fewer hidden elements (tokens x hidden) take the plain composition (it
+    keeps the activations instead of recomputing them), more the fused path; both give the same result.
+    The default, 0, fuses every call."""
+    assert feedforward.FUSE_MIN_ELEMENTS == 0
     first, second, _ = _pair(0)
     monkeypatch.setattr(feedforward, "FUSE_MIN_ELEMENTS", 5 * first.out_features)
     x = torch.randn(tokens, first.in_features, dtype=torch.float64, requires_grad=True)

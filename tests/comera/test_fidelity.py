@@ -208,10 +208,7 @@ def test_every_step_masking_zeroes_gates_at_or_below_the_threshold(kind):
         torch.testing.assert_close(gate.grad[active], gate_ref.grad[active], rtol=1e-12, atol=1e-14)
 
 
-def test_every_step_masking_in_the_fused_feed_forward(monkeypatch):
-    from comera import feedforward
-
-    monkeypatch.setattr(feedforward, "FUSE_MIN_ELEMENTS", 0)  # small layers: fused path all the same
+def test_every_step_masking_in_the_fused_feed_forward():
     first = _masked_layer(lambda: TTLinear(24, 20, in_shape=[2, 3, 4], out_shape=[5, 2, 2], rank=4,
                                            dtype=torch.float64), 1)
     second = _masked_layer(lambda: TTLinear(20, 24, in_shape=[5, 2, 2], out_shape=[2, 3, 4], rank=4,
