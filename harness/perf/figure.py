@@ -10,11 +10,12 @@ from pathlib import Path
 from harness.perf.report import BenchRow
 
 LABEL_CHARS = 96
-FOOTER = ("Bars run from the goal (1) to measured / goal (for a row that must stay at or below its goal: goal / measured), so 1 or "
-          "more meets the goal; green pass, orange short, a red cross: no positive finite value measured. Diamonds: the bound "
-          "the same run measured for the row (roofline, free tensorized layers, FLOPs) / goal: the most the "
-          "row could reach here; a diamond left of 1 puts the goal beyond it. Every ratio comes from one run "
-          "(interleaved rounds); medians, settings and notes are in bench.md.")
+FOOTER = ("Bars run from the goal (1) to measured / goal (for a row that must stay at or below its goal: "
+          "goal / measured), so 1 or more meets the goal; green pass, orange short, a red cross: no positive "
+          "finite value measured. Diamonds: the bound the same run measured for the row (roofline, free "
+          "tensorized layers, FLOPs) / goal: the most the row could reach here; a diamond left of 1 puts the "
+          "goal beyond it. Every ratio comes from one run (interleaved rounds); medians, settings and notes "
+          "are in bench.md.")
 
 
 @dataclass(frozen=True)
