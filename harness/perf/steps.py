@@ -285,19 +285,24 @@ def halving_rows(cfg: Config, result: dict[str, Any], batch: int, settings: str,
         pairs = result.get(f"{key}_halving_rounds")
         if not pairs:
             return ""
-        return f" (a full-rank copy and the halved model alternating in {len(pairs)} rounds{per_round})"
+        return f"a full-rank copy and the halved model alternating in {len(pairs)} rounds{per_round}"
+
+    def parenthesized(*parts: str) -> str:
+        text = "; ".join(p for p in parts if p)
+        return f" ({text})" if text else ""
 
     return [
         make_row(4, f"tensorized layers fwd+bwd speedup after halving every rank, batch {batch}",
                  goals["layers_speedup"], layers, goal_key="halving.layers_speedup",
                  flop_ratio=flop_ratio, traffic_ratio=traffic_ratio,
                  bound=bound, bound_basis=basis,
-                 medians=f"before {ms('tt_layers_ms')} ({result.get('tt_layers_seen')} modules, each re-run alone "
-                         f"on its step input){alternated('tt_layers_ms', layer_rounds)}",
+                 medians=f"before {ms('tt_layers_ms')}"
+                         + parenthesized(f"{result.get('tt_layers_seen')} modules, each re-run alone on its step input",
+                                         alternated("tt_layers_ms", layer_rounds)),
                  settings=settings, note="; ".join(filter(None, [halving_note(flop_ratio, traffic_ratio), errors]))),
         make_row(4, f"CoMERA step speedup after halving every rank / its Amdahl estimate, batch {batch}",
                  goals["amdahl_fraction"], ratio(step, estimate), goal_key="halving.amdahl_fraction",
-                 medians=f"step before {ms('step_ms')}{alternated('step_ms', step_rounds)}: "
+                 medians=f"step before {ms('step_ms')}{parenthesized(alternated('step_ms', step_rounds))}: "
                          f"{step or float('nan'):.2f}x; Amdahl estimate {estimate or float('nan'):.2f}x",
                  settings=settings, note="; ".join(filter(None, [amdahl_note(result), errors]))),
     ]

@@ -144,7 +144,9 @@ def test_step_table_from_worker_results(monkeypatch):
     assert "before 120.0 ms, after 80.0 ms (a full-rank copy and the halved model alternating in 3 rounds; " \
            "per round 1.50, 1.25, 1.60): 1.50x; Amdahl estimate 1.20x" in row.medians
     lone = alternated["halving.layers_speedup"]
-    assert lone.measured == 2.0 and "alternating in 3 rounds; per round 2.00, 2.50, 1.50" in lone.medians
+    assert lone.measured == 2.0 and lone.medians == (
+        "before 40.0 ms, after 20.0 ms (1 modules, each re-run alone on its step input; a full-rank copy and "
+        "the halved model alternating in 3 rounds; per round 2.00, 2.50, 1.50)")
     layers = by_key["halving.layers_speedup"]  # the FLOP ratio bounds the layers' speedup
     assert layers.flop_ratio == layers.bound == pytest.approx(1.8) and layers.bound_basis == "FLOPs"
     assert layers.traffic_ratio == pytest.approx(1.25) and "FLOPs 1.80x" in layers.note
