@@ -244,7 +244,8 @@ def run_group(cells: Sequence[Cell], rounds: int, *, log=None,
         started = time.monotonic()
         try:
             for cell in cells:
-                cell.proc = subprocess.Popen(command(cell), env=env)
+                with _signals_deferred():  # a stop signal inside Popen would orphan the started child
+                    cell.proc = subprocess.Popen(command(cell), env=env)
             log(f"timing group of {len(cells)} cells, {rounds} interleaved rounds: "
                 + ", ".join(c.run_id for c in cells))
             for r in range(rounds):
@@ -274,10 +275,33 @@ def run_group(cells: Sequence[Cell], rounds: int, *, log=None,
     return failed
 
 
+_deferred: list[int] | None = None
+"""While a cell's process starts: the stop signals that arrived (raised once it is recorded), else None."""
+
+
+class _signals_deferred:
+    """Holds back :func:`stop_on_signals`' exit while a cell's process is being started (the child exists
+    from ``fork`` on, its Popen object only once Popen returns), then exits with the first signal held."""
+
+    def __enter__(self) -> None:
+        global _deferred
+        _deferred = []
+
+    def __exit__(self, *exc: object) -> None:
+        global _deferred
+        held, _deferred = _deferred, None
+        if held:
+            raise SystemExit(128 + held[0])
+
+
 def stop_on_signals() -> None:
     """SIGTERM / SIGHUP (a job's time limit, scancel, a closed session) end :func:`run_group` through its
-    cleanup: every cell's process is terminated and the socket folder removed; exit status 128 + N."""
+    cleanup: every cell's process is terminated and the socket folder removed; exit status 128 + N. A
+    signal that arrives while a cell's process starts takes effect once the process is recorded."""
     def stop(signum: int, _frame: object) -> None:
+        if _deferred is not None:
+            _deferred.append(signum)
+            return
         raise SystemExit(128 + signum)
 
     for sig in (signal.SIGTERM, signal.SIGHUP):

@@ -124,3 +124,36 @@ interleave.run_group(cells, 3, command=lambda c: [sys.executable, "-c", "import 
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     gone, alive = psutil.wait_procs(kids, timeout=30)
     assert not alive
+
+
+def test_a_stop_signal_while_a_cell_starts_still_ends_that_cell(tmp_path, monkeypatch):
+    """SIGTERM delivered inside Popen (after the fork, before run_group holds the process) used to leave
+    that child running; it now takes effect once the process is recorded, and the cleanup ends it."""
+    import signal
+    import subprocess
+
+    from harness.core import interleave
+
+    started, real_popen = [], subprocess.Popen
+
+    def popen(*args, **kwargs):
+        proc = real_popen(*args, **kwargs)
+        started.append(proc)
+        signal.raise_signal(signal.SIGTERM)  # its handler runs here, before Popen returns
+        return proc
+
+    spec = tmp_path / "a.json"
+    spec.write_text(json.dumps({"run_id": "a"}))
+    monkeypatch.setattr(interleave.subprocess, "Popen", popen)
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        interleave.stop_on_signals()
+        with pytest.raises(SystemExit) as stopped:
+            interleave.run_group([interleave.Cell(str(spec), "", "")], 1, log=lambda m: None,
+                                 command=lambda c: [sys.executable, "-c", "import time; time.sleep(60)"])
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert len(started) == 1 and started[0].poll() is not None  # terminated by run_group's cleanup
+    assert interleave._deferred is None
