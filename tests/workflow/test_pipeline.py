@@ -43,6 +43,14 @@ def cells(workdir: Path) -> dict[str, Path]:
     return {p.name: p for p in (workdir / "results" / "runs" / "cpu-tiny").glob("*.parquet")}
 
 
+def cmdline_of(process: psutil.Process) -> list[str]:
+    """The process's command line, or [] once it has ended (a zombie between `children()` and here)."""
+    try:
+        return process.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):  # ZombieProcess is a NoSuchProcess
+        return []
+
+
 def kill_first_cell(proc: subprocess.Popen, min_age_s: float = 1.0, timeout_s: float = 300) -> str:
     """SIGKILL the first cell's worker process (`python -m harness.cli run`, the child of `comera-bench
     run --isolate`, as the OOM killer would pick it) under ``proc`` once it has run ``min_age_s``;
@@ -257,8 +265,8 @@ def test_sigterm_to_the_pipeline_leaves_no_failure_and_a_rerun_finishes(tmp_path
     folder = tmp_path / "results" / "runs" / "cpu-tiny"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
-        running = [c for c in psutil.Process(proc.pid).children(recursive=True)
-                   if "harness.cli" in " ".join(c.cmdline()) and "--spec" in c.cmdline()]
+        running = [cmd for cmd in map(cmdline_of, psutil.Process(proc.pid).children(recursive=True))
+                   if "harness.cli" in " ".join(cmd) and "--spec" in cmd]
         if list(folder.glob("*.runs.parquet")) and running:
             break
         time.sleep(0.05)
