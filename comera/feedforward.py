@@ -134,10 +134,8 @@ def feed_forward(first: nn.Module, activation: Callable[[torch.Tensor], torch.Te
                          f"got shape {tuple(x.shape)}")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, first.in_features)
-    if x2.shape[0] * first.out_features < FUSE_MIN_ELEMENTS:
-        return second(activation(first(x)))
     p1, p2 = first.plan(x2.shape[0]), second.plan(x2.shape[0])
-    if not _fusable(p1, p2):
+    if x2.shape[0] * first.out_features < FUSE_MIN_ELEMENTS or not _fusable(p1, p2):
         return second(activation(first(x)))
     y = outside_autocast(
         lambda x, b1, b2, *params: _TTFeedForwardFunction.apply((p1, p2), activation, x.contiguous(), b1, b2,

@@ -74,11 +74,19 @@ OFFICIAL_LATE_WEIGHTS = (0.1, 0.01)  # fixed weights of L and P in both official
 
 def tensorized_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """``(name, module)`` for every module with TT ``cores`` and rank ``gates``."""
+    return [(name, module) for name, module in model.named_modules() if _is_tensorized(module)]
+
+
+def _is_tensorized(module: nn.Module) -> bool:
     # A ParameterList attribute lives in ``_modules``; reading it there skips Module.__getattr__'s
-    # AttributeError on every other module (this walk runs a few times per training step).
-    return [(name, module) for name, module in model.named_modules()
-            if isinstance(module._modules.get("cores"), nn.ParameterList)
-            and isinstance(module._modules.get("gates"), nn.ParameterList)]
+    # AttributeError on every other module (the model is walked a few times per training step).
+    children = module._modules
+    return isinstance(children.get("cores"), nn.ParameterList) and isinstance(children.get("gates"), nn.ParameterList)
+
+
+def _check_reduction(where: str, name: str, reduction: str) -> None:
+    if reduction not in L1_REDUCTIONS:
+        raise ValueError(f"{where}: {name}={reduction!r}, expected one of {L1_REDUCTIONS}")
 
 
 def ranks(model: nn.Module) -> dict[str, list[int]]:
@@ -95,8 +103,7 @@ def gate_penalty(model: nn.Module, threshold: float, reduction: str = "mean") ->
     """Early-stage size surrogate over the active gates (``g > threshold``): their sum, divided by
     their number for ``reduction="mean"`` (the official code), or not (``"sum"``). Zero when no gate is
     active; inactive gates get no gradient. No host sync."""
-    if reduction not in L1_REDUCTIONS:
-        raise ValueError(f"gate_penalty: reduction={reduction!r}, expected one of {L1_REDUCTIONS}")
+    _check_reduction("gate_penalty", "reduction", reduction)
     return _gate_penalty(_layout(model), threshold, reduction)
 
 
@@ -121,8 +128,7 @@ def early_objective(task_loss: torch.Tensor, model: nn.Module, *, l1_weight: flo
                     threshold: float, l1_reduction: str = "mean") -> torch.Tensor:
     """Linear scalarization of the early stage: ``L + gamma P(D) + beta sum ||G||_F^2`` with the gate
     penalty ``P`` of :func:`gate_penalty`."""
-    if l1_reduction not in L1_REDUCTIONS:
-        raise ValueError(f"early_objective: l1_reduction={l1_reduction!r}, expected one of {L1_REDUCTIONS}")
+    _check_reduction("early_objective", "l1_reduction", l1_reduction)
     layout = _layout(model)
     objective = task_loss
     if l1_weight:
@@ -438,10 +444,9 @@ def _tensorized(model: nn.Module) -> list[nn.Module]:
         if id(module) in seen:
             continue
         seen.add(id(module))
-        children = module._modules
-        if isinstance(children.get("cores"), nn.ParameterList) and isinstance(children.get("gates"), nn.ParameterList):
+        if _is_tensorized(module):
             found.append(module)
-        stack.extend(child for child in reversed(children.values()) if child is not None)
+        stack.extend(child for child in reversed(module._modules.values()) if child is not None)
     return found
 
 
