@@ -5,11 +5,14 @@ Params (``PARAMS_DEFAULTS``): ``rank`` (int) overrides the rank of every TT line
 ``embedding_rank`` that of every TTM embedding (a rank sweep of the linear layers keeps the embedding);
 ``lookup`` picks the TTM lookup ("optimized" -> variant "default", "naive" -> variant "naive-lookup");
 ``lr_cores`` / ``lr_gates`` / ``lr_other`` default to the workload's ``lr`` entries, else 1e-4 / 1e-3 /
-5e-5 (docs/workloads.md); ``l1_weight`` (gamma), ``l2_weight`` (beta), ``threshold``, ``prune_every``;
+5e-5 (docs/workloads.md); ``lr_embedding_cores`` (TTM cores) to the workload's ``embedding_cores`` entry,
+else the cores' rate; ``l1_weight`` (gamma), ``l2_weight`` (beta), ``threshold``, ``prune_every``;
 ``early_fraction`` of ``total_steps`` runs the early stage, then -- only when a ``target_ratio`` is
 given -- the late stage drives the TT size toward ``target_ratio`` times its size at the switch
-(``loss_target`` L0, default the running task loss at the switch; ``loss_weight``, ``size_weight``,
-``rho`` of the achievement scalarization; ``stop_at_target``: pruning never goes below S0;
+(``loss_target`` L0 fixed, else ``loss_reference``: "best", the lowest running task loss so far, updated
+every step and compared with the running loss, or "switch", the running loss at the switch, fixed;
+``loss_weight``, ``size_weight``, ``rho`` (1: the task loss keeps half its weight in the size branch) of
+the achievement scalarization; ``stop_at_target``: pruning never goes below S0;
 ``target_ramp``: the fraction of the late stage over which S0 falls from the size at the switch to its
 value, 0 = fixed as in the paper). ``late_formulation`` "project" (default: the scalarization above) or
 "official" (the official code's late stage: relative-gap branch test, gate-penalty size term, fixed
@@ -17,7 +20,9 @@ weights 0.1 / 0.01, ``loss_target`` 0.8 unless given; ``loss_weight`` / ``size_w
 keep their defaults); ``mask_gates`` "at_prune" (default: raw gates between prunings) or "every_step"
 (gates <= threshold zeroed in every forward, as the official code); see comera.rank.
 ``l1_reduction`` "mean" (the official code's normalisation, default) or "sum" (the literal formula);
-``l2_weight`` 1e-4 by default (the paper's core penalty; the official code has none); ``init``
+``l2_weight`` 0 by default (the paper's core penalty is an option; the official code has none, and 1e-4
+cost accuracy on the small transformer: docs/recipe.md); ``embedding_init_std`` the TTM table's std (None:
+the init scheme's); ``init``
 "official" (default: the small CPU transformer learned its task in <= 1000 steps with it and not at all
 with "default") or "default" (see comera.init); it sets the TT layers (cores, and a TT layer's bias:
 "official" draws it in +-1/sqrt(out) as the official code). ``dense_init`` "workload" (default: what
@@ -40,7 +45,7 @@ from comera import rank as rank_lib
 from comera.adapt import param_groups
 from comera.convert import model_size, tensorize
 from comera.init import INIT_SCHEMES
-from comera.rank import L1_REDUCTIONS, LATE_FORMULATIONS, MASK_GATES
+from comera.rank import L1_REDUCTIONS, LATE_FORMULATIONS, LOSS_REFERENCES, MASK_GATES
 from comera.ttm import LOOKUP_MODES
 
 DENSE_INITS = ("workload", "official")
@@ -52,22 +57,25 @@ PARAMS_DEFAULTS: dict[str, Any] = {
     "lr_cores": None,
     "lr_gates": None,
     "lr_other": None,
+    "lr_embedding_cores": None,
     "weight_decay": 0.0,
     "l1_weight": 0.01,
     "l1_reduction": "mean",
-    "l2_weight": 1e-4,
+    "l2_weight": 0.0,
     "threshold": 1e-2,
     "prune_every": 100,
     "early_fraction": 2 / 3,   # docs/workloads.md: 20 early + 10 late epochs
     "loss_target": None,
+    "loss_reference": "best",
     "loss_weight": 1.0,
     "size_weight": 1.0,
-    "rho": 0.1,
+    "rho": 1.0,
     "stop_at_target": True,
     "target_ramp": 0.0,        # fraction of the late stage over which S0 falls to its value (0: fixed)
     "late_formulation": "project",
     "mask_gates": "at_prune",
     "init": "official",
+    "embedding_init_std": None,
     "dense_init": "workload",
 }
 VARIANTS = {"optimized": "default", "naive": "naive-lookup"}
@@ -84,6 +92,7 @@ def check_params(params: dict[str, Any] | None) -> dict[str, Any]:
                              f"got {merged[key]!r}")
     for key, choices in (("l1_reduction", L1_REDUCTIONS), ("init", INIT_SCHEMES),
                          ("late_formulation", LATE_FORMULATIONS), ("mask_gates", MASK_GATES),
+                         ("loss_reference", LOSS_REFERENCES),
                          ("dense_init", DENSE_INITS)):
         if merged[key] not in choices:
             raise ValueError(f"method 'comera': parameter {key!r} must be one of {list(choices)}, "
@@ -94,7 +103,7 @@ def check_params(params: dict[str, Any] | None) -> dict[str, Any]:
     if merged["lookup"] not in LOOKUP_MODES:
         raise ValueError(f"method 'comera': parameter 'lookup' must be one of {list(LOOKUP_MODES)}, "
                          f"got {merged['lookup']!r}")
-    positive("comera", merged, "lr_cores", "lr_gates", "lr_other")
+    positive("comera", merged, "lr_cores", "lr_gates", "lr_other", "lr_embedding_cores")
     for key in ("weight_decay", "l1_weight", "l2_weight", "threshold", "loss_weight", "size_weight", "rho",
                 "prune_every"):
         if merged[key] < 0:
@@ -131,6 +140,7 @@ class CoMERAMethod:
             workload.official_init(model)
         lrs = {group: params[f"lr_{group}"] or workload.lr.get(group) or DEFAULT_LR[group]
                for group in DEFAULT_LR}
+        lrs["embedding_cores"] = params["lr_embedding_cores"] or workload.lr.get("embedding_cores") or lrs["cores"]
         groups = _param_groups(model, lrs)
         optimizer, impl = adamw(groups, lr=lrs["other"], weight_decay=params["weight_decay"])
         late_start = None
@@ -141,7 +151,8 @@ class CoMERAMethod:
             threshold=params["threshold"], stop_at_target=params["stop_at_target"],
             target_ramp_steps=round(params["target_ramp"] * (total_steps - late_start)) if late_start else 0,
             prune_every=params["prune_every"], late_start_step=late_start, target_ratio=target_ratio,
-            loss_target=params["loss_target"], loss_weight=params["loss_weight"],
+            loss_target=params["loss_target"], loss_reference=params["loss_reference"],
+            loss_weight=params["loss_weight"],
             size_weight=params["size_weight"], rho=params["rho"],
             late_formulation=params["late_formulation"], mask_gates=params["mask_gates"])
         adaptation = rank_lib.TwoStageRankAdaptation(model, settings, [optimizer])
@@ -167,11 +178,13 @@ def _spec(tt_spec: dict[str, dict[str, Any]], params: dict[str, Any]) -> dict[st
         entry["init"] = params["init"]
         if entry.get("kind") == "embedding":
             entry["lookup"] = params["lookup"]
+            entry["init_std"] = params["embedding_init_std"]
     return spec
 
 
 def _param_groups(model: nn.Module, lrs: dict[str, float]) -> list[dict[str, Any]]:
-    return param_groups(model, cores=lrs["cores"], gates=lrs["gates"], other=lrs["other"])
+    return param_groups(model, cores=lrs["cores"], gates=lrs["gates"], other=lrs["other"],
+                        embedding_cores=lrs["embedding_cores"])
 
 
 METHOD = CoMERAMethod

@@ -1,7 +1,7 @@
 """Rank adaptation for your own training loop: one object, called in two places, with the defaults that
 train, and the optimizer's parameter groups (TT cores / rank gates / the rest).
 
-    optimizer = torch.optim.AdamW(comera.param_groups(model, lr=1e-3))
+    optimizer = torch.optim.AdamW(comera.param_groups(model, lr=3e-3))
     adapt = comera.RankAdaptation(model, optimizer, target=0.3, total_steps=2000)
     for step in range(2000):
         loss = adapt.loss(task_loss(model, batch))   # the current stage's objective
@@ -9,12 +9,14 @@ train, and the optimizer's parameter groups (TT cores / rank gates / the rest).
         adapt.step()                                  # stage switch and pruning
 
 Built on :class:`comera.rank.TwoStageRankAdaptation`. The early stage (the first ``early_fraction`` of
-``total_steps``) prunes ranks gently (gate penalty ``l1_weight``, core penalty ``l2_weight``); the late
-stage, only with a ``target``, drives the TT size to ``target`` times its size at the switch, the target
-falling linearly over the first ``target_ramp`` of the late stage, and never prunes below it. Defaults are
-the recipe of the pipeline's quality cells (``baselines/comera.py``, ``config/config.yaml``): l2 1e-4,
-size weight 5, ramp 0.8, early fraction 0.45, pruning every 10 steps; layers built by ``tensorize`` use
-the official initialization, and the gates learn 5x faster than the cores.
+``total_steps``) prunes ranks gently (gate penalty ``l1_weight`` 0.01, the paper's; no core penalty); the
+late stage, only with a ``target``, drives the TT size to ``target`` times its size at the switch, the
+target falling linearly over the first ``target_ramp`` of the late stage, and never prunes below it. Its
+reference loss L0 is the best running task loss so far (``loss_reference="best"``) and ``rho`` is 1, so the
+task loss keeps at least half its weight in the size branch. Defaults are the recipe of the pipeline's
+quality cells (``baselines/comera.py``, ``config/config.yaml``; how they were chosen: docs/recipe.md):
+size weight 5, ramp 0.8, early fraction 0.45, pruning every 10 steps; layers built by ``tensorize`` use the
+official initialization, and the gates learn 5x faster than the cores.
 """
 from __future__ import annotations
 
@@ -25,30 +27,33 @@ import torch
 from torch import nn
 
 from comera.convert import dense_equivalent
+from comera.ttm import TTMEmbedding
 from comera.rank import RankSettings, TwoStageRankAdaptation, ranks, tensorized_modules, tt_parameter_count
 
 GATE_LR_FACTOR = 5.0
-DEFAULTS: dict[str, Any] = {"l1_weight": 0.01, "l2_weight": 1e-4, "l1_reduction": "mean", "threshold": 1e-2,
-                            "prune_every": 10, "size_weight": 5.0, "stop_at_target": True}
+DEFAULTS: dict[str, Any] = {"l1_weight": 0.01, "l2_weight": 0.0, "l1_reduction": "mean", "threshold": 1e-2,
+                            "prune_every": 10, "size_weight": 5.0, "rho": 1.0, "loss_reference": "best",
+                            "stop_at_target": True}
 DERIVED = ("late_start_step", "target_ratio", "target_ramp_steps")  # set from target / total_steps
 
 
 def param_groups(model: nn.Module, lr: float = 1e-3, *, cores: float | None = None, gates: float | None = None,
-                 other: float | None = None) -> list[dict[str, Any]]:
-    """Optimizer parameter groups ``cores`` (lr ``cores`` or ``lr``), ``gates`` (``gates`` or 5 x ``lr``)
+                 other: float | None = None, embedding_cores: float | None = None) -> list[dict[str, Any]]:
+    """Optimizer parameter groups ``cores`` (TT linear cores: ``cores`` or ``lr``), ``embedding_cores``
+    (TTM embedding cores: ``embedding_cores``, else the cores' rate), ``gates`` (``gates`` or 5 x ``lr``)
     and ``other`` (every other trainable parameter: ``other`` or ``lr``); empty groups are left out."""
-    lrs = {"cores": lr if cores is None else cores, "gates": GATE_LR_FACTOR * lr if gates is None else gates,
-           "other": lr if other is None else other}
+    core_lr = lr if cores is None else cores
+    lrs = {"cores": core_lr, "embedding_cores": core_lr if embedding_cores is None else embedding_cores,
+           "gates": GATE_LR_FACTOR * lr if gates is None else gates, "other": lr if other is None else other}
     for group, value in lrs.items():
         if not value > 0:
             raise ValueError(f"param_groups: the learning rate of {group!r} must be positive, got {value!r}")
-    core_params, gate_params = [], []
+    named: dict[str, list[nn.Parameter]] = {"cores": [], "embedding_cores": [], "gates": []}
     for _, module in tensorized_modules(model):
-        core_params.extend(module.cores)
-        gate_params.extend(module.gates)
-    tt_ids = {id(p) for p in core_params + gate_params}
-    other_params = [p for p in model.parameters() if p.requires_grad and id(p) not in tt_ids]
-    named = {"cores": core_params, "gates": gate_params, "other": other_params}
+        named["embedding_cores" if isinstance(module, TTMEmbedding) else "cores"].extend(module.cores)
+        named["gates"].extend(module.gates)
+    tt_ids = {id(p) for ps in named.values() for p in ps}
+    named["other"] = [p for p in model.parameters() if p.requires_grad and id(p) not in tt_ids]
     return [{"params": ps, "lr": lrs[group], "name": group} for group, ps in named.items() if ps]
 
 

@@ -66,6 +66,7 @@ from torch import nn
 from comera.tt import _entries
 
 L1_REDUCTIONS = ("mean", "sum")
+LOSS_REFERENCES = ("best", "switch")
 LATE_FORMULATIONS = ("project", "official")
 MASK_GATES = ("at_prune", "every_step")
 OFFICIAL_LOSS_TARGET = 0.8       # L0 of the official late stage (MNLI_trainer.train: target_loss=0.8)
@@ -140,7 +141,7 @@ def early_objective(task_loss: torch.Tensor, model: nn.Module, *, l1_weight: flo
 class LateTarget:
     """Reference point and weights of the late-stage achievement scalarization."""
 
-    loss_target: float          # L0
+    loss_target: float | torch.Tensor  # L0 (a 0-dim tensor when it follows the best running loss)
     size_target: torch.Tensor   # S0, in scalars (a 0-dim tensor: a ramped target updates in place)
     size_scale: float           # S at the start of the late stage; sizes are divided by it
     loss_weight: float = 1.0    # w1
@@ -150,12 +151,13 @@ class LateTarget:
 
 
 def late_objective(task_loss: torch.Tensor, model: nn.Module, target: LateTarget, *, threshold: float,
-                   l2_weight: float) -> tuple[torch.Tensor, torch.Tensor]:
+                   l2_weight: float, branch_loss: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Achievement scalarization of the late stage.
 
     Returns ``(objective, size_active)``; ``size_active`` is a bool tensor, true when the l0 size term
     ``w2 (S - S0)`` exceeds the loss term ``w1 (L - L0)`` (then the size surrogate gets weight
-    ``(1 + rho) w2`` and the loss ``rho w1``; otherwise the other way round). With
+    ``(1 + rho) w2`` and the loss ``rho w1``; otherwise the other way round). ``branch_loss`` is the ``L``
+    of that test (default: ``task_loss``; the driver passes the running loss). With
     ``target.formulation == "official"`` the branch test, size term and weights are the official code's
     (:func:`official_late_objective`)."""
     if target.formulation == "official":
@@ -163,7 +165,8 @@ def late_objective(task_loss: torch.Tensor, model: nn.Module, target: LateTarget
         return _add_core_l2(objective, _layout(model), l2_weight), size_active
     layout = _layout(model)
     scale = target.size_scale
-    loss_gap = target.loss_weight * (task_loss.detach() - target.loss_target)
+    compared = task_loss.detach() if branch_loss is None else branch_loss.detach().to(task_loss)
+    loss_gap = target.loss_weight * (compared - target.loss_target)
     size_gap = target.size_weight * (_size_l0(layout, threshold) - target.size_target).to(task_loss) / scale
     size_active = size_gap > loss_gap
     surrogate = _size_l1(layout).to(task_loss) / scale
@@ -253,7 +256,9 @@ class RankSettings:
     prune_every: int = 100          # steps between physical prunings (0: never during a stage)
     late_start_step: int | None = None  # steps of the early stage; None: early stage only
     target_ratio: float | None = None   # S0 / S(start of late stage); None: no late stage
-    loss_target: float | None = None    # L0; None: running task loss at the switch (project), 0.8 (official)
+    loss_target: float | None = None    # L0 fixed; None: from loss_reference (project), 0.8 (official)
+    loss_reference: str = "best"        # L0 when loss_target is None (project): "best" running loss so far,
+                                        # or "switch" (the running loss at the stage switch, fixed)
     loss_weight: float = 1.0            # w1, w2, rho: "project" only ("official" has fixed weights)
     size_weight: float = 1.0
     rho: float = 0.1
@@ -275,6 +280,8 @@ class TwoStageRankAdaptation:
             raise ValueError(f"l1_reduction={settings.l1_reduction!r} must be one of {L1_REDUCTIONS}")
         if settings.late_formulation not in LATE_FORMULATIONS:
             raise ValueError(f"late_formulation={settings.late_formulation!r} must be one of {LATE_FORMULATIONS}")
+        if settings.loss_reference not in LOSS_REFERENCES:
+            raise ValueError(f"loss_reference={settings.loss_reference!r} must be one of {LOSS_REFERENCES}")
         if settings.mask_gates not in MASK_GATES:
             raise ValueError(f"mask_gates={settings.mask_gates!r} must be one of {MASK_GATES}")
         threshold = settings.threshold if settings.mask_gates == "every_step" else None
@@ -287,6 +294,8 @@ class TwoStageRankAdaptation:
         self.target: LateTarget | None = None
         self.last_size_active: torch.Tensor | None = None
         self._loss_ema: torch.Tensor | None = None
+        self._loss_best: torch.Tensor | None = None  # lowest running loss so far (no host sync)
+        self._l0_follows_best = False  # set at the switch: L0 is the best running loss, updated every step
         self.switch: dict[str, float] = {}  # the late stage's start: step, size, reference point
 
     def objective(self, task_loss: torch.Tensor, step: int) -> torch.Tensor:
@@ -295,12 +304,19 @@ class TwoStageRankAdaptation:
         detached = task_loss.detach()
         self._loss_ema = detached.clone() if self._loss_ema is None else (
             s.loss_average * self._loss_ema + (1 - s.loss_average) * detached)
+        self._loss_best = self._loss_ema.clone() if self._loss_best is None else torch.minimum(
+            self._loss_best, self._loss_ema)
         if self.stage == 0:
             return early_objective(task_loss, self.model, l1_weight=s.l1_weight, l2_weight=s.l2_weight,
                                    threshold=s.threshold, l1_reduction=s.l1_reduction)
-        objective, self.last_size_active = late_objective(task_loss, self.model, self.target,
-                                                          threshold=s.threshold, l2_weight=s.l2_weight)
+        follows_best = self._l0_follows_best
+        if follows_best:
+            self.target.loss_target = self._loss_best
+        objective, self.last_size_active = late_objective(
+            task_loss, self.model, self.target, threshold=s.threshold, l2_weight=s.l2_weight,
+            branch_loss=self._loss_ema if follows_best else None)
         return objective
+
 
     def after_step(self, step: int) -> dict[str, float]:
         """Stage switch after ``late_start_step`` steps, pruning every ``prune_every`` steps.
@@ -340,10 +356,11 @@ class TwoStageRankAdaptation:
             loss_target = s.loss_target
         if loss_target is None and s.late_formulation == "official":
             loss_target = OFFICIAL_LOSS_TARGET
+        self._l0_follows_best = loss_target is None and s.loss_reference == "best"
         if loss_target is None:
             if self._loss_ema is None:
                 raise RuntimeError("late stage needs loss_target or at least one early-stage step")
-            loss_target = float(self._loss_ema)
+            loss_target = float(self._loss_best if self._l0_follows_best else self._loss_ema)
         final = s.target_ratio * start_size
         reference = next(self.model.parameters())
         self.target = LateTarget(loss_target=loss_target,

@@ -303,7 +303,8 @@ def expand_grid(config: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict
                 batches = ref.get("batch_sizes", section["batch_sizes"])
                 compiles = execution["compile"] if isinstance(execution["compile"], list) else [execution["compile"]]
                 for (variant, params, point), batch, target, seed, graph, compiled in itertools.product(
-                        _variants(entry), batches, targets, config["seeds"], graphs, compiles):
+                        _variants(entry), batches, targets, section.get("seeds", config["seeds"]), graphs,
+                        compiles):
                     spec = {
                         "workload": wname, "workload_params": dict(workload_params),
                         "method": entry["method"], "variant": variant, "method_params": params,

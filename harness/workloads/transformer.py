@@ -73,7 +73,7 @@ TYPES: dict[str, Any] = dict(
     num_words=(int, None), eval_batch_size=(int, None), tensorize_embedding=bool,
     task=Choice(nli_synthetic.TASKS), num_topics=int)
 LR = {"paper": {"dense": 1e-4, "cores": 1e-4, "other": 5e-5, "gates": 1e-3},
-      "cpu": {"dense": 3e-4, "cores": 1e-3, "other": 1e-3, "gates": 5e-3}}
+      "cpu": {"dense": 3e-4, "cores": 3e-4, "other": 3e-4, "gates": 3e-3, "embedding_cores": 3e-3}}
 
 
 def validate(p: dict[str, Any]) -> None:

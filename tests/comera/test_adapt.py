@@ -28,12 +28,27 @@ def test_param_groups_split_cores_gates_and_the_rest():
         comera.param_groups(model, gates=0)
 
 
+def test_param_groups_put_ttm_cores_in_their_own_group():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(64, 16), nn.Linear(16, 32))
+    comera.tensorize(model, {"0": {"rank": 4, "row_shape": [4, 4, 4], "col_shape": [4, 2, 2]}, "1": {"rank": 4}})
+    groups = {g["name"]: g for g in comera.param_groups(model, lr=1e-3, embedding_cores=1e-2)}
+    assert {k: g["lr"] for k, g in groups.items()} == {"cores": 1e-3, "embedding_cores": 1e-2, "gates": 5e-3,
+                                                        "other": 1e-3}
+    assert [id(p) for p in groups["embedding_cores"]["params"]] == [id(p) for p in model[0].cores]
+    assert [id(p) for p in groups["cores"]["params"]] == [id(p) for p in model[1].cores]
+    assert {g["name"]: g["lr"] for g in comera.param_groups(model, cores=2e-4)}["embedding_cores"] == 2e-4
+    with pytest.raises(ValueError, match="'embedding_cores'"):
+        comera.param_groups(model, embedding_cores=-1.0)
+
+
 def test_defaults_are_the_pipelines_recipe():
     adapt = comera.RankAdaptation(_model(), target=0.3, total_steps=1000)
     s = adapt.settings
     recipe = {key: PARAMS_DEFAULTS[key] for key in ("l1_weight", "l2_weight", "l1_reduction", "threshold", "rho",
-                                                    "stop_at_target")}
-    assert {key: getattr(s, key) for key in recipe} == recipe and s.l2_weight == 1e-4
+                                                    "stop_at_target", "loss_reference")}
+    assert {key: getattr(s, key) for key in recipe} == recipe
+    assert (s.l1_weight, s.l2_weight, s.rho, s.loss_reference) == (0.01, 0.0, 1.0, "best")
     assert (s.size_weight, s.prune_every, s.late_start_step, s.target_ratio, s.target_ramp_steps) == (
         5.0, 10, 450, 0.3, 440)  # config.yaml's quality recipe: early 0.45, ramp 0.8 of the late stage
     early_only = comera.RankAdaptation(_model()).settings

@@ -351,3 +351,35 @@ def test_ramped_target_falls_linearly_and_floors_pruning():
         targets.append(float(driver.target.size_target))
         assert rank.tt_parameter_count(layer) >= targets[-1]
     assert targets == pytest.approx([295 - 236 * k / 4 for k in (1, 2, 3, 4)] + [59.0, 59.0])
+
+
+@pytest.mark.parametrize("reference", ["best", "switch"])
+def test_late_reference_loss_follows_the_best_running_loss_or_stays_at_the_switch(reference):
+    """``loss_reference="best"``: L0 is the lowest running loss so far, also after the switch, and the branch
+    test compares the running loss with it; ``"switch"``: L0 is the running loss at the switch, fixed, and
+    the test compares each step's loss."""
+    layer = _ttm()
+    settings = rank.RankSettings(late_start_step=2, target_ratio=0.5, prune_every=0, loss_average=0.5,
+                                 loss_reference=reference, size_weight=1e-3)
+    driver = rank.TwoStageRankAdaptation(layer, settings)
+    for step, value in enumerate([2.0, 1.0]):  # running loss 2.0, then 1.5
+        driver.objective(torch.tensor(value, dtype=torch.float64), step)
+        driver.after_step(step)
+    assert driver.stage == 1 and driver.switch["loss_target"] == 1.5
+    l0, branch = [], []
+    for step, value in enumerate([0.5, 3.0, 3.0, 0.9], start=2):  # running 1.0, 2.0, 2.5, 1.7
+        driver.objective(torch.tensor(value, dtype=torch.float64), step)
+        driver.after_step(step)
+        l0.append(float(driver.target.loss_target))
+        branch.append(bool(driver.last_size_active))
+    if reference == "best":
+        # the size gap (~1e-3) loses against any running loss above the best (2.0 - 1.0, 2.5 - 1.0, 1.7 - 1.0)
+        assert l0 == [1.0, 1.0, 1.0, 1.0] and branch == [True, False, False, False]
+    else:
+        # each step's loss against L0 = 1.5: 0.5 and 0.9 below it (size branch), 3.0 above (loss branch)
+        assert l0 == [1.5] * 4 and branch == [True, False, False, True]
+
+
+def test_unknown_loss_reference_is_named():
+    with pytest.raises(ValueError, match="loss_reference='last'"):
+        rank.TwoStageRankAdaptation(_ttm(), rank.RankSettings(loss_reference="last"))
