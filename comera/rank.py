@@ -33,6 +33,11 @@ formulas are cited by role -- size, bi-objective problem, early stage, late stag
   of order one; ``S0 = target_ratio * S(start of late stage)``. Pruning in the late stage never takes
   the size below ``S0`` (the gates that cross the threshold in the same step are pruned smallest first,
   up to the target), so the run ends at its size target instead of overshooting it.
+* the reference loss ``L0`` (``loss_reference``): ``"best"`` (default) is the lowest running (EMA) task
+  loss so far, updated every step, and the branch test compares the running loss with it: the size is
+  pushed only while the model is as good as it has been. ``"switch"`` fixes ``L0`` at the running loss of
+  the switch and compares each step's loss: a model still learning then sits below ``L0`` and the size
+  branch wins on every step, and one that switched on a plateau is held there (docs/recipe.md).
 * late-stage formulation (``late_formulation``): ``"project"`` is the scalarization above.
   ``"official"`` reproduces the official code's late stage (ziyangjoy/CoMERA
   ``MNLI_trainer.Transformer_MNLI_Trainer._run_epoch_late_stage``): the size branch is taken when the
