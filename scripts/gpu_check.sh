@@ -8,7 +8,7 @@
 #   bench   `comera-bench bench --device cuda --targets 1` (at most BENCH_S, 75 s)
 #   grid    `snakemake figures --configfile config/gpu.yaml` (the rest, less FIGURES_S and PACK_S); at its
 #           limit Snakemake and its jobs get SIGINT, SIGKILL KILL_S later: a stopped timing group leaves no row
-#   figures `snakemake figures --config only_finished=true`: merged tables, figures and claims of the cells
+#   figures `snakemake figures --config only_finished=True`: merged tables, figures and claims of the cells
 #           that finished, when the grid did not end by itself (at most FIGURES_S, 60 s)
 # Files in $OUT, at most 8, rewritten after every phase (so SIGKILL loses at most the running phase):
 # gpu_check.log (phases, limits, exit codes), env.txt (GPU, torch build, CUDA, float32 matmul precision),
@@ -28,7 +28,7 @@ config=$repo/config/${GRID_CONFIG:-$([[ -n $quick ]] && echo gpu-tiny.yaml || ec
 budget=${BUDGET_S:-450} tests_s=${TESTS_S:-90} bench_s=${BENCH_S:-75} figures_s=${FIGURES_S:-60}
 pack_s=${PACK_S:-15} kill_s=${KILL_S:-15}
 start=$SECONDS
-work=$(mktemp -d "${TMPDIR:-/tmp}/comera-gpu-check.XXXXXX")
+work=${WORK:-$(mktemp -d "${TMPDIR:-/tmp}/comera-gpu-check.XXXXXX")}  # the pipeline's folder
 mkdir -p "$out" "$work/bin" "$work/results/bench" "$work/figures"
 status=0 stopped= phase_pid=
 
@@ -36,6 +36,7 @@ log() { printf '[gpu_check %3d s] %s\n' $((SECONDS - start)) "$*" | tee -a "$out
 left() { echo $((budget - (SECONDS - start))); }
 
 pack() {  # the tars are replaced only once complete
+  mkdir -p "$work/figures"  # Snakemake removes it with the outputs of a failed job
   tar -czf "$work/results.tar.gz" -C "$work" --exclude=results/cache --exclude=results/.gpu-locks results \
     && mv -f "$work/results.tar.gz" "$out/results.tar.gz"
   tar -czf "$work/figures.tar.gz" -C "$work" figures && mv -f "$work/figures.tar.gz" "$out/figures.tar.gz"
@@ -150,7 +151,7 @@ if ((grid_rc != 0)) || [[ ! -f $work/figures/claims.md ]]; then
   limit=$([[ -n $stopped ]] && echo 30 || echo "$figures_s")
   # the stopped run's lock is stale (its processes are gone): --nolock
   run_phase figures $((limit < $(left) ? limit : $(left))) "$out/pipeline.txt" \
-    "${smk[@]}" --nolock figures --configfile "$config" --config "${paths[@]}" only_finished=true
+    "${smk[@]}" --nolock figures --configfile "$config" --config "${paths[@]}" only_finished=True
 fi
 [[ -n $stopped ]] && status=1
 exit $status
