@@ -95,9 +95,10 @@ for path in sys.argv[1:]:  # a wheel's distribution name is its file name up to 
         print(path)
 EOF
   )
-  if ((${#wheels[@]})); then
-    timeout 120 "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target "$site" "${wheels[@]}" >> "$out/gpu_check.log" 2>&1 || log "installing ${#wheels[@]} wheels failed"
+  if ((${#wheels[@]})) && ! timeout 120 "$py" -m pip install -q --no-index --no-deps --no-compile \
+    --no-cache-dir --upgrade --target "$site" "${wheels[@]}" >> "$out/gpu_check.log" 2>&1; then
+    log "pip could not install the wheels: unpacking them instead"  # a wheel is a zip of its site-packages
+    for wheel in "${wheels[@]}"; do "$py" -m zipfile -e "$wheel" "$site"; done
   fi
   log "wheels: ${#wheels[@]} of $(compgen -G "$repo/.whl/*.whl" | wc -l) installed into $site (the others are here)"
   export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
