@@ -17,7 +17,9 @@
 # SIGTERM, SIGINT or SIGHUP stop the running phase, then the figures of what finished are drawn (at most
 # 30 s) and everything is packed. DEVICE=cpu QUICK=1 runs the same flow on the CPU with
 # config/gpu-tiny.yaml and the quick bench (the dry run of tests/scripts/test_gpu_check.py); PYTHON picks
-# the interpreter (default python3). Exit status: 0 when every phase ended by itself with status 0.
+# the interpreter (default python3), WORK the pipeline's folder (default a new one in $TMPDIR), GRID_CONFIG
+# the grid (a file in config/), BUDGET_S TESTS_S BENCH_S FIGURES_S PACK_S KILL_S the limits above.
+# Exit status: 0 when every phase ended by itself with status 0.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$repo/results/gpu_check}
@@ -31,6 +33,7 @@ start=$SECONDS
 work=${WORK:-$(mktemp -d "${TMPDIR:-/tmp}/comera-gpu-check.XXXXXX")}  # the pipeline's folder
 mkdir -p "$out" "$work/bin" "$work/results/bench" "$work/figures"
 status=0 stopped= phase_pid=
+for file in gpu_check.log env.txt pytest.txt bench.txt pipeline.txt; do : > "$out/$file"; done
 
 log() { printf '[gpu_check %3d s] %s\n' $((SECONDS - start)) "$*" | tee -a "$out/gpu_check.log" >&2; }
 left() { echo $((budget - (SECONDS - start))); }
