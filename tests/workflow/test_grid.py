@@ -436,3 +436,16 @@ def test_matmul_precision_is_a_grid_axis_in_the_cell_identity():
     assert full["execution"]["timing_group"] == tf32["execution"]["timing_group"]  # timed together
     config["execution"] = {"matmul_precision": ["fast"]}
     assert "matmul_precision[0]: 'fast' is not one of" in grid.schema_error(config, SCHEMA)
+
+
+def test_finished_cells_are_those_whose_three_files_exist(tmp_path):
+    """only_finished's grid: a cell whose job was stopped has no runs/curves file (written atomically at
+    its end), so it is left out; the order stays the grid's."""
+    cells, _ = grid.expand_grid(filled(minimal()))
+    done, stopped, *rest = list(cells)
+    for rid, kinds in ((done, ("spec.json", "runs.parquet", "curves.parquet")), (stopped, ("spec.json", "runs.parquet")),
+                       (rest[-1], ("spec.json", "runs.parquet", "curves.parquet"))):
+        for kind in kinds:
+            (tmp_path / f"{rid}.{kind}").write_text("x")
+    assert list(grid.finished(cells, tmp_path)) == [done, rest[-1]]
+    assert grid.finished(cells, tmp_path / "missing") == {}
