@@ -118,7 +118,7 @@ export PATH=$work/bin:$PATH
   date -u
   echo "commit $(git -C "$repo" rev-parse HEAD 2> /dev/null)"
   echo "budget ${budget} s; work folder $work; config $config"
-  command -v nvidia-smi > /dev/null && nvidia-smi
+  command -v nvidia-smi > /dev/null && timeout 30 nvidia-smi
   timeout 60 "$py" - "$device" << 'EOF'
 import platform, sys
 import torch
