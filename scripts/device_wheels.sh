@@ -4,8 +4,9 @@
 # installs there where missing (the device tool carries the folder: carry [".whl"]). Run here, where pip
 # reaches the package registry:   bash scripts/device_wheels.sh
 # The packages: snakemake, galore-torch, bitsandbytes, jsonschema and the pipeline's other needs, with
-# everything they require (transformers, which galore-torch imports, is in the image), at the versions installed in PYTHON (default
-# .venv/bin/python: this checkout's, as `pip freeze` lists them), one wheel each (scripts/device_wheels.py);
+# everything they require (transformers, which galore-torch imports, is in the image), at the versions
+# installed in PYTHON (default .venv/bin/python: this checkout's, as `pip freeze` lists them), one wheel
+# each (scripts/device_wheels.py);
 # bitsandbytes keeps its CUDA 13 and CPU libraries only, PuLP its x86-64 Linux CBC solver only.
 set -euo pipefail
 cd "$(dirname "$0")/.."

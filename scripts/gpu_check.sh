@@ -131,7 +131,8 @@ if sys.argv[1] == "cuda":
     print("device", torch.cuda.get_device_name(), "capability", torch.cuda.get_device_capability(),
           "memory GiB", round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1))
 EOF
-  timeout 60 "$py" -m pip list 2> /dev/null | grep -iE "^(snakemake|galore|bitsandbytes|transformers|jsonschema|pandas|pyarrow|numpy) "
+  timeout 60 "$py" -m pip list 2> /dev/null \
+    | grep -iE "^(snakemake|galore|bitsandbytes|transformers|jsonschema|pandas|pyarrow|numpy) "
 } > "$out/env.txt" 2>&1
 log "env: $(grep -E '^(device|torch|python)' "$out/env.txt" | tr '\n' ' ')"
 

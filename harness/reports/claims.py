@@ -328,8 +328,8 @@ def c1(ctx: Context) -> Verdict:
             return None
         judged = [x.value >= v["speedup_vs_dense_min"] for b, x in modes[list(modes)[-1]].items()
                   if b in v["batch_sizes"]]
-        return Finding(f"dense/CoMERA epoch time{_epoch_kind(rows)}: "
-                       + "; ".join(mode + _directed(r) for mode, r in modes.items()), all(judged) if judged else None)
+        text = "; ".join(mode + _directed(r) for mode, r in modes.items())
+        return Finding(f"dense/CoMERA epoch time{_epoch_kind(rows)}: {text}", all(judged) if judged else None)
 
     return _judged(ctx, runs_of(ctx.res, ["transformer"], timing=True, graphs=True), measure,
                    f"transformer size=paper, {ctx.gpu}, timing cells; dense / CoMERA (no target) epoch time "

@@ -431,7 +431,8 @@ def test_matmul_precision_is_a_grid_axis_in_the_cell_identity():
     assert len(by_precision["high"]) == len(by_precision["highest"]) and all(
         rid.endswith("_matmul-high") for rid in by_precision["high"])
     assert by_precision["medium"] == {"transformer_dense-default_b4_tnone_s0_matmul-medium"}
-    full, tf32 = cells["transformer_dense-default_b4_tnone_s0"], cells["transformer_dense-default_b4_tnone_s0_matmul-high"]
+    full = cells["transformer_dense-default_b4_tnone_s0"]
+    tf32 = cells["transformer_dense-default_b4_tnone_s0_matmul-high"]
     assert full["config_hash"] != tf32["config_hash"]
     assert full["execution"]["timing_group"] == tf32["execution"]["timing_group"]  # timed together
     config["execution"] = {"matmul_precision": ["fast"]}
@@ -443,8 +444,8 @@ def test_finished_cells_are_those_whose_three_files_exist(tmp_path):
     its end), so it is left out; the order stays the grid's."""
     cells, _ = grid.expand_grid(filled(minimal()))
     done, stopped, *rest = list(cells)
-    for rid, kinds in ((done, ("spec.json", "runs.parquet", "curves.parquet")), (stopped, ("spec.json", "runs.parquet")),
-                       (rest[-1], ("spec.json", "runs.parquet", "curves.parquet"))):
+    every = ("spec.json", "runs.parquet", "curves.parquet")
+    for rid, kinds in ((done, every), (stopped, every[:2]), (rest[-1], every)):
         for kind in kinds:
             (tmp_path / f"{rid}.{kind}").write_text("x")
     assert list(grid.finished(cells, tmp_path)) == [done, rest[-1]]
