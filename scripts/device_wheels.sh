@@ -11,9 +11,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-.venv/bin/python}
+pins=$("$py" scripts/device_wheels.py pins)  # before .whl/ is emptied: a missing PYTHON changes nothing
+mapfile -t pins <<< "$pins"
 rm -rf .whl
 mkdir -p .whl
-mapfile -t pins < <("$py" scripts/device_wheels.py pins)
 wanted=("${pins[@]}") built=()
 # A package published without a wheel for the device (an sdist only) is built here instead, once pip
 # has named it, and must give a pure-Python wheel.
