@@ -84,6 +84,8 @@ def _parser() -> argparse.ArgumentParser:
     cell.add_argument("--threads", type=int, help="torch threads (default: torch's current setting)")
     cell.add_argument("--cuda-graph", action="store_true")
     cell.add_argument("--compile", action="store_true")
+    cell.add_argument("--matmul-precision", choices=["highest", "high", "medium"], default="highest",
+                      help="torch.set_float32_matmul_precision (default highest: full FP32; high: TF32 on GPUs)")
     cell.add_argument("--allocator", choices=["reuse", "system"], default="reuse",
                       help="CPU allocator policy (harness/core/allocator.py; default reuse)")
     cell.add_argument("--results-dir", default="results/cli",
@@ -142,7 +144,7 @@ def spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
               "warmup_steps": args.warmup_steps, "eval_every_steps": args.eval_every_steps,
               "time_limit_s": args.time_limit_s}
     execution = {"device": args.device, "num_threads": args.threads, "cuda_graph": args.cuda_graph,
-                 "compile": args.compile, "allocator": args.allocator}
+                 "compile": args.compile, "matmul_precision": args.matmul_precision, "allocator": args.allocator}
     return {  # options not given take the spec defaults (harness.running.run), the same as a config's
         "workload": args.workload, "method": args.method, "variant": args.variant,
         "workload_params": _key_values(args.workload_param, "--workload-param"),

@@ -10,3 +10,14 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` need a CUDA device: skipped without one (``pytest -m cuda`` selects them,
+    as scripts/gpu_check.sh does)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if item.get_closest_marker("cuda"):
+            item.add_marker(skip)

@@ -272,8 +272,10 @@ MAX_RUN_ID = 150
 
 def run_id(spec: dict[str, Any], suffix: str = "") -> str:
     target = "none" if spec["target_ratio"] is None else f"{spec['target_ratio']:g}"
+    precision = spec["execution"].get("matmul_precision", "highest")
     graph = ("_cg" if spec["execution"]["cuda_graph"] else "") + (
-        "_compiled" if spec["execution"].get("compile") else "")
+        "_compiled" if spec["execution"].get("compile") else "") + (
+        f"_matmul-{precision}" if precision != "highest" else "")
     quality = "_quality" if spec.get("purpose") == "quality" else ""
     return slug(f"{spec['workload']}_{spec['method']}-{spec['variant']}_b{spec['batch_size']}"
                 f"_t{target}_s{spec['seed']}{graph}{suffix}{quality}")
@@ -287,7 +289,8 @@ def config_hash(spec: dict[str, Any]) -> str:
 
 def expand_grid(config: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
     """(run_id -> spec, run_id -> sweep point) for workload x section (timing, quality) x method/variant
-    (x sweep point) x batch size x target x seed x cuda_graph x compile; cells outside any sweep have no sweep
+    (x sweep point) x batch size x target x seed x cuda_graph x compile x matmul_precision; cells outside
+    any sweep have no sweep
     point. Timing cells have no ``purpose`` key (their run_ids and hashes are those of earlier
     versions); quality cells have ``"purpose": "quality"`` and a run_id ending in ``_quality``."""
     execution = config["execution"]
@@ -302,16 +305,18 @@ def expand_grid(config: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict
                 targets = ref.get("targets", section["targets"]) if entry["uses_target"] else [None]
                 batches = ref.get("batch_sizes", section["batch_sizes"])
                 compiles = execution["compile"] if isinstance(execution["compile"], list) else [execution["compile"]]
-                for (variant, params, point), batch, target, seed, graph, compiled in itertools.product(
-                        _variants(entry), batches, targets, section.get("seeds", config["seeds"]), graphs,
-                        compiles):
+                precisions = ref.get("matmul_precision", execution["matmul_precision"])
+                seeds = section.get("seeds", config["seeds"])
+                for (variant, params, point), batch, target, seed, graph, compiled, precision in itertools.product(
+                        _variants(entry), batches, targets, seeds, graphs, compiles, precisions):
                     spec = {
                         "workload": wname, "workload_params": dict(workload_params),
                         "method": entry["method"], "variant": variant, "method_params": params,
                         "batch_size": batch, "target_ratio": target, "seed": seed,
                         "budget": dict(section["budget"]),
                         "execution": {"device": execution["device"], "num_threads": execution["threads"],
-                                      "cuda_graph": graph, "compile": compiled},
+                                      "cuda_graph": graph, "compile": compiled,
+                                      "matmul_precision": precision},
                     }
                     if purpose != "timing":
                         spec["purpose"] = purpose
@@ -343,6 +348,15 @@ def timing_groups(grid: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
         if group:
             groups.setdefault(group, []).append(rid)
     return {g: ids for g, ids in groups.items() if len(ids) > 1}
+
+
+def finished(grid: dict[str, dict[str, Any]], cells_dir: str | Path) -> dict[str, dict[str, Any]]:
+    """The cells of ``grid`` whose spec, runs and curves files are all in ``cells_dir`` (the cells a
+    stopped pipeline finished: a cell's files are written atomically, and a job stopped before its end
+    leaves none), in grid order."""
+    return {rid: spec for rid, spec in grid.items()
+            if all((Path(cells_dir) / f"{rid}.{kind}").is_file()
+                   for kind in ("spec.json", "runs.parquet", "curves.parquet"))}
 
 
 def write_spec(spec: dict[str, Any], path: str | Path) -> None:

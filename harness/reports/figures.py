@@ -362,7 +362,8 @@ def fig7_cuda_graph(res: Results, out: Path) -> None:
     if not graph.any():
         return _empty(out, name, title, "cells with execution.cuda_graph true (needs CUDA; set "
                       "execution.cuda_graph: [false, true])", res.settings_line())
-    df = df.assign(method=df.method + graph.map({True: " + CUDA graph", False: ""}))
+    df = df.assign(method=df.method + graph.map({True: " + CUDA graph", False: ""}),  # the label says it,
+                   variant=df.variant.str.replace("+cudagraph", "", regex=False))  # not the row's tag too
     fig, (ax,) = _figure(1)
     _per_batch(ax, df, "epoch_time_s", 1.0, "time per epoch (s)", spread=True)
     ax.legend(fontsize=7)

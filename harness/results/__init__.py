@@ -49,6 +49,7 @@ PROVENANCE_TYPES: dict[str, pa.DataType] = {
     "torch_version": pa.string(), "cuda_version": pa.string(), "python_version": pa.string(),
     "comera_bench_version": pa.string(), "git_commit": pa.string(), "git_dirty": pa.bool_(),
     "config_hash": pa.string(), "hostname": pa.string(), "started_at": pa.string(),
+    "matmul_precision": pa.string(),
 }
 
 FINAL_LOSS_WINDOW = 100
@@ -187,6 +188,7 @@ def provenance(device: torch.device | str, config_hash: str = "") -> dict[str, A
         "config_hash": config_hash,
         "hostname": socket.gethostname(),
         "started_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "matmul_precision": torch.get_float32_matmul_precision(),
     }
 
 

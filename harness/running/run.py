@@ -239,10 +239,12 @@ def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress
     spec = specs.normalize_spec(spec)
     st = _State(spec)
     status, error, tb = "ok", "", ""
+    precision = torch.get_float32_matmul_precision()  # the process's own, restored at the end
     try:
         ex = spec["execution"]
         with allocator.policy(ex["allocator"]) as st.allocator:
             torch.set_num_threads(ex["num_threads"])
+            torch.set_float32_matmul_precision(ex["matmul_precision"])  # before the warm-up and the model
             st.device = measure.resolve_device(ex["device"])
             if ex["cuda_graph"]:
                 require_cuda(st.device)
@@ -273,6 +275,7 @@ def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress
             st.gate.close()
         if st.monitor is not None and st.memory is None:
             st.memory = st.monitor.stop()
+        torch.set_float32_matmul_precision(precision)
     row = _build_row(st, status, error, tb)
     return row, st.curves
 
@@ -572,9 +575,12 @@ def _build_row(st: _State, status: str, error: str, tb: str) -> dict[str, Any]:
     device = st.device or torch.device("cpu")
     row: dict[str, Any] = {c: None for c in results.RUNS_COLUMNS}
     row.update(results.provenance(device, spec["config_hash"]))
+    row["matmul_precision"] = spec["execution"]["matmul_precision"]  # what the cell ran with
     variant = spec["variant"] or getattr(st.method, "variant", "") or ""
-    for flag, tag in (("cuda_graph", "cudagraph"), ("compile", "compile")):
-        if spec["execution"][flag] and tag not in variant.split("+"):
+    precision = spec["execution"]["matmul_precision"]
+    for on, tag in ((spec["execution"]["cuda_graph"], "cudagraph"), (spec["execution"]["compile"], "compile"),
+                    (precision != "highest", f"matmul-{precision}")):
+        if on and tag not in variant.split("+"):
             variant = f"{variant}+{tag}" if variant else tag
     prepared, workload = st.prepared, st.workload
     settings = dict(prepared.settings) if prepared is not None else {}

@@ -25,8 +25,10 @@ BUDGET_DEFAULTS: dict[str, Any] = {"epochs": 1, "max_steps_per_epoch": None, "wa
                                    "eval_every_steps": None, "time_limit_s": None}
 """The defaults of a cell's budget, the same as the config schema's (a test keeps them equal)."""
 EXECUTION_DEFAULTS: dict[str, Any] = {"device": "auto", "num_threads": None, "cuda_graph": False,
-                                      "compile": False, "allocator": "reuse", "rounds": 1,
-                                      "timing_group": None}
+                                      "compile": False, "matmul_precision": "highest", "allocator": "reuse",
+                                      "rounds": 1, "timing_group": None}
+MATMUL_PRECISIONS = ("highest", "high", "medium")
+"""Values of execution.matmul_precision (torch.set_float32_matmul_precision; highest = full FP32)."""
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 """A run_id is a plain file name (it names the cell's files): no "/", not starting with "." or "-"."""
 
@@ -106,6 +108,9 @@ def normalize_spec(spec: dict[str, Any]) -> dict[str, Any]:
     for key in ("cuda_graph", "compile"):
         if not isinstance(ex[key], bool):
             raise SpecError(f"spec execution.{key} must be true or false, got {ex[key]!r}")
+    if ex["matmul_precision"] not in MATMUL_PRECISIONS:
+        raise SpecError(f"spec execution.matmul_precision must be one of {list(MATMUL_PRECISIONS)}, "
+                        f"got {ex['matmul_precision']!r}")
     _check_int("execution.rounds", ex["rounds"], 1)
     if ex["timing_group"] is not None and not isinstance(ex["timing_group"], str):
         raise SpecError(f"spec execution.timing_group must be null or a string, got {ex['timing_group']!r}")

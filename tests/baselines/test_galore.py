@@ -96,7 +96,7 @@ def test_eight_bit_is_skipped_without_cuda_not_faked():
     assert prepared.optimizers == []
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="8-bit GaLore needs CUDA (bitsandbytes)")
+@pytest.mark.cuda  # 8-bit GaLore (bitsandbytes)
 def test_eight_bit_trains_on_cuda():
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64)).cuda()
     prepared = prepare(model, eight_bit=True)

@@ -11,8 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from comera.contraction import make_plan
 from comera.tt import TTLinear, tt_linear
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
-                                                                reason="no CUDA device on this machine"))]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
 def _random_layer(order: int, seed: int, *, bias: bool = True, dtype=torch.float64, device="cpu"):

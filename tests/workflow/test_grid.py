@@ -66,7 +66,7 @@ def test_shipped_configs_are_valid(config_file, tmp_path, monkeypatch):
 def test_defaults_filled_and_grid_expanded():
     config = filled(minimal())
     assert config["execution"] == {"device": "auto", "threads": 2, "compile": [False], "cuda_graph": [False],
-                                   "gpus": None, "rounds": 5, "interleave": True}
+                                   "matmul_precision": ["highest"], "gpus": None, "rounds": 5, "interleave": True}
     cells, sweeps = grid.expand_grid(config)
     # dense: 2 batches x 1; comera: 2 batches x 2 targets; sweep: 2 ranks x 1 batch
     assert len(cells) == 2 + 4 + 2
@@ -418,3 +418,35 @@ def test_compile_is_a_grid_axis_timed_with_the_eager_cells():
     single = filled(minimal())
     single["execution"]["compile"] = True  # one boolean is one value
     assert all(rid.endswith("_compiled") for rid in grid.expand_grid(single)[0])
+
+
+def test_matmul_precision_is_a_grid_axis_in_the_cell_identity():
+    config = minimal()
+    config["execution"] = {"matmul_precision": ["highest", "high"]}
+    config["workloads"]["transformer"]["methods"].append({"name": "dense", "batch_sizes": [4],
+                                                          "matmul_precision": ["medium"]})
+    cells, _ = grid.expand_grid(filled(config))
+    by_precision = {p: {rid for rid, c in cells.items() if c["execution"]["matmul_precision"] == p}
+                    for p in ("highest", "high", "medium")}
+    assert len(by_precision["high"]) == len(by_precision["highest"]) and all(
+        rid.endswith("_matmul-high") for rid in by_precision["high"])
+    assert by_precision["medium"] == {"transformer_dense-default_b4_tnone_s0_matmul-medium"}
+    full = cells["transformer_dense-default_b4_tnone_s0"]
+    tf32 = cells["transformer_dense-default_b4_tnone_s0_matmul-high"]
+    assert full["config_hash"] != tf32["config_hash"]
+    assert full["execution"]["timing_group"] == tf32["execution"]["timing_group"]  # timed together
+    config["execution"] = {"matmul_precision": ["fast"]}
+    assert "matmul_precision[0]: 'fast' is not one of" in grid.schema_error(config, SCHEMA)
+
+
+def test_finished_cells_are_those_whose_three_files_exist(tmp_path):
+    """only_finished's grid: a cell whose job was stopped has no runs/curves file (written atomically at
+    its end), so it is left out; the order stays the grid's."""
+    cells, _ = grid.expand_grid(filled(minimal()))
+    done, stopped, *rest = list(cells)
+    every = ("spec.json", "runs.parquet", "curves.parquet")
+    for rid, kinds in ((done, every), (stopped, every[:2]), (rest[-1], every)):
+        for kind in kinds:
+            (tmp_path / f"{rid}.{kind}").write_text("x")
+    assert list(grid.finished(cells, tmp_path)) == [done, rest[-1]]
+    assert grid.finished(cells, tmp_path / "missing") == {}

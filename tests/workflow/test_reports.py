@@ -430,3 +430,21 @@ def test_base_rate_note_when_no_dlrm_run_learned(last_nce, noted):
 
     note = figures.base_rate_note(Res())
     assert ("No run learned more than the click base rate in its 20 steps" in note) is noted
+
+
+def test_fig7_draws_the_pipelines_cuda_graph_cells_beside_their_eager_twins(tmp_path, drawn):
+    """A CUDA-graph cell's row has the variant "default+cudagraph" (harness.running.run): one series per
+    method and mode, labelled by the mode, at each batch size."""
+    rows = [run_row("transformer", method, b, variant=variant, time_s=time)
+            for b in (32, 128) for method, variant, time in (
+                ("dense", "default", 50.0), ("dense", "default+cudagraph", 40.0), ("comera", "default", 30.0),
+                ("comera", "default+cudagraph", 10.0), ("dense", "default+matmul-high", 20.0))]
+    path = make_folder(tmp_path / "g", rows)
+    grid = json.loads((path / "grid.json").read_text())
+    for spec in grid["cells"].values():
+        spec["execution"]["cuda_graph"] = "cudagraph" in spec["variant"]
+    (path / "grid.json").write_text(json.dumps(grid))
+    figures.fig7_cuda_graph(tables.load(path), tmp_path)
+    series = drawn["fig7_cuda_graph"][0][0]
+    assert series == {"comera": [30.0, 30.0], "comera + CUDA graph": [10.0, 10.0], "uncompressed": [50.0, 50.0],
+                      "uncompressed + CUDA graph": [40.0, 40.0], "uncompressed-default+matmul-high": [20.0, 20.0]}

@@ -16,9 +16,10 @@ rule merge_runs:
         f"{MERGED}/logs/merge_runs.log",
     params:
         sweeps=json.dumps(SWEEPS, sort_keys=True),
+        empty=["--allow-empty"] if config["only_finished"] else [],  # a run stopped before any cell ended
     shell:
-        "(comera-bench merge --kind runs --out {output.runs:q} {input.runs:q}"
-        " && comera-bench merge --kind curves --out {output.curves:q} {input.curves:q}"
+        "(comera-bench merge --kind runs {params.empty:q} --out {output.runs:q} {input.runs:q}"
+        " && comera-bench merge --kind curves {params.empty:q} --out {output.curves:q} {input.curves:q}"
         " && python -m harness.configs.grid --out {output.grid:q} --sweeps {params.sweeps:q} {input.specs:q}) > {log:q} 2>&1"
 
 

@@ -45,10 +45,17 @@ FIGURES = config["figures_dir"]
 CELLS = f"{RESULTS}/runs/{DEVICE}"
 MERGED = f"{RESULTS}/{DEVICE}"
 GRID, SWEEPS = _grid.expand_grid(config)
-GROUPS = _grid.timing_groups(GRID)  # timing group -> its cells, timed in interleaved rounds
-GROUPED = {rid for ids in GROUPS.values() for rid in ids}
-SOLO = [rid for rid in GRID if rid not in GROUPED]  # quality cells, and timing cells timed alone
 MICROBENCH = config["microbench"]["specs"]
+# only_finished (a stopped run's tables): the grid is the cells whose files exist, and no rule runs a
+# cell (no timing group, no solo cell), so Snakemake takes those files as they are.
+if config["only_finished"]:
+    GRID = _grid.finished(GRID, CELLS)
+    SWEEPS = {rid: point for rid, point in SWEEPS.items() if rid in GRID}
+    MICROBENCH = {name: spec for name, spec in MICROBENCH.items()
+                  if os.path.isfile(f"{CELLS}/microbench/{name}.microbench.parquet")}
+GROUPS = _grid.timing_groups(GRID) if not config["only_finished"] else {}  # group -> cells, timed in rounds
+GROUPED = {rid for ids in GROUPS.values() for rid in ids}
+SOLO = [rid for rid in GRID if rid not in GROUPED] if not config["only_finished"] else []  # timed alone
 SPEC_FILES = expand(f"{CELLS}/{{run_id}}.spec.json", run_id=GRID)
 RUN_FILES = expand(f"{CELLS}/{{run_id}}.runs.parquet", run_id=GRID)
 CURVE_FILES = expand(f"{CELLS}/{{run_id}}.curves.parquet", run_id=GRID)

@@ -145,7 +145,7 @@ def test_monitor_rejects_unknown_method():
         measure.MemoryMonitor(torch.device("cpu"), cpu_method="guess")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 def test_cuda_peak_allocated_sees_buffer():
     device = torch.device("cuda")
     monitor = measure.MemoryMonitor(device)

@@ -141,7 +141,7 @@ def test_cli_reports_a_bad_spec(tmp_path, capsys):
     assert "unknown key 'devices'" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: cuda_allocated peak not exercised")
+@pytest.mark.cuda  # the cuda_allocated peak
 def test_cuda_peak_memory():
     def run():
         return torch.ones(2**20, device="cuda").sum()

@@ -15,7 +15,7 @@ step_time_ms step_time_ms_iqr steps_timed epoch_time_s epoch_time_kind samples_p
 peak_mem_kind cuda_reserved_bytes state_bytes metric_name metric_value final_train_loss epochs
 params_total params_factorized_layers compression_total compression_layers ranks""".split()
 DESIGN_PROVENANCE = """device device_name num_threads torch_version cuda_version python_version
-comera_bench_version git_commit git_dirty config_hash hostname started_at""".split()
+comera_bench_version git_commit git_dirty config_hash hostname started_at matmul_precision""".split()
 DESIGN_CURVES = "run_id step epoch split metric_name value".split()
 DESIGN_MICROBENCH = """op variant shape tokens rank direction time_ms time_ms_iqr peak_mem_bytes
 flops""".split()
@@ -45,6 +45,7 @@ def test_provenance_is_complete():
     assert prov["num_threads"] == torch.get_num_threads()
     assert prov["torch_version"] == torch.__version__
     assert prov["started_at"].endswith("Z") and "T" in prov["started_at"]
+    assert prov["matmul_precision"] == torch.get_float32_matmul_precision()
 
 
 def test_round_trip_keeps_types_and_metadata(tmp_path):

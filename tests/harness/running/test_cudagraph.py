@@ -76,7 +76,7 @@ def test_graphed_step_needs_cuda():
                               torch.device("cpu"))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 def test_graphed_steps_match_eager_steps():
     device = torch.device("cuda")
 

@@ -383,6 +383,28 @@ def test_tt_rank_falls_back_to_the_workload_spec():
     assert row["status"] == "ok" and row["rank"] == 6
 
 
+def test_matmul_precision_applies_while_the_model_is_built_and_is_a_column():
+    seen = []
+
+    def build(name, params, **kw):
+        seen.append(torch.get_float32_matmul_precision())
+        return TOY_REGISTRY.build_workload(name, params, **kw)
+
+    registry = runner.Registry(build_workload=build, get_method=TOY_REGISTRY.get_method)
+    before = torch.get_float32_matmul_precision()
+    row, _ = runner.run_cell(toy_spec(execution={"matmul_precision": "medium"}, budget={"epochs": 1}),
+                             registry=registry)
+    assert row["status"] == "ok", row["error"]
+    assert set(seen) == {"medium"} and torch.get_float32_matmul_precision() == before  # warm-up and model
+    assert row["matmul_precision"] == "medium" and row["variant"] == "default+matmul-medium"
+    seen.clear()
+    default, _ = runner.run_cell(toy_spec(budget={"epochs": 1}), registry=registry)
+    assert default["matmul_precision"] == "highest" and default["variant"] == "default"
+    assert set(seen) == {"highest"}
+    with pytest.raises(specs.SpecError, match="execution.matmul_precision must be one of"):
+        runner.run_cell(toy_spec(execution={"matmul_precision": "tf32"}), registry=registry)
+
+
 @pytest.mark.slow
 def test_compiled_model_trains():
     row, _ = runner.run_cell(toy_spec(execution={"compile": True}, budget={"epochs": 1}),

@@ -117,7 +117,7 @@ def test_compiled_graphs_keep_torchs_dropout_and_do_not_break():
     assert out.shape == (2, 5, 8) and torch.isfinite(out).all()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 def test_cuda_dropout_rate():
     x = torch.ones(1 << 20, device="cuda")
     assert _within((dropout(x, 0.1) != 0).double().mean().item(), 0.9, x.numel())
