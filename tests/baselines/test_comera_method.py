@@ -155,7 +155,7 @@ def test_a_ttm_embedding_model_leaves_the_plateau_of_the_default_quality_task():
         "workload": "transformer", "workload_params": params, "method": "comera", "variant": "default",
         "method_params": config["methods"]["comera"]["params"], "batch_size": 32, "target_ratio": None,
         "seed": 0, "budget": {"epochs": 1, "max_steps_per_epoch": 400, "warmup_steps": 1},
-        "execution": {"device": "cpu", "num_threads": 2}})
+        "execution": {"device": "cpu", "num_threads": 1}})
     row, _ = runner.run_cell(spec)
     assert row["status"] == "ok", row["error"]
     assert row["metric_value"] >= 0.9, row["metric_value"]
