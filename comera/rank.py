@@ -61,6 +61,7 @@ formulas are cited by role -- size, bi-objective problem, early stage, late stag
 from __future__ import annotations
 
 import math
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Iterable
@@ -76,6 +77,7 @@ LATE_FORMULATIONS = ("project", "official")
 MASK_GATES = ("at_prune", "every_step")
 OFFICIAL_LOSS_TARGET = 0.8       # L0 of the official late stage (MNLI_trainer.train: target_loss=0.8)
 OFFICIAL_LATE_WEIGHTS = (0.1, 0.01)  # fixed weights of L and P in both official branches
+LOSS_RISE_FACTOR, LOSS_RISE_MARGIN = 1.5, 0.05  # late stage: warn when running loss > 1.5 x switch's + 0.05
 
 
 def tensorized_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -301,6 +303,8 @@ class TwoStageRankAdaptation:
         self._loss_ema: torch.Tensor | None = None
         self._loss_best: torch.Tensor | None = None  # lowest running loss so far (no host sync)
         self._l0_follows_best = False  # set at the switch: L0 is the best running loss, updated every step
+        self._switch_loss: float | None = None  # running loss at the switch, for the loss-rise warning
+        self._warned_loss_rise = False
         self.switch: dict[str, float] = {}  # the late stage's start: step, size, reference point
 
     def objective(self, task_loss: torch.Tensor, step: int) -> torch.Tensor:
@@ -349,7 +353,22 @@ class TwoStageRankAdaptation:
                 "rank_mean": sum(gate_sizes) / len(gate_sizes) if gate_sizes else 0.0}
         if pruned and self.stage == 1 and self.last_size_active is not None:
             info["size_active"] = float(self.last_size_active)
+            self._warn_if_the_loss_rose(done)
         return info
+
+    def _warn_if_the_loss_rose(self, done: int) -> None:
+        """Warn once when the running task loss is well above its value at the switch (checked on pruning
+        steps, which sync with the device anyway)."""
+        if self._warned_loss_rise or self._switch_loss is None:
+            return
+        running = float(self._loss_ema)
+        if running > LOSS_RISE_FACTOR * self._switch_loss + LOSS_RISE_MARGIN:
+            self._warned_loss_rise = True
+            warnings.warn(
+                f"rank adaptation, late stage, step {done}: the running task loss {running:.4g} is well above "
+                f"its {self._switch_loss:.4g} at the switch (step {self.switch['step']}); the size target "
+                f"{self.settings.target_ratio} may be too aggressive for the steps left: give more steps, a "
+                f"larger target or a smaller size_weight (docs/recipe.md)", RuntimeWarning, stacklevel=4)
 
     def start_late_stage(self, loss_target: float | None = None, step: int | None = None) -> LateTarget:
         """Prune, then fix the reference point ``(L0, S0)`` from the current size and loss; ``switch``
@@ -362,6 +381,7 @@ class TwoStageRankAdaptation:
         if loss_target is None and s.late_formulation == "official":
             loss_target = OFFICIAL_LOSS_TARGET
         self._l0_follows_best = loss_target is None and s.loss_reference == "best"
+        self._switch_loss = None if self._loss_ema is None else float(self._loss_ema)
         if loss_target is None:
             if self._loss_ema is None:
                 raise RuntimeError("late stage needs loss_target or at least one early-stage step")

@@ -1,5 +1,6 @@
 """Rank adaptation: sizes, penalties, the two stages and physical pruning (on TTM; TT where available)."""
 import math
+import warnings
 
 import pytest
 import torch
@@ -383,3 +384,24 @@ def test_late_reference_loss_follows_the_best_running_loss_or_stays_at_the_switc
 def test_unknown_loss_reference_is_named():
     with pytest.raises(ValueError, match="loss_reference='last'"):
         rank.TwoStageRankAdaptation(_ttm(), rank.RankSettings(loss_reference="last"))
+
+
+def test_a_late_stage_loss_well_above_the_switch_warns_once():
+    layer = _ttm()
+    settings = rank.RankSettings(late_start_step=1, target_ratio=0.5, prune_every=1, loss_average=0.0)
+    driver = rank.TwoStageRankAdaptation(layer, settings)
+    driver.objective(torch.tensor(0.4, dtype=torch.float64), 0)
+    driver.after_step(0)
+    for step, value in enumerate([0.6, 0.64], start=1):  # at most 1.5 x 0.4 + 0.05 = 0.65: quiet
+        driver.objective(torch.tensor(value, dtype=torch.float64), step)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            driver.after_step(step)
+    driver.objective(torch.tensor(0.9, dtype=torch.float64), 3)
+    with pytest.warns(RuntimeWarning, match=r"step 4: the running task loss 0.9 is well above its 0.4 at the "
+                                            r"switch \(step 1\)"):
+        driver.after_step(3)
+    driver.objective(torch.tensor(2.0, dtype=torch.float64), 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        driver.after_step(4)  # once
