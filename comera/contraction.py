@@ -247,7 +247,8 @@ def _left_group(modes, ranks, tokens, m, a, b):
     rest = math.prod(modes[b:m])
     f = 2 * tokens * rows * ranks[b] * rest
     io = tokens * rows * rest + tokens * ranks[b] * rest  # Z_a and Z_b (or dZ_a and dZ_b)
-    kernels = 1 if b == m else 2  # before the bond the products are batched over tokens (copy + bmm)
+    # Before the bond the products are batched over tokens (copy + bmm); one token needs no batch.
+    kernels = 1 if b == m or tokens == 1 else 2
     fwd = chain_fwd + [Step("forward", f"absorb{a}", f"Z{b} = {block}[{rows},{ranks[b]}]^T @ "
                             f"{_fmt(f'Z{a}', tokens, rows, rest)}", f, io, kernels)]
     bwd = [Step("backward", f"dabsorb{a}", f"d{block} = sum_t Z{a} @ dZ{b}^T", f, io, kernels),
