@@ -35,10 +35,18 @@ the merged blocks, never the full-width output. When the output side is one grou
 its GEMM (``y = [z | 1] @ [B ; b]``), so the bias gradient comes out of the ``dB`` GEMM and no separate
 pass over ``y`` or ``dy`` is made.
 
-The token-sized products are skinny (one of their three sizes is a rank). Their operand layouts are
-chosen for speed (``dK^T = dz^T Z`` rather than ``Z^T dz``; ``[B ; b]`` built transposed), and large
-float32 CPU products run through oneDNN's inner product instead of torch.mm (see
-:data:`INNER_PRODUCT_MIN_MACS`); both compute the same sums, and FlopCounterMode counts both.
+The token-sized products are skinny (one of their three sizes is a rank). Large float32 CPU products run
+through oneDNN's inner product instead of torch.mm (see :data:`INNER_PRODUCT_MIN_MACS`; ``[B ; b]`` is
+built transposed, the layout it reads fastest); both compute the same sums, and FlopCounterMode counts
+both.
+
+The kernels dispatch as few ATen ops as the contraction allows, since on small token counts each op's
+fixed cost (Python, dispatch, launch) is the layer's time: every reshape is a single view, the 2-D views
+of the cores and the merged blocks made in the forward are saved for the backward, ``a @ w^T`` goes to
+oneDNN with ``w`` as it is, ``dK = Z^T dz`` needs no transposed copy for the merge chain (as fast as
+``dK^T = dz^T Z`` with MKL, measured), and on one token the absorptions before the bond are plain mm
+calls. One forward+backward of a gated paper-shape layer with bias dispatches 71-77 ops, 13 of them
+autograd's accumulation of the 13 leaf gradients (docs/performance.md).
 """
 from __future__ import annotations
 

@@ -65,6 +65,21 @@ def test_float64_matches_dense_reference(order, seed):
         _compare(layer, x, plan, 1e-10)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("order,seed", [(3, 0), (4, 1), (6, 2), (7, 4)])
+def test_one_token_matches_dense_reference(order, seed, bias):
+    """One token (its absorptions before the bond are plain matmuls) and 2 tokens (batched), every
+    strategy: output and the gradients of x, cores, gates and bias in float64."""
+    layer, _ = _random_layer(order, seed, bias=bias)
+    choices = ["dense"] + [(left, right) for left in _partitions(len(layer.in_shape))
+                           for right in _partitions(len(layer.out_shape))]
+    for tokens in (1, 2):
+        x = torch.randn(tokens, layer.in_features, dtype=torch.float64)
+        for strategies in choices:
+            plan = make_plan(layer.in_shape, layer.out_shape, tuple(layer.ranks), tokens, bias, strategies)
+            _compare(layer, x, plan, 1e-10)
+
+
 @pytest.mark.parametrize("order", [2, 4, 6, 8])
 @pytest.mark.parametrize("device", DEVICES)
 def test_float32_matches_dense_reference(order, device):
