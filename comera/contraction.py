@@ -43,9 +43,8 @@ both.
 The kernels dispatch as few ATen ops as the contraction allows, since on small token counts each op's
 fixed cost (Python, dispatch, launch) is the layer's time: every reshape is a single view, the 2-D views
 of the cores and the merged blocks made in the forward are saved for the backward, ``a @ w^T`` goes to
-oneDNN with ``w`` as it is, ``dK = Z^T dz`` needs no transposed copy for the merge chain (with MKL it
-ran within the noise of ``dK^T = dz^T Z`` plus that copy: 0.95-1.05x, 128 and 4096 tokens, interleaved),
-and on one token the absorptions before the bond are plain mm calls. One forward+backward of a gated paper-shape layer with bias dispatches 71-77 ops, 13 of them
+oneDNN with ``w`` as it is, and on one token the absorptions before the bond are plain mm calls. One
+forward+backward of a gated paper-shape layer with bias dispatches 71-77 ops on the CPU, 13 of them
 autograd's accumulation of the 13 leaf gradients (docs/performance.md).
 """
 from __future__ import annotations
@@ -567,6 +566,16 @@ def left_forward(x: torch.Tensor, cores, groups):
     return z, inputs, chains
 
 
+def _input_block_grad(zin: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
+    """``dK = Z^T dz`` of the last input group, contiguous. A large CPU product (from
+    ``INNER_PRODUCT_MIN_MACS[0]`` multiply-adds) is computed as ``(dz^T Z)^T`` and copied: MKL runs that
+    layout faster (a whole 768->768 layer at 4096 tokens, one thread: 1.2x), and the copy of the small
+    (in, r) result is one op; otherwise one product."""
+    if zin.device.type == "cpu" and zin.numel() * dz.shape[1] >= INNER_PRODUCT_MIN_MACS[0]:
+        return torch.t_copy(torch.mm(dz.t(), zin))
+    return torch.mm(zin.t(), dz)
+
+
 def left_backward(dz: torch.Tensor, cores, inputs, chains, groups, need_dx: bool):
     """Gradients (dx or None, [dH_k]) of the input side."""
     tokens = dz.shape[0]
@@ -578,7 +587,7 @@ def left_backward(dz: torch.Tensor, cores, inputs, chains, groups, need_dx: bool
         wanted = g > 0 or need_dx
         if b == len(cores):
             dz = _rows(dz, tokens)
-            dblock = torch.mm(zin.t(), dz)
+            dblock = _input_block_grad(zin, dz)
             dzin = _mm_t(dz, block) if wanted else None
         elif tokens == 1:
             dz = _rows(dz, block.shape[1])
