@@ -44,7 +44,7 @@ The kernels dispatch as few ATen ops as the contraction allows, since on small t
 fixed cost (Python, dispatch, launch) is the layer's time: every reshape is a single view, the 2-D views
 of the cores and the merged blocks made in the forward are saved for the backward, ``a @ w^T`` goes to
 oneDNN with ``w`` as it is, and on one token the absorptions before the bond are plain mm calls. One
-forward+backward of a gated paper-shape layer with bias dispatches 71-77 ops on the CPU, 13 of them
+forward+backward of a gated paper-shape layer with bias dispatches 72-77 ops on the CPU, 13 of them
 autograd's accumulation of the 13 leaf gradients (docs/performance.md).
 """
 from __future__ import annotations
