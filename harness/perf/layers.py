@@ -56,7 +56,7 @@ def target_linear(cfg: Config, roof: Roofline) -> list[BenchRow]:
             bound=roof.speedup_bound(cost["dense"], cost["tt"]), bound_basis="roofline",
             medians=f"nn.Linear {times['dense']:.3f} ms, TTLinear {times['tt']:.3f} ms{speedup_rounds}",
             settings=f"ranks {tt.ranks}, plan {plan.left}/{plan.right}, {cfg.label()}; ratio: median over "
-                     f"rounds of the ratio within a round",
+                     f"rounds of the ratio within a round{matmul_precision(cfg.device)}",
             note=fixed_cost_note(times["dense"], times["tt"], times["tt_1"], times["floor_1"], times["direct_1"])))
         rows.append(make_row(
             1, f"TTLinear vs official TT_forward, {shape}", case["vs_official"],
@@ -67,7 +67,7 @@ def target_linear(cfg: Config, roof: Roofline) -> list[BenchRow]:
                     f"official TT_forward {times['official']:.3f} ms{official_rounds}",
             settings=f"same cores, gates and bias; both multiply the cores by the gates and add the bias "
                      f"(official: get_factors(prune_mask=True) gating and the bias outside TT_forward); "
-                     f"ranks {tt.ranks}, {cfg.label()}",
+                     f"ranks {tt.ranks}, {cfg.label()}{matmul_precision(cfg.device)}",
             note=f"(nn.Linear / TTLinear) / (nn.Linear / official) = official / TTLinear; nn.Linear / official "
                  f"{ratio(times['dense'], times['official']):.2f}x; official algorithm reimplemented in "
                  f"harness/perf/official.py, timed in the same interleaved rounds; no roofline bound: the two "
@@ -158,7 +158,6 @@ def target_linear_cuda(cfg: Config, progress: Callable[[str], None]) -> list[Ben
     from comera.tt import TTLinear
     from harness.perf.official import OfficialTTLinear
 
-    precision = torch.get_float32_matmul_precision()
     rows = []
     for i, case in enumerate(cfg.goals["cuda_linear"]):
         in_shape, out_shape, rank = case["in_shape"], case["out_shape"], case["rank"]
@@ -178,8 +177,8 @@ def target_linear_cuda(cfg: Config, progress: Callable[[str], None]) -> list[Ben
         times = {k: statistics.median(v) for k, v in per_round.items()}
         plan = layers["tt"].plan(tokens)
         shape = f"{n_in}->{n_out} r{rank}, {tokens} tokens"
-        settings = (f"float32 matmul precision {precision}; ranks {layers['tt'].ranks}, plan "
-                    f"{plan.left}/{plan.right}, {cfg.label()}; ratio: median over rounds of the ratio within a round")
+        settings = (f"ranks {layers['tt'].ranks}, plan {plan.left}/{plan.right}, {cfg.label()}; ratio: median "
+                    f"over rounds of the ratio within a round{matmul_precision(cfg.device)}")
         for mode, what, goal_name in (("_graph", "CUDA graph replay", "graph"), ("", "eager", "eager"),
                                       ("_compile", "torch.compile", None)):
             value, shown = round_ratio(per_round, f"dense{mode}", f"tt{mode}")
@@ -196,6 +195,12 @@ def target_linear_cuda(cfg: Config, progress: Callable[[str], None]) -> list[Ben
             medians=f"TTLinear {times['tt']:.3f} ms, official TT_forward {times['official']:.3f} ms{shown}",
             settings=settings))
     return rows
+
+
+def matmul_precision(device: torch.device) -> str:
+    """``"; float32 matmul precision <p>"`` on CUDA (TF32 or not changes nn.Linear's time several-fold),
+    else ""."""
+    return f"; float32 matmul precision {torch.get_float32_matmul_precision()}" if device.type == "cuda" else ""
 
 
 def fixed_cost_note(dense_ms: float, tt_ms: float, one_token_ms: float, floor_ms: float, direct_ms: float) -> str:

@@ -135,3 +135,9 @@ def test_cuda_rows_time_eager_graph_and_compile(monkeypatch):
     assert [r.goal for r in rows] == [1.0, None, None, 0.5]
     assert all(r.measured > 0 for r in rows)
     assert all(f"float32 matmul precision {torch.get_float32_matmul_precision()}" in r.settings for r in rows)
+
+
+def test_matmul_precision_is_named_on_cuda_only():
+    assert layers.matmul_precision(torch.device("cpu")) == ""
+    assert layers.matmul_precision(torch.device("cuda")) == (
+        f"; float32 matmul precision {torch.get_float32_matmul_precision()}")
