@@ -35,10 +35,17 @@ the merged blocks, never the full-width output. When the output side is one grou
 its GEMM (``y = [z | 1] @ [B ; b]``), so the bias gradient comes out of the ``dB`` GEMM and no separate
 pass over ``y`` or ``dy`` is made.
 
-The token-sized products are skinny (one of their three sizes is a rank). Their operand layouts are
-chosen for speed (``dK^T = dz^T Z`` rather than ``Z^T dz``; ``[B ; b]`` built transposed), and large
-float32 CPU products run through oneDNN's inner product instead of torch.mm (see
-:data:`INNER_PRODUCT_MIN_MACS`); both compute the same sums, and FlopCounterMode counts both.
+The token-sized products are skinny (one of their three sizes is a rank). Large float32 CPU products run
+through oneDNN's inner product instead of torch.mm (see :data:`INNER_PRODUCT_MIN_MACS`; ``[B ; b]`` is
+built transposed, the layout it reads fastest); both compute the same sums, and FlopCounterMode counts
+both.
+
+The kernels dispatch as few ATen ops as the contraction allows, since on small token counts each op's
+fixed cost (Python, dispatch, launch) is the layer's time: every reshape is a single view, the 2-D views
+of the cores and the merged blocks made in the forward are saved for the backward, ``a @ w^T`` goes to
+oneDNN with ``w`` as it is, and on one token the absorptions before the bond are plain mm calls. One
+forward+backward of a gated paper-shape layer with bias dispatches 72-77 ops on the CPU, 13 of them
+autograd's accumulation of the 13 leaf gradients (docs/performance.md).
 """
 from __future__ import annotations
 
@@ -247,7 +254,8 @@ def _left_group(modes, ranks, tokens, m, a, b):
     rest = math.prod(modes[b:m])
     f = 2 * tokens * rows * ranks[b] * rest
     io = tokens * rows * rest + tokens * ranks[b] * rest  # Z_a and Z_b (or dZ_a and dZ_b)
-    kernels = 1 if b == m else 2  # before the bond the products are batched over tokens (copy + bmm)
+    # Before the bond the products are batched over tokens (copy + bmm); one token needs no batch.
+    kernels = 1 if b == m or tokens == 1 else 2
     fwd = chain_fwd + [Step("forward", f"absorb{a}", f"Z{b} = {block}[{rows},{ranks[b]}]^T @ "
                             f"{_fmt(f'Z{a}', tokens, rows, rest)}", f, io, kernels)]
     bwd = [Step("backward", f"dabsorb{a}", f"d{block} = sum_t Z{a} @ dZ{b}^T", f, io, kernels),
@@ -426,62 +434,107 @@ if _INNER_PRODUCT is not None:
             return 2 * math.prod(x_shape) * w_shape[0]
 
 
+def _inner_product_fits(a: torch.Tensor, w: torch.Tensor, cols: int, bias: torch.Tensor | None) -> bool:
+    """Whether the product of ``a`` and ``w`` (either layout) with ``cols`` output columns (+ bias) goes to
+    oneDNN's inner product: a large float32 CPU product with a contiguous ``a`` that autograd does not
+    record (the inner product has no autograd formula), outside torch.compile (the compiler picks the
+    kernels; its lowering of the inner product needs a constant weight)."""
+    return (_INNER_PRODUCT is not None and not torch.compiler.is_compiling() and a.dtype == torch.float32
+            and w.dtype == torch.float32 and a.device.type == "cpu"
+            and a.shape[0] * a.shape[1] * cols >= INNER_PRODUCT_MIN_MACS[cols > 64]
+            and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
+            and a.is_contiguous() and not (torch.is_grad_enabled() and (a.requires_grad or w.requires_grad)))
+
+
+def _inner_product(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """oneDNN's ``a @ w^T (+ bias)``, or None (for good) when this build cannot run it on this machine."""
+    global _INNER_PRODUCT
+    try:
+        return _INNER_PRODUCT(a, w, bias, "none", [], "")
+    except RuntimeError:  # e.g. "could not create a primitive descriptor" on an unsupported CPU
+        _INNER_PRODUCT = None
+        return None
+
+
 def _mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``a @ b (+ bias)`` of 2-D tensors: oneDNN's inner product (bias fused) for large float32 CPU
-    products with a contiguous ``a`` (fastest when ``b`` is a transposed view of a contiguous matrix), else
-    torch.mm / torch.addmm. The inner product has no autograd formula, so a product autograd would record
-    always takes torch.mm; under torch.compile the compiler picks the kernels (its lowering of the inner
-    product needs a constant weight). A build whose oneDNN cannot run it on this machine falls back to
-    torch.mm for the rest of the process."""
-    global _INNER_PRODUCT
-    if (_INNER_PRODUCT is not None and not torch.compiler.is_compiling() and a.dtype == torch.float32
-            and b.dtype == torch.float32 and a.device.type == "cpu"
-            and a.shape[0] * a.shape[1] * b.shape[1] >= INNER_PRODUCT_MIN_MACS[b.shape[1] > 64]
-            and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
-            and a.is_contiguous() and not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad))):
-        try:
-            return _INNER_PRODUCT(a, b.t(), bias, "none", [], "")
-        except RuntimeError:  # e.g. "could not create a primitive descriptor" on an unsupported CPU
-            _INNER_PRODUCT = None
+    products (fastest when ``b`` is a transposed view of a contiguous matrix, see
+    :func:`_inner_product_fits`), else torch.mm / torch.addmm."""
+    if _inner_product_fits(a, b, b.shape[1], bias):
+        out = _inner_product(a, b.t(), bias)
+        if out is not None:
+            return out
     return torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
 
 
+def _mm_t(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``a @ w^T`` (one op when the inner product takes it: it reads ``w`` as it is)."""
+    if _inner_product_fits(a, w, w.shape[0], None):
+        out = _inner_product(a, w, None)
+        if out is not None:
+            return out
+    return torch.mm(a, w.t())
+
+
+# A merged group is saved as one flat list ("chain"): its blocks, then its cores as the matrices the
+# merge multiplied (2-D views made once in the forward and reused by the backward).
+
+def _chain_parts(chain):
+    """(blocks, matrices) of a chain of k cores: k blocks, k - 1 matrices."""
+    k = (len(chain) + 1) // 2
+    return chain[:k], chain[k:]
+
+
 def _merge_left(cores):
+    """Merge cores left to right: blocks ``K|k`` (r_a n_a..n_k, r_{k+1}), the last one the group's block,
+    then cores a+1.. as (r_k, n_k r_{k+1}) matrices."""
     block = cores[0].reshape(-1, cores[0].shape[-1])
-    chain = [block]
+    blocks, mats = [block], []
     for h in cores[1:]:
-        block = torch.mm(block, h.reshape(h.shape[0], -1)).view(-1, h.shape[-1])
-        chain.append(block)
-    return chain
+        mat = h.reshape(h.shape[0], -1)
+        block = torch.mm(block, mat).view(-1, h.shape[-1])
+        blocks.append(block)
+        mats.append(mat)
+    return blocks + mats
+
+
+def _left_block(chain) -> torch.Tensor:
+    return _chain_parts(chain)[0][-1]
 
 
 def _merge_left_backward(dblock, cores, chain):
+    """Core gradients from the gradient of the group's block (r_a n_a.., r_b)."""
+    blocks, mats = _chain_parts(chain)
     grads = [None] * len(cores)
     for i in range(len(cores) - 1, 0, -1):
-        h = cores[i]
-        dblock = dblock.reshape(chain[i - 1].shape[0], -1)
-        grads[i] = torch.mm(chain[i - 1].t(), dblock).view(h.shape)
-        dblock = torch.mm(dblock, h.reshape(h.shape[0], -1).t())
+        d = dblock.reshape(blocks[i - 1].shape[0], -1)
+        grads[i] = torch.mm(blocks[i - 1].t(), d).view(cores[i].shape)
+        dblock = torch.mm(d, mats[i - 1].t())
     grads[0] = dblock.reshape(cores[0].shape)
     return grads
 
 
 def _merge_right(cores):
+    """Merge cores right to left: blocks ``K|k`` (r_k, n_k..n_{b-1} r_b), the first one the group's block,
+    then cores a..b-2 as (r_k n_k, r_{k+1}) matrices."""
     block = cores[-1].reshape(cores[-1].shape[0], -1)
-    chain = [block]
+    blocks, mats = [block], []
     for h in reversed(cores[:-1]):
-        block = torch.mm(h.reshape(-1, h.shape[-1]), block).view(h.shape[0], -1)
-        chain.append(block)
-    return chain[::-1]
+        mat = h.reshape(-1, h.shape[-1])
+        block = torch.mm(mat, block).view(h.shape[0], -1)
+        blocks.append(block)
+        mats.append(mat)
+    return blocks[::-1] + mats[::-1]
 
 
 def _merge_right_backward(dblock, cores, chain):
+    """Core gradients from the gradient of the group's block (r_a, n_a.. r_b)."""
+    blocks, mats = _chain_parts(chain)
     grads = [None] * len(cores)
     for i in range(len(cores) - 1):
-        hmat = cores[i].reshape(-1, cores[i].shape[-1])
-        dblock = dblock.reshape(hmat.shape[0], -1)
-        grads[i] = torch.mm(dblock, chain[i + 1].t()).view(cores[i].shape)
-        dblock = torch.mm(hmat.t(), dblock)
+        d = dblock.reshape(mats[i].shape[0], -1)
+        grads[i] = torch.mm(d, blocks[i + 1].t()).view(cores[i].shape)
+        dblock = torch.mm(mats[i].t(), d)
     grads[-1] = dblock.reshape(cores[-1].shape)
     return grads
 
@@ -493,19 +546,34 @@ def _rows(t: torch.Tensor, count: int) -> torch.Tensor:
 
 def left_forward(x: torch.Tensor, cores, groups):
     """z = x A for a contiguous x (T, in). Returns (z, inputs, chains); the last two feed the backward.
-    ``inputs`` holds the input of each group's absorption (``[x]`` for one group)."""
+    ``inputs`` holds the input of each group's absorption (``[x]`` for one group); before the bond a
+    group's input is (T, rows, rest), or (rows, rest) on one token."""
     tokens = x.shape[0]
     z, inputs, chains = x, [], []
     for a, b in _bounds(groups):
         chain = _merge_left(cores[a:b])
-        block = chain[-1]
-        inputs.append(z)
+        block = _left_block(chain)
         if b == len(cores):
-            z = _mm(_rows(z, tokens), block)
+            inputs.append(_rows(z, tokens))
+            z = _mm(inputs[-1], block)
+        elif tokens == 1:
+            inputs.append(_rows(z, block.shape[0]))
+            z = torch.mm(block.t(), inputs[-1])
         else:
-            z = torch.matmul(block.t(), z.view(tokens, block.shape[0], -1))
+            inputs.append(z.view(tokens, block.shape[0], -1))
+            z = torch.matmul(block.t(), inputs[-1])
         chains.append(chain)
     return z, inputs, chains
+
+
+def _input_block_grad(zin: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
+    """``dK = Z^T dz`` of the last input group, contiguous. On the CPU, for more than one token, it is
+    computed as ``(dz^T Z)^T`` and copied: MKL runs that layout faster (whole 768->768 layers, one thread:
+    1.03x at 128 tokens, 1.2x at 4096), and the copy of the small (in, r) result is one op; otherwise one
+    product."""
+    if zin.device.type == "cpu" and zin.shape[0] > 1:
+        return torch.t_copy(torch.mm(dz.t(), zin))
+    return torch.mm(zin.t(), dz)
 
 
 def left_backward(dz: torch.Tensor, cores, inputs, chains, groups, need_dx: bool):
@@ -515,17 +583,20 @@ def left_backward(dz: torch.Tensor, cores, inputs, chains, groups, need_dx: bool
     bounds = _bounds(groups)
     for g in range(len(bounds) - 1, -1, -1):
         a, b = bounds[g]
-        block, zin = chains[g][-1], inputs[g]
+        block, zin = _left_block(chains[g]), inputs[g]
+        wanted = g > 0 or need_dx
         if b == len(cores):
             dz = _rows(dz, tokens)
-            # dK^T = dz^T Z runs 1.5x faster with MKL than Z^T dz (measured at 128 and 4096 tokens);
-            # the chain's first reshape makes the transpose contiguous.
-            dblock = torch.mm(dz.t(), _rows(zin, tokens)).t()
-            dzin = _mm(dz, block.t()) if g > 0 or need_dx else None
+            dblock = _input_block_grad(zin, dz)
+            dzin = _mm_t(dz, block) if wanted else None
+        elif tokens == 1:
+            dz = _rows(dz, block.shape[1])
+            dblock = torch.mm(zin, dz.t())
+            dzin = torch.mm(block, dz) if wanted else None
         else:
             dz = dz.view(tokens, block.shape[1], -1)
-            dblock = torch.einsum("tcs,tbs->cb", zin.view(tokens, block.shape[0], -1), dz)
-            dzin = torch.matmul(block, dz) if g > 0 or need_dx else None
+            dblock = torch.einsum("tcs,tbs->cb", zin, dz)
+            dzin = torch.matmul(block, dz) if wanted else None
         grads[a:b] = _merge_left_backward(dblock, cores[a:b], chains[g])
         dz = dzin
     return (_rows(dz, tokens) if need_dx else None), grads
@@ -546,12 +617,12 @@ def right_forward(z: torch.Tensor, cores, groups, bias, fold_bias: bool = False)
                 z1 = torch.nn.functional.pad(z, (0, 1), value=1.0)
                 inputs.append(z1)
                 # [B ; b] built transposed (out, r + 1): the layout the inner product reads fastest.
-                return _mm(z1, torch.cat([block.t(), bias.unsqueeze(1)], 1).t()), inputs, chains
+                return _mm_t(z1, torch.cat([block.t(), bias.unsqueeze(1)], 1)), inputs, chains
             inputs.append(z)
             return _mm(z, block, bias), inputs, chains
-        inputs.append(y.view(-1, block.shape[0]))
+        inputs.append(_rows(y, y.numel() // block.shape[0]))
         y = _mm(inputs[-1], block)
-    y = y.view(tokens, -1)
+    y = _rows(y, tokens)
     return (y if bias is None else y.add_(bias)), inputs, chains
 
 
@@ -567,7 +638,7 @@ def right_backward(dy: torch.Tensor, cores, inputs, chains, groups):
         dblock = torch.mm(yin.t(), dy)
         if yin.shape[1] > block.shape[0]:  # folded bias: the last row is db
             dblock, dbias = dblock[:-1], dblock[-1]
-        dy = _mm(dy, block.t())
+        dy = _mm_t(dy, block)
         grads[a:b] = _merge_right_backward(dblock, cores[a:b], chains[g])
     return _rows(dy, inputs[0].shape[0]), grads, dbias
 
@@ -575,7 +646,7 @@ def right_backward(dy: torch.Tensor, cores, inputs, chains, groups):
 def dense_forward(x: torch.Tensor, left_cores, right_cores, bias):
     """y = x (A B) + b. Returns (y, weight, left chain, right chain)."""
     left, right = _merge_left(left_cores), _merge_right(right_cores)
-    weight = torch.mm(left[-1], right[0])
+    weight = torch.mm(_left_block(left), right[0])
     y = torch.mm(x, weight) if bias is None else torch.addmm(bias, x, weight)
     return y, weight, left, right
 
@@ -584,5 +655,5 @@ def dense_backward(dy, x, weight, left_cores, right_cores, left, right, need_dx:
     """Gradients (dx or None, [dH_k] of both sides)."""
     dweight = torch.mm(x.t(), dy)
     dx = torch.mm(dy, weight.t()) if need_dx else None
-    da, db = torch.mm(dweight, right[0].t()), torch.mm(left[-1].t(), dweight)
+    da, db = torch.mm(dweight, right[0].t()), torch.mm(_left_block(left).t(), dweight)
     return dx, _merge_left_backward(da, left_cores, left) + _merge_right_backward(db, right_cores, right)

@@ -275,13 +275,12 @@ class TTLinear(ResizeOnLoad, nn.Module):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"TTLinear: expected input with last dimension {self.in_features}, "
                              f"got shape {tuple(x.shape)}")
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
+        x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         plan = self.plan(x2.shape[0])
         d = len(self.cores)
         y = outside_autocast(lambda x, b, *p: tt_linear(x.contiguous(), p[:d], p[d:], b, plan),
                              x.device.type, x2, self.bias, *_entries(self.cores), *forward_gates(self))
-        return y.view(*lead, self.out_features)
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

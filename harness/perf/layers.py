@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -55,7 +56,7 @@ def target_linear(cfg: Config, roof: Roofline) -> list[BenchRow]:
             bound=roof.speedup_bound(cost["dense"], cost["tt"]), bound_basis="roofline",
             medians=f"nn.Linear {times['dense']:.3f} ms, TTLinear {times['tt']:.3f} ms{speedup_rounds}",
             settings=f"ranks {tt.ranks}, plan {plan.left}/{plan.right}, {cfg.label()}; ratio: median over "
-                     f"rounds of the ratio within a round",
+                     f"rounds of the ratio within a round{matmul_precision(cfg.device)}",
             note=fixed_cost_note(times["dense"], times["tt"], times["tt_1"], times["floor_1"], times["direct_1"])))
         rows.append(make_row(
             1, f"TTLinear vs official TT_forward, {shape}", case["vs_official"],
@@ -66,12 +67,140 @@ def target_linear(cfg: Config, roof: Roofline) -> list[BenchRow]:
                     f"official TT_forward {times['official']:.3f} ms{official_rounds}",
             settings=f"same cores, gates and bias; both multiply the cores by the gates and add the bias "
                      f"(official: get_factors(prune_mask=True) gating and the bias outside TT_forward); "
-                     f"ranks {tt.ranks}, {cfg.label()}",
+                     f"ranks {tt.ranks}, {cfg.label()}{matmul_precision(cfg.device)}",
             note=f"(nn.Linear / TTLinear) / (nn.Linear / official) = official / TTLinear; nn.Linear / official "
                  f"{ratio(times['dense'], times['official']):.2f}x; official algorithm reimplemented in "
                  f"harness/perf/official.py, timed in the same interleaved rounds; no roofline bound: the two "
                  f"do about the same FLOPs (flop_ratio), so the difference is per-op overhead and layouts"))
     return rows
+
+
+def linear_shapes(cases: list[dict]) -> list[tuple[list[int], list[int], int]]:
+    """The distinct (in_shape, out_shape, rank) of target 1's cases, in order."""
+    shapes = []
+    for case in cases:
+        shape = (case["in_shape"], case["out_shape"], case["rank"])
+        if shape not in shapes:
+            shapes.append(shape)
+    return shapes
+
+
+def target_linear_ops(cfg: Config) -> list[BenchRow]:
+    """ATen ops dispatched by one forward+backward of the TTLinear (bias, rank gates; input gradient
+    included; gradients reset to None first, as ``zero_grad`` does) at each layer shape of ``linear`` and
+    each token count of ``linear_ops``, nn.Linear's count beside it (--quick counts the same calls)."""
+    from comera.tt import TTLinear
+
+    goal = cfg.goals["linear_ops"]
+    rows = []
+    for in_shape, out_shape, rank in linear_shapes(cfg.goals["linear"]):
+        n_in, n_out = math.prod(in_shape), math.prod(out_shape)
+        tt = TTLinear(n_in, n_out, in_shape=in_shape, out_shape=out_shape, rank=rank, device=cfg.device)
+        dense = torch.nn.Linear(n_in, n_out, device=cfg.device)
+        for tokens in goal["tokens"]:
+            x = torch.randn(tokens, n_in, device=cfg.device)
+            ops = {k: mb.count_ops(mb._call(m, x, "fwd_bwd", wrt_input=True)[0]) for k, m in
+                   (("tt", tt), ("dense", dense))}
+            plan = tt.plan(tokens)
+            rows.append(make_row(
+                1, f"ATen ops per TTLinear fwd+bwd, {n_in}->{n_out} r{rank}, {tokens} tokens", goal["goal"],
+                ops["tt"], better="<=", goal_key="linear_ops.goal",
+                medians=f"TTLinear {ops['tt']} ops, nn.Linear {ops['dense']} ops",
+                settings=f"ranks {tt.ranks}, plan {plan.left}/{plan.right}, rank gates and bias",
+                note=f"every op a TorchDispatchMode sees in one forward+backward: views, and the one "
+                     f"gradient accumulation per leaf ({1 + len(list(tt.parameters()))} for TTLinear: "
+                     f"input, cores, gates, bias) included"))
+    return rows
+
+
+def graphed_fwd_bwd(module: torch.nn.Module, x: torch.Tensor, grad_out: torch.Tensor, *, warmup: int = 3):
+    """A closure replaying one forward+backward of ``module`` from a CUDA graph captured once, after
+    ``warmup`` eager calls on a side stream. ``x`` (a leaf that requires grad) and ``grad_out`` are the
+    graph's static input and output gradient (copy new values into them before a replay); each replay
+    rewrites the gradients the capture left on ``x`` and the parameters."""
+    wrt = [x, *(p for p in module.parameters() if p.requires_grad)]
+
+    def step() -> None:
+        for t in wrt:
+            t.grad = None
+        torch.autograd.backward(module(x), grad_out, inputs=wrt)
+
+    side = torch.cuda.Stream(x.device)
+    side.wait_stream(torch.cuda.current_stream(x.device))
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            step()
+    torch.cuda.current_stream(x.device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    for t in wrt:
+        t.grad = None
+    with torch.cuda.graph(graph):
+        torch.autograd.backward(module(x), grad_out, inputs=wrt)
+    return graph.replay
+
+
+def compiled_fwd_bwd(module: torch.nn.Module, x: torch.Tensor):
+    """The fwd_bwd closure of ``torch.compile(module)``, called once (so it is compiled before timing)."""
+    run = mb._call(torch.compile(module), x, "fwd_bwd", wrt_input=True)[0]
+    run()
+    return run
+
+
+def target_linear_cuda(cfg: Config, progress: Callable[[str], None]) -> list[BenchRow]:
+    """On CUDA, TTLinear vs nn.Linear forward+backward (input gradient included) at each case of
+    ``cuda_linear``, timed in the same interleaved rounds in three ways, each like for like: both eager,
+    both replayed from a CUDA graph of their forward+backward, both under torch.compile; and the official
+    algorithm (harness.perf.official) eager. Rows record the float32 matmul precision (TF32 or not). On
+    another device no row: the reason is printed."""
+    if cfg.device.type != "cuda":
+        progress(f"target 1 CUDA rows skipped: they need a CUDA device, this run's is {cfg.device.type}")
+        return []
+    from comera.tt import TTLinear
+    from harness.perf.official import OfficialTTLinear
+
+    rows = []
+    for i, case in enumerate(cfg.goals["cuda_linear"]):
+        in_shape, out_shape, rank = case["in_shape"], case["out_shape"], case["rank"]
+        tokens = case["quick_tokens"] if cfg.quick else case["tokens"]
+        n_in, n_out = math.prod(in_shape), math.prod(out_shape)
+        x = torch.randn(tokens, n_in, device=cfg.device)
+        layers = {"dense": torch.nn.Linear(n_in, n_out, device=cfg.device),
+                  "tt": TTLinear(n_in, n_out, in_shape=in_shape, out_shape=out_shape, rank=rank, device=cfg.device)}
+        runs = {k: mb._call(m, x, "fwd_bwd", wrt_input=True)[0] for k, m in layers.items()}
+        runs["official"] = mb._call(OfficialTTLinear(layers["tt"]), x, "fwd_bwd", wrt_input=True)[0]
+        grad_out = torch.randn(tokens, n_out, device=cfg.device)
+        runs.update({f"{k}_graph": graphed_fwd_bwd(m, x.clone().requires_grad_(True), grad_out)
+                     for k, m in layers.items()})
+        runs.update({f"{k}_compile": compiled_fwd_bwd(m, x) for k, m in layers.items()})
+        per_round = paired_rounds(runs, rounds=cfg.rounds, num_threads=cfg.num_threads,
+                                  min_run_time_s=cfg.min_run_time_s)
+        times = {k: statistics.median(v) for k, v in per_round.items()}
+        plan = layers["tt"].plan(tokens)
+        shape = f"{n_in}->{n_out} r{rank}, {tokens} tokens"
+        settings = (f"ranks {layers['tt'].ranks}, plan {plan.left}/{plan.right}, {cfg.label()}; ratio: median "
+                    f"over rounds of the ratio within a round{matmul_precision(cfg.device)}")
+        for mode, what, goal_name in (("_graph", "CUDA graph replay", "graph"), ("", "eager", "eager"),
+                                      ("_compile", "torch.compile", None)):
+            value, shown = round_ratio(per_round, f"dense{mode}", f"tt{mode}")
+            goal = case.get(goal_name) if goal_name else None
+            rows.append(make_row(
+                1, f"TTLinear fwd+bwd speedup, {what}, {shape}", goal, value,
+                goal_key=f"cuda_linear[{i}].{goal_name}" if goal is not None else "",
+                medians=f"nn.Linear {times[f'dense{mode}']:.3f} ms, TTLinear {times[f'tt{mode}']:.3f} ms{shown}",
+                settings=settings))
+        value, shown = round_ratio(per_round, "official", "tt")
+        rows.append(make_row(
+            1, f"TTLinear vs official TT_forward, eager, {shape}", case["vs_official"], value,
+            goal_key=f"cuda_linear[{i}].vs_official",
+            medians=f"TTLinear {times['tt']:.3f} ms, official TT_forward {times['official']:.3f} ms{shown}",
+            settings=settings))
+    return rows
+
+
+def matmul_precision(device: torch.device) -> str:
+    """``"; float32 matmul precision <p>"`` on CUDA (TF32 or not changes nn.Linear's time several-fold),
+    else ""."""
+    return f"; float32 matmul precision {torch.get_float32_matmul_precision()}" if device.type == "cuda" else ""
 
 
 def fixed_cost_note(dense_ms: float, tt_ms: float, one_token_ms: float, floor_ms: float, direct_ms: float) -> str:

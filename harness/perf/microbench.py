@@ -365,6 +365,27 @@ def _nbytes(tensors: list[torch.Tensor]) -> int:
     return total
 
 
+class OpCounter(TorchDispatchMode):
+    """Counts every ATen op dispatched while it is active, views and autograd's gradient accumulation
+    included (one per op call, whatever it launches)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(run: Callable[[], Any]) -> int:
+    """ATen ops dispatched by one call of ``run`` (after one uncounted call, which may set things up)."""
+    run()
+    with OpCounter() as counter:
+        run()
+    return counter.count
+
+
 def count_cost(run: Callable[[], Any]) -> tuple[float, float]:
     """(matmul-class FLOPs, compulsory traffic bytes) of one call."""
     counter = FlopCounterMode(display=False)

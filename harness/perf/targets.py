@@ -7,7 +7,7 @@ import torch
 
 from harness.core import allocator as allocator_lib
 from harness.perf.config import Config
-from harness.perf.layers import target_embedding, target_linear
+from harness.perf.layers import target_embedding, target_linear, target_linear_cuda, target_linear_ops
 from harness.perf.plans import target_plans
 from harness.perf.report import TARGET_NAMES, BenchRow, format_row, make_row
 from harness.perf.roofline import measure_roofline
@@ -33,6 +33,8 @@ def _run_targets(targets: set[int], cfg: Config, step_timeout_s: float,
         progress(f"roofline: {roof.flops_per_s / 1e9:.1f} GFLOP/s matmul, {roof.bytes_per_s / 1e9:.1f} GB/s copy")
     jobs: list[tuple[set[int], Callable[[], list[BenchRow]]]] = [
         ({1}, lambda: target_linear(cfg, roof)),
+        ({1}, lambda: target_linear_ops(cfg)),
+        ({1}, lambda: target_linear_cuda(cfg, progress)),
         ({3}, lambda: target_embedding(cfg, roof)),
         ({2, 4}, lambda: target_steps(cfg, targets, step_timeout_s, progress, roof)),
         ({5}, lambda: target_plans(cfg)),

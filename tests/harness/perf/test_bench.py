@@ -34,14 +34,16 @@ def test_a_bad_goals_file_stops_before_measuring(tmp_path, capsys):
     assert "key lookup.table_memory" in capsys.readouterr().err and not (tmp_path / "b.parquet").exists()
 
 
-def test_quick_targets_produce_a_table(tmp_path, monkeypatch):
+def test_quick_targets_produce_a_table(tmp_path, monkeypatch, capsys):
     """Targets 1, 3 and 5 run their code paths at reduced size and end in the written files: one Parquet
-    row per table row with the provenance columns, the Markdown table next to it."""
+    row per table row with the provenance columns, the Markdown table next to it; target 1's CUDA rows
+    are skipped on the CPU, saying why."""
     path = tmp_path / "bench.yaml"
     small = ("  - {in_shape: [2, 2, 4], out_shape: [2, 4, 4], rank: 4, tokens: 64, quick_tokens: 8, goal: 1.0, "
              "vs_official: 0.5}\n")
     lines = goals.DEFAULT_PATH.read_text().splitlines(keepends=True)
-    path.write_text("".join(small if line.startswith("  - {in_shape") else line for line in lines))
+    path.write_text("".join(small if line.startswith("  - {in_shape") and "graph:" not in line else line
+                            for line in lines))
     monkeypatch.setitem(layers.EMBEDDING_TABLE, "quick", {"num_embeddings": 1000, "embedding_dim": 8,
                                                          "row_shape": [10, 10, 10], "col_shape": [2, 2, 2],
                                                          "rank": 2})
@@ -51,12 +53,13 @@ def test_quick_targets_produce_a_table(tmp_path, monkeypatch):
     assert bench.cli(["--quick", "--targets", "1,3,5", "--threads", "1", "--goals", str(path),
                       "--out", str(out)]) == 0
     frame = pd.read_parquet(out)
-    assert list(frame["target"]) == [1] * 6 + [3, 3, 3, 3, 5, 5]
+    assert list(frame["target"]) == [1] * 9 + [3, 3, 3, 3, 5, 5]
     assert set(PROVENANCE_COLUMNS) <= set(frame.columns) and (frame["device"] == "cpu").all()
     assert set(frame["verdict"]) <= {"pass", "short", "info"}
     assert frame["measured"].map(math.isfinite).all()
     assert list(frame["goal_key"]) == ["linear[0]", "linear[0].vs_official", "linear[1]", "linear[1].vs_official",
-                                       "linear[2]", "linear[2].vs_official", "lookup.speedup", "lookup.memory",
+                                       "linear[2]", "linear[2].vs_official"] + ["linear_ops.goal"] * 3 + [
+                                       "lookup.speedup", "lookup.memory",
                                        "lookup.table_memory", "", "plans.flops_vs_optimal", ""]
     kernel = frame.iloc[-1]
     assert kernel["verdict"] == "info" and kernel["measured"] > 0 and "KERNEL_COST" in kernel["what"]
@@ -76,6 +79,11 @@ def test_quick_targets_produce_a_table(tmp_path, monkeypatch):
     assert official["goal"] == 0.5 and official["flop_ratio"] > 0 and math.isnan(official["bound"])
     assert all(name in official["medians"] for name in ("nn.Linear", "TTLinear", "official TT_forward"))
     assert "gates" in official["settings"] and "bias" in official["settings"]
+    ops = frame[frame["goal_key"] == "linear_ops.goal"]
+    assert list(ops["what"].str.extract(r"(\d+) tokens")[0]) == ["1", "128", "4096"]
+    assert (ops["goal"] == 48).all() and (ops["better"] == "<=").all() and (ops["measured"] > 0).all()
+    assert ops["medians"].str.contains("nn.Linear 13 ops").all()
+    assert "target 1 CUDA rows skipped: they need a CUDA device, this run's is cpu" in capsys.readouterr().err
     assert file_metadata(out)["provenance"]["device"] == "cpu"
     text = out.with_suffix(".md").read_text()
     assert text.count("\n| 3 |") == 4 and "| 5 |" in text and "Allocator: reuse" in text

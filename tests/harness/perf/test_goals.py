@@ -15,6 +15,9 @@ def test_the_shipped_goals_are_the_issue_goals():
     assert (g["step"]["paper"]["speedup_vs_galore_b1"], g["step"]["paper"]["memory_saving_vs_galore_b1"]) == (5.0, 12.0)
     assert g["step"]["small"] == {"speedup_vs_dense_b32": 1.0, "speedup_vs_dense_b1": 0.667}
     assert g["halving"] == {"layers_speedup": 2.5, "amdahl_fraction": 0.9}
+    assert g["linear_ops"] == {"tokens": [1, 128, 4096], "goal": 48}
+    assert [(c["out_shape"], c["tokens"], c["graph"], c.get("eager"), c["vs_official"]) for c in g["cuda_linear"]] == [
+        ([12, 16, 16], 4096, 3.0, 1.0, 1.5), ([8, 8, 12], 4096, 1.5, None, 1.5)]
 
 
 @pytest.mark.parametrize("old, new, message", [

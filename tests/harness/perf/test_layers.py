@@ -5,7 +5,10 @@ import pytest
 import torch
 
 from harness.perf import layers
+from harness.perf.config import Config
 from harness.perf.roofline import Roofline
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 
 
 def test_roofline_bound_takes_the_slower_resource():
@@ -85,3 +88,56 @@ def test_paired_rounds_alternate_the_runs_and_round_ratio_takes_the_median_withi
     assert value == 3.0 and text == "; per round 2.00, 3.00, 3.00"  # the ratio of medians would be 12/5
     assert roofline.round_ratio({"a": [1.0], "b": [0.0]}, "a", "b") == (None, "")
     assert roofline.round_ratio({"a": [3.0], "b": [2.0]}, "a", "b") == (1.5, "")  # one round: no list
+
+
+def test_cuda_rows_are_skipped_on_another_device_saying_why():
+    said = []
+    assert layers.target_linear_cuda(Config.make("cpu", 1, quick=True), said.append) == []
+    assert said == ["target 1 CUDA rows skipped: they need a CUDA device, this run's is cpu"]
+
+
+def test_linear_shapes_are_the_distinct_layers_of_the_cases():
+    cases = [{"in_shape": [2, 2], "out_shape": [2, 2], "rank": 2, "tokens": t} for t in (8, 16)]
+    cases.append({"in_shape": [2, 2], "out_shape": [4, 2], "rank": 2, "tokens": 8})
+    assert layers.linear_shapes(cases) == [([2, 2], [2, 2], 2), ([2, 2], [4, 2], 2)]
+
+
+@CUDA
+def test_graph_replay_gives_the_eager_gradients_of_new_inputs():
+    """Captured once, replayed after new values are copied into the static input and output gradient:
+    the gradients on the input and every parameter are those of an eager call on the new values."""
+    from comera.tt import TTLinear
+
+    torch.manual_seed(0)
+    layer = TTLinear(48, 40, in_shape=[3, 4, 4], out_shape=[2, 4, 5], rank=3, device="cuda")
+    x = torch.randn(16, 48, device="cuda", requires_grad=True)
+    grad_out = torch.randn(16, 40, device="cuda")
+    replay = layers.graphed_fwd_bwd(layer, x, grad_out)
+    with torch.no_grad():
+        x.copy_(torch.randn_like(x))
+        grad_out.copy_(torch.randn_like(grad_out))
+    replay()
+    torch.cuda.synchronize()
+    wrt = [x, *layer.parameters()]
+    got = [t.grad.clone() for t in wrt]
+    want = torch.autograd.grad(layer(x), wrt, grad_out)
+    for a, b in zip(got, want):
+        assert ((a - b).norm() / b.norm()).item() <= 1e-4
+
+
+@CUDA
+def test_cuda_rows_time_eager_graph_and_compile(monkeypatch):
+    cfg = Config.make("cuda", 1, quick=True)
+    cfg.goals["cuda_linear"] = [{"in_shape": [2, 2, 4], "out_shape": [2, 4, 4], "rank": 4, "tokens": 64,
+                                 "quick_tokens": 8, "graph": 1.0, "vs_official": 0.5}]
+    rows = layers.target_linear_cuda(cfg, print)
+    assert [r.what.split(",")[1].strip() for r in rows] == ["CUDA graph replay", "eager", "torch.compile", "eager"]
+    assert [r.goal for r in rows] == [1.0, None, None, 0.5]
+    assert all(r.measured > 0 for r in rows)
+    assert all(f"float32 matmul precision {torch.get_float32_matmul_precision()}" in r.settings for r in rows)
+
+
+def test_matmul_precision_is_named_on_cuda_only():
+    assert layers.matmul_precision(torch.device("cpu")) == ""
+    assert layers.matmul_precision(torch.device("cuda")) == (
+        f"; float32 matmul precision {torch.get_float32_matmul_precision()}")

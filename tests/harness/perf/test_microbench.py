@@ -82,6 +82,22 @@ def test_traffic_counter_counts_operands_and_gathers():
     assert view == 0
 
 
+def test_op_counter_counts_every_dispatched_op_of_the_second_call():
+    """Views count like any op; the first call (set-up, e.g. lazy state) is left out."""
+    calls, a = [], torch.randn(3, 4)
+
+    def run():
+        calls.append(1)
+        if len(calls) == 1:
+            a.sum()  # set-up work of the first call only
+        a.view(2, 6).t().mul(2.0)
+
+    assert mb.count_ops(run) == 3 and len(calls) == 2
+    layer, x = nn.Linear(4, 5), torch.randn(2, 4, requires_grad=True)
+    fwd_bwd = mb._call(layer, x, "fwd_bwd", wrt_input=True)[0]
+    assert mb.count_ops(fwd_bwd) == 13  # addmm, 2 mm, sum, t x5, view, and 3 gradient accumulations
+
+
 def test_zipf_indices_are_deterministic_in_range_and_skewed():
     idx = mb.zipf_indices(20000, 5000, 1.05, seed=3)
     assert torch.equal(idx, mb.zipf_indices(20000, 5000, 1.05, seed=3))
