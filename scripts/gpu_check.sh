@@ -24,6 +24,7 @@ set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$repo/results/gpu_check}
 py=$(command -v "${PYTHON:-python3}") || { echo "gpu_check: no ${PYTHON:-python3}" >&2; exit 2; }
+[[ $py == /* ]] || py=$PWD/$py  # the pipeline runs elsewhere; keep the path as given (a venv's symlink)
 device=${DEVICE:-cuda}
 quick=${QUICK:-}
 config=$repo/config/${GRID_CONFIG:-$([[ -n $quick ]] && echo gpu-tiny.yaml || echo gpu.yaml)}
