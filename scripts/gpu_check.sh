@@ -5,7 +5,7 @@
 #   on the device:   bash scripts/gpu_check.sh       (device tool: carry [".whl"]; timeout_s 540)
 # Phases, each under `timeout` within what is left of the budget:
 #   tests   `pytest -m cuda`: the tests that need CUDA (at most TESTS_S, 90 s)
-#   bench   `comera-bench bench --device cuda --targets 1` (at most BENCH_S, 75 s)
+#   bench   `comera-bench bench --device cuda --targets 1` (at most BENCH_S, 150 s: it compiles four modules)
 #   grid    `snakemake figures --configfile config/gpu.yaml` (the rest, less FIGURES_S and PACK_S); at its
 #           limit Snakemake and its jobs get SIGINT, SIGKILL KILL_S later: a stopped timing group leaves no row
 #   figures `snakemake figures --config only_finished=True`: merged tables, figures and claims of the cells
@@ -28,7 +28,7 @@ py=$(command -v "${PYTHON:-python3}") || { echo "gpu_check: no ${PYTHON:-python3
 device=${DEVICE:-cuda}
 quick=${QUICK:-}
 config=$repo/config/${GRID_CONFIG:-$([[ -n $quick ]] && echo gpu-tiny.yaml || echo gpu.yaml)}
-budget=${BUDGET_S:-450} tests_s=${TESTS_S:-90} bench_s=${BENCH_S:-75} figures_s=${FIGURES_S:-60}
+budget=${BUDGET_S:-450} tests_s=${TESTS_S:-90} bench_s=${BENCH_S:-150} figures_s=${FIGURES_S:-60}
 pack_s=${PACK_S:-15} kill_s=${KILL_S:-15}
 start=$SECONDS
 work=${WORK:-$(mktemp -d "${TMPDIR:-/tmp}/comera-gpu-check.XXXXXX")}  # the pipeline's folder
