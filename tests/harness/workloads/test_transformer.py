@@ -63,7 +63,7 @@ def test_tiny_builds_trains_one_batch_and_evaluates(tiny):
     result = tiny.evaluate(tiny.model)
     assert result["metric_name"] == "accuracy" == tiny.metric_name and 0.0 <= result["metric_value"] <= 1.0
     assert tiny.model.training  # evaluate restores the mode
-    assert tiny.steps_per_epoch == 2048 // 32 and set(tiny.lr) == {"dense", "cores", "other", "gates"}
+    assert tiny.steps_per_epoch == 2048 // 32 and set(tiny.lr) == {"dense", "cores", "other", "gates", "embedding_cores"}
     assert all(name in dict(tiny.model.named_modules()) for name in tiny.tt_spec)
 
 
