@@ -499,3 +499,28 @@ def test_paper_grid_value_across_the_paper_figure_does_not_hold(tmp_path):
     res, _ = _paper_grid_folder(tmp_path / "rtx3090", RTX3090, 15.0, lookup_rows())  # GaLore b1 1.5x < 2x
     table = claims.evaluate(res).set_index("claim")
     assert table.loc["C2", VERDICT] == claims.FAILS
+
+
+def test_tiny_text_mlm_cells_are_c9s_comparison_on_a_cpu(tmp_path):
+    """Real tiny text-MLM quality cells (dense and CoMERA on the shipped WikiText-style fixture, full
+    schedule): C9's comparison, shown with both losses, "not comparable here" on a CPU at size tiny."""
+    from harness.running import run as runner
+
+    wiki = ROOT / "tests" / "harness" / "data" / "fixtures" / "tiny_wiki.raw"
+    rows = []
+    for method in ("dense", "comera"):
+        spec = {"workload": "mlm", "method": method, "batch_size": 4, "seed": 0, "target_ratio": None,
+                "workload_params": {"size": "tiny", "data": "text", "data_path": str(wiki), "vocab_size": 300,
+                                    "seq_len": 32, "cache_dir": str(tmp_path / "cache")},
+                "purpose": "quality", "run_id": f"bert_{method}-default_b4_tnone_s0_quality",
+                "budget": {"epochs": 1, "max_steps_per_epoch": None, "warmup_steps": 1},
+                "execution": {"device": "cpu", "num_threads": 1}}
+        row, _ = runner.run_cell(spec)
+        assert row["status"] == "ok", row["error"]
+        rows.append(row)
+    table = evaluate(tmp_path, rows)
+    assert table.loc["C9", VERDICT] == claims.NOT_COMPARABLE
+    dense, comera = (r["final_train_loss"] for r in rows)
+    assert f"{comera:.3f} vs {dense:.3f}" in table.loc["C9", ELSEWHERE]
+    assert "size tiny, text data, full schedule]" in table.loc["C9", ELSEWHERE]
+    assert table.loc["C8", VERDICT] == claims.NOT_MEASURED  # text rows are not C8's code pretraining
