@@ -30,8 +30,9 @@ Params: model keys as the transformer's; ``max_documents`` (None = all), ``max_t
 """
 from __future__ import annotations
 
+from array import array
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -142,15 +143,22 @@ def tt_spec(p: dict[str, Any]) -> dict[str, dict]:
     return spec
 
 
-def _blocks(ids: list[list[int]], seq_len: int, limit: int | None) -> torch.Tensor:
-    """Documents joined by [SEP], cut into [CLS] + (seq_len - 2) tokens + [SEP] blocks (remainder dropped)."""
+def _blocks(ids: Iterable[list[int]], seq_len: int, limit: int | None) -> torch.Tensor:
+    """Documents joined by [SEP], cut into [CLS] + (seq_len - 2) tokens + [SEP] blocks (remainder dropped;
+    documents past ``limit`` blocks are not read). The stream is an int64 array, not a list of Python
+    ints: WikiText-103 is about 125M tokens."""
     body = seq_len - 2
-    stream = [t for doc in ids for t in (*doc, SEP_ID)]
+    stream = array("q")
+    for doc in ids:
+        stream.extend(doc)
+        stream.append(SEP_ID)
+        if limit is not None and len(stream) >= limit * body:
+            break
     n = len(stream) // body if limit is None else min(limit, len(stream) // body)
     if n == 0:
         raise ValueError(f"workload 'mlm': the corpus has {len(stream)} tokens, "
                          f"fewer than one block of {body}")
-    middle = torch.tensor(stream[:n * body], dtype=torch.long).view(n, body)
+    middle = torch.frombuffer(stream, dtype=torch.long)[:n * body].clone().view(n, body)
     return torch.cat([torch.full((n, 1), CLS_ID), middle, torch.full((n, 1), SEP_ID)], dim=1)
 
 
@@ -192,8 +200,8 @@ def load_data(p: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, tor
                       p["mask_prob"])
 
     def build() -> dict[str, torch.Tensor]:
-        train_ids = _blocks(list(encode_stream(tok, train_docs)), p["seq_len"], p["max_train_blocks"])
-        eval_ids = _blocks(list(encode_stream(tok, eval_docs)), p["seq_len"], p["max_eval_blocks"])
+        train_ids = _blocks(encode_stream(tok, train_docs), p["seq_len"], p["max_train_blocks"])
+        eval_ids = _blocks(encode_stream(tok, eval_docs), p["seq_len"], p["max_eval_blocks"])
         masked, labels = _mask(eval_ids, torch.Generator().manual_seed(p["data_seed"]), p)
         return {"train_ids": train_ids, "eval_ids": masked, "eval_labels": labels}
 
