@@ -26,7 +26,8 @@ MLM), the CPU presets the transformer's CPU rates (5e-4, gates 5e-3).
 
 Params: model keys as the transformer's; ``max_documents`` (None = all), ``max_train_blocks``,
 ``max_eval_blocks``; ``data`` ("stdlib" | "jsonl" | "text"), ``data_path``, ``eval_every``, ``mask_prob``,
-``data_seed``, ``cache_dir``, ``eval_batch_size`` (None: max(batch_size, 32)).
+``data_seed``, ``cache_dir``, ``eval_batch_size`` (None: max(batch_size, 32)), ``tokenizer_file`` (a
+tokenizer.json used instead of training one, e.g. BERT's; its special tokens by name, [CLS] or <s> etc.).
 """
 from __future__ import annotations
 
@@ -36,13 +37,14 @@ from typing import Any, Iterable
 
 import torch
 import torch.nn.functional as F
+from tokenizers import Tokenizer
 from torch import nn
 
 from harness.data import batching, code_corpus, text_corpus
 from harness.data.cache import cache_dir, cached_tensors, fingerprint
 from harness.data.masking import IGNORE_INDEX, mask_tokens
-from harness.data.text_tokenizer import (CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS, encode_stream,
-                                         load_or_train, train_byte_bpe, train_wordpiece)
+from harness.data.text_tokenizer import (SPECIAL_TOKENS, encode_stream, load_or_train, load_tokenizer_file,
+                                         special_ids, train_byte_bpe, train_wordpiece)
 from harness.workloads.base import Batch, Workload, evaluating, seeded_model
 from harness.workloads.params import Choice, ListOf, positive, require
 from harness.workloads.transformer import BERT_INIT_STD, Encoder, encoder_tt_spec, init_bert_weights
@@ -72,14 +74,14 @@ EMBEDDING_SHAPES = {(50265, 1024): ([15, 15, 15, 15], [4, 4, 8, 8]), (4096, 128)
 
 DEFAULTS: dict[str, Any] = dict(embedding_row_shape=None, embedding_col_shape=None,
                                 data="stdlib", data_path=None, cache_dir=None, data_seed=0, eval_every=20,
-                                mask_prob=0.15, eval_batch_size=None, tensorize_embedding=True)
+                                mask_prob=0.15, eval_batch_size=None, tensorize_embedding=True, tokenizer_file=None)
 TYPES: dict[str, Any] = dict(
     vocab_size=int, d_model=int, num_layers=int, num_heads=int, d_ff=int, max_positions=int, seq_len=int,
     dropout=float, rank=int, embedding_rank=int, embedding_row_shape=(ListOf(int), None),
     embedding_col_shape=(ListOf(int), None), max_documents=(int, None), max_train_blocks=(int, None),
     max_eval_blocks=(int, None), data=Choice(("stdlib", "jsonl", "text")), data_path=(str, None),
     cache_dir=(str, None), data_seed=int, eval_every=int, mask_prob=float, eval_batch_size=(int, None),
-    tensorize_embedding=bool)
+    tensorize_embedding=bool, tokenizer_file=(str, None))
 LR = {"paper": {"dense": 1e-4, "cores": 1e-4, "other": 5e-5, "gates": 1e-3},
       "cpu": {"dense": 5e-4, "cores": 5e-4, "other": 5e-4, "gates": 5e-3}}
 
@@ -143,7 +145,7 @@ def tt_spec(p: dict[str, Any]) -> dict[str, dict]:
     return spec
 
 
-def _blocks(ids: Iterable[list[int]], seq_len: int, limit: int | None) -> torch.Tensor:
+def _blocks(ids: Iterable[list[int]], seq_len: int, limit: int | None, special: dict[str, int]) -> torch.Tensor:
     """Documents joined by [SEP], cut into [CLS] + (seq_len - 2) tokens + [SEP] blocks (remainder dropped;
     documents past ``limit`` blocks are not read). The stream is an int64 array, not a list of Python
     ints: WikiText-103 is about 125M tokens."""
@@ -151,7 +153,7 @@ def _blocks(ids: Iterable[list[int]], seq_len: int, limit: int | None) -> torch.
     stream = array("q")
     for doc in ids:
         stream.extend(doc)
-        stream.append(SEP_ID)
+        stream.append(special["sep"])
         if limit is not None and len(stream) >= limit * body:
             break
     n = len(stream) // body if limit is None else min(limit, len(stream) // body)
@@ -159,7 +161,7 @@ def _blocks(ids: Iterable[list[int]], seq_len: int, limit: int | None) -> torch.
         raise ValueError(f"workload 'mlm': the corpus has {len(stream)} tokens, "
                          f"fewer than one block of {body}")
     middle = torch.frombuffer(stream, dtype=torch.long)[:n * body].clone().view(n, body)
-    return torch.cat([torch.full((n, 1), CLS_ID), middle, torch.full((n, 1), SEP_ID)], dim=1)
+    return torch.cat([torch.full((n, 1), special["cls"]), middle, torch.full((n, 1), special["sep"])], dim=1)
 
 
 def documents(p: dict[str, Any]) -> tuple[list[str], list[str], list[Path]]:
@@ -187,22 +189,42 @@ def documents(p: dict[str, Any]) -> tuple[list[str], list[str], list[Path]]:
     return train_docs, [d for i, d in enumerate(docs) if i in held_out], files
 
 
+def tokenizer(p: dict[str, Any], train_docs: list[str], files: list[Path], folder: Path) -> tuple[Tokenizer, str, str]:
+    """(tokenizer, cache key, kind): the user's ``tokenizer_file`` (e.g. BERT's tokenizer.json; its
+    vocabulary must fit vocab_size), else one trained on the training documents and cached in ``folder``:
+    a WordPiece for text, a byte-level BPE for code."""
+    if p["tokenizer_file"] is not None:
+        path = p["tokenizer_file"]
+        tok = load_tokenizer_file(path)
+        try:
+            special_ids(tok)
+        except ValueError as exc:
+            raise ValueError(f"tokenizer file {path}: {exc}") from exc
+        if tok.get_vocab_size() > p["vocab_size"]:
+            raise ValueError(f"tokenizer file {path}: {tok.get_vocab_size()} tokens, more than "
+                             f"vocab_size={p['vocab_size']}")
+        key = fingerprint("file", p["vocab_size"], p["max_documents"], p["eval_every"], files=[*files, path])
+        return tok, key, "file"
+    if p["data"] == "text":
+        kind, prefix, train = "wordpiece", "wordpiece", train_wordpiece
+    else:
+        kind, prefix, train = "byte-bpe", "bpe", train_byte_bpe
+    key = fingerprint(kind, p["vocab_size"], p["max_documents"], p["eval_every"], files=files)
+    return load_or_train(folder / f"{prefix}-{key}.json", lambda: train(train_docs, p["vocab_size"])), key, kind
+
+
 def load_data(p: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
     train_docs, eval_docs, files = documents(p)
-    if p["data"] == "text":
-        kind, prefix, train_tokenizer = "wordpiece", "wordpiece", train_wordpiece
-    else:
-        kind, prefix, train_tokenizer = "byte-bpe", "bpe", train_byte_bpe
     folder = cache_dir(p["cache_dir"], "mlm")
-    tok_key = fingerprint(kind, p["vocab_size"], p["max_documents"], p["eval_every"], files=files)
-    tok = load_or_train(folder / f"{prefix}-{tok_key}.json", lambda: train_tokenizer(train_docs, p["vocab_size"]))
+    tok, tok_key, kind = tokenizer(p, train_docs, files, folder)
+    special = special_ids(tok)
     key = fingerprint(tok_key, p["seq_len"], p["max_train_blocks"], p["max_eval_blocks"], p["data_seed"],
                       p["mask_prob"])
 
     def build() -> dict[str, torch.Tensor]:
-        train_ids = _blocks(encode_stream(tok, train_docs), p["seq_len"], p["max_train_blocks"])
-        eval_ids = _blocks(encode_stream(tok, eval_docs), p["seq_len"], p["max_eval_blocks"])
-        masked, labels = _mask(eval_ids, torch.Generator().manual_seed(p["data_seed"]), p)
+        train_ids = _blocks(encode_stream(tok, train_docs), p["seq_len"], p["max_train_blocks"], special)
+        eval_ids = _blocks(encode_stream(tok, eval_docs), p["seq_len"], p["max_eval_blocks"], special)
+        masked, labels = _mask(eval_ids, torch.Generator().manual_seed(p["data_seed"]), p, special)
         return {"train_ids": train_ids, "eval_ids": masked, "eval_labels": labels}
 
     data = cached_tensors(folder / f"blocks-{key}.pt", build, keys=("train_ids", "eval_ids", "eval_labels"))
@@ -210,13 +232,17 @@ def load_data(p: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, tor
     evals = {"input_ids": data["eval_ids"], "labels": data["eval_labels"]}
     docs = train_docs + eval_docs
     info = {"data": p["data"], "documents": len(docs), "files": len(files),
-            "corpus_chars": sum(len(d) for d in docs), "tokenizer": kind, "tokenizer_vocab": tok.get_vocab_size()}
+            "corpus_chars": sum(len(d) for d in docs), "tokenizer": kind,
+            "tokenizer_vocab": tok.get_vocab_size(), "special_ids": special}
     return train, evals, info
 
 
-def _mask(ids: torch.Tensor, gen: torch.Generator, p: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    return mask_tokens(ids, gen, vocab_size=p["vocab_size"], mask_id=MASK_ID,
-                       special_ids=(PAD_ID, CLS_ID, SEP_ID), first_regular_id=len(SPECIAL_TOKENS),
+def _mask(ids: torch.Tensor, gen: torch.Generator, p: dict[str, Any], special: dict[str, int]
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masks ``ids``; random replacements are drawn above the tokenizer's special ids."""
+    return mask_tokens(ids, gen, vocab_size=p["vocab_size"], mask_id=special["mask"],
+                       special_ids=(special["pad"], special["cls"], special["sep"]),
+                       first_regular_id=max(special.values()) + 1,
                        mask_prob=p["mask_prob"])
 
 
@@ -231,7 +257,7 @@ def build(p: dict[str, Any], *, batch_size: int, seed: int, device: torch.device
     eval_bs = p["eval_batch_size"] or max(batch_size, 32)
 
     def add_masks(batch: Batch, gen: torch.Generator) -> Batch:
-        masked, labels = _mask(batch["input_ids"], gen, p)
+        masked, labels = _mask(batch["input_ids"], gen, p, info["special_ids"])
         return {"input_ids": masked, "labels": labels}
 
     def evaluate(m: nn.Module) -> dict[str, float]:

@@ -178,3 +178,36 @@ def test_text_mlm_cell_runs_its_full_schedule_on_the_fixture(tmp_path, method):
     assert settings["steps_in_epoch"] == settings["steps_per_epoch"] > 1 and row["epochs"] == 2
     assert settings["workload_info"]["data"] == "text" and row["metric_name"] == "mlm_loss"
     assert math.isfinite(row["final_train_loss"]) and row["final_train_loss"] > 0
+
+
+def bert_like_tokenizer(path):
+    """A WordPiece tokenizer.json whose special tokens are not at 0-4 ([UNK] 3, [CLS] 4, [SEP] 5, [MASK] 6),
+    as in BERT's own file ([CLS] 101)."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    specials = ["[PAD]", "[unused0]", "[unused1]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok.train_from_iterator([WIKI.read_text()], trainers.WordPieceTrainer(vocab_size=280, special_tokens=specials,
+                                                                          show_progress=False))
+    tok.save(str(path))
+    return path
+
+
+def test_a_tokenizer_file_is_used_with_its_own_special_ids(tmp_path):
+    file = bert_like_tokenizer(tmp_path / "tokenizer.json")
+    work = build_workload("mlm", text_params(WIKI, tmp_path, tokenizer_file=str(file)), batch_size=4, seed=0,
+                          device="cpu")
+    assert work.info["special_ids"] == {"pad": 0, "cls": 4, "sep": 5, "mask": 6} and work.info["tokenizer"] == "file"
+    assert not list((tmp_path / "mlm").glob("wordpiece-*.json"))  # nothing trained
+    batch = next(iter(work.train_batches(0)))
+    ids, labels = batch["input_ids"], batch["labels"]
+    assert (ids[:, 0] == 4).all() and (ids[:, -1] == 5).all() and (ids == 6).any()
+    assert (labels[:, [0, -1]] == IGNORE_INDEX).all() and (labels != IGNORE_INDEX).any()
+    with pytest.raises(ValueError, match=f"tokenizer file {file}: 280 tokens, more than vocab_size=270"):
+        build_workload("mlm", text_params(WIKI, tmp_path, tokenizer_file=str(file), vocab_size=270), batch_size=4,
+                       seed=0, device="cpu")
+    with pytest.raises(FileNotFoundError, match="tokenizer file not found: .*nope.json"):
+        build_workload("mlm", text_params(WIKI, tmp_path, tokenizer_file=str(tmp_path / "nope.json")),
+                       batch_size=4, seed=0, device="cpu")
