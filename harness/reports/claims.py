@@ -8,8 +8,9 @@ come first, then the claims in order, then the Markdown.
 [--compare results/<other device> ...]`` (the --compare folders feed C3's RTX 4090 vs RTX 3090 part)
 
 A row is in a claim's setting when it has the paper-size model (``size == "paper"`` in the row's settings
-JSON or its grid spec; C9: ``"bert-large"`` on text data) and ran on the GPU the claim names (:func:`on_gpu`); the claims compare default
-method configurations. Time and memory claims are judged on timing cells (:func:`in_timing_setting`:
+JSON or its grid spec; C9: ``"bert-large"`` on text data) and ran on the GPU the claim names
+(:func:`on_gpu`); the claims compare default method configurations. Time and memory claims are judged
+on timing cells (:func:`in_timing_setting`:
 short runs whose steady-state step time -- stable per harness.core.timing -- gives the epoch time, extrapolated
 where the run stopped early, and said so); accuracy, loss and compression claims on runs that completed
 their schedule (:func:`in_setting`). Claims about compressed models also need the late stage to have run
@@ -704,8 +705,9 @@ def evaluate(res: Results, others: Sequence[Results] = ()) -> pd.DataFrame:
 
 
 RULES = ("A verdict (holds / does not hold) comes only from rows in the claim's setting: the paper-size model "
-         "(size=paper; C9: size=bert-large on text data), on the GPU the claim names (device cuda and a device name ending in that model, e.g. "
-         "NVIDIA GeForce RTX 3090; an RTX 3090 Ti or another GPU does not count), default method configurations. "
+         "(size=paper; C9: size=bert-large on text data), on the GPU the claim names (device cuda and a device "
+         "name ending in that model, e.g. NVIDIA GeForce RTX 3090; an RTX 3090 Ti or another GPU does not "
+         "count), default method configurations. "
          "Time and memory claims use timing cells (status ok; time ratios from stable rows only, whose epoch "
          "time is the mean timed step x steps per epoch where the run stopped early; ratios of cells timed "
          "together use their per-round medians); accuracy, loss "
