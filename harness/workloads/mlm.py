@@ -165,15 +165,11 @@ def _blocks(ids: Iterable[list[int]], seq_len: int, limit: int | None, special: 
 
 
 def documents(p: dict[str, Any]) -> tuple[list[str], list[str], list[Path]]:
-    """(training documents, eval documents, files read): the eval split is the text folder's
-    validation file where it has one, else every ``eval_every``-th document (at least the last one)."""
+    """(training documents, eval documents, files read): the eval split is the text corpus's validation
+    file or shards where it has them, else every ``eval_every``-th document (at least the last one)."""
     valid = None
     if p["data"] == "text":
-        train_file, valid_file = text_corpus.text_files(p["data_path"])
-        docs, files = text_corpus.read_documents(train_file, p["max_documents"]), [train_file]
-        if valid_file is not None:
-            valid = text_corpus.read_documents(valid_file, p["max_documents"])
-            files.append(valid_file)
+        docs, valid, files = text_corpus.read_corpus(p["data_path"], p["max_documents"])
     elif p["data"] == "stdlib":
         docs, files = code_corpus.read_stdlib(p["max_documents"])
     else:

@@ -25,10 +25,33 @@ def test_text_without_titles_is_split_into_paragraphs(tmp_path):
 
 def test_a_wikitext_folder_gives_its_train_and_valid_files(tmp_path):
     (tmp_path / "wiki.train.raw").write_text(FIXTURE.read_text())
-    assert text_corpus.text_files(tmp_path) == (tmp_path / "wiki.train.raw", None)
+    docs, evals, files = text_corpus.read_corpus(tmp_path)
+    assert len(docs) == 4 and evals is None and files == [tmp_path / "wiki.train.raw"]
     (tmp_path / "wiki.valid.raw").write_text(" = Valid = \n text \n")
-    assert text_corpus.text_files(tmp_path) == (tmp_path / "wiki.train.raw", tmp_path / "wiki.valid.raw")
-    assert text_corpus.text_files(FIXTURE) == (FIXTURE, None)
+    docs, evals, files = text_corpus.read_corpus(tmp_path)
+    assert evals == [" = Valid = \n text "] and files == [tmp_path / "wiki.train.raw", tmp_path / "wiki.valid.raw"]
+    assert text_corpus.read_corpus(FIXTURE) == (text_corpus.read_documents(FIXTURE), None, [FIXTURE])
+
+
+def test_hugging_face_wikitext_shards_read_as_the_raw_files(tmp_path):
+    """One line per row in column text, each with its newline (as the wikitext data set's parquet files)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    lines = [line + "\n" for line in FIXTURE.read_text().splitlines()]
+    folder = tmp_path / "wikitext-2-raw-v1"
+    folder.mkdir()
+    pq.write_table(pa.table({"text": lines[:30]}), folder / "train-00000-of-00002.parquet")
+    pq.write_table(pa.table({"text": lines[30:]}), folder / "train-00001-of-00002.parquet")
+    pq.write_table(pa.table({"text": [" = Valid = \n", " text \n"]}), folder / "validation-00000-of-00001.parquet")
+    pq.write_table(pa.table({"text": [" = Test = \n"]}), folder / "test-00000-of-00001.parquet")
+    docs, evals, files = text_corpus.read_corpus(tmp_path)
+    assert docs == text_corpus.read_documents(FIXTURE) and evals == [" = Valid = \n text "]
+    assert [f.name for f in files] == ["train-00000-of-00002.parquet", "train-00001-of-00002.parquet",
+                                       "validation-00000-of-00001.parquet"]
+    pq.write_table(pa.table({"line": ["x"]}), folder / "train-00001-of-00002.parquet")
+    with pytest.raises(ValueError, match="train-00001-of-00002.parquet: missing column.s. text"):
+        text_corpus.read_corpus(tmp_path)
 
 
 @pytest.mark.parametrize("content, message", [
@@ -45,8 +68,9 @@ def test_bad_text_is_named(tmp_path, content, message):
 
 def test_missing_text_is_named(tmp_path):
     with pytest.raises(FileNotFoundError) as err:
-        text_corpus.text_files(tmp_path / "nope.raw")
+        text_corpus.read_corpus(tmp_path / "nope.raw")
     assert str(err.value) == f"text corpus not found: {tmp_path / 'nope.raw'}"
     with pytest.raises(FileNotFoundError) as err:
-        text_corpus.text_files(tmp_path)
-    assert str(err.value) == f"text corpus folder {tmp_path} has no wiki.train.raw"
+        text_corpus.read_corpus(tmp_path)
+    assert str(err.value) == (f"text corpus folder {tmp_path} has neither wiki.train.raw nor Hugging Face train "
+                              "shards (.arrow / .parquet)")
