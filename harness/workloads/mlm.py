@@ -14,8 +14,9 @@ camera-ready abstract 4.23x).
 
 Data: ``data="stdlib"`` (default) uses this Python's standard-library .py files, ``data="jsonl"`` the
 CodeSearchNet-style files at ``data_path``, ``data="text"`` plain text in WikiText's raw layout at
-``data_path`` (harness/data/text_corpus.py; a folder's ``wiki.valid.raw`` is the eval split). Otherwise
-every ``eval_every``-th document (at least the last one) is held out for evaluation.
+``data_path`` (harness/data/text_corpus.py; a folder's ``wiki.valid.raw`` or Hugging Face validation shards
+are the eval split). Otherwise every ``eval_every``-th document (at least the last one) is held out for
+evaluation.
 A tokenizer is trained on the training documents and cached (code: a byte-level BPE; text: a lower-casing
 WordPiece, as BERT's); documents are concatenated (separated by [SEP]) and cut into blocks
 [CLS] ... [SEP] of ``seq_len`` tokens. Masking (15%, 80/10/10) is drawn
