@@ -192,6 +192,11 @@ def sections(workload: dict[str, Any]) -> list[tuple[str, str, dict[str, Any], d
     return out
 
 
+def module_of(name: str, workload: dict[str, Any]) -> str:
+    """The workload module a config entry runs: its key ``workload``, else the entry's name."""
+    return workload.get("workload", name)
+
+
 def check_config(config: dict[str, Any]) -> None:
     """Cross-key checks the JSON schema cannot express, plus the methods' and workloads' own parameter
     checks (``baselines.check_params``, ``harness.workloads.check_params``). Raises ConfigError naming
@@ -212,10 +217,12 @@ def check_config(config: dict[str, Any]) -> None:
                          f"methods.{name}.sweep.{key}")
         _checked(baselines.check_params, entry["method"], entry["params"], f"methods.{name}.params")
     for wname, workload in config["workloads"].items():
-        if wname not in workloads.WORKLOADS:
-            raise ConfigError(f"config key workloads.{wname}: unknown workload; known: {list(workloads.WORKLOADS)}")
+        module = module_of(wname, workload)
+        if module not in workloads.WORKLOADS:
+            where = f"workloads.{wname}" + (".workload" if "workload" in workload else "")
+            raise ConfigError(f"config key {where}: unknown workload {module!r}; known: {list(workloads.WORKLOADS)}")
         for _, key, section, params, _ in sections(workload):
-            _checked(workloads.check_params, wname, params, f"workloads.{wname}{key}.params")
+            _checked(workloads.check_params, module, params, f"workloads.{wname}{key}.params")
             budget = section["budget"]
             if budget["max_steps_per_epoch"] is not None and (
                     budget["warmup_steps"] >= budget["epochs"] * budget["max_steps_per_epoch"]):
@@ -270,14 +277,15 @@ MAX_RUN_ID = 150
 """The longest cell name: it names files such as .<run_id>.runs.parquet.<host>.<pid>.<random>.tmp."""
 
 
-def run_id(spec: dict[str, Any], suffix: str = "") -> str:
+def run_id(spec: dict[str, Any], suffix: str = "", entry: str | None = None) -> str:
+    """The cell's name, starting with its config entry's name (default the workload's)."""
     target = "none" if spec["target_ratio"] is None else f"{spec['target_ratio']:g}"
     precision = spec["execution"].get("matmul_precision", "highest")
     graph = ("_cg" if spec["execution"]["cuda_graph"] else "") + (
         "_compiled" if spec["execution"].get("compile") else "") + (
         f"_matmul-{precision}" if precision != "highest" else "")
     quality = "_quality" if spec.get("purpose") == "quality" else ""
-    return slug(f"{spec['workload']}_{spec['method']}-{spec['variant']}_b{spec['batch_size']}"
+    return slug(f"{entry or spec['workload']}_{spec['method']}-{spec['variant']}_b{spec['batch_size']}"
                 f"_t{target}_s{spec['seed']}{graph}{suffix}{quality}")
 
 
@@ -310,7 +318,7 @@ def expand_grid(config: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict
                 for (variant, params, point), batch, target, seed, graph, compiled, precision in itertools.product(
                         _variants(entry), batches, targets, seeds, graphs, compiles, precisions):
                     spec = {
-                        "workload": wname, "workload_params": dict(workload_params),
+                        "workload": module_of(wname, workload), "workload_params": dict(workload_params),
                         "method": entry["method"], "variant": variant, "method_params": params,
                         "batch_size": batch, "target_ratio": target, "seed": seed,
                         "budget": dict(section["budget"]),
@@ -324,7 +332,7 @@ def expand_grid(config: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict
                         spec["execution"].update(rounds=execution.get("rounds", 1), timing_group=(
                             slug(f"{wname}{suffix}_b{batch}_s{seed}")
                             if execution.get("interleave", False) else None))
-                    spec["run_id"] = run_id(spec, suffix)
+                    spec["run_id"] = run_id(spec, suffix, wname)
                     if len(spec["run_id"]) > MAX_RUN_ID:  # it names files: keep well below 255 bytes
                         raise ConfigError(f"config key workloads.{wname}{key}: cell name {spec['run_id']!r} is "
                                           f"{len(spec['run_id'])} characters (at most {MAX_RUN_ID}); shorten the "

@@ -4,13 +4,15 @@ Entries are written atomically (:func:`atomic_write`) and checked when read: one
 (e.g. truncated) is reported with a warning naming the file, deleted and rebuilt (:func:`discard`)."""
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import pickle
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -41,6 +43,18 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> Path:
     """Calls ``write(tmp)`` on a temporary file next to ``path``, flushes it to disk, then renames it onto
     ``path`` (harness.results.atomic: the temporary of a writer that was killed is removed by the next write)."""
     return atomic.atomic_write(path, write, fsync=True)
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Holds an exclusive ``flock`` on ``<path>.lock`` (waiting for it): one process at a time builds an
+    entry, the others then read it (an entry built twice may differ, e.g. a WordPiece vocabulary)."""
+    with open(path.with_name(path.name + ".lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def discard(path: Path, what: str, exc: BaseException) -> None:

@@ -11,7 +11,6 @@ than :data:`MAX_DROPPED_FRACTION` (half) of the rows read. Errors name the file,
 from __future__ import annotations
 
 import csv
-import re
 import sys
 import warnings
 from collections import Counter
@@ -19,8 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+from harness.data import hf_files
 
 LABELS = {"entailment": 0, "neutral": 1, "contradiction": 2}
 SPLITS = {"train": "train.tsv", "validation_matched": "dev_matched.tsv"}
@@ -51,7 +49,7 @@ def load_split(data_dir: str | Path, split: str) -> NLISplit:
     tsv = root / SPLITS[split]
     if tsv.is_file():
         return _checked(read_glue_tsv(tsv), split)
-    files = find_hf_files(root, split)
+    files = hf_files.find_split_files(root, split, prefer="mnli")
     if files:
         return _checked(read_hf_files(files), split)
     raise FileNotFoundError(f"MNLI split {split!r}: neither {tsv} nor Hugging Face .arrow/.parquet files "
@@ -122,44 +120,11 @@ def read_glue_tsv(path: Path) -> NLISplit:
     return out
 
 
-def find_hf_files(root: Path, split: str) -> list[Path]:
-    """Arrow/parquet files under ``root`` whose name contains ``split`` as a word (under a folder named
-    like ``mnli`` when there are any such, so a whole GLUE cache works); when several folders hold the
-    split, the most recently written one wins."""
-    pattern = re.compile(rf"(^|[-_.]){re.escape(split)}([-_.]|$)")
-    files = [p for p in root.rglob("*") if p.suffix in (".arrow", ".parquet") and pattern.search(p.stem)]
-    mnli_files = [p for p in files if any("mnli" in part.lower() for part in p.relative_to(root).parts[:-1])]
-    files = mnli_files or files
-    if not files:
-        return []
-    folders = {p.parent for p in files}
-    newest = max(folders, key=lambda d: max(f.stat().st_mtime for f in files if f.parent == d))
-    return sorted(p for p in files if p.parent == newest)
-
-
-def _read_table(path: Path) -> pa.Table:
-    if path.suffix == ".parquet":
-        return pq.read_table(path)
-    with pa.memory_map(str(path)) as src:
-        try:
-            return pa.ipc.open_stream(src).read_all()
-        except pa.ArrowInvalid:
-            src.seek(0)
-            return pa.ipc.open_file(src).read_all()
-
-
 def read_hf_files(files: list[Path]) -> NLISplit:
     """Hugging Face ``glue/mnli`` shards (columns premise, hypothesis, label)."""
     out = NLISplit([], [], [], list(files))
     for path in files:
-        try:
-            table = _read_table(path)
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise ValueError(f"{path}: not a readable arrow/parquet file: {exc}") from exc
-        missing = [c for c in HF_COLUMNS if c not in table.column_names]
-        if missing:
-            raise ValueError(f"{path}: missing column(s) {', '.join(missing)} "
-                             f"(columns: {', '.join(table.column_names)})")
+        table = hf_files.read_table(path, HF_COLUMNS)
         for p, h, y in zip(*(table.column(c).to_pylist() for c in HF_COLUMNS)):
             out.rows_read += 1
             if y in (0, 1, 2):

@@ -11,7 +11,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from harness.data.cache import atomic_write, discard
+from harness.data.cache import atomic_write, discard, locked
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(len(SPECIAL_TOKENS))
@@ -42,15 +42,18 @@ def train_byte_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
 
 def load_or_train(path: Path, train: Callable[[], Tokenizer]) -> Tokenizer:
     """The tokenizer cached at ``path``, or a newly trained one saved there atomically; a cached file
-    that cannot be read (e.g. truncated) is reported, deleted and rebuilt."""
-    if path.exists():
-        try:
-            return Tokenizer.from_file(os.fspath(path))
-        except Exception as exc:  # noqa: BLE001 -- tokenizers raises a bare Exception ("EOF while parsing")
-            discard(path, "tokenizer", exc)
-    tok = train()
-    atomic_write(path, lambda tmp: tok.save(os.fspath(tmp)))
-    return tok
+    that cannot be read (e.g. truncated) is reported, deleted and rebuilt. Trained under a lock, so that
+    cells started together share one tokenizer: WordPiece training breaks ties between equally frequent
+    merges in a hash order that differs between processes, so two trainings may give two vocabularies."""
+    with locked(path):
+        if path.exists():
+            try:
+                return Tokenizer.from_file(os.fspath(path))
+            except Exception as exc:  # noqa: BLE001 -- tokenizers raises a bare Exception ("EOF while parsing")
+                discard(path, "tokenizer", exc)
+        tok = train()
+        atomic_write(path, lambda tmp: tok.save(os.fspath(tmp)))
+        return tok
 
 
 def load_tokenizer_file(path: str | os.PathLike) -> Tokenizer:

@@ -192,11 +192,21 @@ def fig8_dlrm_time_memory(res: Results, out: Path) -> None:
 
 
 def _curves(res: Results, workload: str, split: str, metrics: tuple[str, ...]) -> pd.DataFrame:
+    """The curves of a workload's timing runs without a target, labelled by method and batch, plus the
+    size preset, data and sequence length where they vary (e.g. MLM on code and on text, seq 128 and 512)."""
     runs = res.main_runs(workload)
     runs = runs[runs.target_ratio.isna()]
     curves = res.curves[res.curves.run_id.isin(runs.run_id) & (res.curves.split == split)
                         & res.curves.metric_name.isin(metrics)]
-    labels = {r.run_id: f"{method_label(r)}, batch {r.batch_size}" for r in runs.itertuples()}
+    sizes = {r.run_id: model_size(settings_of(r), res.cells.get(r.run_id, {})) for r in runs.itertuples()}
+    data = {r.run_id: settings_of(r).get("workload_info", {}).get("data") for r in runs.itertuples()}
+    parts = {rid: [] for rid in sizes}
+    for name, values in (("size", sizes), ("data", data), ("seq", dict(zip(runs.run_id, runs.seq_len)))):
+        if len(set(values.values())) > 1:
+            for rid, value in values.items():
+                parts[rid].append(f"{name} {value}")
+    labels = {r.run_id: ", ".join([f"{method_label(r)}, batch {r.batch_size}", *parts[r.run_id]])
+              for r in runs.itertuples()}
     return curves.assign(label=curves.run_id.map(labels))
 
 

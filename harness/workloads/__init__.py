@@ -1,10 +1,10 @@
-"""The benchmark workloads: ``transformer`` (MNLI), ``dlrm`` (Criteo) and ``mlm`` (code).
+"""The benchmark workloads: ``transformer`` (MNLI), ``dlrm`` (Criteo) and ``mlm`` (code or text).
 
 ``build_workload(name, params, batch_size=, seed=, device=)`` returns a
 :class:`~harness.workloads.base.Workload`;
 ``check_params(name, params)`` validates params (unknown keys and bad values are named) and fills in the
-size preset ("tiny", "small" -- the default -- or "paper") and the defaults. ``PARAMS_DEFAULTS[name]``
-is ``check_params(name, {})``. Workload modules are imported on first use.
+size preset ("tiny", "small" -- the default -- or "paper"; mlm also "bert-large") and the defaults.
+``PARAMS_DEFAULTS[name]`` is ``check_params(name, {})``. Workload modules are imported on first use.
 """
 from __future__ import annotations
 

@@ -1,43 +1,51 @@
-"""Masked-language-model pretraining of a BERT-like encoder on source code (docs/workloads.md; the paper used
-CodeBERT-large on CodeSearchNet).
+"""Masked-language-model pretraining of a BERT-like encoder on source code or plain text
+(docs/workloads.md; the paper used CodeBERT-large on CodeSearchNet, its rebuttal BERT-large on WikiText).
 
 The encoder is :class:`harness.workloads.transformer.Encoder` (one segment type, as RoBERTa/CodeBERT),
 followed by the RoBERTa LM head: dense -> GELU -> LayerNorm -> decoder tied to the word embedding (the
 decoder multiplies by the embedding's current table: ``weight`` of an nn.Embedding or ``dense_weight()``
 of a TTM embedding, so tying survives tensorization). Size "paper" has CodeBERT-large/RoBERTa-large
 shapes (24 blocks, d_model 1024, 16 heads, FFN 4096, 514 positions, vocabulary 50265; 355,412,057
-parameters here; the paper says 357M); the default is small. As in the rebuttal, "paper" keeps the
-embedding and the output layers dense and tensorizes the encoder's linear layers at rank 99: 4.22x
-overall and 9.77x on the tensorized layers (the rebuttal: 4.25x and 9.77x; the camera-ready abstract
-4.23x).
+parameters here; the paper says 357M); size "bert-large" has BERT-large's (the same encoder, 512
+positions, vocabulary 30522); the default is small. As in the rebuttal, both keep the embedding and the
+output layers dense and tensorize the encoder's linear layers at rank 99 (the same TT shapes): "paper"
+compresses 4.22x overall and 9.77x on the tensorized layers (the rebuttal: 4.25x and 9.77x; the
+camera-ready abstract 4.23x).
 
 Data: ``data="stdlib"`` (default) uses this Python's standard-library .py files, ``data="jsonl"`` the
-CodeSearchNet-style files at ``data_path``. Every ``eval_every``-th document (at least the last one) is
-held out for evaluation.
-A byte-level BPE is trained on the training documents and cached; documents are concatenated (separated
-by [SEP]) and cut into blocks [CLS] ... [SEP] of ``seq_len`` tokens. Masking (15%, 80/10/10) is drawn
+CodeSearchNet-style files at ``data_path``, ``data="text"`` plain text in WikiText's raw layout at
+``data_path`` (harness/data/text_corpus.py; a folder's ``wiki.valid.raw`` or Hugging Face validation shards
+are the eval split). Otherwise every ``eval_every``-th document (at least the last one) is held out for
+evaluation.
+A tokenizer is trained on the training documents and cached (code: a byte-level BPE; text: a lower-casing
+WordPiece, as BERT's); documents are concatenated (separated by [SEP]) and cut into blocks
+[CLS] ... [SEP] of ``seq_len`` tokens. Masking (15%, 80/10/10) is drawn
 anew for every training batch from the run's seed and epoch; the eval split is masked once (``data_seed``).
 Metric: ``mlm_loss`` (mean cross-entropy over masked tokens, lower is better), plus ``masked_accuracy``.
-Learning rates: "paper" uses the transformer's paper rates (the paper gives none for MLM), the CPU
-presets the transformer's CPU rates (5e-4, gates 5e-3).
+Learning rates: "paper" and "bert-large" use the transformer's paper rates (the paper gives none for
+MLM), the CPU presets the transformer's CPU rates (5e-4, gates 5e-3).
 
 Params: model keys as the transformer's; ``max_documents`` (None = all), ``max_train_blocks``,
-``max_eval_blocks``; ``data`` ("stdlib" | "jsonl"), ``data_path``, ``eval_every``, ``mask_prob``,
-``data_seed``, ``cache_dir``, ``eval_batch_size`` (None: max(batch_size, 32)).
+``max_eval_blocks``; ``data`` ("stdlib" | "jsonl" | "text"), ``data_path``, ``eval_every``, ``mask_prob``,
+``data_seed``, ``cache_dir``, ``eval_batch_size`` (None: max(batch_size, 32)), ``tokenizer_file`` (a
+tokenizer.json used instead of training one, e.g. BERT's; its special tokens by name, [CLS] or <s> etc.).
 """
 from __future__ import annotations
 
-from typing import Any
+from array import array
+from pathlib import Path
+from typing import Any, Iterable
 
 import torch
 import torch.nn.functional as F
+from tokenizers import Tokenizer
 from torch import nn
 
-from harness.data import batching, code_corpus
+from harness.data import batching, code_corpus, text_corpus
 from harness.data.cache import cache_dir, cached_tensors, fingerprint
 from harness.data.masking import IGNORE_INDEX, mask_tokens
-from harness.data.text_tokenizer import (CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS, encode_stream,
-                                         load_or_train, train_byte_bpe)
+from harness.data.text_tokenizer import (SPECIAL_TOKENS, encode_stream, load_or_train, load_tokenizer_file,
+                                         special_ids, train_byte_bpe, train_wordpiece)
 from harness.workloads.base import Batch, Workload, evaluating, seeded_model
 from harness.workloads.params import Choice, ListOf, positive, require
 from harness.workloads.transformer import BERT_INIT_STD, Encoder, encoder_tt_spec, init_bert_weights
@@ -55,21 +63,26 @@ PRESETS: dict[str, dict[str, Any]] = {
     "paper": dict(vocab_size=50265, d_model=1024, num_layers=24, num_heads=16, d_ff=4096, max_positions=514,
                   seq_len=128, dropout=0.1, rank=99, embedding_rank=32, tensorize_embedding=False,
                   max_documents=None, max_train_blocks=None, max_eval_blocks=None),
+    "bert-large": dict(vocab_size=30522, d_model=1024, num_layers=24, num_heads=16, d_ff=4096, max_positions=512,
+                       seq_len=128, dropout=0.1, rank=99, embedding_rank=32, tensorize_embedding=False,
+                       max_documents=None, max_train_blocks=None, max_eval_blocks=None),
 }
+#: Presets with the paper's learning rates (the others are CPU sizes).
+PAPER_SIZES = ("paper", "bert-large")
 #: TTM shapes of the word embedding per (vocab_size, d_model); other sizes are factorized.
 EMBEDDING_SHAPES = {(50265, 1024): ([15, 15, 15, 15], [4, 4, 8, 8]), (4096, 128): ([16, 16, 16], [8, 4, 4]),
                     (512, 32): ([8, 8, 8], [4, 4, 2])}
 
 DEFAULTS: dict[str, Any] = dict(embedding_row_shape=None, embedding_col_shape=None,
                                 data="stdlib", data_path=None, cache_dir=None, data_seed=0, eval_every=20,
-                                mask_prob=0.15, eval_batch_size=None, tensorize_embedding=True)
+                                mask_prob=0.15, eval_batch_size=None, tensorize_embedding=True, tokenizer_file=None)
 TYPES: dict[str, Any] = dict(
     vocab_size=int, d_model=int, num_layers=int, num_heads=int, d_ff=int, max_positions=int, seq_len=int,
     dropout=float, rank=int, embedding_rank=int, embedding_row_shape=(ListOf(int), None),
     embedding_col_shape=(ListOf(int), None), max_documents=(int, None), max_train_blocks=(int, None),
-    max_eval_blocks=(int, None), data=Choice(("stdlib", "jsonl")), data_path=(str, None),
+    max_eval_blocks=(int, None), data=Choice(("stdlib", "jsonl", "text")), data_path=(str, None),
     cache_dir=(str, None), data_seed=int, eval_every=int, mask_prob=float, eval_batch_size=(int, None),
-    tensorize_embedding=bool)
+    tensorize_embedding=bool, tokenizer_file=(str, None))
 LR = {"paper": {"dense": 1e-4, "cores": 1e-4, "other": 5e-5, "gates": 1e-3},
       "cpu": {"dense": 5e-4, "cores": 5e-4, "other": 5e-4, "gates": 5e-3}}
 
@@ -87,8 +100,8 @@ def validate(p: dict[str, Any]) -> None:
     require(0.0 < p["mask_prob"] < 1.0, NAME, "mask_prob", p["mask_prob"], "must be in (0, 1)")
     require(0.0 <= p["dropout"] < 1.0, NAME, "dropout", p["dropout"], "must be in [0, 1)")
     require(p["eval_every"] >= 2, NAME, "eval_every", p["eval_every"], "must be at least 2")
-    require(p["data"] != "jsonl" or p["data_path"] is not None, NAME, "data_path", p["data_path"],
-            "is required when data='jsonl'")
+    require(p["data"] == "stdlib" or p["data_path"] is not None, NAME, "data_path", p["data_path"],
+            f"is required when data={p['data']!r}")
 
 
 def _table(embedding: nn.Module) -> torch.Tensor:
@@ -133,53 +146,100 @@ def tt_spec(p: dict[str, Any]) -> dict[str, dict]:
     return spec
 
 
-def _blocks(ids: list[list[int]], seq_len: int, limit: int | None) -> torch.Tensor:
-    """Documents joined by [SEP], cut into [CLS] + (seq_len - 2) tokens + [SEP] blocks (remainder dropped)."""
+def _blocks(ids: Iterable[list[int]], seq_len: int, limit: int | None, special: dict[str, int]) -> torch.Tensor:
+    """Documents joined by [SEP], cut into [CLS] + (seq_len - 2) tokens + [SEP] blocks (remainder dropped;
+    documents past ``limit`` blocks are not read). The stream is an int64 array, not a list of Python
+    ints: WikiText-103 is about 125M tokens."""
     body = seq_len - 2
-    stream = [t for doc in ids for t in (*doc, SEP_ID)]
+    stream = array("q")
+    for doc in ids:
+        stream.extend(doc)
+        stream.append(special["sep"])
+        if limit is not None and len(stream) >= limit * body:
+            break
     n = len(stream) // body if limit is None else min(limit, len(stream) // body)
     if n == 0:
         raise ValueError(f"workload 'mlm': the corpus has {len(stream)} tokens, "
                          f"fewer than one block of {body}")
-    middle = torch.tensor(stream[:n * body], dtype=torch.long).view(n, body)
-    return torch.cat([torch.full((n, 1), CLS_ID), middle, torch.full((n, 1), SEP_ID)], dim=1)
+    middle = torch.frombuffer(stream, dtype=torch.long)[:n * body].clone().view(n, body)
+    return torch.cat([torch.full((n, 1), special["cls"]), middle, torch.full((n, 1), special["sep"])], dim=1)
 
 
-def load_data(p: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
-    if p["data"] == "stdlib":
+def documents(p: dict[str, Any]) -> tuple[list[str], list[str], list[Path]]:
+    """(training documents, eval documents, files read): the eval split is the text corpus's validation
+    file or shards where it has them, else every ``eval_every``-th document (at least the last one)."""
+    valid = None
+    if p["data"] == "text":
+        docs, valid, files = text_corpus.read_corpus(p["data_path"], p["max_documents"])
+    elif p["data"] == "stdlib":
         docs, files = code_corpus.read_stdlib(p["max_documents"])
     else:
         docs, files = code_corpus.read_jsonl(p["data_path"], p["max_documents"])
+    if valid is not None:
+        return docs, valid, files
     held_out = {i for i in range(len(docs)) if i % p["eval_every"] == p["eval_every"] - 1} or {len(docs) - 1}
     train_docs = [d for i, d in enumerate(docs) if i not in held_out]
-    eval_docs = [d for i, d in enumerate(docs) if i in held_out]
     if not train_docs:
         source = "the standard library" if p["data"] == "stdlib" else p["data_path"]
         raise ValueError(f"workload 'mlm': {len(docs)} document(s) in {source}, too few for a training and "
                          f"an eval split")
+    return train_docs, [d for i, d in enumerate(docs) if i in held_out], files
+
+
+def tokenizer(p: dict[str, Any], train_docs: list[str], files: list[Path], folder: Path) -> tuple[Tokenizer, str, str]:
+    """(tokenizer, cache key, kind): the user's ``tokenizer_file`` (e.g. BERT's tokenizer.json; its
+    vocabulary must fit vocab_size), else one trained on the training documents and cached in ``folder``:
+    a WordPiece for text, a byte-level BPE for code."""
+    if p["tokenizer_file"] is not None:
+        path = p["tokenizer_file"]
+        tok = load_tokenizer_file(path)
+        try:
+            special_ids(tok)
+        except ValueError as exc:
+            raise ValueError(f"tokenizer file {path}: {exc}") from exc
+        if tok.get_vocab_size() > p["vocab_size"]:
+            raise ValueError(f"tokenizer file {path}: {tok.get_vocab_size()} tokens, more than "
+                             f"vocab_size={p['vocab_size']}")
+        key = fingerprint("file", p["vocab_size"], p["max_documents"], p["eval_every"], files=[*files, path])
+        return tok, key, "file"
+    if p["data"] == "text":
+        kind, prefix, train = "wordpiece", "wordpiece", train_wordpiece
+    else:
+        kind, prefix, train = "byte-bpe", "bpe", train_byte_bpe
+    key = fingerprint(kind, p["vocab_size"], p["max_documents"], p["eval_every"], files=files)
+    return load_or_train(folder / f"{prefix}-{key}.json", lambda: train(train_docs, p["vocab_size"])), key, kind
+
+
+def load_data(p: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
+    train_docs, eval_docs, files = documents(p)
     folder = cache_dir(p["cache_dir"], "mlm")
-    tok_key = fingerprint("byte-bpe", p["vocab_size"], p["max_documents"], p["eval_every"], files=files)
-    tok = load_or_train(folder / f"bpe-{tok_key}.json", lambda: train_byte_bpe(train_docs, p["vocab_size"]))
+    tok, tok_key, kind = tokenizer(p, train_docs, files, folder)
+    special = special_ids(tok)
     key = fingerprint(tok_key, p["seq_len"], p["max_train_blocks"], p["max_eval_blocks"], p["data_seed"],
                       p["mask_prob"])
 
     def build() -> dict[str, torch.Tensor]:
-        train_ids = _blocks(list(encode_stream(tok, train_docs)), p["seq_len"], p["max_train_blocks"])
-        eval_ids = _blocks(list(encode_stream(tok, eval_docs)), p["seq_len"], p["max_eval_blocks"])
-        masked, labels = _mask(eval_ids, torch.Generator().manual_seed(p["data_seed"]), p)
+        train_ids = _blocks(encode_stream(tok, train_docs), p["seq_len"], p["max_train_blocks"], special)
+        eval_ids = _blocks(encode_stream(tok, eval_docs), p["seq_len"], p["max_eval_blocks"], special)
+        masked, labels = _mask(eval_ids, torch.Generator().manual_seed(p["data_seed"]), p, special)
         return {"train_ids": train_ids, "eval_ids": masked, "eval_labels": labels}
 
     data = cached_tensors(folder / f"blocks-{key}.pt", build, keys=("train_ids", "eval_ids", "eval_labels"))
     train = {"input_ids": data["train_ids"]}
     evals = {"input_ids": data["eval_ids"], "labels": data["eval_labels"]}
+    docs = train_docs + eval_docs
     info = {"data": p["data"], "documents": len(docs), "files": len(files),
-            "corpus_chars": sum(len(d) for d in docs), "tokenizer_vocab": tok.get_vocab_size()}
+            "corpus_chars": sum(len(d) for d in docs), "tokenizer": kind,
+            "tokenizer_vocab": tok.get_vocab_size(), "special_ids": special}
     return train, evals, info
 
 
-def _mask(ids: torch.Tensor, gen: torch.Generator, p: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    return mask_tokens(ids, gen, vocab_size=p["vocab_size"], mask_id=MASK_ID,
-                       special_ids=(PAD_ID, CLS_ID, SEP_ID), first_regular_id=len(SPECIAL_TOKENS),
+def _mask(ids: torch.Tensor, gen: torch.Generator, p: dict[str, Any], special: dict[str, int]
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masks ``ids``; random replacements are drawn above the tokenizer's special ids."""
+    return mask_tokens(ids, gen, vocab_size=p["vocab_size"], mask_id=special["mask"],
+                       special_ids=(special["pad"], special["cls"], special["sep"]),
+                       first_regular_id=max(special.values()) + 1,
                        mask_prob=p["mask_prob"])
 
 
@@ -194,7 +254,7 @@ def build(p: dict[str, Any], *, batch_size: int, seed: int, device: torch.device
     eval_bs = p["eval_batch_size"] or max(batch_size, 32)
 
     def add_masks(batch: Batch, gen: torch.Generator) -> Batch:
-        masked, labels = _mask(batch["input_ids"], gen, p)
+        masked, labels = _mask(batch["input_ids"], gen, p, info["special_ids"])
         return {"input_ids": masked, "labels": labels}
 
     def evaluate(m: nn.Module) -> dict[str, float]:
@@ -217,5 +277,5 @@ def build(p: dict[str, Any], *, batch_size: int, seed: int, device: torch.device
         train_batches=lambda epoch: batching.train_batches(train, batch_size, seed, epoch, device, add_masks),
         eval_batches=lambda: batching.eval_batches(evals, eval_bs, device),
         loss=loss, evaluate=evaluate, steps_per_epoch=batching.train_steps(n_train, batch_size),
-        metric_name="mlm_loss", seq_len=p["seq_len"], lr=dict(LR["paper" if p["size"] == "paper" else "cpu"]),
+        metric_name="mlm_loss", seq_len=p["seq_len"], lr=dict(LR["paper" if p["size"] in PAPER_SIZES else "cpu"]),
         info=info)

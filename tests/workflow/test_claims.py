@@ -16,7 +16,7 @@ from harness.results import RUNS_COLUMNS, to_frame, write_parquet_atomic
 
 RTX3090, RTX4090 = "NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 4090"
 DATA = {"transformer": "mnli", "dlrm": "criteo", "mlm": "jsonl"}
-JUDGED = [c for c in reference.CLAIM_IDS if c != "C9"]  # C9: BERT-large/WikiText is no workload here
+JUDGED = list(reference.CLAIM_IDS)
 VERDICT, MEASURED, ELSEWHERE = (claims.COLUMNS[k] for k in ("verdict", "measured", "elsewhere"))
 PAPER_TABLE = (1_000_000, 128, "[32,32,32,32|2,4,4,4]", 32)
 SMALL_TABLE = (1000, 16, "[10,10,10|2,2,4]", 4)
@@ -24,10 +24,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(workload, method, batch, *, variant="default", target=None, time=10.0, mem=100e6, metric=0.5, loss=1.0,
-        compression=1.0, layers=None, seq=None, late=None, metric_name="accuracy"):
-    """A finished runs row; where it ran (device, model size, schedule) is set by :func:`placed`."""
+        compression=1.0, layers=None, seq=None, late=None, metric_name="accuracy", entry=None):
+    """A finished runs row; where it ran (device, model size, schedule) is set by :func:`placed`; ``entry``:
+    the config entry's name that starts the run_id ("bert": the MLM workload on text, C9)."""
     row = {c: None for c in RUNS_COLUMNS}
-    row.update(run_id=f"{workload}_{method}-{variant}_b{batch}_s{seq}_t{target}", workload=workload, method=method,
+    row.update(run_id=f"{entry or workload}_{method}-{variant}_b{batch}_s{seq}_t{target}", workload=workload,
+               method=method,
                variant=variant, batch_size=batch, seq_len=seq, target_ratio=target, seed=0, status="ok",
                epoch_time_s=time, step_time_ms=time, epoch_time_kind="measured", peak_mem_bytes=int(mem),
                peak_mem_kind="cuda_allocated", metric_name=metric_name, metric_value=metric,
@@ -38,14 +40,18 @@ def run(workload, method, batch, *, variant="default", target=None, time=10.0, m
 
 
 def placed(rows, *, device="cuda", name=RTX3090, size="paper", cut=None, data=True):
-    """The rows as run on ``name`` with the ``size`` model, epochs cut to ``cut`` steps (None: the full
-    schedule of 100 steps; the late stage starts as far into the steps run) and the paper's datasets."""
+    """The rows as run on ``name`` with the ``size`` model (the text MLM rows: "bert-large" for "paper"),
+    epochs cut to ``cut`` steps (None: the full schedule of 100 steps; the late stage starts as far into
+    the steps run) and the paper's datasets (``data`` False: none recorded in workload_info)."""
     out = []
     for r in rows:
         s = json.loads(r["settings"])
         if cut and s["method"]["late_start_step"]:
             s["method"]["late_start_step"] = s["method"]["late_start_step"] * cut // 100
-        s.update(workload_params={"size": size}, workload_info={"data": DATA[r["workload"]]} if data else {},
+        text = r["run_id"].startswith("bert_")
+        params = {"size": "bert-large" if text and size == "paper" else size, **({"data": "text"} if text else {})}
+        info = {"data": "text" if text else DATA[r["workload"]]} if data else {}
+        s.update(workload_params=params, workload_info=info,
                  steps_per_epoch=100, steps_in_epoch=cut or 100, budget={"epochs": 1, "max_steps_per_epoch": cut})
         out.append({**r, "device": device, "device_name": name, "settings": json.dumps(s)})
     return out
@@ -76,6 +82,9 @@ def paper_rows():
         rows += [run("mlm", "dense", 32, seq=seq, time=dense_time, loss=0.24, metric_name="mlm_loss"),
                  run("mlm", "comera", 32, seq=seq, time=100, loss=0.35, compression=4.3, layers=9.8,
                      metric_name="mlm_loss")]
+    rows += [run("mlm", "dense", 32, seq=128, loss=1.26, metric_name="mlm_loss", entry="bert"),
+             run("mlm", "comera", 32, seq=128, loss=1.44, compression=5.24, layers=9.77, metric_name="mlm_loss",
+                 entry="bert")]
     return rows
 
 
@@ -158,6 +167,7 @@ FLIPS = {  # one value per claim moved across the paper's figure
     "C8": lambda r, mb, r4: edit(r, {"epoch_time_s": 200.0}, workload="mlm", method="dense", seq_len=128),
     "C8 loss": lambda r, mb, r4: edit(r, {"final_train_loss": 0.45}, workload="mlm", seq_len=512, **COMERA),
     "C8 compression": lambda r, mb, r4: edit(r, {"compression_layers": 8.0}, workload="mlm", **COMERA),
+    "C9": lambda r, mb, r4: edit(r, {"final_train_loss": 1.46}, run_id="bert_comera-default_b32_s128_tNone"),
     "C10": lambda r, mb, r4: edit(r, {"epoch_time_s": 350.0}, variant="rank-rank30"),
 }
 
@@ -185,8 +195,11 @@ def test_flipped_value_does_not_hold(tmp_path, flip):
 
 @pytest.fixture(scope="module")
 def cpu_table(tmp_path_factory):
-    """The same rows on a CPU with the small model and epochs cut to 4 of 100 steps."""
-    rows = placed(paper_rows(), device="cpu", name="Test CPU", size="small", cut=4)
+    """The same rows on a CPU with the small model and epochs cut to 4 of 100 steps; the text MLM rows
+    (C9's loss, from full-schedule runs only) run their whole schedule."""
+    cpu = dict(device="cpu", name="Test CPU", size="small")
+    rows = [r for r in paper_rows() if not r["run_id"].startswith("bert_")]
+    rows = placed(rows, cut=4, **cpu) + placed([r for r in paper_rows() if r not in rows], **cpu)
     lookups = lookup_rows(SMALL_TABLE, device="cpu", name="Test CPU", ttm_extra=1000)
     return evaluate(tmp_path_factory.mktemp("cpu"), rows, lookups)
 
@@ -199,8 +212,18 @@ def test_cpu_small_rows_not_comparable(cpu_table, cid):
     assert "[Test CPU (cpu), " in table.loc[cid, ELSEWHERE]
 
 
-def test_c9_is_never_judged(paper_table):
-    assert paper_table.loc["C9", VERDICT] == claims.NOT_MEASURED
+def test_c9_shows_both_losses_and_leaves_the_downstream_tasks_unmeasured(paper_table, tmp_path):
+    assert "final loss (mean of the last 100 steps) 1.440 vs 1.260 (+0.180) @ seq 128, batch 32" in \
+        paper_table.loc["C9", MEASURED]
+    assert "downstream tasks not measured (fine-tuning is out of scope)" in paper_table.loc["C9", MEASURED]
+    assert "fine-tuning is out of scope" in paper_table.loc["C9", claims.COLUMNS["settings"]]
+    # the C9 rows are not C8's (code) rows, and C8's are not C9's
+    assert "1.440" not in paper_table.loc["C8", MEASURED] + paper_table.loc["C8", ELSEWHERE]
+    assert "0.350" not in paper_table.loc["C9", MEASURED] + paper_table.loc["C9", ELSEWHERE]
+    code_only = [r for r in placed(paper_rows()) if not r["run_id"].startswith("bert_")]
+    assert evaluate(tmp_path / "code", code_only).loc["C9", VERDICT] == claims.NOT_MEASURED
+    short = placed([r for r in paper_rows() if r["run_id"].startswith("bert_")], cut=10)
+    assert evaluate(tmp_path / "short", short).loc["C9", VERDICT] == claims.NOT_MEASURED  # no final loss
 
 
 def test_no_rows_not_measured(tmp_path):
@@ -295,7 +318,7 @@ def test_claims_md_columns(tmp_path):
     assert header == ["claim", "paper", "here", "verdict"]  # the summary a person reads in a minute
     summary = [ln for ln in lines if ln.startswith("| C")]
     verdicts = [ln.strip("|").split("|")[3].strip() for ln in summary]
-    assert verdicts == [claims.HOLDS] * 8 + [claims.NOT_MEASURED, claims.HOLDS]
+    assert verdicts == [claims.HOLDS] * 10
     for ln in summary:  # every cell short; the details are in the claim's own section
         assert all(len(c.strip()) <= claims.SUMMARY_CELL for c in ln.strip("|").split("|")), ln
     for cid in [f"C{i}" for i in range(1, 11)]:
@@ -393,7 +416,6 @@ def test_interleaved_rows_give_the_median_of_per_round_ratios(tmp_path):
 
 # ------------------------------------------------------------- rows shaped like config/paper.yaml's output
 
-PAPER_GRID_DATA = {"transformer": "mnli", "dlrm": "criteo", "mlm": "jsonl"}
 STEPS_PER_EPOCH = 1000
 RANK_COMPRESSION = {30: 62.0, 60: 25.0, 120: 7.4, 200: 3.6, 300: 2.2, 400: 1.7, 600: 1.27}
 
@@ -401,8 +423,10 @@ RANK_COMPRESSION = {30: 62.0, 60: 25.0, 120: 7.4, 200: 3.6, 300: 2.2, 400: 1.7, 
 def _paper_grid_row(spec: dict, gpu: str, galore_b1: float) -> dict:
     """What `comera-bench run` writes for one paper.yaml cell on ``gpu``, with values for which every
     claim holds: timing cells stop at their max_steps_per_epoch (epoch time extrapolated), quality cells
-    run their whole schedule; CoMERA's compressions are those of the presets (MLM: 4.2237x / 9.766x)."""
+    run their whole schedule; CoMERA's compressions are those of the presets (MLM: 4.2237x / 9.766x,
+    BERT-large 5.2447x / 9.766x); the BERT-large losses are 1.40 (CoMERA) and 1.26 (dense)."""
     w, method, b = spec["workload"], spec["method"], spec["batch_size"]
+    bert = spec["workload_params"].get("size") == "bert-large"
     quality = spec.get("purpose") == "quality"
     point = spec["variant"].startswith("rank-")
     comera = method == "comera"
@@ -417,7 +441,8 @@ def _paper_grid_row(spec: dict, gpu: str, galore_b1: float) -> dict:
     mem = {"dense": 1000e6, "comera": 100e6, "galore": 950e6, "lte": 500e6}[method]
     if w == "dlrm" and method == "dense":
         mem = {10000: 700e6, 20000: 500e6, 40000: 320e6}[b]
-    compression = {"transformer": (45.0, 62.0), "dlrm": (85.5, 97.6), "mlm": (4.2237, 9.766)}[w] if comera else (1, 1)
+    compression = {"transformer": (45.0, 62.0), "dlrm": (85.5, 97.6), "mlm": (5.2447 if bert else 4.2237, 9.766)}[w] \
+        if comera else (1, 1)
     if spec["target_ratio"] is not None:
         compression = tuple(c / spec["target_ratio"] for c in compression)
     if point:
@@ -425,15 +450,18 @@ def _paper_grid_row(spec: dict, gpu: str, galore_b1: float) -> dict:
     metric = {"transformer": {"dense": 0.65, "comera": 0.64, "galore": 0.64, "lte": 0.64 if
                               spec["variant"] == "tuned" else 0.35},
               "dlrm": {"dense": 0.79, "comera": 0.785}, "mlm": {"dense": 0.24, "comera": 0.35}}[w][method]
+    if bert:
+        metric = {"dense": 1.26, "comera": 1.40}[method]
+    seq = spec["workload_params"].get("seq_len", 128 if w == "mlm" else None)  # an MLM row has its preset's
     row = run(w, method, b, variant=spec["variant"], target=spec["target_ratio"], time=time, mem=mem,
               metric=metric, loss=metric if w == "mlm" else 1.0, compression=compression[0],
-              layers=compression[1], seq=spec["workload_params"].get("seq_len"),
+              layers=compression[1], seq=seq,
               metric_name="mlm_loss" if w == "mlm" else "accuracy")
     budget = spec["budget"]
     steps_in = STEPS_PER_EPOCH if budget["max_steps_per_epoch"] is None else budget["max_steps_per_epoch"]
     late = int(budget["epochs"] * steps_in * 2 / 3) if comera and spec["target_ratio"] is not None else None
     settings = {"workload_params": spec["workload_params"], "budget": budget,
-                "workload_info": {"data": PAPER_GRID_DATA[w] if quality else "synthetic"},
+                "workload_info": {"data": spec["workload_params"].get("data", "synthetic")},
                 "steps_per_epoch": STEPS_PER_EPOCH, "steps_in_epoch": steps_in,
                 "method": {"late_start_step": late, "target_ratio": spec["target_ratio"]}}
     row.update(run_id=spec["run_id"], purpose=spec.get("purpose", "timing"), device="cuda", device_name=gpu,
@@ -451,9 +479,9 @@ def _paper_grid_folder(path, gpu: str, galore_b1: float, lookups=()):
     return tables.load(path), rows
 
 
-def test_paper_grid_rows_get_a_verdict_for_every_claim_but_c9(tmp_path):
+def test_paper_grid_rows_get_a_verdict_for_every_claim(tmp_path):
     """config/paper.yaml's cells, as run on an RTX 3090 (and its transformer cells on an RTX 4090 for C3),
-    give holds for every claim but C9: every cell a claim needs is in the paper grid."""
+    give holds for every claim: every cell a claim needs is in the paper grid."""
     res, rows = _paper_grid_folder(tmp_path / "rtx3090", RTX3090, 60.0, lookup_rows())
     other, _ = _paper_grid_folder(tmp_path / "rtx4090", RTX4090, 36.0)
     table = claims.evaluate(res, [other]).set_index("claim")
@@ -463,7 +491,8 @@ def test_paper_grid_rows_get_a_verdict_for_every_claim_but_c9(tmp_path):
     assert "data jsonl" in table.loc["C8", MEASURED] and "4.22x total" in table.loc["C8", MEASURED]
     # the final loss comes from the full-schedule quality cells, not from the 200-step timing cells
     assert "final loss (mean of the last 100 steps) 0.350 vs 0.240 @ seq 128" in table.loc["C8", MEASURED]
-    assert len(rows) == 58
+    assert table.loc["C9", MEASURED].startswith("final loss (mean of the last 100 steps) 1.400 vs 1.260 (+0.140)")
+    assert len(rows) == 62
 
 
 def test_paper_grid_value_across_the_paper_figure_does_not_hold(tmp_path):
@@ -493,3 +522,28 @@ def test_c1_is_judged_on_cuda_graph_cells_where_the_grid_has_them(tmp_path):
     assert c1[VERDICT] == claims.HOLDS, c1[MEASURED]
     assert "1.20x @ batch 32" in c1[MEASURED]
     assert "with CUDA graph: same direction, 2.50x @ batch 32, 2.50x @ batch 64, 2.50x @ batch 128" in c1[MEASURED]
+
+
+def test_tiny_text_mlm_cells_are_c9s_comparison_on_a_cpu(tmp_path):
+    """Real tiny text-MLM quality cells (dense and CoMERA on the shipped WikiText-style fixture, full
+    schedule): C9's comparison, shown with both losses, "not comparable here" on a CPU at size tiny."""
+    from harness.running import run as runner
+
+    wiki = ROOT / "tests" / "harness" / "data" / "fixtures" / "tiny_wiki.raw"
+    rows = []
+    for method in ("dense", "comera"):
+        spec = {"workload": "mlm", "method": method, "batch_size": 4, "seed": 0, "target_ratio": None,
+                "workload_params": {"size": "tiny", "data": "text", "data_path": str(wiki), "vocab_size": 300,
+                                    "seq_len": 32, "cache_dir": str(tmp_path / "cache")},
+                "purpose": "quality", "run_id": f"bert_{method}-default_b4_tnone_s0_quality",
+                "budget": {"epochs": 1, "max_steps_per_epoch": None, "warmup_steps": 1},
+                "execution": {"device": "cpu", "num_threads": 1}}
+        row, _ = runner.run_cell(spec)
+        assert row["status"] == "ok", row["error"]
+        rows.append(row)
+    table = evaluate(tmp_path, rows)
+    assert table.loc["C9", VERDICT] == claims.NOT_COMPARABLE
+    dense, comera = (r["final_train_loss"] for r in rows)
+    assert f"{comera:.3f} vs {dense:.3f}" in table.loc["C9", ELSEWHERE]
+    assert "size tiny, text data, full schedule]" in table.loc["C9", ELSEWHERE]
+    assert table.loc["C8", VERDICT] == claims.NOT_MEASURED  # text rows are not C8's code pretraining

@@ -32,8 +32,10 @@ def filled(config: dict) -> dict:
 
 
 def paper_data(root: Path) -> None:
-    """The data paths config/paper.yaml's quality cells read (MNLI, Criteo Kaggle, CodeSearchNet JSON lines)."""
+    """The data paths config/paper.yaml's cells read (MNLI, Criteo Kaggle, CodeSearchNet JSON lines,
+    WikiText-103 raw)."""
     (root / "data" / "mnli").mkdir(parents=True)
+    (root / "data" / "wikitext-103-raw").mkdir(parents=True)
     for path in ("criteo/train.txt", "codesearchnet/train.jsonl"):
         (root / "data" / path).parent.mkdir(parents=True)
         (root / "data" / path).touch()
@@ -85,6 +87,23 @@ def test_defaults_filled_and_grid_expanded():
     assert spec["execution"]["num_threads"] == 2
 
 
+def test_an_entry_can_run_a_workload_under_its_own_name():
+    """Two entries of one module (e.g. mlm on code and on text): cells run the module, named by the entry."""
+    config = minimal()
+    config["workloads"]["wide"] = {"workload": "transformer", "params": {"size": "tiny", "d_model": 64},
+                                   "batch_sizes": [4], "methods": ["dense"]}
+    config = filled(config)
+    assert grid.schema_error(config, SCHEMA) is None
+    grid.check_config(config)
+    cells, _ = grid.expand_grid(config)
+    wide = {rid: c for rid, c in cells.items() if rid.startswith("wide_")}
+    assert list(wide) == ["wide_dense-default_b4_tnone_s0"]
+    spec = wide["wide_dense-default_b4_tnone_s0"]
+    assert spec["workload"] == "transformer" and spec["workload_params"]["d_model"] == 64
+    assert spec["execution"]["timing_group"] == "wide_b4_s0"  # timed with its own entry's cells
+    assert "transformer_dense-default_b4_tnone_s0" in cells  # the entry named by its module keeps its ids
+
+
 def test_timing_groups_hold_the_cells_compared_together():
     cells, _ = grid.expand_grid(filled(minimal()))
     groups = grid.timing_groups(cells)
@@ -132,7 +151,9 @@ def test_schema_names_the_bad_key(mutate, key):
     (lambda c: c["methods"]["dense"].update(method="sgd"),
      r"methods\.dense\.method: unknown method 'sgd'; known methods: \['comera', 'dense', 'galore', 'lte'\]"),
     (lambda c: c.update(workloads={"resnet": {"batch_sizes": [1], "methods": ["dense"]}}),
-     r"workloads\.resnet: unknown workload; known: \['dlrm', 'mlm', 'transformer'\]"),
+     r"workloads\.resnet: unknown workload 'resnet'; known: \['dlrm', 'mlm', 'transformer'\]"),
+    (lambda c: c["workloads"]["transformer"].update(workload="resnet"),
+     r"workloads\.transformer\.workload: unknown workload 'resnet'; known: \['dlrm', 'mlm', 'transformer'\]"),
 ])
 def test_unknown_method_or_workload_module_named(mutate, message):
     config = minimal()

@@ -448,3 +448,23 @@ def test_fig7_draws_the_pipelines_cuda_graph_cells_beside_their_eager_twins(tmp_
     series = drawn["fig7_cuda_graph"][0][0]
     assert series == {"comera": [30.0, 30.0], "comera + CUDA graph": [10.0, 10.0], "uncompressed": [50.0, 50.0],
                       "uncompressed + CUDA graph": [40.0, 40.0], "uncompressed-default+matmul-high": [20.0, 20.0]}
+
+
+def test_curve_lines_part_by_size_data_and_sequence_length_where_they_vary(tmp_path, drawn):
+    """Fig 10 on paper.yaml's MLM cells: CodeBERT on code at seq 128 and 512 and BERT-large on text are
+    separate lines, not one line per method and batch."""
+    rows, curves = [], []
+    for entry, size, data, seq in (("mlm", "paper", "stdlib", 128), ("mlm", "paper", "stdlib", 512),
+                                   ("bert", "bert-large", "text", 128)):
+        row = run_row("mlm", "dense", 32)
+        row.update(run_id=f"{entry}_dense_s{seq}", seq_len=seq,
+                   settings=json.dumps({"workload_params": {"size": size}, "workload_info": {"data": data}}))
+        rows.append(row)
+        curves += [{"run_id": row["run_id"], "step": s, "epoch": 0, "split": "train", "metric_name": "loss",
+                    "value": seq / 100 + s} for s in (1, 2)]
+    figures.fig10_mlm_loss(tables.load(make_folder(tmp_path / "m", rows, curves)), tmp_path)
+    (lines,), _, _ = drawn["fig10_mlm_loss"]
+    drawn_lines = {k: pytest.approx(v) for k, v in lines.items() if not k.startswith("paper")}
+    assert drawn_lines == {"dense, batch 32, size paper, data stdlib, seq 128": [2.28, 3.28],
+                           "dense, batch 32, size paper, data stdlib, seq 512": [6.12, 7.12],
+                           "dense, batch 32, size bert-large, data text, seq 128": [2.28, 3.28]}

@@ -34,7 +34,8 @@ def test_tokenizers_are_written_atomically(tmp_path, monkeypatch):
     monkeypatch.setattr(text_tokenizer, "atomic_write",
                         lambda path, write: written.append(path) or real(path, write))
     load_or_train(tmp_path / "tok.json", lambda: train_wordpiece(["a b"], vocab_size=20))
-    assert written == [tmp_path / "tok.json"] and [p.name for p in tmp_path.iterdir()] == ["tok.json"]
+    assert written == [tmp_path / "tok.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tok.json", "tok.json.lock"]  # no temporary left
 
 
 def test_atomic_write_leaves_nothing_when_the_write_fails(tmp_path):
@@ -72,3 +73,30 @@ def test_cache_keys_carry_the_format_version(monkeypatch):
     before = cache.fingerprint("a", 1)
     monkeypatch.setattr(cache, "CACHE_FORMAT", cache.CACHE_FORMAT + 1)
     assert cache.fingerprint("a", 1) != before
+
+
+def test_a_tokenizer_being_trained_is_waited_for_not_trained_again(tmp_path):
+    """Cells started together share one tokenizer (a WordPiece trained twice may differ)."""
+    import threading
+
+    path, trained = tmp_path / "tok.json", []
+    holding, release = threading.Event(), threading.Event()
+
+    def slow_train():
+        holding.set()
+        release.wait(10)
+        trained.append("first")
+        return train_wordpiece(["a b c", "b c d"], vocab_size=50)
+
+    first = threading.Thread(target=load_or_train, args=(path, slow_train))
+    first.start()
+    holding.wait(10)
+    second = []
+    waiter = threading.Thread(target=lambda: second.append(load_or_train(path, lambda: trained.append("second"))))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive()  # waits for the lock
+    release.set()
+    first.join(10)
+    waiter.join(10)
+    assert trained == ["first"] and second[0].get_vocab() == Tokenizer.from_file(str(path)).get_vocab()
