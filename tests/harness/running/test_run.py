@@ -274,6 +274,8 @@ def test_flops_per_step_from_linear_shapes():
     ("execution", "gpu", True, "unknown key execution.gpu"),
     (None, "batch_size", 0, "batch_size must be an integer >= 1, got 0"),
     (None, "target_ratio", 2.0, "target_ratio must be null or in"),
+    (None, "variant", {"a": 1}, "spec variant must be a non-empty string, got {'a': 1}"),
+    (None, "variant", 3, "spec variant must be a non-empty string, got 3"),
     ("execution", "device", "tpu", "execution.device must be cpu|cuda|auto, got 'tpu'"),
     ("budget", "time_limit_s", -1, "time_limit_s must be null or a finite number > 0"),
     ("budget", "time_limit_s", float("nan"), "time_limit_s must be null or a finite number > 0, got nan"),
