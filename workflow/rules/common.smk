@@ -89,7 +89,11 @@ onsuccess:
     if os.path.exists(f"{MERGED}/runs.parquet"):
         from harness.reports import noisy as _noisy
 
-        _summary = _noisy.summary([f"{MERGED}/runs.parquet"], CELLS)
+        _settings = {"results_dir": RESULTS, "figures_dir": FIGURES}
+        if config["device_name"]:
+            _settings["device_name"] = DEVICE
+        _summary = _noisy.summary([f"{MERGED}/runs.parquet"], CELLS, settings=_settings,
+                                  configfiles=[os.path.normpath(path) for path in workflow.configfiles])
         if _summary:
             logger.warning(f"comera-bench: {_summary}")
 
