@@ -332,6 +332,10 @@ def cli_merge(argv: list[str]) -> int:
     if not args.inputs and not args.allow_empty:
         print(f"comera-bench merge: no input files or folders given; {args.out} left as it is", file=sys.stderr)
         return 2
+    if args.inputs and not args.allow_empty and not expand_paths(args.inputs, args.kind):
+        print(f"comera-bench merge: no *.{args.kind}.parquet files in {', '.join(args.inputs)}; {args.out} "
+              "left as it is", file=sys.stderr)
+        return 2
     try:
         df = merge(args.inputs, args.out, args.kind)
     except ResultsError as exc:
