@@ -20,7 +20,7 @@ import pandas as pd
 import yaml
 
 from harness import results
-from harness.configs import yamlnum
+from harness.configs import plugins, yamlnum
 
 DELEGATED = {"microbench": "harness.perf.microbench", "bench": "harness.perf.bench", "compare": "harness.reports.compare",
              "merge": "harness.results", "noisy": "harness.reports.noisy"}
@@ -41,7 +41,11 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(DELEGATED[argv[0]])
         entry = "cli_merge" if argv[0] == "merge" else "cli"
         return int(getattr(module, entry)(argv[1:]) or 0)
-    parser = _parser()
+    try:
+        parser = _parser()
+    except plugins.PluginError as exc:  # the parser lists the methods and workloads, plug-ins included
+        print(f"comera-bench: {exc}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

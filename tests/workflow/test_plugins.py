@@ -3,7 +3,10 @@ named by COMERA_BENCH_PLUGINS, run through the real pipeline on a tiny grid; not
 changes."""
 from __future__ import annotations
 
+import os
+import re
 import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -122,3 +125,22 @@ def test_bad_plugins_are_named(tmp_path, monkeypatch):
     found = plugins.discover("methods", ROOT / "baselines")
     with pytest.raises(plugins.PluginError, match=r"oops.py failed to import: NameError"):
         plugins.load("methods", "oops", found["oops"], "baselines")
+
+
+def test_a_missing_plugin_folder_is_named(tmp_path, monkeypatch):
+    """A typo in COMERA_BENCH_PLUGINS is named, not left to surface as 'unknown method'."""
+    missing = tmp_path / "no-such-folder"
+    monkeypatch.setenv(plugins.ENV, os.pathsep.join([str(tmp_path), str(missing)]))
+    with pytest.raises(plugins.PluginError, match=re.escape(f"{plugins.ENV} names {missing}, which is not a folder")):
+        plugins.discover("methods", ROOT / "baselines")
+
+
+def test_the_cli_names_a_missing_plugin_folder(tmp_path, capsys):
+    missing = tmp_path / "typo"
+    script = ("import sys; from harness import cli; "
+              "sys.exit(cli.main(['run', '--workload', 'transformer', '--method', 'dense', '--batch-size', '2']))")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, plugins.ENV: str(missing)})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"{plugins.ENV} names {missing}, which is not a folder" in proc.stderr
+
