@@ -12,6 +12,9 @@ Outside the repository, folders named in the environment variable ``COMERA_BENCH
 by ``os.pathsep``) add ``methods/<name>.py`` and ``workloads/<name>.py`` files of the same form; every
 process of a pipeline inherits the variable. A plug-in may not take the name of one that exists; a
 folder in the variable that is not a folder raises PluginError naming it.
+
+Plug-ins are code: importing one runs its top-level code, in every Snakemake call that checks a config
+naming it (dry runs included) and in every cell process that uses it (docs/architecture.md).
 """
 from __future__ import annotations
 

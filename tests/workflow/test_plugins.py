@@ -144,3 +144,21 @@ def test_the_cli_names_a_missing_plugin_folder(tmp_path, capsys):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"{plugins.ENV} names {missing}, which is not a folder" in proc.stderr
 
+
+def test_a_dry_run_runs_plugin_code_as_the_docs_say(plugin_dir, tmp_path):
+    """docs/architecture.md: a plug-in's top-level code runs on every Snakemake call, -n included."""
+    marker = tmp_path / "imported"
+    method = plugin_dir / "methods" / "toy_sgd.py"
+    method.write_text(f"open({str(marker)!r}, 'w').close()\n" + method.read_text())
+    config = {"device_name": "cpu-plugins", "execution": {"device": "cpu", "threads": 1},
+              "methods": {"toy": {"method": "toy_sgd"}},
+              "workloads": {"toy_reg": {"params": {"size": "tiny"}, "batch_sizes": [8], "methods": ["toy"]}},
+              "microbench": {"specs": {}}}
+    configfile = tmp_path / "plugins.yaml"
+    configfile.write_text(yaml.safe_dump(config))
+    proc = subprocess.run(snakemake_cmd(tmp_path / "wd", configfile, "-n"), capture_output=True, text=True,
+                          env={**ENV, plugins.ENV: str(plugin_dir)}, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert marker.exists()
+    section = (ROOT / "docs" / "architecture.md").read_text().split("## Plug-ins")[1].split("\n## ")[0]
+    assert "Plug-ins are code" in section and "dry run `-n` included" in section
