@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -183,6 +184,9 @@ def _cmd_run_isolated(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from harness.data.cache import CACHE_ENV
+
+    os.environ.setdefault(CACHE_ENV, str(Path(args.results_dir) / "cache"))  # unless the pipeline set it
     if args.isolate:
         return _cmd_run_isolated(args)
     if args.log:

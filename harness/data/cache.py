@@ -17,13 +17,19 @@ import torch
 from harness.results import atomic
 
 DEFAULT_CACHE_DIR = "results/cache"
+CACHE_ENV = "COMERA_BENCH_CACHE_DIR"
+"""The cache folder of a run: the pipeline sets it to ``<results_dir>/cache`` (unless set already),
+``comera-bench run`` to ``<--results-dir>/cache``; DEFAULT_CACHE_DIR (under the cwd) when unset."""
 CACHE_FORMAT = 2
 """Part of every cache key: raise it when what an entry holds changes, so old entries are not read."""
 
 
 def cache_dir(root: str | os.PathLike | None, *parts: str) -> Path:
-    """The folder ``root/parts...`` (created); ``root`` None means ``results/cache`` under the cwd."""
-    path = Path(root if root is not None else DEFAULT_CACHE_DIR).joinpath(*parts)
+    """The folder ``root/parts...`` (created); ``root`` None means the run's cache folder (CACHE_ENV, else
+    DEFAULT_CACHE_DIR)."""
+    if root is None:
+        root = os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR
+    path = Path(root).joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -162,3 +162,36 @@ def test_a_dry_run_runs_plugin_code_as_the_docs_say(plugin_dir, tmp_path):
     assert marker.exists()
     section = (ROOT / "docs" / "architecture.md").read_text().split("## Plug-ins")[1].split("\n## ")[0]
     assert "Plug-ins are code" in section and "dry run `-n` included" in section
+
+
+@pytest.mark.slow
+def test_the_data_cache_lies_in_the_results_folder(plugin_dir, tmp_path):
+    """The pipeline's jobs and `comera-bench run` cache data under their results folder, not the cwd's."""
+    workload = plugin_dir / "workloads" / "toy_reg.py"
+    workload.write_text(workload.read_text().replace(
+        "    n = p[\"samples\"] // batch_size\n",
+        "    from harness.data.cache import cache_dir\n"
+        "    (cache_dir(None, 'toy') / 'built').write_text('1')\n"
+        "    n = p[\"samples\"] // batch_size\n"))
+    elsewhere = tmp_path / "elsewhere"
+    config = {"device_name": "cpu-plugins", "results_dir": str(elsewhere), "execution": {"device": "cpu", "threads": 1},
+              "methods": {"dense": {"method": "dense"}},
+              "workloads": {"toy_reg": {"params": {"size": "tiny"}, "batch_sizes": [8], "methods": ["dense"],
+                                        "budget": {"epochs": 1, "max_steps_per_epoch": 4, "warmup_steps": 1}}},
+              "microbench": {"specs": {}}}
+    configfile = tmp_path / "cache.yaml"
+    configfile.write_text(yaml.safe_dump(config))
+    env = {**ENV, plugins.ENV: str(plugin_dir)}
+    env.pop("COMERA_BENCH_CACHE_DIR", None)
+    proc = subprocess.run(snakemake_cmd(tmp_path / "wd", configfile, "runs"), capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (elsewhere / "cache" / "toy" / "built").exists()
+    assert not (tmp_path / "wd" / "results").exists() and not (ROOT / "results" / "cache" / "toy").exists()
+    cli_dir = tmp_path / "cli"
+    run = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--workload", "toy_reg", "--method", "dense",
+                          "--batch-size", "8", "--device", "cpu", "--max-steps-per-epoch", "3",
+                          "--results-dir", str(cli_dir)], capture_output=True, text=True, env=env, cwd=tmp_path,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (cli_dir / "cache" / "toy" / "built").exists() and not (tmp_path / "results").exists()

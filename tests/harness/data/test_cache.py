@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 import torch
 from tokenizers import Tokenizer
@@ -72,3 +74,12 @@ def test_cache_keys_carry_the_format_version(monkeypatch):
     before = cache.fingerprint("a", 1)
     monkeypatch.setattr(cache, "CACHE_FORMAT", cache.CACHE_FORMAT + 1)
     assert cache.fingerprint("a", 1) != before
+
+
+def test_the_cache_folder_is_the_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(cache.CACHE_ENV, raising=False)
+    assert cache.cache_dir(None, "mlm") == Path("results/cache/mlm")
+    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "out" / "cache"))
+    assert cache.cache_dir(None, "mlm") == tmp_path / "out" / "cache" / "mlm" and (tmp_path / "out/cache/mlm").is_dir()
+    assert cache.cache_dir(str(tmp_path / "own"), "mlm") == tmp_path / "own" / "mlm"  # a workload's cache_dir param
