@@ -195,3 +195,32 @@ def test_the_data_cache_lies_in_the_results_folder(plugin_dir, tmp_path):
                          timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert (cli_dir / "cache" / "toy" / "built").exists() and not (tmp_path / "results").exists()
+
+
+@pytest.mark.slow
+def test_a_runs_file_of_another_config_fails_the_merge(plugin_dir, tmp_path):
+    """A cell's runs file replaced by one of another config (another budget: another config_hash) is named
+    by the merge, not merged under this grid's spec (issue 29: it was merged silently)."""
+    config = {"device_name": "cpu-plugins", "execution": {"device": "cpu", "threads": 1},
+              "methods": {"dense": {"method": "dense"}},
+              "workloads": {"toy_reg": {"params": {"size": "tiny"}, "batch_sizes": [8], "methods": ["dense"],
+                                        "budget": {"epochs": 1, "max_steps_per_epoch": 4, "warmup_steps": 1}}},
+              "microbench": {"specs": {}}}
+    configfile = tmp_path / "one.yaml"
+    configfile.write_text(yaml.safe_dump(config))
+    env = {**ENV, plugins.ENV: str(plugin_dir)}
+    workdir = tmp_path / "wd"
+    proc = subprocess.run(snakemake_cmd(workdir, configfile, "runs"), capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (cell,) = (workdir / "results" / "runs" / "cpu-plugins").glob("*.runs.parquet")
+    foreign = pd.read_parquet(cell).assign(config_hash="0123456789abcdef")  # as a copy from another config
+    foreign.to_parquet(cell)
+    proc = subprocess.run(snakemake_cmd(workdir, configfile, "results/cpu-plugins/runs.parquet"),
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    out = proc.stdout + proc.stderr
+    log = (workdir / "results" / "cpu-plugins" / "logs" / "merge_runs.log").read_text()
+    assert proc.returncode != 0 and not (workdir / "results" / "cpu-plugins" / "runs.parquet").exists()
+    assert (f"{cell.relative_to(workdir)}: its row of cell {cell.name.removesuffix('.runs.parquet')} was run from "
+            "another spec") in log
+    assert cell.name in out
