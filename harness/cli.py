@@ -207,6 +207,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         registry = runner.default_registry()  # a usage error is refused here, before any file is written
         registry.check_workload_params(spec["workload"], spec["workload_params"])
         registry.check_method_params(spec["method"], spec["method_params"])
+        runner.stall_limit_s()  # a bad COMERA_BENCH_STALL_LIMIT_S too
     except (specs.SpecError, ValueError, TypeError) as exc:
         print(f"comera-bench run: {exc}", file=sys.stderr)
         return 2

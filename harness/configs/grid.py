@@ -198,11 +198,16 @@ def check_config(config: dict[str, Any]) -> None:
     the key."""
     from harness.configs.plugins import PluginError
     from harness.perf import microbench
+    from harness.running.run import stall_limit_s
 
     try:
         import baselines
         import harness.workloads as workloads
     except PluginError as err:
+        raise ConfigError(str(err)) from err
+    try:
+        stall_limit_s()  # every cell reads it: a bad value fails here, not in each cell
+    except ValueError as err:
         raise ConfigError(str(err)) from err
     for name, entry in config["methods"].items():
         if entry["method"] not in baselines.METHODS:
