@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -184,9 +183,13 @@ def _cmd_run_isolated(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from harness.data.cache import CACHE_ENV
+    from harness.data.cache import run_cache
 
-    os.environ.setdefault(CACHE_ENV, str(Path(args.results_dir) / "cache"))  # unless the pipeline set it
+    with run_cache(Path(args.results_dir) / "cache"):  # unless the pipeline named one
+        return _run_cell(args)
+
+
+def _run_cell(args: argparse.Namespace) -> int:
     if args.isolate:
         return _cmd_run_isolated(args)
     if args.log:
