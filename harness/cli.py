@@ -20,7 +20,7 @@ import pandas as pd
 import yaml
 
 from harness import results
-from harness.configs import yamlnum
+from harness.configs import plugins, yamlnum
 
 DELEGATED = {"microbench": "harness.perf.microbench", "bench": "harness.perf.bench", "compare": "harness.reports.compare",
              "merge": "harness.results", "noisy": "harness.reports.noisy"}
@@ -41,7 +41,11 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(DELEGATED[argv[0]])
         entry = "cli_merge" if argv[0] == "merge" else "cli"
         return int(getattr(module, entry)(argv[1:]) or 0)
-    parser = _parser()
+    try:
+        parser = _parser()
+    except plugins.PluginError as exc:  # the parser lists the methods and workloads, plug-ins included
+        print(f"comera-bench: {exc}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -181,6 +185,13 @@ def _cmd_run_isolated(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from harness.data.cache import run_cache
+
+    with run_cache(Path(args.results_dir) / "cache"):  # unless the pipeline named one
+        return _run_cell(args)
+
+
+def _run_cell(args: argparse.Namespace) -> int:
     if args.isolate:
         return _cmd_run_isolated(args)
     if args.log:
@@ -201,6 +212,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         registry = runner.default_registry()  # a usage error is refused here, before any file is written
         registry.check_workload_params(spec["workload"], spec["workload_params"])
         registry.check_method_params(spec["method"], spec["method_params"])
+        runner.stall_limit_s()  # a bad COMERA_BENCH_STALL_LIMIT_S too
     except (specs.SpecError, ValueError, TypeError) as exc:
         print(f"comera-bench run: {exc}", file=sys.stderr)
         return 2

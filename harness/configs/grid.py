@@ -201,10 +201,19 @@ def check_config(config: dict[str, Any]) -> None:
     """Cross-key checks the JSON schema cannot express, plus the methods' and workloads' own parameter
     checks (``baselines.check_params``, ``harness.workloads.check_params``). Raises ConfigError naming
     the key."""
-    import baselines
-    import harness.workloads as workloads
+    from harness.configs.plugins import PluginError
     from harness.perf import microbench
+    from harness.running.run import stall_limit_s
 
+    try:
+        import baselines
+        import harness.workloads as workloads
+    except PluginError as err:
+        raise ConfigError(str(err)) from err
+    try:
+        stall_limit_s()  # every cell reads it: a bad value fails here, not in each cell
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
     for name, entry in config["methods"].items():
         if entry["method"] not in baselines.METHODS:
             raise ConfigError(f"config key methods.{name}.method: unknown method {entry['method']!r}; known "

@@ -10,7 +10,11 @@ start of a line), so listing them imports nothing; a module is imported when a c
 
 Outside the repository, folders named in the environment variable ``COMERA_BENCH_PLUGINS`` (separated
 by ``os.pathsep``) add ``methods/<name>.py`` and ``workloads/<name>.py`` files of the same form; every
-process of a pipeline inherits the variable. A plug-in may not take the name of one that exists.
+process of a pipeline inherits the variable. A plug-in may not take the name of one that exists; a
+folder in the variable that is not a folder raises PluginError naming it.
+
+Plug-ins are code: importing one runs its top-level code, in every Snakemake call that checks a config
+naming it (dry runs included) and in every cell process that uses it (docs/architecture.md).
 """
 from __future__ import annotations
 
@@ -32,7 +36,13 @@ class PluginError(ValueError):
 
 
 def plugin_dirs() -> list[Path]:
-    return [Path(p) for p in os.environ.get(ENV, "").split(os.pathsep) if p]
+    """The folders named in COMERA_BENCH_PLUGINS; one that is not a folder raises PluginError naming it."""
+    folders = [Path(p) for p in os.environ.get(ENV, "").split(os.pathsep) if p]
+    for folder in folders:
+        if not folder.is_dir():
+            raise PluginError(f"environment variable {ENV} names {folder}, which is not a folder; fix the "
+                              "path or remove it from the variable")
+    return folders
 
 
 def discover(kind: str, package_dir: Path) -> dict[str, Path]:

@@ -4,30 +4,52 @@ Entries are written atomically (:func:`atomic_write`) and checked when read: one
 (e.g. truncated) is reported with a warning naming the file, deleted and rebuilt (:func:`discard`)."""
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
 import os
 import pickle
 import warnings
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from harness.results import atomic
 
+if TYPE_CHECKING:
+    import torch
+
 DEFAULT_CACHE_DIR = "results/cache"
+CACHE_ENV = "COMERA_BENCH_CACHE_DIR"
+"""The cache folder of a run: the pipeline sets it to ``<results_dir>/cache`` (unless set already),
+``comera-bench run`` to ``<--results-dir>/cache`` (:func:`run_cache`); DEFAULT_CACHE_DIR (under the cwd)
+when unset."""
 CACHE_FORMAT = 2
 """Part of every cache key: raise it when what an entry holds changes, so old entries are not read."""
 
 
 def cache_dir(root: str | os.PathLike | None, *parts: str) -> Path:
-    """The folder ``root/parts...`` (created); ``root`` None means ``results/cache`` under the cwd."""
-    path = Path(root if root is not None else DEFAULT_CACHE_DIR).joinpath(*parts)
+    """The folder ``root/parts...`` (created); ``root`` None means the run's cache folder (CACHE_ENV, else
+    DEFAULT_CACHE_DIR)."""
+    if root is None:
+        root = os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR
+    path = Path(root).joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@contextlib.contextmanager
+def run_cache(folder: str | os.PathLike) -> Iterator[None]:
+    """CACHE_ENV is ``folder`` inside the block (and in the processes started there), unless it is set
+    already (by the pipeline); as it was afterwards."""
+    if os.environ.get(CACHE_ENV):
+        yield
+        return
+    os.environ[CACHE_ENV] = str(folder)
+    try:
+        yield
+    finally:
+        os.environ.pop(CACHE_ENV, None)
 
 
 def fingerprint(*items: Any, files: Iterable[str | os.PathLike] = ()) -> str:
@@ -45,7 +67,7 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> Path:
     return atomic.atomic_write(path, write, fsync=True)
 
 
-@contextmanager
+@contextlib.contextmanager
 def locked(path: Path) -> Iterator[None]:
     """Holds an exclusive ``flock`` on ``<path>.lock`` (waiting for it): one process at a time builds an
     entry, the others then read it (an entry built twice may differ, e.g. a WordPiece vocabulary)."""
@@ -68,6 +90,8 @@ def cached_tensors(path: Path, build: Callable[[], dict[str, torch.Tensor]],
                    keys: Iterable[str] = ()) -> dict[str, torch.Tensor]:
     """Loads a dict of tensors from ``path``, or builds and saves it there first. An entry that is not a
     dict of tensors with every one of ``keys`` is discarded (a warning naming it) and rebuilt."""
+    import torch  # lazily: the cache folder is known without torch (comera-bench run's supervising parent)
+
     if path.exists():
         try:
             tensors = torch.load(path, weights_only=True)

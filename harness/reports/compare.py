@@ -28,7 +28,7 @@ import pandas as pd  # noqa: E402
 
 from harness.reports import reference
 from harness.core import timing  # noqa: E402
-from harness.reports.html import write_html  # noqa: E402
+from harness.reports.html import markdown_table, write_html  # noqa: E402
 from harness.results import ResultsError  # noqa: E402
 from harness.reports.tables import MB, Results, load, relative_iqr, settings_of, stable, timing_cells  # noqa: E402
 
@@ -269,10 +269,10 @@ def _markdown(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, warn
             "of each device's own peak_mem_kind). A cell is matched on every identity column (workload and "
             "its parameters, method, variant, batch, rank, target, seed, CUDA graph, purpose, budget); a time "
             "ratio needs a stable timing on both devices, a memory ratio the same memory kind; flags name "
-            f"what differs:\n\n{shown[cols].to_markdown(index=False, floatfmt='.4g')}"
+            f"what differs:\n\n{markdown_table(shown[cols], '.4g')}"
             "\n\n## CoMERA vs the other methods on each device (other / CoMERA)\n\nTime from stable rows only; "
             "cells timed together in interleaved rounds give the median of the per-round ratios and its IQR "
-            f"(low-high) over `rounds` rounds.\n\n{ratios[ratio_cols].to_markdown(index=False, floatfmt='.3g')}\n")
+            f"(low-high) over `rounds` rounds.\n\n{markdown_table(ratios[ratio_cols], '.3g')}\n")
 
 
 def cli(argv: list[str]) -> int:

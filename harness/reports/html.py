@@ -2,13 +2,16 @@
 them as tables instead of offering a text download.
 
 ``write_html(md_path)`` writes ``<name>.html`` next to ``<name>.md``: CommonMark with GitHub-style tables
-(markdown-it-py), in a page with a small style sheet.
+(markdown-it-py), in a page with a small style sheet. ``markdown_table(df)`` is the Markdown of a table
+whose text cells come from the data: they are text (:func:`cell_text`), in the Markdown and in its page.
 """
 from __future__ import annotations
 
 import html
+import re
 from pathlib import Path
 
+import pandas as pd
 from markdown_it import MarkdownIt
 
 STYLE = """
@@ -21,6 +24,25 @@ code { background: #f4f4f4; padding: 0 0.2em; }
 """
 
 _MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable("table")
+
+
+_MARKUP = re.compile(r"[\\`*~\[\]<>!|&]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+"""What Markdown reads as markup in a table cell: links and images, raw HTML and autolinks, entities, code,
+emphasis (an underscore inside a word is plain text already), the cell separator and the escape itself."""
+
+
+def cell_text(text: str) -> str:
+    """``text`` as literal text in a Markdown table cell: markup backslash-escaped, line breaks as spaces."""
+    return _MARKUP.sub(lambda m: "\\" + m.group(0), " ".join(text.splitlines()))
+
+
+def markdown_table(df: pd.DataFrame, floatfmt: str) -> str:
+    """``df`` as a Markdown table: text cells as :func:`cell_text`, a missing value as an empty cell."""
+    cells = df.astype(object).where(df.notna(), None)
+    for col in cells:  # element by element: a column of whole counts and gaps must not turn float
+        cells[col] = pd.Series([cell_text(v) if isinstance(v, str) else v for v in cells[col]], index=cells.index,
+                               dtype=object)
+    return cells.to_markdown(index=False, floatfmt=floatfmt, missingval="")
 
 
 def page(markdown: str, title: str) -> str:

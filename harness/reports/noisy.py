@@ -9,7 +9,9 @@ timed together. The pipeline prints this list at its end (workflow/rules/common.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -20,7 +22,12 @@ from harness.reports.tables import unstable_timing_cells
 
 
 def noisy_cells(paths: list[str | Path]) -> pd.DataFrame:
-    """Ok timing rows that are not stable (run_id, timing_group, timing_quality), from files or folders."""
+    """Ok timing rows that are not stable (run_id, timing_group, timing_quality), from files or folders;
+    a folder without runs files raises ResultsError naming it."""
+    for folder in (Path(p) for p in paths if Path(p).is_dir()):
+        if not results.expand_paths([folder], "runs"):
+            raise results.ResultsError(f"no results in {folder} (no *.runs.parquet files); name a "
+                                       "results/runs/<device> folder or a runs table")
     files = results.expand_paths(paths, "runs")
     frames = [results.read_parquet(f, "runs", fill_missing=True) for f in files]
     if not frames:
@@ -29,15 +36,23 @@ def noisy_cells(paths: list[str | Path]) -> pd.DataFrame:
     return df.drop_duplicates("run_id").reset_index(drop=True)
 
 
-def summary(paths: list[str | Path], cells_dir: str, target: str = "figures") -> str:
-    """Lines naming the noisy timing cells and the commands that time them again ('' when none)."""
+def summary(paths: list[str | Path], cells_dir: str, *, configfiles: Sequence[str] = (),
+            settings: dict[str, str] | None = None, target: str = "figures") -> str:
+    """Lines naming the noisy timing cells and the commands that time them again ('' when none); the
+    Snakemake command repeats the run's ``configfiles`` and ``settings`` (``--config key=value``: its
+    results and figures folders), so it re-times the cells it deletes."""
     df = noisy_cells(paths)
     if not len(df):
         return ""
     lines = [f"{len(df)} timing cell(s) were not timed stably; no verdict or ratio uses them:"]
     lines += [f"  {r.run_id}: {timing.noisy_reason(r)}" for _, r in df.iterrows()]
+    command = ["snakemake", "--cores", "1", target]
+    if configfiles:
+        command += ["--configfile", *configfiles]
+    if settings:
+        command += ["--config", *(f"{k}={v}" for k, v in settings.items())]
     lines.append(f"To time them again (with their timing groups) on a quieter machine: "
-                 f"comera-bench noisy {cells_dir} --delete && snakemake --cores 1 {target}")
+                 f"comera-bench noisy {shlex.quote(cells_dir)} --delete && {shlex.join(command)}")
     return "\n".join(lines)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from harness.reports import reference
-from harness.reports.html import write_html
+from harness.reports.html import markdown_table, write_html
 from harness.results import empty_frame, read_parquet
 
 MB = 1e6
@@ -411,8 +411,7 @@ def write_table(df: pd.DataFrame, note: str, title: str, out: Path, name: str, s
     """``name``.md (title, note, settings, table or "not measured") and ``name``.csv."""
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / f"{name}.csv", index=False)
-    cells = df.astype(object).where(df.notna(), None)  # an empty cell, not "nan", where a value is missing
-    body = cells.to_markdown(index=False, floatfmt=".4g", missingval="") if len(df) else f"Not measured here: {note}."
+    body = markdown_table(df, ".4g") if len(df) else f"Not measured here: {note}."
     text = f"# {title}\n\n{body}\n\n{note}.\n\nSettings: {settings}\n" if len(df) else (
         f"# {title}\n\n{body}\n\nSettings: {settings}\n")
     (out / f"{name}.md").write_text(text)

@@ -308,12 +308,44 @@ def expand_paths(paths: Sequence[str | os.PathLike], kind: str) -> list[Path]:
     return out
 
 
-def merge(paths: Sequence[str | os.PathLike], out: str | os.PathLike | None, kind: str) -> pd.DataFrame:
+def load_grid(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """The cells (run_id -> spec) of a grid file (``python -m harness.configs.grid``); ResultsError naming it."""
+    try:
+        return dict(json.loads(Path(path).read_text())["cells"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ResultsError(f"cannot read grid file {path}: {type(exc).__name__}: {exc}") from exc
+
+
+def check_cells(df: pd.DataFrame, path: Path, cells: dict[str, dict[str, Any]], grid: str | os.PathLike) -> None:
+    """ResultsError naming ``path`` (a per-cell runs file) unless each row is the grid cell the file is named
+    after, run from the grid's spec (same config_hash): a file of another config is refused, not merged."""
+    name = path.name.removesuffix(".runs.parquet")
+    advice = (f"it was written by another config than the grid's ({grid}): delete it and its curves file, then "
+              "run the pipeline again (the cell runs again)")
+    for rid, row_hash in zip(df["run_id"], df["config_hash"]):
+        if rid != name:
+            raise ResultsError(f"{path} holds the row of cell {rid}, not of cell {name}; {advice}")
+        if rid not in cells:
+            raise ResultsError(f"{path}: cell {rid} is not in the grid; {advice}")
+        if row_hash != cells[rid].get("config_hash"):
+            raise ResultsError(f"{path}: its row of cell {rid} was run from another spec (config_hash {row_hash}; "
+                               f"the grid's is {cells[rid].get('config_hash')}); {advice}")
+
+
+def merge(paths: Sequence[str | os.PathLike], out: str | os.PathLike | None, kind: str, *,
+          grid: str | os.PathLike | None = None) -> pd.DataFrame:
     """Concatenate result files of one kind (never dropping a row) and write ``out`` atomically (when
     given). Any unreadable, truncated or foreign file raises ResultsError naming its path; a file of an
-    older schema gets its missing columns as nulls, with a warning."""
+    older schema gets its missing columns as nulls, with a warning. With ``grid`` (runs only), every
+    file must hold its own cell's row, run from the grid's spec (:func:`check_cells`)."""
     _types(kind)
-    frames = [read_parquet(p, kind, fill_missing=True) for p in expand_paths(paths, kind)]
+    cells = load_grid(grid) if grid is not None else None
+    frames = []
+    for path in expand_paths(paths, kind):
+        frame = read_parquet(path, kind, fill_missing=True)
+        if cells is not None:
+            check_cells(frame, path, cells, grid)
+        frames.append(frame)
     frames = [f for f in frames if len(f)]
     df = coerce(pd.concat(frames, ignore_index=True), kind) if frames else empty_frame(kind)
     if out is not None:
@@ -330,12 +362,20 @@ def cli_merge(argv: list[str]) -> int:
     ap.add_argument("inputs", nargs="*", help="result files, or folders holding *.<kind>.parquet")
     ap.add_argument("--allow-empty", action="store_true",
                     help="with no inputs, write an empty table (the pipeline's grids without micro-benchmarks)")
+    ap.add_argument("--grid", help="runs only: the grid file (grid.json); a per-cell file whose row is not its "
+                                   "cell's, run from the grid's spec, is refused, naming it")
     args = ap.parse_args(argv)
+    if args.grid and args.kind != "runs":
+        ap.error("--grid goes with --kind runs")
     if not args.inputs and not args.allow_empty:
         print(f"comera-bench merge: no input files or folders given; {args.out} left as it is", file=sys.stderr)
         return 2
+    if args.inputs and not args.allow_empty and not expand_paths(args.inputs, args.kind):
+        print(f"comera-bench merge: no *.{args.kind}.parquet files in {', '.join(args.inputs)}; {args.out} "
+              "left as it is", file=sys.stderr)
+        return 2
     try:
-        df = merge(args.inputs, args.out, args.kind)
+        df = merge(args.inputs, args.out, args.kind, grid=args.grid)
     except ResultsError as exc:
         print(f"comera-bench merge: {exc}", file=sys.stderr)
         return 1

@@ -26,6 +26,13 @@ limit, the watchdog writes the partial row (status "timeout", the error naming t
 and the curves, then ends the process with ``os._exit`` -- the only way to stop a call that is blocked,
 in C code too. Only code that holds the GIL throughout escapes it.
 
+Stall limit: with or without a time limit, the same watchdog ends a cell whose warm-up, training step
+(its batch included) or evaluation has not finished after the stall limit (STALL_LIMIT_S, an hour;
+the environment variable COMERA_BENCH_STALL_LIMIT_S sets another, 0 none), the same way: status
+"timeout", the error "stalled: <activity> ...". Building the workload and its data (a first parse of a
+large data file may take hours) and preparing the method are not watched; waiting for a timing round
+counts for neither limit.
+
 The training loop is the one documented in baselines/base.py. Per step it times (warm-up excluded,
 device synchronized) forward, loss, backward, the optimizer steps and ``after_step``; evaluation runs
 with the step clock, the epoch clock and the memory monitor paused; an evaluation after the last training
@@ -84,12 +91,31 @@ from harness.core.interleave import RoundGate
 
 WATCHDOG_GRACE_S = 30.0
 """How long a step or evaluation may run past budget.time_limit_s before the watchdog ends the cell."""
+STALL_LIMIT_S = 3600.0
+"""How long the warm-up, a training step or an evaluation may run before the watchdog ends the cell."""
+STALL_ENV = "COMERA_BENCH_STALL_LIMIT_S"
 
 
 ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 EXIT_ENVIRONMENT_FAULT = 75
 """Exit status (EX_TEMPFAIL) of a cell whose row could not be written for a fault of the machine (a full
 disk, a quota, a read-only file system): no row, so that a later run, after the fault is fixed, runs it."""
+
+
+def stall_limit_s() -> float | None:
+    """The stall limit in seconds: STALL_ENV when set (0: none), else STALL_LIMIT_S; a value that is not a
+    number >= 0 raises ValueError naming the variable."""
+    raw = os.environ.get(STALL_ENV, "").strip()
+    if not raw:
+        return STALL_LIMIT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"environment variable {STALL_ENV}={raw!r}: the stall limit must be a number of "
+                         "seconds >= 0 (0: no stall limit)")
+    return value or None
 
 
 class EnvironmentFault(OSError):
@@ -228,14 +254,14 @@ class _State:
 
 def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress: bool | None = None,
              on_hang: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None = None,
-             ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+             stall_s: float | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run one cell; returns (runs row with every RUNS_COLUMNS key, curves rows). An invalid spec raises
     specs.SpecError; everything that goes wrong after that is recorded in the row.
 
-    ``on_hang(row, curves)``: with a time limit, called from a watchdog thread with the partial row
-    (status timeout) when a step or an evaluation is still running WATCHDOG_GRACE_S after the limit;
-    it must end the process (the main thread is stuck). Without it only the checks between steps
-    apply."""
+    ``on_hang(row, curves)``: called from a watchdog thread with the partial row (status timeout) when
+    a step or an evaluation is still running WATCHDOG_GRACE_S after the time limit, or when the warm-up,
+    a step or an evaluation has run ``stall_s`` seconds (None: no stall limit); it must end the process
+    (the main thread is stuck). Without it only the checks between steps apply."""
     spec = specs.normalize_spec(spec)
     st = _State(spec)
     status, error, tb = "ok", "", ""
@@ -249,7 +275,10 @@ def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress
             if ex["cuda_graph"]:
                 require_cuda(st.device)
             seed_everything(spec["seed"])
-            _train(st, registry or default_registry(), progress, on_hang)
+            if on_hang is not None:
+                st.watchdog = _Watchdog(lambda stalled: _end_hung(st, on_hang, stall_s if stalled else None),
+                                        stall_s)
+            _train(st, registry or default_registry(), progress)
             if st.timer is not None and not st.timer.timed_ms:
                 raise _NoTimedStep(f"no timed step: {st.steps_done} step(s) ran and warmup_steps is "
                                    f"{st.timer.warmup_steps} (the data gives {st.steps_in_epoch} step(s) per "
@@ -280,11 +309,14 @@ def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress
     return row, st.curves
 
 
-def _train(st: _State, reg: Registry, progress: bool | None, on_hang: Callable | None) -> None:
+def _train(st: _State, reg: Registry, progress: bool | None) -> None:
     spec, budget = st.spec, st.spec["budget"]
     st.workload_params = reg.check_workload_params(spec["workload"], spec["workload_params"])
     st.method_params = reg.check_method_params(spec["method"], spec["method_params"])
+    _begin(st, "the warm-up")
     _warm_up(st, reg)
+    if st.watchdog is not None:  # building the data may take hours the first time: not a stall
+        st.watchdog.pause()
     workload = st.workload = reg.build_workload(spec["workload"], st.workload_params,
                                                 batch_size=spec["batch_size"], seed=spec["seed"],
                                                 device=st.device)
@@ -339,11 +371,11 @@ def _train(st: _State, reg: Registry, progress: bool | None, on_hang: Callable |
     st.monitor.start()
     bar = _progress_bar(total_steps, spec["run_id"], progress)
     limit, deadline = budget["time_limit_s"], None
-    st.activity = "training step 1"
+    _begin(st, "training step 1")
     if limit:  # the clock starts with the first training step
         deadline = time.perf_counter() + limit
-        if on_hang is not None:
-            st.watchdog = _Watchdog(limit + WATCHDOG_GRACE_S, lambda: _end_hung(st, on_hang))
+        if st.watchdog is not None:
+            st.watchdog.limit(limit + WATCHDOG_GRACE_S)
     try:
         for epoch in range(budget["epochs"]):
             st.epoch = epoch
@@ -361,7 +393,7 @@ def _train(st: _State, reg: Registry, progress: bool | None, on_hang: Callable |
                         st.monitor.stop()
                     _evaluate(st, epoch)
                 _check_time(st, deadline)
-                st.activity = f"training step {st.steps_done + 1}"  # its batch included
+                _begin(st, f"training step {st.steps_done + 1}")  # its batch included
             if done_in_epoch == workload.steps_per_epoch:
                 st.full_epochs_s.append(st.epoch_clock.elapsed())
         _rounds_over(st)
@@ -373,6 +405,13 @@ def _train(st: _State, reg: Registry, progress: bool | None, on_hang: Callable |
     finally:
         bar.close()
         _record_ranks(st, st.steps_done, st.epoch)
+
+
+def _begin(st: _State, activity: str) -> None:
+    """``activity`` starts (the watchdog's error names it): the stall clock starts again."""
+    st.activity = activity
+    if st.watchdog is not None:
+        st.watchdog.resume()
 
 
 def _round_boundary(st: _State) -> None:
@@ -400,12 +439,14 @@ def _rounds_over(st: _State) -> None:
 
 def _wait_at_gate(st: _State, wait: Callable[[RoundGate], float]) -> None:
     """Run ``wait`` on the round gate with the epoch clock paused; the seconds waited count neither
-    against the time limit nor against the hang watchdog."""
+    against the time limit nor against the watchdog's limits."""
+    if st.watchdog is not None:
+        st.watchdog.pause()
     with st.epoch_clock.paused():
         waited = wait(st.gate)
     st.waited_s += waited
     if st.watchdog is not None:
-        st.watchdog.extend(waited)
+        st.watchdog.resume()
 
 
 def _warm_up(st: _State, reg: Registry) -> None:
@@ -459,7 +500,7 @@ def _evaluate(st: _State, epoch: int = 0) -> None:
     """prepared.before_eval() then workload.evaluate(), outside every clock and the memory monitor (whose
     mark restarts from the RSS after the free heap is handed back). Diverged when any numeric value it
     returns is not finite (recorded first: the row and curves keep it)."""
-    st.activity = f"the evaluation at step {st.steps_done}"
+    _begin(st, f"the evaluation at step {st.steps_done}")
     monitor = st.monitor if st.monitor is not None and st.monitor.running else None
     with (monitor.paused() if monitor else nullcontext()), \
             (st.epoch_clock.paused() if st.epoch_clock else nullcontext()):
@@ -493,37 +534,65 @@ def _check_time(st: _State, deadline: float | None) -> None:
 
 
 class _Watchdog:
-    """Calls ``fire`` from a daemon thread unless disarmed within ``after_s``; ``fire`` must end the
-    process (should it block, the process exits with status 1 after BACKSTOP_S). ``disarm`` after
-    ``fire`` has begun blocks until the process ends, so the main thread never writes a second row."""
+    """Calls ``fire(stalled)`` from a daemon thread, unless disarmed first, when the activity under way
+    has run ``stall_s`` seconds since :meth:`resume` (None: never; ``stalled`` True) or the deadline of
+    :meth:`limit` has passed (``stalled`` False); between :meth:`pause` and :meth:`resume` neither runs.
+    ``fire`` must end the process (should it block, the process exits with status 1 after BACKSTOP_S).
+    ``disarm`` after ``fire`` has begun blocks until the process ends, so the main thread never writes a
+    second row."""
 
     BACKSTOP_S = 120.0
+    POLL_S = 1.0
+    """The longest sleep between two looks at the deadlines (they move while the thread sleeps)."""
 
-    def __init__(self, after_s: float, fire: Callable[[], None]):
+    def __init__(self, fire: Callable[[bool], None], stall_s: float | None):
         self._disarmed = threading.Event()
         self._lock = threading.Lock()
-        self._deadline = time.monotonic() + after_s
+        self._stall_s = stall_s
+        self._limit_at = math.inf
+        self._progress_at = time.monotonic()
+        self._paused_at: float | None = None
         self._thread = threading.Thread(target=self._watch, args=(fire,), name="cell-watchdog",
                                         daemon=True)
         self._thread.start()
 
-    def extend(self, seconds: float) -> None:
-        """Move the deadline by ``seconds`` (time spent waiting for a timing round)."""
-        self._deadline += seconds
+    def limit(self, after_s: float) -> None:
+        """Fire ``after_s`` seconds from now (the time spent paused added)."""
+        self._limit_at = time.monotonic() + after_s
 
-    def _watch(self, fire: Callable[[], None]) -> None:
+    def pause(self) -> None:
+        if self._paused_at is None:
+            self._paused_at = time.monotonic()
+
+    def resume(self) -> None:
+        """An activity starts (its stall clock with it); a pause ends, moving the limit by its length."""
+        now = time.monotonic()
+        self._progress_at = now
+        if self._paused_at is not None:
+            self._limit_at += now - self._paused_at
+            self._paused_at = None
+
+    def _due(self) -> tuple[float, bool]:
+        """(when to fire, whether for a stall)"""
+        if self._paused_at is not None:
+            return math.inf, False
+        stall_at = self._progress_at + self._stall_s if self._stall_s else math.inf
+        return (stall_at, True) if stall_at < self._limit_at else (self._limit_at, False)
+
+    def _watch(self, fire: Callable[[bool], None]) -> None:
         while True:
-            remaining = self._deadline - time.monotonic()
+            due, stalled = self._due()
+            remaining = due - time.monotonic()
             if remaining <= 0:
                 break
-            if self._disarmed.wait(remaining):
+            if self._disarmed.wait(min(remaining, self.POLL_S)):
                 return
         with self._lock:
             if not self._disarmed.is_set():
                 backstop = threading.Timer(self.BACKSTOP_S, os._exit, args=(1,))
                 backstop.daemon = True
                 backstop.start()
-                fire()
+                fire(stalled)
 
     def disarm(self) -> None:
         self._disarmed.set()
@@ -532,11 +601,17 @@ class _Watchdog:
         self._thread.join()
 
 
-def _end_hung(st: _State, on_hang: Callable[[dict[str, Any], list[dict[str, Any]]], None]) -> None:
-    """The watchdog's end of a cell whose step or evaluation hangs: the row of what is known so far
-    (status timeout) and the curves go to ``on_hang``."""
-    error = (f"time limit of {st.spec['budget']['time_limit_s']} s reached after {st.steps_done} steps; "
-             f"{st.activity} was still running {WATCHDOG_GRACE_S:g} s later and the process was ended")
+def _end_hung(st: _State, on_hang: Callable[[dict[str, Any], list[dict[str, Any]]], None],
+              stall_s: float | None) -> None:
+    """The watchdog's end of a cell whose step or evaluation hangs (past the time limit, or for ``stall_s``
+    seconds when not None): the row of what is known so far (status timeout) and the curves go to
+    ``on_hang``."""
+    if stall_s is not None:
+        error = (f"stalled: {st.activity} did not finish within the stall limit of {stall_s:g} s ({STALL_ENV}; "
+                 f"set it higher if that is expected) after {st.steps_done} steps; the process was ended")
+    else:
+        error = (f"time limit of {st.spec['budget']['time_limit_s']} s reached after {st.steps_done} steps; "
+                 f"{st.activity} was still running {WATCHDOG_GRACE_S:g} s later and the process was ended")
     try:
         # a CUDA reading synchronizes the device, which a hung kernel would block
         if st.monitor is not None and st.memory is None and st.device.type != "cuda":
@@ -697,9 +772,9 @@ def run_to_files(spec: dict[str, Any], runs_out: str | os.PathLike, curves_out: 
                  hang_exit_status: int = 0) -> dict[str, Any]:
     """Run a cell and write its runs row and curves atomically (also on failure); returns the row.
 
-    A step or evaluation that hangs past the time limit never returns: the watchdog writes the partial
-    row (status timeout) and curves, then ends the process with ``hang_exit_status`` (1 when they could
-    not be written)."""
+    A step or evaluation that hangs past the time limit or the stall limit (:func:`stall_limit_s`) never
+    returns: the watchdog writes the partial row (status timeout) and curves, then ends the process with
+    ``hang_exit_status`` (1 when they could not be written)."""
     def write(row: dict[str, Any], curves: list[dict[str, Any]]) -> None:
         prov = {c: row[c] for c in results.PROVENANCE_COLUMNS}
         try:
@@ -726,6 +801,7 @@ def run_to_files(spec: dict[str, Any], runs_out: str | os.PathLike, curves_out: 
             sys.stderr.flush()
             os._exit(status)
 
-    row, curves = run_cell(spec, registry=registry, progress=progress, on_hang=end_process)
+    row, curves = run_cell(spec, registry=registry, progress=progress, on_hang=end_process,
+                           stall_s=stall_limit_s())
     write(row, curves)
     return row

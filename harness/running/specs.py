@@ -72,13 +72,13 @@ def normalize_spec(spec: dict[str, Any]) -> dict[str, Any]:
         if key not in spec:
             raise SpecError(f"spec is missing the key {key!r}")
     out = dict(spec)
-    for key in ("workload", "method"):
+    out.setdefault("variant", "default")
+    for key in ("workload", "method", "variant"):
         if not isinstance(out[key], str) or not out[key]:
             raise SpecError(f"spec {key} must be a non-empty string, got {out[key]!r}")
     _check_int("batch_size", out["batch_size"], 1)
     out.setdefault("seed", 0)
     _check_int("seed", out["seed"], 0)
-    out.setdefault("variant", "default")
     out.setdefault("purpose", "timing")
     if out["purpose"] not in PURPOSES:
         raise SpecError(f"spec purpose must be one of {list(PURPOSES)}, got {out['purpose']!r}")

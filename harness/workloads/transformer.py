@@ -22,7 +22,7 @@ Params (``size`` sets the model keys and sample counts; any key may be overridde
 Face cache), ``tokenizer`` (a tokenizer.json; None: WordPiece trained on the training split),
 ``train_samples``/``eval_samples`` (synthetic: how many; MNLI: at most, None = all), ``premise_len``,
 ``hypothesis_len``, ``num_words``, ``task`` and ``num_topics`` (synthetic, see
-:mod:`harness.data.nli_synthetic`), ``data_seed``, ``cache_dir`` (None: results/cache),
+:mod:`harness.data.nli_synthetic`), ``data_seed``, ``cache_dir`` (None: the run's, <results_dir>/cache),
 ``eval_batch_size`` (None: max(batch_size, 64)).
 """
 from __future__ import annotations

@@ -258,6 +258,15 @@ def test_merge_without_inputs_leaves_the_output_alone(tmp_path, capsys):
     assert out.read_bytes() == b"keep me" and "no input files" in capsys.readouterr().err
 
 
+def test_merge_of_folders_without_files_leaves_the_output_alone(tmp_path, capsys):
+    out, empty = tmp_path / "keep.parquet", tmp_path / "empty"
+    out.write_bytes(b"keep me")
+    empty.mkdir()
+    assert cli.main(["merge", "--kind", "runs", "--out", str(out), str(empty)]) == 2
+    assert out.read_bytes() == b"keep me"
+    assert f"no *.runs.parquet files in {empty}; {out} left as it is" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("content, message", [
     ('{"workload": "toy", "method": "toy", "batch_size": 2, "method_params": "abc"}',
      "spec method_params must be a mapping of parameter names to values, got 'abc'"),

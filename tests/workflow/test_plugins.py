@@ -3,7 +3,10 @@ named by COMERA_BENCH_PLUGINS, run through the real pipeline on a tiny grid; not
 changes."""
 from __future__ import annotations
 
+import os
+import re
 import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -122,3 +125,105 @@ def test_bad_plugins_are_named(tmp_path, monkeypatch):
     found = plugins.discover("methods", ROOT / "baselines")
     with pytest.raises(plugins.PluginError, match=r"oops.py failed to import: NameError"):
         plugins.load("methods", "oops", found["oops"], "baselines")
+
+
+def test_a_missing_plugin_folder_is_named(tmp_path, monkeypatch):
+    """A typo in COMERA_BENCH_PLUGINS is named, not left to surface as 'unknown method'."""
+    missing = tmp_path / "no-such-folder"
+    monkeypatch.setenv(plugins.ENV, os.pathsep.join([str(tmp_path), str(missing)]))
+    with pytest.raises(plugins.PluginError, match=re.escape(f"{plugins.ENV} names {missing}, which is not a folder")):
+        plugins.discover("methods", ROOT / "baselines")
+
+
+def test_the_cli_names_a_missing_plugin_folder(tmp_path, capsys):
+    missing = tmp_path / "typo"
+    script = ("import sys; from harness import cli; "
+              "sys.exit(cli.main(['run', '--workload', 'transformer', '--method', 'dense', '--batch-size', '2']))")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, plugins.ENV: str(missing)})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"{plugins.ENV} names {missing}, which is not a folder" in proc.stderr
+
+
+def test_a_dry_run_runs_plugin_code_as_the_docs_say(plugin_dir, tmp_path):
+    """docs/architecture.md: a plug-in's top-level code runs on every Snakemake call, -n included."""
+    marker = tmp_path / "imported"
+    method = plugin_dir / "methods" / "toy_sgd.py"
+    method.write_text(f"open({str(marker)!r}, 'w').close()\n" + method.read_text())
+    config = {"device_name": "cpu-plugins", "execution": {"device": "cpu", "threads": 1},
+              "methods": {"toy": {"method": "toy_sgd"}},
+              "workloads": {"toy_reg": {"params": {"size": "tiny"}, "batch_sizes": [8], "methods": ["toy"]}},
+              "microbench": {"specs": {}}}
+    configfile = tmp_path / "plugins.yaml"
+    configfile.write_text(yaml.safe_dump(config))
+    proc = subprocess.run(snakemake_cmd(tmp_path / "wd", configfile, "-n"), capture_output=True, text=True,
+                          env={**ENV, plugins.ENV: str(plugin_dir)}, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert marker.exists()
+    section = (ROOT / "docs" / "architecture.md").read_text().split("## Plug-ins")[1].split("\n## ")[0]
+    assert "Plug-ins are code" in section and "dry run `-n` included" in section
+
+
+@pytest.mark.slow
+def test_the_data_cache_lies_in_the_results_folder(plugin_dir, tmp_path):
+    """The pipeline's jobs and `comera-bench run` cache data under their results folder, not the cwd's."""
+    workload = plugin_dir / "workloads" / "toy_reg.py"
+    workload.write_text(workload.read_text().replace(
+        "    n = p[\"samples\"] // batch_size\n",
+        "    from harness.data.cache import cache_dir\n"
+        "    (cache_dir(None, 'toy') / 'built').write_text('1')\n"
+        "    n = p[\"samples\"] // batch_size\n"))
+    elsewhere = tmp_path / "elsewhere"
+    config = {"device_name": "cpu-plugins", "results_dir": str(elsewhere), "execution": {"device": "cpu", "threads": 1},
+              "methods": {"dense": {"method": "dense"}},
+              "workloads": {"toy_reg": {"params": {"size": "tiny"}, "batch_sizes": [8], "methods": ["dense"],
+                                        "budget": {"epochs": 1, "max_steps_per_epoch": 4, "warmup_steps": 1}}},
+              "microbench": {"specs": {}}}
+    configfile = tmp_path / "cache.yaml"
+    configfile.write_text(yaml.safe_dump(config))
+    env = {**ENV, plugins.ENV: str(plugin_dir)}
+    env.pop("COMERA_BENCH_CACHE_DIR", None)
+    proc = subprocess.run(snakemake_cmd(tmp_path / "wd", configfile, "runs"), capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (elsewhere / "cache" / "toy" / "built").exists()
+    assert not (tmp_path / "wd" / "results").exists() and not (ROOT / "results" / "cache" / "toy").exists()
+    cli_dir = tmp_path / "cli"
+    run = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--workload", "toy_reg", "--method", "dense",
+                          "--batch-size", "8", "--device", "cpu", "--max-steps-per-epoch", "3",
+                          "--results-dir", str(cli_dir)], capture_output=True, text=True, env=env, cwd=tmp_path,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (cli_dir / "cache" / "toy" / "built").exists() and not (tmp_path / "results").exists()
+
+
+@pytest.mark.slow
+def test_a_runs_file_of_another_config_fails_the_merge(plugin_dir, tmp_path):
+    """A cell's runs file replaced by one of another config (another budget: another config_hash) is named
+    by the merge, not merged under this grid's spec (issue 29: it was merged silently)."""
+    config = {"device_name": "cpu-plugins", "execution": {"device": "cpu", "threads": 1},
+              "methods": {"dense": {"method": "dense"}},
+              "workloads": {"toy_reg": {"params": {"size": "tiny"}, "batch_sizes": [8], "methods": ["dense"],
+                                        "budget": {"epochs": 1, "max_steps_per_epoch": 4, "warmup_steps": 1}}},
+              "microbench": {"specs": {}}}
+    configfile = tmp_path / "one.yaml"
+    configfile.write_text(yaml.safe_dump(config))
+    env = {**ENV, plugins.ENV: str(plugin_dir)}
+    workdir = tmp_path / "wd"
+    proc = subprocess.run(snakemake_cmd(workdir, configfile, "results/cpu-plugins/runs.parquet"),
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # 3 timed steps: a noisy cell, and the hint to time it again repeats this config (issue 29 item 6)
+    assert (f"comera-bench noisy results/runs/cpu-plugins --delete && snakemake --cores 1 figures --configfile "
+            f"{configfile} --config results_dir=results figures_dir=figures") in proc.stderr
+    (cell,) = (workdir / "results" / "runs" / "cpu-plugins").glob("*.runs.parquet")
+    foreign = pd.read_parquet(cell).assign(config_hash="0123456789abcdef")  # as a copy from another config
+    foreign.to_parquet(cell)
+    proc = subprocess.run(snakemake_cmd(workdir, configfile, "results/cpu-plugins/runs.parquet"),
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    out = proc.stdout + proc.stderr
+    log = (workdir / "results" / "cpu-plugins" / "logs" / "merge_runs.log").read_text()
+    assert proc.returncode != 0 and not (workdir / "results" / "cpu-plugins" / "runs.parquet").exists()
+    assert (f"{cell.relative_to(workdir)}: its row of cell {cell.name.removesuffix('.runs.parquet')} was run from "
+            "another spec") in log
+    assert cell.name in out

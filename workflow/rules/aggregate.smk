@@ -1,5 +1,6 @@
 # Per-cell files -> results/<device>/{runs,curves,microbench}.parquet (+ grid.json: every cell's spec).
-# A truncated or foreign per-cell file fails the merge with its path in the message.
+# A truncated or foreign per-cell file fails the merge with its path in the message; so does a runs file
+# whose row is not its grid cell's, run from the grid's spec (config_hash; e.g. copied from another config).
 localrules: merge_runs, merge_microbench
 
 
@@ -18,9 +19,9 @@ rule merge_runs:
         sweeps=json.dumps(SWEEPS, sort_keys=True),
         empty=["--allow-empty"] if config["only_finished"] else [],  # a run stopped before any cell ended
     shell:
-        "(comera-bench merge --kind runs {params.empty:q} --out {output.runs:q} {input.runs:q}"
-        " && comera-bench merge --kind curves {params.empty:q} --out {output.curves:q} {input.curves:q}"
-        " && python -m harness.configs.grid --out {output.grid:q} --sweeps {params.sweeps:q} {input.specs:q}) > {log:q} 2>&1"
+        "(python -m harness.configs.grid --out {output.grid:q} --sweeps {params.sweeps:q} {input.specs:q}"
+        " && comera-bench merge --kind runs {params.empty:q} --grid {output.grid:q} --out {output.runs:q} {input.runs:q}"
+        " && comera-bench merge --kind curves {params.empty:q} --out {output.curves:q} {input.curves:q}) > {log:q} 2>&1"
 
 
 rule merge_microbench:

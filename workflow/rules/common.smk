@@ -13,6 +13,7 @@ REPO = os.path.dirname(workflow.basedir)  # the checkout: workflow/Snakefile is 
 sys.path.insert(0, REPO)  # the harness package of this checkout, even if not installed
 from harness.configs import grid as _grid
 from harness.results import lock as _lock
+from harness.data import cache as _cache
 from harness.configs import yamlnum as _yamlnum
 
 
@@ -41,6 +42,8 @@ _validate_config()
 DEVICE = config["device_name"] or _grid.env_device_label() or _grid.device_label(config)
 os.environ[_grid.DEVICE_ENV] = DEVICE
 RESULTS = config["results_dir"]
+# Derived data (tokenizers, tokenized tensors) is cached in the results folder, not the cwd: every job inherits it
+os.environ.setdefault(_cache.CACHE_ENV, f"{RESULTS}/cache")
 FIGURES = config["figures_dir"]
 CELLS = f"{RESULTS}/runs/{DEVICE}"
 MERGED = f"{RESULTS}/{DEVICE}"
@@ -96,7 +99,11 @@ onsuccess:
     if os.path.exists(f"{MERGED}/runs.parquet"):
         from harness.reports import noisy as _noisy
 
-        _summary = _noisy.summary([f"{MERGED}/runs.parquet"], CELLS)
+        _settings = {"results_dir": RESULTS, "figures_dir": FIGURES}
+        if config["device_name"]:
+            _settings["device_name"] = DEVICE
+        _summary = _noisy.summary([f"{MERGED}/runs.parquet"], CELLS, settings=_settings,
+                                  configfiles=[os.path.normpath(path) for path in workflow.configfiles])
         if _summary:
             logger.warning(f"comera-bench: {_summary}")
 

@@ -1,3 +1,6 @@
+import os
+from pathlib import Path
+
 import pytest
 import torch
 from tokenizers import Tokenizer
@@ -100,3 +103,22 @@ def test_a_tokenizer_being_trained_is_waited_for_not_trained_again(tmp_path):
     first.join(10)
     waiter.join(10)
     assert trained == ["first"] and second[0].get_vocab() == Tokenizer.from_file(str(path)).get_vocab()
+
+
+def test_the_cache_folder_is_the_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(cache.CACHE_ENV, raising=False)
+    assert cache.cache_dir(None, "mlm") == Path("results/cache/mlm")
+    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "out" / "cache"))
+    assert cache.cache_dir(None, "mlm") == tmp_path / "out" / "cache" / "mlm" and (tmp_path / "out/cache/mlm").is_dir()
+    assert cache.cache_dir(str(tmp_path / "own"), "mlm") == tmp_path / "own" / "mlm"  # a workload's cache_dir param
+
+
+def test_run_cache_names_the_folder_for_its_block_unless_set(tmp_path, monkeypatch):
+    monkeypatch.delenv(cache.CACHE_ENV, raising=False)
+    with cache.run_cache(tmp_path / "cli" / "cache"):
+        assert cache.cache_dir(None, "x") == tmp_path / "cli" / "cache" / "x"
+    assert cache.CACHE_ENV not in os.environ  # a CLI call in a test leaves no trace
+    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "pipeline"))
+    with cache.run_cache(tmp_path / "cli" / "cache"):
+        assert cache.cache_dir(None, "x") == tmp_path / "pipeline" / "x"

@@ -30,3 +30,21 @@ def test_noisy_lists_and_deletes(tmp_path, capsys):
     assert sorted(p.name for p in cells.iterdir()) == sorted(
         f"{r}.{k}.parquet" for r in "acd" for k in ("runs", "curves"))
     assert noisy.summary([cells], str(cells)) == ""
+
+
+def test_the_hint_repeats_the_config_and_folders_of_the_run(tmp_path):
+    """Following the hint re-times the deleted cells of this config, not the default grid in ./results."""
+    cells = tmp_path / "my results" / "runs" / "cpu"
+    _cell(cells, "b", "noisy: CPU pressure 40% (> 25%)")
+    text = noisy.summary([cells], str(cells), configfiles=["config/tiny.yaml", "my cfg.yaml"],
+                         settings={"results_dir": str(tmp_path / "my results"), "figures_dir": "figs"})
+    hint = text.splitlines()[-1]
+    assert hint.endswith(f"snakemake --cores 1 figures --configfile config/tiny.yaml 'my cfg.yaml' --config "
+                         f"'results_dir={tmp_path}/my results' figures_dir=figs")
+    assert f"comera-bench noisy '{cells}' --delete && " in hint
+
+
+def test_a_folder_without_results_is_named(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["noisy", str(tmp_path / "empty"), "--delete"]) == 1
+    assert f"no results in {tmp_path / 'empty'}" in capsys.readouterr().err

@@ -196,3 +196,28 @@ def test_metadata_is_json(tmp_path):
     path = curves_file(tmp_path / "a.curves.parquet", "a", 1)
     raw = results.pq.read_schema(path).metadata[results.METADATA_KEY]
     assert json.loads(raw)["kind"] == "curves"
+
+
+@pytest.mark.parametrize("name, row, message", [
+    ("a", {"run_id": "a", "config_hash": "other"}, "{path}: its row of cell a was run from another spec "
+                                                   "(config_hash other; the grid's is h-a"),
+    ("a", {"run_id": "b", "config_hash": "h-b"}, "{path} holds the row of cell b, not of cell a"),
+    ("z", {"run_id": "z", "config_hash": "h-z"}, "{path}: cell z is not in the grid"),
+])
+def test_merge_refuses_a_row_that_is_not_the_grids(tmp_path, capsys, name, row, message):
+    """A per-cell file of another config (copied in, or left from an earlier grid) is named, not merged."""
+    grid = tmp_path / "grid.json"
+    grid.write_text(json.dumps({"cells": {c: {"run_id": c, "config_hash": f"h-{c}"} for c in "ab"}, "sweeps": {}}))
+    cells = tmp_path / "runs" / "cpu"
+    cells.mkdir(parents=True)
+    results.write_parquet_atomic(results.to_frame([runs_row(run_id="b", config_hash="h-b")], "runs"),
+                                 cells / "b.runs.parquet", kind="runs")
+    path = cells / f"{name}.runs.parquet"
+    results.write_parquet_atomic(results.to_frame([runs_row(**row)], "runs"), path, kind="runs")
+    out = tmp_path / "runs.parquet"
+    assert results.cli_merge(["--kind", "runs", "--grid", str(grid), "--out", str(out), str(cells)]) == 1
+    err = capsys.readouterr().err
+    assert message.format(path=path) in err and f"{grid}" in err and "run the pipeline again" in err
+    assert not out.exists()
+    path.unlink()
+    assert results.cli_merge(["--kind", "runs", "--grid", str(grid), "--out", str(out), str(cells)]) == 0

@@ -1,6 +1,7 @@
 import importlib.util
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -248,6 +249,50 @@ def test_a_hung_step_or_evaluation_ends_as_timeout_with_its_row(tmp_path, method
     assert curves.query("split == 'train' and metric_name == 'loss'")["step"].max() == steps
 
 
+STALL = """
+import sys
+from harness.running import run as runner
+from tests.harness.running.run_toys import TOY_REGISTRY, toy_spec
+spec = toy_spec(method_params={method_params!r}, budget={{"epochs": 1, "eval_every_steps": 2, "time_limit_s": None}})
+runner.run_to_files(spec, sys.argv[1], sys.argv[2], registry=TOY_REGISTRY, hang_exit_status=3)
+print("run_to_files returned")
+"""
+
+
+@pytest.mark.parametrize("method_params, steps, activity", [
+    ({"hang_at": 3}, 3, "training step 4"),
+    ({"hang_at": 0}, 0, "the warm-up"),  # the warm-up's throwaway step is step 0 too
+])
+def test_a_stalled_step_without_a_time_limit_ends_as_timeout(tmp_path, method_params, steps, activity):
+    """No time limit: the stall limit (COMERA_BENCH_STALL_LIMIT_S, 5 s here; an hour by default) ends a step
+    that hangs, with its row, instead of hanging the cell, its timing group and the pipeline for ever."""
+    runs_out, curves_out = tmp_path / "s.runs.parquet", tmp_path / "s.curves.parquet"
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", STALL.format(method_params=method_params), str(runs_out),
+                           str(curves_out)], cwd=Path(__file__).parents[3], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, runner.STALL_ENV: "5"})
+    assert proc.returncode == 3, proc.stderr
+    assert "returned" not in proc.stdout and time.monotonic() - started < 60
+    row = results.read_parquet(runs_out, "runs").iloc[0]
+    assert row["status"] == "timeout" and json.loads(row["extra"]).get("steps_done", 0) == steps, row["error"]  # no timer yet: the warm-up
+    assert row["error"].startswith(f"stalled: {activity} did not finish within the stall limit of 5 s "
+                                   f"({runner.STALL_ENV}")
+
+
+@pytest.mark.parametrize("value", ["-1", "abc", "nan"])
+def test_a_bad_stall_limit_is_named(monkeypatch, value):
+    monkeypatch.setenv(runner.STALL_ENV, value)
+    with pytest.raises(ValueError, match=f"environment variable {runner.STALL_ENV}="):
+        runner.stall_limit_s()
+
+
+def test_the_stall_limit_defaults_to_an_hour_and_0_turns_it_off(monkeypatch):
+    monkeypatch.delenv(runner.STALL_ENV, raising=False)
+    assert runner.stall_limit_s() == runner.STALL_LIMIT_S == 3600
+    monkeypatch.setenv(runner.STALL_ENV, "0")
+    assert runner.stall_limit_s() is None
+
+
 def test_a_finished_cell_stops_its_watchdog(tmp_path):
     row = runner.run_to_files(toy_spec(budget={"epochs": 1, "time_limit_s": 60}), tmp_path / "w.runs.parquet",
                               tmp_path / "w.curves.parquet", registry=TOY_REGISTRY)
@@ -274,6 +319,8 @@ def test_flops_per_step_from_linear_shapes():
     ("execution", "gpu", True, "unknown key execution.gpu"),
     (None, "batch_size", 0, "batch_size must be an integer >= 1, got 0"),
     (None, "target_ratio", 2.0, "target_ratio must be null or in"),
+    (None, "variant", {"a": 1}, "spec variant must be a non-empty string, got {'a': 1}"),
+    (None, "variant", 3, "spec variant must be a non-empty string, got 3"),
     ("execution", "device", "tpu", "execution.device must be cpu|cuda|auto, got 'tpu'"),
     ("budget", "time_limit_s", -1, "time_limit_s must be null or a finite number > 0"),
     ("budget", "time_limit_s", float("nan"), "time_limit_s must be null or a finite number > 0, got nan"),
@@ -474,3 +521,16 @@ def test_a_cell_without_a_timed_step_is_not_ok(budget):
     row, _ = runner.run_cell(toy_spec(budget=budget), registry=TOY_REGISTRY)
     assert row["status"] == "error" and row["error"].startswith("no timed step:"), row["error"]
     assert row["steps_timed"] == 0
+
+
+def test_the_pipeline_and_the_cli_refuse_a_bad_stall_limit(tmp_path, monkeypatch, capsys):
+    from harness import cli
+    from harness.configs import grid
+
+    monkeypatch.setenv(runner.STALL_ENV, "soon")
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps(toy_spec(workload="transformer", method="dense")))
+    assert cli.main(["run", "--spec", str(spec), "--runs-out", str(tmp_path / "r.runs.parquet")]) == 2
+    assert f"environment variable {runner.STALL_ENV}='soon'" in capsys.readouterr().err
+    with pytest.raises(grid.ConfigError, match=runner.STALL_ENV):
+        grid.check_config({"methods": {}, "workloads": {}, "microbench": {"specs": {}}})
