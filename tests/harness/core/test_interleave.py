@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from harness.core import interleave
+from harness.core import interleave, stops
 
 TOY = r"""
 import os, sys, time
@@ -104,7 +104,7 @@ def test_sigterm_ends_the_group_and_its_cells(tmp_path):
     script = f"""
 import json, sys, tempfile
 from pathlib import Path
-from harness.core import interleave
+from harness.core import interleave, stops
 cells = []
 for name in "ab":
     spec = Path({str(tmp_path)!r}) / (name + ".json")
@@ -145,7 +145,7 @@ def test_a_stop_signal_while_a_cell_starts_still_ends_that_cell(tmp_path, monkey
     spec = tmp_path / "a.json"
     spec.write_text(json.dumps({"run_id": "a"}))
     monkeypatch.setattr(interleave.subprocess, "Popen", popen)
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    saved = {sig: signal.getsignal(sig) for sig in stops.STOP_SIGNALS}
     try:
         interleave.stop_on_signals()
         with pytest.raises(SystemExit) as stopped:
