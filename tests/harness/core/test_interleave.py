@@ -104,7 +104,7 @@ def test_sigterm_ends_the_group_and_its_cells(tmp_path):
     script = f"""
 import json, sys, tempfile
 from pathlib import Path
-from harness.core import interleave, stops
+from harness.core import interleave
 cells = []
 for name in "ab":
     spec = Path({str(tmp_path)!r}) / (name + ".json")
@@ -157,3 +157,76 @@ def test_a_stop_signal_while_a_cell_starts_still_ends_that_cell(tmp_path, monkey
     assert stopped.value.code == 128 + signal.SIGTERM
     assert len(started) == 1 and started[0].poll() is not None  # terminated by run_group's cleanup
     assert interleave._deferred is None
+
+
+def test_a_cell_whose_coordinator_closes_the_connection_stops_without_a_row(tmp_path, monkeypatch):
+    """A coordinator that vanishes while the cell waits for its go ends the cell (GroupLost, exit status
+    EXIT_GROUP_LOST), instead of letting it time itself without rounds and write a row later."""
+    import socket
+    import threading
+
+    path = str(tmp_path / "rounds.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+
+    def vanish():  # read hello and ready 0, then close without go
+        conn, _ = server.accept()
+        lines = conn.makefile("rb")
+        lines.readline()
+        lines.readline()
+        lines.close()
+        conn.close()
+
+    threading.Thread(target=vanish, daemon=True).start()
+    monkeypatch.setenv(interleave.ENV, path)
+    gate = interleave.RoundGate.from_env("a")
+    with pytest.raises(SystemExit) as lost:
+        gate.wait(0)
+    assert isinstance(lost.value, interleave.GroupLost) and lost.value.code == interleave.EXIT_GROUP_LOST
+    server.close()
+
+
+def _tiny_spec(tmp_path, method: str) -> str:
+    spec = {"run_id": f"t_{method}", "workload": "transformer", "method": method, "batch_size": 4, "seed": 0,
+            "variant": "default", "target_ratio": None, "workload_params": {"size": "tiny"}, "method_params": {},
+            "budget": {"epochs": 1, "eval_every_steps": 1000, "max_steps_per_epoch": 400, "time_limit_s": None,
+                       "warmup_steps": 1},
+            "execution": {"device": "cpu", "num_threads": 1, "rounds": 3, "timing_group": "t",
+                          "compile": False, "cuda_graph": False}}
+    path = tmp_path / f"t_{method}.spec.json"
+    path.write_text(json.dumps(spec))
+    return str(path)
+
+
+@pytest.mark.slow
+def test_cells_die_with_a_sigkilled_coordinator(tmp_path):
+    """SIGKILL of `python -m harness.core.interleave` (issue 29 item 2): its cells (`comera-bench run
+    --isolate` and their workers) end within seconds and write no row."""
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    args = []
+    for method in ("dense", "comera"):
+        spec = _tiny_spec(tmp_path, method)
+        base = spec.removesuffix(".spec.json")
+        args += ["--cell", spec, f"{base}.runs.parquet", f"{base}.curves.parquet", f"{base}.log"]
+    bin_dir = os.path.dirname(sys.executable)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    coordinator = subprocess.Popen([sys.executable, "-m", "harness.core.interleave", "--rounds", "3", *args],
+                                   env=env, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    below: list[psutil.Process] = []
+    while time.monotonic() < deadline and len(below) < 4:  # two supervisors and their workers
+        below = psutil.Process(coordinator.pid).children(recursive=True)
+        time.sleep(0.1)
+    assert len(below) == 4, "the cells never started"
+    time.sleep(2)  # the workers import torch and build their models (rounds begin ~10 s in)
+    coordinator.send_signal(signal.SIGKILL)
+    coordinator.wait()
+    gone, alive = psutil.wait_procs(below, timeout=5)  # at once, not when a worker next meets the gate
+    assert not alive, [p.cmdline() for p in alive]
+    assert not list(tmp_path.glob("*.parquet"))  # and no process is left to write one later
