@@ -9,9 +9,14 @@ its share of timed steps at a time (the order reversed every other round: A B C,
 change of the machine's load hits every method of the group within one round. After the last round
 the cells finish (final evaluation, rows written) together.
 
+The seconds from the group's start (its first process started) to its first round -- starting every
+process, building, warming up -- are logged ("first round after ...") and sent to every cell, which
+records them in its row (``group_start_s``).
+
 Protocol (one Unix socket, path in the environment variable ``COMERA_BENCH_ROUNDS``): a cell connects
 and sends ``hello <run_id>``; before the timed steps of each round r it sends ``ready <r>`` and
-waits for ``go``; after its last round it sends ``done`` and waits for ``go`` (the release). :class:`RoundGate` is the cell's side. A cell that ends (a failure,
+waits for ``go <s>`` (s: the group's seconds to its first round); after its last round it sends ``done``
+and waits for ``go`` (the release). :class:`RoundGate` is the cell's side. A cell that ends (a failure,
 a kill) closes its connection and drops out of the rounds. Cells die with their coordinator: each cell's
 process gets SIGTERM when the coordinator dies (harness.core.stops, Linux), and a cell that finds the
 connection closed where it expected ``go`` exits with :data:`EXIT_GROUP_LOST`; either way it writes no
@@ -54,6 +59,8 @@ class RoundGate:
     """The cell's side: :meth:`wait` before each round's steps (a no-op without a coordinator)."""
 
     def __init__(self, path: str, run_id: str):
+        self.group_start_s: float | None = None
+        """The group's seconds from its start to its first round (from the first ``go``)."""
         self._sock: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.connect(path)
         self._file = self._sock.makefile("rwb", buffering=0)
@@ -100,11 +107,15 @@ class RoundGate:
             answer = self._file.readline()
         except OSError:
             answer = b""
-        if answer.strip() != b"go":
-            self.close()
-            print("comera-bench: the round coordinator is gone; this cell stops without a row",
-                  file=sys.stderr, flush=True)
-            raise GroupLost()
+        word, _, seconds = answer.strip().partition(b" ")
+        if word == b"go":
+            if seconds and self.group_start_s is None:
+                self.group_start_s = float(seconds)
+            return
+        self.close()
+        print("comera-bench: the round coordinator is gone; this cell stops without a row",
+              file=sys.stderr, flush=True)
+        raise GroupLost()
 
     def close(self) -> None:
         if self._sock is not None:
@@ -144,6 +155,7 @@ def _command(cell: Cell) -> list[str]:
 class _Coordinator:
     def __init__(self, cells: list[Cell], server: socket.socket, deadline: float | None = None):
         self.cells, self.deadline = cells, deadline
+        self.first_round_s = 0.0
         self.sel = selectors.DefaultSelector()
         self.sel.register(server, selectors.EVENT_READ, None)
 
@@ -224,7 +236,7 @@ class _Coordinator:
             return False
         cell.state = "running"
         try:
-            cell.conn.sendall(b"go\n")
+            cell.conn.sendall(f"go {self.first_round_s:.3f}\n".encode())
         except OSError:
             self._drop(cell)
         while cell.state == "running":
@@ -268,6 +280,9 @@ def run_group(cells: Sequence[Cell], rounds: int, *, log=None,
                 + ", ".join(c.run_id for c in cells))
             for r in range(rounds):
                 coord.wait_until(r)
+                if r == 0:
+                    coord.first_round_s = time.monotonic() - started
+                    log(f"  first round after {coord.first_round_s:.1f} s (the cells started, built, warmed up)")
                 ran = [coord.run_round(cell, r) for cell in (cells if r % 2 == 0 else cells[::-1])]
                 if any(ran):
                     log(f"  round {r + 1}/{rounds}: {sum(ran)} cells ({time.monotonic() - started:.0f} s)")
