@@ -271,6 +271,7 @@ def _parse_where(items: list[str], df: pd.DataFrame) -> pd.Series:
     import pandas as pd  # lazily (here and below): a cell's supervisor needs neither pandas nor pyarrow
 
     from harness import results
+
     keep = pd.Series(True, index=df.index)
     for item in items:
         m = _WHERE.fullmatch(item)
