@@ -283,6 +283,9 @@ def run_group(cells: Sequence[Cell], rounds: int, *, log=None,
                 if r == 0:
                     coord.first_round_s = time.monotonic() - started
                     log(f"  first round after {coord.first_round_s:.1f} s (the cells started, built, warmed up)")
+                    left = [c.run_id for c in cells if c.state == "gone"]
+                    if left:  # their rows say why (a failure row, or a skipped method)
+                        log(f"  not in the rounds (ended before them): {', '.join(left)}")
                 ran = [coord.run_round(cell, r) for cell in (cells if r % 2 == 0 else cells[::-1])]
                 if any(ran):
                     log(f"  round {r + 1}/{rounds}: {sum(ran)} cells ({time.monotonic() - started:.0f} s)")

@@ -39,7 +39,7 @@ def _cells(tmp_path, names):
     return cells
 
 
-def _run(tmp_path, names, rounds=3, die=None, never=()):
+def _run(tmp_path, names, rounds=3, die=None, never=(), said=None):
     log = tmp_path / "log.txt"
     die = die or {}
 
@@ -48,7 +48,8 @@ def _run(tmp_path, names, rounds=3, die=None, never=()):
             return [sys.executable, "-c", "raise SystemExit(2)"]
         return [sys.executable, "-c", TOY, cell.run_id, str(log), str(rounds), str(die.get(cell.run_id, -1))]
 
-    failed = interleave.run_group(_cells(tmp_path, names), rounds, command=command, log=lambda m: None)
+    failed = interleave.run_group(_cells(tmp_path, names), rounds, command=command,
+                                  log=(said.append if said is not None else lambda m: None))
     events = [line.split(maxsplit=2) for line in log.read_text().splitlines()]
     return failed, [(float(t), rid, what) for t, rid, what in events]
 
@@ -70,8 +71,11 @@ def test_one_cell_at_a_time_in_alternating_order(tmp_path):
 
 
 def test_a_cell_that_dies_or_never_connects_leaves_the_others_running(tmp_path):
-    failed, events = _run(tmp_path, ["a", "b", "c", "d"], die={"b": 1}, never={"d"})
+    said = []
+    failed, events = _run(tmp_path, ["a", "b", "c", "d"], die={"b": 1}, never={"d"}, said=said)
     assert failed == 2
+    assert "  not in the rounds (ended before them): d" in said  # b left in round 1
+    assert any(line.startswith("  first round after ") for line in said)
     done = {rid for _, rid, what in events if what == "finish"}
     assert done == {"a", "c"}
     assert [w for _, rid, w in events if rid == "b"] == ["start 0", "end 0"]
