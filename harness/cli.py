@@ -14,13 +14,16 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import yaml
 
-from harness import results
+import harness
 from harness.configs import plugins, yamlnum
+from harness.core import stops
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DELEGATED = {"microbench": "harness.perf.microbench", "bench": "harness.perf.bench", "compare": "harness.reports.compare",
              "merge": "harness.results", "noisy": "harness.reports.noisy"}
@@ -28,7 +31,7 @@ SHOW_COLUMNS = {
     "runs": ["run_id", "workload", "method", "variant", "batch_size", "target_ratio", "seed", "status",
              "step_time_ms", "step_time_ms_iqr", "timing_quality", "epoch_time_s", "peak_mem_bytes", "metric_name",
              "metric_value", "compression_total", "device"],
-    "curves": results.CURVES_COLUMNS,
+    "curves": None,  # every column
     "microbench": ["op", "variant", "shape", "tokens", "rank", "direction", "time_ms", "time_ms_iqr",
                    "peak_mem_bytes", "flops", "device"],
     "bench": ["target", "what", "measured", "goal", "bound", "verdict", "device_name", "started_at"],
@@ -42,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         entry = "cli_merge" if argv[0] == "merge" else "cli"
         return int(getattr(module, entry)(argv[1:]) or 0)
     try:
-        parser = _parser()
+        parser = _parser(list_names=any(arg in ("-h", "--help") for arg in argv))
     except plugins.PluginError as exc:  # the parser lists the methods and workloads, plug-ins included
         print(f"comera-bench: {exc}", file=sys.stderr)
         return 2
@@ -53,10 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     return args.func(args)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(list_names: bool = False) -> argparse.ArgumentParser:
+    """The command's parser; ``list_names``: the run options' help lists the workloads and methods (that
+    imports torch and the plug-ins, which a cell's supervisor does not need)."""
     parser = argparse.ArgumentParser(prog="comera-bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"comera-bench {results.package_version() or 'unknown'}")
+    parser.add_argument("--version", action="version", version=f"comera-bench {harness.package_version() or 'unknown'}")
     sub = parser.add_subparsers(dest="command")
     for name, module in DELEGATED.items():
         sub.add_parser(name, help=f"see `comera-bench {name} --help` ({module})", add_help=False)
@@ -66,11 +71,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--runs-out", help="runs Parquet file (default results/runs/<device>/<run_id>.runs.parquet)")
     run.add_argument("--curves-out", help="curves Parquet file (default next to --runs-out)")
     cell = run.add_argument_group("a cell without a spec file")
-    import baselines
-    import harness.workloads as workloads
+    workload_names = method_names = "see --help"
+    if list_names:
+        import baselines
+        import harness.workloads as workloads
 
-    cell.add_argument("--workload", help=f"one of {', '.join(workloads.WORKLOADS)} (plug-ins included)")
-    cell.add_argument("--method", help=f"one of {', '.join(baselines.METHODS)} (plug-ins included)")
+        workload_names, method_names = ", ".join(workloads.WORKLOADS), ", ".join(baselines.METHODS)
+    cell.add_argument("--workload", help=f"one of {workload_names} (plug-ins included)")
+    cell.add_argument("--method", help=f"one of {method_names} (plug-ins included)")
     cell.add_argument("--batch-size", type=int)
     cell.add_argument("--variant", default="default")
     cell.add_argument("--target-ratio", type=float)
@@ -110,7 +118,7 @@ def _parser() -> argparse.ArgumentParser:
     show = sub.add_parser("show", help="print result tables")
     show.add_argument("results", nargs="*", default=["results"],
                       help="Parquet files or folders (default: results)")
-    show.add_argument("--kind", choices=results.KINDS, default="runs")
+    show.add_argument("--kind", choices=tuple(SHOW_COLUMNS), default="runs")
     show.add_argument("--where", action="append", default=[], metavar="COL=VALUE",
                       help="keep rows where COL=VALUE; also != > >= < <= (numbers), ~ (contains), VALUE null "
                            "for missing values (repeatable; all must hold)")
@@ -187,6 +195,7 @@ def _cmd_run_isolated(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from harness.data.cache import run_cache
 
+    stops.die_with_parent()  # a cell of a timing group, or under a supervisor, ends with its parent
     with run_cache(Path(args.results_dir) / "cache"):  # unless the pipeline named one
         return _run_cell(args)
 
@@ -249,6 +258,8 @@ def _run_cell(args: argparse.Namespace) -> int:
 def _find_results(paths: list[str], kind: str) -> list[Path]:
     """Files as given; a folder gives its merged ``<kind>.parquet`` tables when it has any, else its
     per-cell ``*.<kind>.parquet`` files."""
+    from harness import results
+
     found: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
@@ -271,6 +282,10 @@ POOLED = ("batch_size", "purpose", "variant", "seq_len", "rank", "target_ratio",
 def _parse_where(items: list[str], df: pd.DataFrame) -> pd.Series:
     """Rows that meet every ``COL<op>VALUE``: op one of = != > >= < <= (numbers compare as numbers) or ~
     (the value occurs in the text); VALUE ``null`` matches missing values (= and != only)."""
+    import pandas as pd  # lazily (here and below): a cell's supervisor needs neither pandas nor pyarrow
+
+    from harness import results
+
     keep = pd.Series(True, index=df.index)
     for item in items:
         m = _WHERE.fullmatch(item)
@@ -321,6 +336,8 @@ def pooling_warnings(df: pd.DataFrame, keys: list[str]) -> list[str]:
 
 
 def _columns(spec: str | None, df: pd.DataFrame, default: list[str]) -> list[str]:
+    from harness import results
+
     if spec is None:
         return [c for c in default if c in df.columns]
     cols = [c.strip() for c in spec.split(",") if c.strip()]
@@ -333,13 +350,17 @@ def _columns(spec: str | None, df: pd.DataFrame, default: list[str]) -> list[str
 def show_table(paths: list[str], *, kind: str = "runs", where: list[str] = (), group_by: str | None = None,
                columns: str | None = None) -> pd.DataFrame:
     """The frame ``comera-bench show`` prints."""
+    import pandas as pd
+
+    from harness import results
+
     files = _find_results(paths, kind)
     frames = [results.read_parquet(f, kind, fill_missing=True) for f in files]
     df = pd.concat(frames, ignore_index=True) if frames else results.empty_frame(kind)
     df = df[_parse_where(list(where), df)]
     if group_by:
         keys = _columns(group_by, df, [])
-        cols = [c for c in _columns(columns, df, SHOW_COLUMNS[kind]) if c not in keys]
+        cols = [c for c in _columns(columns, df, SHOW_COLUMNS[kind] or list(df.columns)) if c not in keys]
         numeric = [c for c in cols if pd.api.types.is_numeric_dtype(df[c])
                    and not pd.api.types.is_bool_dtype(df[c])]
         for warning in pooling_warnings(df, keys):
@@ -348,10 +369,14 @@ def show_table(paths: list[str], *, kind: str = "runs", where: list[str] = (), g
         out = grouped[numeric].median() if numeric else grouped.size().to_frame("n").iloc[:, :0]
         out.insert(0, "n", grouped.size())
         return out.reset_index()
-    return df[_columns(columns, df, SHOW_COLUMNS[kind])].reset_index(drop=True)
+    return df[_columns(columns, df, SHOW_COLUMNS[kind] or list(df.columns))].reset_index(drop=True)
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from harness import results
+
     try:
         df = show_table(args.results, kind=args.kind, where=args.where, group_by=args.group_by,
                         columns=args.columns)

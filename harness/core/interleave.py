@@ -9,11 +9,18 @@ its share of timed steps at a time (the order reversed every other round: A B C,
 change of the machine's load hits every method of the group within one round. After the last round
 the cells finish (final evaluation, rows written) together.
 
+The seconds from the group's start (its first process started) to its first round -- starting every
+process, building, warming up -- are logged ("first round after ...") and sent to every cell, which
+records them in its row (``group_start_s``).
+
 Protocol (one Unix socket, path in the environment variable ``COMERA_BENCH_ROUNDS``): a cell connects
 and sends ``hello <run_id>``; before the timed steps of each round r it sends ``ready <r>`` and
-waits for ``go``; after its last round it sends ``done`` and waits for ``go`` (the release). :class:`RoundGate` is the cell's side. A cell that ends (a failure,
-a kill) closes its connection and drops out of the rounds; a cell whose coordinator vanishes runs on
-without waiting. Memory stays each process's own; on one GPU the group's processes share its memory.
+waits for ``go <s>`` (s: the group's seconds to its first round); after its last round it sends ``done``
+and waits for ``go`` (the release). :class:`RoundGate` is the cell's side. A cell that ends (a failure,
+a kill) closes its connection and drops out of the rounds. Cells die with their coordinator: each cell's
+process gets SIGTERM when the coordinator dies (harness.core.stops, Linux), and a cell that finds the
+connection closed where it expected ``go`` exits with :data:`EXIT_GROUP_LOST`; either way it writes no
+row. Memory stays each process's own; on one GPU the group's processes share its memory.
 """
 from __future__ import annotations
 
@@ -31,14 +38,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from harness.core import stops
+
 ENV = "COMERA_BENCH_ROUNDS"
 POLL_S = 0.5
+EXIT_GROUP_LOST = 76
+"""A cell's exit status when its coordinator vanished mid-rounds (no row: its times were not taken in
+its group's rounds; the cell's supervisor treats it as interrupted)."""
+
+
+class GroupLost(SystemExit):
+    """The round coordinator closed the connection while this cell waited for it: end the process
+    (a SystemExit, so no ``except Exception`` turns it into a row)."""
+
+    def __init__(self) -> None:
+        super().__init__(EXIT_GROUP_LOST)
 
 
 class RoundGate:
     """The cell's side: :meth:`wait` before each round's steps (a no-op without a coordinator)."""
 
     def __init__(self, path: str, run_id: str):
+        self.group_start_s: float | None = None
+        """The group's seconds from its start to its first round (from the first ``go``)."""
         self._sock: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.connect(path)
         self._file = self._sock.makefile("rwb", buffering=0)
@@ -65,13 +87,7 @@ class RoundGate:
         if self._sock is None:
             return 0.0
         started = time.perf_counter()
-        try:
-            self._send(f"ready {round_index}")
-            answer = self._file.readline()
-        except OSError:
-            answer = b""
-        if answer.strip() != b"go":
-            self.close()  # the coordinator is gone: run on alone
+        self._ask(f"ready {round_index}")
         return time.perf_counter() - started
 
     def done(self) -> float:
@@ -80,13 +96,26 @@ class RoundGate:
         if self._sock is None:
             return 0.0
         started = time.perf_counter()
-        try:
-            self._send("done")
-            self._file.readline()
-        except OSError:
-            pass
+        self._ask("done")
         self.close()
         return time.perf_counter() - started
+
+    def _ask(self, line: str) -> None:
+        """Send ``line`` and wait for ``go``; GroupLost when the coordinator is gone."""
+        try:
+            self._send(line)
+            answer = self._file.readline()
+        except OSError:
+            answer = b""
+        word, _, seconds = answer.strip().partition(b" ")
+        if word == b"go":
+            if seconds and self.group_start_s is None:
+                self.group_start_s = float(seconds)
+            return
+        self.close()
+        print("comera-bench: the round coordinator is gone; this cell stops without a row",
+              file=sys.stderr, flush=True)
+        raise GroupLost()
 
     def close(self) -> None:
         if self._sock is not None:
@@ -126,6 +155,7 @@ def _command(cell: Cell) -> list[str]:
 class _Coordinator:
     def __init__(self, cells: list[Cell], server: socket.socket, deadline: float | None = None):
         self.cells, self.deadline = cells, deadline
+        self.first_round_s = 0.0
         self.sel = selectors.DefaultSelector()
         self.sel.register(server, selectors.EVENT_READ, None)
 
@@ -206,7 +236,7 @@ class _Coordinator:
             return False
         cell.state = "running"
         try:
-            cell.conn.sendall(b"go\n")
+            cell.conn.sendall(f"go {self.first_round_s:.3f}\n".encode())
         except OSError:
             self._drop(cell)
         while cell.state == "running":
@@ -240,7 +270,7 @@ def run_group(cells: Sequence[Cell], rounds: int, *, log=None,
         server.bind(path)
         server.listen(len(cells))
         coord = _Coordinator(cells, server, None if timeout_s is None else time.monotonic() + timeout_s)
-        env = {**os.environ, ENV: path}
+        env = stops.child_env({**os.environ, ENV: path})  # each cell dies with this process
         started = time.monotonic()
         try:
             for cell in cells:
@@ -250,6 +280,12 @@ def run_group(cells: Sequence[Cell], rounds: int, *, log=None,
                 + ", ".join(c.run_id for c in cells))
             for r in range(rounds):
                 coord.wait_until(r)
+                if r == 0:
+                    coord.first_round_s = time.monotonic() - started
+                    log(f"  first round after {coord.first_round_s:.1f} s (the cells started, built, warmed up)")
+                    left = [c.run_id for c in cells if c.state == "gone"]
+                    if left:  # their rows say why (a failure row, or a skipped method)
+                        log(f"  not in the rounds (ended before them): {', '.join(left)}")
                 ran = [coord.run_round(cell, r) for cell in (cells if r % 2 == 0 else cells[::-1])]
                 if any(ran):
                     log(f"  round {r + 1}/{rounds}: {sum(ran)} cells ({time.monotonic() - started:.0f} s)")
@@ -263,16 +299,24 @@ def run_group(cells: Sequence[Cell], rounds: int, *, log=None,
                     raise TimeoutError("the timing group ran past its time limit") from None
             failed = sum(1 for cell in cells if cell.proc.returncode != 0)
         finally:
-            for cell in cells:
-                if cell.proc is not None and cell.proc.poll() is None:
-                    cell.proc.terminate()
-                    try:
-                        cell.proc.wait(timeout=30)
-                    except subprocess.TimeoutExpired:
-                        cell.proc.kill()
+            _end_all([cell.proc for cell in cells if cell.proc is not None])
             coord.close()
             server.close()
     return failed
+
+
+def _end_all(procs: list[subprocess.Popen], grace_s: float = 30) -> None:
+    """Terminate every process still running, all at once, and wait for them (SIGKILL past ``grace_s``)."""
+    running = [proc for proc in procs if proc.poll() is None]
+    for proc in running:
+        proc.terminate()
+    deadline = time.monotonic() + grace_s
+    for proc in running:
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 _deferred: list[int] | None = None
@@ -295,16 +339,20 @@ class _signals_deferred:
 
 
 def stop_on_signals() -> None:
-    """SIGTERM / SIGHUP (a job's time limit, scancel, a closed session) end :func:`run_group` through its
-    cleanup: every cell's process is terminated and the socket folder removed; exit status 128 + N. A
-    signal that arrives while a cell's process starts takes effect once the process is recorded."""
+    """SIGTERM / SIGINT / SIGHUP (a stopped pipeline, a job's time limit, scancel, a closed session) end
+    :func:`run_group` through its cleanup: every cell's process is terminated and the socket folder
+    removed; exit status 128 + N. Later stop signals are ignored, so that they cannot cut the cleanup
+    short. A signal that arrives while a cell's process starts takes effect once the process is
+    recorded."""
     def stop(signum: int, _frame: object) -> None:
+        for sig in stops.STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
         if _deferred is not None:
             _deferred.append(signum)
             return
         raise SystemExit(128 + signum)
 
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    for sig in stops.STOP_SIGNALS:
         signal.signal(sig, stop)
 
 
@@ -319,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--rounds {args.rounds}: need at least 1")
     cells = [Cell(spec, runs, curves, log) for spec, runs, curves, log in args.cell]
     stop_on_signals()
+    stops.die_with_parent()  # a killed pipeline takes its timing groups with it
     run_group(cells, args.rounds)
     missing = [path for cell in cells for path in (cell.runs, cell.curves) if not Path(path).exists()]
     if missing:  # a cell's supervisor failed to write even its failure row

@@ -153,9 +153,12 @@ def _finite(value: Any) -> bool:
 
 def judge(*, step_time_ms: float | None, step_time_ms_iqr: float | None, steps_timed: int | None,
           step_time_ms_mean: float | None = None, run_queue_frac: float | None = None,
-          cpu_pressure: float | None = None) -> str:
-    """``stable`` or ``noisy: <reason>; <reason>`` from the thresholds of this module."""
+          cpu_pressure: float | None = None, outside_rounds: bool = False) -> str:
+    """``stable`` or ``noisy: <reason>; <reason>`` from the thresholds of this module; ``outside_rounds``:
+    a cell of a timing group that was not timed in its group's rounds (its coordinator unreachable)."""
     reasons = []
+    if outside_rounds:
+        reasons.append("not timed in its group's interleaved rounds (no round coordinator reached)")
     if not steps_timed or steps_timed < MIN_TIMED_STEPS:
         reasons.append(f"{steps_timed or 0} timed steps (< {MIN_TIMED_STEPS})")
     if _finite(step_time_ms) and step_time_ms > 0:

@@ -15,8 +15,9 @@ memory; "quality": trained long enough to compare accuracy and rank adaptation; 
 before the column existed), and the timing-trust columns of harness.core.timing: ``timing_quality``
 ("stable" | "noisy: <reasons>"), ``load_avg_1m``, ``cpu_pressure``, ``run_queue_frac`` and
 ``cpu_time_ratio`` (the machine's state while the steps ran), ``timing_group`` (the interleaved group
-the cell was timed in, null when it was timed alone) and ``round_step_ms`` (JSON list: the median step
-time of each timing round).
+the cell was timed in, null when it was timed alone), ``round_step_ms`` (JSON list: the median step
+time of each timing round) and ``group_start_s`` (the seconds its timing group took from its start to
+its first round).
 """
 from __future__ import annotations
 
@@ -33,13 +34,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from harness import package_version
 from harness.results.atomic import atomic_write
 
 if TYPE_CHECKING:
+    import pandas as pd
     import torch
 
 METADATA_KEY = b"comera_bench"
@@ -80,7 +81,7 @@ RUNS_TYPES: dict[str, pa.DataType] = {
     # timing trust (harness.core.timing): the machine's state while the steps ran, the verdict, the rounds
     "timing_quality": pa.string(), "load_avg_1m": pa.float64(), "cpu_pressure": pa.float64(),
     "run_queue_frac": pa.float64(), "cpu_time_ratio": pa.float64(), "timing_group": pa.string(),
-    "round_step_ms": pa.string(),
+    "round_step_ms": pa.string(), "group_start_s": pa.float64(),
 }
 
 CURVES_TYPES: dict[str, pa.DataType] = {
@@ -156,13 +157,6 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def package_version() -> str:
-    try:
-        return metadata.version("comera-bench")
-    except metadata.PackageNotFoundError:
-        return ""
-
-
 def provenance(device: torch.device | str, config_hash: str = "") -> dict[str, Any]:
     """Where and with what a result was produced (the PROVENANCE_COLUMNS); started_at is now, UTC.
 
@@ -196,12 +190,14 @@ def provenance(device: torch.device | str, config_hash: str = "") -> dict[str, A
 
 def empty_frame(kind: str) -> pd.DataFrame:
     """A frame with no rows and the columns and dtypes of ``kind``."""
+    import pandas as pd  # lazily (here and below): a cell's supervisor never needs pandas
     types = _types(kind)
     return pd.DataFrame({c: pd.Series(dtype=_PANDAS_DTYPES[t]) for c, t in types.items()})
 
 
 def to_frame(rows: Iterable[dict[str, Any]], kind: str) -> pd.DataFrame:
     """Rows (dicts) as a frame of ``kind``; a missing or unknown column raises ResultsError."""
+    import pandas as pd
     rows = list(rows)
     types = _types(kind)
     for i, row in enumerate(rows):
@@ -249,6 +245,7 @@ def write_parquet_atomic(df: pd.DataFrame, path: str | os.PathLike, *, kind: str
     With ``kind`` the frame is checked and typed against that table's columns. ``provenance`` (default:
     taken from the frame's provenance columns when they hold a single value each) is stored in the file's
     key-value metadata together with the kind."""
+    import pyarrow.parquet as pq
     if kind is not None:
         df = coerce(df, kind)
     if provenance is None:
@@ -269,6 +266,7 @@ def read_parquet(path: str | os.PathLike, kind: str | None = None, *, fill_missi
                  ) -> pd.DataFrame:
     """Read one result file; a corrupt file, or (with ``kind``) a foreign one, raises ResultsError
     naming the path. ``fill_missing``: see :func:`coerce` (for files written by older versions)."""
+    import pyarrow.parquet as pq
     path = Path(path)
     try:
         table = pq.read_table(path)
@@ -282,6 +280,7 @@ def read_parquet(path: str | os.PathLike, kind: str | None = None, *, fill_missi
 
 def file_metadata(path: str | os.PathLike) -> dict[str, Any]:
     """The ``comera_bench`` key-value metadata of a result file ({} when absent)."""
+    import pyarrow.parquet as pq
     try:
         meta = pq.read_schema(path).metadata or {}
     except (OSError, pa.ArrowException) as exc:
@@ -338,6 +337,8 @@ def merge(paths: Sequence[str | os.PathLike], out: str | os.PathLike | None, kin
     given). Any unreadable, truncated or foreign file raises ResultsError naming its path; a file of an
     older schema gets its missing columns as nulls, with a warning. With ``grid`` (runs only), every
     file must hold its own cell's row, run from the grid's spec (:func:`check_cells`)."""
+    import pandas as pd
+
     _types(kind)
     cells = load_grid(grid) if grid is not None else None
     frames = []

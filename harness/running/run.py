@@ -250,6 +250,8 @@ class _State:
     round_starts: dict[int, int] = field(default_factory=dict)
     """step index (0-based) -> the timing round that starts before it"""
     waited_s: float = 0.0
+    group_start_s: float | None = None
+    """seconds from the timing group's start to its first round (None: not timed in a group's rounds)"""
 
 
 def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress: bool | None = None,
@@ -423,6 +425,7 @@ def _round_boundary(st: _State) -> None:
     st.machine.end()
     if st.gate is not None:
         _wait_at_gate(st, lambda gate: gate.wait(r))
+        st.group_start_s = st.gate.group_start_s
         st.timer.rewarm_next = True  # the first step after the pause is not counted
     st.timer.round = r
     st.machine.begin()
@@ -724,14 +727,15 @@ def _timing_columns(st: _State, summary: dict[str, Any]) -> dict[str, Any]:
     ex = st.spec["execution"]
     state = st.machine.columns() if st.machine is not None else {}
     medians = timing.round_medians(st.timer.timed_ms, st.timer.timed_rounds)
-    cols = {**state, "timing_group": ex["timing_group"] or None,
+    cols = {**state, "timing_group": ex["timing_group"] or None, "group_start_s": st.group_start_s,
             "cpu_time_ratio": timing.cpu_time_ratio(st.timer.timed_cpu_ms, st.timer.timed_ms,
                                                     ex["num_threads"]),
             "round_step_ms": json.dumps(medians) if medians else None}
     cols["timing_quality"] = timing.judge(
         step_time_ms=summary["step_time_ms"], step_time_ms_iqr=summary["step_time_ms_iqr"],
         steps_timed=summary["steps_timed"], step_time_ms_mean=summary["step_time_ms_mean"],
-        run_queue_frac=state.get("run_queue_frac"), cpu_pressure=state.get("cpu_pressure"))
+        run_queue_frac=state.get("run_queue_frac"), cpu_pressure=state.get("cpu_pressure"),
+        outside_rounds=bool(ex["timing_group"]) and st.group_start_s is None)
     return cols
 
 

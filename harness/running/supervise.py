@@ -26,13 +26,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import results
+from harness.core import interleave, stops
 
-FORWARDED = (signal.SIGTERM, signal.SIGHUP)
-"""Signals passed on to the child (a scheduler stopping the job, ``timeout``, a closed session); SIGINT
-reaches it from the terminal. A cell stopped by one of them, or by SIGINT, is interrupted, not failed:
-it gets no row, the process exits 128 + the signal, and the next pipeline run runs it again."""
-INTERRUPTS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+"""Signals passed on to the child (a stopped pipeline, a scheduler stopping the job, ``timeout``, a
+closed session, Ctrl-C). A cell stopped by one of them is interrupted, not failed: it gets no row, the
+process exits 128 + the signal, and the next pipeline run runs it again. So is a cell whose timing
+group's coordinator vanished (exit status ``interleave.EXIT_GROUP_LOST``). The child dies with this
+process (harness.core.stops), so a killed supervisor leaves no cell running on."""
+INTERRUPTS = FORWARDED
 LOG_TAIL_LINES = 20
 EXIT_ENVIRONMENT_FAULT = 75
 """The child's status for a row it could not write for a fault of the machine (harness.running.run)."""
@@ -159,14 +161,17 @@ def supervise(command: list[str], spec_path: str | os.PathLike, runs_out: str | 
     """Run ``command`` (the cell's child process) and make sure the cell has a row: (exit code for
     this process, the row's status). Exit code 0 once a row exists (the child's or the one written
     here), 2 for a spec that cannot be read, 1 when no row could be written, 128 + N (status
-    "interrupted", no row) when the cell was stopped by SIGTERM, SIGHUP or SIGINT."""
+    "interrupted", no row) when the cell was stopped by SIGTERM, SIGHUP or SIGINT, and the child's
+    ``interleave.EXIT_GROUP_LOST`` (also "interrupted", no row) when its timing group's coordinator
+    vanished."""
     runs_out, curves_out = Path(runs_out), Path(curves_out)
     before = _identity(runs_out)
     oom_before = oom_kill_count()
     started_at = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     started = time.monotonic()
     log_fh, log_error = _open_log(log, str(spec_path))
-    child = subprocess.Popen(command, stdout=log_fh, stderr=subprocess.STDOUT if log_fh else None)
+    child = subprocess.Popen(command, stdout=log_fh, stderr=subprocess.STDOUT if log_fh else None,
+                             env=stops.child_env())
     received: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:
@@ -182,14 +187,19 @@ def supervise(command: list[str], spec_path: str | os.PathLike, runs_out: str | 
         if log_fh is not None:
             log_fh.close()
     if _identity(runs_out) not in (None, before):
-        status = results.read_parquet(runs_out, "runs").at[0, "status"]
-        return 0, status
+        from harness import results  # pyarrow only once a row is there: a quick start, a quick stop
+
+        return 0, results.read_parquet(runs_out, "runs").at[0, "status"]
     stopped = received[0] if received else -returncode if -returncode in INTERRUPTS else None
     if stopped is not None:  # stopped from outside: no row, so that the cell runs again
         name = signal.Signals(stopped).name
         print(f"comera-bench run: {spec_path}: interrupted by {name}; no row written, the cell runs again "
               "next time", file=sys.stderr)
         return 128 + stopped, "interrupted"
+    if returncode == interleave.EXIT_GROUP_LOST:
+        print(f"comera-bench run: {spec_path}: its timing group's coordinator is gone; no row written, the cell "
+              "runs again next time", file=sys.stderr)
+        return returncode, "interrupted"
     if returncode == EXIT_ENVIRONMENT_FAULT:  # the child said why (its log, the job's stderr)
         print(f"comera-bench run: {spec_path}: environment fault (e.g. a full disk); no row written, the cell "
               "runs again next time", file=sys.stderr)
@@ -218,6 +228,8 @@ def supervise(command: list[str], spec_path: str | os.PathLike, runs_out: str | 
     except Exception as exc:  # noqa: BLE001 -- an unreadable or invalid spec: nothing to build a row from
         print(f"comera-bench run: no row written, the spec cannot be used: {exc}", file=sys.stderr)
         return 2, status
+    from harness import results
+
     prov = {c: row[c] for c in results.PROVENANCE_COLUMNS}
     try:
         results.write_parquet_atomic(results.empty_frame("curves"), curves_out, kind="curves",

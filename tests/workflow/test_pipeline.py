@@ -294,3 +294,63 @@ def test_bench_is_its_own_target_writing_to_the_device_folder(tmp_path):
     assert "--out results/cpu-tiny/bench.parquet > results/cpu-tiny/logs/bench.log" in res.stdout
     everything = snakemake(tmp_path, "-n", timeout=300)
     assert everything.returncode == 0 and "comera-bench bench" not in everything.stdout + everything.stderr
+
+
+def _group_config(tmp_path: Path) -> Path:
+    """config/tiny.yaml cut to one timing group of two cells (no quality cells): a quick run and rerun."""
+    config = yaml.safe_load(TINY.read_text())
+    transformer = config["workloads"]["transformer"]
+    transformer.update(methods=["dense", "comera"], targets=[None])
+    del transformer["quality"]
+    path = tmp_path / "group.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _alive(processes: list[psutil.Process]) -> list[list[str]]:
+    """The command lines of those still running (a zombie has ended)."""
+    left = []
+    for process in processes:
+        try:
+            if process.status() != psutil.STATUS_ZOMBIE:
+                left.append(process.cmdline())
+        except psutil.NoSuchProcess:
+            continue
+    return left
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_to_the_snakemake_process_alone_is_prompt(tmp_path, sig):
+    """`timeout` and schedulers signal the Snakemake process alone: the pipeline ends within 10 s (not
+    after its running timing group), leaves no process and no row behind, and the rerun finishes."""
+    config = _group_config(tmp_path)
+    proc = subprocess.Popen(snakemake_cmd(tmp_path, config, "runs"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT, start_new_session=True)
+    deadline, below = time.monotonic() + 300, []
+    while time.monotonic() < deadline and proc.poll() is None:
+        below = psutil.Process(proc.pid).children(recursive=True)
+        commands = [" ".join(cmdline_of(p)) for p in below]
+        if any("harness.core.interleave" in c for c in commands) and \
+                sum("harness.cli run --spec" in c for c in commands) == 2:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the pipeline ended before its timing group ran"
+    time.sleep(1)  # the cells import torch and build their models
+    below = psutil.Process(proc.pid).children(recursive=True)
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    try:
+        log, _ = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"{sig.name} to the Snakemake process: still running after 10 s")
+    took = time.monotonic() - sent
+    assert proc.returncode != 0 and took < 10, (took, log[-3000:])
+    assert not _alive(below), _alive(below)
+    folder = tmp_path / "results" / "runs" / "cpu-tiny"
+    assert not list(folder.glob("*.parquet")), "an interrupted cell wrote a file"
+    assert f"interrupted by {sig.name}; no row written" in log, log[-3000:]
+    again = snakemake(tmp_path, "runs", configfile=config)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    rows = pd.concat(pd.read_parquet(p) for p in folder.glob("*.runs.parquet"))
+    assert len(rows) == 2 and (rows.status == "ok").all(), rows[["run_id", "status", "error"]]

@@ -14,6 +14,7 @@ sys.path.insert(0, REPO)  # the harness package of this checkout, even if not in
 from harness.configs import grid as _grid
 from harness.results import lock as _lock
 from harness.data import cache as _cache
+from harness.core import stops as _stops
 from harness.configs import yamlnum as _yamlnum
 
 
@@ -41,6 +42,9 @@ _validate_config()
 # Snakemake process through the environment, so a cluster job on another node writes the same paths.
 DEVICE = config["device_name"] or _grid.env_device_label() or _grid.device_label(config)
 os.environ[_grid.DEVICE_ENV] = DEVICE
+# A job's own process (exec'd by its shell: the train and timing rules) ends when this Snakemake
+# process dies, even by SIGKILL (harness/core/stops.py), so no cell runs on and writes a row later.
+os.environ[_stops.PARENT_ENV] = str(os.getpid())
 RESULTS = config["results_dir"]
 # Derived data (tokenizers, tokenized tensors) is cached in the results folder, not the cwd: every job inherits it
 os.environ.setdefault(_cache.CACHE_ENV, f"{RESULTS}/cache")
@@ -81,12 +85,15 @@ def gpu_wrapper():
 
 
 # One pipeline at a time per results folder (harness/results/lock.py): taken when the first job is about to
-# start (never for dry runs, never in the per-job Snakemake processes), released at the end.
+# start (never for dry runs, never in the per-job Snakemake processes), released at the end. A stop
+# (SIGTERM, SIGINT, SIGHUP) reaches every job's processes at once, so the pipeline ends within seconds
+# (harness/core/stops.py; docs/pipeline.md, "Stopping, resuming, unlocking").
 onstart:
     try:
         _lock.acquire(RESULTS)
     except _lock.LockError as err:
         raise WorkflowError(str(err))
+    _stops.forward_stops()
     from harness.core import timing as _timing
 
     _busy = _timing.busy_warning(config["execution"]["threads"])

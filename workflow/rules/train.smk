@@ -35,7 +35,7 @@ rule train:
     params:
         wrapper=gpu_wrapper(),
     shell:
-        "{params.wrapper}comera-bench run --isolate --spec {input.spec:q} --runs-out {output.runs:q}"
+        "exec {params.wrapper}comera-bench run --isolate --spec {input.spec:q} --runs-out {output.runs:q}"
         " --curves-out {output.curves:q} --log {log:q}"
 
 
@@ -69,4 +69,4 @@ for _group, _ids in GROUPS.items():
                    f"{CELLS}/{rid}.runs.parquet", f"{CELLS}/{rid}.curves.parquet", f"{CELLS}/logs/{rid}.log")],
             rounds=config["execution"]["rounds"],
         shell:
-            "{params.wrapper}python -m harness.core.interleave --rounds {params.rounds:q} {params.cells:q}"
+            "exec {params.wrapper}python -m harness.core.interleave --rounds {params.rounds:q} {params.cells:q}"

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from harness.core import interleave
+from harness.core import interleave, stops
 
 TOY = r"""
 import os, sys, time
@@ -39,7 +39,7 @@ def _cells(tmp_path, names):
     return cells
 
 
-def _run(tmp_path, names, rounds=3, die=None, never=()):
+def _run(tmp_path, names, rounds=3, die=None, never=(), said=None):
     log = tmp_path / "log.txt"
     die = die or {}
 
@@ -48,7 +48,8 @@ def _run(tmp_path, names, rounds=3, die=None, never=()):
             return [sys.executable, "-c", "raise SystemExit(2)"]
         return [sys.executable, "-c", TOY, cell.run_id, str(log), str(rounds), str(die.get(cell.run_id, -1))]
 
-    failed = interleave.run_group(_cells(tmp_path, names), rounds, command=command, log=lambda m: None)
+    failed = interleave.run_group(_cells(tmp_path, names), rounds, command=command,
+                                  log=(said.append if said is not None else lambda m: None))
     events = [line.split(maxsplit=2) for line in log.read_text().splitlines()]
     return failed, [(float(t), rid, what) for t, rid, what in events]
 
@@ -70,8 +71,11 @@ def test_one_cell_at_a_time_in_alternating_order(tmp_path):
 
 
 def test_a_cell_that_dies_or_never_connects_leaves_the_others_running(tmp_path):
-    failed, events = _run(tmp_path, ["a", "b", "c", "d"], die={"b": 1}, never={"d"})
+    said = []
+    failed, events = _run(tmp_path, ["a", "b", "c", "d"], die={"b": 1}, never={"d"}, said=said)
     assert failed == 2
+    assert "  not in the rounds (ended before them): d" in said  # b left in round 1
+    assert any(line.startswith("  first round after ") for line in said)
     done = {rid for _, rid, what in events if what == "finish"}
     assert done == {"a", "c"}
     assert [w for _, rid, w in events if rid == "b"] == ["start 0", "end 0"]
@@ -145,7 +149,7 @@ def test_a_stop_signal_while_a_cell_starts_still_ends_that_cell(tmp_path, monkey
     spec = tmp_path / "a.json"
     spec.write_text(json.dumps({"run_id": "a"}))
     monkeypatch.setattr(interleave.subprocess, "Popen", popen)
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    saved = {sig: signal.getsignal(sig) for sig in stops.STOP_SIGNALS}
     try:
         interleave.stop_on_signals()
         with pytest.raises(SystemExit) as stopped:
@@ -157,3 +161,76 @@ def test_a_stop_signal_while_a_cell_starts_still_ends_that_cell(tmp_path, monkey
     assert stopped.value.code == 128 + signal.SIGTERM
     assert len(started) == 1 and started[0].poll() is not None  # terminated by run_group's cleanup
     assert interleave._deferred is None
+
+
+def test_a_cell_whose_coordinator_closes_the_connection_stops_without_a_row(tmp_path, monkeypatch):
+    """A coordinator that vanishes while the cell waits for its go ends the cell (GroupLost, exit status
+    EXIT_GROUP_LOST), instead of letting it time itself without rounds and write a row later."""
+    import socket
+    import threading
+
+    path = str(tmp_path / "rounds.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+
+    def vanish():  # read hello and ready 0, then close without go
+        conn, _ = server.accept()
+        lines = conn.makefile("rb")
+        lines.readline()
+        lines.readline()
+        lines.close()
+        conn.close()
+
+    threading.Thread(target=vanish, daemon=True).start()
+    monkeypatch.setenv(interleave.ENV, path)
+    gate = interleave.RoundGate.from_env("a")
+    with pytest.raises(SystemExit) as lost:
+        gate.wait(0)
+    assert isinstance(lost.value, interleave.GroupLost) and lost.value.code == interleave.EXIT_GROUP_LOST
+    server.close()
+
+
+def _tiny_spec(tmp_path, method: str) -> str:
+    spec = {"run_id": f"t_{method}", "workload": "transformer", "method": method, "batch_size": 4, "seed": 0,
+            "variant": "default", "target_ratio": None, "workload_params": {"size": "tiny"}, "method_params": {},
+            "budget": {"epochs": 1, "eval_every_steps": 1000, "max_steps_per_epoch": 400, "time_limit_s": None,
+                       "warmup_steps": 1},
+            "execution": {"device": "cpu", "num_threads": 1, "rounds": 3, "timing_group": "t",
+                          "compile": False, "cuda_graph": False}}
+    path = tmp_path / f"t_{method}.spec.json"
+    path.write_text(json.dumps(spec))
+    return str(path)
+
+
+@pytest.mark.slow
+def test_cells_die_with_a_sigkilled_coordinator(tmp_path):
+    """SIGKILL of `python -m harness.core.interleave` (issue 29 item 2): its cells (`comera-bench run
+    --isolate` and their workers) end within seconds and write no row."""
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    args = []
+    for method in ("dense", "comera"):
+        spec = _tiny_spec(tmp_path, method)
+        base = spec.removesuffix(".spec.json")
+        args += ["--cell", spec, f"{base}.runs.parquet", f"{base}.curves.parquet", f"{base}.log"]
+    bin_dir = os.path.dirname(sys.executable)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    coordinator = subprocess.Popen([sys.executable, "-m", "harness.core.interleave", "--rounds", "3", *args],
+                                   env=env, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    below: list[psutil.Process] = []
+    while time.monotonic() < deadline and len(below) < 4:  # two supervisors and their workers
+        below = psutil.Process(coordinator.pid).children(recursive=True)
+        time.sleep(0.1)
+    assert len(below) == 4, "the cells never started"
+    time.sleep(2)  # the workers import torch and build their models (rounds begin ~10 s in)
+    coordinator.send_signal(signal.SIGKILL)
+    coordinator.wait()
+    gone, alive = psutil.wait_procs(below, timeout=5)  # at once, not when a worker next meets the gate
+    assert not alive, [p.cmdline() for p in alive]
+    assert not list(tmp_path.glob("*.parquet"))  # and no process is left to write one later

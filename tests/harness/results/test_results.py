@@ -5,6 +5,7 @@ import sys
 import textwrap
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -83,7 +84,7 @@ def test_failed_write_leaves_neither_file_nor_temp(tmp_path, monkeypatch):
         where.write(b"PAR1 partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr(results.pq, "write_table", broken)
+    monkeypatch.setattr(pq, "write_table", broken)
     with pytest.raises(OSError, match="disk full"):
         results.write_parquet_atomic(results.empty_frame("curves"), tmp_path / "c.parquet", kind="curves")
     assert list(tmp_path.iterdir()) == []
@@ -194,7 +195,7 @@ def test_unknown_kind_is_named():
 
 def test_metadata_is_json(tmp_path):
     path = curves_file(tmp_path / "a.curves.parquet", "a", 1)
-    raw = results.pq.read_schema(path).metadata[results.METADATA_KEY]
+    raw = pq.read_schema(path).metadata[results.METADATA_KEY]
     assert json.loads(raw)["kind"] == "curves"
 
 

@@ -534,3 +534,38 @@ def test_the_pipeline_and_the_cli_refuse_a_bad_stall_limit(tmp_path, monkeypatch
     assert f"environment variable {runner.STALL_ENV}='soon'" in capsys.readouterr().err
     with pytest.raises(grid.ConfigError, match=runner.STALL_ENV):
         grid.check_config({"methods": {}, "workloads": {}, "microbench": {"specs": {}}})
+
+
+def test_a_group_cell_timed_without_its_rounds_says_so(monkeypatch):
+    """A cell of a timing group that reached no round coordinator is timed alone: its row has no group
+    start time and its timing verdict is noisy, naming why (claims and figures use stable rows only)."""
+    from harness.core import interleave
+
+    monkeypatch.delenv(interleave.ENV, raising=False)
+    spec = toy_spec(execution={"timing_group": "g", "rounds": 2})
+    row, _ = runner.run_cell(spec, registry=TOY_REGISTRY)
+    assert row["status"] == "ok" and row["timing_group"] == "g" and row["group_start_s"] is None
+    assert "not timed in its group's interleaved rounds" in row["timing_quality"]
+    alone, _ = runner.run_cell(toy_spec(), registry=TOY_REGISTRY)  # a cell that has no group
+    assert "interleaved rounds" not in alone["timing_quality"]
+
+
+def test_a_group_cell_records_its_groups_start_time(tmp_path):
+    """In its group's rounds the row gets the seconds the group took to reach its first round."""
+    from harness.core import interleave
+
+    spec = toy_spec(run_id="a", execution={"timing_group": "g", "rounds": 2})
+    path, out = tmp_path / "a.spec.json", tmp_path / "row.json"
+    path.write_text(json.dumps(spec))
+    cell = f"""
+import json
+from harness.running import run as runner
+from tests.harness.running.run_toys import TOY_REGISTRY
+row, _ = runner.run_cell(json.loads(open({str(path)!r}).read()), registry=TOY_REGISTRY)
+open({str(out)!r}, "w").write(json.dumps(row, default=str))
+"""
+    failed = interleave.run_group([interleave.Cell(str(path), "", "")], 2, log=lambda m: None,
+                                  command=lambda c: [sys.executable, "-c", cell])
+    row = json.loads(out.read_text())
+    assert failed == 0 and row["timing_group"] == "g" and row["group_start_s"] > 0
+    assert "interleaved rounds" not in row["timing_quality"]

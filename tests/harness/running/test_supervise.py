@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from harness import cli, results
+from harness.core import interleave
 from harness.running import supervise
 from tests.harness.running.run_toys import TOY_REGISTRY, toy_spec
 
@@ -168,3 +169,13 @@ def test_run_turns_a_full_disk_into_the_environment_fault_status(tmp_path, monke
     assert cli.main(["run", "--spec", str(spec), "--runs-out", str(tmp_path / "r.runs.parquet")]) == 75
     err = capsys.readouterr().err
     assert "environment fault: cannot write the row" in err and "No space left on device" in err
+
+
+def test_a_cell_whose_timing_group_vanished_is_interrupted_without_a_row(cell, capsys):
+    """The child's EXIT_GROUP_LOST (its round coordinator closed the connection) is not a failure: no row,
+    so that the next pipeline run times the cell again, with its group."""
+    spec, runs, curves = cell
+    child = [sys.executable, "-c", f"raise SystemExit({interleave.EXIT_GROUP_LOST})"]
+    assert supervise.supervise(child, spec, runs, curves) == (interleave.EXIT_GROUP_LOST, "interrupted")
+    assert not runs.exists() and not curves.exists()
+    assert "coordinator is gone; no row written" in capsys.readouterr().err
