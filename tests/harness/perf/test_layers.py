@@ -8,7 +8,7 @@ from harness.perf import layers
 from harness.perf.config import Config
 from harness.perf.roofline import Roofline
 
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+CUDA = pytest.mark.cuda  # skipped without a CUDA device (tests/conftest.py); `pytest -m cuda` selects them
 
 
 def test_roofline_bound_takes_the_slower_resource():
@@ -135,6 +135,24 @@ def test_cuda_rows_time_eager_graph_and_compile(monkeypatch):
     assert [r.goal for r in rows] == [1.0, None, None, 0.5]
     assert all(r.measured > 0 for r in rows)
     assert all(f"float32 matmul precision {torch.get_float32_matmul_precision()}" in r.settings for r in rows)
+
+
+@CUDA
+def test_a_compiler_failure_costs_its_own_row_only(monkeypatch):
+    """On the H200 inductor raised on the paper-shape TTLinear: the eager and CUDA-graph rows stay."""
+    def broken(module, x):
+        raise AssertionError("inductor said no")
+
+    monkeypatch.setattr(layers, "compiled_fwd_bwd", broken)
+    cfg = Config.make("cuda", 1, quick=True)
+    cfg.goals["cuda_linear"] = [{"in_shape": [2, 2, 4], "out_shape": [2, 4, 4], "rank": 4, "tokens": 64,
+                                 "quick_tokens": 8, "graph": 1.0, "vs_official": 0.5}]
+    rows = {r.what.split(",")[1].strip() + (" official" if "official" in r.what else ""): r
+            for r in layers.target_linear_cuda(cfg, print)}
+    assert rows["torch.compile"].verdict == "error"
+    assert "torch.compile failed: AssertionError: inductor said no" in rows["torch.compile"].note
+    assert rows["CUDA graph replay"].measured > 0 and rows["eager"].measured > 0
+    assert rows["eager official"].measured > 0
 
 
 def test_matmul_precision_is_named_on_cuda_only():
