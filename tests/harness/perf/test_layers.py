@@ -133,7 +133,9 @@ def test_cuda_rows_time_eager_graph_and_compile(monkeypatch):
     rows = layers.target_linear_cuda(cfg, print)
     assert [r.what.split(",")[1].strip() for r in rows] == ["CUDA graph replay", "eager", "torch.compile", "eager"]
     assert [r.goal for r in rows] == [1.0, None, None, 0.5]
-    assert all(r.measured > 0 for r in rows)
+    compiled = rows[2]  # inductor (torch 2.11, H200) raised on TTLinear: then an error row naming it
+    assert all(r.measured > 0 for r in rows if r is not compiled)
+    assert compiled.measured > 0 or compiled.note.startswith("torch.compile failed")
     assert all(f"float32 matmul precision {torch.get_float32_matmul_precision()}" in r.settings for r in rows)
 
 
