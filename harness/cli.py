@@ -96,7 +96,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="folder for the default output paths (default results/cli: apart from the "
                            "pipeline's results/runs, whose cells have the same names)")
     run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                     help="progress bar on stderr (default: when stderr is a terminal)")
+                     help="progress bar on stderr (default: when stderr is a terminal); without it, a line "
+                          "'step N of M, elapsed, ETA' every 15 s")
     run.add_argument("--fail-on-error", action="store_true",
                      help="exit with 1 when the run's status is not ok (the files are written anyway)")
     run.add_argument("--isolate", action="store_true",
