@@ -2,7 +2,8 @@
 
 ``python -m harness.reports.figures --results results/<device> --device-label <device> --out figures/``
 
-Every figure is always written: when the grid has no cell for it, the figure says what it would need
+Every figure is written except those named by --not-drawn (the pipeline names the figures its grid
+cannot feed, harness.reports.feeds); a figure whose cells gave nothing to draw says what it would need
 (never an invented point). A failed cell (oom | diverged | error | timeout) is drawn as a red cross at
 the bottom of its panel, labelled with its status. The paper's stated values (harness/reference) are
 drawn beside ours, labelled "paper (RTX 3090)".
@@ -461,11 +462,12 @@ FIGURES: dict[str, Callable[[Results, Path], None]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, res = report_args("python -m harness.reports.figures", __doc__.splitlines()[0], argv)
+    args, res = report_args("python -m harness.reports.figures", __doc__.splitlines()[0], argv, not_drawn=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for draw in FIGURES.values():
-        draw(res, out)
+    for name, draw in FIGURES.items():
+        if name not in args.not_drawn:
+            draw(res, out)
     return 0
 
 

@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
-from harness.reports import compare, figures, reference, tables
+from harness.reports import compare, feeds, figures, reference, tables
 from harness.results import RUNS_COLUMNS, ResultsError, merge, to_frame, write_parquet_atomic
 
 
@@ -468,3 +468,30 @@ def test_curve_lines_part_by_size_data_and_sequence_length_where_they_vary(tmp_p
     assert drawn_lines == {"dense, batch 32, size paper, data stdlib, seq 128": [2.28, 3.28],
                            "dense, batch 32, size paper, data stdlib, seq 512": [6.12, 7.12],
                            "dense, batch 32, size bert-large, data text, seq 128": [2.28, 3.28]}
+
+
+def test_unfed_figures_of_a_transformer_only_grid():
+    timing, quality = spec_for(run_row("transformer", "comera", 4, target=0.5)), spec_for(run_row("transformer", "dense", 4))
+    quality["purpose"] = "quality"
+    cells = {"a": {**timing, "purpose": None}, "b": quality}
+    assert list(feeds.unfed(cells, {}, {"tiny": {"embedding": {}}})) == [
+        "fig1_time_memory", "fig7_cuda_graph", "fig8_dlrm_time_memory", "fig9_dlrm_nce", "fig10_mlm_loss",
+        "fig12_time_vs_compression"]  # the only timing cell has a target: no Fig 1
+    cells["c"] = spec_for(run_row("transformer", "dense", 4))
+    cells["c"]["execution"]["cuda_graph"] = True
+    unfed = feeds.unfed(cells, {"a": {"rank": 4}}, {})
+    assert "fig7_cuda_graph" not in unfed and "fig12_time_vs_compression" not in unfed
+    assert "fig5_ttm_lookup" in unfed and "fig13_rank_adaptation" in unfed  # the sweep's cell is no Fig 13 cell
+
+
+def test_not_drawn_figures_are_named_once_in_the_overview(folder, tmp_path):
+    out = tmp_path / "figs"
+    assert figures.main(["--results", str(folder), "--out", str(out), "--not-drawn", "fig7_cuda_graph"]) == 0
+    assert not (out / "fig7_cuda_graph.png").exists() and (out / "fig1_time_memory.png").exists()
+    assert tables.main(["--results", str(folder), "--out", str(out), "--not-drawn", "fig7_cuda_graph",
+                        "fig12_time_vs_compression"]) == 0
+    text = (out / "overview.md").read_text()
+    assert text.count("fig7_cuda_graph (needs transformer cells with execution.cuda_graph true") == 1
+    assert "fig12_time_vs_compression (needs a CoMERA sweep" in text
+    with pytest.raises(SystemExit):
+        figures.main(["--results", str(folder), "--out", str(out), "--not-drawn", "fig99"])
