@@ -495,3 +495,27 @@ def test_not_drawn_figures_are_named_once_in_the_overview(folder, tmp_path):
     assert "fig12_time_vs_compression (needs a CoMERA sweep" in text
     with pytest.raises(SystemExit):
         figures.main(["--results", str(folder), "--out", str(out), "--not-drawn", "fig99"])
+
+
+def test_fig6_draws_the_paper_line_on_mnli_only_and_fig13_names_a_missed_target(tmp_path, drawn):
+    row, curves = quality_cell("comera", 0.5)
+    curves = [{**c, "value": SWITCH_SIZE} if c["metric_name"] == "params_tt" and c["step"] == 8 else c
+              for c in curves]  # no rank was pruned after the switch
+    res = tables.load(make_folder(tmp_path / "syn", [quality_cell("dense")[0], row],
+                                  quality_cell("dense")[1] + curves))
+    figures.fig6_accuracy(res, tmp_path)
+    figures.fig13_rank_adaptation(res, tmp_path)
+    (acc,), _, footer = drawn["fig6_accuracy"]
+    assert not any(label.startswith("paper") for label in acc) and "~64% on real MNLI is not drawn" in footer
+    assert any("target 0.5 missed: the TT size ends at 1.00x" in t for t in drawn["fig13_rank_adaptation"][1])
+    settings = json.loads(row["settings"])
+    mnli = [{**r, "settings": json.dumps({**settings, "workload_info": {"data": "mnli"}})}
+            for r in (quality_cell("dense")[0], row)]
+    figures.fig6_accuracy(tables.load(make_folder(tmp_path / "mnli", mnli, curves)), tmp_path)
+    (acc,), _, _ = drawn["fig6_accuracy"]
+    assert "paper (RTX 3090): final MNLI accuracy ~64%" in acc
+
+
+def test_distinct_styles_keep_coinciding_lines_visible():
+    first, second = figures.distinct(0), figures.distinct(1)
+    assert first["ls"] != second["ls"] and first["lw"] > second["lw"] and first["color"] != second["color"]
