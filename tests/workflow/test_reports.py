@@ -519,3 +519,18 @@ def test_fig6_draws_the_paper_line_on_mnli_only_and_fig13_names_a_missed_target(
 def test_distinct_styles_keep_coinciding_lines_visible():
     first, second = figures.distinct(0), figures.distinct(1)
     assert first["ls"] != second["ls"] and first["lw"] > second["lw"] and first["color"] != second["color"]
+
+
+def test_compare_figure_says_the_shared_workload_once_and_names_left_out_ratios(tmp_path, monkeypatch):
+    rows = [run_row("transformer", m, 4, time_s=t) for m, t in (("dense", 2.0), ("comera", 5.0))]
+    rows[0]["timing_quality"] = "noisy"
+    folder = make_folder(tmp_path / "cpu-a", rows)
+    table, labels, _ = compare.side_by_side([folder])
+    cells, common = compare.short_labels(table)
+    assert common == "transformer[size=small]" and sorted(cells) == ["comera-default/b4", "dense-default/b4"]
+    saved = {}
+    monkeypatch.setattr(plt.Figure, "savefig", lambda fig, path, **kw: saved.update(
+        size=tuple(fig.get_size_inches()), titles=[ax.get_title() for ax in fig.axes]))
+    compare.plot(table, labels, compare.method_ratios([folder]), tmp_path)
+    assert saved["size"][0] == 13 and saved["size"][1] < 10  # two panels a row, not a 24-inch strip
+    assert "not drawn: 1 measured ratio(s) (timing not stable)" in saved["titles"]
