@@ -41,3 +41,23 @@ def test_not_a_terminal_gives_lines(monkeypatch):
 
 def test_clock():
     assert [progress.clock(s) for s in (0, 59.6, 61, 3725)] == ["0s", "1m00s", "1m01s", "1h02m"]
+
+
+def test_pipeline_line_counts_cells_and_extrapolates_this_runs_rate(tmp_path, monkeypatch):
+    import os
+
+    from harness.running import eta
+
+    for name, mtime in (("old", 100.0), ("a", 1010.0), ("b", 1040.0)):  # one from an earlier run, two now
+        path = tmp_path / f"{name}.runs.parquet"
+        path.write_bytes(b"")
+        os.utime(path, (mtime, mtime))
+    assert eta.cells_progress(tmp_path, 10, 1000.0, 1060.0) == (
+        "comera-bench: cells 3 of 10 done (2 in this run, 1m00s); about 3m30s left at this run's rate "
+        "(cells differ: a rough guide)")  # 7 cells left at 30 s each
+    assert eta.cells_progress(tmp_path, 10, 2000.0, 2060.0) == "comera-bench: cells 3 of 10 done"
+    monkeypatch.delenv(eta.STARTED_ENV, raising=False)
+    assert eta.pipeline_line(tmp_path) == ""  # not in a pipeline run
+    monkeypatch.setenv(eta.STARTED_ENV, "1000")
+    monkeypatch.setenv(eta.CELLS_ENV, "10")
+    assert eta.pipeline_line(tmp_path).startswith("comera-bench: cells 3 of 10 done (2 in this run")
