@@ -10,7 +10,7 @@ NEEDS = {
     "fig1_time_memory": "transformer timing cells without a target",
     "fig5_ttm_lookup": "embedding microbenchmarks (config microbench.specs.<name>.embedding)",
     "fig6_accuracy": "transformer cells",
-    "fig7_cuda_graph": "transformer cells with execution.cuda_graph true (needs CUDA)",
+    "fig7_cuda_graph": "transformer cells with execution.cuda_graph true (CUDA only)",
     "fig8_dlrm_time_memory": "DLRM timing cells",
     "fig9_dlrm_nce": "DLRM timing cells without a target",
     "fig10_mlm_loss": "MLM timing cells without a target",

@@ -395,7 +395,7 @@ def with_not_drawn(df: pd.DataFrame, names: list[str]) -> pd.DataFrame:
     """The overview with a row naming the figures not drawn and what each would need."""
     if not names:
         return df
-    text = "; ".join(f"{name} (needs {feeds.NEEDS[name]})" for name in names)
+    text = "; ".join(f"{name}: needs {feeds.NEEDS[name]}" for name in names)
     return pd.concat([df, pd.DataFrame([("figures not drawn (the grid cannot feed them)", text)],
                                        columns=df.columns)], ignore_index=True)
 

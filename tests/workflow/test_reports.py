@@ -491,8 +491,8 @@ def test_not_drawn_figures_are_named_once_in_the_overview(folder, tmp_path):
     assert tables.main(["--results", str(folder), "--out", str(out), "--not-drawn", "fig7_cuda_graph",
                         "fig12_time_vs_compression"]) == 0
     text = (out / "overview.md").read_text()
-    assert text.count("fig7_cuda_graph (needs transformer cells with execution.cuda_graph true") == 1
-    assert "fig12_time_vs_compression (needs a CoMERA sweep" in text
+    assert text.count("fig7_cuda_graph: needs transformer cells with execution.cuda_graph true") == 1
+    assert "fig12_time_vs_compression: needs a CoMERA sweep" in text
     with pytest.raises(SystemExit):
         figures.main(["--results", str(folder), "--out", str(out), "--not-drawn", "fig99"])
 
