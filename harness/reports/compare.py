@@ -305,7 +305,8 @@ def _markdown(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, warn
             f"what differs:\n\n{markdown_table(shown[cols], '.4g')}"
             "\n\n## CoMERA vs the other methods on each device (other / CoMERA)\n\nTime from stable rows only; "
             "cells timed together in interleaved rounds give the median of the per-round ratios and its IQR "
-            f"(low-high) over `rounds` rounds.\n\n{markdown_table(ratios[ratio_cols], '.3g')}\n")
+            f"(low-high) over `rounds` rounds.\n\n"
+            f"{markdown_table(ratios[ratio_cols].assign(batch_size=ratios.batch_size.map(_batch)), '.3g')}\n")
 
 
 def cli(argv: list[str]) -> int:

@@ -3,6 +3,7 @@ known ratios and verdicts out)."""
 from __future__ import annotations
 
 import json
+import re
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -534,3 +535,10 @@ def test_compare_figure_says_the_shared_workload_once_and_names_left_out_ratios(
     compare.plot(table, labels, compare.method_ratios([folder]), tmp_path)
     assert saved["size"][0] == 13 and saved["size"][1] < 10  # two panels a row, not a 24-inch strip
     assert "not drawn: 1 measured ratio(s) (timing not stable)" in saved["titles"]
+
+
+def test_compare_prints_paper_batch_sizes_whole(folder, tmp_path):
+    out = tmp_path / "cmp"
+    assert compare.cli([str(folder), "--out", str(out)]) == 0
+    text = (out / "compare.md").read_text()
+    assert re.search(r"\|\s*10000\s*\|", text) and "1e+04" not in text  # the paper's DLRM batch
