@@ -260,7 +260,7 @@ def distinct(i: int) -> dict[str, Any]:
             "lw": max(3.5 - 0.5 * i, 1.0), "markersize": max(7.0 - 0.8 * i, 3.0)}
 
 
-def on_mnli(res: Results, runs: pd.DataFrame) -> bool:
+def on_mnli(runs: pd.DataFrame) -> bool:
     """Whether every run trained on real MNLI (data ``mnli`` in its settings): only then are its
     accuracies comparable with the paper's."""
     data = {settings_of(r).get("workload_info", {}).get("data") for r in runs.itertuples()}
@@ -296,7 +296,7 @@ def fig6_accuracy(res: Results, out: Path) -> None:
             _mark_failed(ax, c.step.max() if len(c) else 0, f"{labels[r.run_id]}: {r.status}")
     _switch_line(ax, res, runs)
     acc = reference.claim("C4")["values"]["accuracy_comera"]
-    if on_mnli(res, runs):
+    if on_mnli(runs):
         ax.axhline(acc, color="gray", ls="--", lw=1, label=f"{PAPER}: final MNLI accuracy ~{acc:.0%}")
         paper = ""
     else:
