@@ -61,14 +61,14 @@ def cells_of(res: Results) -> pd.DataFrame:
     return df[CELL + keep].drop_duplicates(CELL, keep="last").reset_index(drop=True)
 
 
-def _flags(a: pd.Series, b: pd.Series, label_a: str, label_b: str, timed: bool) -> list[str]:
+def _flags(a: pd.Series, b: pd.Series, label_a: str, label_b: str) -> list[str]:
     out = []
     for col, what in CHECKED.items():
         x, y = a.get(col), b.get(col)
         if pd.notna(x) and pd.notna(y) and str(x) != str(y):
             out.append(f"{what} differs ({label_a} {x} vs {label_b} {y})")
     for label, row in ((label_a, a), (label_b, b)):
-        if timed and not row.get("stable"):
+        if not row.get("stable"):
             out.append(f"timing not stable on {label}: {timing.noisy_reason(row)}")
     return out
 
@@ -108,10 +108,9 @@ def side_by_side(folders: list[str | Path], names: list[str] | None = None
             ratio, low, high = (pd.Series(float("nan"), index=table.index) for _ in range(3))
             for key in both:
                 a, b = base.loc[key], other.loc[key]
-                timed = key[CELL.index("purpose")] == "timing"
-                flags = _flags(a, b, labels[0], label, timed)
+                flags = _flags(a, b, labels[0], label)
                 refused = (q == "peak_mem" and str(a.peak_mem_kind) != str(b.peak_mem_kind)) or (
-                    q == "epoch_time" and timed and not (a.stable and b.stable))
+                    q == "epoch_time" and not (a.stable and b.stable))  # quality cells too
                 if not refused and pd.notna(a[col]) and pd.notna(b[col]) and a[col] > 0:
                     ratio[key] = b[col] / a[col]
                     if q == "epoch_time":

@@ -542,3 +542,12 @@ def test_compare_prints_paper_batch_sizes_whole(folder, tmp_path):
     assert compare.cli([str(folder), "--out", str(out)]) == 0
     text = (out / "compare.md").read_text()
     assert re.search(r"\|\s*10000\s*\|", text) and "1e+04" not in text  # the paper's DLRM batch
+
+
+def test_compare_gives_a_noisy_quality_cell_no_time_ratio(tmp_path):
+    row, _ = quality_cell("dense")
+    noisy = {**row, "timing_quality": "noisy: IQR 51% of the median (> 25%)", "epoch_time_s": 20.0}
+    table, labels, _ = compare.side_by_side([make_folder(tmp_path / "a", [row]), make_folder(tmp_path / "b", [noisy])])
+    cell = table[table.purpose == "quality"].iloc[0]
+    assert pd.isna(cell["epoch_time ratio b/a"]) and "timing not stable on b" in cell["differences"]
+    assert cell["peak_mem ratio b/a"] == 1.0
