@@ -16,6 +16,7 @@ steps, so a fair per-step time covers whole windows (see ``settings["time_window
 """
 from __future__ import annotations
 
+import logging
 import warnings
 from functools import partial
 from typing import Any
@@ -64,10 +65,23 @@ def galore_weights(model: nn.Module) -> list[nn.Parameter]:
     return list(found.values())
 
 
-def _optimizer_class(eight_bit: bool):
-    with warnings.catch_warnings():  # bitsandbytes, imported by galore_torch, warns about torch.jit
+BNB_CPU_LOGGER = "bitsandbytes.backends.cpu.ops"
+"""bitsandbytes (imported by galore_torch) logs from here, on CPUs with AVX512-BF16, that it could not
+fetch an optional 4-bit CPU kernel from the Hugging Face hub; GaLore never uses 4-bit kernels, so only
+its errors are shown."""
+
+
+def import_galore_torch():
+    """galore_torch, imported without bitsandbytes' notices (BNB_CPU_LOGGER, its torch.jit warning)."""
+    logging.getLogger(BNB_CPU_LOGGER).setLevel(logging.ERROR)
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         import galore_torch
+    return galore_torch
+
+
+def _optimizer_class(eight_bit: bool):
+    galore_torch = import_galore_torch()
     if eight_bit:
         return galore_torch.GaLoreAdamW8bit
     return partial(galore_torch.GaLoreAdamW, no_deprecation_warning=True)

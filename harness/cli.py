@@ -104,7 +104,8 @@ def _parser(list_names: bool = False) -> argparse.ArgumentParser:
                       help="folder for the default output paths (default results/cli: apart from the "
                            "pipeline's results/runs, whose cells have the same names)")
     run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                     help="progress bar on stderr (default: when stderr is a terminal)")
+                     help="progress bar on stderr (default: when stderr is a terminal); without it, a line "
+                          "'step N of M, elapsed, ETA' every 15 s")
     run.add_argument("--fail-on-error", action="store_true",
                      help="exit with 1 when the run's status is not ok (the files are written anyway)")
     run.add_argument("--isolate", action="store_true",
@@ -189,6 +190,11 @@ def _cmd_run_isolated(args: argparse.Namespace) -> int:
     if args.progress is not None:
         command.append("--progress" if args.progress else "--no-progress")
     code, status = supervise.supervise(command, args.spec, args.runs_out, curves_out, log=args.log)
+    from harness.running import eta
+
+    line = eta.pipeline_line(Path(args.runs_out).parent)
+    if line:
+        print(line, file=sys.stderr)
     return 1 if code == 0 and args.fail_on_error and status != "ok" else code
 
 

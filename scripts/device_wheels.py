@@ -27,7 +27,7 @@ ON_DEVICE = ("torch", "numpy", "pandas", "pyarrow", "matplotlib", "pytest")
 """In the device image, with what they require."""
 ALSO_ON_DEVICE = ("transformers",)
 """Also there, but what they require is not counted as there: transformers (galore-torch imports it; with
-its needs about 25 MiB of wheels) ran 8-bit GaLore on the H200 without being in .whl/ (issue 27)."""
+its needs about 25 MiB of wheels) ran 8-bit GaLore on the H200 without being in .whl/."""
 DEVICE_ENV = {"python_version": "3.12", "python_full_version": "3.12.0", "implementation_name": "cpython",
               "platform_python_implementation": "CPython", "sys_platform": "linux", "os_name": "posix",
               "platform_system": "Linux", "platform_machine": "x86_64", "extra": ""}

@@ -82,13 +82,22 @@ def load_avg_1m() -> float | None:
         return None
 
 
-def busy_warning(threads: int) -> str:
-    """A warning when the machine is already busier than a cell asking for ``threads`` CPU threads can
-    afford ('' when it is not): the 1-minute load average above the CPUs left for the cell."""
+def busy_load(threads: int) -> str:
+    """"1-minute load average L on N CPUs" when the machine is already busier than a job asking for
+    ``threads`` CPU threads can afford (the load above the CPUs left for it), else ''."""
     load, cpus = load_avg_1m(), os.cpu_count() or 1
     if load is None or load <= max(cpus - threads, 0) + 1.0:
         return ""
-    return (f"the machine is busy (1-minute load average {load:.1f} on {cpus} CPUs) while each cell asks for "
+    return f"1-minute load average {load:.1f} on {cpus} CPUs"
+
+
+def busy_warning(threads: int) -> str:
+    """A warning when the machine is already busier than a cell asking for ``threads`` CPU threads can
+    afford ('' when it is not): the 1-minute load average above the CPUs left for the cell."""
+    load = busy_load(threads)
+    if not load:
+        return ""
+    return (f"the machine is busy ({load}) while each cell asks for "
             f"{threads} thread(s): timings will be noisy; cells whose timing is not stable are named at the end "
             "and left out of every verdict")
 

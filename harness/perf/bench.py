@@ -16,6 +16,7 @@ import traceback
 from pathlib import Path
 
 from harness.core import allocator as allocator_lib
+from harness.core import timing
 from harness.configs import grid
 from harness.results.atomic import atomic_write
 from harness.perf import figure
@@ -42,6 +43,17 @@ def default_out(device_type: str) -> Path:
     else "cpu" or the GPU's name; harness.configs.grid)."""
     label = grid.env_device_label() or grid.device_label({"execution": {"device": device_type}})
     return Path("results") / label / "bench.parquet"
+
+
+def load_warning(busy: list[str], threads: int) -> str:
+    """What a busy machine (the load readings before and after the run that were too high) means for the
+    table ('' when the machine was not busy)."""
+    readings = [b for b in busy if b]
+    if not readings:
+        return ""
+    return (f"the machine was busy ({'; then '.join(readings)}) for a bench asking for {threads} thread(s): "
+            "its ratios are noisy; a ratio above its own bound is marked impossible, and a pass or short "
+            "here may not hold on a quiet machine")
 
 
 def _step_worker_main(job_file: str, out: str, log: str) -> int:
@@ -92,17 +104,24 @@ def cli(argv: list[str]) -> int:
         return 2
     from harness.results import provenance
 
+    busy = [timing.busy_load(cfg.num_threads)]
+    if busy[0]:
+        print(f"comera-bench bench: warning: {load_warning(busy, cfg.num_threads)}", file=sys.stderr)
     rows = run_targets(targets, cfg, step_timeout_s=args.step_timeout,
                        progress=lambda line: print(line, file=sys.stderr, flush=True))
+    busy.append(timing.busy_load(cfg.num_threads))
+    load = load_warning(busy, cfg.num_threads)
     applied = f"{cfg.allocator}: {cfg.allocator_applied}"
     prov = provenance(cfg.device)
-    md, pq = write(rows, out, prov, applied)
+    md, pq = write(rows, out, prov, applied, load)
     try:  # after the table is written: a figure that cannot be drawn costs nothing measured
         drawn = figure.draw(rows, out, figure.title_of(prov))
     except Exception as exc:  # noqa: BLE001 -- reported, the table stands
         print(f"comera-bench bench: figure not drawn: {type(exc).__name__}: {exc}", file=sys.stderr)
         drawn = []
     print(f"Allocator: {applied}\n")
+    if load:
+        print(f"Warning: {load}\n")
     print(to_markdown(rows))
     print(f"-> {', '.join(str(p) for p in [pq, md, *drawn])}")
     return 0

@@ -9,10 +9,14 @@ from pathlib import Path
 
 from harness.perf.report import BenchRow
 
-LABEL_CHARS = 96
+LABEL_CHARS = 60
+"""Labels are wrapped at this width (never cut)."""
+AXIS_FLOOR = 0.05
+"""The axis starts no lower than this: a bar below it ends at the edge with its value printed."""
+COLORS = {"pass": "tab:green", "short": "tab:orange", "impossible": "tab:purple"}
 FOOTER = ("Bars run from the goal (1) to measured / goal (for a row that must stay at or below its goal: "
-          "goal / measured), so 1 or more meets the goal; green pass, orange short, a red cross: no positive "
-          "finite value measured. Diamonds: the bound the same run measured for the row (roofline, free "
+          "goal / measured), so 1 or more meets the goal; green pass, orange short, purple impossible (above "
+          "the row's own bound: noise, not a result), a red cross: no positive finite value measured. Diamonds: the bound the same run measured for the row (roofline, free "
           "tensorized layers, FLOPs) / goal: the most the row could reach here; a diamond left of 1 puts the "
           "goal beyond it. Every ratio comes from one run (interleaved rounds); medians, settings and notes "
           "are in bench.md.")
@@ -38,8 +42,7 @@ def scores(rows: list[BenchRow]) -> list[Score]:
             value, bound = _positive(row.measured, row.goal), _positive(row.bound, row.goal)
         else:  # a share that must stay at or below the goal: its bound (if any) is not an upper limit
             value, bound = _positive(row.goal, row.measured), None
-        label = f"[{row.target}] {row.what}"
-        label = label if len(label) <= LABEL_CHARS else label[:LABEL_CHARS - 3] + "..."
+        label = textwrap.fill(f"[{row.target}] {row.what}", LABEL_CHARS)
         out.append(Score(label, value, bound, row.verdict))
     return out
 
@@ -71,16 +74,18 @@ def draw(rows: list[BenchRow], out: Path, title: str) -> list[Path]:
     bars = scores(rows)
     if not bars:
         return []
-    height = 1.2 + 0.32 * len(bars)
-    fig, ax = plt.subplots(figsize=(14, height + 1.0))
-    colors = {"pass": "tab:green", "short": "tab:orange"}
+    lines = sum(b.label.count("\n") + 1 for b in bars)
+    height = 1.2 + 0.22 * lines + 0.12 * len(bars)
+    fig, ax = plt.subplots(figsize=(11, height + 1.0))
     values = [b.value for b in bars if b.value] + [b.bound for b in bars if b.bound]
-    low, high = min(values + [1.0]) / 1.5, max(values + [1.0]) * 1.5
+    low, high = max(min(values + [1.0]) / 1.5, AXIS_FLOOR), max(values + [1.0]) * 1.5
     for y, bar in enumerate(bars):
         if bar.value:  # from the goal (1) to the measured value: left of 1 is short of the goal
-            ax.barh(y, bar.value - 1.0, left=1.0, color=colors.get(bar.verdict, "grey"), height=0.6)
-            ax.annotate(f"{bar.value:.2f}", (bar.value, y), textcoords="offset points", xytext=(3, -3),
-                        fontsize=7)
+            end = max(bar.value, low)
+            ax.barh(y, end - 1.0, left=1.0, color=COLORS.get(bar.verdict, "grey"), height=0.6)
+            text = f"{bar.value:.2g}" if bar.value < low else f"{bar.value:.2f}"
+            text += " impossible" if bar.verdict == "impossible" else ""
+            ax.annotate(text, (end, y), textcoords="offset points", xytext=(3, -3), fontsize=7)
         else:
             ax.plot([low * 1.1], [y], marker="x", color="red", markersize=8)
         if bar.bound:
@@ -88,16 +93,16 @@ def draw(rows: list[BenchRow], out: Path, title: str) -> list[Path]:
     ax.axvline(1.0, color="black", lw=1)
     ax.set_xscale("log")
     ax.set_xlim(low, high)
-    ticks = [t for t in (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100) if low <= t <= high]
+    ticks = [t for t in (0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100) if low <= t <= high]
     ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_yticks(range(len(bars)), [b.label for b in bars], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("measured / goal (log scale; 1 = goal)")
     fig.suptitle(title, fontsize=10)
-    lines = textwrap.wrap(FOOTER, 200)
-    fig.text(0.01, 0.01, "\n".join(lines), fontsize=7, va="bottom", ha="left")
-    fig.tight_layout(rect=(0, 0.02 + len(lines) * 7 * 1.5 / 72 / fig.get_figheight(), 1, 0.96))
+    footer = textwrap.wrap(FOOTER, 160)
+    fig.text(0.01, 0.01, "\n".join(footer), fontsize=7, va="bottom", ha="left")
+    fig.tight_layout(rect=(0, 0.02 + len(footer) * 7 * 1.5 / 72 / fig.get_figheight(), 1, 0.96))
     written = []
     for ext in ("png", "pdf"):
         path = out.with_suffix(f".{ext}")

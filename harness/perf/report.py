@@ -10,8 +10,11 @@ from harness.results.atomic import atomic_write
 
 TARGET_NAMES = {1: "TTLinear vs nn.Linear", 2: "transformer step", 3: "TTM lookup",
                 4: "step after halving ranks", 5: "plan FLOPs vs opt_einsum"}
-VERDICTS = ("pass", "short", "error", "info")
-"""info: a row without a goal (context for another row; no verdict)."""
+VERDICTS = ("pass", "short", "impossible", "error", "info")
+"""impossible: a ratio above the bound the same run measured for it (noise, never a pass); info: a row
+without a goal (context for another row; no verdict)."""
+BOUND_SLACK = 0.10
+"""A ratio more than this fraction above its bound is impossible (the bound is measured too)."""
 
 
 @dataclass
@@ -40,10 +43,19 @@ class BenchRow:
     note: str = ""
 
 
-def verdict(measured: float | None, goal: float | None, better: str) -> str:
-    """pass / short, error when nothing was measured, info for a row without a goal."""
+def above_bound(measured: float | None, bound: float | None) -> bool:
+    """Whether a ratio lies more than BOUND_SLACK above the most it can be."""
+    return (measured is not None and bound is not None and math.isfinite(bound) and bound > 0
+            and measured > bound * (1 + BOUND_SLACK))
+
+
+def verdict(measured: float | None, goal: float | None, better: str, bound: float | None = None) -> str:
+    """pass / short, impossible for a ratio (``>=``) above its bound, error when nothing was measured,
+    info for a row without a goal."""
     if measured is None or not math.isfinite(measured):
         return "error"
+    if better == ">=" and above_bound(measured, bound):
+        return "impossible"
     if goal is None:
         return "info"
     return "pass" if (measured >= goal if better == ">=" else measured <= goal) else "short"
@@ -51,7 +63,14 @@ def verdict(measured: float | None, goal: float | None, better: str) -> str:
 
 def make_row(target: int, what: str, goal: float | None, measured: float | None, *, better: str = ">=",
              **fields: Any) -> BenchRow:
-    return BenchRow(target, what, goal, better, measured, verdict(measured, goal, better), **fields)
+    """A row with its verdict; an impossible one says why in its note."""
+    row = BenchRow(target, what, goal, better, measured, verdict(measured, goal, better, fields.get("bound")),
+                   **fields)
+    if row.verdict == "impossible":
+        row.note = "; ".join(filter(None, [
+            f"above its own bound {row.bound:.2f} ({row.bound_basis}): the timing was noisy (a busy machine?), "
+            "not a result; run again on a quiet machine", row.note]))
+    return row
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -85,10 +104,12 @@ def to_markdown(rows: list[BenchRow]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
-def write(rows: list[BenchRow], path: str | Path, prov: dict[str, Any], allocator: str) -> tuple[Path, Path]:
+def write(rows: list[BenchRow], path: str | Path, prov: dict[str, Any], allocator: str,
+          load: str = "") -> tuple[Path, Path]:
     """``path`` (a ``bench`` table, docs/schema.md: one row per table row, with the provenance columns of
-    the pipeline's rows) and the Markdown table next to it (``.md``), both written atomically; the
-    provenance and the allocator applied also go to the Parquet file's metadata."""
+    the pipeline's rows) and the Markdown table next to it (``.md``, with ``load``: a warning that the
+    machine was busy), both written atomically; the provenance and the allocator applied also go to the
+    Parquet file's metadata."""
     from harness.results import to_frame, write_parquet_atomic
 
     path = Path(path)
@@ -96,7 +117,8 @@ def write(rows: list[BenchRow], path: str | Path, prov: dict[str, Any], allocato
     md = path.with_suffix(".md")
     title = f"{prov['device_name']}, {prov['num_threads']} threads, {prov['started_at']}"
     text = (f"# comera-bench bench ({title})\n\n"
-            + (f"Allocator: {allocator}\n\n" if allocator else "") + to_markdown(rows))
+            + (f"Allocator: {allocator}\n\n" if allocator else "")
+            + (f"**Warning:** {load}\n\n" if load else "") + to_markdown(rows))
     frame = to_frame([{**asdict(r), **prov} for r in rows], "bench")
     pq = write_parquet_atomic(frame, path, kind="bench", provenance={**prov, "allocator": allocator})
     atomic_write(md, lambda tmp: tmp.write_text(text))

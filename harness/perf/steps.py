@@ -136,6 +136,11 @@ def _fmt_bytes(n: float | None) -> str:
     return "n/a" if n is None else f"{n / 2**20:.1f} MiB"
 
 
+def job_tag(job: dict[str, Any]) -> str:
+    """A step configuration as it ran, e.g. ``tiny dense b8`` (a --quick run of ``dense_b32``)."""
+    return f"{job['workload_params']['size']} {job['method']} b{job['batch_size']}"
+
+
 def run_step_rounds(jobs: dict[str, dict[str, Any]], rounds: int, timeout_s: float,
                     progress: Callable[[str], None] = lambda line: None) -> dict[str, dict[str, Any]]:
     """Every configuration in its own process, all alive at once, timed in interleaved rounds by the
@@ -200,15 +205,19 @@ def target_steps(cfg: Config, targets: set[int], timeout_s: float,
         """Median of the per-round ratios, and the per-round list when there are several rounds."""
         return median_of_rounds(round_ratios(res, num, den))
 
+    def tag(name: str) -> str:
+        """What a configuration ran (size preset, method, batch), not its full-run name."""
+        return job_tag(jobs[name])
+
     def pair(a: str, b: str) -> str:
-        return f"{a} {get(a, 'step_ms') or float('nan'):.1f} ms / {_fmt_bytes(get(a, 'peak_bytes'))}, " \
-               f"{b} {get(b, 'step_ms') or float('nan'):.1f} ms / {_fmt_bytes(get(b, 'peak_bytes'))}"
+        return f"{tag(a)} {get(a, 'step_ms') or float('nan'):.1f} ms / {_fmt_bytes(get(a, 'peak_bytes'))}, " \
+               f"{tag(b)} {get(b, 'step_ms') or float('nan'):.1f} ms / {_fmt_bytes(get(b, 'peak_bytes'))}"
 
     kind = next((r["peak_kind"] for r in res.values() if "peak_kind" in r), "n/a")
     differing = sorted({r["allocator"] for r in res.values() if r.get("allocator", cfg.allocator_applied)
                         != cfg.allocator_applied})  # the workers normally apply what this process did
     some_job = next(iter(jobs.values()))
-    counts = ", ".join(f"{name} {job['steps']}" for name, job in jobs.items())
+    counts = ", ".join(f"{tag(name)} {job['steps']}" for name, job in jobs.items())
     base = (f"one process per config, {cfg.step_rounds} interleaved round(s) "
             f"(harness.core.interleave; time ratio: median over rounds of the ratio within a round), "
             f"median of timed steps ({counts}) after {some_job['warmup']} warm-up, memory {kind}"
@@ -222,7 +231,8 @@ def target_steps(cfg: Config, targets: set[int], timeout_s: float,
         for key, num, den, metric, better in STEP_ROWS:
             group, goal = key.split(".")
             comera, other = (den, num) if jobs[den]["method"] == "comera" else (num, den)
-            preset = ", small preset" if group == "small" else ""
+            size = jobs[comera]["workload_params"]["size"]
+            preset = f", {size} preset" if group == "small" or cfg.quick else ""  # what ran (--quick: tiny)
             batch = f"batch {jobs[comera]['batch_size']}"
             if metric == "step_ms":
                 what = f"CoMERA vs {METHOD_NAMES[jobs[other]['method']]} step speedup{preset}, {batch}"
@@ -245,8 +255,8 @@ def target_steps(cfg: Config, targets: set[int], timeout_s: float,
                 rows.append(make_row(
                     2, f"{label} tensor-allocation peak (cpu_allocated: parameters, buffers, optimizer "
                        f"state + one step's allocator peak, the CPU analogue of cuda_allocated)", None,
-                    measured, medians=f"{slow} {_fmt_bytes(get(slow, 'tensor_peak_bytes'))}, "
-                                      f"{fast} {_fmt_bytes(get(fast, 'tensor_peak_bytes'))}{per_round}",
+                    measured, medians=f"{tag(slow)} {_fmt_bytes(get(slow, 'tensor_peak_bytes'))}, "
+                                      f"{tag(fast)} {_fmt_bytes(get(fast, 'tensor_peak_bytes'))}{per_round}",
                     settings=settings(fast),
                     note="informational: the RSS rows above carry the goals; the gap between the two is "
                          "memory outside tensors (library workspaces and JIT code, heap, Python)"))

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -62,14 +61,14 @@ def cells_of(res: Results) -> pd.DataFrame:
     return df[CELL + keep].drop_duplicates(CELL, keep="last").reset_index(drop=True)
 
 
-def _flags(a: pd.Series, b: pd.Series, label_a: str, label_b: str, timed: bool) -> list[str]:
+def _flags(a: pd.Series, b: pd.Series, label_a: str, label_b: str) -> list[str]:
     out = []
     for col, what in CHECKED.items():
         x, y = a.get(col), b.get(col)
         if pd.notna(x) and pd.notna(y) and str(x) != str(y):
             out.append(f"{what} differs ({label_a} {x} vs {label_b} {y})")
     for label, row in ((label_a, a), (label_b, b)):
-        if timed and not row.get("stable"):
+        if not row.get("stable"):
             out.append(f"timing not stable on {label}: {timing.noisy_reason(row)}")
     return out
 
@@ -109,10 +108,9 @@ def side_by_side(folders: list[str | Path], names: list[str] | None = None
             ratio, low, high = (pd.Series(float("nan"), index=table.index) for _ in range(3))
             for key in both:
                 a, b = base.loc[key], other.loc[key]
-                timed = key[CELL.index("purpose")] == "timing"
-                flags = _flags(a, b, labels[0], label, timed)
+                flags = _flags(a, b, labels[0], label)
                 refused = (q == "peak_mem" and str(a.peak_mem_kind) != str(b.peak_mem_kind)) or (
-                    q == "epoch_time" and timed and not (a.stable and b.stable))
+                    q == "epoch_time" and not (a.stable and b.stable))  # quality cells too
                 if not refused and pd.notna(a[col]) and pd.notna(b[col]) and a[col] > 0:
                     ratio[key] = b[col] / a[col]
                     if q == "epoch_time":
@@ -207,51 +205,84 @@ def _log_x_if_positive(ax: plt.Axes, columns: list[pd.Series], label: str) -> No
         ax.set_xlabel(f"{label} (nothing measured)")
 
 
-def plot(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, out: Path) -> None:
-    """Each device's time and memory per cell, the device ratio per cell with its spread, and CoMERA's
-    speedup over the other methods on each device."""
-    n = max(len(table), 1)
-    fig, axes = plt.subplots(1, 4, figsize=(24, max(5.0, 0.28 * n + 2)))
-    cells = table.apply(cell_label, axis=1) if len(table) else pd.Series(dtype=str)
+def short_labels(table: pd.DataFrame) -> tuple[list[str], str]:
+    """(cell labels, the prefix they all share): a workload and its parameters common to every cell are
+    said once (in the title), not on every row."""
+    cells = list(table.apply(cell_label, axis=1)) if len(table) else []
+    heads = {c.split("/", 1)[0] for c in cells}
+    if len(heads) != 1 or not all("/" in c for c in cells):
+        return cells, ""
+    return [c.split("/", 1)[1] for c in cells], heads.pop()
+
+
+def _bars(ax: plt.Axes, table: pd.DataFrame, labels: list[str], cells: list[str], q: str, unit: str,
+          scale: float) -> None:
+    """One bar per device and cell."""
     width = 0.8 / len(labels)
-    for ax, (q, unit, scale) in zip(axes, (("epoch_time", "time per epoch (s)", 1.0),
-                                           ("peak_mem", "peak memory (MB)", MB))):
-        for i, label in enumerate(labels):
-            ax.barh([y + i * width for y in range(len(table))], table[f"{q}@{label}"] / scale,
-                    height=width, label=label)
-        ax.set_yticks([y + 0.4 - width / 2 for y in range(len(table))], cells, fontsize=7)
-        _log_x_if_positive(ax, [table[f"{q}@{label}"] for label in labels], unit)
-        ax.legend(fontsize=8)
-    ax = axes[2]
-    for i, label in enumerate(labels[1:]):
+    for i, label in enumerate(labels):
+        ax.barh([y + i * width for y in range(len(table))], table[f"{q}@{label}"] / scale,
+                height=width, label=label)
+    ax.set_yticks([y + 0.4 - width / 2 for y in range(len(table))], cells, fontsize=7)
+    _log_x_if_positive(ax, [table[f"{q}@{label}"] for label in labels], unit)
+    ax.legend(fontsize=8)
+
+
+def _device_ratios(ax: plt.Axes, table: pd.DataFrame, labels: list[str], cells: list[str]) -> None:
+    """Each later device's epoch time over the first's, per cell with a ratio, with its spread."""
+    for label in labels[1:]:
         col = f"epoch_time ratio {label}/{labels[0]}"
         ok = table[col].notna()
         ys = [y for y, good in enumerate(ok) if good]
         r = table[col][ok]
         ax.errorbar(r, ys, xerr=[r - table[f"{col} low"][ok], table[f"{col} high"][ok] - r], fmt="o",
                     capsize=3, label=f"{label} / {labels[0]} (bars: step-time IQRs)")
-    ax.set_yticks(range(len(table)), cells if len(labels) > 1 else [], fontsize=7)
+    ax.set_yticks(range(len(table)), cells, fontsize=7)
     ax.axvline(1.0, color="gray", lw=1)
     _log_x_if_positive(ax, [table[f"epoch_time ratio {label}/{labels[0]}"] for label in labels[1:]],
-                       "epoch time ratio between devices (stable cells only)")
-    if len(labels) > 1:
-        ax.legend(fontsize=8)
-    else:
-        ax.text(0.5, 0.5, "one device: no ratio", transform=ax.transAxes, ha="center")
-    ax = axes[3]
-    r = ratios[(ratios.quantity == "epoch_time") & ratios.ratio.notna()]
+                       "epoch time ratio between devices")
+    ax.legend(fontsize=8)
+
+
+def _speedups(ax: plt.Axes, ratios: pd.DataFrame) -> None:
+    """CoMERA's epoch-time speedup over each other method, per device (the paper's too); says so when
+    every measured ratio was left out."""
+    times = ratios[ratios.quantity == "epoch_time"]
+    r = times[times.ratio.notna()]
     keys = r.apply(lambda x: f"{x.workload}/b{_batch(x.batch_size)}: {x.versus}", axis=1) if len(r) else pd.Series(dtype=str)
     order = sorted(keys.unique())
     ndev = max(1, r.device.nunique())
     for i, (device, group) in enumerate(r.assign(key=keys).groupby("device", sort=False)):
-        ys = [order.index(k) + i * 0.8 / ndev for k in group.key]
+        ys = [order.index(k) + (i - (ndev - 1) / 2) * 0.3 for k in group.key]  # devices dodged about the row
         ax.errorbar(group.ratio, ys, xerr=[group.ratio - group.low, group.high - group.ratio], fmt="o",
                     capsize=3, label=device)
     ax.set_yticks(range(len(order)), order, fontsize=7)
     ax.axvline(1.0, color="gray", lw=1)
-    ax.set_xlabel("CoMERA speedup per epoch (other / CoMERA; bars: IQR over rounds)")
+    ax.set_xlabel("CoMERA speedup per epoch\n(other / CoMERA; bars: IQR over rounds)")
+    left_out = times[(times.source == "measured") & times.ratio.isna()]
+    if len(left_out):
+        why = "; ".join(sorted({n.removeprefix("left out: ") for n in left_out.note}))
+        ax.set_title(f"not drawn: {len(left_out)} measured ratio(s) ({why})", fontsize=8)
     ax.legend(fontsize=8)
-    fig.suptitle("Devices compared: " + ", ".join(labels) + " + the paper's stated ratios")
+
+
+def plot(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, out: Path) -> None:
+    """Each device's time and memory per cell, the device ratio per cell with its spread (two devices or
+    more), and CoMERA's speedup over the other methods on each device; two panels a row, each as tall as
+    its cells need."""
+    cells, common = short_labels(table)
+    npanels = 4 if len(labels) > 1 else 3
+    rows = (npanels + 1) // 2
+    fig, axes = plt.subplots(rows, 2, figsize=(13, rows * max(3.5, 0.3 * len(cells) + 2)), squeeze=False)
+    axes = list(axes.flat)
+    _bars(axes[0], table, labels, cells, "epoch_time", "time per epoch (s)", 1.0)
+    _bars(axes[1], table, labels, cells, "peak_mem", "peak memory (MB)", MB)
+    if len(labels) > 1:
+        _device_ratios(axes[2], table, labels, cells)
+    _speedups(axes[npanels - 1], ratios)
+    for ax in axes[npanels:]:
+        ax.axis("off")
+    title = "Devices compared: " + ", ".join(labels) + " + the paper's stated ratios"
+    fig.suptitle(title + (f"\ncells of {common}" if common else ""))
     fig.tight_layout()
     for ext in ("png", "pdf"):
         fig.savefig(out / f"compare_time_memory.{ext}", dpi=110)
@@ -272,7 +303,8 @@ def _markdown(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, warn
             f"what differs:\n\n{markdown_table(shown[cols], '.4g')}"
             "\n\n## CoMERA vs the other methods on each device (other / CoMERA)\n\nTime from stable rows only; "
             "cells timed together in interleaved rounds give the median of the per-round ratios and its IQR "
-            f"(low-high) over `rounds` rounds.\n\n{markdown_table(ratios[ratio_cols], '.3g')}\n")
+            f"(low-high) over `rounds` rounds.\n\n"
+            f"{markdown_table(ratios[ratio_cols].assign(batch_size=ratios.batch_size.map(_batch)), '.3g')}\n")
 
 
 def cli(argv: list[str]) -> int:

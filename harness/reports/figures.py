@@ -2,7 +2,8 @@
 
 ``python -m harness.reports.figures --results results/<device> --device-label <device> --out figures/``
 
-Every figure is always written: when the grid has no cell for it, the figure says what it would need
+Every figure is written except those named by --not-drawn (the pipeline names the figures its grid
+cannot feed, harness.reports.feeds); a figure whose cells gave nothing to draw says what it would need
 (never an invented point). A failed cell (oom | diverged | error | timeout) is drawn as a red cross at
 the bottom of its panel, labelled with its status. The paper's stated values (harness/reference) are
 drawn beside ours, labelled "paper (RTX 3090)".
@@ -18,7 +19,6 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
-from matplotlib.ticker import ScalarFormatter  # noqa: E402
 
 from harness.reports import reference  # noqa: E402
 from harness.reports.tables import (MB, Results, late_stage_missing, method_label, quality_order,  # noqa: E402
@@ -249,6 +249,24 @@ def _series(res: Results, run_id: str, split: str, metric: str) -> pd.DataFrame:
     return c[(c.run_id == run_id) & (c.split == split) & (c.metric_name == metric)].sort_values("step")
 
 
+LINE_STYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "D", "v", "P")
+
+
+def distinct(i: int) -> dict[str, Any]:
+    """The ``i``-th line's style: colour, dash pattern and marker all change, and earlier lines are
+    wider, so that lines which coincide stay visible (a dashed line over a wider solid one)."""
+    return {"color": f"C{i}", "ls": LINE_STYLES[i % len(LINE_STYLES)], "marker": MARKERS[i % len(MARKERS)],
+            "lw": max(3.5 - 0.5 * i, 1.0), "markersize": max(7.0 - 0.8 * i, 3.0)}
+
+
+def on_mnli(runs: pd.DataFrame) -> bool:
+    """Whether every run trained on real MNLI (data ``mnli`` in its settings): only then are its
+    accuracies comparable with the paper's."""
+    data = {settings_of(r).get("workload_info", {}).get("data") for r in runs.itertuples()}
+    return data == {"mnli"}
+
+
 def _quality_footer(res: Results, runs: pd.DataFrame, source: str, how: str) -> str:
     batches = ", ".join(map(str, sorted(runs.batch_size.unique())))
     return f"{source}, batch {batches}; {how}; {res.settings_line('transformer', runs)}"
@@ -270,22 +288,26 @@ def fig6_accuracy(res: Results, out: Path) -> None:
         return _empty(out, name, title, f"eval accuracy curves of transformer runs ({source})",
                       res.settings_line())
     fig, (ax,) = _figure(1, width=9.0)  # the legend beside the plot
-    for r in runs.itertuples():
+    for i, r in enumerate(runs.itertuples()):
         c = curves[r.run_id]
         if len(c):
-            ax.plot(c.step, c.value, marker=".", label=labels[r.run_id])
+            ax.plot(c.step, c.value, label=labels[r.run_id], **distinct(i))
         if r.status != "ok":
             _mark_failed(ax, c.step.max() if len(c) else 0, f"{labels[r.run_id]}: {r.status}")
     _switch_line(ax, res, runs)
     acc = reference.claim("C4")["values"]["accuracy_comera"]
-    ax.axhline(acc, color="gray", ls="--", lw=1, label=f"{PAPER}: final MNLI accuracy ~{acc:.0%} (real MNLI)")
+    if on_mnli(runs):
+        ax.axhline(acc, color="gray", ls="--", lw=1, label=f"{PAPER}: final MNLI accuracy ~{acc:.0%}")
+        paper = ""
+    else:
+        paper = f"; the paper's ~{acc:.0%} on real MNLI is not drawn: these cells ran another task"
     ax.set_xlabel("training step")
     ax.set_ylabel("validation accuracy (fraction)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     _finish(fig, title, _quality_footer(res, runs, source, "accuracy on the validation set before training, "
-                                        "every eval_every_steps, right after the stage switch and at the end"),
-            out, name)
+                                        "every eval_every_steps, right after the stage switch and at the end"
+                                        + paper), out, name)
 
 
 def fig13_rank_adaptation(res: Results, out: Path) -> None:
@@ -296,16 +318,21 @@ def fig13_rank_adaptation(res: Results, out: Path) -> None:
     runs = runs[(runs.method == "comera") & runs.target_ratio.notna()]
     why = pd.Series([late_stage_missing(r) for r in runs.itertuples()], index=runs.index, dtype=str)
     missing = [f"target {t:g}: {w}" for t, w in zip(runs.target_ratio, why) if w]
-    shown = runs[why == ""]
+    shown, missed = runs[why == ""], []
     if not len(shown):
         return _empty(out, name, title, "CoMERA runs with a target whose late stage ran ("
                       + ("; ".join(missing) or f"none among the {source}") + ")", res.settings_line())
     fig, (left, right) = _figure(2)
     for i, r in enumerate(shown.itertuples()):
         size, acc = _series(res, r.run_id, "method", "params_tt"), _series(res, r.run_id, "eval", "accuracy")
-        left.plot(size.step, size.value / res.switch(r)["size"], color=f"C{i}", label=labels[r.run_id])
+        ratio = size.value / res.switch(r)["size"]
+        style = {**distinct(i), "marker": None}
+        left.plot(size.step, ratio, label=labels[r.run_id], **style)
         left.axhline(r.target_ratio, color=f"C{i}", ls="--", lw=0.8)
-        right.plot(acc.step, acc.value, color=f"C{i}", marker=".", label=labels[r.run_id])
+        if len(ratio) and ratio.iloc[-1] > r.target_ratio * (1 + TARGET_SLACK):
+            missed.append(f"target {r.target_ratio:g} missed: the TT size ends at {ratio.iloc[-1]:.2f}x the "
+                          "size at the switch")
+        right.plot(acc.step, acc.value, label=labels[r.run_id], **distinct(i))
     for ax, ylabel in ((left, "TT size / TT size at the switch (dashed: target)"),
                        (right, "validation accuracy (fraction)")):
         _switch_line(ax, res, shown)
@@ -313,14 +340,19 @@ def fig13_rank_adaptation(res: Results, out: Path) -> None:
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    if missing:
-        left.text(0.02, 0.02, textwrap.fill("not measured here: " + "; ".join(missing), 70), fontsize=7,
+    notes = ([f"not measured here: {'; '.join(missing)}"] if missing else []) + missed
+    if notes:
+        left.text(0.02, 0.02, textwrap.fill("; ".join(notes), 70), fontsize=7,
                   transform=left.transAxes, color="red", va="bottom", zorder=5,
                   bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"})
     _finish(fig, title, _quality_footer(
         res, shown, source, "TT size = scalars in every core and gate (curves method/params_tt, after every "
         "step) divided by the size right after the switch's pruning (the same divisor before the switch); "
         f"{ramp_text(shown)}; accuracy as in Fig 6"), out, name)
+
+
+TARGET_SLACK = 0.05
+"""Fig 13 says a target was missed when the TT size ends more than this fraction above it."""
 
 
 def ramp_text(runs: pd.DataFrame) -> str:
@@ -426,21 +458,23 @@ def fig5_ttm_lookup(res: Results, out: Path) -> None:
     if not len(mb):
         return _empty(out, name, title, "embedding microbenchmarks (config microbench.specs)",
                       res.settings_line())
-    fig, (ax_t, ax_m) = _figure(2)
+    fig, (ax_t, ax_m) = _figure(2, width=6.0)  # the legend beside the right panel
     for (shape, variant), group in mb.groupby(["shape", "variant"], sort=True):
         group = group.sort_values("tokens")
         label = variant if mb["shape"].nunique() == 1 else f"{variant} {shape}"
         ax_t.errorbar(group.tokens, group.time_ms, yerr=group.time_ms_iqr.fillna(0) / 2, marker="o", capsize=3,
                       label=label)
         ax_m.plot(group.tokens, group.peak_mem_bytes / MB, marker="o", label=label)
+    tokens = sorted(int(t) for t in mb.tokens.unique())
     for ax, ylabel in ((ax_t, "forward + backward time (ms)"), (ax_m, "peak memory (MB)")):
         ax.set_xlabel("indices per batch")
         ax.set_ylabel(ylabel)
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.set_xticks(tokens, [str(t) for t in tokens])  # ticks at the measured points only
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.grid(alpha=0.3)
-    ax_t.legend(fontsize=6)
+    ax_m.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
     c6 = reference.claim("C6")["values"]
     first = mb.iloc[0]
     _finish(fig, title, f"device {res.label} ({first.device_name}, {first.num_threads} threads); memory = "
@@ -461,11 +495,12 @@ FIGURES: dict[str, Callable[[Results, Path], None]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, res = report_args("python -m harness.reports.figures", __doc__.splitlines()[0], argv)
+    args, res = report_args("python -m harness.reports.figures", __doc__.splitlines()[0], argv, not_drawn=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for draw in FIGURES.values():
-        draw(res, out)
+    for name, draw in FIGURES.items():
+        if name not in args.not_drawn:
+            draw(res, out)
     return 0
 
 

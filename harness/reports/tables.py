@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from harness.reports import reference
+from harness.reports import feeds, reference
 from harness.reports.html import markdown_table, write_html
 from harness.results import empty_frame, read_parquet
 
@@ -391,6 +391,15 @@ def overview(res: Results) -> tuple[pd.DataFrame, str]:
         "method: docs/measurement.md")
 
 
+def with_not_drawn(df: pd.DataFrame, names: list[str]) -> pd.DataFrame:
+    """The overview with a row naming the figures not drawn and what each would need."""
+    if not names:
+        return df
+    text = "; ".join(f"{name}: needs {feeds.NEEDS[name]}" for name in names)
+    return pd.concat([df, pd.DataFrame([("figures not drawn (the grid cannot feed them)", text)],
+                                       columns=df.columns)], ignore_index=True)
+
+
 TABLES = {"overview": overview, "table1_ranks": table1_ranks, "table2_dlrm": table2_dlrm,
           "table_mnli_size": table_mnli_size, "table_runs": table_runs}
 QUALITY_TABLES = ("table1_ranks", "table_mnli_size")  # from the quality cells: their settings
@@ -418,23 +427,29 @@ def write_table(df: pd.DataFrame, note: str, title: str, out: Path, name: str, s
     write_html(out / f"{name}.md")
 
 
-def report_args(prog: str, description: str, argv: list[str] | None,
-                out_help: str = "output folder") -> tuple[argparse.Namespace, Results]:
+def report_args(prog: str, description: str, argv: list[str] | None, out_help: str = "output folder",
+                not_drawn: bool = False) -> tuple[argparse.Namespace, Results]:
     """The command line shared by the tables, figures and claims commands (--results, --device-label,
-    --out), parsed, with the results folder loaded."""
+    --out; with ``not_drawn``, --not-drawn), parsed, with the results folder loaded."""
     ap = argparse.ArgumentParser(prog=prog, description=description)
     ap.add_argument("--results", required=True, help="results/<device> folder")
     ap.add_argument("--device-label", default=None)
     ap.add_argument("--out", required=True, help=out_help)
+    if not_drawn:
+        ap.add_argument("--not-drawn", nargs="*", default=[], choices=list(feeds.NEEDS), metavar="FIGURE",
+                        help="figures the grid cannot feed (harness.reports.feeds): not drawn, listed once "
+                             "in the overview")
     args = ap.parse_args(argv)
     return args, load(args.results, args.device_label)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, res = report_args("python -m harness.reports.tables", __doc__.splitlines()[0], argv)
+    args, res = report_args("python -m harness.reports.tables", __doc__.splitlines()[0], argv, not_drawn=True)
     quality = res.settings_line("transformer", res.quality_runs("transformer")[0])
     for name, build in TABLES.items():
         df, note = build(res)
+        if name == "overview":
+            df = with_not_drawn(df, args.not_drawn)
         settings = quality if name in QUALITY_TABLES else res.settings_line()
         write_table(df, note, TITLES[name], Path(args.out), name, settings)
     return 0

@@ -84,6 +84,7 @@ import torch
 
 from harness import results
 from harness.core import allocator
+from harness.running import progress as progress_lines
 from harness.running import specs, warmup
 from harness.core import measure, timing
 from harness.running.cudagraph import GraphedStep, require_cuda, state_signature
@@ -371,7 +372,7 @@ def _train(st: _State, reg: Registry, progress: bool | None) -> None:
     st.monitor = measure.MemoryMonitor(st.device)
     gc.collect()
     st.monitor.start()
-    bar = _progress_bar(total_steps, spec["run_id"], progress)
+    bar = progress_lines.progress(total_steps, spec["run_id"], progress)
     limit, deadline = budget["time_limit_s"], None
     _begin(st, "training step 1")
     if limit:  # the clock starts with the first training step
@@ -636,14 +637,6 @@ def _record_ranks(st: _State, step: int, epoch: int = 0) -> None:
 def _curve(st: _State, step: int, epoch: int, split: str, name: str, value: float) -> dict[str, Any]:
     return {"run_id": st.spec["run_id"], "step": step, "epoch": epoch, "split": split,
             "metric_name": name, "value": value}
-
-
-def _progress_bar(total: int, desc: str, progress: bool | None):
-    from tqdm import tqdm
-
-    enabled = sys.stderr.isatty() if progress is None else progress
-    return tqdm(total=total, desc=desc, file=sys.stderr, disable=not enabled, mininterval=1.0,
-                leave=False)
 
 
 # ---------------------------------------------------------------------------------------- the row

@@ -1,4 +1,4 @@
-"""CoMERA's two stages on the tiny transformer through the real runner (issue 11's acceptance tests):
+"""CoMERA's two stages on the tiny transformer through the real runner (acceptance tests):
 the early stage prunes gently and keeps the accuracy of dense training with the same steps; the late
 stage ends at its size target."""
 import json

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from baselines.base import state_bytes
-from baselines.galore import GaLoreMethod, galore_weights
+from baselines.galore import BNB_CPU_LOGGER, GaLoreMethod, galore_weights, import_galore_torch
 
 from .conftest import ToyNet
 
@@ -113,3 +113,15 @@ def test_settings_record_the_projection_window_for_timing():
     assert prepared.settings["update_proj_gap"] == prepared.settings["time_window_steps"] == 50
     assert prepared.settings["trainable_params"] == 195
     assert json.loads(json.dumps(prepared.settings)) == prepared.settings  # plain JSON values
+
+
+def test_the_bitsandbytes_cpu_kernel_notice_is_silenced(caplog):
+    """bitsandbytes' 'Failed to load CPU gemm_4bit_forward' (a 4-bit kernel GaLore never uses) is not shown;
+    its errors still are."""
+    import logging
+
+    import_galore_torch()
+    notices = logging.getLogger(BNB_CPU_LOGGER)
+    notices.warning("Failed to load CPU gemm_4bit_forward from kernels-community")
+    notices.error("a real failure")
+    assert "gemm_4bit" not in caplog.text and "a real failure" in caplog.text

@@ -305,7 +305,7 @@ def test_measure_kernel_cost_is_a_positive_flop_count():
 PAPER_LAYERS = [((12, 8, 8), (8, 8, 12)), ((12, 8, 8), (12, 16, 16))]
 OP_BOUND = 77
 """ATen ops (views and the 13 gradient accumulations included) one forward+backward of a paper-shape
-layer dispatches at most since issue 27 (main before it: 82-110)."""
+layer dispatches at most (the contraction before the op-count work: 82-110)."""
 
 
 def _fwd_bwd_ops(in_shape, out_shape, tokens: int) -> int:
@@ -335,7 +335,7 @@ def test_fwd_bwd_dispatches_at_most_the_bound(in_shape, out_shape, tokens):
     assert _fwd_bwd_ops(in_shape, out_shape, tokens) <= OP_BOUND
 
 
-@pytest.mark.xfail(strict=True, reason="issue 27's goal (config/bench.yaml linear_ops) is not reached: the "
+@pytest.mark.xfail(strict=True, reason="the op-count goal (config/bench.yaml linear_ops) is not reached: the "
                    "merged-chain contraction dispatches 59-64 ops plus one accumulation per leaf (13)")
 @pytest.mark.parametrize("tokens", [1, 128, 4096])
 def test_fwd_bwd_meets_the_op_goal(tokens):

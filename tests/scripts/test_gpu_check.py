@@ -59,8 +59,9 @@ def test_dry_run_packs_runs_tables_figures_and_claims(tmp_path):
     assert len(runs) == CELLS and (runs.status == "ok").all(), runs[["run_id", "status", "error"]]
     assert sorted(runs.matmul_precision) == ["high"] + ["highest"] * (CELLS - 1)
     figures = members(out / "figures.tar.gz")
-    assert {"figures/claims.md", "figures/fig1_time_memory.png", "figures/fig7_cuda_graph.png",
+    assert {"figures/claims.md", "figures/fig1_time_memory.png", "figures/fig6_accuracy.png",
             "figures/table_runs.md"} <= set(figures)
+    assert "figures/fig7_cuda_graph.png" not in figures  # the CPU stand-in has no CUDA graph cell
 
 
 @pytest.mark.slow

@@ -146,8 +146,10 @@ def test_merged_tables_complete(pipeline):
 
 def test_outputs_and_claims(pipeline):
     figs = pipeline["workdir"] / "figures" / "tiny"
-    for name in ("fig1_time_memory", "fig5_ttm_lookup", "fig6_accuracy", "fig12_time_vs_compression"):
+    for name in ("fig1_time_memory", "fig5_ttm_lookup", "fig6_accuracy", "fig13_rank_adaptation"):
         assert (figs / f"{name}.png").stat().st_size > 0 and (figs / f"{name}.pdf").stat().st_size > 0
+    assert not (figs / "fig12_time_vs_compression.png").exists()  # no sweep in this grid: named instead
+    assert "fig12_time_vs_compression: needs a CoMERA sweep" in (figs / "overview.md").read_text()
     for name in ("table1_ranks", "table2_dlrm", "table_mnli_size", "table_runs"):
         assert (figs / f"{name}.md").exists() and (figs / f"{name}.csv").exists()
     assert (figs / "compare" / "compare.md").exists() and (figs / "compare" / "compare_time_memory.png").exists()

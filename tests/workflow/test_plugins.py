@@ -200,7 +200,7 @@ def test_the_data_cache_lies_in_the_results_folder(plugin_dir, tmp_path):
 @pytest.mark.slow
 def test_a_runs_file_of_another_config_fails_the_merge(plugin_dir, tmp_path):
     """A cell's runs file replaced by one of another config (another budget: another config_hash) is named
-    by the merge, not merged under this grid's spec (issue 29: it was merged silently)."""
+    by the merge, not merged under this grid's spec (it once was, silently)."""
     config = {"device_name": "cpu-plugins", "execution": {"device": "cpu", "threads": 1},
               "methods": {"dense": {"method": "dense"}},
               "workloads": {"toy_reg": {"params": {"size": "tiny"}, "batch_sizes": [8], "methods": ["dense"],
@@ -213,7 +213,7 @@ def test_a_runs_file_of_another_config_fails_the_merge(plugin_dir, tmp_path):
     proc = subprocess.run(snakemake_cmd(workdir, configfile, "results/cpu-plugins/runs.parquet"),
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    # 3 timed steps: a noisy cell, and the hint to time it again repeats this config (issue 29 item 6)
+    # 3 timed steps: a noisy cell, and the hint to time it again repeats this config
     assert (f"comera-bench noisy results/runs/cpu-plugins --delete && snakemake --cores 1 figures --configfile "
             f"{configfile} --config results_dir=results figures_dir=figures") in proc.stderr
     (cell,) = (workdir / "results" / "runs" / "cpu-plugins").glob("*.runs.parquet")

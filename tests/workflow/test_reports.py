@@ -3,12 +3,13 @@ known ratios and verdicts out)."""
 from __future__ import annotations
 
 import json
+import re
 
 import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
-from harness.reports import compare, figures, reference, tables
+from harness.reports import compare, feeds, figures, reference, tables
 from harness.results import RUNS_COLUMNS, ResultsError, merge, to_frame, write_parquet_atomic
 
 
@@ -468,3 +469,85 @@ def test_curve_lines_part_by_size_data_and_sequence_length_where_they_vary(tmp_p
     assert drawn_lines == {"dense, batch 32, size paper, data stdlib, seq 128": [2.28, 3.28],
                            "dense, batch 32, size paper, data stdlib, seq 512": [6.12, 7.12],
                            "dense, batch 32, size bert-large, data text, seq 128": [2.28, 3.28]}
+
+
+def test_unfed_figures_of_a_transformer_only_grid():
+    timing, quality = spec_for(run_row("transformer", "comera", 4, target=0.5)), spec_for(run_row("transformer", "dense", 4))
+    quality["purpose"] = "quality"
+    cells = {"a": {**timing, "purpose": None}, "b": quality}
+    assert list(feeds.unfed(cells, {}, {"tiny": {"embedding": {}}})) == [
+        "fig1_time_memory", "fig7_cuda_graph", "fig8_dlrm_time_memory", "fig9_dlrm_nce", "fig10_mlm_loss",
+        "fig12_time_vs_compression"]  # the only timing cell has a target: no Fig 1
+    cells["c"] = spec_for(run_row("transformer", "dense", 4))
+    cells["c"]["execution"]["cuda_graph"] = True
+    unfed = feeds.unfed(cells, {"a": {"rank": 4}}, {})
+    assert "fig7_cuda_graph" not in unfed and "fig12_time_vs_compression" not in unfed
+    assert "fig5_ttm_lookup" in unfed and "fig13_rank_adaptation" in unfed  # the sweep's cell is no Fig 13 cell
+
+
+def test_not_drawn_figures_are_named_once_in_the_overview(folder, tmp_path):
+    out = tmp_path / "figs"
+    assert figures.main(["--results", str(folder), "--out", str(out), "--not-drawn", "fig7_cuda_graph"]) == 0
+    assert not (out / "fig7_cuda_graph.png").exists() and (out / "fig1_time_memory.png").exists()
+    assert tables.main(["--results", str(folder), "--out", str(out), "--not-drawn", "fig7_cuda_graph",
+                        "fig12_time_vs_compression"]) == 0
+    text = (out / "overview.md").read_text()
+    assert text.count("fig7_cuda_graph: needs transformer cells with execution.cuda_graph true") == 1
+    assert "fig12_time_vs_compression: needs a CoMERA sweep" in text
+    with pytest.raises(SystemExit):
+        figures.main(["--results", str(folder), "--out", str(out), "--not-drawn", "fig99"])
+
+
+def test_fig6_draws_the_paper_line_on_mnli_only_and_fig13_names_a_missed_target(tmp_path, drawn):
+    row, curves = quality_cell("comera", 0.5)
+    curves = [{**c, "value": SWITCH_SIZE} if c["metric_name"] == "params_tt" and c["step"] == 8 else c
+              for c in curves]  # no rank was pruned after the switch
+    res = tables.load(make_folder(tmp_path / "syn", [quality_cell("dense")[0], row],
+                                  quality_cell("dense")[1] + curves))
+    figures.fig6_accuracy(res, tmp_path)
+    figures.fig13_rank_adaptation(res, tmp_path)
+    (acc,), _, footer = drawn["fig6_accuracy"]
+    assert not any(label.startswith("paper") for label in acc) and "~64% on real MNLI is not drawn" in footer
+    assert any("target 0.5 missed: the TT size ends at 1.00x" in t for t in drawn["fig13_rank_adaptation"][1])
+    settings = json.loads(row["settings"])
+    mnli = [{**r, "settings": json.dumps({**settings, "workload_info": {"data": "mnli"}})}
+            for r in (quality_cell("dense")[0], row)]
+    figures.fig6_accuracy(tables.load(make_folder(tmp_path / "mnli", mnli, curves)), tmp_path)
+    (acc,), _, _ = drawn["fig6_accuracy"]
+    assert "paper (RTX 3090): final MNLI accuracy ~64%" in acc
+
+
+def test_distinct_styles_keep_coinciding_lines_visible():
+    first, second = figures.distinct(0), figures.distinct(1)
+    assert first["ls"] != second["ls"] and first["lw"] > second["lw"] and first["color"] != second["color"]
+
+
+def test_compare_figure_says_the_shared_workload_once_and_names_left_out_ratios(tmp_path, monkeypatch):
+    rows = [run_row("transformer", m, 4, time_s=t) for m, t in (("dense", 2.0), ("comera", 5.0))]
+    rows[0]["timing_quality"] = "noisy"
+    folder = make_folder(tmp_path / "cpu-a", rows)
+    table, labels, _ = compare.side_by_side([folder])
+    cells, common = compare.short_labels(table)
+    assert common == "transformer[size=small]" and sorted(cells) == ["comera-default/b4", "dense-default/b4"]
+    saved = {}
+    monkeypatch.setattr(plt.Figure, "savefig", lambda fig, path, **kw: saved.update(
+        size=tuple(fig.get_size_inches()), titles=[ax.get_title() for ax in fig.axes]))
+    compare.plot(table, labels, compare.method_ratios([folder]), tmp_path)
+    assert saved["size"][0] == 13 and saved["size"][1] < 10  # two panels a row, not a 24-inch strip
+    assert "not drawn: 1 measured ratio(s) (timing not stable)" in saved["titles"]
+
+
+def test_compare_prints_paper_batch_sizes_whole(folder, tmp_path):
+    out = tmp_path / "cmp"
+    assert compare.cli([str(folder), "--out", str(out)]) == 0
+    text = (out / "compare.md").read_text()
+    assert re.search(r"\|\s*10000\s*\|", text) and "1e+04" not in text  # the paper's DLRM batch
+
+
+def test_compare_gives_a_noisy_quality_cell_no_time_ratio(tmp_path):
+    row, _ = quality_cell("dense")
+    noisy = {**row, "timing_quality": "noisy: IQR 51% of the median (> 25%)", "epoch_time_s": 20.0}
+    table, labels, _ = compare.side_by_side([make_folder(tmp_path / "a", [row]), make_folder(tmp_path / "b", [noisy])])
+    cell = table[table.purpose == "quality"].iloc[0]
+    assert pd.isna(cell["epoch_time ratio b/a"]) and "timing not stable on b" in cell["differences"]
+    assert cell["peak_mem ratio b/a"] == 1.0

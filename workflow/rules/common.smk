@@ -5,6 +5,7 @@ import json
 import os
 import shlex
 import sys
+import time
 
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
@@ -68,6 +69,12 @@ RUN_FILES = expand(f"{CELLS}/{{run_id}}.runs.parquet", run_id=GRID)
 CURVE_FILES = expand(f"{CELLS}/{{run_id}}.curves.parquet", run_id=GRID)
 MICROBENCH_FILES = expand(f"{CELLS}/microbench/{{name}}.microbench.parquet", name=MICROBENCH)
 ON_GPU = _grid.uses_gpu(config)
+# Each finished cell prints "cells N of M done ... about T left" (harness/running/eta.py): the first
+# Snakemake process records when the run started and the grid's size; every job inherits both.
+from harness.running import eta as _eta
+
+os.environ.setdefault(_eta.STARTED_ENV, str(time.time()))
+os.environ.setdefault(_eta.CELLS_ENV, str(len(GRID)))
 
 
 def spec_json(run_id):

@@ -2,8 +2,11 @@
 # several). Every output is in the report (`snakemake --report report.html`) with its caption.
 localrules: tables, plots, claims, figures
 
-PLOTS = ["fig1_time_memory", "fig5_ttm_lookup", "fig6_accuracy", "fig7_cuda_graph", "fig8_dlrm_time_memory",
-         "fig9_dlrm_nce", "fig10_mlm_loss", "fig12_time_vs_compression", "fig13_rank_adaptation"]
+# Only the figures the grid can feed are drawn; the overview names the others (harness/reports/feeds.py).
+from harness.reports import feeds as _feeds
+
+NOT_DRAWN = list(_feeds.unfed(GRID, SWEEPS, MICROBENCH))
+PLOTS = [p for p in _feeds.NEEDS if p not in NOT_DRAWN]
 TABLES = ["overview", "table1_ranks", "table2_dlrm", "table_mnli_size", "table_runs"]
 MERGED_FILES = [f"{MERGED}/runs.parquet", f"{MERGED}/curves.parquet", f"{MERGED}/grid.json",
                 f"{MERGED}/microbench.parquet"]
@@ -23,9 +26,10 @@ rule tables:
         device=DEVICE,
         merged=lambda w, input: os.path.dirname(input[0]),
         out=lambda w, output: os.path.dirname(output.md[0]),
+        not_drawn=" ".join(NOT_DRAWN),
     shell:
         "python -m harness.reports.tables --results {params.merged:q} --device-label {params.device:q}"
-        " --out {params.out:q} > {log:q} 2>&1"
+        " --out {params.out:q} --not-drawn {params.not_drawn} > {log:q} 2>&1"
 
 
 rule plots:
@@ -40,9 +44,10 @@ rule plots:
         device=DEVICE,
         merged=lambda w, input: os.path.dirname(input[0]),
         out=lambda w, output: os.path.dirname(output.png[0]),
+        not_drawn=" ".join(NOT_DRAWN),
     shell:
         "python -m harness.reports.figures --results {params.merged:q} --device-label {params.device:q}"
-        " --out {params.out:q} > {log:q} 2>&1"
+        " --out {params.out:q} --not-drawn {params.not_drawn} > {log:q} 2>&1"
 
 
 rule claims:

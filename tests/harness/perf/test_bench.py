@@ -55,7 +55,7 @@ def test_quick_targets_produce_a_table(tmp_path, monkeypatch, capsys):
     frame = pd.read_parquet(out)
     assert list(frame["target"]) == [1] * 9 + [3, 3, 3, 3, 5, 5]
     assert set(PROVENANCE_COLUMNS) <= set(frame.columns) and (frame["device"] == "cpu").all()
-    assert set(frame["verdict"]) <= {"pass", "short", "info"}
+    assert set(frame["verdict"]) <= {"pass", "short", "impossible", "info"}  # impossible: real times, noisy
     assert frame["measured"].map(math.isfinite).all()
     assert list(frame["goal_key"]) == ["linear[0]", "linear[0].vs_official", "linear[1]", "linear[1].vs_official",
                                        "linear[2]", "linear[2].vs_official"] + ["linear_ops.goal"] * 3 + [
@@ -97,3 +97,18 @@ def test_a_failing_target_becomes_an_error_row(monkeypatch):
     monkeypatch.setattr(targets, "target_plans", broken)
     rows = targets.run_targets({5}, Config.make("cpu", 1, quick=True))
     assert [r.verdict for r in rows] == ["error"] and "plan exploded" in rows[0].note
+
+
+def test_a_busy_machine_is_warned_about_on_stderr_and_in_the_table(tmp_path, monkeypatch, capsys):
+    from harness.core import timing
+
+    monkeypatch.setattr(timing, "load_avg_1m", lambda: 50.0)
+    out = tmp_path / "b.parquet"
+    assert bench.cli(["--quick", "--targets", "5", "--threads", "1", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: the machine was busy (1-minute load average 50.0 on" in err
+    assert "a ratio above its own bound is marked impossible" in err
+    assert "**Warning:** the machine was busy" in out.with_suffix(".md").read_text()
+    monkeypatch.setattr(timing, "load_avg_1m", lambda: 0.0)
+    assert bench.cli(["--quick", "--targets", "5", "--threads", "1", "--out", str(out)]) == 0
+    assert "busy" not in capsys.readouterr().err and "Warning" not in out.with_suffix(".md").read_text()

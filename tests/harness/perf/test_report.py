@@ -44,3 +44,14 @@ def test_written_rows_carry_the_provenance_columns(tmp_path):
     assert not list((tmp_path / "cpu").glob("*.tmp"))
     shown = show_table([str(tmp_path)], kind="bench")  # `comera-bench show results --kind bench`
     assert list(shown["what"]) == ["a", "b"] and "bound" in shown.columns
+
+
+@pytest.mark.parametrize("measured, bound, expected", [
+    (67.75, 7.66, "impossible"), (8.0, 7.66, "pass"), (6.5, 7.66, "short"), (9.0, None, "pass"),
+    (9.0, float("nan"), "pass"),
+])
+def test_a_ratio_above_its_bound_is_never_a_pass(measured, bound, expected):
+    row = report.make_row(1, "x", 7.0, measured, bound=bound, bound_basis="roofline")
+    assert row.verdict == expected
+    assert ("above its own bound 7.66 (roofline)" in row.note) == (expected == "impossible")
+    assert report.make_row(1, "x", None, measured, bound=bound).verdict in ("info", "impossible")

@@ -118,7 +118,8 @@ def test_step_table_from_worker_results(monkeypatch):
                    "step.paper.speedup_vs_galore_b1": (None, "error"),
                    "step.paper.memory_saving_vs_galore_b1": (None, "error"),
                    "step.small.speedup_vs_dense_b32": (1.25, "pass"), "step.small.speedup_vs_dense_b1": (0.625, "short"),
-                   "halving.layers_speedup": (2.0, "short"), "halving.amdahl_fraction": (1.0, "pass")}
+                   "halving.layers_speedup": (2.0, "impossible"),  # above its FLOP bound 1.8
+                   "halving.amdahl_fraction": (1.0, "pass")}
     assert all("comera_b1: exit 1: boom" in r.note for r in rows)
     assert all("worker allocator glibc x" in r.settings for r in rows)  # differs from this process
     by_key = {r.goal_key: r for r in rows}
@@ -127,7 +128,8 @@ def test_step_table_from_worker_results(monkeypatch):
     assert speed.bound == pytest.approx(800 / 60) and speed.bound_basis == "free tensorized layers"
     assert "f=0.40" in speed.note and "uncompressed model" in speed.note and "size=tiny" in speed.settings
     small = by_key["step.small.speedup_vs_dense_b1"]
-    assert "small preset" in small.what and small.goal == 0.667 and small.bound is None
+    assert "tiny preset" in small.what and small.goal == 0.667 and small.bound is None  # --quick runs tiny
+    assert "tiny preset, batch 8" in speed.what and "tiny dense b8 800.0 ms" in speed.medians
     halving = by_key["halving.amdahl_fraction"]  # f=0.4, s=2: 1/(0.6+0.2) = 1.25 = the step's 100/80
     assert "= 1.25x" in halving.note and "1.25x; Amdahl estimate 1.25x" in halving.medians
     assert "l: [1, 8, 1] -> [1, 4, 1]" in halving.settings
@@ -208,7 +210,25 @@ def test_step_ratios_are_medians_of_per_round_ratios(monkeypatch):
     got = {r.goal_key: r for r in steps.target_steps(cfg, {2}, 10)}
     speed = got["step.paper.speedup_vs_dense_b32"]
     assert speed.measured == 3.0 and "per round 8.00, 3.00, 3.00" in speed.medians  # not 900/300
-    assert "dense_b32 900.0 ms" in speed.medians and "comera_b32 300.0 ms" in speed.medians
+    assert "tiny dense b8 900.0 ms" in speed.medians and "tiny comera b8 300.0 ms" in speed.medians
     assert got["step.paper.speedup_vs_galore_b1"].measured is None
     assert "galore_b1: exit 1: flaky" in speed.note and "3 interleaved round(s)" in speed.settings
     assert steps.round_ratios(fake, ("dense_b32", "peak_bytes"), ("comera_b32", "peak_bytes")) == [1.0]
+
+
+
+def test_a_step_speedup_above_its_own_bound_is_impossible_not_a_pass(monkeypatch):
+    """Injected times of a busy machine: per round uncompressed 800 and 800 ms, CoMERA 10 and 400 ms (5 ms
+    in its tensorized layers, median step 205 ms): the per-round ratios 80 and 2 give 41x, while even free
+    tensorized layers would give 800 / 200 = 4x: impossible (noise), never a pass of the 4x goal."""
+    fake = _fake_results()
+    fake["dense_b32"].update(step_ms=800.0, step_ms_rounds=[800.0, 800.0])
+    fake["comera_b32"].update(step_ms=205.0, step_ms_rounds=[10.0, 400.0], tt_layers_ms=5.0)
+    monkeypatch.setattr(steps, "run_step_rounds", lambda jobs, rounds, timeout_s, progress: fake)
+    rows = {r.goal_key: r for r in steps.target_steps(Config.make("cpu", 1, quick=True, step_rounds=2), {2}, 10)}
+    speed = rows["step.paper.speedup_vs_dense_b32"]
+    assert speed.measured == pytest.approx(41.0) and speed.bound == pytest.approx(4.0)
+    assert speed.verdict == "impossible" and "above its own bound 4.00 (free tensorized layers)" in speed.note
+    fake["comera_b32"].update(step_ms_rounds=[190.0, 210.0])  # a quiet machine: 4.2x and 3.8x, median 4x
+    rows = {r.goal_key: r for r in steps.target_steps(Config.make("cpu", 1, quick=True, step_rounds=2), {2}, 10)}
+    assert rows["step.paper.speedup_vs_dense_b32"].verdict == "pass"

@@ -398,7 +398,7 @@ def test_real_tiny_transformer_cell(tmp_path, method):
 
 @pytest.mark.skipif(not REAL_PARTS, reason="the transformer workload or the methods are not there yet")
 def test_real_dlrm_divergence_in_its_only_step():
-    """The issue's case: lr 1e30 makes the only step's update non-finite; accuracy stays at the
+    """The reported case: lr 1e30 makes the only step's update non-finite; accuracy stays at the
     always-no-click rate, so only the evaluation's loss values tell."""
     spec = {"workload": "dlrm", "workload_params": {"size": "tiny"}, "method": "dense",
             "method_params": {"lr": 1e30}, "batch_size": 64,

@@ -1,0 +1,62 @@
+"""A cell's training progress on stderr: a tqdm bar on a terminal, else one line ``<cell>: step N of M,
+elapsed ..., ETA ...`` every LOG_EVERY_S seconds of wall time (and after the last step), so that a
+pipeline cell's log (stderr redirected to ``logs/<cell>.log``) shows how far a long cell is."""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Callable, TextIO
+
+LOG_EVERY_S = 15.0
+
+
+def clock(seconds: float) -> str:
+    """``seconds`` as ``1h02m``, ``3m05s`` or ``42s``."""
+    s = int(round(seconds))
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+def eta_s(done: int, total: int, elapsed_s: float) -> float | None:
+    """Seconds left at the rate so far (None before the first step)."""
+    return elapsed_s / done * (total - done) if done else None
+
+
+class StepLog:
+    """Progress lines every ``every_s`` seconds on ``stream``; ``update``/``close`` like a tqdm bar."""
+
+    def __init__(self, total: int, name: str, stream: TextIO, every_s: float = LOG_EVERY_S,
+                 now: Callable[[], float] = time.monotonic):
+        self.total, self.name, self.stream, self.every_s, self.now = total, name, stream, every_s, now
+        self.done = 0
+        self.started = self.last = now()
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        if self.done >= self.total or self.now() - self.last >= self.every_s:
+            self.write()
+
+    def write(self) -> None:
+        self.last = self.now()
+        elapsed = self.last - self.started
+        left = eta_s(self.done, self.total, elapsed)
+        eta = "" if left is None else f", ETA {clock(left)}"
+        print(f"{self.name}: step {self.done} of {self.total}, elapsed {clock(elapsed)}{eta}",
+              file=self.stream, flush=True)
+
+    def close(self) -> None:
+        """Nothing to release (the last step wrote its line)."""
+
+
+def progress(total: int, name: str, bar: bool | None):
+    """A tqdm bar when ``bar`` (default: stderr is a terminal), else a :class:`StepLog` on stderr."""
+    if bar is None:
+        bar = sys.stderr.isatty()
+    if not bar:
+        return StepLog(total, name, sys.stderr)
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=name, file=sys.stderr, mininterval=1.0, leave=False)

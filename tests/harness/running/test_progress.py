@@ -1,0 +1,63 @@
+"""Progress lines of a cell whose stderr is not a terminal (a pipeline cell's log)."""
+import io
+
+from harness.running import progress
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_lines_at_steady_rate_with_eta():
+    out, clock = io.StringIO(), FakeClock()
+    log = progress.StepLog(10, "cell", out, every_s=15.0, now=clock)
+    for _ in range(10):
+        clock.t += 4.0  # 4 s a step: a line every 4th step (16 s), and after the last
+        log.update()
+    lines = out.getvalue().splitlines()
+    assert lines == ["cell: step 4 of 10, elapsed 16s, ETA 24s",
+                     "cell: step 8 of 10, elapsed 32s, ETA 8s",
+                     "cell: step 10 of 10, elapsed 40s, ETA 0s"]
+
+
+def test_slow_steps_log_every_step():
+    out, clock = io.StringIO(), FakeClock()
+    log = progress.StepLog(100, "c", out, every_s=15.0, now=clock)
+    for _ in range(3):
+        clock.t += 70.0
+        log.update()
+    assert out.getvalue().splitlines()[-1] == "c: step 3 of 100, elapsed 3m30s, ETA 1h53m"
+
+
+def test_not_a_terminal_gives_lines(monkeypatch):
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    assert isinstance(progress.progress(5, "c", None), progress.StepLog)
+    assert not isinstance(progress.progress(5, "c", True), progress.StepLog)
+
+
+def test_clock():
+    assert [progress.clock(s) for s in (0, 59.6, 61, 3725)] == ["0s", "1m00s", "1m01s", "1h02m"]
+
+
+def test_pipeline_line_counts_cells_and_extrapolates_this_runs_rate(tmp_path, monkeypatch):
+    import os
+
+    from harness.running import eta
+
+    for name, mtime in (("old", 100.0), ("a", 1010.0), ("b", 1040.0)):  # one from an earlier run, two now
+        path = tmp_path / f"{name}.runs.parquet"
+        path.write_bytes(b"")
+        os.utime(path, (mtime, mtime))
+    assert eta.cells_progress(tmp_path, 10, 1000.0, 1060.0) == (
+        "comera-bench: cells 3 of 10 done (2 in this run, 1m00s); about 3m30s left at this run's rate "
+        "(cells differ: a rough guide)")  # 7 cells left at 30 s each
+    assert eta.cells_progress(tmp_path, 10, 2000.0, 2060.0) == "comera-bench: cells 3 of 10 done"
+    monkeypatch.delenv(eta.STARTED_ENV, raising=False)
+    assert eta.pipeline_line(tmp_path) == ""  # not in a pipeline run
+    monkeypatch.setenv(eta.STARTED_ENV, "1000")
+    monkeypatch.setenv(eta.CELLS_ENV, "10")
+    assert eta.pipeline_line(tmp_path).startswith("comera-bench: cells 3 of 10 done (2 in this run")
