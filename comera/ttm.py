@@ -152,7 +152,9 @@ class TTMEmbedding(ResizeOnLoad, nn.Module):
             raise IndexError(f"TTMEmbedding: index out of range [0, {self.num_embeddings}): "
                              f"min {int(idx.min())}, max {int(idx.max())}")
         flat = idx.reshape(-1).long()
-        if self.unique_rows:
+        if self.unique_rows and not _capturing(flat):
+            # torch.unique syncs with the host (its size depends on the data): a CUDA graph being captured
+            # computes every row instead, which gives the same values
             rows, inverse = torch.unique(flat, return_inverse=True)
         else:
             rows, inverse = flat, None
@@ -230,6 +232,11 @@ class HalfTableRows(torch.autograd.Function):
             if need_right:
                 grad_right.index_add_(0, right_pos, torch.bmm(left.index_select(0, left_pos).mT, grad))
         return grad_left, grad_right, None, None, None
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    """Whether ``t``'s CUDA stream is capturing a CUDA graph (never on a CPU tensor)."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def _half_table_rows(left: torch.Tensor, right: torch.Tensor, left_index: torch.Tensor,

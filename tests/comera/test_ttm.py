@@ -194,3 +194,22 @@ def test_out_of_range_index_is_named():
         layer(torch.tensor([0, 50]))  # row 50 exists in the padded 60-row table but not in the embedding
     with pytest.raises(TypeError, match="int"):
         layer(torch.tensor([0.0]))
+
+
+def test_lookup_under_cuda_graph_capture_skips_the_host_syncing_unique(monkeypatch):
+    """torch.unique's output size needs a host sync, which invalidates a CUDA graph capture (the H200's
+    whole-step capture of CoMERA failed with cudaErrorStreamCaptureInvalidated): while a capture runs,
+    every row is computed, with the same values and gradients."""
+    torch.manual_seed(0)
+    emb = TTMEmbedding(64, 16, row_shape=[4, 4, 4], col_shape=[4, 2, 2], rank=4)
+    idx = torch.tensor([[3, 3, 7, 60], [7, 0, 3, 3]])
+    expected = emb(idx)
+    expected_grads = torch.autograd.grad(expected.square().sum(), list(emb.cores))
+    unique_calls = []
+    real_unique = torch.unique
+    monkeypatch.setattr(torch, "unique", lambda *a, **k: unique_calls.append(1) or real_unique(*a, **k))
+    monkeypatch.setattr(ttm, "_capturing", lambda t: True)
+    captured = emb(idx)
+    grads = torch.autograd.grad(captured.square().sum(), list(emb.cores))
+    assert unique_calls == [] and torch.allclose(captured, expected, atol=1e-6)
+    assert all(torch.allclose(g, e, atol=1e-5) for g, e in zip(grads, expected_grads))
