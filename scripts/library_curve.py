@@ -17,12 +17,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
 
 import comera  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "comera"))
-from test_readme_recipe import LR, STEPS, TARGET, _teacher  # noqa: E402
+from test_readme_recipe import LR, STEPS, TARGET, teacher_labels, accuracy, train_mlp  # noqa: E402
 
 EARLIER = {"loss_reference": "switch", "rho": 0.1, "l2_weight": 1e-4}
 EARLIER_LR = 1e-3
@@ -31,33 +30,19 @@ EARLIER_LR = 1e-3
 def curve(x, y, *, tt: bool, adapt: dict | None, lr: float = LR,
           every: int = 20) -> tuple[list[int], list[float], list[float]]:
     """Steps, accuracy and TT size / size at the start, for one training run."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(100, 256), nn.ReLU(), nn.Linear(256, 10))
-    adaptation = None
-    if tt:
-        comera.tensorize(model, "all-linear", rank=16)
-        optimizer = torch.optim.AdamW(comera.param_groups(model, lr=lr))
-        if adapt is not None:
-            adaptation = comera.RankAdaptation(model, optimizer, target=TARGET, total_steps=STEPS, **adapt)
-    else:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    start = comera.tt_parameter_count(model) if tt else 1
-    batches = torch.Generator().manual_seed(0)
-    steps, accuracy, size = [], [], []
-    for step in range(1, STEPS + 1):
-        idx = torch.randint(0, len(x), (128,), generator=batches)
-        loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
-        (adaptation.loss(loss) if adaptation else loss).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        if adaptation:
-            adaptation.step()
+    steps, accuracies, sizes = [], [], []
+    start: list[int] = []
+
+    def record(step: int, model: torch.nn.Module) -> None:
+        size = comera.tt_parameter_count(model) if tt else 1
+        start[:] = start or [size]
         if step % every == 0:
-            with torch.no_grad():
-                accuracy.append((model(x).argmax(1) == y).float().mean().item())
             steps.append(step)
-            size.append(comera.tt_parameter_count(model) / start if tt else float("nan"))
-    return steps, accuracy, size
+            accuracies.append(accuracy(model, x, y))
+            sizes.append(size / start[0] if tt else float("nan"))
+
+    train_mlp(x, y, 0, tt=tt, adapt=adapt, lr=lr, on_step=record)
+    return steps, accuracies, sizes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="docs/img/library_curve.png")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    x, y = _teacher(0)
+    x, y = teacher_labels(0)
     runs = {"dense twin": curve(x, y, tt=False, adapt=None), "TT, no rank adaptation": curve(x, y, tt=True, adapt=None),
             "CoMERA, defaults": curve(x, y, tt=True, adapt={}),
             "CoMERA, the recipe before (lr 1e-3)": curve(x, y, tt=True, adapt=EARLIER, lr=EARLIER_LR)}

@@ -15,14 +15,14 @@ import comera
 STEPS, LR, TARGET = 600, 3e-3, 0.3
 
 
-def _clusters(seed):
+def cluster_labels(seed):
     g = torch.Generator().manual_seed(seed)
     centers = 2.0 * torch.randn(10, 100, generator=g)
     y = torch.randint(0, 10, (4096,), generator=g)
     return centers[y] + 2.5 * torch.randn(4096, 100, generator=g), y
 
 
-def _teacher(seed):
+def teacher_labels(seed):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(4096, 100, generator=g)
     torch.manual_seed(1000 + seed)
@@ -32,19 +32,23 @@ def _teacher(seed):
         return x, teacher(x).argmax(1)
 
 
-def _train(x, y, seed, *, tt: bool, adapt: bool) -> tuple[float, "comera.RankAdaptation | None"]:
+def train_mlp(x, y, seed, *, tt: bool, adapt: dict | None, lr: float = LR,
+              on_step=None) -> tuple[float, "comera.RankAdaptation | None"]:
+    """README's recipe (``tt``; with RankAdaptation when ``adapt`` is a dict of its settings) or the dense
+    twin; ``on_step(step, model)`` after each step (scripts/library_curve.py draws from it). Returns the
+    final accuracy on (x, y) and the RankAdaptation."""
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(100, 256), nn.ReLU(), nn.Linear(256, 10))
     adaptation = None
     if tt:  # README: tensorize, param_groups, RankAdaptation
         comera.tensorize(model, "all-linear", rank=16)
-        optimizer = torch.optim.AdamW(comera.param_groups(model, lr=LR))
-        if adapt:
-            adaptation = comera.RankAdaptation(model, optimizer, target=TARGET, total_steps=STEPS)
+        optimizer = torch.optim.AdamW(comera.param_groups(model, lr=lr))
+        if adapt is not None:
+            adaptation = comera.RankAdaptation(model, optimizer, target=TARGET, total_steps=STEPS, **adapt)
     else:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     batches = torch.Generator().manual_seed(seed)
-    for _ in range(STEPS):
+    for step in range(1, STEPS + 1):
         idx = torch.randint(0, len(x), (128,), generator=batches)
         loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
         (adaptation.loss(loss) if adaptation else loss).backward()
@@ -52,17 +56,23 @@ def _train(x, y, seed, *, tt: bool, adapt: bool) -> tuple[float, "comera.RankAda
         optimizer.zero_grad()
         if adaptation:
             adaptation.step()
+        if on_step:
+            on_step(step, model)
+    return accuracy(model, x, y), adaptation
+
+
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     with torch.no_grad():
-        return (model(x).argmax(1) == y).float().mean().item(), adaptation
+        return (model(x).argmax(1) == y).float().mean().item()
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("labels,twin,tolerance", [(_clusters, "dense", 0.02), (_teacher, "tt", 0.05)])
+@pytest.mark.parametrize("labels,twin,tolerance", [(cluster_labels, "dense", 0.02), (teacher_labels, "tt", 0.05)])
 def test_readme_recipe_reaches_the_target_at_its_twins_accuracy(labels, twin, tolerance, seed):
     torch.set_num_threads(1)
     x, y = labels(seed)
-    accuracy, adaptation = _train(x, y, seed, tt=True, adapt=True)
-    twin_accuracy, _ = _train(x, y, seed, tt=twin == "tt", adapt=False)
+    final, adaptation = train_mlp(x, y, seed, tt=True, adapt={})
+    twin_accuracy, _ = train_mlp(x, y, seed, tt=twin == "tt", adapt=None)
     assert adaptation.stage == "late"
     assert adaptation.size_target <= adaptation.size <= 1.03 * adaptation.size_target, adaptation.summary()
-    assert accuracy >= twin_accuracy - tolerance, (accuracy, twin_accuracy)
+    assert final >= twin_accuracy - tolerance, (final, twin_accuracy)
