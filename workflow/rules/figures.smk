@@ -26,10 +26,10 @@ rule tables:
         device=DEVICE,
         merged=lambda w, input: os.path.dirname(input[0]),
         out=lambda w, output: os.path.dirname(output.md[0]),
-        not_drawn=" ".join(NOT_DRAWN),
+        not_drawn=NOT_DRAWN,
     shell:
         "python -m harness.reports.tables --results {params.merged:q} --device-label {params.device:q}"
-        " --out {params.out:q} --not-drawn {params.not_drawn} > {log:q} 2>&1"
+        " --out {params.out:q} --not-drawn {params.not_drawn:q} > {log:q} 2>&1"
 
 
 rule plots:
@@ -44,10 +44,10 @@ rule plots:
         device=DEVICE,
         merged=lambda w, input: os.path.dirname(input[0]),
         out=lambda w, output: os.path.dirname(output.png[0]),
-        not_drawn=" ".join(NOT_DRAWN),
+        not_drawn=NOT_DRAWN,
     shell:
         "python -m harness.reports.figures --results {params.merged:q} --device-label {params.device:q}"
-        " --out {params.out:q} --not-drawn {params.not_drawn} > {log:q} 2>&1"
+        " --out {params.out:q} --not-drawn {params.not_drawn:q} > {log:q} 2>&1"
 
 
 rule claims:

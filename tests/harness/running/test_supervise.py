@@ -120,7 +120,9 @@ def test_a_cell_stopped_from_outside_gets_no_row(cell, capsys, signame):
     """timeout, scancel, a job's time limit or a closed session stop the cell: it is interrupted, not
     failed, so no row is written and the pipeline runs it again."""
     spec, runs, curves = cell
-    stop = [sys.executable, "-c", f"import os, signal; os.kill(os.getpid(), signal.{signame})"]
+    # the default action first: under nohup or `cmd &` the test's own process may ignore SIGHUP / SIGINT
+    stop = [sys.executable, "-c", f"import os, signal; signal.signal(signal.{signame}, signal.SIG_DFL); "
+                                  f"os.kill(os.getpid(), signal.{signame})"]
     code, status = supervise.supervise(stop, spec, runs, curves)
     import signal
     assert (code, status) == (128 + getattr(signal, signame), "interrupted")
