@@ -34,12 +34,12 @@ def target_linear(cfg: Config, roof: Roofline) -> list[BenchRow]:
         tt = TTLinear(n_in, n_out, in_shape=in_shape, out_shape=out_shape, rank=rank, device=cfg.device)
         official = OfficialTTLinear(tt)
         one = x[:1].contiguous()
-        calls = {"dense": mb._call(dense, x, "fwd_bwd", wrt_input=True),
-                 "tt": mb._call(tt, x, "fwd_bwd", wrt_input=True),
-                 "tt_1": mb._call(tt, one, "fwd_bwd", wrt_input=True),
-                 "floor_1": mb._call(AutogradOnly(tt), one, "fwd_bwd", wrt_input=True),
+        calls = {"dense": mb.module_call(dense, x, "fwd_bwd", wrt_input=True),
+                 "tt": mb.module_call(tt, x, "fwd_bwd", wrt_input=True),
+                 "tt_1": mb.module_call(tt, one, "fwd_bwd", wrt_input=True),
+                 "floor_1": mb.module_call(AutogradOnly(tt), one, "fwd_bwd", wrt_input=True),
                  "direct_1": (contraction_only(tt, one), mb._nothing),
-                 "official": mb._call(official, x, "fwd_bwd", wrt_input=True)}
+                 "official": mb.module_call(official, x, "fwd_bwd", wrt_input=True)}
         per_round = paired_rounds({k: run for k, (run, _) in calls.items()}, rounds=cfg.rounds,
                                   num_threads=cfg.num_threads, min_run_time_s=cfg.min_run_time_s)
         times = {k: statistics.median(v) for k, v in per_round.items()}
@@ -99,7 +99,7 @@ def target_linear_ops(cfg: Config) -> list[BenchRow]:
         dense = torch.nn.Linear(n_in, n_out, device=cfg.device)
         for tokens in goal["tokens"]:
             x = torch.randn(tokens, n_in, device=cfg.device)
-            ops = {k: mb.count_ops(mb._call(m, x, "fwd_bwd", wrt_input=True)[0]) for k, m in
+            ops = {k: mb.count_ops(mb.module_call(m, x, "fwd_bwd", wrt_input=True)[0]) for k, m in
                    (("tt", tt), ("dense", dense))}
             plan = tt.plan(tokens)
             rows.append(make_row(
@@ -141,7 +141,7 @@ def graphed_fwd_bwd(module: torch.nn.Module, x: torch.Tensor, grad_out: torch.Te
 
 def compiled_fwd_bwd(module: torch.nn.Module, x: torch.Tensor):
     """The fwd_bwd closure of ``torch.compile(module)``, called once (so it is compiled before timing)."""
-    run = mb._call(torch.compile(module), x, "fwd_bwd", wrt_input=True)[0]
+    run = mb.module_call(torch.compile(module), x, "fwd_bwd", wrt_input=True)[0]
     run()
     return run
 
@@ -166,8 +166,8 @@ def target_linear_cuda(cfg: Config, progress: Callable[[str], None]) -> list[Ben
         x = torch.randn(tokens, n_in, device=cfg.device)
         layers = {"dense": torch.nn.Linear(n_in, n_out, device=cfg.device),
                   "tt": TTLinear(n_in, n_out, in_shape=in_shape, out_shape=out_shape, rank=rank, device=cfg.device)}
-        runs = {k: mb._call(m, x, "fwd_bwd", wrt_input=True)[0] for k, m in layers.items()}
-        runs["official"] = mb._call(OfficialTTLinear(layers["tt"]), x, "fwd_bwd", wrt_input=True)[0]
+        runs = {k: mb.module_call(m, x, "fwd_bwd", wrt_input=True)[0] for k, m in layers.items()}
+        runs["official"] = mb.module_call(OfficialTTLinear(layers["tt"]), x, "fwd_bwd", wrt_input=True)[0]
         grad_out = torch.randn(tokens, n_out, device=cfg.device)
         runs.update({f"{k}_graph": graphed_fwd_bwd(m, x.clone().requires_grad_(True), grad_out)
                      for k, m in layers.items()})
@@ -319,7 +319,7 @@ def target_embedding(cfg: Config, roof: Roofline) -> list[BenchRow]:
     rows = []
     for count in EMBEDDING_INDICES[key]:
         idx = mb.zipf_indices(count, table["num_embeddings"], 1.05, count).to(cfg.device)
-        calls = {v: mb._call(m, idx, "fwd_bwd", wrt_input=False) for v, m in modules.items()}
+        calls = {v: mb.module_call(m, idx, "fwd_bwd", wrt_input=False) for v, m in modules.items()}
         times = paired_medians({v: run for v, (run, _) in calls.items()}, rounds=cfg.rounds,
                                num_threads=cfg.num_threads, min_run_time_s=cfg.min_run_time_s)
         peaks = {}

@@ -200,8 +200,8 @@ def param_bytes(module: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
-def _call(module: nn.Module, inputs: torch.Tensor, direction: str,
-          wrt_input: bool) -> tuple[Callable[[], Any], Callable[[], None]]:
+def module_call(module: nn.Module, inputs: torch.Tensor, direction: str,
+                wrt_input: bool) -> tuple[Callable[[], Any], Callable[[], None]]:
     """A closure running ``module(inputs)`` once in the given direction, and one dropping the gradients
     it left (a ``fwd_bwd`` call starts with it, as ``zero_grad(set_to_none=True)`` would)."""
     if direction == "fwd":
@@ -250,7 +250,7 @@ def linear_cases(cfg: dict[str, Any], device: torch.device, seed: int) -> Iterat
             for variant, shape, rank, module in modules:
                 for direction in cfg["directions"]:
                     yield Case("linear", variant, shape, tokens, rank, direction,
-                               *_call(module, x, direction, wrt_input=True), param_bytes(module))
+                               *module_call(module, x, direction, wrt_input=True), param_bytes(module))
 
 
 def zipf_indices(count: int, num_embeddings: int, exponent: float, seed: int) -> torch.Tensor:
@@ -290,7 +290,7 @@ def embedding_cases(cfg: dict[str, Any], device: torch.device, seed: int) -> Ite
             for count, idx in indices.items():
                 for direction in cfg["directions"]:
                     yield Case("embedding", variant, shape, count, int(table["rank"]) if ttm else None, direction,
-                               *_call(module, idx, direction, wrt_input=False), param_bytes(module))
+                               *module_call(module, idx, direction, wrt_input=False), param_bytes(module))
             del module
 
 

@@ -72,7 +72,7 @@ def _layer_calls(model: torch.nn.Module, inputs: dict[str, torch.Tensor]):
     modules = dict(tensorized_modules(model))
     for name, shape_of in inputs.items():
         x = torch.randn_like(shape_of) if shape_of.is_floating_point() else shape_of
-        yield mb._call(modules[name], x, "fwd_bwd", wrt_input=x.is_floating_point())
+        yield mb.module_call(modules[name], x, "fwd_bwd", wrt_input=x.is_floating_point())
 
 
 def tensorized_layer_ms(model: torch.nn.Module, inputs: dict[str, torch.Tensor],

@@ -22,7 +22,7 @@ def test_table_memory_counts_params_grads_and_working_memory_beyond_the_output()
 
     emb = torch.nn.Embedding(1000, 8)
     idx = torch.randint(0, 1000, (300,))
-    run, reset = mb._call(emb, idx, "fwd_bwd", wrt_input=False)
+    run, reset = mb.module_call(emb, idx, "fwd_bwd", wrt_input=False)
     peak, _ = mb.peak_memory(run, torch.device("cpu"), reset)
     memory = layers.TableMemory.of(emb, peak, 300 * 8 * 4)
     assert memory.params == memory.grads == 1000 * 8 * 4

@@ -43,7 +43,7 @@ def test_tt_fwd_bwd_flops_match_the_plan():
     from harness.perf.plans import plan_contraction_flops
 
     layer = TTLinear(16, 32, in_shape=(4, 4), out_shape=(4, 8), rank=4, bias=False)
-    run, _ = mb._call(layer, torch.randn(16, 16), "fwd_bwd", wrt_input=True)
+    run, _ = mb.module_call(layer, torch.randn(16, 16), "fwd_bwd", wrt_input=True)
     flops, _ = mb.count_cost(run)
     assert flops == plan_contraction_flops(layer.plan(16))  # the kernels execute what the plan counts
 
@@ -63,7 +63,7 @@ def test_cpu_peak_memory_sees_a_transient_allocation(numel):
 
 def test_fwd_bwd_peak_includes_output_and_gradients():
     layer = nn.Linear(64, 128, bias=False)
-    run, reset = mb._call(layer, torch.randn(32, 64), "fwd_bwd", wrt_input=True)
+    run, reset = mb.module_call(layer, torch.randn(32, 64), "fwd_bwd", wrt_input=True)
     run()  # leaves gradients behind; reset must drop them before measuring
     peak, _ = mb.peak_memory(run, CPU, reset)
     minimum = 4 * (32 * 128 + 32 * 64 + 64 * 128)  # output + input grad + weight grad
@@ -94,7 +94,7 @@ def test_op_counter_counts_every_dispatched_op_of_the_second_call():
 
     assert mb.count_ops(run) == 3 and len(calls) == 2
     layer, x = nn.Linear(4, 5), torch.randn(2, 4, requires_grad=True)
-    fwd_bwd = mb._call(layer, x, "fwd_bwd", wrt_input=True)[0]
+    fwd_bwd = mb.module_call(layer, x, "fwd_bwd", wrt_input=True)[0]
     assert mb.count_ops(fwd_bwd) == 13  # addmm, 2 mm, sum, t x5, view, and 3 gradient accumulations
 
 
