@@ -46,14 +46,30 @@ def summary(paths: list[str | Path], cells_dir: str, *, configfiles: Sequence[st
         return ""
     lines = [f"{len(df)} timing cell(s) were not timed stably; no verdict or ratio uses them:"]
     lines += [f"  {r.run_id}: {timing.noisy_reason(r)}" for _, r in df.iterrows()]
-    command = ["snakemake", "--cores", "1", target]
+    command = snakemake_command(["--cores", "1", target], configfiles=configfiles, settings=settings)
+    lines.append(f"To time them again (with their timing groups) on a quieter machine: "
+                 f"comera-bench noisy {shlex.quote(cells_dir)} --delete && {shlex.join(command)}")
+    return "\n".join(lines)
+
+
+def snakemake_command(arguments: Sequence[str], *, configfiles: Sequence[str] = (),
+                      settings: dict[str, str] | None = None) -> list[str]:
+    """``snakemake <arguments>`` repeating a run's ``configfiles`` and ``settings`` (``--config``), so that it
+    works on that run's grid and folders (the target before ``--configfile``, which takes every file name
+    after it)."""
+    command = ["snakemake", *arguments]
     if configfiles:
         command += ["--configfile", *configfiles]
     if settings:
         command += ["--config", *(f"{k}={v}" for k, v in settings.items())]
-    lines.append(f"To time them again (with their timing groups) on a quieter machine: "
-                 f"comera-bench noisy {shlex.quote(cells_dir)} --delete && {shlex.join(command)}")
-    return "\n".join(lines)
+    return command
+
+
+def report_hint(*, configfiles: Sequence[str] = (), settings: dict[str, str] | None = None) -> str:
+    """The command that builds this run's HTML report (its config files and folders repeated)."""
+    command = snakemake_command(["--report", "report.html", "figures"], configfiles=configfiles,
+                                settings=settings)
+    return f"The HTML report of this run: {shlex.join(command)}"
 
 
 def cli(argv: list[str] | None = None) -> int:

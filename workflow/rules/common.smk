@@ -116,10 +116,12 @@ onsuccess:
         _settings = {"results_dir": RESULTS, "figures_dir": FIGURES}
         if config["device_name"]:
             _settings["device_name"] = DEVICE
-        _summary = _noisy.summary([f"{MERGED}/runs.parquet"], CELLS, settings=_settings,
-                                  configfiles=[os.path.normpath(path) for path in workflow.configfiles])
+        _configfiles = [os.path.normpath(path) for path in workflow.configfiles]
+        _summary = _noisy.summary([f"{MERGED}/runs.parquet"], CELLS, settings=_settings, configfiles=_configfiles)
         if _summary:
             logger.warning(f"comera-bench: {_summary}")
+        if workflow.overwrite_configfiles or _settings != {"results_dir": "results", "figures_dir": "figures"}:
+            logger.warning(f"comera-bench: {_noisy.report_hint(configfiles=_configfiles, settings=_settings)}")
 
 
 onerror:

@@ -48,3 +48,11 @@ def test_a_folder_without_results_is_named(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert cli.main(["noisy", str(tmp_path / "empty"), "--delete"]) == 1
     assert f"no results in {tmp_path / 'empty'}" in capsys.readouterr().err
+
+
+def test_the_report_hint_repeats_the_config_and_folders_of_the_run():
+    hint = noisy.report_hint(configfiles=["config/tiny.yaml"], settings={"results_dir": "out dir",
+                                                                         "figures_dir": "figs"})
+    assert hint == ("The HTML report of this run: snakemake --report report.html figures --configfile "
+                    "config/tiny.yaml --config 'results_dir=out dir' figures_dir=figs")
+    assert noisy.report_hint().endswith("snakemake --report report.html figures")
