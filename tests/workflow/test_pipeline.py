@@ -93,10 +93,17 @@ def pipeline(tmp_path_factory):
     shared = other / "shared.yaml"
     shared.write_text(yaml.safe_dump({**yaml.safe_load(TINY.read_text()), "results_dir": str(workdir / "results")}))
     target = str(workdir / "results" / "runs" / "cpu-tiny" / "microbench" / "tiny.spec.json")  # one quick job
-    concurrent = [subprocess.Popen(snakemake_cmd(other, shared, target, *dry), stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT) for dry in ([], ["-n"])]
+    # The first pipeline is held (SIGSTOP: it keeps its lock, its running jobs go on) while the second one
+    # starts, so that it cannot end and release the lock first on a fast machine
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        concurrent = [subprocess.Popen(snakemake_cmd(other, shared, target, *dry), stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT)
+                      for dry in ([], ["-n"])]
+        blocked, dry = (p.communicate(timeout=300)[0] for p in concurrent)
+    finally:
+        proc.send_signal(signal.SIGCONT)
     killed = kill_first_cell(proc)
-    blocked, dry = (p.communicate(timeout=300)[0] for p in concurrent)
     blocked_ran_its_job = Path(target).exists()  # only the refused pipeline asks for this file
     first_log, _ = proc.communicate(timeout=600)
     after_kill = {name: p.stat().st_mtime_ns for name, p in cells(workdir).items()}
