@@ -14,8 +14,9 @@ late stage, only with a ``target``, drives the TT size to ``target`` times its s
 target falling linearly over the first ``target_ramp`` of the late stage, and never prunes below it. Its
 reference loss L0 is the best running task loss so far (``loss_reference="best"``) and ``rho`` is 1, so the
 task loss keeps at least half its weight in the size branch. Defaults are the recipe of the pipeline's
-quality cells (``baselines/comera.py``, ``config/config.yaml``; how they were chosen: docs/recipe.md):
-size weight 5, ramp 0.8, early fraction 0.45, pruning every 10 steps; layers built by ``tensorize`` use the
+quality cells (``baselines/comera.py``, ``config/config.yaml``; how they were chosen: docs/recipe.md),
+except the size weight: 5 here, 10 in the grid's short late stage; ramp 0.8, early fraction 0.45, pruning
+every 10 steps; layers built by ``tensorize`` use the
 official initialization, and the gates learn 5x faster than the cores.
 """
 from __future__ import annotations

@@ -318,14 +318,12 @@ class TwoStageRankAdaptation:
         if self.stage == 0:
             return early_objective(task_loss, self.model, l1_weight=s.l1_weight, l2_weight=s.l2_weight,
                                    threshold=s.threshold, l1_reduction=s.l1_reduction)
-        follows_best = self._l0_follows_best
-        if follows_best:
+        if self._l0_follows_best:
             self.target.loss_target = self._loss_best
         objective, self.last_size_active = late_objective(
             task_loss, self.model, self.target, threshold=s.threshold, l2_weight=s.l2_weight,
-            branch_loss=self._loss_ema if follows_best else None)
+            branch_loss=self._loss_ema if self._l0_follows_best else None)
         return objective
-
 
     def after_step(self, step: int) -> dict[str, float]:
         """Stage switch after ``late_start_step`` steps, pruning every ``prune_every`` steps.

@@ -50,7 +50,7 @@ def test_defaults_are_the_pipelines_recipe():
     assert {key: getattr(s, key) for key in recipe} == recipe
     assert (s.l1_weight, s.l2_weight, s.rho, s.loss_reference) == (0.01, 0.0, 1.0, "best")
     assert (s.size_weight, s.prune_every, s.late_start_step, s.target_ratio, s.target_ramp_steps) == (
-        5.0, 10, 450, 0.3, 440)  # config.yaml's quality recipe: early 0.45, ramp 0.8 of the late stage
+        5.0, 10, 450, 0.3, 440)  # config.yaml's early 0.45 and ramp 0.8 (its size_weight: 10)
     early_only = comera.RankAdaptation(_model()).settings
     assert (early_only.late_start_step, early_only.target_ratio, early_only.target_ramp_steps) == (None, None, 0)
     assert comera.RankAdaptation(_model(), l2_weight=0.0, rho=0.2).settings.rho == 0.2
