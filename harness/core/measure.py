@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from harness.core import allocator
+from harness.core.timing import quartiles
 
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 _STATUS = Path("/proc/self/status")
@@ -46,9 +47,7 @@ def median_iqr(values: list[float]) -> tuple[float, float]:
     """Median and inter-quartile range (NaN, NaN for no values; IQR 0 for a single value)."""
     if not values:
         return float("nan"), float("nan")
-    if len(values) == 1:
-        return float(values[0]), 0.0
-    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    q1, q2, q3 = quartiles(values)
     return float(q2), float(q3 - q1)
 
 

@@ -716,14 +716,16 @@ def _build_row(st: _State, status: str, error: str, tb: str) -> dict[str, Any]:
 
 
 def _timing_columns(st: _State, summary: dict[str, Any]) -> dict[str, Any]:
-    """The machine's state while the steps ran, the per-round medians and the stability verdict."""
+    """The machine's state while the steps ran, the per-round medians and means, and the stability verdict."""
     ex = st.spec["execution"]
     state = st.machine.columns() if st.machine is not None else {}
     medians = timing.round_medians(st.timer.timed_ms, st.timer.timed_rounds)
+    means = timing.round_means(st.timer.timed_ms, st.timer.timed_rounds)
     cols = {**state, "timing_group": ex["timing_group"] or None, "group_start_s": st.group_start_s,
             "cpu_time_ratio": timing.cpu_time_ratio(st.timer.timed_cpu_ms, st.timer.timed_ms,
                                                     ex["num_threads"]),
-            "round_step_ms": json.dumps(medians) if medians else None}
+            "round_step_ms": json.dumps(medians) if medians else None,
+            "round_step_mean_ms": json.dumps(means) if means else None}
     cols["timing_quality"] = timing.judge(
         step_time_ms=summary["step_time_ms"], step_time_ms_iqr=summary["step_time_ms_iqr"],
         steps_timed=summary["steps_timed"], step_time_ms_mean=summary["step_time_ms_mean"],

@@ -397,20 +397,24 @@ def test_size_table_prints_whole_scalar_counts_and_names_its_data(tmp_path):
 
 
 def _cells(*rows):
-    cols = ("run_id", "workload", "method", "variant", "batch_size", "target_ratio", "status", "step_time_ms",
+    cols = ("run_id", "workload", "method", "variant", "batch_size", "target_ratio", "status", "epoch_time_s",
             "flops_per_step")
-    return pd.DataFrame([dict(zip(cols, r)) for r in rows])
+    return pd.DataFrame([dict(zip(cols, r)) for r in rows]).assign(seed=0, timing_quality="stable")
 
 
-def test_slower_note_gives_flops_and_time_where_comera_is_slower():
+def test_speedup_note_gives_the_ratio_and_flops_where_comera_is_slower():
     df = _cells(("d1", "transformer", "dense", "default", 1, None, "ok", 4.0, 1e9),
                 ("c1", "transformer", "comera", "default", 1, None, "ok", 12.0, 2e8),
                 ("d32", "transformer", "dense", "default", 32, None, "ok", 100.0, 3e10),
                 ("c32", "transformer", "comera", "default", 32, None, "ok", 40.0, 6e9))
-    note = figures.slower_note(df)
-    assert note.startswith("CoMERA slower than uncompressed at batch 1: 5.0x fewer FLOPs, 3.0x the time")
-    assert "batch 32" not in note
-    assert figures.slower_note(df[df.batch_size == 32]) == ""
+    note = figures.speedup_note(df)
+    assert note.startswith("Uncompressed / CoMERA time (stable cells;")
+    assert "0.33x @ batch 1, 2.50x @ batch 32" in note
+    assert "CoMERA slower than uncompressed at batch 1: 5.0x fewer FLOPs, 3.00x the time" in note
+    assert "batch 32:" not in note
+    assert "slower" not in figures.speedup_note(df[df.batch_size == 32])
+    noisy = df.assign(timing_quality=["stable", "noisy: x", "stable", "stable"])
+    assert "@ batch 1" not in figures.speedup_note(noisy)  # a noisy cell gives no ratio
 
 
 def test_ramp_text_names_the_target_ramp():
