@@ -38,9 +38,9 @@ from harness.reports import reference
 from harness.reports.html import write_html
 from harness.reports.tables import MB
 from harness.results import FINAL_LOSS_WINDOW
-from harness.results.analysis import (TIME, Ratio, Results, describe_left_out, gpu_rows, is_timing, load,
-                                      model_size, pair_ratio, settings_of, stable_only, timing_cells,
-                                      unstable_timing_cells)
+from harness.results.analysis import (QUALITY, TIME, Ratio, Results, describe_left_out, gpu_rows, is_timing,
+                                      load, model_size, pair_ratio, purpose_of, settings_of, stable_only,
+                                      timing_cells, unstable_timing_cells)
 
 HOLDS, FAILS = "holds", "does not hold"
 NOT_COMPARABLE, NOT_MEASURED = "not comparable here", "not measured here"
@@ -146,7 +146,7 @@ def runs_of(res: Results, workloads: Iterable[str], *, sweeps: bool = False, tim
     if timing:
         df = timing_cells(df)
     if quality:
-        trained = df.purpose == "quality"
+        trained = purpose_of(df) == QUALITY
         df = df[trained | ~df.workload.isin(df[trained].workload)]
     return annotate(res, df if sweeps else df[~df.run_id.isin(list(res.sweeps))])
 

@@ -31,9 +31,9 @@ from harness.reports import reference  # noqa: E402
 from harness.reports.html import markdown_table, write_html  # noqa: E402
 from harness.reports.tables import MB  # noqa: E402
 from harness.results import ResultsError  # noqa: E402
-from harness.results.analysis import (MEMORY, TIME, Results, load, noisy_reason,  # noqa: E402
-                                      pair_ratio, purpose_of, ratio, same_memory_kind, settings_of, stable,
-                                      stable_only, timing_cells)
+from harness.results.analysis import (MEMORY, QUALITY, TIME, Results, is_stable, load,  # noqa: E402
+                                      noisy_reason, pair_ratio, purpose_of, ratio, same_memory_kind,
+                                      settings_of, stable_only, timing_cells)
 
 CELL = ["workload", "workload_params", "method", "variant", "batch_size", "seq_len", "rank", "target_ratio",
         "seed", "cuda_graph", "purpose", "budget"]
@@ -58,10 +58,9 @@ def cells_of(res: Results) -> pd.DataFrame:
                              for s, rid in zip(settings, df.run_id)]
     df["budget"] = [_canonical(s.get("budget", res.cells.get(rid, {}).get("budget"))) for s, rid in
                     zip(settings, df.run_id)]
-    df["stable"] = stable(df)
     for col in QUANTITIES.values():
         df[col] = df[col].astype(float)
-    keep = ["run_id", *QUANTITIES.values(), "stable", "timing_quality", "timing_group", "hostname",
+    keep = ["run_id", *QUANTITIES.values(), "timing_quality", "timing_group", "hostname",
             "device_name", "round_step_mean_ms", *CHECKED]
     return df[CELL + keep].drop_duplicates(CELL, keep="last").reset_index(drop=True)
 
@@ -73,7 +72,7 @@ def _flags(a: pd.Series, b: pd.Series, label_a: str, label_b: str) -> list[str]:
         if pd.notna(x) and pd.notna(y) and str(x) != str(y):
             out.append(f"{what} differs ({label_a} {x} vs {label_b} {y})")
     for label, row in ((label_a, a), (label_b, b)):
-        if not row.get("stable"):
+        if not is_stable(row):
             out.append(f"timing not stable on {label}: {noisy_reason(row)}")
     return out
 
@@ -184,7 +183,7 @@ def cell_label(r: pd.Series) -> str:
     label = f"{r.workload}[{extra}]/{r.method}-{r.variant}/b{_batch(r.batch_size)}"
     label += "" if pd.isna(r.target_ratio) else f"/t{r.target_ratio:g}"
     graph = pd.notna(r.cuda_graph) and bool(r.cuda_graph)
-    return label + ("/cg" if graph else "") + ("/quality" if r.purpose == "quality" else "")
+    return label + ("/cg" if graph else "") + ("/quality" if r.purpose == QUALITY else "")
 
 
 def _log_x_if_positive(ax: plt.Axes, columns: list[pd.Series], label: str) -> None:

@@ -22,7 +22,7 @@ import pandas as pd  # noqa: E402
 
 from harness.reports import reference  # noqa: E402
 from harness.reports.tables import (MB, late_stage_missing, method_label, quality_order,  # noqa: E402
-                                    report_args, status_note)
+                                    report_args)
 from harness.results.analysis import (Results, model_size, pair_ratio, relative_iqr, settings_of,  # noqa: E402
                                       stable, timing_cells)
 

@@ -24,7 +24,6 @@ periodic work), with no spread; :attr:`Ratio.basis` says which.
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -356,7 +355,7 @@ class Results:
         first of ``runs`` (default: the workload's runs, timing cells first)."""
         if runs is None:
             runs = self.runs if workload is None else self.runs[self.runs.workload == workload]
-            runs = runs.sort_values("purpose", key=lambda p: p.fillna(TIMING) != TIMING, kind="stable")
+            runs = runs.loc[(~is_timing(runs)).sort_values(kind="stable").index]
         if not len(runs):
             return f"device {self.label}: no runs"
         first = runs.iloc[0]
