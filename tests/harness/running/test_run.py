@@ -569,3 +569,5 @@ open({str(out)!r}, "w").write(json.dumps(row, default=str))
     row = json.loads(out.read_text())
     assert failed == 0 and row["timing_group"] == "g" and row["group_start_s"] > 0
     assert "interleaved rounds" not in row["timing_quality"]
+    means = json.loads(row["round_step_mean_ms"])  # per round: the statistic every time ratio uses
+    assert len(means) == len(json.loads(row["round_step_ms"])) == 2 and all(m > 0 for m in means)
