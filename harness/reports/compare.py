@@ -48,8 +48,9 @@ def _canonical(value: object) -> str:
 
 def cells_of(res: Results) -> pd.DataFrame:
     """One row per cell (ok runs; of repeated rows of a cell, the last) with the identity columns
-    :data:`CELL`, the quantities, what a ratio reads (the timing verdict, group, host, per-round means)
-    and :data:`CHECKED`."""
+    :data:`CELL`, the quantities, the timing verdict and :data:`CHECKED`. No timing group is kept: cells
+    of two folders were never timed together (even under one group name on one machine), so a ratio
+    between them divides their mean-based epoch times."""
     df = res.runs[res.runs.status == "ok"].copy()
     settings = [settings_of(r) for r in df.itertuples()]
     df["cuda_graph"] = df.run_id.map(res.cuda_graph)
@@ -60,8 +61,7 @@ def cells_of(res: Results) -> pd.DataFrame:
                     zip(settings, df.run_id)]
     for col in QUANTITIES.values():
         df[col] = df[col].astype(float)
-    keep = ["run_id", *QUANTITIES.values(), "timing_quality", "timing_group", "hostname",
-            "device_name", "round_step_mean_ms", *CHECKED]
+    keep = ["run_id", *QUANTITIES.values(), "timing_quality", *CHECKED]
     return df[CELL + keep].drop_duplicates(CELL, keep="last").reset_index(drop=True)
 
 

@@ -73,3 +73,14 @@ def test_cells_timed_apart_give_the_same_number_from_their_mean_based_epoch_time
     r = analysis.ratio(dense, comera)
     assert not r.interleaved and r.basis == analysis.NOT_INTERLEAVED
     assert r.value == pytest.approx(10 / 18)
+
+
+def test_two_folders_of_one_machine_are_never_timed_together(cells, tmp_path):
+    """The same grid run twice on one machine: the same group name and host, but no shared rounds."""
+    path, res = cells
+    rows = [{**r, "round_step_mean_ms": json.dumps([40.0] * ROUNDS)} if r["method"] == "dense" else r
+            for r in res.runs.to_dict("records")]
+    again = make_folder(tmp_path / "again", [{k: (None if v != v else v) for k, v in r.items()} for r in rows])
+    table, _, _ = compare.side_by_side([path, again])
+    dense = table[table.method == "dense"].iloc[0]
+    assert dense["epoch_time ratio again/here"] == pytest.approx(1.0)  # epoch times, not the rounds' 4x
