@@ -42,7 +42,8 @@ TIMING, QUALITY = "timing", "quality"
 """Purposes of a cell: timed (a short run for time and memory) or trained (accuracy, rank adaptation)."""
 INTERLEAVED = "median over rounds of per-round mean step time ratios"
 NOT_INTERLEAVED = "not interleaved: ratio of mean-based epoch times"
-BEFORE_MEANS = "interleaved, written before round_step_mean_ms: ratio of mean-based epoch times"
+NO_ROUNDS = ("interleaved, but no per-round means to pair (rows written before round_step_mean_ms): "
+             "ratio of mean-based epoch times")
 VALUES = "ratio of the values"
 
 
@@ -185,7 +186,7 @@ def timed_together(num: Mapping[str, Any], den: Mapping[str, Any]) -> bool:
     """Whether two runs rows were timed in the same interleaved rounds: the same ``timing_group`` on the
     same host and device (the same group name on two machines is two groups)."""
     group = num.get("timing_group")
-    return bool(group) and all(num.get(c) == den.get(c) for c in ("timing_group", "hostname", "device_name"))
+    return isinstance(group, str) and bool(group) and all(num.get(c) == den.get(c) for c in ("timing_group", "hostname", "device_name"))
 
 
 def same_memory_kind(num: Mapping[str, Any], den: Mapping[str, Any]) -> bool:
@@ -256,7 +257,7 @@ def ratio(num: Mapping[str, Any], den: Mapping[str, Any], column: str = TIME) ->
     x, y = num.get(column), den.get(column)
     if not (finite(x) and finite(y)) or y <= 0:
         return None
-    basis = VALUES if column != TIME else BEFORE_MEANS if timed_together(num, den) else NOT_INTERLEAVED
+    basis = VALUES if column != TIME else NO_ROUNDS if timed_together(num, den) else NOT_INTERLEAVED
     return Ratio(x / y, x / y, x / y, 1, False, basis)
 
 
