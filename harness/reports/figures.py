@@ -6,7 +6,12 @@ Every figure is written except those named by --not-drawn (the pipeline names th
 cannot feed, harness.reports.feeds); a figure whose cells gave nothing to draw says what it would need
 (never an invented point). A failed cell (oom | diverged | error | timeout) is drawn as a red cross at
 the bottom of its panel, labelled with its status. The paper's stated values (harness/reference) are
-drawn beside ours, labelled "paper (RTX 3090)".
+drawn beside ours, labelled "paper (RTX 3090)". Every number a figure states about two cells (Fig 1 and
+8's uncompressed / CoMERA time, Fig 12's) is harness.results.analysis's ratio, the one claims.md and
+`comera-bench compare` show.
+
+Why one module of ~530 lines: one function per paper figure (nine) over the shared drawing helpers
+(markers per batch, spread bars, failed-cell crosses, footers), which a reader checks against each other.
 """
 from __future__ import annotations
 
