@@ -221,6 +221,7 @@ class AfterSteps:
     device: torch.device
     batch: Any
     """The first training batch."""
+    steps_done: int
     run_id: str
 
 
@@ -467,7 +468,7 @@ def _after_steps(st: _State) -> None:
         _wait_at_gate(st, lambda gate: gate.wait(len(st.round_starts)))
     _begin(st, "the work after the training steps")
     batch = next(iter(st.workload.train_batches(0)))
-    hook(AfterSteps(st.prepared, st.workload, st.device, batch, st.spec["run_id"]))
+    hook(AfterSteps(st.prepared, st.workload, st.device, batch, st.steps_done, st.spec["run_id"]))
 
 
 def _wait_at_gate(st: _State, wait: Callable[[RoundGate], float]) -> None:
