@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from harness.core import interleave
+from harness.core import interleave, measure
 from harness.perf.config import Config
 from harness.perf.report import BenchRow, make_row, ratio
 from harness.perf.roofline import Roofline, median_of_rounds
@@ -258,8 +258,9 @@ def target_steps(cfg: Config, targets: set[int], timeout_s: float,
                 label = f"{METHOD_NAMES[jobs[slow]['method']]} / CoMERA, batch {jobs[fast]['batch_size']}"
                 measured, per_round = rounds_ratio((slow, "tensor_peak_bytes"), (fast, "tensor_peak_bytes"))
                 rows.append(make_row(
-                    2, f"{label} tensor-allocation peak (cpu_allocated: parameters, buffers, optimizer "
-                       f"state + one step's allocator peak, the CPU analogue of cuda_allocated)", None,
+                    2, f"{label} tensor-allocation peak ({measure.CPU_ALLOCATED}: parameters, buffers, "
+                       f"optimizer state + one step's allocator peak, the CPU analogue of "
+                       f"{measure.CUDA_ALLOCATED})", None,
                     measured, medians=f"{tag(slow)} {_fmt_bytes(get(slow, 'tensor_peak_bytes'))}, "
                                       f"{tag(fast)} {_fmt_bytes(get(fast, 'tensor_peak_bytes'))}{per_round}",
                     settings=settings(fast),
