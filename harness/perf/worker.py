@@ -16,9 +16,9 @@ from harness.core import measure
 from harness.perf import microbench as mb
 
 CELL_COLUMNS = ("step_time_ms", "step_time_ms_iqr", "steps_timed", "peak_mem_bytes", "peak_mem_kind",
-                "cuda_reserved_bytes", "state_bytes", "samples_per_s", "timing_quality", "cpu_time_ratio",
-                "status", "error")
-"""The runs columns a step worker's result carries as they are (docs/schema.md)."""
+                "cuda_reserved_bytes", "state_bytes", "samples_per_s", "timing_quality", "cpu_time_ratio")
+"""The runs columns a step worker's result carries as they are (docs/schema.md); its row's status is ok
+(a failed cell raises: harness.perf.steps.run_step_rounds reports ``{"error": ...}``)."""
 
 
 def halve_ranks(model: torch.nn.Module, threshold: float, optimizers=()) -> dict[str, list[int]]:

@@ -86,6 +86,7 @@ def test_a_step_target_cell_and_a_pipeline_cell_of_the_same_settings_are_one_mea
     assert bench["steps_timed"] == pipeline["steps_timed"] == 3
     assert bench["state_bytes"] == pipeline["state_bytes"]
     assert bench["ranks"] == json.loads(pipeline["ranks"]) and len(bench["round_step_ms"]) == 1
+    assert "error" not in bench  # an ok cell: the table notes only the configurations that failed
 
 
 def test_state_tensor_bytes_counts_parameters_buffers_and_optimizer_state_once():
