@@ -401,7 +401,7 @@ def _train(st: _State, reg: Registry, progress: bool | None) -> None:
             done_in_epoch = 0
             for batch in itertools.islice(workload.train_batches(epoch), st.steps_in_epoch):
                 _round_boundary(st)
-                _one_step(st, batch, epoch)
+                _timed_step(st, batch, epoch)
                 done_in_epoch += 1
                 bar.update(1)
                 if st.steps_done == total_steps:
@@ -497,7 +497,7 @@ def _warm_up(st: _State, reg: Registry) -> None:
     st.warm_up_s = time.perf_counter() - started
 
 
-def _one_step(st: _State, batch: dict[str, torch.Tensor], epoch: int) -> None:
+def _timed_step(st: _State, batch: dict[str, torch.Tensor], epoch: int) -> None:
     """One timed training step (``Prepared.train_step``) and its curves, stage and divergence checks."""
     prepared, step = st.prepared, st.steps_done
     if st.graphed is not None:  # outside the timed step: the check is the runner's, not the method's
