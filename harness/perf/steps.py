@@ -228,6 +228,12 @@ def target_steps(cfg: Config, targets: set[int], timeout_s: float,
             f"median of timed steps ({counts}) after {some_job['warmup']} warm-up, memory {kind}"
             + (f", worker allocator {' / '.join(differing)}" if differing else ""))
 
+    def timing_note(name: str) -> str:
+        """A configuration's timing verdict when it is not stable (the cells' judge,
+        harness.core.timing.judge, in the runs column ``timing_quality``)."""
+        quality = res.get(name, {}).get("timing_quality")
+        return f"{tag(name)} timing {quality}" if quality and quality != "stable" else ""
+
     def settings(name: str) -> str:
         return f"transformer size={jobs[name]['workload_params']['size']}, {base}"
 
@@ -244,7 +250,7 @@ def target_steps(cfg: Config, targets: set[int], timeout_s: float,
                 cap = free_layers_cap(res.get(comera, {}), res.get(other, {}))
                 profile = share_note(res.get(comera, {}), OTHER_NAMES[jobs[other]["method"]])
                 extra = {"bound": cap, "bound_basis": "free tensorized layers" if cap else "",
-                         "note": "; ".join(filter(None, [profile, errors]))}
+                         "note": "; ".join(filter(None, [profile, timing_note(other), timing_note(comera), errors]))}
             else:
                 what = f"{METHOD_NAMES[jobs[num]['method']]} / {METHOD_NAMES[jobs[den]['method']]} peak memory" \
                        f"{preset}, {batch}"

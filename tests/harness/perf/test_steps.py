@@ -162,6 +162,12 @@ def test_step_table_from_worker_results(monkeypatch):
     # 40 of 100 ms in the tensorized layers: the other 60 ms bound the ratio by 800 / 60
     assert speed.bound == pytest.approx(800 / 60) and speed.bound_basis == "free tensorized layers"
     assert "f=0.40" in speed.note and "uncompressed model" in speed.note and "size=tiny" in speed.settings
+    assert "timing" not in speed.note  # no verdict from the cells' judge: nothing to say
+    fake["dense_b32"]["timing_quality"], fake["comera_b32"]["timing_quality"] = "noisy: 2 timed steps (< 5)", "stable"
+    noisy = next(r for r in steps.target_steps(Config.make("cpu", 1, quick=True), {2}, 10)
+                 if r.goal_key == "step.paper.speedup_vs_dense_b32")
+    assert "tiny dense b8 timing noisy: 2 timed steps (< 5)" in noisy.note and "comera b8 timing" not in noisy.note
+    del fake["dense_b32"]["timing_quality"], fake["comera_b32"]["timing_quality"]
     small = by_key["step.small.speedup_vs_dense_b1"]
     assert "tiny preset" in small.what and small.goal == 0.667 and small.bound is None  # --quick runs tiny
     assert "tiny preset, batch 8" in speed.what and "tiny dense b8 800.0 ms" in speed.medians
