@@ -15,10 +15,10 @@ import torch
 from harness.core import measure
 from harness.perf import microbench as mb
 
-CELL_COLUMNS = ("step_time_ms", "step_time_ms_iqr", "steps_timed", "peak_mem_bytes", "peak_mem_kind",
-                "cuda_reserved_bytes", "state_bytes", "samples_per_s", "timing_quality", "cpu_time_ratio")
-"""The runs columns a step worker's result carries as they are (docs/schema.md); its row's status is ok
-(a failed cell raises: harness.perf.steps.run_step_rounds reports ``{"error": ...}``)."""
+LEFT_OUT = ("status", "error", "settings", "extra")
+"""Runs columns a step worker's result leaves out: its row's status is ok (a failed cell raises, and
+harness.perf.steps.run_step_rounds reports ``{"error": ...}``); the settings and extra JSON are read
+into ``method_settings`` and ``allocator``."""
 
 
 def halve_ranks(model: torch.nn.Module, threshold: float, optimizers=()) -> dict[str, list[int]]:
@@ -52,10 +52,11 @@ def cell_spec(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def cell_result(row: dict[str, Any]) -> dict[str, Any]:
-    """What a step worker reports of its cell's runs row: :data:`CELL_COLUMNS`, ``round_step_ms`` (the
-    median of each timing round, a list), ``ranks``, the method's settings and the allocator applied."""
+    """What a step worker reports of its cell's runs row: every column but :data:`LEFT_OUT`, as the row
+    holds it except ``round_step_ms`` (the median of each timing round) and ``ranks``, parsed from their
+    JSON; the method's settings and the allocator applied, from the settings JSON."""
     settings = json.loads(row["settings"] or "{}")
-    return {**{c: row[c] for c in CELL_COLUMNS},
+    return {**{c: v for c, v in row.items() if c not in LEFT_OUT},
             "round_step_ms": json.loads(row["round_step_ms"]) if row["round_step_ms"] else None,
             "ranks": json.loads(row["ranks"] or "{}"), "method_settings": settings.get("method", {}),
             "allocator": settings.get("allocator", "")}
