@@ -180,3 +180,16 @@ def test_an_output_that_cannot_be_written_is_named(tmp_path, monkeypatch, capsys
     assert microbench.cli(["--preset", "tiny", "--out", str(tmp_path / "ro" / "x.parquet")]) == 1
     err = capsys.readouterr().err
     assert "cannot write" in err and "Permission denied" in err and "Traceback" not in err
+
+
+def test_micro_benchmarks_share_the_cells_quartiles_and_memory_kinds(monkeypatch):
+    """torch.utils.benchmark times the blocks; their median and IQR are the cells' (measure.median_iqr),
+    and the memory kinds come from the one vocabulary (measure.MEMORY_KINDS)."""
+    seen = []
+    real = mb.median_iqr
+    monkeypatch.setattr(mb, "median_iqr", lambda values: seen.append(list(values)) or real(values))
+    median, iqr, blocks = mb.time_call(lambda: torch.ones(64).sum(), num_threads=1, min_run_time_s=0.01)
+    assert len(seen) == 1 and len(seen[0]) == blocks and (median, iqr) == real(seen[0])
+    _, kind = measure.call_peak(lambda: torch.ones(64).sum(), CPU)
+    assert kind == measure.CPU_ALLOCATED and {kind, measure.CUDA_ALLOCATED} <= set(measure.MEMORY_KINDS)
+    assert measure.MemoryMonitor(CPU).stop().peak_mem_kind in measure.MEMORY_KINDS
