@@ -457,7 +457,7 @@ def _param_bytes(variant: str, shape: str, rank: int | None) -> tuple[int, int]:
     table = {"num_embeddings": int(m[1]), "embedding_dim": int(m[2]), "rank": rank,
              "row_shape": [int(x) for x in m[3].split(",")] if m[3] else None,
              "col_shape": [int(x) for x in m[4].split(",")] if m[4] else None}
-    module = mb._embedding_module(variant, table, torch.device("meta"))
+    module = mb.embedding_module(variant, table, torch.device("meta"))
     return mb.param_bytes(module), next(module.parameters()).element_size()
 
 
