@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from comera import kernels
@@ -160,6 +161,42 @@ def test_prune_by_slicing_data_changes_plan_and_stays_correct():
     after = layer.plan(10)
     assert after is not before and after.ranks == tuple(layer.ranks)
     _compare(layer, torch.randn(10, 64, dtype=torch.float64), after, 1e-10)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("threshold", [None, 0.9])
+def test_training_with_ranks_pruned_mid_way_stays_exact(bias, threshold):
+    """SGD steps on a float64 layer called as a module with batch-shaped input, one token and many tokens,
+    a bond shrunk between steps as rank pruning does (the memoized plans follow the new ranks), optionally
+    with masked gates (``gate_threshold``: zeroed entries get no gradient): output and the gradients of x,
+    cores, gates and bias equal autograd through dense_weight() at every step."""
+    torch.manual_seed(3)
+    layer = TTLinear(60, 48, in_shape=[3, 4, 5], out_shape=[4, 3, 4], rank=6, bias=bias, dtype=torch.float64)
+    layer.gate_threshold = threshold
+    with torch.no_grad():
+        for gate in layer.gates:
+            gate.uniform_(0.3, 1.7)
+    shapes = [(2, 3, 60), (1, 60), (40, 60), (1, 1, 60)]
+    for step in range(6):
+        if step == 3:  # shrink bond 2 (cores[1] | cores[2]) and bond 4 as comera.rank.prune does: a fresh
+            # tensor behind each parameter object (the last step's graph, still alive, keeps the old ones)
+            for k, keep in ((1, torch.tensor([0, 2, 3])), (3, torch.tensor([1, 4]))):
+                for param, dim in ((layer.cores[k], 2), (layer.gates[k], 0), (layer.cores[k + 1], 0)):
+                    torch.utils.swap_tensors(param, nn.Parameter(param.detach().index_select(dim, keep)))
+            assert layer.ranks[2] == 3 and layer.ranks[4] == 2
+        x = torch.randn(*shapes[step % len(shapes)], dtype=torch.float64, requires_grad=True)
+        params = [x, *layer.parameters()]
+        y = layer(x)
+        dy = torch.randn_like(y)
+        got = torch.autograd.grad(y, params, dy)
+        ref_y = x @ layer.dense_weight() + (layer.bias if bias else 0)
+        want = torch.autograd.grad(ref_y, params, dy)
+        torch.testing.assert_close(y, ref_y, rtol=1e-10, atol=1e-12)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+        with torch.no_grad():
+            for p, g in zip(params[1:], got[1:]):
+                p.sub_(0.05 * g / g.norm().clamp_min(1.0))  # bounded steps: the values stay O(1)
 
 
 @pytest.mark.parametrize("rank,expected", [(30, [1, 12, 30, 30, 30, 16, 1]), (100, [1, 12, 96, 100, 100, 16, 1]),
