@@ -111,7 +111,15 @@ KERNEL_COST = DEFAULT_SETTINGS.kernel_cost
 class ContractionPlan:
     """How one TT linear layer contracts its forward and backward passes for a given token count.
 
-    Plans are values: build them with :func:`make_plan` (cached); ``print(plan)`` lists the steps.
+    Plans are values (frozen): build them with :func:`make_plan`; ``print(plan)`` lists the steps with
+    their FLOPs. :class:`comera.tt.TTLinearFunction` executes them.
+
+    Example::
+
+        >>> plan = make_plan((12, 8, 8), (8, 8, 12), (1, 12, 30, 30, 30, 12, 1), tokens=128)
+        >>> plan.left_groups, plan.right_groups, plan.fold_bias
+        ((3,), (3,), False)
+        >>> plan.flops, plan.kernels
     """
 
     in_shape: tuple[int, ...]

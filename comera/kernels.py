@@ -171,9 +171,21 @@ def _rows(t: torch.Tensor, count: int) -> torch.Tensor:
 
 
 def left_forward(x: torch.Tensor, cores, groups):
-    """z = x A for a contiguous x (T, in). Returns (z, inputs, chains); the last two feed the backward.
-    ``inputs`` holds the input of each group's absorption (``[x]`` for one group); before the bond a
-    group's input is (T, rows, rest), or (rows, rest) on one token."""
+    """Input side ``z = x A``, group by group.
+
+    Args:
+        x: the layer input, contiguous.
+        cores: the effective (gated) input cores ``H_0 .. H_{m-1}``.
+        groups: the plan's ``left_groups``.
+
+    Returns:
+        ``(z, inputs, chains)``; ``inputs`` (the input of each group's absorption: ``[x]`` for one group;
+        before the bond ``(T, rows, rest)``, or ``(rows, rest)`` on one token) and ``chains`` feed
+        :func:`left_backward`.
+
+    Shape:
+        - x: ``(T, in_features)``; z: ``(T, r_m)``.
+    """
     tokens = x.shape[0]
     z, inputs, chains = x, [], []
     for a, b in bounds(groups):
@@ -202,7 +214,18 @@ def _input_block_grad(zin: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
 
 
 def left_backward(dz: torch.Tensor, cores, inputs, chains, groups, need_dx: bool):
-    """Gradients (dx or None, [dH_k]) of the input side."""
+    """Backward of :func:`left_forward`.
+
+    Args:
+        dz: gradient of ``z``, ``(T, r_m)``.
+        cores, groups: as given to :func:`left_forward`.
+        inputs, chains: what :func:`left_forward` returned.
+        need_dx: whether to compute the input gradient.
+
+    Returns:
+        ``(dx or None, [dH_0, .., dH_{m-1}])``: ``dx`` is ``(T, in_features)``, each ``dH_k`` the shape of
+        its core.
+    """
     tokens = dz.shape[0]
     grads = [None] * len(cores)
     spans = bounds(groups)
@@ -228,9 +251,23 @@ def left_backward(dz: torch.Tensor, cores, inputs, chains, groups, need_dx: bool
 
 
 def right_forward(z: torch.Tensor, cores, groups, bias, fold_bias: bool = False):
-    """y = z B + b for z (T, r). Returns (y, inputs, chains); the last two feed the backward.
-    With ``fold_bias`` (one group and a bias) the bias is folded into the GEMM: y = [z | 1] @ [B ; b], and
-    ``inputs`` is ``[[z | 1]]``; with one group otherwise it is fused into the GEMM."""
+    """Output side ``y = z B + b``, group by group.
+
+    Args:
+        z: the rank-``r_m`` activation.
+        cores: the effective output cores ``H_m .. H_{d-1}``.
+        groups: the plan's ``right_groups``.
+        bias: the bias or None. With one group it rides in the output GEMM: fused (``addmm``), or, with
+            ``fold_bias``, folded in as an extra row, ``y = [z | 1] @ [B ; b]`` (``inputs`` is then
+            ``[[z | 1]]`` and :func:`right_backward` returns the bias gradient).
+        fold_bias: the plan's :attr:`~comera.contraction.ContractionPlan.fold_bias`.
+
+    Returns:
+        ``(y, inputs, chains)``; the last two feed :func:`right_backward`.
+
+    Shape:
+        - z: ``(T, r_m)``; y: ``(T, out_features)``.
+    """
     tokens = z.shape[0]
     y, inputs, chains = z, [], []
     for a, b in bounds(groups):
@@ -252,7 +289,17 @@ def right_forward(z: torch.Tensor, cores, groups, bias, fold_bias: bool = False)
 
 
 def right_backward(dy: torch.Tensor, cores, inputs, chains, groups):
-    """Gradients (dz, [dH_k], db or None) of the output side; db when the bias was folded in."""
+    """Backward of :func:`right_forward`.
+
+    Args:
+        dy: gradient of ``y``, ``(T, out_features)``.
+        cores, groups: as given to :func:`right_forward`.
+        inputs, chains: what :func:`right_forward` returned.
+
+    Returns:
+        ``(dz, [dH_m, .., dH_{d-1}], db)``: ``db`` only when the bias was folded in, else None (the caller
+        sums ``dy``).
+    """
     grads = [None] * len(cores)
     dbias = None
     spans = bounds(groups)
@@ -269,7 +316,11 @@ def right_backward(dy: torch.Tensor, cores, inputs, chains, groups):
 
 
 def dense_forward(x: torch.Tensor, left_cores, right_cores, bias):
-    """y = x (A B) + b. Returns (y, weight, left chain, right chain)."""
+    """The dense strategy ``y = x W + b`` with ``W = A B`` formed.
+
+    Returns:
+        ``(y, weight, left chain, right chain)``; the last three feed :func:`dense_backward`.
+    """
     left, right = _merge_left(left_cores), _merge_right(right_cores)
     weight = torch.mm(_left_block(left), right[0])
     y = torch.mm(x, weight) if bias is None else torch.addmm(bias, x, weight)
@@ -277,7 +328,7 @@ def dense_forward(x: torch.Tensor, left_cores, right_cores, bias):
 
 
 def dense_backward(dy, x, weight, left_cores, right_cores, left, right, need_dx: bool):
-    """Gradients (dx or None, [dH_k] of both sides)."""
+    """Backward of :func:`dense_forward`: ``(dx or None, [dH_k] of both sides)``."""
     dweight = torch.mm(x.t(), dy)
     dx = torch.mm(dy, weight.t()) if need_dx else None
     da, db = torch.mm(dweight, right[0].t()), torch.mm(_left_block(left).t(), dweight)

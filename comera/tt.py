@@ -95,7 +95,8 @@ def outside_autocast(fn: Callable[..., torch.Tensor], device_type: str,
 
 
 def gated_cores(cores: Sequence[torch.Tensor], gates: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Effective cores ``H_k = G_k * g_k`` (gate on the last axis; the last core has no gate)."""
+    """Effective cores ``H_k = G_k * g_k`` (gate on the last axis; the last core has no gate), in one
+    multi-tensor product."""
     return [*torch._foreach_mul(list(cores[:-1]), list(gates)), cores[-1]]
 
 
@@ -283,6 +284,7 @@ class TTLinear(ResizeOnLoad, nn.Module):
     """
 
     gate_threshold: float | None = None
+    plan_settings: PlanSettings = DEFAULT_SETTINGS  # also the value of layers pickled before the attribute
 
     def __init__(self, in_features: int, out_features: int, *, in_shape: Sequence[int] | None = None,
                  out_shape: Sequence[int] | None = None, rank: int | Sequence[int], bias: bool = True,
@@ -370,6 +372,8 @@ class TTLinear(ResizeOnLoad, nn.Module):
         return w.reshape(self.in_features, self.out_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x W + b`` over the last axis of ``x``, contracted with :meth:`plan` of its token count (one
+        :class:`TTLinearFunction` call; under autocast in the autocast dtype)."""
         if x.shape[-1] != self.in_features:
             raise ValueError(f"TTLinear: expected input with last dimension {self.in_features}, "
                              f"got shape {tuple(x.shape)}")
