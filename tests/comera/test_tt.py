@@ -164,11 +164,12 @@ def test_prune_by_slicing_data_changes_plan_and_stays_correct():
 
 
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("threshold", [None, 0.9])
+@pytest.mark.parametrize("threshold", [None, 0.9, 2.0])
 def test_training_with_ranks_pruned_mid_way_stays_exact(bias, threshold):
     """SGD steps on a float64 layer called as a module with batch-shaped input, one token and many tokens,
     a bond shrunk between steps as rank pruning does (the memoized plans follow the new ranks), optionally
-    with masked gates (``gate_threshold``: zeroed entries get no gradient): output and the gradients of x,
+    with masked gates (``gate_threshold``: zeroed entries get no gradient; 2.0 masks every gate, so the
+    weight is zero): output and the gradients of x,
     cores, gates and bias equal autograd through dense_weight() at every step."""
     torch.manual_seed(3)
     layer = TTLinear(60, 48, in_shape=[3, 4, 5], out_shape=[4, 3, 4], rank=6, bias=bias, dtype=torch.float64)
