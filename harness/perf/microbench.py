@@ -368,6 +368,9 @@ def count_ops(run: Callable[[], Any]) -> int:
 
 def count_cost(run: Callable[[], Any]) -> tuple[float, float]:
     """(matmul-class FLOPs, compulsory traffic bytes) of one call."""
+    from comera import register_flop_formulas
+
+    register_flop_formulas()  # oneDNN's inner product (large float32 CPU products of TT layers) counts too
     counter = FlopCounterMode(display=False)
     traffic = TrafficCounter()
     with counter, traffic:
