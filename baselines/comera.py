@@ -75,8 +75,8 @@ class CoMERAParams:
     """Parameters of the CoMERA method (module docstring), validated by :func:`baselines.params.parse`.
     The rank-adaptation fields take the library's defaults (``LIBRARY``)."""
 
-    rank: int | None = field(default=None, metadata=check(">0"))
-    embedding_rank: int | None = field(default=None, metadata=check(">0"))
+    rank: int | None = field(default=None, metadata=check(">=1"))
+    embedding_rank: int | None = field(default=None, metadata=check(">=1"))
     lookup: Literal[LOOKUP_MODES] = "optimized"
     lr_cores: float | None = field(default=None, metadata=check(">0"))
     lr_gates: float | None = field(default=None, metadata=check(">0"))

@@ -21,7 +21,7 @@ import typing
 from typing import Any, Literal, Union
 
 CHECKS = {">0": lambda v: v > 0, ">=0": lambda v: v >= 0, ">=1": lambda v: v >= 1, "[0,1]": lambda v: 0 <= v <= 1}
-_WORDS = {">0": "> 0", ">=0": ">= 0", ">=1": ">= 1", "[0,1]": "in [0, 1]"}
+_WORDS = {">0": "> 0", ">=0": ">= 0", ">=1": "a positive integer", "[0,1]": "in [0, 1]"}
 
 
 def check(rule: str, **kwargs: Any) -> dict[str, Any]:
@@ -89,5 +89,4 @@ def _check_value(method: str, key: str, value: Any, hint: Any, rule: str | None)
     else:  # pragma: no cover - a parameter class with a type this module does not know
         raise TypeError(f"{where}: unsupported parameter type {hint!r}")
     if rule is not None and not CHECKS[rule](value):
-        words = "a positive integer" if rule == ">0" and hint is int else _WORDS[rule]
-        raise ValueError(f"{where} must be {words}{null}, got {value!r}")
+        raise ValueError(f"{where} must be {_WORDS[rule]}{null}, got {value!r}")
