@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import pandas as pd
 
+from harness.configs.grid import slug
 from harness.reports import reference
 from harness.core import timing
 from harness.reports.html import write_html
@@ -94,14 +95,10 @@ def _json(text: Any) -> dict[str, Any]:
         return {}
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-
-
 def on_gpu(device: Any, device_name: Any, gpu: str) -> bool:
     """A CUDA device of the claim's GPU model: the device name's slug is the GPU's slug or ends with
     "-" + it ("NVIDIA GeForce RTX 3090" is an RTX 3090; "RTX 3090 Ti", "RTX 4090" or an H200 are not)."""
-    name, want = _slug(str(device_name or "")), _slug(gpu)
+    name, want = slug(str(device_name or "")), slug(gpu)
     return device == "cuda" and (name == want or name.endswith("-" + want))
 
 
