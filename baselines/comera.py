@@ -17,12 +17,13 @@ given -- the late stage drives the TT size toward ``target_ratio`` times its siz
 (``loss_target`` L0 fixed, else ``loss_reference``: "best", the lowest running task loss so far, updated
 every step and compared with the running loss, or "switch", the running loss at the switch, fixed;
 ``loss_weight``, ``size_weight``, ``rho`` (1: the task loss keeps half its weight in the size branch) of
-the achievement scalarization; ``loss_average`` the EMA factor of the running loss; ``stop_at_target``: pruning never goes below S0;
+the achievement scalarization; ``loss_average`` the EMA factor of the running loss;
+``stop_at_target``: pruning never goes below S0;
 ``target_ramp``: the fraction of the late stage over which S0 falls from the size at the switch to its
 value, 0 = fixed as in the paper). ``late_formulation`` "project" (default: the scalarization above) or
 "official" (the official code's late stage: relative-gap branch test, gate-penalty size term, fixed
 weights 0.1 / 0.01, ``loss_target`` 0.8 unless given; ``loss_weight`` / ``size_weight`` / ``rho`` must
-keep their defaults); ``mask_gates`` "at_prune" (default: raw gates between prunings) or "every_step"
+not be given); ``mask_gates`` "at_prune" (default: raw gates between prunings) or "every_step"
 (gates <= threshold zeroed in every forward, as the official code); see comera.rank.
 ``l1_reduction`` "mean" (the official code's normalisation, default) or "sum" (the literal formula);
 ``l2_weight`` 0 by default (the paper's core penalty is an option; the official code has none, and 1e-4
@@ -103,11 +104,14 @@ class CoMERAParams:
     embedding_init_std: float | None = None
     dense_init: Literal[DENSE_INITS] = "workload"
 
-    def validate(self, method: str) -> None:
-        if self.late_formulation == "official":
-            changed = [key for key in ("loss_weight", "size_weight", "rho") if getattr(self, key) != LIBRARY[key]]
-            if changed:
-                raise ValueError(f"method {method!r}: late_formulation 'official' has fixed weights; drop {changed}")
+    @staticmethod
+    def resolve(given: dict[str, Any]) -> dict[str, Any]:
+        """``late_formulation: official`` has fixed weights: stating any of the project's is an error."""
+        if given.get("late_formulation") == "official":
+            stated = [key for key in ("loss_weight", "size_weight", "rho") if key in given]
+            if stated:
+                raise ValueError(f"method 'comera': late_formulation 'official' has fixed weights; drop {stated}")
+        return given
 
 
 PARAMS_DEFAULTS: dict[str, Any] = defaults(CoMERAParams)

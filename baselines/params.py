@@ -2,9 +2,10 @@
 
 A field's annotation is its type (``int``, ``float`` -- an int is accepted --, ``bool``, ``str``,
 ``X | None``, or ``Literal[...]`` for a choice) and its ``metadata["check"]`` an optional range: ``">0"``,
-``">=0"``, ``">=1"`` or ``"[0,1]"`` (None passes where the type allows it). A class may define
-``resolve(given) -> dict`` (fill values that depend on other given keys, e.g. LTE's presets) and
-``validate(self, method)`` (cross-field rules). Every error is a ValueError naming the method, the key and the value::
+``">=0"``, ``">=1"`` (a positive integer) or ``"[0,1]"`` (None passes where the type allows it). A class
+may define ``resolve(given) -> dict``, called with the checked given keys: it fills values that depend on
+other keys (LTE's presets) and refuses combinations (CoMERA's official late stage with a weight). Every
+error is a ValueError naming the method, the key and the value::
 
     @dataclass(frozen=True)
     class DenseParams:
@@ -38,8 +39,8 @@ def defaults(cls: type) -> dict[str, Any]:
 
 def parse(method: str, cls: type, params: dict[str, Any] | None) -> Any:
     """``cls`` built from ``params`` (missing keys take the defaults); ValueError naming an unknown key
-    (with the allowed ones), or the key and the value of a wrong type, a value out of its range or one
-    the class's ``validate`` refuses."""
+    (with the allowed ones), or the key and the value of a wrong type or out of its range, or what the
+    class's ``resolve`` refuses."""
     given = dict(params or {})
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(given) - set(names))
@@ -51,10 +52,7 @@ def parse(method: str, cls: type, params: dict[str, Any] | None) -> Any:
             _check_value(method, f.name, given[f.name], hints[f.name], f.metadata.get("check"))
     if hasattr(cls, "resolve"):
         given = cls.resolve(given)
-    value = cls(**given)
-    if hasattr(value, "validate"):
-        value.validate(method)
-    return value
+    return cls(**given)
 
 
 def _check_value(method: str, key: str, value: Any, hint: Any, rule: str | None) -> None:
