@@ -46,6 +46,10 @@ QUOTED = [  # (file, pattern with the quoted value as its group, the code's defa
     ("library-reference.md", rf"`l2_weight` is {NUMBER} by default", LIBRARY["l2_weight"]),
     ("pipeline.md", rf"with\s+`size_weight: {NUMBER}`", _config("config.yaml")["size_weight"]),
     ("pipeline.md", rf"`target_ramp` {NUMBER} \(S0 falls", LIBRARY["target_ramp"]),
+    ("pipeline.md", rf"early stage {NUMBER} of the steps", LIBRARY["early_fraction"]),
+    ("pipeline.md", rf"\(the library's is {NUMBER}\)", LIBRARY["size_weight"]),
+    ("pipeline.md", rf"\(`target_ramp: {NUMBER}`\), `size_weight: [0-9.]+`", _config("paper.yaml")["target_ramp"]),
+    ("pipeline.md", rf"\(`target_ramp: [0-9.]+`\), `size_weight: {NUMBER}`", _config("paper.yaml")["size_weight"]),
 ]
 
 
