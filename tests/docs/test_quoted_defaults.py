@@ -1,6 +1,6 @@
-"""The defaults that docs/library.md, docs/library-reference.md and docs/pipeline.md quote equal the code's
-(or the config's, where a doc quotes a config's override): each entry is a pattern whose one group is the
-quoted value, and where that value lives."""
+"""The defaults that docs/library.md, docs/library-reference.md, docs/pipeline.md and comera/adapt.py's
+docstring quote equal the code's (or the config's, where a doc quotes a config's override): each entry is
+a pattern whose one group is the quoted value, and where that value lives."""
 from __future__ import annotations
 
 import dataclasses
@@ -47,6 +47,13 @@ QUOTED = [  # (file, pattern with the quoted value as its group, the code's defa
     ("pipeline.md", rf"with\s+`size_weight: {NUMBER}`", _config("config.yaml")["size_weight"]),
     ("pipeline.md", rf"`target_ramp` {NUMBER} \(S0 falls", LIBRARY["target_ramp"]),
     ("pipeline.md", rf"early stage {NUMBER} of the steps", LIBRARY["early_fraction"]),
+    ("../comera/adapt.py", rf"``early_fraction`` {NUMBER} and", LIBRARY["early_fraction"]),
+    ("../comera/adapt.py", rf"``target_ramp`` {NUMBER}; size weight", LIBRARY["target_ramp"]),
+    ("../comera/adapt.py", rf"; size weight {NUMBER}, pruning", LIBRARY["size_weight"]),
+    ("../comera/adapt.py", rf"pruning every {NUMBER} steps", LIBRARY["prune_every"]),
+    ("../comera/adapt.py", rf"``l1_weight`` {NUMBER}, the paper's", LIBRARY["l1_weight"]),
+    ("../comera/adapt.py", rf"``rho`` is {NUMBER}, so the", LIBRARY["rho"]),
+    ("../comera/adapt.py", rf"raise ``size_weight`` to {NUMBER} for", _config("config.yaml")["size_weight"]),
     ("pipeline.md", rf"\(the library's is {NUMBER}\)", LIBRARY["size_weight"]),
     ("pipeline.md", rf"\(`target_ramp: {NUMBER}`\), `size_weight: [0-9.]+`", _config("paper.yaml")["target_ramp"]),
     ("pipeline.md", rf"\(`target_ramp: [0-9.]+`\), `size_weight: {NUMBER}`", _config("paper.yaml")["size_weight"]),
