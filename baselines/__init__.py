@@ -8,12 +8,14 @@ CoMERA library are slow or optional imports).
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 from harness.configs import plugins
 
 from .base import Method, Prepared
+from .params import parse
 
 _FILES = plugins.discover("methods", Path(__file__).parent)
 METHODS: tuple[str, ...] = tuple(_FILES)
@@ -38,34 +40,25 @@ def check_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
 
 
 def validate_params(method: str, params: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
-    """``defaults`` overridden by ``params``. Unknown keys and values whose type does not match the
-    default's type (int accepted for float; None accepted where the default is None) raise ValueError
-    naming the method, the key and the allowed keys or expected type."""
-    unknown = sorted(set(params) - set(defaults))
-    if unknown:
-        raise ValueError(f"method {method!r}: unknown parameter {unknown[0]!r}; "
-                         f"allowed: {sorted(defaults)}")
-    out = dict(defaults)
-    for key, value in params.items():
-        _check_type(method, key, value, defaults[key])
-        out[key] = value
-    return out
+    """For plug-in methods that declare their parameters as a dict: ``defaults`` overridden by
+    ``params``, checked by :func:`baselines.params.parse` (the built-in methods' one validator) with the
+    type of each default (int accepted for float; None: a number or null)."""
+    return dataclasses.asdict(parse(method, params_class(method, defaults), params))
 
 
-def _check_type(method: str, key: str, value: Any, default: Any) -> None:
-    where = f"method {method!r}: parameter {key!r}"
-    if default is None:
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise ValueError(f"{where} must be a number or null, got {value!r}")
-    elif isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise ValueError(f"{where} must be true or false, got {value!r}")
-    elif isinstance(default, (int, float)):
-        integer = isinstance(default, int)
-        if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
-            raise ValueError(f"{where} must be {'an integer' if integer else 'a number'}, got {value!r}")
-    elif not isinstance(value, type(default)):
-        raise ValueError(f"{where} must be a {type(default).__name__}, got {value!r}")
+def params_class(method: str, defaults: dict[str, Any]) -> type:
+    """A frozen parameter dataclass whose fields are ``defaults``' keys, typed by their values."""
+    def kind(value: Any) -> Any:
+        return float | None if value is None else type(value)
+
+    def default(value: Any) -> Any:
+        if isinstance(value, (list, dict, set)):
+            return dataclasses.field(default_factory=lambda: type(value)(value))
+        return dataclasses.field(default=value)
+
+    fields = [(key, kind(value), default(value)) for key, value in defaults.items()]
+    name = "".join(part.title() for part in method.replace("-", "_").split("_") if part.isidentifier())
+    return dataclasses.make_dataclass(f"{name or 'Plugin'}Params", fields, frozen=True)
 
 
 def positive(method: str, params: dict[str, Any], *keys: str) -> None:

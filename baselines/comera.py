@@ -1,23 +1,29 @@
 """CoMERA as a training method: tensorize the workload's model, AdamW on cores / gates / the rest, and
-the two-stage rank adaptation of ``comera.rank`` as loss and per-step hook.
+the library's :class:`comera.RankAdaptation` (its driver's objective and per-step hook).
 
-Params (``PARAMS_DEFAULTS``): ``rank`` (int) overrides the rank of every TT linear layer and
+Params: one dataclass, :class:`CoMERAParams`. Every rank-adaptation parameter (``l1_weight`` ...
+``target_ramp``, ``early_fraction``) defaults to the library's value (:func:`comera.adapt.defaults`, the
+one set of CoMERA defaults; docs/recipe.md); a config overrides only what it states, with its reason.
+``rank`` (int) overrides the rank of every TT linear layer and
 ``embedding_rank`` that of every TTM embedding (a rank sweep of the linear layers keeps the embedding);
 ``lookup`` picks the TTM lookup ("optimized" -> variant "default", "naive" -> variant "naive-lookup");
-``lr_cores`` / ``lr_gates`` / ``lr_other`` default to the workload's ``lr`` entries, else 1e-4 / 1e-3 /
-5e-5 (docs/workloads.md); ``lr_embedding_cores`` (TTM cores) to the workload's ``embedding_cores`` entry,
-else the cores' rate; ``l1_weight`` (gamma), ``l2_weight`` (beta), ``threshold``, ``prune_every``;
-``early_fraction`` of ``total_steps`` runs the early stage, then -- only when a ``target_ratio`` is
+``lr_cores`` / ``lr_gates`` / ``lr_other`` / ``lr_embedding_cores`` (TTM cores) default to the workload's
+``lr`` entries (docs/workloads.md), else the library's rule from the cores' rate (1e-4, the paper's, when
+neither gives it): gates 5x, the rest and the TTM cores at the cores' rate
+(:func:`comera.adapt.learning_rates`); ``l1_weight`` (gamma), ``l2_weight`` (beta), ``threshold``,
+``prune_every``; ``early_fraction`` of ``total_steps`` (rounded, at least 1 step and at most
+``total_steps - 1``: the library's rule) runs the early stage, then -- only when a ``target_ratio`` is
 given -- the late stage drives the TT size toward ``target_ratio`` times its size at the switch
 (``loss_target`` L0 fixed, else ``loss_reference``: "best", the lowest running task loss so far, updated
 every step and compared with the running loss, or "switch", the running loss at the switch, fixed;
 ``loss_weight``, ``size_weight``, ``rho`` (1: the task loss keeps half its weight in the size branch) of
-the achievement scalarization; ``stop_at_target``: pruning never goes below S0;
+the achievement scalarization; ``loss_average`` the EMA factor of the running loss;
+``stop_at_target``: pruning never goes below S0;
 ``target_ramp``: the fraction of the late stage over which S0 falls from the size at the switch to its
 value, 0 = fixed as in the paper). ``late_formulation`` "project" (default: the scalarization above) or
 "official" (the official code's late stage: relative-gap branch test, gate-penalty size term, fixed
 weights 0.1 / 0.01, ``loss_target`` 0.8 unless given; ``loss_weight`` / ``size_weight`` / ``rho`` must
-keep their defaults); ``mask_gates`` "at_prune" (default: raw gates between prunings) or "every_step"
+not be given); ``mask_gates`` "at_prune" (default: raw gates between prunings) or "every_step"
 (gates <= threshold zeroed in every forward, as the official code); see comera.rank.
 ``l1_reduction`` "mean" (the official code's normalisation, default) or "sum" (the literal formula);
 ``l2_weight`` 0 by default (the paper's core penalty is an option; the official code has none, and 1e-4
@@ -35,94 +41,91 @@ reached accuracy 1 without it.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
 
 from torch import nn
 
 from baselines.base import Prepared
 from baselines.dense import adamw
+from baselines.params import check, defaults, parse
 from comera import rank as rank_lib
-from comera.adapt import param_groups
+from comera.adapt import RankAdaptation, learning_rates, param_groups
+from comera.adapt import defaults as library_defaults
 from comera.convert import model_size, tensorize
 from comera.init import INIT_SCHEMES
 from comera.rank import L1_REDUCTIONS, LATE_FORMULATIONS, LOSS_REFERENCES, MASK_GATES
 from comera.ttm import LOOKUP_MODES
 
 DENSE_INITS = ("workload", "official")
-DEFAULT_LR = {"cores": 1e-4, "gates": 1e-3, "other": 5e-5}
-PARAMS_DEFAULTS: dict[str, Any] = {
-    "rank": None,
-    "embedding_rank": None,
-    "lookup": "optimized",
-    "lr_cores": None,
-    "lr_gates": None,
-    "lr_other": None,
-    "lr_embedding_cores": None,
-    "weight_decay": 0.0,
-    "l1_weight": 0.01,
-    "l1_reduction": "mean",
-    "l2_weight": 0.0,
-    "threshold": 1e-2,
-    "prune_every": 100,
-    "early_fraction": 2 / 3,   # docs/workloads.md: 20 early + 10 late epochs
-    "loss_target": None,
-    "loss_reference": "best",
-    "loss_weight": 1.0,
-    "size_weight": 1.0,
-    "rho": 1.0,
-    "stop_at_target": True,
-    "target_ramp": 0.0,        # fraction of the late stage over which S0 falls to its value (0: fixed)
-    "late_formulation": "project",
-    "mask_gates": "at_prune",
-    "init": "official",
-    "embedding_init_std": None,
-    "dense_init": "workload",
-}
+PAPER_CORES_LR = 1e-4
+"""The cores' rate when neither the params nor the workload give one (the paper's AdamW rate); the other
+groups then follow :func:`comera.adapt.learning_rates` (gates 5x, the rest at the cores' rate)."""
+LIBRARY = library_defaults()
+"""The rank-adaptation defaults: the library's (:func:`comera.adapt.defaults`), the one set."""
+RANK_SETTINGS = tuple(key for key in LIBRARY if key not in ("early_fraction", "target_ramp"))
+"""The params passed on to :class:`comera.RankAdaptation` as settings (fields of RankSettings)."""
+
+
+def _library(key: str, rule: str | None = None) -> Any:
+    return field(default=LIBRARY[key], metadata=check(rule) if rule else {})
+
+
+@dataclass(frozen=True)
+class CoMERAParams:
+    """Parameters of the CoMERA method (module docstring), validated by :func:`baselines.params.parse`.
+    The rank-adaptation fields take the library's defaults (``LIBRARY``)."""
+
+    rank: int | None = field(default=None, metadata=check(">=1"))
+    embedding_rank: int | None = field(default=None, metadata=check(">=1"))
+    lookup: Literal[LOOKUP_MODES] = "optimized"
+    lr_cores: float | None = field(default=None, metadata=check(">0"))
+    lr_gates: float | None = field(default=None, metadata=check(">0"))
+    lr_other: float | None = field(default=None, metadata=check(">0"))
+    lr_embedding_cores: float | None = field(default=None, metadata=check(">0"))
+    weight_decay: float = field(default=0.0, metadata=check(">=0"))
+    l1_weight: float = _library("l1_weight", ">=0")
+    l1_reduction: Literal[L1_REDUCTIONS] = _library("l1_reduction")
+    l2_weight: float = _library("l2_weight", ">=0")
+    threshold: float = _library("threshold", ">=0")
+    prune_every: int = _library("prune_every", ">=0")
+    early_fraction: float = _library("early_fraction", "[0,1]")
+    loss_target: float | None = _library("loss_target")
+    loss_reference: Literal[LOSS_REFERENCES] = _library("loss_reference")
+    loss_weight: float = _library("loss_weight", ">=0")
+    size_weight: float = _library("size_weight", ">=0")
+    rho: float = _library("rho", ">=0")
+    loss_average: float = _library("loss_average", "[0,1]")
+    stop_at_target: bool = _library("stop_at_target")
+    target_ramp: float = _library("target_ramp", "[0,1]")
+    late_formulation: Literal[LATE_FORMULATIONS] = _library("late_formulation")
+    mask_gates: Literal[MASK_GATES] = _library("mask_gates")
+    init: Literal[INIT_SCHEMES] = "official"
+    embedding_init_std: float | None = None
+    dense_init: Literal[DENSE_INITS] = "workload"
+
+    @staticmethod
+    def resolve(given: dict[str, Any]) -> dict[str, Any]:
+        """``late_formulation: official`` has fixed weights: stating any of the project's is an error."""
+        if given.get("late_formulation") == "official":
+            stated = [key for key in ("loss_weight", "size_weight", "rho") if key in given]
+            if stated:
+                raise ValueError(f"method 'comera': late_formulation 'official' has fixed weights; drop {stated}")
+        return given
+
+
+PARAMS_DEFAULTS: dict[str, Any] = defaults(CoMERAParams)
 VARIANTS = {"optimized": "default", "naive": "naive-lookup"}
 
 
 def check_params(params: dict[str, Any] | None) -> dict[str, Any]:
     """Validate CoMERA params and fill defaults; an unknown key or a bad value raises ValueError."""
-    from baselines import positive, validate_params  # the registry's shared checks
-
-    merged = validate_params("comera", dict(params or {}), PARAMS_DEFAULTS)
-    for key in ("rank", "embedding_rank"):
-        if merged[key] is not None and (not isinstance(merged[key], int) or merged[key] < 1):
-            raise ValueError(f"method 'comera': parameter {key!r} must be a positive integer or null, "
-                             f"got {merged[key]!r}")
-    for key, choices in (("l1_reduction", L1_REDUCTIONS), ("init", INIT_SCHEMES),
-                         ("late_formulation", LATE_FORMULATIONS), ("mask_gates", MASK_GATES),
-                         ("loss_reference", LOSS_REFERENCES),
-                         ("dense_init", DENSE_INITS)):
-        if merged[key] not in choices:
-            raise ValueError(f"method 'comera': parameter {key!r} must be one of {list(choices)}, "
-                             f"got {merged[key]!r}")
-    if not isinstance(merged["stop_at_target"], bool):
-        raise ValueError(f"method 'comera': parameter 'stop_at_target' must be true or false, "
-                         f"got {merged['stop_at_target']!r}")
-    if merged["lookup"] not in LOOKUP_MODES:
-        raise ValueError(f"method 'comera': parameter 'lookup' must be one of {list(LOOKUP_MODES)}, "
-                         f"got {merged['lookup']!r}")
-    positive("comera", merged, "lr_cores", "lr_gates", "lr_other", "lr_embedding_cores")
-    for key in ("weight_decay", "l1_weight", "l2_weight", "threshold", "loss_weight", "size_weight", "rho",
-                "prune_every"):
-        if merged[key] < 0:
-            raise ValueError(f"method 'comera': parameter {key!r} must be >= 0, got {merged[key]!r}")
-    if merged["late_formulation"] == "official":
-        changed = [key for key in ("loss_weight", "size_weight", "rho") if merged[key] != PARAMS_DEFAULTS[key]]
-        if changed:
-            raise ValueError(f"method 'comera': late_formulation 'official' has fixed weights; drop {changed}")
-    if not 0 <= merged["target_ramp"] <= 1:
-        raise ValueError(f"method 'comera': parameter 'target_ramp' must be in [0, 1], "
-                         f"got {merged['target_ramp']!r}")
-    if not 0 <= merged["early_fraction"] <= 1:
-        raise ValueError(f"method 'comera': parameter 'early_fraction' must be in [0, 1], "
-                         f"got {merged['early_fraction']!r}")
-    return merged
+    return asdict(parse("comera", CoMERAParams, params))
 
 
 class CoMERAMethod:
-    """Rank-adaptive tensor-compressed training (arXiv 2405.14377)."""
+    """Rank-adaptive tensor-compressed training (arXiv 2405.14377): the library's
+    :class:`comera.RankAdaptation` on a tensorized copy of the workload's model."""
 
     name = "comera"
 
@@ -131,60 +134,49 @@ class CoMERAMethod:
 
     def prepare(self, model: nn.Module, workload: Any, params: dict[str, Any], *,
                 target_ratio: float | None, total_steps: int) -> Prepared:
-        params = check_params(params)
+        p = parse("comera", CoMERAParams, params)
         if target_ratio is not None and not 0 < target_ratio <= 1:
             raise ValueError(f"comera: target_ratio={target_ratio!r} must be in (0, 1]")
-        self.variant = VARIANTS[params["lookup"]]
-        report = tensorize(model, _spec(workload.tt_spec, params))
-        if params["dense_init"] == "official" and getattr(workload, "official_init", None) is not None:
+        self.variant = VARIANTS[p.lookup]
+        report = tensorize(model, _spec(workload.tt_spec, p))
+        if p.dense_init == "official" and getattr(workload, "official_init", None) is not None:
             workload.official_init(model)
-        lrs = {group: params[f"lr_{group}"] or workload.lr.get(group) or DEFAULT_LR[group]
-               for group in DEFAULT_LR}
-        lrs["embedding_cores"] = params["lr_embedding_cores"] or workload.lr.get("embedding_cores") or lrs["cores"]
-        groups = _param_groups(model, lrs)
-        optimizer, impl = adamw(groups, lr=lrs["other"], weight_decay=params["weight_decay"])
-        late_start = None
-        if target_ratio is not None:
-            late_start = max(1, round(params["early_fraction"] * total_steps))
-        settings = rank_lib.RankSettings(
-            l1_weight=params["l1_weight"], l2_weight=params["l2_weight"], l1_reduction=params["l1_reduction"],
-            threshold=params["threshold"], stop_at_target=params["stop_at_target"],
-            target_ramp_steps=round(params["target_ramp"] * (total_steps - late_start)) if late_start else 0,
-            prune_every=params["prune_every"], late_start_step=late_start, target_ratio=target_ratio,
-            loss_target=params["loss_target"], loss_reference=params["loss_reference"],
-            loss_weight=params["loss_weight"],
-            size_weight=params["size_weight"], rho=params["rho"],
-            late_formulation=params["late_formulation"], mask_gates=params["mask_gates"])
-        adaptation = rank_lib.TwoStageRankAdaptation(model, settings, [optimizer])
+        stated = {group: getattr(p, f"lr_{group}") or workload.lr.get(group)
+                  for group in ("cores", "gates", "other", "embedding_cores")}
+        lrs = learning_rates(stated["cores"] or PAPER_CORES_LR, cores=stated["cores"], gates=stated["gates"],
+                             other=stated["other"], embedding_cores=stated["embedding_cores"])
+        groups = param_groups(model, **{group: lrs[group] for group in ("cores", "gates", "other",
+                                                                        "embedding_cores")})
+        optimizer, impl = adamw(groups, lr=lrs["other"], weight_decay=p.weight_decay)
+        adapt = RankAdaptation(model, optimizer, target=target_ratio, total_steps=total_steps,
+                               early_fraction=p.early_fraction, target_ramp=p.target_ramp,
+                               **{key: getattr(p, key) for key in RANK_SETTINGS})
+        driver = adapt.driver  # the runner passes the step number (CUDA graphs capture the objective)
         return Prepared(
             model=model,
             optimizers=[optimizer],
-            total_loss=adaptation.objective,
-            after_step=adaptation.after_step,
-            settings={**params, "lr": lrs, "late_start_step": late_start, "target_ratio": target_ratio,
-                      "switch": adaptation.switch,
-                      "conversion": report.as_dict(), "optimizer": "torch.optim.AdamW", "optimizer_impl": impl},
+            total_loss=driver.objective,
+            after_step=driver.after_step,
+            settings={**asdict(p), "lr": lrs, "late_start_step": adapt.settings.late_start_step,
+                      "target_ratio": target_ratio, "target_ramp_steps": adapt.settings.target_ramp_steps,
+                      "switch": driver.switch, "conversion": report.as_dict(),
+                      "optimizer": "torch.optim.AdamW", "optimizer_impl": impl},
             ranks=lambda: rank_lib.ranks(model),
             size=lambda: model_size(model),
         )
 
 
-def _spec(tt_spec: dict[str, dict[str, Any]], params: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def _spec(tt_spec: dict[str, dict[str, Any]], p: CoMERAParams) -> dict[str, dict[str, Any]]:
     spec = copy.deepcopy(tt_spec)
     for entry in spec.values():
-        rank = params["embedding_rank" if entry.get("kind") == "embedding" else "rank"]
+        rank = p.embedding_rank if entry.get("kind") == "embedding" else p.rank
         if rank is not None:
             entry["rank"] = rank
-        entry["init"] = params["init"]
+        entry["init"] = p.init
         if entry.get("kind") == "embedding":
-            entry["lookup"] = params["lookup"]
-            entry["init_std"] = params["embedding_init_std"]
+            entry["lookup"] = p.lookup
+            entry["init_std"] = p.embedding_init_std
     return spec
-
-
-def _param_groups(model: nn.Module, lrs: dict[str, float]) -> list[dict[str, Any]]:
-    return param_groups(model, cores=lrs["cores"], gates=lrs["gates"], other=lrs["other"],
-                        embedding_cores=lrs["embedding_cores"])
 
 
 METHOD = CoMERAMethod

@@ -6,27 +6,29 @@ uncompressed model (GaLore, LTE) and :func:`adamw`, the AdamW of dense, CoMERA a
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from . import positive, validate_params
 from .base import Prepared, trainable_parameters
+from .params import check, defaults, parse
 
-PARAMS_DEFAULTS: dict[str, Any] = {
-    "lr": None,  # None: the workload's lr["dense"]
-    "weight_decay": 0.0,
-}
+@dataclass(frozen=True)
+class DenseParams:
+    """Parameters of the dense method (validated by :func:`baselines.params.parse`)."""
+
+    lr: float | None = field(default=None, metadata=check(">0"))  # None: the workload's lr["dense"]
+    weight_decay: float = field(default=0.0, metadata=check(">=0"))
+
+
+PARAMS_DEFAULTS: dict[str, Any] = defaults(DenseParams)
 
 
 def check_params(params: dict[str, Any]) -> dict[str, Any]:
     """Dense params with defaults filled; ValueError naming an unknown key or a bad value."""
-    checked = validate_params("dense", params, PARAMS_DEFAULTS)
-    positive("dense", checked, "lr")
-    if checked["weight_decay"] < 0:
-        raise ValueError(f"method 'dense': parameter 'weight_decay' must be >= 0, got {checked['weight_decay']!r}")
-    return checked
+    return asdict(parse("dense", DenseParams, params))
 
 
 def workload_lr(method: str, workload: Any, lr: float | None) -> float:

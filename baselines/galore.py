@@ -18,40 +18,39 @@ from __future__ import annotations
 
 import logging
 import warnings
+from dataclasses import asdict, dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from . import positive, validate_params
 from .base import Prepared, trainable_parameters
 from .dense import uncompressed_size, workload_lr
+from .params import check, defaults, parse
 
 PROJ_TYPES = ("std", "reverse_std", "right", "left", "full")
 
-PARAMS_DEFAULTS: dict[str, Any] = {
-    "lr": None,  # None: the workload's lr["dense"]
-    "weight_decay": 0.0,
-    "rank": 128,
-    "update_proj_gap": 200,
-    "scale": 0.25,
-    "proj_type": "std",
-    "layerwise": False,
-    "eight_bit": False,
-}
+@dataclass(frozen=True)
+class GaLoreParams:
+    """Parameters of the GaLore method (validated by :func:`baselines.params.parse`)."""
+
+    lr: float | None = field(default=None, metadata=check(">0"))  # None: the workload's lr["dense"]
+    weight_decay: float = field(default=0.0, metadata=check(">=0"))
+    rank: int = field(default=128, metadata=check(">0"))
+    update_proj_gap: int = field(default=200, metadata=check(">0"))
+    scale: float = field(default=0.25, metadata=check(">0"))
+    proj_type: Literal[PROJ_TYPES] = "std"
+    layerwise: bool = False
+    eight_bit: bool = False
+
+
+PARAMS_DEFAULTS: dict[str, Any] = defaults(GaLoreParams)
 
 
 def check_params(params: dict[str, Any]) -> dict[str, Any]:
     """GaLore params with defaults filled; ValueError naming an unknown key or a bad value."""
-    checked = validate_params("galore", params, PARAMS_DEFAULTS)
-    positive("galore", checked, "lr", "rank", "update_proj_gap", "scale")
-    if checked["weight_decay"] < 0:
-        raise ValueError(f"method 'galore': parameter 'weight_decay' must be >= 0, got {checked['weight_decay']!r}")
-    if checked["proj_type"] not in PROJ_TYPES:
-        raise ValueError(f"method 'galore': parameter 'proj_type' must be one of {list(PROJ_TYPES)}, "
-                         f"got {checked['proj_type']!r}")
-    return checked
+    return asdict(parse("galore", GaLoreParams, params))
 
 
 def galore_weights(model: nn.Module) -> list[nn.Parameter]:

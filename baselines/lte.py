@@ -26,40 +26,48 @@ dense lr 3e-4 it reached accuracy 1.0 at step 500 (seed 0) and 400 (seed 1); wit
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import positive, validate_params
 from .base import Prepared, trainable_parameters
 from .dense import adamw, uncompressed_size, workload_lr
+from .params import check, defaults, parse
 
 PRESETS: dict[str, dict[str, Any]] = {
     "default": {"heads": 1, "rank": 8, "alpha": 16.0, "merge_every": 1, "lr": None},
     "tuned": {"heads": 4, "rank": 16, "alpha": 64.0, "merge_every": 10, "lr": None},
 }
-PARAMS_DEFAULTS: dict[str, Any] = {
-    "preset": "default",
-    **PRESETS["default"],
-    "lr_other": None,  # None: the workload's lr["dense"]
-    "weight_decay": 0.0,
-}
+@dataclass(frozen=True)
+class LTEParams:
+    """Parameters of the LTE method (validated by :func:`baselines.params.parse`): ``preset`` fills every
+    head setting not given (the defaults below are the "default" preset's)."""
+
+    preset: Literal[tuple(PRESETS)] = "default"
+    heads: int = field(default=PRESETS["default"]["heads"], metadata=check(">0"))
+    rank: int = field(default=PRESETS["default"]["rank"], metadata=check(">0"))
+    alpha: float = field(default=PRESETS["default"]["alpha"], metadata=check(">0"))
+    merge_every: int = field(default=PRESETS["default"]["merge_every"], metadata=check(">0"))
+    lr: float | None = field(default=PRESETS["default"]["lr"], metadata=check(">0"))  # None: lr["dense"]
+    lr_other: float | None = field(default=None, metadata=check(">0"))  # None: the workload's lr["dense"]
+    weight_decay: float = field(default=0.0, metadata=check(">=0"))
+
+    @staticmethod
+    def resolve(given: dict[str, Any]) -> dict[str, Any]:
+        """The preset's values under the keys given."""
+        return {**PRESETS[given.get("preset", "default")], **given}
+
+
+PARAMS_DEFAULTS: dict[str, Any] = defaults(LTEParams)
 
 
 def check_params(params: dict[str, Any]) -> dict[str, Any]:
     """LTE params: the preset's values, overridden by explicit keys; ValueError naming an unknown key
     or a bad value."""
-    preset = params.get("preset", PARAMS_DEFAULTS["preset"])
-    if preset not in PRESETS:
-        raise ValueError(f"method 'lte': parameter 'preset' must be one of {list(PRESETS)}, got {preset!r}")
-    checked = validate_params("lte", params, PARAMS_DEFAULTS)
-    checked.update({key: value for key, value in PRESETS[preset].items() if key not in params})
-    positive("lte", checked, "heads", "rank", "alpha", "merge_every", "lr", "lr_other")
-    if checked["weight_decay"] < 0:
-        raise ValueError(f"method 'lte': parameter 'weight_decay' must be >= 0, got {checked['weight_decay']!r}")
-    return checked
+    return asdict(parse("lte", LTEParams, params))
 
 
 class LTELinear(nn.Module):

@@ -13,15 +13,20 @@ Built on :class:`comera.rank.TwoStageRankAdaptation`. The early stage (the first
 late stage, only with a ``target``, drives the TT size to ``target`` times its size at the switch, the
 target falling linearly over the first ``target_ramp`` of the late stage, and never prunes below it. Its
 reference loss L0 is the best running task loss so far (``loss_reference="best"``) and ``rho`` is 1, so the
-task loss keeps at least half its weight in the size branch. Defaults are the recipe of the pipeline's
-quality cells (``baselines/comera.py``, ``config/config.yaml``; how they were chosen: docs/recipe.md),
-except the size weight: 5 here, 10 in the grid's short late stage; ramp 0.8, early fraction 0.45, pruning
-every 10 steps; layers built by ``tensorize`` use the
-official initialization, and the gates learn 5x faster than the cores.
+task loss keeps at least half its weight in the size branch.
+
+These are the library's defaults (:func:`defaults`: the fields of :class:`comera.rank.RankSettings` and
+this class's ``early_fraction`` 0.45 and ``target_ramp`` 0.8; size weight 5, pruning every 10 steps), and
+the one set of CoMERA defaults: the pipeline's ``comera`` method takes them from here, and a config
+overrides only what it states (the default grid's quality cells raise ``size_weight`` to 10 for their
+short late stage; config/paper.yaml keeps the paper's schedule). How they were chosen: docs/recipe.md.
+Layers built by ``tensorize`` use the official initialization, and the gates learn 5x faster than the
+cores (``param_groups``).
 """
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Iterable
 
 import torch
@@ -32,10 +37,21 @@ from comera.ttm import TTMEmbedding
 from comera.rank import RankSettings, TwoStageRankAdaptation, ranks, tensorized_modules, tt_parameter_count
 
 GATE_LR_FACTOR = 5.0
-DEFAULTS: dict[str, Any] = {"l1_weight": 0.01, "l2_weight": 0.0, "l1_reduction": "mean", "threshold": 1e-2,
-                            "prune_every": 10, "size_weight": 5.0, "rho": 1.0, "loss_reference": "best",
-                            "stop_at_target": True}
 DERIVED = ("late_start_step", "target_ratio", "target_ramp_steps")  # set from target / total_steps
+
+
+def learning_rates(lr: float = 1e-3, *, cores: float | None = None, gates: float | None = None,
+                   other: float | None = None, embedding_cores: float | None = None) -> dict[str, float]:
+    """The rate of each parameter group of :func:`param_groups`: ``cores`` (else ``lr``),
+    ``embedding_cores`` (else the cores' rate), ``gates`` (else 5 x ``lr``), ``other`` (else ``lr``);
+    ValueError naming a group whose rate is not positive."""
+    core_lr = lr if cores is None else cores
+    lrs = {"cores": core_lr, "embedding_cores": core_lr if embedding_cores is None else embedding_cores,
+           "gates": GATE_LR_FACTOR * lr if gates is None else gates, "other": lr if other is None else other}
+    for group, value in lrs.items():
+        if not value > 0:
+            raise ValueError(f"param_groups: the learning rate of {group!r} must be positive, got {value!r}")
+    return lrs
 
 
 def param_groups(model: nn.Module, lr: float = 1e-3, *, cores: float | None = None, gates: float | None = None,
@@ -43,12 +59,7 @@ def param_groups(model: nn.Module, lr: float = 1e-3, *, cores: float | None = No
     """Optimizer parameter groups ``cores`` (TT linear cores: ``cores`` or ``lr``), ``embedding_cores``
     (TTM embedding cores: ``embedding_cores``, else the cores' rate), ``gates`` (``gates`` or 5 x ``lr``)
     and ``other`` (every other trainable parameter: ``other`` or ``lr``); empty groups are left out."""
-    core_lr = lr if cores is None else cores
-    lrs = {"cores": core_lr, "embedding_cores": core_lr if embedding_cores is None else embedding_cores,
-           "gates": GATE_LR_FACTOR * lr if gates is None else gates, "other": lr if other is None else other}
-    for group, value in lrs.items():
-        if not value > 0:
-            raise ValueError(f"param_groups: the learning rate of {group!r} must be positive, got {value!r}")
+    lrs = learning_rates(lr, cores=cores, gates=gates, other=other, embedding_cores=embedding_cores)
     named: dict[str, list[nn.Parameter]] = {"cores": [], "embedding_cores": [], "gates": []}
     for _, module in tensorized_modules(model):
         named["embedding_cores" if isinstance(module, TTMEmbedding) else "cores"].extend(module.cores)
@@ -56,6 +67,16 @@ def param_groups(model: nn.Module, lr: float = 1e-3, *, cores: float | None = No
     tt_ids = {id(p) for ps in named.values() for p in ps}
     named["other"] = [p for p in model.parameters() if p.requires_grad and id(p) not in tt_ids]
     return [{"params": ps, "lr": lrs[group], "name": group} for group, ps in named.items() if ps]
+
+
+def defaults() -> dict[str, Any]:
+    """The library's rank-adaptation defaults: every keyword :class:`RankAdaptation` takes besides
+    ``target`` and ``total_steps`` (``early_fraction``, ``target_ramp`` and the fields of
+    :class:`comera.rank.RankSettings` not derived from them), with its default."""
+    out = {f.name: f.default for f in dataclasses.fields(RankSettings) if f.name not in DERIVED}
+    signature = inspect.signature(RankAdaptation)
+    out.update((name, signature.parameters[name].default) for name in ("early_fraction", "target_ramp"))
+    return out
 
 
 class RankAdaptation:
@@ -87,8 +108,8 @@ class RankAdaptation:
         if target is not None:
             late_start = min(total_steps - 1, max(1, round(early_fraction * total_steps)))
         ramp = round(target_ramp * (total_steps - late_start)) if late_start else 0
-        self.settings = RankSettings(**{**DEFAULTS, **settings, "late_start_step": late_start,
-                                        "target_ratio": target, "target_ramp_steps": ramp})
+        self.settings = RankSettings(**settings, late_start_step=late_start, target_ratio=target,
+                                     target_ramp_steps=ramp)
         optimizers = [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else list(optimizer)
         for item in optimizers:
             if not isinstance(item, torch.optim.Optimizer):

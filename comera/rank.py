@@ -21,8 +21,8 @@ formulas are cited by role -- size, bi-objective problem, early stage, late stag
   ``gamma = 0.01`` it outweighs the task gradient on almost every gate and prunes every rank within a
   few hundred steps, where the paper's early stage "prunes tensor ranks gently without hurting the model
   performance" (rebuttal). The l2 term on the cores (Prop. 3.1 and the rebuttal: with l1 alone the cores
-  grow to compensate shrinking gates) is not in the official code; its default weight is set in
-  baselines/comera.py.
+  grow to compensate shrinking gates) is not in the official code; ``l2_weight`` is 0 by default
+  (:class:`RankSettings`, docs/recipe.md).
 * sign rule: a gate is active when ``g > threshold`` and pruned otherwise, negative gates included (the
   official ``get_rank_mask`` zeroes every gate ``<= threshold``); ``S(D)`` counts the active gates.
 * late stage, achievement scalarization toward the reference point ``(L0, S0)``:
@@ -145,15 +145,41 @@ def early_objective(task_loss: torch.Tensor, model: nn.Module, *, l1_weight: flo
 
 
 @dataclass
+class RankSettings:
+    """Settings of the two-stage rank adaptation. The defaults are the library's recipe, the one set of
+    CoMERA defaults: :class:`comera.RankAdaptation` and the pipeline's ``comera`` method
+    (``baselines/comera.py``) take theirs from here; how they were chosen: docs/recipe.md."""
+
+    l1_weight: float = 0.01         # gamma (early stage)
+    l2_weight: float = 0.0          # beta (both stages)
+    l1_reduction: str = "mean"      # gate penalty over the active gates: "mean" (official code) or "sum"
+    threshold: float = 1e-2         # gates at or below are pruned
+    prune_every: int = 10           # steps between physical prunings (0: never during a stage)
+    late_start_step: int | None = None  # steps of the early stage; None: early stage only
+    target_ratio: float | None = None   # S0 / S(start of late stage); None: no late stage
+    loss_target: float | None = None    # L0 fixed; None: from loss_reference (project), 0.8 (official)
+    loss_reference: str = "best"        # L0 when loss_target is None (project): "best" running loss so far,
+                                        # or "switch" (the running loss at the stage switch, fixed)
+    loss_weight: float = 1.0            # w1, w2, rho: "project" only ("official" has fixed weights)
+    size_weight: float = 5.0            # 10 killed README's MLP at the switch (docs/recipe.md)
+    rho: float = 1.0                    # the task loss keeps at least half its weight in the size branch
+    late_formulation: str = "project"   # late-stage branch test / size term / weights: "project" or "official"
+    mask_gates: str = "at_prune"        # forward with raw gates ("at_prune") or gates <= threshold zeroed
+    loss_average: float = 0.98      # EMA factor of the running task loss used for L0
+    stop_at_target: bool = True     # late-stage pruning never takes the size below S0
+    target_ramp_steps: int = 0      # 0: S0 fixed (the paper); n: S0 falls linearly to its value in n steps
+
+
+@dataclass
 class LateTarget:
     """Reference point and weights of the late-stage achievement scalarization."""
 
     loss_target: float | torch.Tensor  # L0 (a 0-dim tensor when it follows the best running loss)
     size_target: torch.Tensor   # S0, in scalars (a 0-dim tensor: a ramped target updates in place)
     size_scale: float           # S at the start of the late stage; sizes are divided by it
-    loss_weight: float = 1.0    # w1
-    size_weight: float = 1.0    # w2
-    rho: float = 0.1            # augmentation weight
+    loss_weight: float = RankSettings.loss_weight    # w1
+    size_weight: float = RankSettings.size_weight    # w2
+    rho: float = RankSettings.rho                    # augmentation weight
     formulation: str = "project"  # "project" or "official" (see the module docstring)
 
 
@@ -250,30 +276,6 @@ def _ranks_to_drop(modules: list[nn.Module], threshold: float, min_size: float |
         r[k + 1] -= 1
         drop.setdefault((m, k), set()).add(i)
     return drop
-
-
-@dataclass
-class RankSettings:
-    """Settings of the two-stage rank adaptation (defaults: docs/workloads.md)."""
-
-    l1_weight: float = 0.01         # gamma (early stage)
-    l2_weight: float = 0.0          # beta (both stages)
-    l1_reduction: str = "mean"      # gate penalty over the active gates: "mean" (official code) or "sum"
-    threshold: float = 1e-2         # gates at or below are pruned
-    prune_every: int = 100          # steps between physical prunings (0: never during a stage)
-    late_start_step: int | None = None  # steps of the early stage; None: early stage only
-    target_ratio: float | None = None   # S0 / S(start of late stage); None: no late stage
-    loss_target: float | None = None    # L0 fixed; None: from loss_reference (project), 0.8 (official)
-    loss_reference: str = "best"        # L0 when loss_target is None (project): "best" running loss so far,
-                                        # or "switch" (the running loss at the stage switch, fixed)
-    loss_weight: float = 1.0            # w1, w2, rho: "project" only ("official" has fixed weights)
-    size_weight: float = 1.0
-    rho: float = 0.1
-    late_formulation: str = "project"   # late-stage branch test / size term / weights: "project" or "official"
-    mask_gates: str = "at_prune"        # forward with raw gates ("at_prune") or gates <= threshold zeroed
-    loss_average: float = 0.98      # EMA factor of the running task loss used for L0
-    stop_at_target: bool = True     # late-stage pruning never takes the size below S0
-    target_ramp_steps: int = 0      # 0: S0 fixed (the paper); n: S0 falls linearly to its value in n steps
 
 
 class TwoStageRankAdaptation:

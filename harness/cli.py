@@ -20,6 +20,7 @@ import yaml
 
 import harness
 from harness.configs import plugins, yamlnum
+from harness.configs.grid import PURPOSES
 from harness.core import stops
 
 if TYPE_CHECKING:
@@ -83,6 +84,9 @@ def _parser(list_names: bool = False) -> argparse.ArgumentParser:
     cell.add_argument("--variant", default="default")
     cell.add_argument("--target-ratio", type=float)
     cell.add_argument("--seed", type=int, default=0)
+    cell.add_argument("--purpose", choices=PURPOSES,
+                      help="timing (default: a short run for time and memory) or quality (trained to compare "
+                           "accuracy; run_id ends in _quality), as a config's cells")
     cell.add_argument("--workload-param", action="append", default=[], metavar="KEY=VALUE",
                       help="workload parameter (YAML value), repeatable")
     cell.add_argument("--method-param", action="append", default=[], metavar="KEY=VALUE",
@@ -163,6 +167,7 @@ def spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "workload_params": _key_values(args.workload_param, "--workload-param"),
         "method_params": _key_values(args.method_param, "--method-param"),
         "batch_size": args.batch_size, "target_ratio": args.target_ratio, "seed": args.seed,
+        **({"purpose": args.purpose} if args.purpose else {}),
         "budget": {k: v for k, v in budget.items() if v is not None or k not in ("warmup_steps",)},
         "execution": {k: v for k, v in execution.items() if v is not None or k != "device"},
     }

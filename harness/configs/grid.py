@@ -6,7 +6,6 @@ then calls :func:`check_config` (method and workload parameters checked by their
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import math
@@ -31,7 +30,9 @@ class ConfigError(ValueError):
 
 
 def slug(text: str) -> str:
-    """A file-name-safe lower-case form of ``text`` ("NVIDIA H200" -> "nvidia-h200")."""
+    """A file-name-safe lower-case form of ``text`` ("NVIDIA H200" -> "nvidia-h200"): every run of
+    characters other than letters, digits, ``.``, ``_`` and ``-`` becomes one ``-``. The one device slug:
+    results folder names here, the GPU matching of claims and compare (harness.results.analysis.on_gpu)."""
     return _SAFE.sub("-", text.strip().lower()).strip("-") or "device"
 
 
@@ -166,6 +167,8 @@ def schema_error(config: dict[str, Any], schema_path: str | Path) -> str | None:
 
 PURPOSES = ("timing", "quality")
 """A cell's purpose: short runs for time and memory, or training long enough to compare accuracy."""
+DEFAULT_PURPOSE = PURPOSES[0]
+"""The purpose of a spec that names none (the one default; rows of older files without one are timing)."""
 
 
 def _method_refs(workload: dict[str, Any]) -> list[dict[str, Any]]:
@@ -293,23 +296,21 @@ def run_id(spec: dict[str, Any], suffix: str = "", entry: str | None = None) -> 
     graph = ("_cg" if spec["execution"]["cuda_graph"] else "") + (
         "_compiled" if spec["execution"].get("compile") else "") + (
         f"_matmul-{precision}" if precision != "highest" else "")
-    quality = "_quality" if spec.get("purpose") == "quality" else ""
+    quality = "_quality" if spec.get("purpose", DEFAULT_PURPOSE) == "quality" else ""
     return slug(f"{entry or spec['workload']}_{spec['method']}-{spec['variant']}_b{spec['batch_size']}"
                 f"_t{target}_s{spec['seed']}{graph}{suffix}{quality}")
-
-
-def config_hash(spec: dict[str, Any]) -> str:
-    """Hash of everything that defines a cell's result (not its run_id)."""
-    body = {k: v for k, v in spec.items() if k not in ("run_id", "config_hash")}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def expand_grid(config: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
     """(run_id -> spec, run_id -> sweep point) for workload x section (timing, quality) x method/variant
     (x sweep point) x batch size x target x seed x cuda_graph x compile x matmul_precision; cells outside
     any sweep have no sweep
-    point. Timing cells have no ``purpose`` key (their run_ids and hashes are those of earlier
-    versions); quality cells have ``"purpose": "quality"`` and a run_id ending in ``_quality``."""
+    point. Every spec is complete (:func:`harness.running.specs.normalize_spec`: the defaults the CLI
+    fills, and the one ``config_hash``), so a cell built by ``comera-bench run`` from the same options has
+    the same run_id and config_hash; quality cells have ``"purpose": "quality"`` and a run_id ending in
+    ``_quality``."""
+    from harness.running.specs import normalize_spec
+
     execution = config["execution"]
     grid: dict[str, dict[str, Any]] = {}
     sweeps: dict[str, dict[str, Any]] = {}
@@ -335,8 +336,7 @@ def expand_grid(config: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict
                                       "cuda_graph": graph, "compile": compiled,
                                       "matmul_precision": precision},
                     }
-                    if purpose != "timing":
-                        spec["purpose"] = purpose
+                    spec["purpose"] = purpose
                     if purpose == "timing":
                         spec["execution"].update(rounds=execution.get("rounds", 1), timing_group=(
                             slug(f"{wname}{suffix}_b{batch}_s{seed}")
@@ -346,7 +346,10 @@ def expand_grid(config: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict
                         raise ConfigError(f"config key workloads.{wname}{key}: cell name {spec['run_id']!r} is "
                                           f"{len(spec['run_id'])} characters (at most {MAX_RUN_ID}); shorten the "
                                           "variant or the sweep values")
-                    spec["config_hash"] = config_hash(spec)
+                    try:
+                        spec = normalize_spec(spec)  # the CLI's defaults and config_hash
+                    except ValueError as err:
+                        raise ConfigError(f"config key workloads.{wname}{key}: cell {spec['run_id']}: {err}") from err
                     if spec["run_id"] in grid:
                         raise ConfigError(f"config key workloads.{wname}{key}.methods: cell {spec['run_id']} "
                                           "appears twice (same method/variant/batch/target/seed)")

@@ -24,13 +24,13 @@ periodic work), with no spread; :attr:`Ratio.basis` says which.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
+from harness.configs.grid import slug
 from harness.core.timing import STABLE, finite, quartiles
 from harness.results import empty_frame, read_parquet
 
@@ -156,10 +156,6 @@ def relative_iqr(runs: pd.DataFrame) -> pd.Series:
 
 # ------------------------------------------------------------------------------------- comparability
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-
-
 def on_gpu(device: Any, device_name: Any, gpu: str) -> bool:
     """Whether a row ran on a CUDA device of the GPU model ``gpu``: the device name's slug is the GPU's
     slug or ends with "-" + it ("NVIDIA GeForce RTX 3090" is an RTX 3090; "RTX 3090 Ti", "RTX 4090" or an
@@ -173,7 +169,7 @@ def on_gpu(device: Any, device_name: Any, gpu: str) -> bool:
     Returns:
         True for that GPU model.
     """
-    name, want = _slug(str(device_name or "")), _slug(gpu)
+    name, want = slug(str(device_name or "")), slug(gpu)
     return device == "cuda" and (name == want or name.endswith("-" + want))
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from harness.configs.grid import PURPOSES
+from harness.configs.grid import DEFAULT_PURPOSE, PURPOSES
 from harness.configs.grid import run_id as grid_run_id
 from harness.core import allocator
 
@@ -54,8 +54,10 @@ def _fill(where: str, given: Any, defaults: dict[str, Any]) -> dict[str, Any]:
     return {**defaults, **given}
 
 
-def spec_hash(spec: dict[str, Any]) -> str:
-    """Hash of everything in a spec that changes the result (all keys but run_id and config_hash)."""
+def config_hash(spec: dict[str, Any]) -> str:
+    """The cell's identity: a hash of everything in a complete spec (:func:`normalize_spec`) that changes
+    the result, i.e. every key but run_id and config_hash. The one definition: the pipeline's grid and
+    the CLI both get it through :func:`normalize_spec`, so the same cell has the same hash."""
     content = {k: v for k, v in spec.items() if k not in ("run_id", "config_hash")}
     return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -79,7 +81,7 @@ def normalize_spec(spec: dict[str, Any]) -> dict[str, Any]:
     _check_int("batch_size", out["batch_size"], 1)
     out.setdefault("seed", 0)
     _check_int("seed", out["seed"], 0)
-    out.setdefault("purpose", "timing")
+    out.setdefault("purpose", DEFAULT_PURPOSE)
     if out["purpose"] not in PURPOSES:
         raise SpecError(f"spec purpose must be one of {list(PURPOSES)}, got {out['purpose']!r}")
     out.setdefault("target_ratio", None)
@@ -121,7 +123,7 @@ def normalize_spec(spec: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(out["config_hash"], str):
         raise SpecError(f"spec config_hash must be a string (or absent), got {out['config_hash']!r}")
     if not out["config_hash"]:
-        out["config_hash"] = spec_hash(out)
+        out["config_hash"] = config_hash(out)
     if not out.get("run_id"):  # the pipeline's scheme (harness.configs.grid.run_id)
         out["run_id"] = grid_run_id(out)
     if not isinstance(out["run_id"], str) or not RUN_ID_PATTERN.fullmatch(out["run_id"]):

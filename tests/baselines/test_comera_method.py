@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from baselines.comera import PARAMS_DEFAULTS, CoMERAMethod, check_params
+from baselines.comera import LIBRARY, PARAMS_DEFAULTS, CoMERAMethod, check_params
 from comera.tt import TTLinear
 from comera.ttm import TTMEmbedding
 from harness.workloads.base import Workload
@@ -90,11 +90,12 @@ def test_comera_trains_above_chance_and_runs_both_stages():
 
     assert workload.evaluate(prepared.model)["metric_value"] > 0.6  # chance is 1/3
     stages = [info["stage"] for info in infos]
-    assert stages.index(1.0) == 99 and set(stages[99:]) == {1.0}  # late stage after 2/3 of the steps
+    late = round(LIBRARY["early_fraction"] * 150)  # the library's early fraction (0.45): 68 steps
+    assert stages.index(1.0) == late - 1 and set(stages[late - 1:]) == {1.0}
     assert all(set(info) >= {"stage", "params_tt", "rank_mean"} for info in infos)
     sizes = [info["params_tt"] for info in infos]
     assert all(b <= a for a, b in zip(sizes, sizes[1:]))  # pruning only shrinks
-    assert sizes[-1] < sizes[99]  # the late stage pushed gates below the threshold
+    assert sizes[-1] < sizes[late - 1]  # the late stage pushed gates below the threshold
     assert set(prepared.ranks()) == {"embed", "hidden"}
     assert prepared.size()["params_factorized_layers"] == sizes[-1] + 32  # + hidden bias
 
@@ -115,8 +116,9 @@ def test_defaults_learning_rates_and_naive_variant():
     assert method.variant == "naive-lookup" and prepared.model.embed.tensor_index_level is False
     assert prepared.ranks()["embed"] == [1, 8, 8, 1]  # "rank" sets the linear layers only
     assert prepared.ranks()["hidden"] == [1, 4, 4, 4, 1]
+    # no rate from the params or the workload: the paper's cores rate, the rest by the library's rule
     assert {g["name"]: g["lr"] for g in prepared.optimizers[0].param_groups} == {
-        "cores": 1e-4, "embedding_cores": 1e-4, "gates": 1e-3, "other": 5e-5}
+        "cores": 1e-4, "embedding_cores": 1e-4, "gates": 5e-4, "other": 1e-4}
     infos = _train(prepared, workload, 3)
     assert [info["stage"] for info in infos] == [0.0, 0.0, 0.0]  # no target: early stage only
 
@@ -159,3 +161,54 @@ def test_a_ttm_embedding_model_leaves_the_plateau_of_the_default_quality_task():
     row, _ = runner.run_cell(spec)
     assert row["status"] == "ok", row["error"]
     assert row["metric_value"] >= 0.9, row["metric_value"]
+
+
+def test_the_pipelines_comera_defaults_are_the_librarys():
+    """One set of CoMERA defaults: every rank-adaptation default of comera.RankAdaptation (its signature
+    and RankSettings) is the pipeline method's, and the method builds the same settings."""
+    import dataclasses
+    import inspect
+
+    import comera
+    from comera.rank import RankSettings
+
+    signature = inspect.signature(comera.RankAdaptation).parameters
+    library = {f.name: f.default for f in dataclasses.fields(RankSettings)
+               if f.name not in ("late_start_step", "target_ratio", "target_ramp_steps")}
+    library.update(early_fraction=signature["early_fraction"].default, target_ramp=signature["target_ramp"].default)
+    assert {key: PARAMS_DEFAULTS[key] for key in library} == library
+    assert (library["size_weight"], library["prune_every"], library["rho"]) == (5.0, 10, 1.0)
+    workload = _workload()
+    prepared = CoMERAMethod().prepare(workload.model, workload, {}, target_ratio=0.3, total_steps=1000)
+    reference = comera.RankAdaptation(prepared.model, target=0.3, total_steps=1000)  # the library, defaults
+    assert prepared.settings["late_start_step"] == reference.settings.late_start_step == 450
+    assert prepared.settings["target_ramp_steps"] == reference.settings.target_ramp_steps == 440
+
+
+def test_the_stage_switch_is_the_librarys_clamp():
+    """The method's switch step is comera.RankAdaptation's: at most total_steps - 1."""
+    workload = _workload()
+    prepared = CoMERAMethod().prepare(workload.model, workload, {"early_fraction": 1.0}, target_ratio=0.5,
+                                      total_steps=10)
+    assert prepared.settings["late_start_step"] == 9
+
+
+@pytest.mark.parametrize("method, params, message", [
+    ("comera", {"size_wieght": 10}, "method 'comera': unknown parameter 'size_wieght'"),
+    ("dense", {"learning_rate": 1e-3}, "method 'dense': unknown parameter 'learning_rate'"),
+    ("galore", {"rnak": 4}, "method 'galore': unknown parameter 'rnak'"),
+    ("lte", {"head": 2}, "method 'lte': unknown parameter 'head'"),
+    ("comera", {"size_weight": "ten"}, "parameter 'size_weight' must be a number, got 'ten'"),
+    ("comera", {"prune_every": 2.5}, "parameter 'prune_every' must be an integer, got 2.5"),
+    ("comera", {"stop_at_target": "yes"}, "parameter 'stop_at_target' must be true or false, got 'yes'"),
+    ("comera", {"target_ramp": 1.5}, "parameter 'target_ramp' must be in \\[0, 1\\], got 1.5"),
+    ("comera", {"loss_reference": "last"}, "parameter 'loss_reference' must be one of .*, got 'last'"),
+    ("dense", {"lr": -1.0}, "parameter 'lr' must be > 0 or null, got -1.0"),
+    ("galore", {"layerwise": 1}, "parameter 'layerwise' must be true or false, got 1"),
+    ("lte", {"preset": "fast"}, "parameter 'preset' must be one of \\['default', 'tuned'\\], got 'fast'"),
+])
+def test_every_method_names_the_bad_key_and_value(method, params, message):
+    import baselines
+
+    with pytest.raises(ValueError, match=message):
+        baselines.check_params(method, params)

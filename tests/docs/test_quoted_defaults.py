@@ -1,38 +1,62 @@
-"""The defaults that docs/library.md and docs/library-reference.md quote equal the code's: each entry is
-a pattern whose one group is the quoted value, and where in the code that default lives."""
+"""The defaults that docs/library.md, docs/library-reference.md, docs/pipeline.md and comera/adapt.py's
+docstring quote equal the code's (or the config's, where a doc quotes a config's override): each entry is
+a pattern whose one group is the quoted value, and where that value lives."""
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from baselines.comera import PARAMS_DEFAULTS
-from comera.adapt import DEFAULTS, RankAdaptation
+from comera.adapt import defaults
 from comera.rank import RankSettings
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
-SIGNATURE = {name: p.default for name, p in inspect.signature(RankAdaptation).parameters.items()}
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+LIBRARY = defaults()
 FIELDS = {f.name: f.default for f in dataclasses.fields(RankSettings)}
 NUMBER = r"([0-9][0-9.e+-]*)"
 
+
+def _config(name: str, method: str = "comera") -> dict:
+    return yaml.safe_load((ROOT / "config" / name).read_text())["methods"][method].get("params", {})
+
+
 QUOTED = [  # (file, pattern with the quoted value as its group, the code's default)
-    ("library.md", rf"`early_fraction` \({NUMBER}\)", SIGNATURE["early_fraction"]),
-    ("library.md", rf"`l1_weight` \({NUMBER}, the\s+paper's\)", DEFAULTS["l1_weight"]),
-    ("library.md", rf"`l2_weight` x the squared core entries, {NUMBER} by default", DEFAULTS["l2_weight"]),
-    ("library.md", rf"with `size_weight` {NUMBER}, `rho`", DEFAULTS["size_weight"]),
-    ("library.md", rf"`rho` {NUMBER}: the task loss", DEFAULTS["rho"]),
-    ("library.md", rf"`target_ramp` \({NUMBER}\) of the late stage", SIGNATURE["target_ramp"]),
-    ("library.md", rf"`threshold` \({NUMBER}\)", DEFAULTS["threshold"]),
-    ("library.md", rf"`prune_every` \({NUMBER}\) steps", DEFAULTS["prune_every"]),
-    ("library.md", rf"`size_weight` {NUMBER}, the library's default", DEFAULTS["size_weight"]),
-    ("library-reference.md", rf"{NUMBER} by default in `comera.RankAdaptation`", SIGNATURE["target_ramp"]),
-    ("library-reference.md", rf"{NUMBER} \(fixed, the\s+paper's\) by default in the pipeline's `comera` method",
+    ("library.md", rf"`early_fraction` \({NUMBER}\)", LIBRARY["early_fraction"]),
+    ("library.md", rf"`l1_weight` \({NUMBER}, the\s+paper's\)", LIBRARY["l1_weight"]),
+    ("library.md", rf"`l2_weight` x the squared core entries, {NUMBER} by default", LIBRARY["l2_weight"]),
+    ("library.md", rf"with `size_weight` {NUMBER}, `rho`", LIBRARY["size_weight"]),
+    ("library.md", rf"`rho` {NUMBER}: the task loss", LIBRARY["rho"]),
+    ("library.md", rf"`target_ramp` \({NUMBER}\) of the late stage", LIBRARY["target_ramp"]),
+    ("library.md", rf"`threshold` \({NUMBER}\)", LIBRARY["threshold"]),
+    ("library.md", rf"`prune_every` \({NUMBER}\) steps", LIBRARY["prune_every"]),
+    ("library.md", rf"`size_weight` {NUMBER}, the library's default", LIBRARY["size_weight"]),
+    ("library.md", rf"raise `size_weight` to {NUMBER} for their", _config("config.yaml")["size_weight"]),
+    ("library-reference.md", rf"{NUMBER} by default\s+in `comera.RankAdaptation` and so in the pipeline's",
+     LIBRARY["target_ramp"]),
+    ("library-reference.md", rf"{NUMBER} by default\s+in `comera.RankAdaptation` and so in the pipeline's",
      PARAMS_DEFAULTS["target_ramp"]),
+    ("library-reference.md", rf"config/paper.yaml sets {NUMBER}, fixed, the paper's",
+     _config("paper.yaml")["target_ramp"]),
     ("library-reference.md", rf"`target_ramp_steps`, {NUMBER} by default", FIELDS["target_ramp_steps"]),
-    ("library-reference.md", rf"`l2_weight` is {NUMBER} by default", DEFAULTS["l2_weight"]),
+    ("library-reference.md", rf"`l2_weight` is {NUMBER} by default", LIBRARY["l2_weight"]),
+    ("pipeline.md", rf"with\s+`size_weight: {NUMBER}`", _config("config.yaml")["size_weight"]),
+    ("pipeline.md", rf"`target_ramp` {NUMBER} \(S0 falls", LIBRARY["target_ramp"]),
+    ("pipeline.md", rf"early stage {NUMBER} of the steps", LIBRARY["early_fraction"]),
+    ("../comera/adapt.py", rf"``early_fraction`` {NUMBER} and", LIBRARY["early_fraction"]),
+    ("../comera/adapt.py", rf"``target_ramp`` {NUMBER}; size weight", LIBRARY["target_ramp"]),
+    ("../comera/adapt.py", rf"; size weight {NUMBER}, pruning", LIBRARY["size_weight"]),
+    ("../comera/adapt.py", rf"pruning every {NUMBER} steps", LIBRARY["prune_every"]),
+    ("../comera/adapt.py", rf"``l1_weight`` {NUMBER}, the paper's", LIBRARY["l1_weight"]),
+    ("../comera/adapt.py", rf"``rho`` is {NUMBER}, so the", LIBRARY["rho"]),
+    ("../comera/adapt.py", rf"raise ``size_weight`` to {NUMBER} for", _config("config.yaml")["size_weight"]),
+    ("pipeline.md", rf"\(the library's is {NUMBER}\)", LIBRARY["size_weight"]),
+    ("pipeline.md", rf"\(`target_ramp: {NUMBER}`\), `size_weight: [0-9.]+`", _config("paper.yaml")["target_ramp"]),
+    ("pipeline.md", rf"\(`target_ramp: [0-9.]+`\), `size_weight: {NUMBER}`", _config("paper.yaml")["size_weight"]),
 ]
 
 

@@ -82,8 +82,9 @@ def test_defaults_filled_and_grid_expanded():
         assert cells[run_id]["variant"] == f"sweep-rank{point['rank']}"
         assert cells[run_id]["batch_size"] == 4
     spec = next(iter(cells.values()))
-    assert set(spec) == {"run_id", "workload", "workload_params", "method", "variant", "method_params",
-                         "batch_size", "target_ratio", "seed", "budget", "execution", "config_hash"}
+    assert set(spec) == {"run_id", "purpose", "workload", "workload_params", "method", "variant",
+                         "method_params", "batch_size", "target_ratio", "seed", "budget", "execution",
+                         "config_hash"}  # complete: harness.running.specs.normalize_spec
     assert spec["execution"]["num_threads"] == 2
 
 
@@ -321,8 +322,8 @@ def test_quality_cells_have_their_own_budget_params_and_run_ids():
         "params": {"eval_samples": 64}, "batch_sizes": [8], "targets": [0.5], "methods": ["dense", "comera"],
         "budget": {"max_steps_per_epoch": 50, "eval_every_steps": 10}}
     cells, _ = grid.expand_grid(filled(config))
-    timing = {k: c for k, c in cells.items() if "purpose" not in c}
-    quality = {k: c for k, c in cells.items() if c.get("purpose") == "quality"}
+    timing = {k: c for k, c in cells.items() if c["purpose"] == "timing"}
+    quality = {k: c for k, c in cells.items() if c["purpose"] == "quality"}
     assert len(timing) == 8  # as without the block: timing run_ids and hashes do not change
     assert timing == grid.expand_grid(filled(minimal()))[0]
     assert sorted(quality) == ["transformer_comera-default_b8_t0.5_s0_quality",
@@ -374,7 +375,41 @@ def test_the_cli_and_the_pipeline_share_defaults_and_run_ids():
     cells, _ = grid.expand_grid(filled(minimal()))
     for run_id, spec in cells.items():
         bare = {k: v for k, v in spec.items() if k not in ("run_id", "config_hash")}
-        assert specs.normalize_spec(bare)["run_id"] == run_id
+        again = specs.normalize_spec(bare)
+        assert (again["run_id"], again["config_hash"]) == (run_id, spec["config_hash"])
+        assert again == spec
+
+
+@pytest.mark.parametrize("purpose", ["timing", "quality"])
+def test_the_cli_and_the_pipeline_give_a_cell_one_identity(purpose):
+    """The same cell from `comera-bench run` options and from a config's grid: the same spec, run_id and
+    config_hash (one hash function, harness.running.specs.config_hash, on one complete spec)."""
+    from harness import cli
+    from harness.running import specs
+
+    config = {
+        "execution": {"interleave": False, "rounds": 1, "threads": 2},  # the CLI runs one cell alone
+        "methods": {"comera": {"method": "comera", "uses_target": True, "params": {"size_weight": 10.0}}},
+        "workloads": {"transformer": {"params": {"size": "tiny"}, "batch_sizes": [4], "targets": [0.5],
+                                      "methods": ["comera"],
+                                      "budget": {"epochs": 1, "max_steps_per_epoch": 13, "warmup_steps": 1,
+                                                 "eval_every_steps": 6}}},
+    }
+    if purpose == "quality":
+        config["workloads"]["transformer"]["quality"] = {
+            "params": {"eval_samples": 64}, "batch_sizes": [4], "targets": [0.5], "methods": ["comera"],
+            "budget": {"max_steps_per_epoch": 13, "warmup_steps": 1, "eval_every_steps": 6}}
+    cells, _ = grid.expand_grid(filled(config))
+    from_grid = next(c for c in cells.values() if c["purpose"] == purpose)
+    args = cli._parser().parse_args(
+        ["run", "--workload", "transformer", "--method", "comera", "--batch-size", "4", "--target-ratio", "0.5",
+         "--method-param", "size_weight=10.0", "--workload-param", "size=tiny", "--threads", "2",
+         "--max-steps-per-epoch", "13", "--warmup-steps", "1", "--eval-every-steps", "6"]
+        + (["--purpose", "quality", "--workload-param", "eval_samples=64"] if purpose == "quality" else []))
+    from_cli = specs.normalize_spec(cli.spec_from_args(args))
+    assert from_cli["run_id"] == from_grid["run_id"]
+    assert from_cli["config_hash"] == from_grid["config_hash"]
+    assert from_cli == from_grid
 
 
 def test_a_budget_without_a_timed_step_is_refused():
