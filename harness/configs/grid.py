@@ -203,7 +203,7 @@ def check_config(config: dict[str, Any]) -> None:
     the key."""
     from harness.configs.plugins import PluginError
     from harness.perf import microbench
-    from harness.running.run import stall_limit_s
+    from harness.running.watchdog import stall_limit_s
 
     try:
         import baselines
