@@ -348,7 +348,7 @@ def test_a_stop_to_the_snakemake_process_alone_is_prompt(tmp_path, sig):
     while time.monotonic() < deadline and proc.poll() is None:
         below = psutil.Process(proc.pid).children(recursive=True)
         commands = [" ".join(cmdline_of(p)) for p in below]
-        if any("harness.core.interleave" in c for c in commands) and \
+        if any("harness.running.group" in c for c in commands) and \
                 sum("harness.cli run --spec" in c for c in commands) == 2:
             break
         time.sleep(0.05)
