@@ -188,3 +188,21 @@ def test_the_checker_sees_both_forms(tmp_path):
     module = Module("harness.toy", tmp_path / "toy.py", ast.parse(source))
     assert {name for _, name in private_uses(module)} == {
         "harness.core.timing._quartiles", "harness.core.measure._private", "harness.core.stops._other"}
+
+
+MAX_LINES = 600
+LONG_WITHOUT_REASON = {
+    "comera.contraction",  # branch ttops (comera/contraction.py): split it or say why at its top
+}
+
+
+def test_a_long_module_says_why_at_its_top():
+    """A module over MAX_LINES lines says why in its docstring ("Why one module of ~N lines: ...")."""
+    import re
+
+    long = {m.name: m for m in MODULES if len(m.path.read_text().splitlines()) > MAX_LINES}
+    silent = sorted(name for name, m in long.items()
+                    if not re.search(r"\bWhy\b[^.]*\blines\b", ast.get_docstring(m.tree) or ""))
+    assert set(silent) - LONG_WITHOUT_REASON == set(), f"modules over {MAX_LINES} lines that do not say why: {silent}"
+    assert LONG_WITHOUT_REASON <= set(silent), "remove from LONG_WITHOUT_REASON: " + \
+        str(LONG_WITHOUT_REASON - set(silent))
