@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 
 def snakemake_cmd(workdir: Path, configfile: Path, *args: str) -> list[str]:
     """The README's command, run from the repository root (subprocesses get ``cwd=ROOT``): Snakemake finds
-    workflow/Snakefile and its default profile by itself; the results go to ``workdir``."""
+    the Snakefile and its default profile by itself; the results go to ``workdir``."""
     return [str(BIN / "snakemake"), "--directory", str(workdir), "--cores", "2", *args,
             "--configfile", str(configfile)]
 
