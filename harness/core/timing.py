@@ -221,7 +221,7 @@ def round_bounds(first_timed: int, total_steps: int, rounds: int, steps_per_roun
 @dataclass(frozen=True)
 class Ratio:
     """A ratio of two cells' times with its spread: the median over rounds of the per-round ratios
-    (``interleaved``), else the ratio of the two medians (``n`` = 1, no spread)."""
+    (``interleaved``), else the ratio of the two values compared (``n`` = 1, no spread; see :func:`ratio`)."""
 
     value: float
     low: float

@@ -43,8 +43,9 @@ def _canonical(value: object) -> str:
 
 
 def cells_of(res: Results) -> pd.DataFrame:
-    """One row per cell (ok runs, median over repeated rows of a cell) with the identity columns
-    :data:`CELL`, the quantities, their spread, the timing verdict and :data:`CHECKED`."""
+    """One row per cell (ok runs; of several rows with the same :data:`CELL` identity, the last in the runs
+    table's order, not pooled) with the identity columns :data:`CELL`, the quantities, their spread, the
+    timing verdict and :data:`CHECKED`."""
     df = res.runs[res.runs.status == "ok"].copy()
     settings = [settings_of(r) for r in df.itertuples()]
     df["cuda_graph"] = df.run_id.map(res.cuda_graph)

@@ -429,7 +429,7 @@ def write_table(df: pd.DataFrame, note: str, title: str, out: Path, name: str, s
 
 def report_args(prog: str, description: str, argv: list[str] | None, out_help: str = "output folder",
                 not_drawn: bool = False) -> tuple[argparse.Namespace, Results]:
-    """The command line shared by the tables, figures and claims commands (--results, --device-label,
+    """The command line shared by the tables and figures commands (--results, --device-label,
     --out; with ``not_drawn``, --not-drawn), parsed, with the results folder loaded."""
     ap = argparse.ArgumentParser(prog=prog, description=description)
     ap.add_argument("--results", required=True, help="results/<device> folder")
