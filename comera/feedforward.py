@@ -33,13 +33,8 @@ from comera.tt import (
 FUSE_MIN_ELEMENTS = 0
 """Hidden-activation elements (tokens x hidden features) from which :func:`feed_forward` takes the fused
 path; below, the plain composition saves its two hidden activations and skips the recomputed GEMM and
-activation. 0 (the default): always fused, for the memory. What the switch trades, measured (2-core AMD
-EPYC VM, torch 2.13 CPU; the two paths alternating in one process): the block's time, fused / plain,
-1.04x at 64 tokens and 1.04-1.09x at 2048 tokens of a 128->512->128 block (rank 16), 1.16x at 128 tokens
-and 1.18x at 1024 tokens of 768->3072->768 (rank 30; the GELU at 1024 x 3072 alone takes 2.6 ms); whole
-steps 4-7% faster with 2^22 on the small preset; but with 2^22 the paper-shape step at batch 1 (128 x
-3072 per block, plain) peaked at 110 instead of 98 MiB, so GaLore / CoMERA memory fell from 12.0 to
-10.7: CoMERA's batch-1 memory is the paper's claim, so the default keeps every block fused."""
+activation. 0 (the default): always fused, for the memory (CoMERA's batch-1 memory is the paper's claim).
+What the switch trades, as measured: docs/performance.md, "The fused feed-forward block"."""
 
 
 def _layer_params(layer: TTLinear) -> list[torch.Tensor]:

@@ -206,7 +206,7 @@ def _tiny_spec(tmp_path, method: str) -> str:
 
 @pytest.mark.slow
 def test_cells_die_with_a_sigkilled_coordinator(tmp_path):
-    """SIGKILL of `python -m harness.running.group` (issue 29 item 2): its cells (`comera-bench run
+    """SIGKILL of `python -m harness.running.group`: its cells (`comera-bench run
     --isolate` and their workers) end within seconds and write no row."""
     import signal
     import subprocess
