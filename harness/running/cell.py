@@ -32,7 +32,13 @@ if TYPE_CHECKING:
 
 @dataclass
 class CellState:
-    """Everything a run has found so far (partial on failure)."""
+    """Everything a run of one cell has found so far (partial on failure).
+
+    Args:
+        spec: the normalized spec (:func:`harness.running.specs.normalize_spec`). Every other field
+            starts empty; harness.running.run fills them while it trains. A state with only the spec (and
+            the checked params) gives the row of a run that got nowhere.
+    """
 
     spec: dict[str, Any]
     device: torch.device | None = None
@@ -71,7 +77,6 @@ class CellState:
     waited_s: float = 0.0
     group_start_s: float | None = None
     """seconds from the timing group's start to its first round (None: not timed in a group's rounds)"""
-
 
 
 def build_row(st: CellState, status: str, error: str, tb: str = "") -> dict[str, Any]:
