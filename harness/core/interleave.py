@@ -250,7 +250,8 @@ def run_group(cells: Sequence[Cell], rounds: int, *, command: Callable[[Cell], l
     """Run ``cells`` in interleaved rounds (module docstring); returns the number of cells whose
     process exited with a non-zero status (each cell's ``proc`` keeps its return code). ``command``: a
     cell's command line, built by the caller (the pipeline runs each cell isolated, the performance bench
-    its step workers); the process takes its turns through :class:`RoundGate`. ``timeout_s``: TimeoutError past it, every process of the group terminated."""
+    its step workers); the process takes its turns through :class:`RoundGate`. ``timeout_s``:
+    TimeoutError past it, every process of the group terminated."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     cells = list(cells)
     for cell in cells:
