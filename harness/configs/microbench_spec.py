@@ -28,7 +28,13 @@ _DEFAULTS = {"device": "auto", "num_threads": 2, "min_run_time_s": 0.5, "seed": 
 
 
 def check_spec(spec: Any, *, source: str = "spec") -> dict[str, Any]:
-    """The spec with defaults filled; unknown keys or bad values raise ValueError naming them."""
+    """The spec with defaults filled; unknown keys or bad values raise ValueError naming them.
+
+    Args:
+        spec: the spec as read (a mapping: device, num_threads, min_run_time_s, seed, memory, allocator,
+            linear, embedding).
+        source: what the messages call it (a file, a config key).
+    """
     if not isinstance(spec, dict):
         raise ValueError(f"microbench {source}: expected a mapping, got {type(spec).__name__}")
     _check_keys(spec, _SPEC_KEYS, source)

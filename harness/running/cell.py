@@ -80,8 +80,14 @@ class CellState:
 
 
 def build_row(st: CellState, status: str, error: str, tb: str = "") -> dict[str, Any]:
-    """The runs row of ``st`` (every RUNS_COLUMNS key; None where nothing was found) with ``status``,
-    ``error`` and the traceback tail ``tb`` (in ``extra``; empty: none)."""
+    """The runs row of ``st``: every ``harness.results.RUNS_COLUMNS`` key, None where nothing was found.
+
+    Args:
+        st: the cell's state, partial or complete.
+        status: ok | oom | diverged | error | timeout.
+        error: the message of a failed run ("" for ok).
+        tb: the tail of the traceback, kept in ``extra`` ("" for none).
+    """
     spec = st.spec
     device = st.device or torch.device("cpu")
     row: dict[str, Any] = {c: None for c in results.RUNS_COLUMNS}
