@@ -151,7 +151,7 @@ class GaLoreMethod:
             p.register_post_accumulate_grad_hook(partial(_step_and_free, optimizer))
         prepared = Prepared(model=model, optimizers=[], settings=settings, size=lambda: dict(size))
         # The optimizers live in the hooks, so the generic state_bytes(model, []) would miss their state
-        # and count every gradient; harness/running/run.py reads prepared.state_bytes() when it exists.
+        # and count every gradient; harness/running/cell.py reads prepared.state_bytes() when it exists.
         prepared.state_bytes = partial(layerwise_state_bytes, model, [opt for _, opt in per_param])
         return prepared
 

@@ -69,7 +69,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from comera.tt import _entries
+from comera.tt import parameter_entries
 
 L1_REDUCTIONS = ("mean", "sum")
 LOSS_REFERENCES = ("best", "switch")
@@ -494,8 +494,8 @@ def _tensorized(model: nn.Module) -> list[nn.Module]:
 
 def _layout(model: nn.Module) -> _Layout:
     modules = _tensorized(model)
-    cores = [c for module in modules for c in _entries(module.cores)]
-    gates = [g for module in modules for g in _entries(module.gates)]
+    cores = [c for module in modules for c in parameter_entries(module.cores)]
+    gates = [g for module in modules for g in parameter_entries(module.gates)]
     # Parameters keep their identity through pruning and .to(), so the bond sizes (a gate's length; pruning
     # slices a bond's gate with its two cores), device and dtype are in the key; map() keeps it cheap.
     key = (tuple(map(id, cores)), tuple(map(id, gates)), tuple(map(len, gates)),

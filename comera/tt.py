@@ -65,10 +65,6 @@ def parameter_entries(params: nn.ParameterList) -> list[torch.Tensor]:
     return list(params._parameters.values())
 
 
-_entries = parameter_entries
-"""Deprecated private alias of :func:`parameter_entries`, kept while callers outside this module move."""
-
-
 def forward_gates(module: nn.Module) -> list[torch.Tensor]:
     """The gates the forward of a TT module (:class:`TTLinear`, TTMEmbedding) multiplies by.
 
@@ -200,9 +196,6 @@ def tt_linear(x: torch.Tensor, cores: Sequence[torch.Tensor], gates: Sequence[to
     """
     return TTLinearFunction.apply(plan, x, bias, *cores, *gates)
 
-
-_TTLinearFunction = TTLinearFunction
-"""Deprecated private alias of :class:`TTLinearFunction`, kept while callers outside this module move."""
 
 
 def measure_kernel_cost(device: str | torch.device = "cpu", *, min_run_time_s: float = 0.3) -> int:

@@ -145,7 +145,7 @@ cuda_tests=$(grep -rl --include='test_*.py' "mark.cuda" tests | sort)
   "$py" -m harness.entry bench --device "$device" --targets 1 ${quick:+--quick} \
   --out "$work/results/bench/bench.parquet"
 
-smk=("$py" -m snakemake -s "$repo/workflow/Snakefile" -d "$work" --cores 1)
+smk=("$py" -m snakemake -s "$repo/Snakefile" -d "$work" --cores 1)
 paths=(results_dir="$work/results" figures_dir="$work/figures")
 grid_rc=1
 if [[ -z $stopped ]]; then

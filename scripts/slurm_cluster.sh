@@ -5,7 +5,7 @@
 # Exit status 3: SLURM is missing and apt-get cannot install it.
 # Partition "debug" holds the node; two fake GPUs (character devices made with mknod) are declared as
 # GRES so that `--gpus=1` jobs are scheduled and see CUDA_VISIBLE_DEVICES. No accounting daemon: use
-# `--slurm-status-command squeue` (workflow/profiles/slurm does).
+# `--slurm-status-command squeue` (profiles/slurm does).
 # It never overwrites an /etc/slurm/slurm.conf it did not write (exit 4): a machine's own cluster
 # configuration is left alone. The tests start it only with COMERA_BENCH_SLURM_TESTS=1.
 set -euo pipefail

@@ -205,8 +205,8 @@ def check_config(config: dict[str, Any]) -> None:
     checks (``baselines.check_params``, ``harness.workloads.check_params``). Raises ConfigError naming
     the key."""
     from harness.configs.plugins import PluginError
-    from harness.perf import microbench
-    from harness.running.run import stall_limit_s
+    from harness.configs import microbench_spec
+    from harness.running.watchdog import stall_limit_s
 
     try:
         import baselines
@@ -248,7 +248,7 @@ def check_config(config: dict[str, Any]) -> None:
                         f"{ref['name']!r}; defined in methods: {sorted(config['methods'])}")
     for name, spec in config["microbench"]["specs"].items():
         try:
-            microbench.check_spec(spec, source=f"spec {name}")
+            microbench_spec.check_spec(spec, source=f"spec {name}")
         except ValueError as err:
             raise ConfigError(f"config key microbench.specs.{name}: {err}") from err
 

@@ -15,6 +15,9 @@ folder in the variable that is not a folder raises PluginError naming it.
 
 Plug-ins are code: importing one runs its top-level code, in every Snakemake call that checks a config
 naming it (dry runs included) and in every cell process that uses it (docs/architecture.md).
+
+This module imports only the standard library: the method registry (baselines/__init__.py) imports it,
+and that is the methods' only import from the harness (baselines/__init__.py says why it stays here).
 """
 from __future__ import annotations
 

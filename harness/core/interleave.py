@@ -2,9 +2,9 @@
 
 A *timing group* is the set of cells whose times a figure, a claim or a comparison divides (the
 pipeline's: same workload and sweep point, batch size and seed; every method, variant and CUDA-graph
-setting). :func:`run_group` starts one process per cell (``comera-bench run --isolate``, so a killed
-cell still becomes a row) and lets each build its model, warm up and run its warm-up steps at the same
-time; no timed step runs before every cell is ready. Then, round by round, it lets exactly one cell run
+setting). :func:`run_group` starts one process per cell (the command line its caller gives for the cell;
+the pipeline's runs the cell isolated, so that a killed cell still becomes a row) and lets each build its
+model, warm up and run its warm-up steps at the same time; no timed step runs before every cell is ready. Then, round by round, it lets exactly one cell run
 its share of timed steps at a time (the order reversed every other round: A B C, C B A, ...), so a
 change of the machine's load hits every method of the group within one round. After the last round
 the cells finish (final evaluation, rows written) together.
@@ -24,7 +24,6 @@ row. Memory stays each process's own; on one GPU the group's processes share its
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import selectors
@@ -144,14 +143,6 @@ class Cell:
     at_round: int | None = None
 
 
-def _command(cell: Cell) -> list[str]:
-    """``comera-bench run --isolate`` (as the pipeline's per-cell rule runs it) for ``cell``."""
-    script = Path(sys.executable).with_name("comera-bench")
-    entry = [str(script)] if script.exists() else [sys.executable, "-m", "harness.cli"]
-    cmd = [*entry, "run", "--isolate", "--spec", cell.spec, "--runs-out", cell.runs, "--curves-out", cell.curves]
-    return cmd + (["--log", cell.log] if cell.log else [])
-
-
 class _Coordinator:
     def __init__(self, cells: list[Cell], server: socket.socket, deadline: float | None = None):
         self.cells, self.deadline = cells, deadline
@@ -254,12 +245,13 @@ class _Coordinator:
                 self._drop(cell)
 
 
-def run_group(cells: Sequence[Cell], rounds: int, *, log=None,
-              command: Callable[[Cell], list[str]] = _command, timeout_s: float | None = None) -> int:
+def run_group(cells: Sequence[Cell], rounds: int, *, command: Callable[[Cell], list[str]], log=None,
+              timeout_s: float | None = None) -> int:
     """Run ``cells`` in interleaved rounds (module docstring); returns the number of cells whose
     process exited with a non-zero status (each cell's ``proc`` keeps its return code). ``command``: a
-    cell's command line (default ``comera-bench run --isolate``; the performance bench runs its step
-    workers). ``timeout_s``: TimeoutError past it, every process of the group terminated."""
+    cell's command line, built by the caller (the pipeline runs each cell isolated, the performance bench
+    its step workers); the process takes its turns through :class:`RoundGate`. ``timeout_s``:
+    TimeoutError past it, every process of the group terminated."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     cells = list(cells)
     for cell in cells:
@@ -354,26 +346,3 @@ def stop_on_signals() -> None:
 
     for sig in stops.STOP_SIGNALS:
         signal.signal(sig, stop)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m harness.core.interleave --rounds R --cell SPEC RUNS CURVES LOG ...``: one timing group."""
-    ap = argparse.ArgumentParser(prog="python -m harness.core.interleave", description=main.__doc__)
-    ap.add_argument("--rounds", type=int, required=True)
-    ap.add_argument("--cell", nargs=4, action="append", required=True,
-                    metavar=("SPEC", "RUNS_OUT", "CURVES_OUT", "LOG"))
-    args = ap.parse_args(argv)
-    if args.rounds < 1:
-        ap.error(f"--rounds {args.rounds}: need at least 1")
-    cells = [Cell(spec, runs, curves, log) for spec, runs, curves, log in args.cell]
-    stop_on_signals()
-    stops.die_with_parent()  # a killed pipeline takes its timing groups with it
-    run_group(cells, args.rounds)
-    missing = [path for cell in cells for path in (cell.runs, cell.curves) if not Path(path).exists()]
-    if missing:  # a cell's supervisor failed to write even its failure row
-        print(f"python -m harness.core.interleave: no result written to {', '.join(missing)}", file=sys.stderr)
-    return 1 if missing else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

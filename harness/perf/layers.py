@@ -226,11 +226,11 @@ def fixed_cost_note(dense_ms: float, tt_ms: float, one_token_ms: float, floor_ms
 
 def contraction_only(layer: torch.nn.Module, x: torch.Tensor):
     """A closure running the forward and the backward of ``layer``'s contraction (a TTLinear's
-    ``comera.tt._TTLinearFunction``) directly on ``x``, outside autograd: the ATen calls and the Python
+    ``comera.tt.TTLinearFunction``) directly on ``x``, outside autograd: the ATen calls and the Python
     of a TT call without the graph, its saved tensors or gradient accumulation."""
-    from comera.tt import _entries, _TTLinearFunction, forward_gates
+    from comera.tt import TTLinearFunction, forward_gates, parameter_entries
 
-    plan, params = layer.plan(x.shape[0]), [*_entries(layer.cores), *forward_gates(layer)]
+    plan, params = layer.plan(x.shape[0]), [*parameter_entries(layer.cores), *forward_gates(layer)]
     dy = torch.randn(x.shape[0], layer.out_features, device=x.device, dtype=x.dtype)
 
     class Context:  # what forward and backward use of autograd's context object
@@ -242,8 +242,8 @@ def contraction_only(layer: torch.nn.Module, x: torch.Tensor):
     def run() -> None:
         with torch.no_grad():
             ctx = Context()
-            _TTLinearFunction.forward(ctx, plan, x, layer.bias, *params)
-            _TTLinearFunction.backward(ctx, dy)
+            TTLinearFunction.forward(ctx, plan, x, layer.bias, *params)
+            TTLinearFunction.backward(ctx, dy)
     return run
 
 
@@ -268,11 +268,11 @@ class AutogradOnly(torch.nn.Module):
         self.layer = layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from comera.tt import _entries
+        from comera.tt import parameter_entries
 
         layer = self.layer
         bias = [] if layer.bias is None else [layer.bias]
-        return _NoArithmetic.apply(layer.out_features, x, *bias, *_entries(layer.cores), *_entries(layer.gates))
+        return _NoArithmetic.apply(layer.out_features, x, *bias, *parameter_entries(layer.cores), *parameter_entries(layer.gates))
 
 
 # -------------------------------------------------------------------------------------------- target 3

@@ -70,8 +70,8 @@ def kernel_cost_row(cfg: Config) -> BenchRow:
                     measured / default, medians=f"measured {measured:,d}, default {default:,d} FLOP-equivalents",
                     settings="one-token 768->768 rank-30 TTLinear forward+backward / its plan's kernels, "
                              "x the rate of a 512^3 float32 matmul",
-                    note="far from 1: comera.contraction.set_kernel_cost(comera.tt.measure_kernel_cost()) "
-                         "adapts the plans to this machine")
+                    note="far from 1: layer.plan_settings = dataclasses.replace(layer.plan_settings, "
+                         "kernel_cost=comera.tt.measure_kernel_cost()) adapts a layer's plans to this machine")
 
 
 def target_plans(cfg: Config) -> list[BenchRow]:

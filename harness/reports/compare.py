@@ -47,10 +47,10 @@ def _canonical(value: object) -> str:
 
 
 def cells_of(res: Results) -> pd.DataFrame:
-    """One row per cell (ok runs; of repeated rows of a cell, the last) with the identity columns
-    :data:`CELL`, the quantities, the timing verdict and :data:`CHECKED`. No timing group is kept: cells
-    of two folders were never timed together (even under one group name on one machine), so a ratio
-    between them divides their mean-based epoch times."""
+    """One row per cell (ok runs; of several rows with the same :data:`CELL` identity, the last in the runs
+    table's order, not pooled) with the identity columns :data:`CELL`, the quantities, the timing verdict
+    and :data:`CHECKED`. No timing group is kept: cells of two folders were never timed together (even
+    under one group name on one machine), so a ratio between them divides their mean-based epoch times."""
     df = res.runs[res.runs.status == "ok"].copy()
     settings = [settings_of(r) for r in df.itertuples()]
     df["cuda_graph"] = df.run_id.map(res.cuda_graph)

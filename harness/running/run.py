@@ -1,9 +1,9 @@
 """Running one grid cell: a spec (JSON, docs/usage.md; checked in harness.running.specs) in, one ``runs``
 row and its ``curves`` out.
 
-Why one module of ~700 lines: the training loop, its step, evaluation, time limit, watchdog and row all
-read and write one cell state (``_State``); split across modules they would pass that state around and
-import each other. The spec (specs.py), warm-up, allocator, CUDA graph, measuring core and supervisor
+The module is the training loop: its step, evaluation, time limit and rounds read and write one cell
+state (harness.running.cell.CellState), which harness.running.cell also turns into the row. The watchdog
+thread (watchdog.py), the spec (specs.py), warm-up, allocator, CUDA graph, measuring core and supervisor
 live in their own modules.
 
 :func:`run_cell` never raises for a failure of the run itself: the row's ``status`` says what happened
@@ -65,21 +65,18 @@ from __future__ import annotations
 import errno
 import gc
 import itertools
-import json
 import math
 import numbers
 import os
 import random
 import sys
-import threading
 import time
 import traceback
 from contextlib import nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
-import pyarrow as pa
 import torch
 
 from harness import results
@@ -89,34 +86,16 @@ from harness.running import specs, warmup
 from harness.core import measure, timing
 from harness.running.cudagraph import GraphedStep, require_cuda, state_signature
 from harness.core.interleave import RoundGate
+from harness.running.cell import AfterSteps, CellState, build_row
+from harness.running.watchdog import STALL_ENV, STALL_LIMIT_S, Watchdog, stall_limit_s  # noqa: F401 -- re-exported
 
 WATCHDOG_GRACE_S = 30.0
 """How long a step or evaluation may run past budget.time_limit_s before the watchdog ends the cell."""
-STALL_LIMIT_S = 3600.0
-"""How long the warm-up, a training step or an evaluation may run before the watchdog ends the cell."""
-STALL_ENV = "COMERA_BENCH_STALL_LIMIT_S"
-
 
 ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 EXIT_ENVIRONMENT_FAULT = 75
 """Exit status (EX_TEMPFAIL) of a cell whose row could not be written for a fault of the machine (a full
 disk, a quota, a read-only file system): no row, so that a later run, after the fault is fixed, runs it."""
-
-
-def stall_limit_s() -> float | None:
-    """The stall limit in seconds: STALL_ENV when set (0: none), else STALL_LIMIT_S; a value that is not a
-    number >= 0 raises ValueError naming the variable."""
-    raw = os.environ.get(STALL_ENV, "").strip()
-    if not raw:
-        return STALL_LIMIT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"environment variable {STALL_ENV}={raw!r}: the stall limit must be a number of "
-                         "seconds >= 0 (0: no stall limit)")
-    return value or None
 
 
 class EnvironmentFault(OSError):
@@ -178,99 +157,6 @@ def _traceback_tail(exc: BaseException, lines: int = 12) -> str:
     return "\n".join("".join(traceback.format_exception(exc)).splitlines()[-lines:])
 
 
-def _as_rank(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, (list, tuple)) and value and all(isinstance(v, int) for v in value):
-        return max(value)
-    return None
-
-
-def _rank_setting(settings: dict, method_params: dict, prepared: Any, workload: Any) -> int | None:
-    """The run's rank. For a TT method, the largest internal TT rank of the model as built (its
-    conversion report in the settings, else the workload's tt_spec): a requested rank the shapes cannot
-    hold is clipped there, and the row says what was built (the request stays in the settings).
-    Otherwise the method's ``rank`` setting."""
-    built = settings.get("conversion", {}).get("layers") if prepared is not None else None
-    if built:
-        return _largest_rank(built.values(), "ranks")
-    rank = _as_rank(settings.get("rank", method_params.get("rank")))
-    if rank is not None or prepared is None or not prepared.ranks() or workload is None:
-        return rank
-    return _largest_rank(workload.tt_spec.values(), "rank")
-
-
-def _largest_rank(entries: Any, key: str) -> int | None:
-    """The largest internal bond of the linear entries' ranks (all entries when none is linear)."""
-    entries = list(entries)
-    linear = [e for e in entries if e.get("kind") == "linear"] or entries
-    internal = [r[1:-1] if isinstance(r, (list, tuple)) and len(r) > 2 else r
-                for r in (e.get(key) for e in linear)]
-    found = [r for r in map(_as_rank, internal) if r is not None]
-    return max(found) if found else None
-
-
-@dataclass(frozen=True)
-class AfterSteps:
-    """What run_cell's ``after_steps`` gets: the trained cell, after its last training step."""
-
-    prepared: Any
-    workload: Any
-    device: torch.device
-    batch: Any
-    """The first training batch."""
-    steps_done: int
-    run_id: str
-
-
-@dataclass
-class _State:
-    """Everything a run has found so far (partial on failure)."""
-
-    spec: dict[str, Any]
-    device: torch.device | None = None
-    workload: Any = None
-    method: Any = None
-    prepared: Any = None
-    workload_params: dict[str, Any] = field(default_factory=dict)
-    method_params: dict[str, Any] = field(default_factory=dict)
-    timer: measure.StepTimer | None = None
-    monitor: measure.MemoryMonitor | None = None
-    memory: measure.MemoryReading | None = None
-    epoch_clock: measure.Stopwatch | None = None
-    full_epochs_s: list[float] = field(default_factory=list)
-    steps_done: int = 0
-    steps_in_epoch: int = 0
-    losses: list[float] = field(default_factory=list)
-    last_eval: dict[str, Any] = field(default_factory=dict)
-    last_eval_step: int = -1
-    curves: list[dict[str, Any]] = field(default_factory=list)
-    flops_initial: int | None = None
-    flops_tokens: dict[str, int] = field(default_factory=dict)
-    flops_basis: dict[str, Any] = field(default_factory=dict)
-    graphed: GraphedStep | None = None
-    train_model: Any = None
-    """The model the steps run (prepared.model, or its torch.compile wrapper)."""
-    after_steps: Callable[[AfterSteps], None] | None = None
-    allocator: str = ""
-    warm_up: str | None = None
-    warm_up_s: float | None = None
-    stage: Any = None
-    stage_switch_step: int | None = None
-    epoch: int = 0
-    activity: str = ""
-    watchdog: _Watchdog | None = None
-    machine: timing.MachineState | None = None
-    gate: RoundGate | None = None
-    round_starts: dict[int, int] = field(default_factory=dict)
-    """step index (0-based) -> the timing round that starts before it"""
-    waited_s: float = 0.0
-    group_start_s: float | None = None
-    """seconds from the timing group's start to its first round (None: not timed in a group's rounds)"""
-
-
 def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress: bool | None = None,
              on_hang: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None = None,
              stall_s: float | None = None, after_steps: Callable[[AfterSteps], None] | None = None
@@ -287,7 +173,7 @@ def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress
     called once after the last training step, outside the memory region and the timed rounds (with a
     round coordinator in one more round of the group, alone); what it raises is the row's error."""
     spec = specs.normalize_spec(spec)
-    st = _State(spec, after_steps=after_steps)
+    st = CellState(spec, after_steps=after_steps)
     status, error, tb = "ok", "", ""
     precision = torch.get_float32_matmul_precision()  # the process's own, restored at the end
     try:
@@ -300,7 +186,7 @@ def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress
                 require_cuda(st.device)
             seed_everything(spec["seed"])
             if on_hang is not None:
-                st.watchdog = _Watchdog(lambda stalled: _end_hung(st, on_hang, stall_s if stalled else None),
+                st.watchdog = Watchdog(lambda stalled: _end_hung(st, on_hang, stall_s if stalled else None),
                                         stall_s)
             _train(st, registry or default_registry(), progress)
             if st.timer is not None and not st.timer.timed_ms:
@@ -329,11 +215,11 @@ def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress
         if st.monitor is not None and st.memory is None:
             st.memory = st.monitor.stop()
         torch.set_float32_matmul_precision(precision)
-    row = _build_row(st, status, error, tb)
+    row = build_row(st, status, error, tb)
     return row, st.curves
 
 
-def _train(st: _State, reg: Registry, progress: bool | None) -> None:
+def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
     spec, budget = st.spec, st.spec["budget"]
     st.workload_params = reg.check_workload_params(spec["workload"], spec["workload_params"])
     st.method_params = reg.check_method_params(spec["method"], spec["method_params"])
@@ -425,14 +311,14 @@ def _train(st: _State, reg: Registry, progress: bool | None) -> None:
         _record_ranks(st, st.steps_done, st.epoch)
 
 
-def _begin(st: _State, activity: str) -> None:
+def _begin(st: CellState, activity: str) -> None:
     """``activity`` starts (the watchdog's error names it): the stall clock starts again."""
     st.activity = activity
     if st.watchdog is not None:
         st.watchdog.resume()
 
 
-def _round_boundary(st: _State) -> None:
+def _round_boundary(st: CellState) -> None:
     """Before a step that starts a timing round: close the machine-state segment, wait for the round
     coordinator's go (outside every clock and the time limit), open the next segment."""
     r = st.round_starts.get(st.steps_done)
@@ -447,7 +333,7 @@ def _round_boundary(st: _State) -> None:
     st.machine.begin()
 
 
-def _rounds_over(st: _State) -> None:
+def _rounds_over(st: CellState) -> None:
     """After the last training step: the last segment ends; run_cell's ``after_steps`` runs; wait until
     every cell of the timing group has run its rounds, so that no later work (evaluation, writing)
     overlaps another's steps."""
@@ -459,7 +345,7 @@ def _rounds_over(st: _State) -> None:
         st.gate = None
 
 
-def _after_steps(st: _State) -> None:
+def _after_steps(st: CellState) -> None:
     """run_cell's ``after_steps``, once: after the memory region ends and, with a round coordinator, in a
     round of its own (the group's round after the timed ones), so that it runs alone too."""
     hook, st.after_steps = st.after_steps, None
@@ -471,7 +357,7 @@ def _after_steps(st: _State) -> None:
     hook(AfterSteps(st.prepared, st.workload, st.device, batch, st.steps_done, st.spec["run_id"]))
 
 
-def _wait_at_gate(st: _State, wait: Callable[[RoundGate], float]) -> None:
+def _wait_at_gate(st: CellState, wait: Callable[[RoundGate], float]) -> None:
     """Run ``wait`` on the round gate with the epoch clock paused; the seconds waited count neither
     against the time limit nor against the watchdog's limits."""
     if st.watchdog is not None:
@@ -483,7 +369,7 @@ def _wait_at_gate(st: _State, wait: Callable[[RoundGate], float]) -> None:
         st.watchdog.resume()
 
 
-def _warm_up(st: _State, reg: Registry) -> None:
+def _warm_up(st: CellState, reg: Registry) -> None:
     """harness.running.warmup.warm_up for the cell; its outcome and wall time go to ``st`` (a failure too)."""
     spec, started = st.spec, time.perf_counter()
     try:
@@ -497,7 +383,7 @@ def _warm_up(st: _State, reg: Registry) -> None:
     st.warm_up_s = time.perf_counter() - started
 
 
-def _timed_step(st: _State, batch: dict[str, torch.Tensor], epoch: int) -> None:
+def _timed_step(st: CellState, batch: dict[str, torch.Tensor], epoch: int) -> None:
     """One timed training step (``Prepared.train_step``) and its curves, stage and divergence checks."""
     prepared, step = st.prepared, st.steps_done
     if st.graphed is not None:  # outside the timed step: the check is the runner's, not the method's
@@ -526,7 +412,7 @@ def _timed_step(st: _State, batch: dict[str, torch.Tensor], epoch: int) -> None:
         raise _Diverged(f"non-finite loss at step {n}: task loss {task_value}, objective {loss_value}")
 
 
-def _evaluate(st: _State, epoch: int = 0) -> None:
+def _evaluate(st: CellState, epoch: int = 0) -> None:
     """prepared.before_eval() then workload.evaluate(), outside every clock and the memory monitor (whose
     mark restarts from the RSS after the free heap is handed back). Diverged when any numeric value it
     returns is not finite (recorded first: the row and curves keep it)."""
@@ -549,7 +435,7 @@ def _evaluate(st: _State, epoch: int = 0) -> None:
         raise _Diverged(f"non-finite evaluation at step {st.steps_done}: {', '.join(bad)}")
 
 
-def _check_parameters(st: _State, shown: int = 5) -> None:
+def _check_parameters(st: CellState, shown: int = 5) -> None:
     """Diverged when a parameter holds a non-finite value after the last step (names the first few)."""
     bad = [name for name, p in st.prepared.model.named_parameters() if not torch.isfinite(p).all()]
     if bad:
@@ -557,81 +443,13 @@ def _check_parameters(st: _State, shown: int = 5) -> None:
         raise _Diverged(f"non-finite parameters after step {st.steps_done}: {', '.join(bad[:shown])}{more}")
 
 
-def _check_time(st: _State, deadline: float | None) -> None:
+def _check_time(st: CellState, deadline: float | None) -> None:
     if deadline is not None and time.perf_counter() - st.waited_s > deadline:
         raise _Timeout(f"time limit of {st.spec['budget']['time_limit_s']} s reached after "
                        f"{st.steps_done} steps")
 
 
-class _Watchdog:
-    """Calls ``fire(stalled)`` from a daemon thread, unless disarmed first, when the activity under way
-    has run ``stall_s`` seconds since :meth:`resume` (None: never; ``stalled`` True) or the deadline of
-    :meth:`limit` has passed (``stalled`` False); between :meth:`pause` and :meth:`resume` neither runs.
-    ``fire`` must end the process (should it block, the process exits with status 1 after BACKSTOP_S).
-    ``disarm`` after ``fire`` has begun blocks until the process ends, so the main thread never writes a
-    second row."""
-
-    BACKSTOP_S = 120.0
-    POLL_S = 1.0
-    """The longest sleep between two looks at the deadlines (they move while the thread sleeps)."""
-
-    def __init__(self, fire: Callable[[bool], None], stall_s: float | None):
-        self._disarmed = threading.Event()
-        self._lock = threading.Lock()
-        self._stall_s = stall_s
-        self._limit_at = math.inf
-        self._progress_at = time.monotonic()
-        self._paused_at: float | None = None
-        self._thread = threading.Thread(target=self._watch, args=(fire,), name="cell-watchdog",
-                                        daemon=True)
-        self._thread.start()
-
-    def limit(self, after_s: float) -> None:
-        """Fire ``after_s`` seconds from now (the time spent paused added)."""
-        self._limit_at = time.monotonic() + after_s
-
-    def pause(self) -> None:
-        if self._paused_at is None:
-            self._paused_at = time.monotonic()
-
-    def resume(self) -> None:
-        """An activity starts (its stall clock with it); a pause ends, moving the limit by its length."""
-        now = time.monotonic()
-        self._progress_at = now
-        if self._paused_at is not None:
-            self._limit_at += now - self._paused_at
-            self._paused_at = None
-
-    def _due(self) -> tuple[float, bool]:
-        """(when to fire, whether for a stall)"""
-        if self._paused_at is not None:
-            return math.inf, False
-        stall_at = self._progress_at + self._stall_s if self._stall_s else math.inf
-        return (stall_at, True) if stall_at < self._limit_at else (self._limit_at, False)
-
-    def _watch(self, fire: Callable[[bool], None]) -> None:
-        while True:
-            due, stalled = self._due()
-            remaining = due - time.monotonic()
-            if remaining <= 0:
-                break
-            if self._disarmed.wait(min(remaining, self.POLL_S)):
-                return
-        with self._lock:
-            if not self._disarmed.is_set():
-                backstop = threading.Timer(self.BACKSTOP_S, os._exit, args=(1,))
-                backstop.daemon = True
-                backstop.start()
-                fire(stalled)
-
-    def disarm(self) -> None:
-        self._disarmed.set()
-        with self._lock:  # waits for a fire already under way (it ends the process)
-            pass
-        self._thread.join()
-
-
-def _end_hung(st: _State, on_hang: Callable[[dict[str, Any], list[dict[str, Any]]], None],
+def _end_hung(st: CellState, on_hang: Callable[[dict[str, Any], list[dict[str, Any]]], None],
               stall_s: float | None) -> None:
     """The watchdog's end of a cell whose step or evaluation hangs (past the time limit, or for ``stall_s``
     seconds when not None): the row of what is known so far (status timeout) and the curves go to
@@ -646,13 +464,13 @@ def _end_hung(st: _State, on_hang: Callable[[dict[str, Any], list[dict[str, Any]
         # a CUDA reading synchronizes the device, which a hung kernel would block
         if st.monitor is not None and st.memory is None and st.device.type != "cuda":
             st.memory = st.monitor.stop()
-        row = _build_row(st, "timeout", error, "")
+        row = build_row(st, "timeout", error, "")
     except Exception:  # noqa: BLE001 -- the main thread changed the method's state while it was read
-        row = _build_row(replace(st, prepared=None), "timeout", error, "")
+        row = build_row(replace(st, prepared=None), "timeout", error, "")
     on_hang(row, list(st.curves))
 
 
-def _record_ranks(st: _State, step: int, epoch: int = 0) -> None:
+def _record_ranks(st: CellState, step: int, epoch: int = 0) -> None:
     if st.prepared is None:
         return
     for layer, ranks in (st.prepared.ranks() or {}).items():
@@ -660,134 +478,9 @@ def _record_ranks(st: _State, step: int, epoch: int = 0) -> None:
             st.curves.append(_curve(st, step, epoch, "ranks", f"{layer}[{k}]", float(r)))
 
 
-def _curve(st: _State, step: int, epoch: int, split: str, name: str, value: float) -> dict[str, Any]:
+def _curve(st: CellState, step: int, epoch: int, split: str, name: str, value: float) -> dict[str, Any]:
     return {"run_id": st.spec["run_id"], "step": step, "epoch": epoch, "split": split,
             "metric_name": name, "value": value}
-
-
-# ---------------------------------------------------------------------------------------- the row
-
-def _build_row(st: _State, status: str, error: str, tb: str) -> dict[str, Any]:
-    spec = st.spec
-    device = st.device or torch.device("cpu")
-    row: dict[str, Any] = {c: None for c in results.RUNS_COLUMNS}
-    row.update(results.provenance(device, spec["config_hash"]))
-    row["matmul_precision"] = spec["execution"]["matmul_precision"]  # what the cell ran with
-    variant = spec["variant"] or getattr(st.method, "variant", "") or ""
-    precision = spec["execution"]["matmul_precision"]
-    for on, tag in ((spec["execution"]["cuda_graph"], "cudagraph"), (spec["execution"]["compile"], "compile"),
-                    (precision != "highest", f"matmul-{precision}")):
-        if on and tag not in variant.split("+"):
-            variant = f"{variant}+{tag}" if variant else tag
-    prepared, workload = st.prepared, st.workload
-    settings = dict(prepared.settings) if prepared is not None else {}
-    row.update(run_id=spec["run_id"], purpose=spec["purpose"], workload=spec["workload"], method=spec["method"], variant=variant,
-               batch_size=spec["batch_size"], target_ratio=spec["target_ratio"], seed=spec["seed"],
-               seq_len=getattr(workload, "seq_len", None),
-               rank=_rank_setting(settings, st.method_params, prepared, workload),
-               status=status, error=error)
-    extra: dict[str, Any] = {}
-    if tb:
-        extra["traceback"] = tb
-    if st.warm_up_s is not None:
-        extra["warm_up_s"] = st.warm_up_s
-    if st.timer is not None:
-        summary = st.timer.summary(window=settings.get("time_window_steps"))
-        row.update(step_time_ms=summary["step_time_ms"], step_time_ms_iqr=summary["step_time_ms_iqr"],
-                   steps_timed=summary["steps_timed"])
-        row.update(_timing_columns(st, summary))
-        if summary["steps_timed"]:
-            row["samples_per_s"] = spec["batch_size"] * 1e3 / summary["step_time_ms"]
-            row["epoch_time_s"], row["epoch_time_kind"] = measure.epoch_time(
-                st.full_epochs_s, mean_step_ms=summary["step_time_ms_mean"],
-                steps_per_epoch=workload.steps_per_epoch)
-        extra.update(step_ms=[round(ms, 4) for ms in st.timer.all_ms], step_round=st.timer.all_rounds,
-                     step_time_ms_mean=summary["step_time_ms_mean"],
-                     step_time_mean_basis=summary["step_time_mean_basis"], full_epochs_s=st.full_epochs_s,
-                     steps_done=st.steps_done, warmup_steps=st.timer.warmup_steps)
-    if st.memory is not None:
-        row.update(peak_mem_bytes=st.memory.peak_mem_bytes, peak_mem_kind=st.memory.peak_mem_kind,
-                   cuda_reserved_bytes=st.memory.cuda_reserved_bytes)
-        extra["memory"] = st.memory.details
-    if prepared is not None:
-        row["state_bytes"] = _state_bytes(prepared)
-        row.update(_size_columns(prepared))
-        row["ranks"] = json.dumps(prepared.ranks() or {})
-        if st.flops_tokens:
-            row["flops_per_step"], _ = measure.flops_per_step(prepared.model, st.flops_tokens)
-            extra.update(flops_per_step_initial=st.flops_initial, **st.flops_basis)
-    if workload is not None:
-        row["metric_name"] = st.last_eval.get("metric_name", workload.metric_name)
-        row["metric_value"] = st.last_eval.get("metric_value")
-        if st.steps_in_epoch:
-            row["epochs"] = st.steps_done / st.steps_in_epoch
-    if st.losses:
-        window = st.losses[-results.FINAL_LOSS_WINDOW:]
-        row["final_train_loss"] = float(np.mean(window))
-        extra["final_train_loss_window"] = len(window)
-    if st.last_eval:
-        extra["eval"] = {k: v for k, v in st.last_eval.items() if isinstance(v, (int, float, str))}
-        extra["eval_step"] = st.last_eval_step
-    if st.graphed is not None:
-        extra["cuda_graph"] = st.graphed.stats()
-    row["settings"] = json.dumps({
-        "method": settings, "method_params": st.method_params, "workload_params": st.workload_params,
-        "workload_info": getattr(workload, "info", {}), "steps_per_epoch":
-            getattr(workload, "steps_per_epoch", None), "steps_in_epoch": st.steps_in_epoch,
-        "budget": spec["budget"], "execution": spec["execution"], "allocator": st.allocator,
-        "warm_up": st.warm_up},
-        sort_keys=True, default=str)
-    row["extra"] = json.dumps(extra, sort_keys=True, default=str)
-    return _integral(row)
-
-
-def _timing_columns(st: _State, summary: dict[str, Any]) -> dict[str, Any]:
-    """The machine's state while the steps ran, the per-round medians and means, and the stability verdict."""
-    ex = st.spec["execution"]
-    state = st.machine.columns() if st.machine is not None else {}
-    medians = timing.round_medians(st.timer.timed_ms, st.timer.timed_rounds)
-    means = timing.round_means(st.timer.timed_ms, st.timer.timed_rounds)
-    cols = {**state, "timing_group": ex["timing_group"] or None, "group_start_s": st.group_start_s,
-            "cpu_time_ratio": timing.cpu_time_ratio(st.timer.timed_cpu_ms, st.timer.timed_ms,
-                                                    ex["num_threads"]),
-            "round_step_ms": json.dumps(medians) if medians else None,
-            "round_step_mean_ms": json.dumps(means) if means else None}
-    cols["timing_quality"] = timing.judge(
-        step_time_ms=summary["step_time_ms"], step_time_ms_iqr=summary["step_time_ms_iqr"],
-        steps_timed=summary["steps_timed"], step_time_ms_mean=summary["step_time_ms_mean"],
-        run_queue_frac=state.get("run_queue_frac"), cpu_pressure=state.get("cpu_pressure"),
-        outside_rounds=bool(ex["timing_group"]) and st.group_start_s is None)
-    return cols
-
-
-def _integral(row: dict[str, Any]) -> dict[str, Any]:
-    """Integer columns hold ints (a method may count parameters as floats)."""
-    for col, typ in results.RUNS_TYPES.items():
-        value = row[col]
-        if typ == pa.int64() and isinstance(value, float):
-            row[col] = int(round(value)) if math.isfinite(value) else None
-    return row
-
-
-def _state_bytes(prepared: Any) -> int:
-    """The method's own count when it has one (``prepared.state_bytes()``, e.g. layer-wise optimizers
-    that Prepared.optimizers does not list), else baselines.base.state_bytes."""
-    own = getattr(prepared, "state_bytes", None)
-    if callable(own):
-        return int(own())
-    from baselines.base import state_bytes
-
-    return state_bytes(prepared.model, prepared.optimizers)
-
-
-def _size_columns(prepared: Any) -> dict[str, Any]:
-    size = dict(prepared.size() or {})
-    if not size:
-        total = sum(p.numel() for p in prepared.model.parameters())
-        size = {"params_total": total, "params_factorized_layers": None, "compression_total": 1.0,
-                "compression_layers": None}
-    keys = ("params_total", "params_factorized_layers", "compression_total", "compression_layers")
-    return {k: size.get(k) for k in keys}
 
 
 # ---------------------------------------------------------------------------------------- files

@@ -140,17 +140,16 @@ def failure_row(spec: dict[str, Any], status: str, error: str, extra: dict[str, 
     """The runs row of a cell whose process died: the runner's row of a run that got nowhere (identity,
     settings and provenance from the spec; the runner's own row builder, so both agree), with the
     start time, thread count and ``extra`` of the failed run."""
-    from harness.running import run as runner  # torch: only once a row has to be written here
-    from harness.core import measure
-    from harness.running import specs
+    from harness.core import measure  # torch: only once a row has to be written here
+    from harness.running import cell, specs
 
-    st = runner._State(specs.normalize_spec(spec))
+    st = cell.CellState(specs.normalize_spec(spec))
     st.workload_params, st.method_params = st.spec["workload_params"], st.spec["method_params"]
     try:
         st.device = measure.resolve_device(st.spec["execution"]["device"])
     except RuntimeError:  # CUDA asked for but not visible here: the row says cpu
         pass
-    row = runner._build_row(st, status, error, "")
+    row = cell.build_row(st, status, error)
     row.update(started_at=started_at, num_threads=st.spec["execution"]["num_threads"],
                extra=json.dumps(extra, sort_keys=True, default=str))
     return row

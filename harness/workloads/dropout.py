@@ -1,10 +1,10 @@
 """Dropout for CPU training with cheap keep masks, and self-attention whose probability dropout uses them.
 
-On CPU, torch draws dropout masks with ``bernoulli_`` (74 ms for 6.3M elements on 2 cores here) and
-saves a float noise tensor for backward. Here the keep mask comes from 16-bit random integers drawn with
-torch's own global generator (``torch.manual_seed`` keeps runs deterministic): one 64-bit draw over the
-full int64 range gives four uniform 16-bit lanes, compared against a threshold (21 ms for the same
-tensor), and backward saves only the boolean mask (1 byte per element instead of 4). In attention the
+On CPU, torch draws dropout masks with ``bernoulli_``, which is slow, and saves a float noise tensor for
+backward. Here the keep mask comes from 16-bit random integers drawn with torch's own global generator
+(``torch.manual_seed`` keeps runs deterministic): one 64-bit draw over the full int64 range gives four
+uniform 16-bit lanes, compared against a threshold (a few times faster; docs/performance.md has the
+timings), and backward saves only the boolean mask (1 byte per element instead of 4). In attention the
 mask is applied inside one autograd function, so the dropped probabilities are not saved either.
 
 Resolution: the keep probability is ``1 - p`` rounded to the nearest multiple of 2^-16 (error at most
@@ -67,9 +67,9 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
 
 def _apply(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """``x`` with the elements where ``keep`` is False zeroed, as ``x * keep`` in torch's dropout (NaN stays
-    NaN). The bool mask is read as uint8 (a view): float x uint8 runs a vectorized kernel, 4-9x faster on
-    CPU than ``torch.where(keep, x, 0)`` or ``x * keep`` (which casts the mask to x's dtype first); autograd
-    saves the 1-byte mask."""
+    NaN). The bool mask is read as uint8 (a view): float x uint8 runs a vectorized kernel, faster on CPU than
+    ``torch.where(keep, x, 0)`` or ``x * keep`` (which casts the mask to x's dtype first; docs/performance.md
+    has the timings); autograd saves the 1-byte mask."""
     return torch.mul(x, keep.view(torch.uint8))
 
 

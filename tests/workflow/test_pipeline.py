@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 
 def snakemake_cmd(workdir: Path, configfile: Path, *args: str) -> list[str]:
     """The README's command, run from the repository root (subprocesses get ``cwd=ROOT``): Snakemake finds
-    workflow/Snakefile and its default profile by itself; the results go to ``workdir``."""
+    the Snakefile and its default profile by itself; the results go to ``workdir``."""
     return [str(BIN / "snakemake"), "--directory", str(workdir), "--cores", "2", *args,
             "--configfile", str(configfile)]
 
@@ -348,7 +348,7 @@ def test_a_stop_to_the_snakemake_process_alone_is_prompt(tmp_path, sig):
     while time.monotonic() < deadline and proc.poll() is None:
         below = psutil.Process(proc.pid).children(recursive=True)
         commands = [" ".join(cmdline_of(p)) for p in below]
-        if any("harness.core.interleave" in c for c in commands) and \
+        if any("harness.running.group" in c for c in commands) and \
                 sum("harness.cli run --spec" in c for c in commands) == 2:
             break
         time.sleep(0.05)

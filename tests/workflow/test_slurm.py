@@ -59,8 +59,8 @@ def test_fake_gpu_gres_sets_cuda_visible_devices(cluster):
 
 
 def test_tiny_grid_through_the_slurm_plugin(cluster, tmp_path):
-    cmd = ["timeout", "-k", "10", "900", str(BIN / "snakemake"), "--snakefile", str(ROOT / "workflow" / "Snakefile"),
-           "--directory", str(tmp_path), "--profile", str(ROOT / "workflow" / "profiles" / "slurm"),
+    cmd = ["timeout", "-k", "10", "900", str(BIN / "snakemake"), "--snakefile", str(ROOT / "Snakefile"),
+           "--directory", str(tmp_path), "--profile", str(ROOT / "profiles" / "slurm"),
            "runs", "microbench", "--configfile", str(ROOT / "config" / "tiny.yaml")]
     res = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=960)
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]

@@ -10,7 +10,7 @@ import time
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-REPO = os.path.dirname(workflow.basedir)  # the checkout: workflow/Snakefile is found from its root
+REPO = workflow.basedir  # the checkout: its Snakefile is at the root
 sys.path.insert(0, REPO)  # the harness package of this checkout, even if not installed
 from harness.configs import grid as _grid
 from harness.results import lock as _lock
@@ -21,7 +21,7 @@ from harness.configs import yamlnum as _yamlnum
 
 def _validate_config():
     """The checks that need no torch come first, so a bad value fails fast."""
-    schema = f"{workflow.basedir}/schemas/config.schema.yaml"
+    schema = f"{REPO}/workflow/schemas/config.schema.yaml"
     try:
         # Snakemake's own loader lets a repeated key win silently and reads YAML 1.1: the files again
         documents = [_grid.load_config_file(path) for path in workflow.configfiles]

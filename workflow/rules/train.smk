@@ -45,7 +45,7 @@ rule runs:
         CURVE_FILES,
 
 
-# The timing cells of one group (same workload, sweep point, batch size and seed; harness/core/interleave.py)
+# The timing cells of one group (same workload, sweep point, batch size and seed; harness/running/group.py)
 # run as one job: every cell in its own process, taking turns round by round, so that a change of the
 # machine's load hits every method alike. A changed or missing cell re-runs its whole group: ratios come
 # only from cells timed together.
@@ -69,4 +69,4 @@ for _group, _ids in GROUPS.items():
                    f"{CELLS}/{rid}.runs.parquet", f"{CELLS}/{rid}.curves.parquet", f"{CELLS}/logs/{rid}.log")],
             rounds=config["execution"]["rounds"],
         shell:
-            "exec {params.wrapper}python -m harness.core.interleave --rounds {params.rounds:q} {params.cells:q}"
+            "exec {params.wrapper}python -m harness.running.group --rounds {params.rounds:q} {params.cells:q}"

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from harness.core import interleave, stops
+from harness.running import group
 
 TOY = r"""
 import os, sys, time
@@ -92,7 +93,7 @@ def test_gate_without_coordinator(monkeypatch, capsys):
 @pytest.mark.parametrize("rounds", [0, -1])
 def test_cli_refuses_no_rounds(rounds, capsys):
     with pytest.raises(SystemExit) as exc:
-        interleave.main(["--rounds", str(rounds), "--cell", "s", "r", "c", "l"])
+        group.main(["--rounds", str(rounds), "--cell", "s", "r", "c", "l"])
     assert exc.value.code == 2
     assert "need at least 1" in capsys.readouterr().err
 
@@ -205,7 +206,7 @@ def _tiny_spec(tmp_path, method: str) -> str:
 
 @pytest.mark.slow
 def test_cells_die_with_a_sigkilled_coordinator(tmp_path):
-    """SIGKILL of `python -m harness.core.interleave` (issue 29 item 2): its cells (`comera-bench run
+    """SIGKILL of `python -m harness.running.group`: its cells (`comera-bench run
     --isolate` and their workers) end within seconds and write no row."""
     import signal
     import subprocess
@@ -220,7 +221,7 @@ def test_cells_die_with_a_sigkilled_coordinator(tmp_path):
         args += ["--cell", spec, f"{base}.runs.parquet", f"{base}.curves.parquet", f"{base}.log"]
     bin_dir = os.path.dirname(sys.executable)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
-    coordinator = subprocess.Popen([sys.executable, "-m", "harness.core.interleave", "--rounds", "3", *args],
+    coordinator = subprocess.Popen([sys.executable, "-m", "harness.running.group", "--rounds", "3", *args],
                                    env=env, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     below: list[psutil.Process] = []
@@ -234,3 +235,11 @@ def test_cells_die_with_a_sigkilled_coordinator(tmp_path):
     gone, alive = psutil.wait_procs(below, timeout=5)  # at once, not when a worker next meets the gate
     assert not alive, [p.cmdline() for p in alive]
     assert not list(tmp_path.glob("*.parquet"))  # and no process is left to write one later
+
+
+def test_the_pipeline_group_runs_each_cell_isolated(tmp_path):
+    """harness.running.group builds the cell's command (core/ knows nothing of the CLI)."""
+    cell = interleave.Cell("s.json", "r.parquet", "c.parquet", "l.log")
+    cmd = group.isolated_command(cell)
+    assert cmd[-10:] == ["run", "--isolate", "--spec", "s.json", "--runs-out", "r.parquet",
+                         "--curves-out", "c.parquet", "--log", "l.log"]

@@ -45,10 +45,10 @@ def test_contraction_only_runs_the_layer_forward_and_backward_without_a_graph(mo
 
     layer = tt.TTLinear(24, 20, in_shape=[2, 3, 4], out_shape=[5, 2, 2], rank=3)
     seen = []
-    forward, backward = tt._TTLinearFunction.forward, tt._TTLinearFunction.backward
-    monkeypatch.setattr(tt._TTLinearFunction, "forward",
+    forward, backward = tt.TTLinearFunction.forward, tt.TTLinearFunction.backward
+    monkeypatch.setattr(tt.TTLinearFunction, "forward",
                         staticmethod(lambda ctx, *a: seen.append("forward") or forward(ctx, *a)))
-    monkeypatch.setattr(tt._TTLinearFunction, "backward",
+    monkeypatch.setattr(tt.TTLinearFunction, "backward",
                         staticmethod(lambda ctx, dy: seen.append(len(backward(ctx, dy)))))
     layers.contraction_only(layer, torch.randn(2, 24))()
     assert seen == ["forward", 3 + 6 + 5] and all(p.grad is None for p in layer.parameters())

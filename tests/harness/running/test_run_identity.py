@@ -9,7 +9,7 @@ import torch
 
 from baselines.comera import CoMERAMethod, check_params
 from harness import cli, workloads
-from harness.running import run as runner
+from harness.running import cell
 from harness.running import specs
 from tests.harness.running.run_toys import toy_spec
 
@@ -46,5 +46,5 @@ def test_rank_column_is_the_rank_as_built():
     workload = workloads.build_workload("transformer", workloads.check_params("transformer", {"size": "tiny"}),
                                         batch_size=2, seed=0, device=torch.device("cpu"))
     prepared = CoMERAMethod().prepare(workload.model, workload, params, target_ratio=None, total_steps=4)
-    assert runner._rank_setting(prepared.settings, params, prepared, workload) == 32
+    assert cell._rank_setting(prepared.settings, params, prepared, workload) == 32
     assert prepared.settings["rank"] == 100000  # the request stays in the row's settings

@@ -1,0 +1,261 @@
+"""A cell's state and the ``runs`` row it becomes.
+
+:class:`CellState` holds everything a run of one cell has found so far; :func:`build_row` turns it,
+partial or complete, into the row (every ``harness.results.RUNS_COLUMNS`` key). harness.running.run fills
+the state while it trains; harness.running.supervise builds the row of a cell whose process died from a
+state that holds only the spec, so both rows agree on identity, settings and provenance.
+
+Example::
+
+    st = CellState(specs.normalize_spec(spec))
+    row = build_row(st, "error", "killed by signal 9 (SIGKILL)")
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from harness import results
+from harness.core import measure, timing
+
+if TYPE_CHECKING:
+    from harness.core.interleave import RoundGate
+    from harness.running.cudagraph import GraphedStep
+    from harness.running.watchdog import Watchdog
+
+
+@dataclass(frozen=True)
+class AfterSteps:
+    """What run_cell's ``after_steps`` gets: the trained cell, after its last training step."""
+
+    prepared: Any
+    workload: Any
+    device: torch.device
+    batch: Any
+    """The first training batch."""
+    steps_done: int
+    run_id: str
+
+
+@dataclass
+class CellState:
+    """Everything a run of one cell has found so far (partial on failure).
+
+    Args:
+        spec: the normalized spec (:func:`harness.running.specs.normalize_spec`). Every other field
+            starts empty; harness.running.run fills them while it trains. A state with only the spec (and
+            the checked params) gives the row of a run that got nowhere.
+    """
+
+    spec: dict[str, Any]
+    device: torch.device | None = None
+    workload: Any = None
+    method: Any = None
+    prepared: Any = None
+    workload_params: dict[str, Any] = field(default_factory=dict)
+    method_params: dict[str, Any] = field(default_factory=dict)
+    timer: measure.StepTimer | None = None
+    monitor: measure.MemoryMonitor | None = None
+    memory: measure.MemoryReading | None = None
+    epoch_clock: measure.Stopwatch | None = None
+    full_epochs_s: list[float] = field(default_factory=list)
+    steps_done: int = 0
+    steps_in_epoch: int = 0
+    losses: list[float] = field(default_factory=list)
+    last_eval: dict[str, Any] = field(default_factory=dict)
+    last_eval_step: int = -1
+    curves: list[dict[str, Any]] = field(default_factory=list)
+    flops_initial: int | None = None
+    flops_tokens: dict[str, int] = field(default_factory=dict)
+    flops_basis: dict[str, Any] = field(default_factory=dict)
+    graphed: GraphedStep | None = None
+    train_model: Any = None
+    """The model the steps run (prepared.model, or its torch.compile wrapper)."""
+    after_steps: Callable[[AfterSteps], None] | None = None
+    allocator: str = ""
+    warm_up: str | None = None
+    warm_up_s: float | None = None
+    stage: Any = None
+    stage_switch_step: int | None = None
+    epoch: int = 0
+    activity: str = ""
+    watchdog: Watchdog | None = None
+    machine: timing.MachineState | None = None
+    gate: RoundGate | None = None
+    round_starts: dict[int, int] = field(default_factory=dict)
+    """step index (0-based) -> the timing round that starts before it"""
+    waited_s: float = 0.0
+    group_start_s: float | None = None
+    """seconds from the timing group's start to its first round (None: not timed in a group's rounds)"""
+
+
+def build_row(st: CellState, status: str, error: str, tb: str = "") -> dict[str, Any]:
+    """The runs row of ``st``: every ``harness.results.RUNS_COLUMNS`` key, None where nothing was found.
+
+    Args:
+        st: the cell's state, partial or complete.
+        status: ok | oom | diverged | error | timeout.
+        error: the message of a failed run ("" for ok).
+        tb: the tail of the traceback, kept in ``extra`` ("" for none).
+    """
+    spec = st.spec
+    device = st.device or torch.device("cpu")
+    row: dict[str, Any] = {c: None for c in results.RUNS_COLUMNS}
+    row.update(results.provenance(device, spec["config_hash"]))
+    row["matmul_precision"] = spec["execution"]["matmul_precision"]  # what the cell ran with
+    variant = spec["variant"] or getattr(st.method, "variant", "") or ""
+    precision = spec["execution"]["matmul_precision"]
+    for on, tag in ((spec["execution"]["cuda_graph"], "cudagraph"), (spec["execution"]["compile"], "compile"),
+                    (precision != "highest", f"matmul-{precision}")):
+        if on and tag not in variant.split("+"):
+            variant = f"{variant}+{tag}" if variant else tag
+    prepared, workload = st.prepared, st.workload
+    settings = dict(prepared.settings) if prepared is not None else {}
+    row.update(run_id=spec["run_id"], purpose=spec["purpose"], workload=spec["workload"], method=spec["method"], variant=variant,
+               batch_size=spec["batch_size"], target_ratio=spec["target_ratio"], seed=spec["seed"],
+               seq_len=getattr(workload, "seq_len", None),
+               rank=_rank_setting(settings, st.method_params, prepared, workload),
+               status=status, error=error)
+    extra: dict[str, Any] = {}
+    if tb:
+        extra["traceback"] = tb
+    if st.warm_up_s is not None:
+        extra["warm_up_s"] = st.warm_up_s
+    if st.timer is not None:
+        summary = st.timer.summary(window=settings.get("time_window_steps"))
+        row.update(step_time_ms=summary["step_time_ms"], step_time_ms_iqr=summary["step_time_ms_iqr"],
+                   steps_timed=summary["steps_timed"])
+        row.update(_timing_columns(st, summary))
+        if summary["steps_timed"]:
+            row["samples_per_s"] = spec["batch_size"] * 1e3 / summary["step_time_ms"]
+            row["epoch_time_s"], row["epoch_time_kind"] = measure.epoch_time(
+                st.full_epochs_s, mean_step_ms=summary["step_time_ms_mean"],
+                steps_per_epoch=workload.steps_per_epoch)
+        extra.update(step_ms=[round(ms, 4) for ms in st.timer.all_ms], step_round=st.timer.all_rounds,
+                     step_time_ms_mean=summary["step_time_ms_mean"],
+                     step_time_mean_basis=summary["step_time_mean_basis"], full_epochs_s=st.full_epochs_s,
+                     steps_done=st.steps_done, warmup_steps=st.timer.warmup_steps)
+    if st.memory is not None:
+        row.update(peak_mem_bytes=st.memory.peak_mem_bytes, peak_mem_kind=st.memory.peak_mem_kind,
+                   cuda_reserved_bytes=st.memory.cuda_reserved_bytes)
+        extra["memory"] = st.memory.details
+    if prepared is not None:
+        row["state_bytes"] = _state_bytes(prepared)
+        row.update(_size_columns(prepared))
+        row["ranks"] = json.dumps(prepared.ranks() or {})
+        if st.flops_tokens:
+            row["flops_per_step"], _ = measure.flops_per_step(prepared.model, st.flops_tokens)
+            extra.update(flops_per_step_initial=st.flops_initial, **st.flops_basis)
+    if workload is not None:
+        row["metric_name"] = st.last_eval.get("metric_name", workload.metric_name)
+        row["metric_value"] = st.last_eval.get("metric_value")
+        if st.steps_in_epoch:
+            row["epochs"] = st.steps_done / st.steps_in_epoch
+    if st.losses:
+        window = st.losses[-results.FINAL_LOSS_WINDOW:]
+        row["final_train_loss"] = float(np.mean(window))
+        extra["final_train_loss_window"] = len(window)
+    if st.last_eval:
+        extra["eval"] = {k: v for k, v in st.last_eval.items() if isinstance(v, (int, float, str))}
+        extra["eval_step"] = st.last_eval_step
+    if st.graphed is not None:
+        extra["cuda_graph"] = st.graphed.stats()
+    row["settings"] = json.dumps({
+        "method": settings, "method_params": st.method_params, "workload_params": st.workload_params,
+        "workload_info": getattr(workload, "info", {}), "steps_per_epoch":
+            getattr(workload, "steps_per_epoch", None), "steps_in_epoch": st.steps_in_epoch,
+        "budget": spec["budget"], "execution": spec["execution"], "allocator": st.allocator,
+        "warm_up": st.warm_up},
+        sort_keys=True, default=str)
+    row["extra"] = json.dumps(extra, sort_keys=True, default=str)
+    return _integral(row)
+
+
+def _timing_columns(st: CellState, summary: dict[str, Any]) -> dict[str, Any]:
+    """The machine's state while the steps ran, the per-round medians and means, and the stability verdict."""
+    ex = st.spec["execution"]
+    state = st.machine.columns() if st.machine is not None else {}
+    medians = timing.round_medians(st.timer.timed_ms, st.timer.timed_rounds)
+    means = timing.round_means(st.timer.timed_ms, st.timer.timed_rounds)
+    cols = {**state, "timing_group": ex["timing_group"] or None, "group_start_s": st.group_start_s,
+            "cpu_time_ratio": timing.cpu_time_ratio(st.timer.timed_cpu_ms, st.timer.timed_ms,
+                                                    ex["num_threads"]),
+            "round_step_ms": json.dumps(medians) if medians else None,
+            "round_step_mean_ms": json.dumps(means) if means else None}
+    cols["timing_quality"] = timing.judge(
+        step_time_ms=summary["step_time_ms"], step_time_ms_iqr=summary["step_time_ms_iqr"],
+        steps_timed=summary["steps_timed"], step_time_ms_mean=summary["step_time_ms_mean"],
+        run_queue_frac=state.get("run_queue_frac"), cpu_pressure=state.get("cpu_pressure"),
+        outside_rounds=bool(ex["timing_group"]) and st.group_start_s is None)
+    return cols
+
+
+def _integral(row: dict[str, Any]) -> dict[str, Any]:
+    """Integer columns hold ints (a method may count parameters as floats)."""
+    for col, typ in results.RUNS_TYPES.items():
+        value = row[col]
+        if typ == pa.int64() and isinstance(value, float):
+            row[col] = int(round(value)) if math.isfinite(value) else None
+    return row
+
+
+def _state_bytes(prepared: Any) -> int:
+    """The method's own count when it has one (``prepared.state_bytes()``, e.g. layer-wise optimizers
+    that Prepared.optimizers does not list), else baselines.base.state_bytes."""
+    own = getattr(prepared, "state_bytes", None)
+    if callable(own):
+        return int(own())
+    from baselines.base import state_bytes
+
+    return state_bytes(prepared.model, prepared.optimizers)
+
+
+def _size_columns(prepared: Any) -> dict[str, Any]:
+    size = dict(prepared.size() or {})
+    if not size:
+        total = sum(p.numel() for p in prepared.model.parameters())
+        size = {"params_total": total, "params_factorized_layers": None, "compression_total": 1.0,
+                "compression_layers": None}
+    keys = ("params_total", "params_factorized_layers", "compression_total", "compression_layers")
+    return {k: size.get(k) for k in keys}
+
+
+def _as_rank(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, int) for v in value):
+        return max(value)
+    return None
+
+
+def _rank_setting(settings: dict, method_params: dict, prepared: Any, workload: Any) -> int | None:
+    """The run's rank. For a TT method, the largest internal TT rank of the model as built (its
+    conversion report in the settings, else the workload's tt_spec): a requested rank the shapes cannot
+    hold is clipped there, and the row says what was built (the request stays in the settings).
+    Otherwise the method's ``rank`` setting."""
+    built = settings.get("conversion", {}).get("layers") if prepared is not None else None
+    if built:
+        return _largest_rank(built.values(), "ranks")
+    rank = _as_rank(settings.get("rank", method_params.get("rank")))
+    if rank is not None or prepared is None or not prepared.ranks() or workload is None:
+        return rank
+    return _largest_rank(workload.tt_spec.values(), "rank")
+
+
+def _largest_rank(entries: Any, key: str) -> int | None:
+    """The largest internal bond of the linear entries' ranks (all entries when none is linear)."""
+    entries = list(entries)
+    linear = [e for e in entries if e.get("kind") == "linear"] or entries
+    internal = [r[1:-1] if isinstance(r, (list, tuple)) and len(r) > 2 else r
+                for r in (e.get(key) for e in linear)]
+    found = [r for r in map(_as_rank, internal) if r is not None]
+    return max(found) if found else None
+

@@ -1,0 +1,48 @@
+"""One timing group of the pipeline: ``python -m harness.running.group --rounds R --cell SPEC RUNS_OUT
+CURVES_OUT LOG ...`` (the ``time_<group>`` rule, workflow/rules/train.smk).
+
+Each cell runs as ``comera-bench run --isolate`` (:func:`isolated_command`: a cell killed by a signal
+still becomes a row, harness.running.supervise) and the cells take turns in interleaved rounds
+(harness.core.interleave.run_group, which runs whatever command it is given). A stop signal ends every
+cell's process (harness.core.interleave.stop_on_signals); the group dies with the pipeline that started
+it. Exit status 1 when a cell's supervisor failed to write even its failure row, else 0.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from harness.core import interleave, stops
+
+
+def isolated_command(cell: interleave.Cell) -> list[str]:
+    """``comera-bench run --isolate`` (as the pipeline's per-cell rule runs it) for ``cell``: the installed
+    script next to this Python when there is one, else ``python -m harness.cli``."""
+    script = Path(sys.executable).with_name("comera-bench")
+    entry = [str(script)] if script.exists() else [sys.executable, "-m", "harness.cli"]
+    cmd = [*entry, "run", "--isolate", "--spec", cell.spec, "--runs-out", cell.runs, "--curves-out", cell.curves]
+    return cmd + (["--log", cell.log] if cell.log else [])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m harness.running.group --rounds R --cell SPEC RUNS CURVES LOG ...``: one timing group."""
+    ap = argparse.ArgumentParser(prog="python -m harness.running.group", description=main.__doc__)
+    ap.add_argument("--rounds", type=int, required=True)
+    ap.add_argument("--cell", nargs=4, action="append", required=True,
+                    metavar=("SPEC", "RUNS_OUT", "CURVES_OUT", "LOG"))
+    args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds {args.rounds}: need at least 1")
+    cells = [interleave.Cell(spec, runs, curves, log) for spec, runs, curves, log in args.cell]
+    interleave.stop_on_signals()
+    stops.die_with_parent()  # a killed pipeline takes its timing groups with it
+    interleave.run_group(cells, args.rounds, command=isolated_command)
+    missing = [path for cell in cells for path in (cell.runs, cell.curves) if not Path(path).exists()]
+    if missing:  # a cell's supervisor failed to write even its failure row
+        print(f"python -m harness.running.group: no result written to {', '.join(missing)}", file=sys.stderr)
+    return 1 if missing else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,41 @@
+"""The micro-benchmark spec check the grid runs (harness.configs.microbench_spec) without importing the
+benchmark (harness.perf.microbench)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from harness.configs import microbench_spec
+from harness.perf import microbench
+
+def test_the_default_config_specs_pass_and_fill_the_defaults():
+    with open("config/config.yaml") as fh:
+        specs = yaml.safe_load(fh)["microbench"]["specs"]
+    for name, spec in specs.items():
+        out = microbench_spec.check_spec(spec, source=f"spec {name}")
+        assert out["allocator"] in ("reuse", "system") and out["seed"] >= 0
+
+
+def test_the_benchmark_uses_this_check():
+    """One definition: harness.perf.microbench validates its specs with this module's check_spec."""
+    assert microbench.check_spec is microbench_spec.check_spec
+    assert (microbench.DIRECTIONS, microbench.LINEAR_VARIANTS, microbench.EMBEDDING_VARIANTS) == \
+        (microbench_spec.DIRECTIONS, microbench_spec.LINEAR_VARIANTS, microbench_spec.EMBEDDING_VARIANTS)
+
+
+@pytest.mark.parametrize("spec, message", [({"repeats": 3}, "unknown key 'repeats'"),
+                                           ({"linear": {"tokens": [0]}}, "linear.tokens: 0"),
+                                           ({"embedding": {"variants": ["fast"]}}, "unknown value 'fast'")])
+def test_bad_specs_name_the_key(spec, message):
+    with pytest.raises(ValueError, match=message):
+        microbench_spec.check_spec(spec)
+
+
+def test_the_config_check_does_not_import_the_benchmark():
+    code = ("import sys; from harness.configs import grid, microbench_spec; "
+            "microbench_spec.check_spec({}); print('harness.perf.microbench' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
