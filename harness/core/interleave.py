@@ -254,6 +254,18 @@ class _Coordinator:
                 self._drop(cell)
 
 
+def round_line(r: int, rounds: int, ran: int, elapsed_s: float, first_round_s: float) -> str:
+    """The line after round ``r`` (0-based) of ``rounds``: the group's seconds so far and, before the last
+    round, the time its other rounds take at the rate of those so far (the final evaluation not counted)."""
+    from harness.running.progress import clock
+
+    line = f"  round {r + 1}/{rounds}: {ran} cells ({elapsed_s:.0f} s)"
+    if r + 1 < rounds:
+        per_round = max(elapsed_s - first_round_s, 0.0) / (r + 1)
+        line += f"; about {clock(per_round * (rounds - r - 1))} left in this group's rounds"
+    return line
+
+
 def run_group(cells: Sequence[Cell], rounds: int, *, log=None,
               command: Callable[[Cell], list[str]] = _command, timeout_s: float | None = None) -> int:
     """Run ``cells`` in interleaved rounds (module docstring); returns the number of cells whose
@@ -288,7 +300,7 @@ def run_group(cells: Sequence[Cell], rounds: int, *, log=None,
                         log(f"  not in the rounds (ended before them): {', '.join(left)}")
                 ran = [coord.run_round(cell, r) for cell in (cells if r % 2 == 0 else cells[::-1])]
                 if any(ran):
-                    log(f"  round {r + 1}/{rounds}: {sum(ran)} cells ({time.monotonic() - started:.0f} s)")
+                    log(round_line(r, rounds, sum(ran), time.monotonic() - started, coord.first_round_s))
             coord.wait_until(rounds)
             coord.release()
             for cell in cells:
@@ -369,6 +381,11 @@ def main(argv: list[str] | None = None) -> int:
     stop_on_signals()
     stops.die_with_parent()  # a killed pipeline takes its timing groups with it
     run_group(cells, args.rounds)
+    from harness.running import eta
+
+    line = eta.pipeline_line(Path(cells[0].runs).parent)  # the group's cells leave it to this process
+    if line:
+        print(line, file=sys.stderr, flush=True)
     missing = [path for cell in cells for path in (cell.runs, cell.curves) if not Path(path).exists()]
     if missing:  # a cell's supervisor failed to write even its failure row
         print(f"python -m harness.core.interleave: no result written to {', '.join(missing)}", file=sys.stderr)
