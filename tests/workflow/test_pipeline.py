@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -182,6 +183,72 @@ def test_second_call_does_nothing_and_report_builds(pipeline):
     assert figures_only.returncode == 0 and (pipeline["workdir"] / "figures.html").stat().st_size > 0
     html = (pipeline["workdir"] / "report.html").read_text(errors="replace")
     assert "fig1_time_memory.png" in html and "claims.md" in html
+
+
+def _printed(output: str, marker: str) -> str:
+    """The command after ``marker`` on the pipeline's line that holds it."""
+    (line,) = [ln for ln in output.splitlines() if marker in ln]
+    return line.split(marker, 1)[1].strip()
+
+
+def test_the_printed_report_command_works_as_printed(pipeline):
+    """After the tiny run (--directory, --configfile), the pipeline prints its report command; typed as
+    printed, from where the run was started, it builds the report. The README's command without the
+    options fails naming that command (not Snakemake's "marked for report but does not exist")."""
+    workdir, out = pipeline["workdir"], pipeline["second"].stdout + pipeline["second"].stderr
+    command = _printed(out, "The HTML report of this run:")
+    assert command == shlex.join(["snakemake", "--report", "report.html", "figures", "--directory", str(workdir),
+                                  "--configfile", str(TINY)])
+    plain = subprocess.run([str(BIN / "snakemake"), "--directory", str(workdir), "--report", "plain.html",
+                            "figures"], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=600)
+    assert plain.returncode != 0 and f"Its report: {command}" in plain.stdout + plain.stderr
+    assert "marked for report but does not exist" not in plain.stdout + plain.stderr
+    (workdir / "report.html").unlink(missing_ok=True)
+    typed = subprocess.run(command, shell=True, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=600)
+    assert typed.returncode == 0, typed.stderr[-3000:]
+    assert "fig1_time_memory.png" in (workdir / "report.html").read_text(errors="replace")
+
+
+def test_cell_logs_show_steps_with_an_eta_and_the_pipeline_counts_cells(pipeline):
+    """Each cell's log (stderr not a terminal) has its step lines with elapsed time and ETA; the pipeline
+    prints the cells done of the grid's, with the time left at this run's rate."""
+    logs = pipeline["workdir"] / "results" / "runs" / "cpu-tiny" / "logs"
+    grid = json.loads((pipeline["workdir"] / "results" / "cpu-tiny" / "grid.json").read_text())["cells"]
+    for run_id in set(grid) - {pipeline["killed"]}:
+        text = (logs / f"{run_id}.log").read_text()
+        assert re.search(rf"^{re.escape(run_id)}: step \d+ of \d+, elapsed \d+s, ETA \d+s$", text, re.M), text
+    out = pipeline["first_log"] + pipeline["second"].stderr
+    assert re.search(r"^comera-bench: cells \d+ of 7 done \(\d+ in this run, \d+s\); about \S+ left", out, re.M), out
+
+
+def test_the_retime_hint_works_as_printed(pipeline, tmp_path):
+    """A timing cell that was not timed stably: the pipeline's hint, typed as printed, deletes it and times
+    its group again, printing the group's rounds with the time left and the cells done."""
+    for folder in ("results", "figures"):
+        shutil.copytree(pipeline["workdir"] / folder, tmp_path / folder)
+    folder = tmp_path / "results" / "runs" / "cpu-tiny"
+    runs = pd.read_parquet(tmp_path / "results" / "cpu-tiny" / "runs.parquet")
+    victim = runs[(runs.status == "ok") & (runs.purpose != "quality")].run_id.iloc[0]
+    from harness import results
+
+    row = results.read_parquet(folder / f"{victim}.runs.parquet", "runs")
+    row["timing_quality"] = "noisy: made so by the test"
+    results.write_parquet_atomic(row, folder / f"{victim}.runs.parquet", kind="runs")
+    first = snakemake(tmp_path, "figures")
+    out = first.stdout + first.stderr
+    assert first.returncode == 0, out[-3000:]
+    assert f"  {victim}: made so by the test" in out
+    command = _printed(out, "on a quieter machine:")
+    assert command == (f"comera-bench noisy {shlex.quote(str(folder))} --delete && "
+                       + shlex.join(["snakemake", "--cores", "1", "figures", "--directory", str(tmp_path),
+                                     "--configfile", str(TINY)]))
+    typed = subprocess.run(command, shell=True, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=900)
+    out = typed.stdout + typed.stderr
+    assert typed.returncode == 0, out[-3000:]
+    assert "rule time_transformer_b4_s0" in out or "time_transformer_b4_s0" in out
+    assert pd.read_parquet(folder / f"{victim}.runs.parquet").timing_quality.iloc[0] != "noisy: made so by the test"
+    assert re.search(r"round 1/5: \d+ cells \(\d+ s\); about \S+ left in this group's rounds", out), out[-3000:]
+    assert re.search(r"^comera-bench: cells 7 of 7 done", out, re.M), out[-3000:]
 
 
 def test_figures_without_metadata_runs_exactly_the_new_cells(pipeline, tmp_path):
