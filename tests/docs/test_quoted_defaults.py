@@ -1,5 +1,7 @@
-"""The defaults that docs/library.md and docs/library-reference.md quote equal the code's: each entry is
-a pattern whose one group is the quoted value, and where in the code that default lives."""
+"""The defaults that the docs quote equal the code's (the library's in docs/library.md and
+docs/library-reference.md, the default grid's in docs/pipeline.md and docs/recipe.md, the progress lines'
+period in README and docs/usage.md): each entry is a pattern whose one group is the quoted value, and
+where in the code or the config that default lives."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,14 +11,19 @@ from pathlib import Path
 
 import pytest
 
+import yaml
+
 from baselines.comera import PARAMS_DEFAULTS
 from comera.adapt import DEFAULTS, RankAdaptation
 from comera.rank import RankSettings
+from harness.running.progress import LOG_EVERY_S
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 SIGNATURE = {name: p.default for name, p in inspect.signature(RankAdaptation).parameters.items()}
 FIELDS = {f.name: f.default for f in dataclasses.fields(RankSettings)}
 NUMBER = r"([0-9][0-9.e+-]*)"
+GRID = yaml.safe_load((DOCS.parent / "config" / "config.yaml").read_text())
+GRID_COMERA = GRID["methods"]["comera"]["params"]
 
 QUOTED = [  # (file, pattern with the quoted value as its group, the code's default)
     ("library.md", rf"`early_fraction` \({NUMBER}\)", SIGNATURE["early_fraction"]),
@@ -33,6 +40,16 @@ QUOTED = [  # (file, pattern with the quoted value as its group, the code's defa
      PARAMS_DEFAULTS["target_ramp"]),
     ("library-reference.md", rf"`target_ramp_steps`, {NUMBER} by default", FIELDS["target_ramp_steps"]),
     ("library-reference.md", rf"`l2_weight` is {NUMBER} by default", DEFAULTS["l2_weight"]),
+    # the default grid's values (config/config.yaml) and the progress lines' period
+    ("pipeline.md", rf"gate penalty `l1_weight` {NUMBER}, the paper's", GRID_COMERA.get("l1_weight", DEFAULTS["l1_weight"])),
+    ("pipeline.md", rf"`size_weight: {NUMBER}`", GRID_COMERA["size_weight"]),
+    ("pipeline.md", rf"`target_ramp: {NUMBER}`", GRID_COMERA["target_ramp"]),
+    ("pipeline.md", rf"{NUMBER} early-stage steps", GRID_COMERA["early_fraction"] * 1000),
+    ("pipeline.md", rf"ETA \.\.\.` at least\s+every {NUMBER} s", LOG_EVERY_S),
+    ("usage.md", rf"ETA \.\.\.` every {NUMBER} s", LOG_EVERY_S),
+    ("../README.md", rf"ETA at least every {NUMBER} s", LOG_EVERY_S),
+    ("recipe.md", rf"gate penalty `l1_weight` \(default grid\) \| [0-9.]+ \| {NUMBER}, the paper's",
+     GRID_COMERA.get("l1_weight", DEFAULTS["l1_weight"])),
 ]
 
 
