@@ -539,6 +539,24 @@ def test_compare_figure_says_the_shared_workload_once_and_names_left_out_ratios(
     assert "not drawn: 1 measured ratio(s) (timing not stable)" in saved["titles"]
 
 
+def test_compare_axes_label_only_1_2_5_ticks_and_rows_without_a_batch_size():
+    """A short log range labels 1, 2 and 5 per decade as plain numbers (minor ticks unlabelled: they
+    overlapped as "3x10^-1 4x10^-1"); a paper ratio for every batch size is said so, not "ball"."""
+    fig, (ax, ax2) = plt.subplots(1, 2)
+    ax.barh([0, 1], [0.3, 4.0])
+    compare._log_x_if_positive(ax, [pd.Series([0.3, 4.0])], "time")
+    fig.canvas.draw()
+    assert [t.get_text() for t in ax.get_xticklabels(minor=True) if t.get_text()] == []
+    assert {t.get_text() for t in ax.get_xticklabels() if t.get_text()} >= {"0.5", "1", "2"}
+    ratios = pd.DataFrame({"quantity": ["epoch_time"], "ratio": [2.3], "low": [2.3], "high": [2.3],
+                           "workload": ["mlm"], "batch_size": [None], "versus": ["dense-default"],
+                           "device": ["paper (RTX 3090)"], "source": ["paper"], "note": [""]})
+    compare._speedups(ax2, ratios)
+    assert [t.get_text() for t in ax2.get_yticklabels()] == ["mlm/every batch: dense-default"]
+    assert ax2.get_ylim() == (-0.6, 0.6)
+    plt.close(fig)
+
+
 def test_compare_prints_paper_batch_sizes_whole(folder, tmp_path):
     out = tmp_path / "cmp"
     assert compare.cli([str(folder), "--out", str(out)]) == 0
