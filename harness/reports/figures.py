@@ -169,7 +169,8 @@ def time_memory_footer(res: Results, workload: str, df: pd.DataFrame, paper_note
     the paper's values; the model, budget, epoch-time kind and notes are in the overview
     (:func:`time_memory_details`)."""
     threads = _values_text(df.num_threads)
-    return (f"{res.label}, {threads} thread(s). Time bars: IQR of step times; ringed: timing not stable (no "
+    threads += " thread" if threads == "1" else " threads"
+    return (f"{res.label}, {threads}. Time bars: IQR of step times; ringed: timing not stable (no "
             f"verdict uses it); {memory_spread_text(df)}. {PAPER}: {paper_note} More: overview.md.")
 
 
