@@ -310,6 +310,17 @@ def test_exponent_numbers_in_a_config_are_numbers(tmp_path):
     assert res.returncode == 0 and "This was a dry-run" in res.stdout, res.stderr[-2000:]
 
 
+def test_the_busy_warnings_one_thread_command_gives_every_cell_one_thread(tmp_path):
+    """`--config execution='{threads: 1}'` (what the busy warning says to type): Snakemake's base loader
+    reads the 1 as text; the pipeline reads it as a number, and every cell of the default grid gets it."""
+    res = subprocess.run([str(BIN / "snakemake"), "--directory", str(tmp_path), "--cores", "1", "-n", "figures",
+                          "--config", "execution={threads: 1}"], capture_output=True, text=True, env=ENV, cwd=ROOT,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    specs = [line for line in res.stdout.splitlines() if '"run_id"' in line]
+    assert len(specs) == 27 and all(re.search(r'"num_threads": 1[,}]', line) for line in specs)
+
+
 @pytest.mark.parametrize("case", ["injected results_dir", "injected device variable", "duplicated key"])
 def test_unsafe_config_runs_nothing(tmp_path, case):
     """Rejected while the config is read: no job, no shell command, no file (a path with a space is
