@@ -1,8 +1,10 @@
 """The Snakemake pipeline end to end on config/tiny.yaml (all rules, all four methods, one workload):
 a cell killed mid-run becomes a row with its status and is not re-run; a second pipeline on the same
 results folder is refused while the first runs (a dry run is not); a second call does nothing; the
-report builds; `figures` without .snakemake/ metadata runs exactly the new cells; a truncated cell
-file fails the merge naming it; bad or unsafe configs fail before any job; `lr: 1e-3` is a number."""
+report builds; the report and re-time commands the pipeline prints work typed as printed; cell logs show
+steps with an ETA and the pipeline counts cells; `figures` without .snakemake/ metadata runs exactly the new
+cells; a truncated cell file fails the merge naming it; bad or unsafe configs fail before any job; `lr: 1e-3`
+is a number; the busy warning's one-thread command gives every cell one thread."""
 from __future__ import annotations
 
 import json
