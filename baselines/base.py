@@ -1,12 +1,15 @@
 """The one interface every training method implements (dense, comera, galore, lte and their variants).
 
-The runner (harness/running/run.py) never branches on a method's name. It does, for every training step::
+The runner (harness/running/run.py) never branches on a method's name. Every training step is
+:meth:`Prepared.train_step` (the one definition of a step; the bench's step targets run through the runner)::
 
     task_loss = workload.loss(prepared.model, batch)
     loss = prepared.total_loss(task_loss, step)
     loss.backward()                     # layer-wise methods step inside post-accumulate-grad hooks
     for opt in prepared.optimizers:
-        opt.step(); opt.zero_grad(set_to_none=True)
+        opt.step()                      # up to here: Prepared.update, what a CUDA graph captures
+    for opt in prepared.optimizers:
+        opt.zero_grad(set_to_none=True)
     info = prepared.after_step(step)    # pruning, stage switches, LTE merges; values go to the curves table
 
 and before every evaluation ``prepared.before_eval()`` (e.g. LTE merges its heads so the evaluated model
@@ -15,7 +18,7 @@ contains what was learned).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, NamedTuple, Protocol
 
 import torch
 from torch import nn
@@ -27,6 +30,17 @@ def _no_info(step: int) -> dict[str, float]:
 
 def _nothing() -> None:
     return None
+
+
+class StepResult(NamedTuple):
+    """What one training step (:meth:`Prepared.train_step`) returns."""
+
+    task_loss: torch.Tensor
+    """The workload's loss (detached)."""
+    loss: torch.Tensor
+    """The objective the method minimized: task loss plus its own terms (detached)."""
+    info: dict[str, float]
+    """``after_step``'s values (pruning, stage switches, ...), for the curves table."""
 
 
 @dataclass
@@ -50,17 +64,33 @@ class Prepared:
     skipped: str | None = None
     """A reason when the method cannot run here (e.g. 8-bit GaLore without CUDA); the runner records it."""
 
-    def train_step(self, workload: Any, batch: Any, step: int) -> torch.Tensor:
-        """One eager training step as in the module docstring; returns the objective (detached). The
-        runner splits the same step (its loss/backward/optimizer part must be capturable in a CUDA graph);
-        the bench's step workers and harness.running.warmup call this."""
-        loss = self.total_loss(workload.loss(self.model, batch), step)
+    def update(self, workload: Any, batch: Any, step: int, model: nn.Module | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The capturable part of a training step: forward through ``model`` (default ``self.model``; the
+        runner passes its ``torch.compile`` wrapper), the objective, backward and every optimizer's step.
+        Returns (task loss, objective), both detached. The gradients stay: :meth:`train_step` drops them,
+        a CUDA graph of this call (harness.running.cudagraph.GraphedStep) keeps them static."""
+        task_loss = workload.loss(self.model if model is None else model, batch)
+        loss = self.total_loss(task_loss, step)
         loss.backward()
         for opt in self.optimizers:
             opt.step()
-            opt.zero_grad(set_to_none=True)
-        self.after_step(step)
-        return loss.detach()
+        return task_loss.detach(), loss.detach()
+
+    def train_step(self, workload: Any, batch: Any, step: int, *, model: nn.Module | None = None,
+                   update: Callable[[Any, int], tuple[torch.Tensor, torch.Tensor]] | None = None) -> StepResult:
+        """One training step as in the module docstring -- the one definition the cell runner
+        (harness.running.run), the bench's step targets (through the runner) and the warm-up use:
+        :meth:`update`, the gradients dropped, then ``after_step``. ``update(batch, step)``: a replacement
+        of the eager :meth:`update` that manages its own gradients (a CUDA-graph replay of it); they are
+        then left alone."""
+        if update is None:
+            task_loss, loss = self.update(workload, batch, step, model)
+            for opt in self.optimizers:
+                opt.zero_grad(set_to_none=True)
+        else:
+            task_loss, loss = update(batch, step)
+        return StepResult(task_loss, loss, self.after_step(step) or {})
 
 
 class Method(Protocol):

@@ -44,7 +44,7 @@ def test_linear_fwd_bwd(benchmark, shape, variant):
 
 @pytest.mark.parametrize("variant", ["dense_grad", "ttm_optimized"], ids=["nn.Embedding", "TTMEmbedding"])
 def test_lookup_fwd_bwd(benchmark, variant):
-    module = mb._embedding_module(variant, TABLE, torch.device("cpu"))
+    module = mb.embedding_module(variant, TABLE, torch.device("cpu"))
     indices = mb.zipf_indices(LOOKUPS, TABLE["num_embeddings"], 1.05, seed=0)
     run, _ = mb.module_call(module, indices, "fwd_bwd", wrt_input=False)
     benchmark.group = f"lookup {TABLE['num_embeddings']}x{TABLE['embedding_dim']}-{LOOKUPS}idx"

@@ -4,7 +4,9 @@ The method library of comera-bench; it depends on torch only.
 """
 from comera.adapt import RankAdaptation, param_groups
 from comera.convert import ConversionReport, model_size, tensorize
+from comera.contraction import PlanSettings
 from comera.feedforward import feed_forward
+from comera.kernels import register_flop_formulas
 from comera.rank import RankSettings, TwoStageRankAdaptation, prune, ranks, tt_parameter_count
 from comera.tt import TTLinear
 from comera.ttm import TTMEmbedding
@@ -13,6 +15,8 @@ __all__ = [
     "TTLinear",
     "TTMEmbedding",
     "feed_forward",
+    "PlanSettings",
+    "register_flop_formulas",
     "tensorize",
     "RankAdaptation",
     "param_groups",

@@ -1,4 +1,4 @@
-"""Contraction plans for tensor-train linear layers, and the kernels that follow them.
+"""Contraction plans for tensor-train linear layers: what one forward+backward computes, in which order.
 
 A TT linear layer with input modes ``n_0..n_{m-1}``, output modes ``n_m..n_{d-1}`` and ranks
 ``r_0 = 1, r_1, ..., r_d = 1`` computes ``y = x W + b`` with ``W = H_0 H_1 ... H_{d-1}``, where the
@@ -11,47 +11,35 @@ rank-``r_m`` activation ``z``:
 
 Each side is contracted group by group: its cores are split into consecutive groups, each group is
 merged into one block (a chain of small matmuls on the cores alone) and the activations absorb the
-blocks one after another. One group is the classic low-rank pair ("merge": form A, then one matmul with
-x); one group per core contracts the activations core by core ("sequential"). The plan scores every
-grouping of both sides for the token count at hand (a side of k cores has 2^(k-1) groupings) and takes
-the cheapest (see below), or the "dense" strategy (form W = A B and use plain matmuls) when that has
-fewer FLOPs, which happens only when r_m is close to full rank.
-
-"Cheapest" weighs FLOPs, memory traffic and kernel launches:
-``cost = flops + TRAFFIC_WEIGHT * traffic + KERNEL_COST * kernels``, where the traffic of a step is the
-number of elements of its token-sized operands (read and written) and every kernel carries a fixed cost
-measured on the machine (:func:`measure_kernel_cost`), as long as the plan's FLOPs stay within
-``FLOP_SLACK`` of the fewest possible (else the FLOP-minimal plan). Every extra group adds
-a pass over a token-sized intermediate; on CPUs and GPUs alike a float moved costs tens of FLOPs, so a
-grouping that saves a few FLOPs but writes and re-reads an activation is slower in practice (measured:
-after halving the ranks of a 768->768 layer, the FLOP-optimal groups(1,2) plan ran slower than merge).
-At few tokens the FLOPs are tiny and the kernel count decides: a one-group side ("merge") launches the
-fewest kernels; a one-group output side fuses the bias into its GEMM, or folds it in as an extra row.
+blocks one after another. One group is the classic low-rank pair ("merge"); one group per core contracts
+the activations core by core ("sequential"). :func:`make_plan` scores every grouping of both sides (a side
+of k cores has 2^(k-1) groupings) for the token count at hand and takes the cheapest, or the "dense"
+strategy (form W = A B, plain matmuls) when that has fewer FLOPs, which happens only when r_m is close to
+full rank. "Cheapest" is ``flops + traffic_weight * traffic + kernel_cost * kernels`` among the plans
+within ``flop_slack`` of the fewest FLOPs (:class:`PlanSettings`), where the traffic of a step is the
+number of elements of its token-sized operands and every kernel carries a fixed cost.
 
 FLOPs are counted the way ``opt_einsum`` counts them: a pairwise contraction with a summed index costs
-``2 * prod(sizes of all its indices)`` (a multiply and an add per term), an elementwise product or a
-sum one per element. Backward saves the inputs of each absorption (x and rank-sized intermediates) and
-the merged blocks, never the full-width output. When the output side is one group, the bias rides in
-its GEMM (``y = [z | 1] @ [B ; b]``), so the bias gradient comes out of the ``dB`` GEMM and no separate
-pass over ``y`` or ``dy`` is made.
+``2 * prod(sizes of all its indices)``, an elementwise product or a sum one per element. Backward saves
+the inputs of each absorption (x and rank-sized intermediates) and the merged blocks, never the full-width
+output. With one output group the bias rides in the output GEMM (fused, or folded in as an extra row
+``y = [z | 1] @ [B ; b]`` from ``fold_bias_min_tokens``, which also yields its gradient).
 
-The token-sized products are skinny (one of their three sizes is a rank). Large float32 CPU products run
-through oneDNN's inner product instead of torch.mm (see :data:`INNER_PRODUCT_MIN_MACS`; ``[B ; b]`` is
-built transposed, the layout it reads fastest); both compute the same sums, and FlopCounterMode counts
-both.
+The plans are pure functions of their arguments; :mod:`comera.kernels` executes them. Why the settings
+have the values they have (measurements): docs/performance.md.
 
-The kernels dispatch as few ATen ops as the contraction allows, since on small token counts each op's
-fixed cost (Python, dispatch, launch) is the layer's time: every reshape is a single view, the 2-D views
-of the cores and the merged blocks made in the forward are saved for the backward, ``a @ w^T`` goes to
-oneDNN with ``w`` as it is, and on one token the absorptions before the bond are plain mm calls. One
-forward+backward of a gated paper-shape layer with bias dispatches 72-77 ops on the CPU, 13 of them
-autograd's accumulation of the 13 leaf gradients (docs/performance.md).
+Example::
+
+    >>> plan = make_plan((12, 8, 8), (12, 16, 16), (1, 12, 30, 30, 30, 16, 1), tokens=4096)
+    >>> plan.left, plan.right
+    ('merge', 'merge')
+    >>> print(plan)  # every step with its FLOPs
 """
 from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -70,34 +58,68 @@ class Step:
     """Elements of the step's token-sized operands read and written (0 for steps on cores alone)."""
     kernels: int = 1
     """Kernels the step launches (a batched product that first copies its operand into batch layout
-    counts 2): each costs :data:`KERNEL_COST` FLOP-equivalents whatever its size."""
+    counts 2): each costs :attr:`PlanSettings.kernel_cost` FLOP-equivalents whatever its size."""
 
 
-TRAFFIC_WEIGHT = 32
-"""FLOPs charged per element of token-sized traffic when plans are compared: the order of the
-FLOP-per-float balance of current CPUs (~100 GFLOP/s vs ~3 Gfloat/s per core pair) and GPUs."""
-KERNEL_COST = 2_500_000
-"""FLOP-equivalents charged per kernel when plans are compared: the fixed time per kernel of a TT call
-(dispatch, autograd bookkeeping, saved tensors, thread hand-off: ~12 us on one token) times the machine's
-matmul rate (~170 GFLOP/s). At few tokens it makes the plan prefer fewer, larger products. The default
-was measured on a 2-core AMD EPYC VM with torch 2.13 CPU (2.4-2.7M); :func:`comera.tt.measure_kernel_cost`
-measures it on the machine at hand and :func:`set_kernel_cost` applies it."""
-FOLD_BIAS_MIN_TOKENS = 2048
-"""Token count from which a one-group output side folds the bias into its GEMM (see
-:attr:`ContractionPlan.fold_bias`). The fold saves a pass over ``dy`` for the bias gradient, which pays
-on many tokens of a wide output; below, padding ``z`` and building ``[B ; b]`` cost more than the pass.
-Measured (rank-30 layers, 2-core AMD EPYC VM, interleaved): 768->768 at 1024 tokens 3.9 ms folded vs 3.3
-unfolded, equal at 4096; 768->3072 at 2048 and 4096 tokens 4-7% faster folded."""
-FLOP_SLACK = 0.5
-"""The lowest-cost plan is taken only when its FLOPs exceed the fewest possible by at most this fraction;
-otherwise the FLOP-minimal plan is (so traffic never buys a plan much above the FLOP optimum)."""
+@dataclass(frozen=True)
+class PlanSettings:
+    """The tunables of :func:`make_plan`: how plans are scored and when the bias is folded.
+
+    A value (frozen, hashable): pass one to :func:`make_plan`, or set ``TTLinear.plan_settings`` (or the
+    ``plan_settings`` argument of :class:`~comera.tt.TTLinear`) on the layers that should use it. Nothing
+    is global: two layers can plan with different settings in one process.
+
+    Args:
+        kernel_cost: FLOP-equivalents charged per kernel launch: the fixed time per kernel of a TT call
+            (dispatch, autograd bookkeeping, launch) times the machine's matmul rate. At few tokens it makes
+            plans prefer fewer, larger products. The default was measured on a 2-core CPU;
+            :func:`comera.tt.measure_kernel_cost` measures it on the machine at hand.
+        traffic_weight: FLOPs charged per element of token-sized operands read or written (the
+            FLOP-per-float balance of current CPUs and GPUs).
+        flop_slack: the lowest-cost plan is taken only when its FLOPs exceed the fewest possible by at most
+            this fraction; otherwise the FLOP-minimal plan is.
+        fold_bias_min_tokens: token count from which a one-group output side folds the bias into its GEMM
+            as an extra row (saves the pass over ``dy`` for the bias gradient; pays on many tokens).
+
+    Example::
+
+        >>> fast_launch = dataclasses.replace(PlanSettings(), kernel_cost=measure_kernel_cost("cuda"))
+        >>> layer = TTLinear(768, 768, rank=30, plan_settings=fast_launch)
+    """
+
+    kernel_cost: int = 2_500_000
+    traffic_weight: int = 32
+    flop_slack: float = 0.5
+    fold_bias_min_tokens: int = 2048
+
+    def __post_init__(self):
+        for name in ("kernel_cost", "traffic_weight", "fold_bias_min_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"PlanSettings: {name} must be an int >= 0, got {value!r}")
+        if isinstance(self.flop_slack, bool) or not isinstance(self.flop_slack, (int, float)) or self.flop_slack < 0:
+            raise ValueError(f"PlanSettings: flop_slack must be a number >= 0, got {self.flop_slack!r}")
+
+
+DEFAULT_SETTINGS = PlanSettings()
+"""The settings plans use unless told otherwise (read-only: a frozen value)."""
+KERNEL_COST = DEFAULT_SETTINGS.kernel_cost
+"""The default :attr:`PlanSettings.kernel_cost` (a constant; change a layer's settings, not this)."""
 
 
 @dataclass(frozen=True)
 class ContractionPlan:
     """How one TT linear layer contracts its forward and backward passes for a given token count.
 
-    Plans are values: build them with :func:`make_plan` (cached); ``print(plan)`` lists the steps.
+    Plans are values (frozen): build them with :func:`make_plan`; ``print(plan)`` lists the steps with
+    their FLOPs. :class:`comera.tt.TTLinearFunction` executes them.
+
+    Example::
+
+        >>> plan = make_plan((12, 8, 8), (8, 8, 12), (1, 12, 30, 30, 30, 12, 1), tokens=128)
+        >>> plan.left_groups, plan.right_groups, plan.fold_bias
+        ((3,), (3,), False)
+        >>> plan.flops, plan.kernels
     """
 
     in_shape: tuple[int, ...]
@@ -112,6 +134,8 @@ class ContractionPlan:
     right_groups: tuple[int, ...]
     """Sizes of the consecutive groups of output cores, absorbed into z in this order."""
     steps: tuple[Step, ...]
+    settings: PlanSettings = field(default=DEFAULT_SETTINGS, compare=False)
+    """The settings the plan was chosen (and its :attr:`cost` is scored) with."""
 
     @property
     def left(self) -> str:
@@ -148,15 +172,16 @@ class ContractionPlan:
 
     @property
     def cost(self) -> int:
-        """What the plan minimizes: ``flops + TRAFFIC_WEIGHT * traffic + KERNEL_COST * kernels``."""
-        return _cost((self.steps,))
+        """What the plan minimizes: ``flops + traffic_weight * traffic + kernel_cost * kernels``."""
+        return _cost((self.steps,), self.settings)
 
     @property
     def fold_bias(self) -> bool:
         """True when the bias rides in the output GEMM as an extra row (``y = [z | 1] @ [B ; b]``), which
         also gives its gradient; otherwise a one-group output side fuses it into the GEMM and
-        backward sums ``dy`` for it (see :data:`FOLD_BIAS_MIN_TOKENS`)."""
-        return not (self.dense or self.zero) and _folds_bias(self.bias, self.right_groups, self.tokens)
+        backward sums ``dy`` for it (see :attr:`PlanSettings.fold_bias_min_tokens`)."""
+        return not (self.dense or self.zero) and _folds_bias(self.bias, self.right_groups, self.tokens,
+                                                              self.settings)
 
     @property
     def zero(self) -> bool:
@@ -176,8 +201,8 @@ class ContractionPlan:
         return "\n".join(lines)
 
 
-def _folds_bias(bias: bool, right_groups: tuple[int, ...], tokens: int) -> bool:
-    return bias and len(right_groups) == 1 and tokens >= FOLD_BIAS_MIN_TOKENS
+def _folds_bias(bias: bool, right_groups: tuple[int, ...], tokens: int, settings: PlanSettings) -> bool:
+    return bias and len(right_groups) == 1 and tokens >= settings.fold_bias_min_tokens
 
 
 def _label(groups: tuple[int, ...], dense: bool) -> str:
@@ -196,7 +221,8 @@ def _fmt(name: str, *dims: int) -> str:
     return f"{name}[{','.join(str(d) for d in dims)}]"
 
 
-def _bounds(groups: tuple[int, ...], offset: int = 0) -> list[tuple[int, int]]:
+def bounds(groups: tuple[int, ...], offset: int = 0) -> list[tuple[int, int]]:
+    """``(start, stop)`` core indices of each consecutive group of ``groups`` sizes, from ``offset``."""
     out, a = [], offset
     for size in groups:
         out.append((a, a + size))
@@ -310,21 +336,11 @@ def _flops(steps) -> int:
     return sum(s.flops for part in steps for s in part)
 
 
-def _cost(steps) -> int:
-    return sum(s.flops + TRAFFIC_WEIGHT * s.traffic + KERNEL_COST * s.kernels for part in steps for s in part)
+def _cost(steps, settings: PlanSettings) -> int:
+    return sum(s.flops + settings.traffic_weight * s.traffic + settings.kernel_cost * s.kernels
+               for part in steps for s in part)
 
 
-def set_kernel_cost(flops: int) -> None:
-    """Set :data:`KERNEL_COST` (FLOP-equivalents per kernel) for plans made from now on (clears the plan
-    cache; layers pick up new plans on their next call)."""
-    global KERNEL_COST
-    if not isinstance(flops, int) or isinstance(flops, bool) or flops < 0:
-        raise ValueError(f"set_kernel_cost: flops must be an int >= 0, got {flops!r}")
-    KERNEL_COST = flops
-    make_plan.cache_clear()
-
-
-@functools.cache
 def _partitions(count: int) -> tuple[tuple[int, ...], ...]:
     """Every split of ``count`` consecutive cores into groups (2^(count-1) of them)."""
     if count == 0:
@@ -344,18 +360,49 @@ def _groups_of(choice, count: int, side: str) -> tuple[int, ...]:
                      f"group sizes summing to {count}, got {choice!r}")
 
 
-@functools.lru_cache(maxsize=4096)
-def make_plan(in_shape: tuple[int, ...], out_shape: tuple[int, ...], ranks: tuple[int, ...],
-              tokens: int, bias: bool = True, strategies: tuple | str | None = None) -> ContractionPlan:
-    """The plan of the lowest :attr:`ContractionPlan.cost` (forward + backward FLOPs plus weighted
-    token-sized traffic) among those within ``FLOP_SLACK`` of the fewest FLOPs, or the one forced by
-    ``strategies``.
+_PLANS: dict[tuple, ContractionPlan] = {}
+"""Memo of :func:`make_plan` (a pure function of its arguments, settings included): filled outside
+traced code only, so torch.compile never sees it; cleared when it reaches :data:`_PLANS_MAX` entries."""
+_PLANS_MAX = 4096
 
-    ``strategies`` (for tests and micro-benchmarks) is "dense" or a (left, right) pair, each "merge",
-    "sequential" or a tuple of group sizes. Steps are listed in execution order. Cached: the same
-    arguments return the same object.
+
+def make_plan(in_shape: tuple[int, ...], out_shape: tuple[int, ...], ranks: tuple[int, ...],
+              tokens: int, bias: bool = True, strategies: tuple | str | None = None,
+              settings: PlanSettings = DEFAULT_SETTINGS) -> ContractionPlan:
+    """The contraction plan of a TT linear layer for ``tokens`` rows.
+
+    The plan of the lowest :attr:`ContractionPlan.cost` among those within ``settings.flop_slack`` of the
+    fewest FLOPs, or the one forced by ``strategies``. Steps are listed in execution order.
+
+    Args:
+        in_shape: input modes ``(n_0, ..., n_{m-1})``.
+        out_shape: output modes ``(n_m, ..., n_{d-1})``.
+        ranks: bond sizes ``(1, r_1, ..., r_{d-1}, 1)``; a 0 gives a plan that contracts nothing.
+        tokens: rows of the 2-D input.
+        bias: whether the layer adds a bias.
+        strategies: for tests and micro-benchmarks: "dense" or a ``(left, right)`` pair, each "merge",
+            "sequential" or a tuple of group sizes. None (default): the cheapest.
+        settings: how plans are scored (:class:`PlanSettings`).
+
+    Returns:
+        ContractionPlan: memoized outside torch.compile (the same arguments return the same object);
+        under torch.compile it is rebuilt while tracing, a pure function of the arguments.
     """
-    in_shape, out_shape, ranks = tuple(in_shape), tuple(out_shape), tuple(ranks)
+    if not isinstance(settings, PlanSettings):
+        raise TypeError(f"make_plan: settings must be a PlanSettings, got {type(settings).__name__}")
+    key = (tuple(in_shape), tuple(out_shape), tuple(ranks), int(tokens), bool(bias), strategies, settings)
+    if torch.compiler.is_compiling():
+        return _build_plan(*key)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _build_plan(*key)
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
+def _build_plan(in_shape, out_shape, ranks, tokens, bias, strategies, settings) -> ContractionPlan:
     m, q = len(in_shape), len(out_shape)
     modes = in_shape + out_shape
     if m < 1 or q < 1:
@@ -372,288 +419,35 @@ def make_plan(in_shape: tuple[int, ...], out_shape: tuple[int, ...], ranks: tupl
                 if bias else [])
     if 0 in ranks:
         return ContractionPlan(in_shape, out_shape, ranks, tokens, bias, False, (), (),
-                               tuple(bias_fwd + bias_bwd))
+                               tuple(bias_fwd + bias_bwd), settings)
     gates_fwd, gates_bwd = _gate_steps(modes, ranks)
     dense_fwd, dense_bwd = _dense_steps(modes, ranks, tokens, m)
     left_group = functools.partial(_left_group, modes, ranks, tokens, m)
     right_group = functools.partial(_right_group, modes, ranks, tokens, m)
     dense = ContractionPlan(in_shape, out_shape, ranks, tokens, bias, True, (m,), (q,),
-                            tuple(gates_fwd + dense_fwd + bias_fwd + bias_bwd + dense_bwd + gates_bwd))
+                            tuple(gates_fwd + dense_fwd + bias_fwd + bias_bwd + dense_bwd + gates_bwd), settings)
     if strategies == "dense":
         return dense
 
     def sides(left: tuple[int, ...], right: tuple[int, ...]):
-        fold = _folds_bias(bias, right, tokens)  # the bias rides in the output GEMM: no passes over y, dy
-        left_fwd, left_bwd = _side_steps(left_group, _bounds(left))
-        right_fwd, right_bwd = _side_steps(functools.partial(right_group, fold_bias=fold), _bounds(right, m))
+        fold = _folds_bias(bias, right, tokens, settings)  # the bias rides in the output GEMM
+        left_fwd, left_bwd = _side_steps(left_group, bounds(left))
+        right_fwd, right_bwd = _side_steps(functools.partial(right_group, fold_bias=fold), bounds(right, m))
         return left_fwd, right_fwd + ([] if fold else bias_fwd + bias_bwd) + right_bwd, left_bwd
 
     def grouped(left: tuple[int, ...], right: tuple[int, ...]) -> ContractionPlan:
         steps = gates_fwd + [s for part in sides(left, right) for s in part] + gates_bwd
-        return ContractionPlan(in_shape, out_shape, ranks, tokens, bias, False, left, right, tuple(steps))
+        return ContractionPlan(in_shape, out_shape, ranks, tokens, bias, False, left, right, tuple(steps), settings)
 
     if strategies is not None:
         return grouped(_groups_of(strategies[0], m, "left"), _groups_of(strategies[1], q, "right"))
     # Every grouping of both sides (at most 2^(d-2) pairs), scored without building plans.
-    scored = [(_flops(parts), _cost(parts), left, right)
+    scored = [(_flops(parts), _cost(parts, settings), left, right)
               for left in _partitions(m) for right in _partitions(q) for parts in [sides(left, right)]]
     gate_flops = _flops((gates_fwd, gates_bwd))  # the same in every plan that contracts through the bond
     fewest = min(flops for flops, *_ in scored) + gate_flops
     if dense.flops < fewest:
         return dense
     _, _, left, right = min((cost, flops, left, right) for flops, cost, left, right in scored
-                            if flops + gate_flops <= (1 + FLOP_SLACK) * fewest)
+                            if flops + gate_flops <= (1 + settings.flop_slack) * fewest)
     return grouped(left, right)
-
-
-# --------------------------------------------------------------------------------------------------
-# Kernels. ``cores`` are the effective (gated) cores H_k of one side, shape (r_k, n_k, r_{k+1}).
-
-_INNER_PRODUCT = (getattr(torch.ops.mkldnn, "_linear_pointwise", None)
-                  if torch.backends.mkldnn.is_available() else None)
-"""oneDNN's inner product ``X @ W^T`` (the op PyTorch's compiler uses for CPU linear layers), or None."""
-INNER_PRODUCT_MIN_MACS = (1 << 22, 1 << 25)
-"""Multiply-adds from which a float32 CPU product goes to oneDNN instead of torch.mm (MKL): (products with
-a narrow output, at most 64 columns; all others).
-
-Measured here (AMD EPYC, AVX2, MKL 2024.2, oneDNN 3.12, one thread) on the products of a TT layer at
-rank 30: with a narrow output (``z = x A``, ``dz = dy B^T``) oneDNN is 1.3x faster at 256 tokens and
-1.7-2.4x at 4096 (``dy[4096,3072] @ B^T[3072,30]``: 16 ms vs 39 ms), but a whole layer at 128 tokens
-was slower with it; with a rank-sized inner dimension (``y = z B``) MKL is faster up to ~2000 tokens x
-768 columns, oneDNN 1.3-2x beyond. Below these sizes oneDNN's per-call setup costs more than it saves.
-Re-measured with two threads (docs/performance.md): the products alone favour oneDNN from ~1.5M
-multiply-adds, yet whole layers at 128-4096 tokens were as fast or faster with these thresholds."""
-
-if _INNER_PRODUCT is not None:
-    from torch.utils.flop_counter import flop_registry, register_flop_formula
-
-    if torch.ops.mkldnn._linear_pointwise not in flop_registry:
-        @register_flop_formula(torch.ops.mkldnn._linear_pointwise)
-        def _inner_product_flops(x_shape, w_shape, *args, **kwargs) -> int:
-            """FlopCounterMode counts ``X @ W^T`` like aten.mm: 2 FLOPs per multiply-add."""
-            return 2 * math.prod(x_shape) * w_shape[0]
-
-
-def _inner_product_fits(a: torch.Tensor, w: torch.Tensor, cols: int, bias: torch.Tensor | None) -> bool:
-    """Whether the product of ``a`` and ``w`` (either layout) with ``cols`` output columns (+ bias) goes to
-    oneDNN's inner product: a large float32 CPU product with a contiguous ``a`` that autograd does not
-    record (the inner product has no autograd formula), outside torch.compile (the compiler picks the
-    kernels; its lowering of the inner product needs a constant weight)."""
-    return (_INNER_PRODUCT is not None and not torch.compiler.is_compiling() and a.dtype == torch.float32
-            and w.dtype == torch.float32 and a.device.type == "cpu"
-            and a.shape[0] * a.shape[1] * cols >= INNER_PRODUCT_MIN_MACS[cols > 64]
-            and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
-            and a.is_contiguous() and not (torch.is_grad_enabled() and (a.requires_grad or w.requires_grad)))
-
-
-def _inner_product(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
-    """oneDNN's ``a @ w^T (+ bias)``, or None (for good) when this build cannot run it on this machine."""
-    global _INNER_PRODUCT
-    try:
-        return _INNER_PRODUCT(a, w, bias, "none", [], "")
-    except RuntimeError:  # e.g. "could not create a primitive descriptor" on an unsupported CPU
-        _INNER_PRODUCT = None
-        return None
-
-
-def _mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``a @ b (+ bias)`` of 2-D tensors: oneDNN's inner product (bias fused) for large float32 CPU
-    products (fastest when ``b`` is a transposed view of a contiguous matrix, see
-    :func:`_inner_product_fits`), else torch.mm / torch.addmm."""
-    if _inner_product_fits(a, b, b.shape[1], bias):
-        out = _inner_product(a, b.t(), bias)
-        if out is not None:
-            return out
-    return torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
-
-
-def _mm_t(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``a @ w^T`` (one op when the inner product takes it: it reads ``w`` as it is)."""
-    if _inner_product_fits(a, w, w.shape[0], None):
-        out = _inner_product(a, w, None)
-        if out is not None:
-            return out
-    return torch.mm(a, w.t())
-
-
-# A merged group is saved as one flat list ("chain"): its blocks, then its cores as the matrices the
-# merge multiplied (2-D views made once in the forward and reused by the backward).
-
-def _chain_parts(chain):
-    """(blocks, matrices) of a chain of k cores: k blocks, k - 1 matrices."""
-    k = (len(chain) + 1) // 2
-    return chain[:k], chain[k:]
-
-
-def _merge_left(cores):
-    """Merge cores left to right: blocks ``K|k`` (r_a n_a..n_k, r_{k+1}), the last one the group's block,
-    then cores a+1.. as (r_k, n_k r_{k+1}) matrices."""
-    block = cores[0].reshape(-1, cores[0].shape[-1])
-    blocks, mats = [block], []
-    for h in cores[1:]:
-        mat = h.reshape(h.shape[0], -1)
-        block = torch.mm(block, mat).view(-1, h.shape[-1])
-        blocks.append(block)
-        mats.append(mat)
-    return blocks + mats
-
-
-def _left_block(chain) -> torch.Tensor:
-    return _chain_parts(chain)[0][-1]
-
-
-def _merge_left_backward(dblock, cores, chain):
-    """Core gradients from the gradient of the group's block (r_a n_a.., r_b)."""
-    blocks, mats = _chain_parts(chain)
-    grads = [None] * len(cores)
-    for i in range(len(cores) - 1, 0, -1):
-        d = dblock.reshape(blocks[i - 1].shape[0], -1)
-        grads[i] = torch.mm(blocks[i - 1].t(), d).view(cores[i].shape)
-        dblock = torch.mm(d, mats[i - 1].t())
-    grads[0] = dblock.reshape(cores[0].shape)
-    return grads
-
-
-def _merge_right(cores):
-    """Merge cores right to left: blocks ``K|k`` (r_k, n_k..n_{b-1} r_b), the first one the group's block,
-    then cores a..b-2 as (r_k n_k, r_{k+1}) matrices."""
-    block = cores[-1].reshape(cores[-1].shape[0], -1)
-    blocks, mats = [block], []
-    for h in reversed(cores[:-1]):
-        mat = h.reshape(-1, h.shape[-1])
-        block = torch.mm(mat, block).view(h.shape[0], -1)
-        blocks.append(block)
-        mats.append(mat)
-    return blocks[::-1] + mats[::-1]
-
-
-def _merge_right_backward(dblock, cores, chain):
-    """Core gradients from the gradient of the group's block (r_a, n_a.. r_b)."""
-    blocks, mats = _chain_parts(chain)
-    grads = [None] * len(cores)
-    for i in range(len(cores) - 1):
-        d = dblock.reshape(mats[i].shape[0], -1)
-        grads[i] = torch.mm(d, blocks[i + 1].t()).view(cores[i].shape)
-        dblock = torch.mm(mats[i].t(), d)
-    grads[-1] = dblock.reshape(cores[-1].shape)
-    return grads
-
-
-def _rows(t: torch.Tensor, count: int) -> torch.Tensor:
-    """``t`` as a (count, -1) matrix (no op when it already is one)."""
-    return t if t.dim() == 2 and t.shape[0] == count else t.reshape(count, -1)
-
-
-def left_forward(x: torch.Tensor, cores, groups):
-    """z = x A for a contiguous x (T, in). Returns (z, inputs, chains); the last two feed the backward.
-    ``inputs`` holds the input of each group's absorption (``[x]`` for one group); before the bond a
-    group's input is (T, rows, rest), or (rows, rest) on one token."""
-    tokens = x.shape[0]
-    z, inputs, chains = x, [], []
-    for a, b in _bounds(groups):
-        chain = _merge_left(cores[a:b])
-        block = _left_block(chain)
-        if b == len(cores):
-            inputs.append(_rows(z, tokens))
-            z = _mm(inputs[-1], block)
-        elif tokens == 1:
-            inputs.append(_rows(z, block.shape[0]))
-            z = torch.mm(block.t(), inputs[-1])
-        else:
-            inputs.append(z.view(tokens, block.shape[0], -1))
-            z = torch.matmul(block.t(), inputs[-1])
-        chains.append(chain)
-    return z, inputs, chains
-
-
-def _input_block_grad(zin: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
-    """``dK = Z^T dz`` of the last input group, contiguous. On the CPU, for more than one token, it is
-    computed as ``(dz^T Z)^T`` and copied: MKL runs that layout faster (whole 768->768 layers, one thread:
-    1.03x at 128 tokens, 1.2x at 4096), and the copy of the small (in, r) result is one op; otherwise one
-    product."""
-    if zin.device.type == "cpu" and zin.shape[0] > 1:
-        return torch.t_copy(torch.mm(dz.t(), zin))
-    return torch.mm(zin.t(), dz)
-
-
-def left_backward(dz: torch.Tensor, cores, inputs, chains, groups, need_dx: bool):
-    """Gradients (dx or None, [dH_k]) of the input side."""
-    tokens = dz.shape[0]
-    grads = [None] * len(cores)
-    bounds = _bounds(groups)
-    for g in range(len(bounds) - 1, -1, -1):
-        a, b = bounds[g]
-        block, zin = _left_block(chains[g]), inputs[g]
-        wanted = g > 0 or need_dx
-        if b == len(cores):
-            dz = _rows(dz, tokens)
-            dblock = _input_block_grad(zin, dz)
-            dzin = _mm_t(dz, block) if wanted else None
-        elif tokens == 1:
-            dz = _rows(dz, block.shape[1])
-            dblock = torch.mm(zin, dz.t())
-            dzin = torch.mm(block, dz) if wanted else None
-        else:
-            dz = dz.view(tokens, block.shape[1], -1)
-            dblock = torch.einsum("tcs,tbs->cb", zin, dz)
-            dzin = torch.matmul(block, dz) if wanted else None
-        grads[a:b] = _merge_left_backward(dblock, cores[a:b], chains[g])
-        dz = dzin
-    return (_rows(dz, tokens) if need_dx else None), grads
-
-
-def right_forward(z: torch.Tensor, cores, groups, bias, fold_bias: bool = False):
-    """y = z B + b for z (T, r). Returns (y, inputs, chains); the last two feed the backward.
-    With ``fold_bias`` (one group and a bias) the bias is folded into the GEMM: y = [z | 1] @ [B ; b], and
-    ``inputs`` is ``[[z | 1]]``; with one group otherwise it is fused into the GEMM."""
-    tokens = z.shape[0]
-    y, inputs, chains = z, [], []
-    for a, b in _bounds(groups):
-        chain = _merge_right(cores[a:b])
-        block = chain[0]
-        chains.append(chain)
-        if len(groups) == 1 and bias is not None:
-            if fold_bias:
-                z1 = torch.nn.functional.pad(z, (0, 1), value=1.0)
-                inputs.append(z1)
-                # [B ; b] built transposed (out, r + 1): the layout the inner product reads fastest.
-                return _mm_t(z1, torch.cat([block.t(), bias.unsqueeze(1)], 1)), inputs, chains
-            inputs.append(z)
-            return _mm(z, block, bias), inputs, chains
-        inputs.append(_rows(y, y.numel() // block.shape[0]))
-        y = _mm(inputs[-1], block)
-    y = _rows(y, tokens)
-    return (y if bias is None else y.add_(bias)), inputs, chains
-
-
-def right_backward(dy: torch.Tensor, cores, inputs, chains, groups):
-    """Gradients (dz, [dH_k], db or None) of the output side; db when the bias was folded in."""
-    grads = [None] * len(cores)
-    dbias = None
-    bounds = _bounds(groups)
-    for g in range(len(bounds) - 1, -1, -1):
-        a, b = bounds[g]
-        block, yin = chains[g][0], inputs[g]
-        dy = _rows(dy, yin.shape[0])
-        dblock = torch.mm(yin.t(), dy)
-        if yin.shape[1] > block.shape[0]:  # folded bias: the last row is db
-            dblock, dbias = dblock[:-1], dblock[-1]
-        dy = _mm_t(dy, block)
-        grads[a:b] = _merge_right_backward(dblock, cores[a:b], chains[g])
-    return _rows(dy, inputs[0].shape[0]), grads, dbias
-
-
-def dense_forward(x: torch.Tensor, left_cores, right_cores, bias):
-    """y = x (A B) + b. Returns (y, weight, left chain, right chain)."""
-    left, right = _merge_left(left_cores), _merge_right(right_cores)
-    weight = torch.mm(_left_block(left), right[0])
-    y = torch.mm(x, weight) if bias is None else torch.addmm(bias, x, weight)
-    return y, weight, left, right
-
-
-def dense_backward(dy, x, weight, left_cores, right_cores, left, right, need_dx: bool):
-    """Gradients (dx or None, [dH_k] of both sides)."""
-    dweight = torch.mm(x.t(), dy)
-    dx = torch.mm(dy, weight.t()) if need_dx else None
-    da, db = torch.mm(dweight, right[0].t()), torch.mm(_left_block(left).t(), dweight)
-    return dx, _merge_left_backward(da, left_cores, left) + _merge_right_backward(db, right_cores, right)

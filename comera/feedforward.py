@@ -8,8 +8,9 @@ merged core blocks, and backward recomputes ``first(x)`` and the activation from
 ``(tokens x r) @ (r x hidden)`` GEMM and one activation more than the composition, no other extra work
 (the second layer's input projection is not redone). Results and gradients equal the composition's.
 
-The recomputation is the price of the memory; :data:`FUSE_MIN_ELEMENTS` (default 0: always fused) sets a
-size below which :func:`feed_forward` runs the plain composition instead, trading memory for time.
+The recomputation is the price of the memory; ``feed_forward(..., fuse_min_elements=n)`` (default 0:
+always fused) sets a size below which the plain composition runs instead, trading memory for time (what
+that trades, measured: docs/performance.md, "The fused feed-forward block").
 """
 from __future__ import annotations
 
@@ -18,32 +19,20 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from comera import contraction
+from comera import kernels
 from comera.contraction import ContractionPlan
 from comera.tt import (
     TTLinear,
-    _entries,
     core_and_gate_grads,
     forward_gates,
     gated_cores,
     outside_autocast,
+    parameter_entries,
 )
 
 
-FUSE_MIN_ELEMENTS = 0
-"""Hidden-activation elements (tokens x hidden features) from which :func:`feed_forward` takes the fused
-path; below, the plain composition saves its two hidden activations and skips the recomputed GEMM and
-activation. 0 (the default): always fused, for the memory. What the switch trades, measured (2-core AMD
-EPYC VM, torch 2.13 CPU; the two paths alternating in one process): the block's time, fused / plain,
-1.04x at 64 tokens and 1.04-1.09x at 2048 tokens of a 128->512->128 block (rank 16), 1.16x at 128 tokens
-and 1.18x at 1024 tokens of 768->3072->768 (rank 30; the GELU at 1024 x 3072 alone takes 2.6 ms); whole
-steps 4-7% faster with 2^22 on the small preset; but with 2^22 the paper-shape step at batch 1 (128 x
-3072 per block, plain) peaked at 110 instead of 98 MiB, so GaLore / CoMERA memory fell from 12.0 to
-10.7: CoMERA's batch-1 memory is the paper's claim, so the default keeps every block fused."""
-
-
 def _layer_params(layer: TTLinear) -> list[torch.Tensor]:
-    return _entries(layer.cores) + forward_gates(layer)
+    return parameter_entries(layer.cores) + forward_gates(layer)
 
 
 def _split(params, d: int):
@@ -61,11 +50,11 @@ class _TTFeedForwardFunction(torch.autograd.Function):
         cores2, gates2 = _split(params[2 * d1 - 1:], len(p2.ranks) - 1)
         eff1, eff2 = gated_cores(cores1, gates1), gated_cores(cores2, gates2)
         m1, m2 = len(p1.in_shape), len(p2.in_shape)
-        z1, left1_in, left1 = contraction.left_forward(x, eff1[:m1], p1.left_groups)
-        hidden = activation(contraction.right_forward(z1, eff1[m1:], p1.right_groups, bias1, p1.fold_bias)[0])
-        z2, _, left2 = contraction.left_forward(hidden, eff2[:m2], p2.left_groups)
+        z1, left1_in, left1 = kernels.left_forward(x, eff1[:m1], p1.left_groups)
+        hidden = activation(kernels.right_forward(z1, eff1[m1:], p1.right_groups, bias1, p1.fold_bias)[0])
+        z2, _, left2 = kernels.left_forward(hidden, eff2[:m2], p2.left_groups)
         del hidden
-        y, right2_in, right2 = contraction.right_forward(z2, eff2[m2:], p2.right_groups, bias2, p2.fold_bias)
+        y, right2_in, right2 = kernels.right_forward(z2, eff2[m2:], p2.right_groups, bias2, p2.fold_bias)
         groups = [cores1, gates1, eff1, cores2, gates2, eff2, left1_in, *left1, *left2, right2_in, *right2,
                   [z1], [b for b in (bias1,) if b is not None]]
         ctx.plans, ctx.activation = plans, activation
@@ -86,24 +75,24 @@ class _TTFeedForwardFunction(torch.autograd.Function):
         (z1,), bias1 = groups[-2], (groups[-1] or [None])[0]
         m1, m2 = len(p1.in_shape), len(p2.in_shape)
 
-        dz2, d_right2, dbias2 = contraction.right_backward(dy, eff2[m2:], right2_in, right2, p2.right_groups)
+        dz2, d_right2, dbias2 = kernels.right_backward(dy, eff2[m2:], right2_in, right2, p2.right_groups)
         if p2.bias and dbias2 is None:
             dbias2 = dy.sum(0)
         # Recompute the hidden activation from the rank-r product z1 (the only full-width work redone).
-        y1, right1_in, right1 = contraction.right_forward(z1, eff1[m1:], p1.right_groups, bias1, p1.fold_bias)
+        y1, right1_in, right1 = kernels.right_forward(z1, eff1[m1:], p1.right_groups, bias1, p1.fold_bias)
         with torch.enable_grad():
             y1 = y1.detach().requires_grad_(True)
             hidden = ctx.activation(y1)
-        left2_in = [hidden.detach()] if n2 == 1 else contraction.left_forward(hidden.detach(), eff2[:m2],
+        left2_in = [hidden.detach()] if n2 == 1 else kernels.left_forward(hidden.detach(), eff2[:m2],
                                                                               p2.left_groups)[1]
-        dhidden, d_left2 = contraction.left_backward(dz2, eff2[:m2], left2_in, left2, p2.left_groups, True)
+        dhidden, d_left2 = kernels.left_backward(dz2, eff2[:m2], left2_in, left2, p2.left_groups, True)
         del left2_in
         (dy1,) = torch.autograd.grad(hidden, y1, dhidden)
         del hidden, y1, dhidden
-        dz1, d_right1, dbias1 = contraction.right_backward(dy1, eff1[m1:], right1_in, right1, p1.right_groups)
+        dz1, d_right1, dbias1 = kernels.right_backward(dy1, eff1[m1:], right1_in, right1, p1.right_groups)
         if p1.bias and dbias1 is None:
             dbias1 = dy1.sum(0)
-        dx, d_left1 = contraction.left_backward(dz1, eff1[:m1], left1_in, left1, p1.left_groups,
+        dx, d_left1 = kernels.left_backward(dz1, eff1[:m1], left1_in, left1, p1.left_groups,
                                                 ctx.needs_input_grad[2])
         d_cores1, d_gates1 = core_and_gate_grads(d_left1 + d_right1, cores1, gates1)
         d_cores2, d_gates2 = core_and_gate_grads(d_left2 + d_right2, cores2, gates2)
@@ -116,13 +105,28 @@ def _fusable(p1: ContractionPlan, p2: ContractionPlan) -> bool:
 
 
 def feed_forward(first: nn.Module, activation: Callable[[torch.Tensor], torch.Tensor], second: nn.Module,
-                 x: torch.Tensor) -> torch.Tensor:
+                 x: torch.Tensor, *, fuse_min_elements: int = 0) -> torch.Tensor:
     """``second(activation(first(x)))``, saving only rank-r products when both layers are TTLinear.
 
-    ``activation`` must be a deterministic elementwise function (it is re-run in backward; no dropout).
     Any other layer pair (nn.Linear, adapters), inference (grad disabled), fewer than
-    :data:`FUSE_MIN_ELEMENTS` hidden elements, a layer at rank 0 or a plan that forms the dense weight
-    falls back to the plain composition, with the same result.
+    ``fuse_min_elements`` hidden elements, a layer at rank 0 or a plan that forms the dense weight falls
+    back to the plain composition, with the same result.
+
+    Args:
+        first: the layer into the hidden features.
+        activation: a deterministic elementwise function (it is re-run in backward; no dropout).
+        second: the layer out of the hidden features.
+        x: the input.
+        fuse_min_elements: hidden-activation elements (tokens x hidden features) from which the fused path
+            is taken; below, the plain composition saves its two hidden activations and skips the
+            recomputed GEMM and activation. 0 (default): always fused, for the memory.
+
+    Shape:
+        - x: ``(*, first.in_features)``; output: ``(*, second.out_features)``.
+
+    Example::
+
+        >>> y = feed_forward(block.ffn_in, F.gelu, block.ffn_out, x)
     """
     if not (isinstance(first, TTLinear) and isinstance(second, TTLinear)) or not torch.is_grad_enabled():
         return second(activation(first(x)))
@@ -135,7 +139,7 @@ def feed_forward(first: nn.Module, activation: Callable[[torch.Tensor], torch.Te
     lead = x.shape[:-1]
     x2 = x.reshape(-1, first.in_features)
     p1, p2 = first.plan(x2.shape[0]), second.plan(x2.shape[0])
-    if x2.shape[0] * first.out_features < FUSE_MIN_ELEMENTS or not _fusable(p1, p2):
+    if x2.shape[0] * first.out_features < fuse_min_elements or not _fusable(p1, p2):
         return second(activation(first(x)))
     y = outside_autocast(
         lambda x, b1, b2, *params: _TTFeedForwardFunction.apply((p1, p2), activation, x.contiguous(), b1, b2,

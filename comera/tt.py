@@ -1,4 +1,9 @@
-"""TTLinear: a linear layer whose weight is a tensor train with diagonal rank gates."""
+"""TTLinear: a linear layer whose weight is a tensor train with diagonal rank gates.
+
+:class:`TTLinear` is the module; :func:`tt_linear` the functional form over a
+:class:`~comera.contraction.ContractionPlan`; :class:`TTLinearFunction` the autograd Function both use (one
+Function per call: forward and a hand-written backward that follow the plan, see :mod:`comera.kernels`).
+"""
 from __future__ import annotations
 
 import math
@@ -9,8 +14,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from comera import contraction
-from comera.contraction import ContractionPlan, make_plan
+from comera import kernels
+from comera.contraction import DEFAULT_SETTINGS, ContractionPlan, PlanSettings, make_plan
 from comera.init import INIT_SCHEMES, core_stds
 from comera.reload import ResizeOnLoad
 from comera.shapes import factorize
@@ -47,17 +52,31 @@ def _shape(features: int, shape: Sequence[int] | None, name: str, default_modes:
     return shape
 
 
-def _entries(params: nn.ParameterList) -> list[torch.Tensor]:
-    """The parameters of a ParameterList in order (iterating the list itself goes through
-    ``Module.__getattr__`` per entry: ~20 us for six cores, a per-call cost at small token counts)."""
+def parameter_entries(params: nn.ParameterList) -> list[torch.Tensor]:
+    """The parameters of ``params`` in order, as a plain list.
+
+    Same as ``list(params)`` without going through ``Module.__getattr__`` once per entry, a per-call cost
+    that shows at small token counts (docs/performance.md). For layers' ``cores`` and ``gates``.
+
+    Example::
+
+        >>> cores = parameter_entries(layer.cores)
+    """
     return list(params._parameters.values())
 
 
+_entries = parameter_entries
+"""Deprecated private alias of :func:`parameter_entries`, kept while callers outside this module move."""
+
+
 def forward_gates(module: nn.Module) -> list[torch.Tensor]:
-    """The gates the forward multiplies by: as stored, or, when ``module.gate_threshold`` is set (rank
-    adaptation's ``mask_gates="every_step"``), with every entry ``<= gate_threshold`` zeroed (negative
-    ones included), as the official code's ``get_rank_mask``; a zeroed entry gets no gradient."""
-    gates = _entries(module.gates)
+    """The gates the forward of a TT module (:class:`TTLinear`, TTMEmbedding) multiplies by.
+
+    As stored, or, when ``module.gate_threshold`` is set (rank adaptation's ``mask_gates="every_step"``),
+    with every entry ``<= gate_threshold`` zeroed (negative ones included), as the official code's
+    ``get_rank_mask``; a zeroed entry gets no gradient.
+    """
+    gates = parameter_entries(module.gates)
     threshold = module.gate_threshold
     if threshold is None:
         return gates
@@ -76,7 +95,8 @@ def outside_autocast(fn: Callable[..., torch.Tensor], device_type: str,
 
 
 def gated_cores(cores: Sequence[torch.Tensor], gates: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Effective cores ``H_k = G_k * g_k`` (gate on the last axis; the last core has no gate)."""
+    """Effective cores ``H_k = G_k * g_k`` (gate on the last axis; the last core has no gate), in one
+    multi-tensor product."""
     return [*torch._foreach_mul(list(cores[:-1]), list(gates)), cores[-1]]
 
 
@@ -88,8 +108,20 @@ def core_and_gate_grads(d_eff: Sequence[torch.Tensor], cores: Sequence[torch.Ten
     return [*torch._foreach_mul(d_eff_gated, list(gates)), d_eff[-1]], d_gates
 
 
-class _TTLinearFunction(torch.autograd.Function):
-    """y = x W + b with W = H_0 ... H_{d-1}, H_k = cores[k] * gates[k], following a ContractionPlan."""
+class TTLinearFunction(torch.autograd.Function):
+    """``y = x W + b`` with ``W = H_0 ... H_{d-1}``, ``H_k = cores[k] * gates[k]``, following a plan.
+
+    ``TTLinearFunction.apply(plan, x, bias, *cores, *gates)``; backward returns the gradients of ``x``,
+    ``bias``, every core and every gate. Saves ``x``, rank-sized intermediates and the merged core blocks,
+    never a full-width tensor. :func:`tt_linear` is the functional form.
+
+    Shape:
+        - x: ``(tokens, in_features)``, contiguous, ``tokens == plan.tokens``.
+        - bias: ``(out_features,)`` or None (``plan.bias`` says which).
+        - cores[k]: ``(r_k, n_k, r_{k+1})`` with ``plan.ranks``; gates[k]: ``(r_{k+1},)``, one per core but
+          the last.
+        - output: ``(tokens, out_features)``.
+    """
 
     @staticmethod
     def forward(ctx, plan: ContractionPlan, x, bias, *params):
@@ -105,11 +137,11 @@ class _TTLinearFunction(torch.autograd.Function):
         eff = gated_cores(cores, gates)
         m = len(plan.in_shape)
         if plan.dense:
-            y, weight, left, right = contraction.dense_forward(x, eff[:m], eff[m:], bias)
+            y, weight, left, right = kernels.dense_forward(x, eff[:m], eff[m:], bias)
             groups = [cores, gates, eff, [x, weight], left, right]
         else:
-            z, left_in, left = contraction.left_forward(x, eff[:m], plan.left_groups)
-            y, right_in, right = contraction.right_forward(z, eff[m:], plan.right_groups, bias, plan.fold_bias)
+            z, left_in, left = kernels.left_forward(x, eff[:m], plan.left_groups)
+            y, right_in, right = kernels.right_forward(z, eff[m:], plan.right_groups, bias, plan.fold_bias)
             groups = [cores, gates, eff, left_in, *left, right_in, *right]
         ctx.group_sizes = [len(g) for g in groups]
         ctx.save_for_backward(*(t for g in groups for t in g))
@@ -131,16 +163,16 @@ class _TTLinearFunction(torch.autograd.Function):
         m = len(plan.in_shape)
         if plan.dense:
             (x, weight), left, right = groups[3:]
-            dx, d_eff = contraction.dense_backward(dy, x, weight, eff[:m], eff[m:], left, right, need[1])
+            dx, d_eff = kernels.dense_backward(dy, x, weight, eff[:m], eff[m:], left, right, need[1])
         else:
             nl = len(plan.left_groups)
             left_in, left = groups[3], groups[4:4 + nl]
             right_in, right = groups[4 + nl], groups[5 + nl:]
-            dz, d_right, folded_dbias = contraction.right_backward(dy, eff[m:], right_in, right,
+            dz, d_right, folded_dbias = kernels.right_backward(dy, eff[m:], right_in, right,
                                                                    plan.right_groups)
             if folded_dbias is not None:
                 dbias = folded_dbias if need[2] else None
-            dx, d_left = contraction.left_backward(dz, eff[:m], left_in, left, plan.left_groups, need[1])
+            dx, d_left = kernels.left_backward(dz, eff[:m], left_in, left, plan.left_groups, need[1])
             d_eff = d_left + d_right
         d_cores, d_gates = core_and_gate_grads(d_eff, cores, gates)
         return (None, dx, dbias, *d_cores, *d_gates)
@@ -148,15 +180,51 @@ class _TTLinearFunction(torch.autograd.Function):
 
 def tt_linear(x: torch.Tensor, cores: Sequence[torch.Tensor], gates: Sequence[torch.Tensor],
               bias: torch.Tensor | None, plan: ContractionPlan) -> torch.Tensor:
-    """Functional TT linear map of a 2-D contiguous ``x`` (tokens, in_features) following ``plan``."""
-    return _TTLinearFunction.apply(plan, x, bias, *cores, *gates)
+    """Functional TT linear map ``x W + b`` following ``plan``.
+
+    Args:
+        x: the input, 2-D and contiguous.
+        cores: the TT cores, ``len(plan.ranks) - 1`` of them.
+        gates: the rank gates, one per core but the last (as the forward should see them, see
+            :func:`forward_gates`).
+        bias: the bias or None, as ``plan.bias`` says.
+        plan: from :func:`comera.contraction.make_plan` for ``x.shape[0]`` tokens and the cores' ranks.
+
+    Shape:
+        - x: ``(tokens, in_features)``; output: ``(tokens, out_features)``.
+
+    Example::
+
+        >>> plan = layer.plan(x.shape[0])
+        >>> y = tt_linear(x, list(layer.cores), list(layer.gates), layer.bias, plan)
+    """
+    return TTLinearFunction.apply(plan, x, bias, *cores, *gates)
+
+
+_TTLinearFunction = TTLinearFunction
+"""Deprecated private alias of :class:`TTLinearFunction`, kept while callers outside this module move."""
 
 
 def measure_kernel_cost(device: str | torch.device = "cpu", *, min_run_time_s: float = 0.3) -> int:
-    """:data:`comera.contraction.KERNEL_COST` measured on ``device``: a one-token forward+backward of a
-    768->768 rank-30 TTLinear (its FLOPs are negligible, so its time is fixed cost) divided by its plan's
-    kernels, times the FLOP rate of a 512x512x512 float32 matmul. Apply it with
-    :func:`comera.contraction.set_kernel_cost`."""
+    """:attr:`~comera.contraction.PlanSettings.kernel_cost` measured on ``device``.
+
+    A one-token forward+backward of a 768->768 rank-30 TTLinear (its FLOPs are negligible, so its time is
+    fixed cost) divided by its plan's kernels, times the FLOP rate of a 512x512x512 float32 matmul.
+
+    Args:
+        device: where to measure.
+        min_run_time_s: time spent per measurement (two of them).
+
+    Returns:
+        int: FLOP-equivalents per kernel.
+
+    Example::
+
+        >>> settings = dataclasses.replace(PlanSettings(), kernel_cost=measure_kernel_cost("cuda"))
+        >>> for module in model.modules():
+        ...     if isinstance(module, TTLinear):
+        ...         module.plan_settings = settings
+    """
     from torch.utils.benchmark import Timer
 
     device = torch.device(device)
@@ -177,22 +245,52 @@ def measure_kernel_cost(device: str | torch.device = "cpu", *, min_run_time_s: f
 
 
 class TTLinear(ResizeOnLoad, nn.Module):
-    """Linear layer ``y = x W + b`` with ``W`` (in_features x out_features) stored as a tensor train.
+    r"""Linear layer ``y = x W + b`` whose weight ``W`` (in_features x out_features) is a tensor train.
 
-    ``in_shape`` / ``out_shape`` factorize the input / output features (automatic, three modes each,
-    when omitted). Core ``k`` has shape (r_k, n_k, r_{k+1}); the first ``len(in_shape)`` cores index the
-    input modes. ``gates[k]`` (shape (r_{k+1},), initialised to ones) is the diagonal rank gate on the
-    bond between ``cores[k]`` and ``cores[k+1]``. A bond of size 0 makes the weight zero.
-    ``init`` ("default" or "official", see :mod:`comera.init`) sets how the cores and the bias are drawn.
-    ``gate_threshold`` (None: raw gates) masks the gates in the forward, see :func:`forward_gates`.
+    ``W = H_0 H_1 ... H_{d-1}`` contracted over the bonds, ``H_k = cores[k] * gates[k]``: core ``k`` has
+    shape ``(r_k, n_k, r_{k+1})``, the first ``len(in_shape)`` cores index the input modes, and
+    ``gates[k]`` (shape ``(r_{k+1},)``, initialised to ones) is the diagonal rank gate on the bond between
+    ``cores[k]`` and ``cores[k+1]``. A bond of size 0 makes the weight zero. Each call contracts with the
+    plan :meth:`plan` picks for its token count (:mod:`comera.contraction`).
+
+    Args:
+        in_features: size of each input sample.
+        out_features: size of each output sample.
+        in_shape: modes whose product is ``in_features`` (default: three, automatic).
+        out_shape: modes whose product is ``out_features`` (default: three, automatic).
+        rank: one int for every bond (clipped to the largest rank each bond can have) or the list
+            ``[1, r_1, ..., r_{d-1}, 1]``.
+        bias: whether to learn an additive bias.
+        init: "default" (Var(W_ij) = 1 / (3 in_features), nn.Linear's) or "official" (the CoMERA code's),
+            see :mod:`comera.init`.
+        plan_settings: how contraction plans are scored (:class:`~comera.contraction.PlanSettings`;
+            default: the library's). Also an attribute, which may be reassigned.
+        device, dtype: factory arguments of the parameters.
+
+    Attributes:
+        gate_threshold: None (raw gates) or a threshold below which the forward zeroes gate entries, see
+            :func:`forward_gates`.
+        reconstruction_error: set by :meth:`from_linear`.
+
+    Shape:
+        - Input: ``(*, in_features)``.
+        - Output: ``(*, out_features)``.
+
+    Example::
+
+        >>> layer = TTLinear(768, 3072, in_shape=(12, 8, 8), out_shape=(12, 16, 16), rank=30)
+        >>> layer(torch.randn(32, 128, 768)).shape
+        torch.Size([32, 128, 3072])
     """
 
     gate_threshold: float | None = None
+    plan_settings: PlanSettings = DEFAULT_SETTINGS  # also the value of layers pickled before the attribute
 
     def __init__(self, in_features: int, out_features: int, *, in_shape: Sequence[int] | None = None,
                  out_shape: Sequence[int] | None = None, rank: int | Sequence[int], bias: bool = True,
-                 init: str = "default", device=None, dtype=None):
+                 init: str = "default", plan_settings: PlanSettings | None = None, device=None, dtype=None):
         super().__init__()
+        self.plan_settings = DEFAULT_SETTINGS if plan_settings is None else plan_settings
         if init not in INIT_SCHEMES:
             raise ValueError(f"TTLinear: init={init!r}, expected one of {INIT_SCHEMES}")
         self.init = init
@@ -213,7 +311,7 @@ class TTLinear(ResizeOnLoad, nn.Module):
     @property
     def ranks(self) -> list[int]:
         """Current bond sizes [1, r_1, ..., r_{d-1}, 1] (read from the cores, so pruning shows)."""
-        return [1] + [c.shape[2] for c in _entries(self.cores)][:-1] + [1]
+        return [1] + [c.shape[2] for c in parameter_entries(self.cores)][:-1] + [1]
 
     def reset_parameters(self) -> None:
         """Cores normal with Var(W_ij) = 1 / (3 in_features) (nn.Linear's default uniform init), one std
@@ -253,8 +351,10 @@ class TTLinear(ResizeOnLoad, nn.Module):
         return layer
 
     def plan(self, tokens: int) -> ContractionPlan:
-        """The cached contraction plan for ``tokens`` rows at the current ranks."""
-        return make_plan(self.in_shape, self.out_shape, tuple(self.ranks), int(tokens), self.bias is not None)
+        """The contraction plan for ``tokens`` rows at the current ranks and :attr:`plan_settings` (memoized
+        by :func:`~comera.contraction.make_plan`; pruning a rank changes the plan on the next call)."""
+        return make_plan(self.in_shape, self.out_shape, tuple(self.ranks), int(tokens), self.bias is not None,
+                         None, self.plan_settings)
 
     def flops(self, tokens: int) -> int:
         """Forward plus backward FLOPs of the plan for ``tokens`` rows."""
@@ -272,6 +372,8 @@ class TTLinear(ResizeOnLoad, nn.Module):
         return w.reshape(self.in_features, self.out_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x W + b`` over the last axis of ``x``, contracted with :meth:`plan` of its token count (one
+        :class:`TTLinearFunction` call; under autocast in the autocast dtype)."""
         if x.shape[-1] != self.in_features:
             raise ValueError(f"TTLinear: expected input with last dimension {self.in_features}, "
                              f"got shape {tuple(x.shape)}")
@@ -279,7 +381,7 @@ class TTLinear(ResizeOnLoad, nn.Module):
         plan = self.plan(x2.shape[0])
         d = len(self.cores)
         y = outside_autocast(lambda x, b, *p: tt_linear(x.contiguous(), p[:d], p[d:], b, plan),
-                             x.device.type, x2, self.bias, *_entries(self.cores), *forward_gates(self))
+                             x.device.type, x2, self.bias, *parameter_entries(self.cores), *forward_gates(self))
         return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

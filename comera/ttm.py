@@ -14,7 +14,7 @@ Lookup modes (Fig. 5 of the paper):
 * ``naive``: for every requested index the chain of core slices ``G_k[:, i_k, :, :]`` is contracted.
 * tensor-index level: the first and the second half of the cores are contracted once per call into two
   half tables; each row is then one ``(N_left x r) @ (r x N_right)`` product of two half-table rows.
-  ``HalfTableRows`` computes these products in chunks of about ``CHUNK_BYTES`` of gathered rows and saves
+  ``HalfTableRows`` computes these products in chunks of about ``chunk_bytes`` of gathered rows and saves
   only the two half tables and the row indices; backward gathers each chunk's rows again. No per-row
   ``N_left x r`` / ``r x N_right`` gathers or their gradients outlive a chunk.
 * row level: only the unique indices are computed; rows are scattered back with the inverse map
@@ -33,23 +33,51 @@ from torch import nn
 
 from comera.init import core_stds
 from comera.reload import ResizeOnLoad
-from comera.tt import forward_gates, outside_autocast
+from comera.tt import forward_gates, outside_autocast, parameter_entries
 from comera.ttsvd import relative_error, tt_svd
 
 LOOKUP_MODES = ("naive", "optimized")
 CHUNK_BYTES = 4 * 2 ** 20
-"""Bytes of gathered half-table rows per ``HalfTableRows`` chunk (forward and backward alike)."""
+"""Default ``chunk_bytes`` of :class:`TTMEmbedding`: bytes of gathered half-table rows per
+``HalfTableRows`` chunk (forward and backward alike). A constant; pass ``chunk_bytes`` to change it."""
 
 
 class TTMEmbedding(ResizeOnLoad, nn.Module):
-    """Embedding table in TT-matrix format with rank gates (drop-in for ``nn.Embedding`` forward).
+    """Embedding table in TT-matrix format with rank gates (drop-in for ``nn.Embedding``'s forward).
 
-    ``rank`` is an int (every internal bond, clipped to the maximal TT rank) or ``[1, r_1, ..., 1]``;
-    ``lookup`` sets both lookup levels, ``tensor_index_level`` / ``unique_rows`` override one each;
-    ``init_std`` is the std of the full table's entries at initialization (``nn.Embedding``: 1);
-    ``init`` ("default" or "official", see :mod:`comera.init`) how it is split among the cores.
+    Args:
+        num_embeddings: rows of the table.
+        embedding_dim: size of each embedding vector.
+        row_shape: modes whose product is at least ``num_embeddings`` (default: automatic, three modes).
+        col_shape: modes whose product is ``embedding_dim``, as many as ``row_shape`` (default: automatic).
+        rank: one int for every internal bond (clipped to the maximal TT rank) or ``[1, r_1, ..., 1]``.
+        padding_idx: a row that is always zero and gets no gradient, as in ``nn.Embedding``.
+        lookup: "optimized" (both lookup levels, see the module doc) or "naive" (neither).
+        tensor_index_level: overrides the tensor-index level of ``lookup``.
+        unique_rows: overrides the row level of ``lookup``.
+        init_std: std of the full table's entries at initialization (``nn.Embedding``: 1).
+        init: "default" or "official": how ``init_std`` is split among the cores (:mod:`comera.init`).
+        chunk_bytes: bytes of gathered half-table rows per chunk of the tensor-index lookup (default
+            :data:`CHUNK_BYTES`); smaller chunks bound the lookup's working memory, larger ones launch fewer
+            products.
+        device, dtype: factory arguments of the parameters.
+
+    Attributes:
+        gate_threshold: None (raw gates) or a threshold below which the forward zeroes gate entries, see
+            :func:`comera.tt.forward_gates`.
+        reconstruction_error: set by :meth:`from_embedding`.
+
     Indices are range-checked on CPU only (a check on CUDA would sync with the host).
-    ``gate_threshold`` (None: raw gates) masks the gates in the forward, see :func:`comera.tt.forward_gates`.
+
+    Shape:
+        - Input: integer tensor ``(*)`` (int32 or int64).
+        - Output: ``(*, embedding_dim)``.
+
+    Example::
+
+        >>> table = TTMEmbedding(30000, 768, row_shape=(30, 40, 25), col_shape=(12, 8, 8), rank=30)
+        >>> table(torch.tensor([[1, 2, 3]])).shape
+        torch.Size([1, 3, 768])
     """
 
     gate_threshold: float | None = None
@@ -58,8 +86,12 @@ class TTMEmbedding(ResizeOnLoad, nn.Module):
                  col_shape: Sequence[int] | None = None, rank: int | Sequence[int],
                  padding_idx: int | None = None, lookup: str = "optimized",
                  tensor_index_level: bool | None = None, unique_rows: bool | None = None,
-                 init_std: float = 1.0, init: str = "default", device=None, dtype=None):
+                 init_std: float = 1.0, init: str = "default", chunk_bytes: int = CHUNK_BYTES, device=None,
+                 dtype=None):
         super().__init__()
+        if chunk_bytes <= 0:
+            raise ValueError(f"TTMEmbedding: chunk_bytes={chunk_bytes} must be positive")
+        self.chunk_bytes = int(chunk_bytes)
         if num_embeddings <= 0 or embedding_dim <= 0:
             raise ValueError(f"TTMEmbedding: num_embeddings={num_embeddings} and embedding_dim={embedding_dim} "
                              "must be positive")
@@ -132,7 +164,7 @@ class TTMEmbedding(ResizeOnLoad, nn.Module):
 
     def gated_cores(self) -> list[torch.Tensor]:
         """Cores with each gate folded into the last axis of the core before its bond."""
-        cores, gates = list(self.cores), forward_gates(self)
+        cores, gates = parameter_entries(self.cores), forward_gates(self)
         return [core * gates[k] if k < len(gates) else core for k, core in enumerate(cores)]
 
     def dense_weight(self) -> torch.Tensor:
@@ -196,7 +228,7 @@ class TTMEmbedding(ResizeOnLoad, nn.Module):
         right = _merge(cores[half:])  # (r, M_R, N_R, 1)
         right_table = right[..., 0].permute(1, 0, 2).contiguous()  # (M_R, r, N_R); gathers copy whole rows
         right_index = rows % right_rows
-        out = outside_autocast(lambda lt, rt: _half_table_rows(lt, rt, left_index, right_index),
+        out = outside_autocast(lambda lt, rt: _half_table_rows(lt, rt, left_index, right_index, self.chunk_bytes),
                                rows.device.type, left[0], right_table)  # both tables in one dtype
         return out.reshape(rows.shape[0], self.embedding_dim)
 
@@ -240,10 +272,10 @@ def _capturing(t: torch.Tensor) -> bool:
 
 
 def _half_table_rows(left: torch.Tensor, right: torch.Tensor, left_index: torch.Tensor,
-                     right_index: torch.Tensor) -> torch.Tensor:
-    """``HalfTableRows`` with chunks whose gathered left and right rows fill ``CHUNK_BYTES``."""
+                     right_index: torch.Tensor, chunk_bytes: int) -> torch.Tensor:
+    """``HalfTableRows`` with chunks whose gathered left and right rows fill ``chunk_bytes``."""
     row_bytes = (left[0].numel() + right[0].numel()) * left.element_size()
-    return HalfTableRows.apply(left, right, left_index, right_index, max(1, CHUNK_BYTES // max(1, row_bytes)))
+    return HalfTableRows.apply(left, right, left_index, right_index, max(1, chunk_bytes // max(1, row_bytes)))
 
 
 def _spans(total: int, chunk: int):

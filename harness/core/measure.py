@@ -11,6 +11,9 @@
   it, else from a sampling thread (1 ms); free heap pages are handed back to the kernel
   (``malloc_trim``) before the baseline is read and before the mark is reset on resuming. Both can be
   paused around evaluation.
+* :func:`call_peak` measures the allocator peak of one call (micro-benchmarks, the bench's tensor peak).
+* :data:`MEMORY_KINDS` is the one vocabulary of ``peak_mem_kind``: every memory number of the project
+  (cells, micro-benchmarks, the performance bench) is one of these kinds.
 * :func:`count_tokens` and :func:`flops_per_step` give analytic training FLOPs (forward + backward) of the
   layers that dominate: a module with a ``flops(tokens)`` method (TT / TTM plans) counts itself, an
   ``nn.Linear`` counts 6 * tokens * in * out; nothing else is counted (attention score products,
@@ -31,6 +34,7 @@ import torch
 from torch import nn
 
 from harness.core import allocator
+from harness.core.timing import quartiles
 
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 _STATUS = Path("/proc/self/status")
@@ -46,9 +50,7 @@ def median_iqr(values: list[float]) -> tuple[float, float]:
     """Median and inter-quartile range (NaN, NaN for no values; IQR 0 for a single value)."""
     if not values:
         return float("nan"), float("nan")
-    if len(values) == 1:
-        return float(values[0]), 0.0
-    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    q1, q2, q3 = quartiles(values)
     return float(q2), float(q3 - q1)
 
 
@@ -164,6 +166,22 @@ def epoch_time(full_epochs_s: list[float], *, mean_step_ms: float, steps_per_epo
 
 
 # ------------------------------------------------------------------------------------------- memory
+
+CUDA_ALLOCATED = "cuda_allocated"
+CPU_RSS_DELTA = "cpu_rss_delta"
+CPU_ALLOCATED = "cpu_allocated"
+MEMORY_KINDS: dict[str, str] = {
+    CUDA_ALLOCATED: "peak of torch.cuda.max_memory_allocated, reset at the start of the region (a training "
+                    "region: an absolute number that includes the model; one call: minus what was allocated "
+                    "before it)",
+    CPU_RSS_DELTA: "growth of the process's resident-set high-water mark during the training region over the "
+                   "RSS at its start (VmHWM where the kernel lets it be reset, else sampled every 1 ms)",
+    CPU_ALLOCATED: "peak of the running sum of the CPU allocator's allocations and frees during one call "
+                   "(torch.profiler, profile_memory=True)",
+}
+"""Every ``peak_mem_kind`` (docs/measurement.md, "Memory"): :class:`MemoryMonitor` gives the first two for
+a training region, :func:`call_peak` the first and the last for one call."""
+
 
 @dataclass
 class MemoryReading:
@@ -322,10 +340,10 @@ class MemoryMonitor:
             with self.paused():
                 pass
         if self.device.type == "cuda":
-            return MemoryReading(int(self._peak), "cuda_allocated", int(self._reserved),
+            return MemoryReading(int(self._peak), CUDA_ALLOCATED, int(self._reserved),
                                  {"allocated_at_start": int(self._baseline)})
         method = "+".join(m for m, on in (("vmhwm", self._use_hwm), ("sampled", self._use_sampler)) if on)
-        return MemoryReading(int(max(self._peak, 0)), "cpu_rss_delta", None,
+        return MemoryReading(int(max(self._peak, 0)), CPU_RSS_DELTA, None,
                              {"rss_at_start": int(self._baseline), "cpu_method": method,
                               "samples": self._samples})
 
@@ -335,6 +353,34 @@ class MemoryMonitor:
 
     def __exit__(self, *exc: object) -> None:
         self._suspend()
+
+
+def call_peak(run: Callable[[], Any], device: torch.device,
+              reset: Callable[[], None] | None = None) -> tuple[int, str]:
+    """Peak bytes allocated by one call of ``run`` above what was allocated before it (after ``reset``,
+    which drops what an earlier call left, e.g. gradients), and its kind: ``cuda_allocated`` on CUDA,
+    ``cpu_allocated`` on CPU (:data:`MEMORY_KINDS`)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if reset is not None:
+        reset()
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        run()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before, CUDA_ALLOCATED
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
+    current = peak = 0
+    for _, nbytes in events:
+        current += nbytes
+        peak = max(peak, current)
+    return peak, CPU_ALLOCATED
 
 
 # -------------------------------------------------------------------------------------------- FLOPs

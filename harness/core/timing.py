@@ -1,5 +1,6 @@
-"""Whether a timing can be trusted: the machine's state while a cell was timed, the per-row stability
-verdict, and ratios between cells taken round by round.
+"""Whether a timing can be trusted, measured while a cell runs: the machine's state while it was timed,
+its per-row stability verdict, and its step times per timing round. Reading the rows back (which rows
+are stable, ratios between cells) is harness.results.analysis's.
 
 Machine state (:class:`MachineState`), accumulated over the segments in which the cell's own training
 steps ran (one segment per timing round; evaluations inside a segment count, waits between rounds do not):
@@ -17,17 +18,25 @@ steps ran (one segment per timing round; evaluations inside a segment count, wai
 
 Stability (:func:`judge`): a row is ``stable`` unless one of the documented thresholds below is crossed;
 then ``noisy: <reasons>``. Verdicts and "same comparison here" ratios use stable rows only.
+
+Rounds: :func:`round_bounds` splits the timed steps into rounds; each row stores every round's mean step
+time (:func:`round_means`, the statistic ratios use: it counts periodic work) and median step time
+(:func:`round_medians`, for diagnosis). :func:`quartiles` is the one quartile definition (step-time IQR
+here, the IQR of per-round ratios in the analysis).
 """
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
+STABLE = "stable"
+"""The verdict of a row whose timing crosses no threshold."""
 MIN_TIMED_STEPS = 5
 """Fewer timed steps than this: too few for a median."""
 MAX_IQR_OVER_MEDIAN = 0.25
@@ -174,8 +183,9 @@ def cpu_time_ratio(cpu_ms: Sequence[float], wall_ms: Sequence[float], num_thread
 
 # ------------------------------------------------------------------------------------------ verdicts
 
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def finite(value: Any) -> bool:
+    """Whether ``value`` is a finite real number (Python's or numpy's; not a bool, None, NaN or pd.NA)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def judge(*, step_time_ms: float | None, step_time_ms_iqr: float | None, steps_timed: int | None,
@@ -188,44 +198,72 @@ def judge(*, step_time_ms: float | None, step_time_ms_iqr: float | None, steps_t
         reasons.append("not timed in its group's interleaved rounds (no round coordinator reached)")
     if not steps_timed or steps_timed < MIN_TIMED_STEPS:
         reasons.append(f"{steps_timed or 0} timed steps (< {MIN_TIMED_STEPS})")
-    if _finite(step_time_ms) and step_time_ms > 0:
-        if _finite(step_time_ms_iqr) and step_time_ms_iqr / step_time_ms > MAX_IQR_OVER_MEDIAN:
+    if finite(step_time_ms) and step_time_ms > 0:
+        if finite(step_time_ms_iqr) and step_time_ms_iqr / step_time_ms > MAX_IQR_OVER_MEDIAN:
             reasons.append(f"IQR {step_time_ms_iqr / step_time_ms:.0%} of the median "
                            f"(> {MAX_IQR_OVER_MEDIAN:.0%})")
-        if _finite(step_time_ms_mean) and step_time_ms_mean / step_time_ms > MAX_MEAN_OVER_MEDIAN:
+        if finite(step_time_ms_mean) and step_time_ms_mean / step_time_ms > MAX_MEAN_OVER_MEDIAN:
             reasons.append(f"mean {step_time_ms_mean / step_time_ms:.2f}x the median "
                            f"(> {MAX_MEAN_OVER_MEDIAN:g}x)")
-    if _finite(run_queue_frac) and run_queue_frac > MAX_RUN_QUEUE_FRAC:
+    if finite(run_queue_frac) and run_queue_frac > MAX_RUN_QUEUE_FRAC:
         reasons.append(f"its threads waited for a CPU {run_queue_frac:.0%} of their runnable time "
                        f"(> {MAX_RUN_QUEUE_FRAC:.0%})")
-    if _finite(cpu_pressure) and cpu_pressure > MAX_CPU_PRESSURE:
+    if finite(cpu_pressure) and cpu_pressure > MAX_CPU_PRESSURE:
         reasons.append(f"CPU pressure {cpu_pressure:.0%} (> {MAX_CPU_PRESSURE:.0%})")
-    return "noisy: " + "; ".join(reasons) if reasons else "stable"
-
-
-def is_stable(row: Any) -> bool:
-    """A row (mapping or pandas row) is stable; rows written before the verdict existed are not."""
-    value = row.get("timing_quality") if hasattr(row, "get") else None
-    return value == "stable"
-
-
-def noisy_reason(row: Any) -> str:
-    value = row.get("timing_quality") if hasattr(row, "get") else None
-    if not isinstance(value, str) or not value:
-        return "no timing verdict (written before timing_quality existed)"
-    return value.removeprefix("noisy: ")
+    return "noisy: " + "; ".join(reasons) if reasons else STABLE
 
 
 # ------------------------------------------------------------------------------------------- rounds
 
-def round_medians(step_ms: Sequence[float], step_round: Sequence[int]) -> list[float | None]:
-    """Median step time of each round (None for a round without a timed step)."""
+def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
+    """First quartile, median and third quartile (inclusive method; one value is all three).
+
+    Args:
+        values: at least one number.
+
+    Returns:
+        (q1, median, q3).
+    """
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def _by_round(step_ms: Sequence[float], step_round: Sequence[int], summary: Any) -> list[float | None]:
     if not step_round:
         return []
     by_round: dict[int, list[float]] = {}
     for ms, r in zip(step_ms, step_round):
         by_round.setdefault(r, []).append(ms)
-    return [statistics.median(by_round[r]) if r in by_round else None for r in range(max(step_round) + 1)]
+    return [summary(by_round[r]) if r in by_round else None for r in range(max(step_round) + 1)]
+
+
+def round_medians(step_ms: Sequence[float], step_round: Sequence[int]) -> list[float | None]:
+    """Median step time of each round (None for a round without a timed step).
+
+    Args:
+        step_ms: the counted steps' times.
+        step_round: the round of each of those steps.
+
+    Returns:
+        One value per round, rounds 0 to the last.
+    """
+    return _by_round(step_ms, step_round, statistics.median)
+
+
+def round_means(step_ms: Sequence[float], step_round: Sequence[int]) -> list[float | None]:
+    """Mean step time of each round: the round's total time over its counted steps, so that periodic
+    work (every k-th step) is counted (None for a round without a timed step).
+
+    Args:
+        step_ms: the counted steps' times.
+        step_round: the round of each of those steps.
+
+    Returns:
+        One value per round, rounds 0 to the last.
+    """
+    return _by_round(step_ms, step_round, statistics.fmean)
 
 
 def round_bounds(first_timed: int, total_steps: int, rounds: int, steps_per_round: int = 1) -> list[int]:
@@ -234,67 +272,3 @@ def round_bounds(first_timed: int, total_steps: int, rounds: int, steps_per_roun
     timed = max(total_steps - first_timed, 0)
     rounds = max(1, min(rounds, timed // steps_per_round)) if timed else 1
     return [first_timed + (r * timed) // rounds for r in range(rounds)]
-
-
-@dataclass(frozen=True)
-class Ratio:
-    """A ratio of two cells' times with its spread: the median over rounds of the per-round ratios
-    (``interleaved``), else the ratio of the two medians (``n`` = 1, no spread)."""
-
-    value: float
-    low: float
-    high: float
-    n: int
-    interleaved: bool
-
-    @property
-    def spread(self) -> float:
-        """(high - low) / value: the relative width of the per-round ratios' IQR."""
-        return (self.high - self.low) / self.value if self.value else math.inf
-
-    def text(self, digits: int = 2) -> str:
-        if self.interleaved and self.n > 1:
-            return f"{self.value:.{digits}f}x (IQR {self.low:.{digits}f}-{self.high:.{digits}f}, {self.n} rounds)"
-        return f"{self.value:.{digits}f}x (not interleaved)"
-
-
-def _json_list(value: Any) -> list[float | None]:
-    import json
-
-    if isinstance(value, str) and value:
-        try:
-            data = json.loads(value)
-        except ValueError:
-            return []
-        return data if isinstance(data, list) else []
-    return list(value) if isinstance(value, (list, tuple)) else []
-
-
-def _quartiles(values: list[float]) -> tuple[float, float, float]:
-    if len(values) == 1:
-        return values[0], values[0], values[0]
-    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return q1, q2, q3
-
-
-def ratio(num: Any, den: Any, column: str = "step_time_ms") -> Ratio | None:
-    """``num``/``den`` for two runs rows. When both were timed in the same interleaved group, the
-    median over rounds of the per-round ratio of their round medians (``round_step_ms``), with its IQR;
-    else the ratio of their ``column`` values (None when either is missing). For ``epoch_time_s`` the
-    per-round step-time ratio is used too (an epoch is steps x step time for both cells)."""
-    group_a, group_b = num.get("timing_group"), den.get("timing_group")
-    if column in ("step_time_ms", "epoch_time_s") and group_a and group_a == group_b:
-        a, b = _json_list(num.get("round_step_ms")), _json_list(den.get("round_step_ms"))
-        per_round = [x / y for x, y in zip(a, b) if _finite(x) and _finite(y) and y > 0]
-        if per_round and len(a) == len(b):
-            low, mid, high = _quartiles(per_round)
-            return Ratio(mid, low, high, len(per_round), True)
-    x, y = num.get(column), den.get(column)
-    if not (_finite(x) and _finite(y)) or y == 0:
-        return None
-    return Ratio(x / y, x / y, x / y, 1, False)
-
-
-def describe_left_out(rows: Iterable[Any]) -> list[str]:
-    """``run_id: reason`` for each row that is not stable (for notes under tables and claims)."""
-    return [f"{row.get('run_id')}: {noisy_reason(row)}" for row in rows if not is_stable(row)]

@@ -29,17 +29,12 @@ Each row carries the physical context of its ratio: the FLOP ratio and the compu
 the two ops, and the roofline bound (the row's bound for targets 1 and 3)
 ``max(F_a/P, B_a/W) / max(F_b/P, B_b/W)`` with the peak matmul rate ``P`` and copy bandwidth ``W``
 measured in the same run (harness.perf.microbench.TrafficCounter defines B).
-Memory kinds: ``cpu_allocated`` / ``cuda_allocated`` for single ops (see harness.perf.microbench), and for a
-training step ``cpu_rss_delta`` (process RSS high-water mark during the steps minus the RSS before the
-model was built) or ``cuda_allocated`` (peak allocated minus allocated before the build). On CPU the
-free heap is handed back to the kernel (``harness.core.allocator.release_free_memory``, glibc malloc_trim)
-before the baseline is read and again after the method is prepared, just before the high-water mark is
-reset: the dense model that CoMERA converts is freed by then, but glibc would otherwise keep its pages
-resident and the mark would start above what the training steps use. Before the baseline, each worker
-runs one step of its method on the tiny transformer (dropped again), so that once-per-process costs --
-lazy imports (GaLore pulls in transformers and bitsandbytes, ~60 MiB), thread pools, library buffers --
-sit in the baseline as a training script's imports would; the peak counts the model, its data and its
-training.
+Memory kinds: the one vocabulary of ``harness.core.measure.MEMORY_KINDS`` -- ``cpu_allocated`` /
+``cuda_allocated`` for single ops (``measure.call_peak``), and for a training step the cell's
+(``cpu_rss_delta`` / ``cuda_allocated``, ``measure.MemoryMonitor``): each configuration of targets 2 and 4
+runs as an ordinary cell (``harness.running.run.run_cell``, spec ``harness.perf.worker.cell_spec``) with
+the pipeline's warm-up, step, timer and memory monitor, and its result carries the runs columns
+(``step_time_ms``, ``peak_mem_bytes``, ``peak_mem_kind``, ``round_step_ms``, ...).
 
 Allocator: every measuring process (this one and each step worker) applies the ``--allocator`` policy
 of :mod:`harness.core.allocator` (default "reuse": freed memory is kept for reuse instead of being unmapped

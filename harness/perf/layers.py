@@ -9,6 +9,7 @@ from typing import Callable
 
 import torch
 
+from harness.core import measure
 from harness.perf import microbench as mb
 from harness.perf.config import Config
 from harness.perf.report import BenchRow, make_row, ratio
@@ -38,7 +39,7 @@ def target_linear(cfg: Config, roof: Roofline) -> list[BenchRow]:
                  "tt": mb.module_call(tt, x, "fwd_bwd", wrt_input=True),
                  "tt_1": mb.module_call(tt, one, "fwd_bwd", wrt_input=True),
                  "floor_1": mb.module_call(AutogradOnly(tt), one, "fwd_bwd", wrt_input=True),
-                 "direct_1": (contraction_only(tt, one), mb._nothing),
+                 "direct_1": (contraction_only(tt, one), mb.no_reset),
                  "official": mb.module_call(official, x, "fwd_bwd", wrt_input=True)}
         per_round = paired_rounds({k: run for k, (run, _) in calls.items()}, rounds=cfg.rounds,
                                   num_threads=cfg.num_threads, min_run_time_s=cfg.min_run_time_s)
@@ -314,7 +315,7 @@ def target_embedding(cfg: Config, roof: Roofline) -> list[BenchRow]:
     key = "quick" if cfg.quick else "full"
     table, goals = EMBEDDING_TABLE[key], cfg.goals["lookup"]
     variants = ("ttm_naive", "ttm_optimized", "dense_grad")
-    modules = {v: mb._embedding_module(v, table, cfg.device) for v in variants}
+    modules = {v: mb.embedding_module(v, table, cfg.device) for v in variants}
     shape = f"{table['num_embeddings']}x{table['embedding_dim']} rank {table['rank']}"
     rows = []
     for count in EMBEDDING_INDICES[key]:
@@ -324,7 +325,7 @@ def target_embedding(cfg: Config, roof: Roofline) -> list[BenchRow]:
                                num_threads=cfg.num_threads, min_run_time_s=cfg.min_run_time_s)
         peaks = {}
         for v, (run, reset) in calls.items():
-            peaks[v], kind = mb.peak_memory(run, cfg.device, reset)
+            peaks[v], kind = measure.call_peak(run, cfg.device, reset)
         cost = {v: mb.count_cost(run) for v, (run, _) in calls.items()}
         output_bytes = count * table["embedding_dim"] * modules["dense_grad"].weight.element_size()
         footprint = {v: peaks[v] + mb.param_bytes(modules[v]) for v in variants}

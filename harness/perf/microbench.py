@@ -12,13 +12,12 @@ direction:
 Time: ``torch.utils.benchmark.Timer.blocked_autorange`` (its block-size estimation is the warm-up; it
 synchronizes the accelerator), median and IQR over blocks, in ms per call.
 Memory (``peak_mem_bytes``): bytes allocated by the op above what was allocated before the call (inputs,
-parameters and the output gradient are not counted):
-
-* CUDA: ``torch.cuda.max_memory_allocated`` after a reset, minus ``memory_allocated`` before
-  (kind ``cuda_allocated``);
-* CPU: the peak of the running sum of the CPU allocator's allocation and free events recorded by
-  ``torch.profiler`` (``profile_memory=True``) during one call (kind ``cpu_allocated``).
-The kind is stored in the file metadata (``peak_mem_kind``) since it follows from the device.
+parameters and the output gradient are not counted), ``harness.core.measure.call_peak``: kind
+``cuda_allocated`` on CUDA, ``cpu_allocated`` on CPU (the one vocabulary, ``measure.MEMORY_KINDS``). The
+kind is stored in the file metadata (``peak_mem_kind``) since it follows from the device.
+The row model is the cells' where it applies: median and IQR from ``measure.median_iqr`` (``time_ms``,
+``time_ms_iqr``: one call, not a training step, hence not ``step_time_ms``), ``peak_mem_bytes`` with its
+kind, the provenance columns of a ``runs`` row.
 Allocator: the spec's ``allocator`` ("reuse", default, or "system"; ``--allocator`` overrides it) is
 applied to the process while measuring (see harness.core.allocator) and recorded in the file metadata.
 FLOPs: the matmul-class FLOPs actually executed, counted by ``torch.utils.flop_counter.FlopCounterMode``
@@ -38,14 +37,13 @@ import numpy as np
 import torch
 import yaml
 from torch import nn
-from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.benchmark import Timer
 from torch.utils.flop_counter import FlopCounterMode
 
 from harness.core import allocator
-from harness.core.measure import resolve_device
+from harness.core.measure import CPU_ALLOCATED, CUDA_ALLOCATED, call_peak, median_iqr, resolve_device
 from harness.configs import yamlnum
 
 DIRECTIONS = ("fwd", "fwd_bwd")
@@ -208,7 +206,7 @@ def module_call(module: nn.Module, inputs: torch.Tensor, direction: str,
         def fwd():
             with torch.no_grad():
                 return module(inputs)
-        return fwd, _nothing
+        return fwd, no_reset
     x = inputs.detach().requires_grad_(True) if wrt_input else inputs
     wrt = ([x] if wrt_input else []) + [p for p in module.parameters() if p.requires_grad]
     with torch.no_grad():
@@ -224,7 +222,8 @@ def module_call(module: nn.Module, inputs: torch.Tensor, direction: str,
     return fwd_bwd, reset
 
 
-def _nothing() -> None:
+def no_reset() -> None:
+    """The reset of a call that leaves nothing behind (a ``fwd`` call, or one that resets itself)."""
     return None
 
 
@@ -262,7 +261,9 @@ def zipf_indices(count: int, num_embeddings: int, exponent: float, seed: int) ->
     return torch.from_numpy(rng.permutation(num_embeddings)[ranks]).long()
 
 
-def _embedding_module(variant: str, table: dict[str, Any], device: torch.device) -> nn.Module:
+def embedding_module(variant: str, table: dict[str, Any], device: torch.device) -> nn.Module:
+    """The lookup module of an embedding ``variant`` (EMBEDDING_VARIANTS) for ``table`` (the spec's
+    num_embeddings, embedding_dim, row_shape, col_shape, rank) on ``device`` ("meta" builds no storage)."""
     if variant in ("dense_grad", "sparse_grad"):
         return nn.Embedding(table["num_embeddings"], table["embedding_dim"], sparse=variant == "sparse_grad",
                             device=device)
@@ -282,7 +283,7 @@ def embedding_cases(cfg: dict[str, Any], device: torch.device, seed: int) -> Ite
         num, dim = int(table["num_embeddings"]), int(table["embedding_dim"])
         indices = {n: zipf_indices(n, num, cfg["zipf_exponent"], seed + n).to(device) for n in cfg.get("indices", [])}
         for variant in cfg["variants"]:
-            module = _embedding_module(variant, table, device)
+            module = embedding_module(variant, table, device)
             ttm = variant.startswith("ttm_")
             shape = f"{num}x{dim}"
             if ttm:
@@ -297,33 +298,12 @@ def embedding_cases(cfg: dict[str, Any], device: torch.device, seed: int) -> Ite
 # ------------------------------------------------------------------------------------------ measuring
 
 def time_call(run: Callable[[], Any], *, num_threads: int, min_run_time_s: float) -> tuple[float, float, int]:
-    """Median and IQR (ms) of ``run`` over blocked_autorange blocks, and the number of blocks."""
+    """Median and IQR (ms per call) of ``run`` over blocked_autorange blocks (the cells' quartiles,
+    ``harness.core.measure.median_iqr``), and the number of blocks."""
     timer = Timer(stmt="run()", globals={"run": run}, num_threads=num_threads)
     m = timer.blocked_autorange(min_run_time=min_run_time_s)
-    return m.median * 1e3, m.iqr * 1e3, len(m.times)
-
-
-def peak_memory(run: Callable[[], Any], device: torch.device,
-                reset: Callable[[], None] = _nothing) -> tuple[int, str]:
-    """Peak bytes allocated by one call above what was allocated before it (after ``reset``), and the
-    kind of number."""
-    reset()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        before = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        run()
-        torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - before, "cuda_allocated"
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        run()
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                    if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
-    current = peak = 0
-    for _, nbytes in events:
-        current += nbytes
-        peak = max(peak, current)
-    return peak, "cpu_allocated"
+    median, iqr = median_iqr([t * 1e3 for t in m.times])
+    return median, iqr, len(m.times)
 
 
 _GATHERS = {torch.ops.aten.index_select.default, torch.ops.aten.embedding.default,
@@ -388,6 +368,9 @@ def count_ops(run: Callable[[], Any]) -> int:
 
 def count_cost(run: Callable[[], Any]) -> tuple[float, float]:
     """(matmul-class FLOPs, compulsory traffic bytes) of one call."""
+    from comera import register_flop_formulas
+
+    register_flop_formulas()  # oneDNN's inner product (large float32 CPU products of TT layers) counts too
     counter = FlopCounterMode(display=False)
     traffic = TrafficCounter()
     with counter, traffic:
@@ -399,7 +382,7 @@ def measure(case: Case, device: torch.device, *, num_threads: int, min_run_time_
             memory: bool = True) -> Result:
     """Time, peak memory and op cost of one case."""
     median, iqr, blocks = time_call(case.run, num_threads=num_threads, min_run_time_s=min_run_time_s)
-    mem, kind = peak_memory(case.run, device, case.reset) if memory else (None, None)
+    mem, kind = call_peak(case.run, device, case.reset) if memory else (None, None)
     flops, traffic = count_cost(case.run)
     return Result(case, median, iqr, blocks, mem, kind, flops, traffic)
 
@@ -476,7 +459,7 @@ def cli(argv: list[str]) -> int:
         return 2
     device = resolve_device(spec["device"], "microbench device")
     meta = {**(provenance(device, args.config_hash) if not rows else {k: rows[0][k] for k in PROVENANCE_COLUMNS}),
-            "peak_mem_kind": "cuda_allocated" if device.type == "cuda" else "cpu_allocated", "spec": spec,
+            "peak_mem_kind": CUDA_ALLOCATED if device.type == "cuda" else CPU_ALLOCATED, "spec": spec,
             "allocator": applied}
     try:
         write_parquet_atomic(to_frame(rows, "microbench"), args.out, kind="microbench",

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from harness.core import interleave
+from harness.core import interleave, measure
 from harness.perf.config import Config
 from harness.perf.report import BenchRow, make_row, ratio
 from harness.perf.roofline import Roofline, median_of_rounds
@@ -25,12 +25,12 @@ STEP_CONFIGS = {  # name -> workload size (full, quick), method, batch size (ful
     "small_comera_b1": (("small", "tiny"), "comera", (1, 1), 20),
 }
 STEP_ROWS = [  # goal key under "step", numerator and denominator configuration, measured key, better
-    ("paper.speedup_vs_dense_b32", "dense_b32", "comera_b32", "step_ms", ">="),
-    ("paper.memory_vs_dense_b32", "comera_b32", "dense_b32", "peak_bytes", "<="),
-    ("paper.speedup_vs_galore_b1", "galore_b1", "comera_b1", "step_ms", ">="),
-    ("paper.memory_saving_vs_galore_b1", "galore_b1", "comera_b1", "peak_bytes", ">="),
-    ("small.speedup_vs_dense_b32", "small_dense_b32", "small_comera_b32", "step_ms", ">="),
-    ("small.speedup_vs_dense_b1", "small_dense_b1", "small_comera_b1", "step_ms", ">="),
+    ("paper.speedup_vs_dense_b32", "dense_b32", "comera_b32", "step_time_ms", ">="),
+    ("paper.memory_vs_dense_b32", "comera_b32", "dense_b32", "peak_mem_bytes", "<="),
+    ("paper.speedup_vs_galore_b1", "galore_b1", "comera_b1", "step_time_ms", ">="),
+    ("paper.memory_saving_vs_galore_b1", "galore_b1", "comera_b1", "peak_mem_bytes", ">="),
+    ("small.speedup_vs_dense_b32", "small_dense_b32", "small_comera_b32", "step_time_ms", ">="),
+    ("small.speedup_vs_dense_b1", "small_dense_b1", "small_comera_b1", "step_time_ms", ">="),
 ]
 METHOD_NAMES = {"dense": "uncompressed", "galore": "GaLore", "comera": "CoMERA"}
 OTHER_NAMES = {"dense": "the uncompressed model", "galore": "GaLore"}
@@ -57,14 +57,14 @@ def amdahl_bound(share: float, layer_speedup: float) -> float:
 
 
 def before_halving(result: dict[str, Any], key: str) -> float | None:
-    """What target 4 compares with ``{key}_halved`` (``key``: "step_ms" or "tt_layers_ms"): the full-rank
-    copy's median from the rounds alternating with the halved model (``{key}_before_halving``), else the
+    """What target 4 compares with ``{key}_halved`` (``key``: "step_time_ms" or "tt_layers_ms"): the full-rank
+    model's median from the rounds alternating with its halved copy (``{key}_before_halving``), else the
     value measured before halving (``{key}``)."""
     return result.get(f"{key}_before_halving") or result.get(key)
 
 
 def halving_speedup(result: dict[str, Any], key: str) -> tuple[float | None, str]:
-    """Before / after halving for ``key`` ("step_ms" or "tt_layers_ms"): the median of the per-round ratios
+    """Before / after halving for ``key`` ("step_time_ms" or "tt_layers_ms"): the median of the per-round ratios
     of the alternated rounds (with ``"; per round ..."``), else the ratio of the two values."""
     pairs = result.get(f"{key}_halving_rounds")
     if pairs:
@@ -74,7 +74,7 @@ def halving_speedup(result: dict[str, Any], key: str) -> tuple[float | None, str
 
 def amdahl_estimate(result: dict[str, Any]) -> float | None:
     """Target 4's Amdahl estimate from a step worker's result (None when it was not measured)."""
-    step, layers = before_halving(result, "step_ms"), before_halving(result, "tt_layers_ms")
+    step, layers = before_halving(result, "step_time_ms"), before_halving(result, "tt_layers_ms")
     speedup, _ = halving_speedup(result, "tt_layers_ms")
     if not (step and layers and speedup):
         return None
@@ -86,7 +86,7 @@ def amdahl_note(result: dict[str, Any]) -> str:
     estimate = amdahl_estimate(result)
     if estimate is None:
         return ""
-    step, layers = before_halving(result, "step_ms"), before_halving(result, "tt_layers_ms")
+    step, layers = before_halving(result, "step_time_ms"), before_halving(result, "tt_layers_ms")
     share = min(1.0, layers / step)
     speedup, _ = halving_speedup(result, "tt_layers_ms")
     return (f"Amdahl: TT/TTM layers fwd+bwd take f={share:.2f} of the step before halving "
@@ -112,7 +112,7 @@ def halving_note(flop_ratio: float | None, traffic_ratio: float | None) -> str:
 def free_layers_cap(comera: dict[str, Any], other: dict[str, Any]) -> float | None:
     """``other``'s step time / the rest of the CoMERA step: the ratio if CoMERA's tensorized layers took no
     time (None when not measured)."""
-    step, layers, other_step = comera.get("step_ms"), comera.get("tt_layers_ms"), other.get("step_ms")
+    step, layers, other_step = comera.get("step_time_ms"), comera.get("tt_layers_ms"), other.get("step_time_ms")
     if not (step and layers and other_step):
         return None
     return other_step / max(step - layers, 1e-9)
@@ -121,7 +121,7 @@ def free_layers_cap(comera: dict[str, Any], other: dict[str, Any]) -> float | No
 def share_note(comera: dict[str, Any], other_name: str) -> str:
     """Where a CoMERA step's time goes, from a step worker's result: the tensorized layers (each re-run
     alone) and the rest ("" when not measured)."""
-    step, layers = comera.get("step_ms"), comera.get("tt_layers_ms")
+    step, layers = comera.get("step_time_ms"), comera.get("tt_layers_ms")
     if not (step and layers):
         return ""
     return (f"profile: tensorized layers fwd+bwd {layers:.1f} of the {step:.1f} ms CoMERA step "
@@ -147,7 +147,8 @@ def run_step_rounds(jobs: dict[str, dict[str, Any]], rounds: int, timeout_s: flo
     coordinator of the pipeline's timing groups (harness.core.interleave): in each round one configuration
     at a time runs its timed steps, the order reversed every other round, so that a slow spell of the
     machine hits every configuration of a round; a last round (alone too) for the tensor peak, the
-    profile and the halving. name -> the worker's result, with ``step_ms_rounds`` (one median per
+    profile and the halving. name -> the worker's result (harness.perf.worker.step_worker: the cell's runs
+    columns, among them ``round_step_ms``, one median per
     round); ``{"error": ...}`` for a configuration that failed."""
     with tempfile.TemporaryDirectory(prefix="comera-bench-steps-") as tmp:
         cells = []
@@ -178,11 +179,15 @@ def run_step_rounds(jobs: dict[str, dict[str, Any]], rounds: int, timeout_s: flo
     return out
 
 
+ROUND_KEYS = {"step_time_ms": "round_step_ms"}
+"""A measured key -> the key of its per-round medians in a worker's result (the runs columns)."""
+
+
 def round_ratios(results: dict[str, dict[str, Any]], num: tuple[str, str], den: tuple[str, str]) -> list[float]:
     """``num``/``den`` ((configuration, key) each): per round where both keys were timed round by round
-    (``<key>_rounds``), else the one ratio of the two values; empty where either is missing."""
+    (:data:`ROUND_KEYS`), else the one ratio of the two values; empty where either is missing."""
     a, b = results.get(num[0], {}), results.get(den[0], {})
-    ra, rb = a.get(f"{num[1]}_rounds"), b.get(f"{den[1]}_rounds")
+    ra, rb = a.get(ROUND_KEYS.get(num[1], "")), b.get(ROUND_KEYS.get(den[1], ""))
     if ra and rb and len(ra) == len(rb):
         return [x / y for x, y in zip(ra, rb) if x is not None and y]
     x, y = a.get(num[1]), b.get(den[1])
@@ -210,10 +215,10 @@ def target_steps(cfg: Config, targets: set[int], timeout_s: float,
         return job_tag(jobs[name])
 
     def pair(a: str, b: str) -> str:
-        return f"{tag(a)} {get(a, 'step_ms') or float('nan'):.1f} ms / {_fmt_bytes(get(a, 'peak_bytes'))}, " \
-               f"{tag(b)} {get(b, 'step_ms') or float('nan'):.1f} ms / {_fmt_bytes(get(b, 'peak_bytes'))}"
+        return f"{tag(a)} {get(a, 'step_time_ms') or float('nan'):.1f} ms / {_fmt_bytes(get(a, 'peak_mem_bytes'))}, " \
+               f"{tag(b)} {get(b, 'step_time_ms') or float('nan'):.1f} ms / {_fmt_bytes(get(b, 'peak_mem_bytes'))}"
 
-    kind = next((r["peak_kind"] for r in res.values() if "peak_kind" in r), "n/a")
+    kind = next((r["peak_mem_kind"] for r in res.values() if "peak_mem_kind" in r), "n/a")
     differing = sorted({r["allocator"] for r in res.values() if r.get("allocator", cfg.allocator_applied)
                         != cfg.allocator_applied})  # the workers normally apply what this process did
     some_job = next(iter(jobs.values()))
@@ -222,6 +227,12 @@ def target_steps(cfg: Config, targets: set[int], timeout_s: float,
             f"(harness.core.interleave; time ratio: median over rounds of the ratio within a round), "
             f"median of timed steps ({counts}) after {some_job['warmup']} warm-up, memory {kind}"
             + (f", worker allocator {' / '.join(differing)}" if differing else ""))
+
+    def timing_note(name: str) -> str:
+        """A configuration's timing verdict when it is not stable (the cells' judge,
+        harness.core.timing.judge, in the runs column ``timing_quality``)."""
+        quality = res.get(name, {}).get("timing_quality")
+        return f"{tag(name)} timing {quality}" if quality and quality != "stable" else ""
 
     def settings(name: str) -> str:
         return f"transformer size={jobs[name]['workload_params']['size']}, {base}"
@@ -234,12 +245,12 @@ def target_steps(cfg: Config, targets: set[int], timeout_s: float,
             size = jobs[comera]["workload_params"]["size"]
             preset = f", {size} preset" if group == "small" or cfg.quick else ""  # what ran (--quick: tiny)
             batch = f"batch {jobs[comera]['batch_size']}"
-            if metric == "step_ms":
+            if metric == "step_time_ms":
                 what = f"CoMERA vs {METHOD_NAMES[jobs[other]['method']]} step speedup{preset}, {batch}"
                 cap = free_layers_cap(res.get(comera, {}), res.get(other, {}))
                 profile = share_note(res.get(comera, {}), OTHER_NAMES[jobs[other]["method"]])
                 extra = {"bound": cap, "bound_basis": "free tensorized layers" if cap else "",
-                         "note": "; ".join(filter(None, [profile, errors]))}
+                         "note": "; ".join(filter(None, [profile, timing_note(other), timing_note(comera), errors]))}
             else:
                 what = f"{METHOD_NAMES[jobs[num]['method']]} / {METHOD_NAMES[jobs[den]['method']]} peak memory" \
                        f"{preset}, {batch}"
@@ -253,8 +264,9 @@ def target_steps(cfg: Config, targets: set[int], timeout_s: float,
                 label = f"{METHOD_NAMES[jobs[slow]['method']]} / CoMERA, batch {jobs[fast]['batch_size']}"
                 measured, per_round = rounds_ratio((slow, "tensor_peak_bytes"), (fast, "tensor_peak_bytes"))
                 rows.append(make_row(
-                    2, f"{label} tensor-allocation peak (cpu_allocated: parameters, buffers, optimizer "
-                       f"state + one step's allocator peak, the CPU analogue of cuda_allocated)", None,
+                    2, f"{label} tensor-allocation peak ({measure.CPU_ALLOCATED}: parameters, buffers, "
+                       f"optimizer state + one step's allocator peak, the CPU analogue of "
+                       f"{measure.CUDA_ALLOCATED})", None,
                     measured, medians=f"{tag(slow)} {_fmt_bytes(get(slow, 'tensor_peak_bytes'))}, "
                                       f"{tag(fast)} {_fmt_bytes(get(fast, 'tensor_peak_bytes'))}{per_round}",
                     settings=settings(fast),
@@ -284,7 +296,7 @@ def halving_rows(cfg: Config, result: dict[str, Any], batch: int, settings: str,
         bound, basis = roof.speedup_bound((costs[0], costs[1]), (costs[2], costs[3])), "roofline"
     else:
         bound, basis = flop_ratio, "FLOPs" if flop_ratio else ""
-    step, step_rounds = halving_speedup(result, "step_ms")
+    step, step_rounds = halving_speedup(result, "step_time_ms")
     estimate = amdahl_estimate(result)
 
     def ms(key: str) -> str:
@@ -295,7 +307,7 @@ def halving_rows(cfg: Config, result: dict[str, Any], batch: int, settings: str,
         pairs = result.get(f"{key}_halving_rounds")
         if not pairs:
             return ""
-        return f"a full-rank copy and the halved model alternating in {len(pairs)} rounds{per_round}"
+        return f"the full-rank model and its halved copy alternating in {len(pairs)} rounds{per_round}"
 
     def parenthesized(*parts: str) -> str:
         text = "; ".join(p for p in parts if p)
@@ -312,7 +324,7 @@ def halving_rows(cfg: Config, result: dict[str, Any], batch: int, settings: str,
                  settings=settings, note="; ".join(filter(None, [halving_note(flop_ratio, traffic_ratio), errors]))),
         make_row(4, f"CoMERA step speedup after halving every rank / its Amdahl estimate, batch {batch}",
                  goals["amdahl_fraction"], ratio(step, estimate), goal_key="halving.amdahl_fraction",
-                 medians=f"step before {ms('step_ms')}{parenthesized(alternated('step_ms', step_rounds))}: "
+                 medians=f"step before {ms('step_time_ms')}{parenthesized(alternated('step_time_ms', step_rounds))}: "
                          f"{step or float('nan'):.2f}x; Amdahl estimate {estimate or float('nan'):.2f}x",
                  settings=settings, note="; ".join(filter(None, [amdahl_note(result), errors]))),
     ]

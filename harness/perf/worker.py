@@ -1,19 +1,24 @@
-"""A step-worker process of targets 2 and 4: full training steps of one configuration (time, peak memory),
-then the profile of its tensorized layers and, for target 4, the same after halving every rank."""
+"""A step-worker process of targets 2 and 4: one configuration run as an ordinary cell
+(harness.running.run.run_cell: its warm-up, step, timer, rounds and memory monitor; the runs row's columns
+come back), then, after its last step, the profile of its tensorized layers and, for target 4, the same
+after halving every rank."""
 from __future__ import annotations
 
 import copy
-import gc
 import itertools
+import json
 import statistics
-import time
 from typing import Any, Callable
 
 import torch
 
-from harness.core import allocator as allocator_lib
-from harness.core import interleave, measure
+from harness.core import measure
 from harness.perf import microbench as mb
+
+LEFT_OUT = ("status", "error", "settings", "extra")
+"""Runs columns a step worker's result leaves out: its row's status is ok (a failed cell raises, and
+harness.perf.steps.run_step_rounds reports ``{"error": ...}``); the settings and extra JSON are read
+into ``method_settings`` and ``allocator``."""
 
 
 def halve_ranks(model: torch.nn.Module, threshold: float, optimizers=()) -> dict[str, list[int]]:
@@ -28,16 +33,33 @@ def halve_ranks(model: torch.nn.Module, threshold: float, optimizers=()) -> dict
     return ranks(model)
 
 
-def _warm_up_code_path(job: dict[str, Any], device: torch.device) -> None:
-    """One training step of the job's method on the tiny transformer, dropped afterwards
-    (harness.running.warmup.warm_up), so that what a process pays once whatever the model -- lazy imports, library
-    code pages, thread pools, library buffers -- exists before the memory baseline is read. Only the model,
-    its data and its training then count."""
-    from baselines import check_params
-    from harness.running.warmup import warm_up
+def cell_spec(job: dict[str, Any]) -> dict[str, Any]:
+    """The cell (harness.running.specs) of a step configuration: the transformer at the job's size, method,
+    batch and seed; ``warmup`` untimed steps, then ``rounds`` rounds of ``steps`` timed steps each plus the
+    round's first step (a re-warm step after the pause between rounds, not counted under a round
+    coordinator); no evaluation between steps, no time limit."""
+    rounds, steps, warmup = job.get("rounds", 1), job["steps"], job["warmup"]
+    total = warmup + rounds * (steps + 1)
+    return {"run_id": job.get("run_id") or "step", "purpose": "timing", "workload": "transformer",
+            "workload_params": {**job["workload_params"], "train_samples": job["batch_size"] * total,
+                                "eval_samples": job["batch_size"]},
+            "method": job["method"], "method_params": dict(job.get("method_params", {})),
+            "batch_size": job["batch_size"], "target_ratio": None, "seed": job["seed"],
+            "budget": {"epochs": 1, "max_steps_per_epoch": total, "warmup_steps": warmup,
+                       "eval_every_steps": None, "time_limit_s": None},
+            "execution": {"device": job["device"], "num_threads": job["threads"], "rounds": rounds,
+                          "allocator": job.get("allocator", "reuse")}}
 
-    warm_up("transformer", job["method"], batch_size=1, device=device, seed=job["seed"],
-            method_params=check_params(job["method"], job.get("method_params", {})))
+
+def cell_result(row: dict[str, Any]) -> dict[str, Any]:
+    """What a step worker reports of its cell's runs row: every column but :data:`LEFT_OUT`, as the row
+    holds it except ``round_step_ms`` (the median of each timing round) and ``ranks``, parsed from their
+    JSON; the method's settings and the allocator applied, from the settings JSON."""
+    settings = json.loads(row["settings"] or "{}")
+    return {**{c: v for c, v in row.items() if c not in LEFT_OUT},
+            "round_step_ms": json.loads(row["round_step_ms"]) if row["round_step_ms"] else None,
+            "ranks": json.loads(row["ranks"] or "{}"), "method_settings": settings.get("method", {}),
+            "allocator": settings.get("allocator", "")}
 
 
 def _capture_tensorized_inputs(model: torch.nn.Module, forward: Callable[[], Any]) -> dict[str, torch.Tensor]:
@@ -113,105 +135,70 @@ def _halving_medians(key: str, pairs: list[tuple[float, float]]) -> dict[str, An
             f"{key}_halved": statistics.median(a for _, a in pairs)}
 
 
-def step_worker(job: dict[str, Any]) -> dict[str, Any]:
-    """Time full training steps of one configuration in this process (a step-worker process of
-    :func:`harness.perf.steps.run_step_rounds`, taking turns with the others when a round coordinator is
-    reachable), under the job's allocator policy."""
-    with allocator_lib.policy(job.get("allocator", "reuse")) as applied:
-        return _step_worker(job, applied)
+def timed_steps(prepared: Any, workload: Any, batches: list[Any], warmup: int, first_step: int,
+                device: torch.device) -> list[float]:
+    """ms of each of ``batches``' training steps (``Prepared.train_step``, timed by
+    ``harness.core.measure.StepTimer``) after the first ``warmup``."""
+    timer = measure.StepTimer(device, warmup)
+    for i, batch in enumerate(batches):
+        with timer.step():
+            prepared.train_step(workload, batch, first_step + i)
+    return timer.timed_ms
 
 
-def _step_worker(job: dict[str, Any], allocator_applied: str) -> dict[str, Any]:
-    from baselines import check_params, get_method
-    from comera.rank import ranks, tensorized_modules
-    from harness.workloads import build_workload
+def profile(job: dict[str, Any], out: dict[str, Any]) -> Callable[[Any], None]:
+    """run_cell's ``after_steps`` of a step worker: into ``out`` the tensor peak (CPU), the profile of the
+    tensorized layers and, with ``job["halve"]``, the same after halving every rank of a copy, the steps
+    and the lone layers of the cell's model and of the halved copy alternating in rounds."""
+    def after_steps(cell) -> None:
+        from comera.rank import tensorized_modules
 
-    device = measure.resolve_device(job["device"], "bench --device")
-    torch.set_num_threads(job["threads"])
-    torch.manual_seed(job["seed"])
-    steps, warmup, rounds = job["steps"], job["warmup"], job.get("rounds", 1)
-    gate = interleave.RoundGate.from_env(job["run_id"]) if job.get("run_id") else None
-    samples = job["batch_size"] * (steps + warmup)
-    params = {**job["workload_params"], "train_samples": samples, "eval_samples": job["batch_size"]}
-    _warm_up_code_path(job, device)
-    gc.collect()
-    if device.type == "cuda":
-        base = torch.cuda.memory_allocated(device)
-    else:
-        allocator_lib.release_free_memory()
-        base = measure.rss()
-    workload = build_workload("transformer", params, batch_size=job["batch_size"], seed=job["seed"], device=device)
-    method = get_method(job["method"])
-    prepared = method.prepare(workload.model, workload, check_params(job["method"], job.get("method_params", {})),
-                              target_ratio=None, total_steps=10**6)
-    model = prepared.model
-    model.train()
-    batches = list(itertools.islice(itertools.cycle(list(workload.train_batches(0))), steps + warmup))
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        kind = "cuda_allocated"
-    else:
-        allocator_lib.release_free_memory()  # the converted dense model's freed pages leave the RSS
-        kind = "cpu_rss_delta" if measure.reset_hwm() else "cpu_rss_delta_since_start"
-
-    def one_step(step: int, batch, prep=prepared) -> float:
-        start = time.perf_counter()
-        prep.train_step(workload, batch, step)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return (time.perf_counter() - start) * 1e3
-
-    def timed(offset: int, prep=prepared) -> list[float]:
-        return [one_step(offset + i, b, prep) for i, b in enumerate(batches)][warmup:]
-
-    for i, b in enumerate(batches[:warmup]):
-        one_step(i, b)
-    times, per_round = [], []
-    for r in range(rounds):  # with a coordinator, one configuration at a time (harness.core.interleave)
-        if gate is not None:  # after the pause, one step re-warms the caches (timed steps follow)
-            gate.wait(r)
-            one_step(warmup + r * (steps + 1), batches[0])
-        these = [one_step(warmup + r * (steps + 1) + 1 + i, b) for i, b in enumerate(batches[warmup:])]
-        times += these
-        per_round.append(statistics.median(these))
-    if gate is not None:  # the last round: the tensor peak, profile and halving below, alone too
-        gate.wait(rounds)
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device) - base
-    else:
-        peak = (measure.vm_hwm() or 0) - base
-    out = {"step_ms": statistics.median(times), "step_ms_all": times, "step_ms_rounds": per_round,
-           "peak_bytes": peak, "peak_kind": kind,
-           "ranks": ranks(model), "method_settings": prepared.settings, "allocator": allocator_applied}
-    if device.type == "cpu":  # after the timed steps and the RSS reading: nothing here is in them
-        step_peak, _ = mb.peak_memory(lambda: one_step(steps + warmup, batches[0]), device)
-        out["tensor_peak_bytes"] = _state_tensor_bytes(model, prepared.optimizers) + step_peak
-    # Profile and halving after the timed steps and the memory reading: nothing here is in them.
-    tensorized = tensorized_modules(model)
-    inputs = _capture_tensorized_inputs(model, lambda: workload.loss(model, batches[0])) if tensorized else {}
-    if inputs:
-        out.update(tt_layers_ms=tensorized_layer_ms(model, inputs), tt_layers_seen=len(inputs),
-                   tt_layers=len(tensorized))
-    if job.get("halve"):
+        prepared, workload, device = cell.prepared, cell.workload, cell.device
+        model = prepared.model
+        if device.type == "cpu":
+            step_peak, _ = measure.call_peak(lambda: prepared.train_step(workload, cell.batch, cell.steps_done),
+                                             device)
+            out["tensor_peak_bytes"] = _state_tensor_bytes(model, prepared.optimizers) + step_peak
+        tensorized = tensorized_modules(model)
+        inputs = _capture_tensorized_inputs(model, lambda: workload.loss(model, cell.batch)) if tensorized else {}
+        if inputs:
+            out.update(tt_layers_ms=tensorized_layer_ms(model, inputs), tt_layers_seen=len(inputs),
+                       tt_layers=len(tensorized))
+        if not job.get("halve"):
+            return
         if inputs:
             out["tt_layers_flops"], out["tt_layers_traffic"] = tensorized_layer_cost(model, inputs)
-        # A copy keeps the full ranks, so the steps -- and the lone layers -- before and after halving
-        # alternate in rounds here (minutes separate the rounds above from this point: a slow spell in
-        # between would read as a halving effect).
-        full = copy.deepcopy(prepared)
-        out["ranks_halved"] = halve_ranks(model, job["threshold"], prepared.optimizers)
+        # The ranks are halved in a copy, so the steps -- and the lone layers -- of the full-rank model and
+        # the halved one alternate in rounds here (minutes separate the timed rounds from this point: a
+        # slow spell in between would read as a halving effect), and the cell's row keeps the model it timed.
+        halved = copy.deepcopy(prepared)
+        out["ranks_halved"] = halve_ranks(halved.model, job["threshold"], halved.optimizers)
+        steps, warmup = job["steps"], job["warmup"]
+        batches = list(itertools.islice(itertools.cycle(workload.train_batches(0)), steps + warmup))
         pairs, layer_pairs = [], []
-        for r in range(max(rounds, 2)):
-            offset = (2 * r + 1) * (steps + warmup)
-            pairs.append((statistics.median(timed(offset, full)), statistics.median(timed(offset, prepared))))
+        for r in range(max(job.get("rounds", 1), 2)):
+            first = cell.steps_done + 1 + 2 * r * len(batches)
+            pairs.append((statistics.median(timed_steps(prepared, workload, batches, warmup, first, device)),
+                          statistics.median(timed_steps(halved, workload, batches, warmup, first, device))))
             if inputs:
-                layer_pairs.append((tensorized_layer_ms(full.model, inputs), tensorized_layer_ms(model, inputs)))
-        del full
-        out.update(_halving_medians("step_ms", pairs))
+                layer_pairs.append((tensorized_layer_ms(model, inputs), tensorized_layer_ms(halved.model, inputs)))
+        out.update(_halving_medians("step_time_ms", pairs))
         if inputs:
             out.update(_halving_medians("tt_layers_ms", layer_pairs))
-            out["tt_layers_flops_halved"], out["tt_layers_traffic_halved"] = tensorized_layer_cost(model, inputs)
-    if gate is not None:
-        gate.done()
-    return out
+            out["tt_layers_flops_halved"], out["tt_layers_traffic_halved"] = tensorized_layer_cost(halved.model,
+                                                                                                   inputs)
+    return after_steps
+
+
+def step_worker(job: dict[str, Any]) -> dict[str, Any]:
+    """One step configuration as a cell in this process (a step-worker process of
+    :func:`harness.perf.steps.run_step_rounds`, taking turns with the others when a round coordinator is
+    reachable, under the job's allocator policy): :func:`cell_result` of its row and what :func:`profile`
+    measured after its last step. A row whose status is not ok raises RuntimeError with its error."""
+    from harness.running.run import run_cell
+
+    extra: dict[str, Any] = {}
+    row, _ = run_cell(cell_spec(job), progress=False, after_steps=profile(job, extra))
+    if row["status"] != "ok":
+        raise RuntimeError(f"{row['status']}: {row['error']}")
+    return {**cell_result(row), **extra}

@@ -1,15 +1,16 @@
 """figures/claims.md: the paper's claims C1-C10 (docs/paper.md), each judged only in its own setting.
 
-Why one module of ~770 lines: ten claim functions (one per claim, each ~20-40 lines) over one set of
-judging rules (settings, stable-row ratios, verdicts) that a reader checks against each other; the rules
-come first, then the claims in order, then the Markdown.
+Why one module of ~780 lines: ten claim functions (one per claim, each ~20-40 lines) over one set of
+judging rules (settings, verdicts) that a reader checks against each other; the rules come first, then
+the claims in order, then the Markdown. The ratios, stability and device matching are
+harness.results.analysis's.
 
 ``python -m harness.reports.claims --results results/<device> --device-label <device> --out figures/claims.md
 [--compare results/<other device> ...]`` (the --compare folders feed C3's RTX 4090 vs RTX 3090 part)
 
 A row is in a claim's setting when it has the paper-size model (``size == "paper"`` in the row's settings
 JSON or its grid spec; C9: ``"bert-large"`` on text data) and ran on the GPU the claim names
-(:func:`on_gpu`); the claims compare default method configurations. Time and memory claims are judged
+(harness.results.analysis.on_gpu); the claims compare default method configurations. Time and memory claims are judged
 on timing cells (:func:`in_timing_setting`:
 short runs whose steady-state step time -- stable per harness.core.timing -- gives the epoch time, extrapolated
 where the run stopped early, and said so); accuracy, loss and compression claims on runs that completed
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,12 +33,14 @@ from typing import Any, Callable, Iterable, Sequence
 
 import pandas as pd
 
+from harness.core.timing import STABLE
 from harness.reports import reference
-from harness.core import timing
 from harness.reports.html import write_html
+from harness.reports.tables import MB
 from harness.results import FINAL_LOSS_WINDOW
-from harness.reports.tables import (MB, Results, is_timing, load, model_size, stable, timing_cells,
-                                    unstable_timing_cells)
+from harness.results.analysis import (QUALITY, TIME, Ratio, Results, describe_left_out, gpu_rows, is_timing,
+                                      load, model_size, pair_ratio, purpose_of, settings_of, stable_only,
+                                      timing_cells, unstable_timing_cells)
 
 HOLDS, FAILS = "holds", "does not hold"
 NOT_COMPARABLE, NOT_MEASURED = "not comparable here", "not measured here"
@@ -87,24 +89,6 @@ class Context:
 
 # ------------------------------------------------------------------------------------ row settings
 
-def _json(text: Any) -> dict[str, Any]:
-    try:
-        return json.loads(text) if isinstance(text, str) and text else {}
-    except json.JSONDecodeError:
-        return {}
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-
-
-def on_gpu(device: Any, device_name: Any, gpu: str) -> bool:
-    """A CUDA device of the claim's GPU model: the device name's slug is the GPU's slug or ends with
-    "-" + it ("NVIDIA GeForce RTX 3090" is an RTX 3090; "RTX 3090 Ti", "RTX 4090" or an H200 are not)."""
-    name, want = _slug(str(device_name or "")), _slug(gpu)
-    return device == "cuda" and (name == want or name.endswith("-" + want))
-
-
 def dataset(settings: dict[str, Any]) -> str | None:
     return settings.get("workload_info", {}).get("data") or settings.get("workload_params", {}).get("data")
 
@@ -135,7 +119,7 @@ def schedule_label(row: Any, settings: dict[str, Any]) -> str:
 def annotate(res: Results, runs: pd.DataFrame) -> pd.DataFrame:
     """``runs`` with the columns a setting is judged by: model_size, dataset, full_schedule, late_stage
     and ``setting`` (a label of where the row was measured)."""
-    settings = [_json(s) for s in runs.settings]
+    settings = [settings_of(r) for r in runs.itertuples()]
     specs = [res.cells.get(rid, {}) for rid in runs.run_id]
     rows = list(runs.itertuples())
     out = runs.assign(
@@ -162,14 +146,9 @@ def runs_of(res: Results, workloads: Iterable[str], *, sweeps: bool = False, tim
     if timing:
         df = timing_cells(df)
     if quality:
-        trained = df.purpose == "quality"
+        trained = purpose_of(df) == QUALITY
         df = df[trained | ~df.workload.isin(df[trained].workload)]
     return annotate(res, df if sweeps else df[~df.run_id.isin(list(res.sweeps))])
-
-
-def gpu_rows(df: pd.DataFrame, gpu: str) -> pd.Series:
-    """Rows (runs or microbench) measured on the claim's GPU (:func:`on_gpu`)."""
-    return pd.Series([on_gpu(d, n, gpu) for d, n in zip(df.device, df.device_name)], index=df.index, dtype=bool)
 
 
 def in_setting(df: pd.DataFrame, gpu: str) -> pd.Series:
@@ -221,14 +200,20 @@ def _devices(df: pd.DataFrame) -> str:
 
 def _judged(ctx: Context, df: pd.DataFrame, measure: Callable[[pd.DataFrame], Finding | None],
             settings: str, scope: pd.Series | None = None) -> Verdict:
-    """The verdict on ``scope`` (default: the timing setting, for time and memory claims)."""
-    inside, outside = judge(df, in_timing_setting(df, ctx.gpu) if scope is None else scope, measure)
+    """The verdict on ``scope`` (default: the timing setting, for time and memory claims). "Not measured
+    here" becomes "not judged: timing not stable" only when the comparison would have been made had the
+    unstable timing rows counted: a claim whose measure uses no time ratio (accuracy, compression, loss)
+    is never held back by a noisy timing."""
+    scope = in_timing_setting(df, ctx.gpu) if scope is None else scope
+    inside, outside = judge(df, scope, measure)
     verdict = _verdict(inside, outside, _devices(df), settings)
     unstable = unstable_timing_cells(df) if len(df) else df
-    if verdict.verdict == NOT_MEASURED and len(unstable):  # measured, but no stable timing to compare
-        verdict.verdict = NOT_STABLE
-        verdict.elsewhere = (f"{len(unstable)} timing row(s) measured but not stable, left out (listed below "
-                             "the table)")
+    if verdict.verdict == NOT_MEASURED and len(unstable):
+        trusted = judge(df.assign(timing_quality=STABLE), scope, measure)  # every timing taken as stable
+        if trusted[0] is not None or trusted[1]:  # measured, but no stable timing to compare
+            verdict.verdict = NOT_STABLE
+            verdict.elsewhere = (f"{len(unstable)} timing row(s) measured but not stable, left out (listed "
+                                 "below the table)")
     return verdict
 
 
@@ -248,54 +233,26 @@ def _accuracy_cells(df: pd.DataFrame, method: str) -> pd.DataFrame:
     return df[(df.method == method) & (df.variant == "default") & (df.status == "ok")]
 
 
-TIME_COLUMNS = ("epoch_time_s", "step_time_ms")
-
-
-def stable_only(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows whose timing is stable (harness.core.timing.judge); a time ratio uses no other row."""
-    return df[stable(df)] if len(df) else df
-
-
-def _pair_ratio(a: pd.DataFrame, b: pd.DataFrame, column: str) -> timing.Ratio | None:
-    """``column`` of ``a`` over ``b`` (rows of one key): per seed the per-round ratio where both were timed
-    in the same interleaved group, else the ratio of their values; the median over seeds."""
-    found = []
-    for seed, ra in a.groupby("seed", dropna=False):
-        rb = b[b.seed == seed] if pd.notna(seed) else b[b.seed.isna()]
-        if len(rb):
-            r = timing.ratio(ra.iloc[0].to_dict(), rb.iloc[0].to_dict(), column)
-            if r is not None:
-                found.append(r)
-    if not found:
-        return None
-    found.sort(key=lambda r: r.value)
-    return found[len(found) // 2]
-
-
 def _ratios(df: pd.DataFrame, other: str, column: str, keys: Sequence[str] = ("batch_size",),
-            other_variant: str = "default") -> dict[Any, timing.Ratio]:
-    """key -> ``other``'s column / CoMERA's (median over seeds), for keys both have. Time columns use
-    stable rows only, and the per-round ratios of cells timed together (harness.core.timing.ratio)."""
+            other_variant: str = "default") -> dict[Any, Ratio]:
+    """key -> ``other``'s column / CoMERA's (harness.results.analysis.pair_ratio: the one time statistic,
+    stable rows only, median over seeds), for keys both have."""
     a, b = _cells(df, other, other_variant), _cells(df, "comera")
-    if column in TIME_COLUMNS:
-        a, b = stable_only(a), stable_only(b)
     by_key = dict(iter(b.groupby(list(keys))))
     out = {}
     for key, ra in a.groupby(list(keys)):
-        r = _pair_ratio(ra, by_key[key], column) if key in by_key else None
+        r = pair_ratio(ra, by_key[key], column) if key in by_key else None
         if r is not None and r.value > 0:
             out[key[0] if len(keys) == 1 else key] = r
     return out
 
 
 def _value(r: Any) -> float:
-    return r.value if isinstance(r, timing.Ratio) else float(r)
+    return r.value if isinstance(r, Ratio) else float(r)
 
 
 def _ratio_text(r: Any) -> str:
-    if isinstance(r, timing.Ratio) and r.interleaved and r.n > 1:
-        return f"{r.value:.2f}x [{r.low:.2f}-{r.high:.2f}]"
-    return f"{_value(r):.2f}x"
+    return r.text() if isinstance(r, Ratio) else f"{float(r):.2f}x"
 
 
 def _epoch_kind(rows: pd.DataFrame) -> str:
@@ -323,7 +280,7 @@ def c1(ctx: Context) -> Verdict:
         for mode, on in (("", False), ("with CUDA graph: ", True)):
             part = rows[rows.run_id.map(graphed).astype(bool) == on]
             r = _ratios(part.assign(variant=part.variant.str.replace("+cudagraph", "", regex=False)),
-                        "dense", "epoch_time_s")
+                        "dense", TIME)
             if r:
                 modes[mode] = r
         if not modes:
@@ -343,7 +300,7 @@ def c2(ctx: Context) -> Verdict:
     v, b = ctx.values, ctx.values["batch_size"]
 
     def measure(rows: pd.DataFrame) -> Finding | None:
-        t, m = _ratios(rows, "galore", "epoch_time_s"), _ratios(rows, "galore", "peak_mem_bytes")
+        t, m = _ratios(rows, "galore", TIME), _ratios(rows, "galore", "peak_mem_bytes")
         if b not in t or b not in m:
             return None
         return Finding(f"GaLore/CoMERA time{_epoch_kind(rows)}: {_directed({b: t[b]})}; memory: "
@@ -359,7 +316,7 @@ def _batch1_vs_galore(v: dict) -> Callable[[pd.DataFrame], Finding | None]:
     b = v["batch_size"]
 
     def measure(rows: pd.DataFrame) -> Finding | None:
-        t = _ratios(rows, "galore", "epoch_time_s")
+        t = _ratios(rows, "galore", TIME)
         if b not in t:
             return None
         return Finding(f"GaLore/CoMERA epoch time{_epoch_kind(rows)}: {_directed({b: t[b]})}",
@@ -371,7 +328,7 @@ def _method_ratios(rows: pd.DataFrame, batches: Sequence[int]) -> dict:
     """(method, quantity, batch) -> other / CoMERA, for every other method and the given batches."""
     out = {}
     for method in sorted(set(rows.method) - {"comera"}):
-        for column in ("epoch_time_s", "peak_mem_bytes"):
+        for column in (TIME, "peak_mem_bytes"):
             for b, x in _ratios(rows, method, column).items():
                 if b in batches:
                     out[(method, column, b)] = x.value
@@ -500,7 +457,7 @@ def _param_bytes(variant: str, shape: str, rank: int | None) -> tuple[int, int]:
     table = {"num_embeddings": int(m[1]), "embedding_dim": int(m[2]), "rank": rank,
              "row_shape": [int(x) for x in m[3].split(",")] if m[3] else None,
              "col_shape": [int(x) for x in m[4].split(",")] if m[4] else None}
-    module = mb._embedding_module(variant, table, torch.device("meta"))
+    module = mb.embedding_module(variant, table, torch.device("meta"))
     return mb.param_bytes(module), next(module.parameters()).element_size()
 
 
@@ -578,7 +535,7 @@ def c7(ctx: Context) -> Verdict:
     stated = {int(k): x for k, x in ctx.values["memory_vs_dense"].items()}
 
     def measure(rows: pd.DataFrame) -> Finding | None:
-        t, m = _ratios(rows, "dense", "epoch_time_s"), _ratios(rows, "dense", "peak_mem_bytes")
+        t, m = _ratios(rows, "dense", TIME), _ratios(rows, "dense", "peak_mem_bytes")
         if not t and not m:
             return None
         mem = [x.value >= stated[b] for b, x in m.items() if b in stated]
@@ -606,7 +563,7 @@ def c8(ctx: Context) -> Verdict:
 
     def measure(rows: pd.DataFrame) -> Finding | None:
         timed = timing_cells(rows)
-        t = _ratios(timed, "dense", "epoch_time_s", keys)
+        t = _ratios(timed, "dense", TIME, keys)
         comera = _cells(rows, "comera")
         if not t and not len(comera):
             return None
@@ -683,7 +640,7 @@ def c10(ctx: Context) -> Verdict:
         points = {}
         for r in sweep.itertuples():
             ref = dense[(dense.workload == r.workload) & (dense.batch_size == r.batch_size)]
-            found = _pair_ratio(ref, sweep[sweep.run_id == r.run_id], "epoch_time_s") if len(ref) else None
+            found = pair_ratio(ref, sweep[sweep.run_id == r.run_id]) if len(ref) else None
             if found is not None:
                 points[(r.compression_layers, r.batch_size)] = found
         if not points:
@@ -723,7 +680,7 @@ RULES = ("A verdict (holds / does not hold) comes only from rows in the claim's 
          "count), default method configurations. "
          "Time and memory claims use timing cells (status ok; time ratios from stable rows only, whose epoch "
          "time is the mean timed step x steps per epoch where the run stopped early; ratios of cells timed "
-         "together use their per-round medians); accuracy, loss "
+         "together: the median of their per-round ratios of mean step times); accuracy, loss "
          "and compression claims use runs after the full schedule (every budgeted epoch, no epoch cut by "
          "max_steps_per_epoch); compressed models also need the late stage run and an accuracy at most "
          f"{ACCURACY_KEPT:g} below the uncompressed model of the same grid. Stated speedups, memory savings and "
@@ -736,11 +693,12 @@ def left_out_text(results: Sequence[Results]) -> str:
     """The timing cells that no time ratio used (not stable), each with its reason."""
     lines = []
     for res in results:
-        lines += [f"- {res.label}: {entry}" for entry in timing.describe_left_out(
+        lines += [f"- {res.label}: {entry}" for entry in describe_left_out(
             r for _, r in unstable_timing_cells(res.runs).iterrows())]
     head = ("Time ratios use stable timing rows only (harness/core/timing.py: spread, timed steps, the machine's "
             "CPU contention while the steps ran); ratios of cells timed together in interleaved rounds are "
-            "the median of their per-round ratios, with the IQR over rounds in brackets.")
+            "the median of their per-round ratios of mean step times (periodic work included), with the IQR "
+            "over rounds in brackets; other ratios divide mean-based epoch times.")
     if not lines:
         return head + " No timing row was left out."
     return head + f" Left out of every time ratio ({len(lines)}):\n" + "\n".join(lines)

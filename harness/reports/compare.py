@@ -4,13 +4,15 @@ Each DIR is a results/<device> folder (this machine's, or one copied from anothe
 matched across devices only on every identity column (:data:`CELL`: workload, its parameters -- model
 size, sequence length, any sweep point --, method, variant, batch size, rank, target, seed, CUDA graph,
 purpose and budget), so two sweep points or two model sizes are never pooled. A matched pair is flagged
-when its devices ran with different torch threads, torch versions or memory kinds; a memory ratio
-between two memory kinds (``cpu_rss_delta`` vs ``cuda_allocated``) is refused (left empty, said why),
-and a time ratio needs a stable timing on both devices (harness.core.timing). Writes compare.md /
-compare.csv (one row per cell: each device's epoch time and peak memory, the ratio of every device to
-the first with its spread, flags), compare_ratios.csv (within each device, CoMERA's speedup and memory
-saving over the other methods, from stable rows, per-round ratios where the cells were timed together,
-beside the paper's RTX 3090 and RTX 4090 ratios as two more "devices") and compare_time_memory.png/.pdf.
+when its devices ran with different torch threads, torch versions or memory kinds. Every ratio is
+harness.results.analysis.ratio, the one the claims and figures show: a memory ratio between two memory
+kinds (``cpu_rss_delta`` vs ``cuda_allocated``) is refused (left empty, said why), and a time ratio needs
+a stable timing on both sides. Writes compare.md / compare.csv (one row per cell: each device's epoch
+time and peak memory, the ratio of every device to the first -- cells on two devices are never timed
+together: the ratio of their mean-based epoch times --, flags), compare_ratios.csv (within each device,
+CoMERA's speedup and memory saving over the other methods: per-round ratios where the cells were timed
+together, with their IQR, the median over seeds; beside the paper's RTX 3090 and RTX 4090 ratios as two
+more "devices") and compare_time_memory.png/.pdf.
 """
 from __future__ import annotations
 
@@ -25,15 +27,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from harness.reports import reference
-from harness.core import timing  # noqa: E402
+from harness.reports import reference  # noqa: E402
 from harness.reports.html import markdown_table, write_html  # noqa: E402
+from harness.reports.tables import MB  # noqa: E402
 from harness.results import ResultsError  # noqa: E402
-from harness.reports.tables import MB, Results, load, relative_iqr, settings_of, stable, timing_cells  # noqa: E402
+from harness.results.analysis import (MEMORY, QUALITY, TIME, Results, is_stable, load,  # noqa: E402
+                                      noisy_reason, pair_ratio, purpose_of, ratio, same_memory_kind,
+                                      settings_of, stable_only, timing_cells)
 
 CELL = ["workload", "workload_params", "method", "variant", "batch_size", "seq_len", "rank", "target_ratio",
         "seed", "cuda_graph", "purpose", "budget"]
-QUANTITIES = {"epoch_time": "epoch_time_s", "peak_mem": "peak_mem_bytes"}
+QUANTITIES = {"epoch_time": TIME, "peak_mem": MEMORY}
 CHECKED = {"num_threads": "torch threads", "torch_version": "torch version", "peak_mem_kind": "memory kind"}
 """Columns that should agree between two devices' runs of one cell; a difference is flagged."""
 
@@ -43,21 +47,21 @@ def _canonical(value: object) -> str:
 
 
 def cells_of(res: Results) -> pd.DataFrame:
-    """One row per cell (ok runs, median over repeated rows of a cell) with the identity columns
-    :data:`CELL`, the quantities, their spread, the timing verdict and :data:`CHECKED`."""
+    """One row per cell (ok runs; of repeated rows of a cell, the last) with the identity columns
+    :data:`CELL`, the quantities, the timing verdict and :data:`CHECKED`. No timing group is kept: cells
+    of two folders were never timed together (even under one group name on one machine), so a ratio
+    between them divides their mean-based epoch times."""
     df = res.runs[res.runs.status == "ok"].copy()
     settings = [settings_of(r) for r in df.itertuples()]
     df["cuda_graph"] = df.run_id.map(res.cuda_graph)
-    df["purpose"] = df.purpose.fillna("timing")  # a quality cell is never pooled with a timing cell
+    df["purpose"] = purpose_of(df)  # a quality cell is never pooled with a timing cell
     df["workload_params"] = [_canonical(s.get("workload_params", res.cells.get(rid, {}).get("workload_params")))
                              for s, rid in zip(settings, df.run_id)]
     df["budget"] = [_canonical(s.get("budget", res.cells.get(rid, {}).get("budget"))) for s, rid in
                     zip(settings, df.run_id)]
-    df["rel_iqr"] = relative_iqr(df)
-    df["stable"] = stable(df)
     for col in QUANTITIES.values():
         df[col] = df[col].astype(float)
-    keep = ["run_id", *QUANTITIES.values(), "rel_iqr", "stable", "timing_quality", *CHECKED]
+    keep = ["run_id", *QUANTITIES.values(), "timing_quality", *CHECKED]
     return df[CELL + keep].drop_duplicates(CELL, keep="last").reset_index(drop=True)
 
 
@@ -68,16 +72,9 @@ def _flags(a: pd.Series, b: pd.Series, label_a: str, label_b: str) -> list[str]:
         if pd.notna(x) and pd.notna(y) and str(x) != str(y):
             out.append(f"{what} differs ({label_a} {x} vs {label_b} {y})")
     for label, row in ((label_a, a), (label_b, b)):
-        if not row.get("stable"):
-            out.append(f"timing not stable on {label}: {timing.noisy_reason(row)}")
+        if not is_stable(row):
+            out.append(f"timing not stable on {label}: {noisy_reason(row)}")
     return out
-
-
-def _spread(num: float, den: float, rel_num: float, rel_den: float) -> tuple[float, float]:
-    """(low, high) of num/den from each value's IQR over its median (half above, half below)."""
-    rn = 0.0 if pd.isna(rel_num) else rel_num / 2
-    rd = 0.0 if pd.isna(rel_den) else min(rel_den / 2, 0.99)
-    return num * (1 - rn) / (den * (1 + rd)), num * (1 + rn) / (den * (1 - rd))
 
 
 def side_by_side(folders: list[str | Path], names: list[str] | None = None
@@ -105,23 +102,18 @@ def side_by_side(folders: list[str | Path], names: list[str] | None = None
             columns={c: f"{q}@{label}" for q, c in QUANTITIES.items()}), how="outer")
         table["differences"] = table["differences"].fillna("")
         for q, col in QUANTITIES.items():
-            ratio, low, high = (pd.Series(float("nan"), index=table.index) for _ in range(3))
+            value, low, high = (pd.Series(float("nan"), index=table.index) for _ in range(3))
             for key in both:
                 a, b = base.loc[key], other.loc[key]
                 flags = _flags(a, b, labels[0], label)
-                refused = (q == "peak_mem" and str(a.peak_mem_kind) != str(b.peak_mem_kind)) or (
-                    q == "epoch_time" and not (a.stable and b.stable))  # quality cells too
-                if not refused and pd.notna(a[col]) and pd.notna(b[col]) and a[col] > 0:
-                    ratio[key] = b[col] / a[col]
-                    if q == "epoch_time":
-                        low[key], high[key] = _spread(b[col], a[col], b.rel_iqr, a.rel_iqr)
-                    else:
-                        low[key] = high[key] = ratio[key]
+                found = ratio(b, a, col)  # refused across memory kinds and for unstable timings (quality cells too)
+                if found is not None:
+                    value[key], low[key], high[key] = found.value, found.low, found.high
                 if flags:
                     prior = table.at[key, "differences"]
                     new = [f for f in flags if f not in prior]
                     table.at[key, "differences"] = "; ".join(filter(None, [prior, *new]))
-            table[f"{q} ratio {label}/{labels[0]}"] = ratio
+            table[f"{q} ratio {label}/{labels[0]}"] = value
             table[f"{q} ratio {label}/{labels[0]} low"] = low
             table[f"{q} ratio {label}/{labels[0]} high"] = high
     return table.reset_index(), labels, warnings
@@ -137,10 +129,19 @@ def _why_apart(a: pd.DataFrame, b: pd.DataFrame, label_a: str, label_b: str) -> 
     return "; ".join(reasons) or "no identity column in common"
 
 
+def _left_out(other: pd.DataFrame, base: pd.DataFrame, column: str) -> str:
+    """Why :func:`harness.results.analysis.pair_ratio` gave no ratio of ``column`` for these rows."""
+    if column == TIME and not (len(stable_only(other)) and len(stable_only(base))):
+        return "left out: timing not stable"
+    if column == MEMORY and not any(same_memory_kind(a, b) for _, a in other.iterrows() for _, b in base.iterrows()):
+        return "memory kinds differ"
+    return "not measured"
+
+
 def method_ratios(folders: list[str | Path], names: list[str] | None = None) -> pd.DataFrame:
     """CoMERA vs each other method on every device (other / CoMERA, same workload, its parameters and
-    batch; time from stable rows only, per-round where they were timed together), plus the paper's
-    stated ratios as devices "paper (RTX 3090)" and "paper (RTX 4090)"."""
+    batch: harness.results.analysis.pair_ratio, the median over seeds of the one ratio statistic), plus
+    the paper's stated ratios as devices "paper (RTX 3090)" and "paper (RTX 4090)"."""
     rows = []
     for i, folder in enumerate(folders):
         res = load(folder, names[i] if names else None)
@@ -148,33 +149,23 @@ def method_ratios(folders: list[str | Path], names: list[str] | None = None) -> 
         runs = runs[(runs.status == "ok") & runs.target_ratio.isna() & ~runs.run_id.isin(list(res.sweeps))
                     & ~runs.run_id.map(res.cuda_graph).astype(bool)]
         runs = runs.assign(workload_params=[_canonical(settings_of(r).get("workload_params")) for r in runs.itertuples()])
-        for (workload, params, batch, seed), group in runs.groupby(["workload", "workload_params", "batch_size", "seed"]):
+        for (workload, params, batch), group in runs.groupby(["workload", "workload_params", "batch_size"]):
             base = group[(group.method == "comera") & (group.variant == "default")]
             if not len(base):
                 continue
-            base = base.iloc[0]
-            for _, other in group[group.method != "comera"].iterrows():
+            for (method, variant), other in group[group.method != "comera"].groupby(["method", "variant"]):
                 for q, col in QUANTITIES.items():
-                    if q == "epoch_time":
-                        r = (timing.ratio(other.to_dict(), base.to_dict(), col)
-                             if timing.is_stable(other) and timing.is_stable(base) else None)
-                        note = "" if r is not None else "left out: timing not stable"
-                    else:
-                        r = timing.ratio(other.to_dict(), base.to_dict(), col)
-                        if str(other.peak_mem_kind) != str(base.peak_mem_kind):
-                            r, note = None, "memory kinds differ"
-                        else:
-                            note = ""
+                    r = pair_ratio(other, base, col)
                     rows.append({"device": res.label, "workload": workload, "params": params, "batch_size": batch,
-                                 "seed": seed, "versus": f"{other.method}-{other.variant}", "quantity": q,
-                                 "ratio": r.value if r else float("nan"), "low": r.low if r else float("nan"),
-                                 "high": r.high if r else float("nan"), "rounds": r.n if r else 0,
-                                 "interleaved": bool(r and r.interleaved), "source": "measured",
-                                 "note": note})
+                                 "seeds": other.seed.nunique(dropna=False), "versus": f"{method}-{variant}",
+                                 "quantity": q, "ratio": r.value if r else float("nan"),
+                                 "low": r.low if r else float("nan"), "high": r.high if r else float("nan"),
+                                 "rounds": r.n if r else 0, "interleaved": bool(r and r.interleaved),
+                                 "source": "measured", "note": "" if r else _left_out(other, base, col)})
     for device in reference.paper_devices().values():
         for r in device["ratios"]:
             rows.append({"device": device["label"], "workload": r["workload"], "params": "", "batch_size": r["batch_size"],
-                         "seed": None, "versus": f"{r['method']}-default", "quantity": r["quantity"],
+                         "seeds": 0, "versus": f"{r['method']}-default", "quantity": r["quantity"],
                          "ratio": r["ratio"], "low": r["ratio"], "high": r["ratio"], "rounds": 0,
                          "interleaved": False, "source": f"{r['claim']}: {reference.source_text(r['source'])}",
                          "note": ""})
@@ -197,7 +188,7 @@ def cell_label(r: pd.Series) -> str:
     label = f"{r.workload}[{extra}]/{r.method}-{r.variant}/b{_batch(r.batch_size)}"
     label += "" if pd.isna(r.target_ratio) else f"/t{r.target_ratio:g}"
     graph = pd.notna(r.cuda_graph) and bool(r.cuda_graph)
-    return label + ("/cg" if graph else "") + ("/quality" if r.purpose == "quality" else "")
+    return label + ("/cg" if graph else "") + ("/quality" if r.purpose == QUALITY else "")
 
 
 def _log_x_if_positive(ax: plt.Axes, columns: list[pd.Series], label: str) -> None:
@@ -245,7 +236,7 @@ def _device_ratios(ax: plt.Axes, table: pd.DataFrame, labels: list[str], cells: 
         ys = [y for y, good in enumerate(ok) if good]
         r = table[col][ok]
         ax.errorbar(r, ys, xerr=[r - table[f"{col} low"][ok], table[f"{col} high"][ok] - r], fmt="o",
-                    capsize=3, label=f"{label} / {labels[0]} (bars: step-time IQRs)")
+                    capsize=3, label=f"{label} / {labels[0]} (mean-based epoch times)")
     ax.set_yticks(range(len(table)), cells, fontsize=7)
     ax.axvline(1.0, color="gray", lw=1)
     _log_x_if_positive(ax, [table[f"epoch_time ratio {label}/{labels[0]}"] for label in labels[1:]],
@@ -314,8 +305,9 @@ def _markdown(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, warn
             "ratio needs a stable timing on both devices, a memory ratio the same memory kind; flags name "
             f"what differs:\n\n{markdown_table(shown[cols], '.4g')}"
             "\n\n## CoMERA vs the other methods on each device (other / CoMERA)\n\nTime from stable rows only; "
-            "cells timed together in interleaved rounds give the median of the per-round ratios and its IQR "
-            f"(low-high) over `rounds` rounds.\n\n"
+            "cells timed together in interleaved rounds give the median of the per-round ratios of mean step "
+            "times (periodic work included) and its IQR (low-high) over `rounds` rounds; other cells the "
+            "ratio of their mean-based epoch times; the median over `seeds` seeds.\n\n"
             f"{markdown_table(ratios[ratio_cols].assign(batch_size=ratios.batch_size.map(_batch)), '.3g')}\n")
 
 

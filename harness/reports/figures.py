@@ -6,7 +6,12 @@ Every figure is written except those named by --not-drawn (the pipeline names th
 cannot feed, harness.reports.feeds); a figure whose cells gave nothing to draw says what it would need
 (never an invented point). A failed cell (oom | diverged | error | timeout) is drawn as a red cross at
 the bottom of its panel, labelled with its status. The paper's stated values (harness/reference) are
-drawn beside ours, labelled "paper (RTX 3090)".
+drawn beside ours, labelled "paper (RTX 3090)". Every number a figure states about two cells (Fig 1 and
+8's uncompressed / CoMERA time, Fig 12's) is harness.results.analysis's ratio, the one claims.md and
+`comera-bench compare` show.
+
+Why one module of ~530 lines: one function per paper figure (nine) over the shared drawing helpers
+(markers per batch, spread bars, failed-cell crosses, footers), which a reader checks against each other.
 """
 from __future__ import annotations
 
@@ -21,9 +26,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from harness.reports import reference  # noqa: E402
-from harness.reports.tables import (MB, Results, late_stage_missing, method_label, quality_order,  # noqa: E402
-                            model_size, relative_iqr, report_args, settings_of, stable, status_note,
-                                    timing_cells)
+from harness.reports.tables import (MB, late_stage_missing, method_label, quality_order,  # noqa: E402
+                                    report_args)
+from harness.results.analysis import (Results, model_size, pair_ratio, relative_iqr, settings_of,  # noqa: E402
+                                      stable, timing_cells)
 
 PAPER = "paper (RTX 3090)"
 FOOTER_POINTS = 8
@@ -123,24 +129,40 @@ def _per_batch(ax: plt.Axes, df: pd.DataFrame, column: str, scale: float, ylabel
     ax.grid(alpha=0.3)
 
 
-def slower_note(df: pd.DataFrame) -> str:
-    """Where a CoMERA cell (no target) took longer per step than the uncompressed one at the same batch
-    size: its FLOPs and time ratios, and why (empty when it never did)."""
+def speedups(df: pd.DataFrame) -> dict[int, Any]:
+    """batch -> uncompressed / CoMERA (no target) time, harness.results.analysis.pair_ratio: the ratio
+    claims C1 and `comera-bench compare` show for the same pair (stable cells only)."""
     ok = df[(df.status == "ok") & df.target_ratio.isna()]
-    parts = []
+    out = {}
     for batch, cells in ok.groupby("batch_size"):
         dense, comera = cells[cells.method == "dense"], cells[(cells.method == "comera") & (cells.variant == "default")]
-        if not (len(dense) and len(comera)):
-            continue
-        d, c = dense.iloc[0], comera.iloc[0]
-        if c.step_time_ms > d.step_time_ms and c.flops_per_step > 0 and d.flops_per_step > 0:
-            parts.append(f"batch {int(batch)}: {d.flops_per_step / c.flops_per_step:.1f}x fewer FLOPs, "
-                         f"{c.step_time_ms / d.step_time_ms:.1f}x the time")
-    if not parts:
+        r = pair_ratio(dense, comera) if len(dense) and len(comera) else None
+        if r is not None:
+            out[int(batch)] = r
+    return out
+
+
+def speedup_note(df: pd.DataFrame) -> str:
+    """The uncompressed / CoMERA time ratio at each batch size ('' when there is none); where CoMERA took
+    longer, its FLOP saving and why."""
+    ratios = speedups(df)
+    if not ratios:
         return ""
-    return ("CoMERA slower than uncompressed at " + "; ".join(parts) + ": with few tokens per call the TT "
-            "layers' fixed cost per call (several small products and their autograd nodes) outweighs their "
-            "FLOP saving. ")
+    text = ("Uncompressed / CoMERA time (stable cells; median over rounds of per-round mean step time "
+            "ratios where timed together, with their IQR): "
+            + ", ".join(f"{r.text()} @ batch {b}" for b, r in sorted(ratios.items())) + ". ")
+    slower = []
+    for b, r in sorted(ratios.items()):
+        cells = df[(df.batch_size == b) & (df.status == "ok") & df.target_ratio.isna()]
+        d, c = cells[cells.method == "dense"].iloc[0], cells[(cells.method == "comera") & (cells.variant == "default")].iloc[0]
+        if r.value < 1 and c.flops_per_step > 0 and d.flops_per_step > 0:
+            slower.append(f"batch {b}: {d.flops_per_step / c.flops_per_step:.1f}x fewer FLOPs, "
+                          f"{1 / r.value:.2f}x the time")
+    if slower:
+        text += ("CoMERA slower than uncompressed at " + "; ".join(slower) + ": with few tokens per call the TT "
+                 "layers' fixed cost per call (several small products and their autograd nodes) outweighs "
+                 "their FLOP saving. ")
+    return text
 
 
 def _time_memory(res: Results, workload: str, df: pd.DataFrame, out: Path, name: str, title: str,
@@ -170,8 +192,11 @@ def time_memory_footer(res: Results, workload: str, df: pd.DataFrame, paper_note
     (:func:`time_memory_details`)."""
     threads = _values_text(df.num_threads)
     threads += " thread" if threads == "1" else " threads"
-    return (f"{res.label}, {threads}. Time bars: IQR of step times; ringed: timing not stable (no "
-            f"verdict uses it); {memory_spread_text(df)}. {PAPER}: {paper_note} More: overview.md.")
+    ratios = speedups(df)
+    measured = ("Uncompressed / CoMERA time " + ", ".join(f"{r.text()} @ batch {b}" for b, r in sorted(ratios.items()))
+                + ". ") if ratios else ""
+    return (f"{res.label}, {threads}. {measured}Bars: step-time IQR; ringed: not stable (in no verdict); "
+            f"{memory_spread_text(df)}. {PAPER}: {paper_note} More: overview.md.")
 
 
 def _values_text(series: pd.Series) -> str:
@@ -184,7 +209,7 @@ def time_memory_details(res: Results, workload: str, df: pd.DataFrame) -> str:
     where CoMERA was slower and why."""
     kinds = "/".join(sorted(df.epoch_time_kind.dropna().unique()))
     return (f"{model_line(res, df)}. {res.settings_line(workload)}. Epoch time: {kinds} (mean step time x "
-            f"steps per epoch when extrapolated). {slower_note(df)}{SPREAD_NOTE}").strip()
+            f"steps per epoch when extrapolated). {speedup_note(df)}{SPREAD_NOTE}").strip()
 
 
 MODELS = {("transformer", "paper"): "the paper's six-encoder transformer (hidden 768, FFN 3072, 12 heads, "
@@ -468,11 +493,14 @@ def fig12_time_vs_compression(res: Results, out: Path) -> None:
         line = _with_spread(ax, ok, ok.compression_layers, y, marker="o", label=f"CoMERA, batch {int(batch)}")
         for _, r in group[group.status != "ok"].iterrows():
             _mark_failed(ax, 1.0, r.status)
-        d = dense[dense.batch_size == batch].epoch_time_s
+        d = dense[dense.batch_size == batch]
         if len(d):
-            ax.axhline(d.iloc[0], ls=":", lw=1, color=line[0].get_color(), label=f"uncompressed, batch {int(batch)}")
-            slower += [f"{c:.2f}x (batch {int(batch)}, {t / d.iloc[0]:.2f}x the time)"
-                       for c, t in zip(ok.compression_layers, y) if t > d.iloc[0]]
+            ax.axhline(d.epoch_time_s.iloc[0], ls=":", lw=1, color=line[0].get_color(),
+                       label=f"uncompressed, batch {int(batch)}")
+            for point in ok.itertuples():
+                r = pair_ratio(ok[ok.run_id == point.run_id], d)  # point / uncompressed, the one statistic
+                if r is not None and r.value > 1:
+                    slower.append(f"{point.compression_layers:.2f}x (batch {int(batch)}, {r.text()} the time)")
     ax.set_xscale("log")
     ax.set_xlabel("compression ratio of the tensorized layers (dense / TT parameters)")
     ax.set_ylabel("time per epoch (s)")

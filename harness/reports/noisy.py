@@ -17,8 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness import results
-from harness.core import timing
-from harness.reports.tables import unstable_timing_cells
+from harness.results.analysis import noisy_reason, unstable_timing_cells
 
 
 def noisy_cells(paths: list[str | Path]) -> pd.DataFrame:
@@ -46,7 +45,7 @@ def summary(paths: list[str | Path], cells_dir: str, *, configfiles: Sequence[st
     if not len(df):
         return ""
     lines = [f"{len(df)} timing cell(s) were not timed stably; no verdict or ratio uses them:"]
-    lines += [f"  {r.run_id}: {timing.noisy_reason(r)}" for _, r in df.iterrows()]
+    lines += [f"  {r.run_id}: {noisy_reason(r)}" for _, r in df.iterrows()]
     command = snakemake_command(["--cores", "1", target], configfiles=configfiles, settings=settings,
                                 config_args=config_args, directory=directory)
     lines.append(f"To time them again (with their timing groups) on a quieter machine: "
@@ -101,7 +100,7 @@ def cli(argv: list[str] | None = None) -> int:
         print("every ok timing cell is stable")
         return 0
     for _, r in df.iterrows():
-        print(f"{r.run_id}\t{timing.noisy_reason(r)}")
+        print(f"{r.run_id}\t{noisy_reason(r)}")
     if args.delete:
         removed = 0
         for folder in (Path(p) for p in args.results if Path(p).is_dir()):

@@ -1,14 +1,14 @@
 """Tables of one device's results (Markdown + HTML + CSV): the run overview, Table 1 (ranks), Table 2
-(DLRM), the MNLI size table and a summary of every run. Also the loader every report module shares (:func:`load`).
+(DLRM), the MNLI size table and a summary of every run, rendered from harness.results.analysis (the
+results model, the purpose and stability predicates). Also the command line of the tables and figures
+commands (:func:`report_args`).
 
 ``python -m harness.reports.tables --results results/<device> --device-label <device> --out figures/``
 """
 from __future__ import annotations
 
 import argparse
-import json
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,131 +16,11 @@ import pandas as pd
 
 from harness.reports import feeds, reference
 from harness.reports.html import markdown_table, write_html
-from harness.results import empty_frame, read_parquet
+from harness.results.analysis import (Results, extra_of, load, purpose_of, ranks_of, settings_of, stable,
+                                      timing_cells)
 
 MB = 1e6
-FAILED = ("oom", "diverged", "error", "timeout")
 BYTES_PER_PARAM = 4  # sizes in MB assume float32 parameters (the runs' dtype)
-
-
-@dataclass
-class Results:
-    """One device's merged results folder: runs, curves, microbench and the grid it came from."""
-
-    label: str
-    runs: pd.DataFrame
-    curves: pd.DataFrame
-    microbench: pd.DataFrame
-    cells: dict[str, dict[str, Any]] = field(default_factory=dict)
-    sweeps: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    def main_runs(self, workload: str) -> pd.DataFrame:
-        """Timing runs of a workload outside any sweep and without CUDA graph (the Fig 1/8 cells)."""
-        return self._plain(timing_cells(self.runs[self.runs.workload == workload]))
-
-    def quality_runs(self, workload: str) -> tuple[pd.DataFrame, str]:
-        """(runs, source): the workload's quality cells (trained to compare accuracy and rank
-        adaptation) outside any sweep and without CUDA graph, or its timing runs when the grid has no
-        quality cell (said in ``source``)."""
-        df = self._plain(self.runs[(self.runs.workload == workload) & (self.runs.purpose == "quality")])
-        if len(df):
-            return df, "quality cells"
-        return self.main_runs(workload), "timing cells (this grid has no quality cells)"
-
-    def _plain(self, df: pd.DataFrame) -> pd.DataFrame:
-        graph = df.run_id.map(self.cuda_graph).astype(bool)
-        return df[~df.run_id.isin(list(self.sweeps)) & ~graph]
-
-    def switch(self, row: Any) -> dict[str, float]:
-        """A CoMERA run's stage switch: step, TT size (from its settings), accuracy right after it and
-        the TT size at the end (from its curves); empty when the late stage never started."""
-        info = dict(settings_of(row).get("method", {}).get("switch") or {})
-        if not info.get("step"):
-            return {}
-        acc = self.curves[(self.curves.run_id == row.run_id) & (self.curves.split == "eval")
-                          & (self.curves.metric_name == "accuracy") & (self.curves.step == info["step"])]
-        info["accuracy"] = float(acc.value.iloc[-1]) if len(acc) else None
-        info["size_end"] = self.tt_size(row.run_id)
-        return info
-
-    def tt_size(self, run_id: str, first: bool = False) -> float | None:
-        """A run's TT size (curves method/params_tt, recorded after every step): the last record, or with
-        ``first`` the one after the first step (the size before training unless that step pruned)."""
-        c = self.curves[(self.curves.run_id == run_id) & (self.curves.split == "method")
-                        & (self.curves.metric_name == "params_tt")].sort_values("step")
-        return float(c.value.iloc[0 if first else -1]) if len(c) else None
-
-    def cuda_graph(self, run_id: str) -> bool:
-        return bool(self.cells.get(run_id, {}).get("execution", {}).get("cuda_graph", False))
-
-    def settings_line(self, workload: str | None = None, runs: pd.DataFrame | None = None) -> str:
-        """Device + settings for captions: device name, threads, torch, workload params and budget of the
-        first of ``runs`` (default: the workload's runs, timing cells first)."""
-        if runs is None:
-            runs = self.runs if workload is None else self.runs[self.runs.workload == workload]
-            runs = runs.sort_values("purpose", key=lambda p: p.fillna("timing") != "timing", kind="stable")
-        if not len(runs):
-            return f"device {self.label}: no runs"
-        first = runs.iloc[0]
-        threads = f"{first.num_threads} thread" + ("" if first.num_threads == 1 else "s")
-        parts = [f"device {self.label} ({first.device_name}, {first.device}, {threads})",
-                 f"torch {first.torch_version}"]
-        spec = self.cells.get(first.run_id)
-        if spec is not None and workload is not None:
-            params = ", ".join(f"{k}={v}" for k, v in sorted(spec["workload_params"].items())) or "defaults"
-            parts.append(f"{workload} [{params}]")
-            parts.append(budget_text(spec["budget"]))
-        kinds = sorted(runs.peak_mem_kind.dropna().unique())
-        if kinds:
-            parts.append("memory = " + "/".join(kinds))
-        return "; ".join(parts)
-
-
-def load(folder: str | Path, label: str | None = None) -> Results:
-    """Read results/<device>/ (runs.parquet required; curves, microbench, grid.json when present)."""
-    folder = Path(folder)
-    runs = read_parquet(folder / "runs.parquet", "runs", fill_missing=True)  # older schemas: nulls, warned
-
-    def optional(name: str, kind: str) -> pd.DataFrame:
-        path = folder / name
-        return read_parquet(path, kind, fill_missing=True) if path.exists() else empty_frame(kind)
-
-    grid = json.loads((folder / "grid.json").read_text()) if (folder / "grid.json").exists() else {}
-    return Results(label or folder.name, runs, optional("curves.parquet", "curves"),
-                   optional("microbench.parquet", "microbench"), grid.get("cells", {}),
-                   grid.get("sweeps", {}))
-
-
-def is_timing(runs: pd.DataFrame) -> pd.Series:
-    """Which rows are timing cells (purpose "timing", or null in files written before quality cells)."""
-    return runs.purpose.fillna("timing") == "timing"
-
-
-def timing_cells(runs: pd.DataFrame) -> pd.DataFrame:
-    """Rows of timing cells (:func:`is_timing`)."""
-    return runs[is_timing(runs)]
-
-
-def stable(runs: pd.DataFrame) -> pd.Series:
-    """Which rows were timed stably (timing_quality "stable"; harness.core.timing.judge)."""
-    return runs.timing_quality.fillna("") == "stable"
-
-
-def unstable_timing_cells(runs: pd.DataFrame) -> pd.DataFrame:
-    """Ok timing cells whose timing is not stable: the rows no time ratio uses."""
-    cells = timing_cells(runs)
-    return cells[(cells.status == "ok") & ~stable(cells)]
-
-
-def relative_iqr(runs: pd.DataFrame) -> pd.Series:
-    """Each row's step-time IQR over its median step time (NaN where either is unknown or zero)."""
-    return (runs.step_time_ms_iqr / runs.step_time_ms).where(runs.step_time_ms > 0)
-
-
-def budget_text(budget: dict[str, Any]) -> str:
-    steps = budget.get("max_steps_per_epoch")
-    text = f"{budget['epochs']} epoch(s), " + (f"<= {steps} steps/epoch" if steps else "full epochs")
-    return text + (f", evaluated every {budget['eval_every_steps']} steps" if budget.get("eval_every_steps") else "")
 
 
 def method_label(row: Any) -> str:
@@ -148,33 +28,6 @@ def method_label(row: Any) -> str:
     if pd.notna(row.target_ratio):
         label += f" (target {row.target_ratio:g})"
     return label
-
-
-def ranks_of(row: Any) -> dict[str, list[int]]:
-    try:
-        return json.loads(row.ranks) if isinstance(row.ranks, str) and row.ranks else {}
-    except json.JSONDecodeError:
-        return {}
-
-
-def model_size(settings: dict[str, Any], spec: dict[str, Any]) -> str:
-    """The workload's size preset from a row's settings JSON, else its grid spec ("default" if none)."""
-    return (settings.get("workload_params", {}).get("size") or spec.get("workload_params", {}).get("size")
-            or "default")
-
-
-def settings_of(row: Any) -> dict[str, Any]:
-    try:
-        return json.loads(row.settings) if isinstance(row.settings, str) and row.settings else {}
-    except json.JSONDecodeError:
-        return {}
-
-
-def extra_of(row: Any) -> dict[str, Any]:
-    try:
-        return json.loads(row.extra) if isinstance(row.extra, str) and row.extra else {}
-    except json.JSONDecodeError:
-        return {}
 
 
 def status_note(row: Any) -> str:
@@ -357,7 +210,7 @@ def table_runs(res: Results) -> tuple[pd.DataFrame, str]:
     df = res.runs[cols].copy()
     df["peak_mem_MB"] = df.pop("peak_mem_bytes").map(_mb_bytes)
     df["error"] = df["error"].fillna("").str.slice(0, 80)
-    df["purpose"] = df["purpose"].fillna("timing")
+    df["purpose"] = purpose_of(df)
     return df.sort_values("run_id").reset_index(drop=True), (
         "peak_mem_MB = peak_mem_bytes / 10^6; timing_quality: 'stable' or 'noisy: <reasons>' (docs/measurement.md); "
         "run_queue_frac: share of its runnable time the cell's threads waited for a CPU")
@@ -374,7 +227,7 @@ def overview(res: Results) -> tuple[pd.DataFrame, str]:
     timed = timing_cells(runs)
     ok_timed = timed[timed.status == "ok"]
     started = runs.started_at.dropna().sort_values()
-    counts = runs.assign(purpose=runs.purpose.fillna("timing")).groupby(["purpose", "status"]).size()
+    counts = runs.assign(purpose=purpose_of(runs)).groupby(["purpose", "status"]).size()
     rows = [("device", f"{res.label}: {_values(runs.device_name)} ({_values(runs.device)})"),
             ("torch / CUDA / Python", f"{_values(runs.torch_version)} / {_values(runs.cuda_version)} / "
                                       f"{_values(runs.python_version)}"),
@@ -437,8 +290,8 @@ def write_table(df: pd.DataFrame, note: str, title: str, out: Path, name: str, s
 
 def report_args(prog: str, description: str, argv: list[str] | None, out_help: str = "output folder",
                 not_drawn: bool = False) -> tuple[argparse.Namespace, Results]:
-    """The command line shared by the tables, figures and claims commands (--results, --device-label,
-    --out; with ``not_drawn``, --not-drawn), parsed, with the results folder loaded."""
+    """The command line shared by the tables and figures commands (--results, --device-label, --out; with
+    ``not_drawn``, --not-drawn), parsed, with the results folder loaded (claims has its own: --compare)."""
     ap = argparse.ArgumentParser(prog=prog, description=description)
     ap.add_argument("--results", required=True, help="results/<device> folder")
     ap.add_argument("--device-label", default=None)

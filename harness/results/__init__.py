@@ -15,8 +15,9 @@ memory; "quality": trained long enough to compare accuracy and rank adaptation; 
 before the column existed), and the timing-trust columns of harness.core.timing: ``timing_quality``
 ("stable" | "noisy: <reasons>"), ``load_avg_1m``, ``cpu_pressure``, ``run_queue_frac`` and
 ``cpu_time_ratio`` (the machine's state while the steps ran), ``timing_group`` (the interleaved group
-the cell was timed in, null when it was timed alone), ``round_step_ms`` (JSON list: the median step
-time of each timing round) and ``group_start_s`` (the seconds its timing group took from its start to
+the cell was timed in, null when it was timed alone), ``round_step_ms`` and ``round_step_mean_ms`` (JSON
+lists: the median and the mean step time of each timing round; time ratios use the means, see
+harness.results.analysis) and ``group_start_s`` (the seconds its timing group took from its start to
 its first round).
 """
 from __future__ import annotations
@@ -81,7 +82,7 @@ RUNS_TYPES: dict[str, pa.DataType] = {
     # timing trust (harness.core.timing): the machine's state while the steps ran, the verdict, the rounds
     "timing_quality": pa.string(), "load_avg_1m": pa.float64(), "cpu_pressure": pa.float64(),
     "run_queue_frac": pa.float64(), "cpu_time_ratio": pa.float64(), "timing_group": pa.string(),
-    "round_step_ms": pa.string(), "group_start_s": pa.float64(),
+    "round_step_ms": pa.string(), "group_start_s": pa.float64(), "round_step_mean_ms": pa.string(),
 }
 
 CURVES_TYPES: dict[str, pa.DataType] = {

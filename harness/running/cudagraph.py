@@ -85,8 +85,9 @@ class StaticBatch:
 
 
 class GraphedStep:
-    """A training step (``step_fn(batch, step) -> (task_loss, loss)`` doing forward, backward and the
-    optimizer steps) run through a CUDA graph; see the module docstring."""
+    """A training step's capturable part (``step_fn(batch, step) -> (task_loss, loss)`` doing forward,
+    backward and the optimizer steps: the runner passes ``Prepared.update``) run through a CUDA graph; see
+    the module docstring. An instance is the ``update`` argument of ``Prepared.train_step``."""
 
     def __init__(self, step_fn: Callable[[Batch, int], tuple[torch.Tensor, torch.Tensor]],
                  model: nn.Module, optimizers: list[torch.optim.Optimizer], device: torch.device, *,

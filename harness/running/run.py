@@ -212,6 +212,19 @@ def _largest_rank(entries: Any, key: str) -> int | None:
     return max(found) if found else None
 
 
+@dataclass(frozen=True)
+class AfterSteps:
+    """What run_cell's ``after_steps`` gets: the trained cell, after its last training step."""
+
+    prepared: Any
+    workload: Any
+    device: torch.device
+    batch: Any
+    """The first training batch."""
+    steps_done: int
+    run_id: str
+
+
 @dataclass
 class _State:
     """Everything a run has found so far (partial on failure)."""
@@ -238,6 +251,9 @@ class _State:
     flops_tokens: dict[str, int] = field(default_factory=dict)
     flops_basis: dict[str, Any] = field(default_factory=dict)
     graphed: GraphedStep | None = None
+    train_model: Any = None
+    """The model the steps run (prepared.model, or its torch.compile wrapper)."""
+    after_steps: Callable[[AfterSteps], None] | None = None
     allocator: str = ""
     warm_up: str | None = None
     warm_up_s: float | None = None
@@ -257,16 +273,21 @@ class _State:
 
 def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress: bool | None = None,
              on_hang: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None = None,
-             stall_s: float | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+             stall_s: float | None = None, after_steps: Callable[[AfterSteps], None] | None = None
+             ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run one cell; returns (runs row with every RUNS_COLUMNS key, curves rows). An invalid spec raises
     specs.SpecError; everything that goes wrong after that is recorded in the row.
 
     ``on_hang(row, curves)``: called from a watchdog thread with the partial row (status timeout) when
     a step or an evaluation is still running WATCHDOG_GRACE_S after the time limit, or when the warm-up,
     a step or an evaluation has run ``stall_s`` seconds (None: no stall limit); it must end the process
-    (the main thread is stuck). Without it only the checks between steps apply."""
+    (the main thread is stuck). Without it only the checks between steps apply.
+
+    ``after_steps(AfterSteps)``: more measuring on the trained cell (the performance bench's profile),
+    called once after the last training step, outside the memory region and the timed rounds (with a
+    round coordinator in one more round of the group, alone); what it raises is the row's error."""
     spec = specs.normalize_spec(spec)
-    st = _State(spec)
+    st = _State(spec, after_steps=after_steps)
     status, error, tb = "ok", "", ""
     precision = torch.get_float32_matmul_precision()  # the process's own, restored at the end
     try:
@@ -336,16 +357,10 @@ def _train(st: _State, reg: Registry, progress: bool | None) -> None:
     model = prepared.model
     train_model = torch.compile(model) if spec["execution"]["compile"] else model
 
-    def step_fn(batch: dict[str, torch.Tensor], step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        task_loss = workload.loss(train_model, batch)
-        loss = prepared.total_loss(task_loss, step)
-        loss.backward()
-        for opt in prepared.optimizers:
-            opt.step()
-        return task_loss.detach(), loss.detach()
-
-    if spec["execution"]["cuda_graph"]:
-        st.graphed = GraphedStep(step_fn, model, prepared.optimizers, st.device)
+    st.train_model = train_model
+    if spec["execution"]["cuda_graph"]:  # captures Prepared.update, the eager part of Prepared.train_step
+        st.graphed = GraphedStep(lambda batch, step: prepared.update(workload, batch, step, train_model),
+                                 model, prepared.optimizers, st.device)
 
     first = next(iter(workload.train_batches(0)), None)
     if first is None:
@@ -386,7 +401,7 @@ def _train(st: _State, reg: Registry, progress: bool | None) -> None:
             done_in_epoch = 0
             for batch in itertools.islice(workload.train_batches(epoch), st.steps_in_epoch):
                 _round_boundary(st)
-                _one_step(st, batch, step_fn, epoch)
+                _timed_step(st, batch, epoch)
                 done_in_epoch += 1
                 bar.update(1)
                 if st.steps_done == total_steps:
@@ -433,12 +448,27 @@ def _round_boundary(st: _State) -> None:
 
 
 def _rounds_over(st: _State) -> None:
-    """After the last training step: the last segment ends; wait until every cell of the timing
-    group has run its rounds, so that no later work (evaluation, writing) overlaps another's steps."""
+    """After the last training step: the last segment ends; run_cell's ``after_steps`` runs; wait until
+    every cell of the timing group has run its rounds, so that no later work (evaluation, writing)
+    overlaps another's steps."""
     st.machine.end()
+    if st.after_steps is not None:
+        _after_steps(st)
     if st.gate is not None:
         _wait_at_gate(st, lambda gate: gate.done())
         st.gate = None
+
+
+def _after_steps(st: _State) -> None:
+    """run_cell's ``after_steps``, once: after the memory region ends and, with a round coordinator, in a
+    round of its own (the group's round after the timed ones), so that it runs alone too."""
+    hook, st.after_steps = st.after_steps, None
+    st.memory = st.monitor.stop()
+    if st.gate is not None:
+        _wait_at_gate(st, lambda gate: gate.wait(len(st.round_starts)))
+    _begin(st, "the work after the training steps")
+    batch = next(iter(st.workload.train_batches(0)))
+    hook(AfterSteps(st.prepared, st.workload, st.device, batch, st.steps_done, st.spec["run_id"]))
 
 
 def _wait_at_gate(st: _State, wait: Callable[[RoundGate], float]) -> None:
@@ -467,18 +497,14 @@ def _warm_up(st: _State, reg: Registry) -> None:
     st.warm_up_s = time.perf_counter() - started
 
 
-def _one_step(st: _State, batch: dict[str, torch.Tensor], step_fn: Callable, epoch: int) -> None:
+def _timed_step(st: _State, batch: dict[str, torch.Tensor], epoch: int) -> None:
+    """One timed training step (``Prepared.train_step``) and its curves, stage and divergence checks."""
     prepared, step = st.prepared, st.steps_done
     if st.graphed is not None:  # outside the timed step: the check is the runner's, not the method's
         before = state_signature(prepared.model, prepared.optimizers)
     with st.timer.step():
-        if st.graphed is not None:
-            task_loss, loss = st.graphed(batch, step)
-        else:
-            task_loss, loss = step_fn(batch, step)
-            for opt in prepared.optimizers:
-                opt.zero_grad(set_to_none=True)
-        info = prepared.after_step(step) or {}
+        task_loss, loss, info = prepared.train_step(st.workload, batch, step, model=st.train_model,
+                                                    update=st.graphed)
         task_value, loss_value = float(task_loss), float(loss)
     if st.graphed is not None and (state_signature(prepared.model, prepared.optimizers) != before
                                    or st.stage is not None and info.get("stage", st.stage) != st.stage):
@@ -716,14 +742,16 @@ def _build_row(st: _State, status: str, error: str, tb: str) -> dict[str, Any]:
 
 
 def _timing_columns(st: _State, summary: dict[str, Any]) -> dict[str, Any]:
-    """The machine's state while the steps ran, the per-round medians and the stability verdict."""
+    """The machine's state while the steps ran, the per-round medians and means, and the stability verdict."""
     ex = st.spec["execution"]
     state = st.machine.columns() if st.machine is not None else {}
     medians = timing.round_medians(st.timer.timed_ms, st.timer.timed_rounds)
+    means = timing.round_means(st.timer.timed_ms, st.timer.timed_rounds)
     cols = {**state, "timing_group": ex["timing_group"] or None, "group_start_s": st.group_start_s,
             "cpu_time_ratio": timing.cpu_time_ratio(st.timer.timed_cpu_ms, st.timer.timed_ms,
                                                     ex["num_threads"]),
-            "round_step_ms": json.dumps(medians) if medians else None}
+            "round_step_ms": json.dumps(medians) if medians else None,
+            "round_step_mean_ms": json.dumps(means) if means else None}
     cols["timing_quality"] = timing.judge(
         step_time_ms=summary["step_time_ms"], step_time_ms_iqr=summary["step_time_ms_iqr"],
         steps_timed=summary["steps_timed"], step_time_ms_mean=summary["step_time_ms_mean"],

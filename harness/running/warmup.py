@@ -93,7 +93,7 @@ def _one_step(build_workload: Callable[..., Any], get_method: Callable[[str], An
         raise RuntimeError(f"the tiny {workload!r} (params {workload_params}) yields no training batch "
                            f"of size {batch_size}")
     prepared.model.train()
-    float(prepared.train_step(built, batch, 0))
+    float(prepared.train_step(built, batch, 0).loss)
     return "ok"
 
 

@@ -14,8 +14,10 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from comera import contraction
-from comera.contraction import FLOP_SLACK, ContractionPlan, make_plan
+from comera import kernels
+from comera.contraction import DEFAULT_SETTINGS, ContractionPlan, PlanSettings, make_plan
+
+FLOP_SLACK = DEFAULT_SETTINGS.flop_slack
 
 PAPER_FFN = ((12, 8, 8), (12, 16, 16), (1, 12, 30, 30, 30, 16, 1))
 
@@ -206,20 +208,21 @@ def _ops_run(fn) -> set[str]:
 @pytest.mark.parametrize("b_layout", ["contiguous", "transposed"])
 @pytest.mark.parametrize("rows", [8, 4096])
 def test_mm_equals_torch_mm_and_counts_its_flops(b_layout, rows):
-    """contraction._mm: small products and float64 take torch.mm, large float32 ones oneDNN's inner
+    """kernels._mm: small products and float64 take torch.mm, large float32 ones oneDNN's inner
     product where this PyTorch has it; same result and the same FLOP count either way."""
     torch.manual_seed(0)
     a = torch.randn(rows, 64)
     b = torch.randn(64, 48) if b_layout == "contiguous" else torch.randn(48, 64).t()
-    large = rows * 64 * 48 >= contraction.INNER_PRODUCT_MIN_MACS[0]
-    ops = _ops_run(lambda: contraction._mm(a, b))
-    assert ("mkldnn._linear_pointwise" in ops) == (large and contraction._INNER_PRODUCT is not None), ops
-    torch.testing.assert_close(contraction._mm(a, b), a.double().mm(b.double()).float(), rtol=1e-5, atol=1e-4)
+    large = rows * 64 * 48 >= kernels.INNER_PRODUCT_MIN_MACS[0]
+    kernels.register_flop_formulas()
+    ops = _ops_run(lambda: kernels._mm(a, b))
+    assert ("mkldnn._linear_pointwise" in ops) == (large and kernels._INNER_PRODUCT is not None), ops
+    torch.testing.assert_close(kernels._mm(a, b), a.double().mm(b.double()).float(), rtol=1e-5, atol=1e-4)
     with FlopCounterMode(display=False) as counter:
-        contraction._mm(a, b)
+        kernels._mm(a, b)
     assert counter.get_total_flops() == 2 * rows * 64 * 48
     a64, b64 = a.double(), b.double()
-    assert _ops_run(lambda: contraction._mm(a64, b64)) == {"aten.mm"}
+    assert _ops_run(lambda: kernels._mm(a64, b64)) == {"aten.mm"}
 
 
 @pytest.mark.parametrize("rows", [8, 4096])
@@ -227,19 +230,19 @@ def test_mm_with_bias_equals_addmm(rows):
     """The bias rides in the product: oneDNN's fused bias for large float32 products, addmm otherwise."""
     torch.manual_seed(0)
     a, b, bias = torch.randn(rows, 64), torch.randn(64, 48), torch.randn(48)
-    ops = _ops_run(lambda: contraction._mm(a, b, bias))
-    large = rows * 64 * 48 >= contraction.INNER_PRODUCT_MIN_MACS[0]
-    assert ("mkldnn._linear_pointwise" in ops) == (large and contraction._INNER_PRODUCT is not None), ops
+    ops = _ops_run(lambda: kernels._mm(a, b, bias))
+    large = rows * 64 * 48 >= kernels.INNER_PRODUCT_MIN_MACS[0]
+    assert ("mkldnn._linear_pointwise" in ops) == (large and kernels._INNER_PRODUCT is not None), ops
     assert large or ops == {"aten.addmm"}
     want = torch.addmm(bias.double(), a.double(), b.double()).float()
-    torch.testing.assert_close(contraction._mm(a, b, bias), want, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(kernels._mm(a, b, bias), want, rtol=1e-5, atol=1e-4)
 
 
 def test_mm_keeps_autograd_when_recording():
     """With grad mode on and an operand that requires grad, the product must be differentiable."""
     a = torch.randn(4096, 64, requires_grad=True)
     b = torch.randn(64, 48)
-    out = contraction._mm(a, b)
+    out = kernels._mm(a, b)
     assert out.grad_fn is not None
     out.sum().backward()
     torch.testing.assert_close(a.grad, b.sum(1).expand(4096, 64))
@@ -249,31 +252,44 @@ def test_mm_falls_back_to_torch_mm_when_onednn_fails(monkeypatch):
     def unsupported(*args):
         raise RuntimeError("could not create a primitive descriptor")
 
-    monkeypatch.setattr(contraction, "_INNER_PRODUCT", unsupported)
+    monkeypatch.setattr(kernels, "_INNER_PRODUCT", unsupported)
     a, b = torch.randn(4096, 64), torch.randn(64, 48)
-    torch.testing.assert_close(contraction._mm(a, b), torch.mm(a, b))
-    assert contraction._INNER_PRODUCT is None  # not tried again
+    torch.testing.assert_close(kernels._mm(a, b), torch.mm(a, b))
+    torch.testing.assert_close(kernels._mm_t(a, b.t().contiguous()), torch.mm(a, b))
+    assert kernels._INNER_PRODUCT is unsupported  # nothing rebound: the module keeps no state
 
 
-@pytest.fixture
-def kernel_cost():
-    """Set contraction.KERNEL_COST for one test; the default and a fresh plan cache come back after it."""
-    default = contraction.KERNEL_COST
-    yield contraction.set_kernel_cost
-    contraction.set_kernel_cost(default)
+def test_flop_formula_is_registered_only_on_request():
+    """Importing comera leaves torch's flop_registry alone; register_flop_formulas() adds the inner
+    product's formula (idempotent) and FlopCounterMode then counts it like aten.mm."""
+    import subprocess
+    import sys
+
+    code = ("import torch, comera; from torch.utils.flop_counter import flop_registry; "
+            "op = getattr(torch.ops.mkldnn, '_linear_pointwise', None); "
+            "print(op is not None and op in flop_registry)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    kernels.register_flop_formulas()
+    kernels.register_flop_formulas()
+    if kernels._INNER_PRODUCT is not None:
+        from torch.utils.flop_counter import flop_registry
+
+        assert kernels._INNER_PRODUCT in flop_registry
 
 
 @pytest.mark.parametrize("tokens", [1, 16, 128])
-def test_kernel_cost_is_part_of_the_cost_and_can_decide(kernel_cost, tokens):
-    """cost = flops + TRAFFIC_WEIGHT * traffic + KERNEL_COST * kernels; with free kernels the choice is
+def test_kernel_cost_is_part_of_the_cost_and_can_decide(tokens):
+    """cost = flops + traffic_weight * traffic + kernel_cost * kernels; with free kernels the choice is
     the FLOP/traffic one, with very costly kernels the plan with the fewest kernels (within the slack)."""
     groups = [(3,), (1, 2), (2, 1), (1, 1, 1)]
     every = [(left, right) for left in groups for right in groups]
     for per_kernel in (0, 10**12):
-        kernel_cost(per_kernel)
-        chosen = make_plan(*PAPER_FFN, tokens)
-        others = [make_plan(*PAPER_FFN, tokens, True, s) for s in every]
-        assert chosen.cost == chosen.flops + contraction.TRAFFIC_WEIGHT * chosen.traffic + per_kernel * chosen.kernels
+        settings = PlanSettings(kernel_cost=per_kernel)
+        chosen = make_plan(*PAPER_FFN, tokens, settings=settings)
+        others = [make_plan(*PAPER_FFN, tokens, True, s, settings) for s in every]
+        assert chosen.settings is settings
+        assert chosen.cost == chosen.flops + settings.traffic_weight * chosen.traffic + per_kernel * chosen.kernels
         fewest = min(p.flops for p in others)
         eligible = [p for p in others if p.flops <= (1 + FLOP_SLACK) * fewest]
         assert chosen.cost == min(p.cost for p in eligible)
@@ -290,26 +306,32 @@ def test_kernel_counts():
     assert f"{merge.kernels} kernels" in str(merge)
 
 
-@pytest.mark.parametrize("value", [-1, 1.5, True, "2"])
-def test_set_kernel_cost_rejects_bad_values(value):
-    with pytest.raises(ValueError, match="set_kernel_cost"):
-        contraction.set_kernel_cost(value)
+@pytest.mark.parametrize("field", ["kernel_cost", "traffic_weight", "fold_bias_min_tokens", "flop_slack"])
+@pytest.mark.parametrize("value", [-1, True, "2"])
+def test_plan_settings_reject_bad_values(field, value):
+    with pytest.raises(ValueError, match=field):
+        PlanSettings(**{field: value})
 
 
-def test_set_kernel_cost_clears_the_plan_cache(kernel_cost):
-    before = make_plan(*PAPER_FFN, 16)
-    cost_before = before.cost
-    kernel_cost(contraction.KERNEL_COST + 1)
-    after = make_plan(*PAPER_FFN, 16)
-    assert after is not before and after.cost == cost_before + after.kernels
+def test_plan_settings_are_part_of_the_plan_key():
+    """Settings are an argument, not global state: two settings give two plans side by side, each
+    memoized; the default plan is untouched."""
+    default = make_plan(*PAPER_FFN, 16)
+    other = PlanSettings(kernel_cost=DEFAULT_SETTINGS.kernel_cost + 1)
+    after = make_plan(*PAPER_FFN, 16, settings=other)
+    assert after is not default and after.cost == default.cost + after.kernels
+    assert make_plan(*PAPER_FFN, 16) is default and make_plan(*PAPER_FFN, 16, settings=other) is after
+    assert make_plan(list(PAPER_FFN[0]), PAPER_FFN[1], list(PAPER_FFN[2]), 16) is default
+    with pytest.raises(TypeError, match="PlanSettings"):
+        make_plan(*PAPER_FFN, 16, settings={"kernel_cost": 1})
 
 
 @pytest.mark.parametrize("tokens", [1, 128, 2048, 4096])
 def test_fold_flag(tokens):
-    """A one-group output side folds the bias from FOLD_BIAS_MIN_TOKENS; without a bias, or with a grouped
+    """A one-group output side folds the bias from fold_bias_min_tokens; without a bias, or with a grouped
     output side, nothing is folded."""
     plan = make_plan(*PAPER_FFN, tokens, True, ("merge", "merge"))
-    folds = tokens >= contraction.FOLD_BIAS_MIN_TOKENS
+    folds = tokens >= DEFAULT_SETTINGS.fold_bias_min_tokens
     assert plan.fold_bias == folds
     no_bias = make_plan(*PAPER_FFN, tokens, False, ("merge", "merge"))
     assert not no_bias.fold_bias

@@ -11,7 +11,6 @@ from torch import nn
 
 from comera import TTLinear
 from comera.contraction import make_plan
-from comera import feedforward
 from comera.feedforward import _fusable, feed_forward
 
 ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "tanh": torch.tanh}
@@ -151,15 +150,16 @@ def test_shape_errors_name_the_mismatch(bad):
 
 
 @pytest.mark.parametrize("tokens,fused", [(4, False), (5, True)])
-def test_small_activations_take_the_plain_composition(monkeypatch, tokens, fused):
-    """With FUSE_MIN_ELEMENTS set, fewer hidden elements (tokens x hidden) take the plain composition (it
+def test_small_activations_take_the_plain_composition(tokens, fused):
+    """With fuse_min_elements set, fewer hidden elements (tokens x hidden) take the plain composition (it
     keeps the activations instead of recomputing them), more the fused path; both give the same result.
     The default, 0, fuses every call."""
-    assert feedforward.FUSE_MIN_ELEMENTS == 0
+    import inspect
+
+    assert inspect.signature(feed_forward).parameters["fuse_min_elements"].default == 0
     first, second, _ = _pair(0)
-    monkeypatch.setattr(feedforward, "FUSE_MIN_ELEMENTS", 5 * first.out_features)
     x = torch.randn(tokens, first.in_features, dtype=torch.float64, requires_grad=True)
-    y = feed_forward(first, F.gelu, second, x)
+    y = feed_forward(first, F.gelu, second, x, fuse_min_elements=5 * first.out_features)
     node = y.grad_fn.next_functions[0][0]  # under the output's view
     assert (type(node).__name__ == "_TTFeedForwardFunctionBackward") == fused
     torch.testing.assert_close(y, second(F.gelu(first(x))))

@@ -17,11 +17,13 @@ SHAPES = [  # num_embeddings, embedding_dim, row_shape, col_shape, ranks
 ]
 
 
-def _layer(shape, *, tensor_index_level, unique_rows, padding_idx=None, seed=0):
+def _layer(shape, *, tensor_index_level, unique_rows, padding_idx=None, seed=0, chunk_bytes=None):
     torch.manual_seed(seed)
     num, dim, rows, cols, ranks = shape
+    chunk = {} if chunk_bytes is None else {"chunk_bytes": chunk_bytes}
     layer = TTMEmbedding(num, dim, row_shape=rows, col_shape=cols, rank=ranks, padding_idx=padding_idx,
-                         tensor_index_level=tensor_index_level, unique_rows=unique_rows, dtype=torch.float64)
+                         tensor_index_level=tensor_index_level, unique_rows=unique_rows, dtype=torch.float64,
+                         **chunk)
     with torch.no_grad():
         for gate in layer.gates:
             gate.uniform_(0.3, 1.7)
@@ -54,11 +56,9 @@ def test_dense_weight_matches_entrywise_reference(shape):
 @pytest.mark.parametrize("chunk_bytes", [None, 1], ids=["default_chunks", "one_row_chunks"])
 @pytest.mark.parametrize("shape", SHAPES, ids=["d3", "d4", "d1"])
 @pytest.mark.parametrize("tensor_index_level,unique_rows", LEVELS)
-def test_lookup_matches_dense_weight_values_and_gradients(shape, tensor_index_level, unique_rows, chunk_bytes,
-                                                          monkeypatch):
-    if chunk_bytes is not None:
-        monkeypatch.setattr(ttm, "CHUNK_BYTES", chunk_bytes)
-    layer = _layer(shape, tensor_index_level=tensor_index_level, unique_rows=unique_rows, padding_idx=1)
+def test_lookup_matches_dense_weight_values_and_gradients(shape, tensor_index_level, unique_rows, chunk_bytes):
+    layer = _layer(shape, tensor_index_level=tensor_index_level, unique_rows=unique_rows, padding_idx=1,
+                   chunk_bytes=chunk_bytes)
     num = shape[0]
     idx = torch.tensor([[1, 3, 3, num - 1, 0], [1, 0, 3, 7 % num, 3]])  # repeats and padding
     probe = torch.randn(*idx.shape, shape[1], dtype=torch.float64)

@@ -255,14 +255,6 @@ def test_opposite_direction_is_named(tmp_path):
     assert "mixed directions, 0.50x @ batch 1" in evaluate(tmp_path, rows).loc["C1", ELSEWHERE]
 
 
-def test_on_gpu():
-    assert claims.on_gpu("cuda", "NVIDIA GeForce RTX 3090", "RTX 3090")
-    assert claims.on_gpu("cuda", "RTX 3090", "RTX 3090")
-    assert not claims.on_gpu("cuda", "NVIDIA GeForce RTX 3090 Ti", "RTX 3090")
-    assert not claims.on_gpu("cuda", "NVIDIA GeForce RTX 4090", "RTX 3090")
-    assert not claims.on_gpu("cpu", "RTX 3090", "RTX 3090")
-
-
 def test_size_from_grid_spec(tmp_path):
     rows = placed(paper_rows())
     for r in rows:
@@ -387,6 +379,18 @@ def test_noisy_rows_give_no_time_verdict_and_are_named(tmp_path):
     assert "transformer_dense-default_b32_sNone_tNone: CPU pressure 60% (> 25%)" in text
 
 
+def test_a_noisy_timing_holds_back_only_the_claims_that_divide_times(tmp_path):
+    """C4 (accuracy) and C5 (compression) use no time: a noisy timing row of the run leaves their "not
+    measured here" as it is; C2 (time and memory) measured only on noisy rows is "not judged"."""
+    rows = [r for r in placed(paper_rows()) if r["workload"] == "transformer" and r["batch_size"] == 1
+            and r["method"] in ("galore", "comera") and r["target_ratio"] is None]
+    edit(rows, {"timing_quality": "noisy: 3 timed steps (< 5)"}, method="galore")
+    table = evaluate(tmp_path, [{**r, "metric_value": None} for r in rows])  # no accuracy: C4 unmeasured
+    assert table.loc["C2", VERDICT] == claims.NOT_STABLE
+    for cid in ("C4", "C5", "C8", "C9", "C10"):
+        assert table.loc[cid, VERDICT] == claims.NOT_MEASURED, cid
+
+
 def test_memory_ratios_keep_noisy_rows(tmp_path):
     rows = placed(paper_rows())
     edit(rows, {"timing_quality": "noisy: 3 timed steps (< 5)"}, workload="transformer", method="galore",
@@ -402,14 +406,14 @@ def test_memory_ratios_keep_noisy_rows(tmp_path):
 def test_interleaved_rows_give_the_median_of_per_round_ratios(tmp_path):
     rows = placed(paper_rows())
     group = {"timing_group": "transformer_b32_s0"}
-    edit(rows, {**group, "round_step_ms": json.dumps([30, 33, 60, 30, 36])}, workload="transformer",
+    edit(rows, {**group, "round_step_mean_ms": json.dumps([30, 33, 60, 30, 36])}, workload="transformer",
          method="dense", batch_size=32)
-    edit(rows, {**group, "round_step_ms": json.dumps([10, 11, 20, 12, 12])}, workload="transformer",
+    edit(rows, {**group, "round_step_mean_ms": json.dumps([10, 11, 20, 12, 12])}, workload="transformer",
          method="comera", batch_size=32, target_ratio=None, variant="default")
     res = folder(tmp_path / "here", rows)
     r = claims._ratios(claims.annotate(res, res.runs), "dense", "epoch_time_s")[32]
     assert r.interleaved and r.n == 5
-    assert r.value == pytest.approx(3.0)  # per round 3, 3, 3, 2.5, 3: not the ratio of medians (33/12)
+    assert r.value == pytest.approx(3.0)  # per round 3, 3, 3, 2.5, 3: not the ratio of round medians (33/12)
     assert r.low == pytest.approx(3.0) and r.high == pytest.approx(3.0)
     assert "3.00x [3.00-3.00] @ batch 32" in claims._directed({32: r})
 

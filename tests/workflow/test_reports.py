@@ -399,20 +399,24 @@ def test_size_table_prints_whole_scalar_counts_and_names_its_data(tmp_path):
 
 
 def _cells(*rows):
-    cols = ("run_id", "workload", "method", "variant", "batch_size", "target_ratio", "status", "step_time_ms",
+    cols = ("run_id", "workload", "method", "variant", "batch_size", "target_ratio", "status", "epoch_time_s",
             "flops_per_step")
-    return pd.DataFrame([dict(zip(cols, r)) for r in rows])
+    return pd.DataFrame([dict(zip(cols, r)) for r in rows]).assign(seed=0, timing_quality="stable")
 
 
-def test_slower_note_gives_flops_and_time_where_comera_is_slower():
+def test_speedup_note_gives_the_ratio_and_flops_where_comera_is_slower():
     df = _cells(("d1", "transformer", "dense", "default", 1, None, "ok", 4.0, 1e9),
                 ("c1", "transformer", "comera", "default", 1, None, "ok", 12.0, 2e8),
                 ("d32", "transformer", "dense", "default", 32, None, "ok", 100.0, 3e10),
                 ("c32", "transformer", "comera", "default", 32, None, "ok", 40.0, 6e9))
-    note = figures.slower_note(df)
-    assert note.startswith("CoMERA slower than uncompressed at batch 1: 5.0x fewer FLOPs, 3.0x the time")
-    assert "batch 32" not in note
-    assert figures.slower_note(df[df.batch_size == 32]) == ""
+    note = figures.speedup_note(df)
+    assert note.startswith("Uncompressed / CoMERA time (stable cells;")
+    assert "0.33x @ batch 1, 2.50x @ batch 32" in note
+    assert "CoMERA slower than uncompressed at batch 1: 5.0x fewer FLOPs, 3.00x the time" in note
+    assert "batch 32:" not in note
+    assert "slower" not in figures.speedup_note(df[df.batch_size == 32])
+    noisy = df.assign(timing_quality=["stable", "noisy: x", "stable", "stable"])
+    assert "@ batch 1" not in figures.speedup_note(noisy)  # a noisy cell gives no ratio
 
 
 def test_ramp_text_names_the_target_ramp():
@@ -583,6 +587,7 @@ def test_fig1_footer_fits_two_lines_and_memory_points_carry_their_seeds_range(fo
     assert len(figures.textwrap.wrap(footer, int(fig.get_figwidth() * figures.FOOTER_CHARS_PER_INCH))) <= 2
     plt.close(fig)
     assert "memory: cpu_rss_delta of one cell (one seed: no spread)" in footer and "More: overview.md" in footer
+    assert "Uncompressed / CoMERA time 3.00x @ batch 1, 3.00x @ batch 32." in footer  # the figure's ratios stay
     rows = [run_row("transformer", "dense", 4, mem=mem) for mem in (100e6, 140e6, 110e6)]
     for seed, row in enumerate(rows):
         row["seed"], row["run_id"] = seed, f"{row['run_id']}_s{seed}"

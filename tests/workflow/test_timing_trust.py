@@ -11,8 +11,9 @@ import time
 import pandas as pd
 import pytest
 
-from harness.reports import claims, compare, tables
 from harness.core import timing
+from harness.reports import claims, compare
+from harness.results import analysis
 from tests.workflow.test_pipeline import TINY, snakemake
 
 pytestmark = pytest.mark.slow
@@ -29,7 +30,7 @@ def _timed(workdir, hog: bool):
             h.kill()
             h.wait()
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return tables.load(workdir / "results" / "cpu-tiny"), proc.stdout + proc.stderr
+    return analysis.load(workdir / "results" / "cpu-tiny"), proc.stdout + proc.stderr
 
 
 def _time_ratios(res) -> dict:
@@ -37,7 +38,7 @@ def _time_ratios(res) -> dict:
     runs = claims.annotate(res, claims.runs_of(res, ["transformer"], timing=True))
     out = {}
     for method in ("dense", "galore", "lte"):
-        for batch, r in claims._ratios(runs, method, "epoch_time_s").items():
+        for batch, r in claims._ratios(runs, method, analysis.TIME).items():
             out[("claims", method, batch)] = r.value
     return out
 
@@ -52,11 +53,11 @@ def quiet_and_loaded(tmp_path_factory):
 
 def test_every_timing_row_has_the_machine_state_and_a_verdict(quiet_and_loaded):
     for _, res in quiet_and_loaded[:2]:
-        rows = tables.timing_cells(res.runs)
+        rows = analysis.timing_cells(res.runs)
         assert len(rows) == 5 and (rows.status == "ok").all()
         assert rows.timing_quality.str.match(r"^(stable|noisy: .+)$").all()
         assert rows.load_avg_1m.notna().all() and rows.cpu_time_ratio.notna().all()
-        assert rows.timing_group.nunique() == 1 and rows.round_step_ms.notna().all()
+        assert rows.timing_group.nunique() == 1 and rows.round_step_mean_ms.notna().all()
 
 
 def test_loaded_ratios_match_the_quiet_ones_or_their_rows_are_named(quiet_and_loaded, tmp_path):
@@ -74,13 +75,13 @@ def test_loaded_ratios_match_the_quiet_ones_or_their_rows_are_named(quiet_and_lo
     out = tmp_path / "claims.md"
     assert claims.main(["--results", str(loaded_dir / "results" / "cpu-tiny"), "--out", str(out)]) == 0
     text = out.read_text()
-    rows = tables.timing_cells(loaded.runs)
+    rows = analysis.timing_cells(loaded.runs)
     for _, row in rows[rows.timing_quality != "stable"].iterrows():
-        assert f"{row.run_id}: {timing.noisy_reason(row)}" in text
+        assert f"{row.run_id}: {analysis.noisy_reason(row)}" in text
 
 
 def test_the_hog_is_seen(quiet_and_loaded):
     _, (_, loaded), log = quiet_and_loaded
-    rows = tables.timing_cells(loaded.runs)
+    rows = analysis.timing_cells(loaded.runs)
     assert (rows.run_queue_frac > timing.MAX_RUN_QUEUE_FRAC).any() or (rows.timing_quality != "stable").any()
     assert "were not timed stably" in log and "comera-bench noisy" in log

@@ -208,3 +208,13 @@ def test_step_after_a_round_pause_is_timed_but_not_counted():
     assert len(timer.all_ms) == 6 and timer.rewarm == {1, 4}
     assert len(timer.timed_ms) == 3 and timer.timed_rounds == [0, 0, 1]
     assert timer.summary()["steps_timed"] == 3
+
+
+def test_every_memory_kind_is_documented():
+    """The one vocabulary of peak_mem_kind (measure.MEMORY_KINDS) is the one docs/measurement.md lists."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[3] / "docs" / "measurement.md").read_text()
+    listed = set(re.findall(r"^\| `(\w+)` \| ", doc.split("## Memory", 1)[1], flags=re.M))
+    assert listed == set(measure.MEMORY_KINDS)

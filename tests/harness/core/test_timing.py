@@ -1,8 +1,7 @@
-"""Timing trust (harness/core/timing.py): the stability verdict's thresholds, rounds, per-round ratios, and
-the machine-state probe seeing a competitor for the CPU."""
+"""Timing trust (harness/core/timing.py): the stability verdict's thresholds, rounds and their per-round
+means and medians, quartiles, and the machine-state probe seeing a competitor for the CPU."""
 from __future__ import annotations
 
-import json
 import math
 import os
 import subprocess
@@ -56,32 +55,16 @@ def test_round_medians():
     assert timing.round_medians([], []) == []
 
 
-def _row(group, rounds, value):
-    return {"timing_group": group, "round_step_ms": json.dumps(rounds), "step_time_ms": value,
-            "epoch_time_s": value}
+def test_round_means_count_the_periodic_step():
+    steps = [10.0, 10.0, 10.0, 10.0, 50.0] * 2
+    assert timing.round_means(steps, [0] * 5 + [1] * 5) == [18.0, 18.0]
+    assert timing.round_medians(steps, [0] * 5 + [1] * 5) == [10.0, 10.0]
+    assert timing.round_means([1.0, 3.0], [0, 2]) == [1.0, None, 3.0]
 
 
-def test_ratio_per_round_when_timed_together():
-    a, b = _row("g", [30, 33, 60, 30, 36], 33.0), _row("g", [10, 11, 20, 12, 12], 12.0)
-    r = timing.ratio(a, b)
-    assert r.interleaved and r.n == 5 and r.value == pytest.approx(3.0)
-    assert (r.low, r.high) == (pytest.approx(3.0), pytest.approx(3.0))
-    assert "3.00x (IQR 3.00-3.00, 5 rounds)" == r.text()
-
-
-def test_ratio_of_medians_otherwise():
-    r = timing.ratio(_row("g1", [1.0], 33.0), _row("g2", [1.0], 11.0))
-    assert not r.interleaved and r.value == pytest.approx(3.0) and r.n == 1
-    assert timing.ratio(_row(None, [], 1.0), {"step_time_ms": None}) is None
-    wide = timing.ratio(_row("g", [10, 30, 10, 30], 1.0), _row("g", [10, 10, 10, 10], 1.0))
-    assert (wide.low, wide.value, wide.high) == (pytest.approx(1.0), pytest.approx(2.0), pytest.approx(3.0))
-
-
-def test_is_stable_and_left_out_names_the_reason():
-    rows = [{"run_id": "a", "timing_quality": "stable"}, {"run_id": "b", "timing_quality": "noisy: x"},
-            {"run_id": "c", "timing_quality": None}]
-    assert [timing.is_stable(r) for r in rows] == [True, False, False]
-    assert timing.describe_left_out(rows) == ["b: x", "c: no timing verdict (written before timing_quality existed)"]
+def test_quartiles():
+    assert timing.quartiles([4.0]) == (4.0, 4.0, 4.0)
+    assert timing.quartiles([1.0, 2.0, 3.0, 4.0, 5.0]) == (2.0, 3.0, 4.0)
 
 
 def test_cpu_time_ratio():

@@ -18,12 +18,13 @@ def test_roofline_bound_takes_the_slower_resource():
 
 
 def test_table_memory_counts_params_grads_and_working_memory_beyond_the_output():
+    from harness.core import measure
     from harness.perf import microbench as mb
 
     emb = torch.nn.Embedding(1000, 8)
     idx = torch.randint(0, 1000, (300,))
     run, reset = mb.module_call(emb, idx, "fwd_bwd", wrt_input=False)
-    peak, _ = mb.peak_memory(run, torch.device("cpu"), reset)
+    peak, _ = measure.call_peak(run, torch.device("cpu"), reset)
     memory = layers.TableMemory.of(emb, peak, 300 * 8 * 4)
     assert memory.params == memory.grads == 1000 * 8 * 4
     assert 0 <= memory.working < memory.params  # the dense backward needs little beyond its gradient

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from harness.core import measure
 from harness.perf import microbench as mb
 from harness.results import MICROBENCH_COLUMNS, file_metadata, read_parquet, to_frame
 
@@ -56,7 +57,7 @@ def test_cpu_peak_memory_sees_a_transient_allocation(numel):
         del a
         return b.sum()
 
-    peak, kind = mb.peak_memory(run, CPU)
+    peak, kind = measure.call_peak(run, CPU)
     assert kind == "cpu_allocated"
     assert 2 * numel * 4 <= peak <= 2 * numel * 4 + 4096
 
@@ -65,7 +66,7 @@ def test_fwd_bwd_peak_includes_output_and_gradients():
     layer = nn.Linear(64, 128, bias=False)
     run, reset = mb.module_call(layer, torch.randn(32, 64), "fwd_bwd", wrt_input=True)
     run()  # leaves gradients behind; reset must drop them before measuring
-    peak, _ = mb.peak_memory(run, CPU, reset)
+    peak, _ = measure.call_peak(run, CPU, reset)
     minimum = 4 * (32 * 128 + 32 * 64 + 64 * 128)  # output + input grad + weight grad
     assert minimum <= peak <= 2 * minimum
 
@@ -162,7 +163,7 @@ def test_cuda_peak_memory():
     def run():
         return torch.ones(2**20, device="cuda").sum()
 
-    peak, kind = mb.peak_memory(run, torch.device("cuda"))
+    peak, kind = measure.call_peak(run, torch.device("cuda"))
     assert kind == "cuda_allocated" and peak >= 4 * 2**20
 
 
@@ -179,3 +180,16 @@ def test_an_output_that_cannot_be_written_is_named(tmp_path, monkeypatch, capsys
     assert microbench.cli(["--preset", "tiny", "--out", str(tmp_path / "ro" / "x.parquet")]) == 1
     err = capsys.readouterr().err
     assert "cannot write" in err and "Permission denied" in err and "Traceback" not in err
+
+
+def test_micro_benchmarks_share_the_cells_quartiles_and_memory_kinds(monkeypatch):
+    """torch.utils.benchmark times the blocks; their median and IQR are the cells' (measure.median_iqr),
+    and the memory kinds come from the one vocabulary (measure.MEMORY_KINDS)."""
+    seen = []
+    real = mb.median_iqr
+    monkeypatch.setattr(mb, "median_iqr", lambda values: seen.append(list(values)) or real(values))
+    median, iqr, blocks = mb.time_call(lambda: torch.ones(64).sum(), num_threads=1, min_run_time_s=0.01)
+    assert len(seen) == 1 and len(seen[0]) == blocks and (median, iqr) == real(seen[0])
+    _, kind = measure.call_peak(lambda: torch.ones(64).sum(), CPU)
+    assert kind == measure.CPU_ALLOCATED and {kind, measure.CUDA_ALLOCATED} <= set(measure.MEMORY_KINDS)
+    assert measure.MemoryMonitor(CPU).stop().peak_mem_kind in measure.MEMORY_KINDS

@@ -1,9 +1,12 @@
 """harness.perf.steps and harness.perf.worker: the step worker, the jobs and the rows of targets 2 and 4."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
+from harness.core import allocator
 from harness.perf import steps, worker
 from harness.perf.config import Config
 
@@ -19,32 +22,35 @@ def test_halve_ranks_shrinks_every_bond():
 
 
 def test_step_worker_times_and_halves_in_process(monkeypatch):
-    """The code path of targets 2 and 4 (one configuration, run here instead of in a subprocess)."""
-    events = []
-    release, reset = worker.allocator_lib.release_free_memory, worker.measure.reset_hwm
-    monkeypatch.setattr(worker.allocator_lib, "release_free_memory", lambda: events.append("release") or release())
-    monkeypatch.setattr(worker.measure, "reset_hwm", lambda: events.append("reset") or reset())
+    """The code path of targets 2 and 4 (one configuration, run here instead of in a subprocess): an
+    ordinary cell (run_cell: its timer, memory monitor and step), then the profile and the halving."""
+    from harness.running import run
+
+    cells = []
+    real = run.run_cell
+    monkeypatch.setattr(run, "run_cell", lambda spec, **kw: cells.append(spec) or real(spec, **kw))
     job = {"method": "comera", "batch_size": 2, "workload_params": {"size": "tiny"}, "device": "cpu",
            "seed": 0, "threads": 1, "warmup": 1, "steps": 2, "halve": True, "threshold": 1e-2,
            "allocator": "reuse"}
     out = worker.step_worker(job)
-    # before the baseline, before the mark is reset, and when the "reuse" policy is undone at the end
-    assert events == ["release", "release", "reset", "release"]
-    assert out["step_ms"] > 0 and out["step_ms_halved"] > 0 and len(out["step_ms_all"]) == 2
-    # a full-rank copy and the halved model alternate in rounds (at least two)
-    pairs = out["step_ms_halving_rounds"]
+    assert cells == [worker.cell_spec(job)]
+    # one round without a coordinator: its first step is timed too
+    assert out["step_time_ms"] > 0 and out["step_time_ms_halved"] > 0 and out["steps_timed"] == 3
+    assert out["round_step_ms"] == [pytest.approx(out["step_time_ms"])]
+    # the full-rank model and its halved copy alternate in rounds (at least two)
+    pairs = out["step_time_ms_halving_rounds"]
     assert len(pairs) == 2 and all(before > 0 and after > 0 for before, after in pairs)
-    assert out["step_ms_before_halving"] == pytest.approx(sum(b for b, _ in pairs) / 2)
+    assert out["step_time_ms_before_halving"] == pytest.approx(sum(b for b, _ in pairs) / 2)
     assert len(out["tt_layers_ms_halving_rounds"]) == 2 and out["tt_layers_ms_before_halving"] > 0
-    assert out["peak_bytes"] > 0 and out["peak_kind"].startswith("cpu_rss_delta")
+    assert out["peak_mem_bytes"] > 0 and out["peak_mem_kind"] == "cpu_rss_delta"
     assert out["allocator"].startswith(("glibc", "unavailable"))
-    assert not worker.allocator_lib.current().startswith("glibc")  # undone when the worker returns
+    assert not allocator.current().startswith("glibc")  # undone when the cell ends
     assert out["method_settings"]["optimizer_impl"] == "fused"
     for name, ranks in out["ranks"].items():
         assert out["ranks_halved"][name] == [1] + [max(1, r // 2) for r in ranks[1:-1]] + [1]
     assert out["tt_layers_seen"] == out["tt_layers"] == len(out["ranks"]) > 0
     plain = worker.step_worker({**job, "halve": False, "steps": 1})
-    assert plain["tt_layers_ms"] > 0 and "step_ms_halved" not in plain and "tt_layers_ms_halved" not in plain
+    assert plain["tt_layers_ms"] > 0 and "step_time_ms_halved" not in plain and "tt_layers_ms_halved" not in plain
     assert out["tt_layers_ms"] > 0 and out["tt_layers_ms_halved"] > 0
     # halving cuts the counted layer FLOPs (not more than 4x: the products scale with r or r^2)
     assert 1 < out["tt_layers_flops"] / out["tt_layers_flops_halved"] <= 4
@@ -52,6 +58,37 @@ def test_step_worker_times_and_halves_in_process(monkeypatch):
     assert "tt_layers_flops" not in plain
     assert "Amdahl estimate 1/((1-f)+f/s)" in steps.amdahl_note(out)
     assert out["tensor_peak_bytes"] > 0
+
+
+def test_a_failed_step_cell_raises_with_its_error():
+    job = {"method": "no-such-method", "batch_size": 2, "workload_params": {"size": "tiny"}, "device": "cpu",
+           "seed": 0, "threads": 1, "warmup": 1, "steps": 1, "halve": False, "threshold": 1e-2}
+    with pytest.raises(RuntimeError, match="no-such-method"):
+        worker.step_worker(job)
+
+
+def test_a_step_target_cell_and_a_pipeline_cell_of_the_same_settings_are_one_measurement():
+    """The bench's step configuration is an ordinary cell: run through run_cell as the pipeline runs a
+    cell, its row has the runs columns, the same memory kind (of the one vocabulary) and the same step
+    counts, and the worker reports those columns as they are."""
+    from harness import results
+    from harness.core import measure
+    from harness.running import run
+
+    job = {"method": "dense", "batch_size": 2, "workload_params": {"size": "tiny"}, "device": "cpu",
+           "seed": 0, "threads": 1, "warmup": 1, "steps": 2, "halve": False, "threshold": 1e-2}
+    spec = worker.cell_spec(job)
+    bench = worker.step_worker(job)
+    pipeline, _ = run.run_cell({**spec, "run_id": "pipeline-cell"}, progress=False)
+    assert list(pipeline) == results.RUNS_COLUMNS and pipeline["status"] == "ok"
+    assert set(results.RUNS_COLUMNS) - set(worker.LEFT_OUT) <= set(bench)  # the cell's columns, named so
+    assert {c: bench[c] for c in ("workload", "method", "batch_size", "seed", "peak_mem_kind", "steps_timed")} \
+        == {c: pipeline[c] for c in ("workload", "method", "batch_size", "seed", "peak_mem_kind", "steps_timed")}
+    assert bench["peak_mem_kind"] == pipeline["peak_mem_kind"] in measure.MEMORY_KINDS
+    assert bench["steps_timed"] == pipeline["steps_timed"] == 3
+    assert bench["state_bytes"] == pipeline["state_bytes"]
+    assert bench["ranks"] == json.loads(pipeline["ranks"]) and len(bench["round_step_ms"]) == 1
+    assert "error" not in bench  # an ok cell: the table notes only the configurations that failed
 
 
 def test_state_tensor_bytes_counts_parameters_buffers_and_optimizer_state_once():
@@ -70,7 +107,7 @@ def test_state_tensor_bytes_counts_parameters_buffers_and_optimizer_state_once()
 @pytest.mark.parametrize("share, speedup, bound", [(0.0, 3.0, 1.0), (1.0, 2.0, 2.0), (0.5, 2.0, 4 / 3)])
 def test_amdahl_bound(share, speedup, bound):
     assert steps.amdahl_bound(share, speedup) == pytest.approx(bound)
-    assert steps.amdahl_note({"step_ms": 1.0}) == ""  # not measured: no note
+    assert steps.amdahl_note({"step_time_ms": 1.0}) == ""  # not measured: no note
 
 
 @pytest.mark.slow
@@ -84,29 +121,29 @@ def test_step_workers_take_turns_and_a_failure_is_reported():
     seen = []
     res = steps.run_step_rounds(jobs, 2, timeout_s=300, progress=seen.append)
     for name in ("dense", "comera"):
-        assert len(res[name]["step_ms_rounds"]) == 2 and res[name]["step_ms"] > 0
+        assert len(res[name]["round_step_ms"]) == 2 and res[name]["step_time_ms"] > 0
     assert res["broken"]["error"].startswith("exit 1") and "no-such-method" in res["broken"]["error"]
     assert any("round 2/3" in line for line in seen)
-    assert len(steps.round_ratios(res, ("dense", "step_ms"), ("comera", "step_ms"))) == 2
+    assert len(steps.round_ratios(res, ("dense", "step_time_ms"), ("comera", "step_time_ms"))) == 2
 
 
 def _fake_results(dense_ms: float = 800.0, **comera_b32) -> dict:
     """Worker results of every configuration of target 2 (comera_b1 failed)."""
-    ok = {"peak_kind": "cpu_rss_delta"}
-    return {"dense_b32": {**ok, "step_ms": dense_ms, "peak_bytes": 1000},
-            "comera_b32": {**ok, "step_ms": 100.0, "peak_bytes": 500, **comera_b32},
-            "galore_b1": {**ok, "step_ms": 60.0, "peak_bytes": 2400},
+    ok = {"peak_mem_kind": "cpu_rss_delta"}
+    return {"dense_b32": {**ok, "step_time_ms": dense_ms, "peak_mem_bytes": 1000},
+            "comera_b32": {**ok, "step_time_ms": 100.0, "peak_mem_bytes": 500, **comera_b32},
+            "galore_b1": {**ok, "step_time_ms": 60.0, "peak_mem_bytes": 2400},
             "comera_b1": {"error": "exit 1: boom"},
-            "small_dense_b32": {**ok, "step_ms": 50.0, "peak_bytes": 100},
-            "small_comera_b32": {**ok, "step_ms": 40.0, "peak_bytes": 100},
-            "small_dense_b1": {**ok, "step_ms": 10.0, "peak_bytes": 100},
-            "small_comera_b1": {**ok, "step_ms": 16.0, "peak_bytes": 100}}
+            "small_dense_b32": {**ok, "step_time_ms": 50.0, "peak_mem_bytes": 100},
+            "small_comera_b32": {**ok, "step_time_ms": 40.0, "peak_mem_bytes": 100},
+            "small_dense_b1": {**ok, "step_time_ms": 10.0, "peak_mem_bytes": 100},
+            "small_comera_b1": {**ok, "step_time_ms": 16.0, "peak_mem_bytes": 100}}
 
 
 def test_step_table_from_worker_results(monkeypatch):
     """Targets 2 and 4 turn the per-configuration results into ratios judged against the goals file
     (subprocess replaced); the bound of a speed row is the ratio free tensorized layers would give."""
-    fake = _fake_results(step_ms_halved=80.0, ranks={"l": [1, 8, 1]}, ranks_halved={"l": [1, 4, 1]},
+    fake = _fake_results(step_time_ms_halved=80.0, ranks={"l": [1, 8, 1]}, ranks_halved={"l": [1, 4, 1]},
                          tt_layers_ms=40.0, tt_layers_ms_halved=20.0, tt_layers_seen=1, tt_layers=1,
                          tt_layers_flops=9e9, tt_layers_flops_halved=5e9, tt_layers_traffic=4e8,
                          tt_layers_traffic_halved=3.2e8, allocator="glibc x")
@@ -127,28 +164,34 @@ def test_step_table_from_worker_results(monkeypatch):
     # 40 of 100 ms in the tensorized layers: the other 60 ms bound the ratio by 800 / 60
     assert speed.bound == pytest.approx(800 / 60) and speed.bound_basis == "free tensorized layers"
     assert "f=0.40" in speed.note and "uncompressed model" in speed.note and "size=tiny" in speed.settings
+    assert "timing" not in speed.note  # no verdict from the cells' judge: nothing to say
+    fake["dense_b32"]["timing_quality"], fake["comera_b32"]["timing_quality"] = "noisy: 2 timed steps (< 5)", "stable"
+    noisy = next(r for r in steps.target_steps(Config.make("cpu", 1, quick=True), {2}, 10)
+                 if r.goal_key == "step.paper.speedup_vs_dense_b32")
+    assert "tiny dense b8 timing noisy: 2 timed steps (< 5)" in noisy.note and "comera b8 timing" not in noisy.note
+    del fake["dense_b32"]["timing_quality"], fake["comera_b32"]["timing_quality"]
     small = by_key["step.small.speedup_vs_dense_b1"]
     assert "tiny preset" in small.what and small.goal == 0.667 and small.bound is None  # --quick runs tiny
     assert "tiny preset, batch 8" in speed.what and "tiny dense b8 800.0 ms" in speed.medians
     halving = by_key["halving.amdahl_fraction"]  # f=0.4, s=2: 1/(0.6+0.2) = 1.25 = the step's 100/80
     assert "= 1.25x" in halving.note and "1.25x; Amdahl estimate 1.25x" in halving.medians
     assert "l: [1, 8, 1] -> [1, 4, 1]" in halving.settings
-    # with the alternated rounds of a full-rank copy and the halved model, each speedup is the median of
-    # the per-round ratios (steps 1.5, 1.25, 1.6 -> 1.5; layers 2, 2.5, 1.5 -> 2) and the copy's medians
+    # with the alternated rounds of the full-rank model and its halved copy, each speedup is the median of
+    # the per-round ratios (steps 1.5, 1.25, 1.6 -> 1.5; layers 2, 2.5, 1.5 -> 2) and the full model's medians
     # (step 120 ms, layers 40 ms) give the share f = 1/3: s = 2, estimate 1.2x
-    fake["comera_b32"].update(step_ms_halving_rounds=[(120.0, 80.0), (100.0, 80.0), (128.0, 80.0)],
-                              step_ms_before_halving=120.0,
+    fake["comera_b32"].update(step_time_ms_halving_rounds=[(120.0, 80.0), (100.0, 80.0), (128.0, 80.0)],
+                              step_time_ms_before_halving=120.0,
                               tt_layers_ms_halving_rounds=[(40.0, 20.0), (50.0, 20.0), (30.0, 20.0)],
                               tt_layers_ms_before_halving=40.0)
     alternated = {r.goal_key: r for r in steps.target_steps(Config.make("cpu", 1, quick=True), {4}, 10)}
     row = alternated["halving.amdahl_fraction"]
     assert row.measured == pytest.approx(1.5 / 1.2) and "f=0.33" in row.note and "40.0 of 120.0 ms" in row.note
-    assert "before 120.0 ms, after 80.0 ms (a full-rank copy and the halved model alternating in 3 rounds; " \
+    assert "before 120.0 ms, after 80.0 ms (the full-rank model and its halved copy alternating in 3 rounds; " \
            "per round 1.50, 1.25, 1.60): 1.50x; Amdahl estimate 1.20x" in row.medians
     lone = alternated["halving.layers_speedup"]
     assert lone.measured == 2.0 and lone.medians == (
-        "before 40.0 ms, after 20.0 ms (1 modules, each re-run alone on its step input; a full-rank copy and "
-        "the halved model alternating in 3 rounds; per round 2.00, 2.50, 1.50)")
+        "before 40.0 ms, after 20.0 ms (1 modules, each re-run alone on its step input; the full-rank model "
+        "and its halved copy alternating in 3 rounds; per round 2.00, 2.50, 1.50)")
     layers = by_key["halving.layers_speedup"]  # the FLOP ratio bounds the layers' speedup
     assert layers.flop_ratio == layers.bound == pytest.approx(1.8) and layers.bound_basis == "FLOPs"
     assert layers.traffic_ratio == pytest.approx(1.25) and "FLOPs 1.80x" in layers.note
@@ -202,8 +245,8 @@ def test_step_ratios_are_medians_of_per_round_ratios(monkeypatch):
     medians); a failed configuration is named; memory is one reading per process."""
     per_round = {"dense_b32": [800.0, 1200.0, 900.0], "comera_b32": [100.0, 400.0, 300.0],
                  "galore_b1": [60.0, 60.0, 60.0], "comera_b1": [10.0, 20.0, 20.0]}
-    fake = {name: {"step_ms": sorted(ms)[1], "step_ms_rounds": ms, "peak_bytes": 1000,
-                   "peak_kind": "cpu_rss_delta"} for name, ms in per_round.items()}
+    fake = {name: {"step_time_ms": sorted(ms)[1], "round_step_ms": ms, "peak_mem_bytes": 1000,
+                   "peak_mem_kind": "cpu_rss_delta"} for name, ms in per_round.items()}
     fake["galore_b1"] = {"error": "exit 1: flaky"}
     monkeypatch.setattr(steps, "run_step_rounds", lambda jobs, rounds, timeout_s, progress: fake)
     cfg = Config.make("cpu", 1, quick=True, step_rounds=3)
@@ -213,7 +256,7 @@ def test_step_ratios_are_medians_of_per_round_ratios(monkeypatch):
     assert "tiny dense b8 900.0 ms" in speed.medians and "tiny comera b8 300.0 ms" in speed.medians
     assert got["step.paper.speedup_vs_galore_b1"].measured is None
     assert "galore_b1: exit 1: flaky" in speed.note and "3 interleaved round(s)" in speed.settings
-    assert steps.round_ratios(fake, ("dense_b32", "peak_bytes"), ("comera_b32", "peak_bytes")) == [1.0]
+    assert steps.round_ratios(fake, ("dense_b32", "peak_mem_bytes"), ("comera_b32", "peak_mem_bytes")) == [1.0]
 
 
 
@@ -222,13 +265,13 @@ def test_a_step_speedup_above_its_own_bound_is_impossible_not_a_pass(monkeypatch
     in its tensorized layers, median step 205 ms): the per-round ratios 80 and 2 give 41x, while even free
     tensorized layers would give 800 / 200 = 4x: impossible (noise), never a pass of the 4x goal."""
     fake = _fake_results()
-    fake["dense_b32"].update(step_ms=800.0, step_ms_rounds=[800.0, 800.0])
-    fake["comera_b32"].update(step_ms=205.0, step_ms_rounds=[10.0, 400.0], tt_layers_ms=5.0)
+    fake["dense_b32"].update(step_time_ms=800.0, round_step_ms=[800.0, 800.0])
+    fake["comera_b32"].update(step_time_ms=205.0, round_step_ms=[10.0, 400.0], tt_layers_ms=5.0)
     monkeypatch.setattr(steps, "run_step_rounds", lambda jobs, rounds, timeout_s, progress: fake)
     rows = {r.goal_key: r for r in steps.target_steps(Config.make("cpu", 1, quick=True, step_rounds=2), {2}, 10)}
     speed = rows["step.paper.speedup_vs_dense_b32"]
     assert speed.measured == pytest.approx(41.0) and speed.bound == pytest.approx(4.0)
     assert speed.verdict == "impossible" and "above its own bound 4.00 (free tensorized layers)" in speed.note
-    fake["comera_b32"].update(step_ms_rounds=[190.0, 210.0])  # a quiet machine: 4.2x and 3.8x, median 4x
+    fake["comera_b32"].update(round_step_ms=[190.0, 210.0])  # a quiet machine: 4.2x and 3.8x, median 4x
     rows = {r.goal_key: r for r in steps.target_steps(Config.make("cpu", 1, quick=True, step_rounds=2), {2}, 10)}
     assert rows["step.paper.speedup_vs_dense_b32"].verdict == "pass"

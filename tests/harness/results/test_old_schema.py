@@ -52,7 +52,7 @@ def test_reports_read_a_merged_table_of_an_older_schema(tmp_path, capsys):
     row.update(run_id="old", workload="transformer", method="dense", variant="default", status="ok", error="",
                batch_size=8, seed=0, step_time_ms=2.0, epoch_time_s=1.0, settings="{}")
     timing_cols = ["timing_quality", "load_avg_1m", "cpu_pressure", "run_queue_frac", "cpu_time_ratio",
-                   "timing_group", "round_step_ms"]
+                   "timing_group", "round_step_ms", "round_step_mean_ms"]
     results.to_frame([row], "runs").drop(columns=timing_cols).to_parquet(folder / "runs.parquet", index=False)
     res = tables.load(folder)
     assert res.runs.timing_quality.isna().all()

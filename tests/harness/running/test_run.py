@@ -569,3 +569,41 @@ open({str(out)!r}, "w").write(json.dumps(row, default=str))
     row = json.loads(out.read_text())
     assert failed == 0 and row["timing_group"] == "g" and row["group_start_s"] > 0
     assert "interleaved rounds" not in row["timing_quality"]
+    means = json.loads(row["round_step_mean_ms"])  # per round: the statistic every time ratio uses
+    assert len(means) == len(json.loads(row["round_step_ms"])) == 2 and all(m > 0 for m in means)
+
+
+def test_every_training_step_is_prepared_train_step(monkeypatch):
+    """One step definition: the cell loop runs Prepared.train_step (whose eager part, Prepared.update, is
+    what a CUDA graph captures) once per step; the warm-up's throwaway step is one too."""
+    from baselines.base import Prepared
+
+    calls = []
+    real = Prepared.train_step
+    monkeypatch.setattr(Prepared, "train_step", lambda self, *a, **kw: calls.append(a[2]) or real(self, *a, **kw))
+    spec = toy_spec(budget={"epochs": 1, "max_steps_per_epoch": 4, "eval_every_steps": None})
+    row, _ = runner.run_cell(spec, registry=TOY_REGISTRY)
+    assert row["status"] == "ok" and calls == [0, 0, 1, 2, 3]  # the warm-up's step, then the cell's
+
+
+def test_after_steps_runs_once_outside_the_memory_region_on_the_trained_cell(monkeypatch):
+    """run_cell's after_steps (the performance bench's profile) gets the trained cell after its last step,
+    once the memory region has ended; what it raises is the row's error."""
+    events = []
+    stop = runner.measure.MemoryMonitor.stop
+    monkeypatch.setattr(runner.measure.MemoryMonitor, "stop", lambda self: events.append("stop") or stop(self))
+
+    def after_steps(cell):
+        events.append(("after_steps", cell.steps_done, cell.run_id))
+        cell.prepared.train_step(cell.workload, cell.batch, cell.steps_done)  # more steps: not in the row
+
+    spec = toy_spec(budget={"epochs": 1, "max_steps_per_epoch": 3, "eval_every_steps": None})
+    row, _ = runner.run_cell(spec, registry=TOY_REGISTRY, after_steps=after_steps)
+    assert row["status"] == "ok" and events[:2] == ["stop", ("after_steps", 3, row["run_id"])]
+    assert json.loads(row["extra"])["steps_done"] == 3 and len(json.loads(row["extra"])["step_ms"]) == 3
+
+    def broken(cell):
+        raise RuntimeError("profile broke")
+
+    row, _ = runner.run_cell(spec, registry=TOY_REGISTRY, after_steps=broken)
+    assert row["status"] == "error" and "profile broke" in row["error"]

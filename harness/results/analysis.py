@@ -1,0 +1,397 @@
+"""The analysis layer: what the runs table means, every statistic the reports show, defined once.
+
+The report modules (harness.reports: tables, figures, claims, compare, noisy) only render what this
+module computes. harness.core.timing measures the machine's state and writes each row's verdict
+(``timing_quality``) when the cell runs; this module reads the rows.
+
+* The :class:`Results` model of one device's results folder (:func:`load`) and the row predicates: a
+  row's purpose (:func:`purpose_of`, :func:`is_timing`), its stability (:func:`is_stable`, :func:`stable`).
+* The one time statistic, :func:`ratio` (a :class:`Ratio` with its spread), and the pairing of two
+  method configurations' rows over seeds (:func:`pair_ratio`: the median over seeds, the only place
+  seeds are aggregated).
+* Which rows may be compared: the same GPU model (:func:`on_gpu`), timed together (:func:`timed_together`),
+  the same memory kind (:func:`same_memory_kind`).
+
+The time statistic (docs/measurement.md, "Ratios"): the time of a cell is its MEAN step time, so that
+periodic work (pruning every k steps, GaLore's projection update) is counted. Two cells timed together
+in interleaved rounds (same ``timing_group``, host and device) are compared round by round: in each
+round the ratio of the two cells' mean step times (``round_step_mean_ms``: the round's total time over
+its counted steps), then the median over the rounds, with their inter-quartile range as the spread.
+Otherwise -- cells timed apart, or rows written before ``round_step_mean_ms`` existed -- the ratio of
+their ``epoch_time_s`` (mean step time x steps per epoch, or whole epochs measured: both include the
+periodic work), with no spread; :attr:`Ratio.basis` says which.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import pandas as pd
+
+from harness.core.timing import STABLE, finite, quartiles
+from harness.results import empty_frame, read_parquet
+
+TIME = "epoch_time_s"
+"""The time column a ratio is asked for: a cell's time per epoch (see the module docstring)."""
+MEMORY = "peak_mem_bytes"
+"""The memory column; a ratio needs both rows' memory of one kind (:func:`same_memory_kind`)."""
+TIMING, QUALITY = "timing", "quality"
+"""Purposes of a cell: timed (a short run for time and memory) or trained (accuracy, rank adaptation)."""
+INTERLEAVED = "median over rounds of per-round mean step time ratios"
+NOT_INTERLEAVED = "not interleaved: ratio of mean-based epoch times"
+NO_ROUNDS = ("interleaved, but no per-round means to pair (rows written before round_step_mean_ms): "
+             "ratio of mean-based epoch times")
+VALUES = "ratio of the values"
+
+
+# ---------------------------------------------------------------------------------------- row values
+
+def json_column(value: Any, default: Any) -> Any:
+    """A JSON column's value parsed (``settings``, ``extra``, ``ranks``, ``round_step_mean_ms``).
+
+    Args:
+        value: the cell of the column (a JSON string, or null).
+        default: returned when the value is null, empty, not JSON, or not of ``default``'s type.
+
+    Returns:
+        The parsed value, or ``default``.
+    """
+    if not isinstance(value, str) or not value:
+        return default
+    try:
+        data = json.loads(value)
+    except ValueError:
+        return default
+    return data if isinstance(data, type(default)) else default
+
+
+def settings_of(row: Any) -> dict[str, Any]:
+    """A row's ``settings`` JSON (method settings, workload params, budget, execution); {} if none."""
+    return json_column(getattr(row, "settings", None), {})
+
+
+def extra_of(row: Any) -> dict[str, Any]:
+    """A row's ``extra`` JSON (evaluation metrics, timing details, traceback); {} if none."""
+    return json_column(getattr(row, "extra", None), {})
+
+
+def ranks_of(row: Any) -> dict[str, list[int]]:
+    """A row's ``ranks`` JSON (layer -> TT ranks at the end); {} if none."""
+    return json_column(getattr(row, "ranks", None), {})
+
+
+def model_size(settings: dict[str, Any], spec: dict[str, Any]) -> str:
+    """The workload's size preset from a row's settings JSON, else its grid spec ("default" if none)."""
+    return (settings.get("workload_params", {}).get("size") or spec.get("workload_params", {}).get("size")
+            or "default")
+
+
+# ------------------------------------------------------------------------------------ row predicates
+
+def purpose_of(runs: pd.DataFrame) -> pd.Series:
+    """Each row's purpose; null (files written before quality cells existed) reads as "timing"."""
+    return runs.purpose.fillna(TIMING)
+
+
+def is_timing(runs: pd.DataFrame) -> pd.Series:
+    """Which rows are timing cells (:func:`purpose_of` "timing")."""
+    return purpose_of(runs) == TIMING
+
+
+def timing_cells(runs: pd.DataFrame) -> pd.DataFrame:
+    """Rows of timing cells (:func:`is_timing`)."""
+    return runs[is_timing(runs)]
+
+
+def is_stable(row: Mapping[str, Any] | pd.Series) -> bool:
+    """Whether one row's timing is stable: its ``timing_quality`` verdict (harness.core.timing.judge) is
+    "stable"; a row written before the verdict existed is not.
+
+    Args:
+        row: a runs row (a mapping or a pandas row).
+
+    Returns:
+        True when the row may enter a time ratio.
+    """
+    return row.get("timing_quality") == STABLE
+
+
+def stable(runs: pd.DataFrame) -> pd.Series:
+    """:func:`is_stable` of every row of a runs frame."""
+    return runs.timing_quality.fillna("") == STABLE
+
+
+def stable_only(runs: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``runs`` whose timing is stable (:func:`stable`)."""
+    return runs[stable(runs)] if len(runs) else runs
+
+
+def unstable_timing_cells(runs: pd.DataFrame) -> pd.DataFrame:
+    """Ok timing cells whose timing is not stable: the rows no time ratio uses."""
+    cells = timing_cells(runs)
+    return cells[(cells.status == "ok") & ~stable(cells)]
+
+
+def noisy_reason(row: Mapping[str, Any] | pd.Series) -> str:
+    """Why a row is not stable: its verdict's reasons, or that it has none (written before the column)."""
+    value = row.get("timing_quality")
+    if not isinstance(value, str) or not value:
+        return "no timing verdict (written before timing_quality existed)"
+    return value.removeprefix("noisy: ")
+
+
+def describe_left_out(rows: Iterable[Mapping[str, Any] | pd.Series]) -> list[str]:
+    """``run_id: reason`` for each row that is not stable (for notes under tables and claims)."""
+    return [f"{row.get('run_id')}: {noisy_reason(row)}" for row in rows if not is_stable(row)]
+
+
+def relative_iqr(runs: pd.DataFrame) -> pd.Series:
+    """Each row's step-time IQR over its median step time (NaN where either is unknown or zero): the
+    spread of one cell's steps, drawn as its bar in the figures."""
+    return (runs.step_time_ms_iqr / runs.step_time_ms).where(runs.step_time_ms > 0)
+
+
+# ------------------------------------------------------------------------------------- comparability
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def on_gpu(device: Any, device_name: Any, gpu: str) -> bool:
+    """Whether a row ran on a CUDA device of the GPU model ``gpu``: the device name's slug is the GPU's
+    slug or ends with "-" + it ("NVIDIA GeForce RTX 3090" is an RTX 3090; "RTX 3090 Ti", "RTX 4090" or an
+    H200 are not).
+
+    Args:
+        device: the row's ``device`` ("cuda", "cpu").
+        device_name: the row's ``device_name``.
+        gpu: a GPU model as the paper names it ("RTX 3090").
+
+    Returns:
+        True for that GPU model.
+    """
+    name, want = _slug(str(device_name or "")), _slug(gpu)
+    return device == "cuda" and (name == want or name.endswith("-" + want))
+
+
+def gpu_rows(df: pd.DataFrame, gpu: str) -> pd.Series:
+    """Rows (runs or microbench) measured on the GPU model ``gpu`` (:func:`on_gpu`)."""
+    return pd.Series([on_gpu(d, n, gpu) for d, n in zip(df.device, df.device_name)], index=df.index, dtype=bool)
+
+
+def timed_together(num: Mapping[str, Any], den: Mapping[str, Any]) -> bool:
+    """Whether two runs rows were timed in the same interleaved rounds: the same ``timing_group`` on the
+    same host and device (the same group name on two machines is two groups)."""
+    group = num.get("timing_group")
+    return isinstance(group, str) and bool(group) and all(num.get(c) == den.get(c) for c in ("timing_group", "hostname", "device_name"))
+
+
+def same_memory_kind(num: Mapping[str, Any], den: Mapping[str, Any]) -> bool:
+    """Whether two rows' peak memories are of one kind (``cuda_allocated`` and ``cpu_rss_delta`` are not
+    comparable)."""
+    return str(num.get("peak_mem_kind")) == str(den.get("peak_mem_kind"))
+
+
+# ------------------------------------------------------------------------------------------- ratios
+
+@dataclass(frozen=True)
+class Ratio:
+    """A ratio of two cells' quantities with its spread (see the module docstring).
+
+    Attributes:
+        value: the ratio (median over rounds where interleaved).
+        low: the first quartile of the per-round ratios (``value`` without rounds).
+        high: the third quartile of the per-round ratios (``value`` without rounds).
+        n: how many rounds it is the median of (1 without rounds).
+        interleaved: whether it comes from per-round ratios of cells timed together.
+        basis: how it was computed, in words.
+    """
+
+    value: float
+    low: float
+    high: float
+    n: int = 1
+    interleaved: bool = False
+    basis: str = NOT_INTERLEAVED
+
+    def text(self, digits: int = 2) -> str:
+        """"2.40x [2.31-2.52]" (interleaved, with the IQR over rounds) or "2.40x"."""
+        if self.interleaved and self.n > 1:
+            return f"{self.value:.{digits}f}x [{self.low:.{digits}f}-{self.high:.{digits}f}]"
+        return f"{self.value:.{digits}f}x"
+
+
+def round_means(row: Mapping[str, Any]) -> list[float | None]:
+    """A row's mean step time of each timing round (``round_step_mean_ms``; [] when the row has none)."""
+    return json_column(row.get("round_step_mean_ms"), [])
+
+
+def ratio(num: Mapping[str, Any], den: Mapping[str, Any], column: str = TIME) -> Ratio | None:
+    """``num`` / ``den`` for two runs rows: the one statistic every report shows.
+
+    Args:
+        num: the numerator's row (a mapping or a pandas row).
+        den: the denominator's row.
+        column: :data:`TIME` (the time statistic of the module docstring: per-round mean step time
+            ratios of cells timed together, else the ratio of their mean-based epoch times; both rows
+            must be stable, :func:`is_stable`), :data:`MEMORY` (the ratio of the values, of one memory
+            kind) or another numeric column (the ratio of the values).
+
+    Returns:
+        The ratio, or None when either side is missing, the denominator is not positive, or the rows
+        may not be compared (a time of an unstable row, memories of two kinds).
+    """
+    if column == TIME and not (is_stable(num) and is_stable(den)):
+        return None
+    if column == MEMORY and not same_memory_kind(num, den):
+        return None
+    if column == TIME and timed_together(num, den):
+        a, b = round_means(num), round_means(den)
+        per_round = [x / y for x, y in zip(a, b) if finite(x) and finite(y) and y > 0]
+        if per_round and len(a) == len(b):
+            low, mid, high = quartiles(per_round)
+            return Ratio(mid, low, high, len(per_round), True, INTERLEAVED)
+    x, y = num.get(column), den.get(column)
+    if not (finite(x) and finite(y)) or y <= 0:
+        return None
+    basis = VALUES if column != TIME else NO_ROUNDS if timed_together(num, den) else NOT_INTERLEAVED
+    return Ratio(x / y, x / y, x / y, 1, False, basis)
+
+
+def pair_ratio(a: pd.DataFrame, b: pd.DataFrame, column: str = TIME) -> Ratio | None:
+    """``column`` of the rows ``a`` over the rows ``b`` (two method configurations at one key): per seed
+    the :func:`ratio` of the seed's rows, then the median over seeds (the middle one; the upper middle
+    for an even count). Time ratios use stable rows only (:func:`stable_only`: a stable repeat of a seed
+    counts where another is not).
+
+    Args:
+        a: the numerator configuration's rows (one per seed).
+        b: the denominator configuration's rows.
+        column: as for :func:`ratio`.
+
+    Returns:
+        The median ratio over the seeds both have, or None when there is none.
+    """
+    if column == TIME:
+        a, b = stable_only(a), stable_only(b)
+    found = []
+    for seed, ra in a.groupby("seed", dropna=False):
+        rb = b[b.seed == seed] if pd.notna(seed) else b[b.seed.isna()]
+        if len(rb):
+            r = ratio(ra.iloc[0], rb.iloc[0], column)
+            if r is not None:
+                found.append(r)
+    if not found:
+        return None
+    found.sort(key=lambda r: r.value)
+    return found[len(found) // 2]
+
+
+# ------------------------------------------------------------------------------------ results model
+
+def budget_text(budget: dict[str, Any]) -> str:
+    """A cell's budget in words ("1 epoch(s), <= 16 steps/epoch, evaluated every 16 steps")."""
+    steps = budget.get("max_steps_per_epoch")
+    text = f"{budget['epochs']} epoch(s), " + (f"<= {steps} steps/epoch" if steps else "full epochs")
+    return text + (f", evaluated every {budget['eval_every_steps']} steps" if budget.get("eval_every_steps") else "")
+
+
+@dataclass
+class Results:
+    """One device's merged results folder: runs, curves, microbench and the grid it came from."""
+
+    label: str
+    runs: pd.DataFrame
+    curves: pd.DataFrame
+    microbench: pd.DataFrame
+    cells: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sweeps: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def main_runs(self, workload: str) -> pd.DataFrame:
+        """Timing runs of a workload outside any sweep and without CUDA graph (the Fig 1/8 cells)."""
+        return self.plain(timing_cells(self.runs[self.runs.workload == workload]))
+
+    def quality_runs(self, workload: str) -> tuple[pd.DataFrame, str]:
+        """(runs, source): the workload's quality cells (trained to compare accuracy and rank
+        adaptation) outside any sweep and without CUDA graph, or its timing runs when the grid has no
+        quality cell (said in ``source``)."""
+        df = self.plain(self.runs[(self.runs.workload == workload) & (purpose_of(self.runs) == QUALITY)])
+        if len(df):
+            return df, "quality cells"
+        return self.main_runs(workload), "timing cells (this grid has no quality cells)"
+
+    def plain(self, df: pd.DataFrame) -> pd.DataFrame:
+        """The rows of ``df`` outside any sweep and without CUDA graph."""
+        graph = df.run_id.map(self.cuda_graph).astype(bool)
+        return df[~df.run_id.isin(list(self.sweeps)) & ~graph]
+
+    def switch(self, row: Any) -> dict[str, float]:
+        """A CoMERA run's stage switch: step, TT size (from its settings), accuracy right after it and
+        the TT size at the end (from its curves); empty when the late stage never started."""
+        info = dict(settings_of(row).get("method", {}).get("switch") or {})
+        if not info.get("step"):
+            return {}
+        acc = self.curves[(self.curves.run_id == row.run_id) & (self.curves.split == "eval")
+                          & (self.curves.metric_name == "accuracy") & (self.curves.step == info["step"])]
+        info["accuracy"] = float(acc.value.iloc[-1]) if len(acc) else None
+        info["size_end"] = self.tt_size(row.run_id)
+        return info
+
+    def tt_size(self, run_id: str, first: bool = False) -> float | None:
+        """A run's TT size (curves method/params_tt, recorded after every step): the last record, or with
+        ``first`` the one after the first step (the size before training unless that step pruned)."""
+        c = self.curves[(self.curves.run_id == run_id) & (self.curves.split == "method")
+                        & (self.curves.metric_name == "params_tt")].sort_values("step")
+        return float(c.value.iloc[0 if first else -1]) if len(c) else None
+
+    def cuda_graph(self, run_id: str) -> bool:
+        """Whether the cell ran with CUDA graph (its grid spec's execution.cuda_graph)."""
+        return bool(self.cells.get(run_id, {}).get("execution", {}).get("cuda_graph", False))
+
+    def settings_line(self, workload: str | None = None, runs: pd.DataFrame | None = None) -> str:
+        """Device + settings for captions: device name, threads, torch, workload params and budget of the
+        first of ``runs`` (default: the workload's runs, timing cells first)."""
+        if runs is None:
+            runs = self.runs if workload is None else self.runs[self.runs.workload == workload]
+            runs = runs.loc[(~is_timing(runs)).sort_values(kind="stable").index]
+        if not len(runs):
+            return f"device {self.label}: no runs"
+        first = runs.iloc[0]
+        threads = f"{first.num_threads} thread" + ("" if pd.notna(first.num_threads) and first.num_threads == 1 else "s")
+        parts = [f"device {self.label} ({first.device_name}, {first.device}, {threads})",
+                 f"torch {first.torch_version}"]
+        spec = self.cells.get(first.run_id)
+        if spec is not None and workload is not None:
+            params = ", ".join(f"{k}={v}" for k, v in sorted(spec["workload_params"].items())) or "defaults"
+            parts.append(f"{workload} [{params}]")
+            parts.append(budget_text(spec["budget"]))
+        kinds = sorted(runs.peak_mem_kind.dropna().unique())
+        if kinds:
+            parts.append("memory = " + "/".join(kinds))
+        return "; ".join(parts)
+
+
+def load(folder: str | Path, label: str | None = None) -> Results:
+    """Read results/<device>/ (runs.parquet required; curves, microbench, grid.json when present).
+
+    Args:
+        folder: the device's merged results folder.
+        label: the device's name in the reports (default: the folder's name).
+
+    Returns:
+        The folder's :class:`Results`; tables of an older schema get their missing columns as nulls.
+    """
+    folder = Path(folder)
+    runs = read_parquet(folder / "runs.parquet", "runs", fill_missing=True)  # older schemas: nulls, warned
+
+    def optional(name: str, kind: str) -> pd.DataFrame:
+        path = folder / name
+        return read_parquet(path, kind, fill_missing=True) if path.exists() else empty_frame(kind)
+
+    grid = json.loads((folder / "grid.json").read_text()) if (folder / "grid.json").exists() else {}
+    return Results(label or folder.name, runs, optional("curves.parquet", "curves"),
+                   optional("microbench.parquet", "microbench"), grid.get("cells", {}),
+                   grid.get("sweeps", {}))

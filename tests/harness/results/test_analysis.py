@@ -1,0 +1,77 @@
+"""The analysis layer (harness/results/analysis.py): the one time ratio and its fallbacks, stability, the
+rows that may be compared, and the median over seeds."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from harness.results import analysis
+
+
+def _row(group, means, epoch_s, *, quality="stable", host="h", medians=None, **extra):
+    return {"timing_group": group, "round_step_mean_ms": None if means is None else json.dumps(means),
+            "round_step_ms": json.dumps(medians or []), "epoch_time_s": epoch_s, "timing_quality": quality,
+            "hostname": host, "device_name": "cpu", **extra}
+
+
+def test_ratio_per_round_of_mean_step_times_when_timed_together():
+    a, b = _row("g", [30, 33, 60, 30, 36], 33.0), _row("g", [10, 11, 20, 12, 12], 12.0)
+    r = analysis.ratio(a, b)
+    assert r.interleaved and r.n == 5 and r.value == pytest.approx(3.0)  # per round 3, 3, 3, 2.5, 3
+    assert (r.low, r.high) == (pytest.approx(3.0), pytest.approx(3.0))
+    assert r.text() == "3.00x [3.00-3.00]" and r.basis == analysis.INTERLEAVED
+    wide = analysis.ratio(_row("g", [10, 30, 10, 30], 1.0), _row("g", [10, 10, 10, 10], 1.0))
+    assert (wide.low, wide.value, wide.high) == (pytest.approx(1.0), pytest.approx(2.0), pytest.approx(3.0))
+
+
+def test_ratio_of_mean_based_epoch_times_otherwise():
+    apart = analysis.ratio(_row("g1", [1.0], 33.0), _row("g2", [1.0], 11.0))
+    assert not apart.interleaved and apart.value == pytest.approx(3.0) and apart.n == 1
+    assert apart.basis == analysis.NOT_INTERLEAVED and apart.text() == "3.00x"
+    # the same group name on two machines is two groups
+    assert not analysis.ratio(_row("g", [3.0], 33.0, host="a"), _row("g", [1.0], 11.0, host="b")).interleaved
+    # a row written before round_step_mean_ms: its per-round medians are not used
+    old = analysis.ratio(_row("g", None, 18.0, medians=[10.0]), _row("g", None, 10.0, medians=[10.0]))
+    assert old.value == pytest.approx(1.8) and old.basis == analysis.NO_ROUNDS
+    assert analysis.ratio(_row(None, [], 1.0), {"epoch_time_s": None, "timing_quality": "stable"}) is None
+
+
+def test_time_ratio_needs_stable_rows_and_memory_ratio_one_kind():
+    assert analysis.ratio(_row("g", [2.0], 2.0, quality="noisy: x"), _row("g", [1.0], 1.0)) is None
+    assert analysis.ratio(_row("g", [2.0], 2.0, quality=None), _row("g", [1.0], 1.0)) is None
+    a = _row(None, None, 1.0, quality="noisy: x", peak_mem_bytes=300, peak_mem_kind="cuda_allocated")
+    b = _row(None, None, 1.0, peak_mem_bytes=100, peak_mem_kind="cuda_allocated")
+    assert analysis.ratio(a, b, analysis.MEMORY).value == pytest.approx(3.0)  # memory keeps noisy rows
+    assert analysis.ratio(a, {**b, "peak_mem_kind": "cpu_rss_delta"}, analysis.MEMORY) is None
+
+
+def test_pair_ratio_is_the_median_over_seeds_of_stable_rows():
+    a = pd.DataFrame([_row(None, None, t, seed=s) for s, t in ((0, 2.0), (1, 4.0), (2, 3.0))])
+    b = pd.DataFrame([_row(None, None, 1.0, seed=s) for s in (0, 1, 2)])
+    assert analysis.pair_ratio(a, b).value == pytest.approx(3.0)
+    noisy = a.assign(timing_quality=["stable", "noisy: x", "noisy: x"])
+    assert analysis.pair_ratio(noisy, b).value == pytest.approx(2.0)
+    assert analysis.pair_ratio(a.iloc[:0], b) is None
+
+
+def test_is_stable_and_left_out_names_the_reason():
+    rows = [{"run_id": "a", "timing_quality": "stable"}, {"run_id": "b", "timing_quality": "noisy: x"},
+            {"run_id": "c", "timing_quality": None}]
+    assert [analysis.is_stable(r) for r in rows] == [True, False, False]
+    assert analysis.stable(pd.DataFrame(rows)).tolist() == [True, False, False]
+    assert analysis.describe_left_out(rows) == ["b: x", "c: no timing verdict (written before timing_quality existed)"]
+
+
+def test_on_gpu():
+    assert analysis.on_gpu("cuda", "NVIDIA GeForce RTX 3090", "RTX 3090")
+    assert analysis.on_gpu("cuda", "RTX 3090", "RTX 3090")
+    assert not analysis.on_gpu("cuda", "NVIDIA GeForce RTX 3090 Ti", "RTX 3090")
+    assert not analysis.on_gpu("cuda", "NVIDIA GeForce RTX 4090", "RTX 3090")
+    assert not analysis.on_gpu("cpu", "RTX 3090", "RTX 3090")
+
+
+def test_purpose_defaults_to_timing():
+    runs = pd.DataFrame({"purpose": [None, "timing", "quality"]})
+    assert analysis.is_timing(runs).tolist() == [True, True, False]
