@@ -84,6 +84,14 @@ def _with_spread(ax: plt.Axes, ok: pd.DataFrame, x: pd.Series, y: pd.Series, **s
     return drawn
 
 
+def _plain_log_ticks(axis: Any) -> None:
+    """A log axis labelled at 1, 2 and 5 per decade as plain numbers, its minor ticks unlabelled (the
+    default labels a short range's minor ticks in exponent notation, "3x10^-1" crowding "4x10^-1")."""
+    axis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
 def _log_if_spread(ax: plt.Axes, values: pd.Series) -> None:
     """A log y axis where the positive values span more than a decade, else linear from 0."""
     values = values[values > 0].dropna()
@@ -535,13 +543,15 @@ def fig5_ttm_lookup(res: Results, out: Path) -> None:
         ax.set_ylabel(ylabel)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        _plain_log_ticks(ax.yaxis)
         ax.set_xticks(tokens, [str(t) for t in tokens])  # ticks at the measured points only
         ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.grid(alpha=0.3)
     ax_m.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
     c6 = reference.claim("C6")["values"]
     first = mb.iloc[0]
-    _finish(fig, title, f"device {res.label} ({first.device_name}, {first.num_threads} threads); memory = "
+    threads = f"{first.num_threads} thread" + ("" if first.num_threads == 1 else "s")
+    _finish(fig, title, f"device {res.label} ({first.device_name}, {threads}); memory = "
             "the op's allocator peak above its inputs (CPU: profiler allocations, CUDA: max allocated); "
             "time bars: IQR of the timed blocks (torch.utils.benchmark). "
             f"{PAPER}: optimized TTM lookup {c6['lookup_speedup_min']:g}-{c6['lookup_speedup_max']:g}x "
