@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -195,9 +196,11 @@ def _cmd_run_isolated(args: argparse.Namespace) -> int:
     if args.progress is not None:
         command.append("--progress" if args.progress else "--no-progress")
     code, status = supervise.supervise(command, args.spec, args.runs_out, curves_out, log=args.log)
+    from harness.core import interleave
     from harness.running import eta
 
-    line = eta.pipeline_line(Path(args.runs_out).parent)
+    # a cell of a timing group: its coordinator prints the line once, when the whole group is done
+    line = "" if os.environ.get(interleave.ENV) else eta.pipeline_line(Path(args.runs_out).parent)
     if line:
         print(line, file=sys.stderr)
     return 1 if code == 0 and args.fail_on_error and status != "ok" else code

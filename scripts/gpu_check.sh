@@ -17,8 +17,9 @@
 # SIGTERM, SIGINT or SIGHUP stop the running phase, then the figures of what finished are drawn (at most
 # 30 s) and everything is packed. DEVICE=cpu QUICK=1 runs the same flow on the CPU with
 # config/gpu-tiny.yaml and the quick bench (the dry run of tests/scripts/test_gpu_check.py); PYTHON picks
-# the interpreter (default python3), WORK the pipeline's folder (default a new one in $TMPDIR), GRID_CONFIG
-# the grid (a file in config/), BUDGET_S TESTS_S BENCH_S FIGURES_S PACK_S KILL_S the limits above.
+# the interpreter (default python3), WORK the pipeline's folder (default a new one in $TMPDIR), WHEEL_SITE
+# where the wheels go (default WORK/site: no two checks share it), GRID_CONFIG the grid (a file in config/),
+# BUDGET_S TESTS_S BENCH_S FIGURES_S PACK_S KILL_S the limits above.
 # Exit status: 0 when every phase ended by itself with status 0.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -87,7 +88,7 @@ trap 'on_signal HUP' HUP
 trap finish EXIT
 
 # What the device image lacks travels as wheels (scripts/device_wheels.sh): installed where missing.
-site=${WHEEL_SITE:-/tmp/comera-site}
+site=${WHEEL_SITE:-$work/site}  # this run's own folder: two checks never share one
 if compgen -G "$repo/.whl/*.whl" > /dev/null; then
   mapfile -t wheels < <("$py" - "$repo"/.whl/*.whl << 'EOF'
 import sys

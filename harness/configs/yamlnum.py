@@ -73,3 +73,21 @@ def _merge(base: Any, update: Any) -> Any:
     if isinstance(base, dict) and isinstance(update, dict):
         return {**base, **{k: _merge(base.get(k, _ABSENT), v) if k in base else v for k, v in update.items()}}
     return update
+
+
+def typed_config_args(config: dict, config_args: Any) -> dict:
+    """``config`` with the mappings given on Snakemake's command line (``--config execution='{threads:
+    1}'``) read as YAML with :class:`NumberLoader`: Snakemake reads such a value with YAML's base loader,
+    which leaves every scalar in it a string (``'1'``, refused as not an integer). Scalar values
+    (``results_dir=out``) Snakemake already types itself; they are left as they are. In place."""
+    for arg in config_args or ():
+        key, sep, text = str(arg).partition("=")
+        if not sep:
+            continue
+        try:
+            value = load(text)
+        except yaml.YAMLError:
+            continue
+        if isinstance(value, dict) and isinstance(config.get(key), dict):
+            config[key] = _merge(config[key], value)
+    return config

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from harness.core import stops
+from harness.core.clock import clock
 
 ENV = "COMERA_BENCH_ROUNDS"
 POLL_S = 0.5
@@ -245,6 +246,16 @@ class _Coordinator:
                 self._drop(cell)
 
 
+def round_line(r: int, rounds: int, ran: int, elapsed_s: float, first_round_s: float) -> str:
+    """The line after round ``r`` (0-based) of ``rounds``: the group's seconds so far and, before the last
+    round, the time its other rounds take at the rate of those so far (the final evaluation not counted)."""
+    line = f"  round {r + 1}/{rounds}: {ran} cells ({elapsed_s:.0f} s)"
+    if r + 1 < rounds:
+        per_round = max(elapsed_s - first_round_s, 0.0) / (r + 1)
+        line += f"; about {clock(per_round * (rounds - r - 1))} left in this group's rounds"
+    return line
+
+
 def run_group(cells: Sequence[Cell], rounds: int, *, command: Callable[[Cell], list[str]], log=None,
               timeout_s: float | None = None) -> int:
     """Run ``cells`` in interleaved rounds (module docstring); returns the number of cells whose
@@ -280,7 +291,7 @@ def run_group(cells: Sequence[Cell], rounds: int, *, command: Callable[[Cell], l
                         log(f"  not in the rounds (ended before them): {', '.join(left)}")
                 ran = [coord.run_round(cell, r) for cell in (cells if r % 2 == 0 else cells[::-1])]
                 if any(ran):
-                    log(f"  round {r + 1}/{rounds}: {sum(ran)} cells ({time.monotonic() - started:.0f} s)")
+                    log(round_line(r, rounds, sum(ran), time.monotonic() - started, coord.first_round_s))
             coord.wait_until(rounds)
             coord.release()
             for cell in cells:

@@ -100,15 +100,33 @@ def busy_load(threads: int) -> str:
     return f"1-minute load average {load:.1f} on {cpus} CPUs"
 
 
-def busy_warning(threads: int) -> str:
+def slowdown(load: float, cpus: int, threads: int) -> float:
+    """How many times its quiet-machine time a job with ``threads`` CPU threads takes while ``load`` other
+    tasks are runnable on ``cpus`` CPUs, if the CPUs are shared fairly (at least 1; a lower bound: threads
+    that wait for each other at every parallel step lose more)."""
+    alone = min(threads, cpus)
+    shared = threads * cpus / (load + threads) if load + threads > cpus else alone
+    return max(alone / shared, 1.0)
+
+
+def busy_warning(threads: int, command: str = "") -> str:
     """A warning when the machine is already busier than a cell asking for ``threads`` CPU threads can
-    afford ('' when it is not): the 1-minute load average above the CPUs left for the cell."""
-    load = busy_load(threads)
-    if not load:
+    afford ('' when it is not): the 1-minute load average above the CPUs left for the cell; how many
+    times longer than on a quiet machine the cells will take (:func:`slowdown`); and ``command``, the
+    run with one thread per cell, to type if the user wants to run anyway."""
+    text = busy_load(threads)
+    if not text:
         return ""
-    return (f"the machine is busy ({load}) while each cell asks for "
-            f"{threads} thread(s): timings will be noisy; cells whose timing is not stable are named at the end "
-            "and left out of every verdict")
+    load, cpus = load_avg_1m() or 0.0, os.cpu_count() or 1
+    factor = slowdown(load, cpus, threads)
+    warning = (f"the machine is busy ({text}) while each cell asks for {threads} thread(s): every cell, and so "
+               f"the run, will take about {factor:.0f}x its time on a quiet machine or longer (the CPUs shared "
+               "with the other jobs); timings will be noisy: cells whose timing is not stable are named at the end "
+               "and left out of every verdict. Stop it (Ctrl-C) and run it when the machine is quiet")
+    if command:
+        warning += (f", or run it anyway with one thread per cell, which waits less for a CPU (the cells record "
+                    f"1 thread; cells timed with {threads} run again): {command}")
+    return warning + "."
 
 
 @dataclass

@@ -45,10 +45,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from harness.core import allocator
 from harness.core.measure import CPU_ALLOCATED, CUDA_ALLOCATED, call_peak, median_iqr, resolve_device
 from harness.configs import yamlnum
+from harness.configs.microbench_spec import DIRECTIONS, EMBEDDING_VARIANTS, LINEAR_VARIANTS, check_spec
 
-DIRECTIONS = ("fwd", "fwd_bwd")
-LINEAR_VARIANTS = ("dense", "tt")
-EMBEDDING_VARIANTS = ("dense_grad", "sparse_grad", "ttm_naive", "ttm_order", "ttm_unique", "ttm_optimized")
 TTM_LEVELS = {  # variant -> (tensor-index level, unique-rows level) of comera.ttm.TTMEmbedding
     "ttm_naive": (False, False), "ttm_order": (True, False),
     "ttm_unique": (False, True), "ttm_optimized": (True, True),
@@ -81,13 +79,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
-_SPEC_KEYS = {"device", "num_threads", "min_run_time_s", "seed", "memory", "allocator", "linear", "embedding"}
-_LINEAR_KEYS = {"layers", "ranks", "tokens", "directions", "variants"}
-_EMBEDDING_KEYS = {"tables", "indices", "zipf_exponent", "variants", "directions"}
-_TABLE_KEYS = {"num_embeddings", "embedding_dim", "row_shape", "col_shape", "rank"}
-_DEFAULTS = {"device": "auto", "num_threads": 2, "min_run_time_s": 0.5, "seed": 0, "memory": True,
-             "allocator": "reuse"}
-
 
 # ------------------------------------------------------------------------------------------- the spec
 
@@ -99,67 +90,6 @@ def load_spec(path: str | Path) -> dict[str, Any]:
     except (OSError, yaml.YAMLError) as exc:
         raise ValueError(f"microbench spec {path}: cannot read: {exc}") from exc
     return check_spec(raw, source=str(path))
-
-
-def check_spec(spec: Any, *, source: str = "spec") -> dict[str, Any]:
-    """The spec with defaults filled; unknown keys or bad values raise ValueError naming them."""
-    if not isinstance(spec, dict):
-        raise ValueError(f"microbench {source}: expected a mapping, got {type(spec).__name__}")
-    _check_keys(spec, _SPEC_KEYS, source)
-    out = {**_DEFAULTS, **spec}
-    if out["device"] not in ("cpu", "cuda", "auto"):
-        raise ValueError(f"microbench {source}: device={out['device']!r}, expected cpu, cuda or auto")
-    if out["allocator"] not in allocator.POLICIES:
-        raise ValueError(f"microbench {source}: allocator={out['allocator']!r}, expected one of "
-                         f"{list(allocator.POLICIES)}")
-    for key, least in (("num_threads", 1), ("seed", 0)):
-        if not isinstance(out[key], int) or isinstance(out[key], bool) or out[key] < least:
-            raise ValueError(f"microbench {source}: {key}={out[key]!r} must be an integer >= {least}")
-    if not isinstance(out["min_run_time_s"], (int, float)) or out["min_run_time_s"] <= 0:
-        raise ValueError(f"microbench {source}: min_run_time_s={out['min_run_time_s']!r} must be > 0")
-    if "linear" in out:
-        lin = out["linear"]
-        _check_keys(lin, _LINEAR_KEYS, f"{source}: linear")
-        out["linear"] = lin = {"directions": list(DIRECTIONS), "variants": list(LINEAR_VARIANTS), **lin}
-        for layer in lin.get("layers", []):
-            _check_keys(layer, {"in_shape", "out_shape"}, f"{source}: linear.layers")
-        _check_choices(lin["directions"], DIRECTIONS, f"{source}: linear.directions")
-        _check_choices(lin["variants"], LINEAR_VARIANTS, f"{source}: linear.variants")
-        _check_positive_ints(lin.get("tokens", []), f"{source}: linear.tokens")
-        _check_positive_ints(lin.get("ranks", []), f"{source}: linear.ranks")
-    if "embedding" in out:
-        emb = out["embedding"]
-        _check_keys(emb, _EMBEDDING_KEYS, f"{source}: embedding")
-        out["embedding"] = emb = {"zipf_exponent": 1.05, "directions": list(DIRECTIONS),
-                                  "variants": list(EMBEDDING_VARIANTS), **emb}
-        for table in emb.get("tables", []):
-            _check_keys(table, _TABLE_KEYS, f"{source}: embedding.tables")
-        _check_choices(emb["directions"], DIRECTIONS, f"{source}: embedding.directions")
-        _check_choices(emb["variants"], EMBEDDING_VARIANTS, f"{source}: embedding.variants")
-        _check_positive_ints(emb.get("indices", []), f"{source}: embedding.indices")
-        if not isinstance(emb["zipf_exponent"], (int, float)) or emb["zipf_exponent"] < 0:
-            raise ValueError(f"microbench {source}: embedding.zipf_exponent={emb['zipf_exponent']!r} must be >= 0")
-    return out
-
-
-def _check_keys(mapping: Any, allowed: set[str], where: str) -> None:
-    if not isinstance(mapping, dict):
-        raise ValueError(f"microbench {where}: expected a mapping, got {mapping!r}")
-    for key in mapping:
-        if key not in allowed:
-            raise ValueError(f"microbench {where}: unknown key {key!r}; allowed keys: {sorted(allowed)}")
-
-
-def _check_choices(values: Any, allowed: tuple[str, ...], where: str) -> None:
-    for value in values:
-        if value not in allowed:
-            raise ValueError(f"microbench {where}: unknown value {value!r}; allowed: {list(allowed)}")
-
-
-def _check_positive_ints(values: Any, where: str) -> None:
-    for value in values:
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"microbench {where}: {value!r} must be a positive integer")
 
 
 # -------------------------------------------------------------------------------------------- cases

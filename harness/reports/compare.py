@@ -177,6 +177,11 @@ def _batch(value: object) -> str:
     return str(int(value)) if pd.notna(value) else "all"
 
 
+def _batch_label(value: object) -> str:
+    """``b4``, or ``every batch`` where a paper ratio holds for every batch size (not ``ball``)."""
+    return f"b{int(value)}" if pd.notna(value) else "every batch"
+
+
 def cell_label(r: pd.Series) -> str:
     params = json.loads(r.workload_params) if isinstance(r.workload_params, str) else {}
     extra = ",".join(f"{k}={v}" for k, v in sorted((params or {}).items()) if k in ("size", "seq_len"))
@@ -191,6 +196,11 @@ def _log_x_if_positive(ax: plt.Axes, columns: list[pd.Series], label: str) -> No
     values = pd.concat(columns) if columns else pd.Series(dtype=float)
     if (values.astype(float) > 0).any():
         ax.set_xscale("log")
+        # ticks at 1, 2 and 5 per decade as plain numbers: the default labels every minor tick of a short
+        # range in exponent notation, and neighbours overlap ("3x10^-1 4x10^-1")
+        ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel(f"{label}, log scale")
     else:
         ax.set_xlabel(f"{label} (nothing measured)")
@@ -239,7 +249,7 @@ def _speedups(ax: plt.Axes, ratios: pd.DataFrame) -> None:
     every measured ratio was left out."""
     times = ratios[ratios.quantity == "epoch_time"]
     r = times[times.ratio.notna()]
-    keys = r.apply(lambda x: f"{x.workload}/b{_batch(x.batch_size)}: {x.versus}", axis=1) if len(r) else pd.Series(dtype=str)
+    keys = r.apply(lambda x: f"{x.workload}/{_batch_label(x.batch_size)}: {x.versus}", axis=1) if len(r) else pd.Series(dtype=str)
     order = sorted(keys.unique())
     ndev = max(1, r.device.nunique())
     for i, (device, group) in enumerate(r.assign(key=keys).groupby("device", sort=False)):
@@ -247,6 +257,8 @@ def _speedups(ax: plt.Axes, ratios: pd.DataFrame) -> None:
         ax.errorbar(group.ratio, ys, xerr=[group.ratio - group.low, group.high - group.ratio], fmt="o",
                     capsize=3, label=device)
     ax.set_yticks(range(len(order)), order, fontsize=7)
+    if order:  # every row's dodged points well inside the frame
+        ax.set_ylim(-0.6, len(order) - 0.4)
     ax.axvline(1.0, color="gray", lw=1)
     ax.set_xlabel("CoMERA speedup per epoch\n(other / CoMERA; bars: IQR over rounds)")
     left_out = times[(times.source == "measured") & times.ratio.isna()]

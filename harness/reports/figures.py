@@ -84,13 +84,22 @@ def _with_spread(ax: plt.Axes, ok: pd.DataFrame, x: pd.Series, y: pd.Series, **s
     return drawn
 
 
+def _plain_log_ticks(axis: Any) -> None:
+    """A log axis labelled at 1, 2 and 5 per decade as plain numbers, its minor ticks unlabelled (the
+    default labels a short range's minor ticks in exponent notation, "3x10^-1" crowding "4x10^-1")."""
+    axis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
 def _log_if_spread(ax: plt.Axes, values: pd.Series) -> None:
     """A log y axis where the positive values span more than a decade, else linear from 0."""
     values = values[values > 0].dropna()
     if len(values) and values.max() / values.min() > 10:
         ax.set_yscale("log")
-    else:
-        ax.set_ylim(bottom=0)
+    else:  # from 0, with room above the highest marker (autoscaling's margin is a share of the data's range)
+        top = ax.get_ylim()[1]
+        ax.set_ylim(0, top * 1.06 if top > 0 else None)
 
 
 def _per_batch(ax: plt.Axes, df: pd.DataFrame, column: str, scale: float, ylabel: str,
@@ -109,8 +118,11 @@ def _per_batch(ax: plt.Axes, df: pd.DataFrame, column: str, scale: float, ylabel
         style = dict(marker="o", ls="none", label=label, color=f"C{i}", zorder=2)
         if spread:
             _with_spread(ax, ok, x, y, **style)
-        else:
-            ax.errorbar(x, y, capsize=3, **style)
+        else:  # one point per batch size: the median of its cells (seeds), bars from their min to max
+            by_batch = y.groupby(x)
+            mid = by_batch.median()
+            ax.errorbar(mid.index, mid.values, yerr=[mid - by_batch.min(), by_batch.max() - mid], capsize=3,
+                        **style)
         for _, r in group[group.status != "ok"].iterrows():
             _mark_failed(ax, r.batch_size * dodge, r.status)
     ax.set_xscale("log", base=2)
@@ -167,10 +179,45 @@ def _time_memory(res: Results, workload: str, df: pd.DataFrame, out: Path, name:
     _per_batch(ax_t, df, "epoch_time_s", 1.0, "time per epoch (s)", spread=True)
     _per_batch(ax_m, df, "peak_mem_bytes", MB, "peak memory (MB)")
     ax_t.legend(fontsize=7)
+    _finish(fig, title, time_memory_footer(res, workload, df, paper_note), out, name)
+
+
+def memory_spread_text(df: pd.DataFrame) -> str:
+    """What a memory point is: one cell's peak, or the median of a batch size's cells with their range."""
+    ok = df[(df.status == "ok") & df.peak_mem_bytes.notna()]
+    kinds = "/".join(sorted(ok.peak_mem_kind.dropna().unique())) or "peak"
+    labels = ok.apply(display_label, axis=1) if len(ok) else pd.Series(dtype=object)
+    several = len(ok) and ok.groupby([labels, ok.batch_size]).size().max() > 1
+    seeds = ok.seed.nunique() if "seed" in ok else 1
+    if several:
+        return f"memory: {kinds}, median and min-max bar over {seeds} seeds"
+    return f"memory: {kinds} of one cell (one seed: no spread)"
+
+
+def time_memory_footer(res: Results, workload: str, df: pd.DataFrame, paper_note: str) -> str:
+    """Fig 1/8's footer, two lines at most: device, what a bar and a ring mean, what a memory point is,
+    the paper's values; the model, budget, epoch-time kind and notes are in the overview
+    (:func:`time_memory_details`)."""
+    threads = _values_text(df.num_threads)
+    threads += " thread" if threads == "1" else " threads"
+    ratios = speedups(df)
+    measured = ("Uncompressed / CoMERA time " + ", ".join(f"{r.text()} @ batch {b}" for b, r in sorted(ratios.items()))
+                + ". ") if ratios else ""
+    return (f"{res.label}, {threads}. {measured}Bars: step-time IQR; ringed: not stable (in no verdict); "
+            f"{memory_spread_text(df)}. {PAPER}: {paper_note} More: overview.md.")
+
+
+def _values_text(series: pd.Series) -> str:
+    values = sorted({str(int(v)) if isinstance(v, float) and v.is_integer() else str(v) for v in series.dropna()})
+    return "/".join(values) or "?"
+
+
+def time_memory_details(res: Results, workload: str, df: pd.DataFrame) -> str:
+    """The details of Fig 1/8 that its footer leaves to the overview: model, settings, epoch-time kind,
+    where CoMERA was slower and why."""
     kinds = "/".join(sorted(df.epoch_time_kind.dropna().unique()))
-    footer = (f"{model_line(res, df)}. {res.settings_line(workload)}. Epoch time: {kinds} (mean step time x "
-              f"steps per epoch when extrapolated). {speedup_note(df)}{SPREAD_NOTE} {PAPER}: {paper_note}")
-    _finish(fig, title, footer, out, name)
+    return (f"{model_line(res, df)}. {res.settings_line(workload)}. Epoch time: {kinds} (mean step time x "
+            f"steps per epoch when extrapolated). {speedup_note(df)}{SPREAD_NOTE}").strip()
 
 
 MODELS = {("transformer", "paper"): "the paper's six-encoder transformer (hidden 768, FFN 3072, 12 heads, "
@@ -355,7 +402,8 @@ def fig13_rank_adaptation(res: Results, out: Path) -> None:
             missed.append(f"target {r.target_ratio:g} missed: the TT size ends at {ratio.iloc[-1]:.2f}x the "
                           "size at the switch")
         right.plot(acc.step, acc.value, label=labels[r.run_id], **distinct(i))
-    for ax, ylabel in ((left, "TT size / TT size at the switch (dashed: target)"),
+    left.plot([], [], color="gray", ls="--", lw=0.8, label="target (dashed, the line's colour)")
+    for ax, ylabel in ((left, "TT size / size at the switch"),
                        (right, "validation accuracy (fraction)")):
         _switch_line(ax, res, shown)
         ax.set_xlabel("training step")
@@ -363,10 +411,9 @@ def fig13_rank_adaptation(res: Results, out: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     notes = ([f"not measured here: {'; '.join(missing)}"] if missing else []) + missed
-    if notes:
-        left.text(0.02, 0.02, textwrap.fill("; ".join(notes), 70), fontsize=7,
-                  transform=left.transAxes, color="red", va="bottom", zorder=5,
-                  bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"})
+    if notes:  # above the panel, where it hides no line
+        left.text(0.0, 1.02, textwrap.fill("; ".join(notes), 80), fontsize=7,
+                  transform=left.transAxes, color="red", va="bottom", ha="left")
     _finish(fig, title, _quality_footer(
         res, shown, source, "TT size = scalars in every core and gate (curves method/params_tt, after every "
         "step) divided by the size right after the switch's pruning (the same divisor before the switch); "
@@ -496,13 +543,15 @@ def fig5_ttm_lookup(res: Results, out: Path) -> None:
         ax.set_ylabel(ylabel)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        _plain_log_ticks(ax.yaxis)
         ax.set_xticks(tokens, [str(t) for t in tokens])  # ticks at the measured points only
         ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.grid(alpha=0.3)
     ax_m.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
     c6 = reference.claim("C6")["values"]
     first = mb.iloc[0]
-    _finish(fig, title, f"device {res.label} ({first.device_name}, {first.num_threads} threads); memory = "
+    threads = f"{first.num_threads} thread" + ("" if first.num_threads == 1 else "s")
+    _finish(fig, title, f"device {res.label} ({first.device_name}, {threads}); memory = "
             "the op's allocator peak above its inputs (CPU: profiler allocations, CUDA: max allocated); "
             "time bars: IQR of the timed blocks (torch.utils.benchmark). "
             f"{PAPER}: optimized TTM lookup {c6['lookup_speedup_min']:g}-{c6['lookup_speedup_max']:g}x "

@@ -36,39 +36,53 @@ def noisy_cells(paths: list[str | Path]) -> pd.DataFrame:
 
 
 def summary(paths: list[str | Path], cells_dir: str, *, configfiles: Sequence[str] = (),
-            settings: dict[str, str] | None = None, target: str = "figures") -> str:
+            settings: dict[str, str] | None = None, target: str = "figures", config_args: Sequence[str] = (),
+            directory: str | None = None, env: dict[str, str] | None = None) -> str:
     """Lines naming the noisy timing cells and the commands that time them again ('' when none); the
-    Snakemake command repeats the run's ``configfiles`` and ``settings`` (``--config key=value``: its
-    results and figures folders), so it re-times the cells it deletes."""
+    Snakemake command repeats the run's options (:func:`snakemake_command`), so it re-times the cells it
+    deletes."""
     df = noisy_cells(paths)
     if not len(df):
         return ""
     lines = [f"{len(df)} timing cell(s) were not timed stably; no verdict or ratio uses them:"]
     lines += [f"  {r.run_id}: {noisy_reason(r)}" for _, r in df.iterrows()]
-    command = snakemake_command(["--cores", "1", target], configfiles=configfiles, settings=settings)
+    command = snakemake_command(["--cores", "1", target], configfiles=configfiles, settings=settings,
+                                config_args=config_args, directory=directory)
     lines.append(f"To time them again (with their timing groups) on a quieter machine: "
-                 f"comera-bench noisy {shlex.quote(cells_dir)} --delete && {shlex.join(command)}")
+                 f"comera-bench noisy {shlex.quote(cells_dir)} --delete && {as_typed(command, env)}")
     return "\n".join(lines)
 
 
 def snakemake_command(arguments: Sequence[str], *, configfiles: Sequence[str] = (),
-                      settings: dict[str, str] | None = None) -> list[str]:
-    """``snakemake <arguments>`` repeating a run's ``configfiles`` and ``settings`` (``--config``), so that it
-    works on that run's grid and folders (the target before ``--configfile``, which takes every file name
-    after it)."""
+                      settings: dict[str, str] | None = None, config_args: Sequence[str] = (),
+                      directory: str | None = None) -> list[str]:
+    """``snakemake <arguments>`` repeating a run's options, so that it works on that run's grid and
+    folders: its ``--directory``, ``configfiles`` (the target goes before ``--configfile``, which takes
+    every file name after it), and its ``--config`` values: ``config_args`` as given (``key=value``) and
+    ``settings`` (a dict)."""
     command = ["snakemake", *arguments]
+    if directory:
+        command += ["--directory", directory]
     if configfiles:
         command += ["--configfile", *configfiles]
-    if settings:
-        command += ["--config", *(f"{k}={v}" for k, v in settings.items())]
+    values = [*config_args, *(f"{k}={v}" for k, v in (settings or {}).items())]
+    if values:
+        command += ["--config", *values]
     return command
 
 
-def report_hint(*, configfiles: Sequence[str] = (), settings: dict[str, str] | None = None) -> str:
-    """The command that builds this run's HTML report (its config files and folders repeated)."""
+def as_typed(command: Sequence[str], env: dict[str, str] | None = None) -> str:
+    """``command`` as a shell line, after the environment variables ``env`` it needs (``NAME=value``)."""
+    return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()), shlex.join(command)])
+
+
+def report_hint(*, configfiles: Sequence[str] = (), settings: dict[str, str] | None = None,
+                config_args: Sequence[str] = (), directory: str | None = None,
+                env: dict[str, str] | None = None) -> str:
+    """The command that builds this run's HTML report (its options repeated)."""
     command = snakemake_command(["--report", "report.html", "figures"], configfiles=configfiles,
-                                settings=settings)
-    return f"The HTML report of this run: {shlex.join(command)}"
+                                settings=settings, config_args=config_args, directory=directory)
+    return f"The HTML report of this run: {as_typed(command, env)}"
 
 
 def cli(argv: list[str] | None = None) -> int:

@@ -356,7 +356,8 @@ class Results:
         if not len(runs):
             return f"device {self.label}: no runs"
         first = runs.iloc[0]
-        parts = [f"device {self.label} ({first.device_name}, {first.device}, {first.num_threads} threads)",
+        threads = f"{first.num_threads} thread" + ("" if pd.notna(first.num_threads) and first.num_threads == 1 else "s")
+        parts = [f"device {self.label} ({first.device_name}, {first.device}, {threads})",
                  f"torch {first.torch_version}"]
         spec = self.cells.get(first.run_id)
         if spec is not None and workload is not None:

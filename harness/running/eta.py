@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-from harness.running.progress import clock
+from harness.core.clock import clock
 
 STARTED_ENV = "COMERA_BENCH_PIPELINE_STARTED"
 CELLS_ENV = "COMERA_BENCH_PIPELINE_CELLS"

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from harness.core import interleave, stops
+from harness.running import eta
 
 
 def isolated_command(cell: interleave.Cell) -> list[str]:
@@ -38,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     interleave.stop_on_signals()
     stops.die_with_parent()  # a killed pipeline takes its timing groups with it
     interleave.run_group(cells, args.rounds, command=isolated_command)
+    line = eta.pipeline_line(Path(cells[0].runs).parent)  # the group's cells leave it to this process
+    if line:
+        print(line, file=sys.stderr, flush=True)
     missing = [path for cell in cells for path in (cell.runs, cell.curves) if not Path(path).exists()]
     if missing:  # a cell's supervisor failed to write even its failure row
         print(f"python -m harness.running.group: no result written to {', '.join(missing)}", file=sys.stderr)

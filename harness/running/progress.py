@@ -1,23 +1,18 @@
 """A cell's training progress on stderr: a tqdm bar on a terminal, else one line ``<cell>: step N of M,
 elapsed ..., ETA ...`` every LOG_EVERY_S seconds of wall time (and after the last step), so that a
-pipeline cell's log (stderr redirected to ``logs/<cell>.log``) shows how far a long cell is."""
+pipeline cell's log (stderr redirected to ``logs/<cell>.log``) shows how far a long cell is. A step
+or an evaluation longer than that does not silence it: a background thread writes the line when
+none was written for LOG_EVERY_S seconds."""
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import Callable, TextIO
 
+from harness.core.clock import clock
+
 LOG_EVERY_S = 15.0
-
-
-def clock(seconds: float) -> str:
-    """``seconds`` as ``1h02m``, ``3m05s`` or ``42s``."""
-    s = int(round(seconds))
-    if s >= 3600:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    if s >= 60:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s}s"
 
 
 def eta_s(done: int, total: int, elapsed_s: float) -> float | None:
@@ -26,13 +21,21 @@ def eta_s(done: int, total: int, elapsed_s: float) -> float | None:
 
 
 class StepLog:
-    """Progress lines every ``every_s`` seconds on ``stream``; ``update``/``close`` like a tqdm bar."""
+    """Progress lines every ``every_s`` seconds on ``stream``; ``update``/``close`` like a tqdm bar.
+    ``heartbeat``: a daemon thread also writes the line whenever ``every_s`` seconds passed without
+    one (a long step, an evaluation, a wait for the timing group's other cells), until ``close``."""
 
     def __init__(self, total: int, name: str, stream: TextIO, every_s: float = LOG_EVERY_S,
-                 now: Callable[[], float] = time.monotonic):
+                 now: Callable[[], float] = time.monotonic, heartbeat: bool = False):
         self.total, self.name, self.stream, self.every_s, self.now = total, name, stream, every_s, now
         self.done = 0
         self.started = self.last = now()
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._thread = None
+        if heartbeat:
+            self._thread = threading.Thread(target=self._beat, name=f"progress-{name}", daemon=True)
+            self._thread.start()
 
     def update(self, n: int = 1) -> None:
         self.done += n
@@ -40,15 +43,28 @@ class StepLog:
             self.write()
 
     def write(self) -> None:
-        self.last = self.now()
-        elapsed = self.last - self.started
-        left = eta_s(self.done, self.total, elapsed)
-        eta = "" if left is None else f", ETA {clock(left)}"
-        print(f"{self.name}: step {self.done} of {self.total}, elapsed {clock(elapsed)}{eta}",
-              file=self.stream, flush=True)
+        with self._lock:
+            self.last = self.now()
+            elapsed = self.last - self.started
+            left = eta_s(self.done, self.total, elapsed)
+            eta = "" if left is None else f", ETA {clock(left)}"
+            print(f"{self.name}: step {self.done} of {self.total}, elapsed {clock(elapsed)}{eta}",
+                  file=self.stream, flush=True)
+
+    def _beat(self) -> None:
+        """The heartbeat: wake up every ``every_s`` / 4 and write when the last line is ``every_s`` old."""
+        while not self._closed.wait(self.every_s / 4):
+            if self.now() - self.last >= self.every_s:
+                try:
+                    self.write()
+                except (OSError, ValueError):  # the stream was closed under us: nothing more to say
+                    return
 
     def close(self) -> None:
-        """Nothing to release (the last step wrote its line)."""
+        """Stop the heartbeat (the last step wrote its line)."""
+        self._closed.set()
+        if self._thread is not None:
+            self._thread.join()
 
 
 def progress(total: int, name: str, bar: bool | None):
@@ -56,7 +72,7 @@ def progress(total: int, name: str, bar: bool | None):
     if bar is None:
         bar = sys.stderr.isatty()
     if not bar:
-        return StepLog(total, name, sys.stderr)
+        return StepLog(total, name, sys.stderr, heartbeat=True)
     from tqdm import tqdm
 
     return tqdm(total=total, desc=name, file=sys.stderr, mininterval=1.0, leave=False)

@@ -1,6 +1,7 @@
-"""The defaults that docs/library.md, docs/library-reference.md, docs/pipeline.md and comera/adapt.py's
-docstring quote equal the code's (or the config's, where a doc quotes a config's override): each entry is
-a pattern whose one group is the quoted value, and where that value lives."""
+"""The defaults that the docs quote equal the code's (the library's in docs/library.md,
+docs/library-reference.md and comera/adapt.py's docstring; the default grid's in docs/pipeline.md and
+docs/recipe.md; the progress lines' period in README and docs/usage.md): each entry is a pattern whose one
+group is the quoted value, and where in the code or the config that value lives."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,12 +14,15 @@ import yaml
 from baselines.comera import PARAMS_DEFAULTS
 from comera.adapt import defaults
 from comera.rank import RankSettings
+from harness.running.progress import LOG_EVERY_S
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 LIBRARY = defaults()
 FIELDS = {f.name: f.default for f in dataclasses.fields(RankSettings)}
 NUMBER = r"([0-9][0-9.e+-]*)"
+GRID = yaml.safe_load((DOCS.parent / "config" / "config.yaml").read_text())
+GRID_COMERA = GRID["methods"]["comera"]["params"]
 
 
 def _config(name: str, method: str = "comera") -> dict:
@@ -57,6 +61,14 @@ QUOTED = [  # (file, pattern with the quoted value as its group, the code's defa
     ("pipeline.md", rf"\(the library's is {NUMBER}\)", LIBRARY["size_weight"]),
     ("pipeline.md", rf"\(`target_ramp: {NUMBER}`\), `size_weight: [0-9.]+`", _config("paper.yaml")["target_ramp"]),
     ("pipeline.md", rf"\(`target_ramp: [0-9.]+`\), `size_weight: {NUMBER}`", _config("paper.yaml")["size_weight"]),
+    # the default grid's values (config/config.yaml) and the progress lines' period
+    ("pipeline.md", rf"gate penalty `l1_weight` {NUMBER}, the paper's", GRID_COMERA.get("l1_weight", LIBRARY["l1_weight"])),
+    ("pipeline.md", rf"{NUMBER} early-stage steps", GRID_COMERA.get("early_fraction", LIBRARY["early_fraction"]) * 1000),
+    ("pipeline.md", rf"ETA \.\.\.` at least\s+every {NUMBER} s", LOG_EVERY_S),
+    ("usage.md", rf"ETA \.\.\.` every {NUMBER} s", LOG_EVERY_S),
+    ("../README.md", rf"ETA at least every {NUMBER} s", LOG_EVERY_S),
+    ("recipe.md", rf"gate penalty `l1_weight` \(default grid\) \| [0-9.]+ \| {NUMBER}, the paper's",
+     GRID_COMERA.get("l1_weight", LIBRARY["l1_weight"])),
 ]
 
 

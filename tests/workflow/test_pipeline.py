@@ -1,13 +1,16 @@
 """The Snakemake pipeline end to end on config/tiny.yaml (all rules, all four methods, one workload):
 a cell killed mid-run becomes a row with its status and is not re-run; a second pipeline on the same
 results folder is refused while the first runs (a dry run is not); a second call does nothing; the
-report builds; `figures` without .snakemake/ metadata runs exactly the new cells; a truncated cell
-file fails the merge naming it; bad or unsafe configs fail before any job; `lr: 1e-3` is a number."""
+report builds; the report and re-time commands the pipeline prints work typed as printed; cell logs show
+steps with an ETA and the pipeline counts cells; `figures` without .snakemake/ metadata runs exactly the new
+cells; a truncated cell file fails the merge naming it; bad or unsafe configs fail before any job; `lr: 1e-3`
+is a number; the busy warning's one-thread command gives every cell one thread."""
 from __future__ import annotations
 
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -184,6 +187,72 @@ def test_second_call_does_nothing_and_report_builds(pipeline):
     assert "fig1_time_memory.png" in html and "claims.md" in html
 
 
+def _printed(output: str, marker: str) -> str:
+    """The command after ``marker`` on the pipeline's line that holds it."""
+    (line,) = [ln for ln in output.splitlines() if marker in ln]
+    return line.split(marker, 1)[1].strip()
+
+
+def test_the_printed_report_command_works_as_printed(pipeline):
+    """After the tiny run (--directory, --configfile), the pipeline prints its report command; typed as
+    printed, from where the run was started, it builds the report. The README's command without the
+    options fails naming that command (not Snakemake's "marked for report but does not exist")."""
+    workdir, out = pipeline["workdir"], pipeline["second"].stdout + pipeline["second"].stderr
+    command = _printed(out, "The HTML report of this run:")
+    assert command == shlex.join(["snakemake", "--report", "report.html", "figures", "--directory", str(workdir),
+                                  "--configfile", str(TINY)])
+    plain = subprocess.run([str(BIN / "snakemake"), "--directory", str(workdir), "--report", "plain.html",
+                            "figures"], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=600)
+    assert plain.returncode != 0 and f"Its report: {command}" in plain.stdout + plain.stderr
+    assert "marked for report but does not exist" not in plain.stdout + plain.stderr
+    (workdir / "report.html").unlink(missing_ok=True)
+    typed = subprocess.run(command, shell=True, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=600)
+    assert typed.returncode == 0, typed.stderr[-3000:]
+    assert "fig1_time_memory.png" in (workdir / "report.html").read_text(errors="replace")
+
+
+def test_cell_logs_show_steps_with_an_eta_and_the_pipeline_counts_cells(pipeline):
+    """Each cell's log (stderr not a terminal) has its step lines with elapsed time and ETA; the pipeline
+    prints the cells done of the grid's, with the time left at this run's rate."""
+    logs = pipeline["workdir"] / "results" / "runs" / "cpu-tiny" / "logs"
+    grid = json.loads((pipeline["workdir"] / "results" / "cpu-tiny" / "grid.json").read_text())["cells"]
+    for run_id in set(grid) - {pipeline["killed"]}:
+        text = (logs / f"{run_id}.log").read_text()
+        assert re.search(rf"^{re.escape(run_id)}: step \d+ of \d+, elapsed \d+s, ETA \d+s$", text, re.M), text
+    out = pipeline["first_log"] + pipeline["second"].stderr
+    assert re.search(r"^comera-bench: cells \d+ of 7 done \(\d+ in this run, \d+s\); about \S+ left", out, re.M), out
+
+
+def test_the_retime_hint_works_as_printed(pipeline, tmp_path):
+    """A timing cell that was not timed stably: the pipeline's hint, typed as printed, deletes it and times
+    its group again, printing the group's rounds with the time left and the cells done."""
+    for folder in ("results", "figures"):
+        shutil.copytree(pipeline["workdir"] / folder, tmp_path / folder)
+    folder = tmp_path / "results" / "runs" / "cpu-tiny"
+    runs = pd.read_parquet(tmp_path / "results" / "cpu-tiny" / "runs.parquet")
+    victim = runs[(runs.status == "ok") & (runs.purpose != "quality")].run_id.iloc[0]
+    from harness import results
+
+    row = results.read_parquet(folder / f"{victim}.runs.parquet", "runs")
+    row["timing_quality"] = "noisy: made so by the test"
+    results.write_parquet_atomic(row, folder / f"{victim}.runs.parquet", kind="runs")
+    first = snakemake(tmp_path, "figures")
+    out = first.stdout + first.stderr
+    assert first.returncode == 0, out[-3000:]
+    assert f"  {victim}: made so by the test" in out
+    command = _printed(out, "on a quieter machine:")
+    assert command == (f"comera-bench noisy {shlex.quote(str(folder))} --delete && "
+                       + shlex.join(["snakemake", "--cores", "1", "figures", "--directory", str(tmp_path),
+                                     "--configfile", str(TINY)]))
+    typed = subprocess.run(command, shell=True, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=900)
+    out = typed.stdout + typed.stderr
+    assert typed.returncode == 0, out[-3000:]
+    assert "rule time_transformer_b4_s0" in out or "time_transformer_b4_s0" in out
+    assert pd.read_parquet(folder / f"{victim}.runs.parquet").timing_quality.iloc[0] != "noisy: made so by the test"
+    assert re.search(r"round 1/5: \d+ cells \(\d+ s\); about \S+ left in this group's rounds", out), out[-3000:]
+    assert re.search(r"^comera-bench: cells 7 of 7 done", out, re.M), out[-3000:]
+
+
 def test_figures_without_metadata_runs_exactly_the_new_cells(pipeline, tmp_path):
     """Results copied into a fresh checkout (no .snakemake/), one more cell in the config."""
     for folder in ("results", "figures"):
@@ -241,6 +310,17 @@ def test_exponent_numbers_in_a_config_are_numbers(tmp_path):
     path.write_text(TINY.read_text().replace("dense: {method: dense}", "dense: {method: dense, params: {lr: 1e-3}}"))
     res = snakemake(tmp_path, "-n", "runs", configfile=path, timeout=300)
     assert res.returncode == 0 and "This was a dry-run" in res.stdout, res.stderr[-2000:]
+
+
+def test_the_busy_warnings_one_thread_command_gives_every_cell_one_thread(tmp_path):
+    """`--config execution='{threads: 1}'` (what the busy warning says to type): Snakemake's base loader
+    reads the 1 as text; the pipeline reads it as a number, and every cell of the default grid gets it."""
+    res = subprocess.run([str(BIN / "snakemake"), "--directory", str(tmp_path), "--cores", "1", "-n", "figures",
+                          "--config", "execution={threads: 1}"], capture_output=True, text=True, env=ENV, cwd=ROOT,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    specs = [line for line in res.stdout.splitlines() if '"run_id"' in line]
+    assert len(specs) == 27 and all(re.search(r'"num_threads": 1[,}]', line) for line in specs)
 
 
 @pytest.mark.parametrize("case", ["injected results_dir", "injected device variable", "duplicated key"])

@@ -285,7 +285,9 @@ def test_timing_outputs_ignore_quality_cells(tmp_path, drawn):
     figures.fig1_time_memory(res, tmp_path)
     (times, _), _, footer = drawn["fig1_time_memory"]
     assert times == {"uncompressed": [99.0]}  # the quality cells' 10 s epochs are not drawn
-    assert "<= 10 steps/epoch" in footer
+    overview, _ = tables.overview(res)  # the budget of the cells drawn: in the overview, not the footer
+    details = dict(zip(overview.iloc[:, 0], overview.iloc[:, 1]))["Fig 1 (time and memory): details"]
+    assert "<= 10 steps/epoch" in details and "<= 10 steps/epoch" not in footer
     grid = json.loads((tmp_path / "q" / "grid.json").read_text())
     for spec in grid["cells"].values():  # every dense cell with CUDA graph: Fig 7 draws the timing one only
         spec["execution"]["cuda_graph"] = spec["method"] == "dense"
@@ -541,6 +543,24 @@ def test_compare_figure_says_the_shared_workload_once_and_names_left_out_ratios(
     assert "not drawn: 1 measured ratio(s) (timing not stable)" in saved["titles"]
 
 
+def test_compare_axes_label_only_1_2_5_ticks_and_rows_without_a_batch_size():
+    """A short log range labels 1, 2 and 5 per decade as plain numbers (minor ticks unlabelled: they
+    overlapped as "3x10^-1 4x10^-1"); a paper ratio for every batch size is said so, not "ball"."""
+    fig, (ax, ax2) = plt.subplots(1, 2)
+    ax.barh([0, 1], [0.3, 4.0])
+    compare._log_x_if_positive(ax, [pd.Series([0.3, 4.0])], "time")
+    fig.canvas.draw()
+    assert [t.get_text() for t in ax.get_xticklabels(minor=True) if t.get_text()] == []
+    assert {t.get_text() for t in ax.get_xticklabels() if t.get_text()} >= {"0.5", "1", "2"}
+    ratios = pd.DataFrame({"quantity": ["epoch_time"], "ratio": [2.3], "low": [2.3], "high": [2.3],
+                           "workload": ["mlm"], "batch_size": [None], "versus": ["dense-default"],
+                           "device": ["paper (RTX 3090)"], "source": ["paper"], "note": [""]})
+    compare._speedups(ax2, ratios)
+    assert [t.get_text() for t in ax2.get_yticklabels()] == ["mlm/every batch: dense-default"]
+    assert ax2.get_ylim() == (-0.6, 0.6)
+    plt.close(fig)
+
+
 def test_compare_prints_paper_batch_sizes_whole(folder, tmp_path):
     out = tmp_path / "cmp"
     assert compare.cli([str(folder), "--out", str(out)]) == 0
@@ -555,3 +575,31 @@ def test_compare_gives_a_noisy_quality_cell_no_time_ratio(tmp_path):
     cell = table[table.purpose == "quality"].iloc[0]
     assert pd.isna(cell["epoch_time ratio b/a"]) and "timing not stable on b" in cell["differences"]
     assert cell["peak_mem ratio b/a"] == 1.0
+
+
+def test_fig1_footer_fits_two_lines_and_memory_points_carry_their_seeds_range(folder, tmp_path, drawn):
+    """Fig 1's footer is two lines at most (its details are in the overview); a memory point is one cell's
+    peak (said so: one seed, no spread) or, with several seeds, their median with a min-max bar."""
+    res = tables.load(folder)
+    figures.fig1_time_memory(res, tmp_path)
+    _, _, footer = drawn["fig1_time_memory"]
+    fig, _ = figures._figure(2)
+    assert len(figures.textwrap.wrap(footer, int(fig.get_figwidth() * figures.FOOTER_CHARS_PER_INCH))) <= 2
+    plt.close(fig)
+    assert "memory: cpu_rss_delta of one cell (one seed: no spread)" in footer and "More: overview.md" in footer
+    assert "Uncompressed / CoMERA time 3.00x @ batch 1, 3.00x @ batch 32." in footer  # the figure's ratios stay
+    rows = [run_row("transformer", "dense", 4, mem=mem) for mem in (100e6, 140e6, 110e6)]
+    for seed, row in enumerate(rows):
+        row["seed"], row["run_id"] = seed, f"{row['run_id']}_s{seed}"
+    res = tables.load(make_folder(tmp_path / "seeds", rows))
+    figures.fig1_time_memory(res, tmp_path)
+    (_, memory), _, footer = drawn["fig1_time_memory"]
+    assert memory == {"uncompressed": [110.0]}  # the median of the three seeds
+    fig, (ax,) = figures._figure(1)
+    figures._per_batch(ax, res.main_runs("transformer"), "peak_mem_bytes", tables.MB, "peak memory (MB)")
+    (bar,) = [c for c in ax.containers]
+    segment = bar.lines[2][0].get_segments()[0]
+    assert [y for _, y in segment] == [100.0, 140.0]  # min to max
+    assert ax.get_ylim()[1] > 140.0  # the top marker is not cut by the frame
+    plt.close(fig)
+    assert "memory: cpu_rss_delta, median and min-max bar over 3 seeds" in footer

@@ -28,6 +28,8 @@ def _validate_config():
         _grid.env_device_label()
         # lr: 1e-3 is a number, a quoted "1e5" stays text (as the files say, read as YAML 1.2)
         _yamlnum.numbers_as_in(config, _yamlnum.merged(documents))
+        # --config execution='{threads: 1}': a number, not the string Snakemake's base loader makes of it
+        _yamlnum.typed_config_args(config, workflow.config_settings.config_args)
         error = _grid.schema_error(config, schema)
         if error:
             raise _grid.ConfigError(error)
@@ -41,7 +43,8 @@ _validate_config()
 
 # The label is derived once (by the first Snakemake process) and inherited by every job's own
 # Snakemake process through the environment, so a cluster job on another node writes the same paths.
-DEVICE = config["device_name"] or _grid.env_device_label() or _grid.device_label(config)
+DEVICE_FROM_ENV = _grid.env_device_label()  # the user's, before this process sets it for its jobs
+DEVICE = config["device_name"] or DEVICE_FROM_ENV or _grid.device_label(config)
 os.environ[_grid.DEVICE_ENV] = DEVICE
 # A job's own process (exec'd by its shell: the train and timing rules) ends when this Snakemake
 # process dies, even by SIGKILL (harness/core/stops.py), so no cell runs on and writes a row later.
@@ -91,6 +94,54 @@ def gpu_wrapper():
             + (f" --count {count}" if count else "") + " -- ")
 
 
+def run_options():
+    """This run's options as a later command must repeat them (the report, the re-time hint, the busy
+    warning's command): --directory, --configfile (relative to the folder the command was typed in
+    where that is this folder, else absolute), --config as given, COMERA_BENCH_DEVICE."""
+    directory = os.getcwd() if workflow.overwrite_workdir else None  # --directory: then every path absolute
+    files = [os.path.abspath(path) for path in workflow.overwrite_configfiles or ()]
+    if not directory:
+        files = [os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path for path in files]
+    return {"configfiles": files, "config_args": list(workflow.config_settings.config_args or ()),
+            "directory": directory, "env": {_grid.DEVICE_ENV: DEVICE_FROM_ENV} if DEVICE_FROM_ENV else {}}
+
+
+def command_line(arguments, config_args=()):
+    """``snakemake <arguments>`` with this run's options and then ``config_args`` (one --config: a second
+    one would replace the first), as a shell line."""
+    from harness.reports import noisy as _noisy
+
+    options = run_options()
+    env = options.pop("env")
+    options["config_args"] += list(config_args)
+    return _noisy.as_typed(_noisy.snakemake_command(arguments, **options), env)
+
+
+# The options of the last pipeline that finished in this folder (.snakemake/comera-bench-last-run.json), so
+# that a report asked for without them (the default config's figures absent) says what to type. Explicit
+# options always win; the default run stays the default.
+LAST_RUN = ".snakemake/comera-bench-last-run.json"
+
+
+def _report_without_options():
+    """`snakemake --report ...` without --configfile/--config whose figures do not exist: a WorkflowError
+    naming the command of the last run here, instead of Snakemake's "marked for report but does not exist"."""
+    asked = any(arg == "--report" or arg.startswith("--report=") for arg in sys.argv[1:])
+    if not asked or workflow.overwrite_configfiles or workflow.config_settings.config_args:
+        return
+    if os.path.exists(f"{FIGURES}/overview.html") or not os.path.exists(LAST_RUN):
+        return
+    try:
+        last = json.loads(open(LAST_RUN).read())
+    except (OSError, ValueError):
+        return
+    raise WorkflowError(f"no report of the default config here ({FIGURES}/overview.html does not exist); the "
+                        f"last pipeline in this folder ran with other options. Its report: {last['report']}")
+
+
+_report_without_options()
+
+
 # One pipeline at a time per results folder (harness/results/lock.py): taken when the first job is about to
 # start (never for dry runs, never in the per-job Snakemake processes), released at the end. A stop
 # (SIGTERM, SIGINT, SIGHUP) reaches every job's processes at once, so the pipeline ends within seconds
@@ -103,7 +154,9 @@ onstart:
     _stops.forward_stops()
     from harness.core import timing as _timing
 
-    _busy = _timing.busy_warning(config["execution"]["threads"])
+    _threads = config["execution"]["threads"]
+    _busy = _timing.busy_warning(_threads, command=command_line(
+        ["--cores", "1", "figures"], ["execution={threads: 1}"]) if _threads > 1 and not ON_GPU else "")
     if _busy:
         logger.warning(f"comera-bench: warning: {_busy}")
 
@@ -113,15 +166,20 @@ onsuccess:
     if os.path.exists(f"{MERGED}/runs.parquet"):
         from harness.reports import noisy as _noisy
 
-        _settings = {"results_dir": RESULTS, "figures_dir": FIGURES}
-        if config["device_name"]:
-            _settings["device_name"] = DEVICE
-        _configfiles = [os.path.normpath(path) for path in workflow.configfiles]
-        _summary = _noisy.summary([f"{MERGED}/runs.parquet"], CELLS, settings=_settings, configfiles=_configfiles)
+        _options = run_options()
+        _cells = os.path.abspath(CELLS) if _options["directory"] else CELLS  # typed where the run was started
+        _summary = _noisy.summary([f"{MERGED}/runs.parquet"], _cells, **_options)
         if _summary:
             logger.warning(f"comera-bench: {_summary}")
-        if workflow.overwrite_configfiles or _settings != {"results_dir": "results", "figures_dir": "figures"}:
-            logger.warning(f"comera-bench: {_noisy.report_hint(configfiles=_configfiles, settings=_settings)}")
+        _report = command_line(["--report", "report.html", "figures"])
+        if _report != "snakemake --report report.html figures":  # the README's command would not find it
+            logger.warning(f"comera-bench: The HTML report of this run: {_report}")
+        try:
+            os.makedirs(os.path.dirname(LAST_RUN), exist_ok=True)
+            with open(LAST_RUN, "w") as _fh:
+                json.dump({"report": _report, "figures_dir": FIGURES, "results_dir": RESULTS}, _fh)
+        except OSError:
+            pass
 
 
 onerror:

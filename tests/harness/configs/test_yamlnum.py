@@ -26,3 +26,12 @@ def test_a_loaded_config_gets_its_numbers():
     assert yamlnum.exponent_strings_as_numbers(config) is config
     assert config == {"methods": {"dense": {"params": {"lr": 1e-3, "name": "e5"}}}, "targets": [0.2, 0.5],
                       "seeds": [0], "label": "run1e3"}
+
+
+def test_a_mapping_given_with_config_is_typed():
+    """`--config execution='{threads: 1}'`: Snakemake's base loader gives '1'; read again, 1."""
+    config = {"execution": {"device": "cpu", "threads": "1", "compile": False}, "results_dir": "out"}
+    yamlnum.typed_config_args(config, ["execution={threads: 1, rounds: 1e1}", "results_dir=out", "novalue"])
+    assert config == {"execution": {"device": "cpu", "threads": 1, "compile": False, "rounds": 10.0},
+                      "results_dir": "out"}
+    assert yamlnum.typed_config_args({"a": 1}, None) == {"a": 1}

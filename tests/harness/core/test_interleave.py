@@ -243,3 +243,33 @@ def test_the_pipeline_group_runs_each_cell_isolated(tmp_path):
     cmd = group.isolated_command(cell)
     assert cmd[-10:] == ["run", "--isolate", "--spec", "s.json", "--runs-out", "r.parquet",
                          "--curves-out", "c.parquet", "--log", "l.log"]
+
+
+def test_round_lines_say_how_long_the_groups_other_rounds_take():
+    """After each round but the last: the time left at the rate of the rounds so far (the seconds before
+    the first round -- starting, building, warming up -- not counted)."""
+    assert interleave.round_line(0, 5, 4, 70.0, 10.0) == (
+        "  round 1/5: 4 cells (70 s); about 4m00s left in this group's rounds")  # 60 s a round
+    assert interleave.round_line(3, 5, 4, 250.0, 10.0).endswith("about 1m00s left in this group's rounds")
+    assert interleave.round_line(4, 5, 3, 310.0, 10.0) == "  round 5/5: 3 cells (310 s)"
+
+
+def test_a_groups_cells_leave_the_pipeline_line_to_the_coordinator(tmp_path, monkeypatch):
+    """``main`` prints "cells N of M done" once for the group (its cells, which see the coordinator's
+    socket in the environment, print none)."""
+    from harness.running import eta
+
+    calls = []
+    monkeypatch.setattr(interleave, "run_group", lambda cells, rounds, command: calls.append(len(cells)))
+    monkeypatch.setattr(eta, "pipeline_line", lambda folder: f"comera-bench: cells in {folder}")
+    cell = [str(tmp_path / name) for name in ("a.spec.json", "a.runs.parquet", "a.curves.parquet", "a.log")]
+    for path in cell[1:3]:
+        open(path, "w").close()
+    monkeypatch.setattr(group.stops, "die_with_parent", lambda: None)
+    monkeypatch.setattr(interleave, "stop_on_signals", lambda: None)
+    import io
+
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    assert group.main(["--rounds", "2", "--cell", *cell]) == 0
+    assert calls == [1] and err.getvalue() == f"comera-bench: cells in {tmp_path}\n"

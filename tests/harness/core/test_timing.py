@@ -105,3 +105,25 @@ def test_machine_state_sees_a_competitor_on_our_cpu():
     assert cols["load_avg_1m"] is not None and math.isfinite(cols["load_avg_1m"])
     if cols["cpu_pressure"] is not None:
         assert 0 < cols["cpu_pressure"] <= 1
+
+
+def test_slowdown_from_load_and_cpus():
+    assert timing.slowdown(0.0, 2, 2) == 1.0  # a quiet machine
+    assert timing.slowdown(8.0, 2, 2) == 5.0  # 2 threads among 10 runnable tasks on 2 CPUs
+    assert timing.slowdown(8.0, 2, 1) == 4.5
+    assert timing.slowdown(1.0, 16, 2) == 1.0
+
+
+def test_busy_warning_says_how_much_longer_and_what_to_type(monkeypatch):
+    monkeypatch.setattr(timing, "load_avg_1m", lambda: 8.0)
+    monkeypatch.setattr(timing.os, "cpu_count", lambda: 2)
+    command = "snakemake --cores 1 figures --config 'execution={threads: 1}'"
+    text = timing.busy_warning(2, command=command)
+    assert text.startswith("the machine is busy (1-minute load average 8.0 on 2 CPUs) while each cell asks for "
+                           "2 thread(s): every cell, and so the run, will take about 5x its time on a quiet "
+                           "machine or longer")
+    assert text.endswith(f"run it anyway with one thread per cell, which waits less for a CPU (the cells record "
+                         f"1 thread; cells timed with 2 run again): {command}.")
+    assert "Stop it (Ctrl-C)" in timing.busy_warning(1) and "one thread per cell" not in timing.busy_warning(1)
+    monkeypatch.setattr(timing, "load_avg_1m", lambda: 0.5)
+    assert timing.busy_warning(2, command=command) == ""

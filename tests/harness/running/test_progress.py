@@ -33,10 +33,32 @@ def test_slow_steps_log_every_step():
     assert out.getvalue().splitlines()[-1] == "c: step 3 of 100, elapsed 3m30s, ETA 1h53m"
 
 
-def test_not_a_terminal_gives_lines(monkeypatch):
+def test_not_a_terminal_gives_lines_with_a_heartbeat(monkeypatch):
     monkeypatch.setattr("sys.stderr", io.StringIO())
-    assert isinstance(progress.progress(5, "c", None), progress.StepLog)
+    log = progress.progress(5, "c", None)
+    assert isinstance(log, progress.StepLog) and log._thread is not None and log._thread.daemon
+    log.close()
+    assert not log._thread.is_alive()
     assert not isinstance(progress.progress(5, "c", True), progress.StepLog)
+
+
+def test_a_line_at_least_every_30_s_also_while_one_step_runs_long():
+    """The log's promise: a line every LOG_EVERY_S (<= 30 s), also when no step ends meanwhile (a long
+    step, an evaluation, a wait for the timing group), here at 1/100 of the time scale."""
+    assert progress.LOG_EVERY_S <= 30
+    import time
+
+    out = io.StringIO()
+    log = progress.StepLog(100, "cell", out, every_s=0.05, heartbeat=True)
+    log.update()
+    time.sleep(0.5)  # the second step takes ten periods
+    log.close()
+    lines = out.getvalue().splitlines()
+    assert len(lines) >= 4, lines
+    assert all(line.startswith("cell: step 1 of 100, elapsed ") and ", ETA " in line for line in lines)
+    count = len(lines)
+    time.sleep(0.15)
+    assert len(out.getvalue().splitlines()) == count  # closed: no more lines
 
 
 def test_clock():
