@@ -296,7 +296,7 @@ def run_id(spec: dict[str, Any], suffix: str = "", entry: str | None = None) -> 
     graph = ("_cg" if spec["execution"]["cuda_graph"] else "") + (
         "_compiled" if spec["execution"].get("compile") else "") + (
         f"_matmul-{precision}" if precision != "highest" else "")
-    quality = "_quality" if spec.get("purpose", DEFAULT_PURPOSE) == "quality" else ""
+    quality = "_quality" if spec.get("purpose", DEFAULT_PURPOSE) == PURPOSES[1] else ""
     return slug(f"{entry or spec['workload']}_{spec['method']}-{spec['variant']}_b{spec['batch_size']}"
                 f"_t{target}_s{spec['seed']}{graph}{suffix}{quality}")
 

@@ -31,7 +31,7 @@ from harness.reports import reference  # noqa: E402
 from harness.reports.html import markdown_table, write_html  # noqa: E402
 from harness.reports.tables import MB  # noqa: E402
 from harness.results import ResultsError  # noqa: E402
-from harness.results.analysis import (MEMORY, QUALITY, TIME, Results, is_stable, load,  # noqa: E402
+from harness.results.analysis import (MEMORY, QUALITY, TIME, Results, is_stable, json_column, load,  # noqa: E402
                                       noisy_reason, pair_ratio, purpose_of, ratio, same_memory_kind,
                                       settings_of, stable_only, timing_cells)
 
@@ -183,7 +183,7 @@ def _batch_label(value: object) -> str:
 
 
 def cell_label(r: pd.Series) -> str:
-    params = json.loads(r.workload_params) if isinstance(r.workload_params, str) else {}
+    params = json_column(r.workload_params, {})
     extra = ",".join(f"{k}={v}" for k, v in sorted((params or {}).items()) if k in ("size", "seq_len"))
     label = f"{r.workload}[{extra}]/{r.method}-{r.variant}/b{_batch(r.batch_size)}"
     label += "" if pd.isna(r.target_ratio) else f"/t{r.target_ratio:g}"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+from harness.configs.grid import DEFAULT_PURPOSE
+
 Spec = Mapping[str, Any]
 
 NEEDS = {
@@ -20,7 +22,7 @@ NEEDS = {
 
 
 def _timing(spec: Spec) -> bool:
-    return (spec.get("purpose") or "timing") == "timing"
+    return (spec.get("purpose") or DEFAULT_PURPOSE) == DEFAULT_PURPOSE
 
 
 def _graph(spec: Spec) -> bool:

@@ -30,7 +30,7 @@ from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
-from harness.configs.grid import slug
+from harness.configs.grid import DEFAULT_PURPOSE, PURPOSES, slug
 from harness.core.timing import STABLE, finite, quartiles
 from harness.results import empty_frame, read_parquet
 
@@ -38,7 +38,7 @@ TIME = "epoch_time_s"
 """The time column a ratio is asked for: a cell's time per epoch (see the module docstring)."""
 MEMORY = "peak_mem_bytes"
 """The memory column; a ratio needs both rows' memory of one kind (:func:`same_memory_kind`)."""
-TIMING, QUALITY = "timing", "quality"
+TIMING, QUALITY = PURPOSES  # the grid's purposes; a null purpose (older files) reads as DEFAULT_PURPOSE
 """Purposes of a cell: timed (a short run for time and memory) or trained (accuracy, rank adaptation)."""
 INTERLEAVED = "median over rounds of per-round mean step time ratios"
 NOT_INTERLEAVED = "not interleaved: ratio of mean-based epoch times"
@@ -93,7 +93,7 @@ def model_size(settings: dict[str, Any], spec: dict[str, Any]) -> str:
 
 def purpose_of(runs: pd.DataFrame) -> pd.Series:
     """Each row's purpose; null (files written before quality cells existed) reads as "timing"."""
-    return runs.purpose.fillna(TIMING)
+    return runs.purpose.fillna(DEFAULT_PURPOSE)
 
 
 def is_timing(runs: pd.DataFrame) -> pd.Series:
