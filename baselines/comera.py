@@ -162,6 +162,9 @@ class CoMERAMethod:
             total_loss=adaptation.objective,
             after_step=adaptation.after_step,
             settings={**params, "lr": lrs, "late_start_step": late_start, "target_ratio": target_ratio,
+                      # pruning every prune_every steps (both stages) is periodic work: timing rounds hold
+                      # whole periods of it (harness.core.timing.round_bounds)
+                      "time_window_steps": params["prune_every"] if params["prune_every"] > 1 else None,
                       "switch": adaptation.switch,
                       "conversion": report.as_dict(), "optimizer": "torch.optim.AdamW", "optimizer_impl": impl},
             ranks=lambda: rank_lib.ranks(model),

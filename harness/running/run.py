@@ -264,6 +264,8 @@ class _State:
     watchdog: _Watchdog | None = None
     machine: timing.MachineState | None = None
     gate: RoundGate | None = None
+    rounds: timing.Rounds | None = None
+    """where the timing rounds start and whether they hold whole periods of the method's periodic work"""
     round_starts: dict[int, int] = field(default_factory=dict)
     """step index (0-based) -> the timing round that starts before it"""
     waited_s: float = 0.0
@@ -375,13 +377,15 @@ def _train(st: _State, reg: Registry, progress: bool | None) -> None:
     warmup = budget["warmup_steps"]
     if st.graphed is not None:  # the eager warm-up steps and the capture step are never timed
         warmup = max(warmup, st.graphed.warmup + 1)
-    st.timer = measure.StepTimer(st.device, warmup)
     st.epoch_clock = measure.Stopwatch(st.device)
     st.machine = timing.MachineState()
     st.gate = RoundGate.from_env(spec["run_id"])
-    bounds = timing.round_bounds(min(warmup, total_steps), total_steps, spec["execution"]["rounds"],
-                                 steps_per_round=1 if st.gate is None else 2)
-    st.round_starts = {step: r for r, step in enumerate(bounds)}
+    st.rounds = timing.round_bounds(min(warmup, total_steps), total_steps, spec["execution"]["rounds"],
+                                    steps_per_round=1 if st.gate is None else 2,
+                                    period=prepared.settings.get("time_window_steps"))
+    st.round_starts = {step: r for r, step in enumerate(st.rounds.starts)}
+    # rounds of whole periods may leave a few timed steps before the first round: warm-up too
+    st.timer = measure.StepTimer(st.device, max(warmup, st.rounds.starts[0]))
     if eval_every:
         _evaluate(st)
     st.monitor = measure.MemoryMonitor(st.device)
@@ -704,6 +708,7 @@ def _build_row(st: _State, status: str, error: str, tb: str) -> dict[str, Any]:
         extra.update(step_ms=[round(ms, 4) for ms in st.timer.all_ms], step_round=st.timer.all_rounds,
                      step_time_ms_mean=summary["step_time_ms_mean"],
                      step_time_mean_basis=summary["step_time_mean_basis"], full_epochs_s=st.full_epochs_s,
+                     round_alignment=st.rounds.alignment if st.rounds is not None else None,
                      steps_done=st.steps_done, warmup_steps=st.timer.warmup_steps)
     if st.memory is not None:
         row.update(peak_mem_bytes=st.memory.peak_mem_bytes, peak_mem_kind=st.memory.peak_mem_kind,
@@ -756,7 +761,8 @@ def _timing_columns(st: _State, summary: dict[str, Any]) -> dict[str, Any]:
         step_time_ms=summary["step_time_ms"], step_time_ms_iqr=summary["step_time_ms_iqr"],
         steps_timed=summary["steps_timed"], step_time_ms_mean=summary["step_time_ms_mean"],
         run_queue_frac=state.get("run_queue_frac"), cpu_pressure=state.get("cpu_pressure"),
-        outside_rounds=bool(ex["timing_group"]) and st.group_start_s is None)
+        outside_rounds=bool(ex["timing_group"]) and st.group_start_s is None,
+        period=st.rounds.period if st.rounds is not None else None, round_means=means)
     return cols
 
 
