@@ -261,19 +261,19 @@ def rounds_ratio(num: Sequence[float | None], den: Sequence[float | None], basis
 
     Args:
         num: the numerator's time in each round.
-        den: the denominator's time in each round (as many rounds as ``num``).
+        den: the denominator's time in each round. Round r of both is the same round (a timing group's
+            coordinator runs round r of every cell before round r + 1); rounds only one side has -- a
+            cell whose rounds hold whole periods of its periodic work may have fewer than its group's
+            others (harness.core.timing.round_bounds) -- are left out.
         basis: how the times were taken, in words (:attr:`Ratio.basis`).
 
     Returns:
-        The ratio, or None when the lists differ in length or no round has two finite times (a
-        positive denominator).
+        The ratio, or None when no round has two finite times (a positive denominator).
 
     Example:
         >>> rounds_ratio([800, 1200, 900], [100, 400, 300]).text()
         '3.00x [3.00-5.50]'
     """
-    if len(num) != len(den):
-        return None
     per_round = [x / y for x, y in zip(num, den) if finite(x) and finite(y) and y > 0]
     if not per_round:
         return None

@@ -131,3 +131,17 @@ def test_two_folders_of_one_machine_are_never_timed_together(cells, tmp_path):
     table, _, _ = compare.side_by_side([path, again])
     dense = table[table.method == "dense"].iloc[0]
     assert dense["epoch_time ratio again/here"] == pytest.approx(1.0)  # epoch times, not the rounds' 4x
+
+
+def test_a_period_that_leaves_fewer_rounds_pairs_the_rounds_both_cells_have(tmp_path):
+    """Every 6th step 5x: the 24 timed steps hold 3 rounds of (re-warm + 6), the plain cell has 4 rounds;
+    round r of both ran in the group's round r, so the ratio pairs rounds 0-2 and counts the periodic
+    work ((5 x 10 + 50) / 6 = 16.7 ms against 10 ms)."""
+    dense = timed_cell("dense")
+    comera = timed_cell("comera", period=6, periodic_ms=50.0)
+    assert "3 rounds (fewer than the 4 asked) of whole periods of 6 steps" in json.loads(comera["extra"])["round_alignment"]
+    assert comera["timing_quality"] == "stable"
+    res = analysis.load(make_folder(tmp_path / "here", placed([dense, comera])))
+    rows = [res.runs[res.runs.method == m].iloc[0] for m in ("comera", "dense")]
+    r = analysis.ratio(*rows)
+    assert r.interleaved and r.n == 3 and r.value == pytest.approx(100 / 6 / 10)

@@ -54,7 +54,10 @@ def test_the_round_statistic_is_one_helper_and_the_bench_may_ask_past_the_verdic
     a, b = _row("g", [30, 33, 60, 30, 36], 33.0), _row("g", [10, 11, 20, 12, 12], 12.0)
     assert analysis.ratio(a, b) == analysis.rounds_ratio([30, 33, 60, 30, 36], [10, 11, 20, 12, 12])
     assert analysis.ratio(a, b).per_round == pytest.approx((3.0, 3.0, 3.0, 2.5, 3.0))
-    assert analysis.rounds_ratio([1.0, 2.0], [1.0]) is None and analysis.rounds_ratio([1.0], [0.0]) is None
+    assert analysis.rounds_ratio([1.0], [0.0]) is None
+    # a cell with fewer rounds (its rounds hold whole periods): the rounds both have, round r with round r
+    fewer = analysis.ratio(_row("g", [18.0, 19.8, 16.2], 1.0), _row("g", [10.0, 11.0, 9.0, 12.0, 10.0], 1.0))
+    assert fewer.interleaved and fewer.n == 3 and fewer.value == pytest.approx(1.8)
     noisy = {**a, "timing_quality": "noisy: CPU pressure 60% (> 25%)"}
     assert analysis.ratio(noisy, b) is None
     assert analysis.ratio(noisy, b, stable_only=False) == analysis.ratio(a, b)
