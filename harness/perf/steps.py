@@ -220,7 +220,7 @@ def step_ratio(results: dict[str, dict[str, Any]], num: str, den: str, key: str)
     a, b = results.get(num, {}), results.get(den, {})
     if "error" in a or "error" in b:
         return None
-    return analysis.ratio(a, b, COLUMNS.get(key, key), stable_only=False)
+    return analysis.ratio(a, b, COLUMNS.get(key, key), require_stable=False)
 
 
 def target_steps(cfg: Config, targets: set[int], timeout_s: float,

@@ -282,7 +282,7 @@ def rounds_ratio(num: Sequence[float | None], den: Sequence[float | None], basis
 
 
 def ratio(num: Mapping[str, Any], den: Mapping[str, Any], column: str = TIME, *,
-          stable_only: bool = True) -> Ratio | None:
+          require_stable: bool = True) -> Ratio | None:
     """``num`` / ``den`` for two runs rows: the one statistic every report shows.
 
     Args:
@@ -292,14 +292,14 @@ def ratio(num: Mapping[str, Any], den: Mapping[str, Any], column: str = TIME, *,
             ratios of cells timed together, else the ratio of their mean-based epoch times; both rows
             must be stable, :func:`is_stable`), :data:`MEMORY` (the ratio of the values, of one memory
             kind) or another numeric column (the ratio of the values).
-        stable_only: False: a time ratio whatever the rows' verdicts (the performance bench, which
+        require_stable: False: a time ratio whatever the rows' verdicts (the performance bench, which
             shows each row's verdict beside its number, :func:`verdict_of`); the number is the same.
 
     Returns:
         The ratio, or None when either side is missing, the denominator is not positive, or the rows
         may not be compared (a time of an unstable row, memories of two kinds).
     """
-    if column == TIME and stable_only and not (is_stable(num) and is_stable(den)):
+    if column == TIME and require_stable and not (is_stable(num) and is_stable(den)):
         return None
     if column == MEMORY and not same_memory_kind(num, den):
         return None

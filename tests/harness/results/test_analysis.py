@@ -49,7 +49,7 @@ def test_time_ratio_needs_stable_rows_and_memory_ratio_one_kind():
 
 def test_the_round_statistic_is_one_helper_and_the_bench_may_ask_past_the_verdict():
     """rounds_ratio is what ratio uses for cells timed together (and what the bench uses on per-round
-    times); stable_only=False gives the same number for rows that are not stable, whose verdict the bench
+    times); require_stable=False gives the same number for rows that are not stable, whose verdict the bench
     shows beside it (verdict_of)."""
     a, b = _row("g", [30, 33, 60, 30, 36], 33.0), _row("g", [10, 11, 20, 12, 12], 12.0)
     assert analysis.ratio(a, b) == analysis.rounds_ratio([30, 33, 60, 30, 36], [10, 11, 20, 12, 12])
@@ -60,7 +60,7 @@ def test_the_round_statistic_is_one_helper_and_the_bench_may_ask_past_the_verdic
     assert fewer.interleaved and fewer.n == 3 and fewer.value == pytest.approx(1.8)
     noisy = {**a, "timing_quality": "noisy: CPU pressure 60% (> 25%)"}
     assert analysis.ratio(noisy, b) is None
-    assert analysis.ratio(noisy, b, stable_only=False) == analysis.ratio(a, b)
+    assert analysis.ratio(noisy, b, require_stable=False) == analysis.ratio(a, b)
     assert analysis.verdict_of({"a": a, "b": b}) == "stable"
     assert analysis.verdict_of({"a": noisy, "b": {}}) == ("noisy: a: CPU pressure 60% (> 25%); b: no timing verdict "
                                                          "(written before timing_quality existed)")
