@@ -159,6 +159,9 @@ class CoMERAMethod:
             after_step=driver.after_step,
             settings={**asdict(p), "lr": lrs, "late_start_step": adapt.settings.late_start_step,
                       "target_ratio": target_ratio, "target_ramp_steps": adapt.settings.target_ramp_steps,
+                      # pruning every prune_every steps (both stages) is periodic work: timing rounds hold
+                      # whole periods of it (harness.core.timing.round_bounds)
+                      "time_window_steps": p.prune_every if p.prune_every > 1 else None,
                       "switch": driver.switch, "conversion": report.as_dict(),
                       "optimizer": "torch.optim.AdamW", "optimizer_impl": impl},
             ranks=lambda: rank_lib.ranks(model),

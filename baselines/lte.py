@@ -190,6 +190,8 @@ class LTEMethod:
             "optimizer": "torch.optim.AdamW", "optimizer_impl": impl, "preset": params["preset"], "heads": params["heads"],
             "rank": params["rank"], "alpha": params["alpha"], "scaling": params["alpha"] / params["rank"],
             "merge_every": params["merge_every"], "restart": "resetless (snapshot subtracted)",
+            # the merge is periodic work: timing rounds hold whole periods of it (harness.core.timing)
+            "time_window_steps": params["merge_every"] if params["merge_every"] > 1 else None,
             "lr": lr_heads, "lr_other": lr_other, "weight_decay": params["weight_decay"],
             "lte_layers": converted, "head_params": sum(p.numel() for p in heads),
             "other_trainable_params": sum(p.numel() for p in other),

@@ -19,7 +19,8 @@ steps ran (one segment per timing round; evaluations inside a segment count, wai
 Stability (:func:`judge`): a row is ``stable`` unless one of the documented thresholds below is crossed;
 then ``noisy: <reasons>``. Verdicts and "same comparison here" ratios use stable rows only.
 
-Rounds: :func:`round_bounds` splits the timed steps into rounds; each row stores every round's mean step
+Rounds: :func:`round_bounds` splits the timed steps into rounds (whole periods of a method's periodic
+work in each round where it has one); each row stores every round's mean step
 time (:func:`round_means`, the statistic ratios use: it counts periodic work) and median step time
 (:func:`round_medians`, for diagnosis). :func:`quartiles` is the one quartile definition (step-time IQR
 here, the IQR of per-round ratios in the analysis).
@@ -42,7 +43,10 @@ MIN_TIMED_STEPS = 5
 MAX_IQR_OVER_MEDIAN = 0.25
 """Inter-quartile range of the step times above this share of their median: the steps disagree."""
 MAX_MEAN_OVER_MEDIAN = 1.5
-"""Mean step time (whole windows of periodic work) above this multiple of the median: outliers dominate."""
+"""Mean step time (whole windows of periodic work) above this multiple of the median: outliers dominate.
+Not applied to a cell whose rounds hold whole periods of its periodic work (:func:`judge`)."""
+MIN_ROUNDS_FOR_SPREAD = 3
+"""A cell with periodic work is judged by the spread of its per-round means from this many rounds on."""
 MAX_RUN_QUEUE_FRAC = 0.10
 """The cell's threads waited for a CPU more than this share of their runnable time: other work competed."""
 MAX_CPU_PRESSURE = 0.25
@@ -188,23 +192,68 @@ def finite(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def relative_iqr(values: Sequence[float | None]) -> float | None:
+    """The inter-quartile range of the finite ``values`` over their median (:func:`quartiles`); None for
+    fewer than two values or a median that is not positive. The one spread test of per-round times: a
+    cell's per-round mean step times (:func:`judge`) and a micro-benchmark's per-round times."""
+    kept = [v for v in values if finite(v)]
+    if len(kept) < 2:
+        return None
+    q1, mid, q3 = quartiles(kept)
+    return (q3 - q1) / mid if mid > 0 else None
+
+
+def spread_reason(values: Sequence[float | None], what: str) -> str:
+    """``"<what> spread N% of their median (> 25%)"`` when :func:`relative_iqr` of ``values`` is above
+    :data:`MAX_IQR_OVER_MEDIAN`, else ''."""
+    spread = relative_iqr(values)
+    if spread is None or spread <= MAX_IQR_OVER_MEDIAN:
+        return ""
+    return f"{what} spread {spread:.0%} of their median (> {MAX_IQR_OVER_MEDIAN:.0%})"
+
+
 def judge(*, step_time_ms: float | None, step_time_ms_iqr: float | None, steps_timed: int | None,
           step_time_ms_mean: float | None = None, run_queue_frac: float | None = None,
-          cpu_pressure: float | None = None, outside_rounds: bool = False) -> str:
-    """``stable`` or ``noisy: <reason>; <reason>`` from the thresholds of this module; ``outside_rounds``:
-    a cell of a timing group that was not timed in its group's rounds (its coordinator unreachable)."""
+          cpu_pressure: float | None = None, outside_rounds: bool = False, period: int | None = None,
+          round_means: Sequence[float | None] = ()) -> str:
+    """``stable`` or ``noisy: <reason>; <reason>`` from the thresholds of this module.
+
+    Args:
+        step_time_ms, step_time_ms_iqr, steps_timed, step_time_ms_mean: the row's step-time summary
+            (harness.core.measure.StepTimer.summary).
+        run_queue_frac, cpu_pressure: the machine's state (:class:`MachineState`).
+        outside_rounds: a cell of a timing group that was not timed in its group's rounds (its
+            coordinator unreachable).
+        period: the cell's periodic work (steps between two of its periodic steps) when its rounds hold
+            whole periods of it (:class:`Rounds` ``period``), else None.
+        round_means: the mean step time of each round (:func:`round_means`).
+
+    Returns:
+        The verdict. With a ``period`` and at least :data:`MIN_ROUNDS_FOR_SPREAD` round means, the
+        spread of the round means is judged (relative IQR above :data:`MAX_IQR_OVER_MEDIAN`: noisy)
+        instead of the mean / median test, which periodic work crosses by design (every 5th step at 5x:
+        mean 1.8x the median); otherwise the mean / median test (:data:`MAX_MEAN_OVER_MEDIAN`), which
+        catches outliers.
+    """
     reasons = []
     if outside_rounds:
         reasons.append("not timed in its group's interleaved rounds (no round coordinator reached)")
     if not steps_timed or steps_timed < MIN_TIMED_STEPS:
         reasons.append(f"{steps_timed or 0} timed steps (< {MIN_TIMED_STEPS})")
+    by_rounds = bool(period) and sum(finite(m) for m in round_means) >= MIN_ROUNDS_FOR_SPREAD
     if finite(step_time_ms) and step_time_ms > 0:
         if finite(step_time_ms_iqr) and step_time_ms_iqr / step_time_ms > MAX_IQR_OVER_MEDIAN:
             reasons.append(f"IQR {step_time_ms_iqr / step_time_ms:.0%} of the median "
                            f"(> {MAX_IQR_OVER_MEDIAN:.0%})")
-        if finite(step_time_ms_mean) and step_time_ms_mean / step_time_ms > MAX_MEAN_OVER_MEDIAN:
+        if (not by_rounds and finite(step_time_ms_mean)
+                and step_time_ms_mean / step_time_ms > MAX_MEAN_OVER_MEDIAN):
             reasons.append(f"mean {step_time_ms_mean / step_time_ms:.2f}x the median "
                            f"(> {MAX_MEAN_OVER_MEDIAN:g}x)")
+    if by_rounds:
+        spread = spread_reason(round_means, f"per-round mean step times (rounds of whole periods of {period} "
+                                            "steps)")
+        if spread:
+            reasons.append(spread)
     if finite(run_queue_frac) and run_queue_frac > MAX_RUN_QUEUE_FRAC:
         reasons.append(f"its threads waited for a CPU {run_queue_frac:.0%} of their runnable time "
                        f"(> {MAX_RUN_QUEUE_FRAC:.0%})")
@@ -266,9 +315,63 @@ def round_means(step_ms: Sequence[float], step_round: Sequence[int]) -> list[flo
     return _by_round(step_ms, step_round, statistics.fmean)
 
 
-def round_bounds(first_timed: int, total_steps: int, rounds: int, steps_per_round: int = 1) -> list[int]:
-    """Step indices (0-based) at which rounds 0..rounds-1 start: the timed steps split evenly, at least
-    ``steps_per_round`` to a round (2 when a round's first step is a re-warm step that is not counted)."""
+@dataclass(frozen=True)
+class Rounds:
+    """Where a cell's timing rounds start (:func:`round_bounds`).
+
+    Attributes:
+        starts: the step index (0-based) at which each round starts; the first is the first counted step.
+        period: the period of the cell's periodic work when every round's counted steps are a whole
+            number of periods of it, else None.
+        alignment: how the rounds were laid out, in words (a row's ``extra.round_alignment``).
+    """
+
+    starts: list[int]
+    period: int | None
+    alignment: str
+
+
+def round_bounds(first_timed: int, total_steps: int, rounds: int, steps_per_round: int = 1,
+                 period: int | None = None) -> Rounds:
+    """Split the timed steps into rounds.
+
+    Args:
+        first_timed: the first step after warm-up.
+        total_steps: the steps the cell runs.
+        rounds: the rounds asked for (``execution.rounds``).
+        steps_per_round: at least this many steps to a round (2 when a round's first step is a re-warm
+            step that is not counted: interleaved rounds).
+        period: the cell's periodic work, every ``period`` steps (a method's ``time_window_steps``:
+            GaLore's projection update, CoMERA's pruning, LTE's merge); None or 1 for none.
+
+    Returns:
+        The :class:`Rounds`. Without a period, the timed steps split evenly. With one, every round's
+        counted steps (those after its re-warm step) are a whole number of periods -- any ``n x period``
+        consecutive steps hold exactly ``n`` periodic steps, so each round's mean counts the periodic work
+        at its true rate --, in as many rounds as asked where the timed steps hold a period for each,
+        else in fewer, down to 2 (1 when 1 was asked); the timed steps left over (fewer than a period) go
+        to the warm-up before the first round. Where even that does not fit, the rounds split evenly and
+        ``period`` is None.
+    """
     timed = max(total_steps - first_timed, 0)
-    rounds = max(1, min(rounds, timed // steps_per_round)) if timed else 1
-    return [first_timed + (r * timed) // rounds for r in range(rounds)]
+    rewarm = max(steps_per_round - 1, 0)
+    if period and period > 1 and timed:
+        for count in range(max(rounds, 1), min(rounds, 2) - 1, -1):
+            whole = (timed - count * rewarm) // period
+            if whole >= count:
+                left = timed - count * rewarm - whole * period
+                starts, step = [], first_timed + left
+                for r in range(count):
+                    starts.append(step)
+                    step += rewarm + period * ((r + 1) * whole // count - r * whole // count)
+                fewer = f" (fewer than the {rounds} asked)" if count < rounds else ""
+                spare = f"; the first {left} timed step(s) added to the warm-up" if left else ""
+                return Rounds(starts, period, f"{count} rounds{fewer} of whole periods of {period} steps "
+                                              f"({whole} periods in all){spare}")
+        plain = round_bounds(first_timed, total_steps, rounds, steps_per_round)
+        return Rounds(plain.starts, None, f"not aligned: {timed} timed steps hold fewer than "
+                                          f"{min(rounds, 2)} round(s) of a whole period of {period} steps; "
+                                          f"{len(plain.starts)} rounds split evenly")
+    count = max(1, min(rounds, timed // max(steps_per_round, 1))) if timed else 1
+    return Rounds([first_timed + (r * timed) // count for r in range(count)], None,
+                  f"no periodic work declared: {count} round(s) split evenly")

@@ -14,8 +14,10 @@ so that a load change on a shared machine hits both):
    in its own process: CoMERA vs uncompressed at batch 32 (time, peak memory) and CoMERA vs GaLore
    at batch 1 (time, peak memory); and the small preset (size "small"), CoMERA vs uncompressed at batch
    32 and batch 1 (time). The processes take turns in ``--step-rounds`` interleaved rounds
-   (default 3; harness.core.interleave, the mechanism of the pipeline's timing groups); a time ratio is the
-   median over rounds of the ratio within a round. The speed rows carry a profile:
+   (default 3; harness.core.interleave, the mechanism of the pipeline's timing groups); every ratio is the
+   analysis layer's (harness.results.analysis.ratio on the cells' runs rows: the median over rounds of the
+   ratio of the rounds' mean step times, as the claims give it) and every time row carries the cells'
+   stability verdicts. The speed rows carry a profile:
    the time of CoMERA's tensorized layers (each re-run alone on its step input) and of the rest of its
    step, which bounds the ratio even if the tensorized layers took no time (the row's bound).
 3. TTMEmbedding optimized vs naive lookup (time, peak memory) and the TTM table's memory vs an
@@ -24,6 +26,10 @@ so that a load change on a shared machine hits both):
    the cores: the tensorized layers' speedup, and the step's speedup as a fraction of its Amdahl estimate.
 5. Contraction-plan FLOPs vs the sum of opt_einsum's optimal costs of the forward and backward
    contractions, over a sweep of TT orders and token counts.
+
+Per-round times of targets 1, 3 and 4 become a ratio through harness.results.analysis.rounds_ratio and a
+stability verdict through analysis.rounds_verdict (the spread threshold of a cell's per-round means); a
+row whose timings are not stable is ``noisy`` (shown, not judged against its goal).
 
 Each row carries the physical context of its ratio: the FLOP ratio and the compulsory-traffic ratio of
 the two ops, and the roofline bound (the row's bound for targets 1 and 3)

@@ -13,10 +13,10 @@ LABEL_CHARS = 60
 """Labels are wrapped at this width (never cut)."""
 AXIS_FLOOR = 0.05
 """The axis starts no lower than this: a bar below it ends at the edge with its value printed."""
-COLORS = {"pass": "tab:green", "short": "tab:orange", "impossible": "tab:purple"}
+COLORS = {"pass": "tab:green", "short": "tab:orange", "noisy": "tab:gray", "impossible": "tab:purple"}
 FOOTER = ("Bars run from the goal (1) to measured / goal (for a row that must stay at or below its goal: "
-          "goal / measured), so 1 or more meets the goal; green pass, orange short, purple impossible (above "
-          "the row's own bound: noise, not a result), a red cross: no positive finite value measured. Diamonds: the bound the same run measured for the row (roofline, free "
+          "goal / measured), so 1 or more meets the goal; green pass, orange short, grey noisy (timings not "
+          "stable: shown, not judged), purple impossible (above the row's own bound: noise, not a result), a red cross: no positive finite value measured. Diamonds: the bound the same run measured for the row (roofline, free "
           "tensorized layers, FLOPs) / goal: the most the row could reach here; a diamond left of 1 puts the "
           "goal beyond it. Every ratio comes from one run (interleaved rounds); medians, settings and notes "
           "are in bench.md.")

@@ -12,8 +12,9 @@ import torch
 from harness.core import measure
 from harness.perf import microbench as mb
 from harness.perf.config import Config
-from harness.perf.report import BenchRow, make_row, ratio
-from harness.perf.roofline import Roofline, paired_medians, paired_rounds, round_ratio
+from harness.perf.report import BenchRow, make_row, per_round_text, ratio, value_of
+from harness.perf.roofline import Roofline, paired_rounds
+from harness.results import analysis
 
 
 # -------------------------------------------------------------------------------------------- target 1
@@ -44,28 +45,31 @@ def target_linear(cfg: Config, roof: Roofline) -> list[BenchRow]:
         per_round = paired_rounds({k: run for k, (run, _) in calls.items()}, rounds=cfg.rounds,
                                   num_threads=cfg.num_threads, min_run_time_s=cfg.min_run_time_s)
         times = {k: statistics.median(v) for k, v in per_round.items()}
-        speedup, speedup_rounds = round_ratio(per_round, "dense", "tt")
-        vs_official, official_rounds = round_ratio(per_round, "official", "tt")
+        speedup = analysis.rounds_ratio(per_round["dense"], per_round["tt"])
+        vs_official = analysis.rounds_ratio(per_round["official"], per_round["tt"])
         cost = {k: mb.count_cost(run) for k, (run, _) in calls.items() if k in ("dense", "tt", "official")}
         plan = tt.plan(tokens)
         shape = f"{n_in}->{n_out} r{rank}, {tokens} tokens"
         rows.append(make_row(
             1, f"TTLinear fwd+bwd speedup, {shape}", case["goal"],
-            speedup, goal_key=f"linear[{i}]",
+            value_of(speedup), goal_key=f"linear[{i}]",
+            stability=analysis.rounds_verdict({"nn.Linear": per_round["dense"], "TTLinear": per_round["tt"]}),
             flop_ratio=ratio(cost["dense"][0], cost["tt"][0]),
             traffic_ratio=ratio(cost["dense"][1], cost["tt"][1]),
             bound=roof.speedup_bound(cost["dense"], cost["tt"]), bound_basis="roofline",
-            medians=f"nn.Linear {times['dense']:.3f} ms, TTLinear {times['tt']:.3f} ms{speedup_rounds}",
+            medians=f"nn.Linear {times['dense']:.3f} ms, TTLinear {times['tt']:.3f} ms{per_round_text(speedup)}",
             settings=f"ranks {tt.ranks}, plan {plan.left}/{plan.right}, {cfg.label()}; ratio: median over "
-                     f"rounds of the ratio within a round{matmul_precision(cfg.device)}",
+                     f"rounds of the ratio within a round (harness.results.analysis.rounds_ratio)"
+                     f"{matmul_precision(cfg.device)}",
             note=fixed_cost_note(times["dense"], times["tt"], times["tt_1"], times["floor_1"], times["direct_1"])))
         rows.append(make_row(
             1, f"TTLinear vs official TT_forward, {shape}", case["vs_official"],
-            vs_official, goal_key=f"linear[{i}].vs_official",
+            value_of(vs_official), goal_key=f"linear[{i}].vs_official",
+            stability=analysis.rounds_verdict({"official": per_round["official"], "TTLinear": per_round["tt"]}),
             flop_ratio=ratio(cost["official"][0], cost["tt"][0]),
             traffic_ratio=ratio(cost["official"][1], cost["tt"][1]),
             medians=f"nn.Linear {times['dense']:.3f} ms, TTLinear {times['tt']:.3f} ms, "
-                    f"official TT_forward {times['official']:.3f} ms{official_rounds}",
+                    f"official TT_forward {times['official']:.3f} ms{per_round_text(vs_official)}",
             settings=f"same cores, gates and bias; both multiply the cores by the gates and add the bias "
                      f"(official: get_factors(prune_mask=True) gating and the bias outside TT_forward); "
                      f"ranks {tt.ranks}, {cfg.label()}{matmul_precision(cfg.device)}",
@@ -191,18 +195,23 @@ def target_linear_cuda(cfg: Config, progress: Callable[[str], None]) -> list[Ben
                 rows.append(make_row(1, f"TTLinear fwd+bwd speedup, {what}, {shape}", None, None,
                                      settings=settings, note=compile_error))
                 continue
-            value, shown = round_ratio(per_round, f"dense{mode}", f"tt{mode}")
+            value = analysis.rounds_ratio(per_round[f"dense{mode}"], per_round[f"tt{mode}"])
             goal = case.get(goal_name) if goal_name else None
             rows.append(make_row(
-                1, f"TTLinear fwd+bwd speedup, {what}, {shape}", goal, value,
+                1, f"TTLinear fwd+bwd speedup, {what}, {shape}", goal, value_of(value),
                 goal_key=f"cuda_linear[{i}].{goal_name}" if goal is not None else "",
-                medians=f"nn.Linear {times[f'dense{mode}']:.3f} ms, TTLinear {times[f'tt{mode}']:.3f} ms{shown}",
+                stability=analysis.rounds_verdict({"nn.Linear": per_round[f"dense{mode}"],
+                                                   "TTLinear": per_round[f"tt{mode}"]}),
+                medians=f"nn.Linear {times[f'dense{mode}']:.3f} ms, TTLinear {times[f'tt{mode}']:.3f} ms"
+                        f"{per_round_text(value)}",
                 settings=settings))
-        value, shown = round_ratio(per_round, "official", "tt")
+        value = analysis.rounds_ratio(per_round["official"], per_round["tt"])
         rows.append(make_row(
-            1, f"TTLinear vs official TT_forward, eager, {shape}", case["vs_official"], value,
+            1, f"TTLinear vs official TT_forward, eager, {shape}", case["vs_official"], value_of(value),
             goal_key=f"cuda_linear[{i}].vs_official",
-            medians=f"TTLinear {times['tt']:.3f} ms, official TT_forward {times['official']:.3f} ms{shown}",
+            stability=analysis.rounds_verdict({"official": per_round["official"], "TTLinear": per_round["tt"]}),
+            medians=f"TTLinear {times['tt']:.3f} ms, official TT_forward {times['official']:.3f} ms"
+                    f"{per_round_text(value)}",
             settings=settings))
     return rows
 
@@ -321,8 +330,10 @@ def target_embedding(cfg: Config, roof: Roofline) -> list[BenchRow]:
     for count in EMBEDDING_INDICES[key]:
         idx = mb.zipf_indices(count, table["num_embeddings"], 1.05, count).to(cfg.device)
         calls = {v: mb.module_call(m, idx, "fwd_bwd", wrt_input=False) for v, m in modules.items()}
-        times = paired_medians({v: run for v, (run, _) in calls.items()}, rounds=cfg.rounds,
-                               num_threads=cfg.num_threads, min_run_time_s=cfg.min_run_time_s)
+        per_round = paired_rounds({v: run for v, (run, _) in calls.items()}, rounds=cfg.rounds,
+                                  num_threads=cfg.num_threads, min_run_time_s=cfg.min_run_time_s)
+        times = {v: statistics.median(t) for v, t in per_round.items()}
+        speedup = analysis.rounds_ratio(per_round["ttm_naive"], per_round["ttm_optimized"])
         peaks = {}
         for v, (run, reset) in calls.items():
             peaks[v], kind = measure.call_peak(run, cfg.device, reset)
@@ -335,13 +346,15 @@ def target_embedding(cfg: Config, roof: Roofline) -> list[BenchRow]:
         common = {"settings": settings}
         rows.append(make_row(
             3, f"TTM optimized vs naive lookup fwd+bwd speedup, {count} indices", goals["speedup"],
-            ratio(times["ttm_naive"], times["ttm_optimized"]),
+            value_of(speedup),
+            stability=analysis.rounds_verdict({"naive": per_round["ttm_naive"],
+                                               "optimized": per_round["ttm_optimized"]}),
             flop_ratio=ratio(cost["ttm_naive"][0], cost["ttm_optimized"][0]),
             traffic_ratio=ratio(cost["ttm_naive"][1], cost["ttm_optimized"][1]),
             bound=roof.speedup_bound(cost["ttm_naive"], cost["ttm_optimized"]), bound_basis="roofline",
             goal_key="lookup.speedup",
             medians=f"naive {times['ttm_naive']:.3f} ms, optimized {times['ttm_optimized']:.3f} ms, "
-                    f"nn.Embedding dense grad {times['dense_grad']:.3f} ms", **common))
+                    f"nn.Embedding dense grad {times['dense_grad']:.3f} ms{per_round_text(speedup)}", **common))
         rows.append(make_row(
             3, f"TTM optimized vs naive lookup peak memory ratio, {count} indices", goals["memory"],
             ratio(peaks["ttm_naive"], peaks["ttm_optimized"]),

@@ -10,8 +10,9 @@ from harness.results.atomic import atomic_write
 
 TARGET_NAMES = {1: "TTLinear vs nn.Linear", 2: "transformer step", 3: "TTM lookup",
                 4: "step after halving ranks", 5: "plan FLOPs vs opt_einsum"}
-VERDICTS = ("pass", "short", "impossible", "error", "info")
-"""impossible: a ratio above the bound the same run measured for it (noise, never a pass); info: a row
+VERDICTS = ("pass", "short", "noisy", "impossible", "error", "info")
+"""impossible: a ratio above the bound the same run measured for it (noise, never a pass); noisy: a ratio
+of timings that are not stable (the row's ``stability``; shown, not judged against its goal); info: a row
 without a goal (context for another row; no verdict)."""
 BOUND_SLACK = 0.10
 """A ratio more than this fraction above its bound is impossible (the bound is measured too)."""
@@ -41,6 +42,10 @@ class BenchRow:
     medians: str = ""
     settings: str = ""
     note: str = ""
+    stability: str = ""
+    """The timings' verdict: "stable", or "noisy: <reasons>" (the cells' ``timing_quality`` for step
+    targets, harness.results.analysis.verdict_of; the spread of per-round times for micro-benchmarks,
+    analysis.rounds_verdict); empty for a row that divides no times (memory, op counts, FLOPs)."""
 
 
 def above_bound(measured: float | None, bound: float | None) -> bool:
@@ -49,23 +54,30 @@ def above_bound(measured: float | None, bound: float | None) -> bool:
             and measured > bound * (1 + BOUND_SLACK))
 
 
-def verdict(measured: float | None, goal: float | None, better: str, bound: float | None = None) -> str:
+def verdict(measured: float | None, goal: float | None, better: str, bound: float | None = None,
+            stability: str = "") -> str:
     """pass / short, impossible for a ratio (``>=``) above its bound, error when nothing was measured,
-    info for a row without a goal."""
+    info for a row without a goal, noisy (instead of pass / short) when ``stability`` is not stable."""
     if measured is None or not math.isfinite(measured):
         return "error"
     if better == ">=" and above_bound(measured, bound):
         return "impossible"
     if goal is None:
         return "info"
+    if stability.startswith("noisy"):
+        return "noisy"
     return "pass" if (measured >= goal if better == ">=" else measured <= goal) else "short"
 
 
 def make_row(target: int, what: str, goal: float | None, measured: float | None, *, better: str = ">=",
              **fields: Any) -> BenchRow:
     """A row with its verdict; an impossible one says why in its note."""
-    row = BenchRow(target, what, goal, better, measured, verdict(measured, goal, better, fields.get("bound")),
-                   **fields)
+    row = BenchRow(target, what, goal, better, measured,
+                   verdict(measured, goal, better, fields.get("bound"), fields.get("stability", "")), **fields)
+    if row.verdict == "noisy":
+        row.note = "; ".join(filter(None, [
+            f"timing not stable ({row.stability.removeprefix('noisy: ')}): shown, not judged against its goal; "
+            "run again on a quiet machine", row.note]))
     if row.verdict == "impossible":
         row.note = "; ".join(filter(None, [
             f"above its own bound {row.bound:.2f} ({row.bound_basis}): the timing was noisy (a busy machine?), "
@@ -76,6 +88,17 @@ def make_row(target: int, what: str, goal: float | None, measured: float | None,
 def ratio(a: float | None, b: float | None) -> float | None:
     """a / b, None when either is missing or b is zero."""
     return a / b if a is not None and b else None
+
+
+def value_of(r: Any) -> float | None:
+    """A harness.results.analysis.Ratio's value (None for no ratio)."""
+    return r.value if r is not None else None
+
+
+def per_round_text(r: Any) -> str:
+    """``"; per round a, b, ..."`` for a harness.results.analysis.Ratio of several rounds, else ""."""
+    rounds = getattr(r, "per_round", ())
+    return f"; per round {', '.join(f'{x:.2f}' for x in rounds)}" if len(rounds) > 1 else ""
 
 
 def _num(x: float | None, fmt: str = "{:.2f}") -> str:
@@ -89,8 +112,8 @@ def format_row(row: BenchRow) -> str:
             f"{row.medians} {row.note}")
 
 
-TABLE_COLUMNS = ["target", "what", "measured", "goal", "bound", "verdict", "flop_ratio", "traffic_ratio",
-                 "medians", "settings", "note"]
+TABLE_COLUMNS = ["target", "what", "measured", "goal", "bound", "verdict", "stability", "flop_ratio",
+                 "traffic_ratio", "medians", "settings", "note"]
 
 
 def to_markdown(rows: list[BenchRow]) -> str:
@@ -99,7 +122,7 @@ def to_markdown(rows: list[BenchRow]) -> str:
     for r in rows:
         bound = f"{_num(r.bound)} ({r.bound_basis})" if r.bound is not None else ""
         cells = [str(r.target), r.what, _num(r.measured), "" if r.goal is None else f"{r.better} {_num(r.goal)}",
-                 bound, r.verdict, _num(r.flop_ratio), _num(r.traffic_ratio), r.medians, r.settings, r.note]
+                 bound, r.verdict, r.stability, _num(r.flop_ratio), _num(r.traffic_ratio), r.medians, r.settings, r.note]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return head + "\n".join(lines) + "\n"
 

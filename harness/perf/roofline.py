@@ -1,7 +1,7 @@
-"""The machine's peak matmul rate and copy bandwidth (the roofline bound of a ratio), and paired timing."""
+"""The machine's peak matmul rate and copy bandwidth (the roofline bound of a ratio), and paired timing
+(the ratio of two runs' per-round times is harness.results.analysis.rounds_ratio)."""
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -43,23 +43,3 @@ def paired_rounds(runs: dict[str, Callable[[], Any]], *, rounds: int, num_thread
         for name, run in runs.items():
             per_round[name].append(mb.time_call(run, num_threads=num_threads, min_run_time_s=min_run_time_s)[0])
     return per_round
-
-
-def paired_medians(runs: dict[str, Callable[[], Any]], *, rounds: int, num_threads: int,
-                   min_run_time_s: float) -> dict[str, float]:
-    """Median (ms) over ``rounds`` of each run's blocked_autorange median, the runs alternating."""
-    per_round = paired_rounds(runs, rounds=rounds, num_threads=num_threads, min_run_time_s=min_run_time_s)
-    return {name: statistics.median(times) for name, times in per_round.items()}
-
-
-def median_of_rounds(ratios: list[float]) -> tuple[float | None, str]:
-    """The median of per-round ratios (None for none), and ``"; per round a, b, ..."`` when there are
-    several (else "")."""
-    shown = f"; per round {', '.join(f'{r:.2f}' for r in ratios)}" if len(ratios) > 1 else ""
-    return (statistics.median(ratios) if ratios else None), shown
-
-
-def round_ratio(per_round: dict[str, list[float]], num: str, den: str) -> tuple[float | None, str]:
-    """:func:`median_of_rounds` of ``num``/``den`` within each round of :func:`paired_rounds`' times."""
-    return median_of_rounds([a / b for a, b in zip(per_round[num], per_round[den]) if b])
-

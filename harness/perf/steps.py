@@ -1,6 +1,8 @@
 """Targets 2 and 4: full training steps of the six-encoder transformer, one process per configuration
-(harness.perf.worker), timed in interleaved rounds (harness.core.interleave); each time ratio is the median over
-the rounds of the ratio within a round."""
+(harness.perf.worker: an ordinary cell of one timing group), timed in interleaved rounds
+(harness.core.interleave); each ratio is the analysis layer's (harness.results.analysis.ratio on the cells'
+runs rows: for time, the median over the rounds of the ratio of the rounds' mean step times, as the claims
+and figures give it for the same pair), each time row carries the cells' stability verdicts."""
 from __future__ import annotations
 
 import json
@@ -11,8 +13,9 @@ from typing import Any, Callable
 
 from harness.core import interleave, measure
 from harness.perf.config import Config
-from harness.perf.report import BenchRow, make_row, ratio
-from harness.perf.roofline import Roofline, median_of_rounds
+from harness.perf.report import BenchRow, make_row, per_round_text, ratio, value_of
+from harness.perf.roofline import Roofline
+from harness.results import analysis
 
 STEP_CONFIGS = {  # name -> workload size (full, quick), method, batch size (full, quick), timed steps (full)
     "dense_b32": (("paper", "tiny"), "dense", (32, 8), 3),
@@ -63,13 +66,35 @@ def before_halving(result: dict[str, Any], key: str) -> float | None:
     return result.get(f"{key}_before_halving") or result.get(key)
 
 
-def halving_speedup(result: dict[str, Any], key: str) -> tuple[float | None, str]:
-    """Before / after halving for ``key`` ("step_time_ms" or "tt_layers_ms"): the median of the per-round ratios
-    of the alternated rounds (with ``"; per round ..."``), else the ratio of the two values."""
+HALVING = "the full-rank model and its halved copy alternating in rounds"
+
+
+def halving_ratio(result: dict[str, Any], key: str) -> analysis.Ratio | None:
+    """Before / after halving for ``key`` ("step_time_ms" or "tt_layers_ms"): the analysis layer's ratio of
+    the alternated rounds' times (harness.results.analysis.rounds_ratio), else the ratio of the two values."""
     pairs = result.get(f"{key}_halving_rounds")
     if pairs:
-        return median_of_rounds([before / after for before, after in pairs if after])
-    return ratio(before_halving(result, key), result.get(f"{key}_halved")), ""
+        return analysis.rounds_ratio([b for b, _ in pairs], [a for _, a in pairs], basis=HALVING)
+    value = ratio(before_halving(result, key), result.get(f"{key}_halved"))
+    return analysis.Ratio(value, value, value, basis=analysis.VALUES) if value is not None else None
+
+
+def halving_speedup(result: dict[str, Any], key: str) -> tuple[float | None, str]:
+    """:func:`halving_ratio`'s value and ``"; per round ..."`` when it has several rounds (else "")."""
+    r = halving_ratio(result, key)
+    return value_of(r), per_round_text(r)
+
+
+def halving_verdict(result: dict[str, Any], *keys: str) -> str:
+    """The stability of the alternated rounds of ``keys`` (the spread of each side's per-round times,
+    harness.results.analysis.rounds_verdict); "" without alternated rounds."""
+    times = {}
+    for key in keys:
+        pairs = result.get(f"{key}_halving_rounds")
+        if pairs:
+            what = "steps" if key == "step_time_ms" else "layers"
+            times.update({f"full-rank {what}": [b for b, _ in pairs], f"halved {what}": [a for _, a in pairs]})
+    return analysis.rounds_verdict(times) if times else ""
 
 
 def amdahl_estimate(result: dict[str, Any]) -> float | None:
@@ -154,7 +179,7 @@ def run_step_rounds(jobs: dict[str, dict[str, Any]], rounds: int, timeout_s: flo
         cells = []
         for name, job in jobs.items():
             spec = Path(tmp) / f"{name}.json"
-            spec.write_text(json.dumps({**job, "run_id": name, "rounds": rounds}))
+            spec.write_text(json.dumps({**job, "run_id": name, "rounds": rounds, "timing_group": TIMING_GROUP}))
             cells.append(interleave.Cell(str(spec), str(Path(tmp) / f"{name}.out.json"), "",
                                          str(Path(tmp) / f"{name}.log")))
 
@@ -179,19 +204,23 @@ def run_step_rounds(jobs: dict[str, dict[str, Any]], rounds: int, timeout_s: flo
     return out
 
 
-ROUND_KEYS = {"step_time_ms": "round_step_ms"}
-"""A measured key -> the key of its per-round medians in a worker's result (the runs columns)."""
+TIMING_GROUP = "bench-steps"
+"""The timing group of the step configurations' cells: timed together, so that the analysis layer pairs
+their rounds (harness.results.analysis.timed_together)."""
+COLUMNS = {"step_time_ms": analysis.TIME, "peak_mem_bytes": analysis.MEMORY}
+"""A measured key of a step row -> the column the analysis layer's ratio is asked for."""
 
 
-def round_ratios(results: dict[str, dict[str, Any]], num: tuple[str, str], den: tuple[str, str]) -> list[float]:
-    """``num``/``den`` ((configuration, key) each): per round where both keys were timed round by round
-    (:data:`ROUND_KEYS`), else the one ratio of the two values; empty where either is missing."""
-    a, b = results.get(num[0], {}), results.get(den[0], {})
-    ra, rb = a.get(ROUND_KEYS.get(num[1], "")), b.get(ROUND_KEYS.get(den[1], ""))
-    if ra and rb and len(ra) == len(rb):
-        return [x / y for x, y in zip(ra, rb) if x is not None and y]
-    x, y = a.get(num[1]), b.get(den[1])
-    return [x / y] if x is not None and y else []
+def step_ratio(results: dict[str, dict[str, Any]], num: str, den: str, key: str) -> analysis.Ratio | None:
+    """``num`` / ``den`` (configurations) for ``key`` ("step_time_ms", "peak_mem_bytes" or another value of
+    the results): harness.results.analysis.ratio on the two cells' rows -- for time, the median over the
+    rounds of the ratio of the rounds' mean step times, the number the claims and figures give for the same
+    pair -- whatever the rows' verdicts (the row shows them, :func:`step_verdict`); None where either
+    configuration failed or the value is missing."""
+    a, b = results.get(num, {}), results.get(den, {})
+    if "error" in a or "error" in b:
+        return None
+    return analysis.ratio(a, b, COLUMNS.get(key, key), require_stable=False)
 
 
 def target_steps(cfg: Config, targets: set[int], timeout_s: float,
@@ -207,8 +236,16 @@ def target_steps(cfg: Config, targets: set[int], timeout_s: float,
         return res.get(name, {}).get(key)
 
     def rounds_ratio(num: tuple[str, str], den: tuple[str, str]) -> tuple[float | None, str]:
-        """Median of the per-round ratios, and the per-round list when there are several rounds."""
-        return median_of_rounds(round_ratios(res, num, den))
+        """:func:`step_ratio`'s value, and the per-round list when there are several rounds."""
+        r = step_ratio(res, num[0], den[0], num[1])
+        return value_of(r), per_round_text(r)
+
+    def step_verdict(*names: str) -> str:
+        """The cells' stability verdicts (their ``timing_quality``, harness.results.analysis.verdict_of);
+        "" where a configuration failed."""
+        if any("error" in res.get(name, {"error": ""}) for name in names):
+            return ""
+        return analysis.verdict_of({tag(name): res[name] for name in names})
 
     def tag(name: str) -> str:
         """What a configuration ran (size preset, method, batch), not its full-run name."""
@@ -224,7 +261,8 @@ def target_steps(cfg: Config, targets: set[int], timeout_s: float,
     some_job = next(iter(jobs.values()))
     counts = ", ".join(f"{tag(name)} {job['steps']}" for name, job in jobs.items())
     base = (f"one process per config, {cfg.step_rounds} interleaved round(s) "
-            f"(harness.core.interleave; time ratio: median over rounds of the ratio within a round), "
+            f"(harness.core.interleave; time ratio: median over rounds of the ratio of the rounds' mean step "
+            f"times, harness.results.analysis.ratio), "
             f"median of timed steps ({counts}) after {some_job['warmup']} warm-up, memory {kind}"
             + (f", worker allocator {' / '.join(differing)}" if differing else ""))
 
@@ -250,6 +288,7 @@ def target_steps(cfg: Config, targets: set[int], timeout_s: float,
                 cap = free_layers_cap(res.get(comera, {}), res.get(other, {}))
                 profile = share_note(res.get(comera, {}), OTHER_NAMES[jobs[other]["method"]])
                 extra = {"bound": cap, "bound_basis": "free tensorized layers" if cap else "",
+                         "stability": step_verdict(other, comera),
                          "note": "; ".join(filter(None, [profile, timing_note(other), timing_note(comera), errors]))}
             else:
                 what = f"{METHOD_NAMES[jobs[num]['method']]} / {METHOD_NAMES[jobs[den]['method']]} peak memory" \
@@ -321,10 +360,12 @@ def halving_rows(cfg: Config, result: dict[str, Any], batch: int, settings: str,
                  medians=f"before {ms('tt_layers_ms')}"
                          + parenthesized(f"{result.get('tt_layers_seen')} modules, each re-run alone on its step input",
                                          alternated("tt_layers_ms", layer_rounds)),
-                 settings=settings, note="; ".join(filter(None, [halving_note(flop_ratio, traffic_ratio), errors]))),
+                 settings=settings, stability=halving_verdict(result, "tt_layers_ms"),
+                 note="; ".join(filter(None, [halving_note(flop_ratio, traffic_ratio), errors]))),
         make_row(4, f"CoMERA step speedup after halving every rank / its Amdahl estimate, batch {batch}",
                  goals["amdahl_fraction"], ratio(step, estimate), goal_key="halving.amdahl_fraction",
                  medians=f"step before {ms('step_time_ms')}{parenthesized(alternated('step_time_ms', step_rounds))}: "
                          f"{step or float('nan'):.2f}x; Amdahl estimate {estimate or float('nan'):.2f}x",
-                 settings=settings, note="; ".join(filter(None, [amdahl_note(result), errors]))),
+                 settings=settings, stability=halving_verdict(result, "step_time_ms", "tt_layers_ms"),
+                 note="; ".join(filter(None, [amdahl_note(result), errors]))),
     ]

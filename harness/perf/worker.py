@@ -37,6 +37,7 @@ def cell_spec(job: dict[str, Any]) -> dict[str, Any]:
     """The cell (harness.running.specs) of a step configuration: the transformer at the job's size, method,
     batch and seed; ``warmup`` untimed steps, then ``rounds`` rounds of ``steps`` timed steps each plus the
     round's first step (a re-warm step after the pause between rounds, not counted under a round
+    coordinator), in the job's ``timing_group`` (harness.perf.steps.TIMING_GROUP under the bench's
     coordinator); no evaluation between steps, no time limit."""
     rounds, steps, warmup = job.get("rounds", 1), job["steps"], job["warmup"]
     total = warmup + rounds * (steps + 1)
@@ -48,7 +49,7 @@ def cell_spec(job: dict[str, Any]) -> dict[str, Any]:
             "budget": {"epochs": 1, "max_steps_per_epoch": total, "warmup_steps": warmup,
                        "eval_every_steps": None, "time_limit_s": None},
             "execution": {"device": job["device"], "num_threads": job["threads"], "rounds": rounds,
-                          "allocator": job.get("allocator", "reuse")}}
+                          "allocator": job.get("allocator", "reuse"), "timing_group": job.get("timing_group")}}
 
 
 def cell_result(row: dict[str, Any]) -> dict[str, Any]:
@@ -129,8 +130,8 @@ def _state_tensor_bytes(model: torch.nn.Module, optimizers) -> int:
 
 
 def _halving_medians(key: str, pairs: list[tuple[float, float]]) -> dict[str, Any]:
-    """``{key}_halving_rounds`` (the (before, after) pairs of the alternated rounds), ``{key}_before_halving``
-    and ``{key}_halved`` (their medians)."""
+    """``{key}_halving_rounds`` (the (before, after) pairs of the alternated rounds: each round's mean step
+    time, or its lone layers' time), ``{key}_before_halving`` and ``{key}_halved`` (their medians)."""
     return {f"{key}_halving_rounds": pairs, f"{key}_before_halving": statistics.median(b for b, _ in pairs),
             f"{key}_halved": statistics.median(a for _, a in pairs)}
 
@@ -178,8 +179,8 @@ def profile(job: dict[str, Any], out: dict[str, Any]) -> Callable[[Any], None]:
         pairs, layer_pairs = [], []
         for r in range(max(job.get("rounds", 1), 2)):
             first = cell.steps_done + 1 + 2 * r * len(batches)
-            pairs.append((statistics.median(timed_steps(prepared, workload, batches, warmup, first, device)),
-                          statistics.median(timed_steps(halved, workload, batches, warmup, first, device))))
+            pairs.append((statistics.fmean(timed_steps(prepared, workload, batches, warmup, first, device)),
+                          statistics.fmean(timed_steps(halved, workload, batches, warmup, first, device))))
             if inputs:
                 layer_pairs.append((tensorized_layer_ms(model, inputs), tensorized_layer_ms(halved.model, inputs)))
         out.update(_halving_medians("step_time_ms", pairs))

@@ -101,7 +101,7 @@ BENCH_TYPES: dict[str, pa.DataType] = {
     "target": pa.int64(), "what": pa.string(), "goal_key": pa.string(), "goal": pa.float64(),
     "better": pa.string(), "measured": pa.float64(), "verdict": pa.string(), "flop_ratio": pa.float64(),
     "traffic_ratio": pa.float64(), "bound": pa.float64(), "bound_basis": pa.string(), "medians": pa.string(),
-    "settings": pa.string(), "note": pa.string(),
+    "settings": pa.string(), "note": pa.string(), "stability": pa.string(),
     **PROVENANCE_TYPES,
 }
 

@@ -5,8 +5,11 @@ module computes. harness.core.timing measures the machine's state and writes eac
 (``timing_quality``) when the cell runs; this module reads the rows.
 
 * The :class:`Results` model of one device's results folder (:func:`load`) and the row predicates: a
-  row's purpose (:func:`purpose_of`, :func:`is_timing`), its stability (:func:`is_stable`, :func:`stable`).
-* The one time statistic, :func:`ratio` (a :class:`Ratio` with its spread), and the pairing of two
+  row's purpose (:func:`purpose_of`, :func:`is_timing`), its stability (:func:`is_stable`, :func:`stable`;
+  :func:`verdict_of` for the rows a number divides, :func:`rounds_verdict` for per-round times without a
+  cell's verdict).
+* The one time statistic, :func:`ratio` (a :class:`Ratio` with its spread; :func:`rounds_ratio` for two
+  per-round time lists, which the performance bench uses too), and the pairing of two
   method configurations' rows over seeds (:func:`pair_ratio`: the median over seeds, the only place
   seeds are aggregated).
 * Which rows may be compared: the same GPU model (:func:`on_gpu`), timed together (:func:`timed_together`),
@@ -26,12 +29,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
 from harness.configs.grid import DEFAULT_PURPOSE, PURPOSES, slug
-from harness.core.timing import STABLE, finite, quartiles
+from harness.core.timing import STABLE, finite, quartiles, spread_reason
 from harness.results import empty_frame, read_parquet
 
 TIME = "epoch_time_s"
@@ -135,6 +138,23 @@ def unstable_timing_cells(runs: pd.DataFrame) -> pd.DataFrame:
     return cells[(cells.status == "ok") & ~stable(cells)]
 
 
+def verdict_of(rows: Mapping[str, Mapping[str, Any] | pd.Series]) -> str:
+    """One verdict for the rows a number divides (name -> runs row): "stable" when every row is
+    (:func:`is_stable`), else ``noisy: <name>: <reason>; ...`` for each row that is not."""
+    noisy = [f"{name}: {noisy_reason(row)}" for name, row in rows.items() if not is_stable(row)]
+    return "noisy: " + "; ".join(noisy) if noisy else STABLE
+
+
+def rounds_verdict(times: Mapping[str, Sequence[float | None]]) -> str:
+    """The stability verdict of things timed round by round without a cell's judge (the performance
+    bench's micro-benchmarks, the halving's alternated rounds; name -> per-round times): noisy where a
+    name's per-round times spread more than a cell's per-round means may
+    (:func:`harness.core.timing.spread_reason`, :data:`harness.core.timing.MAX_IQR_OVER_MEDIAN`)."""
+    reasons = [spread_reason(values, f"{name} per-round times") for name, values in times.items()]
+    reasons = [r for r in reasons if r]
+    return "noisy: " + "; ".join(reasons) if reasons else STABLE
+
+
 def noisy_reason(row: Mapping[str, Any] | pd.Series) -> str:
     """Why a row is not stable: its verdict's reasons, or that it has none (written before the column)."""
     value = row.get("timing_quality")
@@ -204,6 +224,7 @@ class Ratio:
         n: how many rounds it is the median of (1 without rounds).
         interleaved: whether it comes from per-round ratios of cells timed together.
         basis: how it was computed, in words.
+        per_round: the per-round ratios (empty without rounds).
     """
 
     value: float
@@ -212,6 +233,8 @@ class Ratio:
     n: int = 1
     interleaved: bool = False
     basis: str = NOT_INTERLEAVED
+    per_round: tuple[float, ...] = field(default=(), compare=False)
+    """The per-round ratios the median is taken over (empty without rounds)."""
 
     def text(self, digits: int = 2) -> str:
         """"2.40x [2.31-2.52]" (interleaved, with the IQR over rounds) or "2.40x"."""
@@ -225,7 +248,37 @@ def round_means(row: Mapping[str, Any]) -> list[float | None]:
     return json_column(row.get("round_step_mean_ms"), [])
 
 
-def ratio(num: Mapping[str, Any], den: Mapping[str, Any], column: str = TIME) -> Ratio | None:
+def rounds_ratio(num: Sequence[float | None], den: Sequence[float | None], basis: str = INTERLEAVED
+                 ) -> Ratio | None:
+    """The ratio of two things timed in the same rounds: per round ``num`` / ``den``, then the median over
+    the rounds with the IQR of the per-round ratios (:func:`harness.core.timing.quartiles`). The one
+    round statistic: :func:`ratio` for two cells timed together (their per-round mean step times) and the
+    performance bench (harness.perf: micro-benchmarks' per-round times, the halving's alternated rounds).
+
+    Args:
+        num: the numerator's time in each round.
+        den: the denominator's time in each round. Round r of both is the same round (a timing group's
+            coordinator runs round r of every cell before round r + 1); rounds only one side has -- a
+            cell whose rounds hold whole periods of its periodic work may have fewer than its group's
+            others (harness.core.timing.round_bounds) -- are left out.
+        basis: how the times were taken, in words (:attr:`Ratio.basis`).
+
+    Returns:
+        The ratio, or None when no round has two finite times (a positive denominator).
+
+    Example:
+        >>> rounds_ratio([800, 1200, 900], [100, 400, 300]).text()
+        '3.00x [3.00-5.50]'
+    """
+    per_round = [x / y for x, y in zip(num, den) if finite(x) and finite(y) and y > 0]
+    if not per_round:
+        return None
+    low, mid, high = quartiles(per_round)
+    return Ratio(mid, low, high, len(per_round), True, basis, tuple(per_round))
+
+
+def ratio(num: Mapping[str, Any], den: Mapping[str, Any], column: str = TIME, *,
+          require_stable: bool = True) -> Ratio | None:
     """``num`` / ``den`` for two runs rows: the one statistic every report shows.
 
     Args:
@@ -235,21 +288,21 @@ def ratio(num: Mapping[str, Any], den: Mapping[str, Any], column: str = TIME) ->
             ratios of cells timed together, else the ratio of their mean-based epoch times; both rows
             must be stable, :func:`is_stable`), :data:`MEMORY` (the ratio of the values, of one memory
             kind) or another numeric column (the ratio of the values).
+        require_stable: False: a time ratio whatever the rows' verdicts (the performance bench, which
+            shows each row's verdict beside its number, :func:`verdict_of`); the number is the same.
 
     Returns:
         The ratio, or None when either side is missing, the denominator is not positive, or the rows
         may not be compared (a time of an unstable row, memories of two kinds).
     """
-    if column == TIME and not (is_stable(num) and is_stable(den)):
+    if column == TIME and require_stable and not (is_stable(num) and is_stable(den)):
         return None
     if column == MEMORY and not same_memory_kind(num, den):
         return None
     if column == TIME and timed_together(num, den):
-        a, b = round_means(num), round_means(den)
-        per_round = [x / y for x, y in zip(a, b) if finite(x) and finite(y) and y > 0]
-        if per_round and len(a) == len(b):
-            low, mid, high = quartiles(per_round)
-            return Ratio(mid, low, high, len(per_round), True, INTERLEAVED)
+        found = rounds_ratio(round_means(num), round_means(den))
+        if found is not None:
+            return found
     x, y = num.get(column), den.get(column)
     if not (finite(x) and finite(y)) or y <= 0:
         return None

@@ -88,6 +88,8 @@ class CellState:
     watchdog: Watchdog | None = None
     machine: timing.MachineState | None = None
     gate: RoundGate | None = None
+    rounds: timing.Rounds | None = None
+    """where the timing rounds start and whether they hold whole periods of the method's periodic work"""
     round_starts: dict[int, int] = field(default_factory=dict)
     """step index (0-based) -> the timing round that starts before it"""
     waited_s: float = 0.0
@@ -140,6 +142,7 @@ def build_row(st: CellState, status: str, error: str, tb: str = "") -> dict[str,
         extra.update(step_ms=[round(ms, 4) for ms in st.timer.all_ms], step_round=st.timer.all_rounds,
                      step_time_ms_mean=summary["step_time_ms_mean"],
                      step_time_mean_basis=summary["step_time_mean_basis"], full_epochs_s=st.full_epochs_s,
+                     round_alignment=st.rounds.alignment if st.rounds is not None else None,
                      steps_done=st.steps_done, warmup_steps=st.timer.warmup_steps)
     if st.memory is not None:
         row.update(peak_mem_bytes=st.memory.peak_mem_bytes, peak_mem_kind=st.memory.peak_mem_kind,
@@ -192,7 +195,8 @@ def _timing_columns(st: CellState, summary: dict[str, Any]) -> dict[str, Any]:
         step_time_ms=summary["step_time_ms"], step_time_ms_iqr=summary["step_time_ms_iqr"],
         steps_timed=summary["steps_timed"], step_time_ms_mean=summary["step_time_ms_mean"],
         run_queue_frac=state.get("run_queue_frac"), cpu_pressure=state.get("cpu_pressure"),
-        outside_rounds=bool(ex["timing_group"]) and st.group_start_s is None)
+        outside_rounds=bool(ex["timing_group"]) and st.group_start_s is None,
+        period=st.rounds.period if st.rounds is not None else None, round_means=means)
     return cols
 
 

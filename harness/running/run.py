@@ -261,13 +261,15 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
     warmup = budget["warmup_steps"]
     if st.graphed is not None:  # the eager warm-up steps and the capture step are never timed
         warmup = max(warmup, st.graphed.warmup + 1)
-    st.timer = measure.StepTimer(st.device, warmup)
     st.epoch_clock = measure.Stopwatch(st.device)
     st.machine = timing.MachineState()
     st.gate = RoundGate.from_env(spec["run_id"])
-    bounds = timing.round_bounds(min(warmup, total_steps), total_steps, spec["execution"]["rounds"],
-                                 steps_per_round=1 if st.gate is None else 2)
-    st.round_starts = {step: r for r, step in enumerate(bounds)}
+    st.rounds = timing.round_bounds(min(warmup, total_steps), total_steps, spec["execution"]["rounds"],
+                                    steps_per_round=1 if st.gate is None else 2,
+                                    period=prepared.settings.get("time_window_steps"))
+    st.round_starts = {step: r for r, step in enumerate(st.rounds.starts)}
+    # rounds of whole periods may leave a few timed steps before the first round: warm-up too
+    st.timer = measure.StepTimer(st.device, max(warmup, st.rounds.starts[0]))
     if eval_every:
         _evaluate(st)
     st.monitor = measure.MemoryMonitor(st.device)

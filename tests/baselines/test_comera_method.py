@@ -81,6 +81,7 @@ def test_comera_trains_above_chance_and_runs_both_stages():
     prepared = method.prepare(workload.model, workload, params, target_ratio=0.5, total_steps=150)
     assert isinstance(prepared.model.embed, TTMEmbedding) and isinstance(prepared.model.hidden, TTLinear)
     assert method.name == "comera" and method.variant == "default"
+    assert prepared.settings["time_window_steps"] == 25  # pruning: the period of the cell's rounds
     groups = {g["name"]: g["lr"] for g in prepared.optimizers[0].param_groups}
     assert groups == {"cores": 1e-2, "embedding_cores": 1e-2, "gates": 1e-2, "other": 1e-2}
     size_start = prepared.size()

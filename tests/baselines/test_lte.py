@@ -169,6 +169,9 @@ def test_presets_fill_values_and_explicit_keys_win():
     prepared = prepare(linear64(), preset="tuned")
     assert prepared.settings["preset"] == "tuned" and prepared.settings["heads"] == PRESETS["tuned"]["heads"]
     assert prepared.settings["merge_every"] == PRESETS["tuned"]["merge_every"]
+    # the merge is periodic work: its period times the cell's rounds (harness.core.timing.round_bounds)
+    assert prepared.settings["time_window_steps"] == PRESETS["tuned"]["merge_every"] > 1
+    assert prepare(linear64()).settings["time_window_steps"] is None  # merging every step: no period
 
 
 def test_flops_match_counted_training_step():

@@ -31,6 +31,47 @@ def test_judge(kwargs, reasons):
     assert verdict == ("stable" if not reasons else "noisy: " + "; ".join(reasons))
 
 
+def _periodic(rounds: int, load=(1.0, 1.1, 0.9, 1.2, 1.0)) -> tuple[list[float], list[int]]:
+    """Counted steps of ``rounds`` rounds of one period of 5: every 5th step 5x, the machine's speed
+    changing between rounds."""
+    steps = [ms * load[r] for r in range(rounds) for ms in (10.0, 10.0, 10.0, 10.0, 50.0)]
+    return steps, [r for r in range(rounds) for _ in range(5)]
+
+
+def _judge_steps(steps, step_round, period=None):
+    med, iqr = timing.quartiles(steps)[1], timing.quartiles(steps)[2] - timing.quartiles(steps)[0]
+    return timing.judge(step_time_ms=med, step_time_ms_iqr=iqr, steps_timed=len(steps),
+                        step_time_ms_mean=sum(steps) / len(steps), period=period,
+                        round_means=timing.round_means(steps, step_round))
+
+
+def test_periodic_work_in_whole_periods_is_stable_by_the_spread_of_its_round_means():
+    steps, rounds = _periodic(4)
+    assert _judge_steps(steps, rounds) == "noisy: mean 1.72x the median (> 1.5x)"  # without its period
+    assert _judge_steps(steps, rounds, period=5) == "stable"
+    # rounds that disagree: the per-round means spread, named with the period
+    steps5, rounds5 = _periodic(5, load=(1.0, 1.3, 1.0, 1.3, 1.0))
+    assert _judge_steps(steps5, rounds5, period=5) == (
+        "noisy: per-round mean step times (rounds of whole periods of 5 steps) spread 30% of their median "
+        "(> 25%)")
+    # two rounds are too few for a spread: the mean / median test again
+    steps2, rounds2 = _periodic(2)
+    assert _judge_steps(steps2, rounds2, period=5).startswith("noisy: mean 1.")
+
+
+def test_an_outlier_without_a_period_is_still_noisy():
+    steps = [10.0] * 19 + [200.0]  # one step 20x
+    assert _judge_steps(steps, [i // 5 for i in range(20)]) == "noisy: mean 1.95x the median (> 1.5x)"
+
+
+def test_relative_iqr_and_spread_reason():
+    assert timing.relative_iqr([10.0, 10.0, 10.0]) == 0.0
+    assert timing.relative_iqr([1.0]) is None and timing.relative_iqr([None, 2.0]) is None
+    assert timing.relative_iqr([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(2 / 3)
+    assert timing.spread_reason([1.0, 2.0, 3.0, 4.0, 5.0], "x") == "x spread 67% of their median (> 25%)"
+    assert timing.spread_reason([10.0, 11.0, 10.5], "x") == ""
+
+
 def test_thresholds_at_the_boundary_are_stable():
     assert timing.judge(step_time_ms=10.0, step_time_ms_iqr=2.5, steps_timed=5, step_time_ms_mean=15.0,
                         run_queue_frac=0.10, cpu_pressure=0.25) == "stable"
@@ -43,11 +84,49 @@ def test_thresholds_at_the_boundary_are_stable():
     (0, 10, 1, [0]),
 ])
 def test_round_bounds(first, total, rounds, bounds):
-    assert timing.round_bounds(first, total, rounds) == bounds
+    got = timing.round_bounds(first, total, rounds)
+    assert got.starts == bounds and got.period is None and "no periodic work" in got.alignment
 
 
 def test_round_bounds_leave_a_counted_step_after_each_rewarm_step():
-    assert timing.round_bounds(1, 8, 5, steps_per_round=2) == [1, 3, 5]  # 7 timed steps: 3 rounds of >= 2
+    assert timing.round_bounds(1, 8, 5, steps_per_round=2).starts == [1, 3, 5]  # 7 timed steps: 3 rounds of >= 2
+
+
+def _counted(rounds: timing.Rounds, total: int, rewarm: int) -> list[list[int]]:
+    """The counted step indices of each round (its first ``rewarm`` steps are not counted)."""
+    ends = rounds.starts[1:] + [total]
+    return [list(range(start + rewarm, end)) for start, end in zip(rounds.starts, ends)]
+
+
+@pytest.mark.parametrize("first, total, rounds, steps_per_round, period, starts, used", [
+    # interleaved: 4 rounds of a re-warm step + one period of 5 counted steps
+    (1, 25, 4, 2, 5, [1, 7, 13, 19], 4),
+    # 5 asked, 3 whole periods after the re-warm steps: 3 rounds; 3 left-over steps join the warm-up
+    (2, 23, 5, 2, 5, [5, 11, 17], 3),
+    # alone (no re-warm step): 22 timed steps, 4 periods of 5 in 4 rounds, 2 steps to the warm-up
+    (0, 22, 4, 1, 5, [2, 7, 12, 17], 4),
+    # more periods than rounds: 5 periods in 2 rounds, 2 and 3 (10 and 15 counted steps)
+    (0, 27, 2, 2, 5, [0, 11], 2),
+])
+def test_round_bounds_align_rounds_to_whole_periods(first, total, rounds, steps_per_round, period, starts, used):
+    got = timing.round_bounds(first, total, rounds, steps_per_round, period=period)
+    assert got.starts == starts and got.period == period
+    assert f"{used} rounds" in got.alignment and f"whole periods of {period} steps" in got.alignment
+    counted = _counted(got, total, steps_per_round - 1)
+    assert all(len(c) % period == 0 and c for c in counted)
+    # whatever the phase of the periodic step, every round holds it at the same rate
+    for phase in range(period):
+        per_round = [sum((i + phase) % period == 0 for i in c) / len(c) for c in counted]
+        assert per_round == [1 / period] * used
+    assert ("fewer than the" in got.alignment) == (used < rounds)
+
+
+def test_round_bounds_without_two_whole_periods_split_evenly_and_say_so():
+    got = timing.round_bounds(1, 12, 5, 2, period=5)  # 11 timed steps: no 2 rounds of 1 + 5
+    assert got.period is None and got.starts == timing.round_bounds(1, 12, 5, 2).starts
+    assert got.alignment.startswith("not aligned: 11 timed steps hold fewer than 2 round(s) of a whole period")
+    assert timing.round_bounds(0, 10, 1, period=5).starts == [0] and timing.round_bounds(0, 10, 1, period=5).period == 5
+    assert timing.round_bounds(0, 10, 4, period=1).period is None  # every step: no periodic work
 
 
 def test_round_medians():

@@ -55,7 +55,12 @@ def test_quick_targets_produce_a_table(tmp_path, monkeypatch, capsys):
     frame = pd.read_parquet(out)
     assert list(frame["target"]) == [1] * 9 + [3, 3, 3, 3, 5, 5]
     assert set(PROVENANCE_COLUMNS) <= set(frame.columns) and (frame["device"] == "cpu").all()
-    assert set(frame["verdict"]) <= {"pass", "short", "impossible", "info"}  # impossible: real times, noisy
+    assert set(frame["verdict"]) <= {"pass", "short", "noisy", "impossible", "info"}  # real times: maybe noisy
+    # every timed ratio has a stability verdict (the spread of its per-round times); op counts and FLOPs none
+    timed = frame["what"].str.contains("speedup|vs official")
+    assert frame[timed]["stability"].str.match(r"^(stable|noisy: .+)$").all()
+    assert (frame[~timed]["stability"] == "").all()
+    assert ((frame["verdict"] == "noisy") <= frame["stability"].str.startswith("noisy")).all()
     assert frame["measured"].map(math.isfinite).all()
     assert list(frame["goal_key"]) == ["linear[0]", "linear[0].vs_official", "linear[1]", "linear[1].vs_official",
                                        "linear[2]", "linear[2].vs_official"] + ["linear_ops.goal"] * 3 + [

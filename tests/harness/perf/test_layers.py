@@ -69,10 +69,14 @@ def test_autograd_only_passes_every_tensor_of_the_layer_and_computes_nothing():
     assert all(p.grad is not None and p.grad.shape == p.shape for p in params)
 
 
-def test_paired_rounds_alternate_the_runs_and_round_ratio_takes_the_median_within_rounds(monkeypatch):
+def test_paired_rounds_alternate_the_runs_and_the_ratio_is_the_analysis_layers_round_ratio(monkeypatch):
     """Every run once per round, in order; the ratio is the median of the per-round ratios (a slow spell
-    in one round moves both sides of that round), printed round by round."""
+    in one round moves both sides of that round: harness.results.analysis.rounds_ratio, the statistic of
+    cells timed together), printed round by round; the rows' stability is the spread of each side's
+    per-round times."""
     from harness.perf import roofline
+    from harness.perf.report import per_round_text
+    from harness.results import analysis
 
     calls, fake = [], {"a": iter([10.0, 30.0, 12.0]), "b": iter([5.0, 10.0, 4.0])}
     run_of = {"a": lambda: None, "b": lambda: None}
@@ -85,10 +89,15 @@ def test_paired_rounds_alternate_the_runs_and_round_ratio_takes_the_median_withi
     monkeypatch.setattr(roofline.mb, "time_call", time_call)
     per_round = roofline.paired_rounds(run_of, rounds=3, num_threads=1, min_run_time_s=0.0)
     assert calls == ["a", "b"] * 3 and per_round == {"a": [10.0, 30.0, 12.0], "b": [5.0, 10.0, 4.0]}
-    value, text = roofline.round_ratio(per_round, "a", "b")
-    assert value == 3.0 and text == "; per round 2.00, 3.00, 3.00"  # the ratio of medians would be 12/5
-    assert roofline.round_ratio({"a": [1.0], "b": [0.0]}, "a", "b") == (None, "")
-    assert roofline.round_ratio({"a": [3.0], "b": [2.0]}, "a", "b") == (1.5, "")  # one round: no list
+    r = analysis.rounds_ratio(per_round["a"], per_round["b"])
+    assert r.value == 3.0 and per_round_text(r) == "; per round 2.00, 3.00, 3.00"  # the ratio of medians: 12/5
+    assert (r.low, r.high, r.n, r.interleaved) == (2.5, 3.0, 3, True)
+    assert analysis.rounds_ratio([1.0], [0.0]) is None and per_round_text(None) == ""
+    one = analysis.rounds_ratio([3.0], [2.0])
+    assert one.value == 1.5 and per_round_text(one) == ""  # one round: no list
+    assert analysis.rounds_verdict(per_round) == ("noisy: a per-round times spread 83% of their median (> 25%); "
+                                                  "b per-round times spread 60% of their median (> 25%)")
+    assert analysis.rounds_verdict({"a": [10.0, 11.0, 10.5], "b": [5.0, 5.2, 4.9]}) == "stable"
 
 
 def test_cuda_rows_are_skipped_on_another_device_saying_why():

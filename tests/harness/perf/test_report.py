@@ -55,3 +55,19 @@ def test_a_ratio_above_its_bound_is_never_a_pass(measured, bound, expected):
     assert row.verdict == expected
     assert ("above its own bound 7.66 (roofline)" in row.note) == (expected == "impossible")
     assert report.make_row(1, "x", None, measured, bound=bound).verdict in ("info", "impossible")
+
+
+@pytest.mark.parametrize("measured, goal, bound, stability, expected", [
+    (8.0, 7.0, None, "noisy: x per-round times spread 40% of their median (> 25%)", "noisy"),
+    (6.0, 7.0, None, "noisy: tiny dense b8: 2 timed steps (< 5)", "noisy"),  # a noisy short is not short
+    (8.0, 7.0, None, "stable", "pass"), (8.0, 7.0, None, "", "pass"),
+    (67.75, 7.0, 7.66, "noisy: x", "impossible"),  # above its bound: impossible first
+    (None, 7.0, None, "noisy: x", "error"), (3.0, None, None, "noisy: x", "info"),
+])
+def test_a_ratio_of_timings_that_are_not_stable_is_noisy_never_a_pass(measured, goal, bound, stability, expected):
+    row = report.make_row(1, "x", goal, measured, bound=bound, bound_basis="roofline", stability=stability)
+    assert row.verdict == expected and row.stability == stability
+    assert ("timing not stable (" in row.note) == (expected == "noisy")
+    text = report.to_markdown([row])
+    assert text.splitlines()[0].startswith("| target | what | measured | goal | bound | verdict | stability |")
+    assert f"| {expected} | {stability} |" in text

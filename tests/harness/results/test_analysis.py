@@ -47,6 +47,25 @@ def test_time_ratio_needs_stable_rows_and_memory_ratio_one_kind():
     assert analysis.ratio(a, {**b, "peak_mem_kind": "cpu_rss_delta"}, analysis.MEMORY) is None
 
 
+def test_the_round_statistic_is_one_helper_and_the_bench_may_ask_past_the_verdict():
+    """rounds_ratio is what ratio uses for cells timed together (and what the bench uses on per-round
+    times); require_stable=False gives the same number for rows that are not stable, whose verdict the bench
+    shows beside it (verdict_of)."""
+    a, b = _row("g", [30, 33, 60, 30, 36], 33.0), _row("g", [10, 11, 20, 12, 12], 12.0)
+    assert analysis.ratio(a, b) == analysis.rounds_ratio([30, 33, 60, 30, 36], [10, 11, 20, 12, 12])
+    assert analysis.ratio(a, b).per_round == pytest.approx((3.0, 3.0, 3.0, 2.5, 3.0))
+    assert analysis.rounds_ratio([1.0], [0.0]) is None
+    # a cell with fewer rounds (its rounds hold whole periods): the rounds both have, round r with round r
+    fewer = analysis.ratio(_row("g", [18.0, 19.8, 16.2], 1.0), _row("g", [10.0, 11.0, 9.0, 12.0, 10.0], 1.0))
+    assert fewer.interleaved and fewer.n == 3 and fewer.value == pytest.approx(1.8)
+    noisy = {**a, "timing_quality": "noisy: CPU pressure 60% (> 25%)"}
+    assert analysis.ratio(noisy, b) is None
+    assert analysis.ratio(noisy, b, require_stable=False) == analysis.ratio(a, b)
+    assert analysis.verdict_of({"a": a, "b": b}) == "stable"
+    assert analysis.verdict_of({"a": noisy, "b": {}}) == ("noisy: a: CPU pressure 60% (> 25%); b: no timing verdict "
+                                                         "(written before timing_quality existed)")
+
+
 def test_pair_ratio_is_the_median_over_seeds_of_stable_rows():
     a = pd.DataFrame([_row(None, None, t, seed=s) for s, t in ((0, 2.0), (1, 4.0), (2, 3.0))])
     b = pd.DataFrame([_row(None, None, 1.0, seed=s) for s in (0, 1, 2)])

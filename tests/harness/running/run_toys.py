@@ -59,7 +59,8 @@ def toy_workload(name: str, params: dict[str, Any], *, batch_size: int, seed: in
 class ToyMethod:
     """AdamW on the whole model; ``params["fail"]`` injects oom | nan | error | skip at step
     ``fail_at``, or nan_params (every parameter NaN after that step's update); ``sleep_s`` slows every
-    step; step ``hang_at`` hangs."""
+    step; step ``hang_at`` hangs; every ``period``-th step sleeps ``period_sleep_s`` more (periodic work,
+    declared as ``time_window_steps``)."""
 
     name = "toy"
     variant = "default"
@@ -87,10 +88,13 @@ class ToyMethod:
                         for p in group["params"]:
                             p.fill_(float("nan"))
             time.sleep(HANG_S if step == params.get("hang_at") else params.get("sleep_s", 0.0))
+            if params.get("period") and (step + 1) % params["period"] == 0:  # periodic work
+                time.sleep(params.get("period_sleep_s", 0.0))
             return {"stage": float(step >= 3)}
 
         return Prepared(model=model, optimizers=[opt], total_loss=total_loss, after_step=after_step,
-                        settings={"lr": params.get("lr", 1e-2), "rank": 4},
+                        settings={"lr": params.get("lr", 1e-2), "rank": 4,
+                                  "time_window_steps": params.get("period")},
                         ranks=lambda: {"fc": [1, 4, 1]})
 
 
