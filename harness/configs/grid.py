@@ -356,7 +356,24 @@ def expand_grid(config: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict
                     grid[spec["run_id"]] = spec
                     if point:
                         sweeps[spec["run_id"]] = point
-    return grid, sweeps
+    return _alone_untimed_in_groups(grid), sweeps
+
+
+def _alone_untimed_in_groups(grid: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """A timing cell alone in its timing group is timed alone: its spec names no group (else its row would
+    say it missed its group's rounds), and its config_hash is that of the spec it runs."""
+    from harness.running.specs import normalize_spec
+
+    sizes: dict[str, int] = {}
+    for spec in grid.values():
+        group = spec["execution"].get("timing_group")
+        if group:
+            sizes[group] = sizes.get(group, 0) + 1
+    for rid, spec in grid.items():
+        if sizes.get(spec["execution"].get("timing_group"), 0) == 1:
+            alone = {**spec, "execution": {**spec["execution"], "timing_group": None}, "config_hash": ""}
+            grid[rid] = normalize_spec(alone)
+    return grid
 
 
 def timing_groups(grid: dict[str, dict[str, Any]]) -> dict[str, list[str]]:

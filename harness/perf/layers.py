@@ -12,7 +12,7 @@ import torch
 from harness.core import measure
 from harness.perf import microbench as mb
 from harness.perf.config import Config
-from harness.perf.report import BenchRow, make_row, per_round_text, ratio, value_of
+from harness.perf.report import BenchRow, make_row, per_round_text, quotient, value_of
 from harness.perf.roofline import Roofline, paired_rounds
 from harness.results import analysis
 
@@ -54,8 +54,8 @@ def target_linear(cfg: Config, roof: Roofline) -> list[BenchRow]:
             1, f"TTLinear fwd+bwd speedup, {shape}", case["goal"],
             value_of(speedup), goal_key=f"linear[{i}]",
             stability=analysis.rounds_verdict({"nn.Linear": per_round["dense"], "TTLinear": per_round["tt"]}),
-            flop_ratio=ratio(cost["dense"][0], cost["tt"][0]),
-            traffic_ratio=ratio(cost["dense"][1], cost["tt"][1]),
+            flop_ratio=quotient(cost["dense"][0], cost["tt"][0]),
+            traffic_ratio=quotient(cost["dense"][1], cost["tt"][1]),
             bound=roof.speedup_bound(cost["dense"], cost["tt"]), bound_basis="roofline",
             medians=f"nn.Linear {times['dense']:.3f} ms, TTLinear {times['tt']:.3f} ms{per_round_text(speedup)}",
             settings=f"ranks {tt.ranks}, plan {plan.left}/{plan.right}, {cfg.label()}; ratio: median over "
@@ -66,15 +66,15 @@ def target_linear(cfg: Config, roof: Roofline) -> list[BenchRow]:
             1, f"TTLinear vs official TT_forward, {shape}", case["vs_official"],
             value_of(vs_official), goal_key=f"linear[{i}].vs_official",
             stability=analysis.rounds_verdict({"official": per_round["official"], "TTLinear": per_round["tt"]}),
-            flop_ratio=ratio(cost["official"][0], cost["tt"][0]),
-            traffic_ratio=ratio(cost["official"][1], cost["tt"][1]),
+            flop_ratio=quotient(cost["official"][0], cost["tt"][0]),
+            traffic_ratio=quotient(cost["official"][1], cost["tt"][1]),
             medians=f"nn.Linear {times['dense']:.3f} ms, TTLinear {times['tt']:.3f} ms, "
                     f"official TT_forward {times['official']:.3f} ms{per_round_text(vs_official)}",
             settings=f"same cores, gates and bias; both multiply the cores by the gates and add the bias "
                      f"(official: get_factors(prune_mask=True) gating and the bias outside TT_forward); "
                      f"ranks {tt.ranks}, {cfg.label()}{matmul_precision(cfg.device)}",
             note=f"(nn.Linear / TTLinear) / (nn.Linear / official) = official / TTLinear; nn.Linear / official "
-                 f"{ratio(times['dense'], times['official']):.2f}x; official algorithm reimplemented in "
+                 f"{quotient(times['dense'], times['official']):.2f}x; official algorithm reimplemented in "
                  f"harness/perf/official.py, timed in the same interleaved rounds; no roofline bound: the two "
                  f"do about the same FLOPs (flop_ratio), so the difference is per-op overhead and layouts"))
     return rows
@@ -349,27 +349,27 @@ def target_embedding(cfg: Config, roof: Roofline) -> list[BenchRow]:
             value_of(speedup),
             stability=analysis.rounds_verdict({"naive": per_round["ttm_naive"],
                                                "optimized": per_round["ttm_optimized"]}),
-            flop_ratio=ratio(cost["ttm_naive"][0], cost["ttm_optimized"][0]),
-            traffic_ratio=ratio(cost["ttm_naive"][1], cost["ttm_optimized"][1]),
+            flop_ratio=quotient(cost["ttm_naive"][0], cost["ttm_optimized"][0]),
+            traffic_ratio=quotient(cost["ttm_naive"][1], cost["ttm_optimized"][1]),
             bound=roof.speedup_bound(cost["ttm_naive"], cost["ttm_optimized"]), bound_basis="roofline",
             goal_key="lookup.speedup",
             medians=f"naive {times['ttm_naive']:.3f} ms, optimized {times['ttm_optimized']:.3f} ms, "
                     f"nn.Embedding dense grad {times['dense_grad']:.3f} ms{per_round_text(speedup)}", **common))
         rows.append(make_row(
             3, f"TTM optimized vs naive lookup peak memory ratio, {count} indices", goals["memory"],
-            ratio(peaks["ttm_naive"], peaks["ttm_optimized"]),
+            quotient(peaks["ttm_naive"], peaks["ttm_optimized"]),
             goal_key="lookup.memory",
             medians=f"naive {peaks['ttm_naive']} B, optimized {peaks['ttm_optimized']} B ({kind})", **common))
         rows.append(make_row(
             3, f"nn.Embedding (dense grad) / TTM table memory (params + grads + lookup working memory "
                f"beyond the {count}x{table['embedding_dim']} output), {count} indices", goals["table_memory"],
-            ratio(memory["dense_grad"].total, memory["ttm_optimized"].total),
+            quotient(memory["dense_grad"].total, memory["ttm_optimized"].total),
             goal_key="lookup.table_memory",
             medians=f"nn.Embedding {memory['dense_grad']}; TTM {memory['ttm_optimized']} ({kind})", **common))
         rows.append(make_row(
             3, f"nn.Embedding (dense grad) / TTM footprint (params + fwd+bwd peak, which includes the "
                f"{output_bytes} B output both produce), {count} indices", None,
-            ratio(footprint["dense_grad"], footprint["ttm_optimized"]),
+            quotient(footprint["dense_grad"], footprint["ttm_optimized"]),
             medians=f"nn.Embedding {footprint['dense_grad']} B, TTM {footprint['ttm_optimized']} B ({kind})",
             note="informational: the table-memory row above carries the goal", **common))
     return rows

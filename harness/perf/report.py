@@ -85,8 +85,9 @@ def make_row(target: int, what: str, goal: float | None, measured: float | None,
     return row
 
 
-def ratio(a: float | None, b: float | None) -> float | None:
-    """a / b, None when either is missing or b is zero."""
+def quotient(a: float | None, b: float | None) -> float | None:
+    """a / b of two counts (FLOPs, bytes), None when either is missing or b is zero. A ratio of two
+    timings is harness.results.analysis.Ratio, with its spread."""
     return a / b if a is not None and b else None
 
 

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from harness.core import interleave, measure
 from harness.perf.config import Config
-from harness.perf.report import BenchRow, make_row, per_round_text, ratio, value_of
+from harness.perf.report import BenchRow, make_row, per_round_text, quotient, value_of
 from harness.perf.roofline import Roofline
 from harness.results import analysis
 
@@ -75,7 +75,7 @@ def halving_ratio(result: dict[str, Any], key: str) -> analysis.Ratio | None:
     pairs = result.get(f"{key}_halving_rounds")
     if pairs:
         return analysis.rounds_ratio([b for b, _ in pairs], [a for _, a in pairs], basis=HALVING)
-    value = ratio(before_halving(result, key), result.get(f"{key}_halved"))
+    value = quotient(before_halving(result, key), result.get(f"{key}_halved"))
     return analysis.Ratio(value, value, value, basis=analysis.VALUES) if value is not None else None
 
 
@@ -327,8 +327,8 @@ def halving_rows(cfg: Config, result: dict[str, Any], batch: int, settings: str,
     sample = next(iter(before), None)
     settings += f"; {sample}: {before.get(sample)} -> {after.get(sample)}" if sample else ""
     layers, layer_rounds = halving_speedup(result, "tt_layers_ms")
-    flop_ratio = ratio(result.get("tt_layers_flops"), result.get("tt_layers_flops_halved"))
-    traffic_ratio = ratio(result.get("tt_layers_traffic"), result.get("tt_layers_traffic_halved"))
+    flop_ratio = quotient(result.get("tt_layers_flops"), result.get("tt_layers_flops_halved"))
+    traffic_ratio = quotient(result.get("tt_layers_traffic"), result.get("tt_layers_traffic_halved"))
     costs = [result.get(k) for k in ("tt_layers_flops", "tt_layers_traffic", "tt_layers_flops_halved",
                                      "tt_layers_traffic_halved")]
     if roof is not None and all(costs):
@@ -363,7 +363,7 @@ def halving_rows(cfg: Config, result: dict[str, Any], batch: int, settings: str,
                  settings=settings, stability=halving_verdict(result, "tt_layers_ms"),
                  note="; ".join(filter(None, [halving_note(flop_ratio, traffic_ratio), errors]))),
         make_row(4, f"CoMERA step speedup after halving every rank / its Amdahl estimate, batch {batch}",
-                 goals["amdahl_fraction"], ratio(step, estimate), goal_key="halving.amdahl_fraction",
+                 goals["amdahl_fraction"], quotient(step, estimate), goal_key="halving.amdahl_fraction",
                  medians=f"step before {ms('step_time_ms')}{parenthesized(alternated('step_time_ms', step_rounds))}: "
                          f"{step or float('nan'):.2f}x; Amdahl estimate {estimate or float('nan'):.2f}x",
                  settings=settings, stability=halving_verdict(result, "step_time_ms", "tt_layers_ms"),

@@ -101,7 +101,7 @@ def test_an_entry_can_run_a_workload_under_its_own_name():
     assert list(wide) == ["wide_dense-default_b4_tnone_s0"]
     spec = wide["wide_dense-default_b4_tnone_s0"]
     assert spec["workload"] == "transformer" and spec["workload_params"]["d_model"] == 64
-    assert spec["execution"]["timing_group"] == "wide_b4_s0"  # timed with its own entry's cells
+    assert spec["execution"]["timing_group"] is None  # alone in its entry's group wide_b4_s0: timed alone
     assert "transformer_dense-default_b4_tnone_s0" in cells  # the entry named by its module keeps its ids
 
 
@@ -113,6 +113,8 @@ def test_timing_groups_hold_the_cells_compared_together():
         specs = [cells[i] for i in ids]
         assert len({(s["workload"], s["batch_size"], s["seed"]) for s in specs}) == 1
         assert all(s["execution"]["timing_group"] == group and s["execution"]["rounds"] == 5 for s in specs)
+    named = {s["execution"]["timing_group"] for s in cells.values()} - {None}
+    assert named == set(groups)  # no spec names a group it is not timed in (a cell alone is timed alone)
     by_batch = {cells[ids[0]]["batch_size"]: len(ids) for ids in groups.values()}
     assert by_batch == {2: 1 + 2, 4: 1 + 2 + 2}  # dense, comera x 2 targets (+ 2 sweep points at batch 4)
     config = minimal()

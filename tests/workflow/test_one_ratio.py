@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import matplotlib.pyplot as plt
 import pytest
 
 from harness.core import timing
@@ -101,7 +102,8 @@ def test_claims_fig1_and_compare_give_one_ratio_with_the_periodic_work(cells, mo
     assert "dense/CoMERA epoch time (extrapolated): opposite direction, 0.56x [0.56-0.56] @ batch 32" in c1
 
     footers = {}
-    monkeypatch.setattr(figures, "_finish", lambda fig, title, footer, out, name: footers.update({name: footer}))
+    monkeypatch.setattr(figures, "_finish", lambda fig, title, footer, out, name:
+                        footers.update({name: footer}) or plt.close(fig))
     figures.fig1_time_memory(res, path)
     assert "Uncompressed / CoMERA time" in footers["fig1_time_memory"]
     assert "0.56x [0.56-0.56] @ batch 32" in footers["fig1_time_memory"]

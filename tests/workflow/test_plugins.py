@@ -214,8 +214,9 @@ def test_a_runs_file_of_another_config_fails_the_merge(plugin_dir, tmp_path):
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # 3 timed steps: a noisy cell, and the hint to time it again repeats this config
-    assert (f"comera-bench noisy results/runs/cpu-plugins --delete && snakemake --cores 1 figures --configfile "
-            f"{configfile} --config results_dir=results figures_dir=figures") in proc.stderr
+    assert (f"comera-bench noisy {workdir}/results/runs/cpu-plugins --delete && snakemake --cores 1 figures "
+            f"--directory {workdir} --configfile {configfile}") in proc.stderr
+    assert "not timed in its group's interleaved rounds" not in proc.stderr  # alone in its group: timed alone
     (cell,) = (workdir / "results" / "runs" / "cpu-plugins").glob("*.runs.parquet")
     foreign = pd.read_parquet(cell).assign(config_hash="0123456789abcdef")  # as a copy from another config
     foreign.to_parquet(cell)
