@@ -13,9 +13,13 @@ The seconds from the group's start (its first process started) to its first roun
 process, building, warming up -- are logged ("first round after ...") and sent to every cell, which
 records them in its row (``group_start_s``).
 
+Each cell may send, with its first ``ready``, where its time before the first round went (phase ->
+seconds, harness.running.run.START_PHASES); the log names the phases of the cell that was ready last ("slowest
+to start: ...").
+
 Protocol (one Unix socket, path in the environment variable ``COMERA_BENCH_ROUNDS``): a cell connects
-and sends ``hello <run_id>``; before the timed steps of each round r it sends ``ready <r>`` and
-waits for ``go <s>`` (s: the group's seconds to its first round); after its last round it sends ``done``
+and sends ``hello <run_id>``; before the timed steps of each round r it sends ``ready <r>`` (optionally
+followed by a space and a JSON object of its start phases) and waits for ``go <s>`` (s: the group's seconds to its first round); after its last round it sends ``done``
 and waits for ``go`` (the release). :class:`RoundGate` is the cell's side. A cell that ends (a failure,
 a kill) closes its connection and drops out of the rounds. Cells die with their coordinator: each cell's
 process gets SIGTERM when the coordinator dies (harness.core.stops, Linux), and a cell that finds the
@@ -81,13 +85,15 @@ class RoundGate:
     def _send(self, line: str) -> None:
         self._file.write(line.encode() + b"\n")
 
-    def wait(self, round_index: int) -> float:
-        """Tell the coordinator this cell is at round ``round_index`` and block until it says go;
-        return the seconds waited."""
+    def wait(self, round_index: int, phases: dict[str, float] | None = None) -> float:
+        """Tell the coordinator this cell is at round ``round_index`` (with ``phases``: where its time before
+        the first round went, phase -> seconds) and block until it says go; return the seconds waited."""
         if self._sock is None:
             return 0.0
         started = time.perf_counter()
-        self._ask(f"ready {round_index}")
+        info = f" {json.dumps({k: round(v, 3) for k, v in phases.items()}, separators=(',', ':'))}" \
+            if phases else ""
+        self._ask(f"ready {round_index}{info}")
         return time.perf_counter() - started
 
     def done(self) -> float:
@@ -142,12 +148,17 @@ class Cell:
     """starting (no connection yet) | running (steps under way) | ready (waits for the round in
     ``at_round``) | done (its rounds are over; waits to be released) | gone (left the rounds)"""
     at_round: int | None = None
+    ready_s: float | None = None
+    """Seconds from the group's start to this cell's first ``ready``."""
+    start_phases: dict[str, float] | None = None
+    """What the cell sent with its first ``ready``: where its time before the first round went."""
 
 
 class _Coordinator:
     def __init__(self, cells: list[Cell], server: socket.socket, deadline: float | None = None):
         self.cells, self.deadline = cells, deadline
         self.first_round_s = 0.0
+        self.started = time.monotonic()
         self.sel = selectors.DefaultSelector()
         self.sel.register(server, selectors.EVENT_READ, None)
 
@@ -187,7 +198,11 @@ class _Coordinator:
                     conn.close()
                     return
             elif word == "ready":
-                cell.state, cell.at_round = "ready", int(arg)
+                index, _, info = arg.partition(" ")
+                cell.state, cell.at_round = "ready", int(index)
+                if cell.ready_s is None:
+                    cell.ready_s = time.monotonic() - self.started
+                    cell.start_phases = _phases(info)
             elif word == "done":
                 cell.state, cell.at_round = "done", None
         if isinstance(cell, Cell):
@@ -246,6 +261,28 @@ class _Coordinator:
                 self._drop(cell)
 
 
+def _phases(info: str) -> dict[str, float] | None:
+    """The start phases a cell sent with ``ready`` (None when it sent none or they cannot be read)."""
+    try:
+        phases = json.loads(info) if info else None
+    except ValueError:
+        return None
+    return phases if isinstance(phases, dict) else None
+
+
+def slowest_line(cells: Sequence[Cell]) -> str | None:
+    """The log line of the cell that was ready last for the first round, with its start phases."""
+    ready = [c for c in cells if c.ready_s is not None]
+    if not ready:
+        return None
+    cell = max(ready, key=lambda c: c.ready_s)
+    line = f"  slowest to start: {cell.run_id}, ready after {cell.ready_s:.1f} s"
+    if cell.start_phases:
+        line += ": " + ", ".join(f"{name.replace('_', ' ')} {float(s):.1f}" for name, s in cell.start_phases.items()
+                                 if isinstance(s, (int, float))) + " s"
+    return line
+
+
 def round_line(r: int, rounds: int, ran: int, elapsed_s: float, first_round_s: float) -> str:
     """The line after round ``r`` (0-based) of ``rounds``: the group's seconds so far and, before the last
     round, the time its other rounds take at the rate of those so far (the final evaluation not counted)."""
@@ -274,7 +311,7 @@ def run_group(cells: Sequence[Cell], rounds: int, *, command: Callable[[Cell], l
         server.listen(len(cells))
         coord = _Coordinator(cells, server, None if timeout_s is None else time.monotonic() + timeout_s)
         env = stops.child_env({**os.environ, ENV: path})  # each cell dies with this process
-        started = time.monotonic()
+        started = coord.started = time.monotonic()
         try:
             for cell in cells:
                 with _signals_deferred():  # a stop signal inside Popen would orphan the started child
@@ -286,6 +323,9 @@ def run_group(cells: Sequence[Cell], rounds: int, *, command: Callable[[Cell], l
                 if r == 0:
                     coord.first_round_s = time.monotonic() - started
                     log(f"  first round after {coord.first_round_s:.1f} s (the cells started, built, warmed up)")
+                    slowest = slowest_line(cells)
+                    if slowest:
+                        log(slowest)
                     left = [c.run_id for c in cells if c.state == "gone"]
                     if left:  # their rows say why (a failure row, or a skipped method)
                         log(f"  not in the rounds (ended before them): {', '.join(left)}")

@@ -77,10 +77,11 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
+import psutil
 import torch
 
 from harness import results
-from harness.core import allocator
+from harness.core import allocator, stops
 from harness.running import progress as progress_lines
 from harness.running import specs, warmup
 from harness.core import measure, timing
@@ -88,6 +89,21 @@ from harness.running.cudagraph import GraphedStep, require_cuda, state_signature
 from harness.core.interleave import RoundGate
 from harness.running.cell import AfterSteps, CellState, build_row
 from harness.running.watchdog import STALL_ENV, STALL_LIMIT_S, Watchdog, stall_limit_s  # noqa: F401 -- re-exported
+
+START_PHASES: dict[str, str] = {
+    "start": "from the cell's first process start (its supervisor's, when isolated) to the run: interpreters "
+             "and imports",
+    "warm_up": "the throwaway training step on the tiny instance (harness.running.warmup)",
+    "build": "building the workload: its model and data",
+    "prepare": "preparing the method (conversion, optimizers; CUDA graph and compile wrappers)",
+    "flops": "counting the tokens for FLOPs per step (harness.core.measure.measure_flops) and the first ranks",
+    "eval": "the evaluation before the first step (none in a cell of a timing group)",
+    "memory_baseline": "the full garbage collection and the memory monitor's baseline",
+    "warmup_steps": "the budget's warm-up training steps before the first round (CUDA graph capture included)",
+    "gate": "waiting at the first round for the timing group's other cells",
+}
+"""The phases of a cell's time before its first timing round, in order (``extra["start_phases_s"]``; the
+timing group's log line names the slowest cell's). A phase a cell does not reach or does not have is absent."""
 
 WATCHDOG_GRACE_S = 30.0
 """How long a step or evaluation may run past budget.time_limit_s before the watchdog ends the cell."""
@@ -157,10 +173,23 @@ def _traceback_tail(exc: BaseException, lines: int = 12) -> str:
     return "\n".join("".join(traceback.format_exception(exc)).splitlines()[-lines:])
 
 
+def process_started_at() -> float:
+    """When this cell's processes started (seconds since the epoch): its supervisor's start when it has one
+    (harness.core.stops.CELL_STARTED_ENV), else this process's."""
+    try:
+        return float(os.environ[stops.CELL_STARTED_ENV])
+    except (KeyError, ValueError):
+        pass
+    try:
+        return psutil.Process().create_time()
+    except Exception:  # noqa: BLE001 -- /proc unreadable: the phase starts now
+        return time.time()
+
+
 def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress: bool | None = None,
              on_hang: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None = None,
-             stall_s: float | None = None, after_steps: Callable[[AfterSteps], None] | None = None
-             ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+             stall_s: float | None = None, after_steps: Callable[[AfterSteps], None] | None = None,
+             started_at: float | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run one cell; returns (runs row with every RUNS_COLUMNS key, curves rows). An invalid spec raises
     specs.SpecError; everything that goes wrong after that is recorded in the row.
 
@@ -171,9 +200,15 @@ def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress
 
     ``after_steps(AfterSteps)``: more measuring on the trained cell (the performance bench's profile),
     called once after the last training step, outside the memory region and the timed rounds (with a
-    round coordinator in one more round of the group, alone); what it raises is the row's error."""
+    round coordinator in one more round of the group, alone); what it raises is the row's error.
+
+    ``started_at``: when the cell's processes started (:func:`process_started_at`; seconds since the
+    epoch), the beginning of its ``start`` phase (:data:`START_PHASES`); None: no ``start`` phase."""
     spec = specs.normalize_spec(spec)
     st = CellState(spec, after_steps=after_steps)
+    st.phase_mark = time.perf_counter()
+    if started_at is not None:
+        st.start_phases["start"] = max(time.time() - started_at, 0.0)
     status, error, tb = "ok", "", ""
     precision = torch.get_float32_matmul_precision()  # the process's own, restored at the end
     try:
@@ -225,11 +260,13 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
     st.method_params = reg.check_method_params(spec["method"], spec["method_params"])
     _begin(st, "the warm-up")
     _warm_up(st, reg)
+    _phase(st, "warm_up")
     if st.watchdog is not None:  # building the data may take hours the first time: not a stall
         st.watchdog.pause()
     workload = st.workload = reg.build_workload(spec["workload"], st.workload_params,
                                                 batch_size=spec["batch_size"], seed=spec["seed"],
                                                 device=st.device)
+    _phase(st, "build")
     st.steps_in_epoch = workload.steps_per_epoch
     if budget["max_steps_per_epoch"] is not None:
         st.steps_in_epoch = min(st.steps_in_epoch, budget["max_steps_per_epoch"])
@@ -247,6 +284,7 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
     if spec["execution"]["cuda_graph"]:  # captures Prepared.update, the eager part of Prepared.train_step
         st.graphed = GraphedStep(lambda batch, step: prepared.update(workload, batch, step, train_model),
                                  model, prepared.optimizers, st.device)
+    _phase(st, "prepare")
 
     first = next(iter(workload.train_batches(0)), None)
     if first is None:
@@ -256,6 +294,7 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
         model, lambda: workload.loss(model, first))
     del first
     _record_ranks(st, 0)
+    _phase(st, "flops")
 
     eval_every = budget["eval_every_steps"]
     warmup = budget["warmup_steps"]
@@ -270,9 +309,11 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
     st.round_starts = {step: r for r, step in enumerate(bounds)}
     if eval_every:
         _evaluate(st)
+        _phase(st, "eval")
     st.monitor = measure.MemoryMonitor(st.device)
     gc.collect()
     st.monitor.start()
+    _phase(st, "memory_baseline")
     bar = progress_lines.progress(total_steps, spec["run_id"], progress)
     limit, deadline = budget["time_limit_s"], None
     _begin(st, "training step 1")
@@ -318,6 +359,15 @@ def _begin(st: CellState, activity: str) -> None:
         st.watchdog.resume()
 
 
+def _phase(st: CellState, name: str) -> None:
+    """The start phase ``name`` (:data:`START_PHASES`) ends now (nothing once the first round has begun)."""
+    if st.phase_mark is None:
+        return
+    now = time.perf_counter()
+    st.start_phases[name] = st.start_phases.get(name, 0.0) + now - st.phase_mark
+    st.phase_mark = now
+
+
 def _round_boundary(st: CellState) -> None:
     """Before a step that starts a timing round: close the machine-state segment, wait for the round
     coordinator's go (outside every clock and the time limit), open the next segment."""
@@ -325,10 +375,14 @@ def _round_boundary(st: CellState) -> None:
     if r is None:
         return
     st.machine.end()
+    _phase(st, "warmup_steps")
     if st.gate is not None:
-        _wait_at_gate(st, lambda gate: gate.wait(r))
+        phases = st.start_phases if st.phase_mark is not None else None
+        _wait_at_gate(st, lambda gate: gate.wait(r, phases))
+        _phase(st, "gate")
         st.group_start_s = st.gate.group_start_s
         st.timer.rewarm_next = True  # the first step after the pause is not counted
+    st.phase_mark = None  # the rounds have begun
     st.timer.round = r
     st.machine.begin()
 
@@ -487,7 +541,7 @@ def _curve(st: CellState, step: int, epoch: int, split: str, name: str, value: f
 
 def run_to_files(spec: dict[str, Any], runs_out: str | os.PathLike, curves_out: str | os.PathLike, *,
                  registry: Registry | None = None, progress: bool | None = None,
-                 hang_exit_status: int = 0) -> dict[str, Any]:
+                 hang_exit_status: int = 0, started_at: float | None = None) -> dict[str, Any]:
     """Run a cell and write its runs row and curves atomically (also on failure); returns the row.
 
     A step or evaluation that hangs past the time limit or the stall limit (:func:`stall_limit_s`) never
@@ -520,6 +574,6 @@ def run_to_files(spec: dict[str, Any], runs_out: str | os.PathLike, curves_out: 
             os._exit(status)
 
     row, curves = run_cell(spec, registry=registry, progress=progress, on_hang=end_process,
-                           stall_s=stall_limit_s())
+                           stall_s=stall_limit_s(), started_at=started_at)
     write(row, curves)
     return row
