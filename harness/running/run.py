@@ -307,7 +307,7 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
     bounds = timing.round_bounds(min(warmup, total_steps), total_steps, spec["execution"]["rounds"],
                                  steps_per_round=1 if st.gate is None else 2)
     st.round_starts = {step: r for r, step in enumerate(bounds)}
-    if eval_every:
+    if eval_every and not spec["execution"]["timing_group"]:  # a group's cells start without it
         _evaluate(st)
         _phase(st, "eval")
     st.monitor = measure.MemoryMonitor(st.device)
