@@ -9,6 +9,12 @@ its share of timed steps at a time (the order reversed every other round: A B C,
 change of the machine's load hits every method of the group within one round. After the last round
 the cells finish (final evaluation, rows written) together.
 
+Start turns: building, warming up and the warm-up steps run at most :func:`start_slots` cells at a time
+(the CPUs this process may use divided by the cells' torch threads, at least 1): a cell asks for its turn
+after its imports and holds it until it is ready for the first round. Cells that start together on fewer
+CPUs than their threads slow each other down many times over (on 2 CPUs with 2 threads a cell, four
+cells together took 38 s to their first round where one after another took 16 s; docs/performance.md).
+
 The seconds from the group's start (its first process started) to its first round -- starting every
 process, building, warming up -- are logged ("first round after ...") and sent to every cell, which
 records them in its row (``group_start_s``).
@@ -18,7 +24,8 @@ seconds, harness.running.run.START_PHASES); the log names the phases of the cell
 to start: ...").
 
 Protocol (one Unix socket, path in the environment variable ``COMERA_BENCH_ROUNDS``): a cell connects
-and sends ``hello <run_id>``; before the timed steps of each round r it sends ``ready <r>`` (optionally
+and sends ``hello <run_id>``; it may send ``start`` and wait for ``go`` (its start turn, held until its
+first ``ready``); before the timed steps of each round r it sends ``ready <r>`` (optionally
 followed by a space and a JSON object of its start phases) and waits for ``go <s>`` (s: the group's seconds to its first round); after its last round it sends ``done``
 and waits for ``go`` (the release). :class:`RoundGate` is the cell's side. A cell that ends (a failure,
 a kill) closes its connection and drops out of the rounds. Cells die with their coordinator: each cell's
@@ -69,6 +76,15 @@ class RoundGate:
         self._sock.connect(path)
         self._file = self._sock.makefile("rwb", buffering=0)
         self._send(f"hello {run_id}")
+
+    def start_turn(self) -> float:
+        """Wait for this cell's turn to start (build, warm up, run its warm-up steps; held until its first
+        :meth:`wait`); return the seconds waited."""
+        if self._sock is None:
+            return 0.0
+        started = time.perf_counter()
+        self._ask("start")
+        return time.perf_counter() - started
 
     @classmethod
     def from_env(cls, run_id: str) -> "RoundGate | None":
@@ -145,8 +161,9 @@ class Cell:
     conn: socket.socket | None = None
     buffer: bytes = b""
     state: str = "starting"
-    """starting (no connection yet) | running (steps under way) | ready (waits for the round in
-    ``at_round``) | done (its rounds are over; waits to be released) | gone (left the rounds)"""
+    """starting (no connection yet) | running (steps under way; before its first round: starting, without
+    a start turn) | queued (waits for a start turn) | warming (has its start turn) | ready (waits for the
+    round in ``at_round``) | done (its rounds are over; waits to be released) | gone (left the rounds)"""
     at_round: int | None = None
     ready_s: float | None = None
     """Seconds from the group's start to this cell's first ``ready``."""
@@ -155,8 +172,12 @@ class Cell:
 
 
 class _Coordinator:
-    def __init__(self, cells: list[Cell], server: socket.socket, deadline: float | None = None):
+    def __init__(self, cells: list[Cell], server: socket.socket, deadline: float | None = None,
+                 slots: int | None = None):
         self.cells, self.deadline = cells, deadline
+        self.slots = slots
+        """How many cells may hold a start turn at once (None: all)."""
+        self.queue: list[Cell] = []
         self.first_round_s = 0.0
         self.started = time.monotonic()
         self.sel = selectors.DefaultSelector()
@@ -205,6 +226,9 @@ class _Coordinator:
                     cell.start_phases = _phases(info)
             elif word == "done":
                 cell.state, cell.at_round = "done", None
+            elif word == "start":
+                cell.state = "queued"
+                self.queue.append(cell)
         if isinstance(cell, Cell):
             cell.buffer = buffer
         else:
@@ -230,10 +254,23 @@ class _Coordinator:
         for cell in self.cells:  # a process that ended before it connected
             if cell.state == "starting" and cell.proc is not None and cell.proc.poll() is not None:
                 cell.state = "gone"
+        self._grant()
+
+    def _grant(self) -> None:
+        """Give start turns to queued cells, first asked first served, while fewer than ``slots`` hold one."""
+        self.queue = [c for c in self.queue if c.state == "queued"]
+        while self.queue and (self.slots is None
+                              or sum(c.state == "warming" for c in self.cells) < self.slots):
+            cell = self.queue.pop(0)
+            cell.state = "warming"
+            try:
+                cell.conn.sendall(b"go\n")
+            except OSError:
+                self._drop(cell)
 
     def wait_until(self, round_index: int) -> None:
         """Until no cell is starting or running (each waits at ``round_index``, is done or gone)."""
-        while any(c.state in ("starting", "running") for c in self.cells):
+        while any(c.state in ("starting", "running", "queued", "warming") for c in self.cells):
             self.pump()
 
     def run_round(self, cell: Cell, round_index: int) -> bool:
@@ -293,30 +330,52 @@ def round_line(r: int, rounds: int, ran: int, elapsed_s: float, first_round_s: f
     return line
 
 
+def start_slots(threads: int, cpus: int | None = None) -> int:
+    """How many cells of a group start at once: the CPUs (this process's affinity) over the torch threads
+    of a cell, at least 1."""
+    if cpus is None:
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cpus = os.cpu_count() or 1
+    return max(1, cpus // max(1, threads))
+
+
+def _threads(spec: dict) -> int:
+    execution = spec.get("execution") if isinstance(spec, dict) else None
+    threads = execution.get("num_threads") if isinstance(execution, dict) else None
+    return threads if isinstance(threads, int) and threads > 0 else 1
+
+
 def run_group(cells: Sequence[Cell], rounds: int, *, command: Callable[[Cell], list[str]], log=None,
-              timeout_s: float | None = None) -> int:
+              timeout_s: float | None = None, slots: int | None = None) -> int:
     """Run ``cells`` in interleaved rounds (module docstring); returns the number of cells whose
     process exited with a non-zero status (each cell's ``proc`` keeps its return code). ``command``: a
     cell's command line, built by the caller (the pipeline runs each cell isolated, the performance bench
     its step workers); the process takes its turns through :class:`RoundGate`. ``timeout_s``:
-    TimeoutError past it, every process of the group terminated."""
+    TimeoutError past it, every process of the group terminated. ``slots``: how many cells may hold a
+    start turn at once (default :func:`start_slots` for the most threads a cell's spec names)."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     cells = list(cells)
+    threads = 1
     for cell in cells:
-        cell.run_id = json.loads(Path(cell.spec).read_text())["run_id"]
+        spec = json.loads(Path(cell.spec).read_text())
+        cell.run_id = spec["run_id"]
+        threads = max(threads, _threads(spec))
+    slots = start_slots(threads) if slots is None else slots
     with tempfile.TemporaryDirectory(prefix="comera-rounds-") as tmp:
         path = os.path.join(tmp, "rounds.sock")
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         server.bind(path)
         server.listen(len(cells))
-        coord = _Coordinator(cells, server, None if timeout_s is None else time.monotonic() + timeout_s)
+        coord = _Coordinator(cells, server, None if timeout_s is None else time.monotonic() + timeout_s, slots)
         env = stops.child_env({**os.environ, ENV: path})  # each cell dies with this process
         started = coord.started = time.monotonic()
         try:
             for cell in cells:
                 with _signals_deferred():  # a stop signal inside Popen would orphan the started child
                     cell.proc = subprocess.Popen(command(cell), env=env)
-            log(f"timing group of {len(cells)} cells, {rounds} interleaved rounds: "
+            log(f"timing group of {len(cells)} cells, {rounds} interleaved rounds, {slots} starting at a time: "
                 + ", ".join(c.run_id for c in cells))
             for r in range(rounds):
                 coord.wait_until(r)

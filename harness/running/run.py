@@ -93,6 +93,7 @@ from harness.running.watchdog import STALL_ENV, STALL_LIMIT_S, Watchdog, stall_l
 START_PHASES: dict[str, str] = {
     "start": "from the cell's first process start (its supervisor's, when isolated) to the run: interpreters "
              "and imports",
+    "start_turn": "waiting for a start turn (a timing group starts a few cells at a time)",
     "warm_up": "the throwaway training step on the tiny instance (harness.running.warmup)",
     "build": "building the workload: its model and data",
     "prepare": "preparing the method (conversion, optimizers; CUDA graph and compile wrappers)",
@@ -258,6 +259,12 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
     spec, budget = st.spec, st.spec["budget"]
     st.workload_params = reg.check_workload_params(spec["workload"], spec["workload_params"])
     st.method_params = reg.check_method_params(spec["method"], spec["method_params"])
+    st.gate = RoundGate.from_env(spec["run_id"])
+    if st.gate is not None:  # the group lets a few cells start at a time (harness.core.interleave)
+        if st.watchdog is not None:
+            st.watchdog.pause()
+        st.gate.start_turn()
+        _phase(st, "start_turn")
     _begin(st, "the warm-up")
     _warm_up(st, reg)
     _phase(st, "warm_up")
@@ -303,7 +310,6 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
     st.timer = measure.StepTimer(st.device, warmup)
     st.epoch_clock = measure.Stopwatch(st.device)
     st.machine = timing.MachineState()
-    st.gate = RoundGate.from_env(spec["run_id"])
     bounds = timing.round_bounds(min(warmup, total_steps), total_steps, spec["execution"]["rounds"],
                                  steps_per_round=1 if st.gate is None else 2)
     st.round_starts = {step: r for r, step in enumerate(bounds)}
