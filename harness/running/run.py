@@ -93,8 +93,9 @@ from harness.running.watchdog import STALL_ENV, STALL_LIMIT_S, Watchdog, stall_l
 START_PHASES: dict[str, str] = {
     "start": "from the cell's first process start (its supervisor's, when isolated) to the run: interpreters "
              "and imports",
-    "start_turn": "waiting for a start turn (a timing group starts a few cells at a time)",
     "warm_up": "the throwaway training step on the tiny instance (harness.running.warmup)",
+    "start_turn": "waiting for a start turn (a timing group lets a few cells build and run their warm-up "
+                  "steps at a time)",
     "build": "building the workload: its model and data",
     "prepare": "preparing the method (conversion, optimizers; CUDA graph and compile wrappers)",
     "flops": "counting the tokens for FLOPs per step (harness.core.measure.measure_flops) and the first ranks",
@@ -260,14 +261,14 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
     st.workload_params = reg.check_workload_params(spec["workload"], spec["workload_params"])
     st.method_params = reg.check_method_params(spec["method"], spec["method_params"])
     st.gate = RoundGate.from_env(spec["run_id"])
+    _begin(st, "the warm-up")
+    _warm_up(st, reg)  # before the start turn: tiny shapes and lazy imports, alongside the others
+    _phase(st, "warm_up")
     if st.gate is not None:  # the group lets a few cells start at a time (harness.core.interleave)
         if st.watchdog is not None:
             st.watchdog.pause()
         st.gate.start_turn()
         _phase(st, "start_turn")
-    _begin(st, "the warm-up")
-    _warm_up(st, reg)
-    _phase(st, "warm_up")
     if st.watchdog is not None:  # building the data may take hours the first time: not a stall
         st.watchdog.pause()
     workload = st.workload = reg.build_workload(spec["workload"], st.workload_params,
