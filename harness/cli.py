@@ -252,7 +252,8 @@ def _run_cell(args: argparse.Namespace) -> int:
         curves_out = _curves_path(runs_out)
     try:
         row = runner.run_to_files(spec, runs_out, curves_out, progress=args.progress,
-                                  hang_exit_status=1 if args.fail_on_error else 0)
+                                  hang_exit_status=1 if args.fail_on_error else 0,
+                                  started_at=runner.process_started_at())
     except runner.EnvironmentFault as exc:
         print(f"comera-bench run: environment fault: {exc.strerror} ({exc.filename}); no row written, the cell "
               "runs again next time", file=sys.stderr)

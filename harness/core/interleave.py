@@ -9,13 +9,24 @@ its share of timed steps at a time (the order reversed every other round: A B C,
 change of the machine's load hits every method of the group within one round. After the last round
 the cells finish (final evaluation, rows written) together.
 
+Start turns: building, warming up and the warm-up steps run at most :func:`start_slots` cells at a time
+(the CPUs this process may use divided by the cells' torch threads, at least 1): a cell asks for its turn
+after its imports and holds it until it is ready for the first round. Cells that start together on fewer
+CPUs than their threads slow each other down many times over (on 2 CPUs with 2 threads a cell, four
+cells together took 38 s to their first round where one after another took 16 s; docs/performance.md).
+
 The seconds from the group's start (its first process started) to its first round -- starting every
 process, building, warming up -- are logged ("first round after ...") and sent to every cell, which
 records them in its row (``group_start_s``).
 
+Each cell may send, with its first ``ready``, where its time before the first round went (phase ->
+seconds, harness.running.run.START_PHASES); the log names the phases of the cell that was ready last ("slowest
+to start: ...").
+
 Protocol (one Unix socket, path in the environment variable ``COMERA_BENCH_ROUNDS``): a cell connects
-and sends ``hello <run_id>``; before the timed steps of each round r it sends ``ready <r>`` and
-waits for ``go <s>`` (s: the group's seconds to its first round); after its last round it sends ``done``
+and sends ``hello <run_id>``; it may send ``start`` and wait for ``go`` (its start turn, held until its
+first ``ready``); before the timed steps of each round r it sends ``ready <r>`` (optionally
+followed by a space and a JSON object of its start phases) and waits for ``go <s>`` (s: the group's seconds to its first round); after its last round it sends ``done``
 and waits for ``go`` (the release). :class:`RoundGate` is the cell's side. A cell that ends (a failure,
 a kill) closes its connection and drops out of the rounds. Cells die with their coordinator: each cell's
 process gets SIGTERM when the coordinator dies (harness.core.stops, Linux), and a cell that finds the
@@ -66,6 +77,15 @@ class RoundGate:
         self._file = self._sock.makefile("rwb", buffering=0)
         self._send(f"hello {run_id}")
 
+    def start_turn(self) -> float:
+        """Wait for this cell's turn to start (build, warm up, run its warm-up steps; held until its first
+        :meth:`wait`); return the seconds waited."""
+        if self._sock is None:
+            return 0.0
+        started = time.perf_counter()
+        self._ask("start")
+        return time.perf_counter() - started
+
     @classmethod
     def from_env(cls, run_id: str) -> "RoundGate | None":
         path = os.environ.get(ENV)
@@ -81,13 +101,15 @@ class RoundGate:
     def _send(self, line: str) -> None:
         self._file.write(line.encode() + b"\n")
 
-    def wait(self, round_index: int) -> float:
-        """Tell the coordinator this cell is at round ``round_index`` and block until it says go;
-        return the seconds waited."""
+    def wait(self, round_index: int, phases: dict[str, float] | None = None) -> float:
+        """Tell the coordinator this cell is at round ``round_index`` (with ``phases``: where its time before
+        the first round went, phase -> seconds) and block until it says go; return the seconds waited."""
         if self._sock is None:
             return 0.0
         started = time.perf_counter()
-        self._ask(f"ready {round_index}")
+        info = f" {json.dumps({k: round(v, 3) for k, v in phases.items()}, separators=(',', ':'))}" \
+            if phases else ""
+        self._ask(f"ready {round_index}{info}")
         return time.perf_counter() - started
 
     def done(self) -> float:
@@ -139,15 +161,25 @@ class Cell:
     conn: socket.socket | None = None
     buffer: bytes = b""
     state: str = "starting"
-    """starting (no connection yet) | running (steps under way) | ready (waits for the round in
-    ``at_round``) | done (its rounds are over; waits to be released) | gone (left the rounds)"""
+    """starting (no connection yet) | running (steps under way; before its first round: starting, without
+    a start turn) | queued (waits for a start turn) | warming (has its start turn) | ready (waits for the
+    round in ``at_round``) | done (its rounds are over; waits to be released) | gone (left the rounds)"""
     at_round: int | None = None
+    ready_s: float | None = None
+    """Seconds from the group's start to this cell's first ``ready``."""
+    start_phases: dict[str, float] | None = None
+    """What the cell sent with its first ``ready``: where its time before the first round went."""
 
 
 class _Coordinator:
-    def __init__(self, cells: list[Cell], server: socket.socket, deadline: float | None = None):
+    def __init__(self, cells: list[Cell], server: socket.socket, deadline: float | None = None,
+                 slots: int | None = None):
         self.cells, self.deadline = cells, deadline
+        self.slots = slots
+        """How many cells may hold a start turn at once (None: all)."""
+        self.queue: list[Cell] = []
         self.first_round_s = 0.0
+        self.started = time.monotonic()
         self.sel = selectors.DefaultSelector()
         self.sel.register(server, selectors.EVENT_READ, None)
 
@@ -187,9 +219,16 @@ class _Coordinator:
                     conn.close()
                     return
             elif word == "ready":
-                cell.state, cell.at_round = "ready", int(arg)
+                index, _, info = arg.partition(" ")
+                cell.state, cell.at_round = "ready", int(index)
+                if cell.ready_s is None:
+                    cell.ready_s = time.monotonic() - self.started
+                    cell.start_phases = _phases(info)
             elif word == "done":
                 cell.state, cell.at_round = "done", None
+            elif word == "start":
+                cell.state = "queued"
+                self.queue.append(cell)
         if isinstance(cell, Cell):
             cell.buffer = buffer
         else:
@@ -215,10 +254,23 @@ class _Coordinator:
         for cell in self.cells:  # a process that ended before it connected
             if cell.state == "starting" and cell.proc is not None and cell.proc.poll() is not None:
                 cell.state = "gone"
+        self._grant()
+
+    def _grant(self) -> None:
+        """Give start turns to queued cells, first asked first served, while fewer than ``slots`` hold one."""
+        self.queue = [c for c in self.queue if c.state == "queued"]
+        while self.queue and (self.slots is None
+                              or sum(c.state == "warming" for c in self.cells) < self.slots):
+            cell = self.queue.pop(0)
+            cell.state = "warming"
+            try:
+                cell.conn.sendall(b"go\n")
+            except OSError:
+                self._drop(cell)
 
     def wait_until(self, round_index: int) -> None:
         """Until no cell is starting or running (each waits at ``round_index``, is done or gone)."""
-        while any(c.state in ("starting", "running") for c in self.cells):
+        while any(c.state in ("starting", "running", "queued", "warming") for c in self.cells):
             self.pump()
 
     def run_round(self, cell: Cell, round_index: int) -> bool:
@@ -246,6 +298,28 @@ class _Coordinator:
                 self._drop(cell)
 
 
+def _phases(info: str) -> dict[str, float] | None:
+    """The start phases a cell sent with ``ready`` (None when it sent none or they cannot be read)."""
+    try:
+        phases = json.loads(info) if info else None
+    except ValueError:
+        return None
+    return phases if isinstance(phases, dict) else None
+
+
+def slowest_line(cells: Sequence[Cell]) -> str | None:
+    """The log line of the cell that was ready last for the first round, with its start phases."""
+    ready = [c for c in cells if c.ready_s is not None]
+    if not ready:
+        return None
+    cell = max(ready, key=lambda c: c.ready_s)
+    line = f"  slowest to start: {cell.run_id}, ready after {cell.ready_s:.1f} s"
+    if cell.start_phases:
+        line += ": " + ", ".join(f"{name.replace('_', ' ')} {float(s):.1f}" for name, s in cell.start_phases.items()
+                                 if isinstance(s, (int, float))) + " s"
+    return line
+
+
 def round_line(r: int, rounds: int, ran: int, elapsed_s: float, first_round_s: float) -> str:
     """The line after round ``r`` (0-based) of ``rounds``: the group's seconds so far and, before the last
     round, the time its other rounds take at the rate of those so far (the final evaluation not counted)."""
@@ -256,36 +330,61 @@ def round_line(r: int, rounds: int, ran: int, elapsed_s: float, first_round_s: f
     return line
 
 
+def start_slots(threads: int, cpus: int | None = None) -> int:
+    """How many cells of a group start at once: the CPUs (this process's affinity) over the torch threads
+    of a cell, at least 1."""
+    if cpus is None:
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cpus = os.cpu_count() or 1
+    return max(1, cpus // max(1, threads))
+
+
+def _threads(spec: dict) -> int:
+    execution = spec.get("execution") if isinstance(spec, dict) else None
+    threads = execution.get("num_threads") if isinstance(execution, dict) else None
+    return threads if isinstance(threads, int) and threads > 0 else 1
+
+
 def run_group(cells: Sequence[Cell], rounds: int, *, command: Callable[[Cell], list[str]], log=None,
-              timeout_s: float | None = None) -> int:
+              timeout_s: float | None = None, slots: int | None = None) -> int:
     """Run ``cells`` in interleaved rounds (module docstring); returns the number of cells whose
     process exited with a non-zero status (each cell's ``proc`` keeps its return code). ``command``: a
     cell's command line, built by the caller (the pipeline runs each cell isolated, the performance bench
     its step workers); the process takes its turns through :class:`RoundGate`. ``timeout_s``:
-    TimeoutError past it, every process of the group terminated."""
+    TimeoutError past it, every process of the group terminated. ``slots``: how many cells may hold a
+    start turn at once (default :func:`start_slots` for the most threads a cell's spec names)."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     cells = list(cells)
+    threads = 1
     for cell in cells:
-        cell.run_id = json.loads(Path(cell.spec).read_text())["run_id"]
+        spec = json.loads(Path(cell.spec).read_text())
+        cell.run_id = spec["run_id"]
+        threads = max(threads, _threads(spec))
+    slots = start_slots(threads) if slots is None else slots
     with tempfile.TemporaryDirectory(prefix="comera-rounds-") as tmp:
         path = os.path.join(tmp, "rounds.sock")
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         server.bind(path)
         server.listen(len(cells))
-        coord = _Coordinator(cells, server, None if timeout_s is None else time.monotonic() + timeout_s)
+        coord = _Coordinator(cells, server, None if timeout_s is None else time.monotonic() + timeout_s, slots)
         env = stops.child_env({**os.environ, ENV: path})  # each cell dies with this process
-        started = time.monotonic()
+        started = coord.started = time.monotonic()
         try:
             for cell in cells:
                 with _signals_deferred():  # a stop signal inside Popen would orphan the started child
                     cell.proc = subprocess.Popen(command(cell), env=env)
-            log(f"timing group of {len(cells)} cells, {rounds} interleaved rounds: "
+            log(f"timing group of {len(cells)} cells, {rounds} interleaved rounds, {slots} starting at a time: "
                 + ", ".join(c.run_id for c in cells))
             for r in range(rounds):
                 coord.wait_until(r)
                 if r == 0:
                     coord.first_round_s = time.monotonic() - started
                     log(f"  first round after {coord.first_round_s:.1f} s (the cells started, built, warmed up)")
+                    slowest = slowest_line(cells)
+                    if slowest:
+                        log(slowest)
                     left = [c.run_id for c in cells if c.state == "gone"]
                     if left:  # their rows say why (a failure row, or a skipped method)
                         log(f"  not in the rounds (ended before them): {', '.join(left)}")

@@ -29,6 +29,11 @@ FORWARD_POLL_S = 0.2
 _PR_SET_PDEATHSIG = 1
 
 
+CELL_STARTED_ENV = "COMERA_BENCH_CELL_STARTED"
+"""Set by a cell's supervisor (harness.running.supervise) for its child: the wall-clock time (seconds since
+the epoch) the supervisor's process started, where the cell's ``start`` phase begins (harness.running.run)."""
+
+
 def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """``env`` (default: this process's environment) for a child that is to die with this process."""
     return {**(os.environ if env is None else env), PARENT_ENV: str(os.getpid())}

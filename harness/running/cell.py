@@ -95,6 +95,10 @@ class CellState:
     waited_s: float = 0.0
     group_start_s: float | None = None
     """seconds from the timing group's start to its first round (None: not timed in a group's rounds)"""
+    start_phases: dict[str, float] = field(default_factory=dict)
+    """Where the time before the first timing round went: phase -> seconds (harness.running.run.START_PHASES)."""
+    phase_mark: float | None = None
+    """perf_counter at the end of the last recorded start phase (None: the first round has begun)."""
 
 
 def build_row(st: CellState, status: str, error: str, tb: str = "") -> dict[str, Any]:
@@ -129,6 +133,8 @@ def build_row(st: CellState, status: str, error: str, tb: str = "") -> dict[str,
         extra["traceback"] = tb
     if st.warm_up_s is not None:
         extra["warm_up_s"] = st.warm_up_s
+    if st.start_phases:
+        extra["start_phases_s"] = {k: round(v, 3) for k, v in st.start_phases.items()}
     if st.timer is not None:
         summary = st.timer.summary(window=settings.get("time_window_steps"))
         row.update(step_time_ms=summary["step_time_ms"], step_time_ms_iqr=summary["step_time_ms_iqr"],

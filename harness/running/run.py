@@ -77,10 +77,11 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
+import psutil
 import torch
 
 from harness import results
-from harness.core import allocator
+from harness.core import allocator, stops
 from harness.running import progress as progress_lines
 from harness.running import specs, warmup
 from harness.core import measure, timing
@@ -88,6 +89,23 @@ from harness.running.cudagraph import GraphedStep, require_cuda, state_signature
 from harness.core.interleave import RoundGate
 from harness.running.cell import AfterSteps, CellState, build_row
 from harness.running.watchdog import STALL_ENV, STALL_LIMIT_S, Watchdog, stall_limit_s  # noqa: F401 -- re-exported
+
+START_PHASES: dict[str, str] = {
+    "start": "from the cell's first process start (its supervisor's, when isolated) to the run: interpreters "
+             "and imports",
+    "warm_up": "the throwaway training step on the tiny instance (harness.running.warmup)",
+    "start_turn": "waiting for a start turn (a timing group lets a few cells build and run their warm-up "
+                  "steps at a time)",
+    "build": "building the workload: its model and data",
+    "prepare": "preparing the method (conversion, optimizers; CUDA graph and compile wrappers)",
+    "flops": "counting the tokens for FLOPs per step (harness.core.measure.measure_flops) and the first ranks",
+    "eval": "the evaluation before the first step (none in a cell of a timing group)",
+    "memory_baseline": "the full garbage collection and the memory monitor's baseline",
+    "warmup_steps": "the budget's warm-up training steps before the first round (CUDA graph capture included)",
+    "gate": "waiting at the first round for the timing group's other cells",
+}
+"""The phases of a cell's time before its first timing round, in order (``extra["start_phases_s"]``; the
+timing group's log line names the slowest cell's). A phase a cell does not reach or does not have is absent."""
 
 WATCHDOG_GRACE_S = 30.0
 """How long a step or evaluation may run past budget.time_limit_s before the watchdog ends the cell."""
@@ -157,10 +175,23 @@ def _traceback_tail(exc: BaseException, lines: int = 12) -> str:
     return "\n".join("".join(traceback.format_exception(exc)).splitlines()[-lines:])
 
 
+def process_started_at() -> float:
+    """When this cell's processes started (seconds since the epoch): its supervisor's start when it has one
+    (harness.core.stops.CELL_STARTED_ENV), else this process's."""
+    try:
+        return float(os.environ[stops.CELL_STARTED_ENV])
+    except (KeyError, ValueError):
+        pass
+    try:
+        return psutil.Process().create_time()
+    except Exception:  # noqa: BLE001 -- /proc unreadable: the phase starts now
+        return time.time()
+
+
 def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress: bool | None = None,
              on_hang: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None = None,
-             stall_s: float | None = None, after_steps: Callable[[AfterSteps], None] | None = None
-             ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+             stall_s: float | None = None, after_steps: Callable[[AfterSteps], None] | None = None,
+             started_at: float | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run one cell; returns (runs row with every RUNS_COLUMNS key, curves rows). An invalid spec raises
     specs.SpecError; everything that goes wrong after that is recorded in the row.
 
@@ -171,9 +202,15 @@ def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress
 
     ``after_steps(AfterSteps)``: more measuring on the trained cell (the performance bench's profile),
     called once after the last training step, outside the memory region and the timed rounds (with a
-    round coordinator in one more round of the group, alone); what it raises is the row's error."""
+    round coordinator in one more round of the group, alone); what it raises is the row's error.
+
+    ``started_at``: when the cell's processes started (:func:`process_started_at`; seconds since the
+    epoch), the beginning of its ``start`` phase (:data:`START_PHASES`); None: no ``start`` phase."""
     spec = specs.normalize_spec(spec)
     st = CellState(spec, after_steps=after_steps)
+    st.phase_mark = time.perf_counter()
+    if started_at is not None:
+        st.start_phases["start"] = max(time.time() - started_at, 0.0)
     status, error, tb = "ok", "", ""
     precision = torch.get_float32_matmul_precision()  # the process's own, restored at the end
     try:
@@ -223,13 +260,21 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
     spec, budget = st.spec, st.spec["budget"]
     st.workload_params = reg.check_workload_params(spec["workload"], spec["workload_params"])
     st.method_params = reg.check_method_params(spec["method"], spec["method_params"])
+    st.gate = RoundGate.from_env(spec["run_id"])
     _begin(st, "the warm-up")
-    _warm_up(st, reg)
+    _warm_up(st, reg)  # before the start turn: tiny shapes and lazy imports, alongside the others
+    _phase(st, "warm_up")
+    if st.gate is not None:  # the group lets a few cells start at a time (harness.core.interleave)
+        if st.watchdog is not None:
+            st.watchdog.pause()
+        st.gate.start_turn()
+        _phase(st, "start_turn")
     if st.watchdog is not None:  # building the data may take hours the first time: not a stall
         st.watchdog.pause()
     workload = st.workload = reg.build_workload(spec["workload"], st.workload_params,
                                                 batch_size=spec["batch_size"], seed=spec["seed"],
                                                 device=st.device)
+    _phase(st, "build")
     st.steps_in_epoch = workload.steps_per_epoch
     if budget["max_steps_per_epoch"] is not None:
         st.steps_in_epoch = min(st.steps_in_epoch, budget["max_steps_per_epoch"])
@@ -247,15 +292,17 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
     if spec["execution"]["cuda_graph"]:  # captures Prepared.update, the eager part of Prepared.train_step
         st.graphed = GraphedStep(lambda batch, step: prepared.update(workload, batch, step, train_model),
                                  model, prepared.optimizers, st.device)
+    _phase(st, "prepare")
 
     first = next(iter(workload.train_batches(0)), None)
     if first is None:
         raise RuntimeError(f"workload {spec['workload']!r} yields no training batch")
     model.train()
     st.flops_initial, st.flops_tokens, st.flops_basis = measure.measure_flops(
-        model, lambda: workload.loss(model, first))
+        model, lambda batch: workload.loss(model, batch), first)
     del first
     _record_ranks(st, 0)
+    _phase(st, "flops")
 
     eval_every = budget["eval_every_steps"]
     warmup = budget["warmup_steps"]
@@ -263,18 +310,19 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
         warmup = max(warmup, st.graphed.warmup + 1)
     st.epoch_clock = measure.Stopwatch(st.device)
     st.machine = timing.MachineState()
-    st.gate = RoundGate.from_env(spec["run_id"])
     st.rounds = timing.round_bounds(min(warmup, total_steps), total_steps, spec["execution"]["rounds"],
                                     steps_per_round=1 if st.gate is None else 2,
                                     period=prepared.settings.get("time_window_steps"))
     st.round_starts = {step: r for r, step in enumerate(st.rounds.starts)}
     # rounds of whole periods may leave a few timed steps before the first round: warm-up too
     st.timer = measure.StepTimer(st.device, max(warmup, st.rounds.starts[0]))
-    if eval_every:
+    if eval_every and not spec["execution"]["timing_group"]:  # a group's cells start without it
         _evaluate(st)
+        _phase(st, "eval")
     st.monitor = measure.MemoryMonitor(st.device)
     gc.collect()
     st.monitor.start()
+    _phase(st, "memory_baseline")
     bar = progress_lines.progress(total_steps, spec["run_id"], progress)
     limit, deadline = budget["time_limit_s"], None
     _begin(st, "training step 1")
@@ -320,6 +368,15 @@ def _begin(st: CellState, activity: str) -> None:
         st.watchdog.resume()
 
 
+def _phase(st: CellState, name: str) -> None:
+    """The start phase ``name`` (:data:`START_PHASES`) ends now (nothing once the first round has begun)."""
+    if st.phase_mark is None:
+        return
+    now = time.perf_counter()
+    st.start_phases[name] = st.start_phases.get(name, 0.0) + now - st.phase_mark
+    st.phase_mark = now
+
+
 def _round_boundary(st: CellState) -> None:
     """Before a step that starts a timing round: close the machine-state segment, wait for the round
     coordinator's go (outside every clock and the time limit), open the next segment."""
@@ -327,10 +384,14 @@ def _round_boundary(st: CellState) -> None:
     if r is None:
         return
     st.machine.end()
+    _phase(st, "warmup_steps")
     if st.gate is not None:
-        _wait_at_gate(st, lambda gate: gate.wait(r))
+        phases = st.start_phases if st.phase_mark is not None else None
+        _wait_at_gate(st, lambda gate: gate.wait(r, phases))
+        _phase(st, "gate")
         st.group_start_s = st.gate.group_start_s
         st.timer.rewarm_next = True  # the first step after the pause is not counted
+    st.phase_mark = None  # the rounds have begun
     st.timer.round = r
     st.machine.begin()
 
@@ -489,7 +550,7 @@ def _curve(st: CellState, step: int, epoch: int, split: str, name: str, value: f
 
 def run_to_files(spec: dict[str, Any], runs_out: str | os.PathLike, curves_out: str | os.PathLike, *,
                  registry: Registry | None = None, progress: bool | None = None,
-                 hang_exit_status: int = 0) -> dict[str, Any]:
+                 hang_exit_status: int = 0, started_at: float | None = None) -> dict[str, Any]:
     """Run a cell and write its runs row and curves atomically (also on failure); returns the row.
 
     A step or evaluation that hangs past the time limit or the stall limit (:func:`stall_limit_s`) never
@@ -522,6 +583,6 @@ def run_to_files(spec: dict[str, Any], runs_out: str | os.PathLike, curves_out: 
             os._exit(status)
 
     row, curves = run_cell(spec, registry=registry, progress=progress, on_hang=end_process,
-                           stall_s=stall_limit_s())
+                           stall_s=stall_limit_s(), started_at=started_at)
     write(row, curves)
     return row

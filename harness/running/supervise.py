@@ -36,8 +36,19 @@ group's coordinator vanished (exit status ``interleave.EXIT_GROUP_LOST``). The c
 process (harness.core.stops), so a killed supervisor leaves no cell running on."""
 INTERRUPTS = FORWARDED
 LOG_TAIL_LINES = 20
+
 EXIT_ENVIRONMENT_FAULT = 75
 """The child's status for a row it could not write for a fault of the machine (harness.running.run)."""
+
+
+def _process_started_at() -> str:
+    """This process's start, seconds since the epoch (now where /proc cannot tell)."""
+    try:
+        import psutil
+
+        return repr(psutil.Process().create_time())
+    except Exception:  # noqa: BLE001
+        return repr(time.time())
 
 
 def oom_kill_count() -> int | None:
@@ -170,7 +181,7 @@ def supervise(command: list[str], spec_path: str | os.PathLike, runs_out: str | 
     started = time.monotonic()
     log_fh, log_error = _open_log(log, str(spec_path))
     child = subprocess.Popen(command, stdout=log_fh, stderr=subprocess.STDOUT if log_fh else None,
-                             env=stops.child_env())
+                             env=stops.child_env({**os.environ, stops.CELL_STARTED_ENV: _process_started_at()}))
     received: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:

@@ -82,6 +82,47 @@ def test_a_cell_that_dies_or_never_connects_leaves_the_others_running(tmp_path):
     assert [w for _, rid, w in events if rid == "b"] == ["start 0", "end 0"]
 
 
+TURNS = r"""
+import sys, time
+from harness.core.interleave import RoundGate
+run_id, log = sys.argv[1], sys.argv[2]
+gate = RoundGate.from_env(run_id)
+def note(what):
+    with open(log, "a") as fh:
+        fh.write(f"{time.monotonic():.6f} {run_id} {what}\n")
+gate.start_turn()
+note("turn")
+time.sleep(0.1)
+note("turn end")
+gate.wait(0, {"build": 0.1, "warmup_steps": 0.25})
+gate.done()
+"""
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+def test_start_turns_let_a_few_cells_start_at_a_time(tmp_path, slots):
+    """A cell that asks for a start turn holds it until its first ready: never more than ``slots`` at
+    once, first asked first served; the slowest cell's start phases are logged."""
+    log, said = tmp_path / "log.txt", []
+    failed = interleave.run_group(_cells(tmp_path, ["a", "b", "c"]), 1, log=said.append, slots=slots,
+                                  command=lambda c: [sys.executable, "-c", TURNS, c.run_id, str(log)])
+    assert failed == 0
+    holding, most = 0, 0
+    for line in sorted(log.read_text().splitlines(), key=lambda line: float(line.split()[0])):
+        holding += 1 if line.endswith(" turn") else -1
+        most = max(most, holding)
+    assert most == slots
+    assert any(line.startswith("  slowest to start: ") and line.endswith(": build 0.1, warmup steps 0.2 s")
+               for line in said), said
+
+
+def test_start_slots_divide_the_cpus_by_the_threads():
+    assert interleave.start_slots(2, cpus=2) == 1
+    assert interleave.start_slots(2, cpus=16) == 8
+    assert interleave.start_slots(4, cpus=2) == 1
+    assert interleave.start_slots(1, cpus=3) == 3
+
+
 def test_gate_without_coordinator(monkeypatch, capsys):
     monkeypatch.delenv(interleave.ENV, raising=False)
     assert interleave.RoundGate.from_env("x") is None

@@ -218,3 +218,64 @@ def test_every_memory_kind_is_documented():
     doc = (Path(__file__).parents[3] / "docs" / "measurement.md").read_text()
     listed = set(re.findall(r"^\| `(\w+)` \| ", doc.split("## Memory", 1)[1], flags=re.M))
     assert listed == set(measure.MEMORY_KINDS)
+
+
+def test_flops_on_fake_tensors_falls_back_to_a_real_forward_where_values_are_needed():
+    class NeedsValues(nn.Module):
+        def forward(self, idx):
+            return torch.zeros(int(idx.max()) + 1)  # data-dependent: no fake run
+
+    model = nn.Sequential(NeedsValues())
+    flops, tokens, basis = measure.measure_flops(model, lambda batch: model(batch), torch.arange(4))
+    assert basis["flops_forward"] == "real" and tokens == {} and flops == 0
+    model = nn.Linear(4, 2)
+    flops, tokens, basis = measure.measure_flops(model, lambda batch: model(batch), torch.randn(3, 4))
+    assert basis["flops_forward"] == "fake" and tokens == {"": 3} and flops == 6 * 3 * 4 * 2
+
+
+# The workloads at sizes with dropout (transformer small: 0.1), every method of the default grid, and the
+# embedding lookups of DLRM and MLM: the count on fake tensors is the real forward's, and the global random
+# state ends where the real forward leaves it (dropout masks drawn again on empty tensors), so the
+# training after it is the same.
+@pytest.mark.parametrize("workload, params, batch_size, method", [
+    ("transformer", {"size": "tiny"}, 4, "dense"),
+    ("transformer", {"size": "tiny"}, 4, "comera"),
+    ("transformer", {"size": "small"}, 4, "dense"),
+    ("transformer", {"size": "small"}, 4, "comera"),
+    ("transformer", {"size": "small"}, 4, "galore"),
+    ("transformer", {"size": "small"}, 4, "lte"),
+    ("dlrm", {"size": "tiny"}, 64, "comera"),
+    ("mlm", {"size": "tiny"}, 4, "comera"),
+    ("mlm", {"size": "tiny"}, 4, "dense"),
+])
+def test_flops_on_fake_tensors_equal_a_real_forward_and_leave_the_same_random_state(workload, params, batch_size,
+                                                                                     method):
+    import baselines
+    import harness.workloads as workloads
+
+    if method == "galore":
+        pytest.importorskip("galore_torch")
+
+    def counted(fake):
+        torch.manual_seed(0)  # as the runner seeds before it builds (a method may draw while it prepares)
+        built = workloads.build_workload(workload, params, batch_size=batch_size, seed=0, device="cpu")
+        prepared = baselines.get_method(method).prepare(built.model, built, baselines.check_params(method, {}),
+                                                        target_ratio=None, total_steps=4)
+        model = prepared.model
+        model.train()
+        batch = next(iter(built.train_batches(0)))
+        torch.manual_seed(1)
+        if fake:
+            result = measure.measure_flops(model, lambda b: built.loss(model, b), batch)
+        else:
+            result = measure.measure_flops(model, lambda: built.loss(model, batch))
+        state = torch.get_rng_state()
+        loss = float(prepared.train_step(built, batch, 0).loss)  # the step after the count: same draws
+        return result, state, loss
+
+    (flops_f, tokens_f, basis_f), state_f, loss_f = counted(True)
+    (flops_r, tokens_r, basis_r), state_r, loss_r = counted(False)
+    assert basis_f["flops_forward"] == "fake" and basis_r["flops_forward"] == "real"
+    assert tokens_f == tokens_r and flops_f == flops_r > 0
+    assert torch.equal(state_f, state_r)
+    assert loss_f == loss_r

@@ -573,6 +573,67 @@ open({str(out)!r}, "w").write(json.dumps(row, default=str))
     assert len(means) == len(json.loads(row["round_step_ms"])) == 2 and all(m > 0 for m in means)
 
 
+def test_a_group_cell_records_where_its_start_went_and_evaluates_no_untrained_model(tmp_path):
+    """Each cell of a group records its start phases (extra.start_phases_s) and sends them with its first
+    ready; the group logs the slowest cell's. A cell of a timing group starts without the evaluation
+    before the first step (a cell without a group keeps it); its start turns never overlap with one slot."""
+    from harness.core import interleave
+
+    cells, outs = [], {}
+    for name in ("a", "b"):
+        spec = toy_spec(run_id=name, budget={"eval_every_steps": 4}, execution={"timing_group": "g", "rounds": 2})
+        path = tmp_path / f"{name}.spec.json"
+        path.write_text(json.dumps(spec))
+        outs[name] = tmp_path / f"{name}.json"
+        cells.append(interleave.Cell(str(path), "", ""))
+    cell = """
+import json, sys
+from harness.running import run as runner
+from tests.harness.running.run_toys import TOY_REGISTRY
+row, curves = runner.run_cell(json.loads(open(sys.argv[1]).read()), registry=TOY_REGISTRY, started_at=0.0)
+open(sys.argv[2], "w").write(json.dumps({"row": row, "curves": curves}, default=str))
+"""
+    said: list[str] = []
+    failed = interleave.run_group(cells, 2, log=said.append, slots=1,
+                                  command=lambda c: [sys.executable, "-c", cell, c.spec, str(outs[c.run_id])])
+    assert failed == 0
+    spans = []
+    for name in ("a", "b"):
+        out = json.loads(outs[name].read_text())
+        row, curves = out["row"], out["curves"]
+        phases = json.loads(row["extra"])["start_phases_s"]
+        assert set(phases) == set(runner.START_PHASES) - {"eval"}, phases
+        assert all(seconds >= 0 for seconds in phases.values())
+        assert row["group_start_s"] > 0 and row["status"] == "ok"
+        assert 0 not in {c["step"] for c in curves if c["split"] == "eval"}  # no evaluation before step 1
+        assert {c["step"] for c in curves if c["split"] == "eval"} >= {4, 8}
+    slowest = [line for line in said if line.startswith("  slowest to start: ")]
+    assert len(slowest) == 1 and "warm up" in slowest[0] and "start turn" in slowest[0]
+    alone, curves = runner.run_cell(toy_spec(budget={"eval_every_steps": 4}), registry=TOY_REGISTRY)
+    phases = json.loads(alone["extra"])["start_phases_s"]
+    assert "eval" in phases and "gate" not in phases and "start" not in phases  # no started_at given
+    assert 0 in {c["step"] for c in curves if c["split"] == "eval"}
+
+
+def test_a_cell_imports_galores_packages_only_when_it_runs_galore(tmp_path):
+    """GaLore's packages (galore_torch, which imports transformers) are imported by GaLore cells only: a
+    CoMERA cell's process never pays for them."""
+    code = """
+import sys
+from harness.running import run as runner
+spec = {"workload": "transformer", "method": "comera", "batch_size": 2, "seed": 0,
+        "workload_params": {"size": "tiny", "train_samples": 8, "eval_samples": 2},
+        "budget": {"epochs": 1, "max_steps_per_epoch": 2, "warmup_steps": 1, "eval_every_steps": None},
+        "execution": {"device": "cpu", "num_threads": 1}}
+row, _ = runner.run_cell(spec)
+assert row["status"] == "ok", row["error"]
+print(sorted(m for m in ("galore_torch", "transformers", "bitsandbytes") if m in sys.modules))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_every_training_step_is_prepared_train_step(monkeypatch):
     """One step definition: the cell loop runs Prepared.train_step (whose eager part, Prepared.update, is
     what a CUDA graph captures) once per step; the warm-up's throwaway step is one too."""
