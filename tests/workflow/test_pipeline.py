@@ -55,18 +55,21 @@ def cmdline_of(process: psutil.Process) -> list[str]:
         return []
 
 
-def kill_first_cell(proc: subprocess.Popen, min_age_s: float = 1.0, timeout_s: float = 300) -> str:
-    """SIGKILL the first cell's worker process (`python -m harness.cli run`, the child of `comera-bench
-    run --isolate`, as the OOM killer would pick it) under ``proc`` once it has run ``min_age_s``;
-    returns its run_id."""
+def kill_first_cell(proc: subprocess.Popen, min_age_s: float = 1.0, timeout_s: float = 300,
+                    method: str = "lte") -> str:
+    """SIGKILL the worker process (`python -m harness.cli run`, the child of `comera-bench run --isolate`,
+    as the OOM killer would pick it) of the first ``method`` cell under ``proc`` once it has run
+    ``min_age_s``; returns its run_id. LTE by default: the uncompressed and CoMERA timing cells that
+    claim C1 compares stay whole."""
     deadline = time.monotonic() + timeout_s
     parent = psutil.Process(proc.pid)
     while time.monotonic() < deadline:
         for child in parent.children(recursive=True):
             try:
                 cmd = child.cmdline()
-                if "harness.cli" in cmd and "--spec" in cmd and time.time() - child.create_time() >= min_age_s:
-                    spec = Path(cmd[cmd.index("--spec") + 1])
+                spec = Path(cmd[cmd.index("--spec") + 1]) if "--spec" in cmd else None
+                if "harness.cli" in cmd and spec is not None and f"_{method}-" in spec.name and \
+                        time.time() - child.create_time() >= min_age_s:
                     child.send_signal(signal.SIGKILL)
                     return spec.name.removesuffix(".spec.json")
             except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
