@@ -30,7 +30,6 @@ from typing import Sequence
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensor
 
 from comera.init import core_stds
 from comera.reload import ResizeOnLoad
@@ -181,12 +180,11 @@ class TTMEmbedding(ResizeOnLoad, nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         if idx.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"TTMEmbedding: indices must be int32/int64, got {idx.dtype}")
-        if not idx.is_cuda and not _fake(idx) and idx.numel() and (
-                int(idx.min()) < 0 or int(idx.max()) >= self.num_embeddings):
+        if not idx.is_cuda and idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.num_embeddings):
             raise IndexError(f"TTMEmbedding: index out of range [0, {self.num_embeddings}): "
                              f"min {int(idx.min())}, max {int(idx.max())}")
         flat = idx.reshape(-1).long()
-        if self.unique_rows and not _capturing(flat) and not _fake(flat):
+        if self.unique_rows and not _capturing(flat):
             # torch.unique syncs with the host (its size depends on the data): a CUDA graph being captured
             # computes every row instead, which gives the same values
             rows, inverse = torch.unique(flat, return_inverse=True)
@@ -266,13 +264,6 @@ class HalfTableRows(torch.autograd.Function):
             if need_right:
                 grad_right.index_add_(0, right_pos, torch.bmm(left.index_select(0, left_pos).mT, grad))
         return grad_left, grad_right, None, None, None
-
-
-def _fake(t: torch.Tensor) -> bool:
-    """Whether ``t`` is a fake tensor (torch's FakeTensorMode: shapes without values, as when the harness
-    counts the tokens a forward pass sees): no values to check, and no data-dependent ``torch.unique``
-    (every row is computed instead, which gives the same shapes)."""
-    return isinstance(t, FakeTensor)
 
 
 def _capturing(t: torch.Tensor) -> bool:

@@ -32,8 +32,6 @@ from typing import Any, Callable, Iterator
 import psutil
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map_only
 
 from harness.core import allocator
 from harness.core.timing import quartiles
@@ -449,87 +447,10 @@ def flops_per_step(model: nn.Module, tokens: dict[str, int]) -> tuple[int, dict[
                                   "attention products, element-wise ops and optimizer not counted"}
 
 
-_REAL = object()
-"""measure_flops without a batch: ``run_forward()`` runs for real."""
-
-
-def measure_flops(model: nn.Module, run_forward: Callable[..., Any], batch: Any = _REAL
-                  ) -> tuple[int, dict[str, int], dict[str, Any]]:
-    """Runs the forward once under no_grad with token counting; returns (flops, tokens, basis).
-
-    Without ``batch``: ``run_forward()``, for real. With ``batch`` (a tensor, or a dict / list / tuple of
-    them, on the CPU): ``run_forward(batch)`` runs on fake tensors (torch's FakeTensorMode: shapes, no
-    arithmetic), and the random draws it would have made (dropout masks: ops tagged
-    ``nondeterministic_seeded``) are then made for real on empty tensors of the same shapes, so the global
-    random state moves exactly as a real forward moves it and the training that follows is the same. The
-    tokens each counted module sees depend on shapes only, so the count is the real forward's (tested).
-    Where the fake run fails (a data-dependent step) or a tensor of the batch is not on the CPU,
-    ``run_forward(batch)`` runs for real. ``basis["flops_forward"]`` says which ran ("fake" | "real")."""
-    how = "real"
-    if batch is _REAL:
-        tokens = _count_real(model, run_forward)
-    else:
-        tokens = _count_fake(model, run_forward, batch)
-        if tokens is None:
-            tokens = _count_real(model, lambda: run_forward(batch))
-        else:
-            how = "fake"
-    flops, basis = flops_per_step(model, tokens)
-    return flops, dict(tokens), {**basis, "flops_forward": how}
-
-
-def _count_real(model: nn.Module, run_forward: Callable[[], Any]) -> dict[str, int]:
+def measure_flops(model: nn.Module, run_forward: Callable[[], Any]) -> tuple[int, dict[str, int],
+                                                                              dict[str, Any]]:
+    """Runs ``run_forward`` once under no_grad with token counting; returns (flops, tokens, basis)."""
     with torch.no_grad(), count_tokens(model) as tokens:
         run_forward()
-    return tokens
-
-
-def _count_fake(model: nn.Module, run_forward: Callable[[Any], Any], batch: Any) -> dict[str, int] | None:
-    """The tokens of ``run_forward(batch)`` run on fake tensors, its random draws replayed for real (see
-    :func:`measure_flops`); None where that cannot be done (nothing drawn then)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    leaves, _ = tree_flatten(batch)
-    if not all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in leaves if torch.is_tensor(t)):
-        return None
-    fake = FakeTensorMode(allow_non_fake_inputs=True)
-    draws = _RandomDraws()
-    try:
-        fake_batch = tree_map_only(torch.Tensor, fake.from_tensor, batch)
-        with torch.no_grad(), count_tokens(model) as tokens, fake, draws:
-            run_forward(fake_batch)
-    except Exception:  # noqa: BLE001 -- a data-dependent step (e.g. .item()): count on a real forward
-        return None
-    draws.replay()
-    return tokens
-
-
-class _Shape:
-    """A tensor's shape, strides, dtype and device: what an empty stand-in needs."""
-
-    def __init__(self, t: torch.Tensor):
-        self.shape, self.stride, self.dtype, self.device = tuple(t.shape), tuple(t.stride()), t.dtype, t.device
-
-    def empty(self) -> torch.Tensor:
-        return torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=self.device)
-
-
-class _RandomDraws(TorchDispatchMode):
-    """Records the random ops dispatched under it (ops tagged ``nondeterministic_seeded``; their tensors
-    kept as shapes) and makes them again, for real, on empty tensors (:meth:`replay`)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[tuple[Any, Any]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if torch.Tag.nondeterministic_seeded in func.tags:
-            self.calls.append((func, tree_map_only(torch.Tensor, _Shape, (args, kwargs))))
-        return func(*args, **kwargs)
-
-    def replay(self) -> None:
-        with torch.no_grad():
-            for func, recorded in self.calls:
-                args, kwargs = tree_map_only(_Shape, _Shape.empty, recorded)
-                func(*args, **kwargs)
+    flops, basis = flops_per_step(model, tokens)
+    return flops, dict(tokens), basis

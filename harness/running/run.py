@@ -299,7 +299,7 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
         raise RuntimeError(f"workload {spec['workload']!r} yields no training batch")
     model.train()
     st.flops_initial, st.flops_tokens, st.flops_basis = measure.measure_flops(
-        model, lambda batch: workload.loss(model, batch), first)
+        model, lambda: workload.loss(model, first))
     del first
     _record_ranks(st, 0)
     _phase(st, "flops")
