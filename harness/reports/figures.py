@@ -28,7 +28,7 @@ import pandas as pd  # noqa: E402
 from harness.reports import reference  # noqa: E402
 from harness.reports.tables import (MB, late_stage_missing, method_label, quality_order,  # noqa: E402
                                     report_args)
-from harness.results.analysis import (Results, model_size, pair_ratio, relative_iqr, settings_of,  # noqa: E402
+from harness.results.analysis import (Results, model_size, pair_ratio, settings_of, step_time_spread,  # noqa: E402
                                       stable, timing_cells)
 
 PAPER = "paper (RTX 3090)"
@@ -76,7 +76,7 @@ def display_label(row: pd.Series) -> str:
 
 def _with_spread(ax: plt.Axes, ok: pd.DataFrame, x: pd.Series, y: pd.Series, **style) -> Any:
     """Points with their step-time IQR bars; a black ring marks each timing that is not stable."""
-    drawn = ax.errorbar(x, y, yerr=y * relative_iqr(ok).fillna(0.0) / 2, capsize=3, **style)
+    drawn = ax.errorbar(x, y, yerr=y * step_time_spread(ok).fillna(0.0) / 2, capsize=3, **style)
     noisy = ~stable(ok)
     if noisy.any():
         ax.plot(x[noisy], y[noisy], marker="o", ls="none", markersize=12, markerfacecolor="white",

@@ -168,9 +168,10 @@ def describe_left_out(rows: Iterable[Mapping[str, Any] | pd.Series]) -> list[str
     return [f"{row.get('run_id')}: {noisy_reason(row)}" for row in rows if not is_stable(row)]
 
 
-def relative_iqr(runs: pd.DataFrame) -> pd.Series:
+def step_time_spread(runs: pd.DataFrame) -> pd.Series:
     """Each row's step-time IQR over its median step time (NaN where either is unknown or zero): the
-    spread of one cell's steps, drawn as its bar in the figures."""
+    spread of one cell's steps, drawn as its bar in the figures (harness.core.timing.relative_iqr is the
+    spread of a list of values, e.g. a cell's per-round means)."""
     return (runs.step_time_ms_iqr / runs.step_time_ms).where(runs.step_time_ms > 0)
 
 
@@ -243,7 +244,7 @@ class Ratio:
         return f"{self.value:.{digits}f}x"
 
 
-def round_means(row: Mapping[str, Any]) -> list[float | None]:
+def round_means_of(row: Mapping[str, Any]) -> list[float | None]:
     """A row's mean step time of each timing round (``round_step_mean_ms``; [] when the row has none)."""
     return json_column(row.get("round_step_mean_ms"), [])
 
@@ -300,7 +301,7 @@ def ratio(num: Mapping[str, Any], den: Mapping[str, Any], column: str = TIME, *,
     if column == MEMORY and not same_memory_kind(num, den):
         return None
     if column == TIME and timed_together(num, den):
-        found = rounds_ratio(round_means(num), round_means(den))
+        found = rounds_ratio(round_means_of(num), round_means_of(den))
         if found is not None:
             return found
     x, y = num.get(column), den.get(column)
