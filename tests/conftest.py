@@ -13,8 +13,11 @@ def one_thread():
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``cuda`` need a CUDA device: skipped without one (``pytest -m cuda`` selects them,
-    as scripts/gpu_check.sh does)."""
+    """Tests marked ``slurm`` run last: once their cluster's daemons are stopped, the Slurm client they
+    installed makes every later Snakemake start wait ~9 s for a controller (snakemake-executor-plugin-slurm
+    runs ``scontrol show config`` when Snakemake loads its plug-ins). Tests marked ``cuda`` need a CUDA
+    device: skipped without one (``pytest -m cuda`` selects them, as scripts/gpu_check.sh does)."""
+    items.sort(key=lambda item: item.get_closest_marker("slurm") is not None)  # stable: order kept otherwise
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")
