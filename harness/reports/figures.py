@@ -369,13 +369,13 @@ def fig6_accuracy(res: Results, out: Path) -> None:
         ax.axhline(acc, color="gray", ls="--", lw=1, label=f"{PAPER}: final MNLI accuracy ~{acc:.0%}")
         paper = ""
     else:
-        paper = f"; the paper's ~{acc:.0%} on real MNLI is not drawn: these cells ran another task"
+        paper = f"; the paper's ~{acc:.0%} (real MNLI) not drawn: another task"
     ax.set_xlabel("training step")
     ax.set_ylabel("validation accuracy (fraction)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-    _finish(fig, title, _quality_footer(res, runs, source, "accuracy on the validation set before training, "
-                                        "every eval_every_steps, right after the stage switch and at the end"
+    _finish(fig, title, _quality_footer(res, runs, source, "validation accuracy at step 0, every "
+                                        "eval_every_steps, after the stage switch and at the end"
                                         + paper), out, name)
 
 
