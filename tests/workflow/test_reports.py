@@ -513,7 +513,7 @@ def test_fig6_draws_the_paper_line_on_mnli_only_and_fig13_names_a_missed_target(
     figures.fig6_accuracy(res, tmp_path)
     figures.fig13_rank_adaptation(res, tmp_path)
     (acc,), _, footer = drawn["fig6_accuracy"]
-    assert not any(label.startswith("paper") for label in acc) and "~64% on real MNLI is not drawn" in footer
+    assert not any(label.startswith("paper") for label in acc) and "~64% (real MNLI) not drawn" in footer
     assert any("target 0.5 missed: the TT size ends at 1.00x" in t for t in drawn["fig13_rank_adaptation"][1])
     settings = json.loads(row["settings"])
     mnli = [{**r, "settings": json.dumps({**settings, "workload_info": {"data": "mnli"}})}
