@@ -97,22 +97,34 @@ def halving_verdict(result: dict[str, Any], *keys: str) -> str:
     return analysis.rounds_verdict(times) if times else ""
 
 
+def profile_mismatch(step: float | None, layers: float | None) -> str:
+    """Why a profile cannot be used: its tensorized layers, each re-run alone, took longer than the whole
+    step they are part of ("" when the profile is consistent or not measured). A busy machine does this:
+    a lone layer's median comes from few blocks of a 0.1 s timer, the step's from its rounds."""
+    if not (step and layers) or layers < step:
+        return ""
+    return (f"profile not used: the tensorized layers re-run alone took {layers:.1f} ms, more than the "
+            f"{step:.1f} ms step they are part of (timed at another moment: a busy machine?)")
+
+
 def amdahl_estimate(result: dict[str, Any]) -> float | None:
-    """Target 4's Amdahl estimate from a step worker's result (None when it was not measured)."""
+    """Target 4's Amdahl estimate from a step worker's result (None when it was not measured, or its
+    profile is inconsistent: :func:`profile_mismatch`)."""
     step, layers = before_halving(result, "step_time_ms"), before_halving(result, "tt_layers_ms")
     speedup, _ = halving_speedup(result, "tt_layers_ms")
-    if not (step and layers and speedup):
+    if not (step and layers and speedup) or profile_mismatch(step, layers):
         return None
-    return amdahl_bound(min(1.0, layers / step), speedup)
+    return amdahl_bound(layers / step, speedup)
 
 
 def amdahl_note(result: dict[str, Any]) -> str:
-    """How target 4's Amdahl estimate comes about ("" when it was not measured)."""
+    """How target 4's Amdahl estimate comes about ("" when it was not measured; why not, when its
+    profile is inconsistent)."""
+    step, layers = before_halving(result, "step_time_ms"), before_halving(result, "tt_layers_ms")
     estimate = amdahl_estimate(result)
     if estimate is None:
-        return ""
-    step, layers = before_halving(result, "step_time_ms"), before_halving(result, "tt_layers_ms")
-    share = min(1.0, layers / step)
+        return profile_mismatch(step, layers)
+    share = layers / step
     speedup, _ = halving_speedup(result, "tt_layers_ms")
     return (f"Amdahl: TT/TTM layers fwd+bwd take f={share:.2f} of the step before halving "
             f"({layers:.1f} of {step:.1f} ms, {result.get('tt_layers_seen')} of "
@@ -136,22 +148,22 @@ def halving_note(flop_ratio: float | None, traffic_ratio: float | None) -> str:
 
 def free_layers_cap(comera: dict[str, Any], other: dict[str, Any]) -> float | None:
     """``other``'s step time / the rest of the CoMERA step: the ratio if CoMERA's tensorized layers took no
-    time (None when not measured)."""
+    time (None when not measured or inconsistent: :func:`profile_mismatch`)."""
     step, layers, other_step = comera.get("step_time_ms"), comera.get("tt_layers_ms"), other.get("step_time_ms")
-    if not (step and layers and other_step):
+    if not (step and layers and other_step) or profile_mismatch(step, layers):
         return None
-    return other_step / max(step - layers, 1e-9)
+    return other_step / (step - layers)
 
 
 def share_note(comera: dict[str, Any], other_name: str) -> str:
     """Where a CoMERA step's time goes, from a step worker's result: the tensorized layers (each re-run
-    alone) and the rest ("" when not measured)."""
+    alone) and the rest ("" when not measured; why not, when inconsistent: :func:`profile_mismatch`)."""
     step, layers = comera.get("step_time_ms"), comera.get("tt_layers_ms")
-    if not (step and layers):
-        return ""
+    if not (step and layers) or profile_mismatch(step, layers):
+        return profile_mismatch(step, layers)
     return (f"profile: tensorized layers fwd+bwd {layers:.1f} of the {step:.1f} ms CoMERA step "
-            f"(f={min(1.0, layers / step):.2f}, {comera.get('tt_layers_seen')} modules re-run alone); the rest, "
-            f"{max(step - layers, 1e-9):.1f} ms, is attention, GELU, LayerNorm, dropout, the other embeddings "
+            f"(f={layers / step:.2f}, {comera.get('tt_layers_seen')} modules re-run alone); the rest, "
+            f"{step - layers:.1f} ms, is attention, GELU, LayerNorm, dropout, the other embeddings "
             f"and the loss, which {other_name} does too, and CoMERA's own rank penalty and l2 term and an "
             f"optimizer over its many small cores and gates: the bound column is the ratio even free "
             f"tensorized layers would give")

@@ -300,3 +300,18 @@ def test_a_step_speedup_above_its_own_bound_is_impossible_not_a_pass(monkeypatch
     _rounds(fake["comera_b32"], [190.0, 210.0])  # a quiet machine: 4.2x and 3.8x, median 4x
     rows = {r.goal_key: r for r in steps.target_steps(Config.make("cpu", 1, quick=True, step_rounds=2), {2}, 10)}
     assert rows["step.paper.speedup_vs_dense_b32"].verdict == "pass"
+
+
+@pytest.mark.parametrize("layers", [205.0, 300.0])
+def test_a_profile_whose_lone_layers_outlast_the_step_gives_no_bound_and_says_why(layers):
+    """Lone layers timed at another moment (a busy machine) can add up to more than the step they are part
+    of: no free-layers bound (it was 6e12 on such a run), no Amdahl estimate, and the note says why."""
+    comera = {"step_time_ms": 205.0, "tt_layers_ms": layers, "tt_layers_seen": 38}
+    assert steps.free_layers_cap(comera, {"step_time_ms": 900.0}) is None
+    assert steps.share_note(comera, "the uncompressed model").startswith("profile not used")
+    halving = {**comera, "tt_layers_ms_halved": layers / 2}
+    assert steps.amdahl_estimate(halving) is None
+    assert steps.amdahl_note(halving).startswith("profile not used")
+    consistent = {**comera, "tt_layers_ms": 100.0}
+    assert steps.free_layers_cap(consistent, {"step_time_ms": 900.0}) == pytest.approx(900.0 / 105.0)
+    assert steps.share_note(consistent, "x").startswith("profile: tensorized layers fwd+bwd 100.0")
