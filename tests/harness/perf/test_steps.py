@@ -133,7 +133,8 @@ def test_step_workers_take_turns_and_a_failure_is_reported():
 def _cell(ms: float, mem: int, rounds: list[float] | None = None, **more) -> dict:
     """A step worker's result: its cell's runs columns (a stable cell of the bench's timing group, its
     mean step time ``ms`` in each of ``rounds``), as harness.perf.worker.cell_result reports them."""
-    return {"peak_mem_kind": "cpu_rss_delta", "peak_mem_bytes": mem, "step_time_ms": ms, "epoch_time_s": ms / 1e3,
+    return {"peak_mem_kind": "cpu_rss_delta", "peak_mem_bytes": 2 * mem, "tensor_peak_bytes": mem,
+            "step_time_ms": ms, "epoch_time_s": ms / 1e3,
             "timing_quality": "stable", "timing_group": steps.TIMING_GROUP, "hostname": "host",
             "device_name": "cpu", "round_step_mean_ms": json.dumps(rounds or [ms]), **more}
 
@@ -180,6 +181,15 @@ def test_step_table_from_worker_results(monkeypatch):
     assert "f=0.40" in speed.note and "uncompressed model" in speed.note and "size=tiny" in speed.settings
     assert "timing" not in speed.note and speed.stability == "stable"  # both cells stable: nothing to say
     assert by_key["step.paper.memory_vs_dense_b32"].stability == ""  # memory divides no times
+    # on the CPU the goal is the tensor-allocation peak (cuda_allocated's analogue), RSS growth an info row
+    memory = by_key["step.paper.memory_vs_dense_b32"]
+    assert "(cpu_allocated)" in memory.what and "memory cpu_allocated (info rows: cpu_rss_delta)" in memory.settings
+    fake["comera_b32"]["peak_mem_bytes"] = 1500
+    again = steps.target_steps(Config.make("cpu", 1, quick=True), {2}, 10)
+    rss = next(r for r in again if "peak RSS growth" in r.what and "b8" not in r.what and "batch 8" in r.what)
+    assert rss.measured == pytest.approx(0.75) and not rss.goal_key and rss.verdict == "info"
+    assert next(r for r in again if r.goal_key == "step.paper.memory_vs_dense_b32").measured == 0.5
+    fake["comera_b32"]["peak_mem_bytes"] = 1000
     assert by_key["step.paper.speedup_vs_galore_b1"].stability == ""  # comera_b1 failed: no verdict
     fake["dense_b32"]["timing_quality"] = "noisy: 2 timed steps (< 5)"
     noisy = next(r for r in steps.target_steps(Config.make("cpu", 1, quick=True), {2}, 10)
