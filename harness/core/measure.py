@@ -96,6 +96,11 @@ class StepTimer:
         return self._counted(self.all_ms)
 
     @property
+    def timed_index(self) -> list[int]:
+        """The index of each counted step among all the cell's steps (its place in a period)."""
+        return self._counted(list(range(len(self.all_ms))))
+
+    @property
     def timed_rounds(self) -> list[int]:
         return self._counted(self.all_rounds)
 

@@ -212,10 +212,32 @@ def spread_reason(values: Sequence[float | None], what: str) -> str:
     return f"{what} spread {spread:.0%} of their median (> {MAX_IQR_OVER_MEDIAN:.0%})"
 
 
+def ordinary_steps(step_ms: Sequence[float], step_index: Sequence[int], period: int) -> list[float]:
+    """The steps without the periodic work: ``step_ms`` less the steps at the place in the period
+    (``step_index`` mod ``period``) whose median time is the highest. The steps at one place in the period
+    do the same work, so what spreads among the others is noise; where the periodic work costs no more
+    than a step, the place left out is one of ordinary steps.
+
+    Args:
+        step_ms: the counted steps' times.
+        step_index: each step's index among all the cell's steps.
+        period: the steps between two periodic steps (at least 2).
+
+    Returns:
+        The times of the steps at every other place in the period, in their order.
+    """
+    by_place: dict[int, list[float]] = {}
+    for i, ms in zip(step_index, step_ms):
+        by_place.setdefault(i % period, []).append(ms)
+    costly = max(by_place, key=lambda place: statistics.median(by_place[place]), default=None)
+    return [ms for i, ms in zip(step_index, step_ms) if i % period != costly]
+
+
 def judge(*, step_time_ms: float | None, step_time_ms_iqr: float | None, steps_timed: int | None,
           step_time_ms_mean: float | None = None, run_queue_frac: float | None = None,
           cpu_pressure: float | None = None, outside_rounds: bool = False, period: int | None = None,
-          round_means: Sequence[float | None] = ()) -> str:
+          round_means: Sequence[float | None] = (), step_ms: Sequence[float] = (),
+          step_index: Sequence[int] = ()) -> str:
     """``stable`` or ``noisy: <reason>; <reason>`` from the thresholds of this module.
 
     Args:
@@ -227,13 +249,17 @@ def judge(*, step_time_ms: float | None, step_time_ms_iqr: float | None, steps_t
         period: the cell's periodic work (steps between two of its periodic steps) when its rounds hold
             whole periods of it (:class:`Rounds` ``period``), else None.
         round_means: the mean step time of each round (:func:`round_means`).
+        step_ms, step_index: the counted steps' times and their indices among all the cell's steps
+            (harness.core.measure.StepTimer ``timed_ms``, ``timed_index``); used with a ``period``.
 
     Returns:
-        The verdict. With a ``period`` and at least :data:`MIN_ROUNDS_FOR_SPREAD` round means, the
-        spread of the round means is judged (relative IQR above :data:`MAX_IQR_OVER_MEDIAN`: noisy)
-        instead of the mean / median test, which periodic work crosses by design (every 5th step at 5x:
-        mean 1.8x the median); otherwise the mean / median test (:data:`MAX_MEAN_OVER_MEDIAN`), which
-        catches outliers.
+        The verdict. With a ``period`` and the steps, the IQR test is of the steps without the periodic
+        work (:func:`ordinary_steps`): with a period of 4 steps or fewer the periodic steps reach the
+        third quartile of all steps, whose IQR then measures the periodic work, not noise. With a
+        ``period`` and at least :data:`MIN_ROUNDS_FOR_SPREAD` round means, the spread of the round means
+        is judged (relative IQR above :data:`MAX_IQR_OVER_MEDIAN`: noisy) instead of the mean / median
+        test, which periodic work crosses by design (every 5th step at 5x: mean 1.8x the median);
+        otherwise the mean / median test (:data:`MAX_MEAN_OVER_MEDIAN`), which catches outliers.
     """
     reasons = []
     if outside_rounds:
@@ -241,8 +267,14 @@ def judge(*, step_time_ms: float | None, step_time_ms_iqr: float | None, steps_t
     if not steps_timed or steps_timed < MIN_TIMED_STEPS:
         reasons.append(f"{steps_timed or 0} timed steps (< {MIN_TIMED_STEPS})")
     by_rounds = bool(period) and sum(finite(m) for m in round_means) >= MIN_ROUNDS_FOR_SPREAD
+    if period and step_ms:
+        spread = relative_iqr(ordinary_steps(step_ms, step_index, period))
+        if spread is not None and spread > MAX_IQR_OVER_MEDIAN:
+            reasons.append(f"IQR {spread:.0%} of the median of the steps without the periodic work (every "
+                           f"{period} steps; > {MAX_IQR_OVER_MEDIAN:.0%})")
     if finite(step_time_ms) and step_time_ms > 0:
-        if finite(step_time_ms_iqr) and step_time_ms_iqr / step_time_ms > MAX_IQR_OVER_MEDIAN:
+        if (not (period and step_ms) and finite(step_time_ms_iqr)
+                and step_time_ms_iqr / step_time_ms > MAX_IQR_OVER_MEDIAN):
             reasons.append(f"IQR {step_time_ms_iqr / step_time_ms:.0%} of the median "
                            f"(> {MAX_IQR_OVER_MEDIAN:.0%})")
         if (not by_rounds and finite(step_time_ms_mean)

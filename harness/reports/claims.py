@@ -264,7 +264,8 @@ def _epoch_kind(rows: pd.DataFrame) -> str:
 
 def _directed(ratios: dict, above_one: bool = True, label: Callable[[Any], str] = "batch {}".format) -> str:
     """"same direction, 2.40x [2.31-2.52] @ batch 32, ...": whether every ratio is on the paper's side of
-    1; a ratio of cells timed in interleaved rounds shows the IQR of its per-round values."""
+    1; a ratio of cells timed in interleaved rounds shows the IQR of its per-round values, one of cells
+    timed apart the spread from each side's round-mean quartiles (harness.results.analysis.apart_ratio)."""
     same = [(_value(v) > 1) if above_one else (_value(v) < 1) for v in ratios.values()]
     word = "same direction" if all(same) else "opposite direction" if not any(same) else "mixed directions"
     return f"{word}, " + ", ".join(f"{_ratio_text(v)} @ {label(k)}" for k, v in sorted(ratios.items()))
@@ -698,7 +699,9 @@ def left_out_text(results: Sequence[Results]) -> str:
     head = ("Time ratios use stable timing rows only (harness/core/timing.py: spread, timed steps, the machine's "
             "CPU contention while the steps ran); ratios of cells timed together in interleaved rounds are "
             "the median of their per-round ratios of mean step times (periodic work included), with the IQR "
-            "over rounds in brackets; other ratios divide mean-based epoch times.")
+            "over rounds in brackets; other ratios divide mean-based epoch times, with each side's round-mean "
+            "quartiles over its median combined the widest way in brackets (low: the numerator's Q1 against "
+            "the denominator's Q3).")
     if not lines:
         return head + " No timing row was left out."
     return head + f" Left out of every time ratio ({len(lines)}):\n" + "\n".join(lines)

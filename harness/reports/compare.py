@@ -9,10 +9,11 @@ harness.results.analysis.ratio, the one the claims and figures show: a memory ra
 kinds (``cpu_rss_delta`` vs ``cuda_allocated``) is refused (left empty, said why), and a time ratio needs
 a stable timing on both sides. Writes compare.md / compare.csv (one row per cell: each device's epoch
 time and peak memory, the ratio of every device to the first -- cells on two devices are never timed
-together: the ratio of their mean-based epoch times --, flags), compare_ratios.csv (within each device,
-CoMERA's speedup and memory saving over the other methods: per-round ratios where the cells were timed
-together, with their IQR, the median over seeds; beside the paper's RTX 3090 and RTX 4090 ratios as two
-more "devices") and compare_time_memory.png/.pdf.
+together: the ratio of their mean-based epoch times, its spread from each side's round-mean quartiles
+(harness.results.analysis.apart_ratio) --, flags), compare_ratios.csv (within each device, CoMERA's
+speedup and memory saving over the other methods: per-round ratios where the cells were timed together,
+with their IQR, the median over seeds; beside the paper's RTX 3090 and RTX 4090 ratios as two more
+"devices") and compare_time_memory.png/.pdf.
 """
 from __future__ import annotations
 
@@ -40,6 +41,9 @@ CELL = ["workload", "workload_params", "method", "variant", "batch_size", "seq_l
 QUANTITIES = {"epoch_time": TIME, "peak_mem": MEMORY}
 CHECKED = {"num_threads": "torch threads", "torch_version": "torch version", "peak_mem_kind": "memory kind"}
 """Columns that should agree between two devices' runs of one cell; a difference is flagged."""
+DEVICE_SPREAD = ("bars: each device's round-mean quartiles over its median, combined the widest way\n"
+                 "(low: Q1 of the later device against Q3 of the first)")
+"""What the spread of a time ratio between two devices is (harness.results.analysis.apart_ratio)."""
 
 
 def _canonical(value: object) -> str:
@@ -49,8 +53,9 @@ def _canonical(value: object) -> str:
 def cells_of(res: Results) -> pd.DataFrame:
     """One row per cell (ok runs; of several rows with the same :data:`CELL` identity, the last in the runs
     table's order, not pooled) with the identity columns :data:`CELL`, the quantities, the timing verdict
-    and :data:`CHECKED`. No timing group is kept: cells of two folders were never timed together (even
-    under one group name on one machine), so a ratio between them divides their mean-based epoch times."""
+    and :data:`CHECKED`, and each cell's round means (``round_step_mean_ms``, the spread of a ratio between
+    devices). No timing group is kept: cells of two folders were never timed together (even under one
+    group name on one machine), so a ratio between them divides their mean-based epoch times."""
     df = res.runs[res.runs.status == "ok"].copy()
     settings = [settings_of(r) for r in df.itertuples()]
     df["cuda_graph"] = df.run_id.map(res.cuda_graph)
@@ -61,7 +66,7 @@ def cells_of(res: Results) -> pd.DataFrame:
                     zip(settings, df.run_id)]
     for col in QUANTITIES.values():
         df[col] = df[col].astype(float)
-    keep = ["run_id", *QUANTITIES.values(), "timing_quality", *CHECKED]
+    keep = ["run_id", *QUANTITIES.values(), "timing_quality", "round_step_mean_ms", *CHECKED]
     return df[CELL + keep].drop_duplicates(CELL, keep="last").reset_index(drop=True)
 
 
@@ -80,8 +85,9 @@ def _flags(a: pd.Series, b: pd.Series, label_a: str, label_b: str) -> list[str]:
 def side_by_side(folders: list[str | Path], names: list[str] | None = None
                  ) -> tuple[pd.DataFrame, list[str], list[str]]:
     """(table, device labels, warnings): one row per cell; columns <quantity>@<device>, and per later
-    device <quantity> ratio <device>/<first> with _low/_high, plus flags. A device is named by its
-    folder unless ``names`` are given."""
+    device <quantity> ratio <device>/<first> with its " low" and " high" (a time ratio: the spread from each
+    side's round-mean quartiles, harness.results.analysis.apart_ratio; a memory ratio: none), plus flags.
+    A device is named by its folder unless ``names`` are given."""
     labels, frames, warnings = [], [], []
     for i, folder in enumerate(folders):
         res = load(folder, names[i] if names else None)
@@ -241,6 +247,7 @@ def _device_ratios(ax: plt.Axes, table: pd.DataFrame, labels: list[str], cells: 
     ax.axvline(1.0, color="gray", lw=1)
     _log_x_if_positive(ax, [table[f"epoch_time ratio {label}/{labels[0]}"] for label in labels[1:]],
                        "epoch time ratio between devices")
+    ax.set_xlabel(f"{ax.get_xlabel()}\n{DEVICE_SPREAD}", fontsize=8)
     ax.legend(fontsize=8)
 
 
@@ -260,7 +267,8 @@ def _speedups(ax: plt.Axes, ratios: pd.DataFrame) -> None:
     if order:  # every row's dodged points well inside the frame
         ax.set_ylim(-0.6, len(order) - 0.4)
     ax.axvline(1.0, color="gray", lw=1)
-    ax.set_xlabel("CoMERA speedup per epoch\n(other / CoMERA; bars: IQR over rounds)")
+    ax.set_xlabel("CoMERA speedup per epoch\n(other / CoMERA; bars: IQR over rounds;\ncells timed apart: "
+                  "round-mean quartiles)")
     left_out = times[(times.source == "measured") & times.ratio.isna()]
     if len(left_out):
         why = "; ".join(sorted({n.removeprefix("left out: ") for n in left_out.note}))
@@ -294,7 +302,8 @@ def plot(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, out: Path
 
 def _markdown(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, warnings: list[str]) -> str:
     shown = table.assign(cell=table.apply(cell_label, axis=1) if len(table) else [])
-    cols = ["cell"] + [c for c in table.columns if c.startswith(tuple(QUANTITIES)) and not c.endswith(("low", "high"))]
+    cols = ["cell"] + [c for c in table.columns if c.startswith("epoch_time")
+                       or c.startswith("peak_mem") and not c.endswith(("low", "high"))]  # a memory ratio: no spread
     cols += ["differences"]
     warn = "".join(f"\n> **Warning:** {w}\n" for w in warnings)
     ratio_cols = ["device", "workload", "batch_size", "versus", "quantity", "ratio", "low", "high", "rounds",
@@ -303,11 +312,15 @@ def _markdown(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, warn
             "of each device's own peak_mem_kind). A cell is matched on every identity column (workload and "
             "its parameters, method, variant, batch, rank, target, seed, CUDA graph, purpose, budget); a time "
             "ratio needs a stable timing on both devices, a memory ratio the same memory kind; flags name "
-            f"what differs:\n\n{markdown_table(shown[cols], '.4g')}"
+            "what differs. An epoch time ratio between devices divides mean-based epoch times (never timed "
+            "together, the cells share no round); its low-high is each device's round-mean quartiles over its "
+            "median, combined the widest way (low: Q1 of the later device against Q3 of the first; none "
+            f"where a side has fewer than 2 rounds):\n\n{markdown_table(shown[cols], '.4g')}"
             "\n\n## CoMERA vs the other methods on each device (other / CoMERA)\n\nTime from stable rows only; "
             "cells timed together in interleaved rounds give the median of the per-round ratios of mean step "
             "times (periodic work included) and its IQR (low-high) over `rounds` rounds; other cells the "
-            "ratio of their mean-based epoch times; the median over `seeds` seeds.\n\n"
+            "ratio of their mean-based epoch times, low-high from each side's round-mean quartiles as above; "
+            "the median over `seeds` seeds.\n\n"
             f"{markdown_table(ratios[ratio_cols].assign(batch_size=ratios.batch_size.map(_batch)), '.3g')}\n")
 
 

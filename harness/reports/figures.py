@@ -157,7 +157,8 @@ def speedup_note(df: pd.DataFrame) -> str:
     if not ratios:
         return ""
     text = ("Uncompressed / CoMERA time (stable cells; median over rounds of per-round mean step time "
-            "ratios where timed together, with their IQR): "
+            "ratios where timed together, with their IQR; else of mean-based epoch times, with each side's "
+            "round-mean quartiles): "
             + ", ".join(f"{r.text()} @ batch {b}" for b, r in sorted(ratios.items())) + ". ")
     slower = []
     for b, r in sorted(ratios.items()):

@@ -9,9 +9,9 @@ module computes. harness.core.timing measures the machine's state and writes eac
   :func:`verdict_of` for the rows a number divides, :func:`rounds_verdict` for per-round times without a
   cell's verdict).
 * The one time statistic, :func:`ratio` (a :class:`Ratio` with its spread; :func:`rounds_ratio` for two
-  per-round time lists, which the performance bench uses too), and the pairing of two
-  method configurations' rows over seeds (:func:`pair_ratio`: the median over seeds, the only place
-  seeds are aggregated).
+  per-round time lists, which the performance bench uses too; :func:`apart_ratio` for cells timed apart),
+  and the pairing of two method configurations' rows over seeds (:func:`pair_ratio`: the median over
+  seeds, the only place seeds are aggregated).
 * Which rows may be compared: the same GPU model (:func:`on_gpu`), timed together (:func:`timed_together`),
   the same memory kind (:func:`same_memory_kind`).
 
@@ -20,9 +20,12 @@ periodic work (pruning every k steps, GaLore's projection update) is counted. Tw
 in interleaved rounds (same ``timing_group``, host and device) are compared round by round: in each
 round the ratio of the two cells' mean step times (``round_step_mean_ms``: the round's total time over
 its counted steps), then the median over the rounds, with their inter-quartile range as the spread.
-Otherwise -- cells timed apart, or rows written before ``round_step_mean_ms`` existed -- the ratio of
-their ``epoch_time_s`` (mean step time x steps per epoch, or whole epochs measured: both include the
-periodic work), with no spread; :attr:`Ratio.basis` says which.
+Otherwise -- cells timed apart (two devices, two runs), or rows written before ``round_step_mean_ms``
+existed -- the ratio of their ``epoch_time_s`` (mean step time x steps per epoch, or whole epochs measured:
+both include the periodic work). Cells timed apart share no round, so no per-round ratio exists; their
+spread is that of each side's round means (:func:`apart_ratio`: each side's quartiles over its median,
+combined the widest way), and none where a side has fewer than two round means. :attr:`Ratio.basis` says
+which.
 """
 from __future__ import annotations
 
@@ -44,7 +47,10 @@ MEMORY = "peak_mem_bytes"
 TIMING, QUALITY = PURPOSES  # the grid's purposes; a null purpose (older files) reads as DEFAULT_PURPOSE
 """Purposes of a cell: timed (a short run for time and memory) or trained (accuracy, rank adaptation)."""
 INTERLEAVED = "median over rounds of per-round mean step time ratios"
-NOT_INTERLEAVED = "not interleaved: ratio of mean-based epoch times"
+NOT_INTERLEAVED = ("not interleaved: ratio of mean-based epoch times, spread from each side's round-mean "
+                   "quartiles")
+NO_SPREAD = ("not interleaved: ratio of mean-based epoch times, no spread (a side with fewer than 2 round "
+             "means)")
 NO_ROUNDS = ("interleaved, but no per-round means to pair (rows written before round_step_mean_ms): "
              "ratio of mean-based epoch times")
 VALUES = "ratio of the values"
@@ -220,9 +226,11 @@ class Ratio:
 
     Attributes:
         value: the ratio (median over rounds where interleaved).
-        low: the first quartile of the per-round ratios (``value`` without rounds).
-        high: the third quartile of the per-round ratios (``value`` without rounds).
-        n: how many rounds it is the median of (1 without rounds).
+        low: the first quartile of the per-round ratios; timed apart, the low end from each side's
+            round-mean quartiles (:func:`apart_ratio`); ``value`` without rounds.
+        high: the third quartile of the per-round ratios, or the high end as for ``low``.
+        n: how many rounds it is the median of; timed apart, the fewer of the two sides' rounds; 1
+            without rounds.
         interleaved: whether it comes from per-round ratios of cells timed together.
         basis: how it was computed, in words.
         per_round: the per-round ratios (empty without rounds).
@@ -238,8 +246,9 @@ class Ratio:
     """The per-round ratios the median is taken over (empty without rounds)."""
 
     def text(self, digits: int = 2) -> str:
-        """"2.40x [2.31-2.52]" (interleaved, with the IQR over rounds) or "2.40x"."""
-        if self.interleaved and self.n > 1:
+        """"2.40x [2.31-2.52]" (with rounds: the IQR over rounds, or timed apart the spread from each
+        side's round-mean quartiles) or "2.40x"."""
+        if self.n > 1:
             return f"{self.value:.{digits}f}x [{self.low:.{digits}f}-{self.high:.{digits}f}]"
         return f"{self.value:.{digits}f}x"
 
@@ -307,8 +316,36 @@ def ratio(num: Mapping[str, Any], den: Mapping[str, Any], column: str = TIME, *,
     x, y = num.get(column), den.get(column)
     if not (finite(x) and finite(y)) or y <= 0:
         return None
-    basis = VALUES if column != TIME else NO_ROUNDS if timed_together(num, den) else NOT_INTERLEAVED
-    return Ratio(x / y, x / y, x / y, 1, False, basis)
+    if column == TIME and not timed_together(num, den):
+        return apart_ratio(x / y, round_means_of(num), round_means_of(den))
+    return Ratio(x / y, x / y, x / y, 1, False, VALUES if column != TIME else NO_ROUNDS)
+
+
+def apart_ratio(value: float, num: Sequence[float | None], den: Sequence[float | None]) -> Ratio:
+    """The spread of a time ratio of two cells timed apart (two devices, two runs), which share no round:
+    each side's round means (:func:`harness.core.timing.quartiles`) carried into the ratio, the widest way.
+
+    Args:
+        value: the ratio (of mean-based epoch times).
+        num: the numerator's mean step time of each of its rounds (``round_step_mean_ms``).
+        den: the denominator's.
+
+    Returns:
+        The :class:`Ratio` with ``low`` = value x (Q1 / median of ``num``) / (Q3 / median of ``den``) and
+        ``high`` = value x (Q3 / median of ``num``) / (Q1 / median of ``den``), ``n`` the fewer of the two
+        sides' rounds (basis :data:`NOT_INTERLEAVED`); without a spread (basis :data:`NO_SPREAD`) where a
+        side has fewer than two finite, positive round means.
+
+    Example:
+        >>> apart_ratio(2.0, [9, 10, 11], [4, 5, 6]).text()
+        '2.00x [1.73-2.33]'
+    """
+    a, b = ([m for m in means if finite(m) and m > 0] for means in (num, den))
+    if min(len(a), len(b)) < 2:
+        return Ratio(value, value, value, 1, False, NO_SPREAD)
+    (a1, a2, a3), (b1, b2, b3) = quartiles(a), quartiles(b)
+    return Ratio(value, value * a1 / a2 * b2 / b3, value * a3 / a2 * b2 / b1, min(len(a), len(b)), False,
+                 NOT_INTERLEAVED)
 
 
 def pair_ratio(a: pd.DataFrame, b: pd.DataFrame, column: str = TIME) -> Ratio | None:

@@ -202,7 +202,8 @@ def _timing_columns(st: CellState, summary: dict[str, Any]) -> dict[str, Any]:
         steps_timed=summary["steps_timed"], step_time_ms_mean=summary["step_time_ms_mean"],
         run_queue_frac=state.get("run_queue_frac"), cpu_pressure=state.get("cpu_pressure"),
         outside_rounds=bool(ex["timing_group"]) and st.group_start_s is None,
-        period=st.rounds.period if st.rounds is not None else None, round_means=means)
+        period=st.rounds.period if st.rounds is not None else None, round_means=means,
+        step_ms=st.timer.timed_ms, step_index=st.timer.timed_index)
     return cols
 
 

@@ -24,26 +24,27 @@ LOAD = (1.0, 1.1, 0.9, 1.2)
 
 
 def counted_steps(period: int | None, periodic_ms: float, outlier: int | None = None
-                  ) -> tuple[list[float], list[int], timing.Rounds]:
-    """The counted step times and rounds of a cell as `comera-bench run` lays out its interleaved rounds
-    (harness.core.timing.round_bounds, the cell's period declared): 10 ms steps, every ``period``-th
-    ``periodic_ms``, step ``outlier`` 20x."""
+                  ) -> tuple[list[float], list[int], list[int], timing.Rounds]:
+    """The counted step times, rounds and step indices of a cell as `comera-bench run` lays out its
+    interleaved rounds (harness.core.timing.round_bounds, the cell's period declared): 10 ms steps, every
+    ``period``-th ``periodic_ms``, step ``outlier`` 20x."""
     plan = timing.round_bounds(WARMUP, TOTAL, ROUNDS, steps_per_round=2, period=period)
     ends = plan.starts[1:] + [TOTAL]
-    steps, rounds = [], []
+    steps, rounds, index = [], [], []
     for r, (start, end) in enumerate(zip(plan.starts, ends)):
         for i in range(start + 1, end):  # the round's first step re-warms: not counted
             ms = periodic_ms if period and (i + 1) % period == 0 else 10.0
             steps.append(ms * (20 if i == outlier else 1) * LOAD[r])
             rounds.append(r)
-    return steps, rounds, plan
+            index.append(i)
+    return steps, rounds, index, plan
 
 
 def timed_cell(method: str, period: int | None = None, periodic_ms: float = 10.0, outlier: int | None = None) -> dict:
     """A transformer timing cell at batch 32 as `comera-bench run` writes it after its rounds: per-round
     medians and means, the median step time, the mean-based epoch time and the stability verdict of
     harness.core.timing.judge (not forced)."""
-    steps, rounds, plan = counted_steps(period, periodic_ms, outlier)
+    steps, rounds, index, plan = counted_steps(period, periodic_ms, outlier)
     q1, median, q3 = timing.quartiles(steps)
     mean_ms = sum(steps) / len(steps)
     row = run("transformer", method, 32, time=mean_ms * STEPS_PER_EPOCH / 1e3)
@@ -52,7 +53,8 @@ def timed_cell(method: str, period: int | None = None, periodic_ms: float = 10.0
                timing_group="transformer_b32_s0", hostname="host", flops_per_step=1e9,
                round_step_ms=json.dumps(timing.round_medians(steps, rounds)), round_step_mean_ms=json.dumps(means),
                timing_quality=timing.judge(step_time_ms=median, step_time_ms_iqr=q3 - q1, steps_timed=len(steps),
-                                           step_time_ms_mean=mean_ms, period=plan.period, round_means=means),
+                                           step_time_ms_mean=mean_ms, period=plan.period, round_means=means,
+                                           step_ms=steps, step_index=index),
                extra=json.dumps({"round_alignment": plan.alignment, "step_time_ms_mean": mean_ms}))
     return row
 
@@ -73,7 +75,7 @@ def test_the_periodic_cell_is_judged_stable_by_its_round_means(cells):
                                                           f"({ROUNDS} periods in all)"
     # the mean / median test alone would have called it noisy
     assert analysis.extra_of(comera)["step_time_ms_mean"] / comera.step_time_ms > timing.MAX_MEAN_OVER_MEDIAN
-    steps, rounds, _ = counted_steps(PERIOD, 50.0)
+    steps, _, _, _ = counted_steps(PERIOD, 50.0)
     assert timing.judge(step_time_ms=comera.step_time_ms, step_time_ms_iqr=comera.step_time_ms_iqr,
                         steps_timed=len(steps), step_time_ms_mean=sum(steps) / len(steps)).startswith("noisy: mean")
 
@@ -146,3 +148,17 @@ def test_a_period_that_leaves_fewer_rounds_pairs_the_rounds_both_cells_have(tmp_
     rows = [res.runs[res.runs.method == m].iloc[0] for m in ("comera", "dense")]
     r = analysis.ratio(*rows)
     assert r.interleaved and r.n == 3 and r.value == pytest.approx(100 / 6 / 10)
+
+
+@pytest.mark.parametrize("period", [2, 3, 4])
+def test_a_short_period_is_stable_and_its_ratio_counts_the_periodic_work(tmp_path, period):
+    """Every 2nd, 3rd or 4th step 5x: the steps' IQR holds the periodic work (judged without it), the ratio
+    counts it (10 ms against (period - 1 + 5) x 10 / period ms)."""
+    dense = timed_cell("dense")
+    comera = timed_cell("comera", period=period, periodic_ms=50.0)
+    assert comera["step_time_ms_iqr"] / comera["step_time_ms"] > timing.MAX_IQR_OVER_MEDIAN
+    assert comera["timing_quality"] == "stable"
+    res = analysis.load(make_folder(tmp_path / "here", placed([dense, comera])))
+    r = analysis.ratio(*(res.runs[res.runs.method == m].iloc[0] for m in ("dense", "comera")))
+    assert r.interleaved and r.n == ROUNDS
+    assert r.value == pytest.approx(period / (period + 4))  # every round holds whole periods

@@ -141,6 +141,33 @@ def test_compare_two_devices_and_paper(folder, tmp_path):
     assert (out / "compare_time_memory.png").exists() and "paper (RTX 4090)" in (out / "compare.md").read_text()
 
 
+def test_compare_gives_a_ratio_between_devices_the_spread_of_each_sides_round_means(tmp_path):
+    """Cells on two devices share no round: the ratio of their epoch times, its low-high from each device's
+    round-mean quartiles over its median (harness.results.analysis.apart_ratio), in the csv, the md and
+    the figure; a side with one round gives no spread."""
+    def rows(dense_s, dense_rounds, comera_s, comera_rounds):
+        found = [run_row("transformer", "dense", 1, time_s=dense_s), run_row("transformer", "comera", 1, time_s=comera_s)]
+        for row, means in zip(found, (dense_rounds, comera_rounds)):
+            row["round_step_mean_ms"] = json.dumps(means)
+        return found
+
+    here = rows(30, [27.0, 30.0, 33.0], 10, [10.0])
+    there = rows(15, [14.0, 15.0, 16.0, 15.0], 5, [5.0, 5.0])
+    out = tmp_path / "cmp"
+    folders = [str(make_folder(tmp_path / "here", here)), str(make_folder(tmp_path / "there", there))]
+    assert compare.cli([*folders, "--out", str(out)]) == 0
+    table = pd.read_csv(out / "compare.csv")
+    dense, comera = (table[table.method == m].iloc[0] for m in ("dense", "comera"))
+    col = "epoch_time ratio there/here"
+    # there: quartiles 14.75 / 15 / 15.25; here: 28.5 / 30 / 31.5
+    assert (dense[f"{col} low"], dense[col], dense[f"{col} high"]) == (
+        pytest.approx(0.5 * 14.75 / 15 * 30 / 31.5), pytest.approx(0.5), pytest.approx(0.5 * 15.25 / 15 * 30 / 28.5))
+    assert comera[f"{col} low"] == comera[col] == comera[f"{col} high"] == pytest.approx(0.5)  # one round here
+    md = (out / "compare.md").read_text()
+    assert f"{col} low" in md and "round-mean quartiles over its median, combined the widest way" in md
+    assert "peak_mem ratio there/here low" not in md  # a memory ratio has no spread
+
+
 def _seq_rows(seq, time_s, **kw):
     rows = [run_row("mlm", "dense", 16, time_s=time_s, **kw), run_row("mlm", "comera", 16, time_s=time_s / 2, **kw)]
     for r in rows:

@@ -59,6 +59,52 @@ def test_periodic_work_in_whole_periods_is_stable_by_the_spread_of_its_round_mea
     assert _judge_steps(steps2, rounds2, period=5).startswith("noisy: mean 1.")
 
 
+def _short_period(period: int, rounds: int = 4, noise=(1.0,)) -> tuple[list[float], list[int], list[int]]:
+    """Counted steps (times, rounds, indices) of ``rounds`` rounds of 3 periods each, a re-warm step before
+    every round (not counted): every ``period``-th step 5x, step i's time x ``noise[i % len(noise)]``."""
+    steps, step_round, index, i = [], [], [], 0
+    for r in range(rounds):
+        i += 1  # the round's re-warm step
+        for _ in range(3 * period):
+            steps.append((50.0 if (i + 1) % period == 0 else 10.0) * noise[i % len(noise)])
+            step_round.append(r)
+            index.append(i)
+            i += 1
+    return steps, step_round, index
+
+
+def _judge_periodic(steps, step_round, index, period):
+    q1, med, q3 = timing.quartiles(steps)
+    return timing.judge(step_time_ms=med, step_time_ms_iqr=q3 - q1, steps_timed=len(steps),
+                        step_time_ms_mean=sum(steps) / len(steps), period=period,
+                        round_means=timing.round_means(steps, step_round), step_ms=steps, step_index=index)
+
+
+@pytest.mark.parametrize("period", [2, 3, 4])
+def test_a_short_period_is_stable_by_the_steps_without_its_periodic_work(period):
+    steps, step_round, index = _short_period(period)
+    q1, med, q3 = timing.quartiles(steps)
+    assert (q3 - q1) / med > timing.MAX_IQR_OVER_MEDIAN  # all steps' IQR holds the periodic work
+    assert timing.ordinary_steps(steps, index, period) == [10.0] * (len(steps) - len(steps) // period)
+    assert _judge_periodic(steps, step_round, index, period) == "stable"
+
+
+@pytest.mark.parametrize("period", [2, 3, 4])
+def test_a_noisy_cell_with_a_short_period_is_still_noisy(period):
+    """Its ordinary steps take 10 or 16 ms, changing every step (period 2: at every place in the period)."""
+    noise = (1.0, 1.0, 1.6, 1.6, 1.0)
+    steps, step_round, index = _short_period(period, noise=noise)
+    verdict = _judge_periodic(steps, step_round, index, period)
+    assert verdict.startswith("noisy: IQR ") and (
+        f"of the median of the steps without the periodic work (every {period} steps; > 25%)") in verdict
+
+
+def test_ordinary_steps_leave_out_the_costly_place_in_the_period():
+    # the periodic work at the second place of 3; the step times in any order
+    assert timing.ordinary_steps([1.0, 5.0, 1.1, 1.2, 5.1, 0.9], [0, 1, 2, 3, 4, 5], 3) == [1.0, 1.1, 1.2, 0.9]
+    assert timing.ordinary_steps([], [], 3) == []
+
+
 def test_an_outlier_without_a_period_is_still_noisy():
     steps = [10.0] * 19 + [200.0]  # one step 20x
     assert _judge_steps(steps, [i // 5 for i in range(20)]) == "noisy: mean 1.95x the median (> 1.5x)"

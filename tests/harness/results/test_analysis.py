@@ -29,13 +29,31 @@ def test_ratio_per_round_of_mean_step_times_when_timed_together():
 def test_ratio_of_mean_based_epoch_times_otherwise():
     apart = analysis.ratio(_row("g1", [1.0], 33.0), _row("g2", [1.0], 11.0))
     assert not apart.interleaved and apart.value == pytest.approx(3.0) and apart.n == 1
-    assert apart.basis == analysis.NOT_INTERLEAVED and apart.text() == "3.00x"
+    assert apart.basis == analysis.NO_SPREAD and apart.text() == "3.00x"  # one round a side: no spread
     # the same group name on two machines is two groups
     assert not analysis.ratio(_row("g", [3.0], 33.0, host="a"), _row("g", [1.0], 11.0, host="b")).interleaved
     # a row written before round_step_mean_ms: its per-round medians are not used
     old = analysis.ratio(_row("g", None, 18.0, medians=[10.0]), _row("g", None, 10.0, medians=[10.0]))
     assert old.value == pytest.approx(1.8) and old.basis == analysis.NO_ROUNDS
     assert analysis.ratio(_row(None, [], 1.0), {"epoch_time_s": None, "timing_quality": "stable"}) is None
+
+
+def test_cells_timed_apart_get_the_spread_of_each_sides_round_means():
+    """Two devices' cells share no round: the ratio of their epoch times, its spread from each side's
+    round-mean quartiles over its median, the widest way (numerator's Q1 against the denominator's Q3)."""
+    num, den = [27.0, 30.0, 33.0, 30.0, 30.0], [10.0, 9.0, 10.0, 11.0]  # quartiles 30/30/30 and 9.75/10/10.25
+    apart = analysis.ratio(_row("g1", num, 3.0), _row("g2", den, 1.0))
+    assert not apart.interleaved and apart.basis == analysis.NOT_INTERLEAVED and apart.n == 4
+    assert (apart.low, apart.value, apart.high) == (pytest.approx(3.0 * 10 / 10.25), pytest.approx(3.0),
+                                                    pytest.approx(3.0 * 10 / 9.75))
+    assert apart.text() == "3.00x [2.93-3.08]"
+    assert apart == analysis.apart_ratio(3.0, num, den)  # the one helper, whatever the rows
+    # the spread always holds the value, also where it is not the ratio of the round means' medians
+    skewed = analysis.apart_ratio(2.0, [10.0, 20.0, 30.0], [5.0, 5.0, 6.0])
+    assert skewed.low < skewed.value < skewed.high
+    assert (skewed.low, skewed.high) == (pytest.approx(2.0 * 15 / 20 * 5 / 5.5), pytest.approx(2.0 * 25 / 20))
+    # a side with fewer than 2 finite, positive round means: no spread
+    assert analysis.apart_ratio(2.0, [10.0, None, float("nan")], [5.0, 6.0]).basis == analysis.NO_SPREAD
 
 
 def test_time_ratio_needs_stable_rows_and_memory_ratio_one_kind():

@@ -1,6 +1,7 @@
 """A cell with periodic work (every 5th step 5x, declared as its ``time_window_steps``) run by the cell
 runner: its rounds hold whole periods, it is judged stable by the spread of its round means, and its
-ratio to a plain cell counts the periodic work (about 1.8x)."""
+ratio to a plain cell counts the periodic work (about 1.8x); so with every 2nd, 3rd or 4th step 5x, whose
+steps' IQR is judged without the periodic steps."""
 from __future__ import annotations
 
 import json
@@ -22,9 +23,9 @@ def quiet_machine(monkeypatch):
                                                                       "run_queue_frac": None})
 
 
-def _cell(**method_params):
-    spec = toy_spec(method_params={"sleep_s": BASE_S, **method_params}, workload_params={"samples": 512},
-                    budget={"epochs": 1, "max_steps_per_epoch": 1 + ROUNDS * PERIOD, "warmup_steps": 1,
+def _cell(steps_per_round: int = PERIOD, **method_params):
+    spec = toy_spec(method_params={"sleep_s": BASE_S, **method_params}, workload_params={"samples": 1024},
+                    budget={"epochs": 1, "max_steps_per_epoch": 1 + ROUNDS * steps_per_round, "warmup_steps": 1,
                             "eval_every_steps": None},
                     execution={"rounds": ROUNDS})
     row, _ = runner.run_cell(spec, registry=TOY_REGISTRY)
@@ -44,6 +45,20 @@ def test_a_periodic_cell_is_stable_and_its_ratio_counts_the_periodic_work(quiet_
     assert periodic["timing_quality"] == plain["timing_quality"] == "stable"
     r = analysis.ratio(periodic, plain)
     assert r is not None and r.value == pytest.approx(1.8, rel=0.15)  # (4 x 10 + 50) / 5 / 10 ms
+
+
+@pytest.mark.parametrize("period", [2, 3, 4])
+def test_a_short_period_is_stable_and_its_ratio_counts_the_periodic_work(quiet_machine, period):
+    """Every 2nd, 3rd or 4th step 5x: the periodic steps reach the third quartile of all steps, so only the
+    steps without them are judged by their IQR; 4 rounds of 12 steps each."""
+    periodic = _cell(12, period=period, period_sleep_s=PERIODIC_S)
+    plain = _cell(12)
+    assert json.loads(periodic["extra"])["round_alignment"] == (
+        f"{ROUNDS} rounds of whole periods of {period} steps ({ROUNDS * 12 // period} periods in all)")
+    assert periodic["step_time_ms_iqr"] / periodic["step_time_ms"] > timing.MAX_IQR_OVER_MEDIAN  # all steps
+    assert periodic["timing_quality"] == plain["timing_quality"] == "stable"
+    r = analysis.ratio(periodic, plain)
+    assert r is not None and r.value == pytest.approx((period - 1 + 5) / period, rel=0.15)
 
 
 def test_an_outlier_step_is_still_noisy_where_the_rounds_hold_no_whole_period(quiet_machine):
