@@ -162,16 +162,16 @@ def register_flop_formulas() -> None:
     from torch.utils.flop_counter import flop_registry, register_flop_formula
 
     ops = torch.ops.comera_native
-    if ops.tt_forward.default in flop_registry:
+    if ops.tt_forward in flop_registry:
         return
 
-    @register_flop_formula(ops.tt_forward.default)
+    @register_flop_formula(ops.tt_forward)
     def _forward_flops(x, bias, cores, gates, m, left_groups, right_groups, dense, fold_bias, *args,
                        **kwargs) -> int:
         plan = _plan_of(x, bias, cores, m, left_groups, right_groups, dense, fold_bias)
         return _product_flops(plan, "forward")
 
-    @register_flop_formula(ops.tt_backward.default)
+    @register_flop_formula(ops.tt_backward)
     def _backward_flops(dy, x, cores, gates, saved, m, left_groups, right_groups, dense, fold_bias, has_bias,
                         need_dx, need_dbias, *args, **kwargs) -> int:
         plan = _plan_of(x, () if has_bias else None, cores, m, left_groups, right_groups, dense, fold_bias)

@@ -163,10 +163,12 @@ class TTLinearFunction(torch.autograd.Function):
             if not torch.is_grad_enabled():
                 out = torch.ops.comera_native.tt_backward(dy, x, cores, gates, rest[2 * d - 1:],
                                                           *native.plan_args(plan), ctx.has_bias, need[1], need[2])
-                return (None, *out)
-            # create_graph: the native ops have no derivative; replay the forward's products in Python.
-            bias = dy.new_zeros(dy.shape[1]) if ctx.has_bias else None
-            groups = _python_forward(plan, x, bias, cores, gates)[1]
+                return (None, out[0] if need[1] else None, out[1] if need[2] else None, *out[2:])
+            # create_graph: the native ops have no derivative. Replay the forward in Python as it ran (without
+            # a graph) and differentiate the Python backward, as the Python path does.
+            with torch.no_grad():
+                bias = dy.new_zeros(dy.shape[1]) if ctx.has_bias else None
+                groups = _python_forward(plan, x, bias, cores, gates)[1]
         elif not plan.zero:
             saved, groups = iter(ctx.saved_tensors), []
             for size in ctx.group_sizes:

@@ -11,7 +11,7 @@
 //
 // "saved" holds only tensors the forward created (the d - 1 gated cores, the merged blocks, the
 // activations between groups); the backward rebuilds every view of x and of the cores from the plan.
-// dx and dbias are undefined (None in Python) when not wanted. comera/native.py builds and loads this file.
+// dx and dbias are empty tensors when not wanted. comera/native.py builds and loads this file.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
@@ -348,7 +348,8 @@ vector<Tensor> tt_backward(const Tensor& dy_in, const Tensor& x, at::TensorList 
   }
   // Cores and gates from the effective cores' gradients.
   vector<Tensor> d_gated(d_eff.begin(), d_eff.end() - 1);
-  vector<Tensor> out{dx, dbias};
+  // Not wanted: an empty tensor (a Tensor[] cannot hold None when a dispatch mode hands it back).
+  vector<Tensor> out{dx.defined() ? dx : dy_in.new_empty({0}), dbias.defined() ? dbias : dy_in.new_empty({0})};
   vector<Tensor> d_cores = at::_foreach_mul(d_gated, gates);
   out.insert(out.end(), d_cores.begin(), d_cores.end());
   out.push_back(d_eff.back());
