@@ -73,7 +73,7 @@ def _build() -> NativeStatus:
 def _first_error(exc: Exception) -> str:
     """The line of a build failure that says what went wrong (a compiler's first "error:"), with its type."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    errors = [line for line in lines if "error:" in line]
+    errors = [line for line in lines if "error:" in line or "not found" in line]
     return f"{type(exc).__name__}: {(errors or lines or [''])[0]}"
 
 

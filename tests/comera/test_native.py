@@ -196,3 +196,20 @@ def test_a_failed_build_warns_once_and_uses_python(tmp_path):
             "assert not n.status().in_use and 'not built' in n.status().reason\n")
     env = {**__import__("os").environ, "PATH": str(tmp_path), "COMERA_NATIVE_BUILD_DIR": str(tmp_path / "b")}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=tmp_path)
+
+
+@pytest.mark.skipif(not TOOLS, reason="no C++ compiler or no ninja on PATH")
+def test_a_compile_error_is_named_in_the_warning(tmp_path):
+    broken = tmp_path / "broken.cpp"
+    broken.write_text("this is not C++;\n")
+    code = ("import warnings, pathlib\n"
+            "import comera.native as n\n"
+            f"n.SOURCE = pathlib.Path({str(broken)!r})\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            "    n.status(); n.status()\n"
+            "msgs = [str(w.message) for w in caught if 'comera.native' in str(w.message)]\n"
+            "assert len(msgs) == 1 and 'error:' in msgs[0], msgs\n"
+            "assert not n.status().in_use and 'error:' in n.status().reason\n")
+    env = {**__import__("os").environ, "COMERA_NATIVE_BUILD_DIR": str(tmp_path / "b")}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=tmp_path)
