@@ -213,3 +213,16 @@ def test_a_compile_error_is_named_in_the_warning(tmp_path):
             "assert not n.status().in_use and 'error:' in n.status().reason\n")
     env = {**__import__("os").environ, "COMERA_NATIVE_BUILD_DIR": str(tmp_path / "b")}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=tmp_path)
+
+
+def test_the_cpp_inner_product_thresholds_are_the_kernels():
+    """csrc/tt_linear.cpp sends the same float32 CPU products to oneDNN as comera.kernels."""
+    import re
+
+    from comera import kernels
+
+    text = native.SOURCE.read_text()
+    found = [int(re.search(rf"{name} = int64_t\(1\) << (\d+);", text).group(1))
+             for name in ("kNarrowMinMacs", "kWideMinMacs")]
+    assert tuple(1 << n for n in found) == kernels.INNER_PRODUCT_MIN_MACS
+    assert "cols > 64" in text
