@@ -2,7 +2,8 @@
 
 :class:`TTLinear` is the module; :func:`tt_linear` the functional form over a
 :class:`~comera.contraction.ContractionPlan`; :class:`TTLinearFunction` the autograd Function both use (one
-Function per call: forward and a hand-written backward that follow the plan, see :mod:`comera.kernels`).
+Function per call: forward and a hand-written backward that follow the plan, executed by the native ops of
+:mod:`comera.native` where they are built, else by :mod:`comera.kernels`).
 """
 from __future__ import annotations
 
@@ -121,7 +122,8 @@ class TTLinearFunction(torch.autograd.Function):
 
     ``TTLinearFunction.apply(plan, x, bias, *cores, *gates)``; backward returns the gradients of ``x``,
     ``bias``, every core and every gate. Saves ``x``, rank-sized intermediates and the merged core blocks,
-    never a full-width tensor. :func:`tt_linear` is the functional form.
+    never a full-width tensor. Forward and backward are one native op each where :func:`comera.native.usable`
+    says so, else the Python kernels (same results). :func:`tt_linear` is the functional form.
 
     Shape:
         - x: ``(tokens, in_features)``, contiguous, ``tokens == plan.tokens``.
