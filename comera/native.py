@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 import warnings
@@ -97,12 +98,21 @@ PYTHON_KERNELS_ATTR = "comera_python_kernels"
 accounts for every ATen op (memory traffic) gets them all, not one native op."""
 
 
-def usable(plan: ContractionPlan) -> bool:
+CPU_PYTHON_MIN_OUTPUT = 1 << 23
+"""Output elements (tokens x out_features) from which a CPU call runs the Python kernels: there the
+products take nearly all the time and the bench measured the native ops slower (docs/performance.md,
+"Native execution of the plan")."""
+
+
+def usable(plan: ContractionPlan, device: torch.device | None = None) -> bool:
     """Whether :class:`comera.tt.TTLinearFunction` runs ``plan`` natively: the ops are built, the plan
     contracts something (a rank-0 plan stays Python), no torch.compile trace is running (the compiler
     sees the Python kernels) and no active dispatch mode asks for the Python kernels
     (:data:`PYTHON_KERNELS_ATTR`)."""
     if plan.zero or torch.compiler.is_compiling() or getattr(_off, "depth", 0) or not status().in_use:
+        return False
+    if (device is not None and device.type == "cpu"
+            and plan.tokens * math.prod(plan.out_shape) >= CPU_PYTHON_MIN_OUTPUT):
         return False
     if torch._C._len_torch_dispatch_stack():
         from torch.utils._python_dispatch import _get_current_dispatch_mode_stack

@@ -139,7 +139,7 @@ class TTLinearFunction(torch.autograd.Function):
         cores, gates = params[:d], params[d:]
         ctx.plan = plan
         ctx.has_bias = bias is not None
-        ctx.native = native.usable(plan)
+        ctx.native = native.usable(plan, x.device)
         if plan.zero:
             ctx.shapes = [p.shape for p in params]
             ctx.x_shape = x.shape
