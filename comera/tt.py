@@ -2,7 +2,8 @@
 
 :class:`TTLinear` is the module; :func:`tt_linear` the functional form over a
 :class:`~comera.contraction.ContractionPlan`; :class:`TTLinearFunction` the autograd Function both use (one
-Function per call: forward and a hand-written backward that follow the plan, see :mod:`comera.kernels`).
+Function per call: forward and a hand-written backward that follow the plan, executed by the native ops of
+:mod:`comera.native` where they are built, else by :mod:`comera.kernels`).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from comera import kernels
+from comera import kernels, native
 from comera.contraction import DEFAULT_SETTINGS, ContractionPlan, PlanSettings, make_plan
 from comera.init import INIT_SCHEMES, core_stds
 from comera.reload import ResizeOnLoad
@@ -104,12 +105,25 @@ def core_and_gate_grads(d_eff: Sequence[torch.Tensor], cores: Sequence[torch.Ten
     return [*torch._foreach_mul(d_eff_gated, list(gates)), d_eff[-1]], d_gates
 
 
+def _python_forward(plan: ContractionPlan, x, bias, cores, gates):
+    """The forward with the Python kernels: ``(y, groups)``, the tensors the backward reads, in groups."""
+    eff = gated_cores(cores, gates)
+    m = len(plan.in_shape)
+    if plan.dense:
+        y, weight, left, right = kernels.dense_forward(x, eff[:m], eff[m:], bias)
+        return y, [cores, gates, eff, [x, weight], left, right]
+    z, left_in, left = kernels.left_forward(x, eff[:m], plan.left_groups)
+    y, right_in, right = kernels.right_forward(z, eff[m:], plan.right_groups, bias, plan.fold_bias)
+    return y, [cores, gates, eff, left_in, *left, right_in, *right]
+
+
 class TTLinearFunction(torch.autograd.Function):
     """``y = x W + b`` with ``W = H_0 ... H_{d-1}``, ``H_k = cores[k] * gates[k]``, following a plan.
 
     ``TTLinearFunction.apply(plan, x, bias, *cores, *gates)``; backward returns the gradients of ``x``,
     ``bias``, every core and every gate. Saves ``x``, rank-sized intermediates and the merged core blocks,
-    never a full-width tensor. :func:`tt_linear` is the functional form.
+    never a full-width tensor. Forward and backward are one native op each where :func:`comera.native.usable`
+    says so, else the Python kernels (same results). :func:`tt_linear` is the functional form.
 
     Shape:
         - x: ``(tokens, in_features)``, contiguous, ``tokens == plan.tokens``.
@@ -125,20 +139,17 @@ class TTLinearFunction(torch.autograd.Function):
         cores, gates = params[:d], params[d:]
         ctx.plan = plan
         ctx.has_bias = bias is not None
+        ctx.native = native.usable(plan, x.device)
         if plan.zero:
             ctx.shapes = [p.shape for p in params]
             ctx.x_shape = x.shape
             y = x.new_zeros(x.shape[0], math.prod(plan.out_shape))
             return y if bias is None else y.add_(bias)
-        eff = gated_cores(cores, gates)
-        m = len(plan.in_shape)
-        if plan.dense:
-            y, weight, left, right = kernels.dense_forward(x, eff[:m], eff[m:], bias)
-            groups = [cores, gates, eff, [x, weight], left, right]
-        else:
-            z, left_in, left = kernels.left_forward(x, eff[:m], plan.left_groups)
-            y, right_in, right = kernels.right_forward(z, eff[m:], plan.right_groups, bias, plan.fold_bias)
-            groups = [cores, gates, eff, left_in, *left, right_in, *right]
+        if ctx.native:  # one op; it returns y and the tensors it made for the backward
+            out = torch.ops.comera_native.tt_forward(x, bias, cores, gates, *native.plan_args(plan))
+            ctx.save_for_backward(x, *cores, *gates, *out[1:])
+            return out[0]
+        y, groups = _python_forward(plan, x, bias, cores, gates)
         ctx.group_sizes = [len(g) for g in groups]
         ctx.save_for_backward(*(t for g in groups for t in g))
         return y
@@ -147,14 +158,28 @@ class TTLinearFunction(torch.autograd.Function):
     def backward(ctx, dy):
         plan = ctx.plan
         need = ctx.needs_input_grad
+        if ctx.native:
+            d = len(plan.ranks) - 1
+            x, *rest = ctx.saved_tensors
+            cores, gates = rest[:d], rest[d:2 * d - 1]
+            if not torch.is_grad_enabled():
+                out = torch.ops.comera_native.tt_backward(dy, x, cores, gates, rest[2 * d - 1:],
+                                                          *native.plan_args(plan), ctx.has_bias, need[1], need[2])
+                return (None, out[0] if need[1] else None, out[1] if need[2] else None, *out[2:])
+            # create_graph: the native ops have no derivative. Replay the forward in Python as it ran (without
+            # a graph) and differentiate the Python backward, as the Python path does.
+            with torch.no_grad():
+                bias = dy.new_zeros(dy.shape[1]) if ctx.has_bias else None
+                groups = _python_forward(plan, x, bias, cores, gates)[1]
+        elif not plan.zero:
+            saved, groups = iter(ctx.saved_tensors), []
+            for size in ctx.group_sizes:
+                groups.append([next(saved) for _ in range(size)])
         dbias = dy.sum(0) if ctx.has_bias and need[2] and not plan.fold_bias else None
         if plan.zero:
             zeros = [dy.new_zeros(s) for s in ctx.shapes]
             dx = dy.new_zeros(ctx.x_shape) if need[1] else None
             return (None, dx, dbias, *zeros)
-        saved, groups = iter(ctx.saved_tensors), []
-        for size in ctx.group_sizes:
-            groups.append([next(saved) for _ in range(size)])
         cores, gates, eff = groups[:3]
         m = len(plan.in_shape)
         if plan.dense:

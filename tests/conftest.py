@@ -1,5 +1,12 @@
+import os
+from pathlib import Path
+
 import pytest
 import torch
+
+# The native TT ops (comera/native.py) compile into the checkout, not into the user's torch extension
+# folder; pipeline subprocesses inherit the variable. Built once per fresh clone.
+os.environ.setdefault("COMERA_NATIVE_BUILD_DIR", str(Path(__file__).resolve().parents[1] / ".native-build"))
 
 
 @pytest.fixture(autouse=True)

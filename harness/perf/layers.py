@@ -91,12 +91,15 @@ def linear_shapes(cases: list[dict]) -> list[tuple[list[int], list[int], int]]:
 
 
 def target_linear_ops(cfg: Config) -> list[BenchRow]:
-    """ATen ops dispatched by one forward+backward of the TTLinear (bias, rank gates; input gradient
-    included; gradients reset to None first, as ``zero_grad`` does) at each layer shape of ``linear`` and
-    each token count of ``linear_ops``, nn.Linear's count beside it (--quick counts the same calls)."""
+    """ATen ops dispatched from Python by one forward+backward of the TTLinear (bias, rank gates; input
+    gradient included; gradients reset to None first, as ``zero_grad`` does) at each layer shape of
+    ``linear`` and each token count of ``linear_ops``, nn.Linear's count beside it (--quick counts the same
+    calls). With the native ops (``comera.native``) the note also gives the ATen calls made inside them."""
+    from comera import native
     from comera.tt import TTLinear
 
     goal = cfg.goals["linear_ops"]
+    state = native.status()
     rows = []
     for in_shape, out_shape, rank in linear_shapes(cfg.goals["linear"]):
         n_in, n_out = math.prod(in_shape), math.prod(out_shape)
@@ -104,17 +107,30 @@ def target_linear_ops(cfg: Config) -> list[BenchRow]:
         dense = torch.nn.Linear(n_in, n_out, device=cfg.device)
         for tokens in goal["tokens"]:
             x = torch.randn(tokens, n_in, device=cfg.device)
-            ops = {k: mb.count_ops(mb.module_call(m, x, "fwd_bwd", wrt_input=True)[0]) for k, m in
-                   (("tt", tt), ("dense", dense))}
+            calls = {k: mb.module_call(m, x, "fwd_bwd", wrt_input=True)[0] for k, m in (("tt", tt), ("dense", dense))}
+            ops = {k: mb.count_ops(run) for k, run in calls.items()}
             plan = tt.plan(tokens)
+            if native.usable(plan, x.device):
+                inner = mb.count_native_inner_ops(calls["tt"])
+                with native.disabled():
+                    python_ops = mb.count_ops(calls["tt"])
+                path = (f"native ops (comera.native): 2 of the {ops['tt']} are the native forward and backward, "
+                        f"inside which {inner} ATen calls run from C++ (views included; on a GPU each still "
+                        f"launches its kernels, what goes is Python's per-op cost); the Python kernels "
+                        f"dispatch {python_ops}")
+            elif state.in_use:
+                path = ("Python kernels: a CPU call of this size keeps them (comera.native.CPU_PYTHON_MIN_OUTPUT, "
+                        "where the native ops measured slower)")
+            else:
+                path = f"Python kernels (native ops not in use: {state.reason})"
             rows.append(make_row(
                 1, f"ATen ops per TTLinear fwd+bwd, {n_in}->{n_out} r{rank}, {tokens} tokens", goal["goal"],
                 ops["tt"], better="<=", goal_key="linear_ops.goal",
                 medians=f"TTLinear {ops['tt']} ops, nn.Linear {ops['dense']} ops",
                 settings=f"ranks {tt.ranks}, plan {plan.left}/{plan.right}, rank gates and bias",
-                note=f"every op a TorchDispatchMode sees in one forward+backward: views, and the one "
-                     f"gradient accumulation per leaf ({1 + len(list(tt.parameters()))} for TTLinear: "
-                     f"input, cores, gates, bias) included"))
+                note=f"ATen ops dispatched from Python (every op a TorchDispatchMode sees in one forward+backward: "
+                     f"views, and the one gradient accumulation per leaf ({1 + len(list(tt.parameters()))} for "
+                     f"TTLinear: input, cores, gates, bias) included); {path}"))
     return rows
 
 

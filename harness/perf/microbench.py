@@ -245,7 +245,11 @@ _NO_TRAFFIC = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.def
 class TrafficCounter(TorchDispatchMode):
     """Compulsory memory traffic of the executed ATen ops: every non-view op reads its tensor arguments
     and writes its outputs once; a gather reads only the rows it returns (2x output + indices).
-    A lower bound of real traffic for operands larger than the caches (reused operands counted again)."""
+    A lower bound of real traffic for operands larger than the caches (reused operands counted again).
+    TT layers run their Python kernels under it (``comera.native.PYTHON_KERNELS_ATTR``): a native op's
+    inner ATen calls are invisible to a dispatch mode, and the Python kernels make the same calls."""
+
+    comera_python_kernels = True  # comera.native.PYTHON_KERNELS_ATTR
 
     def __init__(self):
         super().__init__()
@@ -294,6 +298,17 @@ def count_ops(run: Callable[[], Any]) -> int:
     with OpCounter() as counter:
         run()
     return counter.count
+
+
+def count_native_inner_ops(run: Callable[[], Any]) -> int:
+    """ATen calls made from C++ inside the native TT ops (``comera.native``) by one call of ``run`` (after
+    one unprofiled call): the direct children of each ``comera_native`` op as ``torch.profiler`` records
+    them, views included. A dispatch mode (:func:`count_ops`) sees each native op as one op; these calls
+    still run (on a GPU each still launches its kernels). 0 when no native op ran."""
+    run()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run()
+    return sum(len(e.cpu_children) for e in prof.events() if e.name.startswith("comera_native::"))
 
 
 def count_cost(run: Callable[[], Any]) -> tuple[float, float]:

@@ -390,14 +390,25 @@ def _fwd_bwd_ops(in_shape, out_shape, tokens: int) -> int:
 @pytest.mark.parametrize("tokens", [1, 128, 4096])
 @pytest.mark.parametrize("in_shape,out_shape", PAPER_LAYERS)
 def test_fwd_bwd_dispatches_at_most_the_bound(in_shape, out_shape, tokens):
-    assert _fwd_bwd_ops(in_shape, out_shape, tokens) <= OP_BOUND
+    """The Python kernels' bound (the path without the native ops)."""
+    from comera import native
+
+    with native.disabled():
+        assert _fwd_bwd_ops(in_shape, out_shape, tokens) <= OP_BOUND
 
 
-@pytest.mark.xfail(strict=True, reason="the op-count goal (config/bench.yaml linear_ops) is not reached: the "
-                   "merged-chain contraction dispatches 59-64 ops plus one accumulation per leaf (13); with "
-                   "ATen's 2-D GEMMs its floor is about 72 (docs/performance.md, 'Dispatched ops per call')")
-@pytest.mark.parametrize("tokens", [1, 128, 4096])
-def test_fwd_bwd_meets_the_op_goal(tokens):
+@pytest.mark.parametrize("in_shape,out_shape,tokens", [
+    (*shapes, tokens) if (shapes, tokens) != (PAPER_LAYERS[1], 4096) else pytest.param(
+        *shapes, tokens, marks=pytest.mark.xfail(strict=True, reason="a CPU call of 4096 x 3072 outputs keeps the "
+                                                 "Python kernels (comera.native.CPU_PYTHON_MIN_OUTPUT: the native "
+                                                 "ops measured slower there, docs/performance.md)"))
+    for shapes in PAPER_LAYERS for tokens in (1, 128, 4096)])
+def test_fwd_bwd_meets_the_op_goal(in_shape, out_shape, tokens):
+    """With the native ops (comera.native) a forward+backward dispatches 2 ops from Python plus the 13
+    gradient accumulations; the Python kernels cannot go below about 72 (docs/performance.md)."""
+    from comera import native
     from harness.perf import goals
 
-    assert _fwd_bwd_ops(*PAPER_LAYERS[1], tokens) <= goals.load()["linear_ops"]["goal"]
+    if not native.status().in_use:
+        pytest.skip(f"the goal needs the native ops: {native.status().reason}")
+    assert _fwd_bwd_ops(in_shape, out_shape, tokens) <= goals.load()["linear_ops"]["goal"]

@@ -1,0 +1,188 @@
+"""Native (C++) execution of TT linear contraction plans: one dispatched op per forward, one per backward.
+
+``comera/csrc/tt_linear.cpp`` ports the plan execution of :mod:`comera.kernels` and the gate products of
+:mod:`comera.tt` to C++ (the same ATen ops in the same order, so results equal the Python path's) and
+registers ``torch.ops.comera_native.tt_forward`` and ``tt_backward``. :class:`comera.tt.TTLinearFunction`
+calls them when :func:`usable` says so; what disappears is Python's per-op cost, not the ATen calls (on a
+GPU each one still launches its kernels).
+
+The extension is compiled on first use with :func:`torch.utils.cpp_extension.load` (needs a C++ compiler
+and ninja; later processes only load it) into ``$COMERA_NATIVE_BUILD_DIR`` if set, else torch's extension
+folder. ``COMERA_NATIVE=0`` turns it off. When it cannot be built the Python path is used, with one
+warning; :func:`status` says whether it is in use and why not.
+
+Example::
+
+    >>> import comera.native
+    >>> comera.native.status()
+    NativeStatus(in_use=True, reason='built in /tmp/...')
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+import warnings
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from comera.contraction import ContractionPlan, PlanSettings, make_plan
+
+SOURCE = Path(__file__).resolve().parent / "csrc" / "tt_linear.cpp"
+"""The C++ source of the two ops."""
+NAME = "comera_native"
+"""The extension's (and the op namespace's) name."""
+
+
+class NativeStatus(NamedTuple):
+    """Whether the native ops are in use, and why (not)."""
+
+    in_use: bool
+    reason: str
+
+
+_lock = threading.Lock()
+_state: NativeStatus | None = None  # None until the first attempt
+_off = threading.local()  # .depth > 0 inside disabled()
+
+
+def _build() -> NativeStatus:
+    if os.environ.get("COMERA_NATIVE", "1").strip() == "0":
+        return NativeStatus(False, "disabled by COMERA_NATIVE=0")
+    try:
+        from torch.utils import cpp_extension
+
+        cpp_extension.verify_ninja_availability()
+        folder = os.environ.get("COMERA_NATIVE_BUILD_DIR") or None
+        if folder is not None:
+            os.makedirs(folder, exist_ok=True)
+        cpp_extension.load(name=NAME, sources=[str(SOURCE)], build_directory=folder,
+                           extra_cflags=["-O2"], is_python_module=False, verbose=False)
+        torch.ops.comera_native.tt_forward  # noqa: B018 -- raises if the library registered nothing
+    except Exception as exc:  # no compiler, no ninja, a compile error: the Python path, said once
+        reason = f"not built: {_first_error(exc)}"
+        warnings.warn(f"comera.native: {reason}; TT layers use the Python kernels", RuntimeWarning,
+                      stacklevel=3)
+        return NativeStatus(False, reason)
+    where = folder or "torch's extension folder"
+    return NativeStatus(True, f"built in {where}")
+
+
+def _first_error(exc: Exception) -> str:
+    """The line of a build failure that says what went wrong (a compiler's first "error:"), with its type."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    errors = [line for line in lines if "error:" in line or "not found" in line]
+    return f"{type(exc).__name__}: {(errors or lines or [''])[0]}"
+
+
+def status() -> NativeStatus:
+    """Whether the native ops are in use and why (not); builds (or loads) them on the first call.
+
+    Returns:
+        NativeStatus: ``in_use`` and a ``reason`` ("disabled by COMERA_NATIVE=0", "not built: ..." naming
+        the error, or where it was built).
+    """
+    global _state
+    if _state is None:
+        with _lock:
+            if _state is None:
+                _state = _build()
+    return _state
+
+
+PYTHON_KERNELS_ATTR = "comera_python_kernels"
+"""A TorchDispatchMode with this attribute set true sees TT layers run the Python kernels: a mode that
+accounts for every ATen op (memory traffic) gets them all, not one native op."""
+
+
+CPU_PYTHON_MIN_OUTPUT = 1 << 23
+"""Output elements (tokens x out_features) from which a CPU call runs the Python kernels: there the
+products take nearly all the time and the bench measured the native ops slower (docs/performance.md,
+"Native execution of the plan")."""
+
+
+def usable(plan: ContractionPlan, device: torch.device | None = None) -> bool:
+    """Whether :class:`comera.tt.TTLinearFunction` runs ``plan`` natively: the ops are built, the plan
+    contracts something (a rank-0 plan stays Python), no torch.compile trace is running (the compiler
+    sees the Python kernels) and no active dispatch mode asks for the Python kernels
+    (:data:`PYTHON_KERNELS_ATTR`)."""
+    if plan.zero or torch.compiler.is_compiling() or getattr(_off, "depth", 0) or not status().in_use:
+        return False
+    if (device is not None and device.type == "cpu"
+            and plan.tokens * math.prod(plan.out_shape) >= CPU_PYTHON_MIN_OUTPUT):
+        return False
+    if torch._C._len_torch_dispatch_stack():
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        return not any(getattr(mode, PYTHON_KERNELS_ATTR, False) for mode in _get_current_dispatch_mode_stack())
+    return True
+
+
+@contextlib.contextmanager
+def disabled():
+    """Within the block (this thread), TT layers run the Python kernels: for comparisons and measurements.
+
+    Example::
+
+        >>> with comera.native.disabled():
+        ...     reference = layer(x)
+    """
+    _off.depth = getattr(_off, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _off.depth -= 1
+
+
+def plan_args(plan: ContractionPlan) -> tuple:
+    """The plan as the ops' trailing arguments: ``(m, left_groups, right_groups, dense, fold_bias)``."""
+    return (len(plan.in_shape), list(plan.left_groups), list(plan.right_groups), plan.dense, plan.fold_bias)
+
+
+# ------------------------------------------------------------------------------------------- counting
+
+_PRODUCT_FREE = ("gate", "dgate", "dcore", "bias", "dbias")
+"""Plan steps that are not matrix products (FlopCounterMode counts products only)."""
+
+
+def _plan_of(x_shape, bias_shape, core_shapes, m, left_groups, right_groups, dense, fold_bias) -> ContractionPlan:
+    tokens = x_shape[0]
+    modes = tuple(s[1] for s in core_shapes)
+    ranks = (1,) + tuple(s[2] for s in core_shapes)
+    strategies = "dense" if dense else (tuple(left_groups), tuple(right_groups))
+    settings = PlanSettings(fold_bias_min_tokens=tokens if fold_bias else tokens + 1)
+    return make_plan(modes[:m], modes[m:], ranks, tokens, bias_shape is not None, strategies, settings)
+
+
+def _product_flops(plan: ContractionPlan, phase: str, need_dx: bool = True) -> int:
+    return sum(s.flops for s in plan.steps if s.phase == phase and s.name.rstrip("0123456789") not in
+               _PRODUCT_FREE and (need_dx or s.name != "dx"))
+
+
+def register_flop_formulas() -> None:
+    """Teach :class:`torch.utils.flop_counter.FlopCounterMode` the FLOPs of the two native ops (it does
+    not see the ATen calls made inside them): the matrix-product FLOPs of their plan, the count the Python
+    kernels give. Idempotent; a no-op when the ops are not built. :func:`comera.register_flop_formulas`
+    calls it."""
+    if not status().in_use:
+        return
+    from torch.utils.flop_counter import flop_registry, register_flop_formula
+
+    ops = torch.ops.comera_native
+    if ops.tt_forward in flop_registry:
+        return
+
+    @register_flop_formula(ops.tt_forward)
+    def _forward_flops(x, bias, cores, gates, m, left_groups, right_groups, dense, fold_bias, *args,
+                       **kwargs) -> int:
+        plan = _plan_of(x, bias, cores, m, left_groups, right_groups, dense, fold_bias)
+        return _product_flops(plan, "forward")
+
+    @register_flop_formula(ops.tt_backward)
+    def _backward_flops(dy, x, cores, gates, saved, m, left_groups, right_groups, dense, fold_bias, has_bias,
+                        need_dx, need_dbias, *args, **kwargs) -> int:
+        plan = _plan_of(x, () if has_bias else None, cores, m, left_groups, right_groups, dense, fold_bias)
+        return _product_flops(plan, "backward", need_dx)

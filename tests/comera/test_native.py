@@ -1,0 +1,239 @@
+"""The native TT ops (comera/native.py, comera/csrc/tt_linear.cpp) against the Python kernels.
+
+Every case runs one forward+backward twice, natively and inside ``native.disabled()``, in float64; outputs
+and every gradient must agree to 1e-12 (they are made by the same ATen calls, so they are usually equal).
+"""
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import comera
+from comera import native
+from comera.contraction import PlanSettings, make_plan
+from comera.tt import TTLinear, parameter_entries, tt_linear
+
+TOOLS = shutil.which("ninja") is not None and shutil.which("c++") is not None
+needs_native = pytest.mark.skipif(not native.status().in_use, reason=f"native ops: {native.status().reason}")
+
+
+def test_native_ops_are_in_use_where_a_compiler_and_ninja_are():
+    if not TOOLS:
+        pytest.skip("no C++ compiler or no ninja on PATH: the Python kernels are used")
+    state = native.status()
+    assert state.in_use, state.reason
+    assert hasattr(torch.ops.comera_native, "tt_forward") and hasattr(torch.ops.comera_native, "tt_backward")
+
+
+def _layer(in_shape, out_shape, rank, bias=True, dtype=torch.float64):
+    torch.manual_seed(0)
+    layer = TTLinear(math.prod(in_shape), math.prod(out_shape), in_shape=in_shape, out_shape=out_shape,
+                     rank=rank, bias=bias, dtype=dtype)
+    with torch.no_grad():
+        for gate in layer.gates:
+            gate.uniform_(0.3, 1.7)
+    return layer
+
+
+def _fwd_bwd(layer, x, plan, need_dx=True):
+    """Output and the gradients of (x,) bias, cores and gates for a fixed output gradient."""
+    x = x.detach().clone().requires_grad_(need_dx)
+    y = tt_linear(x, parameter_entries(layer.cores), parameter_entries(layer.gates), layer.bias, plan)
+    grad = torch.randn(y.shape, dtype=y.dtype, generator=torch.Generator().manual_seed(1))
+    wrt = ([x] if need_dx else []) + list(layer.parameters())
+    return [y, *torch.autograd.grad(y, wrt, grad)]
+
+
+def _compare(layer, tokens, strategies=None, settings=PlanSettings(), need_dx=True, tol=1e-12):
+    plan = make_plan(layer.in_shape, layer.out_shape, tuple(layer.ranks), tokens, layer.bias is not None,
+                     strategies, settings)
+    x = torch.randn(tokens, layer.in_features, dtype=layer.cores[0].dtype)
+    got = _fwd_bwd(layer, x, plan, need_dx)
+    with native.disabled():
+        want = _fwd_bwd(layer, x, plan, need_dx)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        torch.testing.assert_close(g, w, rtol=0, atol=tol)
+    return plan
+
+
+STRATEGIES = [("merge", "merge"), ("sequential", "sequential"), ((2, 1), (1, 2)), ((1, 2), "merge"),
+              ("merge", (2, 1)), "dense"]
+
+
+@needs_native
+@pytest.mark.parametrize("strategies", STRATEGIES, ids=str)
+@pytest.mark.parametrize("tokens", [1, 2, 9])
+@pytest.mark.parametrize("bias", [True, False])
+def test_native_equals_python(strategies, tokens, bias):
+    _compare(_layer((4, 3, 5), (2, 6, 3), 3, bias), tokens, strategies)
+
+
+@needs_native
+@pytest.mark.parametrize("tokens", [1, 5])
+@pytest.mark.parametrize("strategies", [("merge", "merge"), ("sequential", "merge")], ids=str)
+def test_native_folds_the_bias_like_python(tokens, strategies):
+    plan = _compare(_layer((4, 3, 5), (2, 6, 3), 3), tokens, strategies, PlanSettings(fold_bias_min_tokens=0))
+    assert plan.fold_bias
+
+
+@needs_native
+def test_native_folded_bias_at_many_tokens():
+    layer = _layer((4, 4), (4, 8), 4)
+    assert _compare(layer, 2048, ("merge", "merge")).fold_bias
+
+
+@needs_native
+@pytest.mark.parametrize("strategies", [("merge", "merge"), ("sequential", (1, 2)), "dense"], ids=str)
+@pytest.mark.parametrize("tokens", [1, 6])
+def test_native_without_input_gradient(strategies, tokens):
+    _compare(_layer((4, 3, 5), (2, 6, 3), 3), tokens, strategies, need_dx=False)
+
+
+@needs_native
+@pytest.mark.parametrize("shapes", [((12, 8, 8), (8, 8, 12)), ((12, 8, 8), (12, 16, 16))], ids=str)
+@pytest.mark.parametrize("tokens", [1, 128, 4096])
+def test_native_float32_paper_shapes_match(shapes, tokens):
+    """Default plans of the paper shapes in float32, through oneDNN where the Python path goes there."""
+    layer = _layer(*shapes, 30, dtype=torch.float32)
+    _compare(layer, tokens, tol=1e-5)
+
+
+@needs_native
+def test_two_dispatched_ops_per_forward_and_backward():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Names(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    layer = _layer((4, 3, 5), (2, 6, 3), 3)
+    x = torch.randn(7, layer.in_features, dtype=torch.float64, requires_grad=True)
+    with Names() as seen:
+        layer(x).sum().backward()
+    native_ops = [n for n in seen.names if n.startswith("comera_native.")]
+    assert native_ops == ["comera_native.tt_forward.default", "comera_native.tt_backward.default"]
+    assert not any(n.startswith("aten.mm") for n in seen.names)
+
+
+@needs_native
+def test_rank_zero_and_double_backward_take_the_python_kernels():
+    layer = _layer((4, 3), (2, 6), [1, 0, 2, 2, 1])
+    x = torch.randn(3, 12, dtype=torch.float64, requires_grad=True)
+    layer(x).sum().backward()  # the zero plan: Python, no native op
+    layer = _layer((4, 3), (2, 6), 2)
+    x = torch.randn(3, 12, dtype=torch.float64, requires_grad=True)
+    results = []
+    for off in (False, True):
+        with native.disabled() if off else torch.enable_grad():
+            (gx,) = torch.autograd.grad(layer(x).pow(2).sum(), x, create_graph=True)
+            results.append(torch.autograd.grad(gx.pow(2).sum(), [x, *layer.parameters()]))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+@needs_native
+@pytest.mark.parametrize("strategies", [None, ("sequential", (1, 2)), "dense"], ids=str)
+@pytest.mark.parametrize("tokens", [1, 5, 2048])
+@pytest.mark.parametrize("need_dx", [True, False])
+def test_flop_formulas_count_what_the_python_kernels_run(strategies, tokens, need_dx):
+    comera.register_flop_formulas()
+    layer = _layer((4, 4), (2, 4, 4), 4, dtype=torch.float32)
+    plan = make_plan(layer.in_shape, layer.out_shape, tuple(layer.ranks), tokens, True, strategies)
+    x = torch.randn(tokens, layer.in_features)
+    counts = []
+    for off in (False, True):
+        with native.disabled() if off else torch.enable_grad(), FlopCounterMode(display=False) as counter:
+            _fwd_bwd(layer, x, plan, need_dx)
+        counts.append(counter.get_total_flops())
+    assert counts[0] == counts[1] > 0
+
+
+@needs_native
+def test_traffic_and_flop_counting_sees_the_python_kernels():
+    """count_cost (FLOPs and traffic of pipeline cells and bench rows) gives the numbers of the Python path."""
+    from harness.perf import microbench as mb
+
+    layer = _layer((12, 8, 8), (8, 8, 12), 30, dtype=torch.float32)
+    x = torch.randn(64, 768)
+    run = mb.module_call(layer, x, "fwd_bwd", wrt_input=True)[0]
+    native_cost = mb.count_cost(run)
+    with native.disabled():
+        python_cost = mb.count_cost(run)
+    assert native_cost == python_cost and native_cost[0] > 0 and native_cost[1] > 0
+
+
+def test_disabled_by_environment(tmp_path):
+    code = ("import warnings; warnings.simplefilter('error'); import comera.native as n; s = n.status(); "
+            "assert not s.in_use and 'COMERA_NATIVE=0' in s.reason, s")
+    env = {**__import__("os").environ, "COMERA_NATIVE": "0"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=tmp_path)
+
+
+def test_a_failed_build_warns_once_and_uses_python(tmp_path):
+    """No ninja on PATH: one warning naming the reason, status says why, layers still run."""
+    code = ("import warnings, torch\n"
+            "import comera.native as n\n"
+            "from comera.tt import TTLinear\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            "    layer = TTLinear(16, 8, rank=2)\n"
+            "    layer(torch.randn(3, 16)).sum().backward(); layer(torch.randn(3, 16))\n"
+            "msgs = [str(w.message) for w in caught if 'comera.native' in str(w.message)]\n"
+            "assert len(msgs) == 1 and 'ninja' in msgs[0].lower(), msgs\n"
+            "assert not n.status().in_use and 'not built' in n.status().reason\n")
+    env = {**__import__("os").environ, "PATH": str(tmp_path), "COMERA_NATIVE_BUILD_DIR": str(tmp_path / "b")}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=tmp_path)
+
+
+@pytest.mark.skipif(not TOOLS, reason="no C++ compiler or no ninja on PATH")
+def test_a_compile_error_is_named_in_the_warning(tmp_path):
+    broken = tmp_path / "broken.cpp"
+    broken.write_text("this is not C++;\n")
+    code = ("import warnings, pathlib\n"
+            "import comera.native as n\n"
+            f"n.SOURCE = pathlib.Path({str(broken)!r})\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            "    n.status(); n.status()\n"
+            "msgs = [str(w.message) for w in caught if 'comera.native' in str(w.message)]\n"
+            "assert len(msgs) == 1 and 'error:' in msgs[0], msgs\n"
+            "assert not n.status().in_use and 'error:' in n.status().reason\n")
+    env = {**__import__("os").environ, "COMERA_NATIVE_BUILD_DIR": str(tmp_path / "b")}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=tmp_path)
+
+
+def test_the_cpp_inner_product_thresholds_are_the_kernels():
+    """csrc/tt_linear.cpp sends the same float32 CPU products to oneDNN as comera.kernels."""
+    import re
+
+    from comera import kernels
+
+    text = native.SOURCE.read_text()
+    found = [int(re.search(rf"{name} = int64_t\(1\) << (\d+);", text).group(1))
+             for name in ("kNarrowMinMacs", "kWideMinMacs")]
+    assert tuple(1 << n for n in found) == kernels.INNER_PRODUCT_MIN_MACS
+    assert "cols > 64" in text
+
+
+@needs_native
+def test_large_cpu_calls_keep_the_python_kernels():
+    """From CPU_PYTHON_MIN_OUTPUT output elements a CPU call runs the Python kernels; other devices do not."""
+    small = make_plan((12, 8, 8), (8, 8, 12), (1, 12, 30, 30, 30, 12, 1), 4096)
+    large = make_plan((12, 8, 8), (12, 16, 16), (1, 12, 30, 30, 30, 16, 1), 4096)
+    assert 4096 * 768 < native.CPU_PYTHON_MIN_OUTPUT <= 4096 * 3072
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert native.usable(small, cpu) and not native.usable(large, cpu)
+    assert native.usable(large, cuda) and native.usable(large)
