@@ -93,6 +93,12 @@ def status() -> NativeStatus:
     return _state
 
 
+def known_status() -> NativeStatus | None:
+    """:func:`status` if something has asked for it in this process (a TT layer ran), else None; never
+    builds. For provenance: a run's row says which kernels its TT layers had."""
+    return _state
+
+
 PYTHON_KERNELS_ATTR = "comera_python_kernels"
 """A TorchDispatchMode with this attribute set true sees TT layers run the Python kernels: a mode that
 accounts for every ATen op (memory traffic) gets them all, not one native op."""
