@@ -138,6 +138,14 @@ EOF
 } > "$out/env.txt" 2>&1
 log "env: $(grep -E '^(device|torch|python)' "$out/env.txt" | tr '\n' ' ')"
 
+# The native TT ops (comera/native.py) compile here once, before any phase is timed; without a compiler
+# the layers run their Python kernels and every row's settings.tt_kernels says why.
+export COMERA_NATIVE_BUILD_DIR=${COMERA_NATIVE_BUILD_DIR:-$work/native-build}
+native=$(cd "$repo" && timeout 180 "$py" -c "import comera.native as n; s = n.status()
+print(('in use, ' if s.in_use else 'not in use: ') + s.reason)" 2>&1 | tail -n 1)
+echo "comera.native: $native" >> "$out/env.txt"
+log "comera.native: $native"
+
 cd "$repo" || exit 2
 cuda_tests=$(grep -rl --include='test_*.py' "mark.cuda" tests | sort)
 [[ -z $stopped ]] && run_phase tests $((tests_s < $(left) ? tests_s : $(left))) "$out/pytest.txt" \

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -51,6 +52,8 @@ def test_dry_run_packs_runs_tables_figures_and_claims(tmp_path):
         assert f"{phase}: exit status 0" in log, log
     assert "figures: started" not in log  # the grid drew them itself
     assert "float32 matmul precision highest" in (out / "env.txt").read_text()
+    native = "in use, built in" if shutil.which("ninja") and shutil.which("c++") else "not in use: not built"
+    assert f"comera.native: {native}" in (out / "env.txt").read_text()
     assert "needs CUDA" in (out / "pytest.txt").read_text()  # -m cuda: selected, skipped here
     results = members(out / "results.tar.gz")
     assert len([n for n in results if n.endswith(".runs.parquet")]) == CELLS
