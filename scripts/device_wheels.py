@@ -21,8 +21,8 @@ from packaging.markers import Marker
 from packaging.requirements import Requirement
 
 ROOTS = ("snakemake", "galore-torch", "bitsandbytes", "jsonschema", "pyyaml", "psutil", "opt-einsum", "tqdm",
-         "tokenizers", "tabulate", "markdown-it-py")
-"""The pipeline's needs beyond torch (pyproject's `bench` extra)."""
+         "tokenizers", "tabulate", "markdown-it-py", "ninja")
+"""The pipeline's needs beyond torch (pyproject's `bench` extra; ninja builds the native TT ops)."""
 ON_DEVICE = ("torch", "numpy", "pandas", "pyarrow", "matplotlib", "pytest")
 """In the device image, with what they require."""
 ALSO_ON_DEVICE = ("transformers",)

@@ -107,6 +107,7 @@ EOF
   fi
   log "wheels: ${#wheels[@]} of $(compgen -G "$repo/.whl/*.whl" | wc -l) installed into $site (the others are here)"
   export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+  [[ -d $site/bin ]] && export PATH=$site/bin:$PATH  # ninja, which the native TT ops are built with
 fi
 export PYTHONPATH=$repo${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # The pipeline's shell commands call python, comera-bench and snakemake: this interpreter, this checkout.
