@@ -112,9 +112,9 @@ products take nearly all the time and the bench measured the native ops slower (
 
 def usable(plan: ContractionPlan, device: torch.device | None = None) -> bool:
     """Whether :class:`comera.tt.TTLinearFunction` runs ``plan`` natively: the ops are built, the plan
-    contracts something (a rank-0 plan stays Python), no torch.compile trace is running (the compiler
-    sees the Python kernels) and no active dispatch mode asks for the Python kernels
-    (:data:`PYTHON_KERNELS_ATTR`)."""
+    contracts something (a rank-0 plan stays Python), a CPU call (``device``) has fewer than
+    :data:`CPU_PYTHON_MIN_OUTPUT` output elements, no torch.compile trace is running (the compiler sees
+    the Python kernels) and no active dispatch mode asks for the Python kernels (:data:`PYTHON_KERNELS_ATTR`)."""
     if plan.zero or torch.compiler.is_compiling() or getattr(_off, "depth", 0) or not status().in_use:
         return False
     if (device is not None and device.type == "cpu"

@@ -159,8 +159,9 @@ def share_note(comera: dict[str, Any], other_name: str) -> str:
     """Where a CoMERA step's time goes, from a step worker's result: the tensorized layers (each re-run
     alone) and the rest ("" when not measured; why not, when inconsistent: :func:`profile_mismatch`)."""
     step, layers = comera.get("step_time_ms"), comera.get("tt_layers_ms")
-    if not (step and layers) or profile_mismatch(step, layers):
-        return profile_mismatch(step, layers)
+    mismatch = profile_mismatch(step, layers)
+    if not (step and layers) or mismatch:
+        return mismatch
     return (f"profile: tensorized layers fwd+bwd {layers:.1f} of the {step:.1f} ms CoMERA step "
             f"(f={layers / step:.2f}, {comera.get('tt_layers_seen')} modules re-run alone); the rest, "
             f"{step - layers:.1f} ms, is attention, GELU, LayerNorm, dropout, the other embeddings "
