@@ -353,7 +353,7 @@ vector<Tensor> tt_backward(const Tensor& dy_in, const Tensor& x, at::TensorList 
   vector<Tensor> d_cores = at::_foreach_mul(d_gated, gates);
   out.insert(out.end(), d_cores.begin(), d_cores.end());
   out.push_back(d_eff.back());
-  for (const Tensor& p : at::_foreach_mul(d_gated, cores.slice(0, d - 1))) out.push_back(p.sum({0, 1}));
+  for (const Tensor& p : at::_foreach_mul(d_gated, cores.slice(0, d - 1))) out.push_back(p.sum(at::IntArrayRef{0, 1}));
   return out;
 }
 
