@@ -7,9 +7,13 @@ calls them when :func:`usable` says so; what disappears is Python's per-op cost,
 GPU each one still launches its kernels).
 
 The extension is compiled on first use with :func:`torch.utils.cpp_extension.load` (needs a C++ compiler
-and ninja; later processes only load it) into ``$COMERA_NATIVE_BUILD_DIR`` if set, else torch's extension
-folder. ``COMERA_NATIVE=0`` turns it off. When it cannot be built the Python path is used, with one
-warning; :func:`status` says whether it is in use and why not.
+and ninja; later processes only load it) into ``$COMERA_NATIVE_BUILD_DIR`` if set, else a folder per torch
+version in torch's extension folder. A compile error is remembered there (``build-failed.json``) for the
+same source, torch and compiler, so later processes do not pay for it again. ``$COMERA_NATIVE_LIBRARY``
+names a library built elsewhere for this source and torch (``scripts/native_prebuilt.py``; its
+``.json`` beside it says for which), loaded instead of building. ``COMERA_NATIVE=0`` turns it off. When
+it cannot be built the Python path is used, with one warning; :func:`status` says whether it is in use
+and why not.
 
 Example::
 
@@ -20,8 +24,12 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import math
 import os
+import shutil
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -35,6 +43,10 @@ SOURCE = Path(__file__).resolve().parent / "csrc" / "tt_linear.cpp"
 """The C++ source of the two ops."""
 NAME = "comera_native"
 """The extension's (and the op namespace's) name."""
+LIBRARY_ENV = "COMERA_NATIVE_LIBRARY"
+"""The environment variable naming a prebuilt library to load instead of building."""
+FAILED_MEMO = "build-failed.json"
+"""The file in the build folder that remembers a failed build (the reason, and what it depended on)."""
 
 
 class NativeStatus(NamedTuple):
@@ -52,23 +64,93 @@ _off = threading.local()  # .depth > 0 inside disabled()
 def _build() -> NativeStatus:
     if os.environ.get("COMERA_NATIVE", "1").strip() == "0":
         return NativeStatus(False, "disabled by COMERA_NATIVE=0")
+    skipped = ""  # why a prebuilt library named by LIBRARY_ENV was not used
+    if os.environ.get(LIBRARY_ENV):
+        loaded = _load_prebuilt(Path(os.environ[LIBRARY_ENV]))
+        if loaded.in_use:
+            return loaded
+        skipped = f" ({loaded.reason})"
+    folder = Path(os.environ.get("COMERA_NATIVE_BUILD_DIR") or build_folder())
+    memo, key = folder / FAILED_MEMO, _build_key()
+    earlier = _read_json(memo)
+    if earlier.get("key") == key:
+        return _not_built(f"{earlier.get('error')} (an earlier build; delete {memo} to retry){skipped}")
     try:
         from torch.utils import cpp_extension
 
         cpp_extension.verify_ninja_availability()
-        folder = os.environ.get("COMERA_NATIVE_BUILD_DIR") or None
-        if folder is not None:
-            os.makedirs(folder, exist_ok=True)
-        cpp_extension.load(name=NAME, sources=[str(SOURCE)], build_directory=folder,
-                           extra_cflags=["-O2"], is_python_module=False, verbose=False)
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            cpp_extension.load(name=NAME, sources=[str(SOURCE)], build_directory=str(folder),
+                               extra_cflags=["-O2"], is_python_module=False, verbose=False)
+        except Exception as exc:
+            with contextlib.suppress(OSError):  # remembered for the next process, where the folder allows
+                memo.write_text(json.dumps({"key": key, "error": _first_error(exc)}))
+            raise
+        with contextlib.suppress(OSError):
+            memo.unlink(missing_ok=True)
         torch.ops.comera_native.tt_forward  # noqa: B018 -- raises if the library registered nothing
     except Exception as exc:  # no compiler, no ninja, a compile error: the Python path, said once
-        reason = f"not built: {_first_error(exc)}"
-        warnings.warn(f"comera.native: {reason}; TT layers use the Python kernels", RuntimeWarning,
-                      stacklevel=3)
-        return NativeStatus(False, reason)
-    where = folder or "torch's extension folder"
-    return NativeStatus(True, f"built in {where}")
+        return _not_built(f"{_first_error(exc)}{skipped}")
+    return NativeStatus(True, f"built in {folder}{skipped}")
+
+
+def _not_built(why: str) -> NativeStatus:
+    reason = f"not built: {why}"
+    warnings.warn(f"comera.native: {reason}; TT layers use the Python kernels", RuntimeWarning, stacklevel=4)
+    return NativeStatus(False, reason)
+
+
+def _load_prebuilt(library: Path) -> NativeStatus:
+    """Load a library built elsewhere if its ``.json`` matches :func:`library_metadata`; else say why not."""
+    made_for = _read_json(library.with_suffix(".json"))
+    wanted = library_metadata()
+    if not library.is_file():
+        return NativeStatus(False, f"{LIBRARY_ENV}={library}: no such file")
+    if made_for != wanted:
+        differ = ", ".join(f"{key} {made_for.get(key)} (here {value})" for key, value in wanted.items()
+                           if made_for.get(key) != value)
+        return NativeStatus(False, f"{LIBRARY_ENV}={library} skipped: built for {differ}")
+    try:
+        torch.ops.load_library(str(library))
+        torch.ops.comera_native.tt_forward  # noqa: B018
+    except Exception as exc:
+        return NativeStatus(False, f"{LIBRARY_ENV}={library} did not load: {_first_error(exc)}")
+    return NativeStatus(True, f"prebuilt {library}")
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _build_key() -> str:
+    """What a failed build depends on: the source, torch and the compiler ninja would run."""
+    compiler = os.environ.get("CXX") or shutil.which("c++") or "no c++"
+    return f"{library_metadata()} {compiler}"
+
+
+def library_metadata() -> dict[str, str]:
+    """What a library built from :data:`SOURCE` is tied to: torch's version and the source's SHA-256 (the
+    ``.json`` written beside a prebuilt library, checked before it is loaded)."""
+    return {"torch": torch.__version__, "source_sha256": source_sha256()}
+
+
+def source_sha256() -> str:
+    """The SHA-256 of :data:`SOURCE` (hex)."""
+    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()
+
+
+def build_folder() -> Path:
+    """The default build folder: one per torch version and Python in torch's extension folder
+    (``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``)."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    python = f"py{sys.version_info.major}{sys.version_info.minor}"
+    return Path(get_default_build_root()) / f"{NAME}-{python}-torch{torch.__version__}"
 
 
 def _first_error(exc: Exception) -> str:
@@ -99,11 +181,6 @@ def known_status() -> NativeStatus | None:
     return _state
 
 
-PYTHON_KERNELS_ATTR = "comera_python_kernels"
-"""A TorchDispatchMode with this attribute set true sees TT layers run the Python kernels: a mode that
-accounts for every ATen op (memory traffic) gets them all, not one native op."""
-
-
 CPU_PYTHON_MIN_OUTPUT = 1 << 23
 """Output elements (tokens x out_features) from which a CPU call runs the Python kernels: there the
 products take nearly all the time and the bench measured the native ops slower (docs/performance.md,
@@ -114,22 +191,17 @@ def usable(plan: ContractionPlan, device: torch.device | None = None) -> bool:
     """Whether :class:`comera.tt.TTLinearFunction` runs ``plan`` natively: the ops are built, the plan
     contracts something (a rank-0 plan stays Python), a CPU call (``device``) has fewer than
     :data:`CPU_PYTHON_MIN_OUTPUT` output elements, no torch.compile trace is running (the compiler sees
-    the Python kernels) and no active dispatch mode asks for the Python kernels (:data:`PYTHON_KERNELS_ATTR`)."""
+    the Python kernels) and the call is not inside :func:`disabled`."""
     if plan.zero or torch.compiler.is_compiling() or getattr(_off, "depth", 0) or not status().in_use:
         return False
-    if (device is not None and device.type == "cpu"
-            and plan.tokens * math.prod(plan.out_shape) >= CPU_PYTHON_MIN_OUTPUT):
-        return False
-    if torch._C._len_torch_dispatch_stack():
-        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-        return not any(getattr(mode, PYTHON_KERNELS_ATTR, False) for mode in _get_current_dispatch_mode_stack())
-    return True
+    return not (device is not None and device.type == "cpu"
+                and plan.tokens * math.prod(plan.out_shape) >= CPU_PYTHON_MIN_OUTPUT)
 
 
 @contextlib.contextmanager
 def disabled():
-    """Within the block (this thread), TT layers run the Python kernels: for comparisons and measurements.
+    """Within the block (this thread), TT layers run the Python kernels: for comparisons and measurements
+    (a TorchDispatchMode that accounts for every ATen op sees a native op as one op, not its inner calls).
 
     Example::
 

@@ -83,8 +83,9 @@ def forward_gates(module: nn.Module) -> list[torch.Tensor]:
 def outside_autocast(fn: Callable[..., torch.Tensor], device_type: str,
                      *tensors: torch.Tensor | None) -> torch.Tensor:
     """``fn(*tensors)``; under autocast for ``device_type`` the tensors are cast to the autocast dtype and
-    ``fn`` runs with autocast off (custom autograd kernels pick no per-op dtypes). None passes through."""
-    if not torch.is_autocast_enabled(device_type):
+    ``fn`` runs with autocast off (custom autograd kernels pick no per-op dtypes). None passes through.
+    A device without autocast (``meta``) runs ``fn`` as it is."""
+    if not (torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)):
         return fn(*tensors)
     dtype = torch.get_autocast_dtype(device_type)
     with torch.autocast(device_type, enabled=False):

@@ -7,7 +7,9 @@
 # everything they require (transformers, which galore-torch imports, is in the image), at the versions
 # installed in PYTHON (default .venv/bin/python: this checkout's, as `pip freeze` lists them), one wheel
 # each (scripts/device_wheels.py);
-# bitsandbytes keeps its CUDA 13 and CPU libraries only, PuLP its x86-64 Linux CBC solver only.
+# bitsandbytes keeps its CUDA 13 and CPU libraries only, PuLP its x86-64 Linux CBC solver only. Also the
+# native TT ops prebuilt for the device's torch (scripts/native_prebuilt.py: its wheel is downloaded once
+# into ~/.cache/comera/wheels, about 530 MB for 2.11.0), in .whl/native/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-.venv/bin/python}
@@ -39,4 +41,9 @@ if [[ -d .whl/built ]]; then
   mv .whl/built/*.whl .whl/ && rmdir .whl/built
 fi
 "$py" scripts/device_wheels.py trim .whl
+# The native TT ops built for the device's torch (DEVICE_TORCH, default 2.11.0, its image's), in case it
+# cannot compile them itself; gpu_check.sh loads them when they match (comera/native.py).
+"$py" scripts/native_prebuilt.py --torch "${DEVICE_TORCH:-2.11.0}" --python 3.12 \
+  --out .whl/native/comera_native.so \
+  || echo "device_wheels: no prebuilt native ops; the device builds them if it has a C++ compiler" >&2
 echo "$(ls .whl/*.whl | wc -l) wheels for ${#pins[@]} packages, $(du -sh .whl | cut -f1) in .whl/"

@@ -139,9 +139,12 @@ EOF
 } > "$out/env.txt" 2>&1
 log "env: $(grep -E '^(device|torch|python)' "$out/env.txt" | tr '\n' ' ')"
 
-# The native TT ops (comera/native.py) compile here once, before any phase is timed; without a compiler
-# the layers run their Python kernels and every row's settings.tt_kernels says why.
+# The native TT ops (comera/native.py): the library prebuilt by device_wheels.sh when it matches this torch,
+# else compiled here once, before any phase is timed; without either the layers run their Python kernels
+# and every row's settings.tt_kernels says why.
 export COMERA_NATIVE_BUILD_DIR=${COMERA_NATIVE_BUILD_DIR:-$work/native-build}
+[[ -f $repo/.whl/native/comera_native.so ]] \
+  && export COMERA_NATIVE_LIBRARY=${COMERA_NATIVE_LIBRARY:-$repo/.whl/native/comera_native.so}
 native=$(cd "$repo" && timeout 180 "$py" -c "import comera.native as n; s = n.status()
 print(('in use, ' if s.in_use else 'not in use: ') + s.reason)" 2>&1 | tail -n 1)
 echo "comera.native: $native" >> "$out/env.txt"

@@ -26,6 +26,7 @@ FLOPs: the matmul-class FLOPs actually executed, counted by ``torch.utils.flop_c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -246,14 +247,25 @@ class TrafficCounter(TorchDispatchMode):
     """Compulsory memory traffic of the executed ATen ops: every non-view op reads its tensor arguments
     and writes its outputs once; a gather reads only the rows it returns (2x output + indices).
     A lower bound of real traffic for operands larger than the caches (reused operands counted again).
-    TT layers run their Python kernels under it (``comera.native.PYTHON_KERNELS_ATTR``): a native op's
-    inner ATen calls are invisible to a dispatch mode, and the Python kernels make the same calls."""
-
-    comera_python_kernels = True  # comera.native.PYTHON_KERNELS_ATTR
+    TT layers run their Python kernels under it (:func:`comera.native.disabled`): a native op's inner ATen
+    calls are invisible to a dispatch mode, and the Python kernels make the same calls."""
 
     def __init__(self):
         super().__init__()
         self.bytes = 0
+        self._python_kernels = contextlib.ExitStack()
+
+    def __enter__(self):
+        from comera import native
+
+        self._python_kernels.enter_context(native.disabled())
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._python_kernels.close()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))

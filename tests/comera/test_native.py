@@ -210,9 +210,14 @@ def test_a_compile_error_is_named_in_the_warning(tmp_path):
             "    n.status(); n.status()\n"
             "msgs = [str(w.message) for w in caught if 'comera.native' in str(w.message)]\n"
             "assert len(msgs) == 1 and 'error:' in msgs[0], msgs\n"
-            "assert not n.status().in_use and 'error:' in n.status().reason\n")
+            "assert not n.status().in_use and 'error:' in n.status().reason\n"
+            "print(n.status().reason)\n")
     env = {**__import__("os").environ, "COMERA_NATIVE_BUILD_DIR": str(tmp_path / "b")}
-    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=tmp_path)
+    first, again = (subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=tmp_path,
+                                   capture_output=True, text=True).stdout for _ in range(2))
+    # The second process is told of the first one's failure instead of compiling again.
+    assert "an earlier build" not in first and f"an earlier build; delete {tmp_path / 'b' / native.FAILED_MEMO}" in again
+    assert first.strip() in again
 
 
 def test_the_cpp_inner_product_thresholds_are_the_kernels():
@@ -237,3 +242,29 @@ def test_large_cpu_calls_keep_the_python_kernels():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert native.usable(small, cpu) and not native.usable(large, cpu)
     assert native.usable(large, cuda) and native.usable(large)
+
+
+@needs_native
+def test_native_ops_run_on_the_meta_device():
+    """The ops create every tensor on their inputs' device (what running on CUDA needs): on meta tensors
+    they run, dispatched as the two native ops, and return meta tensors of the CPU run's shapes."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Names(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names = getattr(self, "names", []) + [str(func)]
+            return func(*args, **(kwargs or {}))
+
+    shapes = {}
+    for device in ("cpu", "meta"):
+        torch.manual_seed(0)
+        layer = TTLinear(768, 3072, in_shape=(12, 8, 8), out_shape=(12, 16, 16), rank=30, device=device)
+        x = torch.randn(64, 768, device=device, requires_grad=True)
+        with Names() as seen:
+            layer(x).sum().backward()
+        grads = [x.grad, *(p.grad for p in layer.parameters())]
+        assert all(g.device.type == device for g in grads)
+        assert [n for n in seen.names if n.startswith("comera_native.")] == [
+            "comera_native.tt_forward.default", "comera_native.tt_backward.default"]
+        shapes[device] = [g.shape for g in grads]
+    assert shapes["meta"] == shapes["cpu"]
