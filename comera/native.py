@@ -6,14 +6,14 @@ registers ``torch.ops.comera_native.tt_forward`` and ``tt_backward``. :class:`co
 calls them when :func:`usable` says so; what disappears is Python's per-op cost, not the ATen calls (on a
 GPU each one still launches its kernels).
 
-The extension is compiled on first use with :func:`torch.utils.cpp_extension.load` (needs a C++ compiler
-and ninja; later processes only load it) into ``$COMERA_NATIVE_BUILD_DIR`` if set, else a folder per torch
-version in torch's extension folder. A compile error is remembered there (``build-failed.json``) for the
-same source, torch and compiler, so later processes do not pay for it again. ``$COMERA_NATIVE_LIBRARY``
-names a library built elsewhere for this source and torch (``scripts/native_prebuilt.py``; its
-``.json`` beside it says for which), loaded instead of building. ``COMERA_NATIVE=0`` turns it off. When
-it cannot be built the Python path is used, with one warning; :func:`status` says whether it is in use
-and why not.
+The extension is compiled on first use with :func:`torch.utils.cpp_extension.load` (needs a C++ compiler and
+ninja; later processes load the library directly while the ``.json`` beside it names this source and torch)
+into ``$COMERA_NATIVE_BUILD_DIR`` if set, else a folder per torch version in torch's extension folder. A
+compile error is remembered there (``build-failed.json``) for the same source, torch and compiler, so later
+processes do not pay for it again. ``$COMERA_NATIVE_LIBRARY`` names a library built elsewhere for this source
+and torch (``scripts/native_prebuilt.py``; its ``.json`` beside it says for which), loaded instead of
+building. ``COMERA_NATIVE=0`` turns it off. When it cannot be built the Python path is used, with one warning;
+:func:`status` says whether it is in use and why not.
 
 Example::
 
@@ -66,11 +66,14 @@ def _build() -> NativeStatus:
         return NativeStatus(False, "disabled by COMERA_NATIVE=0")
     skipped = ""  # why a prebuilt library named by LIBRARY_ENV was not used
     if os.environ.get(LIBRARY_ENV):
-        loaded = _load_prebuilt(Path(os.environ[LIBRARY_ENV]))
-        if loaded.in_use:
-            return loaded
-        skipped = f" ({loaded.reason})"
+        library = Path(os.environ[LIBRARY_ENV])
+        why_not = _load(library)
+        if why_not is None:
+            return NativeStatus(True, f"prebuilt {library}")
+        skipped = f" ({LIBRARY_ENV}={library}: {why_not})"
     folder = Path(os.environ.get("COMERA_NATIVE_BUILD_DIR") or build_folder())
+    if _load(folder / f"{NAME}.so") is None:  # an earlier process built it for this source and torch
+        return NativeStatus(True, f"built in {folder}{skipped}")
     memo, key = folder / FAILED_MEMO, _build_key()
     earlier = _read_json(memo)
     if earlier.get("key") == key:
@@ -87,9 +90,10 @@ def _build() -> NativeStatus:
             with contextlib.suppress(OSError):  # remembered for the next process, where the folder allows
                 memo.write_text(json.dumps({"key": key, "error": _first_error(exc)}))
             raise
-        with contextlib.suppress(OSError):
-            memo.unlink(missing_ok=True)
         torch.ops.comera_native.tt_forward  # noqa: B018 -- raises if the library registered nothing
+        with contextlib.suppress(OSError):  # later processes load it directly (without cpp_extension)
+            memo.unlink(missing_ok=True)
+            (folder / f"{NAME}.json").write_text(json.dumps(library_metadata()))
     except Exception as exc:  # no compiler, no ninja, a compile error: the Python path, said once
         return _not_built(f"{_first_error(exc)}{skipped}")
     return NativeStatus(True, f"built in {folder}{skipped}")
@@ -101,22 +105,22 @@ def _not_built(why: str) -> NativeStatus:
     return NativeStatus(False, reason)
 
 
-def _load_prebuilt(library: Path) -> NativeStatus:
-    """Load a library built elsewhere if its ``.json`` matches :func:`library_metadata`; else say why not."""
-    made_for = _read_json(library.with_suffix(".json"))
-    wanted = library_metadata()
+def _load(library: Path) -> str | None:
+    """Load ``library`` if the ``.json`` beside it matches :func:`library_metadata`; None when loaded, else
+    why not."""
     if not library.is_file():
-        return NativeStatus(False, f"{LIBRARY_ENV}={library}: no such file")
+        return "no such file"
+    made_for, wanted = _read_json(library.with_suffix(".json")), library_metadata()
     if made_for != wanted:
         differ = ", ".join(f"{key} {made_for.get(key)} (here {value})" for key, value in wanted.items()
                            if made_for.get(key) != value)
-        return NativeStatus(False, f"{LIBRARY_ENV}={library} skipped: built for {differ}")
+        return f"skipped: built for {differ}"
     try:
         torch.ops.load_library(str(library))
         torch.ops.comera_native.tt_forward  # noqa: B018
     except Exception as exc:
-        return NativeStatus(False, f"{LIBRARY_ENV}={library} did not load: {_first_error(exc)}")
-    return NativeStatus(True, f"prebuilt {library}")
+        return f"did not load: {_first_error(exc)}"
+    return None
 
 
 def _read_json(path: Path) -> dict:
