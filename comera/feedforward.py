@@ -76,7 +76,7 @@ def _python_backward(ctx, groups, dy):
     dz2, d_right2, dbias2 = kernels.right_backward(dy, eff2[m2:], right2_in, right2, p2.right_groups)
     if p2.bias and dbias2 is None:
         dbias2 = dy.sum(0)
-    # Recompute the hidden activation from the rank-r product z1 (the only full-width work redone).
+    # Recompute the hidden activation from the rank-r product z1.
     y1, right1_in, right1 = kernels.right_forward(z1, eff1[m1:], p1.right_groups, bias1, p1.fold_bias)
     with torch.enable_grad():
         y1 = y1.detach().requires_grad_(True)
