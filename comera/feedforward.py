@@ -6,7 +6,13 @@ TTLinear layers the hidden activation is a cheap function of the rank-r product 
 ``first(x) = z1 B1 + b1``. :func:`feed_forward` therefore keeps only ``x``, ``z1``, ``z2`` (rank-r) and the
 merged core blocks, and backward recomputes ``first(x)`` and the activation from ``z1`` -- one
 ``(tokens x r) @ (r x hidden)`` GEMM and one activation more than the composition, no other extra work
-(the second layer's input projection is not redone). Results and gradients equal the composition's.
+when the second layer's input side is one group (with several, that side's forward is redone for the
+activations between them). Results and gradients equal the composition's.
+
+Where :func:`comera.native.usable` allows both layers' plans, each layer's forward and backward is one
+native op, and the recomputation one or two more (:func:`comera.native.right_forward`, and
+:func:`comera.native.left_forward` when the second layer has several input groups); the activation runs in
+Python between them. Results equal the Python kernels'.
 
 The recomputation is the price of the memory; ``feed_forward(..., fuse_min_elements=n)`` (default 0:
 always fused) sets a size below which the plain composition runs instead, trading memory for time (what
@@ -19,7 +25,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from comera import kernels
+from comera import kernels, native
 from comera.contraction import ContractionPlan
 from comera.tt import (
     TTLinear,
@@ -39,64 +45,139 @@ def _split(params, d: int):
     return list(params[:d]), list(params[d:2 * d - 1])
 
 
+def _present(t: torch.Tensor | None) -> list[torch.Tensor]:
+    return [] if t is None else [t]
+
+
+def _python_forward(plans, activation, x, bias1, bias2, cores1, gates1, cores2, gates2):
+    """The forward with the Python kernels: ``(y, groups)``, the tensors the backward reads, in groups."""
+    p1, p2 = plans
+    eff1, eff2 = gated_cores(cores1, gates1), gated_cores(cores2, gates2)
+    m1, m2 = len(p1.in_shape), len(p2.in_shape)
+    z1, left1_in, left1 = kernels.left_forward(x, eff1[:m1], p1.left_groups)
+    hidden = activation(kernels.right_forward(z1, eff1[m1:], p1.right_groups, bias1, p1.fold_bias)[0])
+    z2, _, left2 = kernels.left_forward(hidden, eff2[:m2], p2.left_groups)
+    del hidden
+    y, right2_in, right2 = kernels.right_forward(z2, eff2[m2:], p2.right_groups, bias2, p2.fold_bias)
+    return y, [cores1, gates1, eff1, cores2, gates2, eff2, left1_in, *left1, *left2, right2_in, *right2,
+               [z1], _present(bias1)]
+
+
+def _python_backward(ctx, groups, dy):
+    """Gradients of x, both biases, cores and gates from the groups of :func:`_python_forward`."""
+    p1, p2 = ctx.plans
+    cores1, gates1, eff1, cores2, gates2, eff2, left1_in = groups[:7]
+    n1, n2 = len(p1.left_groups), len(p2.left_groups)
+    left1, left2 = groups[7:7 + n1], groups[7 + n1:7 + n1 + n2]
+    right2_in, right2 = groups[7 + n1 + n2], groups[8 + n1 + n2:-2]
+    (z1,), bias1 = groups[-2], (groups[-1] or [None])[0]
+    m1, m2 = len(p1.in_shape), len(p2.in_shape)
+
+    dz2, d_right2, dbias2 = kernels.right_backward(dy, eff2[m2:], right2_in, right2, p2.right_groups)
+    if p2.bias and dbias2 is None:
+        dbias2 = dy.sum(0)
+    # Recompute the hidden activation from the rank-r product z1.
+    y1, right1_in, right1 = kernels.right_forward(z1, eff1[m1:], p1.right_groups, bias1, p1.fold_bias)
+    with torch.enable_grad():
+        y1 = y1.detach().requires_grad_(True)
+        hidden = ctx.activation(y1)
+    left2_in = [hidden.detach()] if n2 == 1 else kernels.left_forward(hidden.detach(), eff2[:m2],
+                                                                          p2.left_groups)[1]
+    dhidden, d_left2 = kernels.left_backward(dz2, eff2[:m2], left2_in, left2, p2.left_groups, True)
+    del left2_in
+    (dy1,) = torch.autograd.grad(hidden, y1, dhidden)
+    del hidden, y1, dhidden
+    dz1, d_right1, dbias1 = kernels.right_backward(dy1, eff1[m1:], right1_in, right1, p1.right_groups)
+    if p1.bias and dbias1 is None:
+        dbias1 = dy1.sum(0)
+    dx, d_left1 = kernels.left_backward(dz1, eff1[:m1], left1_in, left1, p1.left_groups,
+                                            ctx.needs_input_grad[2])
+    d_cores1, d_gates1 = core_and_gate_grads(d_left1 + d_right1, cores1, gates1)
+    d_cores2, d_gates2 = core_and_gate_grads(d_left2 + d_right2, cores2, gates2)
+    return (dx, dbias1, dbias2, *d_cores1, *d_gates1, *d_cores2, *d_gates2)
+
+
+def _native_forward(plans, activation, x, bias1, bias2, cores1, gates1, cores2, gates2):
+    """The forward with the native ops (one per layer): ``(y, groups)``. Of what ``tt_forward`` returns,
+    layer 1 keeps its input side (z1 included), layer 2 all but its input groups' outputs before z2; the
+    backward recomputes the rest (:func:`comera.native.right_forward`, :func:`comera.native.left_forward`)."""
+    p1, p2 = plans
+    ops = torch.ops.comera_native
+    out1 = ops.tt_forward(x, bias1, cores1, gates1, *native.plan_args(p1))
+    hidden = activation(out1[0])
+    saved1 = native.split_saved(p1, out1[1:])._replace(right_blocks=[], right_acts=[])
+    del out1
+    y, *rest = ops.tt_forward(hidden, bias2, cores2, gates2, *native.plan_args(p2))
+    saved2 = native.split_saved(p2, rest)
+    saved2 = saved2._replace(left_outs=saved2.left_outs[-1:])
+    return y, [[x], _present(bias1), _present(bias2), cores1, gates1, *saved1, cores2, gates2, *saved2]
+
+
+def _native_unpack(groups):
+    """``(x, bias1, bias2, cores1, gates1, saved1, cores2, gates2, saved2)`` from :func:`_native_forward`'s
+    groups; a missing bias is None."""
+    (x,), bias1, bias2, cores1, gates1 = groups[:5]
+    cores2, gates2 = groups[10:12]
+    saved1, saved2 = native.SavedParts(*groups[5:10]), native.SavedParts(*groups[12:])
+    return x, (bias1 or [None])[0], (bias2 or [None])[0], cores1, gates1, saved1, cores2, gates2, saved2
+
+
+def _native_backward(ctx, groups, dy):
+    """Gradients as :func:`_python_backward` gives them, with the native ops: layer 1's output side and
+    (with several input groups) layer 2's input side recomputed, one op each, then one backward per layer."""
+    p1, p2 = ctx.plans
+    need = ctx.needs_input_grad
+    ops = torch.ops.comera_native
+    x, bias1, bias2, cores1, gates1, saved1, cores2, gates2, saved2 = _native_unpack(groups)
+    y1, blocks, acts = native.right_forward(p1, saved1.left_outs[-1], bias1, saved1.gated + cores1[-1:])
+    saved1 = saved1._replace(right_blocks=blocks, right_acts=acts)
+    with torch.enable_grad():
+        y1 = y1.detach().requires_grad_(True)
+        hidden = ctx.activation(y1)
+    if len(p2.left_groups) > 1:
+        outs = native.left_forward(p2, hidden, saved2.gated + cores2[-1:])[1]
+        saved2 = saved2._replace(left_outs=outs[:-1] + saved2.left_outs)
+    dhidden, dbias2, *grads2 = ops.tt_backward(dy, hidden, cores2, gates2, saved2.flat(), *native.plan_args(p2),
+                                               bias2 is not None, True, need[4])
+    (dy1,) = torch.autograd.grad(hidden, y1, dhidden)
+    del hidden, y1, dhidden
+    dx, dbias1, *grads1 = ops.tt_backward(dy1, x, cores1, gates1, saved1.flat(), *native.plan_args(p1),
+                                          bias1 is not None, need[2], need[3])
+    return (dx if need[2] else None, dbias1 if need[3] else None, dbias2 if need[4] else None, *grads1, *grads2)
+
+
 class _TTFeedForwardFunction(torch.autograd.Function):
-    """y = L2(act(L1(x))) for TT layers L1, L2 following their plans; saves rank-r products only."""
+    """y = L2(act(L1(x))) for TT layers L1, L2 following their plans; saves rank-r products only. Native ops
+    run both layers when :func:`comera.native.usable` says so for both plans, else the Python kernels."""
 
     @staticmethod
     def forward(ctx, plans, activation, x, bias1, bias2, *params):
         p1, p2 = plans
         d1 = len(p1.ranks) - 1
-        cores1, gates1 = _split(params[:2 * d1 - 1], d1)
-        cores2, gates2 = _split(params[2 * d1 - 1:], len(p2.ranks) - 1)
-        eff1, eff2 = gated_cores(cores1, gates1), gated_cores(cores2, gates2)
-        m1, m2 = len(p1.in_shape), len(p2.in_shape)
-        z1, left1_in, left1 = kernels.left_forward(x, eff1[:m1], p1.left_groups)
-        hidden = activation(kernels.right_forward(z1, eff1[m1:], p1.right_groups, bias1, p1.fold_bias)[0])
-        z2, _, left2 = kernels.left_forward(hidden, eff2[:m2], p2.left_groups)
-        del hidden
-        y, right2_in, right2 = kernels.right_forward(z2, eff2[m2:], p2.right_groups, bias2, p2.fold_bias)
-        groups = [cores1, gates1, eff1, cores2, gates2, eff2, left1_in, *left1, *left2, right2_in, *right2,
-                  [z1], [b for b in (bias1,) if b is not None]]
+        layers = (*_split(params[:2 * d1 - 1], d1), *_split(params[2 * d1 - 1:], len(p2.ranks) - 1))
         ctx.plans, ctx.activation = plans, activation
+        ctx.native = native.usable(p1, x.device) and native.usable(p2, x.device)
+        run = _native_forward if ctx.native else _python_forward
+        y, groups = run(plans, activation, x, bias1, bias2, *layers)
         ctx.group_sizes = [len(g) for g in groups]
         ctx.save_for_backward(*(t for g in groups for t in g))
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        p1, p2 = ctx.plans
         saved, groups = iter(ctx.saved_tensors), []
         for size in ctx.group_sizes:
             groups.append([next(saved) for _ in range(size)])
-        cores1, gates1, eff1, cores2, gates2, eff2, left1_in = groups[:7]
-        n1, n2 = len(p1.left_groups), len(p2.left_groups)
-        left1, left2 = groups[7:7 + n1], groups[7 + n1:7 + n1 + n2]
-        right2_in, right2 = groups[7 + n1 + n2], groups[8 + n1 + n2:-2]
-        (z1,), bias1 = groups[-2], (groups[-1] or [None])[0]
-        m1, m2 = len(p1.in_shape), len(p2.in_shape)
-
-        dz2, d_right2, dbias2 = kernels.right_backward(dy, eff2[m2:], right2_in, right2, p2.right_groups)
-        if p2.bias and dbias2 is None:
-            dbias2 = dy.sum(0)
-        # Recompute the hidden activation from the rank-r product z1 (the only full-width work redone).
-        y1, right1_in, right1 = kernels.right_forward(z1, eff1[m1:], p1.right_groups, bias1, p1.fold_bias)
-        with torch.enable_grad():
-            y1 = y1.detach().requires_grad_(True)
-            hidden = ctx.activation(y1)
-        left2_in = [hidden.detach()] if n2 == 1 else kernels.left_forward(hidden.detach(), eff2[:m2],
-                                                                              p2.left_groups)[1]
-        dhidden, d_left2 = kernels.left_backward(dz2, eff2[:m2], left2_in, left2, p2.left_groups, True)
-        del left2_in
-        (dy1,) = torch.autograd.grad(hidden, y1, dhidden)
-        del hidden, y1, dhidden
-        dz1, d_right1, dbias1 = kernels.right_backward(dy1, eff1[m1:], right1_in, right1, p1.right_groups)
-        if p1.bias and dbias1 is None:
-            dbias1 = dy1.sum(0)
-        dx, d_left1 = kernels.left_backward(dz1, eff1[:m1], left1_in, left1, p1.left_groups,
-                                                ctx.needs_input_grad[2])
-        d_cores1, d_gates1 = core_and_gate_grads(d_left1 + d_right1, cores1, gates1)
-        d_cores2, d_gates2 = core_and_gate_grads(d_left2 + d_right2, cores2, gates2)
-        return (None, None, dx, dbias1, dbias2, *d_cores1, *d_gates1, *d_cores2, *d_gates2)
+        if ctx.native and not torch.is_grad_enabled():
+            return (None, None, *_native_backward(ctx, groups, dy))
+        if ctx.native:
+            # create_graph: the native ops have no derivative. Replay the forward in Python as it ran (without
+            # a graph) and differentiate the Python backward, as the Python path does.
+            x, bias1, bias2, cores1, gates1, _, cores2, gates2, _ = _native_unpack(groups)
+            with torch.no_grad():
+                groups = _python_forward(ctx.plans, ctx.activation, x, bias1, bias2, cores1, gates1, cores2,
+                                         gates2)[1]
+        return (None, None, *_python_backward(ctx, groups, dy))
 
 
 def _fusable(p1: ContractionPlan, p2: ContractionPlan) -> bool:

@@ -2,9 +2,11 @@
 
 ``comera/csrc/tt_linear.cpp`` ports the plan execution of :mod:`comera.kernels` and the gate products of
 :mod:`comera.tt` to C++ (the same ATen ops in the same order, so results equal the Python path's) and
-registers ``torch.ops.comera_native.tt_forward`` and ``tt_backward``. :class:`comera.tt.TTLinearFunction`
-calls them when :func:`usable` says so; what disappears is Python's per-op cost, not the ATen calls (on a
-GPU each one still launches its kernels).
+registers ``torch.ops.comera_native.tt_forward`` and ``tt_backward``, and the forward of one side alone,
+``tt_left_forward`` and ``tt_right_forward`` (:func:`left_forward`, :func:`right_forward`), with which
+:func:`comera.feed_forward` recomputes in backward what it did not save. :class:`comera.tt.TTLinearFunction`
+and the fused feed-forward block call them when :func:`usable` says so; what disappears is Python's per-op
+cost, not the ATen calls (on a GPU each one still launches its kernels).
 
 The extension is compiled on first use with :func:`torch.utils.cpp_extension.load` (needs a C++ compiler and
 ninja; later processes load the library directly while the ``.json`` beside it names this source and torch)
@@ -40,7 +42,7 @@ import torch
 from comera.contraction import ContractionPlan, PlanSettings, make_plan
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "tt_linear.cpp"
-"""The C++ source of the two ops."""
+"""The C++ source of the ops."""
 NAME = "comera_native"
 """The extension's (and the op namespace's) name."""
 LIBRARY_ENV = "COMERA_NATIVE_LIBRARY"
@@ -192,10 +194,11 @@ products take nearly all the time and the bench measured the native ops slower (
 
 
 def usable(plan: ContractionPlan, device: torch.device | None = None) -> bool:
-    """Whether :class:`comera.tt.TTLinearFunction` runs ``plan`` natively: the ops are built, the plan
-    contracts something (a rank-0 plan stays Python), a CPU call (``device``) has fewer than
-    :data:`CPU_PYTHON_MIN_OUTPUT` output elements, no torch.compile trace is running (the compiler sees
-    the Python kernels) and the call is not inside :func:`disabled`."""
+    """Whether :class:`comera.tt.TTLinearFunction` runs ``plan`` natively (:func:`comera.feed_forward` does
+    when both layers' plans are usable): the ops are built, the plan contracts something (a rank-0 plan
+    stays Python), a CPU call (``device``) has fewer than :data:`CPU_PYTHON_MIN_OUTPUT` output elements, no
+    torch.compile trace is running (the compiler sees the Python kernels) and the call is not inside
+    :func:`disabled`."""
     if plan.zero or torch.compiler.is_compiling() or getattr(_off, "depth", 0) or not status().in_use:
         return False
     return not (device is not None and device.type == "cpu"
@@ -224,6 +227,60 @@ def plan_args(plan: ContractionPlan) -> tuple:
     return (len(plan.in_shape), list(plan.left_groups), list(plan.right_groups), plan.dense, plan.fold_bias)
 
 
+class SavedParts(NamedTuple):
+    """What ``tt_forward`` returns after ``y`` for ``tt_backward`` (a plan with groups), by kind; flattened
+    in this order (:meth:`flat`) they are ``tt_backward``'s ``saved``."""
+
+    gated: list[torch.Tensor]
+    """The gated cores ``H_0 .. H_{d-2}``."""
+    left_blocks: list[torch.Tensor]
+    """The blocks the input groups' merges made."""
+    right_blocks: list[torch.Tensor]
+    """The blocks the output groups' merges made."""
+    left_outs: list[torch.Tensor]
+    """Each input group's output; the last is ``z``."""
+    right_acts: list[torch.Tensor]
+    """The inputs of the output groups after the first, or ``[z | 1]`` when the bias is folded in."""
+
+    def flat(self) -> list[torch.Tensor]:
+        return [t for part in self for t in part]
+
+
+def _side_counts(plan: ContractionPlan) -> tuple[int, int, int, int]:
+    """How many left blocks, right blocks, left outputs and right activations ``plan`` saves."""
+    left, right = len(plan.left_groups), len(plan.right_groups)
+    return (len(plan.in_shape) - left, len(plan.out_shape) - right, left,
+            1 if plan.fold_bias else right - 1)
+
+
+def split_saved(plan: ContractionPlan, saved) -> SavedParts:
+    """``tt_forward``'s outputs after ``y`` for a plan with groups, by kind."""
+    d = len(plan.ranks) - 1
+    sizes = _side_counts(plan)
+    parts, start = [list(saved[:d - 1])], d - 1
+    for size in sizes:
+        parts.append(list(saved[start:start + size]))
+        start += size
+    return SavedParts(*parts)
+
+
+def left_forward(plan: ContractionPlan, x: torch.Tensor, eff) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The input side alone (``kernels.left_forward``), one op: ``(left_blocks, left_outs)`` of
+    :class:`SavedParts`. ``eff``: all ``d`` gated cores (the last one as it is)."""
+    count = _side_counts(plan)[0]
+    out = torch.ops.comera_native.tt_left_forward(x, eff, len(plan.in_shape), list(plan.left_groups))
+    return out[:count], out[count:]
+
+
+def right_forward(plan: ContractionPlan, z: torch.Tensor, bias: torch.Tensor | None, eff):
+    """The output side alone (``kernels.right_forward``), one op: ``(y, right_blocks, right_acts)``, the last
+    two as in :class:`SavedParts`. ``eff``: all ``d`` gated cores (the last one as it is)."""
+    count = _side_counts(plan)[1]
+    y, *rest = torch.ops.comera_native.tt_right_forward(z, bias, eff, len(plan.in_shape),
+                                                       list(plan.right_groups), plan.fold_bias)
+    return y, rest[:count], rest[count:]
+
+
 # ------------------------------------------------------------------------------------------- counting
 
 _PRODUCT_FREE = ("gate", "dgate", "dcore", "bias", "dbias")
@@ -244,11 +301,22 @@ def _product_flops(plan: ContractionPlan, phase: str, need_dx: bool = True) -> i
                _PRODUCT_FREE and (need_dx or s.name != "dx"))
 
 
+def _side_flops(plan: ContractionPlan, left: bool) -> int:
+    """Forward FLOPs of one side's merges and absorptions (a step's number is a core of its side)."""
+    m = len(plan.in_shape)
+    total = 0
+    for s in plan.steps:
+        kind = s.name.rstrip("0123456789")
+        if s.phase == "forward" and kind in ("merge", "absorb") and (int(s.name[len(kind):]) < m) == left:
+            total += s.flops
+    return total
+
+
 def register_flop_formulas() -> None:
-    """Teach :class:`torch.utils.flop_counter.FlopCounterMode` the FLOPs of the two native ops (it does
-    not see the ATen calls made inside them): the matrix-product FLOPs of their plan, the count the Python
-    kernels give. Idempotent; a no-op when the ops are not built. :func:`comera.register_flop_formulas`
-    calls it."""
+    """Teach :class:`torch.utils.flop_counter.FlopCounterMode` the FLOPs of the native ops (it does not
+    see the ATen calls made inside them): the matrix-product FLOPs of their plan (or of its side), the count
+    the Python kernels give. Idempotent; a no-op when the ops are not built.
+    :func:`comera.register_flop_formulas` calls it."""
     if not status().in_use:
         return
     from torch.utils.flop_counter import flop_registry, register_flop_formula
@@ -268,3 +336,13 @@ def register_flop_formulas() -> None:
                         need_dx, need_dbias, *args, **kwargs) -> int:
         plan = _plan_of(x, () if has_bias else None, cores, m, left_groups, right_groups, dense, fold_bias)
         return _product_flops(plan, "backward", need_dx)
+
+    @register_flop_formula(ops.tt_left_forward)
+    def _left_flops(x, cores, m, left_groups, *args, **kwargs) -> int:
+        plan = _plan_of(x, None, cores, m, left_groups, [len(cores) - m], False, False)
+        return _side_flops(plan, left=True)
+
+    @register_flop_formula(ops.tt_right_forward)
+    def _right_flops(z, bias, cores, m, right_groups, fold_bias, *args, **kwargs) -> int:
+        plan = _plan_of(z, bias, cores, m, [m], right_groups, False, fold_bias)
+        return _side_flops(plan, left=False)

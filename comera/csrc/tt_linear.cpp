@@ -1,4 +1,5 @@
-// Native execution of a TT linear layer's contraction plan: one forward and one backward op.
+// Native execution of a TT linear layer's contraction plan: one forward and one backward op, and the
+// forward of each side alone for a fused block that recomputes it (comera/feedforward.py).
 //
 // The C++ counterpart of comera/kernels.py (plan execution) and of comera/tt.py's gate products
 // (gated_cores, core_and_gate_grads), step for step: the same ATen ops in the same order, so results equal
@@ -8,10 +9,16 @@
 //       -> [y, saved...]
 //   comera_native::tt_backward(dy, x, cores, gates, saved, m, left_groups, right_groups, dense,
 //       fold_bias, has_bias, need_dx, need_dbias) -> [dx, dbias, dcores..., dgates...]
+//   comera_native::tt_left_forward(x, cores, m, left_groups) -> [left blocks..., left outputs...]
+//   comera_native::tt_right_forward(z, bias, cores, m, right_groups, fold_bias)
+//       -> [y, right blocks..., right activations...]
 //
-// "saved" holds only tensors the forward created (the d - 1 gated cores, the merged blocks, the
-// activations between groups); the backward rebuilds every view of x and of the cores from the plan.
-// dx and dbias are empty tensors when not wanted. comera/native.py builds and loads this file.
+// "saved" holds only tensors the forward created: the d - 1 gated cores, the merged blocks (input side,
+// then output side), then the activations (each input group's output, the last z; the output groups'
+// inputs after the first, or [z | 1] with a folded bias) or, dense, W. The backward rebuilds every view
+// of x and of the cores from the plan. The side forwards take all d gated cores and return their side's
+// part of "saved". dx and dbias are empty tensors when not wanted. comera/native.py builds and loads this
+// file.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
@@ -190,12 +197,73 @@ Tensor input_block_grad(const Tensor& zin, const Tensor& dz) {
   return at::mm(zin.t(), dz);
 }
 
+// One side's forward: its output, the blocks its merges made and the activations tt_backward reads.
+struct Side {
+  Tensor out;
+  vector<Tensor> blocks, acts;
+};
+
+// Input side z = x A, group by group (comera.kernels.left_forward). acts: each group's output, the last z.
+Side left_forward(const Tensor& x, const vector<Tensor>& eff, int64_t m, c10::IntArrayRef groups) {
+  const int64_t tokens = x.size(0);
+  Side side{x, {}, {}};
+  for (const Span& s : spans_of(groups, 0)) {
+    Chain c = merge_left(slice(eff, s.a, s.b));
+    const Tensor& block = c.blocks.back();
+    Tensor zin = left_input(side.out, block, s.b == m, tokens);
+    if (s.b == m)
+      side.out = product(zin, block);
+    else if (tokens == 1)
+      side.out = at::mm(block.t(), zin);
+    else
+      side.out = at::matmul(block.t(), zin);
+    side.blocks.insert(side.blocks.end(), c.blocks.begin() + 1, c.blocks.end());
+    side.acts.push_back(side.out);
+  }
+  return side;
+}
+
+// Output side y = z B + b (comera.kernels.right_forward). acts: the inputs of the groups after the first,
+// or [z | 1] when the bias is folded in.
+Side right_forward(const Tensor& z, const std::optional<Tensor>& bias, const vector<Tensor>& eff, int64_t m,
+                   c10::IntArrayRef groups, bool fold_bias) {
+  const int64_t tokens = z.size(0);
+  const vector<Span> spans = spans_of(groups, m);
+  Side side{z, {}, {}};
+  for (size_t g = 0; g < spans.size(); ++g) {
+    Chain c = merge_right(slice(eff, spans[g].a, spans[g].b));
+    const Tensor& block = c.blocks[0];
+    side.blocks.insert(side.blocks.end(), c.blocks.begin(), c.blocks.end() - 1);
+    if (spans.size() == 1 && bias) {
+      if (fold_bias) {
+        Tensor z1 = at::pad(z, {0, 1}, "constant", 1.0);
+        side.acts.push_back(z1);
+        side.out = product_t(z1, at::cat({block.t(), bias->unsqueeze(1)}, 1));
+      } else {
+        side.out = product(z, block, bias);
+      }
+      break;
+    }
+    if (g > 0) side.acts.push_back(side.out);
+    side.out = product(rows(side.out, side.out.numel() / block.size(0)), block);
+    if (g + 1 == spans.size()) {
+      side.out = rows(side.out, tokens);
+      if (bias) side.out.add_(*bias);
+    }
+  }
+  return side;
+}
+
+void append(vector<Tensor>& out, const vector<Tensor>& more) {
+  out.insert(out.end(), more.begin(), more.end());
+}
+
 vector<Tensor> tt_forward(const Tensor& x, const std::optional<Tensor>& bias, at::TensorList cores,
                           at::TensorList gates, int64_t m, c10::IntArrayRef left_groups,
                           c10::IntArrayRef right_groups, bool dense, bool fold_bias) {
-  const int64_t d = cores.size(), tokens = x.size(0);
+  const int64_t d = cores.size();
   vector<Tensor> eff = gated(cores, gates);
-  vector<Tensor> out(1), blocks, acts;
+  vector<Tensor> out(1);
   out.insert(out.end(), eff.begin(), eff.end() - 1);
   if (dense) {
     Chain left = merge_left(slice(eff, 0, m)), right = merge_right(slice(eff, m, d));
@@ -206,46 +274,29 @@ vector<Tensor> tt_forward(const Tensor& x, const std::optional<Tensor>& bias, at
     out.push_back(weight);
     return out;
   }
-  Tensor z = x;
-  for (const Span& s : spans_of(left_groups, 0)) {
-    Chain c = merge_left(slice(eff, s.a, s.b));
-    const Tensor& block = c.blocks.back();
-    Tensor zin = left_input(z, block, s.b == m, tokens);
-    if (s.b == m)
-      z = product(zin, block);
-    else if (tokens == 1)
-      z = at::mm(block.t(), zin);
-    else
-      z = at::matmul(block.t(), zin);
-    blocks.insert(blocks.end(), c.blocks.begin() + 1, c.blocks.end());
-    acts.push_back(z);
-  }
-  const vector<Span> spans = spans_of(right_groups, m);
-  Tensor y = z;
-  for (size_t g = 0; g < spans.size(); ++g) {
-    Chain c = merge_right(slice(eff, spans[g].a, spans[g].b));
-    const Tensor& block = c.blocks[0];
-    blocks.insert(blocks.end(), c.blocks.begin(), c.blocks.end() - 1);
-    if (spans.size() == 1 && bias) {
-      if (fold_bias) {
-        Tensor z1 = at::pad(z, {0, 1}, "constant", 1.0);
-        acts.push_back(z1);
-        y = product_t(z1, at::cat({block.t(), bias->unsqueeze(1)}, 1));
-      } else {
-        y = product(z, block, bias);
-      }
-      break;
-    }
-    if (g > 0) acts.push_back(y);
-    y = product(rows(y, y.numel() / block.size(0)), block);
-    if (g + 1 == spans.size()) {
-      y = rows(y, tokens);
-      if (bias) y.add_(*bias);
-    }
-  }
-  out[0] = y;
-  out.insert(out.end(), blocks.begin(), blocks.end());
-  out.insert(out.end(), acts.begin(), acts.end());
+  Side left = left_forward(x, eff, m, left_groups);
+  Side right = right_forward(left.out, bias, eff, m, right_groups, fold_bias);
+  out[0] = right.out;
+  append(out, left.blocks);
+  append(out, right.blocks);
+  append(out, left.acts);
+  append(out, right.acts);
+  return out;
+}
+
+vector<Tensor> tt_left_forward(const Tensor& x, at::TensorList cores, int64_t m, c10::IntArrayRef left_groups) {
+  Side left = left_forward(x, cores.vec(), m, left_groups);
+  vector<Tensor> out = left.blocks;
+  append(out, left.acts);
+  return out;
+}
+
+vector<Tensor> tt_right_forward(const Tensor& z, const std::optional<Tensor>& bias, at::TensorList cores,
+                                int64_t m, c10::IntArrayRef right_groups, bool fold_bias) {
+  Side right = right_forward(z, bias, cores.vec(), m, right_groups, fold_bias);
+  vector<Tensor> out{right.out};
+  append(out, right.blocks);
+  append(out, right.acts);
   return out;
 }
 
@@ -365,9 +416,14 @@ TORCH_LIBRARY(comera_native, lib) {
   lib.def("tt_backward(Tensor dy, Tensor x, Tensor[] cores, Tensor[] gates, Tensor[] saved, int m, "
           "int[] left_groups, int[] right_groups, bool dense, bool fold_bias, bool has_bias, bool need_dx, "
           "bool need_dbias) -> Tensor[]");
+  lib.def("tt_left_forward(Tensor x, Tensor[] cores, int m, int[] left_groups) -> Tensor[]");
+  lib.def("tt_right_forward(Tensor z, Tensor? bias, Tensor[] cores, int m, int[] right_groups, bool fold_bias) "
+          "-> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(comera_native, CompositeExplicitAutograd, lib) {
   lib.impl("tt_forward", &tt_forward);
   lib.impl("tt_backward", &tt_backward);
+  lib.impl("tt_left_forward", &tt_left_forward);
+  lib.impl("tt_right_forward", &tt_right_forward);
 }

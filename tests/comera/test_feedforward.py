@@ -1,4 +1,5 @@
-"""feed_forward: same output and gradients as the plain composition, and no full-width activation saved."""
+"""feed_forward: same output and gradients as the plain composition, and no full-width activation saved;
+with the native ops (comera.native) the same results, bit for bit, as with the Python kernels."""
 from __future__ import annotations
 
 import math
@@ -8,12 +9,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
-from comera import TTLinear
-from comera.contraction import make_plan
+import comera
+from comera import TTLinear, native
+from comera.contraction import PlanSettings, make_plan
 from comera.feedforward import _fusable, feed_forward
 
 ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "tanh": torch.tanh}
+needs_native = pytest.mark.skipif(not native.status().in_use, reason=f"native ops: {native.status().reason}")
 
 
 def _layer(in_shape, out_shape, rng, bias, dtype=torch.float64):
@@ -100,12 +104,15 @@ def _saved_bytes(fn, x):
     return sum(seen.values()), max(seen.values())
 
 
-def test_saves_no_full_width_activation():
-    """At 512 tokens and hidden 3072 the composition saves two 6 MiB hidden tensors; the fused block none."""
+@pytest.mark.parametrize("python_kernels", [False, True], ids=["default", "python_kernels"])
+def test_saves_no_full_width_activation(python_kernels):
+    """At 512 tokens and hidden 3072 the composition saves two 6 MiB hidden tensors; the fused block none,
+    with the native ops (where built) as with the Python kernels."""
     first = TTLinear(768, 3072, rank=16)
     second = TTLinear(3072, 768, rank=16)
     x = torch.randn(512, 768)
-    fused_total, fused_max = _saved_bytes(lambda t: feed_forward(first, F.gelu, second, t), x)
+    with native.disabled() if python_kernels else torch.enable_grad():
+        fused_total, fused_max = _saved_bytes(lambda t: feed_forward(first, F.gelu, second, t), x)
     plain_total, plain_max = _saved_bytes(lambda t: second(F.gelu(first(t))), x)
     hidden_bytes = 512 * 3072 * 4
     assert plain_max >= hidden_bytes
@@ -163,3 +170,172 @@ def test_small_activations_take_the_plain_composition(tokens, fused):
     node = y.grad_fn.next_functions[0][0]  # under the output's view
     assert (type(node).__name__ == "_TTFeedForwardFunctionBackward") == fused
     torch.testing.assert_close(y, second(F.gelu(first(x))))
+
+
+# ------------------------------------------------------------------------------------- native ops
+
+def _force_plans(monkeypatch, strategies, settings=PlanSettings()):
+    """Every TTLinear plans with ``strategies`` (a (left, right) pair per layer, by input size) and
+    ``settings``."""
+    by_width = dict(strategies)
+
+    def forced(layer, tokens):
+        return make_plan(layer.in_shape, layer.out_shape, tuple(layer.ranks), tokens, layer.bias is not None,
+                         by_width[layer.in_features], settings)
+
+    monkeypatch.setattr(TTLinear, "plan", forced)
+
+
+def _fixed_pair(bias1, bias2):
+    rng = random.Random(3)
+    return (_layer([2, 3, 2], [3, 2, 4], rng, bias=bias1), _layer([3, 2, 4], [2, 3, 2], rng, bias=bias2))
+
+
+def _fused_fwd_bwd(first, second, x, need_dx=True, act=F.gelu):
+    """feed_forward's output and the gradients of (x,) both layers' parameters for a fixed output gradient."""
+    x = x.detach().clone().requires_grad_(need_dx)
+    y = feed_forward(first, act, second, x)
+    wrt = ([x] if need_dx else []) + [*first.parameters(), *second.parameters()]
+    dy = torch.randn(y.shape, dtype=y.dtype, generator=torch.Generator().manual_seed(1))
+    return [y, *torch.autograd.grad(y, wrt, dy)]
+
+
+def _assert_native_is_python(first, second, x, need_dx=True):
+    """The native path runs (both plans usable) and equals the Python kernels' results bit for bit."""
+    tokens = x.shape[0]
+    assert native.usable(first.plan(tokens), x.device) and native.usable(second.plan(tokens), x.device)
+    got = _fused_fwd_bwd(first, second, x, need_dx)
+    with native.disabled():
+        want = _fused_fwd_bwd(first, second, x, need_dx)
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert torch.equal(g, w), f"output {i}: native and Python kernels differ"
+
+
+NATIVE_STRATEGIES = [(("merge", "merge"), ("merge", "merge")),
+                     (("sequential", "sequential"), ("sequential", "sequential")),
+                     (("merge", "sequential"), ("sequential", "merge")),
+                     (((2, 1), (1, 2)), ((1, 2), (2, 1)))]
+
+
+@needs_native
+@pytest.mark.parametrize("strategies", NATIVE_STRATEGIES, ids=str)
+@pytest.mark.parametrize("tokens", [1, 2, 9])
+@pytest.mark.parametrize("biases", [(True, True), (False, True), (True, False), (False, False)], ids=str)
+@pytest.mark.parametrize("need_dx", [True, False])
+def test_native_equals_python_kernels(monkeypatch, strategies, tokens, biases, need_dx):
+    first, second = _fixed_pair(*biases)
+    _force_plans(monkeypatch, [(first.in_features, strategies[0]), (second.in_features, strategies[1])])
+    x = torch.randn(tokens, first.in_features, dtype=torch.float64)
+    _assert_native_is_python(first, second, x, need_dx)
+    if need_dx:
+        _assert_same(first, second, F.gelu, x, 1e-10)
+
+
+@needs_native
+@pytest.mark.parametrize("tokens", [1, 5])
+@pytest.mark.parametrize("left", ["merge", "sequential"])
+def test_native_folded_biases_equal_python_kernels(monkeypatch, tokens, left):
+    first, second = _fixed_pair(True, True)
+    strategies = [(first.in_features, (left, "merge")), (second.in_features, (left, "merge"))]
+    _force_plans(monkeypatch, strategies, PlanSettings(fold_bias_min_tokens=0))
+    assert first.plan(tokens).fold_bias and second.plan(tokens).fold_bias
+    x = torch.randn(tokens, first.in_features, dtype=torch.float64)
+    _assert_native_is_python(first, second, x)
+    _assert_same(first, second, F.gelu, x, 1e-10)
+
+
+@needs_native
+@pytest.mark.parametrize("seed", range(4))
+def test_native_default_plans_equal_python_kernels(seed):
+    first, second, rng = _pair(seed)
+    _assert_native_is_python(first, second, torch.randn(rng.choice([1, 5, 12]), first.in_features,
+                                                        dtype=torch.float64))
+
+
+@needs_native
+def test_native_double_backward_takes_the_python_kernels(monkeypatch):
+    """create_graph: the native forward's backward replays the Python forward and differentiates it."""
+    first, second = _fixed_pair(True, True)
+    strategies = ("sequential", "merge")
+    _force_plans(monkeypatch, [(first.in_features, strategies), (second.in_features, strategies)])
+    x = torch.randn(4, first.in_features, dtype=torch.float64, requires_grad=True)
+    results = []
+    for off in (False, True):
+        with native.disabled() if off else torch.enable_grad():
+            (gx,) = torch.autograd.grad(feed_forward(first, torch.tanh, second, x).pow(2).sum(), x,
+                                        create_graph=True)
+            wrt = [x, *first.parameters(), *second.parameters()]
+            results.append(torch.autograd.grad(gx.pow(2).sum(), wrt, allow_unused=True))
+    assert any(a is not None for a in results[0])
+    for a, b in zip(*results):
+        assert (a is None and b is None) or torch.equal(a, b)
+
+
+def _paper_pair():
+    torch.manual_seed(0)
+    return (TTLinear(768, 3072, in_shape=(12, 8, 8), out_shape=(12, 16, 16), rank=30),
+            TTLinear(3072, 768, in_shape=(12, 16, 16), out_shape=(12, 8, 8), rank=30))
+
+
+def _dispatched(first, second, x):
+    """Names of the ATen ops one forward+backward dispatches from Python (gradients reset to None first,
+    as zero_grad does; after one uncounted call)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Names(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    def run():
+        for p in (x, *first.parameters(), *second.parameters()):
+            p.grad = None
+        feed_forward(first, F.gelu, second, x).sum().backward()
+
+    run()
+    with Names() as seen:
+        run()
+    return seen.names
+
+
+@needs_native
+@pytest.mark.parametrize("tokens", [1, 128])
+def test_native_ops_dispatched_per_forward_and_backward(tokens):
+    """The paper-shape block (768->3072->768, rank 30) with the native ops: 41-42 ops from Python (the 6
+    native ops, the activation thrice, autograd's 25 accumulations, views), 165-185 with the Python kernels."""
+    first, second = _paper_pair()
+    x = torch.randn(tokens, 768, requires_grad=True)
+    names = _dispatched(first, second, x)
+    multi = len(second.plan(tokens).left_groups) > 1  # layer 2's input groups' outputs are recomputed
+    assert [n for n in names if n.startswith("comera_native.")] == [
+        "comera_native.tt_forward.default", "comera_native.tt_forward.default",
+        "comera_native.tt_right_forward.default", *(["comera_native.tt_left_forward.default"] if multi else []),
+        "comera_native.tt_backward.default", "comera_native.tt_backward.default"]
+    assert not any(n.startswith(("aten.mm", "aten._foreach")) for n in names)
+    assert len(names) <= 42
+    with native.disabled():
+        assert len(_dispatched(first, second, x)) >= 160
+
+
+@needs_native
+@pytest.mark.parametrize("strategies", [None, ("sequential", "merge"), ((2, 1), (1, 2))], ids=str)
+@pytest.mark.parametrize("tokens", [1, 5, 2048])
+@pytest.mark.parametrize("need_dx", [True, False])
+def test_native_flops_count_what_the_python_kernels_run(monkeypatch, strategies, tokens, need_dx):
+    comera.register_flop_formulas()
+    first, second = _fixed_pair(True, True)
+    first, second = first.float(), second.float()
+    if strategies is not None:
+        _force_plans(monkeypatch, [(first.in_features, strategies), (second.in_features, strategies)])
+    x = torch.randn(tokens, first.in_features)
+    counts = []
+    for off in (False, True):
+        with native.disabled() if off else torch.enable_grad(), FlopCounterMode(display=False) as counter:
+            _fused_fwd_bwd(first, second, x, need_dx)
+        counts.append(counter.get_total_flops())
+    assert counts[0] == counts[1] > 0

@@ -28,7 +28,8 @@ def test_native_ops_are_in_use_where_a_compiler_and_ninja_are():
         pytest.skip("no C++ compiler or no ninja on PATH: the Python kernels are used")
     state = native.status()
     assert state.in_use, state.reason
-    assert hasattr(torch.ops.comera_native, "tt_forward") and hasattr(torch.ops.comera_native, "tt_backward")
+    assert all(hasattr(torch.ops.comera_native, name)
+               for name in ("tt_forward", "tt_backward", "tt_left_forward", "tt_right_forward"))
 
 
 def _layer(in_shape, out_shape, rank, bias=True, dtype=torch.float64):
