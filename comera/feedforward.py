@@ -156,7 +156,7 @@ class _TTFeedForwardFunction(torch.autograd.Function):
         d1 = len(p1.ranks) - 1
         layers = (*_split(params[:2 * d1 - 1], d1), *_split(params[2 * d1 - 1:], len(p2.ranks) - 1))
         ctx.plans, ctx.activation = plans, activation
-        ctx.native = native.usable(p1, x.device) and native.usable(p2, x.device)
+        ctx.native = native.usable(p1) and native.usable(p2)
         run = _native_forward if ctx.native else _python_forward
         y, groups = run(plans, activation, x, bias1, bias2, *layers)
         ctx.group_sizes = [len(g) for g in groups]

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import os
 import shutil
 import sys
@@ -187,22 +186,13 @@ def known_status() -> NativeStatus | None:
     return _state
 
 
-CPU_PYTHON_MIN_OUTPUT = 1 << 23
-"""Output elements (tokens x out_features) from which a CPU call runs the Python kernels: there the
-products take nearly all the time and the bench measured the native ops slower (docs/performance.md,
-"Native execution of the plan")."""
-
-
-def usable(plan: ContractionPlan, device: torch.device | None = None) -> bool:
+def usable(plan: ContractionPlan) -> bool:
     """Whether :class:`comera.tt.TTLinearFunction` runs ``plan`` natively (:func:`comera.feed_forward` does
     when both layers' plans are usable): the ops are built, the plan contracts something (a rank-0 plan
-    stays Python), a CPU call (``device``) has fewer than :data:`CPU_PYTHON_MIN_OUTPUT` output elements, no
-    torch.compile trace is running (the compiler sees the Python kernels) and the call is not inside
-    :func:`disabled`."""
-    if plan.zero or torch.compiler.is_compiling() or getattr(_off, "depth", 0) or not status().in_use:
-        return False
-    return not (device is not None and device.type == "cpu"
-                and plan.tokens * math.prod(plan.out_shape) >= CPU_PYTHON_MIN_OUTPUT)
+    stays Python), no torch.compile trace is running (the compiler sees the Python kernels) and the call is
+    not inside :func:`disabled`."""
+    return not (plan.zero or torch.compiler.is_compiling() or getattr(_off, "depth", 0)
+                or not status().in_use)
 
 
 @contextlib.contextmanager

@@ -140,7 +140,7 @@ class TTLinearFunction(torch.autograd.Function):
         cores, gates = params[:d], params[d:]
         ctx.plan = plan
         ctx.has_bias = bias is not None
-        ctx.native = native.usable(plan, x.device)
+        ctx.native = native.usable(plan)
         if plan.zero:
             ctx.shapes = [p.shape for p in params]
             ctx.x_shape = x.shape

@@ -110,7 +110,7 @@ def target_linear_ops(cfg: Config) -> list[BenchRow]:
             calls = {k: mb.module_call(m, x, "fwd_bwd", wrt_input=True)[0] for k, m in (("tt", tt), ("dense", dense))}
             ops = {k: mb.count_ops(run) for k, run in calls.items()}
             plan = tt.plan(tokens)
-            if native.usable(plan, x.device):
+            if native.usable(plan):
                 inner = mb.count_native_inner_ops(calls["tt"])
                 with native.disabled():
                     python_ops = mb.count_ops(calls["tt"])
@@ -118,9 +118,6 @@ def target_linear_ops(cfg: Config) -> list[BenchRow]:
                         f"inside which {inner} ATen calls run from C++ (views included; on a GPU each still "
                         f"launches its kernels, what goes is Python's per-op cost); the Python kernels "
                         f"dispatch {python_ops}")
-            elif state.in_use:
-                path = ("Python kernels: a CPU call of this size keeps them (comera.native.CPU_PYTHON_MIN_OUTPUT, "
-                        "where the native ops measured slower)")
             else:
                 path = f"Python kernels (native ops not in use: {state.reason})"
             rows.append(make_row(

@@ -235,17 +235,6 @@ def test_the_cpp_inner_product_thresholds_are_the_kernels():
 
 
 @needs_native
-def test_large_cpu_calls_keep_the_python_kernels():
-    """From CPU_PYTHON_MIN_OUTPUT output elements a CPU call runs the Python kernels; other devices do not."""
-    small = make_plan((12, 8, 8), (8, 8, 12), (1, 12, 30, 30, 30, 12, 1), 4096)
-    large = make_plan((12, 8, 8), (12, 16, 16), (1, 12, 30, 30, 30, 16, 1), 4096)
-    assert 4096 * 768 < native.CPU_PYTHON_MIN_OUTPUT <= 4096 * 3072
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert native.usable(small, cpu) and not native.usable(large, cpu)
-    assert native.usable(large, cuda) and native.usable(large)
-
-
-@needs_native
 def test_native_ops_run_on_the_meta_device():
     """The ops create every tensor on their inputs' device (what running on CUDA needs): on meta tensors
     they run, dispatched as the two native ops, and return meta tensors of the CPU run's shapes."""

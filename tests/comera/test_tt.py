@@ -397,12 +397,8 @@ def test_fwd_bwd_dispatches_at_most_the_bound(in_shape, out_shape, tokens):
         assert _fwd_bwd_ops(in_shape, out_shape, tokens) <= OP_BOUND
 
 
-@pytest.mark.parametrize("in_shape,out_shape,tokens", [
-    (*shapes, tokens) if (shapes, tokens) != (PAPER_LAYERS[1], 4096) else pytest.param(
-        *shapes, tokens, marks=pytest.mark.xfail(strict=True, reason="a CPU call of 4096 x 3072 outputs keeps the "
-                                                 "Python kernels (comera.native.CPU_PYTHON_MIN_OUTPUT: the native "
-                                                 "ops measured slower there, docs/performance.md)"))
-    for shapes in PAPER_LAYERS for tokens in (1, 128, 4096)])
+@pytest.mark.parametrize("tokens", [1, 128, 4096])
+@pytest.mark.parametrize("in_shape,out_shape", PAPER_LAYERS)
 def test_fwd_bwd_meets_the_op_goal(in_shape, out_shape, tokens):
     """With the native ops (comera.native) a forward+backward dispatches 2 ops from Python plus the 13
     gradient accumulations; the Python kernels cannot go below about 72 (docs/performance.md)."""
