@@ -293,14 +293,19 @@ def _nbytes(tensors: list[torch.Tensor]) -> int:
 
 class OpCounter(TorchDispatchMode):
     """Counts every ATen op dispatched while it is active, views and autograd's gradient accumulation
-    included (one per op call, whatever it launches)."""
+    included (one per op call, whatever it launches); ``names`` lists them in order (``"aten.mm.default"``,
+    ``"comera_native.tt_forward.default"``, ...)."""
 
     def __init__(self):
         super().__init__()
-        self.count = 0
+        self.names: list[str] = []
+
+    @property
+    def count(self) -> int:
+        return len(self.names)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
+        self.names.append(str(func))
         return func(*args, **(kwargs or {}))
 
 

@@ -281,16 +281,7 @@ def _paper_pair():
 def _dispatched(first, second, x):
     """Names of the ATen ops one forward+backward dispatches from Python (gradients reset to None first,
     as zero_grad does; after one uncounted call)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Names(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(str(func))
-            return func(*args, **(kwargs or {}))
+    from harness.perf.microbench import OpCounter
 
     def run():
         for p in (x, *first.parameters(), *second.parameters()):
@@ -298,7 +289,7 @@ def _dispatched(first, second, x):
         feed_forward(first, F.gelu, second, x).sum().backward()
 
     run()
-    with Names() as seen:
+    with OpCounter() as seen:
         run()
     return seen.names
 

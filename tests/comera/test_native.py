@@ -18,6 +18,7 @@ import comera
 from comera import native
 from comera.contraction import PlanSettings, make_plan
 from comera.tt import TTLinear, parameter_entries, tt_linear
+from harness.perf.microbench import OpCounter
 
 TOOLS = shutil.which("ninja") is not None and shutil.which("c++") is not None
 needs_native = pytest.mark.skipif(not native.status().in_use, reason=f"native ops: {native.status().reason}")
@@ -109,20 +110,9 @@ def test_native_float32_paper_shapes_match(shapes, tokens):
 
 @needs_native
 def test_two_dispatched_ops_per_forward_and_backward():
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Names(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(str(func))
-            return func(*args, **(kwargs or {}))
-
     layer = _layer((4, 3, 5), (2, 6, 3), 3)
     x = torch.randn(7, layer.in_features, dtype=torch.float64, requires_grad=True)
-    with Names() as seen:
+    with OpCounter() as seen:
         layer(x).sum().backward()
     native_ops = [n for n in seen.names if n.startswith("comera_native.")]
     assert native_ops == ["comera_native.tt_forward.default", "comera_native.tt_backward.default"]
@@ -238,19 +228,12 @@ def test_the_cpp_inner_product_thresholds_are_the_kernels():
 def test_native_ops_run_on_the_meta_device():
     """The ops create every tensor on their inputs' device (what running on CUDA needs): on meta tensors
     they run, dispatched as the two native ops, and return meta tensors of the CPU run's shapes."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Names(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names = getattr(self, "names", []) + [str(func)]
-            return func(*args, **(kwargs or {}))
-
     shapes = {}
     for device in ("cpu", "meta"):
         torch.manual_seed(0)
         layer = TTLinear(768, 3072, in_shape=(12, 8, 8), out_shape=(12, 16, 16), rank=30, device=device)
         x = torch.randn(64, 768, device=device, requires_grad=True)
-        with Names() as seen:
+        with OpCounter() as seen:
             layer(x).sum().backward()
         grads = [x.grad, *(p.grad for p in layer.parameters())]
         assert all(g.device.type == device for g in grads)
