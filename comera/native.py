@@ -151,11 +151,12 @@ def source_sha256() -> str:
 
 def build_folder() -> Path:
     """The default build folder: one per torch version and Python in torch's extension folder
-    (``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``)."""
-    from torch.utils.cpp_extension import get_default_build_root
-
+    (``$TORCH_EXTENSIONS_DIR``, else ``torch_extensions`` in ``$XDG_CACHE_HOME`` or ``~/.cache``; found
+    without importing :mod:`torch.utils.cpp_extension`, which a process that loads a built library skips)."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cache / "torch_extensions")
     python = f"py{sys.version_info.major}{sys.version_info.minor}"
-    return Path(get_default_build_root()) / f"{NAME}-{python}-torch{torch.__version__}"
+    return root / f"{NAME}-{python}-torch{torch.__version__}"
 
 
 def _first_error(exc: Exception) -> str:

@@ -9,6 +9,7 @@ import math
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -164,6 +165,26 @@ def test_traffic_and_flop_counting_sees_the_python_kernels():
     with native.disabled():
         python_cost = mb.count_cost(run)
     assert native_cost == python_cost and native_cost[0] > 0 and native_cost[1] > 0
+
+
+@needs_native
+def test_a_built_library_is_loaded_without_cpp_extension(tmp_path, monkeypatch):
+    """A later process loads the default build folder's library directly (its .json names this source and
+    torch): torch.utils.cpp_extension, with setuptools and ninja's checks, stays unimported."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "COMERA_NATIVE_BUILD_DIR"}
+    env["TORCH_EXTENSIONS_DIR"] = str(tmp_path / "extensions")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", env["TORCH_EXTENSIONS_DIR"])
+    folder = native.build_folder()
+    folder.mkdir(parents=True)
+    built = Path(os.environ["COMERA_NATIVE_BUILD_DIR"])  # tests/conftest.py's, where this session built it
+    for name in (f"{native.NAME}.so", f"{native.NAME}.json"):
+        shutil.copy(built / name, folder / name)
+    code = ("import sys, comera.native as n; s = n.status()\n"
+            f"assert s.in_use and s.reason == 'built in {folder}', s\n"
+            "assert 'torch.utils.cpp_extension' not in sys.modules\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path, env=env)
 
 
 def test_disabled_by_environment(tmp_path):
