@@ -9,12 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
-import comera
 from comera import TTLinear, native
 from comera.contraction import PlanSettings, make_plan
 from comera.feedforward import _fusable, feed_forward
+from tests.comera.flops import native_and_python_flops
 
 ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "tanh": torch.tanh}
 needs_native = pytest.mark.skipif(not native.status().in_use, reason=f"native ops: {native.status().reason}")
@@ -318,15 +317,10 @@ def test_native_ops_dispatched_per_forward_and_backward(tokens):
 @pytest.mark.parametrize("tokens", [1, 5, 2048])
 @pytest.mark.parametrize("need_dx", [True, False])
 def test_native_flops_count_what_the_python_kernels_run(monkeypatch, strategies, tokens, need_dx):
-    comera.register_flop_formulas()
     first, second = _fixed_pair(True, True)
     first, second = first.float(), second.float()
     if strategies is not None:
         _force_plans(monkeypatch, [(first.in_features, strategies), (second.in_features, strategies)])
     x = torch.randn(tokens, first.in_features)
-    counts = []
-    for off in (False, True):
-        with native.disabled() if off else torch.enable_grad(), FlopCounterMode(display=False) as counter:
-            _fused_fwd_bwd(first, second, x, need_dx)
-        counts.append(counter.get_total_flops())
-    assert counts[0] == counts[1] > 0
+    natively, python = native_and_python_flops(lambda: _fused_fwd_bwd(first, second, x, need_dx))
+    assert natively == python > 0

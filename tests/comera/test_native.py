@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 import comera
 from comera import native
 from comera.contraction import PlanSettings, make_plan
 from comera.tt import TTLinear, parameter_entries, tt_linear
 from harness.perf.microbench import OpCounter
+from tests.comera.flops import native_and_python_flops
 
 TOOLS = shutil.which("ninja") is not None and shutil.which("c++") is not None
 needs_native = pytest.mark.skipif(not native.status().in_use, reason=f"native ops: {native.status().reason}")
@@ -141,16 +141,11 @@ def test_rank_zero_and_double_backward_take_the_python_kernels():
 @pytest.mark.parametrize("tokens", [1, 5, 2048])
 @pytest.mark.parametrize("need_dx", [True, False])
 def test_flop_formulas_count_what_the_python_kernels_run(strategies, tokens, need_dx):
-    comera.register_flop_formulas()
     layer = _layer((4, 4), (2, 4, 4), 4, dtype=torch.float32)
     plan = make_plan(layer.in_shape, layer.out_shape, tuple(layer.ranks), tokens, True, strategies)
     x = torch.randn(tokens, layer.in_features)
-    counts = []
-    for off in (False, True):
-        with native.disabled() if off else torch.enable_grad(), FlopCounterMode(display=False) as counter:
-            _fwd_bwd(layer, x, plan, need_dx)
-        counts.append(counter.get_total_flops())
-    assert counts[0] == counts[1] > 0
+    natively, python = native_and_python_flops(lambda: _fwd_bwd(layer, x, plan, need_dx))
+    assert natively == python > 0
 
 
 @needs_native
