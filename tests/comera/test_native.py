@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import comera
 from comera import native
 from comera.contraction import PlanSettings, make_plan
 from comera.tt import TTLinear, parameter_entries, tt_linear
@@ -48,7 +47,7 @@ def _fwd_bwd(layer, x, plan, need_dx=True):
     """Output and the gradients of (x,) bias, cores and gates for a fixed output gradient."""
     x = x.detach().clone().requires_grad_(need_dx)
     y = tt_linear(x, parameter_entries(layer.cores), parameter_entries(layer.gates), layer.bias, plan)
-    grad = torch.randn(y.shape, dtype=y.dtype, generator=torch.Generator().manual_seed(1))
+    grad = torch.randn(y.shape, dtype=y.dtype, generator=torch.Generator().manual_seed(1)).to(y.device)
     wrt = ([x] if need_dx else []) + list(layer.parameters())
     return [y, *torch.autograd.grad(y, wrt, grad)]
 
@@ -56,13 +55,13 @@ def _fwd_bwd(layer, x, plan, need_dx=True):
 def _compare(layer, tokens, strategies=None, settings=PlanSettings(), need_dx=True, tol=1e-12):
     plan = make_plan(layer.in_shape, layer.out_shape, tuple(layer.ranks), tokens, layer.bias is not None,
                      strategies, settings)
-    x = torch.randn(tokens, layer.in_features, dtype=layer.cores[0].dtype)
+    x = torch.randn(tokens, layer.in_features, dtype=layer.cores[0].dtype, device=layer.cores[0].device)
     got = _fwd_bwd(layer, x, plan, need_dx)
     with native.disabled():
         want = _fwd_bwd(layer, x, plan, need_dx)
     assert len(got) == len(want)
     for g, w in zip(got, want):
-        assert g.shape == w.shape and g.dtype == w.dtype
+        assert g.shape == w.shape and g.dtype == w.dtype and g.device == x.device
         torch.testing.assert_close(g, w, rtol=0, atol=tol)
     return plan
 
@@ -262,37 +261,10 @@ def test_native_ops_run_on_the_meta_device():
 @needs_native
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_native_layer_and_feed_forward_equal_python_on_the_device(device, dtype):
-    """On each device (the CUDA case runs in scripts/gpu_check.sh's test phase): a TT layer's and the fused
-    feed-forward block's output and gradients, native vs Python kernels, at every plan kind and 1 / 200
-    tokens (float64: 1e-12; float32: the same ATen calls, so 1e-5 relative)."""
-    torch.manual_seed(0)
-    first = TTLinear(768, 3072, in_shape=(12, 8, 8), out_shape=(12, 16, 16), rank=8, dtype=dtype, device=device)
-    second = TTLinear(3072, 768, in_shape=(12, 16, 16), out_shape=(12, 8, 8), rank=8, dtype=dtype, device=device)
-    tol = {"rtol": 0, "atol": 1e-12} if dtype == torch.float64 else {"rtol": 1e-5, "atol": 1e-6}
-
-    def fwd_bwd(run, x, params):
-        x = x.detach().clone().requires_grad_(True)
-        y = run(x)
-        dy = torch.randn(y.shape, dtype=dtype, generator=torch.Generator().manual_seed(1)).to(device)
-        return [y, *torch.autograd.grad(y, [x, *params], dy)]
-
-    for tokens in (1, 200):
-        x = torch.randn(tokens, 768, dtype=dtype, device=device)
-        for strategies in STRATEGIES:
-            plan = make_plan(first.in_shape, first.out_shape, tuple(first.ranks), tokens, True, strategies)
-            cores, gates = parameter_entries(first.cores), parameter_entries(first.gates)
-            layer = lambda x: tt_linear(x, cores, gates, first.bias, plan)  # noqa: E731
-            got = fwd_bwd(layer, x, list(first.parameters()))
-            with native.disabled():
-                want = fwd_bwd(layer, x, list(first.parameters()))
-            for g, w in zip(got, want, strict=True):
-                assert g.device.type == device
-                torch.testing.assert_close(g, w, **tol)
-        block = lambda x: comera.feed_forward(first, torch.nn.functional.gelu, second, x)  # noqa: E731
-        params = [*first.parameters(), *second.parameters()]
-        got = fwd_bwd(block, x, params)
-        with native.disabled():
-            want = fwd_bwd(block, x, params)
-        for g, w in zip(got, want, strict=True):
-            torch.testing.assert_close(g, w, **tol)
+@pytest.mark.parametrize("tokens", [1, 200])
+def test_native_equals_python_on_the_device(device, dtype, tokens):
+    """On each device (the CUDA case runs in scripts/gpu_check.sh's test phase), every plan kind of a
+    paper-shape layer: native vs Python kernels (float64: 1e-12; float32: 1e-5, the same ATen calls)."""
+    layer = _layer((12, 8, 8), (12, 16, 16), 8, dtype=dtype).to(device)
+    for strategies in STRATEGIES:
+        _compare(layer, tokens, strategies, tol=1e-12 if dtype == torch.float64 else 1e-5)
