@@ -30,10 +30,12 @@ from comera.contraction import ContractionPlan
 from comera.tt import (
     TTLinear,
     core_and_gate_grads,
+    differentiated_grads,
     forward_gates,
     gated_cores,
     outside_autocast,
     parameter_entries,
+    tt_linear,
 )
 
 
@@ -59,17 +61,17 @@ def _python_forward(plans, activation, x, bias1, bias2, cores1, gates1, cores2, 
     z2, _, left2 = kernels.left_forward(hidden, eff2[:m2], p2.left_groups)
     del hidden
     y, right2_in, right2 = kernels.right_forward(z2, eff2[m2:], p2.right_groups, bias2, p2.fold_bias)
-    return y, [cores1, gates1, eff1, cores2, gates2, eff2, left1_in, *left1, *left2, right2_in, *right2,
+    return y, [[x], cores1, gates1, eff1, cores2, gates2, eff2, left1_in, *left1, *left2, right2_in, *right2,
                [z1], _present(bias1)]
 
 
 def _python_backward(ctx, groups, dy):
     """Gradients of x, both biases, cores and gates from the groups of :func:`_python_forward`."""
     p1, p2 = ctx.plans
-    cores1, gates1, eff1, cores2, gates2, eff2, left1_in = groups[:7]
+    cores1, gates1, eff1, cores2, gates2, eff2, left1_in = groups[1:8]
     n1, n2 = len(p1.left_groups), len(p2.left_groups)
-    left1, left2 = groups[7:7 + n1], groups[7 + n1:7 + n1 + n2]
-    right2_in, right2 = groups[7 + n1 + n2], groups[8 + n1 + n2:-2]
+    left1, left2 = groups[8:8 + n1], groups[8 + n1:8 + n1 + n2]
+    right2_in, right2 = groups[8 + n1 + n2], groups[9 + n1 + n2:-2]
     (z1,), bias1 = groups[-2], (groups[-1] or [None])[0]
     m1, m2 = len(p1.in_shape), len(p2.in_shape)
 
@@ -146,6 +148,31 @@ def _native_backward(ctx, groups, dy):
     return (dx if need[2] else None, dbias1 if need[3] else None, dbias2 if need[4] else None, *grads1, *grads2)
 
 
+def _differentiated_replay(ctx, groups, dy):
+    """Gradients for ``create_graph=True``: the composition of two :func:`~comera.tt.tt_linear` calls re-run
+    on the saved inputs and differentiated by autograd (:func:`~comera.tt.differentiated_grads`), so second
+    derivatives through the activation and both layers are exact. The second bias enters linearly: a zero
+    one stands in for it, and its gradient is ``dy.sum(0)``."""
+    p1, p2 = ctx.plans
+    need = ctx.needs_input_grad
+    if ctx.native:
+        x, bias1, _, cores1, gates1, _, cores2, gates2, _ = _native_unpack(groups)
+    else:
+        (x,), cores1, gates1, _, cores2, gates2 = groups[:6]
+        bias1 = (groups[-1] or [None])[0]
+    bias2 = dy.new_zeros(dy.shape[1]) if p2.bias else None
+    d1, d2 = len(cores1), len(cores2)
+
+    def composition(x, bias1, *params):
+        layer1, layer2 = params[:2 * d1 - 1], params[2 * d1 - 1:]
+        hidden = ctx.activation(tt_linear(x, layer1[:d1], layer1[d1:], bias1, p1))
+        return tt_linear(hidden, layer2[:d2], layer2[d2:], bias2, p2)
+
+    dx, dbias1, *d_params = differentiated_grads(composition, [x, bias1, *cores1, *gates1, *cores2, *gates2],
+                                                 [need[2], need[3], *need[5:]], dy)
+    return (dx, dbias1, dy.sum(0) if p2.bias and need[4] else None, *d_params)
+
+
 class _TTFeedForwardFunction(torch.autograd.Function):
     """y = L2(act(L1(x))) for TT layers L1, L2 following their plans; saves rank-r products only. Native ops
     run both layers when :func:`comera.native.usable` says so for both plans, else the Python kernels."""
@@ -168,15 +195,10 @@ class _TTFeedForwardFunction(torch.autograd.Function):
         saved, groups = iter(ctx.saved_tensors), []
         for size in ctx.group_sizes:
             groups.append([next(saved) for _ in range(size)])
-        if ctx.native and not torch.is_grad_enabled():
-            return (None, None, *_native_backward(ctx, groups, dy))
+        if torch.is_grad_enabled():
+            return (None, None, *_differentiated_replay(ctx, groups, dy))
         if ctx.native:
-            # create_graph: the native ops have no derivative. Replay the forward in Python as it ran (without
-            # a graph) and differentiate the Python backward, as the Python path does.
-            x, bias1, bias2, cores1, gates1, _, cores2, gates2, _ = _native_unpack(groups)
-            with torch.no_grad():
-                groups = _python_forward(ctx.plans, ctx.activation, x, bias1, bias2, cores1, gates1, cores2,
-                                         gates2)[1]
+            return (None, None, *_native_backward(ctx, groups, dy))
         return (None, None, *_python_backward(ctx, groups, dy))
 
 

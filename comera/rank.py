@@ -430,7 +430,10 @@ class _SumOfSquares(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         tensors = list(ctx.saved_tensors)
-        return (None, *torch._foreach_mul(tensors, (2 * grad).to(tensors[0].dtype)))
+        scale = (2 * grad).to(tensors[0].dtype)
+        if torch.is_grad_enabled():  # create_graph: _foreach_mul by a 0-d tensor has no double backward
+            return (None, *(t * scale for t in tensors))
+        return (None, *torch._foreach_mul(tensors, scale))
 
 
 def _size_l0(layout: "_Layout", threshold: float) -> torch.Tensor:

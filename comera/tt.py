@@ -152,37 +152,32 @@ class TTLinearFunction(torch.autograd.Function):
             return out[0]
         y, groups = _python_forward(plan, x, bias, cores, gates)
         ctx.group_sizes = [len(g) for g in groups]
-        ctx.save_for_backward(*(t for g in groups for t in g))
+        ctx.save_for_backward(x, *(t for g in groups for t in g))
         return y
 
     @staticmethod
     def backward(ctx, dy):
         plan = ctx.plan
         need = ctx.needs_input_grad
-        if ctx.native:
-            d = len(plan.ranks) - 1
-            x, *rest = ctx.saved_tensors
-            cores, gates = rest[:d], rest[d:2 * d - 1]
-            if not torch.is_grad_enabled():
-                out = torch.ops.comera_native.tt_backward(dy, x, cores, gates, rest[2 * d - 1:],
-                                                          *native.plan_args(plan), ctx.has_bias, need[1], need[2])
-                return (None, out[0] if need[1] else None, out[1] if need[2] else None, *out[2:])
-            # create_graph: the native ops have no derivative. Replay the forward in Python as it ran (without
-            # a graph) and differentiate the Python backward, as the Python path does.
-            with torch.no_grad():
-                bias = dy.new_zeros(dy.shape[1]) if ctx.has_bias else None
-                groups = _python_forward(plan, x, bias, cores, gates)[1]
-        elif not plan.zero:
-            saved, groups = iter(ctx.saved_tensors), []
-            for size in ctx.group_sizes:
-                groups.append([next(saved) for _ in range(size)])
-        dbias = dy.sum(0) if ctx.has_bias and need[2] and not plan.fold_bias else None
         if plan.zero:
             zeros = [dy.new_zeros(s) for s in ctx.shapes]
             dx = dy.new_zeros(ctx.x_shape) if need[1] else None
-            return (None, dx, dbias, *zeros)
-        cores, gates, eff = groups[:3]
+            return (None, dx, dy.sum(0) if ctx.has_bias and need[2] else None, *zeros)
+        d = len(plan.ranks) - 1
+        x, *rest = ctx.saved_tensors
+        cores, gates = rest[:d], rest[d:2 * d - 1]
+        if torch.is_grad_enabled():
+            return (None, *_differentiated_replay(plan, x, cores, gates, dy, ctx.has_bias, need))
+        if ctx.native:
+            out = torch.ops.comera_native.tt_backward(dy, x, cores, gates, rest[2 * d - 1:],
+                                                      *native.plan_args(plan), ctx.has_bias, need[1], need[2])
+            return (None, out[0] if need[1] else None, out[1] if need[2] else None, *out[2:])
+        saved, groups = iter(rest), []
+        for size in ctx.group_sizes:
+            groups.append([next(saved) for _ in range(size)])
+        eff = groups[2]
         m = len(plan.in_shape)
+        dbias = dy.sum(0) if ctx.has_bias and need[2] and not plan.fold_bias else None
         if plan.dense:
             (x, weight), left, right = groups[3:]
             dx, d_eff = kernels.dense_backward(dy, x, weight, eff[:m], eff[m:], left, right, need[1])
@@ -198,6 +193,36 @@ class TTLinearFunction(torch.autograd.Function):
             d_eff = d_left + d_right
         d_cores, d_gates = core_and_gate_grads(d_eff, cores, gates)
         return (None, dx, dbias, *d_cores, *d_gates)
+
+
+def differentiated_grads(fn: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor | None],
+                         wanted: Sequence[bool], dy: torch.Tensor) -> list[torch.Tensor | None]:
+    """The gradients of ``fn(*inputs)`` against ``dy`` for the ``wanted`` inputs (None for the others), with
+    a graph of their own: ``fn`` re-runs under autograd and autograd differentiates it (create_graph).
+
+    For the backward of a Function called with ``create_graph=True``: what its forward saved was computed
+    without a graph, so a hand-written backward over it treats those tensors as constants and every second
+    derivative through them is lost. The replay costs one forward more and keeps its intermediates; the
+    derivatives of every order are exact.
+    """
+    chosen = [t for t, w in zip(inputs, wanted) if w]
+    if not chosen:
+        return [None] * len(inputs)
+    with torch.enable_grad():
+        grads = iter(torch.autograd.grad(fn(*inputs), chosen, dy, create_graph=True, allow_unused=True))
+    return [next(grads) if w else None for w in wanted]
+
+
+def _differentiated_replay(plan: ContractionPlan, x, cores, gates, dy, has_bias: bool, need):
+    """``(dx, dbias, *d_cores, *d_gates)`` of :class:`TTLinearFunction` for ``create_graph=True`` (see
+    :func:`differentiated_grads`): the Python kernels re-run; the bias enters linearly, so a zero one stands in
+    for it (its gradient is ``dy.sum(0)``)."""
+    bias = dy.new_zeros(dy.shape[1]) if has_bias else None
+    d = len(cores)
+    dx, *d_params = differentiated_grads(
+        lambda x, *params: _python_forward(plan, x, bias, params[:d], params[d:])[0],
+        [x, *cores, *gates], [need[1], *need[3:]], dy)
+    return (dx, dy.sum(0) if has_bias and need[2] else None, *d_params)
 
 
 def tt_linear(x: torch.Tensor, cores: Sequence[torch.Tensor], gates: Sequence[torch.Tensor],

@@ -113,8 +113,15 @@ def test_core_l2_gradient_is_twice_every_core():
     grads = torch.autograd.grad(rank.core_l2(model), cores)
     for grad, core in zip(grads, cores):
         torch.testing.assert_close(grad, 2 * core.detach())
-    assert torch.autograd.gradcheck(lambda *cs: rank._SumOfSquares.apply(cs[0].new_ones(()), *cs),
-                                    [c.detach().clone().requires_grad_() for c in cores])
+    leaves = [c.detach().clone().requires_grad_() for c in cores]
+    assert torch.autograd.gradcheck(lambda *cs: rank._SumOfSquares.apply(cs[0].new_ones(()), *cs), leaves)
+    assert torch.autograd.gradgradcheck(lambda *cs: rank._SumOfSquares.apply(cs[0].new_ones(()), *cs), leaves)
+    # create_graph: the Hessian of sum ||G||^2 is 2 I, so the Hessian-vector product is 2 v
+    vectors = [torch.randn_like(c) for c in cores]
+    first = torch.autograd.grad(rank.core_l2(model), cores, create_graph=True)
+    hvp = torch.autograd.grad(first, cores, vectors)
+    for got, v in zip(hvp, vectors):
+        torch.testing.assert_close(got, 2 * v)
     loss = torch.tensor(0.3, dtype=torch.float64)
     objective = rank.early_objective(loss, model, l1_weight=0.0, l2_weight=0.5, threshold=0.01)
     for grad, core in zip(torch.autograd.grad(objective, cores), cores):

@@ -1,6 +1,7 @@
 """TTLinear against a dense reference built from dense_weight() (forward, input, core and gate grads)."""
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 
@@ -9,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from comera import kernels
+from comera import kernels, native
 from comera.contraction import PlanSettings, make_plan
 from comera.tt import TTLinear, tt_linear
 
@@ -66,6 +67,47 @@ def test_float64_matches_dense_reference(order, seed):
         plan = make_plan(layer.in_shape, layer.out_shape, tuple(layer.ranks), tokens,
                          layer.bias is not None, strategies)
         _compare(layer, x, plan, 1e-10)
+
+
+def _second_derivatives(linear, x, params):
+    """Gradients of ``|| d/dx sum(tanh(linear(x))^2) ||^2`` (a gradient penalty) with respect to ``x`` and
+    ``params``: second derivatives through the layer, as create_graph gives them."""
+    (gx,) = torch.autograd.grad(linear(x).tanh().pow(2).sum(), x, create_graph=True)
+    return torch.autograd.grad(gx.pow(2).sum(), [x, *params])
+
+
+@pytest.mark.parametrize("python_kernels", [False, True], ids=["default", "python-kernels"])
+@pytest.mark.parametrize("order,seed", [(2, 0), (4, 1), (5, 3), (6, 2)])
+def test_second_derivatives_match_dense_reference(order, seed, python_kernels):
+    """create_graph through every strategy: the saved intermediates are no constants to the second
+    derivative (with the native ops where they are built, and with the Python kernels)."""
+    layer, rng = _random_layer(order, seed, bias=seed % 2 == 0)
+    tokens = rng.choice([1, 3, 17])
+    x = torch.randn(tokens, layer.in_features, dtype=torch.float64, requires_grad=True)
+    params = [*layer.cores, *layer.gates] + ([layer.bias] if layer.bias is not None else [])
+    want = _second_derivatives(lambda t: t @ layer.dense_weight() + (0 if layer.bias is None else layer.bias),
+                               x, params)
+    choices = ["dense"] + [(left, right) for left in _partitions(len(layer.in_shape))
+                           for right in _partitions(len(layer.out_shape))]
+    with native.disabled() if python_kernels else contextlib.nullcontext():
+        for strategies in choices:
+            plan = make_plan(layer.in_shape, layer.out_shape, tuple(layer.ranks), tokens,
+                             layer.bias is not None, strategies)
+            got = _second_derivatives(lambda t: tt_linear(t, layer.cores, layer.gates, layer.bias, plan), x,
+                                      params)
+            for i, (a, b) in enumerate(zip(got, want)):
+                err = ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+                assert err <= 1e-10, f"grad{i}: relative error {err:.2e} (plan {plan.left}/{plan.right})"
+
+
+@pytest.mark.parametrize("strategies", [None, "dense", ((1, 1), (2,))], ids=str)
+def test_gradgradcheck(strategies):
+    """Second derivatives (and the first derivatives' graph) against finite differences, bias included."""
+    layer = TTLinear(6, 6, in_shape=(2, 3), out_shape=(3, 2), rank=2, dtype=torch.float64)
+    plan = make_plan(layer.in_shape, layer.out_shape, tuple(layer.ranks), 3, True, strategies)
+    d = len(layer.cores)
+    inputs = [torch.randn(3, 6, dtype=torch.float64, requires_grad=True), layer.bias, *layer.cores, *layer.gates]
+    assert torch.autograd.gradgradcheck(lambda x, b, *p: tt_linear(x, p[:d], p[d:], b, plan), inputs)
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -391,7 +433,6 @@ def _fwd_bwd_ops(in_shape, out_shape, tokens: int) -> int:
 @pytest.mark.parametrize("in_shape,out_shape", PAPER_LAYERS)
 def test_fwd_bwd_dispatches_at_most_the_bound(in_shape, out_shape, tokens):
     """The Python kernels' bound (the path without the native ops)."""
-    from comera import native
 
     with native.disabled():
         assert _fwd_bwd_ops(in_shape, out_shape, tokens) <= OP_BOUND
@@ -402,7 +443,6 @@ def test_fwd_bwd_dispatches_at_most_the_bound(in_shape, out_shape, tokens):
 def test_fwd_bwd_meets_the_op_goal(in_shape, out_shape, tokens):
     """With the native ops (comera.native) a forward+backward dispatches 2 ops from Python plus the 13
     gradient accumulations; the Python kernels cannot go below about 72 (docs/performance.md)."""
-    from comera import native
     from harness.perf import goals
 
     if not native.status().in_use:

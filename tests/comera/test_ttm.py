@@ -94,7 +94,7 @@ def test_bond_of_rank_zero_gives_zero_rows(lookup, ranks):
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 7, 50])  # several chunks with a remainder, one exact chunk, one larger
-def test_half_table_rows_values_and_gradcheck(chunk):
+def test_half_table_rows_values_gradcheck_and_gradgradcheck(chunk):
     gen = torch.Generator().manual_seed(chunk)
     left = torch.randn(3, 2, 4, dtype=torch.float64, generator=gen, requires_grad=True)
     right = torch.randn(5, 4, 3, dtype=torch.float64, generator=gen, requires_grad=True)
@@ -105,8 +105,9 @@ def test_half_table_rows_values_and_gradcheck(chunk):
 
     expected = torch.einsum("bir,brj->bij", left.detach()[left_index], right.detach()[right_index])
     torch.testing.assert_close(out.detach(), expected, rtol=0, atol=1e-12)
-    assert torch.autograd.gradcheck(lambda a, b: HalfTableRows.apply(a, b, left_index, right_index, chunk),
-                                    (left, right))
+    rows = lambda a, b: HalfTableRows.apply(a, b, left_index, right_index, chunk)  # noqa: E731
+    assert torch.autograd.gradcheck(rows, (left, right))
+    assert torch.autograd.gradgradcheck(rows, (left, right))  # create_graph: the backward is differentiable
 
 
 def test_half_table_rows_names_a_bad_chunk():
