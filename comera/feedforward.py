@@ -35,6 +35,7 @@ from comera.tt import (
     gated_cores,
     outside_autocast,
     parameter_entries,
+    regroup,
     tt_linear,
 )
 
@@ -192,9 +193,7 @@ class _TTFeedForwardFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        saved, groups = iter(ctx.saved_tensors), []
-        for size in ctx.group_sizes:
-            groups.append([next(saved) for _ in range(size)])
+        groups = regroup(ctx.saved_tensors, ctx.group_sizes)
         if torch.is_grad_enabled():
             return (None, None, *_differentiated_replay(ctx, groups, dy))
         if ctx.native:

@@ -106,6 +106,12 @@ def core_and_gate_grads(d_eff: Sequence[torch.Tensor], cores: Sequence[torch.Ten
     return [*torch._foreach_mul(d_eff_gated, list(gates)), d_eff[-1]], d_gates
 
 
+def regroup(tensors: Sequence[torch.Tensor], sizes: Sequence[int]) -> list[list[torch.Tensor]]:
+    """``tensors`` (a Function's saved tensors, flattened from groups) back in groups of ``sizes``."""
+    flat = iter(tensors)
+    return [[next(flat) for _ in range(size)] for size in sizes]
+
+
 def _python_forward(plan: ContractionPlan, x, bias, cores, gates):
     """The forward with the Python kernels: ``(y, groups)``, the tensors the backward reads, in groups."""
     eff = gated_cores(cores, gates)
@@ -172,9 +178,7 @@ class TTLinearFunction(torch.autograd.Function):
             out = torch.ops.comera_native.tt_backward(dy, x, cores, gates, rest[2 * d - 1:],
                                                       *native.plan_args(plan), ctx.has_bias, need[1], need[2])
             return (None, out[0] if need[1] else None, out[1] if need[2] else None, *out[2:])
-        saved, groups = iter(rest), []
-        for size in ctx.group_sizes:
-            groups.append([next(saved) for _ in range(size)])
+        groups = regroup(rest, ctx.group_sizes)
         eff = groups[2]
         m = len(plan.in_shape)
         dbias = dy.sum(0) if ctx.has_bias and need[2] and not plan.fold_bias else None
