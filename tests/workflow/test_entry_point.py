@@ -32,3 +32,17 @@ def test_the_snakefile_is_at_the_root_and_the_rules_in_workflow():
     for rules in sorted((ROOT / "workflow" / "rules").glob("*.smk")):
         assert f'include: "workflow/rules/{rules.name}"' in text
     assert (ROOT / "profiles" / "default" / "config.yaml").is_file()
+
+
+def test_a_pipeline_started_from_the_venv_without_activating_it_finds_its_commands(tmp_path):
+    """`.venv/bin/snakemake` with PATH lacking the venv: jobs still find `comera-bench` (the folder of
+    Snakemake's interpreter goes first on PATH when `comera-bench` is not on it)."""
+    env = {**os.environ, "PATH": os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
+                                                 if p and Path(p).resolve() != BIN.resolve())}
+    env.pop("VIRTUAL_ENV", None)
+    target = "results/runs/cpu-tiny/microbench/tiny.microbench.parquet"
+    proc = subprocess.run([str(BIN / "snakemake"), "--cores", "1", target, "--directory", str(tmp_path),
+                           "--configfile", str(ROOT / "config" / "tiny.yaml")], cwd=ROOT, capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert (tmp_path / target).is_file()

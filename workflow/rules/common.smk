@@ -4,6 +4,7 @@
 import json
 import os
 import shlex
+import shutil
 import sys
 import time
 
@@ -78,6 +79,12 @@ from harness.running import eta as _eta
 
 os.environ.setdefault(_eta.STARTED_ENV, str(time.time()))
 os.environ.setdefault(_eta.CELLS_ENV, str(len(GRID)))
+# Jobs call `comera-bench` and `python`. Started as `.venv/bin/snakemake` with the venv not activated,
+# PATH has neither (every job would fail, "comera-bench: not found"): the folder of the interpreter running
+# Snakemake goes first then. An environment where `comera-bench` is found stays as it is.
+_interpreter_bin = os.path.dirname(sys.executable)
+if shutil.which("comera-bench") is None and os.path.isfile(os.path.join(_interpreter_bin, "comera-bench")):
+    os.environ["PATH"] = _interpreter_bin + os.pathsep + os.environ.get("PATH", "")
 
 
 def spec_json(run_id):
