@@ -210,7 +210,7 @@ def feed_forward(first: nn.Module, activation: Callable[[torch.Tensor], torch.Te
                  x: torch.Tensor, *, fuse_min_elements: int = 0) -> torch.Tensor:
     """``second(activation(first(x)))``, saving only rank-r products when both layers are TTLinear.
 
-    Any other layer pair (nn.Linear, adapters), inference (grad disabled), fewer than
+    Any other layer pair (nn.Linear, adapters), inference (grad disabled), no tokens, fewer than
     ``fuse_min_elements`` hidden elements, a layer at rank 0 or a plan that forms the dense weight falls
     back to the plain composition, with the same result.
 
@@ -241,7 +241,7 @@ def feed_forward(first: nn.Module, activation: Callable[[torch.Tensor], torch.Te
     lead = x.shape[:-1]
     x2 = x.reshape(-1, first.in_features)
     p1, p2 = first.plan(x2.shape[0]), second.plan(x2.shape[0])
-    if x2.shape[0] * first.out_features < fuse_min_elements or not _fusable(p1, p2):
+    if x2.shape[0] == 0 or x2.shape[0] * first.out_features < fuse_min_elements or not _fusable(p1, p2):
         return second(activation(first(x)))
     y = outside_autocast(
         lambda x, b1, b2, *params: _TTFeedForwardFunction.apply((p1, p2), activation, x.contiguous(), b1, b2,

@@ -147,7 +147,8 @@ class TTLinearFunction(torch.autograd.Function):
         ctx.plan = plan
         ctx.has_bias = bias is not None
         ctx.native = native.usable(plan)
-        if plan.zero:
+        ctx.constant = plan.zero or x.shape[0] == 0  # y = b: a rank-0 bond, or no tokens
+        if ctx.constant:
             ctx.shapes = [p.shape for p in params]
             ctx.x_shape = x.shape
             y = x.new_zeros(x.shape[0], math.prod(plan.out_shape))
@@ -165,7 +166,7 @@ class TTLinearFunction(torch.autograd.Function):
     def backward(ctx, dy):
         plan = ctx.plan
         need = ctx.needs_input_grad
-        if plan.zero:
+        if ctx.constant:
             zeros = [dy.new_zeros(s) for s in ctx.shapes]
             dx = dy.new_zeros(ctx.x_shape) if need[1] else None
             return (None, dx, dy.sum(0) if ctx.has_bias and need[2] else None, *zeros)

@@ -252,6 +252,17 @@ def test_native_default_plans_equal_python_kernels(seed):
                                                         dtype=torch.float64))
 
 
+@pytest.mark.parametrize("lead", [(0,), (2, 0)], ids=str)
+def test_no_tokens_give_an_empty_output_and_zero_gradients(lead):
+    first, second = _fixed_pair(True, True)
+    x = torch.randn(*lead, first.in_features, dtype=torch.float64, requires_grad=True)
+    y = feed_forward(first, F.gelu, second, x)
+    assert y.shape == (*lead, second.out_features)
+    y.sum().backward()
+    for p in [*first.parameters(), *second.parameters()]:
+        assert p.grad is not None and torch.count_nonzero(p.grad) == 0
+
+
 def _dense(layer, t):
     return t @ layer.dense_weight() + (0 if layer.bias is None else layer.bias)
 

@@ -190,6 +190,22 @@ def test_zero_rank_bond_gives_bias_and_zero_grads(bias):
         torch.testing.assert_close(layer.bias.grad, dy.sum((0, 1)))
 
 
+@pytest.mark.parametrize("python_kernels", [False, True], ids=["default", "python-kernels"])
+@pytest.mark.parametrize("lead", [(0,), (2, 0), (0, 3)], ids=str)
+@pytest.mark.parametrize("bias", [True, False])
+def test_no_tokens_give_an_empty_output_and_zero_gradients(lead, bias, python_kernels):
+    """An empty batch, as nn.Linear takes it: output (*lead, out_features), every gradient zero."""
+    layer = TTLinear(24, 30, in_shape=[4, 6], out_shape=[5, 6], rank=3, bias=bias, dtype=torch.float64)
+    x = torch.randn(*lead, 24, dtype=torch.float64, requires_grad=True)
+    with native.disabled() if python_kernels else contextlib.nullcontext():
+        y = layer(x)
+        assert y.shape == (*lead, 30)
+        y.sum().backward()
+    assert x.grad.shape == x.shape
+    for p in layer.parameters():
+        assert p.grad is not None and p.grad.shape == p.shape and torch.count_nonzero(p.grad) == 0
+
+
 def test_prune_by_slicing_data_changes_plan_and_stays_correct():
     layer = TTLinear(64, 64, in_shape=[4, 4, 4], out_shape=[4, 4, 4], rank=6, dtype=torch.float64)
     before = layer.plan(10)
