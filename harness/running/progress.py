@@ -2,7 +2,9 @@
 elapsed ..., ETA ...`` every LOG_EVERY_S seconds of wall time (and after the last step), so that a
 pipeline cell's log (stderr redirected to ``logs/<cell>.log``) shows how far a long cell is. A step
 or an evaluation longer than that does not silence it: a background thread writes the line when
-none was written for LOG_EVERY_S seconds."""
+none was written for LOG_EVERY_S seconds; such a line says how long no step has finished instead of an
+ETA (a cell waiting for its timing group's first round would otherwise show an ETA that only grows).
+The ETA extrapolates the rate since the first step finished, so start-up and warm-up do not inflate it."""
 from __future__ import annotations
 
 import sys
@@ -15,9 +17,14 @@ from harness.core.clock import clock
 LOG_EVERY_S = 15.0
 
 
-def eta_s(done: int, total: int, elapsed_s: float) -> float | None:
-    """Seconds left at the rate so far (None before the first step)."""
-    return elapsed_s / done * (total - done) if done else None
+def eta_s(done: int, total: int, elapsed_s: float, since_first_s: float | None = None) -> float | None:
+    """Seconds left at the rate so far (None before the first step): from the ``since_first_s`` seconds
+    since the first step finished when two or more steps did, else from the whole ``elapsed_s``."""
+    if not done:
+        return None
+    if done > 1 and since_first_s is not None:
+        return since_first_s / (done - 1) * (total - done)
+    return elapsed_s / done * (total - done)
 
 
 class StepLog:
@@ -29,7 +36,8 @@ class StepLog:
                  now: Callable[[], float] = time.monotonic, heartbeat: bool = False):
         self.total, self.name, self.stream, self.every_s, self.now = total, name, stream, every_s, now
         self.done = 0
-        self.started = self.last = now()
+        self.started = self.last = self.last_step = now()
+        self.first_step: float | None = None
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._thread = None
@@ -39,16 +47,24 @@ class StepLog:
 
     def update(self, n: int = 1) -> None:
         self.done += n
-        if self.done >= self.total or self.now() - self.last >= self.every_s:
+        self.last_step = self.now()
+        if self.first_step is None:
+            self.first_step = self.last_step
+        if self.done >= self.total or self.last_step - self.last >= self.every_s:
             self.write()
 
     def write(self) -> None:
         with self._lock:
             self.last = self.now()
             elapsed = self.last - self.started
-            left = eta_s(self.done, self.total, elapsed)
-            eta = "" if left is None else f", ETA {clock(left)}"
-            print(f"{self.name}: step {self.done} of {self.total}, elapsed {clock(elapsed)}{eta}",
+            stalled = self.last - self.last_step
+            if stalled >= self.every_s:
+                state = f", no step finished for {clock(stalled)}"
+            else:
+                since_first = None if self.first_step is None else self.last - self.first_step
+                left = eta_s(self.done, self.total, elapsed, since_first)
+                state = "" if left is None else f", ETA {clock(left)}"
+            print(f"{self.name}: step {self.done} of {self.total}, elapsed {clock(elapsed)}{state}",
                   file=self.stream, flush=True)
 
     def _beat(self) -> None:

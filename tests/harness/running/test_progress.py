@@ -33,6 +33,23 @@ def test_slow_steps_log_every_step():
     assert out.getvalue().splitlines()[-1] == "c: step 3 of 100, elapsed 3m30s, ETA 1h53m"
 
 
+def test_eta_leaves_out_the_start_and_a_wait_says_how_long_no_step_finished():
+    """A timing-group cell: 40 s of start-up before its first step, then 2 s steps. Its ETA follows the
+    steps' rate; while it waits for its group (no step for 30 s) the line says so instead of an ETA."""
+    out, clock = io.StringIO(), FakeClock()
+    log = progress.StepLog(20, "cell", out, every_s=15.0, now=clock)
+    clock.t = 40.0
+    log.update()
+    for _ in range(8):
+        clock.t += 2.0
+        log.update()  # step 9 at 56 s: a line (16 s since the last)
+    clock.t += 30.0
+    log.write()  # as the heartbeat writes it, 30 s after step 9
+    assert out.getvalue().splitlines() == ["cell: step 1 of 20, elapsed 40s, ETA 12m40s",
+                                           "cell: step 9 of 20, elapsed 56s, ETA 22s",
+                                           "cell: step 9 of 20, elapsed 1m26s, no step finished for 30s"]
+
+
 def test_not_a_terminal_gives_lines_with_a_heartbeat(monkeypatch):
     monkeypatch.setattr("sys.stderr", io.StringIO())
     log = progress.progress(5, "c", None)
@@ -55,7 +72,8 @@ def test_a_line_at_least_every_30_s_also_while_one_step_runs_long():
     log.close()
     lines = out.getvalue().splitlines()
     assert len(lines) >= 4, lines
-    assert all(line.startswith("cell: step 1 of 100, elapsed ") and ", ETA " in line for line in lines)
+    assert all(line.startswith("cell: step 1 of 100, elapsed ") and ", no step finished for " in line
+               for line in lines), lines
     count = len(lines)
     time.sleep(0.15)
     assert len(out.getvalue().splitlines()) == count  # closed: no more lines
