@@ -210,6 +210,12 @@ def _check_entry(name: str, entry: Any, module: nn.Module, defaults: dict[str, A
 def _build(name: str, module: nn.Module, entry: dict[str, Any]) -> nn.Module:
     order = int(entry.get("order", DEFAULT_ORDER))
     init = entry.get("init", DEFAULT_INIT)
+    reads_values = init == "svd" or (init == "default" and isinstance(module, nn.Embedding)
+                                     and entry.get("init_std") is None)
+    if reads_values and getattr(module, "weight", None) is not None and module.weight.is_meta:
+        raise ValueError(f"tensorize: spec[{name!r}] has init={init!r}, which reads the layer's weight, but "
+                         "it is on the meta device (no values): load the weights first, or use "
+                         "init='official'" + (" or give 'init_std'" if init == "default" else ""))
     if entry["kind"] == "linear":
         if not isinstance(module, nn.Linear):
             raise TypeError(f"tensorize: spec[{name!r}] is 'linear' but the module is {type(module).__name__}")

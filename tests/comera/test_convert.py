@@ -92,3 +92,23 @@ def test_bad_spec_is_named(spec, error, message):
     with pytest.raises(error, match=message):
         tensorize(model, spec)
     assert isinstance(model[1], nn.Linear)  # nothing replaced on error
+
+
+@pytest.mark.parametrize("spec,ok", [
+    ({"0": {"rank": 3, "init": "official"}, "1": {"rank": 2}}, True),
+    ({"0": {"rank": 3, "init": "default", "init_std": 0.5}}, True),
+    ({"0": {"rank": 3, "init": "default"}}, False),
+    ({"0": {"rank": 3, "init": "svd"}}, False),
+    ({"1": {"rank": 2, "init": "svd"}}, False),
+])
+def test_a_model_on_the_meta_device_builds_unless_the_init_reads_its_weights(spec, ok):
+    """A model built on the meta device (no values) tensorizes with schemes that do not read the weights;
+    svd (and an embedding's default std) names the layer and the way out instead of a meta-tensor error."""
+    with torch.device("meta"):
+        model = _toy()
+    if ok:
+        tensorize(model, spec)
+        assert all(p.is_meta for p in model.parameters())
+        return
+    with pytest.raises(ValueError, match=rf"spec\['{next(iter(spec))}'\].*meta device"):
+        tensorize(model, spec)
