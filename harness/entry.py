@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 PROJECT_PACKAGES = ("comera", "baselines", "harness")
@@ -24,6 +25,18 @@ def main(argv: list[str] | None = None) -> int:
               f"pipeline extra 'bench': {INSTALL_HINT}. The library itself (import comera) needs torch "
               "only.", file=sys.stderr)
         return 2
+
+
+def command_on_path(environ: dict[str, str] | None = None) -> None:
+    """Where ``comera-bench`` is not on ``PATH`` but beside this interpreter (``.venv/bin/snakemake`` run
+    with the venv not activated), put the interpreter's folder first on ``PATH`` (``environ``, default
+    ``os.environ``), so that the pipeline's jobs find ``comera-bench`` and the venv's ``python``. An
+    environment where the command is found stays as it is."""
+    environ = os.environ if environ is None else environ
+    folder = os.path.dirname(sys.executable)
+    if shutil.which("comera-bench", path=environ.get("PATH")) is None and os.path.isfile(
+            os.path.join(folder, "comera-bench")):
+        environ["PATH"] = folder + os.pathsep + environ.get("PATH", "")
 
 
 if __name__ == "__main__":

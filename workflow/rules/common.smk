@@ -4,7 +4,6 @@
 import json
 import os
 import shlex
-import shutil
 import sys
 import time
 
@@ -14,6 +13,7 @@ from snakemake.utils import validate
 REPO = workflow.basedir  # the checkout: its Snakefile is at the root
 sys.path.insert(0, REPO)  # the harness package of this checkout, even if not installed
 from harness.configs import grid as _grid
+from harness import entry as _entry
 from harness.results import lock as _lock
 from harness.data import cache as _cache
 from harness.core import stops as _stops
@@ -80,11 +80,8 @@ from harness.running import eta as _eta
 os.environ.setdefault(_eta.STARTED_ENV, str(time.time()))
 os.environ.setdefault(_eta.CELLS_ENV, str(len(GRID)))
 # Jobs call `comera-bench` and `python`. Started as `.venv/bin/snakemake` with the venv not activated,
-# PATH has neither (every job would fail, "comera-bench: not found"): the folder of the interpreter running
-# Snakemake goes first then. An environment where `comera-bench` is found stays as it is.
-_interpreter_bin = os.path.dirname(sys.executable)
-if shutil.which("comera-bench") is None and os.path.isfile(os.path.join(_interpreter_bin, "comera-bench")):
-    os.environ["PATH"] = _interpreter_bin + os.pathsep + os.environ.get("PATH", "")
+# PATH has neither (every job would fail, "comera-bench: not found"): the venv's folder goes first then.
+_entry.command_on_path()
 
 
 def spec_json(run_id):
