@@ -9,7 +9,7 @@ from harness import entry
 
 
 def test_a_missing_pipeline_package_names_the_extra(monkeypatch, capsys):
-    monkeypatch.delitem(sys.modules, "harness.cli")
+    monkeypatch.delitem(sys.modules, "harness.cli", raising=False)
     monkeypatch.setitem(sys.modules, "pandas", None)  # import pandas fails as if not installed
     assert entry.main(["show"]) == 2
     err = capsys.readouterr().err
