@@ -7,6 +7,7 @@ from comera.convert import ConversionReport, model_size, tensorize
 from comera.contraction import PlanSettings
 from comera.feedforward import feed_forward
 from comera.kernels import register_flop_formulas
+from comera.plain import plain_autograd
 from comera.rank import RankSettings, TwoStageRankAdaptation, prune, ranks, tt_parameter_count
 from comera.tt import TTLinear
 from comera.ttm import TTMEmbedding
@@ -15,6 +16,7 @@ __all__ = [
     "TTLinear",
     "TTMEmbedding",
     "feed_forward",
+    "plain_autograd",
     "PlanSettings",
     "register_flop_formulas",
     "tensorize",

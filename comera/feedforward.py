@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from comera import kernels, native
+from comera import kernels, native, plain
 from comera.contraction import ContractionPlan
 from comera.tt import (
     TTLinear,
@@ -210,7 +210,7 @@ def feed_forward(first: nn.Module, activation: Callable[[torch.Tensor], torch.Te
                  x: torch.Tensor, *, fuse_min_elements: int = 0) -> torch.Tensor:
     """``second(activation(first(x)))``, saving only rank-r products when both layers are TTLinear.
 
-    Any other layer pair (nn.Linear, adapters), inference (grad disabled), no tokens, fewer than
+    Any other layer pair (nn.Linear, adapters), inference (grad disabled), :func:`comera.plain_autograd`, no tokens, fewer than
     ``fuse_min_elements`` hidden elements, a layer at rank 0 or a plan that forms the dense weight falls
     back to the plain composition, with the same result.
 
@@ -230,7 +230,8 @@ def feed_forward(first: nn.Module, activation: Callable[[torch.Tensor], torch.Te
 
         >>> y = feed_forward(block.ffn_in, F.gelu, block.ffn_out, x)
     """
-    if not (isinstance(first, TTLinear) and isinstance(second, TTLinear)) or not torch.is_grad_enabled():
+    if (not (isinstance(first, TTLinear) and isinstance(second, TTLinear)) or not torch.is_grad_enabled()
+            or plain.active()):
         return second(activation(first(x)))
     if first.out_features != second.in_features:
         raise ValueError(f"feed_forward: first.out_features={first.out_features} does not match "
@@ -244,7 +245,7 @@ def feed_forward(first: nn.Module, activation: Callable[[torch.Tensor], torch.Te
     if x2.shape[0] == 0 or x2.shape[0] * first.out_features < fuse_min_elements or not _fusable(p1, p2):
         return second(activation(first(x)))
     y = outside_autocast(
-        lambda x, b1, b2, *params: _TTFeedForwardFunction.apply((p1, p2), activation, x.contiguous(), b1, b2,
-                                                                 *params),
+        lambda x, b1, b2, *params: plain.apply(_TTFeedForwardFunction, (p1, p2), activation, x.contiguous(),
+                                               b1, b2, *params),
         x.device.type, x2, first.bias, second.bias, *_layer_params(first), *_layer_params(second))
     return y.view(*lead, second.out_features)

@@ -69,6 +69,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from comera import plain
 from comera.tt import parameter_entries
 
 L1_REDUCTIONS = ("mean", "sum")
@@ -414,7 +415,9 @@ def _gate_penalty(layout: "_Layout", threshold: float, reduction: str) -> torch.
 def _core_l2(layout: "_Layout") -> torch.Tensor:
     if not layout.cores:
         return layout.one * 0
-    return _SumOfSquares.apply(layout.one, *layout.cores)
+    if plain.active():
+        return torch.stack([c.square().sum() for c in layout.cores]).to(layout.one.dtype).sum()
+    return plain.apply(_SumOfSquares, layout.one, *layout.cores)
 
 
 class _SumOfSquares(torch.autograd.Function):

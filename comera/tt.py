@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from comera import kernels, native
+from comera import kernels, native, plain
 from comera.contraction import DEFAULT_SETTINGS, ContractionPlan, PlanSettings, make_plan
 from comera.init import INIT_SCHEMES, core_stds
 from comera.reload import ResizeOnLoad
@@ -250,7 +250,9 @@ def tt_linear(x: torch.Tensor, cores: Sequence[torch.Tensor], gates: Sequence[to
         >>> plan = layer.plan(x.shape[0])
         >>> y = tt_linear(x, list(layer.cores), list(layer.gates), layer.bias, plan)
     """
-    return TTLinearFunction.apply(plan, x, bias, *cores, *gates)
+    if plain.active():
+        return _python_forward(plan, x, bias, list(cores), list(gates))[0]
+    return plain.apply(TTLinearFunction, plan, x, bias, *cores, *gates)
 
 
 

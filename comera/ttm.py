@@ -31,6 +31,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from comera import plain
 from comera.init import core_stds
 from comera.reload import ResizeOnLoad
 from comera.tt import forward_gates, outside_autocast, parameter_entries
@@ -180,11 +181,13 @@ class TTMEmbedding(ResizeOnLoad, nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         if idx.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"TTMEmbedding: indices must be int32/int64, got {idx.dtype}")
-        if not idx.is_cuda and idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.num_embeddings):
+        plain_ops = plain.active()
+        bounds = _index_bounds(idx, plain_ops) if not idx.is_cuda and idx.numel() else None
+        if bounds is not None and (bounds[0] < 0 or bounds[1] >= self.num_embeddings):
             raise IndexError(f"TTMEmbedding: index out of range [0, {self.num_embeddings}): "
-                             f"min {int(idx.min())}, max {int(idx.max())}")
+                             f"min {bounds[0]}, max {bounds[1]}")
         flat = idx.reshape(-1).long()
-        if self.unique_rows and not _capturing(flat):
+        if self.unique_rows and not plain_ops and not _capturing(flat):
             # torch.unique syncs with the host (its size depends on the data): a CUDA graph being captured
             # computes every row instead, which gives the same values
             rows, inverse = torch.unique(flat, return_inverse=True)
@@ -266,6 +269,18 @@ class HalfTableRows(torch.autograd.Function):
         return grad_left, grad_right, None, None, None
 
 
+def _index_bounds(idx: torch.Tensor, plain_ops: bool) -> tuple[int, int] | None:
+    """``(min, max)`` of the indices; None inside :func:`comera.plain_autograd` where they cannot be read
+    (under ``torch.func.vmap``: there an index out of range fails in the gather, or, below the table's
+    padded size, is not caught)."""
+    try:
+        return int(idx.min()), int(idx.max())
+    except RuntimeError:
+        if plain_ops:
+            return None
+        raise
+
+
 def _capturing(t: torch.Tensor) -> bool:
     """Whether ``t``'s CUDA stream is capturing a CUDA graph (never on a CPU tensor)."""
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
@@ -274,8 +289,11 @@ def _capturing(t: torch.Tensor) -> bool:
 def _half_table_rows(left: torch.Tensor, right: torch.Tensor, left_index: torch.Tensor,
                      right_index: torch.Tensor, chunk_bytes: int) -> torch.Tensor:
     """``HalfTableRows`` with chunks whose gathered left and right rows fill ``chunk_bytes``."""
+    if plain.active():  # every gathered row saved by autograd: no chunks
+        return torch.bmm(left.index_select(0, left_index), right.index_select(0, right_index))
     row_bytes = (left[0].numel() + right[0].numel()) * left.element_size()
-    return HalfTableRows.apply(left, right, left_index, right_index, max(1, chunk_bytes // max(1, row_bytes)))
+    return plain.apply(HalfTableRows, left, right, left_index, right_index,
+                       max(1, chunk_bytes // max(1, row_bytes)))
 
 
 def _spans(total: int, chunk: int):
