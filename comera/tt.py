@@ -80,12 +80,17 @@ def forward_gates(module: nn.Module) -> list[torch.Tensor]:
     return [torch.nn.functional.threshold(g, threshold, 0.0) for g in gates]
 
 
+def autocasting(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type`` (False for a device without autocast, e.g. ``meta``)."""
+    return torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
+
+
 def outside_autocast(fn: Callable[..., torch.Tensor], device_type: str,
                      *tensors: torch.Tensor | None) -> torch.Tensor:
     """``fn(*tensors)``; under autocast for ``device_type`` the tensors are cast to the autocast dtype and
     ``fn`` runs with autocast off (custom autograd kernels pick no per-op dtypes). None passes through.
     A device without autocast (``meta``) runs ``fn`` as it is."""
-    if not (torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)):
+    if not autocasting(device_type):
         return fn(*tensors)
     dtype = torch.get_autocast_dtype(device_type)
     with torch.autocast(device_type, enabled=False):
@@ -428,11 +433,15 @@ class TTLinear(ResizeOnLoad, nn.Module):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"TTLinear: expected input with last dimension {self.in_features}, "
                              f"got shape {tuple(x.shape)}")
+        cores = parameter_entries(self.cores)
+        if x.dtype != cores[0].dtype and not autocasting(x.device.type):
+            raise TypeError(f"TTLinear: input dtype {x.dtype} differs from the layer's {cores[0].dtype}; cast "
+                            "one of them, or run under torch.autocast")
         x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         plan = self.plan(x2.shape[0])
-        d = len(self.cores)
+        d = len(cores)
         y = outside_autocast(lambda x, b, *p: tt_linear(x.contiguous(), p[:d], p[d:], b, plan),
-                             x.device.type, x2, self.bias, *parameter_entries(self.cores), *forward_gates(self))
+                             x.device.type, x2, self.bias, *cores, *forward_gates(self))
         return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

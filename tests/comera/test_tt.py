@@ -289,6 +289,12 @@ def test_wrong_input_width_raises():
         TTLinear(24, 12, rank=2)(torch.randn(3, 25))
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int64])
+def test_an_input_of_another_dtype_is_named(dtype):
+    with pytest.raises(TypeError, match=rf"input dtype {dtype} differs from the layer's torch.float32"):
+        TTLinear(24, 12, rank=2)(torch.ones(3, 24, dtype=dtype))
+
+
 @pytest.mark.parametrize("shape", [((12, 8, 8), (12, 16, 16), 30), ((8, 8), (8, 8), 8), ((4, 4, 4, 4), (4, 4, 4, 4), 16)])
 def test_init_scale_matches_nn_linear(shape):
     in_shape, out_shape, rank = shape
