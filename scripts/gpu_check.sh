@@ -3,6 +3,8 @@
 # (default 450 s) of wall time, that always leaves its results in $OUT (default results/gpu_check):
 #   here, once:      bash scripts/device_wheels.sh   (what the device image lacks, into .whl/)
 #   on the device:   bash scripts/gpu_check.sh       (device tool: carry [".whl"]; timeout_s 540)
+# First, when the native TT ops load, their device-parametrized tests on this device (at most 120 s): where
+# they fail, the phases run the Python kernels (COMERA_NATIVE=0; env.txt says so).
 # Phases, each under `timeout` within what is left of the budget:
 #   tests   `pytest -m cuda`: the tests that need CUDA (at most TESTS_S, 90 s)
 #   bench   `comera-bench bench --device cuda --targets 1` (at most BENCH_S, 150 s: it compiles four modules)
@@ -149,6 +151,22 @@ native=$(cd "$repo" && timeout 180 "$py" -c "import comera.native as n; s = n.st
 print(('in use, ' if s.in_use else 'not in use: ') + s.reason)" 2>&1 | tail -n 1)
 echo "comera.native: $native" >> "$out/env.txt"
 log "comera.native: $native"
+# The native ops' first run on this device: the device-parametrized tests compare them with the Python
+# kernels (layer and fused block, forward and backward). Where they fail, every later phase runs the Python
+# kernels (COMERA_NATIVE=0), so that a broken op cannot cost the CoMERA rows; env.txt says so.
+if [[ $native == "in use"* ]]; then
+  (cd "$repo" && timeout 120 "$py" -m pytest -q -p no:cacheprovider -k "on_the_device and $device" \
+    tests/comera/test_native.py tests/comera/test_feedforward.py) > "$work/native_check.txt" 2>&1
+  check_rc=$?
+  check="exit status $check_rc: $(grep -E '(passed|failed|error|skipped)' "$work/native_check.txt" | tail -n 1)"
+  if ((check_rc == 1)); then
+    export COMERA_NATIVE=0
+    check="$check; FAILED: the Python kernels run from here (COMERA_NATIVE=0)"
+    grep -E '^(FAILED|E )' "$work/native_check.txt" | head -n 20 >> "$out/env.txt"
+  fi
+  echo "comera.native check on $device: $check" >> "$out/env.txt"
+  log "comera.native check on $device: $check"
+fi
 
 cd "$repo" || exit 2
 cuda_tests=$(grep -rl --include='test_*.py' "mark.cuda" tests | sort)

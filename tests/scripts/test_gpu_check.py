@@ -4,6 +4,7 @@ its grid still brings back the cells that finished with their tables, figures an
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import signal
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
+from comera import native
 
 ROOT = Path(__file__).resolve().parents[2]
 DEVICE = "cpu-gpu-check"  # config/gpu-tiny.yaml's device_name
@@ -54,6 +57,8 @@ def test_dry_run_packs_runs_tables_figures_and_claims(tmp_path):
     assert "float32 matmul precision highest" in (out / "env.txt").read_text()
     native = "in use, built in" if shutil.which("ninja") and shutil.which("c++") else "not in use: not built"
     assert f"comera.native: {native}" in (out / "env.txt").read_text()
+    if native.startswith("in use"):
+        assert "comera.native check on cpu: exit status 0: 8 passed" in (out / "env.txt").read_text()
     assert "needs CUDA" in (out / "pytest.txt").read_text()  # -m cuda: selected, skipped here
     results = members(out / "results.tar.gz")
     assert len([n for n in results if n.endswith(".runs.parquet")]) == CELLS
@@ -89,3 +94,20 @@ def test_sigterm_mid_grid_still_brings_back_what_finished(tmp_path):
     finished = [n for n in members(out / "results.tar.gz") if n.endswith(".runs.parquet") and "/runs/" in n]
     assert len(finished) == len(runs)
     assert "figures/claims.md" in members(out / "figures.tar.gz")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not native.status().in_use, reason=f"native ops: {native.status().reason}")
+def test_native_ops_failing_their_check_leave_the_python_kernels_to_every_phase(tmp_path):
+    proc = start(tmp_path, TESTS_S="0", BENCH_S="0", PYTEST_ADDOPTS="-p tests.scripts.native_check_fails")
+    output, _ = proc.communicate(timeout=240)
+    out = tmp_path / "out"
+    assert proc.returncode == 1, output[-3000:]  # the skipped phases
+    env = (out / "env.txt").read_text()
+    assert "comera.native check on cpu: exit status 1: 8 failed" in env, env
+    assert "FAILED: the Python kernels run from here (COMERA_NATIVE=0)" in env
+    assert "injected: the native ops disagree" in env
+    runs = merged_runs(out)
+    assert len(runs) == CELLS and (runs.status == "ok").all(), runs[["run_id", "status", "error"]]
+    kernels = [json.loads(s)["tt_kernels"] for s in runs[runs.method == "comera"].settings]
+    assert kernels and all(k == {"native": False, "why": "disabled by COMERA_NATIVE=0"} for k in kernels), kernels
