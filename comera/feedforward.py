@@ -210,9 +210,9 @@ def feed_forward(first: nn.Module, activation: Callable[[torch.Tensor], torch.Te
                  x: torch.Tensor, *, fuse_min_elements: int = 0) -> torch.Tensor:
     """``second(activation(first(x)))``, saving only rank-r products when both layers are TTLinear.
 
-    Any other layer pair (nn.Linear, adapters), inference (grad disabled), :func:`comera.plain_autograd`, no tokens, fewer than
-    ``fuse_min_elements`` hidden elements, a layer at rank 0 or a plan that forms the dense weight falls
-    back to the plain composition, with the same result.
+    Any other layer pair (nn.Linear, adapters), inference (grad disabled), :func:`comera.plain_autograd`,
+    no tokens, fewer than ``fuse_min_elements`` hidden elements, a layer at rank 0 or a plan that forms the
+    dense weight falls back to the plain composition, with the same result.
 
     Args:
         first: the layer into the hidden features.

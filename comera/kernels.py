@@ -70,10 +70,11 @@ def register_flop_formulas() -> None:
 def _inner_product_fits(a: torch.Tensor, w: torch.Tensor, cols: int, bias: torch.Tensor | None) -> bool:
     """Whether the product of ``a`` and ``w`` (either layout) with ``cols`` output columns (+ bias) goes to
     oneDNN's inner product: a large float32 CPU product with a contiguous ``a`` that autograd does not
-    record (the inner product has no autograd formula), outside :func:`comera.plain_autograd` and torch.compile (the compiler picks the
-    kernels; its lowering of the inner product needs a constant weight)."""
-    return (not torch.compiler.is_compiling() and not plain.active() and _INNER_PRODUCT is not None and a.dtype == torch.float32
-            and w.dtype == torch.float32 and a.device.type == "cpu"
+    record (the inner product has no autograd formula), outside :func:`comera.plain_autograd` and
+    torch.compile (the compiler picks the kernels; its lowering of the inner product needs a constant
+    weight)."""
+    return (not torch.compiler.is_compiling() and not plain.active() and _INNER_PRODUCT is not None
+            and a.dtype == torch.float32 and w.dtype == torch.float32 and a.device.type == "cpu"
             and a.shape[0] * a.shape[1] * cols >= INNER_PRODUCT_MIN_MACS[cols > 64]
             and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
             and a.is_contiguous() and not (torch.is_grad_enabled() and (a.requires_grad or w.requires_grad)))

@@ -135,7 +135,9 @@ class TTLinearFunction(torch.autograd.Function):
     ``TTLinearFunction.apply(plan, x, bias, *cores, *gates)``; backward returns the gradients of ``x``,
     ``bias``, every core and every gate. Saves ``x``, rank-sized intermediates and the merged core blocks,
     never a full-width tensor. Forward and backward are one native op each where :func:`comera.native.usable`
-    says so, else the Python kernels (same results). :func:`tt_linear` is the functional form.
+    says so, else the Python kernels (same results). Under ``create_graph=True`` the backward re-runs the
+    forward under autograd (:func:`differentiated_grads`): derivatives of every order are exact.
+    :func:`tt_linear` is the functional form.
 
     Shape:
         - x: ``(tokens, in_features)``, contiguous, ``tokens == plan.tokens``.
