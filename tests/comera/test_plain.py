@@ -57,6 +57,15 @@ def _assert_close(got, want):
         torch.testing.assert_close(got[key], want[key], rtol=1e-10, atol=1e-12, msg=key)
 
 
+def _assert_per_sample_grads(loss, params, inputs, targets):
+    """vmap(grad(loss)) over the samples inside plain_autograd equals autograd's gradient of each sample."""
+    with comera.plain_autograd():
+        per_sample = vmap(grad(loss), in_dims=(None, 0, 0))(params, inputs[:, None], targets[:, None])
+    for i in range(len(inputs)):
+        one = torch.autograd.grad(loss(params, inputs[i:i + 1], targets[i:i + 1]), list(params.values()))
+        _assert_close({k: v[i] for k, v in per_sample.items()}, dict(zip(params, one)))
+
+
 @pytest.mark.parametrize("bias", [True, False])
 def test_grad_and_per_sample_grads_of_a_tt_layer(bias):
     layer = _tt(bias)
@@ -69,10 +78,7 @@ def test_grad_and_per_sample_grads_of_a_tt_layer(bias):
     want = dict(zip(params, torch.autograd.grad(loss(params, x, target), list(params.values()))))
     with comera.plain_autograd():
         _assert_close(grad(loss)(params, x, target), want)
-        per_sample = vmap(grad(loss), in_dims=(None, 0, 0))(params, x[:, None], target[:, None])
-    for i in range(len(x)):
-        one = torch.autograd.grad(loss(params, x[i:i + 1], target[i:i + 1]), list(params.values()))
-        _assert_close({k: v[i] for k, v in per_sample.items()}, dict(zip(params, one)))
+    _assert_per_sample_grads(loss, params, x, target)
 
 
 def test_jacobian_of_a_tt_layer_is_its_dense_weight():
@@ -107,11 +113,7 @@ def test_per_sample_grads_through_every_layer_kind():
     def loss(p, idx, labels):
         return F.cross_entropy(functional_call(model, p, (idx,)), labels)
 
-    with comera.plain_autograd():
-        per_sample = vmap(grad(loss), in_dims=(None, 0, 0))(params, idx[:, None], labels[:, None])
-    for i in range(len(idx)):
-        one = torch.autograd.grad(loss(params, idx[i:i + 1], labels[i:i + 1]), list(params.values()))
-        _assert_close({k: v[i] for k, v in per_sample.items()}, dict(zip(params, one)))
+    _assert_per_sample_grads(loss, params, idx, labels)
 
 
 def test_a_transform_outside_the_block_names_it():
