@@ -132,6 +132,43 @@ class RankAdaptation:
         self.steps += 1
         return info
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs besides the model's and the optimizers' state dicts: steps done, the
+        size at the start, the stage, the switch point, the running losses and the late target, with the
+        settings they belong to (plain Python values; ``torch.save`` it with the rest).
+
+        Example::
+
+            >>> torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            ...             "adapt": adapt.state_dict()}, "checkpoint.pt")
+        """
+        return {"steps": self.steps, "initial_size": self.initial_size, "total_steps": self.total_steps,
+                "settings": dataclasses.asdict(self.settings), "driver": self.driver.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where :meth:`state_dict` left off. Build it as the saved run was (same ``target``,
+        ``total_steps`` and settings; a difference is an error naming it) on the model with the
+        checkpoint loaded, and its optimizer built after that loading, with its state loaded too.
+
+        Example::
+
+            >>> comera.tensorize(model, spec)
+            >>> model.load_state_dict(checkpoint["model"])       # the checkpoint's ranks
+            >>> optimizer = torch.optim.AdamW(comera.param_groups(model, lr=1e-3))
+            >>> optimizer.load_state_dict(checkpoint["optimizer"])
+            >>> adapt = comera.RankAdaptation(model, optimizer, target=0.3, total_steps=steps)
+            >>> adapt.load_state_dict(checkpoint["adapt"])
+        """
+        ours = {**dataclasses.asdict(self.settings), "total_steps": self.total_steps}
+        saved = {**state["settings"], "total_steps": state["total_steps"]}
+        differ = sorted(k for k in ours if saved.get(k) != ours[k])
+        if differ:
+            raise ValueError("RankAdaptation.load_state_dict: the saved run had other settings: "
+                             + ", ".join(f"{k}={saved.get(k)!r} (here {ours[k]!r})" for k in differ))
+        self.steps = int(state["steps"])
+        self.initial_size = int(state["initial_size"])
+        self.driver.load_state_dict(state["driver"])
+
     @property
     def stage(self) -> str:
         return "late" if self.driver.stage == 1 else "early"

@@ -64,7 +64,7 @@ import math
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
 from torch import nn
@@ -388,15 +388,48 @@ class TwoStageRankAdaptation:
                 raise RuntimeError("late stage needs loss_target or at least one early-stage step")
             loss_target = float(self._loss_best if self._l0_follows_best else self._loss_ema)
         final = s.target_ratio * start_size
-        reference = next(self.model.parameters())
-        self.target = LateTarget(loss_target=loss_target,
-                                 size_target=torch.tensor(start_size if s.target_ramp_steps else final,
-                                                          dtype=torch.float64, device=reference.device),
-                                 size_scale=max(start_size, 1.0), loss_weight=s.loss_weight,
-                                 size_weight=s.size_weight, rho=s.rho, formulation=s.late_formulation)
+        self.target = self._late_target(loss_target, start_size, start_size if s.target_ramp_steps else final)
         self.switch.update(step=step or 0, size=start_size, size_target=final, loss_target=loss_target)
         self.stage = 1
         return self.target
+
+    def _late_target(self, loss_target: float | torch.Tensor, start_size: float, size_target: float) -> LateTarget:
+        s = self.settings
+        reference = next(self.model.parameters())
+        return LateTarget(loss_target=loss_target,
+                          size_target=torch.tensor(size_target, dtype=torch.float64, device=reference.device),
+                          size_scale=max(start_size, 1.0), loss_weight=s.loss_weight, size_weight=s.size_weight,
+                          rho=s.rho, formulation=s.late_formulation)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The driver's state (stage, switch point, running losses, the late target as it stands now), plain
+        Python values: with the model's and the optimizers' state dicts, what a resumed run needs."""
+        def value(t: torch.Tensor | float | None) -> float | None:
+            return None if t is None else float(t)
+
+        return {"stage": self.stage, "switch": dict(self.switch), "loss_ema": value(self._loss_ema),
+                "loss_best": value(self._loss_best), "l0_follows_best": self._l0_follows_best,
+                "switch_loss": self._switch_loss, "warned_loss_rise": self._warned_loss_rise,
+                "size_target_now": value(self.target.size_target) if self.target is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` into a driver built with the same settings on the reloaded model."""
+        reference = next(self.model.parameters())
+
+        def tensor(v: float | None) -> torch.Tensor | None:
+            return None if v is None else torch.tensor(v, dtype=reference.dtype, device=reference.device)
+
+        self.stage = int(state["stage"])
+        self.switch = dict(state["switch"])
+        self._loss_ema, self._loss_best = tensor(state["loss_ema"]), tensor(state["loss_best"])
+        self._l0_follows_best = bool(state["l0_follows_best"])
+        self._switch_loss = state["switch_loss"]
+        self._warned_loss_rise = bool(state["warned_loss_rise"])
+        self.last_size_active = None
+        self.target = None
+        if self.stage == 1:
+            loss_target = self._loss_best if self._l0_follows_best else self.switch["loss_target"]
+            self.target = self._late_target(loss_target, self.switch["size"], state["size_target_now"])
 
 
 def _add_core_l2(objective: torch.Tensor, layout: "_Layout", l2_weight: float) -> torch.Tensor:

@@ -104,3 +104,70 @@ def test_loss_and_step_switch_stage_and_prune_with_the_optimizer_state():
     assert adapt.size_target == pytest.approx(0.5 * adapt.driver.switch["size"])
     assert adapt.size >= adapt.size_target
     assert "late stage" in adapt.summary() and f"{adapt.size:,} TT parameters" in adapt.summary()
+
+
+def _float64_model():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).double()
+    comera.tensorize(model, {"0": {"rank": 4}})
+    return model
+
+
+def _train(model, optimizer, adapt, start, stop):
+    """Steps ``start`` .. ``stop - 1`` on batches fixed by the step; two gate entries are zeroed after steps
+    3 and 12, so that pruning removes ranks before and after the switch."""
+    for step in range(start, stop):
+        gen = torch.Generator().manual_seed(step)
+        x, y = torch.randn(32, 16, generator=gen, dtype=torch.float64), torch.randint(0, 4, (32,), generator=gen)
+        adapt.loss(nn.functional.cross_entropy(model(x), y)).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step in (3, 12):
+            with torch.no_grad():
+                model[0].gates[step % 4][:1] = 0.0
+        adapt.step()
+
+
+def _run(settings):
+    model = _float64_model()
+    optimizer = torch.optim.AdamW(comera.param_groups(model, lr=1e-2))
+    return model, optimizer, comera.RankAdaptation(model, optimizer, **settings)
+
+
+@pytest.mark.parametrize("resume_at", [4, 10, 16])  # early stage, right after the switch, late stage
+@pytest.mark.parametrize("target_ramp,loss_reference", [(0.0, "switch"), (0.8, "best")])
+def test_a_resumed_run_ends_as_the_uninterrupted_one(tmp_path, resume_at, target_ramp, loss_reference):
+    """Checkpoint (model, optimizer, rank adaptation) after ``resume_at`` of 24 steps, rebuild everything
+    from the files and go on: the same ranks, parameters (float64, exactly), switch point and summary as a
+    run that never stopped."""
+    settings = dict(target=0.5, total_steps=24, early_fraction=0.4, target_ramp=target_ramp, prune_every=4,
+                    loss_reference=loss_reference)
+    model, optimizer, adapt = _run(settings)
+    _train(model, optimizer, adapt, 0, 24)
+
+    first, first_opt, first_adapt = _run(settings)
+    _train(first, first_opt, first_adapt, 0, resume_at)
+    torch.save({"model": first.state_dict(), "optimizer": first_opt.state_dict(),
+                "adapt": first_adapt.state_dict()}, tmp_path / "checkpoint.pt")
+    checkpoint = torch.load(tmp_path / "checkpoint.pt")
+    resumed = _float64_model()
+    resumed.load_state_dict(checkpoint["model"])
+    resumed_opt = torch.optim.AdamW(comera.param_groups(resumed, lr=1e-2))
+    resumed_opt.load_state_dict(checkpoint["optimizer"])
+    resumed_adapt = comera.RankAdaptation(resumed, resumed_opt, **settings)
+    resumed_adapt.load_state_dict(checkpoint["adapt"])
+    _train(resumed, resumed_opt, resumed_adapt, resume_at, 24)
+
+    assert adapt.stage == resumed_adapt.stage == "late"
+    assert comera.ranks(resumed) == comera.ranks(model) != comera.ranks(_float64_model())  # pruned
+    for (name, a), (_, b) in zip(model.named_parameters(), resumed.named_parameters()):
+        assert torch.equal(a, b), name
+    assert resumed_adapt.driver.switch == adapt.driver.switch
+    assert resumed_adapt.summary() == adapt.summary()
+
+
+def test_a_state_from_a_run_with_other_settings_is_named():
+    model, optimizer, adapt = _run(dict(target=0.5, total_steps=24))
+    other = _run(dict(target=0.3, total_steps=30))[2]
+    with pytest.raises(ValueError, match=r"target_ratio=0\.5 \(here 0\.3\).*total_steps=24 \(here 30\)"):
+        other.load_state_dict(adapt.state_dict())
