@@ -120,6 +120,10 @@ class RankAdaptation:
         self.driver = TwoStageRankAdaptation(model, self.settings, optimizers)
         self.steps = 0
         self.initial_size = tt_parameter_count(model)
+        self._params_tt = float(self.initial_size)
+        self.resized = False
+        """Whether the last :meth:`step` pruned ranks, changing the shapes of cores and gates (same Parameter
+        objects): a ``DistributedDataParallel`` wrapper must be built again then."""
 
     def loss(self, task_loss: torch.Tensor) -> torch.Tensor:
         """The objective to backpropagate for this step's task loss (early or late stage)."""
@@ -127,9 +131,12 @@ class RankAdaptation:
 
     def step(self) -> dict[str, float]:
         """Call once per training step, after ``optimizer.step()``: switches stage, prunes. Returns the
-        stage (0 early, 1 late), the TT size ``params_tt`` and the mean internal rank."""
+        stage (0 early, 1 late), the TT size ``params_tt`` and the mean internal rank; :attr:`resized` says
+        whether it pruned."""
         info = self.driver.after_step(self.steps)
         self.steps += 1
+        self.resized = info["params_tt"] != self._params_tt
+        self._params_tt = info["params_tt"]
         return info
 
     def state_dict(self) -> dict[str, Any]:
@@ -167,6 +174,7 @@ class RankAdaptation:
                              + ", ".join(f"{k}={saved.get(k)!r} (here {ours[k]!r})" for k in differ))
         self.steps = int(state["steps"])
         self.initial_size = int(state["initial_size"])
+        self._params_tt = float(tt_parameter_count(self.model))
         self.driver.load_state_dict(state["driver"])
 
     @property

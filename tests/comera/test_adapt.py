@@ -171,3 +171,41 @@ def test_a_state_from_a_run_with_other_settings_is_named():
     other = _run(dict(target=0.3, total_steps=30))[2]
     with pytest.raises(ValueError, match=r"target_ratio=0\.5 \(here 0\.3\).*total_steps=24 \(here 30\)"):
         other.load_state_dict(adapt.state_dict())
+
+
+def test_resized_says_when_to_rebuild_distributed_data_parallel(tmp_path):
+    """Pruning changes the shapes of cores and gates, which a DistributedDataParallel wrapper cannot follow:
+    rebuilt after every step whose ``adapt.resized`` is set, a one-process DDP run (gloo) ends as the plain
+    run, exactly (float64)."""
+    import gc
+
+    import torch.distributed as dist
+
+    settings = dict(target=0.5, total_steps=24, early_fraction=0.4, prune_every=4)
+    model, optimizer, adapt = _run(settings)
+    _train(model, optimizer, adapt, 0, 24)
+
+    wrapped, wrapped_opt, wrapped_adapt = _run(settings)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        ddp, rebuilt = nn.parallel.DistributedDataParallel(wrapped), 0
+        for step in range(24):
+            gen = torch.Generator().manual_seed(step)
+            x = torch.randn(32, 16, generator=gen, dtype=torch.float64)
+            y = torch.randint(0, 4, (32,), generator=gen)
+            wrapped_adapt.loss(nn.functional.cross_entropy(ddp(x), y)).backward()
+            wrapped_opt.step()
+            wrapped_opt.zero_grad()
+            if step in (3, 12):
+                with torch.no_grad():
+                    wrapped[0].gates[step % 4][:1] = 0.0
+            wrapped_adapt.step()
+            if wrapped_adapt.resized:
+                del ddp
+                gc.collect()  # the old wrapper holds the parameters' gradient accumulators, old shapes included
+                ddp, rebuilt = nn.parallel.DistributedDataParallel(wrapped), rebuilt + 1
+    finally:
+        dist.destroy_process_group()
+    assert rebuilt >= 2 and comera.ranks(wrapped) == comera.ranks(model) != comera.ranks(_float64_model())
+    for (name, a), (_, b) in zip(model.named_parameters(), wrapped.named_parameters()):
+        assert torch.equal(a, b), name
