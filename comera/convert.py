@@ -10,7 +10,10 @@
 A key is an exact module name (as in ``model.named_modules()``), ``"all-linear"`` / ``"all-embedding"``
 (every ``nn.Linear`` / ``nn.Embedding``), ``"re:<regex>"`` (matching whole names) or a glob
 (``"encoder.*.ffn.*"``, ``*`` crosses dots); patterns select ``nn.Linear`` / ``nn.Embedding`` modules
-only, an exact name wins over patterns, and a module that two patterns select is an error. ``kind`` may
+only, an exact name wins over patterns, and a module that two patterns select is an error. Patterns leave
+out the ``nn.Linear`` children whose parent reads their weight directly (``nn.MultiheadAttention``'s
+``out_proj``: :data:`WEIGHT_READERS`), with a warning and the report's ``skipped``; naming one exactly is
+an error. ``kind`` may
 be omitted (it is read from the module). ``spec`` may also be one pattern or a list of them, and keyword
 arguments give every entry its defaults (``tensorize(model, "all-linear", rank=16)``).
 
@@ -46,6 +49,9 @@ DEFAULT_ORDER = 3
 DEFAULT_INIT = "official"
 INITS = (*INIT_SCHEMES, "svd")
 ALL = {"all-linear": nn.Linear, "all-embedding": nn.Embedding}
+WEIGHT_READERS = (nn.MultiheadAttention,)
+"""Modules that read a child ``nn.Linear``'s ``weight`` directly instead of calling it (``nn.MultiheadAttention``
+passes ``out_proj.weight`` to ``F.multi_head_attention_forward``): a TT layer cannot stand in for that child."""
 SPEC_KEYS = {
     "linear": {"kind", "in_shape", "out_shape", "rank", "order", "init"},
     "embedding": {"kind", "row_shape", "col_shape", "rank", "lookup", "order", "tensor_index_level",
@@ -64,6 +70,7 @@ class ConversionReport:
     compression_total: float
     compression_layers: float
     layers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # module name -> why a pattern left it out
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,7 +94,11 @@ def tensorize(model: nn.Module, spec: dict[str, dict[str, Any]] | str | list[str
     params_dense_total = _count(model)
     modules = dict(model.named_modules())
     replacements = {}
-    for name, (key, entry) in _select(modules, spec).items():
+    selected, skipped = _select(modules, spec)
+    if skipped:
+        warnings.warn(f"tensorize: left out {sorted(skipped)}: " + "; ".join(sorted(set(skipped.values()))),
+                      stacklevel=2)
+    for name, (key, entry) in selected.items():
         entry = _check_entry(key, entry if entry is not None else {}, modules[name], defaults)
         replacements[name] = _build(name, modules[name], entry)
     layers = {}
@@ -108,7 +119,7 @@ def tensorize(model: nn.Module, spec: dict[str, dict[str, Any]] | str | list[str
         params_dense_layers=params_dense_layers, params_layers=params_layers,
         compression_total=params_dense_total / params_total,
         compression_layers=params_dense_layers / params_layers if params_layers else math.inf,
-        layers=layers)
+        layers=layers, skipped=skipped)
 
 
 def model_size(model: nn.Module) -> dict[str, float]:
@@ -137,10 +148,16 @@ def dense_equivalent(module: nn.Module) -> int:
     raise TypeError(f"dense_equivalent: {type(module).__name__} is neither TTLinear nor TTMEmbedding")
 
 
-def _select(modules: dict[str, nn.Module], spec: dict[str, Any]) -> dict[str, tuple[str, Any]]:
-    """module name -> (the spec key that selects it, its entry); exact names win over patterns."""
+def _select(modules: dict[str, nn.Module],
+            spec: dict[str, Any]) -> tuple[dict[str, tuple[str, Any]], dict[str, str]]:
+    """``(selected, skipped)``: module name -> (the spec key that selects it, its entry), exact names winning
+    over patterns; and module name -> why a pattern left it out (a child whose weight its parent reads)."""
     selected: dict[str, tuple[str, Any]] = {}
+    read = _weights_read_by_parent(modules)
     exact = {key for key in spec if key in modules and key != ""}
+    for key in exact & set(read):
+        raise ValueError(f"tensorize: module {key!r} cannot be replaced: {read[key]}")
+    skipped: dict[str, str] = {}
     for key, entry in spec.items():
         if key in exact:
             selected[key] = (key, entry)
@@ -150,14 +167,28 @@ def _select(modules: dict[str, nn.Module], spec: dict[str, Any]) -> dict[str, tu
         if not names:
             raise KeyError(f"tensorize: spec key {key!r} is no module name of the model and, as a pattern, "
                            f"selects no nn.Linear / nn.Embedding; names: {_some_names(modules)}")
+        skipped.update((name, read[name]) for name in names if name in read)
         for name in names:
-            if name in exact:
+            if name in exact or name in read:
                 continue
             if name in selected:
                 raise ValueError(f"tensorize: module {name!r} is selected by both {selected[name][0]!r} and "
                                  f"{key!r}; name it exactly or narrow a pattern")
             selected[name] = (key, entry)
-    return selected
+    return selected, skipped
+
+
+def _weights_read_by_parent(modules: dict[str, nn.Module]) -> dict[str, str]:
+    """Names of the ``nn.Linear`` children of :data:`WEIGHT_READERS` modules, with the reason."""
+    read = {}
+    for name, module in modules.items():
+        if isinstance(module, WEIGHT_READERS):
+            for child_name, child in module.named_children():
+                if isinstance(child, nn.Linear):
+                    full = f"{name}.{child_name}" if name else child_name
+                    read[full] = (f"{type(module).__name__} reads its weight directly instead of calling it, "
+                                  "so a TT layer cannot stand in for it")
+    return read
 
 
 def _matches(key: str, name: str, module: nn.Module) -> bool:

@@ -112,3 +112,18 @@ def test_a_model_on_the_meta_device_builds_unless_the_init_reads_its_weights(spe
         return
     with pytest.raises(ValueError, match=rf"spec\['{next(iter(spec))}'\].*meta device"):
         tensorize(model, spec)
+
+
+def test_multihead_attention_keeps_its_out_proj():
+    """nn.MultiheadAttention reads out_proj.weight itself: patterns leave that child out, with a warning and
+    the report naming it; the layer still runs forward and backward; naming it exactly is an error."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(d_model=24, nhead=4, dim_feedforward=48, batch_first=True)
+    with pytest.warns(UserWarning, match=r"left out \['self_attn.out_proj'\]: MultiheadAttention reads"):
+        report = tensorize(layer, "all-linear", rank=3)
+    assert sorted(report.layers) == ["linear1", "linear2"] and list(report.skipped) == ["self_attn.out_proj"]
+    assert type(layer.self_attn.out_proj) is nn.modules.linear.NonDynamicallyQuantizableLinear
+    layer(torch.randn(2, 5, 24)).sum().backward()
+    with pytest.raises(ValueError, match=r"'self_attn.out_proj' cannot be replaced: MultiheadAttention"):
+        tensorize(nn.TransformerEncoderLayer(d_model=24, nhead=4, dim_feedforward=48),
+                  {"self_attn.out_proj": {"rank": 3}})
