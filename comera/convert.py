@@ -13,7 +13,8 @@ A key is an exact module name (as in ``model.named_modules()``), ``"all-linear"`
 only, an exact name wins over patterns, and a module that two patterns select is an error. Patterns leave
 out the ``nn.Linear`` children whose parent reads their weight directly (``nn.MultiheadAttention``'s
 ``out_proj``: :data:`WEIGHT_READERS`), with a warning and the report's ``skipped``; naming one exactly is
-an error. ``kind`` may
+an error. Replacing one side of a tied weight (an output layer sharing the input embedding's table) warns:
+the other side keeps the dense weight, untied. ``kind`` may
 be omitted (it is read from the module). ``spec`` may also be one pattern or a list of them, and keyword
 arguments give every entry its defaults (``tensorize(model, "all-linear", rank=16)``).
 
@@ -101,6 +102,7 @@ def tensorize(model: nn.Module, spec: dict[str, dict[str, Any]] | str | list[str
     for name, (key, entry) in selected.items():
         entry = _check_entry(key, entry if entry is not None else {}, modules[name], defaults)
         replacements[name] = _build(name, modules[name], entry)
+    _warn_about_tied_weights(modules, replacements)
     layers = {}
     params_dense_layers = params_layers = 0
     for name, new in replacements.items():
@@ -176,6 +178,23 @@ def _select(modules: dict[str, nn.Module],
                                  f"{key!r}; name it exactly or narrow a pattern")
             selected[name] = (key, entry)
     return selected, skipped
+
+
+def _warn_about_tied_weights(modules: dict[str, nn.Module], replaced: dict[str, nn.Module]) -> None:
+    """Warn when a replaced module's weight is also another module's (tied, e.g. an output layer sharing the
+    input embedding's table): the TT layer gets its own parameters and the other module keeps the dense
+    weight alone, untied."""
+    owners: dict[int, list[str]] = {}
+    for name, module in modules.items():
+        for param in module.parameters(recurse=False):
+            owners.setdefault(id(param), []).append(name)
+    for name in replaced:
+        weight = getattr(modules[name], "weight", None)
+        others = [o for o in owners.get(id(weight), []) if o != name and o not in replaced]
+        if others:
+            warnings.warn(f"tensorize: the weight of {name!r} is tied to {others}; the TT layer does not share "
+                          f"it, so {others} keep{'s' if len(others) == 1 else ''} the dense weight, untied "
+                          "(replace both, or neither)", stacklevel=3)
 
 
 def _weights_read_by_parent(modules: dict[str, nn.Module]) -> dict[str, str]:

@@ -1,5 +1,7 @@
 """tensorize / model_size on a toy model with hand-counted sizes."""
 import math
+import re
+import warnings
 
 import pytest
 import torch
@@ -127,3 +129,26 @@ def test_multihead_attention_keeps_its_out_proj():
     with pytest.raises(ValueError, match=r"'self_attn.out_proj' cannot be replaced: MultiheadAttention"):
         tensorize(nn.TransformerEncoderLayer(d_model=24, nhead=4, dim_feedforward=48),
                   {"self_attn.out_proj": {"rank": 3}})
+
+
+class _Tied(nn.Module):
+    """A language-model toy whose output layer shares the input embedding's table."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(100, 24)
+        self.out = nn.Linear(24, 100, bias=False)
+        self.out.weight = self.embed.weight
+
+
+@pytest.mark.parametrize("spec,warned", [("all-embedding", ["out"]), ("all-linear", ["embed"]),
+                                         (["all-embedding", "all-linear"], None)])
+def test_a_tied_weight_that_is_replaced_on_one_side_warns(spec, warned):
+    model = _Tied()
+    if warned is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            tensorize(model, spec, rank=3)
+        return
+    with pytest.warns(UserWarning, match=rf"is tied to {re.escape(str(warned))}.*dense weight, untied"):
+        tensorize(model, spec, rank=3)
