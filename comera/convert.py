@@ -279,6 +279,12 @@ def _build(name: str, module: nn.Module, entry: dict[str, Any]) -> nn.Module:
                         init=init, device=module.weight.device, dtype=module.weight.dtype)
     if not isinstance(module, nn.Embedding):
         raise TypeError(f"tensorize: spec[{name!r}] is 'embedding' but the module is {type(module).__name__}")
+    ignored = {key: getattr(module, key) for key in ("max_norm", "scale_grad_by_freq", "sparse")
+               if getattr(module, key) not in (None, False)}
+    if ignored:
+        warnings.warn(f"tensorize: embedding {name!r} has {ignored}, which TTMEmbedding does not apply (its "
+                      "rows are products of cores: no row renormalization, frequency scaling or sparse "
+                      "gradients)", stacklevel=3)
     row_shape = entry.get("row_shape") or factorize(module.num_embeddings, order, allow_larger=True)
     col_shape = entry.get("col_shape") or factorize(module.embedding_dim, order)
     if init == "svd":

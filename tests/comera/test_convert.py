@@ -152,3 +152,10 @@ def test_a_tied_weight_that_is_replaced_on_one_side_warns(spec, warned):
         return
     with pytest.warns(UserWarning, match=rf"is tied to {re.escape(str(warned))}.*dense weight, untied"):
         tensorize(model, spec, rank=3)
+
+
+@pytest.mark.parametrize("kwargs", [{"max_norm": 1.0}, {"scale_grad_by_freq": True}, {"sparse": True}])
+def test_embedding_options_a_ttm_table_cannot_apply_are_named(kwargs):
+    model = nn.Sequential(nn.Embedding(100, 24, **kwargs))
+    with pytest.warns(UserWarning, match=rf"embedding '0' has {re.escape(str(kwargs))}, which TTMEmbedding"):
+        tensorize(model, "all-embedding", rank=3)
