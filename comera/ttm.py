@@ -115,13 +115,23 @@ class TTMEmbedding(ResizeOnLoad, nn.Module):
         self.unique_rows = optimized if unique_rows is None else bool(unique_rows)
         ranks = _resolve_ranks(rank, [m * n for m, n in zip(row_shape, col_shape)])
         factory = {"device": device, "dtype": dtype}
-        stds = core_stds(ranks, init_std, init)
+        self.init_std, self.init = init_std, init
         self.cores = nn.ParameterList(
-            nn.Parameter(torch.randn(ranks[k], row_shape[k], col_shape[k], ranks[k + 1], **factory) * stds[k])
+            nn.Parameter(torch.empty(ranks[k], row_shape[k], col_shape[k], ranks[k + 1], **factory))
             for k in range(len(row_shape)))
-        self.gates = nn.ParameterList(nn.Parameter(torch.ones(ranks[k + 1], **factory))
+        self.gates = nn.ParameterList(nn.Parameter(torch.empty(ranks[k + 1], **factory))
                                       for k in range(len(row_shape) - 1))
+        self.reset_parameters()
         self.reconstruction_error: float | None = None  # set by the TT-SVD constructor
+
+    def reset_parameters(self) -> None:
+        """Cores normal with the stds :func:`comera.init.core_stds` gives for ``init_std`` and ``init`` at
+        the current ranks; gates to ones (as at construction; also after ``to_empty``)."""
+        with torch.no_grad():
+            for core, std in zip(self.cores, core_stds(self.ranks, self.init_std, self.init)):
+                core.normal_(0.0, std)
+            for gate in self.gates:
+                gate.fill_(1.0)
 
     @classmethod
     def from_embedding(cls, embedding: nn.Embedding, *, rank: int | Sequence[int],

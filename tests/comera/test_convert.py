@@ -159,3 +159,26 @@ def test_embedding_options_a_ttm_table_cannot_apply_are_named(kwargs):
     model = nn.Sequential(nn.Embedding(100, 24, **kwargs))
     with pytest.warns(UserWarning, match=rf"embedding '0' has {re.escape(str(kwargs))}, which TTMEmbedding"):
         tensorize(model, "all-embedding", rank=3)
+
+
+def test_meta_built_model_to_empty_and_reset_parameters_gives_the_layers_init():
+    """The large-model recipe: build on the meta device, tensorize, ``to_empty``, then every module's
+    ``reset_parameters``: both layer kinds get their initialization (finite, gates one, the same stds as
+    layers built directly)."""
+    with torch.device("meta"):
+        model = _toy()
+    tensorize(model, SPEC)
+    model.to_empty(device="cpu")
+    torch.manual_seed(1)
+    for module in model.modules():
+        if module is not model and hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+    direct = _toy()
+    torch.manual_seed(1)
+    tensorize(direct, SPEC)
+    for name in ("0", "1"):
+        for gate in model.get_submodule(name).gates:
+            assert torch.equal(gate, torch.ones_like(gate))
+        for core, twin in zip(model.get_submodule(name).cores, direct.get_submodule(name).cores):
+            assert torch.isfinite(core).all()
+            assert core.std().item() == pytest.approx(twin.std().item(), rel=0.5)
