@@ -38,7 +38,7 @@ import pandas as pd
 
 from harness.configs.grid import DEFAULT_PURPOSE, PURPOSES, slug
 from harness.core.timing import STABLE, finite, quartiles, spread_reason
-from harness.results import empty_frame, read_parquet
+from harness.results import ResultsError, empty_frame, read_parquet
 
 TIME = "epoch_time_s"
 """The time column a ratio is asked for: a cell's time per epoch (see the module docstring)."""
@@ -472,6 +472,11 @@ def load(folder: str | Path, label: str | None = None) -> Results:
         The folder's :class:`Results`; tables of an older schema get their missing columns as nulls.
     """
     folder = Path(folder)
+    if not (folder / "runs.parquet").is_file():
+        found = sorted(str(p.parent) for p in folder.glob("*/runs.parquet")) if folder.is_dir() else []
+        raise ResultsError(f"{folder} holds no merged runs.parquet: give a results/<device> folder (after "
+                           "`snakemake ... figures` or `comera-bench merge`)"
+                           + (f"; below it: {', '.join(found)}" if found else ""))
     runs = read_parquet(folder / "runs.parquet", "runs", fill_missing=True)  # older schemas: nulls, warned
 
     def optional(name: str, kind: str) -> pd.DataFrame:

@@ -112,3 +112,14 @@ def test_on_gpu():
 def test_purpose_defaults_to_timing():
     runs = pd.DataFrame({"purpose": [None, "timing", "quality"]})
     assert analysis.is_timing(runs).tolist() == [True, True, False]
+
+
+def test_load_names_a_folder_without_merged_runs_and_the_device_folders_below_it(tmp_path):
+    from harness.results import ResultsError
+
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "runs.parquet").write_bytes(b"")
+    with pytest.raises(ResultsError, match=rf"{tmp_path} holds no merged runs.parquet.*below it: {tmp_path / 'cpu'}"):
+        analysis.load(tmp_path)
+    with pytest.raises(ResultsError, match=r"holds no merged runs.parquet: give a results/<device> folder"):
+        analysis.load(tmp_path / "missing")
