@@ -38,6 +38,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import torch
 from torch import nn
 
 from comera.init import INIT_SCHEMES
@@ -49,7 +50,24 @@ from comera.ttm import LOOKUP_MODES, TTMEmbedding
 DEFAULT_ORDER = 3
 DEFAULT_INIT = "official"
 INITS = (*INIT_SCHEMES, "svd")
-ALL = {"all-linear": nn.Linear, "all-embedding": nn.Embedding}
+def is_linear(module: nn.Module) -> bool:
+    """An ``nn.Linear``, or a linear layer with its weight laid out ``(in, out)``: Hugging Face's ``Conv1D``
+    (GPT-2 and its kin; recognized by its class name and its ``nx`` / ``nf`` sizes, without importing
+    transformers)."""
+    return isinstance(module, nn.Linear) or _is_conv1d(module)
+
+
+def _is_conv1d(module: nn.Module) -> bool:
+    weight = getattr(module, "weight", None)
+    return (type(module).__name__ == "Conv1D" and isinstance(weight, torch.Tensor)
+            and tuple(weight.shape) == (getattr(module, "nx", None), getattr(module, "nf", None)))
+
+
+def _is_layer(module: nn.Module) -> bool:
+    return is_linear(module) or isinstance(module, nn.Embedding)
+
+
+ALL = {"all-linear": is_linear, "all-embedding": lambda module: isinstance(module, nn.Embedding)}
 WEIGHT_READERS = (nn.MultiheadAttention,)
 """Modules that read a child ``nn.Linear``'s ``weight`` directly instead of calling it (``nn.MultiheadAttention``
 passes ``out_proj.weight`` to ``F.multi_head_attention_forward``): a TT layer cannot stand in for that child."""
@@ -164,11 +182,10 @@ def _select(modules: dict[str, nn.Module],
         if key in exact:
             selected[key] = (key, entry)
             continue
-        names = [name for name, module in modules.items()
-                 if name and isinstance(module, (nn.Linear, nn.Embedding)) and _matches(key, name, module)]
+        names = [name for name, module in modules.items() if name and _is_layer(module) and _matches(key, name, module)]
         if not names:
             raise KeyError(f"tensorize: spec key {key!r} is no module name of the model and, as a pattern, "
-                           f"selects no nn.Linear / nn.Embedding; names: {_some_names(modules)}")
+                           f"selects no nn.Linear (or Conv1D) / nn.Embedding; names: {_some_names(modules)}")
         skipped.update((name, read[name]) for name in names if name in read)
         for name in names:
             if name in exact or name in read:
@@ -212,7 +229,7 @@ def _weights_read_by_parent(modules: dict[str, nn.Module]) -> dict[str, str]:
 
 def _matches(key: str, name: str, module: nn.Module) -> bool:
     if key in ALL:
-        return isinstance(module, ALL[key])
+        return ALL[key](module)
     if key.startswith("re:"):
         try:
             return re.fullmatch(key[3:], name) is not None
@@ -223,7 +240,7 @@ def _matches(key: str, name: str, module: nn.Module) -> bool:
 
 def _some_names(modules: dict[str, nn.Module], shown: int = 12) -> str:
     names = [f"{name} ({type(m).__name__})" for name, m in modules.items()
-             if name and isinstance(m, (nn.Linear, nn.Embedding))]
+             if name and _is_layer(m)]
     return ", ".join(names[:shown]) + (f", ... ({len(names)} in all)" if len(names) > shown else "") or "none"
 
 
@@ -233,10 +250,10 @@ def _check_entry(name: str, entry: Any, module: nn.Module, defaults: dict[str, A
         raise ValueError(f"tensorize: spec[{name!r}] must be a dict, got {entry!r}")
     entry = {**({"kind": defaults["kind"]} if "kind" in defaults else {}), **entry}
     if "kind" not in entry:
-        if not isinstance(module, (nn.Linear, nn.Embedding)):
+        if not _is_layer(module):
             raise TypeError(f"tensorize: spec[{name!r}] selects a {type(module).__name__}, which is neither "
-                            "nn.Linear nor nn.Embedding")
-        entry = {**entry, "kind": "linear" if isinstance(module, nn.Linear) else "embedding"}
+                            "nn.Linear (or Conv1D) nor nn.Embedding")
+        entry = {**entry, "kind": "linear" if is_linear(module) else "embedding"}
     if entry["kind"] not in SPEC_KEYS:
         raise ValueError(f"tensorize: spec[{name!r}] needs 'kind' in {sorted(SPEC_KEYS)}, got {entry!r}")
     allowed = SPEC_KEYS[entry["kind"]]
@@ -267,16 +284,18 @@ def _build(name: str, module: nn.Module, entry: dict[str, Any]) -> nn.Module:
                          "it is on the meta device (no values): load the weights first, or use "
                          "init='official'" + (" or give 'init_std'" if init == "default" else ""))
     if entry["kind"] == "linear":
-        if not isinstance(module, nn.Linear):
+        if not is_linear(module):
             raise TypeError(f"tensorize: spec[{name!r}] is 'linear' but the module is {type(module).__name__}")
-        in_shape = entry.get("in_shape") or factorize(module.in_features, order)
-        out_shape = entry.get("out_shape") or factorize(module.out_features, order)
+        weight = module.weight if _is_conv1d(module) else module.weight.T  # (in, out)
+        in_features, out_features = weight.shape
+        in_shape = entry.get("in_shape") or factorize(in_features, order)
+        out_shape = entry.get("out_shape") or factorize(out_features, order)
         if init == "svd":
-            return TTLinear.from_linear(module, rank=entry["rank"], in_shape=list(in_shape),
+            return TTLinear.from_weight(weight, module.bias, rank=entry["rank"], in_shape=list(in_shape),
                                         out_shape=list(out_shape))
-        return TTLinear(module.in_features, module.out_features, in_shape=list(in_shape),
-                        out_shape=list(out_shape), rank=entry["rank"], bias=module.bias is not None,
-                        init=init, device=module.weight.device, dtype=module.weight.dtype)
+        return TTLinear(in_features, out_features, in_shape=list(in_shape), out_shape=list(out_shape),
+                        rank=entry["rank"], bias=module.bias is not None, init=init, device=weight.device,
+                        dtype=weight.dtype)
     if not isinstance(module, nn.Embedding):
         raise TypeError(f"tensorize: spec[{name!r}] is 'embedding' but the module is {type(module).__name__}")
     ignored = {key: getattr(module, key) for key in ("max_norm", "scale_grad_by_freq", "sparse")

@@ -396,15 +396,22 @@ class TTLinear(ResizeOnLoad, nn.Module):
 
         A bond keeps fewer ranks than asked where the weight's unfolding has fewer singular values.
         ``reconstruction_error`` on the result is ``||W - W_tt||_F / ||W||_F`` of the weight."""
-        weight = linear.weight.detach().T  # (in, out): y = x W
-        layer = cls(linear.in_features, linear.out_features, in_shape=in_shape, out_shape=out_shape, rank=rank,
-                    bias=linear.bias is not None, device=weight.device, dtype=weight.dtype)
+        return cls.from_weight(linear.weight.T, linear.bias, rank=rank, in_shape=in_shape, out_shape=out_shape)
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None, *, rank: int | Sequence[int],
+                    in_shape: Sequence[int] | None = None, out_shape: Sequence[int] | None = None) -> "TTLinear":
+        """As :meth:`from_linear`, from a weight laid out ``(in_features, out_features)`` (``y = x W + b``,
+        the layout of Hugging Face's ``Conv1D``) and a bias or None."""
+        weight = weight.detach()
+        layer = cls(weight.shape[0], weight.shape[1], in_shape=in_shape, out_shape=out_shape, rank=rank,
+                    bias=bias is not None, device=weight.device, dtype=weight.dtype)
         cores = tt_svd(weight, layer.in_shape + layer.out_shape, layer.ranks)
         layer.cores = nn.ParameterList(nn.Parameter(c.to(weight)) for c in cores)
         layer.gates = nn.ParameterList(nn.Parameter(weight.new_ones(c.shape[-1])) for c in cores[:-1])
         with torch.no_grad():
             if layer.bias is not None:
-                layer.bias.copy_(linear.bias)
+                layer.bias.copy_(bias)
             layer.reconstruction_error = relative_error(weight, layer.dense_weight())
         return layer
 

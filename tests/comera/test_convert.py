@@ -182,3 +182,44 @@ def test_meta_built_model_to_empty_and_reset_parameters_gives_the_layers_init():
         for core, twin in zip(model.get_submodule(name).cores, direct.get_submodule(name).cores):
             assert torch.isfinite(core).all()
             assert core.std().item() == pytest.approx(twin.std().item(), rel=0.5)
+
+
+class Conv1D(nn.Module):
+    """Hugging Face's Conv1D as GPT-2 has it: ``y = x W + b`` with ``W`` laid out ``(in, out)``."""
+
+    def __init__(self, nf, nx):
+        super().__init__()
+        self.nf, self.nx = nf, nx
+        self.weight = nn.Parameter(torch.randn(nx, nf, dtype=torch.float64))
+        self.bias = nn.Parameter(torch.randn(nf, dtype=torch.float64))
+
+    def forward(self, x):
+        return torch.addmm(self.bias, x.reshape(-1, self.nx), self.weight).reshape(*x.shape[:-1], self.nf)
+
+
+@pytest.mark.parametrize("init", ["svd", "official"])
+def test_a_conv1d_layer_is_a_linear_layer(init):
+    """'all-linear' takes a Conv1D (weight (in, out)); at full rank its TT-SVD gives the dense output."""
+    torch.manual_seed(0)
+    model = nn.Sequential(Conv1D(30, 24), nn.Tanh(), nn.Linear(30, 6, dtype=torch.float64))
+    x = torch.randn(5, 24, dtype=torch.float64)
+    want = model(x)
+    report = tensorize(model, "all-linear", rank=10**6, init=init)
+    assert sorted(report.layers) == ["0", "2"] and isinstance(model[0], TTLinear)
+    assert (model[0].in_features, model[0].out_features) == (24, 30)
+    if init == "svd":
+        torch.testing.assert_close(model(x), want, rtol=1e-10, atol=1e-10)
+
+
+def test_gpt2_tensorizes_and_equals_itself_at_full_rank():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_embd=48, n_layer=2, n_head=4, vocab_size=100, n_positions=32,
+                                     bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(config).eval().double()
+    ids = torch.randint(0, 100, (2, 7))
+    want = model(ids).logits
+    with pytest.warns(UserWarning, match=r"'lm_head' is tied to \['transformer.wte'\]"):
+        report = tensorize(model, "all-linear", rank=10**6, init="svd")
+    assert len(report.layers) == 2 * 4 + 1  # c_attn, c_proj, c_fc, mlp.c_proj per block; lm_head
+    torch.testing.assert_close(model(ids).logits, want, rtol=1e-9, atol=1e-9)
