@@ -113,19 +113,22 @@ def _float64_model():
     return model
 
 
-def _train(model, optimizer, adapt, start, stop):
-    """Steps ``start`` .. ``stop - 1`` on batches fixed by the step; two gate entries are zeroed after steps
-    3 and 12, so that pruning removes ranks before and after the switch."""
+def _train(model, optimizer, adapt, start, stop, net=None):
+    """Steps ``start`` .. ``stop - 1`` on batches fixed by the step, through ``net`` (default: the model;
+    its ``after_step(adapt)`` runs after each step); two gate entries are zeroed after steps 3 and 12, so
+    that pruning removes ranks before and after the switch."""
     for step in range(start, stop):
         gen = torch.Generator().manual_seed(step)
         x, y = torch.randn(32, 16, generator=gen, dtype=torch.float64), torch.randint(0, 4, (32,), generator=gen)
-        adapt.loss(nn.functional.cross_entropy(model(x), y)).backward()
+        adapt.loss(nn.functional.cross_entropy((net or model)(x), y)).backward()
         optimizer.step()
         optimizer.zero_grad()
         if step in (3, 12):
             with torch.no_grad():
                 model[0].gates[step % 4][:1] = 0.0
         adapt.step()
+        if net is not None:
+            net.after_step(adapt)
 
 
 def _run(settings):
@@ -185,27 +188,28 @@ def test_resized_says_when_to_rebuild_distributed_data_parallel(tmp_path):
     model, optimizer, adapt = _run(settings)
     _train(model, optimizer, adapt, 0, 24)
 
+    class Rewrapped:
+        """The model in DistributedDataParallel, built again after every step that pruned."""
+
+        def __init__(self, model):
+            self.model, self.ddp, self.rebuilt = model, nn.parallel.DistributedDataParallel(model), 0
+
+        def __call__(self, x):
+            return self.ddp(x)
+
+        def after_step(self, adapt):
+            if adapt.resized:
+                self.ddp = None
+                gc.collect()  # the old wrapper holds the parameters' gradient accumulators, old shapes included
+                self.ddp, self.rebuilt = nn.parallel.DistributedDataParallel(self.model), self.rebuilt + 1
+
     wrapped, wrapped_opt, wrapped_adapt = _run(settings)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        ddp, rebuilt = nn.parallel.DistributedDataParallel(wrapped), 0
-        for step in range(24):
-            gen = torch.Generator().manual_seed(step)
-            x = torch.randn(32, 16, generator=gen, dtype=torch.float64)
-            y = torch.randint(0, 4, (32,), generator=gen)
-            wrapped_adapt.loss(nn.functional.cross_entropy(ddp(x), y)).backward()
-            wrapped_opt.step()
-            wrapped_opt.zero_grad()
-            if step in (3, 12):
-                with torch.no_grad():
-                    wrapped[0].gates[step % 4][:1] = 0.0
-            wrapped_adapt.step()
-            if wrapped_adapt.resized:
-                del ddp
-                gc.collect()  # the old wrapper holds the parameters' gradient accumulators, old shapes included
-                ddp, rebuilt = nn.parallel.DistributedDataParallel(wrapped), rebuilt + 1
+        net = Rewrapped(wrapped)
+        _train(wrapped, wrapped_opt, wrapped_adapt, 0, 24, net)
     finally:
         dist.destroy_process_group()
-    assert rebuilt >= 2 and comera.ranks(wrapped) == comera.ranks(model) != comera.ranks(_float64_model())
+    assert net.rebuilt >= 2 and comera.ranks(wrapped) == comera.ranks(model) != comera.ranks(_float64_model())
     for (name, a), (_, b) in zip(model.named_parameters(), wrapped.named_parameters()):
         assert torch.equal(a, b), name
