@@ -197,6 +197,7 @@ class Conv1D(nn.Module):
         return torch.addmm(self.bias, x.reshape(-1, self.nx), self.weight).reshape(*x.shape[:-1], self.nf)
 
 
+@pytest.mark.filterwarnings("ignore:tensorize. layer .* grows")  # full rank: larger than the dense layer
 @pytest.mark.parametrize("init", ["svd", "official"])
 def test_a_conv1d_layer_is_a_linear_layer(init):
     """'all-linear' takes a Conv1D (weight (in, out)); at full rank its TT-SVD gives the dense output."""
@@ -211,6 +212,7 @@ def test_a_conv1d_layer_is_a_linear_layer(init):
         torch.testing.assert_close(model(x), want, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.filterwarnings("ignore:tensorize. layer .* grows")  # full rank: larger than the dense layer
 def test_gpt2_tensorizes_and_equals_itself_at_full_rank():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
