@@ -63,6 +63,38 @@ class Prepared:
     cannot see its state, e.g. layer-wise optimizers living in gradient hooks."""
     skipped: str | None = None
     """A reason when the method cannot run here (e.g. 8-bit GaLore without CUDA); the runner records it."""
+    stateful: dict[str, Any] = field(default_factory=dict)
+    """Name -> object with ``state_dict()`` / ``load_state_dict()`` that a resumed run needs besides the
+    model and ``optimizers`` (CoMERA's rank adaptation, layer-wise GaLore's optimizers); restored in this
+    order, after them (:meth:`load_state_dict`)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a run that stopped needs to go on as if it had not: the model's, every optimizer's
+        and every ``stateful`` object's state dicts."""
+        return {"model": self.model.state_dict(), "optimizers": [opt.state_dict() for opt in self.optimizers],
+                "stateful": {name: obj.state_dict() for name, obj in self.stateful.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` of the same method prepared the same way. A parameter whose
+        saved shape differs (ranks pruned in the saved run) takes that shape in place, as pruning does:
+        the optimizers keep the same Parameter objects."""
+        params = dict(self.model.named_parameters())
+        for name, saved in state["model"].items():
+            param = params.get(name)
+            if param is not None and saved.shape != param.shape and saved.dim() == param.dim():
+                torch.utils.swap_tensors(param, nn.Parameter(param.new_empty(saved.shape),
+                                                             requires_grad=param.requires_grad))
+        self.model.load_state_dict(state["model"])
+        if len(state["optimizers"]) != len(self.optimizers):
+            raise ValueError(f"the saved state has {len(state['optimizers'])} optimizer(s), this method "
+                             f"{len(self.optimizers)}")
+        for opt, saved in zip(self.optimizers, state["optimizers"]):
+            opt.load_state_dict(saved)
+        missing = sorted(set(self.stateful) ^ set(state["stateful"]))
+        if missing:
+            raise ValueError(f"the saved state and this method differ in their stateful objects: {missing}")
+        for name, obj in self.stateful.items():
+            obj.load_state_dict(state["stateful"][name])
 
     def update(self, workload: Any, batch: Any, step: int, model: nn.Module | None = None
                ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -166,6 +166,7 @@ class CoMERAMethod:
                       "optimizer": "torch.optim.AdamW", "optimizer_impl": impl},
             ranks=lambda: rank_lib.ranks(model),
             size=lambda: model_size(model),
+            stateful={"rank_adaptation": adapt},
         )
 
 

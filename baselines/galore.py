@@ -149,7 +149,8 @@ class GaLoreMethod:
         per_param += [(p, make(_groups([], [p], params))) for p in projected]
         for p, optimizer in per_param:
             p.register_post_accumulate_grad_hook(partial(_step_and_free, optimizer))
-        prepared = Prepared(model=model, optimizers=[], settings=settings, size=lambda: dict(size))
+        prepared = Prepared(model=model, optimizers=[], settings=settings, size=lambda: dict(size),
+                            stateful={f"layerwise_optimizer.{k}": opt for k, (_, opt) in enumerate(per_param)})
         # The optimizers live in the hooks, so the generic state_bytes(model, []) would miss their state
         # and count every gradient; harness/running/cell.py reads prepared.state_bytes() when it exists.
         prepared.state_bytes = partial(layerwise_state_bytes, model, [opt for _, opt in per_param])

@@ -148,6 +148,21 @@ def convert_linears(model: nn.Module, *, heads: int, rank: int, alpha: float) ->
     return [name for name, _ in targets]
 
 
+@dataclass
+class MergeCount:
+    """LTE's counters: training steps taken and merges done (a merge every ``merge_every`` steps, and one
+    before every evaluation); a resumed run restores them."""
+
+    steps: int = 0
+    count: int = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"steps": self.steps, "count": self.count}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.steps, self.count = int(state["steps"]), int(state["count"])
+
+
 class LTEMethod:
     """LTE on the dense model (module docstring)."""
 
@@ -172,19 +187,19 @@ class LTEMethod:
         snapshot_ids = {id(p) for m in layers for p in (m.snapshot_A, m.snapshot_B)}
         deployed = [p for p in model.parameters() if id(p) not in head_ids | snapshot_ids]
         size = uncompressed_size(model, workload, deployed)
-        merges = {"count": 0, "steps": 0}
+        merges = MergeCount()
 
         def merge_all() -> None:
             for layer in layers:
                 layer.merge()
-            merges["count"] += 1
+            merges.count += 1
 
         def after_step(step: int) -> dict[str, float]:
-            merges["steps"] += 1
-            if merges["steps"] % params["merge_every"]:
+            merges.steps += 1
+            if merges.steps % params["merge_every"]:
                 return {}
             merge_all()
-            return {"lte_merges": float(merges["count"])}
+            return {"lte_merges": float(merges.count)}
 
         settings = {
             "optimizer": "torch.optim.AdamW", "optimizer_impl": impl, "preset": params["preset"], "heads": params["heads"],
@@ -198,7 +213,7 @@ class LTEMethod:
             "trainable_params": trainable_parameters(model),
         }
         return Prepared(model=model, optimizers=[optimizer], after_step=after_step, before_eval=merge_all,
-                        settings=settings, size=lambda: dict(size))
+                        settings=settings, size=lambda: dict(size), stateful={"merges": merges})
 
 
 METHOD = LTEMethod
