@@ -222,7 +222,7 @@ def _run_cell(args: argparse.Namespace) -> int:
         return 2
     from harness.core import measure
     from harness.running import run as runner
-    from harness.running import specs
+    from harness.running import checkpoint, specs
 
     cell_given = [opt for opt in ("workload", "method", "batch_size") if getattr(args, opt) is not None]
     try:
@@ -235,7 +235,8 @@ def _run_cell(args: argparse.Namespace) -> int:
         registry = runner.default_registry()  # a usage error is refused here, before any file is written
         registry.check_workload_params(spec["workload"], spec["workload_params"])
         registry.check_method_params(spec["method"], spec["method_params"])
-        runner.stall_limit_s()  # a bad COMERA_BENCH_STALL_LIMIT_S too
+        runner.stall_limit_s()  # a bad COMERA_BENCH_STALL_LIMIT_S or COMERA_BENCH_CHECKPOINT_S too
+        checkpoint.every_s()
     except (specs.SpecError, ValueError, TypeError) as exc:
         print(f"comera-bench run: {exc}", file=sys.stderr)
         return 2

@@ -206,6 +206,7 @@ def check_config(config: dict[str, Any]) -> None:
     the key."""
     from harness.configs.plugins import PluginError
     from harness.configs import microbench_spec
+    from harness.running import checkpoint
     from harness.running.watchdog import stall_limit_s
 
     try:
@@ -214,7 +215,8 @@ def check_config(config: dict[str, Any]) -> None:
     except PluginError as err:
         raise ConfigError(str(err)) from err
     try:
-        stall_limit_s()  # every cell reads it: a bad value fails here, not in each cell
+        stall_limit_s()  # every cell reads them: a bad value fails here, not in each cell
+        checkpoint.every_s()
     except ValueError as err:
         raise ConfigError(str(err)) from err
     for name, entry in config["methods"].items():

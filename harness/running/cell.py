@@ -99,6 +99,19 @@ class CellState:
     """Where the time before the first timing round went: phase -> seconds (harness.running.run.START_PHASES)."""
     phase_mark: float | None = None
     """perf_counter at the end of the last recorded start phase (None: the first round has begun)."""
+    checkpoint: Any = None
+    """Where and how often this run writes its checkpoint (harness.running.run.Checkpointing; None: never)."""
+    resumed: list[dict[str, Any]] = field(default_factory=list)
+    """One entry per checkpoint this cell resumed from, oldest first: its step and when it was written."""
+    train_s_before: float = 0.0
+    """Seconds of training (against the time limit) that earlier processes spent, up to the checkpoint."""
+    training_started: float | None = None
+    """perf_counter when this process's first training step began."""
+    checkpoint_s: float = 0.0
+    """Seconds this process spent writing checkpoints (outside every clock and the time limit)."""
+    checkpoints_written: int = 0
+    last_checkpoint: float | None = None
+    """perf_counter after the last checkpoint written (or at the first training step)."""
 
 
 def build_row(st: CellState, status: str, error: str, tb: str = "") -> dict[str, Any]:
@@ -175,6 +188,10 @@ def build_row(st: CellState, status: str, error: str, tb: str = "") -> dict[str,
         extra["eval_step"] = st.last_eval_step
     if st.graphed is not None:
         extra["cuda_graph"] = st.graphed.stats()
+    if st.resumed:
+        extra["resumed"] = st.resumed
+    if st.checkpoints_written:
+        extra["checkpoints"] = {"written": st.checkpoints_written, "seconds": round(st.checkpoint_s, 3)}
     row["settings"] = json.dumps({
         "method": settings, "method_params": st.method_params, "workload_params": st.workload_params,
         "workload_info": getattr(workload, "info", {}), "steps_per_epoch":

@@ -33,9 +33,9 @@ class StepLog:
     one (a long step, an evaluation, a wait for the timing group's other cells), until ``close``."""
 
     def __init__(self, total: int, name: str, stream: TextIO, every_s: float = LOG_EVERY_S,
-                 now: Callable[[], float] = time.monotonic, heartbeat: bool = False):
+                 now: Callable[[], float] = time.monotonic, heartbeat: bool = False, start: int = 0):
         self.total, self.name, self.stream, self.every_s, self.now = total, name, stream, every_s, now
-        self.done = 0
+        self.done = self.start = start
         self.started = self.last = self.last_step = now()
         self.first_step: float | None = None
         self._lock = threading.Lock()
@@ -62,7 +62,7 @@ class StepLog:
                 state = f", no step finished for {clock(stalled)}"
             else:
                 since_first = None if self.first_step is None else self.last - self.first_step
-                left = eta_s(self.done, self.total, elapsed, since_first)
+                left = eta_s(self.done - self.start, self.total - self.start, elapsed, since_first)
                 state = "" if left is None else f", ETA {clock(left)}"
             print(f"{self.name}: step {self.done} of {self.total}, elapsed {clock(elapsed)}{state}",
                   file=self.stream, flush=True)
@@ -83,12 +83,13 @@ class StepLog:
             self._thread.join()
 
 
-def progress(total: int, name: str, bar: bool | None):
-    """A tqdm bar when ``bar`` (default: stderr is a terminal), else a :class:`StepLog` on stderr."""
+def progress(total: int, name: str, bar: bool | None, start: int = 0):
+    """A tqdm bar when ``bar`` (default: stderr is a terminal), else a :class:`StepLog` on stderr;
+    ``start`` steps are done already (a resumed cell): the rate and ETA count only the steps after them."""
     if bar is None:
         bar = sys.stderr.isatty()
     if not bar:
-        return StepLog(total, name, sys.stderr, heartbeat=True)
+        return StepLog(total, name, sys.stderr, heartbeat=True, start=start)
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=name, file=sys.stderr, mininterval=1.0, leave=False)
+    return tqdm(total=total, desc=name, file=sys.stderr, mininterval=1.0, leave=False, initial=start)

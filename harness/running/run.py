@@ -74,6 +74,7 @@ import time
 import traceback
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -83,6 +84,7 @@ import torch
 from harness import results
 from harness.core import allocator, stops
 from harness.running import progress as progress_lines
+from harness.running import checkpoint as checkpoints
 from harness.running import specs, warmup
 from harness.core import measure, timing
 from harness.running.cudagraph import GraphedStep, require_cuda, state_signature
@@ -118,6 +120,15 @@ disk, a quota, a read-only file system): no row, so that a later run, after the 
 
 class EnvironmentFault(OSError):
     """The row could not be written for a fault of the machine, not of the cell."""
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    """Where a cell's checkpoint lives (harness.running.checkpoint.path_for) and the seconds of training
+    between two of them."""
+
+    path: Path
+    every_s: float
 
 
 def seed_everything(seed: int) -> None:
@@ -191,7 +202,8 @@ def process_started_at() -> float:
 def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress: bool | None = None,
              on_hang: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None = None,
              stall_s: float | None = None, after_steps: Callable[[AfterSteps], None] | None = None,
-             started_at: float | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+             started_at: float | None = None, checkpoint: Checkpointing | None = None
+             ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run one cell; returns (runs row with every RUNS_COLUMNS key, curves rows). An invalid spec raises
     specs.SpecError; everything that goes wrong after that is recorded in the row.
 
@@ -205,9 +217,13 @@ def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress
     round coordinator in one more round of the group, alone); what it raises is the row's error.
 
     ``started_at``: when the cell's processes started (:func:`process_started_at`; seconds since the
-    epoch), the beginning of its ``start`` phase (:data:`START_PHASES`); None: no ``start`` phase."""
+    epoch), the beginning of its ``start`` phase (:data:`START_PHASES`); None: no ``start`` phase.
+
+    ``checkpoint``: resume from that checkpoint when it fits the cell (harness.running.checkpoint.load;
+    else start over and say why on stderr) and write one every ``every_s`` seconds of training, between
+    two steps (none after the last). Left to the caller: removing it once the row is written."""
     spec = specs.normalize_spec(spec)
-    st = CellState(spec, after_steps=after_steps)
+    st = CellState(spec, after_steps=after_steps, checkpoint=checkpoint)
     st.phase_mark = time.perf_counter()
     if started_at is not None:
         st.start_phases["start"] = max(time.time() - started_at, 0.0)
@@ -285,6 +301,7 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
     if prepared.skipped:  # nothing was measured: the row keeps its measurement columns empty
         raise _Skipped(prepared.skipped)
     st.prepared = prepared
+    saved = _resume(st)
     model = prepared.model
     train_model = torch.compile(model) if spec["execution"]["compile"] else model
 
@@ -294,14 +311,15 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
                                  model, prepared.optimizers, st.device)
     _phase(st, "prepare")
 
-    first = next(iter(workload.train_batches(0)), None)
-    if first is None:
-        raise RuntimeError(f"workload {spec['workload']!r} yields no training batch")
     model.train()
-    st.flops_initial, st.flops_tokens, st.flops_basis = measure.measure_flops(
-        model, lambda: workload.loss(model, first))
-    del first
-    _record_ranks(st, 0)
+    if saved is None:  # a resumed cell has its first count (its model may be pruned now)
+        first = next(iter(workload.train_batches(0)), None)
+        if first is None:
+            raise RuntimeError(f"workload {spec['workload']!r} yields no training batch")
+        st.flops_initial, st.flops_tokens, st.flops_basis = measure.measure_flops(
+            model, lambda: workload.loss(model, first))
+        del first
+        _record_ranks(st, 0)
     _phase(st, "flops")
 
     eval_every = budget["eval_every_steps"]
@@ -310,32 +328,38 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
         warmup = max(warmup, st.graphed.warmup + 1)
     st.epoch_clock = measure.Stopwatch(st.device)
     st.machine = timing.MachineState()
-    st.rounds = timing.round_bounds(min(warmup, total_steps), total_steps, spec["execution"]["rounds"],
+    start = st.steps_done  # > 0 when resumed: this process warms up and times its own steps
+    st.rounds = timing.round_bounds(min(start + warmup, total_steps), total_steps, spec["execution"]["rounds"],
                                     steps_per_round=1 if st.gate is None else 2,
                                     period=prepared.settings.get("time_window_steps"))
     st.round_starts = {step: r for r, step in enumerate(st.rounds.starts)}
     # rounds of whole periods may leave a few timed steps before the first round: warm-up too
-    st.timer = measure.StepTimer(st.device, max(warmup, st.rounds.starts[0]))
-    if eval_every and not spec["execution"]["timing_group"]:  # a group's cells start without it
+    st.timer = measure.StepTimer(st.device, max(warmup, st.rounds.starts[0] - start))
+    if eval_every and not spec["execution"]["timing_group"] and saved is None:  # a group's cells start without it
         _evaluate(st)
         _phase(st, "eval")
     st.monitor = measure.MemoryMonitor(st.device)
     gc.collect()
     st.monitor.start()
     _phase(st, "memory_baseline")
-    bar = progress_lines.progress(total_steps, spec["run_id"], progress)
+    bar = progress_lines.progress(total_steps, spec["run_id"], progress, start=start)
     limit, deadline = budget["time_limit_s"], None
-    _begin(st, "training step 1")
-    if limit:  # the clock starts with the first training step
-        deadline = time.perf_counter() + limit
+    first_epoch, skip = divmod(start, st.steps_in_epoch)
+    if saved is not None:
+        checkpoints.restore_rng(saved["rng"])
+    _begin(st, f"training step {start + 1}")
+    st.training_started = st.last_checkpoint = time.perf_counter()
+    if limit:  # the clock starts with the first training step (earlier processes' training counts)
+        deadline = st.training_started + limit - st.train_s_before
         if st.watchdog is not None:
-            st.watchdog.limit(limit + WATCHDOG_GRACE_S)
+            st.watchdog.limit(limit - st.train_s_before + WATCHDOG_GRACE_S)
     try:
-        for epoch in range(budget["epochs"]):
+        for epoch in range(first_epoch, budget["epochs"]):
             st.epoch = epoch
             st.epoch_clock.start()
-            done_in_epoch = 0
-            for batch in itertools.islice(workload.train_batches(epoch), st.steps_in_epoch):
+            done_in_epoch = skip if epoch == first_epoch else 0
+            whole_epoch = done_in_epoch == 0  # an epoch begun by an earlier process has no epoch time here
+            for batch in itertools.islice(workload.train_batches(epoch), done_in_epoch, st.steps_in_epoch):
                 _round_boundary(st)
                 _timed_step(st, batch, epoch)
                 done_in_epoch += 1
@@ -346,10 +370,12 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
                     if st.steps_done == total_steps:  # no training follows: the memory region ends here
                         st.monitor.stop()
                     _evaluate(st, epoch)
+                if whole_epoch and done_in_epoch == workload.steps_per_epoch:
+                    st.full_epochs_s.append(st.epoch_clock.elapsed())
                 _check_time(st, deadline)
+                if st.steps_done < total_steps:
+                    _maybe_checkpoint(st)
                 _begin(st, f"training step {st.steps_done + 1}")  # its batch included
-            if done_in_epoch == workload.steps_per_epoch:
-                st.full_epochs_s.append(st.epoch_clock.elapsed())
         _rounds_over(st)
         st.memory = st.monitor.stop()
         if st.last_eval_step != st.steps_done:
@@ -359,6 +385,57 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
     finally:
         bar.close()
         _record_ranks(st, st.steps_done, st.epoch)
+
+
+def _resume(st: CellState) -> dict[str, Any] | None:
+    """When the cell has a checkpoint it can resume from (harness.running.checkpoint.load): load the
+    method's state into ``st.prepared`` and what the earlier processes recorded into ``st``; returns it
+    (its ``rng`` is restored right before the first step). Otherwise None, having said on stderr why a
+    checkpoint that is there is not used."""
+    if st.checkpoint is None:
+        return None
+    run_id = st.spec["run_id"]
+    saved, why_not = checkpoints.load(st.checkpoint.path, st.spec)
+    if saved is None:
+        if why_not:
+            print(f"{run_id}: starting over: the checkpoint is not used: {why_not}", file=sys.stderr, flush=True)
+        return None
+    st.prepared.load_state_dict(saved["method"])
+    cell = saved["cell"]
+    for key in RESUMED_FIELDS:
+        setattr(st, key, cell[key])
+    st.resumed = [*cell["resumed"], {"step": st.steps_done, "checkpoint_written_at": saved["written_at"]}]
+    print(f"{run_id}: resuming at step {st.steps_done} from its checkpoint {st.checkpoint.path} (written "
+          f"{saved['written_at']})", file=sys.stderr, flush=True)
+    return saved
+
+
+RESUMED_FIELDS = ("steps_done", "epoch", "curves", "losses", "last_eval", "last_eval_step", "stage",
+                  "stage_switch_step", "full_epochs_s", "flops_initial", "flops_tokens", "flops_basis",
+                  "train_s_before")
+"""The CellState fields a checkpoint carries (with ``resumed``): everything the row and the curves need
+of the steps before it. Step times, the machine's state and peak memory are this process's own."""
+
+
+def _maybe_checkpoint(st: CellState) -> None:
+    """Write the cell's checkpoint when ``every_s`` seconds of training have passed since the last one
+    (or since this process's first step), outside every clock, the memory region and the time limit."""
+    if st.checkpoint is None:
+        return
+    now = time.perf_counter()
+    if now - st.last_checkpoint < st.checkpoint.every_s:
+        return
+    _begin(st, f"writing the checkpoint after step {st.steps_done}")
+    monitor = st.monitor if st.monitor is not None and st.monitor.running else None
+    train_s = st.train_s_before + now - st.training_started - st.waited_s - st.checkpoint_s
+    cell = {key: getattr(st, key) for key in RESUMED_FIELDS}
+    cell.update(train_s_before=train_s, resumed=st.resumed)
+    with (monitor.paused() if monitor else nullcontext()), st.epoch_clock.paused():
+        checkpoints.save(st.checkpoint.path, st.spec, {
+            "method": st.prepared.state_dict(), "rng": checkpoints.rng_state(), "cell": cell})
+    st.checkpoint_s += time.perf_counter() - now
+    st.checkpoints_written += 1
+    st.last_checkpoint = time.perf_counter()
 
 
 def _begin(st: CellState, activity: str) -> None:
@@ -507,7 +584,7 @@ def _check_parameters(st: CellState, shown: int = 5) -> None:
 
 
 def _check_time(st: CellState, deadline: float | None) -> None:
-    if deadline is not None and time.perf_counter() - st.waited_s > deadline:
+    if deadline is not None and time.perf_counter() - st.waited_s - st.checkpoint_s > deadline:
         raise _Timeout(f"time limit of {st.spec['budget']['time_limit_s']} s reached after "
                        f"{st.steps_done} steps")
 
@@ -573,6 +650,7 @@ def run_to_files(spec: dict[str, Any], runs_out: str | os.PathLike, curves_out: 
         status = 1
         try:
             write(row, curves)
+            checkpoints.path_for(runs_out).unlink(missing_ok=True)
             print(f"{row['run_id']}: timeout ({row['error']}) -> {runs_out}", file=sys.stderr)
             status = hang_exit_status
         except BaseException:  # noqa: BLE001 -- the process ends either way; say why
@@ -582,7 +660,19 @@ def run_to_files(spec: dict[str, Any], runs_out: str | os.PathLike, curves_out: 
             sys.stderr.flush()
             os._exit(status)
 
+    checkpoint = checkpointing(spec, runs_out)
     row, curves = run_cell(spec, registry=registry, progress=progress, on_hang=end_process,
-                           stall_s=stall_limit_s(), started_at=started_at)
+                           stall_s=stall_limit_s(), started_at=started_at, checkpoint=checkpoint)
     write(row, curves)
+    if checkpoint is not None:
+        checkpoint.path.unlink(missing_ok=True)
     return row
+
+
+def checkpointing(spec: dict[str, Any], runs_out: str | os.PathLike) -> Checkpointing | None:
+    """The cell's checkpointing (harness.running.checkpoint): none for a cell of a timing group (short, and
+    timed only in its group's rounds) or when checkpoints are turned off."""
+    every = checkpoints.every_s()
+    if every is None or specs.normalize_spec(spec)["execution"]["timing_group"]:
+        return None
+    return Checkpointing(checkpoints.path_for(runs_out), every)

@@ -226,6 +226,12 @@ def supervise(command: list[str], spec_path: str | os.PathLike, runs_out: str | 
         error = f"killed by the kernel's OOM killer (signal 9, SIGKILL): {'; '.join(evidence)}"
     extra = {"exit_code": returncode, "signal": sig, "pid": child.pid, "wall_s": time.monotonic() - started,
              "log": None if log is None else str(log)}
+    from harness.running import checkpoint  # after the child: its import (pyarrow) costs no start time
+
+    kept = checkpoint.path_for(runs_out)
+    if kept.exists():  # the row ends the cell; the checkpoint stays for a rerun (delete the row to resume)
+        extra["checkpoint"] = str(kept)
+        error += f"; its checkpoint {kept} is kept: delete {runs_out.name} to run the cell again from it"
     if log is not None and log_error is None:
         extra["log_tail"] = _log_tail(log)
     if log_error:

@@ -24,6 +24,17 @@ def test_lines_at_steady_rate_with_eta():
                      "cell: step 10 of 10, elapsed 40s, ETA 0s"]
 
 
+def test_a_resumed_cell_counts_from_its_checkpoint_and_its_eta_from_its_own_steps():
+    out, clock = io.StringIO(), FakeClock()
+    log = progress.StepLog(100, "cell", out, every_s=15.0, now=clock, start=90)
+    for _ in range(10):
+        clock.t += 4.0
+        log.update()
+    assert out.getvalue().splitlines() == ["cell: step 94 of 100, elapsed 16s, ETA 24s",
+                                           "cell: step 98 of 100, elapsed 32s, ETA 8s",
+                                           "cell: step 100 of 100, elapsed 40s, ETA 0s"]
+
+
 def test_slow_steps_log_every_step():
     out, clock = io.StringIO(), FakeClock()
     log = progress.StepLog(100, "c", out, every_s=15.0, now=clock)

@@ -523,16 +523,18 @@ def test_a_cell_without_a_timed_step_is_not_ok(budget):
     assert row["steps_timed"] == 0
 
 
-def test_the_pipeline_and_the_cli_refuse_a_bad_stall_limit(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("variable", [runner.STALL_ENV, "COMERA_BENCH_CHECKPOINT_S"])
+def test_the_pipeline_and_the_cli_refuse_a_bad_stall_limit_or_checkpoint_interval(tmp_path, monkeypatch, capsys,
+                                                                                   variable):
     from harness import cli
     from harness.configs import grid
 
-    monkeypatch.setenv(runner.STALL_ENV, "soon")
+    monkeypatch.setenv(variable, "soon")
     spec = tmp_path / "s.json"
     spec.write_text(json.dumps(toy_spec(workload="transformer", method="dense")))
     assert cli.main(["run", "--spec", str(spec), "--runs-out", str(tmp_path / "r.runs.parquet")]) == 2
-    assert f"environment variable {runner.STALL_ENV}='soon'" in capsys.readouterr().err
-    with pytest.raises(grid.ConfigError, match=runner.STALL_ENV):
+    assert f"environment variable {variable}='soon'" in capsys.readouterr().err
+    with pytest.raises(grid.ConfigError, match=variable):
         grid.check_config({"methods": {}, "workloads": {}, "microbench": {"specs": {}}})
 
 

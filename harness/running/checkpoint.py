@@ -1,0 +1,130 @@
+"""A long cell's checkpoint, so that a cell stopped in mid-training resumes instead of starting over.
+
+A stopped cell gets no row and runs again (harness.running.supervise): without a checkpoint it runs again
+from its first step, which costs hours for the paper's quality cells. ``comera-bench run`` (hence the
+pipeline) writes the checkpoint of a cell that is not in a timing group every :func:`every_s` seconds of
+training (environment variable ``COMERA_BENCH_CHECKPOINT_S``; 0: never) to :func:`path_for` its runs
+file (``<run_id>.checkpoint.pt``, beside it), atomically, between two training steps. What it holds:
+the method's state (:meth:`baselines.base.Prepared.state_dict`), the random number generators, where the
+cell is in its data, and what harness.running.run has recorded so far (see there).
+
+The next run of the cell starts from it when the spec and the code are the same (:func:`load`); anything
+else -- another spec, another git commit, package or torch version, an unreadable file -- starts over, and
+the log says why. Once the cell has a row (any status), its checkpoint is removed; a row written by the
+supervisor for a cell whose process died (the OOM killer) leaves it, and says so.
+
+Example::
+
+    path = checkpoint.path_for("results/cpu/runs/cell.runs.parquet")  # .../cell.checkpoint.pt
+    saved, why_not = checkpoint.load(path, spec)                       # (None, "") when there is none
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from harness.results.atomic import atomic_write
+
+CHECKPOINT_ENV = "COMERA_BENCH_CHECKPOINT_S"
+CHECKPOINT_EVERY_S = 600.0
+"""Seconds of training between two checkpoints of a cell, unless CHECKPOINT_ENV says otherwise."""
+FORMAT = 1
+"""The checkpoint layout's version; a file of another is not used."""
+RUNS_SUFFIX = ".runs.parquet"
+
+
+def every_s() -> float | None:
+    """Seconds between checkpoints: CHECKPOINT_ENV when set (0: none), else CHECKPOINT_EVERY_S; a value that
+    is not a number >= 0 raises ValueError naming the variable."""
+    raw = os.environ.get(CHECKPOINT_ENV, "").strip()
+    if not raw:
+        return CHECKPOINT_EVERY_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"environment variable {CHECKPOINT_ENV}={raw!r}: the checkpoint interval must be a "
+                         "number of seconds >= 0 (0: no checkpoints)")
+    return value or None
+
+
+def path_for(runs_out: str | os.PathLike) -> Path:
+    """The checkpoint of the cell whose runs row goes to ``runs_out``: ``<run_id>.checkpoint.pt`` beside it."""
+    runs_out = Path(runs_out)
+    name = runs_out.name
+    stem = name[:-len(RUNS_SUFFIX)] if name.endswith(RUNS_SUFFIX) else runs_out.stem
+    return runs_out.with_name(f"{stem}.checkpoint.pt")
+
+
+def code_identity() -> dict[str, Any]:
+    """What must not change between a checkpoint and its resumption: the git commit and whether the tree
+    was dirty, the package's and torch's versions."""
+    from harness import results
+
+    prov = results.provenance("cpu")
+    return {key: prov[key] for key in ("git_commit", "git_dirty", "comera_bench_version", "torch_version")}
+
+
+def rng_state() -> dict[str, Any]:
+    """Every random number generator a training step may draw from (Python, NumPy, torch's CPU and CUDA)."""
+    import numpy as np  # lazily (here and below): a cell's supervisor needs only path_for, and quickly
+    import torch
+
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Set the generators to :func:`rng_state`'s ``state``."""
+    import numpy as np
+    import torch
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save(path: str | os.PathLike, spec: dict[str, Any], content: dict[str, Any]) -> None:
+    """Write ``content`` (with ``spec``, the code's identity and the time) to ``path`` atomically and
+    durably."""
+    import torch
+
+    payload = {"format": FORMAT, "spec": spec, "code": code_identity(),
+               "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **content}
+    atomic_write(path, lambda tmp: torch.save(payload, tmp), fsync=True)
+
+
+def load(path: str | os.PathLike, spec: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """The checkpoint at ``path`` when the cell ``spec`` (normalized) can resume from it, with ``""``; else
+    None and why not (``""`` when there is no file)."""
+    import torch
+
+    path = Path(path)
+    if not path.exists():
+        return None, ""
+    try:
+        # the cell's own file, written by save() above: it holds Python objects (random states, settings)
+        saved = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # noqa: BLE001 -- a truncated or foreign file: start over, say why
+        return None, f"cannot read {path} ({type(exc).__name__}: {exc})"
+    if not isinstance(saved, dict) or saved.get("format") != FORMAT:
+        return None, f"{path} is not a checkpoint of format {FORMAT}"
+    if saved["spec"] != spec:
+        differ = sorted(key for key in set(spec) | set(saved["spec"]) if spec.get(key) != saved["spec"].get(key))
+        derived = [key for key in differ if key not in ("config_hash", "run_id")]  # the hash follows the rest
+        return None, f"{path} belongs to another spec (it differs in {', '.join(derived or differ)})"
+    code = code_identity()
+    if saved["code"] != code:
+        differ = [f"{key} {saved['code'].get(key)!r} -> {value!r}" for key, value in code.items()
+                  if saved["code"].get(key) != value]
+        return None, f"{path} was written by other code ({'; '.join(differ)})"
+    return saved, ""

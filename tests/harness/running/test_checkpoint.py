@@ -1,0 +1,249 @@
+"""A cell stopped in mid-training resumes from its checkpoint (harness.running.checkpoint) and ends as the
+cell that was never stopped; a checkpoint that does not fit the cell is not used, and the log says why."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import results
+from harness.running import checkpoint as checkpoints
+from harness.running import run as runner
+from tests.harness.running.run_toys import TOY_REGISTRY, toy_spec, toy_workload
+
+STEPS = 32  # toy_spec: 2 epochs of 16 steps, an evaluation every 8, the toy method's stage switch at 3
+
+
+class Stopped(BaseException):
+    """A stop in mid-training, as a signal's would be: no row."""
+
+
+def stopping_registry(at_step: int):
+    """The toy registry whose method stops the run at the start of step ``at_step`` (0-based), once
+    ``at_step`` steps are done."""
+    def get_method(name):
+        method = TOY_REGISTRY.get_method(name)
+        prepare = method.prepare
+
+        def stopping_prepare(*args, **kwargs):
+            prepared = prepare(*args, **kwargs)
+            total_loss = prepared.total_loss
+
+            def stopping_total_loss(task_loss, step):
+                if step == at_step:
+                    raise Stopped
+                return total_loss(task_loss, step)
+
+            prepared.total_loss = stopping_total_loss
+            return prepared
+
+        method.prepare = stopping_prepare
+        return method
+
+    return dataclasses.replace(TOY_REGISTRY, get_method=get_method)
+
+
+def run(spec, path, registry=TOY_REGISTRY, every_s=0.0):
+    return runner.run_cell(spec, registry=registry, checkpoint=runner.Checkpointing(path, every_s))
+
+
+def comparable(row):
+    keep = ("status", "metric_value", "final_train_loss", "epochs", "ranks", "flops_per_step", "params_total")
+    extra = json.loads(row["extra"])
+    return {**{k: row[k] for k in keep}, "eval": extra.get("eval"), "eval_step": extra.get("eval_step"),
+            "flops_initial": extra.get("flops_per_step_initial")}
+
+
+@pytest.mark.parametrize("stop_after", [2, 8, 16, 23])  # before the switch, at an evaluation, an epoch's end
+def test_a_stopped_cell_resumes_and_ends_as_the_uninterrupted_one(tmp_path, stop_after, capsys):
+    spec = toy_spec(budget={"eval_every_steps": 8})
+    whole_row, whole_curves = runner.run_cell(spec, registry=TOY_REGISTRY)
+
+    path = tmp_path / "cell.checkpoint.pt"
+    with pytest.raises(Stopped):
+        run(spec, path, stopping_registry(stop_after))
+    assert torch.load(path, weights_only=False)["cell"]["steps_done"] == stop_after
+    row, curves = run(spec, path)
+
+    assert row["status"] == "ok", row["error"]
+    assert comparable(row) == comparable(whole_row)
+    assert curves == whole_curves  # losses, objectives, evaluations, ranks: step for step
+    extra = json.loads(row["extra"])
+    assert [entry["step"] for entry in extra["resumed"]] == [stop_after]
+    assert extra["steps_done"] == STEPS and row["steps_timed"] < STEPS - stop_after  # this process's own
+    # an epoch has its time when one process ran it whole (16 steps an epoch)
+    assert len(extra["full_epochs_s"]) == (2 if stop_after % 16 == 0 else 1)
+    assert f"resuming at step {stop_after} from its checkpoint" in capsys.readouterr().err
+
+
+def test_a_cell_stopped_twice_lists_both_resumptions(tmp_path):
+    spec, path = toy_spec(), tmp_path / "cell.checkpoint.pt"
+    with pytest.raises(Stopped):
+        run(spec, path, stopping_registry(5))
+    with pytest.raises(Stopped):
+        run(spec, path, stopping_registry(15))
+    row, curves = run(spec, path)
+    whole_row, whole_curves = runner.run_cell(spec, registry=TOY_REGISTRY)
+    assert [e["step"] for e in json.loads(row["extra"])["resumed"]] == [5, 15]
+    assert curves == whole_curves and comparable(row) == comparable(whole_row)
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"seed": 1}, "seed"),
+    ({"budget": {"eval_every_steps": 4}}, "budget"),
+])
+def test_a_checkpoint_of_another_spec_is_not_used(tmp_path, capsys, change, named):
+    path = tmp_path / "cell.checkpoint.pt"
+    with pytest.raises(Stopped):
+        run(toy_spec(), path, stopping_registry(6))
+    row, curves = run(toy_spec(**change), path)
+    assert row["status"] == "ok" and "resumed" not in json.loads(row["extra"])
+    assert curves == runner.run_cell(toy_spec(**change), registry=TOY_REGISTRY)[1]
+    err = capsys.readouterr().err
+    assert f"starting over: the checkpoint is not used: {path} belongs to another spec (it differs in {named}" in err
+
+
+def test_a_checkpoint_of_other_code_or_unreadable_is_not_used(tmp_path, monkeypatch):
+    spec, path = toy_spec(), tmp_path / "cell.checkpoint.pt"
+    with pytest.raises(Stopped):
+        run(spec, path, stopping_registry(6))
+    normalized = runner.specs.normalize_spec(spec)
+    assert checkpoints.load(path, normalized)[0] is not None
+    identity = checkpoints.code_identity()
+    monkeypatch.setattr(checkpoints, "code_identity", lambda: {**identity, "git_commit": "0" * 40})
+    saved, why_not = checkpoints.load(path, normalized)
+    assert saved is None and "was written by other code (git_commit" in why_not
+    path.write_bytes(b"not a checkpoint")
+    saved, why_not = checkpoints.load(path, normalized)
+    assert saved is None and why_not.startswith(f"cannot read {path}")
+    assert checkpoints.load(tmp_path / "none.pt", normalized) == (None, "")
+
+
+def test_the_time_limit_counts_the_training_before_the_stop(tmp_path):
+    """50 ms per step and a 0.6 s limit: the resumed process has less than 0.6 s left."""
+    spec = toy_spec(method_params={"sleep_s": 0.05}, budget={"time_limit_s": 0.6, "eval_every_steps": None})
+    path = tmp_path / "cell.checkpoint.pt"
+    with pytest.raises(Stopped):
+        run(spec, path, stopping_registry(8))
+    row, _ = run(spec, path)
+    assert row["status"] == "timeout"
+    done = json.loads(row["extra"])["steps_done"]
+    assert 8 < done < 8 + 12, done  # the whole limit would allow about 12 steps after the stop
+
+
+def test_checkpoints_are_written_every_interval_outside_the_clocks(tmp_path, monkeypatch):
+    spec = toy_spec(method_params={"sleep_s": 0.02}, budget={"eval_every_steps": None})
+    saves = []
+    real_save = checkpoints.save
+    monkeypatch.setattr(checkpoints, "save", lambda *a, **k: (saves.append(time.perf_counter()), real_save(*a, **k)))
+    row, _ = run(spec, tmp_path / "cell.checkpoint.pt", every_s=0.2)
+    assert row["status"] == "ok"
+    extra = json.loads(row["extra"])
+    assert extra["checkpoints"]["written"] == len(saves) and 2 <= len(saves) <= STEPS * 0.02 / 0.2 + 1
+    assert min(b - a for a, b in zip(saves, saves[1:])) >= 0.2
+
+
+def test_run_to_files_removes_the_checkpoint_once_the_row_is_written(tmp_path, monkeypatch):
+    monkeypatch.setenv(checkpoints.CHECKPOINT_ENV, "0.000001")
+    runs_out = tmp_path / "cell.runs.parquet"
+    path = checkpoints.path_for(runs_out)
+    assert path == tmp_path / "cell.checkpoint.pt"
+    written = []
+    real_save = checkpoints.save
+    monkeypatch.setattr(checkpoints, "save", lambda p, *a: (written.append(p), real_save(p, *a)))
+    row = runner.run_to_files(toy_spec(), runs_out, tmp_path / "cell.curves.parquet", registry=TOY_REGISTRY)
+    assert row["status"] == "ok" and written and set(written) == {path}
+    assert not path.exists() and results.read_parquet(runs_out, "runs").at[0, "status"] == "ok"
+
+
+def test_a_cell_of_a_timing_group_writes_no_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.setenv(checkpoints.CHECKPOINT_ENV, "0.000001")
+    assert runner.checkpointing(toy_spec(execution={"timing_group": "g"}), tmp_path / "c.runs.parquet") is None
+    monkeypatch.setenv(checkpoints.CHECKPOINT_ENV, "0")
+    assert runner.checkpointing(toy_spec(), tmp_path / "c.runs.parquet") is None
+
+
+@pytest.mark.parametrize("value", ["-1", "often", "inf"])
+def test_a_bad_checkpoint_interval_is_named(monkeypatch, value):
+    monkeypatch.setenv(checkpoints.CHECKPOINT_ENV, value)
+    with pytest.raises(ValueError, match=f"{checkpoints.CHECKPOINT_ENV}='{value}'"):
+        checkpoints.every_s()
+
+
+def test_the_interval_defaults_to_ten_minutes(monkeypatch):
+    monkeypatch.delenv(checkpoints.CHECKPOINT_ENV, raising=False)
+    assert checkpoints.every_s() == 600.0
+
+
+def test_the_supervisor_keeps_the_checkpoint_of_a_killed_cell_and_says_so(tmp_path, monkeypatch):
+    from harness.running import supervise
+
+    monkeypatch.setattr(supervise, "oom_kill_count", lambda: 0)
+    monkeypatch.setattr(supervise, "kernel_log_oom", lambda pid: False)
+    spec = tmp_path / "cell.spec.json"
+    spec.write_text(json.dumps(toy_spec(run_id="cell")))
+    runs = tmp_path / "cell.runs.parquet"
+    checkpoints.path_for(runs).write_bytes(b"saved")
+    killed = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
+    assert supervise.supervise(killed, spec, runs, tmp_path / "cell.curves.parquet") == (0, "error")
+    row = results.read_parquet(runs, "runs").iloc[0]
+    kept = tmp_path / "cell.checkpoint.pt"
+    assert kept.exists() and json.loads(row["extra"])["checkpoint"] == str(kept)
+    assert row["error"] == (f"killed by signal 9 (SIGKILL); its checkpoint {kept} is kept: delete "
+                            "cell.runs.parquet to run the cell again from it")
+
+
+def real_cell(steps: int) -> dict:
+    return {"run_id": "tiny-comera", "workload": "transformer", "workload_params": {"size": "tiny"},
+            "method": "comera", "batch_size": 8, "seed": 0, "target_ratio": 0.5,
+            "method_params": {"prune_every": 4, "threshold": 0.9, "lr_gates": 0.02},  # pruned from step 8 on
+            "budget": {"epochs": 1, "max_steps_per_epoch": steps, "warmup_steps": 1, "eval_every_steps": 10},
+            "execution": {"device": "cpu", "num_threads": 1}}
+
+
+def test_a_cell_process_stopped_by_sigterm_resumes_in_the_next_run(tmp_path):
+    """The pipeline's way (``comera-bench run --isolate``), the real transformer and CoMERA: SIGTERM once a
+    few checkpoints are written, no row; the next run resumes and ends as a run that was never stopped."""
+    steps = 40
+    spec = tmp_path / "tiny-comera.spec.json"
+    spec.write_text(json.dumps(real_cell(steps)))
+    runs, curves = tmp_path / "tiny-comera.runs.parquet", tmp_path / "tiny-comera.curves.parquet"
+    path = checkpoints.path_for(runs)
+    command = [sys.executable, "-m", "harness.cli", "run", "--isolate", "--spec", str(spec), "--runs-out",
+               str(runs), "--curves-out", str(curves), "--log", str(tmp_path / "tiny-comera.log")]
+    env = {**os.environ, checkpoints.CHECKPOINT_ENV: "0.000001"}  # after every step
+    child = subprocess.Popen(command, env=env)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and child.poll() is None:
+        if path.exists() and torch.load(path, weights_only=False)["cell"]["steps_done"] >= 12:
+            break
+        time.sleep(0.05)
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=60) == 128 + signal.SIGTERM
+    assert not runs.exists() and path.exists()
+    stopped_at = torch.load(path, weights_only=False)["cell"]["steps_done"]
+    assert 12 <= stopped_at < steps
+
+    assert subprocess.run(command, env=env, timeout=300).returncode == 0
+    row = results.read_parquet(runs, "runs").iloc[0]
+    assert row["status"] == "ok", row["error"]
+    assert [e["step"] for e in json.loads(row["extra"])["resumed"]] == [stopped_at]
+    assert not path.exists()
+    assert f"resuming at step {stopped_at}" in (tmp_path / "tiny-comera.log").read_text()
+
+    whole_row, whole_curves = runner.run_cell(real_cell(steps))
+    rank_mean = {c["step"]: c["value"] for c in whole_curves if c["metric_name"] == "rank_mean"}
+    assert rank_mean[stopped_at] < rank_mean[1]  # the resumed process loaded pruned cores
+    assert (row["metric_value"], row["final_train_loss"], row["ranks"]) == (
+        whole_row["metric_value"], whole_row["final_train_loss"], whole_row["ranks"])
+    resumed = results.read_parquet(curves, "curves")
+    assert resumed[["step", "split", "metric_name", "value"]].to_dict("records") == [
+        {k: c[k] for k in ("step", "split", "metric_name", "value")} for c in whole_curves]
