@@ -3,7 +3,8 @@ a cell killed mid-run becomes a row with its status and is not re-run; a second 
 results folder is refused while the first runs (a dry run is not); a second call does nothing; the
 report builds; the report and re-time commands the pipeline prints work typed as printed; cell logs show
 steps with an ETA and the pipeline counts cells; `figures` without .snakemake/ metadata runs exactly the new
-cells; a truncated cell file fails the merge naming it; bad or unsafe configs fail before any job; `lr: 1e-3`
+cells; a quality cell stopped with the pipeline resumes from its checkpoint; a truncated cell file fails
+the merge naming it; bad or unsafe configs fail before any job; `lr: 1e-3`
 is a number; the busy warning's one-thread command gives every cell one thread."""
 from __future__ import annotations
 
@@ -382,6 +383,45 @@ def test_sigterm_to_the_pipeline_leaves_no_failure_and_a_rerun_finishes(tmp_path
     assert len(rows) == 7 and (rows.status == "ok").all(), rows[["run_id", "status", "error"]]
     for name, mtime in kept.items():
         assert (folder / name).stat().st_mtime_ns == mtime, f"{name} was rewritten"
+
+
+def test_a_quality_cell_stopped_with_the_pipeline_resumes_from_its_checkpoint(tmp_path):
+    """A long quality cell writes checkpoints (here after every step); the pipeline stopped by SIGTERM in
+    mid-cell, the same command resumes the cell at its checkpoint's step and ends it ok."""
+    config = yaml.safe_load(TINY.read_text())
+    transformer = config["workloads"]["transformer"]
+    transformer.update(methods=["dense"], targets=[None])
+    transformer["quality"].update(methods=["comera"])
+    transformer["quality"]["budget"]["max_steps_per_epoch"] = 400
+    path = tmp_path / "quality.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = {**ENV, "COMERA_BENCH_CHECKPOINT_S": "0.000001"}
+    proc = subprocess.Popen(snakemake_cmd(tmp_path, path, "runs"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT, start_new_session=True)
+    folder = tmp_path / "results" / "runs" / "cpu-tiny"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None and not list(folder.glob("*.checkpoint.pt")):
+        time.sleep(0.02)
+    assert proc.poll() is None, "the pipeline ended before its quality cell wrote a checkpoint"
+    time.sleep(0.5)  # a few more steps
+    os.killpg(proc.pid, signal.SIGTERM)
+    log, _ = proc.communicate(timeout=300)
+    (saved,) = folder.glob("*.checkpoint.pt")
+    run_id = saved.name.removesuffix(".checkpoint.pt")
+    assert not (folder / f"{run_id}.runs.parquet").exists(), log[-3000:]
+    again = subprocess.run(snakemake_cmd(tmp_path, path, "runs"), capture_output=True, text=True, env=env,
+                           cwd=ROOT, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    row = pd.read_parquet(folder / f"{run_id}.runs.parquet").iloc[0]
+    assert row["status"] == "ok" and row["purpose"] == "quality", row["error"]
+    extra = json.loads(row["extra"])
+    resumed, steps = extra["resumed"], extra["steps_done"]
+    assert len(resumed) == 1 and 0 < resumed[0]["step"] < steps, resumed
+    assert not saved.exists()
+    assert f"resuming at step {resumed[0]['step']}" in (folder / "logs" / f"{run_id}.log").read_text()
+    curves = pd.read_parquet(folder / f"{run_id}.curves.parquet")
+    losses = curves[(curves.split == "train") & (curves.metric_name == "loss")]
+    assert sorted(losses.step) == list(range(1, steps + 1))  # every step once, from both processes
 
 
 def test_bench_is_its_own_target_writing_to_the_device_folder(tmp_path):
