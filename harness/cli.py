@@ -254,7 +254,7 @@ def _run_cell(args: argparse.Namespace) -> int:
     try:
         row = runner.run_to_files(spec, runs_out, curves_out, progress=args.progress,
                                   hang_exit_status=1 if args.fail_on_error else 0,
-                                  started_at=runner.process_started_at())
+                                  started_at=stops.cell_started_at())
     except runner.EnvironmentFault as exc:
         print(f"comera-bench run: environment fault: {exc.strerror} ({exc.filename}); no row written, the cell "
               "runs again next time", file=sys.stderr)

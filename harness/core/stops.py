@@ -34,6 +34,21 @@ CELL_STARTED_ENV = "COMERA_BENCH_CELL_STARTED"
 the epoch) the supervisor's process started, where the cell's ``start`` phase begins (harness.running.run)."""
 
 
+def cell_started_at() -> float:
+    """When this cell's processes started (seconds since the epoch): its supervisor's start when it has one
+    (CELL_STARTED_ENV), else this process's."""
+    try:
+        return float(os.environ[CELL_STARTED_ENV])
+    except (KeyError, ValueError):
+        pass
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except Exception:  # noqa: BLE001 -- /proc unreadable: the phase starts now
+        return time.time()
+
+
 def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """``env`` (default: this process's environment) for a child that is to die with this process."""
     return {**(os.environ if env is None else env), PARENT_ENV: str(os.getpid())}

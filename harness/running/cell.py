@@ -100,7 +100,7 @@ class CellState:
     phase_mark: float | None = None
     """perf_counter at the end of the last recorded start phase (None: the first round has begun)."""
     checkpoint: Any = None
-    """Where and how often this run writes its checkpoint (harness.running.run.Checkpointing; None: never)."""
+    """Where and how often this run writes its checkpoint (harness.running.checkpoint.Checkpointing; None: never)."""
     resumed: list[dict[str, Any]] = field(default_factory=list)
     """One entry per checkpoint this cell resumed from, oldest first: its step and when it was written."""
     train_s_before: float = 0.0
@@ -110,6 +110,8 @@ class CellState:
     checkpoint_s: float = 0.0
     """Seconds this process spent writing checkpoints (outside every clock and the time limit)."""
     checkpoints_written: int = 0
+    checkpoint_error: str = ""
+    """The last checkpoint that could not be written: after which step, and why."""
     last_checkpoint: float | None = None
     """perf_counter after the last checkpoint written (or at the first training step)."""
 
@@ -190,8 +192,10 @@ def build_row(st: CellState, status: str, error: str, tb: str = "") -> dict[str,
         extra["cuda_graph"] = st.graphed.stats()
     if st.resumed:
         extra["resumed"] = st.resumed
-    if st.checkpoints_written:
+    if st.checkpoints_written or st.checkpoint_error:
         extra["checkpoints"] = {"written": st.checkpoints_written, "seconds": round(st.checkpoint_s, 3)}
+        if st.checkpoint_error:
+            extra["checkpoints"]["last_error"] = st.checkpoint_error
     row["settings"] = json.dumps({
         "method": settings, "method_params": st.method_params, "workload_params": st.workload_params,
         "workload_info": getattr(workload, "info", {}), "steps_per_epoch":

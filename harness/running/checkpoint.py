@@ -23,11 +23,17 @@ from __future__ import annotations
 import math
 import os
 import random
+import sys
 import time
+from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.results.atomic import atomic_write
+
+if TYPE_CHECKING:
+    from harness.running.cell import CellState
 
 CHECKPOINT_ENV = "COMERA_BENCH_CHECKPOINT_S"
 CHECKPOINT_EVERY_S = 600.0
@@ -59,6 +65,25 @@ def path_for(runs_out: str | os.PathLike) -> Path:
     name = runs_out.name
     stem = name[:-len(RUNS_SUFFIX)] if name.endswith(RUNS_SUFFIX) else runs_out.stem
     return runs_out.with_name(f"{stem}.checkpoint.pt")
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    """Where a cell's checkpoint lives (:func:`path_for`) and the seconds of training between two."""
+
+    path: Path
+    every_s: float
+
+
+def checkpointing(spec: dict[str, Any], runs_out: str | os.PathLike) -> Checkpointing | None:
+    """The checkpointing of the cell ``spec`` whose row goes to ``runs_out``: none for a cell of a timing
+    group (short, and timed only in its group's rounds) or when checkpoints are turned off."""
+    from harness.running import specs
+
+    every = every_s()
+    if every is None or specs.normalize_spec(spec)["execution"]["timing_group"]:
+        return None
+    return Checkpointing(path_for(runs_out), every)
 
 
 def code_identity() -> dict[str, Any]:
@@ -128,3 +153,60 @@ def load(path: str | os.PathLike, spec: dict[str, Any]) -> tuple[dict[str, Any] 
                   if saved["code"].get(key) != value]
         return None, f"{path} was written by other code ({'; '.join(differ)})"
     return saved, ""
+
+
+RESUMED_FIELDS = ("steps_done", "epoch", "curves", "losses", "last_eval", "last_eval_step", "stage",
+                  "stage_switch_step", "full_epochs_s", "flops_initial", "flops_tokens", "flops_basis",
+                  "train_s_before")
+"""The CellState fields a checkpoint carries (with ``resumed``): everything the row and the curves need
+of the steps before it. Step times, the machine's state and peak memory are each process's own."""
+
+
+def resume(st: CellState) -> dict[str, Any] | None:
+    """When the cell ``st`` (its method prepared) has a checkpoint it can resume from (:func:`load`): load
+    the method's state into ``st.prepared`` and what the earlier processes recorded into ``st``; returns the
+    checkpoint (the runner restores its ``rng`` right before the first step). Otherwise None, having said on
+    stderr why a checkpoint that is there is not used."""
+    if st.checkpoint is None:
+        return None
+    run_id = st.spec["run_id"]
+    saved, why_not = load(st.checkpoint.path, st.spec)
+    if saved is None:
+        if why_not:
+            print(f"{run_id}: starting over: the checkpoint is not used: {why_not}", file=sys.stderr, flush=True)
+        return None
+    st.prepared.load_state_dict(saved["method"])
+    cell = saved["cell"]
+    for key in RESUMED_FIELDS:
+        setattr(st, key, cell[key])
+    st.resumed = [*cell["resumed"], {"step": st.steps_done, "checkpoint_written_at": saved["written_at"]}]
+    print(f"{run_id}: resuming at step {st.steps_done} from its checkpoint {st.checkpoint.path} (written "
+          f"{saved['written_at']})", file=sys.stderr, flush=True)
+    return saved
+
+
+def due(st: CellState) -> bool:
+    """Whether ``every_s`` seconds have passed since the cell's last checkpoint (or its first step here)."""
+    return st.checkpoint is not None and time.perf_counter() - st.last_checkpoint >= st.checkpoint.every_s
+
+
+def write(st: CellState) -> None:
+    """Write the cell's checkpoint between two steps, outside every clock, the memory region and the time
+    limit. One that cannot be written (a full disk) is said on stderr and in ``st.checkpoint_error``; the
+    training goes on and the next interval tries again."""
+    started = time.perf_counter()
+    monitor = st.monitor if st.monitor is not None and st.monitor.running else None
+    cell = {key: getattr(st, key) for key in RESUMED_FIELDS}
+    cell.update(train_s_before=st.train_s_before + started - st.training_started - st.waited_s - st.checkpoint_s,
+                resumed=st.resumed)
+    try:
+        with (monitor.paused() if monitor else nullcontext()), st.epoch_clock.paused():
+            save(st.checkpoint.path, st.spec, {"method": st.prepared.state_dict(), "rng": rng_state(),
+                                               "cell": cell})
+        st.checkpoints_written += 1
+    except OSError as exc:
+        st.checkpoint_error = f"after step {st.steps_done}: {exc}"
+        print(f"{st.spec['run_id']}: the checkpoint could not be written {st.checkpoint_error}; training goes "
+              "on, the next checkpoint is tried in the next interval", file=sys.stderr, flush=True)
+    st.checkpoint_s += time.perf_counter() - started
+    st.last_checkpoint = time.perf_counter()

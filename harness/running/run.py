@@ -74,15 +74,13 @@ import time
 import traceback
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import psutil
 import torch
 
 from harness import results
-from harness.core import allocator, stops
+from harness.core import allocator
 from harness.running import progress as progress_lines
 from harness.running import checkpoint as checkpoints
 from harness.running import specs, warmup
@@ -120,15 +118,6 @@ disk, a quota, a read-only file system): no row, so that a later run, after the 
 
 class EnvironmentFault(OSError):
     """The row could not be written for a fault of the machine, not of the cell."""
-
-
-@dataclass(frozen=True)
-class Checkpointing:
-    """Where a cell's checkpoint lives (harness.running.checkpoint.path_for) and the seconds of training
-    between two of them."""
-
-    path: Path
-    every_s: float
 
 
 def seed_everything(seed: int) -> None:
@@ -186,23 +175,10 @@ def _traceback_tail(exc: BaseException, lines: int = 12) -> str:
     return "\n".join("".join(traceback.format_exception(exc)).splitlines()[-lines:])
 
 
-def process_started_at() -> float:
-    """When this cell's processes started (seconds since the epoch): its supervisor's start when it has one
-    (harness.core.stops.CELL_STARTED_ENV), else this process's."""
-    try:
-        return float(os.environ[stops.CELL_STARTED_ENV])
-    except (KeyError, ValueError):
-        pass
-    try:
-        return psutil.Process().create_time()
-    except Exception:  # noqa: BLE001 -- /proc unreadable: the phase starts now
-        return time.time()
-
-
 def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress: bool | None = None,
              on_hang: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None = None,
              stall_s: float | None = None, after_steps: Callable[[AfterSteps], None] | None = None,
-             started_at: float | None = None, checkpoint: Checkpointing | None = None
+             started_at: float | None = None, checkpoint: checkpoints.Checkpointing | None = None
              ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run one cell; returns (runs row with every RUNS_COLUMNS key, curves rows). An invalid spec raises
     specs.SpecError; everything that goes wrong after that is recorded in the row.
@@ -216,8 +192,8 @@ def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress
     called once after the last training step, outside the memory region and the timed rounds (with a
     round coordinator in one more round of the group, alone); what it raises is the row's error.
 
-    ``started_at``: when the cell's processes started (:func:`process_started_at`; seconds since the
-    epoch), the beginning of its ``start`` phase (:data:`START_PHASES`); None: no ``start`` phase.
+    ``started_at``: when the cell's processes started (harness.core.stops.cell_started_at; seconds
+    since the epoch), the beginning of its ``start`` phase (:data:`START_PHASES`); None: no ``start`` phase.
 
     ``checkpoint``: resume from that checkpoint when it fits the cell (harness.running.checkpoint.load;
     else start over and say why on stderr) and write one every ``every_s`` seconds of training, between
@@ -301,7 +277,7 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
     if prepared.skipped:  # nothing was measured: the row keeps its measurement columns empty
         raise _Skipped(prepared.skipped)
     st.prepared = prepared
-    saved = _resume(st)
+    saved = checkpoints.resume(st)
     model = prepared.model
     train_model = torch.compile(model) if spec["execution"]["compile"] else model
 
@@ -373,8 +349,9 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
                 if whole_epoch and done_in_epoch == workload.steps_per_epoch:
                     st.full_epochs_s.append(st.epoch_clock.elapsed())
                 _check_time(st, deadline)
-                if st.steps_done < total_steps:
-                    _maybe_checkpoint(st)
+                if st.steps_done < total_steps and checkpoints.due(st):
+                    _begin(st, f"writing the checkpoint after step {st.steps_done}")
+                    checkpoints.write(st)
                 _begin(st, f"training step {st.steps_done + 1}")  # its batch included
         _rounds_over(st)
         st.memory = st.monitor.stop()
@@ -385,57 +362,6 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
     finally:
         bar.close()
         _record_ranks(st, st.steps_done, st.epoch)
-
-
-def _resume(st: CellState) -> dict[str, Any] | None:
-    """When the cell has a checkpoint it can resume from (harness.running.checkpoint.load): load the
-    method's state into ``st.prepared`` and what the earlier processes recorded into ``st``; returns it
-    (its ``rng`` is restored right before the first step). Otherwise None, having said on stderr why a
-    checkpoint that is there is not used."""
-    if st.checkpoint is None:
-        return None
-    run_id = st.spec["run_id"]
-    saved, why_not = checkpoints.load(st.checkpoint.path, st.spec)
-    if saved is None:
-        if why_not:
-            print(f"{run_id}: starting over: the checkpoint is not used: {why_not}", file=sys.stderr, flush=True)
-        return None
-    st.prepared.load_state_dict(saved["method"])
-    cell = saved["cell"]
-    for key in RESUMED_FIELDS:
-        setattr(st, key, cell[key])
-    st.resumed = [*cell["resumed"], {"step": st.steps_done, "checkpoint_written_at": saved["written_at"]}]
-    print(f"{run_id}: resuming at step {st.steps_done} from its checkpoint {st.checkpoint.path} (written "
-          f"{saved['written_at']})", file=sys.stderr, flush=True)
-    return saved
-
-
-RESUMED_FIELDS = ("steps_done", "epoch", "curves", "losses", "last_eval", "last_eval_step", "stage",
-                  "stage_switch_step", "full_epochs_s", "flops_initial", "flops_tokens", "flops_basis",
-                  "train_s_before")
-"""The CellState fields a checkpoint carries (with ``resumed``): everything the row and the curves need
-of the steps before it. Step times, the machine's state and peak memory are this process's own."""
-
-
-def _maybe_checkpoint(st: CellState) -> None:
-    """Write the cell's checkpoint when ``every_s`` seconds of training have passed since the last one
-    (or since this process's first step), outside every clock, the memory region and the time limit."""
-    if st.checkpoint is None:
-        return
-    now = time.perf_counter()
-    if now - st.last_checkpoint < st.checkpoint.every_s:
-        return
-    _begin(st, f"writing the checkpoint after step {st.steps_done}")
-    monitor = st.monitor if st.monitor is not None and st.monitor.running else None
-    train_s = st.train_s_before + now - st.training_started - st.waited_s - st.checkpoint_s
-    cell = {key: getattr(st, key) for key in RESUMED_FIELDS}
-    cell.update(train_s_before=train_s, resumed=st.resumed)
-    with (monitor.paused() if monitor else nullcontext()), st.epoch_clock.paused():
-        checkpoints.save(st.checkpoint.path, st.spec, {
-            "method": st.prepared.state_dict(), "rng": checkpoints.rng_state(), "cell": cell})
-    st.checkpoint_s += time.perf_counter() - now
-    st.checkpoints_written += 1
-    st.last_checkpoint = time.perf_counter()
 
 
 def _begin(st: CellState, activity: str) -> None:
@@ -660,7 +586,7 @@ def run_to_files(spec: dict[str, Any], runs_out: str | os.PathLike, curves_out: 
             sys.stderr.flush()
             os._exit(status)
 
-    checkpoint = checkpointing(spec, runs_out)
+    checkpoint = checkpoints.checkpointing(spec, runs_out)
     row, curves = run_cell(spec, registry=registry, progress=progress, on_hang=end_process,
                            stall_s=stall_limit_s(), started_at=started_at, checkpoint=checkpoint)
     write(row, curves)
@@ -668,11 +594,3 @@ def run_to_files(spec: dict[str, Any], runs_out: str | os.PathLike, curves_out: 
         checkpoint.path.unlink(missing_ok=True)
     return row
 
-
-def checkpointing(spec: dict[str, Any], runs_out: str | os.PathLike) -> Checkpointing | None:
-    """The cell's checkpointing (harness.running.checkpoint): none for a cell of a timing group (short, and
-    timed only in its group's rounds) or when checkpoints are turned off."""
-    every = checkpoints.every_s()
-    if every is None or specs.normalize_spec(spec)["execution"]["timing_group"]:
-        return None
-    return Checkpointing(checkpoints.path_for(runs_out), every)

@@ -52,7 +52,7 @@ def stopping_registry(at_step: int):
 
 
 def run(spec, path, registry=TOY_REGISTRY, every_s=0.0):
-    return runner.run_cell(spec, registry=registry, checkpoint=runner.Checkpointing(path, every_s))
+    return runner.run_cell(spec, registry=registry, checkpoint=checkpoints.Checkpointing(path, every_s))
 
 
 def comparable(row):
@@ -151,6 +151,19 @@ def test_checkpoints_are_written_every_interval_outside_the_clocks(tmp_path, mon
     assert min(b - a for a, b in zip(saves, saves[1:])) >= 0.2
 
 
+def test_a_checkpoint_that_cannot_be_written_does_not_stop_the_training(tmp_path, monkeypatch, capsys):
+    def full_disk(path, *args):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(checkpoints, "save", full_disk)
+    row, curves = run(toy_spec(), tmp_path / "cell.checkpoint.pt")
+    assert row["status"] == "ok"
+    assert curves == runner.run_cell(toy_spec(), registry=TOY_REGISTRY)[1]
+    failed = json.loads(row["extra"])["checkpoints"]
+    assert failed["written"] == 0 and failed["last_error"].startswith(f"after step {STEPS - 1}: [Errno 28]")
+    assert "the checkpoint could not be written after step 1: [Errno 28] No space left" in capsys.readouterr().err
+
+
 def test_run_to_files_removes_the_checkpoint_once_the_row_is_written(tmp_path, monkeypatch):
     monkeypatch.setenv(checkpoints.CHECKPOINT_ENV, "0.000001")
     runs_out = tmp_path / "cell.runs.parquet"
@@ -166,9 +179,9 @@ def test_run_to_files_removes_the_checkpoint_once_the_row_is_written(tmp_path, m
 
 def test_a_cell_of_a_timing_group_writes_no_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setenv(checkpoints.CHECKPOINT_ENV, "0.000001")
-    assert runner.checkpointing(toy_spec(execution={"timing_group": "g"}), tmp_path / "c.runs.parquet") is None
+    assert checkpoints.checkpointing(toy_spec(execution={"timing_group": "g"}), tmp_path / "c.runs.parquet") is None
     monkeypatch.setenv(checkpoints.CHECKPOINT_ENV, "0")
-    assert runner.checkpointing(toy_spec(), tmp_path / "c.runs.parquet") is None
+    assert checkpoints.checkpointing(toy_spec(), tmp_path / "c.runs.parquet") is None
 
 
 @pytest.mark.parametrize("value", ["-1", "often", "inf"])
