@@ -191,15 +191,18 @@ class TTMEmbedding(ResizeOnLoad, nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         if idx.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"TTMEmbedding: indices must be int32/int64, got {idx.dtype}")
-        plain_ops = plain.active()
-        bounds = _index_bounds(idx, plain_ops) if not idx.is_cuda and idx.numel() else None
+        plain_ops, compiling = plain.active(), torch.compiler.is_compiling()
+        if compiling and not idx.is_cuda:  # reading the bounds would break the graph: a traced check
+            torch._assert_async(((idx >= 0) & (idx < self.num_embeddings)).all(),
+                                f"TTMEmbedding: index out of range [0, {self.num_embeddings})")
+        bounds = _index_bounds(idx, plain_ops) if not (idx.is_cuda or compiling) and idx.numel() else None
         if bounds is not None and (bounds[0] < 0 or bounds[1] >= self.num_embeddings):
             raise IndexError(f"TTMEmbedding: index out of range [0, {self.num_embeddings}): "
                              f"min {bounds[0]}, max {bounds[1]}")
         flat = idx.reshape(-1).long()
-        if self.unique_rows and not plain_ops and not _capturing(flat):
-            # torch.unique syncs with the host (its size depends on the data): a CUDA graph being captured
-            # computes every row instead, which gives the same values
+        if self.unique_rows and not (plain_ops or compiling or _capturing(flat)):
+            # torch.unique syncs with the host (its size depends on the data): a CUDA graph being captured,
+            # or torch.compile's graph, computes every row instead, which gives the same values
             rows, inverse = torch.unique(flat, return_inverse=True)
         else:
             rows, inverse = flat, None

@@ -214,3 +214,24 @@ def test_lookup_under_cuda_graph_capture_skips_the_host_syncing_unique(monkeypat
     grads = torch.autograd.grad(captured.square().sum(), list(emb.cores))
     assert unique_calls == [] and torch.allclose(captured, expected, atol=1e-6)
     assert all(torch.allclose(g, e, atol=1e-5) for g, e in zip(grads, expected_grads))
+
+
+@pytest.mark.parametrize("lookup", ["naive", "optimized"])
+def test_torch_compile_takes_the_lookup_in_one_graph(lookup):
+    """No graph break (fullgraph: a break would raise): the range check is a traced assertion and the
+    data-dependent torch.unique steps aside; values and gradients as eager, a bad index still refused."""
+    torch.manual_seed(0)
+    emb = TTMEmbedding(64, 16, row_shape=[4, 4, 4], col_shape=[4, 2, 2], rank=4, lookup=lookup,
+                       dtype=torch.float64)
+    idx = torch.tensor([[3, 3, 7, 60], [7, 0, 3, 3]])
+    expected = emb(idx)
+    expected_grads = torch.autograd.grad(expected.square().sum(), list(emb.cores))
+    compiled = torch.compile(emb, backend="eager", fullgraph=True)
+    out = compiled(idx)
+    grads = torch.autograd.grad(out.square().sum(), list(emb.cores))
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    for g, e in zip(grads, expected_grads):
+        torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
+    with pytest.raises(RuntimeError, match=r"index out of range \[0, 64\)"):
+        compiled(torch.tensor([[3, 64]]))
+    torch._dynamo.reset()
