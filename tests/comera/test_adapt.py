@@ -113,13 +113,15 @@ def _float64_model():
     return model
 
 
-def _train(model, optimizer, adapt, start, stop, net=None):
+def _train(model, optimizer, adapt, start, stop, net=None, part=(0, 1)):
     """Steps ``start`` .. ``stop - 1`` on batches fixed by the step, through ``net`` (default: the model;
-    its ``after_step(adapt)`` runs after each step); two gate entries are zeroed after steps 3 and 12, so
-    that pruning removes ranks before and after the switch."""
+    its ``after_step(adapt)`` runs after each step), each batch's ``part = (k, n)``: its k-th of n equal
+    chunks; two gate entries are zeroed after steps 3 and 12, so that pruning removes ranks before and
+    after the switch."""
     for step in range(start, stop):
         gen = torch.Generator().manual_seed(step)
         x, y = torch.randn(32, 16, generator=gen, dtype=torch.float64), torch.randint(0, 4, (32,), generator=gen)
+        x, y = x.chunk(part[1])[part[0]], y.chunk(part[1])[part[0]]
         adapt.loss(nn.functional.cross_entropy((net or model)(x), y)).backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -180,36 +182,72 @@ def test_resized_says_when_to_rebuild_distributed_data_parallel(tmp_path):
     """Pruning changes the shapes of cores and gates, which a DistributedDataParallel wrapper cannot follow:
     rebuilt after every step whose ``adapt.resized`` is set, a one-process DDP run (gloo) ends as the plain
     run, exactly (float64)."""
-    import gc
-
     import torch.distributed as dist
 
     settings = dict(target=0.5, total_steps=24, early_fraction=0.4, prune_every=4)
     model, optimizer, adapt = _run(settings)
     _train(model, optimizer, adapt, 0, 24)
 
-    class Rewrapped:
-        """The model in DistributedDataParallel, built again after every step that pruned."""
-
-        def __init__(self, model):
-            self.model, self.ddp, self.rebuilt = model, nn.parallel.DistributedDataParallel(model), 0
-
-        def __call__(self, x):
-            return self.ddp(x)
-
-        def after_step(self, adapt):
-            if adapt.resized:
-                self.ddp = None
-                gc.collect()  # the old wrapper holds the parameters' gradient accumulators, old shapes included
-                self.ddp, self.rebuilt = nn.parallel.DistributedDataParallel(self.model), self.rebuilt + 1
-
     wrapped, wrapped_opt, wrapped_adapt = _run(settings)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        net = Rewrapped(wrapped)
+        net = _Rewrapped(wrapped)
         _train(wrapped, wrapped_opt, wrapped_adapt, 0, 24, net)
     finally:
         dist.destroy_process_group()
     assert net.rebuilt >= 2 and comera.ranks(wrapped) == comera.ranks(model) != comera.ranks(_float64_model())
     for (name, a), (_, b) in zip(model.named_parameters(), wrapped.named_parameters()):
         assert torch.equal(a, b), name
+
+
+
+class _Rewrapped:
+    """The model in DistributedDataParallel, built again after every step that pruned (docs/library.md,
+    "Several GPUs")."""
+
+    def __init__(self, model):
+        self.model, self.ddp, self.rebuilt = model, nn.parallel.DistributedDataParallel(model), 0
+
+    def __call__(self, x):
+        return self.ddp(x)
+
+    def after_step(self, adapt):
+        import gc
+
+        if adapt.resized:
+            self.ddp = None
+            gc.collect()  # the old wrapper holds the parameters' gradient accumulators, old shapes included
+            self.ddp, self.rebuilt = nn.parallel.DistributedDataParallel(self.model), self.rebuilt + 1
+
+
+def _ddp_process(rank, folder):
+    """One of two processes of a gloo DDP run through prunings in both stages, each on its half of every
+    batch; its parameters, ranks and rebuild count go to ``folder/rank<r>.pt``."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=2)
+    try:
+        model, optimizer, adapt = _run(dict(target=0.5, total_steps=24, early_fraction=0.4, prune_every=4))
+        net = _Rewrapped(model)
+        _train(model, optimizer, adapt, 0, 24, net, part=(rank, 2))
+    finally:
+        dist.destroy_process_group()
+    torch.save({"params": {k: p.detach() for k, p in model.named_parameters()}, "ranks": comera.ranks(model),
+                "rebuilt": net.rebuilt}, f"{folder}/rank{rank}.pt")
+
+
+def test_two_ddp_processes_prune_alike_and_stay_equal(tmp_path):
+    """The recipe with two processes (gloo), each on its own half of every batch: they prune the same
+    ranks, rebuild their wrappers at the same steps and end with the same parameters (bit for bit), which
+    differ from a process trained on one half alone (the gradients were averaged)."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_ddp_process, args=(str(tmp_path),), nprocs=2, join=True)
+    first, second = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert first["ranks"] == second["ranks"] != comera.ranks(_float64_model())
+    assert first["rebuilt"] == second["rebuilt"] >= 2
+    for name, param in first["params"].items():
+        assert torch.equal(param, second["params"][name]), name
+    alone, alone_opt, alone_adapt = _run(dict(target=0.5, total_steps=24, early_fraction=0.4, prune_every=4))
+    _train(alone, alone_opt, alone_adapt, 0, 24, part=(0, 2))
+    assert not torch.equal(dict(alone.named_parameters())["2.weight"], first["params"]["2.weight"])
