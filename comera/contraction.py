@@ -134,7 +134,7 @@ class ContractionPlan:
     right_groups: tuple[int, ...]
     """Sizes of the consecutive groups of output cores, absorbed into z in this order."""
     steps: tuple[Step, ...]
-    settings: PlanSettings = field(default=DEFAULT_SETTINGS, compare=False)
+    settings: PlanSettings = field(compare=False)  # no default: Dynamo (torch 2.11) cannot wrap one
     """The settings the plan was chosen (and its :attr:`cost` is scored) with."""
 
     @property
@@ -448,6 +448,6 @@ def _build_plan(in_shape, out_shape, ranks, tokens, bias, strategies, settings) 
     fewest = min(flops for flops, *_ in scored) + gate_flops
     if dense.flops < fewest:
         return dense
-    _, _, left, right = min((cost, flops, left, right) for flops, cost, left, right in scored
-                            if flops + gate_flops <= (1 + settings.flop_slack) * fewest)
+    _, _, left, right = min([(cost, flops, left, right) for flops, cost, left, right in scored  # a list:
+                             if flops + gate_flops <= (1 + settings.flop_slack) * fewest])  # dynamo traces it
     return grouped(left, right)

@@ -211,8 +211,10 @@ def feed_forward(first: nn.Module, activation: Callable[[torch.Tensor], torch.Te
     """``second(activation(first(x)))``, saving only rank-r products when both layers are TTLinear.
 
     Any other layer pair (nn.Linear, adapters), inference (grad disabled), :func:`comera.plain_autograd`,
-    no tokens, fewer than ``fuse_min_elements`` hidden elements, a layer at rank 0 or a plan that forms the
-    dense weight falls back to the plain composition, with the same result.
+    ``torch.compile`` (its tracer cannot follow the activation's derivative in the fused backward, and it
+    decides what to recompute itself), no tokens, fewer than ``fuse_min_elements`` hidden elements, a layer
+    at rank 0 or a plan that forms the dense weight falls back to the plain composition, with the same
+    result.
 
     Args:
         first: the layer into the hidden features.
@@ -231,7 +233,7 @@ def feed_forward(first: nn.Module, activation: Callable[[torch.Tensor], torch.Te
         >>> y = feed_forward(block.ffn_in, F.gelu, block.ffn_out, x)
     """
     if (not (isinstance(first, TTLinear) and isinstance(second, TTLinear)) or not torch.is_grad_enabled()
-            or plain.active()):
+            or plain.active() or torch.compiler.is_compiling()):
         return second(activation(first(x)))
     if first.out_features != second.in_features:
         raise ValueError(f"feed_forward: first.out_features={first.out_features} does not match "

@@ -82,6 +82,8 @@ def forward_gates(module: nn.Module) -> list[torch.Tensor]:
 
 def autocasting(device_type: str) -> bool:
     """Whether autocast is on for ``device_type`` (False for a device without autocast, e.g. ``meta``)."""
+    if torch.compiler.is_compiling():  # Dynamo (torch 2.11) cannot trace the availability query
+        return torch.is_autocast_enabled(device_type)
     return torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
 
 

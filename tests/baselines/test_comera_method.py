@@ -213,3 +213,18 @@ def test_every_method_names_the_bad_key_and_value(method, params, message):
 
     with pytest.raises(ValueError, match=message):
         baselines.check_params(method, params)
+
+
+@pytest.mark.parametrize("workload", ["transformer", "dlrm"])  # mlm: the transformer's encoder
+def test_a_comera_models_loss_traces_to_one_graph(workload):
+    """torch.compile sees each workload's CoMERA model (TT layers, TTM tables, the fused feed-forward block)
+    as one graph: no graph break, so compiling it compiles all of it (the small transformer had 17)."""
+    import harness.workloads as workloads
+
+    params = workloads.check_params(workload, {"size": "tiny"})
+    built = workloads.build_workload(workload, params, batch_size=4, seed=0, device=torch.device("cpu"))
+    prepared = CoMERAMethod().prepare(built.model, built, check_params({}), target_ratio=0.5, total_steps=10)
+    batch = next(iter(built.train_batches(0)))
+    explained = torch._dynamo.explain(lambda b: built.loss(prepared.model, b))(batch)
+    assert explained.graph_break_count == 0, [str(r.reason).splitlines()[0] for r in explained.break_reasons]
+    torch._dynamo.reset()

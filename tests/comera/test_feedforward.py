@@ -370,3 +370,17 @@ def test_native_equals_python_kernels_on_the_device(device, dtype, tokens):
     for g, w in zip(got, want, strict=True):
         assert g.device.type == device
         torch.testing.assert_close(g, w, **tol)
+
+
+def test_torch_compile_takes_the_block_in_one_graph():
+    """Under torch.compile (fullgraph: a graph break would raise) the block is the plain composition of two
+    TT layers, each one traced Function: values and gradients as the fused eager block's."""
+    torch._dynamo.reset()  # a static token count: one more would be traced as a symbolic one
+    first, second, rng = _pair(2)
+    x = torch.randn(12, first.in_features, dtype=torch.float64)
+    compiled = torch.compile(lambda t: feed_forward(first, F.gelu, second, t), backend="eager", fullgraph=True)
+    y, got = _grads(compiled, first, second, x)
+    y_ref, want = _grads(lambda t: feed_forward(first, F.gelu, second, t), first, second, x)
+    for a, b in [(y, y_ref), *zip(got, want)]:
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    torch._dynamo.reset()

@@ -470,3 +470,26 @@ def test_fwd_bwd_meets_the_op_goal(in_shape, out_shape, tokens):
     if not native.status().in_use:
         pytest.skip(f"the goal needs the native ops: {native.status().reason}")
     assert _fwd_bwd_ops(in_shape, out_shape, tokens) <= goals.load()["linear_ops"]["goal"]
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_torch_compile_takes_the_layer_in_one_graph(bias):
+    """fullgraph: a graph break (the planner's search once broke it) would raise; values and gradients as
+    eager's, in float64."""
+    torch._dynamo.reset()  # a static token count: one more would be traced as a symbolic one
+    torch.manual_seed(0)
+    layer = TTLinear(64, 96, in_shape=[4, 4, 4], out_shape=[4, 4, 6], rank=8, bias=bias, dtype=torch.float64)
+    with torch.no_grad():
+        for gate in layer.gates:
+            gate.uniform_(0.3, 1.7)
+    x = torch.randn(2, 16, 64, dtype=torch.float64)
+    params = list(layer.parameters())
+    compiled = torch.compile(layer, backend="eager", fullgraph=True)
+    got_y = compiled(x)
+    got = torch.autograd.grad(got_y.square().sum(), params)
+    want_y = layer(x)
+    want = torch.autograd.grad(want_y.square().sum(), params)
+    torch.testing.assert_close(got_y, want_y, rtol=1e-12, atol=1e-12)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    torch._dynamo.reset()
