@@ -110,6 +110,7 @@ class CellState:
     checkpoint_s: float = 0.0
     """Seconds this process spent writing checkpoints (outside every clock and the time limit)."""
     checkpoints_written: int = 0
+    last_checkpoint_step: int | None = None
     checkpoint_error: str = ""
     """The last checkpoint that could not be written: after which step, and why."""
     last_checkpoint: float | None = None

@@ -20,21 +20,28 @@ Example::
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
+import signal
 import sys
+import threading
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from harness.results.atomic import atomic_write
 
 if TYPE_CHECKING:
     from harness.running.cell import CellState
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+STOP_GRACE_S = 5.0
+"""How long a cell stopped in mid-training may take to finish its step and write its checkpoint; past it
+(or at a second stop signal) the process ends without one, as it would without checkpoints."""
 CHECKPOINT_ENV = "COMERA_BENCH_CHECKPOINT_S"
 CHECKPOINT_EVERY_S = 600.0
 """Seconds of training between two checkpoints of a cell, unless CHECKPOINT_ENV says otherwise."""
@@ -67,12 +74,92 @@ def path_for(runs_out: str | os.PathLike) -> Path:
     return runs_out.with_name(f"{stem}.checkpoint.pt")
 
 
+@dataclass
+class StopRequest:
+    """A stop signal received while the cell trains (:func:`stopping_at_a_step`)."""
+
+    signum: int | None = None
+    at_steps: bool = False
+    """Whether the cell is in its training steps, where a stop waits for the end of the step."""
+
+
 @dataclass(frozen=True)
 class Checkpointing:
-    """Where a cell's checkpoint lives (:func:`path_for`) and the seconds of training between two."""
+    """Where a cell's checkpoint lives (:func:`path_for`), the seconds of training between two, and a stop
+    signal received while it trains (then the checkpoint is written at the end of the step)."""
 
     path: Path
     every_s: float
+    stop: StopRequest = field(default_factory=StopRequest, compare=False)
+
+
+class Stopped(BaseException):
+    """A stop signal ended the training after a step and its checkpoint (no row: the cell runs again and
+    resumes). A BaseException: the runner does not turn it into a failure row."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stopping_at_a_step(checkpoint: Checkpointing | None) -> Iterator[None]:
+    """While the block runs the cell: SIGTERM, SIGINT or SIGHUP in its training steps lets the step finish,
+    the checkpoint be written and the process end by that signal (so its supervisor reads an interrupted
+    cell), within STOP_GRACE_S; before or after the steps, or at a second signal, it ends at once, as
+    without checkpoints. Nothing changes without checkpointing, outside the main thread, or for a signal
+    the process ignores."""
+    if checkpoint is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    request = checkpoint.stop
+
+    def on_stop(signum: int, _frame: object) -> None:
+        if request.signum is not None or not request.at_steps:
+            _end_by(signum)
+        request.signum = signum
+        timer = threading.Timer(STOP_GRACE_S, _end_by, (signum,))
+        timer.daemon = True
+        timer.start()
+
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    for sig, handler in previous.items():
+        if handler != signal.SIG_IGN:
+            signal.signal(sig, on_stop)
+    try:
+        yield
+    except Stopped as stop:
+        print(stop, file=sys.stderr, flush=True)
+        _end_by(stop.signum)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _end_by(signum: int) -> None:
+    """End this process by ``signum``'s default action."""
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def in_steps(st: CellState, steps: bool) -> None:
+    """The cell enters (True) or leaves its training steps, where a stop signal waits for the step's end."""
+    if st.checkpoint is not None:
+        st.checkpoint.stop.at_steps = steps
+
+
+def stop_if_asked(st: CellState) -> None:
+    """At the end of a training step: after a stop signal, write the checkpoint (unless written at this
+    step) and raise :class:`Stopped`."""
+    request = st.checkpoint.stop if st.checkpoint is not None else None
+    if request is None or request.signum is None:
+        return
+    if st.checkpoints_written == 0 or st.last_checkpoint_step != st.steps_done:
+        write(st)
+    name = signal.Signals(request.signum).name
+    raise Stopped(f"{st.spec['run_id']}: stopped by {name} after step {st.steps_done}; its checkpoint is "
+                  f"{'written' if not st.checkpoint_error else 'not written (' + st.checkpoint_error + ')'}, "
+                  "no row: the cell resumes from it next time", request.signum)
 
 
 def checkpointing(spec: dict[str, Any], runs_out: str | os.PathLike) -> Checkpointing | None:
@@ -204,6 +291,7 @@ def write(st: CellState) -> None:
             save(st.checkpoint.path, st.spec, {"method": st.prepared.state_dict(), "rng": rng_state(),
                                                "cell": cell})
         st.checkpoints_written += 1
+        st.last_checkpoint_step = st.steps_done
     except OSError as exc:
         st.checkpoint_error = f"after step {st.steps_done}: {exc}"
         print(f"{st.spec['run_id']}: the checkpoint could not be written {st.checkpoint_error}; training goes "

@@ -329,6 +329,7 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
         deadline = st.training_started + limit - st.train_s_before
         if st.watchdog is not None:
             st.watchdog.limit(limit - st.train_s_before + WATCHDOG_GRACE_S)
+    checkpoints.in_steps(st, True)  # a stop signal from here on waits for the end of the step
     try:
         for epoch in range(first_epoch, budget["epochs"]):
             st.epoch = epoch
@@ -352,6 +353,7 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
                 if st.steps_done < total_steps and checkpoints.due(st):
                     _begin(st, f"writing the checkpoint after step {st.steps_done}")
                     checkpoints.write(st)
+                checkpoints.stop_if_asked(st)
                 _begin(st, f"training step {st.steps_done + 1}")  # its batch included
         _rounds_over(st)
         st.memory = st.monitor.stop()
@@ -360,6 +362,7 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
         _check_parameters(st)
         _check_time(st, deadline)
     finally:
+        checkpoints.in_steps(st, False)
         bar.close()
         _record_ranks(st, st.steps_done, st.epoch)
 
@@ -587,8 +590,9 @@ def run_to_files(spec: dict[str, Any], runs_out: str | os.PathLike, curves_out: 
             os._exit(status)
 
     checkpoint = checkpoints.checkpointing(spec, runs_out)
-    row, curves = run_cell(spec, registry=registry, progress=progress, on_hang=end_process,
-                           stall_s=stall_limit_s(), started_at=started_at, checkpoint=checkpoint)
+    with checkpoints.stopping_at_a_step(checkpoint):
+        row, curves = run_cell(spec, registry=registry, progress=progress, on_hang=end_process,
+                               stall_s=stall_limit_s(), started_at=started_at, checkpoint=checkpoint)
     write(row, curves)
     if checkpoint is not None:
         checkpoint.path.unlink(missing_ok=True)

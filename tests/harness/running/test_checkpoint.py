@@ -223,34 +223,40 @@ def real_cell(steps: int) -> dict:
 
 
 def test_a_cell_process_stopped_by_sigterm_resumes_in_the_next_run(tmp_path):
-    """The pipeline's way (``comera-bench run --isolate``), the real transformer and CoMERA: SIGTERM once a
-    few checkpoints are written, no row; the next run resumes and ends as a run that was never stopped."""
-    steps = 40
+    """The pipeline's way (``comera-bench run --isolate``), the real transformer and CoMERA: SIGTERM in
+    mid-training ends the process by the signal within the grace, after the step and its checkpoint, no
+    row; the next run resumes at that step and ends as a run that was never stopped."""
+    steps = 300
     spec = tmp_path / "tiny-comera.spec.json"
     spec.write_text(json.dumps(real_cell(steps)))
     runs, curves = tmp_path / "tiny-comera.runs.parquet", tmp_path / "tiny-comera.curves.parquet"
+    log = tmp_path / "tiny-comera.log"
     path = checkpoints.path_for(runs)
     command = [sys.executable, "-m", "harness.cli", "run", "--isolate", "--spec", str(spec), "--runs-out",
-               str(runs), "--curves-out", str(curves), "--log", str(tmp_path / "tiny-comera.log")]
-    env = {**os.environ, checkpoints.CHECKPOINT_ENV: "0.000001"}  # after every step
+               str(runs), "--curves-out", str(curves), "--log", str(log)]
+    env = {**os.environ, checkpoints.CHECKPOINT_ENV: "0.3"}
     child = subprocess.Popen(command, env=env)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and child.poll() is None:
-        if path.exists() and torch.load(path, weights_only=False)["cell"]["steps_done"] >= 12:
-            break
-        time.sleep(0.05)
+    while time.monotonic() < deadline and child.poll() is None and not path.exists():
+        time.sleep(0.02)
+    periodic = torch.load(path, weights_only=False)["cell"]["steps_done"]
+    time.sleep(0.1)
+    sent = time.monotonic()
     child.send_signal(signal.SIGTERM)
     assert child.wait(timeout=60) == 128 + signal.SIGTERM
+    assert time.monotonic() - sent < checkpoints.STOP_GRACE_S + 2
     assert not runs.exists() and path.exists()
     stopped_at = torch.load(path, weights_only=False)["cell"]["steps_done"]
-    assert 12 <= stopped_at < steps
+    assert periodic <= stopped_at < steps, (periodic, stopped_at)
+    assert (f"stopped by SIGTERM after step {stopped_at}; its checkpoint is written, no row: the cell resumes "
+            "from it next time") in log.read_text()
 
     assert subprocess.run(command, env=env, timeout=300).returncode == 0
     row = results.read_parquet(runs, "runs").iloc[0]
     assert row["status"] == "ok", row["error"]
     assert [e["step"] for e in json.loads(row["extra"])["resumed"]] == [stopped_at]
     assert not path.exists()
-    assert f"resuming at step {stopped_at}" in (tmp_path / "tiny-comera.log").read_text()
+    assert f"resuming at step {stopped_at}" in log.read_text()
 
     whole_row, whole_curves = runner.run_cell(real_cell(steps))
     rank_mean = {c["step"]: c["value"] for c in whole_curves if c["metric_name"] == "rank_mean"}
