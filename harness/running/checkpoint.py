@@ -21,7 +21,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import random
 import signal
@@ -33,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
+from harness.core.clock import env_seconds
 from harness.results.atomic import atomic_write
 
 if TYPE_CHECKING:
@@ -53,17 +53,7 @@ RUNS_SUFFIX = ".runs.parquet"
 def every_s() -> float | None:
     """Seconds between checkpoints: CHECKPOINT_ENV when set (0: none), else CHECKPOINT_EVERY_S; a value that
     is not a number >= 0 raises ValueError naming the variable."""
-    raw = os.environ.get(CHECKPOINT_ENV, "").strip()
-    if not raw:
-        return CHECKPOINT_EVERY_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"environment variable {CHECKPOINT_ENV}={raw!r}: the checkpoint interval must be a "
-                         "number of seconds >= 0 (0: no checkpoints)")
-    return value or None
+    return env_seconds(CHECKPOINT_ENV, CHECKPOINT_EVERY_S, "the checkpoint interval", "no checkpoints")
 
 
 def path_for(runs_out: str | os.PathLike) -> Path:

@@ -14,6 +14,8 @@ import threading
 import time
 from typing import Callable
 
+from harness.core.clock import env_seconds
+
 STALL_LIMIT_S = 3600.0
 """How long the warm-up, a training step or an evaluation may run before the watchdog ends the cell."""
 STALL_ENV = "COMERA_BENCH_STALL_LIMIT_S"
@@ -22,17 +24,7 @@ STALL_ENV = "COMERA_BENCH_STALL_LIMIT_S"
 def stall_limit_s() -> float | None:
     """The stall limit in seconds: STALL_ENV when set (0: none), else STALL_LIMIT_S; a value that is not a
     number >= 0 raises ValueError naming the variable."""
-    raw = os.environ.get(STALL_ENV, "").strip()
-    if not raw:
-        return STALL_LIMIT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"environment variable {STALL_ENV}={raw!r}: the stall limit must be a number of "
-                         "seconds >= 0 (0: no stall limit)")
-    return value or None
+    return env_seconds(STALL_ENV, STALL_LIMIT_S, "the stall limit", "no stall limit")
 
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from harness import results
+from harness.running import checkpoint
 from harness.running import run as runner
 from harness.running import specs
 from tests.harness.running.run_toys import TOY_REGISTRY, toy_spec
@@ -279,11 +280,13 @@ def test_a_stalled_step_without_a_time_limit_ends_as_timeout(tmp_path, method_pa
                                    f"({runner.STALL_ENV}")
 
 
-@pytest.mark.parametrize("value", ["-1", "abc", "nan"])
-def test_a_bad_stall_limit_is_named(monkeypatch, value):
-    monkeypatch.setenv(runner.STALL_ENV, value)
-    with pytest.raises(ValueError, match=f"environment variable {runner.STALL_ENV}="):
-        runner.stall_limit_s()
+@pytest.mark.parametrize("value", ["-1", "abc", "nan", "inf"])
+@pytest.mark.parametrize("variable, read", [(runner.STALL_ENV, runner.stall_limit_s),
+                                             (checkpoint.CHECKPOINT_ENV, checkpoint.every_s)])
+def test_a_bad_stall_limit_or_checkpoint_interval_is_named(monkeypatch, value, variable, read):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValueError, match=rf"environment variable {variable}='{value}': .* >= 0 \(0: no "):
+        read()
 
 
 def test_the_stall_limit_defaults_to_an_hour_and_0_turns_it_off(monkeypatch):
