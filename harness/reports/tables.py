@@ -209,11 +209,18 @@ def table_runs(res: Results) -> tuple[pd.DataFrame, str]:
             "metric_value", "compression_total", "error"]
     df = res.runs[cols].copy()
     df["peak_mem_MB"] = df.pop("peak_mem_bytes").map(_mb_bytes)
+    df.insert(df.columns.get_loc("error"), "resumed_at", [resumed_at(row) for row in res.runs.itertuples()])
     df["error"] = df["error"].fillna("").str.slice(0, 80)
     df["purpose"] = purpose_of(df)
     return df.sort_values("run_id").reset_index(drop=True), (
         "peak_mem_MB = peak_mem_bytes / 10^6; timing_quality: 'stable' or 'noisy: <reasons>' (docs/measurement.md); "
-        "run_queue_frac: share of its runnable time the cell's threads waited for a CPU")
+        "run_queue_frac: share of its runnable time the cell's threads waited for a CPU; resumed_at: the steps "
+        "a stopped cell resumed at from its checkpoint (its step times and memory: its last process's)")
+
+
+def resumed_at(row: Any) -> str:
+    """The steps at which a cell resumed from its checkpoint (``extra.resumed``), "" when it never did."""
+    return ", ".join(str(entry["step"]) for entry in extra_of(row).get("resumed", []))
 
 
 def _values(series: pd.Series) -> str:
@@ -240,6 +247,10 @@ def overview(res: Results) -> tuple[pd.DataFrame, str]:
             ("cells", ", ".join(f"{n} {purpose} {status}" for (purpose, status), n in counts.items()) or "none"),
             ("timing cells stable", f"{int(stable(ok_timed).sum())} of {len(ok_timed)} ok timing cells "
                                     "(the others are left out of every time ratio)")]
+    resumed = [row.run_id for row in runs.itertuples() if resumed_at(row)]
+    if resumed:
+        rows.append(("cells resumed from a checkpoint", f"{len(resumed)} (table_runs: resumed_at): "
+                                                        + ", ".join(sorted(resumed))))
     from harness.reports import figures  # the figures' details (it imports this module)
 
     for workload, figure in (("transformer", "Fig 1"), ("dlrm", "Fig 8")):

@@ -323,10 +323,24 @@ def test_timing_outputs_ignore_quality_cells(tmp_path, drawn):
     assert drawn["fig7_cuda_graph"][0][0]["uncompressed + CUDA graph"] == [99.0]
     runs, _ = tables.table_runs(res)
     assert runs.purpose.value_counts().to_dict() == {"quality": 6, "timing": 2}
+    assert set(runs.resumed_at) == {""} and "cells resumed from a checkpoint" not in set(overview.iloc[:, 0])
     ratios = compare.method_ratios([res_dir := tmp_path / "q"])
     assert ratios[ratios.source == "measured"].empty  # no timing CoMERA row without a target to compare with
     table, _, _ = compare.side_by_side([res_dir])
     assert sorted(table[table.method == "dense"].purpose) == ["quality", "timing"]
+
+
+def test_a_resumed_cell_is_named_in_the_overview_and_the_runs_table(tmp_path):
+    row, curves = quality_cell("comera", 0.5)
+    row["extra"] = json.dumps({"resumed": [{"step": 3, "checkpoint_written_at": "t"},
+                                           {"step": 7, "checkpoint_written_at": "u"}]})
+    res = quality_folder(tmp_path / "q", (row, curves), quality_cell("dense"), with_timing=False)
+    runs, note = tables.table_runs(res)
+    assert dict(zip(runs.run_id, runs.resumed_at)) == {row["run_id"]: "3, 7",
+                                                       res.runs.run_id[res.runs.method == "dense"].iloc[0]: ""}
+    assert "resumed_at" in note
+    overview = dict(tables.overview(res)[0].values)
+    assert overview["cells resumed from a checkpoint"] == f"1 (table_runs: resumed_at): {row['run_id']}"
 
 
 def test_table1_reads_quality_cells_in_target_order(tmp_path):
