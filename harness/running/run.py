@@ -195,9 +195,8 @@ def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress
     ``started_at``: when the cell's processes started (harness.core.stops.cell_started_at; seconds
     since the epoch), the beginning of its ``start`` phase (:data:`START_PHASES`); None: no ``start`` phase.
 
-    ``checkpoint``: resume from that checkpoint when it fits the cell (harness.running.checkpoint.load;
-    else start over and say why on stderr) and write one every ``every_s`` seconds of training, between
-    two steps (none after the last). Left to the caller: removing it once the row is written."""
+    ``checkpoint``: resume from it when it fits the cell, write one every ``every_s`` s of training and at
+    a stop signal (harness.running.checkpoint); the caller removes it once the row is written."""
     spec = specs.normalize_spec(spec)
     st = CellState(spec, after_steps=after_steps, checkpoint=checkpoint)
     st.phase_mark = time.perf_counter()
@@ -218,7 +217,7 @@ def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress
                 st.watchdog = Watchdog(lambda stalled: _end_hung(st, on_hang, stall_s if stalled else None),
                                         stall_s)
             _train(st, registry or default_registry(), progress)
-            if st.timer is not None and not st.timer.timed_ms:
+            if st.timer is not None and not st.timer.timed_ms and not st.resumed:  # resumed: its quality stands
                 raise _NoTimedStep(f"no timed step: {st.steps_done} step(s) ran and warmup_steps is "
                                    f"{st.timer.warmup_steps} (the data gives {st.steps_in_epoch} step(s) per "
                                    "epoch); step and epoch times are unknown")
@@ -350,10 +349,11 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
                 if whole_epoch and done_in_epoch == workload.steps_per_epoch:
                     st.full_epochs_s.append(st.epoch_clock.elapsed())
                 _check_time(st, deadline)
-                if st.steps_done < total_steps and checkpoints.due(st):
-                    _begin(st, f"writing the checkpoint after step {st.steps_done}")
-                    checkpoints.write(st)
-                checkpoints.stop_if_asked(st)
+                if st.steps_done < total_steps:  # after the last step the row follows at once
+                    if checkpoints.due(st):
+                        _begin(st, f"writing the checkpoint after step {st.steps_done}")
+                        checkpoints.write(st)
+                    checkpoints.stop_if_asked(st)
                 _begin(st, f"training step {st.steps_done + 1}")  # its batch included
         _rounds_over(st)
         st.memory = st.monitor.stop()

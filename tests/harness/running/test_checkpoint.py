@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import signal
 import subprocess
@@ -261,3 +262,15 @@ def test_a_cell_process_stopped_by_sigterm_resumes_in_the_next_run(tmp_path):
     resumed = results.read_parquet(curves, "curves")
     assert resumed[["step", "split", "metric_name", "value"]].to_dict("records") == [
         {k: c[k] for k in ("step", "split", "metric_name", "value")} for c in whole_curves]
+
+
+def test_a_cell_resumed_after_its_last_timed_step_keeps_its_quality_without_a_step_time(tmp_path):
+    """Resumed one step before its end (fewer steps left than its warm-up): no step is timed in the last
+    process, which is not an error: the row is ok, with its evaluation, and no step time."""
+    spec, path = toy_spec(budget={"warmup_steps": 2}), tmp_path / "cell.checkpoint.pt"
+    with pytest.raises(Stopped):
+        run(spec, path, stopping_registry(STEPS - 1))
+    row, curves = run(spec, path)
+    whole_row, whole_curves = runner.run_cell(spec, registry=TOY_REGISTRY)
+    assert row["status"] == "ok" and row["steps_timed"] == 0 and math.isnan(row["step_time_ms"])
+    assert curves == whole_curves and row["metric_value"] == whole_row["metric_value"]
