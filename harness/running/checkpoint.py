@@ -4,7 +4,8 @@ A stopped cell gets no row and runs again (harness.running.supervise): without a
 from its first step, which costs hours for the paper's quality cells. ``comera-bench run`` (hence the
 pipeline) writes the checkpoint of a cell that is not in a timing group every :func:`every_s` seconds of
 training (environment variable ``COMERA_BENCH_CHECKPOINT_S``; 0: never) to :func:`path_for` its runs
-file (``<run_id>.checkpoint.pt``, beside it), atomically, between two training steps. What it holds:
+file (``<run_id>.checkpoint.pt``, beside it), atomically, between two training steps, and once more when
+a stop signal reaches it in its training steps (:func:`stopping_at_a_step`). What it holds:
 the method's state (:meth:`baselines.base.Prepared.state_dict`), the random number generators, where the
 cell is in its data, and what harness.running.run has recorded so far (see there).
 
@@ -27,7 +28,6 @@ import signal
 import sys
 import threading
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
@@ -277,7 +277,7 @@ def write(st: CellState) -> None:
     cell.update(train_s_before=st.train_s_before + started - st.training_started - st.waited_s - st.checkpoint_s,
                 resumed=st.resumed)
     try:
-        with (monitor.paused() if monitor else nullcontext()), st.epoch_clock.paused():
+        with (monitor.paused() if monitor else contextlib.nullcontext()), st.epoch_clock.paused():
             save(st.checkpoint.path, st.spec, {"method": st.prepared.state_dict(), "rng": rng_state(),
                                                "cell": cell})
         st.checkpoints_written += 1
