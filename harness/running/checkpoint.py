@@ -42,6 +42,9 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 STOP_GRACE_S = 5.0
 """How long a cell stopped in mid-training may take to finish its step and write its checkpoint; past it
 (or at a second stop signal) the process ends without one, as it would without checkpoints."""
+SAME_STOP_S = 1.0
+"""Stop signals within this many seconds of the first are copies of it, not a second stop: a pipeline's
+stop reaches a cell from Snakemake and again from the cell's supervisor (harness.core.stops)."""
 CHECKPOINT_ENV = "COMERA_BENCH_CHECKPOINT_S"
 CHECKPOINT_EVERY_S = 600.0
 """Seconds of training between two checkpoints of a cell, unless CHECKPOINT_ENV says otherwise."""
@@ -69,8 +72,12 @@ class StopRequest:
     """A stop signal received while the cell trains (:func:`stopping_at_a_step`)."""
 
     signum: int | None = None
+    received_at: float = 0.0
+    """time.monotonic() of the first stop signal."""
     at_steps: bool = False
     """Whether the cell is in its training steps, where a stop waits for the end of the step."""
+    timer: threading.Timer | None = None
+    """Ends the process STOP_GRACE_S after the stop unless the cell got there first."""
 
 
 @dataclass(frozen=True)
@@ -96,8 +103,8 @@ class Stopped(BaseException):
 def stopping_at_a_step(checkpoint: Checkpointing | None) -> Iterator[None]:
     """While the block runs the cell: SIGTERM, SIGINT or SIGHUP in its training steps lets the step finish,
     the checkpoint be written and the process end by that signal (so its supervisor reads an interrupted
-    cell), within STOP_GRACE_S; before or after the steps, or at a second signal, it ends at once, as
-    without checkpoints. Nothing changes without checkpointing, outside the main thread, or for a signal
+    cell), within STOP_GRACE_S; before or after the steps, or at a second stop (a signal SAME_STOP_S or
+    more after the first), it ends at once, as without checkpoints. Nothing changes without checkpointing, outside the main thread, or for a signal
     the process ignores."""
     if checkpoint is None or threading.current_thread() is not threading.main_thread():
         yield
@@ -105,12 +112,15 @@ def stopping_at_a_step(checkpoint: Checkpointing | None) -> Iterator[None]:
     request = checkpoint.stop
 
     def on_stop(signum: int, _frame: object) -> None:
+        if request.signum is not None and time.monotonic() - request.received_at < SAME_STOP_S:
+            return  # the same stop, passed on once more
         if request.signum is not None or not request.at_steps:
             _end_by(signum)
-        request.signum = signum
-        timer = threading.Timer(STOP_GRACE_S, _end_by, (signum,))
-        timer.daemon = True
-        timer.start()
+            return
+        request.signum, request.received_at = signum, time.monotonic()
+        request.timer = threading.Timer(STOP_GRACE_S, _end_by, (signum,))
+        request.timer.daemon = True
+        request.timer.start()
 
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     for sig, handler in previous.items():
@@ -121,7 +131,9 @@ def stopping_at_a_step(checkpoint: Checkpointing | None) -> Iterator[None]:
     except Stopped as stop:
         print(stop, file=sys.stderr, flush=True)
         _end_by(stop.signum)
-    finally:
+    finally:  # a stop in the last step: the row was written first, the process ends as it would anyway
+        if request.timer is not None:
+            request.timer.cancel()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

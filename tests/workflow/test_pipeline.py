@@ -409,6 +409,7 @@ def test_a_quality_cell_stopped_with_the_pipeline_resumes_from_its_checkpoint(tm
     (saved,) = folder.glob("*.checkpoint.pt")
     run_id = saved.name.removesuffix(".checkpoint.pt")
     assert not (folder / f"{run_id}.runs.parquet").exists(), log[-3000:]
+    stopped_log = (folder / "logs" / f"{run_id}.log").read_text()  # the rerun writes its own
     again = subprocess.run(snakemake_cmd(tmp_path, path, "runs"), capture_output=True, text=True, env=env,
                            cwd=ROOT, timeout=600)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
@@ -419,6 +420,8 @@ def test_a_quality_cell_stopped_with_the_pipeline_resumes_from_its_checkpoint(tm
     assert len(resumed) == 1 and 0 < resumed[0]["step"] < steps, resumed
     assert not saved.exists()
     assert f"resuming at step {resumed[0]['step']}" in (folder / "logs" / f"{run_id}.log").read_text()
+    # the stop reached the cell twice (from Snakemake and from its supervisor): one stop, at a step's end
+    assert f"stopped by SIGTERM after step {resumed[0]['step']}; its checkpoint is written" in stopped_log
     curves = pd.read_parquet(folder / f"{run_id}.curves.parquet")
     losses = curves[(curves.split == "train") & (curves.metric_name == "loss")]
     assert sorted(losses.step) == list(range(1, steps + 1))  # every step once, from both processes

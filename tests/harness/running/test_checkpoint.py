@@ -274,3 +274,25 @@ def test_a_cell_resumed_after_its_last_timed_step_keeps_its_quality_without_a_st
     whole_row, whole_curves = runner.run_cell(spec, registry=TOY_REGISTRY)
     assert row["status"] == "ok" and row["steps_timed"] == 0 and math.isnan(row["step_time_ms"])
     assert curves == whole_curves and row["metric_value"] == whole_row["metric_value"]
+
+
+def test_copies_of_one_stop_are_one_stop_and_a_later_stop_ends_at_once(tmp_path, monkeypatch):
+    """A pipeline's stop reaches a cell from Snakemake and again from its supervisor: copies within
+    SAME_STOP_S are one stop (the step finishes, the checkpoint is written); a stop after that, or one
+    outside the training steps, ends the process at once."""
+    ended = []
+    monkeypatch.setattr(checkpoints.os, "kill", lambda pid, signum: ended.append(signum))
+    monkeypatch.setattr(checkpoints, "SAME_STOP_S", 0.2)
+    checkpointing = checkpoints.Checkpointing(tmp_path / "c.checkpoint.pt", 600.0)
+    with checkpoints.stopping_at_a_step(checkpointing):
+        signal.raise_signal(signal.SIGHUP)  # before the steps
+        assert ended == [signal.SIGHUP] and checkpointing.stop.signum is None
+        checkpointing.stop.at_steps = True
+        signal.raise_signal(signal.SIGTERM)
+        signal.raise_signal(signal.SIGTERM)  # the supervisor's copy
+        assert ended == [signal.SIGHUP] and checkpointing.stop.signum == signal.SIGTERM
+        time.sleep(0.25)
+        signal.raise_signal(signal.SIGINT)  # Ctrl-C once more
+        assert ended == [signal.SIGHUP, signal.SIGINT]
+    checkpointing.stop.timer.join(timeout=1)  # cancelled: it would have ended the process
+    assert not checkpointing.stop.timer.is_alive() and ended == [signal.SIGHUP, signal.SIGINT]
