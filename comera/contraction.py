@@ -448,6 +448,7 @@ def _build_plan(in_shape, out_shape, ranks, tokens, bias, strategies, settings) 
     fewest = min(flops for flops, *_ in scored) + gate_flops
     if dense.flops < fewest:
         return dense
-    _, _, left, right = min([(cost, flops, left, right) for flops, cost, left, right in scored  # a list:
-                             if flops + gate_flops <= (1 + settings.flop_slack) * fewest])  # dynamo traces it
+    # min() of a list, not of a generator: torch.compile's tracer follows only the former
+    _, _, left, right = min([(cost, flops, left, right) for flops, cost, left, right in scored
+                             if flops + gate_flops <= (1 + settings.flop_slack) * fewest])
     return grouped(left, right)

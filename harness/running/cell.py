@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -115,6 +116,12 @@ class CellState:
     """The last checkpoint that could not be written: after which step, and why."""
     last_checkpoint: float | None = None
     """perf_counter after the last checkpoint written (or at the first training step)."""
+
+
+def training_s(st: CellState) -> float:
+    """Seconds of training so far against ``budget.time_limit_s``: from this process's first training step,
+    less its waits for the timing group and its checkpoint writes, plus earlier processes' (a resumed cell)."""
+    return st.train_s_before + time.perf_counter() - st.training_started - st.waited_s - st.checkpoint_s
 
 
 def build_row(st: CellState, status: str, error: str, tb: str = "") -> dict[str, Any]:

@@ -156,7 +156,7 @@ def stop_if_asked(st: CellState) -> None:
     request = st.checkpoint.stop if st.checkpoint is not None else None
     if request is None or request.signum is None:
         return
-    if st.checkpoints_written == 0 or st.last_checkpoint_step != st.steps_done:
+    if st.last_checkpoint_step != st.steps_done:  # None before the first
         write(st)
     name = signal.Signals(request.signum).name
     raise Stopped(f"{st.spec['run_id']}: stopped by {name} after step {st.steps_done}; its checkpoint is "
@@ -283,11 +283,12 @@ def write(st: CellState) -> None:
     """Write the cell's checkpoint between two steps, outside every clock, the memory region and the time
     limit. One that cannot be written (a full disk) is said on stderr and in ``st.checkpoint_error``; the
     training goes on and the next interval tries again."""
+    from harness.running.cell import training_s
+
     started = time.perf_counter()
     monitor = st.monitor if st.monitor is not None and st.monitor.running else None
     cell = {key: getattr(st, key) for key in RESUMED_FIELDS}
-    cell.update(train_s_before=st.train_s_before + started - st.training_started - st.waited_s - st.checkpoint_s,
-                resumed=st.resumed)
+    cell.update(train_s_before=training_s(st), resumed=st.resumed)
     try:
         with (monitor.paused() if monitor else contextlib.nullcontext()), st.epoch_clock.paused():
             save(st.checkpoint.path, st.spec, {"method": st.prepared.state_dict(), "rng": rng_state(),

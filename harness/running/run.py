@@ -87,7 +87,7 @@ from harness.running import specs, warmup
 from harness.core import measure, timing
 from harness.running.cudagraph import GraphedStep, require_cuda, state_signature
 from harness.core.interleave import RoundGate
-from harness.running.cell import AfterSteps, CellState, build_row
+from harness.running.cell import AfterSteps, CellState, build_row, training_s
 from harness.running.watchdog import STALL_ENV, STALL_LIMIT_S, Watchdog, stall_limit_s  # noqa: F401 -- re-exported
 
 START_PHASES: dict[str, str] = {
@@ -318,16 +318,14 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
     st.monitor.start()
     _phase(st, "memory_baseline")
     bar = progress_lines.progress(total_steps, spec["run_id"], progress, start=start)
-    limit, deadline = budget["time_limit_s"], None
+    limit = budget["time_limit_s"]
     first_epoch, skip = divmod(start, st.steps_in_epoch)
     if saved is not None:
         checkpoints.restore_rng(saved["rng"])
     _begin(st, f"training step {start + 1}")
     st.training_started = st.last_checkpoint = time.perf_counter()
-    if limit:  # the clock starts with the first training step (earlier processes' training counts)
-        deadline = st.training_started + limit - st.train_s_before
-        if st.watchdog is not None:
-            st.watchdog.limit(limit - st.train_s_before + WATCHDOG_GRACE_S)
+    if limit and st.watchdog is not None:  # the clock starts with the first training step
+        st.watchdog.limit(limit - st.train_s_before + WATCHDOG_GRACE_S)  # earlier processes' training counts
     checkpoints.in_steps(st, True)  # a stop signal from here on waits for the end of the step
     try:
         for epoch in range(first_epoch, budget["epochs"]):
@@ -348,7 +346,7 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
                     _evaluate(st, epoch)
                 if whole_epoch and done_in_epoch == workload.steps_per_epoch:
                     st.full_epochs_s.append(st.epoch_clock.elapsed())
-                _check_time(st, deadline)
+                _check_time(st, limit)
                 if st.steps_done < total_steps:  # after the last step the row follows at once
                     if checkpoints.due(st):
                         _begin(st, f"writing the checkpoint after step {st.steps_done}")
@@ -360,7 +358,7 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
         if st.last_eval_step != st.steps_done:
             _evaluate(st, st.epoch)
         _check_parameters(st)
-        _check_time(st, deadline)
+        _check_time(st, limit)
     finally:
         checkpoints.in_steps(st, False)
         bar.close()
@@ -512,8 +510,8 @@ def _check_parameters(st: CellState, shown: int = 5) -> None:
         raise _Diverged(f"non-finite parameters after step {st.steps_done}: {', '.join(bad[:shown])}{more}")
 
 
-def _check_time(st: CellState, deadline: float | None) -> None:
-    if deadline is not None and time.perf_counter() - st.waited_s - st.checkpoint_s > deadline:
+def _check_time(st: CellState, limit: float | None) -> None:
+    if limit is not None and training_s(st) > limit:
         raise _Timeout(f"time limit of {st.spec['budget']['time_limit_s']} s reached after "
                        f"{st.steps_done} steps")
 
@@ -563,6 +561,7 @@ def run_to_files(spec: dict[str, Any], runs_out: str | os.PathLike, curves_out: 
     returns: the watchdog writes the partial row (status timeout) and curves, then ends the process with
     ``hang_exit_status`` (1 when they could not be written)."""
     def write(row: dict[str, Any], curves: list[dict[str, Any]]) -> None:
+        """The row and curves, atomically; then the cell's checkpoint goes (harness.running.checkpoint)."""
         prov = {c: row[c] for c in results.PROVENANCE_COLUMNS}
         try:
             results.write_parquet_atomic(results.to_frame(curves, "curves"), curves_out, kind="curves",
@@ -574,12 +573,12 @@ def run_to_files(spec: dict[str, Any], runs_out: str | os.PathLike, curves_out: 
                 raise EnvironmentFault(exc.errno, f"cannot write the row of {row['run_id']} "
                                                   f"({row['status']}): {exc.strerror}", str(exc.filename)) from exc
             raise
+        checkpoints.path_for(runs_out).unlink(missing_ok=True)
 
     def end_process(row: dict[str, Any], curves: list[dict[str, Any]]) -> None:
         status = 1
         try:
             write(row, curves)
-            checkpoints.path_for(runs_out).unlink(missing_ok=True)
             print(f"{row['run_id']}: timeout ({row['error']}) -> {runs_out}", file=sys.stderr)
             status = hang_exit_status
         except BaseException:  # noqa: BLE001 -- the process ends either way; say why
@@ -594,7 +593,4 @@ def run_to_files(spec: dict[str, Any], runs_out: str | os.PathLike, curves_out: 
         row, curves = run_cell(spec, registry=registry, progress=progress, on_hang=end_process,
                                stall_s=stall_limit_s(), started_at=started_at, checkpoint=checkpoint)
     write(row, curves)
-    if checkpoint is not None:
-        checkpoint.path.unlink(missing_ok=True)
     return row
-
