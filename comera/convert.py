@@ -50,6 +50,8 @@ from comera.ttm import LOOKUP_MODES, TTMEmbedding
 DEFAULT_ORDER = 3
 DEFAULT_INIT = "official"
 INITS = (*INIT_SCHEMES, "svd")
+
+
 def is_linear(module: nn.Module) -> bool:
     """An ``nn.Linear``, or a linear layer with its weight laid out ``(in, out)``: Hugging Face's ``Conv1D``
     (GPT-2 and its kin; recognized by its class name and its ``nx`` / ``nf`` sizes, without importing
