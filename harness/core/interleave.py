@@ -32,6 +32,10 @@ a kill) closes its connection and drops out of the rounds. Cells die with their 
 process gets SIGTERM when the coordinator dies (harness.core.stops, Linux), and a cell that finds the
 connection closed where it expected ``go`` exits with :data:`EXIT_GROUP_LOST`; either way it writes no
 row. Memory stays each process's own; on one GPU the group's processes share its memory.
+
+Out of memory beside the group: :func:`run_alone` runs one cell by itself after its group, with
+:data:`ALONE_ENV` set to the reason (harness.running.group does so for a cell whose row says ``oom``); the
+cell then times its steps alone and its row belongs to no timing group.
 """
 from __future__ import annotations
 
@@ -53,6 +57,8 @@ from harness.core.clock import clock
 
 ENV = "COMERA_BENCH_ROUNDS"
 POLL_S = 0.5
+ALONE_ENV = "COMERA_BENCH_ALONE"
+"""Set for a cell of a timing group that :func:`run_alone` runs by itself: why it is timed alone."""
 EXIT_GROUP_LOST = 76
 """A cell's exit status when its coordinator vanished mid-rounds (no row: its times were not taken in
 its group's rounds; the cell's supervisor treats it as interrupted)."""
@@ -405,6 +411,26 @@ def run_group(cells: Sequence[Cell], rounds: int, *, command: Callable[[Cell], l
             coord.close()
             server.close()
     return failed
+
+
+def alone_reason() -> str | None:
+    """Why this cell of a timing group is timed alone (:func:`run_alone`), or None in its group's rounds."""
+    return os.environ.get(ALONE_ENV) or None
+
+
+def run_alone(cell: Cell, *, command: Callable[[Cell], list[str]], reason: str) -> int:
+    """Run ``cell`` by itself, with no round coordinator: its process sees ``reason`` in :data:`ALONE_ENV`
+    and dies with this one; a stop signal (:func:`stop_on_signals`) ends it. Returns its exit status."""
+    env = stops.child_env({k: v for k, v in os.environ.items() if k != ENV})
+    env[ALONE_ENV] = reason
+    cell.proc = None
+    try:
+        with _signals_deferred():
+            cell.proc = subprocess.Popen(command(cell), env=env)
+        return cell.proc.wait()
+    finally:
+        if cell.proc is not None:
+            _end_all([cell.proc])
 
 
 def _end_all(procs: list[subprocess.Popen], grace_s: float = 30) -> None:

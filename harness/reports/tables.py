@@ -210,17 +210,26 @@ def table_runs(res: Results) -> tuple[pd.DataFrame, str]:
     df = res.runs[cols].copy()
     df["peak_mem_MB"] = df.pop("peak_mem_bytes").map(_mb_bytes)
     df.insert(df.columns.get_loc("error"), "resumed_at", [resumed_at(row) for row in res.runs.itertuples()])
+    df.insert(df.columns.get_loc("error"), "timed_alone",
+              ["yes" if timed_alone(row) else "" for row in res.runs.itertuples()])
     df["error"] = df["error"].fillna("").str.slice(0, 80)
     df["purpose"] = purpose_of(df)
     return df.sort_values("run_id").reset_index(drop=True), (
         "peak_mem_MB = peak_mem_bytes / 10^6; timing_quality: 'stable' or 'noisy: <reasons>' (docs/measurement.md); "
         "run_queue_frac: share of its runnable time the cell's threads waited for a CPU; resumed_at: the steps "
-        "a stopped cell resumed at from its checkpoint (its step times and memory: its last process's)")
+        "a stopped cell resumed at from its checkpoint (its step times and memory: its last process's); "
+        "timed_alone: a timing cell that ran out of memory beside the other cells of its timing group and was "
+        "timed by itself after them (its time ratios are of cells timed apart)")
 
 
 def resumed_at(row: Any) -> str:
     """The steps at which a cell resumed from its checkpoint (``extra.resumed``), "" when it never did."""
     return ", ".join(str(entry["step"]) for entry in extra_of(row).get("resumed", []))
+
+
+def timed_alone(row: Any) -> str:
+    """Why a cell of a timing group was timed by itself after its group (``extra.timed_alone``), "" when not."""
+    return str(extra_of(row).get("timed_alone") or "")
 
 
 def _values(series: pd.Series) -> str:
@@ -251,6 +260,11 @@ def overview(res: Results) -> tuple[pd.DataFrame, str]:
     if resumed:
         rows.append(("cells resumed from a checkpoint", f"{len(resumed)} (table_runs: resumed_at): "
                                                         + ", ".join(sorted(resumed))))
+    alone = [row.run_id for row in runs.itertuples() if timed_alone(row)]
+    if alone:
+        rows.append(("cells timed alone after running out of memory beside their timing group",
+                     f"{len(alone)} (table_runs: timed_alone; their ratios are of cells timed apart): "
+                     + ", ".join(sorted(alone))))
     from harness.reports import figures  # the figures' details (it imports this module)
 
     for workload, figure in (("transformer", "Fig 1"), ("dlrm", "Fig 8")):

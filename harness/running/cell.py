@@ -23,7 +23,7 @@ import pyarrow as pa
 import torch
 
 from harness import results
-from harness.core import measure, timing
+from harness.core import interleave, measure, timing
 
 if TYPE_CHECKING:
     from harness.core.interleave import RoundGate
@@ -116,6 +116,9 @@ class CellState:
     """The last checkpoint that could not be written: after which step, and why."""
     last_checkpoint: float | None = None
     """perf_counter after the last checkpoint written (or at the first training step)."""
+    alone: str | None = field(default_factory=interleave.alone_reason)
+    """Why this cell of a timing group is timed by itself after its group (harness.core.interleave.run_alone),
+    or None."""
 
 
 def training_s(st: CellState) -> float:
@@ -134,6 +137,8 @@ def build_row(st: CellState, status: str, error: str, tb: str = "") -> dict[str,
         tb: the tail of the traceback, kept in ``extra`` ("" for none).
     """
     spec = st.spec
+    if st.alone and status == "oom":
+        error = f"{error} (alone too: this cell does not fit the machine's memory by itself)"
     device = st.device or torch.device("cpu")
     row: dict[str, Any] = {c: None for c in results.RUNS_COLUMNS}
     row.update(results.provenance(device, spec["config_hash"]))
@@ -152,6 +157,8 @@ def build_row(st: CellState, status: str, error: str, tb: str = "") -> dict[str,
                rank=_rank_setting(settings, st.method_params, prepared, workload),
                status=status, error=error)
     extra: dict[str, Any] = {}
+    if st.alone:
+        extra["timed_alone"] = st.alone
     if tb:
         extra["traceback"] = tb
     if st.warm_up_s is not None:
@@ -230,7 +237,8 @@ def _timing_columns(st: CellState, summary: dict[str, Any]) -> dict[str, Any]:
     state = st.machine.columns() if st.machine is not None else {}
     medians = timing.round_medians(st.timer.timed_ms, st.timer.timed_rounds)
     means = timing.round_means(st.timer.timed_ms, st.timer.timed_rounds)
-    cols = {**state, "timing_group": ex["timing_group"] or None, "group_start_s": st.group_start_s,
+    cols = {**state, "timing_group": None if st.alone else ex["timing_group"] or None,
+            "group_start_s": st.group_start_s,
             "cpu_time_ratio": timing.cpu_time_ratio(st.timer.timed_cpu_ms, st.timer.timed_ms,
                                                     ex["num_threads"]),
             "round_step_ms": json.dumps(medians) if medians else None,
@@ -239,7 +247,7 @@ def _timing_columns(st: CellState, summary: dict[str, Any]) -> dict[str, Any]:
         step_time_ms=summary["step_time_ms"], step_time_ms_iqr=summary["step_time_ms_iqr"],
         steps_timed=summary["steps_timed"], step_time_ms_mean=summary["step_time_ms_mean"],
         run_queue_frac=state.get("run_queue_frac"), cpu_pressure=state.get("cpu_pressure"),
-        outside_rounds=bool(ex["timing_group"]) and st.group_start_s is None,
+        outside_rounds=bool(ex["timing_group"]) and not st.alone and st.group_start_s is None,
         period=st.rounds.period if st.rounds is not None else None, round_means=means,
         step_ms=st.timer.timed_ms, step_index=st.timer.timed_index)
     return cols

@@ -6,12 +6,18 @@ still becomes a row, harness.running.supervise) and the cells take turns in inte
 (harness.core.interleave.run_group, which runs whatever command it is given). A stop signal ends every
 cell's process (harness.core.interleave.stop_on_signals); the group dies with the pipeline that started
 it. Exit status 1 when a cell's supervisor failed to write even its failure row, else 0.
+
+The cells of a group share the machine's memory, and on one GPU its memory: a group that fits a large GPU
+may not fit a 24 GB one. A cell whose row says ``oom`` is run again by itself after the group
+(:func:`retry_alone`), its first log kept as ``<log>.in-group``; its new row belongs to no timing group
+(its ratios are of cells timed apart) and says why in ``extra.timed_alone``.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+from typing import Callable
 
 from harness.core import interleave, stops
 from harness.running import eta
@@ -24,6 +30,33 @@ def isolated_command(cell: interleave.Cell) -> list[str]:
     entry = [str(script)] if script.exists() else [sys.executable, "-m", "harness.cli"]
     cmd = [*entry, "run", "--isolate", "--spec", cell.spec, "--runs-out", cell.runs, "--curves-out", cell.curves]
     return cmd + (["--log", cell.log] if cell.log else [])
+
+
+def retry_alone(cells: list[interleave.Cell], log: Callable[[str], None] | None = None) -> list[str]:
+    """Run again, each by itself, the cells of ``cells`` (a timing group of two or more) whose row says
+    ``oom``; returns their run_ids."""
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    if len(cells) < 2:
+        return []
+    from harness import results  # pyarrow: after the group, not in its start
+
+    retried = []
+    for cell in cells:
+        try:
+            row = results.read_parquet(cell.runs, "runs").iloc[0]
+        except (OSError, results.ResultsError, IndexError):
+            continue
+        if row["status"] != "oom":
+            continue
+        run_id = cell.run_id or str(row["run_id"])
+        reason = (f"it ran out of memory while the {len(cells)} cells of its timing group shared the memory "
+                  f"({str(row['error'])[:300]}); timed alone after the group")
+        log(f"  {run_id} ran out of memory beside its timing group: timing it alone")
+        if cell.log and Path(cell.log).exists():
+            Path(cell.log).replace(f"{cell.log}.in-group")
+        interleave.run_alone(cell, command=isolated_command, reason=reason)
+        retried.append(run_id)
+    return retried
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     interleave.stop_on_signals()
     stops.die_with_parent()  # a killed pipeline takes its timing groups with it
     interleave.run_group(cells, args.rounds, command=isolated_command)
+    retry_alone(cells)
     line = eta.pipeline_line(Path(cells[0].runs).parent)  # the group's cells leave it to this process
     if line:
         print(line, file=sys.stderr, flush=True)

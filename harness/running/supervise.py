@@ -162,7 +162,7 @@ def failure_row(spec: dict[str, Any], status: str, error: str, extra: dict[str, 
         pass
     row = cell.build_row(st, status, error)
     row.update(started_at=started_at, num_threads=st.spec["execution"]["num_threads"],
-               extra=json.dumps(extra, sort_keys=True, default=str))
+               extra=json.dumps({**json.loads(row["extra"]), **extra}, sort_keys=True, default=str))
     return row
 
 

@@ -3,6 +3,7 @@ named by COMERA_BENCH_PLUGINS, run through the real pipeline on a tiny grid; not
 changes."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -228,3 +229,42 @@ def test_a_runs_file_of_another_config_fails_the_merge(plugin_dir, tmp_path):
     assert (f"{cell.relative_to(workdir)}: its row of cell {cell.name.removesuffix('.runs.parquet')} was run from "
             "another spec") in log
     assert cell.name in out
+
+
+@pytest.mark.slow
+def test_a_cell_out_of_memory_beside_its_group_is_timed_alone(plugin_dir, tmp_path):
+    """A method that runs out of memory while its timing group's processes share the machine (a toy that
+    fails whenever a round coordinator is there) is timed again by itself after the group: its row is ok,
+    in no timing group, says why, and the tables name it; its first log is kept."""
+    method = plugin_dir / "methods" / "toy_big.py"
+    method.write_text(TOY_METHOD.replace('"toy_sgd"', '"toy_big"').replace("ToySGD", "ToyBig").replace(
+        "        params = check_params(params)\n",
+        "        params = check_params(params)\n"
+        "        import os\n"
+        "        if os.environ.get('COMERA_BENCH_ROUNDS'):\n"
+        "            raise torch.cuda.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB (toy)')\n"))
+    config = {"device_name": "cpu-plugins", "execution": {"device": "cpu", "threads": 1, "rounds": 2},
+              "methods": {"dense": {"method": "dense"}, "big": {"method": "toy_big"}},
+              "workloads": {"toy_reg": {"params": {"size": "tiny"}, "batch_sizes": [8], "methods": ["dense", "big"],
+                                        "budget": {"epochs": 1, "max_steps_per_epoch": 8, "warmup_steps": 1,
+                                                   "eval_every_steps": None}}},
+              "microbench": {"specs": {}}}
+    configfile = tmp_path / "big.yaml"
+    configfile.write_text(yaml.safe_dump(config))
+    workdir = tmp_path / "wd"
+    proc = subprocess.run(snakemake_cmd(workdir, configfile, "figures"), capture_output=True, text=True,
+                          env={**ENV, plugins.ENV: str(plugin_dir)}, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "toy_reg_toy_big-default_b8_tnone_s0 ran out of memory beside its timing group: timing it alone" in proc.stderr
+    runs = pd.read_parquet(workdir / "results" / "cpu-plugins" / "runs.parquet").set_index("method")
+    assert (runs.status == "ok").all(), runs[["status", "error"]]
+    assert runs.loc["dense", "timing_group"] == "toy_reg_b8_s0" and pd.isna(runs.loc["toy_big", "timing_group"])
+    reason = json.loads(runs.loc["toy_big", "extra"])["timed_alone"]
+    assert reason.startswith("it ran out of memory while the 2 cells of its timing group shared the memory")
+    assert "OutOfMemoryError" in reason or "CUDA out of memory" in reason
+    logs = workdir / "results" / "runs" / "cpu-plugins" / "logs"
+    assert "CUDA out of memory" in (logs / "toy_reg_toy_big-default_b8_tnone_s0.log.in-group").read_text()
+    table = (workdir / "figures" / "table_runs.csv")
+    assert pd.read_csv(table).set_index("run_id").loc["toy_reg_toy_big-default_b8_tnone_s0", "timed_alone"] == "yes"
+    assert "cells timed alone after running out of memory beside their timing group" in (
+        workdir / "figures" / "overview.md").read_text()
