@@ -1,6 +1,7 @@
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.running import cudagraph
 
@@ -105,3 +106,59 @@ def test_graphed_steps_match_eager_steps():
     got = [float(graphed(b, i)[0]) for i, b in enumerate(batches)]
     assert graphed.stats() == {"captures": 1, "replays": 6, "eager_steps": 2}
     assert got == pytest.approx(eager, rel=1e-5, abs=1e-6)
+
+
+# What a CUDA graph cannot capture, found on the CPU: an op that waits for the device to tell the host a
+# value or a size (a capture then fails with cudaErrorStreamCaptureInvalidated, as the TTM lookup's
+# torch.unique once did on an H200), or a tensor made from host data.
+HOST_SYNCS = {"_local_scalar_dense", "is_nonzero", "equal", "nonzero", "masked_select", "_unique", "_unique2",
+              "unique_dim", "unique_consecutive", "lift_fresh"}
+
+
+class HostSyncs(TorchDispatchMode):
+    """Records the ops of :data:`HOST_SYNCS` that run while it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in HOST_SYNCS:
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+CAPTURED_CASES = [(workload, size, method, target)
+                  for workload, size in (("transformer", "tiny"), ("transformer", "paper"), ("dlrm", "tiny"),
+                                         ("mlm", "tiny"))
+                  for method, target in (("dense", None), ("comera", None), ("comera", 0.5))
+                  if (size, method) != ("paper", "dense")]  # the paper's TT/TTM shapes; dense: as the tiny one
+
+
+@pytest.mark.parametrize("workload,size,method,target", CAPTURED_CASES)
+def test_the_captured_part_of_a_step_never_waits_for_the_device(workload, size, method, target, monkeypatch):
+    """``Prepared.update``'s forward, objective and backward (what GraphedStep captures, with the optimizers'
+    capturable steps) run no host sync, in CoMERA's early and late stage, with the code paths a CUDA capture
+    takes: the TTM lookup's capture branch, and no CPU-only index check (on CUDA the gather checks)."""
+    import baselines
+    import harness.workloads as workloads
+    from comera import ttm
+
+    monkeypatch.setattr(ttm, "_capturing", lambda t: True)
+    monkeypatch.setattr(ttm, "_index_bounds", lambda idx, plain_ops: None)
+    params = {"size": size, **({"train_samples": 64, "eval_samples": 8} if size == "paper" else {})}
+    built = workloads.build_workload(workload, params, batch_size=2, seed=0, device=torch.device("cpu"))
+    prepared = baselines.get_method(method).prepare(built.model, built, {}, target_ratio=target, total_steps=8)
+    batches = iter(built.train_batches(0))
+    for step in range(8):  # the stage switches after step 3 (early_fraction 0.45)
+        batch = next(batches)
+        if step in (1, 7):
+            if method == "comera":
+                stage = prepared.stateful["rank_adaptation"].stage
+                assert stage == ("late" if step == 7 and target is not None else "early")
+            with HostSyncs() as syncs:
+                prepared.total_loss(built.loss(prepared.model, batch), step).backward()
+            assert syncs.seen == [], f"step {step}: {syncs.seen}"
+            for opt in prepared.optimizers:
+                opt.zero_grad(set_to_none=True)
+        prepared.train_step(built, batch, step)
