@@ -4,6 +4,7 @@
     comera-bench run --workload transformer --method comera --batch-size 8 [...]   (defaults, results/runs/)
     comera-bench show [RESULTS...] [--where col=value|col>=x|col~text|col=null ...] [--group-by cols] [--columns cols] [--csv]
     comera-bench merge --kind runs|curves|microbench|bench --out OUT.parquet FILE_OR_DIR...
+    comera-bench noisy RESULTS... [--delete]   (the timing cells that were not stable, and how to time them again)
     comera-bench microbench|bench|compare ...   (harness.perf.microbench / harness.perf.bench / harness.reports.compare)
 """
 from __future__ import annotations
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 def _parser(list_names: bool = False) -> argparse.ArgumentParser:
     """The command's parser; ``list_names``: the run options' help lists the workloads and methods (that
     imports torch and the plug-ins, which a cell's supervisor does not need)."""
-    parser = argparse.ArgumentParser(prog="comera-bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="comera-bench", description=__doc__.replace("``", ""),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"comera-bench {harness.package_version() or 'unknown'}")
     sub = parser.add_subparsers(dest="command")
