@@ -5,7 +5,9 @@
 * :class:`Stopwatch` measures the wall time of training epochs with evaluation paused.
 * :class:`MemoryMonitor` measures the peak memory of the training region. On CUDA: the peak of
   ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats`` at the start of the region (an
-  absolute number that includes the model), plus the reserved peak (kind ``cuda_allocated``). On CPU: the
+  absolute number that includes the model), plus the reserved peak (kind ``cuda_allocated``), and the
+  GPU's memory in use by every process (``torch.cuda.mem_get_info``) where the region pauses or ends: with
+  a timing group's cells alive beside it, about the group's footprint. On CPU: the
   peak resident-set size minus the resident-set size at the start of the region (kind ``cpu_rss_delta``),
   from the kernel's high-water mark (VmHWM, reset through /proc/self/clear_refs) where the kernel allows
   it, else from a sampling thread (1 ms); free heap pages are handed back to the kernel
@@ -269,6 +271,7 @@ class MemoryMonitor:
         self._running = False
         self._peak = 0
         self._reserved = 0
+        self._device_in_use = self._device_total = 0
         self._baseline = 0
         self._use_hwm = self._use_sampler = False
         self._sampler: _Sampler | None = None
@@ -290,7 +293,7 @@ class MemoryMonitor:
                 raise RuntimeError("cannot reset the peak-RSS mark through /proc/self/clear_refs here")
             self._use_hwm = hwm_ok
             self._use_sampler = self.cpu_method in ("sample", "both") or not hwm_ok
-        self._peak = self._reserved = 0
+        self._peak = self._reserved = self._device_in_use = 0
         self._resume(release=False)
 
     def _resume(self, release: bool = True) -> None:
@@ -313,6 +316,8 @@ class MemoryMonitor:
             synchronize(self.device)
             self._peak = max(self._peak, torch.cuda.max_memory_allocated(self.device))
             self._reserved = max(self._reserved, torch.cuda.max_memory_reserved(self.device))
+            free, self._device_total = torch.cuda.mem_get_info(self.device)
+            self._device_in_use = max(self._device_in_use, self._device_total - free)
         else:
             peak = rss()
             if self._use_hwm:
@@ -346,7 +351,9 @@ class MemoryMonitor:
                 pass
         if self.device.type == "cuda":
             return MemoryReading(int(self._peak), CUDA_ALLOCATED, int(self._reserved),
-                                 {"allocated_at_start": int(self._baseline)})
+                                 {"allocated_at_start": int(self._baseline),
+                                  "device_in_use_bytes": int(self._device_in_use),
+                                  "device_total_bytes": int(self._device_total)})
         method = "+".join(m for m, on in (("vmhwm", self._use_hwm), ("sampled", self._use_sampler)) if on)
         return MemoryReading(int(max(self._peak, 0)), CPU_RSS_DELTA, None,
                              {"rss_at_start": int(self._baseline), "cpu_method": method,

@@ -20,6 +20,7 @@ from harness.results.analysis import (Results, extra_of, load, purpose_of, ranks
                                       timing_cells)
 
 MB = 1e6
+GIB = 2 ** 30
 BYTES_PER_PARAM = 4  # sizes in MB assume float32 parameters (the runs' dtype)
 
 
@@ -232,6 +233,19 @@ def timed_alone(row: Any) -> str:
     return str(extra_of(row).get("timed_alone") or "")
 
 
+def group_gpu_memory(runs: pd.DataFrame) -> str:
+    """Per timing group, the most GPU memory in use by every process when one of its cells' steps ended
+    (``extra.memory.device_in_use_bytes``): about what the group needs at once; "" without such readings."""
+    found: dict[str, tuple[int, int]] = {}
+    for row in runs.itertuples():
+        memory = extra_of(row).get("memory") or {}
+        used, total = memory.get("device_in_use_bytes"), memory.get("device_total_bytes")
+        group = row.timing_group if isinstance(row.timing_group, str) and row.timing_group else None
+        if group and used and total and used > found.get(group, (0, 0))[0]:
+            found[group] = (int(used), int(total))
+    return "; ".join(f"{group} {used / GIB:.1f} of {total / GIB:.1f} GiB" for group, (used, total) in sorted(found.items()))
+
+
 def _values(series: pd.Series) -> str:
     values = sorted({str(v) for v in series.dropna() if str(v)})
     return ", ".join(values) if values else "-"
@@ -265,6 +279,10 @@ def overview(res: Results) -> tuple[pd.DataFrame, str]:
         rows.append(("cells timed alone after running out of memory beside their timing group",
                      f"{len(alone)} (table_runs: timed_alone; their ratios are of cells timed apart): "
                      + ", ".join(sorted(alone))))
+    footprint = group_gpu_memory(runs)
+    if footprint:
+        rows.append(("GPU memory in use by each timing group (every process on the GPU, read when a cell's "
+                     "steps ended; the largest reading of the group)", footprint))
     from harness.reports import figures  # the figures' details (it imports this module)
 
     for workload, figure in (("transformer", "Fig 1"), ("dlrm", "Fig 8")):

@@ -343,6 +343,25 @@ def test_a_resumed_cell_is_named_in_the_overview_and_the_runs_table(tmp_path):
     assert overview["cells resumed from a checkpoint"] == f"1 (table_runs: resumed_at): {row['run_id']}"
 
 
+def test_a_cell_timed_alone_and_each_groups_gpu_memory_are_in_the_overview(tmp_path):
+    gib = 2 ** 30
+    rows = [run_row("transformer", method, 128, variant=variant) for method, variant in
+            (("dense", "default"), ("comera", "default"), ("galore", "default"), ("dense", "b"))]
+    for row, group, used, alone in zip(rows, ("g128", "g128", None, "g32"), (20, 23, 9, 5), (False, False, True, False)):
+        row.update(timing_group=group, device="cuda", extra=json.dumps(
+            {"memory": {"device_in_use_bytes": used * gib, "device_total_bytes": 24 * gib},
+             **({"timed_alone": "it ran out of memory beside its group (test)"} if alone else {})}))
+    res = tables.load(make_folder(tmp_path / "r", rows))
+    runs, note = tables.table_runs(res)
+    assert dict(zip(runs.run_id, runs.timed_alone))[rows[2]["run_id"]] == "yes" and "timed_alone" in note
+    assert sorted(runs.timed_alone) == ["", "", "", "yes"]
+    overview = dict(tables.overview(res)[0].values)
+    assert overview["cells timed alone after running out of memory beside their timing group"] == (
+        f"1 (table_runs: timed_alone; their ratios are of cells timed apart): {rows[2]['run_id']}")
+    memory = [v for k, v in overview.items() if k.startswith("GPU memory in use by each timing group")]
+    assert memory == ["g128 23.0 of 24.0 GiB; g32 5.0 of 24.0 GiB"]  # the largest reading of each group
+
+
 def test_table1_reads_quality_cells_in_target_order(tmp_path):
     t1, note = tables.table1_ranks(quality_folder(tmp_path / "q"))
     assert list(t1.columns) == ["layer", "before training", "after early stage", "late stage, target 0.8",

@@ -157,6 +157,28 @@ def test_cuda_peak_allocated_sees_buffer():
     assert reading.peak_mem_bytes >= 200 * MB and reading.cuda_reserved_bytes >= reading.peak_mem_bytes
 
 
+def test_cuda_reading_has_the_gpus_memory_in_use_by_every_process(monkeypatch):
+    """The GPU-wide reading (a timing group's other cells included) is the largest where the region paused or
+    ended; on CUDA through a stand-in for torch.cuda's calls, since this machine has none."""
+    in_use = iter([3 * MB, 7 * MB, 5 * MB])
+    monkeypatch.setattr(measure, "synchronize", lambda device: None)
+    for name, value in (("memory_allocated", 1 * MB), ("max_memory_allocated", 2 * MB),
+                        ("max_memory_reserved", 4 * MB)):
+        monkeypatch.setattr(torch.cuda, name, lambda device=None, value=value: value)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (100 * MB - next(in_use), 100 * MB))
+    monitor = measure.MemoryMonitor(torch.device("cuda"))
+    monitor.start()
+    with monitor.paused():  # an evaluation
+        pass
+    with monitor.paused():
+        pass
+    reading = monitor.stop()
+    assert reading.details == {"allocated_at_start": 1 * MB, "device_in_use_bytes": 7 * MB,
+                               "device_total_bytes": 100 * MB}
+    assert (reading.peak_mem_bytes, reading.cuda_reserved_bytes) == (2 * MB, 4 * MB)
+
+
 class Planned(nn.Module):
     """Stands for a TT layer: counts itself through flops(tokens); its inner Linear is not counted."""
 
