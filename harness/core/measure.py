@@ -6,8 +6,9 @@
 * :class:`MemoryMonitor` measures the peak memory of the training region. On CUDA: the peak of
   ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats`` at the start of the region (an
   absolute number that includes the model), plus the reserved peak (kind ``cuda_allocated``), and the
-  GPU's memory in use by every process (``torch.cuda.mem_get_info``) where the region pauses or ends: with
-  a timing group's cells alive beside it, about the group's footprint. On CPU: the
+  GPU's memory in use by every process (``torch.cuda.mem_get_info``) where the region pauses or ends and
+  before each wait for another cell of its timing group (:meth:`MemoryMonitor.yield_device`, which then
+  hands the cell's cached blocks back): about the group's footprint. On CPU: the
   peak resident-set size minus the resident-set size at the start of the region (kind ``cpu_rss_delta``),
   from the kernel's high-water mark (VmHWM, reset through /proc/self/clear_refs) where the kernel allows
   it, else from a sampling thread (1 ms); free heap pages are handed back to the kernel
@@ -328,6 +329,20 @@ class MemoryMonitor:
                 self._sampler = None
             self._peak = max(self._peak, peak - self._baseline)
         self._running = False
+
+    def yield_device(self) -> None:
+        """Before this cell waits while another cell of its timing group runs: on CUDA, read the GPU's memory
+        in use by every process (this cell's cached blocks still held, the waiting cells' handed back) and
+        hand this cell's cached blocks back to the driver, so that a group needs about its cells' resident
+        memory plus one cell's working memory, not the sum of their caches. The peaks are unchanged (they
+        are allocator statistics); the step after the wait re-allocates and is not counted
+        (:class:`StepTimer` ``rewarm``). Nothing on the CPU."""
+        if self.device.type != "cuda":
+            return
+        synchronize(self.device)
+        free, self._device_total = torch.cuda.mem_get_info(self.device)
+        self._device_in_use = max(self._device_in_use, self._device_total - free)
+        torch.cuda.empty_cache()
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:

@@ -430,6 +430,8 @@ def _wait_at_gate(st: CellState, wait: Callable[[RoundGate], float]) -> None:
     if st.watchdog is not None:
         st.watchdog.pause()
     with st.epoch_clock.paused():
+        if st.monitor is not None:  # on CUDA: its cache back to the cells whose turn it is
+            st.monitor.yield_device()
         waited = wait(st.gate)
     st.waited_s += waited
     if st.watchdog is not None:

@@ -179,6 +179,23 @@ def test_cuda_reading_has_the_gpus_memory_in_use_by_every_process(monkeypatch):
     assert (reading.peak_mem_bytes, reading.cuda_reserved_bytes) == (2 * MB, 4 * MB)
 
 
+def test_yielding_the_device_reads_the_gpu_and_empties_the_cache_on_cuda_only(monkeypatch):
+    emptied, in_use = [], iter([9 * MB, 4 * MB])
+    monkeypatch.setattr(measure, "synchronize", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (100 * MB - next(in_use), 100 * MB))
+    measure.MemoryMonitor(torch.device("cpu")).yield_device()
+    assert emptied == []  # nothing on the CPU
+    for name in ("memory_allocated", "max_memory_allocated", "max_memory_reserved"):
+        monkeypatch.setattr(torch.cuda, name, lambda device=None: 0)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    monitor = measure.MemoryMonitor(torch.device("cuda"))
+    monitor.start()
+    monitor.yield_device()  # its cache still full, the others' handed back: the larger reading
+    reading = monitor.stop()
+    assert emptied == [1] and reading.details["device_in_use_bytes"] == 9 * MB
+
+
 class Planned(nn.Module):
     """Stands for a TT layer: counts itself through flops(tokens); its inner Linear is not counted."""
 

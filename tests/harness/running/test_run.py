@@ -578,6 +578,37 @@ open({str(out)!r}, "w").write(json.dumps(row, default=str))
     assert len(means) == len(json.loads(row["round_step_ms"])) == 2 and all(m > 0 for m in means)
 
 
+def test_a_group_cell_hands_its_device_cache_back_before_every_wait(tmp_path):
+    """Before each wait for the group (each round and the end of the rounds) the cell's memory monitor
+    yields the device (on CUDA: reads the GPU's memory in use, empties this process's cache); the step after
+    each wait is not counted."""
+    from harness.core import interleave
+
+    spec = toy_spec(run_id="a", execution={"timing_group": "g", "rounds": 3},
+                    budget={"epochs": 1, "max_steps_per_epoch": 10, "warmup_steps": 1, "eval_every_steps": None})
+    path, out = tmp_path / "a.spec.json", tmp_path / "out.json"
+    path.write_text(json.dumps(spec))
+    cell = f"""
+import json
+from harness.core import measure
+from harness.running import run as runner
+from tests.harness.running.run_toys import TOY_REGISTRY
+calls, original = [], measure.MemoryMonitor.yield_device
+def spy(self):
+    calls.append(self.running)
+    original(self)
+measure.MemoryMonitor.yield_device = spy
+row, _ = runner.run_cell(json.loads(open({str(path)!r}).read()), registry=TOY_REGISTRY)
+open({str(out)!r}, "w").write(json.dumps({{"calls": calls, "row": row}}, default=str))
+"""
+    failed = interleave.run_group([interleave.Cell(str(path), "", "")], 3, log=lambda m: None,
+                                  command=lambda c: [sys.executable, "-c", cell])
+    got = json.loads(out.read_text())
+    assert failed == 0 and got["calls"] == [True] * 4  # rounds 1-3 and the end of the rounds, in the region
+    row = got["row"]
+    assert row["status"] == "ok" and row["steps_timed"] == 10 - 1 - 3  # the warm-up step, a step after each wait
+
+
 def test_a_group_cell_records_where_its_start_went_and_evaluates_no_untrained_model(tmp_path):
     """Each cell of a group records its start phases (extra.start_phases_s) and sends them with its first
     ready; the group logs the slowest cell's. A cell of a timing group starts without the evaluation
