@@ -196,6 +196,21 @@ def test_yielding_the_device_reads_the_gpu_and_empties_the_cache_on_cuda_only(mo
     assert emptied == [1] and reading.details["device_in_use_bytes"] == 9 * MB
 
 
+@pytest.mark.cuda
+def test_yielding_the_device_hands_the_cache_back_on_a_gpu():
+    device = torch.device("cuda")
+    monitor = measure.MemoryMonitor(device)
+    monitor.start()
+    buf = torch.ones(64 * MB, device=device)  # 256 MiB, cached once freed
+    del buf
+    assert torch.cuda.memory_reserved(device) >= 256 * MB
+    monitor.yield_device()
+    assert torch.cuda.memory_reserved(device) < 256 * MB
+    reading = monitor.stop()
+    assert reading.peak_mem_bytes >= 256 * MB  # the peak is the allocator's statistic: unchanged
+    assert reading.details["device_in_use_bytes"] >= 256 * MB and reading.details["device_total_bytes"] > 0
+
+
 class Planned(nn.Module):
     """Stands for a TT layer: counts itself through flops(tokens); its inner Linear is not counted."""
 
