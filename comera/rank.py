@@ -279,6 +279,16 @@ def _ranks_to_drop(modules: list[nn.Module], threshold: float, min_size: float |
     return drop
 
 
+def _running(average: torch.Tensor | None, loss: torch.Tensor, factor: float) -> torch.Tensor:
+    """The running (exponential) average of the task loss after ``loss``. A non-finite loss (an overflowing
+    step that a GradScaler skips) leaves it as it was, and a finite one replaces a non-finite average, so
+    that one bad step cannot freeze the late stage's loss reference; no host sync (CUDA graphs)."""
+    if average is None:
+        return loss.clone()
+    blended = torch.where(torch.isfinite(average), factor * average + (1 - factor) * loss, loss)
+    return torch.where(torch.isfinite(loss), blended, average)
+
+
 class TwoStageRankAdaptation:
     """Stateful driver of the two stages: objective per step, stage switch and periodic pruning."""
 
@@ -313,9 +323,7 @@ class TwoStageRankAdaptation:
     def objective(self, task_loss: torch.Tensor, step: int) -> torch.Tensor:
         """Training objective of the current stage (early or late stage) for one step's task loss."""
         s = self.settings
-        detached = task_loss.detach()
-        self._loss_ema = detached.clone() if self._loss_ema is None else (
-            s.loss_average * self._loss_ema + (1 - s.loss_average) * detached)
+        self._loss_ema = _running(self._loss_ema, task_loss.detach(), s.loss_average)
         self._loss_best = self._loss_ema.clone() if self._loss_best is None else torch.minimum(
             self._loss_best, self._loss_ema)
         if self.stage == 0:

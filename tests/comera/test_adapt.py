@@ -106,6 +106,22 @@ def test_loss_and_step_switch_stage_and_prune_with_the_optimizer_state():
     assert "late stage" in adapt.summary() and f"{adapt.size:,} TT parameters" in adapt.summary()
 
 
+@pytest.mark.parametrize("losses,expected", [
+    ([1.0, float("inf"), float("nan"), 0.5], 0.98 * 1.0 + 0.02 * 0.5),  # the bad steps leave it alone
+    ([float("inf"), 2.0, 1.0], 0.98 * 2.0 + 0.02 * 1.0),  # a first bad step: the first finite loss starts it
+])
+def test_a_non_finite_task_loss_leaves_the_running_loss_alone(losses, expected):
+    """A step whose task loss overflows (GradScaler then skips it) must not freeze the late stage's loss
+    reference at inf: the running loss skips non-finite losses."""
+    model = _model()
+    adapt = comera.RankAdaptation(model, torch.optim.AdamW(comera.param_groups(model)), target=0.5,
+                                  total_steps=20)
+    for loss in losses:
+        adapt.loss(torch.tensor(loss))
+    driver = adapt.state_dict()["driver"]
+    assert driver["loss_ema"] == pytest.approx(expected) and driver["loss_best"] == pytest.approx(expected)
+
+
 def _float64_model():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).double()

@@ -9,20 +9,14 @@ from torch import nn
 DOC = Path(__file__).resolve().parents[2] / "docs" / "library.md"
 
 
-def _worked_example() -> str:
-    section = DOC.read_text().split("## Worked example", 1)[1]
+def _block(heading: str) -> str:
+    section = DOC.read_text().split(f"## {heading}", 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-def test_worked_example_reaches_its_target_at_the_dense_twins_accuracy(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    ns: dict = {}
-    exec(compile(_worked_example(), str(DOC), "exec"), ns)
-    adapt, model, fresh = ns["adapt"], ns["model"], ns["fresh"]
-    assert adapt.stage == "late" and adapt.steps == ns["steps"]
-    assert adapt.size_target <= adapt.size <= 1.15 * adapt.size_target
-    assert ns["comera"].ranks(fresh) == ns["comera"].ranks(model) and (tmp_path / "mlp_tt.pt").exists()
-    torch.manual_seed(1)  # the dense twin: same model, data, loop, optimizer and learning rate
+def _dense_accuracy(ns: dict) -> float:
+    """The dense twin: same model, data, loop, optimizer and learning rate."""
+    torch.manual_seed(1)
     dense = ns["mlp"]()
     optimizer = torch.optim.AdamW(dense.parameters(), lr=1e-3)
     for _ in range(ns["steps"]):
@@ -30,5 +24,35 @@ def test_worked_example_reaches_its_target_at_the_dense_twins_accuracy(tmp_path,
         nn.functional.cross_entropy(dense(ns["x_train"][batch]), ns["y_train"][batch]).backward()
         optimizer.step()
         optimizer.zero_grad()
-    tt_accuracy, dense_accuracy = ns["accuracy"](fresh), ns["accuracy"](dense)
+    return ns["accuracy"](dense)
+
+
+def test_worked_example_reaches_its_target_at_the_dense_twins_accuracy(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    exec(compile(_block("Worked example"), str(DOC), "exec"), ns)
+    adapt, model, fresh = ns["adapt"], ns["model"], ns["fresh"]
+    assert adapt.stage == "late" and adapt.steps == ns["steps"]
+    assert adapt.size_target <= adapt.size <= 1.15 * adapt.size_target
+    assert ns["comera"].ranks(fresh) == ns["comera"].ranks(model) and (tmp_path / "mlp_tt.pt").exists()
+    tt_accuracy, dense_accuracy = ns["accuracy"](fresh), _dense_accuracy(ns)
+    assert tt_accuracy >= dense_accuracy - 0.02, (tt_accuracy, dense_accuracy)
+
+
+def test_mixed_precision_with_accumulated_micro_batches_reaches_its_target_too(tmp_path, monkeypatch):
+    """The section "Mixed precision and gradient accumulation" after the worked example: a GradScaler,
+    bfloat16 autocast and two micro-batches per step, one of whose task losses overflows (the scaler skips
+    that step): the same size target and accuracy checks, and a finite running loss."""
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    exec(compile(_block("Worked example"), str(DOC), "exec"), ns)
+    loss, calls = nn.functional.cross_entropy, iter(range(10 ** 6))
+    monkeypatch.setattr(nn.functional, "cross_entropy",  # the 2001st task loss overflows: step 1000, late stage
+                        lambda *a: loss(*a) * (float("inf") if next(calls) == 2000 else 1.0))
+    exec(compile(_block("Mixed precision and gradient accumulation"), str(DOC), "exec"), ns)
+    adapt, model = ns["adapt"], ns["model"]
+    assert adapt.stage == "late" and ns["scaler"].get_scale() < 2.0 ** 16  # the overflow halved the scale
+    assert adapt.size_target <= adapt.size <= 1.15 * adapt.size_target
+    assert torch.isfinite(torch.tensor(adapt.state_dict()["driver"]["loss_ema"]))
+    tt_accuracy, dense_accuracy = ns["accuracy"](model), _dense_accuracy(ns)
     assert tt_accuracy >= dense_accuracy - 0.02, (tt_accuracy, dense_accuracy)
