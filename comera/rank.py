@@ -280,9 +280,8 @@ def _ranks_to_drop(modules: list[nn.Module], threshold: float, min_size: float |
 
 
 def _running(average: torch.Tensor | None, loss: torch.Tensor, factor: float) -> torch.Tensor:
-    """The running (exponential) average of the task loss after ``loss``. A non-finite loss (an overflowing
-    step that a GradScaler skips) leaves it as it was, and a finite one replaces a non-finite average, so
-    that one bad step cannot freeze the late stage's loss reference; no host sync (CUDA graphs)."""
+    """The running average of the task loss after ``loss``: a non-finite loss (a step a GradScaler skips)
+    leaves it as it was, and a finite one replaces a non-finite average; no host sync (CUDA graphs)."""
     if average is None:
         return loss.clone()
     blended = torch.where(torch.isfinite(average), factor * average + (1 - factor) * loss, loss)
@@ -324,8 +323,8 @@ class TwoStageRankAdaptation:
         """Training objective of the current stage (early or late stage) for one step's task loss."""
         s = self.settings
         self._loss_ema = _running(self._loss_ema, task_loss.detach(), s.loss_average)
-        self._loss_best = self._loss_ema.clone() if self._loss_best is None else torch.minimum(
-            self._loss_best, self._loss_ema)
+        self._loss_best = self._loss_ema.clone() if self._loss_best is None else torch.fmin(
+            self._loss_best, self._loss_ema)  # fmin: a NaN best (from a first NaN loss) gives way
         if self.stage == 0:
             return early_objective(task_loss, self.model, l1_weight=s.l1_weight, l2_weight=s.l2_weight,
                                    threshold=s.threshold, l1_reduction=s.l1_reduction)

@@ -109,6 +109,7 @@ def test_loss_and_step_switch_stage_and_prune_with_the_optimizer_state():
 @pytest.mark.parametrize("losses,expected", [
     ([1.0, float("inf"), float("nan"), 0.5], 0.98 * 1.0 + 0.02 * 0.5),  # the bad steps leave it alone
     ([float("inf"), 2.0, 1.0], 0.98 * 2.0 + 0.02 * 1.0),  # a first bad step: the first finite loss starts it
+    ([float("nan"), 2.0, 1.0], 0.98 * 2.0 + 0.02 * 1.0),
 ])
 def test_a_non_finite_task_loss_leaves_the_running_loss_alone(losses, expected):
     """A step whose task loss overflows (GradScaler then skips it) must not freeze the late stage's loss
