@@ -317,8 +317,7 @@ class MemoryMonitor:
             synchronize(self.device)
             self._peak = max(self._peak, torch.cuda.max_memory_allocated(self.device))
             self._reserved = max(self._reserved, torch.cuda.max_memory_reserved(self.device))
-            free, self._device_total = torch.cuda.mem_get_info(self.device)
-            self._device_in_use = max(self._device_in_use, self._device_total - free)
+            self._read_device()
         else:
             peak = rss()
             if self._use_hwm:
@@ -340,9 +339,13 @@ class MemoryMonitor:
         if self.device.type != "cuda":
             return
         synchronize(self.device)
+        self._read_device()
+        torch.cuda.empty_cache()
+
+    def _read_device(self) -> None:
+        """The GPU's memory in use by every process now, into the region's largest reading."""
         free, self._device_total = torch.cuda.mem_get_info(self.device)
         self._device_in_use = max(self._device_in_use, self._device_total - free)
-        torch.cuda.empty_cache()
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
