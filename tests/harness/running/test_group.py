@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from harness import results
@@ -113,3 +117,26 @@ def test_run_alone_gives_the_reason_and_no_coordinator(tmp_path, monkeypatch):
     assert status == 3 and cell.proc.returncode == 3
     assert json.loads(seen.read_text()) == {interleave.ALONE_ENV: REASON, interleave.ENV: None,
                                             stops.PARENT_ENV: str(os.getpid())}
+
+
+def test_a_stop_during_the_run_alone_ends_the_cell_at_once(tmp_path):
+    """SIGTERM to the group process while a cell runs alone ends that cell's process too, within seconds
+    (stops are prompt, as in the group's rounds)."""
+    script = f"""
+import sys
+from harness.core import interleave
+interleave.stop_on_signals()
+cell = interleave.Cell("s.json", "r.parquet", "c.parquet")
+interleave.run_alone(cell, command=lambda c: [sys.executable, "-c", "import time; time.sleep(120)"], reason="test")
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[3])
+    deadline = time.monotonic() + 30
+    children: list = []
+    while not children and time.monotonic() < deadline:
+        children = psutil.Process(proc.pid).children()
+        time.sleep(0.1)
+    assert children, "the cell never started"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=15) == 128 + signal.SIGTERM
+    gone, alive = psutil.wait_procs(children, timeout=5)
+    assert not alive
