@@ -270,15 +270,13 @@ def overview(res: Results) -> tuple[pd.DataFrame, str]:
             ("cells", ", ".join(f"{n} {purpose} {status}" for (purpose, status), n in counts.items()) or "none"),
             ("timing cells stable", f"{int(stable(ok_timed).sum())} of {len(ok_timed)} ok timing cells "
                                     "(the others are left out of every time ratio)")]
-    resumed = [row.run_id for row in runs.itertuples() if resumed_at(row)]
-    if resumed:
-        rows.append(("cells resumed from a checkpoint", f"{len(resumed)} (table_runs: resumed_at): "
-                                                        + ", ".join(sorted(resumed))))
-    alone = [row.run_id for row in runs.itertuples() if timed_alone(row)]
-    if alone:
-        rows.append(("cells timed alone after running out of memory beside their timing group",
-                     f"{len(alone)} (table_runs: timed_alone; their ratios are of cells timed apart): "
-                     + ", ".join(sorted(alone))))
+    for label, named_by, where in (
+            ("cells resumed from a checkpoint", resumed_at, "table_runs: resumed_at"),
+            ("cells timed alone after running out of memory beside their timing group", timed_alone,
+             "table_runs: timed_alone; their ratios are of cells timed apart")):
+        named = sorted(row.run_id for row in runs.itertuples() if named_by(row))
+        if named:
+            rows.append((label, f"{len(named)} ({where}): " + ", ".join(named)))
     footprint = group_gpu_memory(runs)
     if footprint:
         rows.append(("GPU memory in use by each timing group (every process on the GPU, read when a cell's "

@@ -32,13 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
+from harness.core import stops
 from harness.core.clock import env_seconds
 from harness.results.atomic import atomic_write
 
 if TYPE_CHECKING:
     from harness.running.cell import CellState
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 STOP_GRACE_S = 5.0
 """How long a cell stopped in mid-training may take to finish its step and write its checkpoint; past it
 (or at a second stop signal) the process ends without one, as it would without checkpoints."""
@@ -122,7 +122,7 @@ def stopping_at_a_step(checkpoint: Checkpointing | None) -> Iterator[None]:
         request.timer.daemon = True
         request.timer.start()
 
-    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    previous = {sig: signal.getsignal(sig) for sig in stops.STOP_SIGNALS}
     for sig, handler in previous.items():
         if handler != signal.SIG_IGN:
             signal.signal(sig, on_stop)

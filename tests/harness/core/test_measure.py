@@ -157,16 +157,24 @@ def test_cuda_peak_allocated_sees_buffer():
     assert reading.peak_mem_bytes >= 200 * MB and reading.cuda_reserved_bytes >= reading.peak_mem_bytes
 
 
+def _cuda_stand_in(monkeypatch, in_use, allocated=0, peak=0, reserved=0):
+    """torch.cuda's memory calls, as MemoryMonitor makes them, on a machine without CUDA: the GPU's memory in
+    use by every process is read from ``in_use`` (of 100 MB in all); returns the list empty_cache appends to."""
+    readings, emptied = iter(in_use), []
+    monkeypatch.setattr(measure, "synchronize", lambda device: None)
+    for name, value in (("memory_allocated", allocated), ("max_memory_allocated", peak),
+                        ("max_memory_reserved", reserved)):
+        monkeypatch.setattr(torch.cuda, name, lambda device=None, value=value: value)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (100 * MB - next(readings), 100 * MB))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    return emptied
+
+
 def test_cuda_reading_has_the_gpus_memory_in_use_by_every_process(monkeypatch):
     """The GPU-wide reading (a timing group's other cells included) is the largest where the region paused or
     ended; on CUDA through a stand-in for torch.cuda's calls, since this machine has none."""
-    in_use = iter([3 * MB, 7 * MB, 5 * MB])
-    monkeypatch.setattr(measure, "synchronize", lambda device: None)
-    for name, value in (("memory_allocated", 1 * MB), ("max_memory_allocated", 2 * MB),
-                        ("max_memory_reserved", 4 * MB)):
-        monkeypatch.setattr(torch.cuda, name, lambda device=None, value=value: value)
-    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (100 * MB - next(in_use), 100 * MB))
+    _cuda_stand_in(monkeypatch, [3 * MB, 7 * MB, 5 * MB], allocated=1 * MB, peak=2 * MB, reserved=4 * MB)
     monitor = measure.MemoryMonitor(torch.device("cuda"))
     monitor.start()
     with monitor.paused():  # an evaluation
@@ -180,15 +188,9 @@ def test_cuda_reading_has_the_gpus_memory_in_use_by_every_process(monkeypatch):
 
 
 def test_yielding_the_device_reads_the_gpu_and_empties_the_cache_on_cuda_only(monkeypatch):
-    emptied, in_use = [], iter([9 * MB, 4 * MB])
-    monkeypatch.setattr(measure, "synchronize", lambda device: None)
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (100 * MB - next(in_use), 100 * MB))
+    emptied = _cuda_stand_in(monkeypatch, [9 * MB, 4 * MB])
     measure.MemoryMonitor(torch.device("cpu")).yield_device()
     assert emptied == []  # nothing on the CPU
-    for name in ("memory_allocated", "max_memory_allocated", "max_memory_reserved"):
-        monkeypatch.setattr(torch.cuda, name, lambda device=None: 0)
-    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
     monitor = measure.MemoryMonitor(torch.device("cuda"))
     monitor.start()
     monitor.yield_device()  # its cache still full, the others' handed back: the larger reading
