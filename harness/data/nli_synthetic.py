@@ -4,22 +4,25 @@ Tokens: ids 0-4 are the specials of :mod:`harness.data.text_tokenizer` ([PAD] [U
 id 5 is the negation word ``not``, ids 6.. are content words. A premise is a run of distinct content words;
 the hypothesis is a few words (plus, maybe, ``not``). Three tasks (``task``):
 
-* ``"topic"`` (default): content word ``w`` belongs to topic ``(w - 6) % num_topics``; a premise uses the
-  words of one topic. Neutral (1): the hypothesis's words come from another topic; contradiction (2):
-  they come from the premise's topic and the hypothesis contains ``not``; entailment (0): the premise's
-  topic and no ``not``. Comparing the topics of the two sentences is what attention has to learn. It is
-  learned in a sudden transition whose step varies with the seed; with 2 topics, 24 words and premises
-  of up to 5 words (the small preset) the small encoder made it within 200-400 steps for seeds 0 and 1,
-  with 4 topics, 48 words and 10-word premises anywhere from 300 to 1000 steps.
+* ``"topic"`` (default): each content word belongs to one of ``num_topics`` topics (:func:`word_topics`);
+  a premise uses the words of one topic. Neutral (1): the hypothesis's words come from another topic;
+  contradiction (2): they come from the premise's topic and the hypothesis contains ``not``; entailment
+  (0): the premise's topic and no ``not``. Comparing the topics of the two sentences is what attention has
+  to learn; it is learned in a sudden transition whose step varies with the seed.
 * ``"membership"``: neutral when some hypothesis word does not occur in the premise, else contradiction
   with ``not`` and entailment without. Matching single tokens across the sentences is much harder to
   learn: small encoders stay at the hypothesis-only ceiling for thousands of steps on a CPU budget.
 * ``"majority"``: ``"topic"`` with noise words: 0 .. (n-1)//2 of a premise's n words come from the other
   topics, so the premise's topic is that of the strict majority of its words; labels as in ``"topic"``
-  (no label noise). Weighing the topics of all premise words is harder than spotting one: with 4 topics,
-  80 words and premises of up to 8 words, the small dense encoder left the 2/3 plateau after 500-700
-  steps and reached 0.930 and 0.884 at step 1000 (seeds 0, 1), while "topic" with 4 topics, 64 words
-  reached 1.0; CoMERA's rank-16 TT model stayed at the plateau for 1000 steps.
+  (no label noise). Weighing the topics of all premise words is harder than spotting one.
+
+The topics of the words: with ``topic_seed`` None, word ``w`` belongs to topic ``(w - 6) % num_topics``;
+with an integer, topics are dealt to the words in the order of a permutation seeded by it (every topic
+gets the same number of words, give or take one); give the training and the evaluation split the same
+``topic_seed``. The modular rule is aligned with a TT-matrix embedding: where its last row mode is a
+multiple of ``num_topics`` (the small preset: rows [16, 8, 8], 4 topics), a word's topic is a function of
+its last row index alone, a structure that the tensorized embedding, and no dense table, is built to
+exploit. A seeded permutation has none. docs/recipe.md measures both.
 
 Classes are balanced; half of the neutral hypotheses contain ``not``. The hypothesis alone therefore
 gives at most 2/3 accuracy (``not`` -> contradiction, else entailment), the premise alone 1/3; the rest
@@ -43,11 +46,12 @@ TASKS = ("topic", "membership", "majority")
 
 def generate(num_samples: int, *, vocab_size: int, seq_len: int, premise_len: int,
              hypothesis_len: int = 4, num_words: int | None = None, seed: int = 0, task: str = "topic",
-             num_topics: int = 4) -> dict[str, torch.Tensor]:
+             num_topics: int = 4, topic_seed: int | None = None) -> dict[str, torch.Tensor]:
     """``num_samples`` encoded pairs: input_ids, segment_ids, attention_mask (seq_len each) and labels.
 
     Premises have premise_len//2 .. premise_len words, hypotheses 2 .. hypothesis_len words (plus
-    ``not``); content words are drawn from the first ``num_words`` word ids (default: all of the vocab).
+    ``not``); content words are drawn from the first ``num_words`` word ids (default: all of the vocab);
+    their topics are :func:`word_topics`'s.
     """
     if task not in TASKS:
         raise ValueError(f"synthetic NLI: task={task!r}, expected one of {TASKS}")
@@ -65,7 +69,8 @@ def generate(num_samples: int, *, vocab_size: int, seq_len: int, premise_len: in
     if hypothesis_len < 2 or premise_len < 4:
         raise ValueError("synthetic NLI: need premise_len >= 4 and hypothesis_len >= 2")
     rng = np.random.default_rng(seed)
-    pools = [np.arange(t, words, topics) + FIRST_WORD_ID for t in range(topics)]
+    topic_of = word_topics(words, topics, topic_seed)
+    pools = [np.flatnonzero(topic_of == t) + FIRST_WORD_ID for t in range(topics)]
     ids = np.full((num_samples, seq_len), PAD_ID, dtype=np.int64)
     segments = np.zeros((num_samples, seq_len), dtype=np.int64)
     labels = rng.integers(0, 3, size=num_samples)
@@ -98,3 +103,20 @@ def generate(num_samples: int, *, vocab_size: int, seq_len: int, premise_len: in
     ids_t = torch.from_numpy(ids)
     return {"input_ids": ids_t, "segment_ids": torch.from_numpy(segments),
             "attention_mask": ids_t != PAD_ID, "labels": torch.from_numpy(labels)}
+
+
+def word_topics(num_words: int, num_topics: int, topic_seed: int | None = None) -> np.ndarray:
+    """The topic of each content word: entry ``i`` is that of word id ``FIRST_WORD_ID + i``.
+
+    ``topic_seed`` None: ``i % num_topics``; an integer: the same counts per topic, dealt to the words in
+    the order of a permutation seeded by it.
+
+    Example::
+
+        >>> word_topics(6, 2).tolist()
+        [0, 1, 0, 1, 0, 1]
+    """
+    order = np.arange(num_words) if topic_seed is None else np.random.default_rng(topic_seed).permutation(num_words)
+    topics = np.empty(num_words, dtype=np.int64)
+    topics[order] = np.arange(num_words) % num_topics
+    return topics

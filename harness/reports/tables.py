@@ -162,7 +162,7 @@ def table2_dlrm(res: Results) -> tuple[pd.DataFrame, str]:
 
 
 def table_mnli_size(res: Results) -> tuple[pd.DataFrame, str]:
-    """Transformer quality cells (dense, CoMERA per target 0.8, 0.5, 0.2, GaLore, LTE): accuracy, total
+    """Transformer quality cells (dense, CoMERA per target 0.8, 0.5, 0.2, GaLore, LTE): accuracy, eval loss, total
     size and tensorized-layer size (MB), compression; for CoMERA also the accuracy and TT size at the
     stage switch and the TT size at the end relative to it. The paper's dense size is the last row."""
     runs, source = res.quality_runs("transformer")
@@ -179,7 +179,8 @@ def table_mnli_size(res: Results) -> tuple[pd.DataFrame, str]:
         if col in df:
             df[col] = pd.Series([None if pd.isna(v) else int(v) for v in df[col]], index=df.index, dtype=object)
     return (df,
-            f"{on_data}rows from the {source}; accuracy = the last evaluation, accuracy_at_switch = the one right after "
+            f"{on_data}rows from the {source}; accuracy = the last evaluation, eval_loss = its cross-entropy (it still "
+            "separates models whose accuracies have saturated), accuracy_at_switch = the one right after "
             "the stage switch; sizes = parameters x 4 bytes (float32), MB = 10^6 bytes; TT size = scalars in "
             "every core and gate (at the switch: after its pruning); end/switch = TT size at the end / at the "
             "switch, to be read against the target; the paper row is its model at full size")
@@ -195,6 +196,7 @@ def _size_row(res: Results, r: Any) -> dict[str, Any]:
     size_end = res.tt_size(r.run_id) if r.method == "comera" else None
     return {"source": f"ours ({res.label})", "method": method_label(r), "batch_size": r.batch_size,
             "status": r.status, "accuracy": r.metric_value if r.metric_name == "accuracy" else None,
+            "eval_loss": extra_of(r).get("eval", {}).get("loss"),
             "accuracy_at_switch": info.get("accuracy"), "tt_size_at_switch": _count(info.get("size")),
             "tt_size_end": _count(size_end), "end/switch": size_end / info["size"] if size_end and info.get("size") else None,
             "target": r.target_ratio, "total_MB": _mb(r.params_total),

@@ -21,8 +21,10 @@ Params (``size`` sets the model keys and sample counts; any key may be overridde
 ``tensorize_embedding``; data ``data`` ("synthetic" | "mnli"), ``data_dir`` (GLUE TSV folder or Hugging
 Face cache), ``tokenizer`` (a tokenizer.json; None: WordPiece trained on the training split),
 ``train_samples``/``eval_samples`` (synthetic: how many; MNLI: at most, None = all), ``premise_len``,
-``hypothesis_len``, ``num_words``, ``task`` and ``num_topics`` (synthetic, see
-:mod:`harness.data.nli_synthetic`), ``data_seed``, ``cache_dir`` (None: the run's, <results_dir>/cache),
+``hypothesis_len``, ``num_words``, ``task``, ``num_topics`` and ``word_topics`` (synthetic, see
+:mod:`harness.data.nli_synthetic`; ``word_topics`` "random": the words' topics drawn with ``data_seed``,
+"modular": word ``w``'s topic is ``(w - 6) % num_topics``, a map aligned with the TT-matrix embedding's
+row modes), ``data_seed``, ``cache_dir`` (None: the run's, <results_dir>/cache),
 ``eval_batch_size`` (None: max(batch_size, 64)).
 """
 from __future__ import annotations
@@ -63,7 +65,7 @@ EMBEDDING_SHAPES = {(30522, 768): ([16, 20, 10, 10], [4, 4, 8, 6]), (1024, 128):
 DEFAULTS: dict[str, Any] = dict(embedding_row_shape=None, embedding_col_shape=None,
                                 data="synthetic", data_dir=None, tokenizer=None, cache_dir=None,
                                 data_seed=0, num_words=None, eval_batch_size=None, tensorize_embedding=True,
-                                task="topic", num_topics=4)
+                                task="topic", num_topics=4, word_topics="random")
 TYPES: dict[str, Any] = dict(
     vocab_size=int, d_model=int, num_layers=int, num_heads=int, d_ff=int, max_positions=int, seq_len=int,
     dropout=float, rank=int, embedding_rank=int, embedding_row_shape=(ListOf(int), None),
@@ -71,7 +73,7 @@ TYPES: dict[str, Any] = dict(
     train_samples=(int, None), eval_samples=(int, None), data=Choice(("synthetic", "mnli")),
     data_dir=(str, None), tokenizer=(str, None), cache_dir=(str, None), data_seed=int,
     num_words=(int, None), eval_batch_size=(int, None), tensorize_embedding=bool,
-    task=Choice(nli_synthetic.TASKS), num_topics=int)
+    task=Choice(nli_synthetic.TASKS), num_topics=int, word_topics=Choice(("modular", "random")))
 LR = {"paper": {"dense": 1e-4, "cores": 1e-4, "other": 5e-5, "gates": 1e-3},
       "cpu": {"dense": 3e-4, "cores": 3e-4, "other": 3e-4, "gates": 3e-3, "embedding_cores": 3e-3}}
 
@@ -261,7 +263,8 @@ def load_data(p: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, tor
     if p["data"] == "synthetic":
         common = dict(vocab_size=p["vocab_size"], seq_len=p["seq_len"], premise_len=p["premise_len"],
                       hypothesis_len=p["hypothesis_len"], num_words=p["num_words"], task=p["task"],
-                      num_topics=p["num_topics"])
+                      num_topics=p["num_topics"],
+                      topic_seed=p["data_seed"] if p["word_topics"] == "random" else None)
         train = nli_synthetic.generate(p["train_samples"], seed=2 * p["data_seed"], **common)
         evals = nli_synthetic.generate(p["eval_samples"], seed=2 * p["data_seed"] + 1, **common)
         return train, evals, {"data": "synthetic", "task": p["task"], "hypothesis_only_ceiling": 2 / 3}

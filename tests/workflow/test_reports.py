@@ -249,7 +249,7 @@ def quality_cell(method, target=None, *, end_acc=0.9, variant="default", switche
     its target) and the ranks of blocks 3 and 4 before training, at the switch and at the end."""
     end = RANKS_END.get(target, RANKS_AT_SWITCH) if switched else RANKS_AT_SWITCH
     row = run_row("transformer", method, 32, variant=variant, target=target, metric=end_acc, status=status,
-                  ranks=ranks({3: [1, 5, 5, 1], 4: end}))
+                  ranks=ranks({3: [1, 5, 5, 1], 4: end}), loss=round(2 * (1 - end_acc), 2))
     row.update(run_id=row["run_id"] + "_quality", purpose="quality")
     rid, curves = row["run_id"], []
     for step, acc in ((0, 0.3), (4, 0.92), (8, end_acc)):
@@ -378,6 +378,8 @@ def test_size_table_orders_targets_and_takes_end_over_switch_from_curves_and_set
     assert ours.index.tolist() == ["dense", "comera (target 0.8)", "comera (target 0.5)", "comera (target 0.2)",
                                    "galore", "lte-tuned"]
     assert ours.accuracy.tolist() == [0.95, 0.97, 0.94, 0.90, 0.93, 0.6]  # not the timing cell's 0.1
+    assert ours.eval_loss.tolist() == [0.1, 0.06, 0.12, 0.2, 0.14, 0.8]  # the same evaluation's loss
+    assert list(size.columns[4:6]) == ["accuracy", "eval_loss"] and "eval_loss = its cross-entropy" in note
     comera = ours.loc[ours.target.notna()]
     assert comera.accuracy_at_switch.tolist() == [0.92] * 3
     assert comera.tt_size_at_switch.tolist() == [SWITCH_SIZE] * 3

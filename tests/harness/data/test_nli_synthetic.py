@@ -3,24 +3,28 @@ from collections import Counter
 import pytest
 import torch
 
-from harness.data.nli_synthetic import CONTRADICTION, ENTAILMENT, FIRST_WORD_ID, NEUTRAL, NOT_ID, generate
+import numpy as np
+
+from harness.data.nli_synthetic import (CONTRADICTION, ENTAILMENT, FIRST_WORD_ID, NEUTRAL, NOT_ID, generate,
+                                        word_topics)
 from harness.data.text_tokenizer import CLS_ID, PAD_ID, SEP_ID
 
 
-def _rule(ids: list[int], task: str, topics: int) -> int:
+def _rule(ids: list[int], task: str, topics: int, topic_seed: int | None = None, num_words: int = 1024) -> int:
     """The documented labelling rule, recomputed from the tokens."""
+    topic_of = word_topics(num_words, topics, topic_seed)
     sep = ids.index(SEP_ID)
     premise = ids[1:sep]
     end = ids.index(SEP_ID, sep + 1)
     hyp = [t for t in ids[sep + 1:end] if t != NOT_ID]
     if task in ("topic", "majority"):
-        counts = Counter((t - FIRST_WORD_ID) % topics for t in premise)
+        counts = Counter(topic_of[t - FIRST_WORD_ID] for t in premise)
         top, n_top = counts.most_common(1)[0]
         if task == "topic":
             assert len(counts) == 1  # a premise uses one topic
         assert 2 * n_top > len(premise)  # a strict majority
         topic = {top}
-        hyp_topics = {(t - FIRST_WORD_ID) % topics for t in hyp}
+        hyp_topics = {topic_of[t - FIRST_WORD_ID] for t in hyp}
         assert len(hyp_topics) == 1
         if hyp_topics != topic:
             return NEUTRAL
@@ -29,20 +33,21 @@ def _rule(ids: list[int], task: str, topics: int) -> int:
     return CONTRADICTION if NOT_ID in ids[sep + 1:end] else ENTAILMENT
 
 
-@pytest.mark.parametrize("task, topics", [("topic", 4), ("topic", 2), ("membership", 1),
-                                         ("majority", 4), ("majority", 2)])
+@pytest.mark.parametrize("task, topics, topic_seed", [("topic", 4, None), ("topic", 4, 7), ("topic", 2, None),
+                                                     ("membership", 1, None), ("majority", 4, None),
+                                                     ("majority", 2, 7)])
 @pytest.mark.parametrize("vocab_size, seq_len, premise_len", [(64, 24, 8), (1024, 64, 16)])
-def test_labels_follow_the_rules_and_layout(vocab_size, seq_len, premise_len, task, topics):
+def test_labels_follow_the_rules_and_layout(vocab_size, seq_len, premise_len, task, topics, topic_seed):
     if task != "membership" and (vocab_size - FIRST_WORD_ID) // topics < premise_len + 1:
         pytest.skip("too few words per topic")
     data = generate(600, vocab_size=vocab_size, seq_len=seq_len, premise_len=premise_len, seed=3, task=task,
-                    num_topics=max(topics, 2))
+                    num_topics=max(topics, 2), topic_seed=topic_seed)
     ids = data["input_ids"]
     assert ids.shape == (600, seq_len) and ids.max() < vocab_size
     assert (ids[:, 0] == CLS_ID).all()
     assert torch.equal(data["attention_mask"], ids != PAD_ID)
     for row, seg, label in zip(ids.tolist(), data["segment_ids"].tolist(), data["labels"].tolist()):
-        assert _rule(row, task, topics) == label
+        assert _rule(row, task, topics, topic_seed, vocab_size - FIRST_WORD_ID) == label
         sep = row.index(SEP_ID)
         end = row.index(SEP_ID, sep + 1)
         assert seg[:sep + 1] == [0] * (sep + 1) and seg[sep + 1:end + 1] == [1] * (end - sep)
@@ -68,6 +73,37 @@ def test_deterministic_per_seed(task):
     c = generate(50, vocab_size=128, seq_len=32, premise_len=10, seed=2, task=task)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(a["input_ids"], c["input_ids"])
+
+
+@pytest.mark.parametrize("num_words, num_topics", [(48, 4), (50, 4), (24, 2), (7, 3)])
+def test_seeded_word_topics_are_balanced(num_words, num_topics):
+    """Every topic gets num_words // num_topics words or one more; one topic_seed gives one map."""
+    topics = word_topics(num_words, num_topics, topic_seed=5)
+    assert sorted(np.bincount(topics, minlength=num_topics)) == sorted(np.bincount(
+        np.arange(num_words) % num_topics, minlength=num_topics))
+    assert np.array_equal(topics, word_topics(num_words, num_topics, topic_seed=5))
+    assert not np.array_equal(topics, word_topics(num_words, num_topics, topic_seed=6))
+
+
+def test_the_splits_share_the_seeded_map():
+    """Two sample seeds (the training and the evaluation split) with one topic_seed follow one map."""
+    train, evals = (generate(400, vocab_size=64, seq_len=24, premise_len=8, num_words=48, seed=s,
+                             topic_seed=5) for s in (0, 1))
+    assert all(_rule(row, "topic", 4, 5, 48) == label for data in (train, evals)
+               for row, label in zip(data["input_ids"].tolist(), data["labels"].tolist()))
+
+
+def test_modular_topics_are_one_ttm_digit_and_seeded_ones_are_not():
+    """The small preset's embedding rows [16, 8, 8]: with the modular rule a word's topic (4 topics, 48 words)
+    is a function of its last row index alone; with a seeded permutation of no single row index."""
+    ids = np.arange(48) + FIRST_WORD_ID
+    digits = [ids // 64, ids // 8 % 8, ids % 8]
+
+    def function_of(topics, digit):
+        return all(len(set(topics[digit == d])) == 1 for d in np.unique(digit))
+
+    assert function_of(word_topics(48, 4), digits[2])
+    assert not any(function_of(word_topics(48, 4, topic_seed=0), digit) for digit in digits)
 
 
 def test_majority_premises_carry_noise_words():

@@ -105,6 +105,25 @@ def test_synthetic_task_is_learnable_quickly():
     assert before < 0.45 and after > 0.55
 
 
+@pytest.mark.parametrize("word_topics, data_seed", [("random", 0), ("random", 3), ("modular", 0)])
+def test_synthetic_splits_share_the_word_topics_of_the_setting(word_topics, data_seed):
+    """Both splits follow one topic map: the one data_seed draws ("random", the default) or the modular one."""
+    from harness.data.nli_synthetic import FIRST_WORD_ID, NOT_ID, word_topics as topics_of
+    from harness.data.text_tokenizer import SEP_ID
+
+    params = check_params("transformer", {"size": "tiny", "train_samples": 300, "eval_samples": 200,
+                                          "num_words": 48, "data_seed": data_seed,
+                                          **({} if word_topics == "random" else {"word_topics": word_topics})})
+    topic_of = topics_of(48, 4, data_seed if word_topics == "random" else None)
+    for split in transformer.load_data(params)[:2]:
+        for ids, label in zip(split["input_ids"].tolist(), split["labels"].tolist()):
+            first_sep = ids.index(SEP_ID)
+            premise = {topic_of[t - FIRST_WORD_ID] for t in ids[1:first_sep]}
+            hypothesis = {topic_of[t - FIRST_WORD_ID] for t in ids[first_sep + 1:ids.index(SEP_ID, first_sep + 1)]
+                          if t != NOT_ID}
+            assert len(premise) == len(hypothesis) == 1 and (premise != hypothesis) == (label == 1)
+
+
 def test_mnli_fixture_through_the_workload(tmp_path):
     params = {"size": "tiny", "data": "mnli", "data_dir": str(FIXTURE), "cache_dir": str(tmp_path),
               "vocab_size": 300}
