@@ -215,6 +215,7 @@ def table_runs(res: Results) -> tuple[pd.DataFrame, str]:
     df.insert(df.columns.get_loc("error"), "resumed_at", [resumed_at(row) for row in res.runs.itertuples()])
     df.insert(df.columns.get_loc("error"), "timed_alone",
               ["yes" if timed_alone(row) else "" for row in res.runs.itertuples()])
+    df.insert(df.columns.get_loc("error"), "compiled", [compiled(row) for row in res.runs.itertuples()])
     df["error"] = df["error"].fillna("").str.slice(0, 80)
     df["purpose"] = purpose_of(df)
     return df.sort_values("run_id").reset_index(drop=True), (
@@ -222,7 +223,9 @@ def table_runs(res: Results) -> tuple[pd.DataFrame, str]:
         "run_queue_frac: share of its runnable time the cell's threads waited for a CPU; resumed_at: the steps "
         "a stopped cell resumed at from its checkpoint (its step times and memory: its last process's); "
         "timed_alone: a timing cell that ran out of memory beside the other cells of its timing group and was "
-        "timed by itself after them (its time ratios are of cells timed apart)")
+        "timed by itself after them (its time ratios are of cells timed apart); compiled: a compiled cell's "
+        "graphs and graph breaks under torch.compile, and its eager fallbacks (code Dynamo left to run eagerly, "
+        "e.g. past its recompile limit); with a break or a fallback its steps were timed partly eager")
 
 
 def resumed_at(row: Any) -> str:
@@ -233,6 +236,25 @@ def resumed_at(row: Any) -> str:
 def timed_alone(row: Any) -> str:
     """Why a cell of a timing group was timed by itself after its group (``extra.timed_alone``), "" when not."""
     return str(extra_of(row).get("timed_alone") or "")
+
+
+def compiled(row: Any) -> str:
+    """What torch.compile made of a compiled cell's model (``extra.compile``, harness.running.compiled):
+    "2 graphs, 1 break", with "; eager fallback: <reason>" where Dynamo left code to run eagerly; "" for
+    an eager cell."""
+    report = extra_of(row).get("compile")
+    if report is None:
+        return ""
+    graphs, breaks = report.get("graphs", 0), report.get("graph_breaks", 0)
+    text = f"{graphs} graph{'' if graphs == 1 else 's'}, {breaks} break{'' if breaks == 1 else 's'}"
+    fallbacks = report.get("eager_fallbacks") or []
+    return text + (f"; eager fallback: {', '.join(fallbacks)}" if fallbacks else "")
+
+
+def compile_trouble(row: Any) -> str:
+    """The :func:`compiled` text of a compiled cell whose graph broke or that fell back to eager, else ""."""
+    report = extra_of(row).get("compile") or {}
+    return compiled(row) if report.get("graph_breaks") or report.get("eager_fallbacks") else ""
 
 
 def group_gpu_memory(runs: pd.DataFrame) -> str:
@@ -275,7 +297,9 @@ def overview(res: Results) -> tuple[pd.DataFrame, str]:
     for label, named_by, where in (
             ("cells resumed from a checkpoint", resumed_at, "table_runs: resumed_at"),
             ("cells timed alone after running out of memory beside their timing group", timed_alone,
-             "table_runs: timed_alone; their ratios are of cells timed apart")):
+             "table_runs: timed_alone; their ratios are of cells timed apart"),
+            ("compiled cells with graph breaks or an eager fallback", compile_trouble,
+             "table_runs: compiled; their steps ran partly or wholly outside compiled graphs")):
         named = sorted(row.run_id for row in runs.itertuples() if named_by(row))
         if named:
             rows.append((label, f"{len(named)} ({where}): " + ", ".join(named)))

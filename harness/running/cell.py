@@ -24,6 +24,7 @@ import torch
 
 from harness import results
 from harness.core import interleave, measure, timing
+from harness.running import compiled
 
 if TYPE_CHECKING:
     from harness.core.interleave import RoundGate
@@ -77,7 +78,9 @@ class CellState:
     flops_basis: dict[str, Any] = field(default_factory=dict)
     graphed: GraphedStep | None = None
     train_model: Any = None
-    """The model the steps run (prepared.model, or its torch.compile wrapper)."""
+    """The model the steps run (prepared.model, or its torch.compile wrapper: :func:`model_to_train`)."""
+    compile_counters: compiled.Counts | None = None
+    """Dynamo's counters when the compile wrapper was made (None: the cell has none)."""
     after_steps: Callable[[AfterSteps], None] | None = None
     allocator: str = ""
     warm_up: str | None = None
@@ -125,6 +128,24 @@ def training_s(st: CellState) -> float:
     """Seconds of training so far against ``budget.time_limit_s``: from this process's first training step,
     less its waits for the timing group and its checkpoint writes, plus earlier processes' (a resumed cell)."""
     return st.train_s_before + time.perf_counter() - st.training_started - st.waited_s - st.checkpoint_s
+
+
+def model_to_train(st: CellState, model: torch.nn.Module) -> Any:
+    """The model a cell's steps run: ``model`` itself, or for a compiled cell (``execution.compile``) its
+    ``torch.compile`` wrapper, with Dynamo's counters at that moment kept in ``st.compile_counters`` (the
+    row's ``extra["compile"]`` counts from there).
+
+    Args:
+        st: the cell's state (its normalized spec).
+        model: the prepared model.
+
+    Returns:
+        The model or its compile wrapper.
+    """
+    if not st.spec["execution"]["compile"]:
+        return model
+    st.compile_counters = compiled.snapshot()
+    return torch.compile(model)
 
 
 def build_row(st: CellState, status: str, error: str, tb: str = "") -> dict[str, Any]:
@@ -205,6 +226,8 @@ def build_row(st: CellState, status: str, error: str, tb: str = "") -> dict[str,
         extra["eval_step"] = st.last_eval_step
     if st.graphed is not None:
         extra["cuda_graph"] = st.graphed.stats()
+    if st.compile_counters is not None:
+        extra["compile"] = compiled.report(st.compile_counters)
     if st.resumed:
         extra["resumed"] = st.resumed
     if st.checkpoints_written or st.checkpoint_error:

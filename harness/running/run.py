@@ -87,7 +87,7 @@ from harness.running import specs, warmup
 from harness.core import measure, timing
 from harness.running.cudagraph import GraphedStep, require_cuda, state_signature
 from harness.core.interleave import RoundGate
-from harness.running.cell import AfterSteps, CellState, build_row, training_s
+from harness.running.cell import AfterSteps, CellState, build_row, model_to_train, training_s
 from harness.running.watchdog import STALL_ENV, STALL_LIMIT_S, Watchdog, stall_limit_s  # noqa: F401 -- re-exported
 
 START_PHASES: dict[str, str] = {
@@ -278,9 +278,7 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
     st.prepared = prepared
     saved = checkpoints.resume(st)
     model = prepared.model
-    train_model = torch.compile(model) if spec["execution"]["compile"] else model
-
-    st.train_model = train_model
+    train_model = st.train_model = model_to_train(st, model)
     if spec["execution"]["cuda_graph"]:  # captures Prepared.update, the eager part of Prepared.train_step
         st.graphed = GraphedStep(lambda batch, step: prepared.update(workload, batch, step, train_model),
                                  model, prepared.optimizers, st.device)

@@ -362,6 +362,32 @@ def test_a_cell_timed_alone_and_each_groups_gpu_memory_are_in_the_overview(tmp_p
     assert memory == ["g128 23.0 of 24.0 GiB; g32 5.0 of 24.0 GiB"]  # the largest reading of each group
 
 
+COMPILE_TROUBLE = "compiled cells with graph breaks or an eager fallback"
+
+
+@pytest.mark.parametrize("report, text, named", [
+    (None, "", False),
+    ({"graphs": 1, "graph_breaks": 0, "eager_fallbacks": []}, "1 graph, 0 breaks", False),
+    ({"graphs": 3, "graph_breaks": 1, "eager_fallbacks": []}, "3 graphs, 1 break", True),
+    ({"graphs": 1, "graph_breaks": 0, "eager_fallbacks": ["Dynamo recompile limit exceeded"]},
+     "1 graph, 0 breaks; eager fallback: Dynamo recompile limit exceeded", True),
+])
+def test_a_compiled_cells_graphs_are_in_the_runs_table_and_breaks_or_fallbacks_in_the_overview(
+        tmp_path, report, text, named):
+    """An eager cell beside a compiled one (extra.compile: harness.running.compiled): the runs table says
+    what the compiler made of the compiled one; the overview names it when steps ran outside its graphs."""
+    eager, cell = run_row("transformer", "dense", 8), run_row("transformer", "dense", 8, variant="default+compile")
+    if report is not None:
+        cell["extra"] = json.dumps({"compile": report})
+    res = tables.load(make_folder(tmp_path / "r", [eager, cell]))
+    runs, note = tables.table_runs(res)
+    assert dict(zip(runs.run_id, runs.compiled)) == {eager["run_id"]: "", cell["run_id"]: text}
+    assert "compiled: " in note and "eager fallbacks" in note
+    overview = dict(tables.overview(res)[0].values)
+    assert overview.get(COMPILE_TROUBLE) == (f"1 (table_runs: compiled; their steps ran partly or wholly outside "
+                                             f"compiled graphs): {cell['run_id']}" if named else None)
+
+
 def test_table1_reads_quality_cells_in_target_order(tmp_path):
     t1, note = tables.table1_ranks(quality_folder(tmp_path / "q"))
     assert list(t1.columns) == ["layer", "before training", "after early stage", "late stage, target 0.8",
