@@ -276,7 +276,16 @@ def test_a_cell_resumed_after_its_last_timed_step_keeps_its_quality_without_a_st
     assert curves == whole_curves and row["metric_value"] == whole_row["metric_value"]
 
 
-def test_copies_of_one_stop_are_one_stop_and_a_later_stop_ends_at_once(tmp_path, monkeypatch):
+@pytest.fixture
+def sighup_handled():
+    """SIGHUP at its default action for the test: under nohup the process ignores it, and a cell leaves an
+    ignored signal ignored."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGHUP, previous)
+
+
+def test_copies_of_one_stop_are_one_stop_and_a_later_stop_ends_at_once(tmp_path, monkeypatch, sighup_handled):
     """A pipeline's stop reaches a cell from Snakemake and again from its supervisor: copies within
     SAME_STOP_S are one stop (the step finishes, the checkpoint is written); a stop after that, or one
     outside the training steps, ends the process at once."""
