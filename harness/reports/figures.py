@@ -349,33 +349,47 @@ def _switch_line(ax: plt.Axes, res: Results, runs: pd.DataFrame) -> None:
 
 
 def fig6_accuracy(res: Results, out: Path) -> None:
-    """Validation accuracy over training, one line per quality cell (CoMERA: one per target; they share
-    the early stage, so the lines part at the stage switch); failed cells as red crosses."""
-    name, title = "fig6_accuracy", "Fig 6: transformer validation accuracy over training"
+    """Validation accuracy (left) and loss (right, log scale: it still separates models whose accuracies
+    have saturated) over training, one line per quality cell (CoMERA: one per target; they share the
+    early stage, so the lines part at the stage switch); failed cells as red crosses."""
+    name, title = "fig6_accuracy", "Fig 6: transformer validation accuracy and loss over training"
     runs, labels, source = _quality_runs(res)
     curves = {r: _series(res, r, "eval", "accuracy") for r in runs.run_id}
     if not any(len(c) for c in curves.values()):
         return _empty(out, name, title, f"eval accuracy curves of transformer runs ({source})",
                       res.settings_line())
-    fig, (ax,) = _figure(1, width=9.0)  # the legend beside the plot
+    fig, (ax, loss_ax) = _figure(2, width=6.0)
+    with_loss = False
     for i, r in enumerate(runs.itertuples()):
-        c = curves[r.run_id]
+        c, loss = curves[r.run_id], _series(res, r.run_id, "eval", "loss")
         if len(c):
             ax.plot(c.step, c.value, label=labels[r.run_id], **distinct(i))
+        if len(loss):
+            loss_ax.plot(loss.step, loss.value, label=labels[r.run_id], **distinct(i))
+            with_loss = True
         if r.status != "ok":
             _mark_failed(ax, c.step.max() if len(c) else 0, f"{labels[r.run_id]}: {r.status}")
     _switch_line(ax, res, runs)
+    _switch_line(loss_ax, res, runs)
     acc = reference.claim("C4")["values"]["accuracy_comera"]
     if on_mnli(runs):
         ax.axhline(acc, color="gray", ls="--", lw=1, label=f"{PAPER}: final MNLI accuracy ~{acc:.0%}")
         paper = ""
     else:
         paper = f"; the paper's ~{acc:.0%} (real MNLI) not drawn: another task"
-    ax.set_xlabel("training step")
-    ax.set_ylabel("validation accuracy (fraction)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-    _finish(fig, title, _quality_footer(res, runs, source, "validation accuracy at step 0, every "
+    for panel, ylabel in ((ax, "validation accuracy (fraction)"),
+                          (loss_ax, "validation loss (cross-entropy, log scale)")):
+        panel.set_xlabel("training step")
+        panel.set_ylabel(ylabel)
+        panel.grid(alpha=0.3)
+    if with_loss:
+        loss_ax.set_yscale("log")
+        loss_ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    else:
+        loss_ax.text(0.5, 0.5, "no validation loss recorded by these runs", ha="center", va="center",
+                     transform=loss_ax.transAxes, fontsize=8)
+        ax.legend(fontsize=7, loc="lower right")
+    _finish(fig, title, _quality_footer(res, runs, source, "validation accuracy and loss at step 0, every "
                                         "eval_every_steps, after the stage switch and at the end"
                                         + paper), out, name)
 

@@ -253,8 +253,8 @@ def quality_cell(method, target=None, *, end_acc=0.9, variant="default", switche
     row.update(run_id=row["run_id"] + "_quality", purpose="quality")
     rid, curves = row["run_id"], []
     for step, acc in ((0, 0.3), (4, 0.92), (8, end_acc)):
-        curves.append({"run_id": rid, "step": step, "epoch": 0, "split": "eval", "metric_name": "accuracy",
-                       "value": acc})
+        curves += [{"run_id": rid, "step": step, "epoch": 0, "split": "eval", "metric_name": metric,
+                    "value": value} for metric, value in (("accuracy", acc), ("loss", round(2 * (1 - acc), 2)))]
     if target is not None:
         row["settings"] = json.dumps({"method": {"late_start_step": SWITCH, "target_ratio": target, "switch": {
             "step": SWITCH, "size": SWITCH_SIZE, "size_target": SWITCH_SIZE * target} if switched else {}}})
@@ -418,10 +418,11 @@ def test_quality_figures_draw_one_line_per_method_and_target(tmp_path, drawn):
     res = quality_folder(tmp_path / "q")
     figures.fig6_accuracy(res, tmp_path)
     figures.fig13_rank_adaptation(res, tmp_path)
-    (acc,), _, footer = drawn["fig6_accuracy"]
-    assert list(acc)[:6] == ["dense", "comera (target 0.8)", "comera (target 0.5)", "comera (target 0.2)",
-                             "galore", "lte-tuned"]
+    (acc, loss), _, footer = drawn["fig6_accuracy"]
+    assert list(acc)[:6] == list(loss)[:6] == ["dense", "comera (target 0.8)", "comera (target 0.5)",
+                                               "comera (target 0.2)", "galore", "lte-tuned"]
     assert acc["comera (target 0.2)"] == [0.3, 0.92, 0.9] and "stage switch (early -> late)" in acc
+    assert loss["comera (target 0.2)"] == [1.4, 0.16, 0.2] and "stage switch (early -> late)" in loss
     assert "quality cells, batch 32" in footer
     (size, acc13), _, _ = drawn["fig13_rank_adaptation"]
     targets = ["comera (target 0.8)", "comera (target 0.5)", "comera (target 0.2)"]
@@ -440,7 +441,7 @@ def test_missing_late_stage_and_failed_cell_are_named(tmp_path, drawn):
     assert size.note.tolist()[1:4] == ["", "late stage never started (late_start_step 4)", "oom: boom"]
     assert size["end/switch"].notna().tolist()[1:4] == [True, False, True]  # the oom cell failed after its switch
     figures.fig6_accuracy(res, tmp_path)
-    (acc,), texts, _ = drawn["fig6_accuracy"]
+    (acc, _), texts, _ = drawn["fig6_accuracy"]
     assert "comera (target 0.5) [late stage never started (late_start_step 4)]" in acc
     assert "comera (target 0.2): oom" in texts  # the failed cell's red cross
     figures.fig13_rank_adaptation(res, tmp_path)
@@ -462,8 +463,9 @@ def test_quality_outputs_without_quality_cells(tmp_path, drawn):
     size, note = tables.table_mnli_size(res)
     assert size.method.tolist() == ["dense", "dense", "dense (paper shapes)"] and "timing cells" in note
     figures.fig6_accuracy(res, tmp_path)
-    (acc,), _, footer = drawn["fig6_accuracy"]
+    (acc, loss), texts, footer = drawn["fig6_accuracy"]
     assert acc["dense, batch 1"] == [0.31, 0.31] and acc["dense, batch 32"] == [0.62, 0.62]
+    assert "dense, batch 1" not in loss and "no validation loss recorded by these runs" in texts
     assert "timing cells (this grid has no quality cells)" in footer
     figures.fig13_rank_adaptation(res, tmp_path)
     assert drawn["fig13_rank_adaptation"][1][0].startswith("Not measured in this grid: CoMERA runs with a target")
@@ -600,14 +602,14 @@ def test_fig6_draws_the_paper_line_on_mnli_only_and_fig13_names_a_missed_target(
                                   quality_cell("dense")[1] + curves))
     figures.fig6_accuracy(res, tmp_path)
     figures.fig13_rank_adaptation(res, tmp_path)
-    (acc,), _, footer = drawn["fig6_accuracy"]
+    (acc, _), _, footer = drawn["fig6_accuracy"]
     assert not any(label.startswith("paper") for label in acc) and "~64% (real MNLI) not drawn" in footer
     assert any("target 0.5 missed: the TT size ends at 1.00x" in t for t in drawn["fig13_rank_adaptation"][1])
     settings = json.loads(row["settings"])
     mnli = [{**r, "settings": json.dumps({**settings, "workload_info": {"data": "mnli"}})}
             for r in (quality_cell("dense")[0], row)]
     figures.fig6_accuracy(tables.load(make_folder(tmp_path / "mnli", mnli, curves)), tmp_path)
-    (acc,), _, _ = drawn["fig6_accuracy"]
+    (acc, _), _, _ = drawn["fig6_accuracy"]
     assert "paper (RTX 3090): final MNLI accuracy ~64%" in acc
 
 
