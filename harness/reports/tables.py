@@ -16,8 +16,8 @@ import pandas as pd
 
 from harness.reports import feeds, reference
 from harness.reports.html import markdown_table, write_html
-from harness.results.analysis import (Results, extra_of, load, purpose_of, ranks_of, settings_of, stable,
-                                      timing_cells)
+from harness.results.analysis import (LEARNING_RISE, LEARNING_TAIL, Results, extra_of, load, purpose_of,
+                                      ranks_of, settings_of, stable, timing_cells)
 
 MB = 1e6
 GIB = 2 ** 30
@@ -183,7 +183,9 @@ def table_mnli_size(res: Results) -> tuple[pd.DataFrame, str]:
             "separates models whose accuracies have saturated), accuracy_at_switch = the one right after "
             "the stage switch; sizes = parameters x 4 bytes (float32), MB = 10^6 bytes; TT size = scalars in "
             "every core and gate (at the switch: after its pruning); end/switch = TT size at the end / at the "
-            "switch, to be read against the target; the paper row is its model at full size")
+            "switch, to be read against the target; the paper row is its model at full size; a note \"still "
+            f"learning\": its accuracy rose by more than {LEARNING_RISE:g} over its last {LEARNING_TAIL:.0%} of "
+            "steps, so it is not a settled result")
 
 
 def _count(value: Any) -> int | None:
@@ -202,7 +204,7 @@ def _size_row(res: Results, r: Any) -> dict[str, Any]:
             "target": r.target_ratio, "total_MB": _mb(r.params_total),
             "tensorized_layers_MB": _mb(r.params_factorized_layers),
             "compression_total": r.compression_total, "compression_layers": r.compression_layers,
-            "note": status_note(r) or late_stage_missing(r)}
+            "note": "; ".join(filter(None, (status_note(r) or late_stage_missing(r), res.still_learning(r))))}
 
 
 def table_runs(res: Results) -> tuple[pd.DataFrame, str]:
@@ -303,6 +305,10 @@ def overview(res: Results) -> tuple[pd.DataFrame, str]:
         named = sorted(row.run_id for row in runs.itertuples() if named_by(row))
         if named:
             rows.append((label, f"{len(named)} ({where}): " + ", ".join(named)))
+    learning = sorted(row.run_id for row in runs.itertuples() if res.still_learning(row))
+    if learning:
+        rows.append(("quality cells still learning at their end (accuracy not settled: train longer)",
+                     f"{len(learning)} (table_mnli_size: note): " + ", ".join(learning)))
     footprint = group_gpu_memory(runs)
     if footprint:
         rows.append(("GPU memory in use by each timing group (every process on the GPU, read when a cell's "

@@ -14,6 +14,7 @@ module computes. harness.core.timing measures the machine's state and writes eac
   seeds, the only place seeds are aggregated).
 * Which rows may be compared: the same GPU model (:func:`on_gpu`), timed together (:func:`timed_together`),
   the same memory kind (:func:`same_memory_kind`).
+* Whether a trained run had settled: :func:`still_learning` (its validation accuracy over its last steps).
 
 The time statistic (docs/measurement.md, "Ratios"): the time of a cell is its MEAN step time, so that
 periodic work (pruning every k steps, GaLore's projection update) is counted. Two cells timed together
@@ -377,6 +378,38 @@ def pair_ratio(a: pd.DataFrame, b: pd.DataFrame, column: str = TIME) -> Ratio | 
     return found[len(found) // 2]
 
 
+# ------------------------------------------------------------------------------------ quality runs
+
+LEARNING_TAIL = 0.2
+"""The last share of a trained run's steps over which its validation accuracy should have settled."""
+LEARNING_RISE = 0.02
+"""How much that accuracy may still rise over them and count as settled (10 of 500 evaluation samples)."""
+
+
+def still_learning(accuracy: pd.DataFrame) -> str:
+    """Why a run's validation accuracy had not settled at its end, "" when it had.
+
+    Args:
+        accuracy: the run's evaluations, columns ``step`` and ``value``, in step order.
+
+    Returns:
+        "" when the last accuracy is at most LEARNING_RISE above the best before the last LEARNING_TAIL
+        of the steps (a dip and its recovery, as after CoMERA's stage switch, count as settled), or when
+        no evaluation precedes that span; else the reason, e.g. "still learning at its end: validation
+        accuracy 0.856 -> 0.976 over its last 20% of steps".
+    """
+    if len(accuracy) < 2:
+        return ""
+    before = accuracy[accuracy.step <= accuracy.step.iloc[-1] * (1 - LEARNING_TAIL)]
+    if not len(before):
+        return ""
+    best, last = float(before.value.max()), float(accuracy.value.iloc[-1])
+    if last - best <= LEARNING_RISE + 1e-9:  # 1.0 - 0.98 is 0.020000000000000018
+        return ""
+    return (f"still learning at its end: validation accuracy {best:.3f} -> {last:.3f} over its last "
+            f"{LEARNING_TAIL:.0%} of steps")
+
+
 # ------------------------------------------------------------------------------------ results model
 
 def budget_text(budget: dict[str, Any]) -> str:
@@ -426,6 +459,15 @@ class Results:
         info["accuracy"] = float(acc.value.iloc[-1]) if len(acc) else None
         info["size_end"] = self.tt_size(row.run_id)
         return info
+
+    def still_learning(self, row: Any) -> str:
+        """:func:`still_learning` of a quality cell's validation accuracy; "" for a timing cell, whose few
+        steps are not meant to converge."""
+        if row.purpose != QUALITY:
+            return ""
+        c = self.curves[(self.curves.run_id == row.run_id) & (self.curves.split == "eval")
+                        & (self.curves.metric_name == "accuracy")]
+        return still_learning(c.sort_values("step"))
 
     def tt_size(self, run_id: str, first: bool = False) -> float | None:
         """A run's TT size (curves method/params_tt, recorded after every step): the last record, or with

@@ -414,6 +414,23 @@ def test_size_table_orders_targets_and_takes_end_over_switch_from_curves_and_set
     assert size.iloc[-1]["source"] == "paper (RTX 3090)" and "quality cells" in note
 
 
+def test_quality_cells_still_learning_at_their_end_are_noted_and_named(tmp_path):
+    """A quality cell whose accuracy rose by more than 0.02 over its last fifth of steps (0.92 at step 4
+    -> its end at step 8) gets a note and an overview row; a timing cell's rising curve does not."""
+    timing_row, timing_curves = quality_cell("lte", variant="tuned", end_acc=0.99)
+    timing_row["purpose"] = "timing"
+    res = quality_folder(tmp_path / "q", quality_cell("dense", end_acc=0.95), quality_cell("galore", end_acc=0.93),
+                         (timing_row, timing_curves), with_timing=False)
+    size, note = tables.table_mnli_size(res)
+    notes = dict(zip(size.method, size.note))
+    assert notes["dense"] == ("still learning at its end: validation accuracy 0.920 -> 0.950 over its last 20% "
+                              "of steps")
+    assert notes["galore"] == "" and "a note \"still learning\": its accuracy rose by more than 0.02" in note
+    overview = dict(tables.overview(res)[0].values)
+    assert overview["quality cells still learning at their end (accuracy not settled: train longer)"] == (
+        "1 (table_mnli_size: note): transformer_dense-default_b32_tNone_quality")
+
+
 def test_quality_figures_draw_one_line_per_method_and_target(tmp_path, drawn):
     res = quality_folder(tmp_path / "q")
     figures.fig6_accuracy(res, tmp_path)

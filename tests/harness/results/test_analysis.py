@@ -123,3 +123,19 @@ def test_load_names_a_folder_without_merged_runs_and_the_device_folders_below_it
         analysis.load(tmp_path)
     with pytest.raises(ResultsError, match=r"holds no merged runs.parquet: give a results/<device> folder"):
         analysis.load(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("steps, values, expected", [
+    ([0, 200, 400, 600, 800, 1000], [0.3, 0.67, 0.9, 0.95, 0.98, 1.0], ""),  # rose 0.02: settled
+    ([0, 200, 400, 600, 800, 1000], [0.3, 0.67, 0.8, 0.85, 0.856, 0.976], "0.856 -> 0.976 over its last 20%"),
+    ([0, 400, 450, 600, 800, 1000], [0.3, 0.99, 0.80, 0.9, 0.95, 0.99], ""),  # a dip after the switch, recovered
+    ([0, 500, 1000], [0.3, 0.6, 0.7], "0.600 -> 0.700"),  # the tail starts after the last evaluation at 500
+    ([0, 1000], [0.3, 0.9], "0.300 -> 0.900"),  # only the first evaluation precedes the tail
+    ([0, 850, 900, 1000], [0.3, 0.5, 0.6, 0.7], "0.300 -> 0.700"),
+    ([1000], [0.9], ""),  # one evaluation: nothing to say
+    ([900, 950, 1000], [0.3, 0.5, 0.9], ""),  # none before the tail
+])
+def test_still_learning_compares_the_end_with_the_best_before_the_last_fifth(steps, values, expected):
+    said = analysis.still_learning(pd.DataFrame({"step": steps, "value": values}))
+    assert (expected in said) if expected else said == ""
+    assert not expected or said.startswith("still learning at its end: validation accuracy")
