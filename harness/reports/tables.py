@@ -185,7 +185,7 @@ def table_mnli_size(res: Results) -> tuple[pd.DataFrame, str]:
             "every core and gate (at the switch: after its pruning); end/switch = TT size at the end / at the "
             "switch, to be read against the target; the paper row is its model at full size; a note \"still "
             f"learning\": its accuracy rose by more than {LEARNING_RISE:g} over its last {LEARNING_TAIL:.0%} of "
-            "steps, so it is not a settled result")
+            "steps to less than 1, so it is not a settled result")
 
 
 def _count(value: Any) -> int | None:

@@ -394,11 +394,11 @@ def still_learning(accuracy: pd.DataFrame) -> str:
 
     Returns:
         "" when the last accuracy is at most LEARNING_RISE above the best before the last LEARNING_TAIL
-        of the steps (a dip and its recovery, as after CoMERA's stage switch, count as settled), or when
-        no evaluation precedes that span; else the reason, e.g. "still learning at its end: validation
-        accuracy 0.856 -> 0.976 over its last 20% of steps".
+        of the steps (a dip and its recovery, as after CoMERA's stage switch, count as settled), when it
+        is 1 (nothing left to learn), or when no evaluation precedes that span; else the reason, e.g.
+        "still learning at its end: validation accuracy 0.856 -> 0.976 over its last 20% of steps".
     """
-    if len(accuracy) < 2:
+    if len(accuracy) < 2 or accuracy.value.iloc[-1] >= 1.0:
         return ""
     before = accuracy[accuracy.step <= accuracy.step.iloc[-1] * (1 - LEARNING_TAIL)]
     if not len(before):

@@ -126,7 +126,9 @@ def test_load_names_a_folder_without_merged_runs_and_the_device_folders_below_it
 
 
 @pytest.mark.parametrize("steps, values, expected", [
-    ([0, 200, 400, 600, 800, 1000], [0.3, 0.67, 0.9, 0.95, 0.98, 1.0], ""),  # rose 0.02: settled
+    ([0, 200, 400, 600, 800, 1000], [0.3, 0.67, 0.9, 0.95, 0.98, 0.999], ""),  # rose 0.019: settled
+    ([0, 200, 400, 600, 800, 1000], [0.3, 0.67, 0.9, 0.95, 0.95, 1.0], ""),  # at 1: nothing left to learn
+    ([0, 200, 400, 600, 800, 1000], [0.3, 0.67, 0.9, 0.95, 0.95, 0.99], "0.950 -> 0.990"),
     ([0, 200, 400, 600, 800, 1000], [0.3, 0.67, 0.8, 0.85, 0.856, 0.976], "0.856 -> 0.976 over its last 20%"),
     ([0, 400, 450, 600, 800, 1000], [0.3, 0.99, 0.80, 0.9, 0.95, 0.99], ""),  # a dip after the switch, recovered
     ([0, 500, 1000], [0.3, 0.6, 0.7], "0.600 -> 0.700"),  # the tail starts after the last evaluation at 500
