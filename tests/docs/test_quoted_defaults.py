@@ -23,6 +23,8 @@ FIELDS = {f.name: f.default for f in dataclasses.fields(RankSettings)}
 NUMBER = r"([0-9][0-9.e+-]*)"
 GRID = yaml.safe_load((DOCS.parent / "config" / "config.yaml").read_text())
 GRID_COMERA = GRID["methods"]["comera"]["params"]
+QUALITY = GRID["workloads"]["transformer"]["quality"]
+QUALITY_STEPS = QUALITY["params"]["train_samples"] // QUALITY["batch_sizes"][0]  # one epoch
 
 
 def _config(name: str, method: str = "comera") -> dict:
@@ -63,7 +65,9 @@ QUOTED = [  # (file, pattern with the quoted value as its group, the code's defa
     ("pipeline.md", rf"\(`target_ramp: [0-9.]+`\), `size_weight: {NUMBER}`", _config("paper.yaml")["size_weight"]),
     # the default grid's values (config/config.yaml) and the progress lines' period
     ("pipeline.md", rf"gate penalty `l1_weight` {NUMBER}, the paper's", GRID_COMERA.get("l1_weight", LIBRARY["l1_weight"])),
-    ("pipeline.md", rf"{NUMBER} early-stage steps", GRID_COMERA.get("early_fraction", LIBRARY["early_fraction"]) * 1000),
+    ("pipeline.md", rf"{NUMBER} early-stage steps",
+     GRID_COMERA.get("early_fraction", LIBRARY["early_fraction"]) * QUALITY_STEPS),
+    ("pipeline.md", rf"one epoch of\s+{NUMBER} steps", QUALITY_STEPS),
     ("pipeline.md", rf"ETA \.\.\.` at least\s+every {NUMBER} s", LOG_EVERY_S),
     ("usage.md", rf"ETA \.\.\.` every {NUMBER} s", LOG_EVERY_S),
     ("../README.md", rf"ETA at least every {NUMBER} s", LOG_EVERY_S),
