@@ -314,11 +314,6 @@ def _quality_runs(res: Results) -> tuple[pd.DataFrame, dict[str, str], str]:
     return runs, labels, source
 
 
-def _series(res: Results, run_id: str, split: str, metric: str) -> pd.DataFrame:
-    c = res.curves
-    return c[(c.run_id == run_id) & (c.split == split) & (c.metric_name == metric)].sort_values("step")
-
-
 LINE_STYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "D", "v", "P")
 
@@ -354,14 +349,14 @@ def fig6_accuracy(res: Results, out: Path) -> None:
     early stage, so the lines part at the stage switch); failed cells as red crosses."""
     name, title = "fig6_accuracy", "Fig 6: transformer validation accuracy and loss over training"
     runs, labels, source = _quality_runs(res)
-    curves = {r: _series(res, r, "eval", "accuracy") for r in runs.run_id}
+    curves = {r: res.series(r, "eval", "accuracy") for r in runs.run_id}
     if not any(len(c) for c in curves.values()):
         return _empty(out, name, title, f"eval accuracy curves of transformer runs ({source})",
                       res.settings_line())
     fig, (ax, loss_ax) = _figure(2, width=6.0)
     with_loss = False
     for i, r in enumerate(runs.itertuples()):
-        c, loss = curves[r.run_id], _series(res, r.run_id, "eval", "loss")
+        c, loss = curves[r.run_id], res.series(r.run_id, "eval", "loss")
         if len(c):
             ax.plot(c.step, c.value, label=labels[r.run_id], **distinct(i))
         if len(loss):
@@ -408,7 +403,7 @@ def fig13_rank_adaptation(res: Results, out: Path) -> None:
                       + ("; ".join(missing) or f"none among the {source}") + ")", res.settings_line())
     fig, (left, right) = _figure(2)
     for i, r in enumerate(shown.itertuples()):
-        size, acc = _series(res, r.run_id, "method", "params_tt"), _series(res, r.run_id, "eval", "accuracy")
+        size, acc = res.series(r.run_id, "method", "params_tt"), res.series(r.run_id, "eval", "accuracy")
         ratio = size.value / res.switch(r)["size"]
         style = {**distinct(i), "marker": None}
         left.plot(size.step, ratio, label=labels[r.run_id], **style)

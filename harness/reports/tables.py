@@ -301,14 +301,12 @@ def overview(res: Results) -> tuple[pd.DataFrame, str]:
             ("cells timed alone after running out of memory beside their timing group", timed_alone,
              "table_runs: timed_alone; their ratios are of cells timed apart"),
             ("compiled cells with graph breaks or an eager fallback", compile_trouble,
-             "table_runs: compiled; their steps ran partly or wholly outside compiled graphs")):
+             "table_runs: compiled; their steps ran partly or wholly outside compiled graphs"),
+            ("quality cells still learning at their end (accuracy not settled: train longer)",
+             res.still_learning, "table_mnli_size: note")):
         named = sorted(row.run_id for row in runs.itertuples() if named_by(row))
         if named:
             rows.append((label, f"{len(named)} ({where}): " + ", ".join(named)))
-    learning = sorted(row.run_id for row in runs.itertuples() if res.still_learning(row))
-    if learning:
-        rows.append(("quality cells still learning at their end (accuracy not settled: train longer)",
-                     f"{len(learning)} (table_mnli_size: note): " + ", ".join(learning)))
     footprint = group_gpu_memory(runs)
     if footprint:
         rows.append(("GPU memory in use by each timing group (every process on the GPU, read when a cell's "

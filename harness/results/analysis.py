@@ -448,14 +448,20 @@ class Results:
         graph = df.run_id.map(self.cuda_graph).astype(bool)
         return df[~df.run_id.isin(list(self.sweeps)) & ~graph]
 
+    def series(self, run_id: str, split: str, metric: str) -> pd.DataFrame:
+        """One run's curve of one metric (its ``curves`` rows of ``split`` / ``metric``), in step order."""
+        c = self.curves
+        return c[(c.run_id == run_id) & (c.split == split) & (c.metric_name == metric)].sort_values(
+            "step", kind="stable")
+
     def switch(self, row: Any) -> dict[str, float]:
         """A CoMERA run's stage switch: step, TT size (from its settings), accuracy right after it and
         the TT size at the end (from its curves); empty when the late stage never started."""
         info = dict(settings_of(row).get("method", {}).get("switch") or {})
         if not info.get("step"):
             return {}
-        acc = self.curves[(self.curves.run_id == row.run_id) & (self.curves.split == "eval")
-                          & (self.curves.metric_name == "accuracy") & (self.curves.step == info["step"])]
+        acc = self.series(row.run_id, "eval", "accuracy")
+        acc = acc[acc.step == info["step"]]
         info["accuracy"] = float(acc.value.iloc[-1]) if len(acc) else None
         info["size_end"] = self.tt_size(row.run_id)
         return info
@@ -465,15 +471,12 @@ class Results:
         steps are not meant to converge."""
         if row.purpose != QUALITY:
             return ""
-        c = self.curves[(self.curves.run_id == row.run_id) & (self.curves.split == "eval")
-                        & (self.curves.metric_name == "accuracy")]
-        return still_learning(c.sort_values("step"))
+        return still_learning(self.series(row.run_id, "eval", "accuracy"))
 
     def tt_size(self, run_id: str, first: bool = False) -> float | None:
         """A run's TT size (curves method/params_tt, recorded after every step): the last record, or with
         ``first`` the one after the first step (the size before training unless that step pruned)."""
-        c = self.curves[(self.curves.run_id == run_id) & (self.curves.split == "method")
-                        & (self.curves.metric_name == "params_tt")].sort_values("step")
+        c = self.series(run_id, "method", "params_tt")
         return float(c.value.iloc[0 if first else -1]) if len(c) else None
 
     def cuda_graph(self, run_id: str) -> bool:
