@@ -343,10 +343,15 @@ def _switch_line(ax: plt.Axes, res: Results, runs: pd.DataFrame) -> None:
         ax.axvline(step, color="gray", ls=":", lw=1, label="stage switch (early -> late)" if i == 0 else None)
 
 
+LOG_LOSS_SPAN = 10.0
+"""Fig 6 draws the validation loss on a log scale where its values span at least this factor."""
+
+
 def fig6_accuracy(res: Results, out: Path) -> None:
-    """Validation accuracy (left) and loss (right, log scale: it still separates models whose accuracies
-    have saturated) over training, one line per quality cell (CoMERA: one per target; they share the
-    early stage, so the lines part at the stage switch); failed cells as red crosses."""
+    """Validation accuracy (left) and loss (right, on a log scale where it spans LOG_LOSS_SPAN or more: it
+    still separates models whose accuracies have saturated) over training, one line per quality cell
+    (CoMERA: one per target; they share the early stage, so the lines part at the stage switch); failed
+    cells as red crosses."""
     name, title = "fig6_accuracy", "Fig 6: transformer validation accuracy and loss over training"
     runs, labels, source = _quality_runs(res)
     curves = {r: res.series(r, "eval", "accuracy") for r in runs.run_id}
@@ -354,14 +359,14 @@ def fig6_accuracy(res: Results, out: Path) -> None:
         return _empty(out, name, title, f"eval accuracy curves of transformer runs ({source})",
                       res.settings_line())
     fig, (ax, loss_ax) = _figure(2, width=6.0)
-    with_loss = False
+    losses = []
     for i, r in enumerate(runs.itertuples()):
         c, loss = curves[r.run_id], res.series(r.run_id, "eval", "loss")
         if len(c):
             ax.plot(c.step, c.value, label=labels[r.run_id], **distinct(i))
         if len(loss):
             loss_ax.plot(loss.step, loss.value, label=labels[r.run_id], **distinct(i))
-            with_loss = True
+            losses += list(loss.value)
         if r.status != "ok":
             _mark_failed(ax, c.step.max() if len(c) else 0, f"{labels[r.run_id]}: {r.status}")
     _switch_line(ax, res, runs)
@@ -372,13 +377,15 @@ def fig6_accuracy(res: Results, out: Path) -> None:
         paper = ""
     else:
         paper = f"; the paper's ~{acc:.0%} (real MNLI) not drawn: another task"
+    log = bool(losses) and min(losses) > 0 and max(losses) >= LOG_LOSS_SPAN * min(losses)
     for panel, ylabel in ((ax, "validation accuracy (fraction)"),
-                          (loss_ax, "validation loss (cross-entropy, log scale)")):
+                          (loss_ax, "validation loss (cross-entropy" + (", log scale)" if log else ")"))):
         panel.set_xlabel("training step")
         panel.set_ylabel(ylabel)
         panel.grid(alpha=0.3)
-    if with_loss:
+    if log:
         loss_ax.set_yscale("log")
+    if losses:
         loss_ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     else:
         loss_ax.text(0.5, 0.5, "no validation loss recorded by these runs", ha="center", va="center",

@@ -448,6 +448,16 @@ def test_quality_figures_draw_one_line_per_method_and_target(tmp_path, drawn):
     assert acc13["comera (target 0.5)"] == [0.3, 0.92, 0.94]
 
 
+@pytest.mark.parametrize("end_acc, scale", [(0.95, "log"), (0.5, "linear")])
+def test_fig6_draws_the_loss_on_a_log_scale_only_where_it_spans_a_decade(tmp_path, monkeypatch, end_acc, scale):
+    """Losses 2 x (1 - accuracy): 1.4, 0.16 and 0.1 span 14x (log scale); 1.4, 0.16 and 1.0 span 8.75x."""
+    seen = {}
+    monkeypatch.setattr(figures, "_finish", lambda fig, *_: seen.update(
+        scale=fig.axes[1].get_yscale(), label=fig.axes[1].get_ylabel()))
+    figures.fig6_accuracy(quality_folder(tmp_path / "q", quality_cell("dense", end_acc=end_acc)), tmp_path)
+    assert seen["scale"] == scale and seen["label"].endswith(", log scale)") == (scale == "log")
+
+
 def test_missing_late_stage_and_failed_cell_are_named(tmp_path, drawn):
     res = quality_folder(tmp_path / "q", quality_cell("dense"), quality_cell("comera", 0.8),
                          quality_cell("comera", 0.5, switched=False), quality_cell("comera", 0.2, status="oom"))
