@@ -8,7 +8,9 @@ from comera.contraction import PlanSettings
 from comera.feedforward import feed_forward
 from comera.kernels import register_flop_formulas
 from comera.plain import plain_autograd
-from comera.rank import RankSettings, TwoStageRankAdaptation, prune, ranks, tt_parameter_count
+from comera.prune import prune
+from comera.rank import RankSettings, TwoStageRankAdaptation
+from comera.size import rank_shares, ranks, removed_layers, tt_parameter_count
 from comera.tt import TTLinear
 from comera.ttm import TTMEmbedding
 
@@ -26,7 +28,9 @@ __all__ = [
     "model_size",
     "ConversionReport",
     "TwoStageRankAdaptation",
+    "rank_shares",
     "prune",
+    "removed_layers",
     "ranks",
     "tt_parameter_count",
 ]

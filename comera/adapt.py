@@ -8,25 +8,14 @@ train, and the optimizer's parameter groups (TT cores / rank gates / the rest).
         loss.backward(); optimizer.step(); optimizer.zero_grad()
         adapt.step()                                  # stage switch and pruning
 
-Built on :class:`comera.rank.TwoStageRankAdaptation`. The early stage (the first ``early_fraction`` of
-``total_steps``) prunes ranks gently (gate penalty ``l1_weight`` 0.01, the paper's; no core penalty); the
-late stage, only with a ``target``, drives the TT size to ``target`` times its size at the switch, the
-target falling linearly over the first ``target_ramp`` of the late stage, and never prunes below it. Its
-reference loss L0 is the best running task loss so far (``loss_reference="best"``) and ``rho`` is 1, so the
-task loss keeps at least half its weight in the size branch.
-
-These are the library's defaults (:func:`defaults`: the fields of :class:`comera.rank.RankSettings` and
-this class's ``early_fraction`` 0.45 and ``target_ramp`` 0.8; size weight 5, pruning every 10 steps), and
-the one set of CoMERA defaults: the pipeline's ``comera`` method takes them from here, and a config
-overrides only what it states (the default grid's quality cells raise ``size_weight`` to 10 for their
-short late stage; config/paper.yaml keeps the paper's schedule). How they were chosen: docs/recipe.md.
-Layers built by ``tensorize`` use the official initialization, and the gates learn 5x faster than the
-cores (``param_groups``).
+Built on :class:`comera.rank.TwoStageRankAdaptation` with the library's defaults (:func:`defaults`);
+what each stage does: :mod:`comera.rank`; how the defaults were chosen: docs/recipe.md.
 """
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import warnings
 from typing import Any, Iterable
 
 import torch
@@ -34,10 +23,12 @@ from torch import nn
 
 from comera.convert import dense_equivalent
 from comera.ttm import TTMEmbedding
-from comera.rank import RankSettings, TwoStageRankAdaptation, ranks, tensorized_modules, tt_parameter_count
+from comera.rank import RankSettings, TwoStageRankAdaptation
+from comera.size import ranks, removed_layers, tensorized_modules, tt_parameter_count
 
 GATE_LR_FACTOR = 5.0
-DERIVED = ("late_start_step", "target_ratio", "target_ramp_steps")  # set from target / total_steps
+DERIVED = ("late_start_step", "target_ratio", "total_steps", "converged_window")  # from target, steps
+CONVERGED_WINDOW = 0.1  # converged_window as a fraction of total_steps
 
 
 def learning_rates(lr: float = 1e-3, *, cores: float | None = None, gates: float | None = None,
@@ -71,28 +62,37 @@ def param_groups(model: nn.Module, lr: float = 1e-3, *, cores: float | None = No
 
 def defaults() -> dict[str, Any]:
     """The library's rank-adaptation defaults: every keyword :class:`RankAdaptation` takes besides
-    ``target`` and ``total_steps`` (``early_fraction``, ``target_ramp`` and the fields of
-    :class:`comera.rank.RankSettings` not derived from them), with its default."""
+    ``target`` and ``total_steps`` (``early_fraction`` and the fields of :class:`comera.rank.RankSettings`
+    not derived from them), with its default."""
     out = {f.name: f.default for f in dataclasses.fields(RankSettings) if f.name not in DERIVED}
-    signature = inspect.signature(RankAdaptation)
-    out.update((name, signature.parameters[name].default) for name in ("early_fraction", "target_ramp"))
+    out["early_fraction"] = inspect.signature(RankAdaptation).parameters["early_fraction"].default
     return out
 
 
 class RankAdaptation:
     """CoMERA's two-stage rank adaptation driven by a training loop: ``loss`` and ``step``.
 
-    ``optimizer``: one or a list; pruning slices their state with the parameters. ``target``: the final
-    TT size as a fraction of the size at the stage switch (None: early stage only). ``total_steps``: the
-    steps the loop will run (needed with a target). ``early_fraction`` of them is the early stage;
-    ``target_ramp``: the fraction of the late stage over which the target falls (0: fixed, the paper).
-    Keyword ``settings`` override the defaults (any field of :class:`comera.rank.RankSettings` but the
-    three derived from ``target`` and ``total_steps``)."""
+    Args:
+        model: a model with TT / TTM layers (:func:`comera.tensorize`).
+        optimizer: one or a list; pruning slices (and rescales) their state with the parameters.
+        target: the final TT size as a fraction of the size at the stage switch (None: early stage only).
+        total_steps: the steps the loop will run (needed with a target).
+        early_fraction: the early stage lasts at least this fraction of ``total_steps``; the switch comes
+            when the task loss has stopped improving after that (``switch_when="converged"``, default) or
+            right then (``"step"``).
+        settings: any field of :class:`comera.rank.RankSettings` but those derived from the arguments
+            above (``late_start_step``, ``target_ratio``, ``total_steps``; ``converged_window`` is 10% of
+            ``total_steps`` unless given).
+
+    Raises:
+        TypeError: an unknown setting, or an optimizer that is not a torch optimizer.
+        ValueError: a model without TT / TTM layers, a target without ``total_steps``, a value out of range.
+    """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] = (),
                  *, target: float | None = None, total_steps: int | None = None, early_fraction: float = 0.45,
-                 target_ramp: float = 0.8, **settings: Any):
-        fields = {f.name for f in dataclasses.fields(RankSettings)} - set(DERIVED)
+                 **settings: Any):
+        fields = {f.name for f in dataclasses.fields(RankSettings)} - set(DERIVED) | {"converged_window"}
         unknown = set(settings) - fields
         if unknown:
             raise TypeError(f"RankAdaptation: unknown setting(s) {sorted(unknown)}; settings: {sorted(fields)}")
@@ -101,15 +101,15 @@ class RankAdaptation:
         if target is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, int)
                                    or total_steps < 2):
             raise ValueError(f"RankAdaptation: a target needs total_steps (an int >= 2), got {total_steps!r}")
-        for name, value in (("early_fraction", early_fraction), ("target_ramp", target_ramp)):
-            if not 0 <= value <= 1:
-                raise ValueError(f"RankAdaptation: {name} must be in [0, 1], got {value!r}")
+        if not 0 <= early_fraction <= 1:
+            raise ValueError(f"RankAdaptation: early_fraction must be in [0, 1], got {early_fraction!r}")
         late_start = None
         if target is not None:
             late_start = min(total_steps - 1, max(1, round(early_fraction * total_steps)))
-        ramp = round(target_ramp * (total_steps - late_start)) if late_start else 0
+        if total_steps is not None and "converged_window" not in settings:
+            settings["converged_window"] = max(1, round(CONVERGED_WINDOW * total_steps))
         self.settings = RankSettings(**settings, late_start_step=late_start, target_ratio=target,
-                                     target_ramp_steps=ramp)
+                                     total_steps=total_steps)
         optimizers = [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else list(optimizer)
         for item in optimizers:
             if not isinstance(item, torch.optim.Optimizer):
@@ -137,7 +137,20 @@ class RankAdaptation:
         self.steps += 1
         self.resized = info["params_tt"] != self._params_tt
         self._params_tt = info["params_tt"]
+        if self.steps == self.total_steps and self.shortfall is not None:
+            warnings.warn(f"rank adaptation: the size target was not reached: {self.shortfall}",
+                          RuntimeWarning, stacklevel=2)
         return info
+
+    @property
+    def shortfall(self) -> str | None:
+        """Why the size target is not reached (yet), in words; None when it is or there is none."""
+        return self.driver.shortfall()
+
+    @property
+    def removed_layers(self) -> list[str]:
+        """The layers whose weight is zero: a bond lost every rank (only with ``min_rank=0``)."""
+        return removed_layers(self.model)
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs besides the model's and the optimizers' state dicts: steps done, the
@@ -192,15 +205,21 @@ class RankAdaptation:
         return self.driver.switch.get("size_target")
 
     def summary(self) -> str:
-        """One line: steps, stage, TT size against its start, its dense equivalent and the target."""
+        """Steps, stage, TT size against its start, its dense equivalent and the target; then, each on a
+        line of its own, why the target is not reached (:attr:`shortfall`) and the removed layers."""
         dense = sum(dense_equivalent(m) for _, m in tensorized_modules(self.model))
         size = self.size
         target = self.size_target
-        text = (f"step {self.steps}, {self.stage} stage: {size:,} TT parameters ({size / self.initial_size:.3f} "
-                f"of {self.initial_size:,} at the start; dense layers {dense:,}, compression {dense / max(size, 1):.1f}x)")
+        text = (f"step {self.steps}, {self.stage} stage: {size:,} TT parameters "
+                f"({size / self.initial_size:.3f} of {self.initial_size:,} at the start; dense layers "
+                f"{dense:,}, compression {dense / max(size, 1):.1f}x)")
         if target is not None:
-            text += (f"; target {target:,.0f} = {self.settings.target_ratio} x {self.driver.switch['size']:,.0f} "
-                     f"at the switch (now {size / target:.3f} of it)")
+            text += (f"; target {target:,.0f} = {self.settings.target_ratio} x "
+                     f"{self.driver.switch['size']:,.0f} at the switch (now {size / target:.3f} of it)")
+        if self.settings.target_ratio is not None and self.shortfall is not None:
+            text += f"\ntarget not reached: {self.shortfall}"
+        if self.removed_layers:
+            text += f"\nremoved layers (weight zero): {', '.join(self.removed_layers)}"
         return text
 
     def ranks(self) -> dict[str, list[int]]:

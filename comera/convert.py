@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from comera.init import INIT_SCHEMES
-from comera.rank import tensorized_modules
+from comera.size import tensorized_modules
 from comera.shapes import factorize
 from comera.tt import TTLinear
 from comera.ttm import LOOKUP_MODES, TTMEmbedding

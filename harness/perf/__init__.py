@@ -22,7 +22,7 @@ so that a load change on a shared machine hits both):
    step, which bounds the ratio even if the tensorized layers took no time (the row's bound).
 3. TTMEmbedding optimized vs naive lookup (time, peak memory) and the TTM table's memory vs an
    nn.Embedding with dense gradients, at 10000..40000 Zipf-like indices.
-4. The paper-shape step at batch 32 after the rank gates halve every rank and comera.rank.prune shrinks
+4. The paper-shape step at batch 32 after the rank gates halve every rank and comera.prune.prune shrinks
    the cores: the tensorized layers' speedup, and the step's speedup as a fraction of its Amdahl estimate.
 5. Contraction-plan FLOPs vs the sum of opt_einsum's optimal costs of the forward and backward
    contractions, over a sweep of TT orders and token counts.

@@ -23,7 +23,8 @@ into ``method_settings`` and ``allocator``."""
 
 def halve_ranks(model: torch.nn.Module, threshold: float, optimizers=()) -> dict[str, list[int]]:
     """Zero the upper half of every rank gate (keeping max(1, r // 2)) and prune physically."""
-    from comera.rank import prune, ranks, tensorized_modules
+    from comera.prune import prune
+    from comera.size import ranks, tensorized_modules
 
     with torch.no_grad():
         for _, module in tensorized_modules(model):
@@ -64,10 +65,10 @@ def cell_result(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _capture_tensorized_inputs(model: torch.nn.Module, forward: Callable[[], Any]) -> dict[str, torch.Tensor]:
-    """The first positional input each tensorized module (comera.rank.tensorized_modules) receives during
+    """The first positional input each tensorized module (comera.size.tensorized_modules) receives during
     ``forward()`` (run without gradients): index tensors as they are, float inputs as empty tensors of
     the same shape (only their shape matters for timing)."""
-    from comera.rank import tensorized_modules
+    from comera.size import tensorized_modules
 
     seen: dict[str, torch.Tensor] = {}
     handles = []
@@ -90,7 +91,7 @@ def _layer_calls(model: torch.nn.Module, inputs: dict[str, torch.Tensor]):
     """For each tensorized module with a captured input: a closure running one forward+backward of it on
     that input (random values, random output gradient, input gradient for float inputs), and the reset
     that drops the gradients it left."""
-    from comera.rank import tensorized_modules
+    from comera.size import tensorized_modules
 
     modules = dict(tensorized_modules(model))
     for name, shape_of in inputs.items():
@@ -152,7 +153,7 @@ def profile(job: dict[str, Any], out: dict[str, Any]) -> Callable[[Any], None]:
     tensorized layers and, with ``job["halve"]``, the same after halving every rank of a copy, the steps
     and the lone layers of the cell's model and of the halved copy alternating in rounds."""
     def after_steps(cell) -> None:
-        from comera.rank import tensorized_modules
+        from comera.size import tensorized_modules
 
         prepared, workload, device = cell.prepared, cell.workload, cell.device
         model = prepared.model

@@ -1,0 +1,117 @@
+"""Physical rank pruning of TT / TTM layers, decided by each rank's share of its bond.
+
+A gate's value alone does not say what its rank contributes (the cores around it can carry any part of
+its scale); its share does (:func:`comera.size.rank_shares`). :func:`prune` removes the ranks whose share
+is at or below the threshold.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from comera.size import bond_sizes, rank_shares, tensorized_modules, tt_parameter_count
+from comera.tt import parameter_entries
+
+
+@torch.no_grad()
+def prune(model: nn.Module, threshold: float, optimizers: Iterable[torch.optim.Optimizer] = (),
+          min_size: float | None = None, min_rank: int = 1) -> dict:
+    """Physically remove every rank whose share of its bond (:func:`rank_shares`) is ``<= threshold``.
+
+    Args:
+        model: a model with TT / TTM layers.
+        threshold: a rank goes when its share of its bond's largest is at or below it.
+        optimizers: their state tensors shaped like a parameter are sliced with it.
+        min_size: ranks are removed smallest share first, skipping one that would take
+            :func:`~comera.size.tt_parameter_count` below it (the late stage's size target).
+        min_rank: every bond keeps at least this many ranks (its largest shares). With 0 a bond may lose
+            all of them: the layer's weight is then zero, and its other bonds are emptied too, so that it
+            stores nothing (the layer is *removed*: a linear layer outputs its bias).
+
+    Cores, gates, their gradients and every optimizer state tensor shaped like the parameter are sliced;
+    the Parameter objects stay the same and scalar state (``step``) is kept. Call it between steps (after
+    the optimizer step), never between a forward and its backward.
+
+    Returns:
+        ``{"ranks_before", "ranks_after", "params_before", "params_after", "removed"}``, ``removed`` the
+        names of the layers this call removed.
+
+    Raises:
+        ValueError: ``min_rank`` below 0.
+    """
+    if min_rank < 0:
+        raise ValueError(f"prune: min_rank must be >= 0, got {min_rank}")
+    optimizers = list(optimizers)
+    named = tensorized_modules(model)
+    before = {name: bond_sizes(module) for name, module in named}
+    params_before = tt_parameter_count(model)
+    shares = [rank_shares(module) for _, module in named]
+    drop = _ranks_to_drop([module for _, module in named], shares, threshold, min_size, params_before, min_rank)
+    removed = []
+    for m, (name, module) in enumerate(named):
+        emptied = any(len(drop.get((m, k), ())) == gate.numel() > 0 for k, gate in enumerate(module.gates))
+        if emptied:  # the weight is zero whatever the other bonds hold: store nothing
+            removed.append(name)
+            drop.update({(m, k): set(range(gate.numel())) for k, gate in enumerate(module.gates)})
+    for (m, k), gone in drop.items():
+        module = named[m][1]
+        gate = module.gates[k]
+        keep = torch.tensor(sorted(set(range(gate.numel())) - gone), dtype=torch.long, device=gate.device)
+        _slice_parameter(module.cores[k], -1, keep, optimizers)
+        _slice_parameter(module.cores[k + 1], 0, keep, optimizers)
+        _slice_parameter(gate, 0, keep, optimizers)
+    return {"ranks_before": before, "ranks_after": {name: bond_sizes(module) for name, module in named},
+            "params_before": params_before, "params_after": tt_parameter_count(model), "removed": removed}
+
+
+def _ranks_to_drop(modules: list[nn.Module], shares: list[list[torch.Tensor]], threshold: float,
+                   min_size: float | None, size: int, min_rank: int) -> dict[tuple[int, int], set[int]]:
+    """(module number, bond) -> indices of the ranks to remove: share ``<= threshold``, each bond keeping
+    ``min_rank`` ranks, smallest share first within the size floor."""
+    candidates = []  # (share, module number, bond, index)
+    for m, module_shares in enumerate(shares):
+        for k, share in enumerate(module_shares):
+            values = share.float().cpu()
+            below = sorted((int(i) for i in (values <= threshold).nonzero().flatten()), key=lambda i: float(values[i]))
+            spare = max(0, values.numel() - min_rank)
+            candidates += [(float(values[i]), m, k, i) for i in below[:spare]]
+    drop: dict[tuple[int, int], set[int]] = {}
+    if min_size is None:
+        for _, m, k, i in candidates:
+            drop.setdefault((m, k), set()).add(i)
+        return drop
+    bonds = [bond_sizes(module) for module in modules]
+    for _, m, k, i in sorted(candidates):
+        cores, r = modules[m].cores, bonds[m]
+        # one rank less on bond k+1: core k loses r_k u_k scalars, core k+1 u_{k+1} r_{k+2}, plus the gate
+        saved = r[k] * math.prod(cores[k].shape[1:-1]) + math.prod(cores[k + 1].shape[1:-1]) * r[k + 2] + 1
+        if size - saved < min_size:
+            continue
+        size -= saved
+        r[k + 1] -= 1
+        drop.setdefault((m, k), set()).add(i)
+    return drop
+
+
+def _slice_parameter(param: nn.Parameter, dim: int, keep: torch.Tensor,
+                     optimizers: list[torch.optim.Optimizer]) -> None:
+    shape = param.shape
+    for opt in optimizers:
+        state = opt.state.get(param)
+        if not state:
+            continue
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.shape == shape:
+                state[key] = value.index_select(dim, keep.to(value.device)).contiguous()
+    grad = param.grad
+    sliced = nn.Parameter(param.detach().index_select(dim, keep).contiguous(), requires_grad=param.requires_grad)
+    try:
+        # A fresh tensor behind the same Python object: autograd graphs still alive from the last step
+        # (e.g. the runner's ``loss``) keep the old gradient accumulator, which has the old shape.
+        torch.utils.swap_tensors(param, sliced)
+    except RuntimeError:  # the old tensor is referenced elsewhere (e.g. a graph not yet backwarded)
+        param.data = sliced.data
+    param.grad = None if grad is None else grad.index_select(dim, keep).contiguous()
