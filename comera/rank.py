@@ -6,9 +6,10 @@ and periodic pruning, driven step by step by :class:`TwoStageRankAdaptation`.
 * Stage switch: when the running task loss has stopped improving (``switch_when="converged"``), not
   before ``late_start_step``; or at ``late_start_step`` (``"step"``).
 * Late stage, achievement scalarization toward ``(L0, S0)``: the size branch is taken while the size gap
-  ``(S - S0) / (S_switch - S_final)`` exceeds the loss gap ``(L - L0) / tau``, with ``S`` the l0 size
-  (:func:`comera.size.size_l0`), ``L`` a fast running loss, ``L0`` the best slow running loss and ``tau``
-  the tolerated rise (``loss_tolerance`` of ``L0`` plus twice the fast running loss's noise). The size
+  ``(S - S0) / (S_switch - S_final)`` exceeds the loss gap ``(L - L0) / tau``, with ``S`` the stored size
+  after the last pruning, ``L`` a fast running loss, ``L0`` the best slow running loss and ``tau`` the
+  tolerated rise: ``loss_tolerance`` of the loss's fall from its first running value to ``L0``, plus twice
+  the fast running loss's noise. The size
   branch minimizes ``L + w S~ / S_switch``, the loss branch ``L`` alone: the task loss keeps weight 1 in
   both, so the cores and the rest train at the same scale whichever branch is taken.
 * Pruning every ``prune_every`` steps (:func:`comera.prune.prune`, in the balanced gauge): never below
@@ -33,7 +34,6 @@ SWITCH_RULES = ("converged", "step")
 MASK_GATES = ("at_prune", "every_step")
 LOSS_RISE_FACTOR, LOSS_RISE_MARGIN = 1.5, 0.05  # late stage: warn when running loss > 1.5 x switch's + 0.05
 NOISE_SIGMAS = 2.0  # the late stage tolerates this many standard deviations of the fast running loss
-FIRST_LOSS_SHARE = 0.2  # the tolerated rise is loss_tolerance x L0, but at least x this share of the first loss
 
 
 def smallest_saving(model: nn.Module, min_rank: int = 1) -> float:
@@ -77,10 +77,9 @@ class LateTarget:
         size_scale: ``S`` at the switch; the size term is divided by it.
         size_span: ``S_switch - S_final`` (at least 1): the size gap's unit.
         size_weight: ``w``, the weight of the size term in the size branch.
-        tolerance: the tolerated relative rise of the loss over ``L0``.
-        loss_scale_floor: the rise is ``tolerance`` times ``L0`` or this floor, whichever is larger (the
-            driver passes a share of the first running loss: on a near-zero ``L0`` a rise relative to it
-            alone would hold back any shrinking).
+        tolerance: the tolerated rise of the loss over ``L0`` as a share of ``loss_fall``.
+        loss_fall: how far the loss has fallen, ``L_first - L0`` (the driver's first running loss); a
+            0-dim tensor when ``L0`` follows the best running loss.
     """
 
     loss_target: float | torch.Tensor
@@ -89,7 +88,7 @@ class LateTarget:
     size_span: float
     size_weight: float
     tolerance: float
-    loss_scale_floor: float | torch.Tensor = 0.0
+    loss_fall: float | torch.Tensor = 0.0
 
 
 def late_objective(task_loss: torch.Tensor, model: nn.Module, target: LateTarget, *,
@@ -114,8 +113,8 @@ def late_objective(task_loss: torch.Tensor, model: nn.Module, target: LateTarget
     parts = layout(model)
     compared = (task_loss if branch_loss is None else branch_loss).detach().to(task_loss)
     reference = torch.as_tensor(target.loss_target, dtype=task_loss.dtype, device=task_loss.device)
-    scale = torch.maximum(reference.abs(), torch.as_tensor(target.loss_scale_floor).to(task_loss))
-    tolerance = (target.tolerance * scale + NOISE_SIGMAS * torch.as_tensor(noise).to(task_loss)).clamp_min(1e-8)
+    fall = torch.as_tensor(target.loss_fall).to(task_loss).clamp_min(0)
+    tolerance = (target.tolerance * fall + NOISE_SIGMAS * torch.as_tensor(noise).to(task_loss)).clamp_min(1e-8)
     loss_gap = (compared - reference) / tolerance
     size_gap = (torch.as_tensor(size).to(task_loss) - target.size_target.to(task_loss)) / target.size_span
     size_active = size_gap > loss_gap
@@ -144,7 +143,8 @@ class RankSettings:
                                     # its fall so far over the window
     target_ratio: float | None = None   # S0 / S(at the switch); None: no late stage
     loss_target: float | None = None    # L0 fixed; None: the best running loss so far
-    loss_tolerance: float = 0.05    # tolerated rise of the running loss, as a fraction of L0 (+ its noise)
+    loss_tolerance: float = 0.05    # tolerated rise of the running loss over L0, as a share of its fall from
+                                    # the first running loss to L0 (+ twice its noise)
     size_weight: float = 10.0       # w: weight of the soft size over S(at the switch) in the size branch
     mask_gates: str = "at_prune"    # forward with raw gates ("at_prune") or gates <= threshold zeroed
     loss_average: float = 0.98      # EMA factor of the slow running loss (L0, convergence)
@@ -274,6 +274,7 @@ class TwoStageRankAdaptation:
             return early_objective(task_loss, self.model, l1_weight=s.l1_weight, l2_weight=s.l2_weight)
         if s.loss_target is None:
             self.target.loss_target = self.running.best
+        self.target.loss_fall = self.running.first - self.target.loss_target
         objective, self.last_size_active = late_objective(
             task_loss, self.model, self.target, size=self._size, l2_weight=s.l2_weight,
             branch_loss=self.running.fast, noise=self.running.fast_noise())
@@ -387,11 +388,10 @@ class TwoStageRankAdaptation:
                      size_target: float) -> LateTarget:
         s = self.settings
         reference = next(self.model.parameters())
-        floor = 0.0 if self.running.first is None else FIRST_LOSS_SHARE * self.running.first.abs()
         return LateTarget(loss_target=loss_target,
                           size_target=torch.tensor(size_target, dtype=torch.float64, device=reference.device),
                           size_scale=max(start_size, 1.0), size_span=max(start_size - final, 1.0),
-                          size_weight=s.size_weight, tolerance=s.loss_tolerance, loss_scale_floor=floor)
+                          size_weight=s.size_weight, tolerance=s.loss_tolerance)
 
     def shortfall(self) -> str | None:
         """Why the size target is not reached (None when it is, or when there is none), in words."""

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from baselines.dense import adamw
-from comera import rank
+from comera.prune import prune
 from comera.tt import TTLinear
 from comera.ttm import TTMEmbedding
 
@@ -66,7 +66,7 @@ def test_fused_matches_the_loop_through_pruning(weight_decay):
         with torch.no_grad():
             for module in (model.emb, model.fc):
                 module.gates[0][::2] = 0.0  # half of the first bond of each layer goes
-        rank.prune(model, 1e-2, [opt])
+        prune(model, 1e-2, [opt])
     assert fused_model.fc.ranks == loop_model.fc.ranks and fused_model.fc.ranks[1] < 6
     for p in fused_model.parameters():
         state = fused.state[p]

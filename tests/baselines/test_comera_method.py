@@ -175,15 +175,15 @@ def test_the_pipelines_comera_defaults_are_the_librarys():
 
     signature = inspect.signature(comera.RankAdaptation).parameters
     library = {f.name: f.default for f in dataclasses.fields(RankSettings)
-               if f.name not in ("late_start_step", "target_ratio", "target_ramp_steps")}
-    library.update(early_fraction=signature["early_fraction"].default, target_ramp=signature["target_ramp"].default)
+               if f.name not in ("late_start_step", "target_ratio", "total_steps", "converged_window")}
+    library.update(early_fraction=signature["early_fraction"].default)
     assert {key: PARAMS_DEFAULTS[key] for key in library} == library
-    assert (library["size_weight"], library["prune_every"], library["rho"]) == (5.0, 10, 1.0)
+    assert (library["size_weight"], library["prune_every"], library["min_rank"]) == (10.0, 10, 1)
     workload = _workload()
     prepared = CoMERAMethod().prepare(workload.model, workload, {}, target_ratio=0.3, total_steps=1000)
     reference = comera.RankAdaptation(prepared.model, target=0.3, total_steps=1000)  # the library, defaults
     assert prepared.settings["late_start_step"] == reference.settings.late_start_step == 450
-    assert prepared.settings["target_ramp_steps"] == reference.settings.target_ramp_steps == 440
+    assert prepared.settings["converged_window"] == reference.settings.converged_window == 100
 
 
 def test_the_stage_switch_is_the_librarys_clamp():
@@ -203,7 +203,7 @@ def test_the_stage_switch_is_the_librarys_clamp():
     ("comera", {"prune_every": 2.5}, "parameter 'prune_every' must be an integer, got 2.5"),
     ("comera", {"stop_at_target": "yes"}, "parameter 'stop_at_target' must be true or false, got 'yes'"),
     ("comera", {"target_ramp": 1.5}, "parameter 'target_ramp' must be in \\[0, 1\\], got 1.5"),
-    ("comera", {"loss_reference": "last"}, "parameter 'loss_reference' must be one of .*, got 'last'"),
+    ("comera", {"switch_when": "later"}, "parameter 'switch_when' must be one of .*, got 'later'"),
     ("dense", {"lr": -1.0}, "parameter 'lr' must be > 0 or null, got -1.0"),
     ("galore", {"layerwise": 1}, "parameter 'layerwise' must be true or false, got 1"),
     ("lte", {"preset": "fast"}, "parameter 'preset' must be one of \\['default', 'tuned'\\], got 'fast'"),

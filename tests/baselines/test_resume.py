@@ -19,7 +19,7 @@ METHODS = [
     ("galore", {"rank": 4, "update_proj_gap": 5, "scale": 1.0, "layerwise": True}, None),
     ("lte", {"preset": "tuned", "merge_every": 3}, None),
     ("comera", {"prune_every": 2, "threshold": 0.3, "lr_gates": 0.1}, 0.5),
-    ("comera", {"prune_every": 2, "threshold": 0.3, "lr_gates": 0.1, "late_formulation": "official"}, 0.5),
+    ("comera", {"prune_every": 2, "threshold": 0.3, "lr_gates": 0.1, "switch_when": "step"}, 0.5),
 ]
 PRUNED_BEFORE = 16
 """CoMERA's runs above have pruned ranks before this step: a stop there resumes smaller cores."""

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from comera import rank
+from comera.prune import prune
 from comera.convert import model_size, tensorize
 from comera.tt import TTLinear
 from comera.ttm import TTMEmbedding
@@ -56,7 +56,7 @@ def test_model_size_follows_pruning():
     tensorize(model, SPEC)
     with torch.no_grad():
         model[0].gates[0][0] = 0.0  # embedding bond 1: 3 -> 2
-    rank.prune(model, 1e-2)
+    prune(model, 1e-2)
     embedding = 1 * 4 * 2 * 2 + 2 * 5 * 3 * 3 + 3 * 5 * 4 + 2 + 3
     size = model_size(model)
     assert size["params_factorized_layers"] == embedding + TT["1"]

@@ -28,7 +28,7 @@ def test_early_objective_adds_the_relative_soft_size_and_the_core_norms():
 
 def _late(layer, **kwargs):
     target = rank.LateTarget(loss_target=1.0, size_target=torch.tensor(100.0, dtype=F64), size_scale=295.0,
-                             size_span=195.0, size_weight=10.0, tolerance=0.05)
+                             size_span=195.0, size_weight=10.0, tolerance=0.05, loss_fall=1.0)
     for key, value in kwargs.items():
         setattr(target, key, value)
     return target

@@ -237,7 +237,7 @@ def test_training_with_ranks_pruned_mid_way_stays_exact(bias, threshold):
             gate.uniform_(0.3, 1.7)
     shapes = [(2, 3, 60), (1, 60), (40, 60), (1, 1, 60)]
     for step in range(6):
-        if step == 3:  # shrink bond 2 (cores[1] | cores[2]) and bond 4 as comera.rank.prune does: a fresh
+        if step == 3:  # shrink bond 2 (cores[1] | cores[2]) and bond 4 as comera.prune.prune does: a fresh
             # tensor behind each parameter object (the last step's graph, still alive, keeps the old ones)
             for k, keep in ((1, torch.tensor([0, 2, 3])), (3, torch.tensor([1, 4]))):
                 for param, dim in ((layer.cores[k], 2), (layer.gates[k], 0), (layer.cores[k + 1], 0)):
