@@ -28,7 +28,7 @@ not be given); ``mask_gates`` "at_prune" (default: raw gates between prunings) o
 ``l1_reduction`` "mean" (the official code's normalisation, default) or "sum" (the literal formula);
 ``l2_weight`` 0 by default (the paper's core penalty is an option; the official code has none, and 1e-4
 cost accuracy on the small transformer: docs/recipe.md); ``embedding_init_std`` the TTM table's std (None:
-the init scheme's); ``init``
+the workload's ``init_std`` where its tt_spec gives one, else the init scheme's); ``init``
 "official" (default: the small CPU transformer learned its task in <= 1000 steps with it and not at all
 with "default") or "default" (see comera.init); it sets the TT layers (cores, and a TT layer's bias:
 "official" draws it in +-1/sqrt(out) as the official code). ``dense_init`` "workload" (default: what
@@ -171,15 +171,15 @@ class CoMERAMethod:
 
 
 def _spec(tt_spec: dict[str, dict[str, Any]], p: CoMERAParams) -> dict[str, dict[str, Any]]:
+    """The workload's tt_spec with the method's settings: a param left unset (None) keeps the workload's
+    value (its ranks, its TTM table std); ``init`` and ``lookup`` are the method's own choices."""
     spec = copy.deepcopy(tt_spec)
     for entry in spec.values():
-        rank = p.embedding_rank if entry.get("kind") == "embedding" else p.rank
-        if rank is not None:
-            entry["rank"] = rank
-        entry["init"] = p.init
-        if entry.get("kind") == "embedding":
-            entry["lookup"] = p.lookup
-            entry["init_std"] = p.embedding_init_std
+        embedding = entry.get("kind") == "embedding"
+        stated = {"rank": p.embedding_rank if embedding else p.rank, "init": p.init}
+        if embedding:
+            stated.update(lookup=p.lookup, init_std=p.embedding_init_std)
+        entry.update({key: value for key, value in stated.items() if value is not None})
     return spec
 
 
