@@ -21,8 +21,9 @@ def first_loss(workload: str, method: str, cache: str) -> float:
         torch.manual_seed(SEED)  # as the runner does before building (TT cores draw from the global stream)
         built = workloads.build_workload(workload, {"size": "tiny", "cache_dir": cache}, batch_size=BATCH,
                                          seed=SEED, device="cpu")
-        prepared = baselines.get_method(method).prepare(built.model, built, baselines.check_params(method, {}),
-                                                        target_ratio=None, total_steps=10)
+        params = baselines.check_params(method, {})
+        prepared = baselines.get_method(method).prepare(built.model, built, params, target_ratio=None,
+                                                        total_steps=10)
         prepared.model.train()
         batch = next(iter(built.train_batches(0)))
         return float(prepared.train_step(built, batch, 1).task_loss)
