@@ -295,7 +295,7 @@ def _curve_figure(res: Results, out: Path, name: str, title: str, workload: str,
                   level: tuple[float, str] | None = None) -> None:
     """One line per method configuration (label): a cell's curve, or with several seeds their mean per step,
     the band between the seeds' lowest and highest value shaded; failed cells named in the footer;
-    ``paper`` (value, what) the paper's number, ``level`` (value, what) a reference level, both dashed."""
+    ``paper`` (value, what) the paper's number, dashed; ``level`` (value, what) a reference level, dotted."""
     runs, source = curve_runs(res, workload)
     df = _curves(res, runs, split, metrics)
     if not len(df):

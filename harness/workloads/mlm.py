@@ -23,8 +23,8 @@ WordPiece, as BERT's); documents are concatenated (separated by [SEP]) and cut i
 anew for every training batch from the run's seed and epoch; the eval split is masked once (``data_seed``).
 Metric: ``mlm_loss`` (mean cross-entropy over masked tokens, lower is better), plus ``masked_accuracy``.
 Learning rates: "paper" and "bert-large" use the transformer's paper rates (the paper gives none for
-MLM); "small" 5e-4 (gates 5e-3); "tiny" 2e-3 (gates 5e-3): in the default grid's 600-step quality cells
-the dense tiny model's training loss ends at 0.75x its first at 2e-3 and 0.80x at 5e-4 (docs/workloads.md).
+MLM); "small" 5e-4 (gates 5e-3); "tiny" 2e-3 (gates 5e-3), at which the default grid's short MLM quality
+cells learn (docs/workloads.md).
 
 Params: model keys as the transformer's; ``max_documents`` (None = all), ``max_train_blocks``,
 ``max_eval_blocks``; ``data`` ("stdlib" | "jsonl" | "text"), ``data_path``, ``eval_every``, ``mask_prob``,
