@@ -44,9 +44,10 @@ class CoMERAParams:
     """Parameters of the CoMERA method (module docstring), validated by :func:`baselines.params.parse`.
     The rank-adaptation fields take the library's defaults (``LIBRARY``)."""
 
-    rank: int | None = field(default=None, metadata=check(">=1"))
-    embedding_rank: int | None = field(default=None, metadata=check(">=1"))
-    lookup: Literal[LOOKUP_MODES] = "optimized"
+    # the method's own: None keeps the workload's (its tt_spec, its lr groups)
+    rank: int | None = field(default=None, metadata=check(">=1"))            # every TT linear layer
+    embedding_rank: int | None = field(default=None, metadata=check(">=1"))  # every TTM embedding
+    lookup: Literal[LOOKUP_MODES] = "optimized"  # the TTM lookup; "naive" is variant "naive-lookup"
     lr_cores: float | None = field(default=None, metadata=check(">0"))
     lr_gates: float | None = field(default=None, metadata=check(">0"))
     lr_other: float | None = field(default=None, metadata=check(">0"))
@@ -68,9 +69,9 @@ class CoMERAParams:
     stop_at_target: bool = _library("stop_at_target")
     target_ramp: float = _library("target_ramp", "[0,1]")
     mask_gates: Literal[MASK_GATES] = _library("mask_gates")
-    init: Literal[INIT_SCHEMES] = "official"
-    embedding_init_std: float | None = None
-    dense_init: Literal[DENSE_INITS] = "workload"
+    init: Literal[INIT_SCHEMES] = "official"     # the TT layers' init (comera.init)
+    embedding_init_std: float | None = None      # the TTM table's std; None: the workload's, else init's
+    dense_init: Literal[DENSE_INITS] = "workload"  # "official": the workload's official_init for the rest
 
 
 PARAMS_DEFAULTS: dict[str, Any] = defaults(CoMERAParams)
@@ -129,15 +130,15 @@ class CoMERAMethod:
 
 
 def _spec(tt_spec: dict[str, dict[str, Any]], p: CoMERAParams) -> dict[str, dict[str, Any]]:
+    """The workload's tt_spec with the method's settings: a param left unset (None) keeps the workload's
+    value (its ranks, its TTM table std); ``init`` and ``lookup`` are the method's own choices."""
     spec = copy.deepcopy(tt_spec)
     for entry in spec.values():
-        rank = p.embedding_rank if entry.get("kind") == "embedding" else p.rank
-        if rank is not None:
-            entry["rank"] = rank
-        entry["init"] = p.init
-        if entry.get("kind") == "embedding":
-            entry["lookup"] = p.lookup
-            entry["init_std"] = p.embedding_init_std
+        embedding = entry.get("kind") == "embedding"
+        stated = {"rank": p.embedding_rank if embedding else p.rank, "init": p.init}
+        if embedding:
+            stated.update(lookup=p.lookup, init_std=p.embedding_init_std)
+        entry.update({key: value for key, value in stated.items() if value is not None})
     return spec
 
 

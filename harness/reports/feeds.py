@@ -14,8 +14,8 @@ NEEDS = {
     "fig6_accuracy": "transformer cells",
     "fig7_cuda_graph": "transformer cells with execution.cuda_graph true (CUDA only)",
     "fig8_dlrm_time_memory": "DLRM timing cells",
-    "fig9_dlrm_nce": "DLRM timing cells without a target",
-    "fig10_mlm_loss": "MLM timing cells without a target",
+    "fig9_dlrm_nce": "DLRM quality cells, or timing cells without a target",
+    "fig10_mlm_loss": "MLM quality cells, or timing cells without a target",
     "fig12_time_vs_compression": "a CoMERA sweep (methods.<name>.sweep, e.g. rank)",
     "fig13_rank_adaptation": "transformer CoMERA cells with a target",
 }
@@ -38,13 +38,17 @@ def _tests(sweeps: Mapping[str, Any]) -> dict[str, Callable[[str, Spec], bool]]:
         return lambda rid, s: (s["workload"] == workload and _timing(s) and plain(rid, s)
                                and s.get("target_ratio") is None)
 
+    def curves(workload: str) -> Callable[[str, Spec], bool]:  # Fig 9 / 10: quality cells, else timing
+        return lambda rid, s: untargeted(workload)(rid, s) or (s["workload"] == workload and not _timing(s)
+                                                               and plain(rid, s))
+
     return {
         "fig1_time_memory": untargeted("transformer"),
         "fig6_accuracy": lambda rid, s: s["workload"] == "transformer" and plain(rid, s),
         "fig7_cuda_graph": lambda rid, s: s["workload"] == "transformer" and _timing(s) and _graph(s),
         "fig8_dlrm_time_memory": lambda rid, s: s["workload"] == "dlrm" and _timing(s) and plain(rid, s),
-        "fig9_dlrm_nce": untargeted("dlrm"),
-        "fig10_mlm_loss": untargeted("mlm"),
+        "fig9_dlrm_nce": curves("dlrm"),
+        "fig10_mlm_loss": curves("mlm"),
         "fig12_time_vs_compression": lambda rid, s: rid in sweeps and _timing(s),
         "fig13_rank_adaptation": lambda rid, s: (s["workload"] == "transformer" and s["method"] == "comera"
                                                  and s.get("target_ratio") is not None and plain(rid, s)),

@@ -28,8 +28,8 @@ import pandas as pd  # noqa: E402
 from harness.reports import reference  # noqa: E402
 from harness.reports.tables import (MB, late_stage_missing, method_label, quality_order,  # noqa: E402
                                     report_args)
-from harness.results.analysis import (Results, model_size, pair_ratio, settings_of, step_time_spread,  # noqa: E402
-                                      stable, timing_cells)
+from harness.results.analysis import (QUALITY, Results, model_size, pair_ratio, purpose_of,  # noqa: E402
+                                      settings_of, step_time_spread, stable, timing_cells)
 
 PAPER = "paper (RTX 3090)"
 FOOTER_POINTS = 8
@@ -258,14 +258,22 @@ def fig8_dlrm_time_memory(res: Results, out: Path) -> None:
     _time_memory(res, "dlrm", df, out, name, title,
                  "uncompressed faster than CoMERA; CoMERA memory "
                  + ", ".join(f"{v:g}x less at batch {k}" for k, v in mem.items()) + " (review discussion). "
-                 + base_rate_note(res))
+                 + base_rate_note(_curves(res, df, "eval", ("nce",)), "timing cells"))
 
 
-def _curves(res: Results, workload: str, split: str, metrics: tuple[str, ...]) -> pd.DataFrame:
-    """The curves of a workload's timing runs without a target, labelled by method and batch, plus the
-    size preset, data and sequence length where they vary (e.g. MLM on code and on text, seq 128 and 512)."""
-    runs = res.main_runs(workload)
-    runs = runs[runs.target_ratio.isna()]
+def curve_runs(res: Results, workload: str) -> tuple[pd.DataFrame, str]:
+    """(runs, source) of a workload's curve figure (Fig 9, Fig 10): its quality cells (trained long enough
+    to learn), else its timing runs without a target (said in ``source``)."""
+    runs, source = res.quality_runs(workload)
+    if not (purpose_of(runs) == QUALITY).any():
+        runs = runs[runs.target_ratio.isna()]
+    return runs, source
+
+
+def _curves(res: Results, runs: pd.DataFrame, split: str, metrics: tuple[str, ...]) -> pd.DataFrame:
+    """The curves of ``runs``, labelled by method and batch, plus the size preset, data and sequence length
+    where they vary (e.g. MLM on code and on text, seq 128 and 512); the seed is not in the label: the
+    seeds of one configuration are one line."""
     curves = res.curves[res.curves.run_id.isin(runs.run_id) & (res.curves.split == split)
                         & res.curves.metric_name.isin(metrics)]
     sizes = {r.run_id: model_size(settings_of(r), res.cells.get(r.run_id, {})) for r in runs.itertuples()}
@@ -277,27 +285,47 @@ def _curves(res: Results, workload: str, split: str, metrics: tuple[str, ...]) -
                 parts[rid].append(f"{name} {value}")
     labels = {r.run_id: ", ".join([f"{method_label(r)}, batch {r.batch_size}", *parts[r.run_id]])
               for r in runs.itertuples()}
-    return curves.assign(label=curves.run_id.map(labels))
+    seeds = dict(zip(runs.run_id, runs.seed))
+    return curves.assign(label=curves.run_id.map(labels), seed=curves.run_id.map(seeds))
 
 
 def _curve_figure(res: Results, out: Path, name: str, title: str, workload: str, split: str,
                   metrics: tuple[str, ...], ylabel: str, paper: tuple[float, str] | None,
-                  note: str = "") -> None:
-    df = _curves(res, workload, split, metrics)
+                  note: Callable[[pd.DataFrame, str], str] | None = None,
+                  level: tuple[float, str] | None = None) -> None:
+    """One line per method configuration (label): a cell's curve, or with several seeds their mean per step,
+    the band between the seeds' lowest and highest value shaded; failed cells named in the footer;
+    ``paper`` (value, what) the paper's number, dashed; ``level`` (value, what) a reference level, dotted."""
+    runs, source = curve_runs(res, workload)
+    df = _curves(res, runs, split, metrics)
     if not len(df):
-        return _empty(out, name, title, f"{split} curves ({'/'.join(metrics)}) of {workload} runs",
+        return _empty(out, name, title, f"{split} curves ({'/'.join(metrics)}) of {workload} runs ({source})",
                       res.settings_line())
     fig, (ax,) = _figure(1)
-    for label, group in df.groupby("label", sort=True):
-        group = group.sort_values("step")
-        ax.plot(group.step, group.value, marker="." if len(group) < 30 else None, label=label)
+    banded = False
+    for i, (label, group) in enumerate(df.groupby("label", sort=True)):
+        seeds = sorted(int(seed) for seed in group.seed.dropna().unique())
+        by_step = group.groupby("step").value
+        mean = by_step.mean()
+        if len(seeds) > 1:
+            label += f", mean of seeds {', '.join(map(str, seeds))}"
+            ax.fill_between(mean.index, by_step.min().values, by_step.max().values, color=f"C{i}", alpha=0.2,
+                            lw=0)
+            banded = True
+        ax.plot(mean.index, mean.values, marker="." if len(mean) < 30 else None, color=f"C{i}", label=label)
     if paper is not None:
         ax.axhline(paper[0], color="gray", ls="--", lw=1, label=f"{PAPER}: {paper[1]}")
+    if level is not None:
+        ax.axhline(level[0], color="black", ls=":", lw=1, label=level[1])
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    _finish(fig, title, " ".join(filter(None, [f"{res.settings_line(workload)}.", note])), out, name)
+    failed = [f"{r.run_id} ({r.status})" for r in runs.itertuples() if r.status != "ok"]
+    footer = [f"{source}" + ("; shaded: the range over the seeds." if banded else "."),
+              f"{res.settings_line(workload, runs)}.",
+              f"Failed: {', '.join(failed)}." if failed else "", note(df, source) if note else ""]
+    _finish(fig, title, " ".join(filter(None, footer)), out, name)
 
 
 def _quality_runs(res: Results) -> tuple[pd.DataFrame, dict[str, str], str]:
@@ -454,25 +482,28 @@ BASE_RATE_NCE = 0.98
 """DLRM runs whose last eval NCE is at least this learned (almost) nothing beyond the click base rate."""
 
 
-def base_rate_note(res: Results) -> str:
-    """A note when no DLRM run beat the click base rate (every last eval NCE >= BASE_RATE_NCE)."""
-    runs = res.main_runs("dlrm")
-    curves = res.curves[res.curves.run_id.isin(runs.run_id) & (res.curves.split == "eval")
-                        & (res.curves.metric_name == "nce")]
-    if not len(curves):
+def base_rate_note(nce: pd.DataFrame, source: str) -> str:
+    """A note when no DLRM run drawn beat the click base rate (every last eval NCE >= BASE_RATE_NCE).
+
+    Args:
+        nce: the drawn runs' NCE curves (columns run_id, step, value).
+        source: where the runs come from (:func:`curve_runs`).
+    """
+    if not len(nce):
         return ""
-    last = curves.sort_values("step").groupby("run_id").value.last()
+    last = nce.sort_values("step").groupby("run_id").value.last()
     if last.min() < BASE_RATE_NCE:
         return ""
-    steps = int(curves.step.max())
+    steps = int(nce.step.max())
     return (f"No run learned more than the click base rate in its {steps} steps (last NCE "
-            f"{last.min():.3f}-{last.max():.3f}; 1.0 = predicting the base rate): these are timing cells; their "
-            "accuracy is the share of the majority class. Train longer (budget) for a learning curve.")
+            f"{last.min():.3f}-{last.max():.3f}; 1.0 = predicting the base rate; {source}): their accuracy "
+            "is the share of the majority class. Train longer (budget) for a learning curve.")
 
 
 def fig9_dlrm_nce(res: Results, out: Path) -> None:
     _curve_figure(res, out, "fig9_dlrm_nce", "Fig 9: DLRM validation normalized cross-entropy", "dlrm",
-                  "eval", ("nce",), "normalized cross-entropy (lower is better)", None, base_rate_note(res))
+                  "eval", ("nce",), "normalized cross-entropy (lower is better)", None, base_rate_note,
+                  (1.0, "1.0: predicting the click base rate"))
 
 
 def fig10_mlm_loss(res: Results, out: Path) -> None:

@@ -23,7 +23,8 @@ WordPiece, as BERT's); documents are concatenated (separated by [SEP]) and cut i
 anew for every training batch from the run's seed and epoch; the eval split is masked once (``data_seed``).
 Metric: ``mlm_loss`` (mean cross-entropy over masked tokens, lower is better), plus ``masked_accuracy``.
 Learning rates: "paper" and "bert-large" use the transformer's paper rates (the paper gives none for
-MLM), the CPU presets the transformer's CPU rates (5e-4, gates 5e-3).
+MLM); "small" 5e-4 (gates 5e-3); "tiny" 2e-3 (gates 5e-3), at which the default grid's short MLM quality
+cells learn (docs/workloads.md).
 
 Params: model keys as the transformer's; ``max_documents`` (None = all), ``max_train_blocks``,
 ``max_eval_blocks``; ``data`` ("stdlib" | "jsonl" | "text"), ``data_path``, ``eval_every``, ``mask_prob``,
@@ -84,7 +85,8 @@ TYPES: dict[str, Any] = dict(
     cache_dir=(str, None), data_seed=int, eval_every=int, mask_prob=float, eval_batch_size=(int, None),
     tensorize_embedding=bool, tokenizer_file=(str, None))
 LR = {"paper": {"dense": 1e-4, "cores": 1e-4, "other": 5e-5, "gates": 1e-3},
-      "cpu": {"dense": 5e-4, "cores": 5e-4, "other": 5e-4, "gates": 5e-3}}
+      "small": {"dense": 5e-4, "cores": 5e-4, "other": 5e-4, "gates": 5e-3},
+      "tiny": {"dense": 2e-3, "cores": 2e-3, "other": 2e-3, "gates": 5e-3}}
 
 
 def validate(p: dict[str, Any]) -> None:
@@ -277,5 +279,6 @@ def build(p: dict[str, Any], *, batch_size: int, seed: int, device: torch.device
         train_batches=lambda epoch: batching.train_batches(train, batch_size, seed, epoch, device, add_masks),
         eval_batches=lambda: batching.eval_batches(evals, eval_bs, device),
         loss=loss, evaluate=evaluate, steps_per_epoch=batching.train_steps(n_train, batch_size),
-        metric_name="mlm_loss", seq_len=p["seq_len"], lr=dict(LR["paper" if p["size"] in PAPER_SIZES else "cpu"]),
+        metric_name="mlm_loss", seq_len=p["seq_len"],
+        lr=dict(LR["paper" if p["size"] in PAPER_SIZES else p["size"]]),
         info=info)

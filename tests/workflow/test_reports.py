@@ -545,14 +545,8 @@ def test_ramp_text_names_the_target_ramp():
 
 @pytest.mark.parametrize("last_nce, noted", [(0.999, True), (0.7, False)])
 def test_base_rate_note_when_no_dlrm_run_learned(last_nce, noted):
-    class Res:
-        curves = pd.DataFrame({"run_id": ["a", "a", "b"], "split": "eval", "metric_name": "nce",
-                               "step": [10, 20, 20], "value": [0.5, last_nce, 1.0]})
-
-        def main_runs(self, workload):
-            return pd.DataFrame({"run_id": ["a", "b"]})
-
-    note = figures.base_rate_note(Res())
+    nce = pd.DataFrame({"run_id": ["a", "a", "b"], "step": [10, 20, 20], "value": [0.5, last_nce, 1.0]})
+    note = figures.base_rate_note(nce, "timing cells")
     assert ("No run learned more than the click base rate in its 20 steps" in note) is noted
 
 
@@ -594,6 +588,42 @@ def test_curve_lines_part_by_size_data_and_sequence_length_where_they_vary(tmp_p
                            "dense, batch 32, size bert-large, data text, seq 128": [2.28, 3.28]}
 
 
+@pytest.mark.parametrize("workload, split, metric, figure", [
+    ("dlrm", "eval", "nce", "fig9_dlrm_nce"), ("mlm", "train", "loss", "fig10_mlm_loss")])
+def test_curve_figures_draw_the_quality_cells_seeds_as_mean_and_range(tmp_path, monkeypatch, workload, split,
+                                                                      metric, figure):
+    """Fig 9 and Fig 10 draw a workload's quality cells where the grid has them, not its short timing cells
+    (value 5.0 here): one line per method, the mean over the seeds, the seeds' range shaded."""
+    rows, curves = [], []
+    values = {("dense", 0): [1.0, 0.9, 0.8], ("dense", 1): [1.0, 0.8, 0.6],
+              ("comera", 0): [1.0, 0.95, 0.9], ("comera", 1): [1.0, 0.85, 0.7]}
+    for method in ("dense", "comera"):
+        timing = run_row(workload, method, 64)
+        rows.append(timing)
+        curves += [{"run_id": timing["run_id"], "step": s, "epoch": 0, "split": split, "metric_name": metric,
+                    "value": 5.0} for s in (10, 20)]
+        for seed in (0, 1):
+            row = run_row(workload, method, 64)
+            row.update(run_id=f"{row['run_id']}_s{seed}_quality", seed=seed, purpose="quality")
+            rows.append(row)
+            curves += [{"run_id": row["run_id"], "step": s, "epoch": 0, "split": split, "metric_name": metric,
+                        "value": v} for s, v in zip((0, 10, 20), values[method, seed])]
+    found = {}
+
+    def spy(fig, title, footer, out, name):
+        (ax,) = fig.axes
+        found.update(lines={ln.get_label(): list(ln.get_ydata()) for ln in ax.get_lines()
+                            if "batch" in ln.get_label()},
+                     bands=len(ax.collections), footer=footer)
+        plt.close(fig)
+
+    monkeypatch.setattr(figures, "_finish", spy)
+    getattr(figures, figure)(tables.load(make_folder(tmp_path / "c", rows, curves)), tmp_path)
+    assert found["lines"] == {"comera, batch 64, mean of seeds 0, 1": pytest.approx([1.0, 0.9, 0.8]),
+                              "dense, batch 64, mean of seeds 0, 1": pytest.approx([1.0, 0.85, 0.7])}
+    assert found["bands"] == 2 and found["footer"].startswith("quality cells; shaded: the range over the seeds")
+
+
 def test_unfed_figures_of_a_transformer_only_grid():
     timing, quality = spec_for(run_row("transformer", "comera", 4, target=0.5)), spec_for(run_row("transformer", "dense", 4))
     quality["purpose"] = "quality"
@@ -606,6 +636,16 @@ def test_unfed_figures_of_a_transformer_only_grid():
     unfed = feeds.unfed(cells, {"a": {"rank": 4}}, {})
     assert "fig7_cuda_graph" not in unfed and "fig12_time_vs_compression" not in unfed
     assert "fig5_ttm_lookup" in unfed and "fig13_rank_adaptation" in unfed  # the sweep's cell is no Fig 13 cell
+
+
+def test_quality_cells_alone_feed_the_curve_figures():
+    cells = {}
+    for workload in ("dlrm", "mlm"):
+        spec = spec_for(run_row(workload, "dense", 64))
+        cells[workload] = {**spec, "purpose": "quality"}
+    unfed = feeds.unfed(cells, {}, {})
+    assert "fig9_dlrm_nce" not in unfed and "fig10_mlm_loss" not in unfed
+    assert "fig8_dlrm_time_memory" in unfed  # a quality cell is never timed for a figure
 
 
 def test_not_drawn_figures_are_named_once_in_the_overview(folder, tmp_path):
