@@ -121,7 +121,8 @@ class CoMERAMethod:
                       # pruning every prune_every steps (both stages) is periodic work: timing rounds hold
                       # whole periods of it (harness.core.timing.round_bounds)
                       "time_window_steps": p.prune_every if p.prune_every > 1 else None,
-                      "switch": driver.switch, "conversion": report.as_dict(),
+                      # both filled in as the run goes (recorded with the row at its end)
+                      "switch": driver.switch, "outcome": driver.outcome, "conversion": report.as_dict(),
                       "optimizer": "torch.optim.AdamW", "optimizer_impl": impl},
             ranks=lambda: ranks(model),
             size=lambda: model_size(model),

@@ -137,8 +137,8 @@ class RankAdaptation:
         self.steps += 1
         self.resized = info["params_tt"] != self._params_tt
         self._params_tt = info["params_tt"]
-        if self.steps == self.total_steps and self.shortfall is not None:
-            warnings.warn(f"rank adaptation: the size target was not reached: {self.shortfall}",
+        if self.driver.outcome.get("shortfall"):  # set after the last of total_steps
+            warnings.warn(f"rank adaptation: the size target was not reached: {self.driver.outcome['shortfall']}",
                           RuntimeWarning, stacklevel=2)
         return info
 

@@ -32,7 +32,8 @@ from comera.size import bond_sizes, layout, tensorized_modules, tt_parameter_cou
 
 SWITCH_RULES = ("converged", "step")
 MASK_GATES = ("at_prune", "every_step")
-LOSS_RISE_FACTOR, LOSS_RISE_MARGIN = 1.5, 0.05  # late stage: warn when running loss > 1.5 x switch's + 0.05
+LOSS_RISE_TOLERANCES, LOSS_RISE_MARGIN = 3, 0.05  # warn: running loss > switch's + 3 tolerances + 0.05
+REACHED_WITHIN = 0.05  # a late stage ending within 5% above its size target reached it
 NOISE_SIGMAS = 2.0  # the late stage tolerates this many standard deviations of the fast running loss
 
 
@@ -228,12 +229,13 @@ def _blend(average: torch.Tensor, value: torch.Tensor, factor: float) -> torch.T
 
 @dataclass
 class _Progress:
-    """What the driver saw of its run: the best slow loss at each check (for the switch), the late
-    stage's size-branch steps, the layers removed."""
+    """What the driver saw of its run: the best slow loss at each check (for the switch), the late steps,
+    those after the target's ramp and how many of these took the size branch, the layers removed."""
 
     checks: list[tuple[int, float]] = field(default_factory=list)
     late_steps: int = 0
-    size_branch_steps: torch.Tensor | None = None
+    final_steps: int = 0
+    size_branch_steps: torch.Tensor | None = None  # among the final steps
     removed: list[str] = field(default_factory=list)
 
 
@@ -264,6 +266,7 @@ class TwoStageRankAdaptation:
         self._switch_loss: float | None = None  # slow running loss at the switch (the loss-rise warning)
         self._warned_loss_rise = False
         self.switch: dict[str, float] = {}  # the late stage's start: step, size, reference point
+        self.outcome: dict[str, Any] = {}  # after the last of total_steps: shortfall, removed layers
         self._pruned({"params_after": tt_parameter_count(model), "removed": []})
 
     def objective(self, task_loss: torch.Tensor, step: int) -> torch.Tensor:
@@ -278,9 +281,11 @@ class TwoStageRankAdaptation:
         objective, self.last_size_active = late_objective(
             task_loss, self.model, self.target, size=self._size, l2_weight=s.l2_weight,
             branch_loss=self.running.fast, noise=self.running.fast_noise())
-        counted = self.progress.size_branch_steps
-        active = self.last_size_active.to(torch.int64)
-        self.progress.size_branch_steps = active if counted is None else counted + active
+        if self.progress.late_steps >= self.switch["ramp_steps"]:  # S0 at its final value
+            counted = self.progress.size_branch_steps
+            active = self.last_size_active.to(torch.int64)
+            self.progress.size_branch_steps = active if counted is None else counted + active
+            self.progress.final_steps += 1
         return objective
 
     def after_step(self, step: int) -> dict[str, float]:
@@ -314,6 +319,8 @@ class TwoStageRankAdaptation:
         if pruned and self.stage == 1 and self.last_size_active is not None:
             info["size_active"] = float(self.last_size_active)
             self._warn_if_the_loss_rose(done)
+        if done == s.total_steps:
+            self.outcome.update(shortfall=self.shortfall(), removed=list(self.progress.removed))
         return info
 
     def _switch_due(self, done: int) -> bool:
@@ -351,12 +358,14 @@ class TwoStageRankAdaptation:
                           RuntimeWarning, stacklevel=4)
 
     def _warn_if_the_loss_rose(self, done: int) -> None:
-        """Warn once when the slow running loss is well above its value at the switch (checked on pruning
-        steps, which sync with the device anyway)."""
+        """Warn once when the slow running loss is above its value at the switch by more than three times
+        the late stage's tolerance (the guard should keep it within one; checked on pruning steps, which
+        sync with the device anyway)."""
         if self._warned_loss_rise or self._switch_loss is None:
             return
-        running = float(self.running.slow)
-        if running > LOSS_RISE_FACTOR * self._switch_loss + LOSS_RISE_MARGIN:
+        running, fall = float(self.running.slow), float(self.target.loss_fall)
+        allowed = self._switch_loss + LOSS_RISE_TOLERANCES * self.settings.loss_tolerance * max(fall, 0.0)
+        if running > allowed + LOSS_RISE_MARGIN:
             self._warned_loss_rise = True
             warnings.warn(
                 f"rank adaptation, late stage, step {done}: the running task loss {running:.4g} is well above "
@@ -402,17 +411,17 @@ class TwoStageRankAdaptation:
             return ("no late stage: the task loss was still improving (the stage switch waits until it "
                     "converges; give more steps, or switch_when='step')")
         size, target = tt_parameter_count(self.model), self.switch["size_target"]
-        if size - target < smallest_saving(self.model, s.min_rank):
-            return None  # no rank can go without taking the size below its target
-        late = self.progress.late_steps
-        shrinking = (float(self.progress.size_branch_steps) / late
-                     if late and self.progress.size_branch_steps is not None else 0.0)
+        if size - target <= max(smallest_saving(self.model, s.min_rank), REACHED_WITHIN * target):
+            return None  # within 5%, or no rank can go without taking the size below its target
         where = f"stopped at {size / self.switch['size']:.3f} of the size at the switch, target {s.target_ratio}"
+        p = self.progress
+        final = p.final_steps
+        shrinking = float(p.size_branch_steps) / final if final and p.size_branch_steps is not None else 1.0
         if shrinking > 0.5:
-            return (f"{where}: the late stage ({late} steps) ended first; give it more steps or a larger "
-                    f"size_weight")
-        return (f"{where}: shrinking was held back on {1 - shrinking:.0%} of the {late} late steps, where it "
-                f"would have raised the task loss beyond its tolerance (loss_tolerance)")
+            return (f"{where}: the late stage ({p.late_steps} steps) ended first; give it more steps or a "
+                    f"larger size_weight")
+        return (f"{where}: shrinking was held back on {1 - shrinking:.0%} of the {final} steps at the final "
+                f"target, where it would have raised the task loss beyond its tolerance (loss_tolerance)")
 
     def state_dict(self) -> dict[str, Any]:
         """The driver's state (stage, switch point, running losses, the late target as it stands now,
@@ -421,7 +430,8 @@ class TwoStageRankAdaptation:
         return {"stage": self.stage, "switch": dict(self.switch), "running": self.running.state_dict(),
                 "switch_loss": self._switch_loss, "warned_loss_rise": self._warned_loss_rise,
                 "size_target_now": float(self.target.size_target) if self.target is not None else None,
-                "checks": list(p.checks), "late_steps": p.late_steps, "removed": list(p.removed),
+                "checks": list(p.checks), "late_steps": p.late_steps, "final_steps": p.final_steps,
+                "removed": list(p.removed),
                 "size_branch_steps": None if p.size_branch_steps is None else int(p.size_branch_steps)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -434,7 +444,7 @@ class TwoStageRankAdaptation:
         self._warned_loss_rise = bool(state["warned_loss_rise"])
         counted = state["size_branch_steps"]
         self.progress = _Progress(checks=[tuple(c) for c in state["checks"]], late_steps=state["late_steps"],
-                                  removed=list(state["removed"]),
+                                  final_steps=state["final_steps"], removed=list(state["removed"]),
                                   size_branch_steps=None if counted is None else torch.tensor(
                                       counted, device=reference.device))
         self.last_size_active = None

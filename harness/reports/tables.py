@@ -36,13 +36,18 @@ def status_note(row: Any) -> str:
 
 
 def late_stage_missing(row: Any) -> str:
-    """Why a CoMERA run with a target has no late stage to show: its failure, or a stage switch that never
-    came ("" when it has one, or is no such run)."""
+    """Why a CoMERA run with a target falls short of it: its failure, the shortfall its rank adaptation
+    reported, or a stage switch that never came ("" when it reached it, or is no such run)."""
     if row.method != "comera" or pd.isna(row.target_ratio):
         return ""
     method = settings_of(row).get("method", {})
-    if row.status != "ok" or (method.get("switch") or {}).get("step"):
+    if row.status != "ok":
         return status_note(row)
+    shortfall = (method.get("outcome") or {}).get("shortfall")
+    if shortfall:
+        return f"target not reached: {shortfall}"
+    if (method.get("switch") or {}).get("step"):
+        return ""
     return f"late stage never started (late_start_step {method.get('late_start_step')})"
 
 

@@ -77,7 +77,7 @@ def _train(prepared, workload, steps):
 def test_comera_trains_above_chance_and_runs_both_stages():
     workload = _workload()
     method = CoMERAMethod()
-    params = {"lr_cores": 1e-2, "lr_gates": 1e-2, "lr_other": 1e-2, "prune_every": 25}
+    params = {"lr_cores": 1e-2, "lr_gates": 1e-2, "lr_other": 1e-2, "prune_every": 25, "switch_when": "step"}
     prepared = method.prepare(workload.model, workload, params, target_ratio=0.5, total_steps=150)
     assert isinstance(prepared.model.embed, TTMEmbedding) and isinstance(prepared.model.hidden, TTLinear)
     assert method.name == "comera" and method.variant == "default"

@@ -18,7 +18,7 @@ def _dense_accuracy(ns: dict) -> float:
     """The dense twin: same model, data, loop, optimizer and learning rate."""
     torch.manual_seed(1)
     dense = ns["mlp"]()
-    optimizer = torch.optim.AdamW(dense.parameters(), lr=1e-3)
+    optimizer = torch.optim.AdamW(dense.parameters(), lr=3e-3)
     for _ in range(ns["steps"]):
         batch = torch.randint(0, len(ns["x_train"]), (64,))
         nn.functional.cross_entropy(dense(ns["x_train"][batch]), ns["y_train"][batch]).backward()

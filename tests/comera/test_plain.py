@@ -49,7 +49,7 @@ class _Objective(nn.Module):
 
     def forward(self, idx, labels):
         task = F.cross_entropy(self.model(idx), labels)
-        return rank.early_objective(task, self.model, l1_weight=0.1, l2_weight=0.01, threshold=1e-2)
+        return rank.early_objective(task, self.model, l1_weight=0.1, l2_weight=0.01)
 
 
 def _assert_close(got, want):

@@ -206,21 +206,22 @@ def test_bad_settings_are_named(field, value):
 
 
 def test_a_late_stage_loss_well_above_the_switch_warns_once():
+    """Above the switch's running loss by more than three tolerances (3 x 0.05 x its fall 1.6) + 0.05."""
     layer = ttm()
-    settings = rank.RankSettings(late_start_step=1, target_ratio=0.5, prune_every=1, loss_average=0.0,
+    settings = rank.RankSettings(late_start_step=2, target_ratio=0.5, prune_every=1, loss_average=0.0,
                                  switch_when="step")
     driver = rank.TwoStageRankAdaptation(layer, settings)
-    _drive(driver, [0.4])
-    for step, value in enumerate([0.6, 0.64], start=1):  # at most 1.5 x 0.4 + 0.05 = 0.65: quiet
+    _drive(driver, [2.0, 0.4])
+    for step, value in enumerate([0.6, 0.68], start=2):  # at most 0.4 + 0.24 + 0.05 = 0.69: quiet
         driver.objective(loss(value), step)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             driver.after_step(step)
-    driver.objective(loss(0.9), 3)
-    with pytest.warns(RuntimeWarning, match=r"step 4: the running task loss 0.9 is well above its 0.4 at the "
-                                            r"switch \(step 1\)"):
-        driver.after_step(3)
-    driver.objective(loss(2.0), 4)
+    driver.objective(loss(0.9), 4)
+    with pytest.warns(RuntimeWarning, match=r"step 5: the running task loss 0.9 is well above its 0.4 at the "
+                                            r"switch \(step 2\)"):
+        driver.after_step(4)
+    driver.objective(loss(2.0), 5)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        driver.after_step(4)  # once
+        driver.after_step(5)  # once
