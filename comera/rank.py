@@ -132,7 +132,8 @@ class RankSettings:
     CoMERA defaults (:class:`comera.RankAdaptation` and the pipeline's ``comera`` method take theirs from
     here); how they were chosen: docs/recipe.md."""
 
-    l1_weight: float = 0.01         # gamma: early-stage weight of the soft size over the stored size
+    l1_weight: float = 0.0          # gamma: early-stage weight of the soft size over the stored size (the
+                                    # paper's 0.01 held the small transformer on its plateau: recipe.md)
     l2_weight: float = 0.0          # beta: weight of the cores' squared norms (both stages)
     threshold: float = 1e-2         # ranks whose share of their bond is at or below are pruned
     prune_every: int = 10           # steps between balancing and pruning (0: never during a stage)

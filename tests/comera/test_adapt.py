@@ -48,7 +48,7 @@ def test_defaults_are_the_pipelines_recipe():
     shared = ("l1_weight", "l2_weight", "threshold", "prune_every", "min_rank", "switch_when", "converged_gain",
               "loss_tolerance", "size_weight", "stop_at_target", "target_ramp", "mask_gates")
     assert {key: getattr(s, key) for key in shared} == {key: PARAMS_DEFAULTS[key] for key in shared}
-    assert (s.l1_weight, s.l2_weight, s.min_rank, s.switch_when) == (0.01, 0.0, 1, "converged")
+    assert (s.l1_weight, s.l2_weight, s.min_rank, s.switch_when) == (0.0, 0.0, 1, "converged")
     assert (s.late_start_step, s.target_ratio, s.total_steps, s.converged_window) == (450, 0.3, 1000, 100)
     early_only = comera.RankAdaptation(_model()).settings
     assert (early_only.late_start_step, early_only.target_ratio) == (None, None)

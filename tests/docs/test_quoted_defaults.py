@@ -29,8 +29,8 @@ def _config(name: str, method: str = "comera") -> dict:
 
 QUOTED = [  # (file, pattern with the quoted value as its group, the code's default)
     ("library.md", rf"`early_fraction` \({NUMBER}\)", LIBRARY["early_fraction"]),
-    ("library.md", rf"`l1_weight`\s+\({NUMBER}, the paper's\)", LIBRARY["l1_weight"]),
-    ("library.md", rf"`l2_weight` x the\s+squared core entries, {NUMBER} by default", LIBRARY["l2_weight"]),
+    ("library.md", rf"over the stored size \({NUMBER} by default", LIBRARY["l1_weight"]),
+    ("library.md", rf"`l2_weight` x\s+the squared core entries, {NUMBER} by default", LIBRARY["l2_weight"]),
     ("library.md", rf"`converged_gain`, {NUMBER}%", 100 * LIBRARY["converged_gain"]),
     ("library.md", rf"\(`size_weight` {NUMBER} x the soft size\)", LIBRARY["size_weight"]),
     ("library.md", rf"`loss_tolerance` \({NUMBER}\)", LIBRARY["loss_tolerance"]),
@@ -41,7 +41,7 @@ QUOTED = [  # (file, pattern with the quoted value as its group, the code's defa
     ("library-reference.md", rf"`prune_every` steps, {NUMBER}\)", LIBRARY["prune_every"]),
     ("library-reference.md", rf"`threshold` \({NUMBER}\)", LIBRARY["threshold"]),
     ("library-reference.md", rf"`min_rank` ranks \({NUMBER}\)", LIBRARY["min_rank"]),
-    ("library-reference.md", rf"`l1_weight` \({NUMBER}\)", LIBRARY["l1_weight"]),
+    ("library-reference.md", rf"`l1_weight` \({NUMBER}; the paper's", LIBRARY["l1_weight"]),
     ("library-reference.md", rf"`l2_weight` \({NUMBER}\)", LIBRARY["l2_weight"]),
     ("library-reference.md", rf"`converged_gain` \({NUMBER}%\)", 100 * LIBRARY["converged_gain"]),
     ("library-reference.md", rf"`early_fraction` \({NUMBER}\)", LIBRARY["early_fraction"]),
