@@ -308,7 +308,8 @@ def _markdown(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, warn
     warn = "".join(f"\n> **Warning:** {cell_text(w)}\n" for w in warnings)
     ratio_cols = ["device", "workload", "batch_size", "versus", "quantity", "ratio", "low", "high", "rounds",
                   "interleaved", "note", "source"]
-    return (f"# Devices compared: {', '.join(map(cell_text, labels))}\n{warn}\nPer cell (ok cells; time in s, memory in bytes "
+    devices = ", ".join(map(cell_text, labels))
+    return (f"# Devices compared: {devices}\n{warn}\nPer cell (ok cells; time in s, memory in bytes "
             "of each device's own peak_mem_kind). A cell is matched on every identity column (workload and "
             "its parameters, method, variant, batch, rank, target, seed, CUDA graph, purpose, budget); a time "
             "ratio needs a stable timing on both devices, a memory ratio the same memory kind; flags name "

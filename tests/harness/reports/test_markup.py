@@ -57,7 +57,7 @@ def test_claims_and_compare_text_from_data_is_text():
     text = claims.markdown(pd.DataFrame([row]), HOSTILE, [HOSTILE], "none left out")
     assert _live(html.page(text, "claims")) == []
     empty = pd.DataFrame(columns=["workload", "method", "variant", "batch_size", "differences"])
-    ratios = pd.DataFrame(columns=["device", "workload", "batch_size", "versus", "quantity", "ratio", "low", "high",
-                                   "rounds", "interleaved", "note", "source"])
+    ratios = pd.DataFrame(columns=["device", "workload", "batch_size", "versus", "quantity", "ratio", "low",
+                                   "high", "rounds", "interleaved", "note", "source"])
     text = compare._markdown(empty, [HOSTILE, "b"], ratios, [HOSTILE])
     assert _live(html.page(text, "compare")) == []
