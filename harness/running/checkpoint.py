@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.core.clock import env_seconds
-from harness.results.atomic import atomic_write
 
 if TYPE_CHECKING:
     from harness.running.cell import CellState
@@ -177,6 +176,8 @@ def save(path: str | os.PathLike, spec: dict[str, Any], content: dict[str, Any])
     """Write ``content`` (with ``spec``, the code's identity and the time) to ``path`` atomically and
     durably."""
     import torch
+
+    from harness.results.atomic import atomic_write  # lazily: the supervisor checks every_s, quickly
 
     payload = {"format": FORMAT, "spec": spec, "code": code_identity(),
                "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **content}
