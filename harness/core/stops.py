@@ -202,13 +202,13 @@ class CellStop:
         os.set_blocking(write_fd, False)
         previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
         handled = [sig for sig, handler in previous.items() if handler != signal.SIG_IGN]
-        for sig in handled:
-            signal.signal(sig, _noted)  # the thread below acts: the main thread may be stuck in C code
         old_wakeup = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
         done = threading.Event()
         watcher = threading.Thread(target=self._watch, args=(read_fd, done, set(handled)), daemon=True,
                                    name="cell-stop")
         watcher.start()
+        for sig in handled:  # from here the thread acts on them: the main thread may be stuck in C code
+            signal.signal(sig, _noted)
         try:
             yield
         except Stopped as stop:
