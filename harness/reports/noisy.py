@@ -94,6 +94,11 @@ def delete_cells(paths: Sequence[str | Path], run_ids: set[str]) -> tuple[list[P
     run_id such as ``../x`` names no file); a runs table given as a file is left as it is (a note says
     so), as are the noisy cells that have no per-cell file there."""
     removed, notes, found = [], [], set()
+    odd = sorted(rid for rid in run_ids if Path(rid).name != rid or rid.startswith((".", "-")))
+    if odd:
+        notes.append(f"refused: run_id {', '.join(map(repr, odd))} is not a plain file name (a row altered or "
+                     "written elsewhere); nothing is deleted for it")
+        run_ids = run_ids - set(odd)
     for given in map(Path, paths):
         if not given.is_dir():
             notes.append(f"{given} is a runs table, not a folder of per-cell files: nothing deleted for it "

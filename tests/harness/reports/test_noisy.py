@@ -82,7 +82,8 @@ def test_delete_stays_inside_the_folder_whatever_a_stored_run_id_says(tmp_path, 
     assert cli.main(["noisy", str(cells), "--delete"]) == 0
     assert (tmp_path / "x.runs.parquet").exists() and (tmp_path / "x.curves.parquet").exists()
     err = capsys.readouterr().err
-    assert "removed nothing; no cell will be timed again" in err and "'../../../x'" in err
+    assert "removed nothing; no cell will be timed again" in err
+    assert "refused: run_id '../../../x' is not a plain file name" in err
 
 
 def test_delete_on_a_top_folder_or_a_merged_table_says_what_it_did(tmp_path, capsys):
