@@ -96,8 +96,8 @@ def delete_cells(paths: Sequence[str | Path], run_ids: set[str]) -> tuple[list[P
     removed, notes, found = [], [], set()
     odd = sorted(rid for rid in run_ids if Path(rid).name != rid or rid.startswith((".", "-")))
     if odd:
-        notes.append(f"refused: run_id {', '.join(map(repr, odd))} is not a plain file name (a row altered or "
-                     "written elsewhere); nothing is deleted for it")
+        notes.append(f"refused: run_id {', '.join(map(repr, odd))} is not a plain file name (a row altered "
+                     "or written elsewhere); nothing is deleted for it")
         run_ids = run_ids - set(odd)
     for given in map(Path, paths):
         if not given.is_dir():
