@@ -18,7 +18,7 @@ import torch
 from harness import results
 from harness.running import checkpoint as checkpoints
 from harness.running import run as runner
-from tests.harness.running.run_toys import TOY_REGISTRY, toy_spec, toy_workload
+from tests.harness.running.run_toys import TOY_REGISTRY, toy_spec
 
 STEPS = 32  # toy_spec: 2 epochs of 16 steps, an evaluation every 8, the toy method's stage switch at 3
 
