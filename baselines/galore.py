@@ -65,6 +65,8 @@ def galore_weights(model: nn.Module) -> list[nn.Parameter]:
 
 
 BNB_CPU_LOGGER = "bitsandbytes.backends.cpu.ops"
+PROJECTOR = "galore_projector"
+"""The key under which an optimizer's state dict holds a GaLore projector's attributes."""
 """bitsandbytes (imported by galore_torch) logs from here, on CPUs with AVX512-BF16, that it could not
 fetch an optional 4-bit CPU kernel from the Hugging Face hub; GaLore never uses 4-bit kernels, so only
 its errors are shown."""
@@ -84,6 +86,38 @@ def _optimizer_class(eight_bit: bool):
     if eight_bit:
         return galore_torch.GaLoreAdamW8bit
     return partial(galore_torch.GaLoreAdamW, no_deprecation_warning=True)
+
+
+def _projectors_as_data(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+    """``state_dict`` with each parameter's GaLore projector (an object) as a dict of its attributes
+    (tensors and plain values), so that a checkpoint is data (``torch.load(weights_only=True)``); the
+    optimizer's own state is left as it is."""
+    state = {key: {**value, "projector": {PROJECTOR: dict(vars(value["projector"]))}}
+             if not isinstance(value.get("projector", {}), dict) else value
+             for key, value in state_dict["state"].items()}
+    return {**state_dict, "state": state}
+
+
+def _projectors_from_data(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of :func:`_projectors_as_data`, before the optimizer loads ``state_dict``."""
+    GaLoreProjector = import_galore_torch().galore_projector.GaLoreProjector  # noqa: N806 -- the class
+
+    def projector(saved: dict[str, Any]) -> Any:
+        made = GaLoreProjector.__new__(GaLoreProjector)
+        made.__dict__.update(saved[PROJECTOR])
+        return made
+
+    state = {key: {**value, "projector": projector(value["projector"])}
+             if isinstance(value.get("projector"), dict) and PROJECTOR in value["projector"] else value
+             for key, value in state_dict["state"].items()}
+    return {**state_dict, "state": state}
+
+
+def _data_state(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """``optimizer`` whose state dict holds its projectors as data (:func:`_projectors_as_data`)."""
+    optimizer.register_state_dict_post_hook(_projectors_as_data)
+    optimizer.register_load_state_dict_pre_hook(_projectors_from_data)
+    return optimizer
 
 
 def _groups(plain: list[nn.Parameter], projected: list[nn.Parameter], params: dict[str, Any]) -> list[dict]:
@@ -143,10 +177,10 @@ class GaLoreMethod:
                             skipped=f"8-bit GaLore needs CUDA (bitsandbytes); not run on {device.type}")
         make = partial(_optimizer_class(params["eight_bit"]), lr=lr, weight_decay=params["weight_decay"])
         if not params["layerwise"]:
-            optimizer = make(_groups(plain, projected, params))
+            optimizer = _data_state(make(_groups(plain, projected, params)))
             return Prepared(model=model, optimizers=[optimizer], settings=settings, size=lambda: dict(size))
         per_param = [(p, make(_groups([p], [], params))) for p in plain]
-        per_param += [(p, make(_groups([], [p], params))) for p in projected]
+        per_param += [(p, _data_state(make(_groups([], [p], params)))) for p in projected]
         for p, optimizer in per_param:
             p.register_post_accumulate_grad_hook(partial(_step_and_free, optimizer))
         prepared = Prepared(model=model, optimizers=[], settings=settings, size=lambda: dict(size),

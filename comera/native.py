@@ -17,6 +17,11 @@ and torch (``scripts/native_prebuilt.py``; its ``.json`` beside it says for whic
 building. ``COMERA_NATIVE=0`` turns it off. When it cannot be built the Python path is used, with one warning;
 :func:`status` says whether it is in use and why not.
 
+A library is loaded only when its size and SHA-256 are the ones its ``.json`` recorded when it was built
+(:func:`file_record`): loading a truncated library would kill the process (SIGBUS). A built library that
+fails the check, or does not load, is removed before the build, so that the build makes it anew (ninja
+would take the file for up to date).
+
 Example::
 
     >>> import comera.native
@@ -73,12 +78,16 @@ def _build() -> NativeStatus:
             return NativeStatus(True, f"prebuilt {library}")
         skipped = f" ({LIBRARY_ENV}={library}: {why_not})"
     folder = Path(os.environ.get("COMERA_NATIVE_BUILD_DIR") or build_folder())
-    if _load(folder / f"{NAME}.so") is None:  # an earlier process built it for this source and torch
+    built = folder / f"{NAME}.so"
+    why_not = _load(built)
+    if why_not is None:  # an earlier process built it for this source and torch
         return NativeStatus(True, f"built in {folder}{skipped}")
     memo, key = folder / FAILED_MEMO, _build_key()
     earlier = _read_json(memo)
     if earlier.get("key") == key:
         return _not_built(f"{earlier.get('error')} (an earlier build; delete {memo} to retry){skipped}")
+    if why_not != "no such file":
+        _discard(built, why_not)
     try:
         from torch.utils import cpp_extension
 
@@ -94,7 +103,7 @@ def _build() -> NativeStatus:
         torch.ops.comera_native.tt_forward  # noqa: B018 -- raises if the library registered nothing
         with contextlib.suppress(OSError):  # later processes load it directly (without cpp_extension)
             memo.unlink(missing_ok=True)
-            (folder / f"{NAME}.json").write_text(json.dumps(library_metadata()))
+            built.with_suffix(".json").write_text(json.dumps({**library_metadata(), **file_record(built)}))
     except Exception as exc:  # no compiler, no ninja, a compile error: the Python path, said once
         return _not_built(f"{_first_error(exc)}{skipped}")
     return NativeStatus(True, f"built in {folder}{skipped}")
@@ -106,16 +115,43 @@ def _not_built(why: str) -> NativeStatus:
     return NativeStatus(False, reason)
 
 
+def _discard(built: Path, why: str) -> None:
+    """Remove the build folder's library ``built`` (and its ``.json``), which did not load for ``why``, so
+    that the build makes it anew; not while another process builds there (it holds cpp_extension's lock
+    file, and replaces the library itself)."""
+    from torch.utils.file_baton import FileBaton
+
+    baton = FileBaton(str(built.parent / "lock"))
+    if not baton.try_acquire():
+        return
+    try:
+        warnings.warn(f"comera.native: {built} is not used: {why}; building it again", RuntimeWarning,
+                      stacklevel=4)
+        for path in (built, built.with_suffix(".json")):
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+    finally:
+        baton.release()
+
+
 def _load(library: Path) -> str | None:
-    """Load ``library`` if the ``.json`` beside it matches :func:`library_metadata`; None when loaded, else
-    why not."""
+    """Load ``library`` if the ``.json`` beside it matches :func:`library_metadata` and records the file's
+    size and SHA-256 (:func:`file_record`); None when loaded, else why not."""
     if not library.is_file():
         return "no such file"
     made_for, wanted = _read_json(library.with_suffix(".json")), library_metadata()
-    if made_for != wanted:
-        differ = ", ".join(f"{key} {made_for.get(key)} (here {value})" for key, value in wanted.items()
-                           if made_for.get(key) != value)
+    differ = ", ".join(f"{key} {made_for.get(key)} (here {value})" for key, value in wanted.items()
+                       if made_for.get(key) != value)
+    if differ:
         return f"skipped: built for {differ}"
+    recorded = {key: made_for.get(key) for key in ("library_bytes", "library_sha256")}
+    if None in recorded.values():
+        return "skipped: its .json records no size and SHA-256 of the library (an older build)"
+    found = file_record(library)
+    if found != recorded:
+        return (f"skipped: it has {found['library_bytes']} bytes and SHA-256 {found['library_sha256'][:12]}"
+                f"..., its build recorded {recorded['library_bytes']} bytes and "
+                f"{str(recorded['library_sha256'])[:12]}... (truncated, corrupt or replaced)")
     try:
         torch.ops.load_library(str(library))
         torch.ops.comera_native.tt_forward  # noqa: B018
@@ -142,6 +178,13 @@ def library_metadata() -> dict[str, str]:
     """What a library built from :data:`SOURCE` is tied to: torch's version and the source's SHA-256 (the
     ``.json`` written beside a prebuilt library, checked before it is loaded)."""
     return {"torch": torch.__version__, "source_sha256": source_sha256()}
+
+
+def file_record(library: Path) -> dict[str, object]:
+    """What the ``.json`` beside a library records of the file itself, checked before it is loaded: its
+    size (``library_bytes``) and SHA-256 (``library_sha256``)."""
+    return {"library_bytes": library.stat().st_size,
+            "library_sha256": hashlib.sha256(library.read_bytes()).hexdigest()}
 
 
 def source_sha256() -> str:

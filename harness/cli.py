@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 
 DELEGATED = {"microbench": "harness.perf.microbench", "bench": "harness.perf.bench", "compare": "harness.reports.compare",
              "merge": "harness.results", "noisy": "harness.reports.noisy"}
+DEFAULT_RESULTS_DIR = "results/cli"
+"""Where ``comera-bench run`` writes a cell given without --runs-out (apart from the pipeline's
+results/runs)."""
 SHOW_COLUMNS = {
     "runs": ["run_id", "workload", "method", "variant", "batch_size", "target_ratio", "seed", "status",
              "step_time_ms", "step_time_ms_iqr", "timing_quality", "epoch_time_s", "peak_mem_bytes", "metric_name",
@@ -106,9 +109,10 @@ def _parser(list_names: bool = False) -> argparse.ArgumentParser:
                       help="torch.set_float32_matmul_precision (default highest: full FP32; high: TF32 on GPUs)")
     cell.add_argument("--allocator", choices=["reuse", "system"], default="reuse",
                       help="CPU allocator policy (harness/core/allocator.py; default reuse)")
-    cell.add_argument("--results-dir", default="results/cli",
-                      help="folder for the default output paths (default results/cli: apart from the "
-                           "pipeline's results/runs, whose cells have the same names)")
+    cell.add_argument("--results-dir", default=None,
+                      help="folder for the default output paths and the data cache (default results/cli: "
+                           "apart from the pipeline's results/runs, whose cells have the same names; with "
+                           "--runs-out, the cache goes beside the runs file)")
     run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                      help="progress bar on stderr (default: when stderr is a terminal); without it, a line "
                           "'step N of M, elapsed, ETA' every 15 s")
@@ -185,11 +189,17 @@ def _curves_path(runs_out: str | Path) -> Path:
 def _cmd_run_isolated(args: argparse.Namespace) -> int:
     """--isolate: the cell in a child process (harness.running.supervise); this process does not import torch
     unless it has to write the row itself."""
-    from harness.running import supervise
+    from harness.running import checkpoint, supervise, watchdog
 
     if not args.spec or not args.runs_out or any(getattr(args, opt) is not None
                                                  for opt in ("workload", "method", "batch_size")):
         print("comera-bench run: --isolate needs --spec and --runs-out (no cell options)", file=sys.stderr)
+        return 2
+    try:  # a bad value would fail the child with a row that does not say why: no row, the variable named
+        watchdog.stall_limit_s()
+        checkpoint.every_s()
+    except ValueError as exc:
+        print(f"comera-bench run: {exc}; no row written", file=sys.stderr)
         return 2
     curves_out = args.curves_out or _curves_path(args.runs_out)
     command = [sys.executable, "-m", "harness.cli", "run", "--spec", args.spec, "--runs-out", args.runs_out,
@@ -211,8 +221,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from harness.data.cache import run_cache
 
     stops.die_with_parent()  # a cell of a timing group, or under a supervisor, ends with its parent
-    with run_cache(Path(args.results_dir) / "cache"):  # unless the pipeline named one
+    with run_cache(cache_folder(args)):  # unless the pipeline named one
         return _run_cell(args)
+
+
+def cache_folder(args: argparse.Namespace) -> Path:
+    """The data cache of ``comera-bench run``: ``<--results-dir>/cache``; without --results-dir, beside the
+    runs file when --runs-out names one, else under the default results folder (results/cli)."""
+    if args.results_dir is None and args.runs_out:
+        return Path(args.runs_out).parent / "cache"
+    return Path(args.results_dir or DEFAULT_RESULTS_DIR) / "cache"
 
 
 def _run_cell(args: argparse.Namespace) -> int:
@@ -246,7 +264,7 @@ def _run_cell(args: argparse.Namespace) -> int:
         device = spec["execution"]["device"]
         if device == "auto":
             device = measure.resolve_device("auto").type
-        folder = Path(args.results_dir) / device.split(":")[0]
+        folder = Path(args.results_dir or DEFAULT_RESULTS_DIR) / device.split(":")[0]
         runs_out = folder / f"{spec['run_id']}.runs.parquet"
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{spec['run_id']}.spec.json").write_text(json.dumps(spec, indent=2, sort_keys=True))

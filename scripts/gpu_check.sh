@@ -17,11 +17,11 @@
 # pytest.txt, bench.txt, pipeline.txt (Snakemake's output), results.tar.gz (per-cell files, merged
 # tables, grid.json, logs, bench.{parquet,md,png}) and figures.tar.gz (figures, tables, claims.md).
 # SIGTERM, SIGINT or SIGHUP stop the running phase, then the figures of what finished are drawn (at most
-# 30 s) and everything is packed. DEVICE=cpu QUICK=1 runs the same flow on the CPU with
+# STOP_FIGURES_S, 30 s) and everything is packed. DEVICE=cpu QUICK=1 runs the same flow on the CPU with
 # config/gpu-tiny.yaml and the quick bench (the dry run of tests/scripts/test_gpu_check.py); PYTHON picks
 # the interpreter (default python3), WORK the pipeline's folder (default a new one in $TMPDIR), WHEEL_SITE
 # where the wheels go (default WORK/site: no two checks share it), GRID_CONFIG the grid (a file in config/),
-# BUDGET_S TESTS_S BENCH_S FIGURES_S PACK_S KILL_S the limits above.
+# BUDGET_S TESTS_S BENCH_S FIGURES_S STOP_FIGURES_S PACK_S KILL_S the limits above.
 # Exit status: 0 when every phase ended by itself with status 0.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,7 +32,7 @@ device=${DEVICE:-cuda}
 quick=${QUICK:-}
 config=$repo/config/${GRID_CONFIG:-$([[ -n $quick ]] && echo gpu-tiny.yaml || echo gpu.yaml)}
 budget=${BUDGET_S:-450} tests_s=${TESTS_S:-90} bench_s=${BENCH_S:-150} figures_s=${FIGURES_S:-60}
-pack_s=${PACK_S:-15} kill_s=${KILL_S:-15}
+pack_s=${PACK_S:-15} kill_s=${KILL_S:-15} stop_figures_s=${STOP_FIGURES_S:-30}
 start=$SECONDS
 work=${WORK:-$(mktemp -d "${TMPDIR:-/tmp}/comera-gpu-check.XXXXXX")}  # the pipeline's folder
 mkdir -p "$out" "$work/bin" "$work/results/bench" "$work/figures"
@@ -185,7 +185,7 @@ if [[ -z $stopped ]]; then
   grid_rc=$?
 fi
 if ((grid_rc != 0)) || [[ ! -f $work/figures/claims.md ]]; then
-  limit=$([[ -n $stopped ]] && echo 30 || echo "$figures_s")
+  limit=$([[ -n $stopped ]] && echo "$stop_figures_s" || echo "$figures_s")
   # the stopped run's lock is stale (its processes are gone): --nolock
   run_phase figures $((limit < $(left) ? limit : $(left))) "$out/pipeline.txt" \
     "${smk[@]}" --nolock figures --configfile "$config" --config "${paths[@]}" only_finished=True

@@ -2,8 +2,9 @@
 installed: from its wheel's headers and libraries, with this machine's C++ compiler.
 
 For a machine that has torch but no compiler (the GPU image of scripts/gpu_check.sh). Writes the library
-and, beside it, a ``.json`` naming the torch version and the source's SHA-256; ``comera.native`` loads it
-when ``$COMERA_NATIVE_LIBRARY`` names it and both match (else it builds as usual, saying why).
+and, beside it, a ``.json`` naming the torch version, the source's SHA-256 and the library's size and
+SHA-256; ``comera.native`` loads it when ``$COMERA_NATIVE_LIBRARY`` names it and all match (else it builds
+as usual, saying why).
 
     python scripts/native_prebuilt.py --torch 2.11.0 --out .whl/native/comera_native.so
     python scripts/native_prebuilt.py --torch-root .venv/lib/python3.11/site-packages/torch --out x.so
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
             root = unpack(wheel, Path(tmp))
         command = compile_library(root, args.out, args.compiler)
         version = torch_version(root)
-    made_for = {"torch": version, "source_sha256": native.source_sha256()}
+    made_for = {"torch": version, "source_sha256": native.source_sha256(), **native.file_record(args.out)}
     args.out.with_suffix(".json").write_text(json.dumps(made_for, indent=1) + "\n")
     print(f"native_prebuilt: {args.out} for torch {version} ({shlex.join(command[:1])}; "
           f"{args.out.stat().st_size // 1024} KiB)")

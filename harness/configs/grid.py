@@ -130,9 +130,17 @@ def _key(path: Iterable[Any]) -> str:
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".") or "(top level)"
 
 
+MAX_MAGNITUDE = 2**32
+"""The largest size of any number in a config (a seed's range; the schema bounds most keys tighter): a
+larger one (``batch_sizes: [1e30]``, ``lr: 1e308``, ``d_model: 2**62``) is refused by the check, naming the
+key, instead of crashing every cell that uses it."""
+
+
 def _non_finite(value: Any, path: tuple = ()) -> tuple[tuple, float] | None:
-    """The first NaN or infinite number anywhere in ``value``: (its key path, the number), or None."""
-    if isinstance(value, float) and not math.isfinite(value):
+    """The first NaN, infinite or too large (MAX_MAGNITUDE) number anywhere in ``value``: (its key path,
+    the number), or None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not (
+            math.isfinite(value) and abs(value) <= MAX_MAGNITUDE):
         return path, value
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for k, v in items:
@@ -150,7 +158,10 @@ def schema_error(config: dict[str, Any], schema_path: str | Path) -> str | None:
 
     found = _non_finite(config)
     if found:
-        return f"key {_key(found[0])}: {found[1]} is not a finite number"
+        what = "a finite number" if isinstance(found[1], float) and not math.isfinite(found[1]) else \
+            f"a number of size at most 2**32 ({MAX_MAGNITUDE})"
+        shown = found[1] if isinstance(found[1], int) else f"{found[1]:.6g}"
+        return f"key {_key(found[0])}: {shown} is not {what}"
     schema = yaml.safe_load(Path(schema_path).read_text())
     base = jsonschema.Draft202012Validator
     strict_int = base.TYPE_CHECKER.redefine(

@@ -1,7 +1,10 @@
 """On-disk cache of derived data (tokenizers, tokenized tensors, generated files).
 
 Entries are written atomically (:func:`atomic_write`) and checked when read: one that cannot be read
-(e.g. truncated) is reported with a warning naming the file, deleted and rebuilt (:func:`discard`)."""
+(e.g. truncated) is reported with a warning naming the file, deleted and rebuilt (:func:`discard`). An
+entry that cannot be written (a full disk: ``torch.save`` raises RuntimeError there) is reported the same
+way and the run goes on with what it built (:func:`store`). Entries are data: tensors are read with
+``torch.load(weights_only=True)``."""
 from __future__ import annotations
 
 import contextlib
@@ -79,6 +82,18 @@ def locked(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def store(path: Path, write: Callable[[Path], None], what: str) -> bool:
+    """:func:`atomic_write` of the cached ``what``; one that fails for whatever reason is a warning naming
+    ``path`` (the caller goes on with what it built, uncached). Returns whether it was written."""
+    try:
+        atomic_write(path, write)
+    except Exception as exc:  # noqa: BLE001 -- a cache entry is never worth the run
+        warnings.warn(f"cannot cache {what} at {path} ({type(exc).__name__}: {exc}); going on without",
+                      stacklevel=3)
+        return False
+    return True
+
+
 def discard(path: Path, what: str, exc: BaseException) -> None:
     """Warns that the cached ``what`` at ``path`` cannot be read and deletes it (the caller rebuilds it)."""
     warnings.warn(f"cached {what} {path} cannot be read ({type(exc).__name__}: {exc}); rebuilding it",
@@ -104,5 +119,5 @@ def cached_tensors(path: Path, build: Callable[[], dict[str, torch.Tensor]],
         except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:
             discard(path, "tensors", exc)
     tensors = build()
-    atomic_write(path, lambda tmp: torch.save(tensors, tmp))
+    store(path, lambda tmp: torch.save(tensors, tmp), "tensors")
     return tensors

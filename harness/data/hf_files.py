@@ -1,5 +1,9 @@
 """Local Hugging Face dataset files: arrow or parquet shards whose names contain their split
-(``train-00000-of-00002.parquet``, ``glue-train.arrow``), read with pyarrow."""
+(``train-00000-of-00002.parquet``, ``glue-train.arrow``), read with pyarrow.
+
+A numbered shard set (``<name>-<index>-of-<count>``) must be whole: a missing shard is an error naming
+the missing files, not a smaller data set. Text columns must hold text: another type is an error naming
+the file and the column."""
 from __future__ import annotations
 
 import re
@@ -9,10 +13,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 
+SHARD = re.compile(r"^(?P<name>.+)-(?P<index>\d+)-of-(?P<count>\d+)$")
+"""A numbered shard's file stem: ``train-00000-of-00002``."""
+
+
 def find_split_files(root: Path, split: str, prefer: str | None = None) -> list[Path]:
     """Arrow/parquet files under ``root`` whose name contains ``split`` as a word (under a folder whose
     name contains ``prefer`` when there are any such, so a whole cache of several data sets works); when
-    several folders hold the split, the most recently written one wins."""
+    several folders hold the split, the most recently written one wins.
+
+    Raises:
+        ValueError: a numbered shard set among them lacks shards (:func:`check_shard_sets`).
+    """
     pattern = re.compile(rf"(^|[-_.]){re.escape(split)}([-_.]|$)")
     files = [p for p in root.rglob("*") if p.suffix in (".arrow", ".parquet") and pattern.search(p.stem)]
     if prefer:
@@ -21,11 +33,36 @@ def find_split_files(root: Path, split: str, prefer: str | None = None) -> list[
         return []
     folders = {p.parent for p in files}
     newest = max(folders, key=lambda d: max(f.stat().st_mtime for f in files if f.parent == d))
-    return sorted(p for p in files if p.parent == newest)
+    found = sorted(p for p in files if p.parent == newest)
+    check_shard_sets(found)
+    return found
 
 
-def read_table(path: Path, columns: tuple[str, ...]) -> pa.Table:
-    """One shard, which must have ``columns``; errors name the file."""
+def check_shard_sets(files: list[Path]) -> None:
+    """ValueError naming the missing files when ``files`` hold part of a numbered shard set: every index
+    from 0 to count - 1 of ``<name>-<index>-of-<count><suffix>`` in one folder (an index past the count
+    is named too)."""
+    sets: dict[tuple[Path, str, str, str], set[int]] = {}
+    for path in files:
+        numbered = SHARD.match(path.stem)
+        if numbered:
+            key = (path.parent, numbered["name"], numbered["count"], path.suffix)
+            sets.setdefault(key, set()).add(int(numbered["index"]))
+    for (folder, name, count, suffix), found in sorted(sets.items()):
+        width = len(count)
+        missing = [f"{name}-{i:0{width}d}-of-{count}{suffix}" for i in range(int(count)) if i not in found]
+        beyond = sorted(i for i in found if i >= int(count))
+        if missing or beyond:
+            listed = ", ".join(missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+            problem = f"lacks {len(missing)} of its {int(count)} shards: {listed}" if missing else \
+                f"has shards numbered past its count: {', '.join(map(str, beyond))}"
+            raise ValueError(f"{folder}: the shard set {name}-*-of-{count}{suffix} {problem} (a partial "
+                             "download? fetch the data set again)")
+
+
+def read_table(path: Path, columns: tuple[str, ...], text: tuple[str, ...] = ()) -> pa.Table:
+    """One shard, which must have ``columns``, the ones in ``text`` holding strings; errors name the file
+    (and the column)."""
     try:
         if path.suffix == ".parquet":
             table = pq.read_table(path)
@@ -42,4 +79,8 @@ def read_table(path: Path, columns: tuple[str, ...]) -> pa.Table:
     if missing:
         raise ValueError(f"{path}: missing column(s) {', '.join(missing)} "
                          f"(columns: {', '.join(table.column_names)})")
+    for column in text:
+        kind = table.schema.field(column).type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)):
+            raise ValueError(f"{path}: column {column!r} holds {kind}, not text")
     return table

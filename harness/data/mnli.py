@@ -124,7 +124,7 @@ def read_hf_files(files: list[Path]) -> NLISplit:
     """Hugging Face ``glue/mnli`` shards (columns premise, hypothesis, label)."""
     out = NLISplit([], [], [], list(files))
     for path in files:
-        table = hf_files.read_table(path, HF_COLUMNS)
+        table = hf_files.read_table(path, HF_COLUMNS, text=HF_COLUMNS[:2])
         for p, h, y in zip(*(table.column(c).to_pylist() for c in HF_COLUMNS)):
             out.rows_read += 1
             if y in (0, 1, 2):

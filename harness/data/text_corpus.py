@@ -58,7 +58,7 @@ def read_documents(file: Path, max_documents: int | None = None) -> list[str]:
 def read_shards(files: list[Path], max_documents: int | None = None) -> list[str]:
     """The articles of Hugging Face ``wikitext`` shards (one line per row in column ``text``)."""
     lines = [(row or "").rstrip("\n") for f in files
-             for row in hf_files.read_table(f, ("text",)).column("text").to_pylist()]
+             for row in hf_files.read_table(f, ("text",), text=("text",)).column("text").to_pylist()]
     return split_documents(lines, ", ".join(map(str, files)), max_documents)
 
 

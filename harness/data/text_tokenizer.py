@@ -11,7 +11,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from harness.data.cache import atomic_write, discard, locked
+from harness.data.cache import discard, locked, store
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(len(SPECIAL_TOKENS))
@@ -52,7 +52,7 @@ def load_or_train(path: Path, train: Callable[[], Tokenizer]) -> Tokenizer:
             except Exception as exc:  # noqa: BLE001 -- tokenizers raises a bare Exception ("EOF while parsing")
                 discard(path, "tokenizer", exc)
         tok = train()
-        atomic_write(path, lambda tmp: tok.save(os.fspath(tmp)))
+        store(path, lambda tmp: tok.save(os.fspath(tmp)), "tokenizer")
         return tok
 
 

@@ -35,7 +35,7 @@ import pandas as pd
 
 from harness.core.timing import STABLE
 from harness.reports import reference
-from harness.reports.html import write_html
+from harness.reports.html import cell_text, write_html
 from harness.reports.tables import MB
 from harness.results import FINAL_LOSS_WINDOW
 from harness.results.analysis import (QUALITY, TIME, Ratio, Results, describe_left_out, gpu_rows, is_timing,
@@ -694,7 +694,7 @@ def left_out_text(results: Sequence[Results]) -> str:
     """The timing cells that no time ratio used (not stable), each with its reason."""
     lines = []
     for res in results:
-        lines += [f"- {res.label}: {entry}" for entry in describe_left_out(
+        lines += [f"- {cell_text(res.label)}: {cell_text(entry)}" for entry in describe_left_out(
             r for _, r in unstable_timing_cells(res.runs).iterrows())]
     head = ("Time ratios use stable timing rows only (harness/core/timing.py: spread, timed steps, the machine's "
             "CPU contention while the steps ran); ratios of cells timed together in interleaved rounds are "
@@ -743,20 +743,23 @@ def summary_table(table: pd.DataFrame) -> pd.DataFrame:
 def markdown(table: pd.DataFrame, label: str, results_dirs: Sequence[str], left: str) -> str:
     """claims.md: the summary table a person reads in a minute, then one section per claim."""
     sources = "\n".join(f"- {k}: {v}" for k, v in reference.load()["sources"].items())
-    parts = [f"# Claims of the CoMERA paper vs this device ({label})\n",
+    text = cell_text  # every string from the rows is literal text: no live link, image or HTML
+    parts = [f"# Claims of the CoMERA paper vs this device ({text(label)})\n",
              "| claim | paper | here | verdict |\n|:--|:--|:--|:--|"]
-    parts += [f"| {r.claim} | {r.paper} | {r.here} | {r.verdict} |" for r in summary_table(table).itertuples()]
+    parts += [f"| {text(r.claim)} | {text(r.paper)} | {text(r.here)} | {text(r.verdict)} |"
+              for r in summary_table(table).itertuples()]
     parts.append("\n'here': the measurement in the claim's own setting, else the nearest comparison measured "
                  "here (its setting in brackets). Details per claim below.\n")
     for r in table.to_dict("records"):
-        parts.append(f"## {r[COLUMNS['claim']]}: {r[COLUMNS['verdict']]}\n")
-        parts.append(f"- paper: {r[COLUMNS['paper']]}")
-        parts.append(f"- measured in its setting: {r[COLUMNS['measured']]}")
+        parts.append(f"## {text(r[COLUMNS['claim']])}: {text(r[COLUMNS['verdict']])}\n")
+        parts.append(f"- paper: {text(r[COLUMNS['paper']])}")
+        parts.append(f"- measured in its setting: {text(r[COLUMNS['measured']])}")
         for item in (r[COLUMNS["elsewhere"]].split("; ") if r[COLUMNS["elsewhere"]] != "-" else ["-"]):
-            parts.append(f"- same comparison here: {item}")
-        parts.append(f"- devices: {r[COLUMNS['device']]}")
-        parts.append(f"- judged by: {r[COLUMNS['settings']]}\n")
-    parts.append(f"## How claims are judged\n\n{RULES}\n\nRows from {', '.join(results_dirs)}. Memory is the "
+            parts.append(f"- same comparison here: {text(item)}")
+        parts.append(f"- devices: {text(r[COLUMNS['device']])}")
+        parts.append(f"- judged by: {text(r[COLUMNS['settings']])}\n")
+    folders = ", ".join(map(text, results_dirs))
+    parts.append(f"## How claims are judged\n\n{RULES}\n\nRows from {folders}. Memory is the "
                  f"runs' peak_mem_bytes (MB = {MB:.0e} bytes).\n\n{left}\n\nSources:\n{sources}\n")
     return "\n".join(parts)
 

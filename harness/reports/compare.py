@@ -29,7 +29,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from harness.reports import reference  # noqa: E402
-from harness.reports.html import markdown_table, write_html  # noqa: E402
+from harness.reports.html import cell_text, markdown_table, write_html  # noqa: E402
 from harness.reports.tables import MB  # noqa: E402
 from harness.results import ResultsError  # noqa: E402
 from harness.results.analysis import (MEMORY, QUALITY, TIME, Results, is_stable, json_column, load,  # noqa: E402
@@ -305,10 +305,11 @@ def _markdown(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, warn
     cols = ["cell"] + [c for c in table.columns if c.startswith("epoch_time")
                        or c.startswith("peak_mem") and not c.endswith(("low", "high"))]  # a memory ratio: no spread
     cols += ["differences"]
-    warn = "".join(f"\n> **Warning:** {w}\n" for w in warnings)
+    warn = "".join(f"\n> **Warning:** {cell_text(w)}\n" for w in warnings)
     ratio_cols = ["device", "workload", "batch_size", "versus", "quantity", "ratio", "low", "high", "rounds",
                   "interleaved", "note", "source"]
-    return (f"# Devices compared: {', '.join(labels)}\n{warn}\nPer cell (ok cells; time in s, memory in bytes "
+    devices = ", ".join(map(cell_text, labels))
+    return (f"# Devices compared: {devices}\n{warn}\nPer cell (ok cells; time in s, memory in bytes "
             "of each device's own peak_mem_kind). A cell is matched on every identity column (workload and "
             "its parameters, method, variant, batch, rank, target, seed, CUDA graph, purpose, budget); a time "
             "ratio needs a stable timing on both devices, a memory ratio the same memory kind; flags name "

@@ -4,6 +4,9 @@ them as tables instead of offering a text download.
 ``write_html(md_path)`` writes ``<name>.html`` next to ``<name>.md``: CommonMark with GitHub-style tables
 (markdown-it-py), in a page with a small style sheet. ``markdown_table(df)`` is the Markdown of a table
 whose text cells come from the data: they are text (:func:`cell_text`), in the Markdown and in its page.
+Every other string from the data that a Markdown output holds -- a table's note and settings line,
+claims.md's findings, compare.md's device names and warnings -- goes through :func:`cell_text` too: no
+value in a row becomes a live link, an image or HTML in a report.
 """
 from __future__ import annotations
 
@@ -26,13 +29,15 @@ code { background: #f4f4f4; padding: 0 0.2em; }
 _MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable("table")
 
 
-_MARKUP = re.compile(r"[\\`*~\[\]<>!|&]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
-"""What Markdown reads as markup in a table cell: links and images, raw HTML and autolinks, entities, code,
-emphasis (an underscore inside a word is plain text already), the cell separator and the escape itself."""
+_MARKUP = re.compile(r"[\\`*~\[\]<!|&]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+"""What Markdown reads as markup inside a line: links and images, raw HTML and autolinks (both open with
+``<``; ``>`` is left as it is, for readable ``(> 25%)``: it only quotes a block, at a line's start), entities,
+code, emphasis (an underscore inside a word is plain text already), the cell separator and the escape."""
 
 
 def cell_text(text: str) -> str:
-    """``text`` as literal text in a Markdown table cell: markup backslash-escaped, line breaks as spaces."""
+    """``text`` as literal inline text in Markdown (a table cell, a list item, a line of prose): markup
+    backslash-escaped, line breaks as spaces."""
     return _MARKUP.sub(lambda m: "\\" + m.group(0), " ".join(text.splitlines()))
 
 

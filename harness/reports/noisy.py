@@ -1,10 +1,12 @@
 """The timing cells whose timing is not stable, and how to time them again.
 
-``comera-bench noisy RESULTS... [--delete]``: RESULTS are per-cell folders (results/runs/<device>) or
-merged runs tables. Lists every ok timing cell whose ``timing_quality`` is not "stable", with its
-reason. ``--delete`` removes their per-cell files (runs, curves), so that the next ``snakemake ...
-figures`` times them again -- each with its whole timing group, since ratios come only from cells
-timed together. The pipeline prints this list at its end (workflow/rules/common.smk).
+``comera-bench noisy RESULTS... [--delete]``: RESULTS are per-cell folders (results/runs/<device>, or a
+folder above them) or merged runs tables. Lists every ok timing cell whose ``timing_quality`` is not
+"stable", with its reason. ``--delete`` removes their per-cell files (runs, curves) found under the
+folders given (:func:`delete_cells`: never outside them; a merged table is not changed), so that the next
+``snakemake ... figures`` times them again -- each with its whole timing group, since ratios come only
+from cells timed together -- and says what it removed and what it left. The pipeline prints this list at
+its end (workflow/rules/common.smk).
 """
 from __future__ import annotations
 
@@ -85,6 +87,45 @@ def report_hint(*, configfiles: Sequence[str] = (), settings: dict[str, str] | N
     return f"The HTML report of this run: {as_typed(command, env)}"
 
 
+def delete_cells(paths: Sequence[str | Path], run_ids: set[str]) -> tuple[list[Path], list[str]]:
+    """Remove the per-cell runs and curves files of the cells ``run_ids`` found under the folders among
+    ``paths`` (recursively); returns (the files removed, notes on what was left). Only a file named after
+    the cell whose row it holds is removed, and only inside its folder (resolved paths checked: a stored
+    run_id such as ``../x`` names no file); a runs table given as a file is left as it is (a note says
+    so), as are the noisy cells that have no per-cell file there."""
+    removed, notes, found = [], [], set()
+    odd = sorted(rid for rid in run_ids if Path(rid).name != rid or rid.startswith((".", "-")))
+    if odd:
+        notes.append(f"refused: run_id {', '.join(map(repr, odd))} is not a plain file name (a row altered "
+                     "or written elsewhere); nothing is deleted for it")
+        run_ids = run_ids - set(odd)
+    for given in map(Path, paths):
+        if not given.is_dir():
+            notes.append(f"{given} is a runs table, not a folder of per-cell files: nothing deleted for it "
+                         "(name the results/runs/<device> folder the pipeline writes its cells to)")
+            continue
+        root = given.resolve()
+        for runs in results.expand_paths([given], "runs"):
+            name = runs.name.removesuffix(".runs.parquet")
+            if name not in run_ids:
+                continue
+            rows = results.read_parquet(runs, "runs", fill_missing=True)
+            if rows.run_id.tolist() != [name] or not runs.parent.resolve().is_relative_to(root):
+                notes.append(f"{runs} left: it does not hold the one row of cell {name} inside {given}")
+                continue
+            found.add(name)
+            for path in (runs, runs.with_name(f"{name}.curves.parquet")):
+                if path.exists():
+                    path.unlink()
+                    removed.append(path)
+    missing = sorted(run_ids - found)
+    if missing:
+        listed = ", ".join(map(repr, missing[:10])) + (" ..." if len(missing) > 10 else "")
+        notes.append(f"{len(missing)} noisy cell(s) have no per-cell files in the folders given, so they "
+                     f"stay as they are: {listed}")
+    return removed, notes
+
+
 def cli(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="comera-bench noisy", description=__doc__.splitlines()[0])
     ap.add_argument("results", nargs="+", help="results/runs/<device> folders or runs tables")
@@ -102,16 +143,15 @@ def cli(argv: list[str] | None = None) -> int:
     for _, r in df.iterrows():
         print(f"{r.run_id}\t{noisy_reason(r)}")
     if args.delete:
-        removed = 0
-        for folder in (Path(p) for p in args.results if Path(p).is_dir()):
-            for rid in df.run_id:
-                for kind in ("runs", "curves"):
-                    path = folder / f"{rid}.{kind}.parquet"
-                    if path.exists():
-                        path.unlink()
-                        removed += 1
-        print(f"removed {removed} file(s); the next pipeline run times these cells (and their groups) again",
-              file=sys.stderr)
+        removed, notes = delete_cells(args.results, set(df.run_id))
+        for note in notes:
+            print(f"comera-bench noisy: {note}", file=sys.stderr)
+        cells = sum(path.name.endswith(".runs.parquet") for path in removed)
+        if removed:
+            print(f"removed {len(removed)} file(s) of {cells} cell(s); the next pipeline run times these "
+                  "cells (and their groups) again", file=sys.stderr)
+        else:
+            print("removed nothing; no cell will be timed again", file=sys.stderr)
     return 0
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from harness.reports import feeds, reference
-from harness.reports.html import markdown_table, write_html
+from harness.reports.html import cell_text, markdown_table, write_html
 from harness.results.analysis import (LEARNING_RISE, LEARNING_TAIL, Results, extra_of, load, purpose_of,
                                       ranks_of, settings_of, stable, timing_cells)
 
@@ -357,6 +357,7 @@ def write_table(df: pd.DataFrame, note: str, title: str, out: Path, name: str, s
     """``name``.md (title, note, settings, table or "not measured") and ``name``.csv."""
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / f"{name}.csv", index=False)
+    note, settings = cell_text(note), cell_text(settings)  # they hold values from the rows
     body = markdown_table(df, ".4g") if len(df) else f"Not measured here: {note}."
     text = f"# {title}\n\n{body}\n\n{note}.\n\nSettings: {settings}\n" if len(df) else (
         f"# {title}\n\n{body}\n\nSettings: {settings}\n")

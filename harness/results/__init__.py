@@ -332,22 +332,68 @@ def check_cells(df: pd.DataFrame, path: Path, cells: dict[str, dict[str, Any]], 
                                f"the grid's is {cells[rid].get('config_hash')}); {advice}")
 
 
+def check_curves(df: pd.DataFrame, path: Path, cells: dict[str, dict[str, Any]],
+                 grid: str | os.PathLike) -> None:
+    """ResultsError naming ``path`` (a per-cell curves file) unless every row is of the grid cell the file is
+    named after and the file, where it says, was written from the grid's spec (its config_hash)."""
+    name = path.name.removesuffix(".curves.parquet")
+    advice = (f"it does not belong to this grid ({grid}): delete it and its runs file, then run the pipeline "
+              "again (the cell runs again)")
+    others = sorted(set(df["run_id"]) - {name})
+    if others:
+        raise ResultsError(f"{path} holds curves of cell(s) {', '.join(map(repr, others[:5]))}, not only of "
+                           f"cell {name}; {advice}")
+    if name not in cells:
+        raise ResultsError(f"{path}: cell {name} is not in the grid; {advice}")
+    written = (file_metadata(path).get("provenance") or {}).get("config_hash")
+    if written and written != cells[name].get("config_hash"):
+        raise ResultsError(f"{path}: its curves of cell {name} were run from another spec (config_hash "
+                           f"{written}; the grid's is {cells[name].get('config_hash')}); {advice}")
+
+
+def check_timing_groups(files: list[tuple[Path, pd.DataFrame]]) -> None:
+    """ResultsError naming the files of a timing group whose rows come from another host or device than
+    the group's others: cells timed together ran on one machine in the same rounds, so such a file (copied
+    from another machine, with the same config) is not one of them."""
+    machines: dict[str, dict[tuple[Any, Any], list[Path]]] = {}
+    for path, df in files:
+        for group, host, device in zip(df["timing_group"], df["hostname"], df["device_name"]):
+            if isinstance(group, str) and group:
+                machines.setdefault(group, {}).setdefault((host, device), []).append(path)
+    for group, found in sorted(machines.items()):
+        if len(found) > 1:
+            usual = max(found, key=lambda machine: len(found[machine]))
+            odd = [f"{p} (host {host}, device {device})"
+                   for (host, device), paths in sorted(found.items(), key=str) if (host, device) != usual
+                   for p in paths]
+            raise ResultsError(f"timing group {group}: its cells ran on host {usual[0]}, device {usual[1]}, "
+                               f"but {'; '.join(odd)} ran elsewhere; cells timed together run on one machine "
+                               "in the same rounds: delete the other machine's files (runs and curves), then "
+                               "run the pipeline again (the group is timed again)")
+
+
 def merge(paths: Sequence[str | os.PathLike], out: str | os.PathLike | None, kind: str, *,
           grid: str | os.PathLike | None = None) -> pd.DataFrame:
     """Concatenate result files of one kind (never dropping a row) and write ``out`` atomically (when
     given). Any unreadable, truncated or foreign file raises ResultsError naming its path; a file of an
-    older schema gets its missing columns as nulls, with a warning. With ``grid`` (runs only), every
-    file must hold its own cell's row, run from the grid's spec (:func:`check_cells`)."""
+    older schema gets its missing columns as nulls, with a warning. With ``grid`` (runs and curves), every
+    file must hold its own cell's rows, run from the grid's spec (:func:`check_cells`,
+    :func:`check_curves`), and a timing group's runs rows must come from one host and device
+    (:func:`check_timing_groups`)."""
     import pandas as pd
 
     _types(kind)
     cells = load_grid(grid) if grid is not None else None
-    frames = []
+    frames, files = [], []
     for path in expand_paths(paths, kind):
         frame = read_parquet(path, kind, fill_missing=True)
-        if cells is not None:
+        if cells is not None and kind == "runs":
             check_cells(frame, path, cells, grid)
+            files.append((path, frame))
+        elif cells is not None:
+            check_curves(frame, path, cells, grid)
         frames.append(frame)
+    check_timing_groups(files)
     frames = [f for f in frames if len(f)]
     df = coerce(pd.concat(frames, ignore_index=True), kind) if frames else empty_frame(kind)
     if out is not None:
@@ -364,11 +410,12 @@ def cli_merge(argv: list[str]) -> int:
     ap.add_argument("inputs", nargs="*", help="result files, or folders holding *.<kind>.parquet")
     ap.add_argument("--allow-empty", action="store_true",
                     help="with no inputs, write an empty table (the pipeline's grids without micro-benchmarks)")
-    ap.add_argument("--grid", help="runs only: the grid file (grid.json); a per-cell file whose row is not its "
-                                   "cell's, run from the grid's spec, is refused, naming it")
+    ap.add_argument("--grid", help="runs and curves: the grid file (grid.json); a per-cell file whose rows "
+                                   "are not its cell's, run from the grid's spec, is refused, naming it; "
+                                   "so is a runs file of a timing group from another host or device")
     args = ap.parse_args(argv)
-    if args.grid and args.kind != "runs":
-        ap.error("--grid goes with --kind runs")
+    if args.grid and args.kind not in ("runs", "curves"):
+        ap.error("--grid goes with --kind runs or curves")
     if not args.inputs and not args.allow_empty:
         print(f"comera-bench merge: no input files or folders given; {args.out} left as it is", file=sys.stderr)
         return 2

@@ -105,6 +105,8 @@ class CellState:
     """perf_counter at the end of the last recorded start phase (None: the first round has begun)."""
     checkpoint: Any = None
     """Where and how often this run writes its checkpoint (harness.running.checkpoint.Checkpointing; None: never)."""
+    stop: Any = None
+    """The process's stop policy (harness.core.stops.CellStop; None: none installed)."""
     resumed: list[dict[str, Any]] = field(default_factory=list)
     """One entry per checkpoint this cell resumed from, oldest first: its step and when it was written."""
     train_s_before: float = 0.0

@@ -5,14 +5,18 @@ from its first step, which costs hours for the paper's quality cells. ``comera-b
 pipeline) writes the checkpoint of a cell that is not in a timing group every :func:`every_s` seconds of
 training (environment variable ``COMERA_BENCH_CHECKPOINT_S``; 0: never) to :func:`path_for` its runs
 file (``<run_id>.checkpoint.pt``, beside it), atomically, between two training steps, and once more when
-a stop signal reaches it in its training steps (:func:`stopping_at_a_step`). What it holds:
-the method's state (:meth:`baselines.base.Prepared.state_dict`), the random number generators, where the
-cell is in its data, and what harness.running.run has recorded so far (see there).
+a stop signal reaches it in its training steps (the stop policy is harness.core.stops.CellStop's). What
+it holds: the method's state (:meth:`baselines.base.Prepared.state_dict`), the random number generators,
+where the cell is in its data, and what harness.running.run has recorded so far (see there).
 
-The next run of the cell starts from it when the spec and the code are the same (:func:`load`); anything
-else -- another spec, another git commit, package or torch version, an unreadable file -- starts over, and
-the log says why. Once the cell has a row (any status), its checkpoint is removed; a row written by the
-supervisor for a cell whose process died (the OOM killer) leaves it, and says so.
+A checkpoint is data, never code: it holds tensors and plain Python values only and is read with
+``torch.load(weights_only=True)``, which refuses anything else (a crafted file runs nothing). The next run
+of the cell starts from it when it has the expected layout, the same spec and the same code
+(:func:`load`; the code is a hash of the package's sources, uncommitted changes included); anything
+else starts over, and the log says why. Once the cell has a row (any status), its checkpoint is
+removed; a row written by the supervisor for a cell whose process died (the OOM killer) leaves it, and
+says so. A checkpoint that cannot be written (a full disk: ``torch.save`` raises RuntimeError there)
+leaves the last one in place and the training goes on.
 
 Example::
 
@@ -22,33 +26,25 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import os
 import random
-import signal
 import sys
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
-from harness.core import stops
 from harness.core.clock import env_seconds
-from harness.results.atomic import atomic_write
 
 if TYPE_CHECKING:
     from harness.running.cell import CellState
 
-STOP_GRACE_S = 5.0
-"""How long a cell stopped in mid-training may take to finish its step and write its checkpoint; past it
-(or at a second stop signal) the process ends without one, as it would without checkpoints."""
-SAME_STOP_S = 1.0
-"""Stop signals within this many seconds of the first are copies of it, not a second stop: a pipeline's
-stop reaches a cell from Snakemake and again from the cell's supervisor (harness.core.stops)."""
 CHECKPOINT_ENV = "COMERA_BENCH_CHECKPOINT_S"
 CHECKPOINT_EVERY_S = 600.0
 """Seconds of training between two checkpoints of a cell, unless CHECKPOINT_ENV says otherwise."""
-FORMAT = 1
+FORMAT = 2
 """The checkpoint layout's version; a file of another is not used."""
 RUNS_SUFFIX = ".runs.parquet"
 
@@ -67,101 +63,12 @@ def path_for(runs_out: str | os.PathLike) -> Path:
     return runs_out.with_name(f"{stem}.checkpoint.pt")
 
 
-@dataclass
-class StopRequest:
-    """A stop signal received while the cell trains (:func:`stopping_at_a_step`)."""
-
-    signum: int | None = None
-    received_at: float = 0.0
-    """time.monotonic() of the first stop signal."""
-    at_steps: bool = False
-    """Whether the cell is in its training steps, where a stop waits for the end of the step."""
-    timer: threading.Timer | None = None
-    """Ends the process STOP_GRACE_S after the stop unless the cell got there first."""
-
-
 @dataclass(frozen=True)
 class Checkpointing:
-    """Where a cell's checkpoint lives (:func:`path_for`), the seconds of training between two, and a stop
-    signal received while it trains (then the checkpoint is written at the end of the step)."""
+    """Where a cell's checkpoint lives (:func:`path_for`) and the seconds of training between two."""
 
     path: Path
     every_s: float
-    stop: StopRequest = field(default_factory=StopRequest, compare=False)
-
-
-class Stopped(BaseException):
-    """A stop signal ended the training after a step and its checkpoint (no row: the cell runs again and
-    resumes). A BaseException: the runner does not turn it into a failure row."""
-
-    def __init__(self, message: str, signum: int):
-        super().__init__(message)
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def stopping_at_a_step(checkpoint: Checkpointing | None) -> Iterator[None]:
-    """While the block runs the cell: SIGTERM, SIGINT or SIGHUP in its training steps lets the step finish,
-    the checkpoint be written and the process end by that signal (so its supervisor reads an interrupted
-    cell), within STOP_GRACE_S; before or after the steps, or at a second stop (a signal SAME_STOP_S or
-    more after the first), it ends at once, as without checkpoints. Nothing changes without checkpointing, outside the main thread, or for a signal
-    the process ignores."""
-    if checkpoint is None or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    request = checkpoint.stop
-
-    def on_stop(signum: int, _frame: object) -> None:
-        if request.signum is not None and time.monotonic() - request.received_at < SAME_STOP_S:
-            return  # the same stop, passed on once more
-        if request.signum is not None or not request.at_steps:
-            _end_by(signum)
-            return
-        request.signum, request.received_at = signum, time.monotonic()
-        request.timer = threading.Timer(STOP_GRACE_S, _end_by, (signum,))
-        request.timer.daemon = True
-        request.timer.start()
-
-    previous = {sig: signal.getsignal(sig) for sig in stops.STOP_SIGNALS}
-    for sig, handler in previous.items():
-        if handler != signal.SIG_IGN:
-            signal.signal(sig, on_stop)
-    try:
-        yield
-    except Stopped as stop:
-        print(stop, file=sys.stderr, flush=True)
-        _end_by(stop.signum)
-    finally:  # a stop in the last step: the row was written first, the process ends as it would anyway
-        if request.timer is not None:
-            request.timer.cancel()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def _end_by(signum: int) -> None:
-    """End this process by ``signum``'s default action."""
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-
-
-def in_steps(st: CellState, steps: bool) -> None:
-    """The cell enters (True) or leaves its training steps, where a stop signal waits for the step's end."""
-    if st.checkpoint is not None:
-        st.checkpoint.stop.at_steps = steps
-
-
-def stop_if_asked(st: CellState) -> None:
-    """At the end of a training step: after a stop signal, write the checkpoint (unless written at this
-    step) and raise :class:`Stopped`."""
-    request = st.checkpoint.stop if st.checkpoint is not None else None
-    if request is None or request.signum is None:
-        return
-    if st.last_checkpoint_step != st.steps_done:  # None before the first
-        write(st)
-    name = signal.Signals(request.signum).name
-    raise Stopped(f"{st.spec['run_id']}: stopped by {name} after step {st.steps_done}; its checkpoint is "
-                  f"{'written' if not st.checkpoint_error else 'not written (' + st.checkpoint_error + ')'}, "
-                  "no row: the cell resumes from it next time", request.signum)
 
 
 def checkpointing(spec: dict[str, Any], runs_out: str | os.PathLike) -> Checkpointing | None:
@@ -175,21 +82,57 @@ def checkpointing(spec: dict[str, Any], runs_out: str | os.PathLike) -> Checkpoi
     return Checkpointing(path_for(runs_out), every)
 
 
-def code_identity() -> dict[str, Any]:
-    """What must not change between a checkpoint and its resumption: the git commit and whether the tree
-    was dirty, the package's and torch's versions."""
-    from harness import results
+CODE_PACKAGES = ("harness", "comera", "baselines")
+CODE_SUFFIXES = (".py", ".cpp", ".h", ".cu")
+"""The code a checkpoint belongs to: these packages' (and the plug-in folders') files of these kinds."""
 
-    prov = results.provenance("cpu")
-    return {key: prov[key] for key in ("git_commit", "git_dirty", "comera_bench_version", "torch_version")}
+
+class Unusable(Exception):
+    """A checkpoint that passed :func:`load` but could not be loaded into the method: the cell starts over
+    with a method prepared afresh (harness.running.run)."""
+
+
+@functools.lru_cache(maxsize=1)
+def sources_digest() -> str:
+    """A hash of the code this process runs, taken once (when first asked, before the first step): the
+    path and content of every CODE_SUFFIXES file of CODE_PACKAGES and of the plug-in folders
+    (harness.configs.plugins), committed or not."""
+    import importlib.util
+
+    from harness.configs import plugins
+
+    folders = [(name, Path(folder)) for name in CODE_PACKAGES
+               for folder in (importlib.util.find_spec(name).submodule_search_locations or ())]
+    folders += [(f"plug-ins {folder}", folder) for folder in plugins.plugin_dirs()]
+    digest = hashlib.sha256()
+    for label, folder in folders:
+        for path in sorted(q for q in folder.rglob("*") if q.suffix in CODE_SUFFIXES and q.is_file()):
+            digest.update(f"{label}/{path.relative_to(folder).as_posix()}\0".encode())
+            digest.update(path.read_bytes())
+            digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
+def code_identity() -> dict[str, Any]:
+    """What must not change between a checkpoint and its resumption: the sources (:func:`sources_digest`:
+    an edit counts whether committed or not), the package's and torch's versions."""
+    import torch
+
+    import harness
+
+    return {"sources": sources_digest(), "comera_bench_version": harness.package_version(),
+            "torch_version": str(torch.__version__)}
 
 
 def rng_state() -> dict[str, Any]:
-    """Every random number generator a training step may draw from (Python, NumPy, torch's CPU and CUDA)."""
+    """Every random number generator a training step may draw from (Python, NumPy, torch's CPU and CUDA),
+    as tensors and plain values (what ``torch.load(weights_only=True)`` reads back)."""
     import numpy as np  # lazily (here and below): a cell's supervisor needs only path_for, and quickly
     import torch
 
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    numpy_state = [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)]
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(), "numpy": numpy_state}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -201,10 +144,32 @@ def restore_rng(state: dict[str, Any]) -> None:
     import torch
 
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state:
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _rng_problem(state: Any) -> str:
+    """Why ``state`` is not a :func:`rng_state` this process can restore ("" when it is), found on
+    generators of its own (the process's are left as they are)."""
+    import numpy as np
+    import torch
+
+    if not isinstance(state, dict) or not {"python", "numpy", "torch"} <= set(state):
+        return "its random number generators are missing"
+    try:
+        random.Random().setstate(state["python"])
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.RandomState().set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+        torch.Generator().set_state(state["torch"])
+        if "cuda" in state and not (isinstance(state["cuda"], list)
+                                    and all(isinstance(t, torch.Tensor) for t in state["cuda"])):
+            raise TypeError("the CUDA states are not a list of tensors")
+    except Exception as exc:  # noqa: BLE001 -- whatever the file holds: say what
+        return f"its random number generator states cannot be restored ({type(exc).__name__}: {exc})"
+    return ""
 
 
 def save(path: str | os.PathLike, spec: dict[str, Any], content: dict[str, Any]) -> None:
@@ -212,30 +177,73 @@ def save(path: str | os.PathLike, spec: dict[str, Any], content: dict[str, Any])
     durably."""
     import torch
 
+    from harness.results.atomic import atomic_write  # lazily: the supervisor checks every_s, quickly
+
     payload = {"format": FORMAT, "spec": spec, "code": code_identity(),
                "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **content}
     atomic_write(path, lambda tmp: torch.save(payload, tmp), fsync=True)
 
 
+RESUMED_FIELDS = ("steps_done", "epoch", "curves", "losses", "last_eval", "last_eval_step", "stage",
+                  "stage_switch_step", "full_epochs_s", "flops_initial", "flops_tokens", "flops_basis",
+                  "train_s_before")
+"""The CellState fields a checkpoint carries (with ``resumed``): everything the row and the curves need
+of the steps before it. Step times, the machine's state and peak memory are each process's own."""
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "steps_done": (int,), "epoch": (int,), "curves": (list,), "losses": (list,), "last_eval": (dict,),
+    "last_eval_step": (int,), "full_epochs_s": (list,), "flops_tokens": (dict,), "flops_basis": (dict,),
+    "train_s_before": (int, float), "resumed": (list,), "stage_switch_step": (int, type(None)),
+    "flops_initial": (int, type(None))}
+
+
+def _layout_problem(saved: Any) -> str:
+    """Why ``saved`` (what the file holds) is not a checkpoint of this layout ("" when it is)."""
+    if not isinstance(saved, dict) or saved.get("format") != FORMAT:
+        return f"it is not a checkpoint of format {FORMAT}"
+    wrong = [key for key, typ in (("spec", dict), ("code", dict), ("written_at", str), ("method", dict),
+                                  ("cell", dict)) if not isinstance(saved.get(key), typ)]
+    if wrong:
+        return f"it lacks or has the wrong type of {', '.join(wrong)}"
+    cell = saved["cell"]
+    wrong = [key for key in (*RESUMED_FIELDS, "resumed")
+             if key not in cell or not isinstance(cell[key], _FIELD_TYPES.get(key, (object,)))
+             or isinstance(cell[key], bool)]
+    if wrong or cell["steps_done"] < 0:
+        return f"its cell state lacks or has the wrong type of {', '.join(wrong or ['steps_done'])}"
+    return _rng_problem(saved.get("rng"))
+
+
+def _load_error(exc: Exception) -> str:
+    """The line of ``torch.load``'s error that says what was wrong (its weights-only refusals are long)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    named = [line for line in lines if "Unsupported" in line or line.startswith("WeightsUnpickler error: ")]
+    if not named and exc.__context__ is not None:
+        return _load_error(exc.__context__)
+    return f"{type(exc).__name__}: {(named or lines or [''])[0][:300]}"
+
+
 def load(path: str | os.PathLike, spec: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     """The checkpoint at ``path`` when the cell ``spec`` (normalized) can resume from it, with ``""``; else
-    None and why not (``""`` when there is no file)."""
+    None and why not (``""`` when there is no file). The file is read as data only: one that holds
+    anything but tensors and plain values is refused, and nothing in it runs."""
     import torch
 
     path = Path(path)
     if not path.exists():
         return None, ""
     try:
-        # the cell's own file, written by save() above: it holds Python objects (random states, settings)
-        saved = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # noqa: BLE001 -- a truncated or foreign file: start over, say why
-        return None, f"cannot read {path} ({type(exc).__name__}: {exc})"
-    if not isinstance(saved, dict) or saved.get("format") != FORMAT:
-        return None, f"{path} is not a checkpoint of format {FORMAT}"
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 -- truncated, foreign or crafted: start over, say why
+        return None, (f"cannot read {path} ({_load_error(exc)}); a checkpoint is read as data only (tensors "
+                      "and plain values), so nothing in this file ran")
+    problem = _layout_problem(saved)
+    if problem:
+        return None, f"{path} is not a usable checkpoint: {problem}"
     if saved["spec"] != spec:
         differ = sorted(key for key in set(spec) | set(saved["spec"]) if spec.get(key) != saved["spec"].get(key))
         derived = [key for key in differ if key not in ("config_hash", "run_id")]  # the hash follows the rest
-        return None, f"{path} belongs to another spec (it differs in {', '.join(derived or differ)})"
+        named = ", ".join(map(str, derived or differ))
+        return None, f"{path} belongs to another spec (it differs in {named})"
     code = code_identity()
     if saved["code"] != code:
         differ = [f"{key} {saved['code'].get(key)!r} -> {value!r}" for key, value in code.items()
@@ -244,18 +252,16 @@ def load(path: str | os.PathLike, spec: dict[str, Any]) -> tuple[dict[str, Any] 
     return saved, ""
 
 
-RESUMED_FIELDS = ("steps_done", "epoch", "curves", "losses", "last_eval", "last_eval_step", "stage",
-                  "stage_switch_step", "full_epochs_s", "flops_initial", "flops_tokens", "flops_basis",
-                  "train_s_before")
-"""The CellState fields a checkpoint carries (with ``resumed``): everything the row and the curves need
-of the steps before it. Step times, the machine's state and peak memory are each process's own."""
-
-
 def resume(st: CellState) -> dict[str, Any] | None:
     """When the cell ``st`` (its method prepared) has a checkpoint it can resume from (:func:`load`): load
     the method's state into ``st.prepared`` and what the earlier processes recorded into ``st``; returns the
     checkpoint (the runner restores its ``rng`` right before the first step). Otherwise None, having said on
-    stderr why a checkpoint that is there is not used."""
+    stderr why a checkpoint that is there is not used.
+
+    Raises:
+        Unusable: the method could not take the saved state; ``st.prepared`` may hold part of it (the runner
+            prepares the method again), ``st`` is unchanged otherwise.
+    """
     if st.checkpoint is None:
         return None
     run_id = st.spec["run_id"]
@@ -264,7 +270,10 @@ def resume(st: CellState) -> dict[str, Any] | None:
         if why_not:
             print(f"{run_id}: starting over: the checkpoint is not used: {why_not}", file=sys.stderr, flush=True)
         return None
-    st.prepared.load_state_dict(saved["method"])
+    try:
+        st.prepared.load_state_dict(saved["method"])
+    except Exception as exc:  # noqa: BLE001 -- whatever the saved state holds
+        raise Unusable(f"{st.checkpoint.path} does not fit the method ({type(exc).__name__}: {exc})") from exc
     cell = saved["cell"]
     for key in RESUMED_FIELDS:
         setattr(st, key, cell[key])
@@ -281,7 +290,8 @@ def due(st: CellState) -> bool:
 
 def write(st: CellState) -> None:
     """Write the cell's checkpoint between two steps, outside every clock, the memory region and the time
-    limit. One that cannot be written (a full disk) is said on stderr and in ``st.checkpoint_error``; the
+    limit. One that cannot be written, for whatever reason (a full disk: OSError, or RuntimeError from
+    ``torch.save``), is said on stderr and in ``st.checkpoint_error``; the last one written stays, the
     training goes on and the next interval tries again."""
     from harness.running.cell import training_s
 
@@ -295,9 +305,17 @@ def write(st: CellState) -> None:
                                                "cell": cell})
         st.checkpoints_written += 1
         st.last_checkpoint_step = st.steps_done
-    except OSError as exc:
-        st.checkpoint_error = f"after step {st.steps_done}: {exc}"
+    except Exception as exc:  # noqa: BLE001 -- a checkpoint is never worth the cell
+        st.checkpoint_error = f"after step {st.steps_done}: {type(exc).__name__}: {exc}"
         print(f"{st.spec['run_id']}: the checkpoint could not be written {st.checkpoint_error}; training goes "
               "on, the next checkpoint is tried in the next interval", file=sys.stderr, flush=True)
     st.checkpoint_s += time.perf_counter() - started
     st.last_checkpoint = time.perf_counter()
+
+
+def write_at_stop(st: CellState) -> str:
+    """At the end of the step a stop signal waited for: write the checkpoint unless written at this step;
+    returns what became of it, for the stop's message."""
+    if st.last_checkpoint_step != st.steps_done:  # None before the first
+        write(st)
+    return "written" if st.last_checkpoint_step == st.steps_done else f"not written ({st.checkpoint_error})"

@@ -1,9 +1,12 @@
 """The pipeline's progress after each finished job: cells done of the grid's, and a rough time left at
 this run's own rate (its wall time so far / the cells it finished). The pipeline's first Snakemake
 process records its start time and the grid's size in the environment (STARTED_ENV, CELLS_ENV); every
-job inherits them, and ``comera-bench run --isolate`` prints the line when its cell is done."""
+job inherits them, and ``comera-bench run --isolate`` prints the line when its cell is done. A bad value
+of either (set by hand) is refused when the pipeline starts (:func:`pipeline_env`, workflow/rules/common.smk)
+and never fails a job whose row is written: the line then names the variable instead."""
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -29,9 +32,39 @@ def cells_progress(folder: str | Path, total: int, started: float | None, now: f
             "rate (cells differ: a rough guide)")
 
 
-def pipeline_line(folder: str | Path) -> str:
-    """The progress line for a pipeline cell in ``folder`` ('' outside a pipeline run: no STARTED_ENV)."""
-    started, total = os.environ.get(STARTED_ENV), os.environ.get(CELLS_ENV)
+def pipeline_env() -> tuple[float, int] | None:
+    """(the pipeline's start, seconds since the epoch; the grid's cell count) from STARTED_ENV and
+    CELLS_ENV, or None outside a pipeline run (either unset).
+
+    Raises:
+        ValueError: a value that is not a finite number of seconds, or not a whole number >= 0 of cells,
+            naming the variable.
+    """
+    started, total = os.environ.get(STARTED_ENV, "").strip(), os.environ.get(CELLS_ENV, "").strip()
     if not started or not total:
+        return None
+    try:
+        start = float(started)
+        if not math.isfinite(start):
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"environment variable {STARTED_ENV}={started!r} is not a time in seconds since the "
+                         "epoch (the pipeline sets it when it starts: unset it)") from None
+    if not total.isdigit():
+        raise ValueError(f"environment variable {CELLS_ENV}={total!r} is not a whole number of cells (the "
+                         "pipeline sets it to its grid's size when it starts: unset it)")
+    return start, int(total)
+
+
+def pipeline_line(folder: str | Path) -> str:
+    """The progress line for a pipeline cell in ``folder`` ('' outside a pipeline run: no STARTED_ENV);
+    one naming the variable when :func:`pipeline_env` refuses its values (never an error: the cell's row
+    is written by then)."""
+    try:
+        found = pipeline_env()
+    except ValueError as exc:
+        return f"comera-bench: no progress line: {exc}"
+    if found is None:
         return ""
-    return cells_progress(folder, int(total), float(started), time.time())
+    started, total = found
+    return cells_progress(folder, total, started, time.time())

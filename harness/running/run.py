@@ -3,8 +3,10 @@ row and its ``curves`` out.
 
 The module is the training loop: its step, evaluation, time limit and rounds read and write one cell
 state (harness.running.cell.CellState), which harness.running.cell also turns into the row. The watchdog
-thread (watchdog.py), the spec (specs.py), warm-up, allocator, CUDA graph, measuring core and supervisor
-live in their own modules.
+thread (watchdog.py), the spec (specs.py), warm-up, allocator, CUDA graph, measuring core, checkpoint,
+stop policy (harness.core.stops) and supervisor live in their own modules. Why one module of ~630
+lines: the loop's parts (rounds, evaluations, checkpoints, stop points, limits) act in one order on one
+state, which is easiest to check read in one place.
 
 :func:`run_cell` never raises for a failure of the run itself: the row's ``status`` says what happened
 (ok | oom | diverged | error | timeout) and ``error`` holds the message. A method that cannot run here
@@ -69,6 +71,7 @@ import math
 import numbers
 import os
 import random
+import signal
 import sys
 import time
 import traceback
@@ -80,7 +83,7 @@ import numpy as np
 import torch
 
 from harness import results
-from harness.core import allocator
+from harness.core import allocator, stops
 from harness.running import progress as progress_lines
 from harness.running import checkpoint as checkpoints
 from harness.running import specs, warmup
@@ -178,8 +181,8 @@ def _traceback_tail(exc: BaseException, lines: int = 12) -> str:
 def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress: bool | None = None,
              on_hang: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None = None,
              stall_s: float | None = None, after_steps: Callable[[AfterSteps], None] | None = None,
-             started_at: float | None = None, checkpoint: checkpoints.Checkpointing | None = None
-             ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+             started_at: float | None = None, checkpoint: checkpoints.Checkpointing | None = None,
+             stop: stops.CellStop | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run one cell; returns (runs row with every RUNS_COLUMNS key, curves rows). An invalid spec raises
     specs.SpecError; everything that goes wrong after that is recorded in the row.
 
@@ -196,9 +199,13 @@ def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress
     since the epoch), the beginning of its ``start`` phase (:data:`START_PHASES`); None: no ``start`` phase.
 
     ``checkpoint``: resume from it when it fits the cell, write one every ``every_s`` s of training and at
-    a stop signal (harness.running.checkpoint); the caller removes it once the row is written."""
+    a stop signal (harness.running.checkpoint); the caller removes it once the row is written.
+
+    ``stop``: the process's stop policy (harness.core.stops.CellStop, installed by the caller): a stop it
+    holds back for the end of a step ends the run there (its checkpoint written), raising
+    harness.core.stops.Stopped."""
     spec = specs.normalize_spec(spec)
-    st = CellState(spec, after_steps=after_steps, checkpoint=checkpoint)
+    st = CellState(spec, after_steps=after_steps, checkpoint=checkpoint, stop=stop)
     st.phase_mark = time.perf_counter()
     if started_at is not None:
         st.start_phases["start"] = max(time.time() - started_at, 0.0)
@@ -262,21 +269,15 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
         _phase(st, "start_turn")
     if st.watchdog is not None:  # building the data may take hours the first time: not a stall
         st.watchdog.pause()
-    workload = st.workload = reg.build_workload(spec["workload"], st.workload_params,
-                                                batch_size=spec["batch_size"], seed=spec["seed"],
-                                                device=st.device)
-    _phase(st, "build")
-    st.steps_in_epoch = workload.steps_per_epoch
-    if budget["max_steps_per_epoch"] is not None:
-        st.steps_in_epoch = min(st.steps_in_epoch, budget["max_steps_per_epoch"])
-    total_steps = budget["epochs"] * st.steps_in_epoch
-    st.method = reg.get_method(spec["method"])
-    prepared = st.method.prepare(workload.model, workload, st.method_params,
-                                 target_ratio=spec["target_ratio"], total_steps=total_steps)
-    if prepared.skipped:  # nothing was measured: the row keeps its measurement columns empty
-        raise _Skipped(prepared.skipped)
-    st.prepared = prepared
-    saved = checkpoints.resume(st)
+    workload, prepared, total_steps = _build(st, reg)
+    try:
+        saved = checkpoints.resume(st)
+    except checkpoints.Unusable as exc:  # the method holds part of it: build and prepare it again
+        print(f"{spec['run_id']}: starting over: the checkpoint is not used: {exc}", file=sys.stderr,
+              flush=True)
+        seed_everything(spec["seed"])
+        workload, prepared, total_steps = _build(st, reg)
+        saved = None
     model = prepared.model
     train_model = st.train_model = model_to_train(st, model)
     if spec["execution"]["cuda_graph"]:  # captures Prepared.update, the eager part of Prepared.train_step
@@ -324,7 +325,8 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
     st.training_started = st.last_checkpoint = time.perf_counter()
     if limit and st.watchdog is not None:  # the clock starts with the first training step
         st.watchdog.limit(limit - st.train_s_before + WATCHDOG_GRACE_S)  # earlier processes' training counts
-    checkpoints.in_steps(st, True)  # a stop signal from here on waits for the end of the step
+    if st.stop is not None:  # a stop signal from here on waits for the end of the step
+        st.stop.at_steps = True
     try:
         for epoch in range(first_epoch, budget["epochs"]):
             st.epoch = epoch
@@ -349,7 +351,7 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
                     if checkpoints.due(st):
                         _begin(st, f"writing the checkpoint after step {st.steps_done}")
                         checkpoints.write(st)
-                    checkpoints.stop_if_asked(st)
+                    _stop_if_asked(st)
                 _begin(st, f"training step {st.steps_done + 1}")  # its batch included
         _rounds_over(st)
         st.memory = st.monitor.stop()
@@ -358,9 +360,40 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
         _check_parameters(st)
         _check_time(st, limit)
     finally:
-        checkpoints.in_steps(st, False)
+        if st.stop is not None:
+            st.stop.at_steps = False
         bar.close()
         _record_ranks(st, st.steps_done, st.epoch)
+
+
+def _build(st: CellState, reg: Registry) -> tuple[Any, Any, int]:
+    """Build the cell's workload and prepare its method (into ``st``); returns them and the steps to run."""
+    spec, budget = st.spec, st.spec["budget"]
+    workload = st.workload = reg.build_workload(spec["workload"], st.workload_params,
+                                                batch_size=spec["batch_size"], seed=spec["seed"],
+                                                device=st.device)
+    _phase(st, "build")
+    st.steps_in_epoch = workload.steps_per_epoch
+    if budget["max_steps_per_epoch"] is not None:
+        st.steps_in_epoch = min(st.steps_in_epoch, budget["max_steps_per_epoch"])
+    total_steps = budget["epochs"] * st.steps_in_epoch
+    st.method = reg.get_method(spec["method"])
+    prepared = st.method.prepare(workload.model, workload, st.method_params,
+                                 target_ratio=spec["target_ratio"], total_steps=total_steps)
+    if prepared.skipped:  # nothing was measured: the row keeps its measurement columns empty
+        raise _Skipped(prepared.skipped)
+    st.prepared = prepared
+    return workload, prepared, total_steps
+
+
+def _stop_if_asked(st: CellState) -> None:
+    """At the end of a training step that a stop signal waited for (harness.core.stops.CellStop): write the
+    checkpoint and end the process by that signal, with no row."""
+    if st.stop is None or st.stop.asked is None:
+        return
+    what = checkpoints.write_at_stop(st) if st.checkpoint is not None else "not written (no checkpoints)"
+    st.stop.end(f"{st.spec['run_id']}: stopped by {signal.Signals(st.stop.asked).name} after step "
+                f"{st.steps_done}; its checkpoint is {what}, no row: the cell resumes from it next time")
 
 
 def _begin(st: CellState, activity: str) -> None:
@@ -589,8 +622,10 @@ def run_to_files(spec: dict[str, Any], runs_out: str | os.PathLike, curves_out: 
             os._exit(status)
 
     checkpoint = checkpoints.checkpointing(spec, runs_out)
-    with checkpoints.stopping_at_a_step(checkpoint):
+    stop = stops.CellStop(defer=checkpoint is not None)
+    with stop.guard():
         row, curves = run_cell(spec, registry=registry, progress=progress, on_hang=end_process,
-                               stall_s=stall_limit_s(), started_at=started_at, checkpoint=checkpoint)
+                               stall_s=stall_limit_s(), started_at=started_at, checkpoint=checkpoint,
+                               stop=stop)
     write(row, curves)
     return row

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from harness.configs.grid import DEFAULT_PURPOSE, PURPOSES
-from harness.configs.grid import run_id as grid_run_id
+from harness.configs.grid import MAX_MAGNITUDE, run_id as grid_run_id
 from harness.core import allocator
 
 SPEC_KEYS = ("run_id", "purpose", "workload", "workload_params", "method", "variant", "method_params",
@@ -39,8 +39,8 @@ class SpecError(ValueError):
 def _check_int(where: str, value: Any, minimum: int, *, optional: bool = False) -> None:
     if value is None and optional:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise SpecError(f"spec {where} must be an integer >= {minimum}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_MAGNITUDE:
+        raise SpecError(f"spec {where} must be an integer from {minimum} to 2**32, got {value!r}")
 
 
 def _fill(where: str, given: Any, defaults: dict[str, Any]) -> dict[str, Any]:

@@ -141,27 +141,38 @@ def test_bad_target_ratio_is_named():
         CoMERAMethod().prepare(workload.model, workload, {}, target_ratio=2.0, total_steps=10)
 
 
+PLATEAU = 0.674
+"""The default quality task's hypothesis-only accuracy: the plateau a model that reads one sentence stays on."""
+
+
 @pytest.mark.slow
 def test_a_ttm_embedding_model_leaves_the_plateau_of_the_default_quality_task():
     """The small transformer with its TTM word embedding and TT linears, at the small preset's rates, learns
-    the default grid's quality task (hypothesis-only plateau 0.674) within 400 of the dense model's 1000
-    steps (measured: 0.994 / 0.982 at step 400, seeds 0 / 1; docs/recipe.md)."""
+    the default grid's quality task within 600 of the dense model's 1000 steps, on two seeds. Where it
+    leaves the plateau varies with the seed and the machine's float rounding (seed 0 at step 400: 0.994 on
+    one machine, 0.807 on a 2-core AMD EPYC VM), so the task runs past that point: at step 600, seeds 0-3
+    gave 0.987, 0.990, 0.983, 0.987 on that VM (docs/recipe.md); the test asserts their mean over seeds 0
+    and 1 at 0.9, and each seed off the plateau."""
     from harness.configs.grid import load_config_file
     from harness.running import run as runner
     from harness.running.specs import normalize_spec
 
     config = load_config_file(Path(__file__).resolve().parents[2] / "config" / "config.yaml")
     transformer = config["workloads"]["transformer"]
+    steps = 600
     params = {**transformer["params"], **transformer["quality"]["params"], "eval_samples": 300,
-              "train_samples": 400 * 32}
-    spec = normalize_spec({
-        "workload": "transformer", "workload_params": params, "method": "comera", "variant": "default",
-        "method_params": config["methods"]["comera"]["params"], "batch_size": 32, "target_ratio": None,
-        "seed": 0, "budget": {"epochs": 1, "max_steps_per_epoch": 400, "warmup_steps": 1},
-        "execution": {"device": "cpu", "num_threads": 1}})
-    row, _ = runner.run_cell(spec)
-    assert row["status"] == "ok", row["error"]
-    assert row["metric_value"] >= 0.9, row["metric_value"]
+              "train_samples": steps * 32}
+    accuracies = []
+    for seed in (0, 1):
+        spec = normalize_spec({
+            "workload": "transformer", "workload_params": params, "method": "comera", "variant": "default",
+            "method_params": config["methods"]["comera"]["params"], "batch_size": 32, "target_ratio": None,
+            "seed": seed, "budget": {"epochs": 1, "max_steps_per_epoch": steps, "warmup_steps": 1},
+            "execution": {"device": "cpu", "num_threads": 1}})
+        row, _ = runner.run_cell(spec)
+        assert row["status"] == "ok", row["error"]
+        accuracies.append(row["metric_value"])
+    assert min(accuracies) > PLATEAU + 0.1 and sum(accuracies) / len(accuracies) >= 0.9, accuracies
 
 
 def test_the_pipelines_comera_defaults_are_the_librarys():

@@ -181,6 +181,30 @@ def test_a_built_library_is_loaded_without_cpp_extension(tmp_path, monkeypatch):
     subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path, env=env)
 
 
+@needs_native
+@pytest.mark.parametrize("damage", ["truncated", "not a library"])
+def test_a_damaged_library_is_built_again_never_loaded(tmp_path, damage):
+    """A build folder whose library was cut short (loading it would kill the process with SIGBUS) or
+    overwritten, its .json intact: the library's size and SHA-256 are checked first, it is removed and
+    built again (here a relink of the folder's object file), and the native ops are in use."""
+    import json
+    import os
+
+    built, folder = Path(os.environ["COMERA_NATIVE_BUILD_DIR"]), tmp_path / "b"
+    shutil.copytree(built, folder, ignore=shutil.ignore_patterns("lock", native.FAILED_MEMO))
+    library = folder / f"{native.NAME}.so"
+    whole = library.read_bytes()
+    library.write_bytes(whole[:len(whole) // 2] if damage == "truncated" else b"not a library\n" * 100)
+    code = "import comera.native as n; s = n.status(); print(s.in_use, s.reason)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         env={**os.environ, "COMERA_NATIVE_BUILD_DIR": str(folder)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"True built in {folder}", out
+    assert "(truncated, corrupt or replaced); building it again" in out.stderr
+    assert json.loads(library.with_suffix(".json").read_text()) == {**native.library_metadata(),
+                                                                    **native.file_record(library)}
+
+
 def test_disabled_by_environment(tmp_path):
     code = ("import warnings; warnings.simplefilter('error'); import comera.native as n; s = n.status(); "
             "assert not s.in_use and 'COMERA_NATIVE=0' in s.reason, s")

@@ -1,8 +1,10 @@
 import io
 import json
+import os
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -293,3 +295,51 @@ def test_run_method_param_that_is_not_yaml_is_named():
 def test_bench_bad_options_are_named(capsys, argv, message):
     assert cli.main(["bench", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("variable", ["COMERA_BENCH_CHECKPOINT_S", "COMERA_BENCH_STALL_LIMIT_S"])
+def test_run_isolated_with_a_bad_environment_variable_names_it_and_writes_no_row(tmp_path, monkeypatch,
+                                                                                 capsys, variable):
+    """The supervisor checks the variables its child reads: a bad one is named, no child runs and no row
+    says "exited with code 2" instead (a row would end the cell for good)."""
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps(toy_spec(run_id="cell-1")))
+    monkeypatch.setenv(variable, "ten minutes")
+    runs = tmp_path / "cell-1.runs.parquet"
+    assert cli.main(["run", "--isolate", "--spec", str(spec), "--runs-out", str(runs)]) == 2
+    assert f"environment variable {variable}='ten minutes'" in capsys.readouterr().err
+    assert not runs.exists()
+
+
+def test_a_bad_pipeline_cells_variable_never_fails_a_cell_whose_row_is_written(tmp_path, monkeypatch, capsys):
+    """COMERA_BENCH_PIPELINE_CELLS is the pipeline's own; set by hand to text it used to fail the job after
+    the row was written (and Snakemake then deleted the row). The progress line names it instead."""
+    from harness.running import eta
+
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps(toy_spec(run_id="cell-1", budget={"epochs": 1})))
+    monkeypatch.setenv(eta.STARTED_ENV, "1000")
+    monkeypatch.setenv(eta.CELLS_ENV, "abc")
+    import harness.running.supervise as supervise
+
+    monkeypatch.setattr(supervise, "supervise", lambda *a, **k: (0, "ok"))  # the child wrote its row
+    runs = tmp_path / "cell-1.runs.parquet"
+    assert cli.main(["run", "--isolate", "--spec", str(spec), "--runs-out", str(runs)]) == 0
+    assert ("comera-bench: no progress line: environment variable COMERA_BENCH_PIPELINE_CELLS='abc' is not a "
+            "whole number of cells") in capsys.readouterr().err
+
+
+def test_run_with_runs_out_keeps_its_cache_beside_the_runs_file(tmp_path, toys, monkeypatch):
+    """docs/usage.md: the data cache goes where the command writes, not to ./results/cli/cache."""
+    from harness.data import cache
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(cache.CACHE_ENV, raising=False)
+    seen = []
+    monkeypatch.setattr(cli, "_run_cell", lambda args: seen.append(os.environ.get(cache.CACHE_ENV)) or 0)
+    out = tmp_path / "out" / "x.runs.parquet"
+    assert cli.main(["run", "--spec", "s.json", "--runs-out", str(out)]) == 0
+    assert cli.main(["run", "--spec", "s.json", "--runs-out", str(out), "--results-dir", "mine"]) == 0
+    assert cli.main(["run", "--workload", "toy", "--method", "toy", "--batch-size", "4"]) == 0
+    assert seen == [str(tmp_path / "out" / "cache"), str(Path("mine") / "cache"),
+                    str(Path("results/cli/cache"))]

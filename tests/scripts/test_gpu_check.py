@@ -80,20 +80,21 @@ def test_sigterm_mid_grid_still_brings_back_what_finished(tmp_path):
     for both): every finished CoMERA cell then ran the Python kernels, and env.txt says why."""
     failing = native.status().in_use
     injected = {"PYTEST_ADDOPTS": "-p tests.scripts.native_check_fails"} if failing else {}
-    proc = start(tmp_path, TESTS_S="0", BENCH_S="0", **injected)  # straight to the grid
+    # straight to the grid; the figures after the stop get the time a busy test machine needs (30 s on
+    # the device), so that what is checked is what the stop leaves, not how fast this machine draws
+    proc = start(tmp_path, TESTS_S="0", BENCH_S="0", STOP_FIGURES_S="400", **injected)
     cells = tmp_path / "work" / "results" / "runs" / DEVICE
     deadline = time.monotonic() + 120
     while proc.poll() is None and time.monotonic() < deadline and not list(cells.glob("*.runs.parquet")):
         time.sleep(0.1)
     assert proc.poll() is None, "the script ended before its grid could be stopped"
     time.sleep(2)  # the second timing group starts
-    stopped = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    output, _ = proc.communicate(timeout=120)
+    output, _ = proc.communicate(timeout=600)
     out = tmp_path / "out"
     log = (out / "gpu_check.log").read_text()
     assert proc.returncode == 1 and "SIGTERM received" in log, output[-3000:]
-    assert "figures: exit status 0" in log and time.monotonic() - stopped < 60, log
+    assert "figures: exit status 0" in log, log
     runs = merged_runs(out)
     assert 2 <= len(runs) < CELLS and (runs.status == "ok").all(), runs[["run_id", "status", "error"]]
     assert len(runs.timing_group.unique()) == 1  # the finished group; the stopped one left no row

@@ -292,6 +292,43 @@ def test_non_finite_numbers_rejected_everywhere(mutate, key):
     assert error is not None and error.startswith(f"key {key}:") and "not a finite number" in error, error
 
 
+BATCH = "workloads.transformer.batch_sizes[0]"
+
+
+@pytest.mark.parametrize("mutate, key, bound", [
+    (lambda c: c["workloads"]["transformer"].update(batch_sizes=[10**30]), BATCH, "2**32"),
+    (lambda c: c["workloads"]["transformer"].update(batch_sizes=[2**21]), BATCH, "maximum of 1048576"),
+    (lambda c: c["workloads"]["transformer"].update(budget={"epochs": 10**18}),
+     "workloads.transformer.budget.epochs", "2**32"),
+    (lambda c: c["workloads"]["transformer"].update(budget={"epochs": 10**6}),
+     "workloads.transformer.budget.epochs", "maximum of 100000"),
+    (lambda c: c.update(execution={"rounds": 10**12}), "execution.rounds", "2**32"),
+    (lambda c: c.update(execution={"rounds": 10**6}), "execution.rounds", "maximum of 1000"),
+    (lambda c: c.update(execution={"threads": 10**6}), "execution.threads", "maximum of 1024"),
+    (lambda c: c["methods"]["dense"].update(params={"lr": 1e308}), "methods.dense.params.lr", "2**32"),
+    (lambda c: c["workloads"]["transformer"]["params"].update(d_model=2**62),
+     "workloads.transformer.params.d_model", "2**32"),
+])
+def test_numbers_too_large_for_a_cell_are_refused_naming_the_key(mutate, key, bound):
+    """Values that would crash every cell using them (an integer overflow with no row) or run it for
+    ever are refused by the config check (hence by ``snakemake -n``)."""
+    config = minimal()
+    mutate(config)
+    error = grid.schema_error(config, SCHEMA)
+    assert error is not None and error.startswith(f"key {key}:") and bound in error, error
+
+
+def test_a_config_with_a_huge_comment_is_read_quickly(tmp_path):
+    """A 10 MB comment: the config's own check reads it with libyaml (27 s with PyYAML's Python parser)."""
+    import time
+
+    path = tmp_path / "big.yaml"
+    path.write_text("seeds: [0]\n# " + "x" * 10_000_000 + "\n")
+    started = time.process_time()  # this process's CPU time: a busy machine does not add to it
+    assert grid.load_config_file(path) == {"seeds": [0]}
+    assert time.process_time() - started < 10
+
+
 def test_duplicated_yaml_key_rejected_naming_file_and_key(tmp_path):
     path = tmp_path / "dup.yaml"
     path.write_text("methods:\n  dense: {method: dense}\nseeds: [0]\nmethods:\n  comera: {method: comera}\n")

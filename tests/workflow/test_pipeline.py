@@ -221,6 +221,11 @@ def test_the_printed_report_command_works_as_printed(pipeline):
     assert "fig1_time_memory.png" in (workdir / "report.html").read_text(errors="replace")
 
 
+CLOCK = r"(?:\d+h\d\dm|\d+m\d\ds|\d+s)"
+"""A duration as harness.core.clock.clock writes it (a busy machine takes minutes where a quiet one takes
+seconds)."""
+
+
 def test_cell_logs_show_steps_with_an_eta_and_the_pipeline_counts_cells(pipeline):
     """Each cell's log (stderr not a terminal) has its step lines with elapsed time and ETA; the pipeline
     prints the cells done of the grid's, with the time left at this run's rate."""
@@ -228,9 +233,11 @@ def test_cell_logs_show_steps_with_an_eta_and_the_pipeline_counts_cells(pipeline
     grid = json.loads((pipeline["workdir"] / "results" / "cpu-tiny" / "grid.json").read_text())["cells"]
     for run_id in set(grid) - {pipeline["killed"]}:
         text = (logs / f"{run_id}.log").read_text()
-        assert re.search(rf"^{re.escape(run_id)}: step \d+ of \d+, elapsed \d+s, ETA \d+s$", text, re.M), text
+        line = rf"^{re.escape(run_id)}: step \d+ of \d+, elapsed {CLOCK}, ETA {CLOCK}$"
+        assert re.search(line, text, re.M), text
     out = pipeline["first_log"] + pipeline["second"].stderr
-    assert re.search(r"^comera-bench: cells \d+ of 7 done \(\d+ in this run, \d+s\); about \S+ left", out, re.M), out
+    assert re.search(rf"^comera-bench: cells \d+ of 7 done \(\d+ in this run, {CLOCK}\); about \S+ left", out,
+                     re.M), out
 
 
 def test_the_retime_hint_works_as_printed(pipeline, tmp_path):
@@ -302,6 +309,8 @@ def test_truncated_cell_file_fails_merge_with_its_path(pipeline):
     (lambda c: c["methods"]["dense"].update(method="adam"), "methods.dense.method"),
     (lambda c: c["workloads"]["transformer"]["params"].update(data="mnli", data_dir="/no/such/mnli"),
      "workloads.transformer.params.data_dir"),
+    (lambda c: c["workloads"]["transformer"]["batch_sizes"].__setitem__(0, 10**30),
+     "workloads.transformer.batch_sizes[0]"),  # an int64 overflow in every cell otherwise
 ])
 def test_bad_config_rejected_before_any_job(tmp_path, mutate, key):
     config = yaml.safe_load(TINY.read_text())
@@ -312,6 +321,18 @@ def test_bad_config_rejected_before_any_job(tmp_path, mutate, key):
     assert res.returncode != 0
     assert "invalid config" in res.stderr and key in res.stderr, res.stderr[-2000:]
     assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("variable", ["COMERA_BENCH_PIPELINE_CELLS", "COMERA_BENCH_CHECKPOINT_S",
+                                      "COMERA_BENCH_STALL_LIMIT_S"])
+def test_a_bad_environment_variable_is_refused_before_any_job(tmp_path, variable):
+    """Every cell reads these (the first is the pipeline's own): a bad value is named by a dry run, before
+    any job could fail on it (a job failing after its row is written loses the row)."""
+    res = subprocess.run(snakemake_cmd(tmp_path, TINY, "-n", "runs"), capture_output=True, text=True,
+                         env={**ENV, variable: "abc"}, cwd=ROOT, timeout=300)
+    assert res.returncode != 0
+    said = res.stdout + res.stderr
+    assert f"environment variable {variable}='abc'" in said, said[-2000:]
 
 
 def test_exponent_numbers_in_a_config_are_numbers(tmp_path):
@@ -400,13 +421,12 @@ def test_a_quality_cell_stopped_with_the_pipeline_resumes_from_its_checkpoint(tm
                             stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT, start_new_session=True)
     folder = tmp_path / "results" / "runs" / "cpu-tiny"
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None and not list(folder.glob("*.checkpoint.pt")):
-        time.sleep(0.02)
+    while time.monotonic() < deadline and proc.poll() is None and _steps_checkpointed(folder) < 2:
+        time.sleep(0.05)  # in its steps, whatever the machine's load: a stop then waits for the step's end
     assert proc.poll() is None, "the pipeline ended before its quality cell wrote a checkpoint"
-    time.sleep(0.5)  # a few more steps
     os.killpg(proc.pid, signal.SIGTERM)
     log, _ = proc.communicate(timeout=300)
-    (saved,) = folder.glob("*.checkpoint.pt")
+    (saved,) = folder.glob("*_quality.checkpoint.pt")  # a timing cell outside a group may have one too
     run_id = saved.name.removesuffix(".checkpoint.pt")
     assert not (folder / f"{run_id}.runs.parquet").exists(), log[-3000:]
     stopped_log = (folder / "logs" / f"{run_id}.log").read_text()  # the rerun writes its own
@@ -425,6 +445,18 @@ def test_a_quality_cell_stopped_with_the_pipeline_resumes_from_its_checkpoint(tm
     curves = pd.read_parquet(folder / f"{run_id}.curves.parquet")
     losses = curves[(curves.split == "train") & (curves.metric_name == "loss")]
     assert sorted(losses.step) == list(range(1, steps + 1))  # every step once, from both processes
+
+
+def _steps_checkpointed(folder: Path) -> int:
+    """The steps done in the quality cell's checkpoint in ``folder`` (0 while it has none)."""
+    import torch
+
+    for path in folder.glob("*_quality.checkpoint.pt"):
+        try:
+            return torch.load(path, weights_only=True)["cell"]["steps_done"]
+        except (OSError, RuntimeError, EOFError):  # replaced while read
+            return 0
+    return 0
 
 
 def test_bench_is_its_own_target_writing_to_the_device_folder(tmp_path):

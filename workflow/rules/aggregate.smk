@@ -1,6 +1,7 @@
 # Per-cell files -> results/<device>/{runs,curves,microbench}.parquet (+ grid.json: every cell's spec).
-# A truncated or foreign per-cell file fails the merge with its path in the message; so does a runs file
-# whose row is not its grid cell's, run from the grid's spec (config_hash; e.g. copied from another config).
+# A truncated or foreign per-cell file fails the merge with its path in the message; so does a runs or
+# curves file whose rows are not its grid cell's, run from the grid's spec (config_hash; e.g. copied from
+# another config), and a runs file of a timing group from another host or device than the group's others.
 localrules: merge_runs, merge_microbench
 
 
@@ -21,7 +22,8 @@ rule merge_runs:
     shell:
         "(python -m harness.configs.grid --out {output.grid:q} --sweeps {params.sweeps:q} {input.specs:q}"
         " && comera-bench merge --kind runs {params.empty:q} --grid {output.grid:q} --out {output.runs:q} {input.runs:q}"
-        " && comera-bench merge --kind curves {params.empty:q} --out {output.curves:q} {input.curves:q}) > {log:q} 2>&1"
+        " && comera-bench merge --kind curves {params.empty:q} --grid {output.grid:q} --out {output.curves:q}"
+        " {input.curves:q}) > {log:q} 2>&1"
 
 
 rule merge_microbench:

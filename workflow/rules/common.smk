@@ -79,6 +79,13 @@ from harness.running import eta as _eta
 
 os.environ.setdefault(_eta.STARTED_ENV, str(time.time()))
 os.environ.setdefault(_eta.CELLS_ENV, str(len(GRID)))
+
+# Set by hand to something else, they would fail every cell's job after its row was written (check_config
+# checks the other variables every cell reads).
+try:
+    _eta.pipeline_env()
+except ValueError as _err:
+    raise WorkflowError(f"invalid environment: {_err}")
 # Jobs call `comera-bench` and `python`. Started as `.venv/bin/snakemake` with the venv not activated,
 # PATH has neither (every job would fail, "comera-bench: not found"): the venv's folder goes first then.
 _entry.command_on_path()

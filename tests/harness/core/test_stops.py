@@ -105,3 +105,69 @@ def test_an_ignored_stop_signal_stays_ignored():
                           "signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL)"],
                          capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["True", "True"], out
+
+
+def test_a_cell_stop_decides_copies_second_stops_and_stops_outside_the_steps():
+    """CellStop's policy, by its clock: a stop in the steps waits for the step (until the grace), its
+    copies within SAME_STOP_S are one stop, a later one ends at once; so does a stop outside the steps or
+    of a cell without checkpoints."""
+    stop = stops.CellStop(defer=True)
+    assert stop.on_signal(signal.SIGHUP, now=100.0) == 100.0 and stop.asked is None  # before the steps
+    stop.at_steps = True
+    assert stop.on_signal(signal.SIGTERM, now=200.0) == 200.0 + stops.STOP_GRACE_S
+    assert stop.asked == signal.SIGTERM
+    assert stop.on_signal(signal.SIGTERM, now=200.0 + stops.SAME_STOP_S / 2) is None  # the supervisor's copy
+    assert stop.on_signal(signal.SIGINT, now=200.0 + stops.SAME_STOP_S) == 200.0 + stops.SAME_STOP_S
+    never = stops.CellStop(defer=False)
+    never.at_steps = True
+    assert never.on_signal(signal.SIGTERM, now=5.0) == 5.0 and never.asked is None
+
+
+HUNG_CELL = """
+import sys, time
+from harness.running import run as runner
+from tests.harness.running import run_toys
+real_sleep = time.sleep
+def sleep(seconds):
+    if seconds >= run_toys.HANG_S:
+        print("hung", flush=True)
+    real_sleep(seconds)
+time.sleep = sleep
+spec = run_toys.toy_spec(method_params={"hang_at": 3}, budget={"eval_every_steps": None})
+runner.run_to_files(spec, sys.argv[1], sys.argv[2], registry=run_toys.TOY_REGISTRY)
+"""
+
+
+@pytest.mark.parametrize("checkpoints, signum", [("0.000001", signal.SIGTERM), ("0", signal.SIGINT)],
+                         ids=["checkpointing cell, SIGTERM", "cell without checkpoints, SIGINT"])
+def test_a_stop_ends_a_cell_whose_step_hangs(tmp_path, checkpoints, signum):
+    """A step that hangs (an hour) in ``comera-bench run``'s process: one stop ends the process by that
+    signal, after the grace for the step when the cell writes checkpoints (its last checkpoint, after the
+    step before, kept), at once when it does not. No bound is asserted on the time beyond a minute: the
+    policy before ended neither."""
+    from harness.running import checkpoint
+
+    runs = tmp_path / "cell.runs.parquet"
+    root = str(Path(__file__).resolve().parents[3])
+    env = {**os.environ, checkpoint.CHECKPOINT_ENV: checkpoints,
+           "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    curves = tmp_path / "cell.curves.parquet"
+    child = subprocess.Popen([sys.executable, "-c", HUNG_CELL, str(runs), str(curves)], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "hung\n"
+        child.send_signal(signum)
+        _, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == -signum, err
+    assert not runs.exists()
+    if checkpoints != "0":
+        ckpt = checkpoint.path_for(runs)
+        assert _steps_done(ckpt) == 3 and f"did not end within {stops.STOP_GRACE_S:g} s of SIGTERM" in err
+
+
+def _steps_done(path: Path) -> int:
+    import torch
+
+    return torch.load(path, weights_only=False)["cell"]["steps_done"]  # the test's own file

@@ -5,7 +5,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from harness.data import cache, text_tokenizer
+from harness.data import cache
 from harness.data.text_tokenizer import load_or_train, train_wordpiece
 
 
@@ -34,8 +34,7 @@ def test_a_truncated_cached_tokenizer_is_reported_and_rebuilt(tmp_path):
 def test_tokenizers_are_written_atomically(tmp_path, monkeypatch):
     written = []
     real = cache.atomic_write
-    monkeypatch.setattr(text_tokenizer, "atomic_write",
-                        lambda path, write: written.append(path) or real(path, write))
+    monkeypatch.setattr(cache, "atomic_write", lambda path, write: written.append(path) or real(path, write))
     load_or_train(tmp_path / "tok.json", lambda: train_wordpiece(["a b"], vocab_size=20))
     assert written == [tmp_path / "tok.json"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tok.json", "tok.json.lock"]  # no temporary left
@@ -122,3 +121,18 @@ def test_run_cache_names_the_folder_for_its_block_unless_set(tmp_path, monkeypat
     monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "pipeline"))
     with cache.run_cache(tmp_path / "cli" / "cache"):
         assert cache.cache_dir(None, "x") == tmp_path / "pipeline" / "x"
+
+
+def test_a_cache_entry_that_cannot_be_written_is_a_warning_not_a_failed_cell(tmp_path, monkeypatch):
+    """A full disk while caching (torch.save raises RuntimeError there, not OSError): the tensors and the
+    tokenizer built are used uncached, with a warning naming the file."""
+    def full_disk(path, write, fsync=False):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+
+    monkeypatch.setattr(cache.atomic, "atomic_write", full_disk)
+    built = {"x": torch.arange(3)}
+    with pytest.warns(UserWarning, match=rf"cannot cache tensors at {tmp_path / 't.pt'} \(RuntimeError: "):
+        assert cache.cached_tensors(tmp_path / "t.pt", lambda: built) is built
+    with pytest.warns(UserWarning, match=rf"cannot cache tokenizer at {tmp_path / 'tok.json'} \(RuntimeError"):
+        tok = load_or_train(tmp_path / "tok.json", lambda: train_wordpiece(["a b c"], vocab_size=50))
+    assert "a" in tok.get_vocab() and not (tmp_path / "t.pt").exists()

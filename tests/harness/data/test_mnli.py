@@ -155,3 +155,10 @@ def test_hugging_face_rows_without_a_valid_label_fail_above_half(tmp_path):
     pq.write_table(table.slice(0, 3), tmp_path / "train.parquet")
     with pytest.warns(UserWarning, match=r"train.parquet\): 3 rows read, 1 dropped \(label 7: 1\)"):
         assert mnli.load_split(tmp_path, "train").labels == [0, 1]
+
+
+def test_a_premise_column_of_numbers_is_an_error_naming_the_file_and_column(tmp_path):
+    shard = tmp_path / "train-00000-of-00001.parquet"
+    pq.write_table(_hf_table().set_column(0, "premise", pa.array(range(6))), shard)
+    with pytest.raises(ValueError, match=f"{shard}: column 'premise' holds int64, not text"):
+        mnli.load_split(tmp_path, "train")

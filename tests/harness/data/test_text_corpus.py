@@ -54,6 +54,32 @@ def test_hugging_face_wikitext_shards_read_as_the_raw_files(tmp_path):
         text_corpus.read_corpus(tmp_path)
 
 
+def test_a_shard_set_with_a_missing_shard_is_an_error_naming_it(tmp_path):
+    """train-00000-of-00003 and -00002 without -00001 (a partial download) would be a third less data,
+    silently: the error names the missing file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "wikitext"
+    folder.mkdir()
+    for index in (0, 2):
+        shard = folder / f"train-0000{index}-of-00003.parquet"
+        pq.write_table(pa.table({"text": [" = Title = \n", " text \n"]}), shard)
+    with pytest.raises(ValueError, match=r"the shard set train-\*-of-00003.parquet lacks 1 of its 3 shards: "
+                                         r"train-00001-of-00003.parquet"):
+        text_corpus.read_corpus(tmp_path)
+
+
+def test_a_text_column_of_numbers_is_an_error_naming_the_file_and_column(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shard = tmp_path / "train-00000-of-00001.parquet"
+    pq.write_table(pa.table({"text": [1, 2, 3]}), shard)
+    with pytest.raises(ValueError, match=f"{shard}: column 'text' holds int64, not text"):
+        text_corpus.read_corpus(tmp_path)
+
+
 @pytest.mark.parametrize("content, message", [
     (b"", "no text"), (b" \n\n \n", "no text"),
     (b" = Title = \n caf\xe9 \n", "not valid UTF-8 at line 2 (invalid continuation byte at byte 16)"),

@@ -30,3 +30,34 @@ def test_table_cells_from_data_are_text(tmp_path):
     text = (tmp_path / "t.md").read_text()
     assert "a_b" in text and "1234567" in text  # a plain name stays readable, a whole count whole
     assert body.count("<td") == 8 and ">nan<" not in body
+
+
+def _live(html: str) -> list[str]:
+    """The live links, images and raw HTML elements of a page's body (its own table markup aside)."""
+    body = html.split("<body>", 1)[1]
+    return re.findall(r"<(?:a |img|b>)", body)
+
+
+def test_a_tables_note_and_settings_line_from_data_are_text(tmp_path):
+    """The settings line under a table holds the rows' device name, torch version and workload params."""
+    df = pd.DataFrame({"run_id": ["a"]})
+    tables.write_table(df, f"note naming {HOSTILE}", "All runs", tmp_path, "t", f"device x ({HOSTILE})")
+    html = (tmp_path / "t.html").read_text()
+    assert _live(html) == [] and "[here](http://evil.example)" in html
+    empty = pd.DataFrame({"run_id": []})
+    tables.write_table(empty, HOSTILE, "All runs", tmp_path, "u", HOSTILE)
+    assert _live((tmp_path / "u.html").read_text()) == []
+
+
+def test_claims_and_compare_text_from_data_is_text():
+    from harness.reports import claims, compare, html
+
+    row = {name: HOSTILE for name in claims.COLUMNS.values()}
+    row[claims.COLUMNS["claim"]] = "C1"
+    text = claims.markdown(pd.DataFrame([row]), HOSTILE, [HOSTILE], "none left out")
+    assert _live(html.page(text, "claims")) == []
+    empty = pd.DataFrame(columns=["workload", "method", "variant", "batch_size", "differences"])
+    ratios = pd.DataFrame(columns=["device", "workload", "batch_size", "versus", "quantity", "ratio", "low",
+                                   "high", "rounds", "interleaved", "note", "source"])
+    text = compare._markdown(empty, [HOSTILE, "b"], ratios, [HOSTILE])
+    assert _live(html.page(text, "compare")) == []

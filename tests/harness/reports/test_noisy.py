@@ -69,3 +69,35 @@ def test_the_commands_repeat_directory_config_args_and_the_device_variable():
         "COMERA_BENCH_DEVICE='my gpu' snakemake --cores 1 figures --directory '/w d' --configfile /c/tiny.yaml "
         "--config results_dir=out 'execution={threads: 1}'")
     assert noisy.report_hint(directory="/w").endswith("snakemake --report report.html figures --directory /w")
+
+
+def test_delete_stays_inside_the_folder_whatever_a_stored_run_id_says(tmp_path, capsys):
+    """A row whose stored run_id climbs out of the folder (``../../x``) names no file to delete: the runs
+    file two levels up stays, the message says nothing was removed."""
+    cells = tmp_path / "results" / "runs" / "cpu"
+    _cell(tmp_path, "x", "stable")  # the file the stored run_id points at
+    _cell(cells, "b", "noisy: CPU pressure 40% (> 25%)")
+    row = results.read_parquet(cells / "b.runs.parquet", "runs").assign(run_id="../../../x")
+    results.write_parquet_atomic(row, cells / "b.runs.parquet", kind="runs")
+    assert cli.main(["noisy", str(cells), "--delete"]) == 0
+    assert (tmp_path / "x.runs.parquet").exists() and (tmp_path / "x.curves.parquet").exists()
+    err = capsys.readouterr().err
+    assert "removed nothing; no cell will be timed again" in err
+    assert "refused: run_id '../../../x' is not a plain file name" in err
+
+
+def test_delete_on_a_top_folder_or_a_merged_table_says_what_it_did(tmp_path, capsys):
+    top = tmp_path / "results"
+    _cell(top / "runs" / "cpu", "b", "noisy: CPU pressure 40% (> 25%)")
+    _cell(top / "runs" / "cpu", "a", "stable")
+    merged = tmp_path / "runs.parquet"
+    noisy_row = results.read_parquet(top / "runs" / "cpu" / "b.runs.parquet", "runs")
+    results.write_parquet_atomic(noisy_row, merged, kind="runs")
+    assert cli.main(["noisy", str(merged), "--delete"]) == 0
+    err = capsys.readouterr().err
+    assert f"{merged} is a runs table, not a folder of per-cell files: nothing deleted" in err
+    assert "removed nothing; no cell will be timed again" in err
+    assert (top / "runs" / "cpu" / "b.runs.parquet").exists()
+    assert cli.main(["noisy", str(top), "--delete"]) == 0  # the folder above results/runs/<device>
+    assert "removed 2 file(s) of 1 cell(s)" in capsys.readouterr().err
+    assert sorted(p.name for p in (top / "runs" / "cpu").iterdir()) == ["a.curves.parquet", "a.runs.parquet"]
