@@ -148,25 +148,25 @@ PLATEAU = 0.674
 @pytest.mark.slow
 def test_a_ttm_embedding_model_leaves_the_plateau_of_the_default_quality_task():
     """The small transformer with its TTM word embedding and TT linears, at the small preset's rates, learns
-    the default grid's quality task within 600 of the dense model's 1000 steps, on two seeds. Where it
-    leaves the plateau varies with the seed and the machine's float rounding (seed 0 at step 400: 0.994 on
-    one machine, 0.807 on a 2-core AMD EPYC VM), so the task runs past that point: at step 600, seeds 0-3
-    gave 0.987, 0.990, 0.983, 0.987 on that VM (docs/recipe.md); the test asserts their mean over seeds 0
-    and 1 at 0.9, and each seed off the plateau."""
+    the four-topic quality task within 800 steps, on two seeds. Where it leaves the plateau varies with the
+    seed, the machine's float rounding and the early stage's rules (seed 0 at step 600: 0.987 with the
+    previous early-stage penalty, 0.79 without one), so the task runs past that point: at step 800, 0.99
+    (seed 0, no penalty; docs/recipe.md); the test asserts the mean over seeds 0 and 1 at 0.9, and each seed
+    off the plateau."""
     from harness.configs.grid import load_config_file
     from harness.running import run as runner
     from harness.running.specs import normalize_spec
 
     config = load_config_file(Path(__file__).resolve().parents[2] / "config" / "config.yaml")
     transformer = config["workloads"]["transformer"]
-    steps = 600
+    steps = 800
     params = {**transformer["params"], **transformer["quality"]["params"], "eval_samples": 300,
               "train_samples": steps * 32}
     accuracies = []
     for seed in (0, 1):
         spec = normalize_spec({
             "workload": "transformer", "workload_params": params, "method": "comera", "variant": "default",
-            "method_params": config["methods"]["comera"]["params"], "batch_size": 32, "target_ratio": None,
+            "method_params": config["methods"]["comera"].get("params", {}), "batch_size": 32, "target_ratio": None,
             "seed": seed, "budget": {"epochs": 1, "max_steps_per_epoch": steps, "warmup_steps": 1},
             "execution": {"device": "cpu", "num_threads": 1}})
         row, _ = runner.run_cell(spec)
