@@ -35,9 +35,13 @@ def _validate_config():
         if error:
             raise _grid.ConfigError(error)
         validate(config, schema)  # fills the defaults
-        _grid.check_config(config)
+        # a dry run plans without the data (config/paper.yaml before fetching it): a note per missing path
+        missing = [] if workflow.dryrun or getattr(workflow.output_settings, "dryrun", False) else None
+        _grid.check_config(config, missing)
     except _grid.ConfigError as err:
         raise WorkflowError(f"invalid config: {err}")
+    for note in missing or ():
+        logger.warning(f"comera-bench: note: {note} (a dry run plans without it; a run needs it)")
 
 
 _validate_config()
