@@ -30,3 +30,14 @@ def test_table_cells_from_data_are_text(tmp_path):
     text = (tmp_path / "t.md").read_text()
     assert "a_b" in text and "1234567" in text  # a plain name stays readable, a whole count whole
     assert body.count("<td") == 8 and ">nan<" not in body
+
+
+def test_every_heading_of_a_page_has_an_address(tmp_path):
+    """claims.html#c2 opens at C2's section: each heading's id is its words before a colon, made unique."""
+    from harness.reports.html import write_html
+
+    md = tmp_path / "claims.md"
+    md.write_text("# Claims of the paper vs cpu\n\n## C2: holds\n\ntext\n\n## C2: again\n\n## How claims are judged\n")
+    page = write_html(md).read_text()
+    assert '<h2 id="c2">C2: holds</h2>' in page and '<h2 id="c2-2">' in page
+    assert '<h1 id="claims-of-the-paper-vs-cpu">' in page and '<h2 id="how-claims-are-judged">' in page
