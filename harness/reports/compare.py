@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 import matplotlib
+import matplotlib.patches
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -90,7 +91,7 @@ def brief_reason(row: pd.Series) -> str:
     """Why a timing is not stable in a few words: each reason up to its first measured number ("IQR 94%,
     CPU pressure 100%"); the whole reasons are the row's timing_quality (table_runs)."""
     heads = []
-    for reason in noisy_reason(row).split("; "):
+    for reason in re.split(r";\s+(?![^()]*\))", noisy_reason(row)):  # "; " outside parentheses
         head = reason.split(" (")[0]
         found = re.match(r".*?\d+(?:\.\d+)?[%x]", head)
         heads.append(found.group(0) if found else head)
@@ -216,16 +217,20 @@ def cell_label(r: pd.Series, seed: bool = False) -> str:
     return label + ("/cg" if graph else "") + ("/quality" if r.purpose == QUALITY else "")
 
 
-def _log_x_if_positive(ax: plt.Axes, columns: list[pd.Series], label: str, unstable: int = 0) -> None:
-    """A log x axis when some value is positive, else a linear one saying that nothing was measured or
-    that ``unstable`` values were measured but not drawn."""
+def _log_x_if_positive(ax: plt.Axes, columns: list[pd.Series], label: str, unstable: int = 0,
+                       stable: int = 0) -> None:
+    """A log x axis when some value is positive, else a linear one saying nothing was measured; with
+    ``unstable`` values drawn hollow (measured, timing not stable: no ratio), the label says how many and
+    whether any of the ``stable`` ones was stable."""
     values = pd.concat(columns) if columns else pd.Series(dtype=float)
+    note = ""
+    if unstable:
+        note = (f": {unstable} measured, none stable (hollow: no ratio)" if not stable
+                else f"; {unstable} more measured, not stable (hollow: no ratio)")
     if (values.astype(float) > 0).any():
         ax.set_xscale("log")
         plain_log_ticks(ax.xaxis)
-        ax.set_xlabel(f"{label}, log scale")
-    elif unstable:
-        ax.set_xlabel(f"{label} ({unstable} measured, none stable: no ratio)")
+        ax.set_xlabel(f"{label}, log scale{note}")
     else:
         ax.set_xlabel(f"{label} (nothing measured)")
 
@@ -259,11 +264,13 @@ def _bars(ax: plt.Axes, table: pd.DataFrame, labels: list[str], cells: list[str]
                 bar.set_hatch(UNSTABLE_HATCH)
                 bar.set_edgecolor("black")
                 marked = True
-    if marked:
-        ax.barh([0], [0], color="white", edgecolor="black", hatch=UNSTABLE_HATCH, label="timing not stable")
     ax.set_yticks([y + 0.4 - width / 2 for y in range(len(table))], cells, fontsize=7)
     _log_x_if_positive(ax, [table[f"{q}@{label}"] for label in labels], unit)
-    ax.legend(fontsize=8)
+    handles, names = ax.get_legend_handles_labels()
+    if marked:
+        handles.append(matplotlib.patches.Patch(facecolor="white", edgecolor="black", hatch=UNSTABLE_HATCH))
+        names.append("timing not stable")
+    ax.legend(handles, names, fontsize=8)
 
 
 def _device_ratios(ax: plt.Axes, table: pd.DataFrame, labels: list[str], cells: list[str]) -> None:
@@ -288,8 +295,9 @@ def _device_ratios(ax: plt.Axes, table: pd.DataFrame, labels: list[str], cells: 
     ax.set_yticks(range(len(table)), cells, fontsize=7)
     ax.axvline(1.0, color="gray", lw=1)
     drawn = [table[f"epoch_time ratio {label}/{labels[0]}"] for label in labels[1:]]
-    _log_x_if_positive(ax, drawn + ([table[f"epoch_time@{labels[1]}"] / table[f"epoch_time@{labels[0]}"]]
-                                    if unstable else []), "epoch time ratio between devices", unstable)
+    raw = [table[f"epoch_time@{label}"] / table[f"epoch_time@{labels[0]}"] for label in labels[1:]]
+    _log_x_if_positive(ax, drawn + (raw if unstable else []), "epoch time ratio between devices", unstable,
+                       int(sum(d.notna().sum() for d in drawn)))
     ax.set_xlabel(f"{ax.get_xlabel()}\n{DEVICE_SPREAD}", fontsize=8)
     ax.legend(fontsize=8)
 

@@ -722,3 +722,25 @@ def test_fig1_footer_fits_two_lines_and_memory_points_carry_their_seeds_range(fo
     assert ax.get_ylim()[1] > 140.0  # the top marker is not cut by the frame
     plt.close(fig)
     assert "memory: cpu_rss_delta, median and min-max bar over 3 seeds" in footer
+
+
+def test_compare_marks_unstable_times_and_says_they_were_measured(tmp_path, monkeypatch):
+    """Every cell's timing unstable on one device: its bars are hatched, the device-ratio panel draws each
+    cell's raw ratio hollow and says the ratios were measured, none stable (not "nothing measured"); a
+    row's differences name the reasons in a few words."""
+    reason = ("noisy: IQR 94% of the median of the steps without the periodic work (every 10 steps; > 25%); its "
+              "threads waited for a CPU 74% of their runnable time (> 10%); CPU pressure 100% (> 25%)")
+    rows = [run_row("transformer", m, 4, time_s=t) for m, t in (("dense", 2.0), ("comera", 5.0))]
+    noisy = [{**r, "timing_quality": reason, "epoch_time_s": 2 * r["epoch_time_s"]} for r in rows]
+    folders = [str(make_folder(tmp_path / name, data)) for name, data in (("cpu-a", rows), ("cpu-b", noisy))]
+    drawn = {}
+    monkeypatch.setattr(compare, "save", lambda fig, out: drawn.update(fig=fig))
+    assert compare.cli([*folders, "--out", str(tmp_path / "out")]) == 0
+    time_ax, _, ratio_ax = drawn["fig"].axes[:3]
+    assert sum(bar.get_hatch() == compare.UNSTABLE_HATCH for bar in time_ax.patches) == 2
+    assert "log scale: 2 measured, none stable (hollow: no ratio)" in ratio_ax.get_xlabel()
+    assert [list(line.get_xdata()) for line in ratio_ax.get_lines() if "not stable" in line.get_label()] == [[2.0, 2.0]]
+    plt.close(drawn["fig"])
+    table = pd.read_csv(tmp_path / "out" / "compare.csv")
+    assert set(table.differences) == {"timing not stable on cpu-b: IQR 94%, its threads waited for a CPU 74%, "
+                                      "CPU pressure 100%"}
