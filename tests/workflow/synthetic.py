@@ -18,6 +18,7 @@ import yaml
 from harness.configs import grid as grids
 from harness.configs.microbench_spec import check_spec
 from harness.results import PROVENANCE_COLUMNS, RUNS_COLUMNS, to_frame, write_parquet_atomic
+from harness.running import threads
 from tests.workflow.test_grid import filled
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,8 +34,11 @@ MNLI_ACCURACY = {"dense": 0.66, "comera": 0.64, "galore": 0.63, "lte": 0.36}
 
 
 def config_of(path: str | Path) -> dict[str, Any]:
-    """A shipped config with the schema's defaults filled in."""
-    return filled(yaml.safe_load(Path(path).read_text()))
+    """A shipped config with the schema's defaults filled in and ``threads: auto`` as a quiet 2-core
+    machine resolves it."""
+    config = filled(yaml.safe_load(Path(path).read_text()))
+    config["execution"]["threads"], _ = threads.resolve(config["execution"]["threads"], None, 0.0, cpus=2)
+    return config
 
 
 def _noise(rid: str, salt: str = "") -> random.Random:
