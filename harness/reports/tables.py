@@ -155,10 +155,10 @@ def table2_dlrm(res: Results) -> tuple[pd.DataFrame, str]:
     if not len(df):
         return pd.DataFrame(), "no DLRM run in this grid"
     rows = []
-    for _, r in df.sort_values(["method", "variant", "batch_size"]).iterrows():
+    for _, r in df.sort_values(["method", "variant", "batch_size", "seed"]).iterrows():
         metrics = extra_of(r).get("eval", {})  # every metric of the last evaluation (harness/running/run.py)
         rows.append({
-            "method": method_label(r), "batch_size": r.batch_size, "status": r.status,
+            "method": method_label(r), "batch_size": r.batch_size, "seed": r.seed, "status": r.status,
             "accuracy": r.metric_value if r.metric_name == "accuracy" else metrics.get("accuracy"),
             "nce": metrics.get("nce", r.metric_value if r.metric_name == "nce" else None),
             "model_MB": _mb(r.params_total), "compression_total": r.compression_total,
@@ -212,7 +212,7 @@ def _size_row(res: Results, r: Any) -> dict[str, Any]:
 
 def table_runs(res: Results) -> tuple[pd.DataFrame, str]:
     """Every run: status, step/epoch time, peak memory, quality and compression."""
-    cols = ["run_id", "purpose", "status", "step_time_ms", "step_time_ms_iqr", "timing_quality",
+    cols = ["run_id", "purpose", "seed", "status", "step_time_ms", "step_time_ms_iqr", "timing_quality",
             "run_queue_frac", "epoch_time_s", "epoch_time_kind", "peak_mem_bytes", "peak_mem_kind", "metric_name",
             "metric_value", "compression_total", "error"]
     df = res.runs[cols].copy()

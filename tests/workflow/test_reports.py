@@ -91,7 +91,7 @@ def test_tables(folder, tmp_path):
         assert (tmp_path / "out" / f"{name}.csv").exists()
         assert (tmp_path / "out" / f"{name}.md").read_text().startswith("# ")
         page = (tmp_path / "out" / f"{name}.html").read_text()  # what the Snakemake report shows
-        assert page.startswith("<!DOCTYPE html>") and "<h1>" in page
+        assert page.startswith("<!DOCTYPE html>") and "<h1 id=" in page
     assert "oom" in (tmp_path / "out" / "table_runs.md").read_text()
     assert "<td>oom</td>" in (tmp_path / "out" / "table_runs.html").read_text().replace(' style="text-align:left"', "")
     overview = dict(tables.overview(res)[0].values)
