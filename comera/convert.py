@@ -94,7 +94,7 @@ class ConversionReport:
     compression_layers: float
     layers: dict[str, dict[str, Any]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)  # module name -> why a pattern left it out
-    fast_path_off: list[str] = field(default_factory=list)  # modules whose fused inference path was turned off
+    fast_path_off: list[str] = field(default_factory=list)  # modules whose fused inference path is off
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

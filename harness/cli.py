@@ -129,11 +129,10 @@ def _parser(list_names: bool = False) -> argparse.ArgumentParser:
     show.add_argument("--where", action="append", default=[], metavar="COL=VALUE",
                       help="keep rows where COL=VALUE; also != > >= < <= (numbers), ~ (contains), VALUE null "
                            "for missing values (repeatable; all must hold)")
-    show.add_argument("--group-by", help="comma-separated columns; also every setting column (workload, method, "
-                                         "variant, batch_size, seq_len, target_ratio, purpose, device) whose values "
-                                         "differ inside a group, said on stderr; numeric columns summarised by their "
-                                         "median, with the row count in n, the seeds listed, status and "
-                                         "timing_quality counted")
+    show.add_argument("--group-by", help="comma-separated columns; also every setting column (workload, "
+                      "method, variant, batch_size, seq_len, target_ratio, purpose, device) whose values "
+                      "differ inside a group, said on stderr; numeric columns summarised by their median, "
+                      "with the row count in n, the seeds listed, status and timing_quality counted")
     show.add_argument("--columns", help="comma-separated columns to print")
     show.add_argument("--csv", action="store_true", help="print CSV instead of a table")
     show.set_defaults(func=_cmd_show)
@@ -294,8 +293,8 @@ def _find_results(paths: list[str], kind: str) -> list[Path]:
 
 _WHERE = re.compile(r"([A-Za-z0-9_]+)(!=|>=|<=|=|>|<|~)(.*)", re.S)
 _COMPARE = {"=": "__eq__", "!=": "__ne__", ">=": "__ge__", "<=": "__le__", ">": "__gt__", "<": "__lt__"}
-SETTINGS = ("workload", "method", "variant", "batch_size", "seq_len", "target_ratio", "purpose", "device_name",
-            "device")
+SETTINGS = ("workload", "method", "variant", "batch_size", "seq_len", "target_ratio", "purpose",
+            "device_name", "device")
 """Columns naming what a cell ran: a --group-by summary never pools two values of one of them (it groups by
 each one whose values differ inside a group it was asked for, and says so)."""
 COUNTED = ("status", "timing_quality")
@@ -354,6 +353,11 @@ def setting_keys(df: pd.DataFrame, keys: list[str]) -> list[str]:
     return added
 
 
+def seeds_text(values: pd.Series) -> str:
+    """"0,1": the distinct seeds of ``values``, in order."""
+    return ",".join(map(str, sorted(int(x) for x in values.dropna().unique())))
+
+
 def _counted(values: pd.Series) -> str:
     """"2 ok" / "1 stable, 1 noisy": each value's first word with its count (a missing value: "-")."""
     words = values.map(lambda v: str(v).split(":")[0] if isinstance(v, str) and v else "-")
@@ -373,7 +377,7 @@ def summary(df: pd.DataFrame, keys: list[str], cols: list[str]) -> pd.DataFrame:
             continue
         column = df[col]
         if col == "seed":
-            parts["seeds"] = grouped[col].agg(lambda v: ",".join(str(int(x)) for x in sorted(v.dropna().unique())))
+            parts["seeds"] = grouped[col].agg(seeds_text)
         elif col in COUNTED:
             parts[col] = grouped[col].agg(_counted)
         elif pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column):
@@ -410,9 +414,9 @@ def show_table(paths: list[str], *, kind: str = "runs", where: list[str] = (), g
         keys = _columns(group_by, df, [])
         added = setting_keys(df, keys)
         if added:
-            print(f"comera-bench show: grouped by {', '.join(added)} too: their values differ inside the groups of "
-                  f"--group-by {','.join(keys)}, and a summary never pools two settings (select one with "
-                  f"--where {added[0]}=...)", file=sys.stderr)
+            print(f"comera-bench show: grouped by {', '.join(added)} too: their values differ inside the "
+                  f"groups of --group-by {','.join(keys)}, and a summary never pools two settings (select "
+                  f"one with --where {added[0]}=...)", file=sys.stderr)
         cols = _columns(columns, df, SHOW_COLUMNS[kind] or list(df.columns))
         return summary(df, keys + added, cols)
     return df[_columns(columns, df, SHOW_COLUMNS[kind] or list(df.columns))].reset_index(drop=True)

@@ -321,7 +321,8 @@ def expand_grid(config: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict
 
     execution = config["execution"]
     if execution["threads"] == "auto":  # the pipeline decides it first: harness.running.threads.resolve
-        raise ConfigError("config key execution.threads: 'auto' is resolved to a number before the grid is expanded")
+        raise ConfigError("config key execution.threads: 'auto' is resolved to a number before the grid is "
+                          "expanded")
     grid: dict[str, dict[str, Any]] = {}
     sweeps: dict[str, dict[str, Any]] = {}
     for wname, workload in config["workloads"].items():

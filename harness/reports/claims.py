@@ -328,7 +328,8 @@ def c2(ctx: Context) -> Verdict:
         if b not in t and b not in m:
             return None
         time = _directed({b: t[b]}) if b in t else _no_ratio(rows, "galore", [b])
-        memory = _directed({b: m[b]}) if b in m else f"not measured here (no peak memory of both at batch {b})"
+        memory = (_directed({b: m[b]}) if b in m
+                  else f"not measured here (no peak memory of both at batch {b})")
         return Finding(f"GaLore/CoMERA time{_epoch_kind(rows)}: {time}; memory: {memory}",
                        _all([t[b].value >= v["speedup_vs_galore"] if b in t else None,
                              m[b].value >= v["memory_vs_galore"] if b in m else None]),
@@ -401,7 +402,8 @@ def c4(ctx: Context) -> Verdict:
              "LTE default": ("lte", None)}
 
     def measure(rows: pd.DataFrame) -> Finding | None:
-        cells = {k: _accuracy_cells(rows, method).dropna(subset=["metric_value"]) for k, (method, _) in names.items()}
+        cells = {k: _accuracy_cells(rows, method).dropna(subset=["metric_value"])
+                 for k, (method, _) in names.items()}
         acc = {k: c.groupby("batch_size").metric_value.median() for k, c in cells.items()}
         batches = sorted(set(acc["CoMERA"].index) & set(acc["GaLore"].index))
         if not batches:
@@ -440,8 +442,9 @@ def accuracy_text(name: str, rows: pd.DataFrame) -> str:
         by = rows.groupby(rows.target_ratio.fillna(-1.0)).metric_value.median().sort_index(ascending=False)
         targets = " / ".join("none" if t < 0 else f"{t:g}" for t in by.index)
         values = " / ".join(f"{x:.3f}" for x in by)
-        return f"{name} target{'s' if len(by) > 1 else ''} {targets}: {values}{how}{' each' if several else ''}, " \
-               f"median of all {rows.metric_value.median():.3f})"
+        each = " each" if several else ""
+        return (f"{name} target{'s' if len(by) > 1 else ''} {targets}: {values}{how}{each}, "
+                f"median of all {rows.metric_value.median():.3f})")
     return f"{name} {rows.metric_value.median():.3f}{how})"
 
 
@@ -651,7 +654,8 @@ def c8(ctx: Context) -> Verdict:
                   for k, (c, d) in sorted(loss.items())]
         close = [c - d <= gap + LOSS_GAP_SLACK for c, d in loss.values()]
         texts.append(f"data {data}")
-        return Finding("; ".join(texts), _all([all(fast) if fast else None, small, all(close) if close else None]),
+        return Finding("; ".join(texts),
+                       _all([all(fast) if fast else None, small, all(close) if close else None]),
                        unstable=any(LEFT_OUT in x for x in texts))
 
     df = mlm_runs(ctx.res, text=False)
@@ -801,7 +805,8 @@ def summary_table(table: pd.DataFrame) -> pd.DataFrame:
     for r in table.to_dict("records"):
         cid = r[COLUMNS["claim"]]
         measured, elsewhere = r[COLUMNS["measured"]], r[COLUMNS["elsewhere"]]
-        here = measured if measured != "-" else re.split(r"(?<=\]); ", elsewhere)[0] if elsewhere != "-" else "-"
+        first = re.split(r"(?<=\]); ", elsewhere)[0]  # the first finding, each ending in its [setting]
+        here = measured if measured != "-" else first if elsewhere != "-" else "-"
         rows.append({"claim": cid, "paper": _short(f"{reference.claim(cid)['short']} ({reference.claim(cid)['device']})"),
                      "here": _here_cell(here), "verdict": r[COLUMNS["verdict"]]})
     return pd.DataFrame(rows)
@@ -824,7 +829,8 @@ def markdown(table: pd.DataFrame, label: str, results_dirs: Sequence[str], left:
         parts.append(f"- paper: {r[COLUMNS['paper']]}")
         measured = r[COLUMNS["measured"]]
         parts.append(f"- measured in its setting: {measured if measured != '-' else NONE_IN_SETTING}")
-        for item in (r[COLUMNS["elsewhere"]].split("; ") if r[COLUMNS["elsewhere"]] != "-" else [NONE_ELSEWHERE]):
+        elsewhere = r[COLUMNS["elsewhere"]]
+        for item in (elsewhere.split("; ") if elsewhere != "-" else [NONE_ELSEWHERE]):
             parts.append(f"- same comparison here: {item}")
         parts.append(f"- devices: {r[COLUMNS['device']] if r[COLUMNS['device']] != '-' else 'none (no row)'}")
         parts.append(f"- judged by: {r[COLUMNS['settings']]}\n")

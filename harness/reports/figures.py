@@ -83,7 +83,8 @@ def _finish(fig: plt.Figure, title: str, footer: str, out: Path, name: str, note
     width = int(fig.get_figwidth() * FOOTER_CHARS_PER_INCH)
     lines = textwrap.wrap(short_footer(footer, f"Notes: {name}.md.", width), width)
     fig.text(0.01, 0.01, "\n".join(lines), fontsize=FOOTER_POINTS, va="bottom", ha="left")
-    fig.tight_layout(pad=0.6, rect=(0, (6 + len(lines) * FOOTER_POINTS * 1.3) / 72 / fig.get_figheight(), 1, 0.95))
+    bottom = (6 + len(lines) * FOOTER_POINTS * 1.3) / 72 / fig.get_figheight()  # the footer's share
+    fig.tight_layout(pad=0.6, rect=(0, bottom, 1, 0.95))
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.md").write_text(f"# {title}\n\n{' '.join(footer.split())}\n\n{notes.strip()}\n")
     write_html(out / f"{name}.md")
@@ -399,8 +400,8 @@ def _quality_footer(res: Results, runs: pd.DataFrame, source: str) -> str:
     """Device, the cells drawn (their source, batch sizes and seeds)."""
     batches = ", ".join(map(str, sorted(runs.batch_size.unique())))
     seeds = _values_text(runs.seed)
-    return (f"{device_text(res, runs)}. From the {source}, batch {batches}, seed{'s' if '/' in seeds else ''} "
-            f"{seeds}.")
+    plural = "s" if "/" in seeds else ""
+    return f"{device_text(res, runs)}. From the {source}, batch {batches}, seed{plural} {seeds}."
 
 
 def _switch_line(ax: plt.Axes, res: Results, runs: pd.DataFrame) -> None:
@@ -458,8 +459,8 @@ def fig6_accuracy(res: Results, out: Path) -> None:
                      transform=loss_ax.transAxes, fontsize=8)
         ax.legend(fontsize=7, loc="lower right")
     _finish(fig, title, " ".join(filter(None, [_quality_footer(res, runs, source), paper])), out, name,
-            "Validation accuracy and loss at step 0, every eval_every_steps, after the stage switch and at the "
-            f"end. {res.settings_line('transformer', runs)}.")
+            "Validation accuracy and loss at step 0, every eval_every_steps, after the stage switch and at "
+            f"the end. {res.settings_line('transformer', runs)}.")
 
 
 def fig13_rank_adaptation(res: Results, out: Path) -> None:
@@ -498,9 +499,9 @@ def fig13_rank_adaptation(res: Results, out: Path) -> None:
         left.text(0.0, 1.02, textwrap.fill("; ".join(notes), 80), fontsize=7,
                   transform=left.transAxes, color="red", va="bottom", ha="left")
     _finish(fig, title, _quality_footer(res, shown, source), out, name,
-            "TT size = scalars in every core and gate (curves method/params_tt, after every step) divided by the "
-            f"size right after the switch's pruning (the same divisor before the switch); {ramp_text(shown)}; "
-            f"accuracy as in Fig 6. {res.settings_line('transformer', shown)}.")
+            "TT size = scalars in every core and gate (curves method/params_tt, after every step) divided by "
+            "the size right after the switch's pruning (the same divisor before the switch); "
+            f"{ramp_text(shown)}; accuracy as in Fig 6. {res.settings_line('transformer', shown)}.")
 
 
 TARGET_SLACK = 0.05
@@ -561,8 +562,8 @@ def fig7_cuda_graph(res: Results, out: Path) -> None:
     fig, (ax,) = _figure(1)
     _per_batch(ax, df, "epoch_time_s", 1.0, "time per epoch (s)", spread=True)
     ax.legend(fontsize=7)
-    _finish(fig, title, f"{device_text(res, df)}. Bars: step-time IQR; ringed: not stable (in no verdict).", out,
-            name, f"{res.settings_line('transformer')}. {SPREAD_NOTE}")
+    _finish(fig, title, f"{device_text(res, df)}. Bars: step-time IQR; ringed: not stable (in no verdict).",
+            out, name, f"{res.settings_line('transformer')}. {SPREAD_NOTE}")
 
 
 def _point_name(res: Results, run_id: str) -> str:
@@ -621,8 +622,8 @@ def fig12_time_vs_compression(res: Results, out: Path) -> None:
             "above 1 (review discussion, C10).", out, name,
             f"Points: the rank sweep and the default CoMERA cell. {model_line(res, df)}. "
             f"{res.settings_line(df.workload.iloc[0])}. "
-            + ("Near 1x compression the TT cores hold about as many scalars as the dense weights, and a chain "
-               "of contractions costs more than one dense product. " if slower else "") + SPREAD_NOTE)
+            + ("Near 1x compression the TT cores hold about as many scalars as the dense weights, and a "
+               "chain of contractions costs more than one dense product. " if slower else "") + SPREAD_NOTE)
 
 
 def fig5_ttm_lookup(res: Results, out: Path) -> None:
@@ -635,7 +636,8 @@ def fig5_ttm_lookup(res: Results, out: Path) -> None:
     fig, (ax_t, ax_m) = _figure(2, width=6.0)  # the legend beside the right panel
     for (shape, variant), group in mb.groupby(["shape", "variant"], sort=True):
         group = group.sort_values("tokens")
-        label = variant if mb["shape"].str.split(" ").str[0].nunique() == 1 else f"{variant} {shape}"  # one table
+        one_table = mb["shape"].str.split(" ").str[0].nunique() == 1
+        label = variant if one_table else f"{variant} {shape}"
         ax_t.errorbar(group.tokens, group.time_ms, yerr=group.time_ms_iqr.fillna(0) / 2, marker="o", capsize=3,
                       label=label)
         ax_m.plot(group.tokens, group.peak_mem_bytes / MB, marker="o", label=label)

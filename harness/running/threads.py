@@ -77,8 +77,8 @@ def resolve(setting: int | str, cells_dir: str | Path | None, load: float | None
         return int(given), f"auto: {given}, chosen by this run's first Snakemake process"
     kept, finished = finished_threads(cells_dir) if cells_dir else (None, 0)
     if kept is not None:
-        return kept, (f"auto: {kept}, the threads of the {finished} finished cell(s) in {cells_dir} (kept, so "
-                      "none of them runs again)")
+        return kept, (f"auto: {kept}, the threads of the {finished} finished cell(s) in {cells_dir} (kept, "
+                      "so none of them runs again)")
     cpus = cpus or cpus_here()
     threads = choose(cpus, load)
     state = "load unknown" if load is None else f"1-minute load average {load:.1f}"

@@ -21,7 +21,8 @@ class CharLM(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(vocab, d_model)
         self.pos = nn.Parameter(0.02 * torch.randn(SEQ, d_model))
-        block = nn.TransformerEncoderLayer(d_model, nhead=4, dim_feedforward=64, dropout=0.0, batch_first=True)
+        block = nn.TransformerEncoderLayer(d_model, nhead=4, dim_feedforward=64, dropout=0.0,
+                                           batch_first=True)
         with warnings.catch_warnings():  # enable_nested_tensor is moot without a padding mask
             warnings.simplefilter("ignore")
             self.encoder = nn.TransformerEncoder(block, layers)

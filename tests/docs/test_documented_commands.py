@@ -23,14 +23,15 @@ PLACEHOLDERS = {"<device>": "cpu"}
 
 def documented_commands() -> list[tuple[str, str]]:
     """(where, command) of each such command in a ```bash block or an inline `code` span naming a results
-    folder, its trailing comment dropped, a chain (`a && b`) cut to its comera-bench parts, placeholders filled."""
+    folder, its trailing comment dropped, a chain (`a && b`) cut to its comera-bench parts, placeholders
+    filled."""
     found = []
     for doc in DOCS:
         text = doc.read_text()
         blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
         lines = [line for block in blocks for line in block.splitlines()]
         spans = re.findall(r"`(comera-bench [^`]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
-        lines += [span for span in spans if "results" in span]  # a command, not a name ("`comera-bench compare`")
+        lines += [span for span in spans if "results" in span]  # a command, not a name (`comera-bench show`)
         for line in lines:
             line = re.sub(r"\s+#\s.*$", "", line.strip())
             for part in line.split(" && "):
@@ -52,7 +53,8 @@ def tree(tmp_path_factory):
     root = tmp_path_factory.mktemp("docs")
     tiny = ROOT / "config" / "tiny.yaml"
     synthetic.results_folder(tiny, root / "results" / "cpu", cells_dir=root / "results" / "runs" / "cpu")
-    synthetic.results_folder(tiny, root / "results" / "nvidia-h200", cells_dir=root / "results" / "runs" / "laptop")
+    synthetic.results_folder(tiny, root / "results" / "nvidia-h200",
+                             cells_dir=root / "results" / "runs" / "laptop")
     return root
 
 
@@ -71,7 +73,8 @@ def test_a_documented_command_runs_as_pasted(tree, tmp_path, where, command):
             shutil.copytree(work / "results" / "nvidia-h200", work / "results" / label)
     before = {p for p in work.rglob("*") if p.is_file()}
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    proc = subprocess.run(["bash", "-c", command], cwd=work, capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(["bash", "-c", command], cwd=work, capture_output=True, text=True, env=env,
+                          timeout=600)
     assert proc.returncode == 0, (where, proc.stdout[-2000:], proc.stderr[-2000:])
     outs = [work / m for m in re.findall(r"--out\s+(\S+)", command)]
     new = {p for p in work.rglob("*") if p.is_file()} - before

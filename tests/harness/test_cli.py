@@ -170,8 +170,8 @@ def test_show_group_by_never_pools_two_settings(runs_dir, capsys):
     for rid, update in (("r4", dict(batch_size=32, purpose="quality")),
                         ("r5", dict(variant="rank-rank120", target_ratio=0.5, step_time_ms=99.0))):
         row = {**frame.iloc[0].to_dict(), "run_id": rid, **update}
-        results.write_parquet_atomic(results.to_frame([row], "runs"), runs_dir / "runs" / "cpu" / f"{rid}.runs.parquet",
-                                     kind="runs")
+        path = runs_dir / "runs" / "cpu" / f"{rid}.runs.parquet"
+        results.write_parquet_atomic(results.to_frame([row], "runs"), path, kind="runs")
     table = cli.show_table([str(runs_dir)], group_by="method",
                            columns="seed,step_time_ms,status,timing_quality")
     err = capsys.readouterr().err

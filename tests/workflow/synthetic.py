@@ -26,7 +26,8 @@ MB = 1e6
 # step time (ms) at batch 1 and its growth with the batch (exponent), per workload, size and method
 STEP_MS = {("transformer", "paper"): {"dense": (222, 0.85), "comera": (56, 0.70), "galore": (299, 0.85),
                                      "lte": (240, 0.85)},
-           ("transformer", "small"): {"dense": (9, 0.5), "comera": (12, 0.4), "galore": (14, 0.5), "lte": (11, 0.5)}}
+           ("transformer", "small"): {"dense": (9, 0.5), "comera": (12, 0.4), "galore": (14, 0.5),
+                                      "lte": (11, 0.5)}}
 MEMORY_MB = {"dense": (1100, 50), "comera": (79, 10), "galore": (940, 40), "lte": (1200, 55)}
 SAMPLES = {"transformer": 392_702, "dlrm": 45_840_617, "mlm": 100_000}
 ACCURACY = {"dense": 1.0, "comera": 0.998, "galore": 1.0, "lte": 0.93}  # the synthetic task saturates
@@ -58,7 +59,8 @@ def _step_ms(spec: dict[str, Any], size: str) -> float:
         base = {"dense": 30.0, "comera": 60.0}[method] * (2.0 if spec["variant"] == "naive-lookup" else 1.0)
         return base * batch / 1024
     if w == "mlm":
-        return {"dense": 100.0, "comera": 80.0}[method] * (spec["workload_params"].get("seq_len") or 128) / 128
+        seq = spec["workload_params"].get("seq_len") or 128
+        return {"dense": 100.0, "comera": 80.0}[method] * seq / 128
     ms, exponent = STEP_MS.get((w, size), STEP_MS[("transformer", "paper")])[method]
     ms *= batch ** exponent
     rank = spec["method_params"].get("rank")
@@ -116,7 +118,8 @@ def _quality_curves(rid: str, spec: dict[str, Any], steps: int, data: str | None
     return curves, settings
 
 
-def cell(rid: str, spec: dict[str, Any], device: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def cell(rid: str, spec: dict[str, Any], device: dict[str, Any]
+         ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One cell's runs row and curves."""
     rng = _noise(rid)
     size = spec["workload_params"].get("size") or "default"
@@ -133,8 +136,7 @@ def cell(rid: str, spec: dict[str, Any], device: dict[str, Any]) -> tuple[dict[s
     row = {c: None for c in RUNS_COLUMNS}
     curves: list[dict[str, Any]] = []
     method_settings: dict[str, Any] = {}
-    metric = ("nce", 0.97) if spec["workload"] == "dlrm" else ("loss", 2.3) if spec["workload"] == "mlm" else (
-        "accuracy", 0.6)
+    metric = {"dlrm": ("nce", 0.97), "mlm": ("loss", 2.3)}.get(spec["workload"], ("accuracy", 0.6))
     if quality and spec["workload"] == "transformer":
         curves, method_settings = _quality_curves(rid, spec, run * epochs, data)
         metric = ("accuracy", [c["value"] for c in curves if c["metric_name"] == "accuracy"][-1])
@@ -150,27 +152,31 @@ def cell(rid: str, spec: dict[str, Any], device: dict[str, Any]) -> tuple[dict[s
     params = 2_100_000 if size == "small" else 86_000_000
     dense_layers = 0.8 * params
     row.update(
-        run_id=rid, workload=spec["workload"], method=method, variant=spec["variant"], batch_size=spec["batch_size"],
+        run_id=rid, workload=spec["workload"], method=method, variant=spec["variant"],
+        batch_size=spec["batch_size"],
         seq_len=spec["workload_params"].get("seq_len") or 128, rank=spec["method_params"].get("rank") or 30,
         target_ratio=spec["target_ratio"], seed=spec["seed"], status="ok", error="",
         step_time_ms=step_ms, step_time_ms_iqr=step_ms * (0.41 if noisy else 0.04), steps_timed=run - 2,
         epoch_time_s=step_ms / 1000 * per_epoch * epochs,
         epoch_time_kind="measured" if run == per_epoch else "extrapolated",
         samples_per_s=spec["batch_size"] / step_ms * 1000,
-        peak_mem_bytes=int((mem_base + mem_per_batch * spec["batch_size"] ** 0.5) * MB * rng.uniform(0.98, 1.02)),
-        peak_mem_kind=device["memory"], state_bytes=params * 16, metric_name=metric[0], metric_value=metric[1],
+        peak_mem_bytes=int((mem_base + mem_per_batch * spec["batch_size"] ** 0.5) * MB
+                           * rng.uniform(0.98, 1.02)),
+        peak_mem_kind=device["memory"], state_bytes=params * 16, metric_name=metric[0],
+        metric_value=metric[1],
         final_train_loss=0.4 if tt else 0.3, epochs=float(epochs),
         params_total=int(params if not tt else params - dense_layers + dense_layers / compression),
         params_factorized_layers=int(dense_layers / compression) if tt else 0,
         compression_total=params / (params - dense_layers + dense_layers / compression) if tt else 1.0,
         compression_layers=compression,
-        ranks=json.dumps({f"encoder.blocks.{b}.ffn_in": [1, 8, 16, 16, 16, 8, 1] for b in range(2)} if tt else {}),
+        ranks=json.dumps({f"encoder.blocks.{b}.ffn_in": [1, 8, 16, 16, 16, 8, 1] for b in range(2)}
+                         if tt else {}),
         device=device["device"], device_name=device["name"], num_threads=spec["execution"]["num_threads"],
         torch_version="2.13.0", cuda_version="", python_version="3.11.7", comera_bench_version="0.1.0",
         git_commit="0" * 40, git_dirty=False, config_hash=spec["config_hash"], hostname="synthetic",
         started_at="2026-01-01T00:00:00Z", matmul_precision="highest", flops_per_step=1e9 / compression,
-        purpose=spec.get("purpose"), timing_quality=timing, load_avg_1m=0.5, cpu_pressure=0.0, run_queue_frac=0.01,
-        cpu_time_ratio=1.0, timing_group=spec["execution"].get("timing_group"),
+        purpose=spec.get("purpose"), timing_quality=timing, load_avg_1m=0.5, cpu_pressure=0.0,
+        run_queue_frac=0.01, cpu_time_ratio=1.0, timing_group=spec["execution"].get("timing_group"),
         round_step_ms=json.dumps([step_ms] * rounds),
         round_step_mean_ms=json.dumps([step_ms * rng.uniform(0.98, 1.02) for _ in range(rounds)]),
         extra=json.dumps({"eval": {"loss": 0.002 if quality else 1.0, metric[0]: metric[1]}}),
@@ -183,14 +189,16 @@ def cell(rid: str, spec: dict[str, Any], device: dict[str, Any]) -> tuple[dict[s
 def microbench_rows(specs: dict[str, Any], device: dict[str, Any]) -> list[dict[str, Any]]:
     """Rows of every embedding and linear case of the config's micro-benchmark specs."""
     rows = []
-    provenance = {**{c: None for c in PROVENANCE_COLUMNS}, "device": device["device"], "device_name": device["name"],
-                  "num_threads": 2, "torch_version": "2.13.0", "git_commit": "0" * 40, "hostname": "synthetic"}
+    provenance = {**{c: None for c in PROVENANCE_COLUMNS}, "device": device["device"],
+                  "device_name": device["name"], "num_threads": 2, "torch_version": "2.13.0",
+                  "git_commit": "0" * 40, "hostname": "synthetic"}
     for name, raw in specs.items():
         spec = check_spec(raw, source=name)
         emb = spec.get("embedding") or {}
         for table in emb.get("tables", []):
             plain = f"{table['num_embeddings']}x{table['embedding_dim']}"
-            ttm = f"{plain} [{','.join(map(str, table['row_shape']))}|{','.join(map(str, table['col_shape']))}]"
+            rows_, cols_ = (",".join(map(str, table[k])) for k in ("row_shape", "col_shape"))
+            ttm = f"{plain} [{rows_}|{cols_}]"
             for variant in emb["variants"]:
                 for tokens in emb["indices"]:
                     for direction in emb["directions"]:
@@ -210,7 +218,8 @@ def microbench_rows(specs: dict[str, Any], device: dict[str, Any]) -> list[dict[
                     for direction in lin["directions"]:
                         rows.append({"op": "linear", "variant": "dense" if rank is None else "tt",
                                      "shape": f"{n_in}x{n_out}", "tokens": tokens, "rank": rank,
-                                     "direction": direction, "time_ms": tokens * (0.01 if rank is None else 0.004),
+                                     "direction": direction,
+                                     "time_ms": tokens * (0.01 if rank is None else 0.004),
                                      "time_ms_iqr": 0.001, "peak_mem_bytes": tokens * 4000, "flops": 1e6,
                                      **provenance})
     return rows
@@ -221,8 +230,8 @@ DEVICES = {"cpu": {"device": "cpu", "name": "AMD EPYC 7B13", "memory": "cpu_rss_
 
 
 def results_folder(config_path: str | Path, folder: Path, *, cells_dir: Path | None = None) -> Path:
-    """``folder`` as the pipeline's merged results/<device> of the config (runs, curves, microbench, grid.json);
-    with ``cells_dir``, also its per-cell files (results/runs/<device>). Returns ``folder``."""
+    """``folder`` as the pipeline's merged results/<device> of the config (runs, curves, microbench,
+    grid.json); with ``cells_dir``, also its per-cell files (results/runs/<device>). Returns ``folder``."""
     config = config_of(config_path)
     cells, sweeps = grids.expand_grid(config)
     device = DEVICES["cuda" if config["execution"]["device"] == "cuda" else "cpu"]
@@ -233,7 +242,8 @@ def results_folder(config_path: str | Path, folder: Path, *, cells_dir: Path | N
         curves += curve
         if cells_dir is not None:
             write_parquet_atomic(to_frame([row], "runs"), cells_dir / f"{rid}.runs.parquet", kind="runs")
-            write_parquet_atomic(to_frame(curve, "curves"), cells_dir / f"{rid}.curves.parquet", kind="curves")
+            write_parquet_atomic(to_frame(curve, "curves"), cells_dir / f"{rid}.curves.parquet",
+                                 kind="curves")
     folder.mkdir(parents=True, exist_ok=True)
     write_parquet_atomic(to_frame(rows, "runs"), folder / "runs.parquet", kind="runs")
     write_parquet_atomic(to_frame(curves, "curves"), folder / "curves.parquet", kind="curves")

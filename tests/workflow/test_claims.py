@@ -369,17 +369,20 @@ def test_accuracy_claims_name_targets_and_seeds_and_compare_like_with_like(tmp_p
     rows, mb, _ = paper_case()
     quality = []
     for seed, (dense, comera) in enumerate([(0.66, 0.64), (0.70, 0.62)]):
-        quality += [run("transformer", "dense", 32, metric=dense), run("transformer", "galore", 32, metric=0.63),
+        quality += [run("transformer", "dense", 32, metric=dense),
+                    run("transformer", "galore", 32, metric=0.63),
                     run("transformer", "comera", 32, target=0.5, late=60, metric=comera, compression=85),
-                    run("transformer", "comera", 32, target=0.2, late=60, metric=comera - 0.01, compression=90)]
+                    run("transformer", "comera", 32, target=0.2, late=60, metric=comera - 0.01,
+                        compression=90)]
         for r in quality[-4:]:
             r.update(run_id=f"{r['run_id']}_s{seed}_quality", purpose="quality", seed=seed)
     table = evaluate(tmp_path, rows + placed(quality), mb)
     c4 = table.loc["C4", MEASURED]
     assert "CoMERA targets 0.5 / 0.2: 0.630 / 0.620 (seeds 0, 1: median each, median of all 0.625)" in c4, c4
     assert "GaLore 0.630 (seeds 0, 1: median)" in c4
-    c5 = table.loc["C5", MEASURED]  # seed 1's CoMERA (0.61) is within 0.05 of dense seed 0 (0.66), not of its own
-    assert "transformer: 90.0x (90.0x layers) at target 0.2, seed 0, accuracy 0.630 vs dense 0.660 (seed 0)" in c5
+    c5 = table.loc["C5", MEASURED]  # seed 1's CoMERA (0.61) is within 0.05 of dense seed 0 (0.66), not seed 1
+    assert ("transformer: 90.0x (90.0x layers) at target 0.2, seed 0, accuracy 0.630 vs dense 0.660 (seed 0)"
+            in c5)
 
 
 # ------------------------------------------------------------------------- timing trust (harness.core.timing)

@@ -1,8 +1,8 @@
-"""Every figure drawn from a results folder shaped like a real run of the default grid (config/config.yaml) and
-of the paper's grid (config/paper.yaml), checked for what a reader trips over: tick labels printed on top of
-each other, a plot squeezed below half the figure by its footer, text outside the picture or over a plot,
-a long footer (its details belong in the figure's notes file). The folders come from tests/workflow/synthetic.py,
-which follows the configs as they are (another cell list still gets checked)."""
+"""Every figure drawn from a results folder shaped like a real run of the default grid (config/config.yaml)
+and of the paper's grid (config/paper.yaml), checked for what a reader trips over: tick labels printed on
+top of each other, a plot squeezed below half the figure by its footer, text outside the picture or over a
+plot, a long footer (its details belong in the figure's notes file). The folders come from
+tests/workflow/synthetic.py, which follows the configs as they are (another cell list still gets checked)."""
 from __future__ import annotations
 
 import itertools
@@ -15,7 +15,8 @@ from harness.reports import compare, figures, tables
 from harness.results.analysis import load
 from tests.workflow import synthetic
 
-CONFIGS = {"default": synthetic.ROOT / "config" / "config.yaml", "paper": synthetic.ROOT / "config" / "paper.yaml"}
+CONFIGS = {"default": synthetic.ROOT / "config" / "config.yaml",
+           "paper": synthetic.ROOT / "config" / "paper.yaml"}
 MIN_PLOT_SHARE = 0.5
 
 
@@ -82,7 +83,8 @@ def layout_problems(fig: plt.Figure) -> list[str]:
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
 def results(request, tmp_path_factory):
     """(grid name, merged results folder of that grid's shape)."""
-    return request.param, synthetic.results_folder(CONFIGS[request.param], tmp_path_factory.mktemp(request.param) / "dev")
+    folder = tmp_path_factory.mktemp(request.param) / "dev"
+    return request.param, synthetic.results_folder(CONFIGS[request.param], folder)
 
 
 def test_every_figure_is_readable(results, tmp_path, monkeypatch):
@@ -96,7 +98,8 @@ def test_every_figure_is_readable(results, tmp_path, monkeypatch):
     def check(fig, out, name):
         found[name] = layout_problems(fig)
         footer = fig.texts[-1].get_text()
-        if len(footer.splitlines()) > figures.FOOTER_LINES or f"Notes: {name}.md." not in " ".join(footer.split()):
+        names_notes = f"Notes: {name}.md." in " ".join(footer.split())
+        if len(footer.splitlines()) > figures.FOOTER_LINES or not names_notes:
             found[name].append(f"footer {footer!r}")
         real_save(fig, out, name)
 
@@ -116,7 +119,8 @@ def test_the_device_comparison_is_readable(results, tmp_path, monkeypatch):
     grid, folder = results
     found = []
     real_save = compare.save
-    monkeypatch.setattr(compare, "save", lambda fig, out: found.append(layout_problems(fig)) or real_save(fig, out))
+    monkeypatch.setattr(compare, "save",
+                        lambda fig, out: found.append(layout_problems(fig)) or real_save(fig, out))
     assert compare.cli([str(folder), str(folder), "--names", "here,there", "--out", str(tmp_path)]) == 0
     assert found == [[]], grid
 

@@ -314,7 +314,7 @@ def test_timing_outputs_ignore_quality_cells(tmp_path, drawn):
     (times, _), _, footer = drawn["fig1_time_memory"]
     assert times == {"uncompressed": [99.0]}  # the quality cells' 10 s epochs are not drawn
     overview, _ = tables.overview(res)
-    notes = drawn[("fig1_time_memory", "notes")]  # the budget of the cells drawn: in the notes, not the footer
+    notes = drawn[("fig1_time_memory", "notes")]  # the cells' budget: in the notes, not the footer
     assert "<= 10 steps/epoch" in notes and "<= 10 steps/epoch" not in footer
     grid = json.loads((tmp_path / "q" / "grid.json").read_text())
     for spec in grid["cells"].values():  # every dense cell with CUDA graph: Fig 7 draws the timing one only
@@ -703,7 +703,8 @@ def test_fig1_footer_fits_two_lines_and_memory_points_carry_their_seeds_range(fo
     _, _, footer = drawn["fig1_time_memory"]
     fig, _ = figures._figure(2)
     width = int(fig.get_figwidth() * figures.FOOTER_CHARS_PER_INCH)
-    assert len(figures.textwrap.wrap(figures.short_footer(footer, "Notes: fig1_time_memory.md.", width), width)) <= 2
+    shown = figures.short_footer(footer, "Notes: fig1_time_memory.md.", width)
+    assert len(figures.textwrap.wrap(shown, width)) <= 2
     plt.close(fig)
     assert "memory: cpu_rss_delta of one cell (one seed: no spread)" in footer
     assert "Uncompressed / CoMERA time 3.00x @ batch 1, 3.00x @ batch 32." in footer  # the figure's ratios stay
@@ -728,8 +729,8 @@ def test_compare_marks_unstable_times_and_says_they_were_measured(tmp_path, monk
     """Every cell's timing unstable on one device: its bars are hatched, the device-ratio panel draws each
     cell's raw ratio hollow and says the ratios were measured, none stable (not "nothing measured"); a
     row's differences name the reasons in a few words."""
-    reason = ("noisy: IQR 94% of the median of the steps without the periodic work (every 10 steps; > 25%); its "
-              "threads waited for a CPU 74% of their runnable time (> 10%); CPU pressure 100% (> 25%)")
+    reason = ("noisy: IQR 94% of the median of the steps without the periodic work (every 10 steps; > 25%); "
+              "its threads waited for a CPU 74% of their runnable time (> 10%); CPU pressure 100% (> 25%)")
     rows = [run_row("transformer", m, 4, time_s=t) for m, t in (("dense", 2.0), ("comera", 5.0))]
     noisy = [{**r, "timing_quality": reason, "epoch_time_s": 2 * r["epoch_time_s"]} for r in rows]
     folders = [str(make_folder(tmp_path / name, data)) for name, data in (("cpu-a", rows), ("cpu-b", noisy))]
@@ -739,8 +740,9 @@ def test_compare_marks_unstable_times_and_says_they_were_measured(tmp_path, monk
     time_ax, _, ratio_ax = drawn["fig"].axes[:3]
     assert sum(bar.get_hatch() == compare.UNSTABLE_HATCH for bar in time_ax.patches) == 2
     assert "log scale: 2 measured, none stable (hollow: no ratio)" in ratio_ax.get_xlabel()
-    assert [list(line.get_xdata()) for line in ratio_ax.get_lines() if "not stable" in line.get_label()] == [[2.0, 2.0]]
+    hollow = [list(line.get_xdata()) for line in ratio_ax.get_lines() if "not stable" in line.get_label()]
+    assert hollow == [[2.0, 2.0]]
     plt.close(drawn["fig"])
     table = pd.read_csv(tmp_path / "out" / "compare.csv")
-    assert set(table.differences) == {"timing not stable on cpu-b: IQR 94%, its threads waited for a CPU 74%, "
-                                      "CPU pressure 100%"}
+    assert set(table.differences) == {"timing not stable on cpu-b: IQR 94%, its threads waited for a CPU "
+                                      "74%, CPU pressure 100%"}

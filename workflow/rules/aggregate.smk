@@ -14,7 +14,8 @@ rule merge_runs:
         curves=f"{MERGED}/curves.parquet",
         grid=f"{MERGED}/grid.json",
     message:
-        f"merge_runs: the files of {len(GRID)} cells in {CELLS} -> {MERGED}/runs.parquet, curves.parquet, grid.json"
+        f"merge_runs: the files of {len(GRID)} cells in {CELLS} -> {MERGED}/runs.parquet, curves.parquet, "
+        "grid.json"
     log:
         f"{MERGED}/logs/merge_runs.log",
     params:
@@ -31,8 +32,8 @@ def merge_cells(input, output, params, log):
     from harness import results as _results
 
     steps = [(_grid.main, ["--out", output.grid, "--sweeps", params.sweeps, *input.specs]),
-             (_results.cli_merge, ["--kind", "runs", *params.empty, "--grid", output.grid, "--out", output.runs,
-                                   *input.runs]),
+             (_results.cli_merge, ["--kind", "runs", *params.empty, "--grid", output.grid, "--out",
+                                   output.runs, *input.runs]),
              (_results.cli_merge, ["--kind", "curves", *params.empty, "--out", output.curves, *input.curves])]
     with open(log, "w") as fh, contextlib.redirect_stdout(fh), contextlib.redirect_stderr(fh):
         failed = next((code for step, argv in steps if (code := step(argv))), 0)

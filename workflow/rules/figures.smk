@@ -17,8 +17,9 @@ rule tables:
         MERGED_FILES,
     output:
         md=[f"{FIGURES}/{t}.md" for t in TABLES],
-        html=[report(f"{FIGURES}/{t}.html", caption=f"../report/{t}.rst", category="Run" if t == "overview" else
-                     "Tables", labels=None if t == "overview" else _feeds.report_labels(t)) for t in TABLES],
+        html=[report(f"{FIGURES}/{t}.html", caption=f"../report/{t}.rst",
+                     category="Run" if t == "overview" else "Tables",
+                     labels=None if t == "overview" else _feeds.report_labels(t)) for t in TABLES],
         csv=[f"{FIGURES}/{t}.csv" for t in TABLES],
     message:
         f"tables: {', '.join(TABLES)} of {MERGED} -> {FIGURES}/ (.md, .html, .csv)"
