@@ -427,6 +427,17 @@ def test_memory_ratios_keep_noisy_rows(tmp_path):
     assert mem[1].value == pytest.approx(950 / 100)
 
 
+def test_a_half_left_out_says_why(tmp_path):
+    """C7 on DLRM rows whose dense timings are all unstable: the time half says it was left out (not a bare
+    "-"), the memory half is shown, and the claim is not judged."""
+    rows = placed(paper_rows())
+    edit(rows, {"timing_quality": "noisy: 3 timed steps (< 5)"}, workload="dlrm", method="dense")
+    table = evaluate(tmp_path, rows, lookup_rows())
+    measured = table.loc["C7", MEASURED]
+    assert measured.startswith("dense/CoMERA time: not stable (left out, listed below); memory: same direction")
+    assert table.loc["C7", VERDICT] == claims.NOT_STABLE
+
+
 def test_interleaved_rows_give_the_median_of_per_round_ratios(tmp_path):
     rows = placed(paper_rows())
     group = {"timing_group": "transformer_b32_s0"}
