@@ -28,3 +28,5 @@ rule all:
         rules.microbench.input,
         rules.figures.input,
         rules.compare.output,
+    message:
+        "all: every cell, micro-benchmark, table, figure, claim and the device comparison"

@@ -14,7 +14,9 @@ only, an exact name wins over patterns, and a module that two patterns select is
 out the ``nn.Linear`` children whose parent reads their weight directly (``nn.MultiheadAttention``'s
 ``out_proj``: :data:`WEIGHT_READERS`), with a warning and the report's ``skipped``; naming one exactly is
 an error. Replacing one side of a tied weight (an output layer sharing the input embedding's table) warns:
-the other side keeps the dense weight, untied. ``kind`` may
+the other side keeps the dense weight, untied. A replaced ``linear1`` / ``linear2`` of an
+``nn.TransformerEncoderLayer`` turns that layer's fused inference path off (:func:`turn_off_fused_paths`;
+the report's ``fast_path_off``), so it evaluates under ``torch.no_grad()`` as it trains. ``kind`` may
 be omitted (it is read from the module). ``spec`` may also be one pattern or a list of them, and keyword
 arguments give every entry its defaults (``tensorize(model, "all-linear", rank=16)``).
 
@@ -92,6 +94,7 @@ class ConversionReport:
     compression_layers: float
     layers: dict[str, dict[str, Any]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)  # module name -> why a pattern left it out
+    fast_path_off: list[str] = field(default_factory=list)  # modules whose fused inference path is off
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -136,12 +139,45 @@ def tensorize(model: nn.Module, spec: dict[str, dict[str, Any]] | str | list[str
                           f"its dense {type(modules[name]).__name__} {dense:,} (ranks {layers[name]['ranks']}; "
                           "lower the rank or use more modes)", stacklevel=2)
     params_total = _count(model)
+    fast_path_off = turn_off_fused_paths(model)
     return ConversionReport(
         params_dense_total=params_dense_total, params_total=params_total,
         params_dense_layers=params_dense_layers, params_layers=params_layers,
         compression_total=params_dense_total / params_total,
         compression_layers=params_dense_layers / params_layers if params_layers else math.inf,
-        layers=layers, skipped=skipped)
+        layers=layers, skipped=skipped, fast_path_off=fast_path_off)
+
+
+def turn_off_fused_paths(model: nn.Module) -> list[str]:
+    """Turn off PyTorch's fused inference path where it would read a TT layer's dense ``weight``.
+
+    In eval mode without gradients, ``nn.TransformerEncoderLayer`` runs one fused kernel that reads
+    ``linear1.weight`` and ``linear2.weight``, and ``nn.TransformerEncoder`` reads its first layer's
+    (for a padding mask, through nested tensors). For each such layer with a replaced ``linear1`` or
+    ``linear2`` this sets ``activation_relu_or_gelu = 0`` (the flag that path checks; the layer's own
+    ``activation`` is unchanged) and ``use_nested_tensor = False`` on the encoders holding it: that layer
+    runs its modules one by one, as in training; other layers and models keep the fused path.
+
+    Args:
+        model: a model after :func:`tensorize` (called by it).
+
+    Returns:
+        The names of the encoder layers and encoders changed, in ``model.named_modules()`` order.
+    """
+    changed, off = [], set()
+    for name, module in model.named_modules():
+        if isinstance(module, nn.TransformerEncoderLayer) and not all(
+                isinstance(getattr(module, child, None), nn.Linear) for child in ("linear1", "linear2")):
+            off.add(id(module))
+            if module.activation_relu_or_gelu:
+                module.activation_relu_or_gelu = 0
+                changed.append(name)
+    for name, module in model.named_modules():
+        if (isinstance(module, nn.TransformerEncoder) and getattr(module, "use_nested_tensor", False)
+                and any(id(layer) in off for layer in module.layers)):
+            module.use_nested_tensor = False
+            changed.append(name)
+    return changed
 
 
 def model_size(model: nn.Module) -> dict[str, float]:

@@ -133,8 +133,10 @@ def _parser(list_names: bool = False) -> argparse.ArgumentParser:
     show.add_argument("--where", action="append", default=[], metavar="COL=VALUE",
                       help="keep rows where COL=VALUE; also != > >= < <= (numbers), ~ (contains), VALUE null "
                            "for missing values (repeatable; all must hold)")
-    show.add_argument("--group-by", help="comma-separated columns; numeric columns are summarised "
-                                         "by their median, with the row count in n")
+    show.add_argument("--group-by", help="comma-separated columns; also every setting column (workload, "
+                      "method, variant, batch_size, seq_len, target_ratio, purpose, device) whose values "
+                      "differ inside a group, said on stderr; numeric columns summarised by their median, "
+                      "with the row count in n, the seeds listed, status and timing_quality counted")
     show.add_argument("--columns", help="comma-separated columns to print")
     show.add_argument("--csv", action="store_true", help="print CSV instead of a table")
     show.set_defaults(func=_cmd_show)
@@ -309,9 +311,12 @@ def _find_results(paths: list[str], kind: str) -> list[Path]:
 
 _WHERE = re.compile(r"([A-Za-z0-9_]+)(!=|>=|<=|=|>|<|~)(.*)", re.S)
 _COMPARE = {"=": "__eq__", "!=": "__ne__", ">=": "__ge__", "<=": "__le__", ">": "__gt__", "<": "__lt__"}
-POOLED = ("batch_size", "purpose", "variant", "seq_len", "rank", "target_ratio", "device_name", "device",
-          "timing_group")
-"""Columns whose different values a --group-by summary should not pool silently."""
+SETTINGS = ("workload", "method", "variant", "batch_size", "seq_len", "target_ratio", "purpose",
+            "device_name", "device")
+"""Columns naming what a cell ran: a --group-by summary never pools two values of one of them (it groups by
+each one whose values differ inside a group it was asked for, and says so)."""
+COUNTED = ("status", "timing_quality")
+"""Text columns a --group-by summary counts per group ("2 ok", "1 stable, 1 noisy")."""
 
 
 def _parse_where(items: list[str], df: pd.DataFrame) -> pd.Series:
@@ -354,20 +359,50 @@ def _parse_where(items: list[str], df: pd.DataFrame) -> pd.Series:
     return keep
 
 
-def pooling_warnings(df: pd.DataFrame, keys: list[str]) -> list[str]:
-    """What a --group-by summary pools: columns of :data:`POOLED` outside ``keys`` with several values
-    inside one group."""
-    out = []
-    grouped = df.groupby(keys, dropna=False)
-    for col in POOLED:
-        if col in keys or col not in df.columns:
+def setting_keys(df: pd.DataFrame, keys: list[str]) -> list[str]:
+    """The :data:`SETTINGS` columns outside ``keys`` whose values differ inside some group of ``keys`` (after
+    grouping by the ones before it), in :data:`SETTINGS` order: what a summary must also group by."""
+    added: list[str] = []
+    for col in SETTINGS:
+        if col in keys or col not in df.columns or not len(df):
             continue
-        mixed = grouped[col].nunique(dropna=False)
-        if (mixed > 1).any():
-            values = sorted(map(str, df[col].dropna().unique()))[:6] + (["null"] if df[col].isna().any() else [])
-            out.append(f"groups pool rows with different {col} ({', '.join(values)}) in {int((mixed > 1).sum())} "
-                       f"of {len(mixed)} groups; add {col} to --group-by or select one with --where {col}=...")
-    return out
+        if (df.groupby(keys + added, dropna=False)[col].nunique(dropna=False) > 1).any():
+            added.append(col)
+    return added
+
+
+def seeds_text(values: pd.Series) -> str:
+    """"0,1": the distinct seeds of ``values``, in order."""
+    return ",".join(map(str, sorted(int(x) for x in values.dropna().unique())))
+
+
+def _counted(values: pd.Series) -> str:
+    """"2 ok" / "1 stable, 1 noisy": each value's first word with its count (a missing value: "-")."""
+    words = values.map(lambda v: str(v).split(":")[0] if isinstance(v, str) and v else "-")
+    return ", ".join(f"{n} {word}" for word, n in words.value_counts(sort=False).sort_index().items())
+
+
+def summary(df: pd.DataFrame, keys: list[str], cols: list[str]) -> pd.DataFrame:
+    """One row per group of ``keys``: ``n``, the median of each numeric column of ``cols``, the seeds as a
+    list (``seeds``), :data:`COUNTED` columns as counts, other text columns as their distinct values;
+    ``run_id`` and JSON columns are left out."""
+    import pandas as pd
+
+    grouped = df.groupby(keys, dropna=False)
+    parts = {"n": grouped.size()}
+    for col in cols:
+        if col in keys or col in ("run_id", "settings", "extra", "error"):
+            continue
+        column = df[col]
+        if col == "seed":
+            parts["seeds"] = grouped[col].agg(seeds_text)
+        elif col in COUNTED:
+            parts[col] = grouped[col].agg(_counted)
+        elif pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column):
+            parts[col] = grouped[col].median()
+        else:
+            parts[col] = grouped[col].agg(lambda v: ", ".join(sorted({str(x) for x in v.dropna()})))
+    return pd.DataFrame(parts).reset_index()
 
 
 def _columns(spec: str | None, df: pd.DataFrame, default: list[str]) -> list[str]:
@@ -395,15 +430,13 @@ def show_table(paths: list[str], *, kind: str = "runs", where: list[str] = (), g
     df = df[_parse_where(list(where), df)]
     if group_by:
         keys = _columns(group_by, df, [])
-        cols = [c for c in _columns(columns, df, SHOW_COLUMNS[kind] or list(df.columns)) if c not in keys]
-        numeric = [c for c in cols if pd.api.types.is_numeric_dtype(df[c])
-                   and not pd.api.types.is_bool_dtype(df[c])]
-        for warning in pooling_warnings(df, keys):
-            print(f"comera-bench show: warning: {warning}", file=sys.stderr)
-        grouped = df.groupby(keys, dropna=False)
-        out = grouped[numeric].median() if numeric else grouped.size().to_frame("n").iloc[:, :0]
-        out.insert(0, "n", grouped.size())
-        return out.reset_index()
+        added = setting_keys(df, keys)
+        if added:
+            print(f"comera-bench show: grouped by {', '.join(added)} too: their values differ inside the "
+                  f"groups of --group-by {','.join(keys)}, and a summary never pools two settings (select "
+                  f"one with --where {added[0]}=...)", file=sys.stderr)
+        cols = _columns(columns, df, SHOW_COLUMNS[kind] or list(df.columns))
+        return summary(df, keys + added, cols)
     return df[_columns(columns, df, SHOW_COLUMNS[kind] or list(df.columns))].reset_index(drop=True)
 
 

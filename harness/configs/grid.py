@@ -211,10 +211,11 @@ def module_of(name: str, workload: dict[str, Any]) -> str:
     return workload.get("workload", name)
 
 
-def check_config(config: dict[str, Any]) -> None:
+def check_config(config: dict[str, Any], missing: list[str] | None = None) -> None:
     """Cross-key checks the JSON schema cannot express, plus the methods' and workloads' own parameter
     checks (``baselines.check_params``, ``harness.workloads.check_params``). Raises ConfigError naming
-    the key."""
+    the key. With a ``missing`` list (a dry run: the plan needs no data), a data path that does not exist
+    is appended to it, naming the key, instead of raised."""
     from harness.configs.plugins import PluginError
     from harness.configs import microbench_spec
     from harness.running import checkpoint
@@ -247,7 +248,7 @@ def check_config(config: dict[str, Any]) -> None:
             where = f"workloads.{wname}" + (".workload" if "workload" in workload else "")
             raise ConfigError(f"config key {where}: unknown workload {module!r}; known: {list(workloads.WORKLOADS)}")
         for _, key, section, params, _ in sections(workload):
-            _checked(workloads.check_params, module, params, f"workloads.{wname}{key}.params")
+            _checked(workloads.check_params, module, params, f"workloads.{wname}{key}.params", missing)
             budget = section["budget"]
             if budget["max_steps_per_epoch"] is not None and (
                     budget["warmup_steps"] >= budget["epochs"] * budget["max_steps_per_epoch"]):
@@ -266,22 +267,27 @@ def check_config(config: dict[str, Any]) -> None:
             raise ConfigError(f"config key microbench.specs.{name}: {err}") from err
 
 
-def _checked(check, name: str, params: dict[str, Any], key: str) -> dict[str, Any]:
+def _checked(check, name: str, params: dict[str, Any], key: str, missing: list[str] | None = None
+             ) -> dict[str, Any]:
     try:
         checked = check(name, dict(params))
     except (ValueError, TypeError, KeyError, FileNotFoundError) as err:
         raise ConfigError(f"config key {key}: {err}") from err
-    _check_paths(checked, key)
+    _check_paths(checked, key, missing)
     return checked
 
 
-def _check_paths(params: dict[str, Any], key: str) -> None:
+def _check_paths(params: dict[str, Any], key: str, missing: list[str] | None = None) -> None:
     """A data path given in the params must exist (keys ending in ``path`` or ``dir``, except cache
-    folders the workload creates itself)."""
+    folders the workload creates itself); with a ``missing`` list, one that does not is noted there."""
     for name, value in params.items():
         if (isinstance(value, str) and value and re.search(r"(path|dir|file)$", name)
                 and "cache" not in name and not os.path.exists(value)):
-            raise ConfigError(f"config key {key}.{name}: path {value!r} does not exist")
+            error = f"config key {key}.{name}: path {value!r} does not exist"
+            if missing is None:
+                raise ConfigError(error)
+            if error not in missing:
+                missing.append(error)
 
 
 def _variants(entry: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
@@ -325,6 +331,9 @@ def expand_grid(config: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict
     from harness.running.specs import normalize_spec
 
     execution = config["execution"]
+    if execution["threads"] == "auto":  # the pipeline decides it first: harness.running.threads.resolve
+        raise ConfigError("config key execution.threads: 'auto' is resolved to a number before the grid is "
+                          "expanded")
     grid: dict[str, dict[str, Any]] = {}
     sweeps: dict[str, dict[str, Any]] = {}
     for wname, workload in config["workloads"].items():

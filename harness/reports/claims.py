@@ -62,10 +62,12 @@ COLUMNS = {"claim": "claim", "paper": "paper value", "measured": "measured (in i
 
 @dataclass
 class Finding:
-    """A comparison made on some rows; ``holds`` is None when the rows judge only part of the claim."""
+    """A comparison made on some rows; ``holds`` is None when the rows judge only part of the claim;
+    ``unstable``: a time half was left out because its timing was not stable (its text says so)."""
 
     text: str
     holds: bool | None
+    unstable: bool = False
 
 
 @dataclass
@@ -208,6 +210,8 @@ def _judged(ctx: Context, df: pd.DataFrame, measure: Callable[[pd.DataFrame], Fi
     inside, outside = judge(df, scope, measure)
     verdict = _verdict(inside, outside, _devices(df), settings)
     unstable = unstable_timing_cells(df) if len(df) else df
+    if inside is not None and inside.holds is None and inside.unstable:  # the rest measured, the time not
+        verdict.verdict = NOT_STABLE
     if verdict.verdict == NOT_MEASURED and len(unstable):
         trusted = judge(df.assign(timing_quality=STABLE), scope, measure)  # every timing taken as stable
         if trusted[0] is not None or trusted[1]:  # measured, but no stable timing to compare
@@ -245,6 +249,25 @@ def _ratios(df: pd.DataFrame, other: str, column: str, keys: Sequence[str] = ("b
         if r is not None and r.value > 0:
             out[key[0] if len(keys) == 1 else key] = r
     return out
+
+
+LEFT_OUT = "not stable (left out, listed below)"
+
+
+def _no_ratio(rows: pd.DataFrame, other: str, keys: Sequence[Any] | None = None,
+              column: str = "batch_size") -> str:
+    """Why ``other`` / CoMERA has no time ratio among ``rows`` (at ``keys`` of ``column`` when given):
+    :data:`LEFT_OUT` when both ran ok there but a timing was not stable, else "not measured here" with
+    what is missing."""
+    a, b = _cells(rows, other), _cells(rows, "comera")
+    if keys is not None:
+        a, b = a[a[column].isin(list(keys))], b[b[column].isin(list(keys))]
+    if not len(a) or not len(b):
+        missing = " and ".join(m for m, x in ((other, a), ("CoMERA", b)) if not len(x))
+        return f"not measured here (no ok {missing} row without a target)"
+    if not len(stable_only(a)) or not len(stable_only(b)):
+        return LEFT_OUT
+    return "not measured here (no batch size both have)"
 
 
 def _value(r: Any) -> float:
@@ -302,11 +325,15 @@ def c2(ctx: Context) -> Verdict:
 
     def measure(rows: pd.DataFrame) -> Finding | None:
         t, m = _ratios(rows, "galore", TIME), _ratios(rows, "galore", "peak_mem_bytes")
-        if b not in t or b not in m:
+        if b not in t and b not in m:
             return None
-        return Finding(f"GaLore/CoMERA time{_epoch_kind(rows)}: {_directed({b: t[b]})}; memory: "
-                       f"{_directed({b: m[b]})}",
-                       t[b].value >= v["speedup_vs_galore"] and m[b].value >= v["memory_vs_galore"])
+        time = _directed({b: t[b]}) if b in t else _no_ratio(rows, "galore", [b])
+        memory = (_directed({b: m[b]}) if b in m
+                  else f"not measured here (no peak memory of both at batch {b})")
+        return Finding(f"GaLore/CoMERA time{_epoch_kind(rows)}: {time}; memory: {memory}",
+                       _all([t[b].value >= v["speedup_vs_galore"] if b in t else None,
+                             m[b].value >= v["memory_vs_galore"] if b in m else None]),
+                       unstable=time == LEFT_OUT)
 
     return _judged(ctx, runs_of(ctx.res, ["transformer"], timing=True), measure,
                    f"transformer size=paper, {ctx.gpu}, timing cells, batch {b}; GaLore / CoMERA (no target) "
@@ -375,18 +402,20 @@ def c4(ctx: Context) -> Verdict:
              "LTE default": ("lte", None)}
 
     def measure(rows: pd.DataFrame) -> Finding | None:
-        acc = {k: _accuracy_cells(rows, method).groupby("batch_size").metric_value.median().dropna()
-               for k, (method, _) in names.items()}
-        cells = sorted(set(acc["CoMERA"].index) & set(acc["GaLore"].index))
-        if not cells:
+        cells = {k: _accuracy_cells(rows, method).dropna(subset=["metric_value"])
+                 for k, (method, _) in names.items()}
+        acc = {k: c.groupby("batch_size").metric_value.median() for k, c in cells.items()}
+        batches = sorted(set(acc["CoMERA"].index) & set(acc["GaLore"].index))
+        if not batches:
             return None
         texts, about, lte = [], [], []
-        for b in cells:
+        for b in batches:
             got = {k: a[b] for k, a in acc.items() if b in a.index}
             about += [abs(got[k] - names[k][1]) <= ABOUT_ACCURACY for k in ("CoMERA", "GaLore")]
             if "LTE default" in got:
                 lte.append(got["LTE default"] <= min(got["CoMERA"], got["GaLore"]) - FAR_BELOW)
-            texts.append(f"batch {b}: " + ", ".join(f"{k} {x:.3f}" for k, x in got.items()))
+            texts.append(f"batch {b}: " + ", ".join(accuracy_text(k, cells[k][cells[k].batch_size == b])
+                                                    for k in got))
         return Finding("; ".join(texts), _all([all(about), all(lte) if lte else None]))
 
     df = runs_of(ctx.res, ["transformer"], quality=True)
@@ -398,15 +427,50 @@ def c4(ctx: Context) -> Verdict:
                    in_setting(df, ctx.gpu) & (df.dataset == "mnli"))
 
 
+def seeds_text(rows: pd.DataFrame) -> str:
+    """"seed 0" / "seeds 0, 1": the seeds of ``rows``."""
+    seeds = sorted(int(x) for x in rows.seed.dropna().unique())
+    return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds)) or '?'}"
+
+
+def accuracy_text(name: str, rows: pd.DataFrame) -> str:
+    """"GaLore 0.998 (seeds 0, 1: median)", with CoMERA's targets where its rows have them ("CoMERA
+    targets 0.8 / 0.5 / 0.2: 0.998 / 0.997 / 0.993 (seeds 0, 1: median each)")."""
+    several = rows.seed.nunique() > 1
+    how = f" ({seeds_text(rows)}{': median' if several else ''}"
+    if rows.target_ratio.notna().any():
+        by = rows.groupby(rows.target_ratio.fillna(-1.0)).metric_value.median().sort_index(ascending=False)
+        targets = " / ".join("none" if t < 0 else f"{t:g}" for t in by.index)
+        values = " / ".join(f"{x:.3f}" for x in by)
+        each = " each" if several else ""
+        return (f"{name} target{'s' if len(by) > 1 else ''} {targets}: {values}{how}{each}, "
+                f"median of all {rows.metric_value.median():.3f})")
+    return f"{name} {rows.metric_value.median():.3f}{how})"
+
+
 def kept_accuracy(rows: pd.DataFrame) -> pd.DataFrame:
     """Default CoMERA rows after the late stage whose accuracy is at most ACCURACY_KEPT below the
-    uncompressed model's (dense, same workload and batch size, among ``rows``)."""
+    uncompressed model's: dense of the same workload, batch size and seed among ``rows`` (the median over
+    the dense seeds where that seed has none; ``dense_seeds`` says which)."""
     comera = rows[(rows.method == "comera") & (rows.variant == "default") & (rows.status == "ok")
                   & rows.late_stage.astype(bool) & (rows.metric_name == "accuracy")]
-    dense = _cells(rows, "dense").groupby(["workload", "batch_size"]).metric_value.median()
-    ref = [dense.get((w, b)) for w, b in zip(comera.workload, comera.batch_size)]
+    dense = _cells(rows, "dense")
+    same = dense.groupby(["workload", "batch_size", "seed"]).metric_value.median()
+    pooled = dense.groupby(["workload", "batch_size"])
+    ref, seeds = [], []
+    for w, b, s in zip(comera.workload, comera.batch_size, comera.seed):
+        if (w, b, s) in same.index:
+            ref.append(same[(w, b, s)])
+            seeds.append(f"seed {int(s)}")
+        elif (w, b) in pooled.groups:
+            group = pooled.get_group((w, b))
+            ref.append(group.metric_value.median())
+            seeds.append(f"median of {seeds_text(group)}")
+        else:
+            ref.append(None)
+            seeds.append("")
     keep = [r is not None and pd.notna(r) and m >= r - ACCURACY_KEPT for m, r in zip(comera.metric_value, ref)]
-    return comera.assign(dense_accuracy=ref)[keep]
+    return comera.assign(dense_accuracy=ref, dense_seeds=seeds)[keep]
 
 
 def c5(ctx: Context) -> Verdict:
@@ -429,9 +493,10 @@ def c5(ctx: Context) -> Verdict:
                 parts.append(False)
                 continue
             best = ok.sort_values("compression_total").iloc[-1]
+            seed = "" if pd.isna(best.seed) else f", seed {int(best.seed)}"
             texts.append(f"{workload}: {best.compression_total:.1f}x ({best.compression_layers:.1f}x layers) at "
-                         f"target {best.target_ratio:g}, accuracy {best.metric_value:.3f} vs dense "
-                         f"{best.dense_accuracy:.3f}")
+                         f"target {best.target_ratio:g}{seed}, accuracy {best.metric_value:.3f} vs dense "
+                         f"{best.dense_accuracy:.3f} ({best.dense_seeds})")
             parts.append(bool(best.compression_total >= stated))
         return Finding("; ".join(texts), _all(parts)) if texts else None
 
@@ -540,9 +605,11 @@ def c7(ctx: Context) -> Verdict:
         if not t and not m:
             return None
         mem = [x.value >= stated[b] for b, x in m.items() if b in stated]
-        return Finding(f"dense/CoMERA time{_epoch_kind(rows)}: {_directed(t, above_one=False) if t else '-'}; memory: "
-                       f"{_directed(m) if m else '-'}",
-                       _all([all(x.value < 1 for x in t.values()) if t else None, all(mem) if mem else None]))
+        time = _directed(t, above_one=False) if t else _no_ratio(rows, "dense")
+        memory = _directed(m) if m else "not measured here (no peak memory of both at one batch size)"
+        return Finding(f"dense/CoMERA time{_epoch_kind(rows)}: {time}; memory: {memory}",
+                       _all([all(x.value < 1 for x in t.values()) if t else None, all(mem) if mem else None]),
+                       unstable=time == LEFT_OUT)
 
     return _judged(ctx, runs_of(ctx.res, ["dlrm"], timing=True), measure,
                    f"dlrm size=paper, {ctx.gpu}, timing cells; dense faster than CoMERA (no target) at every "
@@ -573,6 +640,8 @@ def c8(ctx: Context) -> Verdict:
         if t:
             texts.append(f"dense/CoMERA time{_epoch_kind(timed)}: "
                          f"{_directed(t, label=lambda k: f'seq {k[0]}, batch {k[1]}')}")
+        elif len(timed):
+            texts.append(f"dense/CoMERA time: {_no_ratio(timed, 'dense')}")
         fast = [x.value >= speedups[k[0]] for k, x in t.items() if k[0] in speedups]
         small = None
         if len(comera):
@@ -585,7 +654,9 @@ def c8(ctx: Context) -> Verdict:
                   for k, (c, d) in sorted(loss.items())]
         close = [c - d <= gap + LOSS_GAP_SLACK for c, d in loss.values()]
         texts.append(f"data {data}")
-        return Finding("; ".join(texts), _all([all(fast) if fast else None, small, all(close) if close else None]))
+        return Finding("; ".join(texts),
+                       _all([all(fast) if fast else None, small, all(close) if close else None]),
+                       unstable=any(LEFT_OUT in x for x in texts))
 
     df = mlm_runs(ctx.res, text=False)
     scope = in_timing_setting(df, ctx.gpu) | in_setting(df, ctx.gpu)
@@ -707,7 +778,7 @@ def left_out_text(results: Sequence[Results]) -> str:
     return head + f" Left out of every time ratio ({len(lines)}):\n" + "\n".join(lines)
 
 
-SUMMARY_CELL = 100
+SUMMARY_CELL = 130
 """Characters a summary-table cell shows at most (the details follow in the claim's own section)."""
 
 
@@ -734,10 +805,15 @@ def summary_table(table: pd.DataFrame) -> pd.DataFrame:
     for r in table.to_dict("records"):
         cid = r[COLUMNS["claim"]]
         measured, elsewhere = r[COLUMNS["measured"]], r[COLUMNS["elsewhere"]]
-        here = measured if measured != "-" else elsewhere.split("; ")[0] if elsewhere != "-" else "-"
+        first = re.split(r"(?<=\]); ", elsewhere)[0]  # the first finding, each ending in its [setting]
+        here = measured if measured != "-" else first if elsewhere != "-" else "-"
         rows.append({"claim": cid, "paper": _short(f"{reference.claim(cid)['short']} ({reference.claim(cid)['device']})"),
                      "here": _here_cell(here), "verdict": r[COLUMNS["verdict"]]})
     return pd.DataFrame(rows)
+
+
+NONE_IN_SETTING = "none: no row of this run is in the claim's setting ('judged by' below)"
+NONE_ELSEWHERE = "none: no row of this run makes this comparison in another setting"
 
 
 def markdown(table: pd.DataFrame, label: str, results_dirs: Sequence[str], left: str) -> str:
@@ -753,10 +829,13 @@ def markdown(table: pd.DataFrame, label: str, results_dirs: Sequence[str], left:
     for r in table.to_dict("records"):
         parts.append(f"## {text(r[COLUMNS['claim']])}: {text(r[COLUMNS['verdict']])}\n")
         parts.append(f"- paper: {text(r[COLUMNS['paper']])}")
-        parts.append(f"- measured in its setting: {text(r[COLUMNS['measured']])}")
-        for item in (r[COLUMNS["elsewhere"]].split("; ") if r[COLUMNS["elsewhere"]] != "-" else ["-"]):
+        measured = r[COLUMNS["measured"]]
+        parts.append(f"- measured in its setting: {text(measured) if measured != '-' else NONE_IN_SETTING}")
+        elsewhere = r[COLUMNS["elsewhere"]]
+        for item in (elsewhere.split("; ") if elsewhere != "-" else [NONE_ELSEWHERE]):
             parts.append(f"- same comparison here: {text(item)}")
-        parts.append(f"- devices: {text(r[COLUMNS['device']])}")
+        device = r[COLUMNS["device"]]
+        parts.append(f"- devices: {text(device) if device != '-' else 'none (no row)'}")
         parts.append(f"- judged by: {text(r[COLUMNS['settings']])}\n")
     folders = ", ".join(map(text, results_dirs))
     parts.append(f"## How claims are judged\n\n{RULES}\n\nRows from {folders}. Memory is the "

@@ -19,16 +19,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
 import matplotlib
+import matplotlib.patches
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from harness.reports import reference  # noqa: E402
+from harness.reports.figures import plain_log_ticks  # noqa: E402
 from harness.reports.html import cell_text, markdown_table, write_html  # noqa: E402
 from harness.reports.tables import MB  # noqa: E402
 from harness.results import ResultsError  # noqa: E402
@@ -41,6 +44,8 @@ CELL = ["workload", "workload_params", "method", "variant", "batch_size", "seq_l
 QUANTITIES = {"epoch_time": TIME, "peak_mem": MEMORY}
 CHECKED = {"num_threads": "torch threads", "torch_version": "torch version", "peak_mem_kind": "memory kind"}
 """Columns that should agree between two devices' runs of one cell; a difference is flagged."""
+STABLE_COLUMN = "timing_stable"
+"""compare.csv's ``timing_stable@<device>``: whether the cell's timing on that device was stable."""
 DEVICE_SPREAD = ("bars: each device's round-mean quartiles over its median, combined the widest way\n"
                  "(low: Q1 of the later device against Q3 of the first)")
 """What the spread of a time ratio between two devices is (harness.results.analysis.apart_ratio)."""
@@ -78,8 +83,19 @@ def _flags(a: pd.Series, b: pd.Series, label_a: str, label_b: str) -> list[str]:
             out.append(f"{what} differs ({label_a} {x} vs {label_b} {y})")
     for label, row in ((label_a, a), (label_b, b)):
         if not is_stable(row):
-            out.append(f"timing not stable on {label}: {noisy_reason(row)}")
+            out.append(f"timing not stable on {label}: {brief_reason(row)}")
     return out
+
+
+def brief_reason(row: pd.Series) -> str:
+    """Why a timing is not stable in a few words: each reason up to its first measured number ("IQR 94%,
+    CPU pressure 100%"); the whole reasons are the row's timing_quality (table_runs)."""
+    heads = []
+    for reason in re.split(r";\s+(?![^()]*\))", noisy_reason(row)):  # "; " outside parentheses
+        head = reason.split(" (")[0]
+        found = re.match(r".*?\d+(?:\.\d+)?[%x]", head)
+        heads.append(found.group(0) if found else head)
+    return ", ".join(heads)
 
 
 def side_by_side(folders: list[str | Path], names: list[str] | None = None
@@ -97,6 +113,7 @@ def side_by_side(folders: list[str | Path], names: list[str] | None = None
         frames.append(cells_of(res))
     base = frames[0].set_index(CELL)
     table = base[list(QUANTITIES.values())].rename(columns={c: f"{q}@{labels[0]}" for q, c in QUANTITIES.items()})
+    table[f"{STABLE_COLUMN}@{labels[0]}"] = [is_stable(r) for _, r in base.iterrows()]
     table["differences"] = ""
     for label, frame in zip(labels[1:], frames[1:]):
         other = frame.set_index(CELL)
@@ -105,7 +122,8 @@ def side_by_side(folders: list[str | Path], names: list[str] | None = None
             warnings.append(f"{label} and {labels[0]} have no cell in common (every identity column must match): "
                             + _why_apart(frames[0], frame, labels[0], label))
         table = table.join(other[list(QUANTITIES.values())].rename(
-            columns={c: f"{q}@{label}" for q, c in QUANTITIES.items()}), how="outer")
+            columns={c: f"{q}@{label}" for q, c in QUANTITIES.items()}).assign(
+            **{f"{STABLE_COLUMN}@{label}": [is_stable(r) for _, r in other.iterrows()]}), how="outer")
         table["differences"] = table["differences"].fillna("")
         for q, col in QUANTITIES.items():
             value, low, high = (pd.Series(float("nan"), index=table.index) for _ in range(3))
@@ -188,54 +206,78 @@ def _batch_label(value: object) -> str:
     return f"b{int(value)}" if pd.notna(value) else "every batch"
 
 
-def cell_label(r: pd.Series) -> str:
+def cell_label(r: pd.Series, seed: bool = False) -> str:
+    """A cell as "transformer[size=small]/dense-default/b32/t0.5/cg/quality" (``seed``: with "/s1")."""
     params = json_column(r.workload_params, {})
     extra = ",".join(f"{k}={v}" for k, v in sorted((params or {}).items()) if k in ("size", "seq_len"))
     label = f"{r.workload}[{extra}]/{r.method}-{r.variant}/b{_batch(r.batch_size)}"
     label += "" if pd.isna(r.target_ratio) else f"/t{r.target_ratio:g}"
+    label += f"/s{int(r.seed)}" if seed and pd.notna(r.seed) else ""
     graph = pd.notna(r.cuda_graph) and bool(r.cuda_graph)
     return label + ("/cg" if graph else "") + ("/quality" if r.purpose == QUALITY else "")
 
 
-def _log_x_if_positive(ax: plt.Axes, columns: list[pd.Series], label: str) -> None:
-    """A log x axis when some value is positive (a linear one, said so, when none is)."""
+def _log_x_if_positive(ax: plt.Axes, columns: list[pd.Series], label: str, unstable: int = 0,
+                       stable: int = 0) -> None:
+    """A log x axis when some value is positive, else a linear one saying nothing was measured; with
+    ``unstable`` values drawn hollow (measured, timing not stable: no ratio), the label says how many and
+    whether any of the ``stable`` ones was stable."""
     values = pd.concat(columns) if columns else pd.Series(dtype=float)
+    note = ""
+    if unstable:
+        note = (f": {unstable} measured, none stable (hollow: no ratio)" if not stable
+                else f"; {unstable} more measured, not stable (hollow: no ratio)")
     if (values.astype(float) > 0).any():
         ax.set_xscale("log")
-        # ticks at 1, 2 and 5 per decade as plain numbers: the default labels every minor tick of a short
-        # range in exponent notation, and neighbours overlap ("3x10^-1 4x10^-1")
-        ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.set_xlabel(f"{label}, log scale")
+        plain_log_ticks(ax.xaxis)
+        ax.set_xlabel(f"{label}, log scale{note}")
     else:
         ax.set_xlabel(f"{label} (nothing measured)")
 
 
 def short_labels(table: pd.DataFrame) -> tuple[list[str], str]:
     """(cell labels, the prefix they all share): a workload and its parameters common to every cell are
-    said once (in the title), not on every row."""
-    cells = list(table.apply(cell_label, axis=1)) if len(table) else []
+    said once (in the title), not on every row; the seed is in a label where the cells have several."""
+    seeds = len(table) and table.seed.nunique() > 1
+    cells = list(table.apply(cell_label, axis=1, seed=seeds)) if len(table) else []
     heads = {c.split("/", 1)[0] for c in cells}
     if len(heads) != 1 or not all("/" in c for c in cells):
         return cells, ""
     return [c.split("/", 1)[1] for c in cells], heads.pop()
 
 
+UNSTABLE_HATCH = "////"
+
+
 def _bars(ax: plt.Axes, table: pd.DataFrame, labels: list[str], cells: list[str], q: str, unit: str,
           scale: float) -> None:
-    """One bar per device and cell."""
+    """One bar per device and cell; a time whose timing was not stable is hatched."""
     width = 0.8 / len(labels)
+    marked = False
     for i, label in enumerate(labels):
-        ax.barh([y + i * width for y in range(len(table))], table[f"{q}@{label}"] / scale,
-                height=width, label=label)
+        bars = ax.barh([y + i * width for y in range(len(table))], table[f"{q}@{label}"] / scale,
+                       height=width, label=label)
+        if q != "epoch_time":
+            continue
+        for bar, stable_here in zip(bars, table[f"{STABLE_COLUMN}@{label}"]):
+            if stable_here is False or stable_here == 0:
+                bar.set_hatch(UNSTABLE_HATCH)
+                bar.set_edgecolor("black")
+                marked = True
     ax.set_yticks([y + 0.4 - width / 2 for y in range(len(table))], cells, fontsize=7)
     _log_x_if_positive(ax, [table[f"{q}@{label}"] for label in labels], unit)
-    ax.legend(fontsize=8)
+    handles, names = ax.get_legend_handles_labels()
+    if marked:
+        handles.append(matplotlib.patches.Patch(facecolor="white", edgecolor="black", hatch=UNSTABLE_HATCH))
+        names.append("timing not stable")
+    ax.legend(handles, names, fontsize=8)
 
 
 def _device_ratios(ax: plt.Axes, table: pd.DataFrame, labels: list[str], cells: list[str]) -> None:
-    """Each later device's epoch time over the first's, per cell with a ratio, with its spread."""
+    """Each later device's epoch time over the first's, per cell with a ratio, with its spread; a cell
+    measured on both devices whose timing was not stable on one of them is a hollow grey marker at the
+    ratio of its epoch times (no ratio: it counts nowhere)."""
+    unstable = 0
     for label in labels[1:]:
         col = f"epoch_time ratio {label}/{labels[0]}"
         ok = table[col].notna()
@@ -243,10 +285,19 @@ def _device_ratios(ax: plt.Axes, table: pd.DataFrame, labels: list[str], cells: 
         r = table[col][ok]
         ax.errorbar(r, ys, xerr=[r - table[f"{col} low"][ok], table[f"{col} high"][ok] - r], fmt="o",
                     capsize=3, label=f"{label} / {labels[0]} (mean-based epoch times)")
+        raw = table[f"epoch_time@{label}"] / table[f"epoch_time@{labels[0]}"]
+        shaky = ~ok & raw.notna() & ~(table[f"{STABLE_COLUMN}@{label}"].astype(bool)
+                                      & table[f"{STABLE_COLUMN}@{labels[0]}"].astype(bool))
+        if shaky.any():
+            unstable += int(shaky.sum())
+            ax.plot(raw[shaky], [y for y, bad in enumerate(shaky) if bad], "o", markerfacecolor="none",
+                    color="gray", label=f"{label} / {labels[0]}: timing not stable (no ratio)")
     ax.set_yticks(range(len(table)), cells, fontsize=7)
     ax.axvline(1.0, color="gray", lw=1)
-    _log_x_if_positive(ax, [table[f"epoch_time ratio {label}/{labels[0]}"] for label in labels[1:]],
-                       "epoch time ratio between devices")
+    drawn = [table[f"epoch_time ratio {label}/{labels[0]}"] for label in labels[1:]]
+    raw = [table[f"epoch_time@{label}"] / table[f"epoch_time@{labels[0]}"] for label in labels[1:]]
+    _log_x_if_positive(ax, drawn + (raw if unstable else []), "epoch time ratio between devices", unstable,
+                       int(sum(d.notna().sum() for d in drawn)))
     ax.set_xlabel(f"{ax.get_xlabel()}\n{DEVICE_SPREAD}", fontsize=8)
     ax.legend(fontsize=8)
 
@@ -287,21 +338,29 @@ def plot(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, out: Path
     axes = list(axes.flat)
     _bars(axes[0], table, labels, cells, "epoch_time", "time per epoch (s)", 1.0)
     _bars(axes[1], table, labels, cells, "peak_mem", "peak memory (MB)", MB)
+    axes[1].tick_params(labelleft=False)  # the same cells in the same rows as the time panel
     if len(labels) > 1:
         _device_ratios(axes[2], table, labels, cells)
     _speedups(axes[npanels - 1], ratios)
     for ax in axes[npanels:]:
         ax.axis("off")
     title = "Devices compared: " + ", ".join(labels) + " + the paper's stated ratios"
-    fig.suptitle(title + (f"\ncells of {common}" if common else ""))
-    fig.tight_layout()
+    height = fig.get_figheight()
+    fig.suptitle(title + (f"\ncells of {common}" if common else ""), y=1 - 0.1 / height, va="top")
+    fig.tight_layout(rect=(0, 0, 1, 1 - (0.65 if common else 0.45) / height))  # below the title
+    save(fig, out)
+
+
+def save(fig: plt.Figure, out: Path) -> None:
+    """compare_time_memory.png and .pdf in ``out``; the figure is closed."""
     for ext in ("png", "pdf"):
         fig.savefig(out / f"compare_time_memory.{ext}", dpi=110)
     plt.close(fig)
 
 
 def _markdown(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, warnings: list[str]) -> str:
-    shown = table.assign(cell=table.apply(cell_label, axis=1) if len(table) else [])
+    seeds = len(table) and table.seed.nunique() > 1
+    shown = table.assign(cell=table.apply(cell_label, axis=1, seed=seeds) if len(table) else [])
     cols = ["cell"] + [c for c in table.columns if c.startswith("epoch_time")
                        or c.startswith("peak_mem") and not c.endswith(("low", "high"))]  # a memory ratio: no spread
     cols += ["differences"]

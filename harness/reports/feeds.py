@@ -21,6 +21,26 @@ NEEDS = {
 }
 
 
+TITLES = {
+    "fig1_time_memory": "Fig 1: transformer time and memory", "fig5_ttm_lookup": "Fig 5: embedding lookup",
+    "fig6_accuracy": "Fig 6: accuracy and loss over training", "fig7_cuda_graph": "Fig 7: CUDA graph",
+    "fig8_dlrm_time_memory": "Fig 8: DLRM time and memory", "fig9_dlrm_nce": "Fig 9: DLRM NCE",
+    "fig10_mlm_loss": "Fig 10: MLM loss", "fig12_time_vs_compression": "Fig 12: time vs compression",
+    "fig13_rank_adaptation": "Rank adaptation (not in the paper)",
+    "table1_ranks": "Table 1: TT ranks", "table_mnli_size": "Accuracy and size per method",
+    "table2_dlrm": "Table 2: DLRM", "table_runs": "All runs",
+}
+"""Each figure and table of the report as its menu names it, in the paper's order (NEEDS's for figures)."""
+
+
+def report_labels(name: str, view: str | None = None) -> dict[str, str]:
+    """The Snakemake report labels of an output: its place in the paper's order (``#``, which the report
+    sorts by), its title and, for a figure, ``view`` ("figure" or "notes": the report toggles between a
+    figure and its notes)."""
+    labels = {"#": f"{list(TITLES).index(name) + 1:02d}", "output": TITLES[name]}
+    return {**labels, "view": view} if view else labels
+
+
 def _timing(spec: Spec) -> bool:
     return (spec.get("purpose") or DEFAULT_PURPOSE) == DEFAULT_PURPOSE
 

@@ -10,11 +10,18 @@ drawn beside ours, labelled "paper (RTX 3090)". Every number a figure states abo
 8's uncompressed / CoMERA time, Fig 12's) is harness.results.analysis's ratio, the one claims.md and
 `comera-bench compare` show.
 
-Why one module of ~530 lines: one function per paper figure (nine) over the shared drawing helpers
-(markers per batch, spread bars, failed-cell crosses, footers), which a reader checks against each other.
+Under each figure a footer of at most FOOTER_LINES lines says the device and the numbers the figure
+states; everything else (model, settings, how it was measured, notes) is in the figure's notes file beside
+it, ``<name>.md`` (and ``.html`` for the report), which the footer names.
+
+Why one module of ~600 lines: one function per paper figure (nine) over the shared drawing helpers
+(markers per batch, spread bars, failed-cell crosses, footers and notes), which a reader checks against
+each other.
 """
 from __future__ import annotations
 
+import math
+import re
 import textwrap
 from pathlib import Path
 from typing import Any, Callable
@@ -26,6 +33,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from harness.reports import reference  # noqa: E402
+from harness.reports.html import write_html  # noqa: E402
 from harness.reports.tables import (MB, late_stage_missing, method_label, quality_order,  # noqa: E402
                                     report_args)
 from harness.results.analysis import (QUALITY, Results, model_size, pair_ratio, purpose_of,  # noqa: E402
@@ -34,6 +42,9 @@ from harness.results.analysis import (QUALITY, Results, model_size, pair_ratio, 
 PAPER = "paper (RTX 3090)"
 FOOTER_POINTS = 8
 FOOTER_CHARS_PER_INCH = 15  # characters of the 8-point footer per inch of figure width
+FOOTER_LINES = 2
+DPI = 130
+"""Lines of a figure's footer at most; the rest of what it would say is in its notes file."""
 NOISY_COLOR = "black"
 SPREAD_NOTE = ("Bars: IQR of the cell's step times (scaled to the epoch); black-ringed markers: "
                "timing not stable (timing_quality, table_runs), left out of every verdict.")
@@ -45,14 +56,45 @@ def _figure(ncols: int = 2, width: float = 5.2) -> tuple[plt.Figure, list[plt.Ax
     return fig, list(axes[0])
 
 
-def _finish(fig: plt.Figure, title: str, footer: str, out: Path, name: str) -> None:
-    """Title, footer (wrapped to the figure's width, the plots moved up to make room), PNG + PDF."""
+_SENTENCE_END = re.compile(r"(?<!e\.g\.)(?<!i\.e\.)(?<=\.)\s+")
+
+
+def short_footer(footer: str, pointer: str, width: int, lines: int = FOOTER_LINES) -> str:
+    """The leading sentences of ``footer`` that fit in ``lines`` lines of ``width`` characters with
+    ``pointer`` (where the rest is) after them; a first sentence too long is cut at a word, with "..."."""
+    sentences = [x for x in _SENTENCE_END.split(" ".join(footer.split())) if x]
+    shown = []
+    for sentence in sentences:
+        if len(textwrap.wrap(" ".join([*shown, sentence, pointer]), width)) > lines:
+            break
+        shown.append(sentence)
+    if not shown and sentences:
+        room = textwrap.wrap(sentences[0], width)[:lines]
+        room[-1] = textwrap.shorten(room[-1], width - len(pointer) - 5, placeholder="")
+        shown = [" ".join(room).rstrip(" .,;:") + "..."]
+    return " ".join([*shown, pointer])
+
+
+def _finish(fig: plt.Figure, title: str, footer: str, out: Path, name: str, notes: str = "") -> None:
+    """Title; under the plots the footer's leading sentences (:func:`short_footer`: FOOTER_LINES lines at
+    most, then the name of the notes file); the figure (:func:`save`) and its notes, ``<name>.md`` and
+    ``.html``: the title, the whole footer and ``notes`` (model, settings, how it was measured)."""
     fig.suptitle(title, fontsize=11)
-    lines = textwrap.wrap(footer, int(fig.get_figwidth() * FOOTER_CHARS_PER_INCH))
+    width = int(fig.get_figwidth() * FOOTER_CHARS_PER_INCH)
+    lines = textwrap.wrap(short_footer(footer, f"Notes: {name}.md.", width), width)
     fig.text(0.01, 0.01, "\n".join(lines), fontsize=FOOTER_POINTS, va="bottom", ha="left")
-    fig.tight_layout(rect=(0, 0.03 + len(lines) * FOOTER_POINTS * 1.45 / 72 / fig.get_figheight(), 1, 0.95))
+    bottom = (6 + len(lines) * FOOTER_POINTS * 1.3) / 72 / fig.get_figheight()  # the footer's share
+    fig.tight_layout(pad=0.6, rect=(0, bottom, 1, 0.95))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.md").write_text(f"# {title}\n\n{' '.join(footer.split())}\n\n{notes.strip()}\n")
+    write_html(out / f"{name}.md")
+    save(fig, out, name)
+
+
+def save(fig: plt.Figure, out: Path, name: str) -> None:
+    """``<name>.png`` and ``.pdf`` in ``out``; the figure is closed."""
     for ext in ("png", "pdf"):
-        fig.savefig(out / f"{name}.{ext}", dpi=130)
+        fig.savefig(out / f"{name}.{ext}", dpi=DPI)
     plt.close(fig)
 
 
@@ -60,7 +102,16 @@ def _empty(out: Path, name: str, title: str, why: str, footer: str) -> None:
     fig, (ax,) = _figure(1)
     ax.axis("off")
     ax.text(0.5, 0.5, textwrap.fill(f"Not measured in this grid: {why}", 60), ha="center", va="center")
-    _finish(fig, title, footer, out, name)
+    _finish(fig, title, footer, out, name, f"Not measured in this grid: {why}.")
+
+
+def device_text(res: Results, runs: pd.DataFrame) -> str:
+    """"device cpu (AMD EPYC 7B13, 2 threads)": the device label, name and torch threads of ``runs``."""
+    if not len(runs):
+        return f"device {res.label}"
+    threads = _values_text(runs.num_threads)
+    names = "/".join(sorted({str(n) for n in runs.device_name.dropna()})) or "?"
+    return f"device {res.label} ({names}, {threads} thread{'' if threads == '1' else 's'})"
 
 
 def _mark_failed(ax: plt.Axes, x: float, status: str) -> None:
@@ -84,10 +135,22 @@ def _with_spread(ax: plt.Axes, ok: pd.DataFrame, x: pd.Series, y: pd.Series, **s
     return drawn
 
 
-def _plain_log_ticks(axis: Any) -> None:
-    """A log axis labelled at 1, 2 and 5 per decade as plain numbers, its minor ticks unlabelled (the
-    default labels a short range's minor ticks in exponent notation, "3x10^-1" crowding "4x10^-1")."""
-    axis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+def _steps_axis(ax: plt.Axes) -> None:
+    """An x axis of training steps: at most 6 ticks, large counts as "100k" (six digits side by side
+    overlap on a 5-inch panel)."""
+    ax.set_xlabel("training step")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(6))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.EngFormatter(sep=""))
+
+
+def plain_log_ticks(axis: Any) -> None:
+    """A log axis labelled as plain numbers, its minor ticks unlabelled (the default labels a short range's
+    minor ticks in exponent notation, "3x10^-1" crowding "4x10^-1"): at 1, 2 and 5 per decade over at most
+    1.5 decades of its view, at 1 and 3 up to 3 decades, at the decades beyond."""
+    low, high = sorted(axis.get_view_interval())
+    decades = math.log10(high / low) if low > 0 and high > 0 else 0.0
+    subs = (1.0, 2.0, 5.0) if decades <= 1.5 else (1.0, 3.0) if decades <= 3 else (1.0,)
+    axis.set_major_locator(matplotlib.ticker.LogLocator(subs=subs))
     axis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
 
@@ -180,7 +243,8 @@ def _time_memory(res: Results, workload: str, df: pd.DataFrame, out: Path, name:
     _per_batch(ax_t, df, "epoch_time_s", 1.0, "time per epoch (s)", spread=True)
     _per_batch(ax_m, df, "peak_mem_bytes", MB, "peak memory (MB)")
     ax_t.legend(fontsize=7)
-    _finish(fig, title, time_memory_footer(res, workload, df, paper_note), out, name)
+    _finish(fig, title, time_memory_footer(res, workload, df, paper_note), out, name,
+            time_memory_details(res, workload, df))
 
 
 def memory_spread_text(df: pd.DataFrame) -> str:
@@ -196,16 +260,14 @@ def memory_spread_text(df: pd.DataFrame) -> str:
 
 
 def time_memory_footer(res: Results, workload: str, df: pd.DataFrame, paper_note: str) -> str:
-    """Fig 1/8's footer, two lines at most: device, what a bar and a ring mean, what a memory point is,
-    the paper's values; the model, budget, epoch-time kind and notes are in the overview
+    """Fig 1/8's footer: device, the uncompressed / CoMERA time ratios, what a bar and a ring mean, what a
+    memory point is, the paper's values; the model, budget, epoch-time kind and notes are in its notes
     (:func:`time_memory_details`)."""
-    threads = _values_text(df.num_threads)
-    threads += " thread" if threads == "1" else " threads"
     ratios = speedups(df)
     measured = ("Uncompressed / CoMERA time " + ", ".join(f"{r.text()} @ batch {b}" for b, r in sorted(ratios.items()))
                 + ". ") if ratios else ""
-    return (f"{res.label}, {threads}. {measured}Bars: step-time IQR; ringed: not stable (in no verdict); "
-            f"{memory_spread_text(df)}. {PAPER}: {paper_note} More: overview.md.")
+    return (f"{device_text(res, df)}. {measured}Bars: step-time IQR; ringed: not stable (in no verdict); "
+            f"{memory_spread_text(df)}. {PAPER}: {paper_note}")
 
 
 def _values_text(series: pd.Series) -> str:
@@ -214,8 +276,8 @@ def _values_text(series: pd.Series) -> str:
 
 
 def time_memory_details(res: Results, workload: str, df: pd.DataFrame) -> str:
-    """The details of Fig 1/8 that its footer leaves to the overview: model, settings, epoch-time kind,
-    where CoMERA was slower and why."""
+    """The notes of Fig 1/8 beyond its footer: model, settings, epoch-time kind, where CoMERA was slower
+    and why."""
     kinds = "/".join(sorted(df.epoch_time_kind.dropna().unique()))
     return (f"{model_line(res, df)}. {res.settings_line(workload)}. Epoch time: {kinds} (mean step time x "
             f"steps per epoch when extrapolated). {speedup_note(df)}{SPREAD_NOTE}").strip()
@@ -317,15 +379,14 @@ def _curve_figure(res: Results, out: Path, name: str, title: str, workload: str,
         ax.axhline(paper[0], color="gray", ls="--", lw=1, label=f"{PAPER}: {paper[1]}")
     if level is not None:
         ax.axhline(level[0], color="black", ls=":", lw=1, label=level[1])
-    ax.set_xlabel("training step")
+    _steps_axis(ax)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     failed = [f"{r.run_id} ({r.status})" for r in runs.itertuples() if r.status != "ok"]
-    footer = [f"{source}" + ("; shaded: the range over the seeds." if banded else "."),
-              f"{res.settings_line(workload, runs)}.",
+    footer = [f"{device_text(res, runs)}; {source}" + ("; shaded: the range over the seeds." if banded else "."),
               f"Failed: {', '.join(failed)}." if failed else "", note(df, source) if note else ""]
-    _finish(fig, title, " ".join(filter(None, footer)), out, name)
+    _finish(fig, title, " ".join(filter(None, footer)), out, name, f"{res.settings_line(workload, runs)}.")
 
 
 def _quality_runs(res: Results) -> tuple[pd.DataFrame, dict[str, str], str]:
@@ -360,9 +421,12 @@ def on_mnli(runs: pd.DataFrame) -> bool:
     return data == {"mnli"}
 
 
-def _quality_footer(res: Results, runs: pd.DataFrame, source: str, how: str) -> str:
+def _quality_footer(res: Results, runs: pd.DataFrame, source: str) -> str:
+    """Device, the cells drawn (their source, batch sizes and seeds)."""
     batches = ", ".join(map(str, sorted(runs.batch_size.unique())))
-    return f"{source}, batch {batches}; {how}; {res.settings_line('transformer', runs)}"
+    seeds = _values_text(runs.seed)
+    plural = "s" if "/" in seeds else ""
+    return f"{device_text(res, runs)}. From the {source}, batch {batches}, seed{plural} {seeds}."
 
 
 def _switch_line(ax: plt.Axes, res: Results, runs: pd.DataFrame) -> None:
@@ -404,11 +468,11 @@ def fig6_accuracy(res: Results, out: Path) -> None:
         ax.axhline(acc, color="gray", ls="--", lw=1, label=f"{PAPER}: final MNLI accuracy ~{acc:.0%}")
         paper = ""
     else:
-        paper = f"; the paper's ~{acc:.0%} (real MNLI) not drawn: another task"
+        paper = f"The paper's ~{acc:.0%} (real MNLI) not drawn: another task."
     log = bool(losses) and min(losses) > 0 and max(losses) >= LOG_LOSS_SPAN * min(losses)
     for panel, ylabel in ((ax, "validation accuracy (fraction)"),
                           (loss_ax, "validation loss (cross-entropy" + (", log scale)" if log else ")"))):
-        panel.set_xlabel("training step")
+        _steps_axis(panel)
         panel.set_ylabel(ylabel)
         panel.grid(alpha=0.3)
     if log:
@@ -419,9 +483,9 @@ def fig6_accuracy(res: Results, out: Path) -> None:
         loss_ax.text(0.5, 0.5, "no validation loss recorded by these runs", ha="center", va="center",
                      transform=loss_ax.transAxes, fontsize=8)
         ax.legend(fontsize=7, loc="lower right")
-    _finish(fig, title, _quality_footer(res, runs, source, "validation accuracy and loss at step 0, every "
-                                        "eval_every_steps, after the stage switch and at the end"
-                                        + paper), out, name)
+    _finish(fig, title, " ".join(filter(None, [_quality_footer(res, runs, source), paper])), out, name,
+            "Validation accuracy and loss at step 0, every eval_every_steps, after the stage switch and at "
+            f"the end. {res.settings_line('transformer', runs)}.")
 
 
 def fig13_rank_adaptation(res: Results, out: Path) -> None:
@@ -451,7 +515,7 @@ def fig13_rank_adaptation(res: Results, out: Path) -> None:
     for ax, ylabel in ((left, "TT size / size at the switch"),
                        (right, "validation accuracy (fraction)")):
         _switch_line(ax, res, shown)
-        ax.set_xlabel("training step")
+        _steps_axis(ax)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -459,10 +523,10 @@ def fig13_rank_adaptation(res: Results, out: Path) -> None:
     if notes:  # above the panel, where it hides no line
         left.text(0.0, 1.02, textwrap.fill("; ".join(notes), 80), fontsize=7,
                   transform=left.transAxes, color="red", va="bottom", ha="left")
-    _finish(fig, title, _quality_footer(
-        res, shown, source, "TT size = scalars in every core and gate (curves method/params_tt, after every "
-        "step) divided by the size right after the switch's pruning (the same divisor before the switch); "
-        f"{ramp_text(shown)}; accuracy as in Fig 6"), out, name)
+    _finish(fig, title, _quality_footer(res, shown, source), out, name,
+            "TT size = scalars in every core and gate (curves method/params_tt, after every step) divided by "
+            "the size right after the switch's pruning (the same divisor before the switch); "
+            f"{ramp_text(shown)}; accuracy as in Fig 6. {res.settings_line('transformer', shown)}.")
 
 
 TARGET_SLACK = 0.05
@@ -526,12 +590,20 @@ def fig7_cuda_graph(res: Results, out: Path) -> None:
     fig, (ax,) = _figure(1)
     _per_batch(ax, df, "epoch_time_s", 1.0, "time per epoch (s)", spread=True)
     ax.legend(fontsize=7)
-    _finish(fig, title, f"{res.settings_line('transformer')}. {SPREAD_NOTE}", out, name)
+    _finish(fig, title, f"{device_text(res, df)}. Bars: step-time IQR; ringed: not stable (in no verdict).",
+            out, name, f"{res.settings_line('transformer')}. {SPREAD_NOTE}")
+
+
+def _point_name(res: Results, run_id: str) -> str:
+    """A sweep point as "rank 600" (its sweep values), the default CoMERA cell as "default CoMERA"."""
+    point = res.sweeps.get(run_id)
+    return ", ".join(f"{k} {v}" for k, v in sorted(point.items())) if point else "default CoMERA"
 
 
 def fig12_time_vs_compression(res: Results, out: Path) -> None:
     """Epoch time against the tensorized layers' compression: the sweep's points and the default CoMERA
-    cell at the same batch sizes, with the uncompressed cell as a dotted line."""
+    cell at the same batch sizes, with the uncompressed cell as a dotted line; a point slower than
+    uncompressed training is annotated with its sweep point and time ratio."""
     name, title = "fig12_time_vs_compression", "Fig 12: epoch time vs compression ratio"
     sweep = timing_cells(res.runs[res.runs.run_id.isin(list(res.sweeps))])
     if not len(sweep):
@@ -555,20 +627,31 @@ def fig12_time_vs_compression(res: Results, out: Path) -> None:
                        label=f"uncompressed, batch {int(batch)}")
             for point in ok.itertuples():
                 r = pair_ratio(ok[ok.run_id == point.run_id], d)  # point / uncompressed, the one statistic
-                if r is not None and r.value > 1:
-                    slower.append(f"{point.compression_layers:.2f}x (batch {int(batch)}, {r.text()} the time)")
+                raw = point.epoch_time_s / d.epoch_time_s.iloc[0]  # its value where a timing was not stable
+                if (r.value if r is not None else raw) > 1:
+                    what = f"{_point_name(res, point.run_id)}, batch {int(batch)}"
+                    said = f"{r.text()} the time" if r is not None else (f"{raw:.2f}x the time (timing not "
+                                                                          "stable: in no verdict)")
+                    slower.append(f"{what} ({point.compression_layers:.2f}x compression): {said}")
+                    ax.annotate(f"{what}: {(r.value if r is not None else raw):.2f}x the uncompressed time"
+                                + ("" if r is not None else " (not stable)"), (point.compression_layers,
+                                point.epoch_time_s), xytext=(10, 8 + 11 * (len(slower) - 1)),
+                                textcoords="offset points", fontsize=7, color="darkred", va="bottom",
+                                arrowprops={"arrowstyle": "-", "color": "darkred", "lw": 0.8})
     ax.set_xscale("log")
-    ax.set_xlabel("compression ratio of the tensorized layers (dense / TT parameters)")
+    plain_log_ticks(ax.xaxis)
+    ax.set_xlabel("compression of the tensorized layers (dense / TT parameters)")
     ax.set_ylabel("time per epoch (s)")
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * (1.1 + 0.06 * len(slower)))  # room for the notes above
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    note = ("" if not slower else "Slower than uncompressed at compression " + ", ".join(slower) + ": near 1x "
-            "the TT cores hold about as many scalars as the dense weights, and a chain of contractions costs "
-            "more than one dense product. ")
-    _finish(fig, title, f"{model_line(res, df)}. {res.settings_line(df.workload.iloc[0])}. Points: the rank "
-            f"sweep and the default CoMERA cell. {note}{SPREAD_NOTE} {PAPER}: a speedup whenever the compression "
-            "ratio is above 1 (review discussion, C10).", out, name)
+    ax.legend(fontsize=7, loc="upper right")
+    note = ("" if not slower else "Slower than uncompressed at " + "; ".join(slower) + ". ")
+    _finish(fig, title, f"{device_text(res, df)}. {note}{PAPER}: a speedup whenever the compression ratio is "
+            "above 1 (review discussion, C10).", out, name,
+            f"Points: the rank sweep and the default CoMERA cell. {model_line(res, df)}. "
+            f"{res.settings_line(df.workload.iloc[0])}. "
+            + ("Near 1x compression the TT cores hold about as many scalars as the dense weights, and a "
+               "chain of contractions costs more than one dense product. " if slower else "") + SPREAD_NOTE)
 
 
 def fig5_ttm_lookup(res: Results, out: Path) -> None:
@@ -581,7 +664,8 @@ def fig5_ttm_lookup(res: Results, out: Path) -> None:
     fig, (ax_t, ax_m) = _figure(2, width=6.0)  # the legend beside the right panel
     for (shape, variant), group in mb.groupby(["shape", "variant"], sort=True):
         group = group.sort_values("tokens")
-        label = variant if mb["shape"].nunique() == 1 else f"{variant} {shape}"
+        one_table = mb["shape"].str.split(" ").str[0].nunique() == 1
+        label = variant if one_table else f"{variant} {shape}"
         ax_t.errorbar(group.tokens, group.time_ms, yerr=group.time_ms_iqr.fillna(0) / 2, marker="o", capsize=3,
                       label=label)
         ax_m.plot(group.tokens, group.peak_mem_bytes / MB, marker="o", label=label)
@@ -591,7 +675,7 @@ def fig5_ttm_lookup(res: Results, out: Path) -> None:
         ax.set_ylabel(ylabel)
         ax.set_xscale("log")
         ax.set_yscale("log")
-        _plain_log_ticks(ax.yaxis)
+        plain_log_ticks(ax.yaxis)
         ax.set_xticks(tokens, [str(t) for t in tokens])  # ticks at the measured points only
         ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.grid(alpha=0.3)
@@ -599,12 +683,11 @@ def fig5_ttm_lookup(res: Results, out: Path) -> None:
     c6 = reference.claim("C6")["values"]
     first = mb.iloc[0]
     threads = f"{first.num_threads} thread" + ("" if first.num_threads == 1 else "s")
-    _finish(fig, title, f"device {res.label} ({first.device_name}, {threads}); memory = "
-            "the op's allocator peak above its inputs (CPU: profiler allocations, CUDA: max allocated); "
-            "time bars: IQR of the timed blocks (torch.utils.benchmark). "
+    _finish(fig, title, f"device {res.label} ({first.device_name}, {threads}). "
             f"{PAPER}: optimized TTM lookup {c6['lookup_speedup_min']:g}-{c6['lookup_speedup_max']:g}x "
             f"faster and {c6['lookup_memory_min']:g}-{c6['lookup_memory_max']:g}x less memory than the "
-            "unoptimized one.", out, name)
+            "unoptimized one.", out, name, "Memory = the op's allocator peak above its inputs (CPU: profiler "
+            "allocations, CUDA: max allocated); time bars: IQR of the timed blocks (torch.utils.benchmark).")
 
 
 FIGURES: dict[str, Callable[[Results, Path], None]] = {

@@ -20,7 +20,8 @@ from markdown_it import MarkdownIt
 STYLE = """
 body { font-family: system-ui, sans-serif; font-size: 14px; margin: 1.5em; max-width: 110em; }
 table { border-collapse: collapse; margin: 0.8em 0; }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertical-align: top;
+         overflow-wrap: anywhere; }
 th { background: #f2f2f2; }
 tr:nth-child(even) td { background: #fafafa; }
 code { background: #f4f4f4; padding: 0 0.2em; }
@@ -50,10 +51,24 @@ def markdown_table(df: pd.DataFrame, floatfmt: str) -> str:
     return cells.to_markdown(index=False, floatfmt=floatfmt, missingval="")
 
 
+def anchor(heading: str) -> str:
+    """A heading's id: its words before a colon, lower case, joined by "-" ("## C2: holds" -> "c2")."""
+    return re.sub(r"[^a-z0-9]+", "-", heading.split(":")[0].lower()).strip("-") or "section"
+
+
 def page(markdown: str, title: str) -> str:
-    """A standalone HTML page of ``markdown`` (raw HTML in it is escaped, not rendered)."""
+    """A standalone HTML page of ``markdown`` (raw HTML in it is escaped, not rendered); every heading has
+    an id (:func:`anchor`, made unique with -2, -3 ...), so ``claims.html#c2`` opens at its section."""
+    tokens = _MARKDOWN.parse(markdown)
+    seen: dict[str, int] = {}
+    for opening, inline in zip(tokens, tokens[1:]):
+        if opening.type == "heading_open":
+            base = anchor(inline.content)
+            seen[base] = seen.get(base, 0) + 1
+            opening.attrSet("id", base if seen[base] == 1 else f"{base}-{seen[base]}")
+    body = _MARKDOWN.renderer.render(tokens, _MARKDOWN.options, {})
     return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-            f"<style>{STYLE}</style></head>\n<body>\n{_MARKDOWN.render(markdown)}</body></html>\n")
+            f"<style>{STYLE}</style></head>\n<body>\n{body}</body></html>\n")
 
 
 def write_html(md_path: str | Path) -> Path:

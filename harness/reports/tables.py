@@ -90,12 +90,16 @@ def table1_ranks(res: Results, workload: str = "transformer") -> tuple[pd.DataFr
     """Internal TT ranks of the 5th encoder block (the last one when the model has fewer) before
     training, after the early stage (at the stage switch) and after the late stage for each target, from
     the runner's rank records (curves split "ranks": before training, at the switch, at the end), plus
-    a last row with the TT size of the whole model in each column."""
+    a last row with the TT size of the whole model in each column. One seed's runs (the smallest seed
+    with a finished CoMERA run), named in the note with the seeds left out."""
     runs, source = res.quality_runs(workload)
     comera = quality_order(runs[(runs.method == "comera") & (runs.variant == "default")])
-    df = comera[comera.status == "ok"]
-    if not len(df):
+    finished = comera[comera.status == "ok"]
+    if not len(finished):
         return pd.DataFrame(), f"no finished CoMERA run of the {workload} among the {source}"
+    seed = finished.seed.min()
+    df, comera = finished[finished.seed == seed], comera[comera.seed == seed]
+    others = sorted(int(x) for x in set(finished.seed) - {seed})
     columns, notes = _rank_columns(res, df)
     names = sorted({n for ranks, _ in columns.values() for n in ranks})
     blocks = sorted({b for n in names if (b := _block_index(n)) is not None})
@@ -104,7 +108,9 @@ def table1_ranks(res: Results, workload: str = "transformer") -> tuple[pd.DataFr
     block = 4 if 4 in blocks else blocks[-1]
     notes[:0] = ["5th encoder block (index 4)" if block == 4 else
                  f"the model has {len(blocks)} encoder block(s): the last one (index {block}) is shown "
-                 "instead of the 5th", f"from the {source}"]
+                 "instead of the 5th", f"from the {source} of seed {seed}"
+                 + (f" (also run: seed{'s' if len(others) > 1 else ''} {', '.join(map(str, others))}; their "
+                    "ranks: table_runs and the curves)" if others else "")]
     missing = [f"target {r.target_ratio:g}: {why}" for r in comera.itertuples() if (why := late_stage_missing(r))]
     if missing:
         notes.append("not measured here: " + "; ".join(missing))
@@ -154,10 +160,10 @@ def table2_dlrm(res: Results) -> tuple[pd.DataFrame, str]:
     if not len(df):
         return pd.DataFrame(), "no DLRM run in this grid"
     rows = []
-    for _, r in df.sort_values(["method", "variant", "batch_size"]).iterrows():
+    for _, r in df.sort_values(["method", "variant", "batch_size", "seed"]).iterrows():
         metrics = extra_of(r).get("eval", {})  # every metric of the last evaluation (harness/running/run.py)
         rows.append({
-            "method": method_label(r), "batch_size": r.batch_size, "status": r.status,
+            "method": method_label(r), "batch_size": r.batch_size, "seed": r.seed, "status": r.status,
             "accuracy": r.metric_value if r.metric_name == "accuracy" else metrics.get("accuracy"),
             "nce": metrics.get("nce", r.metric_value if r.metric_name == "nce" else None),
             "model_MB": _mb(r.params_total), "compression_total": r.compression_total,
@@ -176,19 +182,17 @@ def table_mnli_size(res: Results) -> tuple[pd.DataFrame, str]:
     paper = reference.load()["models"]["transformer_paper"]
     rows.append({"source": "paper (RTX 3090)", "method": "dense (paper shapes)",
                  "total_MB": _mb(paper["params_dense"]), "status": "stated",
-                 "note": reference.source_text(paper["source"])})
+                 "note": "the paper's model, source below"})
     on_data = (f"data: {', '.join(data)}" + (" (the synthetic NLI task, not MNLI: its accuracies are not "
                                              "the paper's)" if "mnli" not in data else "") + "; ") if data else ""
     df = pd.DataFrame(rows)
-    for col in ("tt_size_at_switch", "tt_size_end"):  # whole numbers of scalars, printed as such
-        if col in df:
-            df[col] = pd.Series([None if pd.isna(v) else int(v) for v in df[col]], index=df.index, dtype=object)
     return (df,
             f"{on_data}rows from the {source}; accuracy = the last evaluation, eval_loss = its cross-entropy (it still "
             "separates models whose accuracies have saturated), accuracy_at_switch = the one right after "
             "the stage switch; sizes = parameters x 4 bytes (float32), MB = 10^6 bytes; TT size = scalars in "
             "every core and gate (at the switch: after its pruning); end/switch = TT size at the end / at the "
-            "switch, to be read against the target; the paper row is its model at full size; a note \"still "
+            "switch, to be read against the target; the paper row is its model at full size (source: "
+            f"{reference.source_text(paper['source'])}); a note \"still "
             f"learning\": its accuracy rose by more than {LEARNING_RISE:g} over its last {LEARNING_TAIL:.0%} of "
             "steps to less than 1, so it is not a settled result")
 
@@ -202,7 +206,8 @@ def _size_row(res: Results, r: Any) -> dict[str, Any]:
     info = res.switch(r) if r.method == "comera" else {}
     size_end = res.tt_size(r.run_id) if r.method == "comera" else None
     return {"source": f"ours ({res.label})", "method": method_label(r), "batch_size": r.batch_size,
-            "status": r.status, "accuracy": r.metric_value if r.metric_name == "accuracy" else None,
+            "seed": r.seed, "status": r.status,
+            "accuracy": r.metric_value if r.metric_name == "accuracy" else None,
             "eval_loss": extra_of(r).get("eval", {}).get("loss"),
             "accuracy_at_switch": info.get("accuracy"), "tt_size_at_switch": _count(info.get("size")),
             "tt_size_end": _count(size_end), "end/switch": size_end / info["size"] if size_end and info.get("size") else None,
@@ -214,7 +219,7 @@ def _size_row(res: Results, r: Any) -> dict[str, Any]:
 
 def table_runs(res: Results) -> tuple[pd.DataFrame, str]:
     """Every run: status, step/epoch time, peak memory, quality and compression."""
-    cols = ["run_id", "purpose", "status", "step_time_ms", "step_time_ms_iqr", "timing_quality",
+    cols = ["run_id", "purpose", "seed", "status", "step_time_ms", "step_time_ms_iqr", "timing_quality",
             "run_queue_frac", "epoch_time_s", "epoch_time_kind", "peak_mem_bytes", "peak_mem_kind", "metric_name",
             "metric_value", "compression_total", "error"]
     df = res.runs[cols].copy()
@@ -316,13 +321,6 @@ def overview(res: Results) -> tuple[pd.DataFrame, str]:
     if footprint:
         rows.append(("GPU memory in use by each timing group (every process on the GPU, read when a cell's "
                      "steps ended; the largest reading of the group)", footprint))
-    from harness.reports import figures  # the figures' details (it imports this module)
-
-    for workload, figure in (("transformer", "Fig 1"), ("dlrm", "Fig 8")):
-        drawn = res.main_runs(workload)
-        drawn = drawn[drawn.target_ratio.isna()] if workload == "transformer" else drawn
-        if len(drawn):  # what the figure's two-line footer leaves out
-            rows.append((f"{figure} (time and memory): details", figures.time_memory_details(res, workload, drawn)))
     return pd.DataFrame(rows, columns=["", "this run"]), (
         "Figures: figures/*.png; the paper's claims judged: claims.md; every run: table_runs; the measuring "
         "method: docs/measurement.md")
@@ -353,9 +351,29 @@ def _mb_bytes(n: Any) -> float | None:
     return None if pd.isna(n) else round(float(n) / MB, 3)
 
 
+INTEGER_COLUMNS = ("batch_size", "seed", "seq_len", "rank", "tt_size_at_switch", "tt_size_end", "steps_timed")
+"""Columns of whole numbers: written as such (32, not 32.0) where a row without one (the paper's) made
+them float."""
+
+
+def typed(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with its :data:`INTEGER_COLUMNS` as nullable integers."""
+    out = df.copy()
+    for col in INTEGER_COLUMNS:
+        if col in out and pd.api.types.is_numeric_dtype(out[col]):
+            out[col] = out[col].round().astype("Int64")
+        elif col in out and out[col].dtype == object:
+            values = [None if v is None or pd.isna(v) else v for v in out[col]]
+            if all(v is None or float(v).is_integer() for v in values):
+                out[col] = pd.array([None if v is None else int(v) for v in values], dtype="Int64")
+    return out
+
+
 def write_table(df: pd.DataFrame, note: str, title: str, out: Path, name: str, settings: str) -> None:
-    """``name``.md (title, note, settings, table or "not measured") and ``name``.csv."""
+    """``name``.md (title, note, settings, table or "not measured") and ``name``.csv; whole-number
+    columns typed (:func:`typed`)."""
     out.mkdir(parents=True, exist_ok=True)
+    df = typed(df)
     df.to_csv(out / f"{name}.csv", index=False)
     note, settings = cell_text(note), cell_text(settings)  # they hold values from the rows
     body = markdown_table(df, ".4g") if len(df) else f"Not measured here: {note}."

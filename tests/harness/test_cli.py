@@ -164,18 +164,29 @@ def test_show_where_errors(runs_dir, where, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_show_group_by_warns_when_a_group_pools_different_settings(runs_dir, capsys):
+def test_show_group_by_never_pools_two_settings(runs_dir, capsys):
+    """A --group-by summary groups by every setting column whose values differ inside a group it was asked
+    for (README's command pooled default CoMERA with its rank sweep and printed seed 0.5), says so, lists
+    the seeds instead of their median and counts status and timing_quality."""
     frame = results.read_parquet(next((runs_dir / "runs" / "cpu").glob("r0.*")), "runs")
-    row = frame.iloc[0].to_dict()
-    row.update(run_id="r4", batch_size=32, purpose="quality")
-    results.write_parquet_atomic(results.to_frame([row], "runs"), runs_dir / "runs" / "cpu" / "r4.runs.parquet",
-                                 kind="runs")
-    cli.show_table([str(runs_dir)], group_by="method", columns="step_time_ms")
+    for rid, update in (("r4", dict(batch_size=32, purpose="quality")),
+                        ("r5", dict(variant="rank-rank120", target_ratio=0.5, step_time_ms=99.0))):
+        row = {**frame.iloc[0].to_dict(), "run_id": rid, **update}
+        path = runs_dir / "runs" / "cpu" / f"{rid}.runs.parquet"
+        results.write_parquet_atomic(results.to_frame([row], "runs"), path, kind="runs")
+    table = cli.show_table([str(runs_dir)], group_by="method",
+                           columns="seed,step_time_ms,status,timing_quality")
     err = capsys.readouterr().err
-    assert "groups pool rows with different batch_size (32, 8)" in err
-    assert "groups pool rows with different purpose (quality, null)" in err
-    cli.show_table([str(runs_dir)], group_by="method,batch_size,purpose", columns="step_time_ms")
-    assert "pool" not in capsys.readouterr().err
+    assert "grouped by variant, batch_size too" in err, err  # target_ratio and purpose: apart by then
+    assert list(table.columns) == ["method", "variant", "batch_size", "n", "seeds", "step_time_ms", "status",
+                                   "timing_quality"]
+    dense = table[(table.method == "dense") & (table.variant == "") & (table.batch_size == 8)].iloc[0]
+    assert dense.n == 2 and dense.seeds == "0,1" and dense.step_time_ms == 20.0 and dense.status == "2 ok"
+    assert table[table.variant == "rank-rank120"].step_time_ms.tolist() == [99.0]
+    comera = table[table.method == "comera"].iloc[0]
+    assert comera.status == "1 ok, 1 oom" and comera.seeds == "2,3"
+    cli.show_table([str(runs_dir)], group_by="method,variant,batch_size", columns="step_time_ms")
+    assert "too" not in capsys.readouterr().err
 
 
 def test_show_prefers_merged_tables(runs_dir, capsys):

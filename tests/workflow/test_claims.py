@@ -363,6 +363,28 @@ def test_accuracy_and_compression_claims_take_quality_cells_when_the_grid_has_th
     assert verdicts("85x")[:2] == (claims.HOLDS, claims.HOLDS)
 
 
+def test_accuracy_claims_name_targets_and_seeds_and_compare_like_with_like(tmp_path):
+    """Quality cells on two seeds: C4 names each CoMERA target and the seeds behind each median; C5 sets a
+    CoMERA row against dense of its own seed (not the median of two) and says which."""
+    rows, mb, _ = paper_case()
+    quality = []
+    for seed, (dense, comera) in enumerate([(0.66, 0.64), (0.70, 0.62)]):
+        quality += [run("transformer", "dense", 32, metric=dense),
+                    run("transformer", "galore", 32, metric=0.63),
+                    run("transformer", "comera", 32, target=0.5, late=60, metric=comera, compression=85),
+                    run("transformer", "comera", 32, target=0.2, late=60, metric=comera - 0.01,
+                        compression=90)]
+        for r in quality[-4:]:
+            r.update(run_id=f"{r['run_id']}_s{seed}_quality", purpose="quality", seed=seed)
+    table = evaluate(tmp_path, rows + placed(quality), mb)
+    c4 = table.loc["C4", MEASURED]
+    assert "CoMERA targets 0.5 / 0.2: 0.630 / 0.620 (seeds 0, 1: median each, median of all 0.625)" in c4, c4
+    assert "GaLore 0.630 (seeds 0, 1: median)" in c4
+    c5 = table.loc["C5", MEASURED]  # seed 1's CoMERA (0.61) is within 0.05 of dense seed 0 (0.66), not seed 1
+    assert ("transformer: 90.0x (90.0x layers) at target 0.2, seed 0, accuracy 0.630 vs dense 0.660 (seed 0)"
+            in c5)
+
+
 # ------------------------------------------------------------------------- timing trust (harness.core.timing)
 
 def test_noisy_rows_give_no_time_verdict_and_are_named(tmp_path):
@@ -397,10 +419,23 @@ def test_memory_ratios_keep_noisy_rows(tmp_path):
          batch_size=1)
     table = evaluate(tmp_path, rows, lookup_rows())
     assert table.loc["C2", VERDICT] == claims.NOT_STABLE  # needs the batch-1 time ratio
-    assert "left out" in table.loc["C2", ELSEWHERE]
+    measured = table.loc["C2", MEASURED]  # both halves shown: the time left out, the memory measured
+    assert "GaLore/CoMERA time: not stable (left out, listed below)" in measured, measured
+    assert "; memory: same direction, " in measured and "x @ batch 1" in measured
     res = tables.load(tmp_path / "here")
     mem = claims._ratios(claims.annotate(res, res.runs), "galore", "peak_mem_bytes")
     assert mem[1].value == pytest.approx(950 / 100)
+
+
+def test_a_half_left_out_says_why(tmp_path):
+    """C7 on DLRM rows whose dense timings are all unstable: the time half says it was left out (not a bare
+    "-"), the memory half is shown, and the claim is not judged."""
+    rows = placed(paper_rows())
+    edit(rows, {"timing_quality": "noisy: 3 timed steps (< 5)"}, workload="dlrm", method="dense")
+    table = evaluate(tmp_path, rows, lookup_rows())
+    measured = table.loc["C7", MEASURED]
+    assert measured.startswith("dense/CoMERA time: not stable (left out, listed below); memory: same direction")
+    assert table.loc["C7", VERDICT] == claims.NOT_STABLE
 
 
 def test_interleaved_rows_give_the_median_of_per_round_ratios(tmp_path):

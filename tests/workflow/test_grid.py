@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from harness.configs import grid
+from harness.running import threads
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -61,7 +62,9 @@ def test_shipped_configs_are_valid(config_file, tmp_path, monkeypatch):
     config = yaml.safe_load(config_file.read_text())
     assert grid.schema_error(config, SCHEMA) is None
     grid.check_config(filled(config))  # method, workload and microbench params accepted by their owners
-    cells, _ = grid.expand_grid(filled(config))
+    config = filled(config)
+    config["execution"]["threads"], _ = threads.resolve(config["execution"]["threads"], tmp_path, 0.0, cpus=2)
+    cells, _ = grid.expand_grid(config)
     assert {c["method"] for c in cells.values()} == {"dense", "comera", "galore", "lte"}
 
 

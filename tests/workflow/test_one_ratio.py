@@ -104,7 +104,7 @@ def test_claims_fig1_and_compare_give_one_ratio_with_the_periodic_work(cells, mo
     assert "dense/CoMERA epoch time (extrapolated): opposite direction, 0.56x [0.56-0.56] @ batch 32" in c1
 
     footers = {}
-    monkeypatch.setattr(figures, "_finish", lambda fig, title, footer, out, name:
+    monkeypatch.setattr(figures, "_finish", lambda fig, title, footer, out, name, notes="":
                         footers.update({name: footer}) or plt.close(fig))
     figures.fig1_time_memory(res, path)
     assert "Uncompressed / CoMERA time" in footers["fig1_time_memory"]

@@ -91,7 +91,7 @@ def test_tables(folder, tmp_path):
         assert (tmp_path / "out" / f"{name}.csv").exists()
         assert (tmp_path / "out" / f"{name}.md").read_text().startswith("# ")
         page = (tmp_path / "out" / f"{name}.html").read_text()  # what the Snakemake report shows
-        assert page.startswith("<!DOCTYPE html>") and "<h1>" in page
+        assert page.startswith("<!DOCTYPE html>") and "<h1 id=" in page
     assert "oom" in (tmp_path / "out" / "table_runs.md").read_text()
     assert "<td>oom</td>" in (tmp_path / "out" / "table_runs.html").read_text().replace(' style="text-align:left"', "")
     overview = dict(tables.overview(res)[0].values)
@@ -111,9 +111,9 @@ def test_figures_written_and_failed_cell_marked(folder, tmp_path, monkeypatch):
     texts = []
     real_finish = figures._finish
 
-    def spy(fig, title, footer, out_dir, name):
+    def spy(fig, title, footer, out_dir, name, notes=""):
         texts.append((name, [t.get_text() for ax in fig.axes for t in ax.texts]))
-        real_finish(fig, title, footer, out_dir, name)
+        real_finish(fig, title, footer, out_dir, name, notes)
 
     monkeypatch.setattr(figures, "_finish", spy)
     assert figures.main(["--results", str(folder), "--out", str(out)]) == 0
@@ -290,10 +290,11 @@ def quality_folder(path, *cells, with_timing=True):
 @pytest.fixture
 def drawn(monkeypatch):
     """name -> (axes' labelled lines as {label: y data} in drawing order, texts, footer) of every figure
-    drawn while it is in use (not written)."""
+    drawn while it is in use (not written); (name, "notes") -> its notes."""
     found = {}
 
-    def spy(fig, title, footer, out, name):
+    def spy(fig, title, footer, out, name, notes=""):
+        found[(name, "notes")] = notes
         lines = [{**{ln.get_label(): list(ln.get_ydata()) for ln in ax.get_lines()
                      if not ln.get_label().startswith("_")},
                   **{c.get_label(): list(c.lines[0].get_ydata()) for c in ax.containers
@@ -312,9 +313,9 @@ def test_timing_outputs_ignore_quality_cells(tmp_path, drawn):
     figures.fig1_time_memory(res, tmp_path)
     (times, _), _, footer = drawn["fig1_time_memory"]
     assert times == {"uncompressed": [99.0]}  # the quality cells' 10 s epochs are not drawn
-    overview, _ = tables.overview(res)  # the budget of the cells drawn: in the overview, not the footer
-    details = dict(zip(overview.iloc[:, 0], overview.iloc[:, 1]))["Fig 1 (time and memory): details"]
-    assert "<= 10 steps/epoch" in details and "<= 10 steps/epoch" not in footer
+    overview, _ = tables.overview(res)
+    notes = drawn[("fig1_time_memory", "notes")]  # the cells' budget: in the notes, not the footer
+    assert "<= 10 steps/epoch" in notes and "<= 10 steps/epoch" not in footer
     grid = json.loads((tmp_path / "q" / "grid.json").read_text())
     for spec in grid["cells"].values():  # every dense cell with CUDA graph: Fig 7 draws the timing one only
         spec["execution"]["cuda_graph"] = spec["method"] == "dense"
@@ -735,15 +736,17 @@ def test_compare_gives_a_noisy_quality_cell_no_time_ratio(tmp_path):
 
 
 def test_fig1_footer_fits_two_lines_and_memory_points_carry_their_seeds_range(folder, tmp_path, drawn):
-    """Fig 1's footer is two lines at most (its details are in the overview); a memory point is one cell's
+    """Fig 1's footer is two lines at most (its details are in its notes); a memory point is one cell's
     peak (said so: one seed, no spread) or, with several seeds, their median with a min-max bar."""
     res = tables.load(folder)
     figures.fig1_time_memory(res, tmp_path)
     _, _, footer = drawn["fig1_time_memory"]
     fig, _ = figures._figure(2)
-    assert len(figures.textwrap.wrap(footer, int(fig.get_figwidth() * figures.FOOTER_CHARS_PER_INCH))) <= 2
+    width = int(fig.get_figwidth() * figures.FOOTER_CHARS_PER_INCH)
+    shown = figures.short_footer(footer, "Notes: fig1_time_memory.md.", width)
+    assert len(figures.textwrap.wrap(shown, width)) <= 2
     plt.close(fig)
-    assert "memory: cpu_rss_delta of one cell (one seed: no spread)" in footer and "More: overview.md" in footer
+    assert "memory: cpu_rss_delta of one cell (one seed: no spread)" in footer
     assert "Uncompressed / CoMERA time 3.00x @ batch 1, 3.00x @ batch 32." in footer  # the figure's ratios stay
     rows = [run_row("transformer", "dense", 4, mem=mem) for mem in (100e6, 140e6, 110e6)]
     for seed, row in enumerate(rows):
@@ -760,3 +763,26 @@ def test_fig1_footer_fits_two_lines_and_memory_points_carry_their_seeds_range(fo
     assert ax.get_ylim()[1] > 140.0  # the top marker is not cut by the frame
     plt.close(fig)
     assert "memory: cpu_rss_delta, median and min-max bar over 3 seeds" in footer
+
+
+def test_compare_marks_unstable_times_and_says_they_were_measured(tmp_path, monkeypatch):
+    """Every cell's timing unstable on one device: its bars are hatched, the device-ratio panel draws each
+    cell's raw ratio hollow and says the ratios were measured, none stable (not "nothing measured"); a
+    row's differences name the reasons in a few words."""
+    reason = ("noisy: IQR 94% of the median of the steps without the periodic work (every 10 steps; > 25%); "
+              "its threads waited for a CPU 74% of their runnable time (> 10%); CPU pressure 100% (> 25%)")
+    rows = [run_row("transformer", m, 4, time_s=t) for m, t in (("dense", 2.0), ("comera", 5.0))]
+    noisy = [{**r, "timing_quality": reason, "epoch_time_s": 2 * r["epoch_time_s"]} for r in rows]
+    folders = [str(make_folder(tmp_path / name, data)) for name, data in (("cpu-a", rows), ("cpu-b", noisy))]
+    drawn = {}
+    monkeypatch.setattr(compare, "save", lambda fig, out: drawn.update(fig=fig))
+    assert compare.cli([*folders, "--out", str(tmp_path / "out")]) == 0
+    time_ax, _, ratio_ax = drawn["fig"].axes[:3]
+    assert sum(bar.get_hatch() == compare.UNSTABLE_HATCH for bar in time_ax.patches) == 2
+    assert "log scale: 2 measured, none stable (hollow: no ratio)" in ratio_ax.get_xlabel()
+    hollow = [list(line.get_xdata()) for line in ratio_ax.get_lines() if "not stable" in line.get_label()]
+    assert hollow == [[2.0, 2.0]]
+    plt.close(drawn["fig"])
+    table = pd.read_csv(tmp_path / "out" / "compare.csv")
+    assert set(table.differences) == {"timing not stable on cpu-b: IQR 94%, its threads waited for a CPU "
+                                      "74%, CPU pressure 100%"}

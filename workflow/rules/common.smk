@@ -35,9 +35,13 @@ def _validate_config():
         if error:
             raise _grid.ConfigError(error)
         validate(config, schema)  # fills the defaults
-        _grid.check_config(config)
+        # a dry run plans without the data (config/paper.yaml before fetching it): a note per missing path
+        missing = [] if workflow.dryrun or getattr(workflow.output_settings, "dryrun", False) else None
+        _grid.check_config(config, missing)
     except _grid.ConfigError as err:
         raise WorkflowError(f"invalid config: {err}")
+    for note in missing or ():
+        logger.warning(f"comera-bench: note: {note} (a dry run plans without it; a run needs it)")
 
 
 _validate_config()
@@ -56,6 +60,14 @@ os.environ.setdefault(_cache.CACHE_ENV, f"{RESULTS}/cache")
 FIGURES = config["figures_dir"]
 CELLS = f"{RESULTS}/runs/{DEVICE}"
 MERGED = f"{RESULTS}/{DEVICE}"
+# threads: auto -> a number, decided once by the first Snakemake process (harness/running/threads.py)
+from harness.core import timing as _timing
+from harness.running import threads as _threads
+
+config["execution"]["threads"], THREADS_WHY = _threads.resolve(config["execution"]["threads"], CELLS,
+                                                               _timing.load_avg_1m())
+if THREADS_WHY:
+    os.environ[_threads.THREADS_ENV] = str(config["execution"]["threads"])
 GRID, SWEEPS = _grid.expand_grid(config)
 MICROBENCH = config["microbench"]["specs"]
 # only_finished (a stopped run's tables): the grid is the cells whose files exist, and no rule runs a
@@ -163,11 +175,12 @@ onstart:
     except _lock.LockError as err:
         raise WorkflowError(str(err))
     _stops.forward_stops()
-    from harness.core import timing as _timing
 
-    _threads = config["execution"]["threads"]
-    _busy = _timing.busy_warning(_threads, command=command_line(
-        ["--cores", "1", "figures"], ["execution={threads: 1}"]) if _threads > 1 and not ON_GPU else "")
+    _count = config["execution"]["threads"]
+    if THREADS_WHY and not ON_GPU:
+        logger.warning(f"comera-bench: torch threads per cell: {THREADS_WHY}")
+    _busy = _timing.busy_warning(_count, command=command_line(
+        ["--cores", "1", "figures"], ["execution={threads: 1}"]) if _count > 1 and not ON_GPU else "")
     if _busy:
         logger.warning(f"comera-bench: warning: {_busy}")
 

@@ -17,6 +17,8 @@ rule compare:
         png=report(f"{COMPARE_OUT}/compare_time_memory.png", caption="../report/compare_fig.rst",
                    category="Compare"),
         pdf=f"{COMPARE_OUT}/compare_time_memory.pdf",
+    message:
+        f"compare: {', '.join(COMPARE_DIRS)} side by side -> {COMPARE_OUT}/"
     params:
         dirs=COMPARE_DIRS,
         out=lambda w, output: os.path.dirname(output.md),
@@ -32,6 +34,8 @@ rule report:
         rules.compare.output,
     output:
         "report.html",
+    message:
+        "report: snakemake --report report.html"
     log:
         f"{MERGED}/logs/report.log",
     params:

@@ -18,8 +18,11 @@ rule tables:
     output:
         md=[f"{FIGURES}/{t}.md" for t in TABLES],
         html=[report(f"{FIGURES}/{t}.html", caption=f"../report/{t}.rst",
-                     category="Run" if t == "overview" else "Tables") for t in TABLES],
+                     category="Run" if t == "overview" else "Tables",
+                     labels=None if t == "overview" else _feeds.report_labels(t)) for t in TABLES],
         csv=[f"{FIGURES}/{t}.csv" for t in TABLES],
+    message:
+        f"tables: {', '.join(TABLES)} of {MERGED} -> {FIGURES}/ (.md, .html, .csv)"
     log:
         f"{MERGED}/logs/tables.log",
     params:
@@ -36,8 +39,14 @@ rule plots:
     input:
         MERGED_FILES,
     output:
-        png=[report(f"{FIGURES}/{p}.png", caption=f"../report/{p}.rst", category="Figures") for p in PLOTS],
+        png=[report(f"{FIGURES}/{p}.png", caption=f"../report/{p}.rst", category="Figures",
+                    labels=_feeds.report_labels(p, "figure")) for p in PLOTS],
         pdf=[f"{FIGURES}/{p}.pdf" for p in PLOTS],
+        notes=[f"{FIGURES}/{p}.md" for p in PLOTS],  # what a figure's footer leaves out: model, settings, how
+        notes_html=[report(f"{FIGURES}/{p}.html", caption=f"../report/{p}.rst", category="Figures",
+                           labels=_feeds.report_labels(p, "notes")) for p in PLOTS],
+    message:
+        f"plots: {len(PLOTS)} figures of {MERGED} -> {FIGURES}/ (.png, .pdf, notes .md/.html)"
     log:
         f"{MERGED}/logs/plots.log",
     params:
@@ -56,6 +65,8 @@ rule claims:
     output:
         md=f"{FIGURES}/claims.md",
         html=report(f"{FIGURES}/claims.html", caption="../report/claims.rst", category="Claims"),
+    message:
+        f"claims: the paper's claims judged on {MERGED} -> {FIGURES}/claims.md, claims.html"
     log:
         f"{MERGED}/logs/claims.log",
     params:
@@ -77,3 +88,5 @@ rule figures:
         rules.tables.output,
         rules.plots.output,
         rules.claims.output,
+    message:
+        f"figures: the tables, figures and claims of {len(GRID)} cells are in {FIGURES}/"

@@ -32,3 +32,5 @@ rule microbench_cell:
 rule microbench:
     input:
         MICROBENCH_FILES,
+    message:
+        f"microbench: {len(MICROBENCH)} micro-benchmark spec(s)"

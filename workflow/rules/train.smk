@@ -43,6 +43,8 @@ rule runs:
     input:
         RUN_FILES,
         CURVE_FILES,
+    message:
+        f"runs: every cell of the grid ({len(GRID)}) in {CELLS}"
 
 
 # The timing cells of one group (same workload, sweep point, batch size and seed; harness/running/group.py)

@@ -61,3 +61,15 @@ def test_claims_and_compare_text_from_data_is_text():
                                    "high", "rounds", "interleaved", "note", "source"])
     text = compare._markdown(empty, [HOSTILE, "b"], ratios, [HOSTILE])
     assert _live(html.page(text, "compare")) == []
+
+
+def test_every_heading_of_a_page_has_an_address(tmp_path):
+    """claims.html#c2 opens at C2's section: each heading's id is its words before a colon, made unique."""
+    from harness.reports.html import write_html
+
+    md = tmp_path / "claims.md"
+    md.write_text("# Claims of the paper vs cpu\n\n## C2: holds\n\ntext\n\n## C2: again\n\n"
+                  "## How claims are judged\n")
+    page = write_html(md).read_text()
+    assert '<h2 id="c2">C2: holds</h2>' in page and '<h2 id="c2-2">' in page
+    assert '<h1 id="claims-of-the-paper-vs-cpu">' in page and '<h2 id="how-claims-are-judged">' in page

@@ -1,0 +1,85 @@
+"""The torch threads of a pipeline's cells when the config says ``execution.threads: auto``.
+
+A cell of two threads on a machine whose CPUs other jobs keep busy waits for both at every parallel step:
+on a shared 2-core VM at load 3.4 one cell ran at 0.6 steps/s with 2 threads and at 12 steps/s with one
+(docs/pipeline.md, "Busy machine"). So ``auto`` is the threads the CPUs left free can give: the largest
+count ``t`` with ``load <= cpus - t + 1`` (the load the busy warning tolerates, harness.core.timing), at
+least 1 and at most :data:`AUTO_MOST`. A results folder that already holds finished cells keeps their
+threads, so that a resumed run re-runs none of them (a cell's threads are part of its spec).
+
+The pipeline's first Snakemake process decides once and passes the number to its jobs' processes in
+:data:`THREADS_ENV`, so every cell of one run has the same threads.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from pathlib import Path
+
+AUTO = "auto"
+AUTO_MOST = 4
+"""The most threads ``auto`` gives a cell (the default grid's models gain little beyond)."""
+THREADS_ENV = "COMERA_BENCH_THREADS"
+
+
+def cpus_here() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def choose(cpus: int, load: float | None) -> int:
+    """The threads a cell gets on ``cpus`` CPUs while ``load`` tasks are runnable (the 1-minute load
+    average; None: unknown, all of them up to :data:`AUTO_MOST`)."""
+    most = max(1, min(cpus, AUTO_MOST))
+    if load is None:
+        return most
+    return max(1, min(most, math.floor(cpus + 1 - load)))
+
+
+def finished_threads(cells_dir: str | Path) -> tuple[int | None, int]:
+    """(the threads most finished cells of ``cells_dir`` ran with, how many finished cells there are): a
+    cell is finished when its runs file exists; its threads are its spec's ``execution.num_threads``."""
+    counts: Counter[int] = Counter()
+    for spec in Path(cells_dir).glob("*.spec.json"):
+        if not spec.with_name(spec.name.replace(".spec.json", ".runs.parquet")).exists():
+            continue
+        try:
+            threads = json.loads(spec.read_text())["execution"]["num_threads"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(threads, int) and threads >= 1:
+            counts[threads] += 1
+    return (counts.most_common(1)[0][0], sum(counts.values())) if counts else (None, 0)
+
+
+def resolve(setting: int | str, cells_dir: str | Path | None, load: float | None, cpus: int | None = None
+            ) -> tuple[int, str]:
+    """The threads per cell for the config's ``execution.threads`` and why ("" for a number given).
+
+    Args:
+        setting: a number of threads, or ``"auto"``.
+        cells_dir: the run's per-cell folder (results/runs/<device>; None: none yet).
+        load: the 1-minute load average now (None: unknown).
+        cpus: the CPUs (default: this process's).
+
+    Returns:
+        (threads, the reason in words).
+    """
+    if setting != AUTO:
+        return int(setting), ""
+    given = os.environ.get(THREADS_ENV)
+    if given:
+        return int(given), f"auto: {given}, chosen by this run's first Snakemake process"
+    kept, finished = finished_threads(cells_dir) if cells_dir else (None, 0)
+    if kept is not None:
+        return kept, (f"auto: {kept}, the threads of the {finished} finished cell(s) in {cells_dir} (kept, "
+                      "so none of them runs again)")
+    cpus = cpus or cpus_here()
+    threads = choose(cpus, load)
+    state = "load unknown" if load is None else f"1-minute load average {load:.1f}"
+    return threads, f"auto: {threads} ({state} on {cpus} CPUs; at most {AUTO_MOST})"
