@@ -65,7 +65,7 @@ EMBEDDING_SHAPES = {(30522, 768): ([16, 20, 10, 10], [4, 4, 8, 6]), (1024, 128):
 DEFAULTS: dict[str, Any] = dict(embedding_row_shape=None, embedding_col_shape=None,
                                 data="synthetic", data_dir=None, tokenizer=None, cache_dir=None,
                                 data_seed=0, num_words=None, eval_batch_size=None, tensorize_embedding=True,
-                                task="topic", num_topics=4, word_topics="random")
+                                task="topic", num_topics=4, word_topics="random", word_zipf=0.0)
 TYPES: dict[str, Any] = dict(
     vocab_size=int, d_model=int, num_layers=int, num_heads=int, d_ff=int, max_positions=int, seq_len=int,
     dropout=float, rank=int, embedding_rank=int, embedding_row_shape=(ListOf(int), None),
@@ -73,7 +73,8 @@ TYPES: dict[str, Any] = dict(
     train_samples=(int, None), eval_samples=(int, None), data=Choice(("synthetic", "mnli")),
     data_dir=(str, None), tokenizer=(str, None), cache_dir=(str, None), data_seed=int,
     num_words=(int, None), eval_batch_size=(int, None), tensorize_embedding=bool,
-    task=Choice(nli_synthetic.TASKS), num_topics=int, word_topics=Choice(("modular", "random")))
+    task=Choice(nli_synthetic.TASKS), num_topics=int, word_topics=Choice(("modular", "random")),
+    word_zipf=float)
 LR = {"paper": {"dense": 1e-4, "cores": 1e-4, "other": 5e-5, "gates": 1e-3},
       "cpu": {"dense": 3e-4, "cores": 3e-4, "other": 3e-4, "gates": 3e-3, "embedding_cores": 3e-3}}
 
@@ -87,6 +88,7 @@ def validate(p: dict[str, Any]) -> None:
             f"exceeds max_positions={p['max_positions']}")
     require(0.0 <= p["dropout"] < 1.0, NAME, "dropout", p["dropout"], "must be in [0, 1)")
     require(p["num_topics"] >= 2, NAME, "num_topics", p["num_topics"], "must be >= 2")
+    require(p["word_zipf"] >= 0, NAME, "word_zipf", p["word_zipf"], "must be >= 0")
     if p["data"] == "synthetic":  # the generator's own rule, checked before any cell runs
         needed = p["premise_len"] + p["hypothesis_len"] + 4
         require(needed <= p["seq_len"], NAME, "seq_len", p["seq_len"],
@@ -245,6 +247,26 @@ def build_model(p: dict[str, Any]) -> NLIClassifier:
     return model
 
 
+def parameter_count(p: dict[str, Any]) -> int:
+    """Parameters of the dense classifier for params ``p`` (built on the meta device: no memory)."""
+    with torch.device("meta"):
+        return sum(t.numel() for t in build_model(p).parameters())
+
+
+def sized_params(p: dict[str, Any], n: int) -> dict[str, Any]:
+    """``p`` with the width whose dense classifier has the parameter count nearest ``n`` (the smaller one
+    on a tie): ``d_model`` a multiple of ``num_heads`` up to the given one, ``d_ff`` kept in proportion
+    (rounded), every other key (vocabulary, layers, heads, positions) unchanged."""
+    ratio = p["d_ff"] / p["d_model"]
+    widths = [{**p, "d_model": d, "d_ff": max(1, round(d * ratio))}
+              for d in range(p["num_heads"], p["d_model"] + 1, p["num_heads"])]
+    low, high = 0, len(widths) - 1  # the first width with at least n parameters (counts grow with it)
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (mid + 1, high) if parameter_count(widths[mid]) < n else (low, mid)
+    return min(widths[max(low - 1, 0):low + 1], key=lambda q: abs(parameter_count(q) - n))
+
+
 def tt_spec(p: dict[str, Any]) -> dict[str, dict]:
     """Attention q/k/v/o, FFN in/out and fc1 as TT; the word embedding as TTM (if tensorize_embedding)."""
     spec = encoder_tt_spec("encoder.", p["num_layers"], p["d_model"], p["d_ff"], p["rank"])
@@ -263,7 +285,7 @@ def load_data(p: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, tor
     if p["data"] == "synthetic":
         common = dict(vocab_size=p["vocab_size"], seq_len=p["seq_len"], premise_len=p["premise_len"],
                       hypothesis_len=p["hypothesis_len"], num_words=p["num_words"], task=p["task"],
-                      num_topics=p["num_topics"],
+                      num_topics=p["num_topics"], word_zipf=p["word_zipf"],
                       topic_seed=p["data_seed"] if p["word_topics"] == "random" else None)
         train = nli_synthetic.generate(p["train_samples"], seed=2 * p["data_seed"], **common)
         evals = nli_synthetic.generate(p["eval_samples"], seed=2 * p["data_seed"] + 1, **common)
@@ -315,6 +337,10 @@ def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
 def build(p: dict[str, Any], *, batch_size: int, seed: int, device: torch.device) -> Workload:
     train, evals, info = load_data(p)
     model = seeded_model(build_model, p, seed, device)
+
+    def sized_model(n: int) -> tuple[nn.Module, dict[str, Any]]:
+        q = sized_params(p, n)
+        return seeded_model(build_model, q, seed, device), {"d_model": q["d_model"], "d_ff": q["d_ff"]}
     eval_bs = p["eval_batch_size"] or max(batch_size, 64)
 
     def evaluate(m: nn.Module) -> dict[str, float]:
@@ -337,4 +363,4 @@ def build(p: dict[str, Any], *, batch_size: int, seed: int, device: torch.device
         loss=loss, evaluate=evaluate,
         steps_per_epoch=batching.train_steps(batching.num_rows(train), batch_size),
         metric_name="accuracy", seq_len=p["seq_len"], lr=dict(LR["paper" if p["size"] == "paper" else "cpu"]),
-        info=info, official_init=official_init)
+        info=info, official_init=official_init, sized_model=sized_model)
