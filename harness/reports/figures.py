@@ -15,6 +15,7 @@ Why one module of ~530 lines: one function per paper figure (nine) over the shar
 """
 from __future__ import annotations
 
+import math
 import textwrap
 from pathlib import Path
 from typing import Any, Callable
@@ -481,6 +482,18 @@ def knee_text(points: pd.DataFrame, reference_acc: float) -> str:
     return text + " (no knee in the targets run)"
 
 
+def dodged(xs: list[float], step: float = 1.07) -> list[float]:
+    """A factor per point of a log x axis that moves points at the same x (within 5%) apart, side by side
+    around it (``step`` apart), so that markers of methods at one compression, e.g. 1x, do not hide each
+    other; 1.0 for a point alone."""
+    keys = [round(math.log(x) / math.log(1.05)) if x > 0 else 0 for x in xs]
+    factors = []
+    for i, key in enumerate(keys):
+        same = [j for j, k in enumerate(keys) if k == key]
+        factors.append(step ** (same.index(i) - (len(same) - 1) / 2))
+    return factors
+
+
 def fig14_accuracy_vs_compression(res: Results, out: Path) -> None:
     """Not in the paper: the final validation accuracy of every transformer quality cell against its whole-
     model compression (the uncompressed model's parameters / the trained model's), one small marker per
@@ -505,24 +518,27 @@ def fig14_accuracy_vs_compression(res: Results, out: Path) -> None:
     ceiling = {settings_of(r).get("workload_info", {}).get("hypothesis_only_ceiling") for r in ok.itertuples()}
     if len(ceiling) == 1 and None not in ceiling:
         ax.axhline(ceiling.pop(), color="gray", ls=":", lw=1, label="hypothesis alone (the task's plateau)")
-    comera = []
-    for i, (label, group) in enumerate(ok.groupby(labels, sort=False)):
+    comera, groups = [], list(ok.groupby(labels, sort=False))
+    dodge = dodged([g.compression_total.mean() for _, g in groups])
+    for i, (label, group) in enumerate(groups):
         style = {"color": f"C{i}", "marker": MARKERS[i % len(MARKERS)]}
-        ax.plot(group.compression_total, group.metric_value, ls="none", ms=5, alpha=0.6, mfc="none", **style)
-        ax.plot([group.compression_total.mean()], [group.metric_value.mean()], ls="none", ms=9, label=label,
+        ax.plot(group.compression_total * dodge[i], group.metric_value, ls="none", ms=5, alpha=0.6, mfc="none",
                 **style)
+        ax.plot([group.compression_total.mean() * dodge[i]], [group.metric_value.mean()], ls="none", ms=9,
+                label=label, **style)
         if (group.method == "comera").all() and group.target_ratio.notna().all():
             comera.append({"compression": group.compression_total.mean(), "accuracy": group.metric_value.mean(),
-                           "target": group.target_ratio.iloc[0]})
+                           "target": group.target_ratio.iloc[0], "x": group.compression_total.mean() * dodge[i]})
     knee = ""
     if comera:
         line = pd.DataFrame(comera).sort_values("compression")
-        ax.plot(line.compression, line.accuracy, color="black", lw=0.8, ls="--", zorder=0)
+        ax.plot(line.x, line.accuracy, color="black", lw=0.8, ls="--", zorder=0)
         knee = knee_text(line, dense.metric_value.mean()) if len(dense) else ""
     for r in runs[runs.status != "ok"].itertuples():
         _mark_failed(ax, r.compression_total if pd.notna(r.compression_total) else 1.0,
                      f"{method_label(r)}: {r.status}")
     ax.set_xscale("log")
+    _plain_log_ticks(ax.xaxis)
     ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%gx"))
     ax.set_xlabel("whole-model compression (uncompressed parameters / the model's)")
     ax.set_ylabel("final validation accuracy")

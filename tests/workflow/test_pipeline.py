@@ -163,11 +163,17 @@ def test_merged_tables_complete(pipeline):
     comera_ok = runs[(runs.method == "comera") & (runs.status == "ok")]
     kernels = [json.loads(s)["tt_kernels"] for s in comera_ok.settings]
     assert kernels and all(set(k) == {"native", "why"} for k in kernels), kernels
+    # the size-matched dense model (Fig 14): a narrower dense model with CoMERA's count at target 0.5
+    (matched,) = runs[runs.variant == "size-matched"].itertuples()
+    record = json.loads(matched.settings)["method"]["size_matched"]
+    assert matched.status == "ok" and record["target"] == 0.5 and matched.params_total == record["params"]
+    assert matched.compression_total > 1 and record["d_model"] < 32
 
 
 def test_outputs_and_claims(pipeline):
     figs = pipeline["workdir"] / "figures" / "tiny"
-    for name in ("fig1_time_memory", "fig5_ttm_lookup", "fig6_accuracy", "fig13_rank_adaptation"):
+    for name in ("fig1_time_memory", "fig5_ttm_lookup", "fig6_accuracy", "fig13_rank_adaptation",
+                 "fig14_accuracy_vs_compression"):
         assert (figs / f"{name}.png").stat().st_size > 0 and (figs / f"{name}.pdf").stat().st_size > 0
     assert not (figs / "fig12_time_vs_compression.png").exists()  # no sweep in this grid: named instead
     assert "fig12_time_vs_compression: needs a CoMERA sweep" in (figs / "overview.md").read_text()

@@ -154,3 +154,24 @@ def test_mnli_rows_dropped_are_in_the_workload_info(tmp_path):
     assert work.info["rows_read"] == {"train": 36, "validation_matched": 12}
     assert work.info["rows_dropped"] == {"train": {}, "validation_matched": {"'-'": 1}}
     assert work.info["eval_samples"] == 11
+
+
+def test_sized_params_give_the_width_with_the_nearest_parameter_count():
+    """The size-matched dense baseline's rule: d_model in steps of num_heads up to the preset's, d_ff in
+    proportion, nothing else changed; the nearest count wins, the narrower width on a tie."""
+    p = check_params("transformer", {"size": "small"})
+    count = {d: transformer.parameter_count({**p, "d_model": d, "d_ff": 4 * d}) for d in range(4, 129, 4)}
+    assert count[128] == transformer.parameter_count(p) == 553_219
+    middle = (count[16] + count[20]) // 2
+    for n, width in ((0, 4), (count[16], 16), (middle, 16), (middle + 1, 20), (10 ** 9, 128)):
+        q = transformer.sized_params(p, n)
+        assert (q["d_model"], q["d_ff"]) == (width, 4 * width), n
+        assert {k: v for k, v in q.items() if k not in ("d_model", "d_ff")} == {
+            k: v for k, v in p.items() if k not in ("d_model", "d_ff")}
+
+
+def test_sized_model_is_seeded_as_the_workloads(tiny):
+    model, dims = tiny.sized_model(10_000)
+    again, _ = tiny.sized_model(10_000)
+    assert dims["d_model"] < 32 and model.encoder.embeddings.word.weight.shape[1] == dims["d_model"]
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
