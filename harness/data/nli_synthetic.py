@@ -46,8 +46,8 @@ TASKS = ("topic", "membership", "majority")
 
 def generate(num_samples: int, *, vocab_size: int, seq_len: int, premise_len: int,
              hypothesis_len: int = 4, num_words: int | None = None, seed: int = 0, task: str = "topic",
-             num_topics: int = 4, topic_seed: int | None = None, word_zipf: float = 0.0
-             ) -> dict[str, torch.Tensor]:
+             num_topics: int = 4, topic_seed: int | None = None, word_zipf: float = 0.0,
+             label_noise: float = 0.0) -> dict[str, torch.Tensor]:
     """``num_samples`` encoded pairs: input_ids, segment_ids, attention_mask (seq_len each) and labels.
 
     Premises have premise_len//2 .. premise_len words, hypotheses 2 .. hypothesis_len words (plus
@@ -67,6 +67,8 @@ def generate(num_samples: int, *, vocab_size: int, seq_len: int, premise_len: in
     needed = premise_len + hypothesis_len + 4
     if needed > seq_len:
         raise ValueError(f"synthetic NLI: premise_len + hypothesis_len + 4 = {needed} > seq_len={seq_len}")
+    if not 0 <= label_noise <= 1:
+        raise ValueError(f"synthetic NLI: label_noise={label_noise} must be in [0, 1]")
     if hypothesis_len < 2 or premise_len < 4:
         raise ValueError("synthetic NLI: need premise_len >= 4 and hypothesis_len >= 2")
     rng = np.random.default_rng(seed)
@@ -110,6 +112,10 @@ def generate(num_samples: int, *, vocab_size: int, seq_len: int, premise_len: in
         row = [CLS_ID, *premise, SEP_ID, *hyp, SEP_ID]
         ids[i, :len(row)] = row
         segments[i, n_p + 2:len(row)] = 1
+    if label_noise:  # its own stream: the tokens and the other labels are the noiseless task's
+        noise = np.random.default_rng([seed, 1])
+        redrawn = np.flatnonzero(noise.random(num_samples) < label_noise)
+        labels[redrawn] = noise.integers(0, 3, size=len(redrawn))
     ids_t = torch.from_numpy(ids)
     return {"input_ids": ids_t, "segment_ids": torch.from_numpy(segments),
             "attention_mask": ids_t != PAD_ID, "labels": torch.from_numpy(labels)}

@@ -515,9 +515,12 @@ def fig14_accuracy_vs_compression(res: Results, out: Path) -> None:
         mean = dense.metric_value.mean()
         ax.axhspan(dense.metric_value.min(), dense.metric_value.max(), color="gray", alpha=0.15, lw=0)
         ax.axhline(mean, color="gray", lw=1.2, label=f"uncompressed, mean {mean:.3f} (seeds' range shaded)")
-    ceiling = {settings_of(r).get("workload_info", {}).get("hypothesis_only_ceiling") for r in ok.itertuples()}
-    if len(ceiling) == 1 and None not in ceiling:
-        ax.axhline(ceiling.pop(), color="gray", ls=":", lw=1, label="hypothesis alone (the task's plateau)")
+    for key, style, text in (("label_ceiling", "-.", "the labels' ceiling: {:.3f} follow the task's rule"),
+                             ("hypothesis_only_ceiling", ":", "hypothesis alone: {:.3f} (the plateau)")):
+        found = {settings_of(r).get("workload_info", {}).get(key) for r in ok.itertuples()}
+        if len(found) == 1 and None not in found:
+            value = found.pop()
+            ax.axhline(value, color="gray", ls=style, lw=1, label=text.format(value))
     comera, groups = [], list(ok.groupby(labels, sort=False))
     dodge = dodged([g.compression_total.mean() for _, g in groups])
     for i, (label, group) in enumerate(groups):

@@ -65,7 +65,8 @@ EMBEDDING_SHAPES = {(30522, 768): ([16, 20, 10, 10], [4, 4, 8, 6]), (1024, 128):
 DEFAULTS: dict[str, Any] = dict(embedding_row_shape=None, embedding_col_shape=None,
                                 data="synthetic", data_dir=None, tokenizer=None, cache_dir=None,
                                 data_seed=0, num_words=None, eval_batch_size=None, tensorize_embedding=True,
-                                task="topic", num_topics=4, word_topics="random", word_zipf=0.0)
+                                task="topic", num_topics=4, word_topics="random", word_zipf=0.0,
+                                label_noise=0.0)
 TYPES: dict[str, Any] = dict(
     vocab_size=int, d_model=int, num_layers=int, num_heads=int, d_ff=int, max_positions=int, seq_len=int,
     dropout=float, rank=int, embedding_rank=int, embedding_row_shape=(ListOf(int), None),
@@ -74,7 +75,7 @@ TYPES: dict[str, Any] = dict(
     data_dir=(str, None), tokenizer=(str, None), cache_dir=(str, None), data_seed=int,
     num_words=(int, None), eval_batch_size=(int, None), tensorize_embedding=bool,
     task=Choice(nli_synthetic.TASKS), num_topics=int, word_topics=Choice(("modular", "random")),
-    word_zipf=float)
+    word_zipf=float, label_noise=float)
 LR = {"paper": {"dense": 1e-4, "cores": 1e-4, "other": 5e-5, "gates": 1e-3},
       "cpu": {"dense": 3e-4, "cores": 3e-4, "other": 3e-4, "gates": 3e-3, "embedding_cores": 3e-3}}
 
@@ -89,6 +90,7 @@ def validate(p: dict[str, Any]) -> None:
     require(0.0 <= p["dropout"] < 1.0, NAME, "dropout", p["dropout"], "must be in [0, 1)")
     require(p["num_topics"] >= 2, NAME, "num_topics", p["num_topics"], "must be >= 2")
     require(p["word_zipf"] >= 0, NAME, "word_zipf", p["word_zipf"], "must be >= 0")
+    require(0 <= p["label_noise"] <= 1, NAME, "label_noise", p["label_noise"], "must be in [0, 1]")
     if p["data"] == "synthetic":  # the generator's own rule, checked before any cell runs
         needed = p["premise_len"] + p["hypothesis_len"] + 4
         require(needed <= p["seq_len"], NAME, "seq_len", p["seq_len"],
@@ -285,11 +287,17 @@ def load_data(p: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, tor
     if p["data"] == "synthetic":
         common = dict(vocab_size=p["vocab_size"], seq_len=p["seq_len"], premise_len=p["premise_len"],
                       hypothesis_len=p["hypothesis_len"], num_words=p["num_words"], task=p["task"],
-                      num_topics=p["num_topics"], word_zipf=p["word_zipf"],
+                      num_topics=p["num_topics"], word_zipf=p["word_zipf"], label_noise=p["label_noise"],
                       topic_seed=p["data_seed"] if p["word_topics"] == "random" else None)
         train = nli_synthetic.generate(p["train_samples"], seed=2 * p["data_seed"], **common)
         evals = nli_synthetic.generate(p["eval_samples"], seed=2 * p["data_seed"] + 1, **common)
-        return train, evals, {"data": "synthetic", "task": p["task"], "hypothesis_only_ceiling": 2 / 3}
+        info = {"data": "synthetic", "task": p["task"], "hypothesis_only_ceiling": 2 / 3}
+        if p["label_noise"]:  # the share of evaluation labels that the noise left as the task's rule gives
+            clean = nli_synthetic.generate(p["eval_samples"], seed=2 * p["data_seed"] + 1,
+                                           **{**common, "label_noise": 0.0})
+            info["label_ceiling"] = float((clean["labels"] == evals["labels"]).double().mean())
+            info["hypothesis_only_ceiling"] = 2 / 3 - p["label_noise"] / 3  # a redrawn label: right 1 in 3
+        return train, evals, info
     return _load_mnli(p)
 
 

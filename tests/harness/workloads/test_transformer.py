@@ -175,3 +175,16 @@ def test_sized_model_is_seeded_as_the_workloads(tiny):
     again, _ = tiny.sized_model(10_000)
     assert dims["d_model"] < 32 and model.encoder.embeddings.word.weight.shape[1] == dims["d_model"]
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+
+
+def test_label_noise_ceilings_are_in_the_workload_info():
+    """With label noise the info says which share of the evaluation labels follow the task's rule (what a
+    model that learned the rule can reach) and what the hypothesis alone gives."""
+    params = {"size": "tiny", "train_samples": 64, "eval_samples": 600, "label_noise": 0.3}
+    noisy = build_workload("transformer", params, batch_size=8, seed=0, device="cpu")
+    clean = build_workload("transformer", {**params, "label_noise": 0.0}, batch_size=8, seed=0, device="cpu")
+    evals = {name: torch.cat([b["labels"] for b in w.eval_batches()]) for name, w in (("noisy", noisy),
+                                                                                     ("clean", clean))}
+    assert noisy.info["label_ceiling"] == float((evals["noisy"] == evals["clean"]).double().mean()) < 1
+    assert noisy.info["hypothesis_only_ceiling"] == pytest.approx(2 / 3 - 0.1)
+    assert "label_ceiling" not in clean.info and clean.info["hypothesis_only_ceiling"] == 2 / 3
