@@ -28,6 +28,11 @@ Classes are balanced; half of the neutral hypotheses contain ``not``. The hypoth
 gives at most 2/3 accuracy (``not`` -> contradiction, else entailment), the premise alone 1/3; the rest
 needs both sentences. Labels use the GLUE/Hugging Face MNLI coding: 0 entailment, 1 neutral,
 2 contradiction.
+
+``label_noise``: each label is redrawn uniformly from the three with this probability (from its own random
+stream: the tokens and the labels not redrawn are the noiseless task's), so a model that learned the
+rule is right on about ``1 - 2/3 label_noise`` of them and the hypothesis alone on ``2/3 - label_noise/3``:
+a ceiling below 1 that no amount of training passes.
 """
 from __future__ import annotations
 
@@ -46,8 +51,8 @@ TASKS = ("topic", "membership", "majority")
 
 def generate(num_samples: int, *, vocab_size: int, seq_len: int, premise_len: int,
              hypothesis_len: int = 4, num_words: int | None = None, seed: int = 0, task: str = "topic",
-             num_topics: int = 4, topic_seed: int | None = None, word_zipf: float = 0.0,
-             label_noise: float = 0.0) -> dict[str, torch.Tensor]:
+             num_topics: int = 4, topic_seed: int | None = None, label_noise: float = 0.0
+             ) -> dict[str, torch.Tensor]:
     """``num_samples`` encoded pairs: input_ids, segment_ids, attention_mask (seq_len each) and labels.
 
     Premises have premise_len//2 .. premise_len words, hypotheses 2 .. hypothesis_len words (plus
@@ -74,15 +79,6 @@ def generate(num_samples: int, *, vocab_size: int, seq_len: int, premise_len: in
     rng = np.random.default_rng(seed)
     topic_of = word_topics(words, topics, topic_seed)
     pools = [np.flatnonzero(topic_of == t) + FIRST_WORD_ID for t in range(topics)]
-    log_weights = [zipf_log_weights(pool - FIRST_WORD_ID, word_zipf) for pool in pools]
-
-    def draw(t: int, n: int) -> np.ndarray:
-        """``n`` distinct words of topic ``t``: uniformly, or by their Zipf weights (Gumbel top-k, the same
-        law as drawing one word at a time, each in proportion to its weight among those left)."""
-        if log_weights[t] is None:
-            return rng.choice(pools[t], size=n, replace=False)
-        keys = log_weights[t] + rng.gumbel(size=len(pools[t]))
-        return pools[t][np.argsort(-keys)[:n]]
     ids = np.full((num_samples, seq_len), PAD_ID, dtype=np.int64)
     segments = np.zeros((num_samples, seq_len), dtype=np.int64)
     labels = rng.integers(0, 3, size=num_samples)
@@ -90,7 +86,7 @@ def generate(num_samples: int, *, vocab_size: int, seq_len: int, premise_len: in
         n_p = int(rng.integers(premise_len // 2, premise_len + 1))
         n_h = int(rng.integers(2, min(hypothesis_len, n_p) + 1))
         topic = int(rng.integers(topics)) if topics > 1 else 0
-        chosen = draw(topic, n_p + 1)
+        chosen = rng.choice(pools[topic], size=n_p + 1, replace=False)
         premise, outsider = chosen[:n_p], chosen[n_p]
         if task == "majority":
             n_noise = int(rng.integers(0, (n_p - 1) // 2 + 1))
@@ -100,7 +96,7 @@ def generate(num_samples: int, *, vocab_size: int, seq_len: int, premise_len: in
         negate = labels[i] == CONTRADICTION
         if task != "membership":
             other = (topic + int(rng.integers(1, topics))) % topics if labels[i] == NEUTRAL else topic
-            hyp = list(draw(other, n_h))
+            hyp = list(rng.choice(pools[other], size=n_h, replace=False))
         else:
             hyp = list(rng.choice(premise, size=n_h, replace=False))
             if labels[i] == NEUTRAL:
@@ -119,12 +115,6 @@ def generate(num_samples: int, *, vocab_size: int, seq_len: int, premise_len: in
     ids_t = torch.from_numpy(ids)
     return {"input_ids": ids_t, "segment_ids": torch.from_numpy(segments),
             "attention_mask": ids_t != PAD_ID, "labels": torch.from_numpy(labels)}
-
-
-def zipf_log_weights(index: np.ndarray, zipf: float) -> np.ndarray | None:
-    """Log drawing weights of the content words ``index`` (0-based): ``-zipf * log(index + 1)``, i.e. word
-    ``i`` is drawn in proportion to ``1 / (i + 1) ** zipf``; None (uniform) for ``zipf`` 0."""
-    return None if zipf == 0 else -zipf * np.log(index + 1.0)
 
 
 def word_topics(num_words: int, num_topics: int, topic_seed: int | None = None) -> np.ndarray:

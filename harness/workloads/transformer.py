@@ -24,8 +24,12 @@ Face cache), ``tokenizer`` (a tokenizer.json; None: WordPiece trained on the tra
 ``hypothesis_len``, ``num_words``, ``task``, ``num_topics`` and ``word_topics`` (synthetic, see
 :mod:`harness.data.nli_synthetic`; ``word_topics`` "random": the words' topics drawn with ``data_seed``,
 "modular": word ``w``'s topic is ``(w - 6) % num_topics``, a map aligned with the TT-matrix embedding's
-row modes), ``data_seed``, ``cache_dir`` (None: the run's, <results_dir>/cache),
-``eval_batch_size`` (None: max(batch_size, 64)).
+row modes), ``label_noise`` (synthetic: the share of labels redrawn at random; the workload info gives
+``label_ceiling``, the share of evaluation labels that follow the rule), ``data_seed``, ``cache_dir``
+(None: the run's, <results_dir>/cache), ``eval_batch_size`` (None: max(batch_size, 64)).
+
+The size-matched dense baseline (the dense method's ``match_target``) trains :func:`sized_params`'s
+narrower model: ``d_model`` in steps of ``num_heads`` with ``d_ff`` in proportion (``Workload.sized_model``).
 """
 from __future__ import annotations
 
@@ -65,8 +69,7 @@ EMBEDDING_SHAPES = {(30522, 768): ([16, 20, 10, 10], [4, 4, 8, 6]), (1024, 128):
 DEFAULTS: dict[str, Any] = dict(embedding_row_shape=None, embedding_col_shape=None,
                                 data="synthetic", data_dir=None, tokenizer=None, cache_dir=None,
                                 data_seed=0, num_words=None, eval_batch_size=None, tensorize_embedding=True,
-                                task="topic", num_topics=4, word_topics="random", word_zipf=0.0,
-                                label_noise=0.0)
+                                task="topic", num_topics=4, word_topics="random", label_noise=0.0)
 TYPES: dict[str, Any] = dict(
     vocab_size=int, d_model=int, num_layers=int, num_heads=int, d_ff=int, max_positions=int, seq_len=int,
     dropout=float, rank=int, embedding_rank=int, embedding_row_shape=(ListOf(int), None),
@@ -75,7 +78,7 @@ TYPES: dict[str, Any] = dict(
     data_dir=(str, None), tokenizer=(str, None), cache_dir=(str, None), data_seed=int,
     num_words=(int, None), eval_batch_size=(int, None), tensorize_embedding=bool,
     task=Choice(nli_synthetic.TASKS), num_topics=int, word_topics=Choice(("modular", "random")),
-    word_zipf=float, label_noise=float)
+    label_noise=float)
 LR = {"paper": {"dense": 1e-4, "cores": 1e-4, "other": 5e-5, "gates": 1e-3},
       "cpu": {"dense": 3e-4, "cores": 3e-4, "other": 3e-4, "gates": 3e-3, "embedding_cores": 3e-3}}
 
@@ -89,7 +92,6 @@ def validate(p: dict[str, Any]) -> None:
             f"exceeds max_positions={p['max_positions']}")
     require(0.0 <= p["dropout"] < 1.0, NAME, "dropout", p["dropout"], "must be in [0, 1)")
     require(p["num_topics"] >= 2, NAME, "num_topics", p["num_topics"], "must be >= 2")
-    require(p["word_zipf"] >= 0, NAME, "word_zipf", p["word_zipf"], "must be >= 0")
     require(0 <= p["label_noise"] <= 1, NAME, "label_noise", p["label_noise"], "must be in [0, 1]")
     if p["data"] == "synthetic":  # the generator's own rule, checked before any cell runs
         needed = p["premise_len"] + p["hypothesis_len"] + 4
@@ -287,7 +289,7 @@ def load_data(p: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, tor
     if p["data"] == "synthetic":
         common = dict(vocab_size=p["vocab_size"], seq_len=p["seq_len"], premise_len=p["premise_len"],
                       hypothesis_len=p["hypothesis_len"], num_words=p["num_words"], task=p["task"],
-                      num_topics=p["num_topics"], word_zipf=p["word_zipf"], label_noise=p["label_noise"],
+                      num_topics=p["num_topics"], label_noise=p["label_noise"],
                       topic_seed=p["data_seed"] if p["word_topics"] == "random" else None)
         train = nli_synthetic.generate(p["train_samples"], seed=2 * p["data_seed"], **common)
         evals = nli_synthetic.generate(p["eval_samples"], seed=2 * p["data_seed"] + 1, **common)
