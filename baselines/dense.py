@@ -103,7 +103,8 @@ def size_matched(model: nn.Module, workload: Any, target: float) -> tuple[nn.Mod
                          f"models (Workload.sized_model); workload {workload.name!r} has none")
     wanted = comera_size(model, workload.tt_spec, target)
     small, dims = workload.sized_model(wanted)
-    return small, {"target": target, "comera_params": wanted, "params": sum(p.numel() for p in small.parameters()),
+    count = sum(p.numel() for p in small.parameters())
+    return small, {"target": target, "comera_params": wanted, "params": count,
                    "full_params": sum(p.numel() for p in model.parameters()), **dims}
 
 
@@ -143,8 +144,8 @@ class DenseMethod:
                     "trainable_params": trainable_parameters(model), "size_matched": matched}
         size = uncompressed_size(model, workload)
         if matched:  # compression: the full model's parameters over this one's, as for CoMERA
-            size.update(compression_total=full["params_total"] / size["params_total"],
-                        compression_layers=full["params_factorized_layers"] / size["params_factorized_layers"])
+            size.update(compression_total=full["params_total"] / size["params_total"], compression_layers=(
+                full["params_factorized_layers"] / size["params_factorized_layers"]))
         return Prepared(model=model, optimizers=[optimizer], settings=settings, size=lambda: dict(size))
 
 

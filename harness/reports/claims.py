@@ -416,13 +416,15 @@ def size_matched_text(rows: pd.DataFrame, late: pd.DataFrame) -> str:
     of each side; "" without one. Not part of any verdict: the paper has no such baseline."""
     texts = []
     dense = rows[(rows.method == "dense") & (rows.status == "ok")]
-    targets = pd.Series([size_matched(r).get("target") for r in dense.itertuples()], index=dense.index, dtype=float)
+    targets = pd.Series([size_matched(r).get("target") for r in dense.itertuples()], index=dense.index,
+                        dtype=float)
     for target, group in dense.groupby(targets):
         comera = late[late.target_ratio == target]
         first = size_matched(group.iloc[0])
-        texts.append(f"size-matched dense model (CoMERA target {target:g}'s {first['comera_params']} parameters, "
-                     f"{group.compression_total.median():.1f}x) {group.metric_value.median():.3f}"
-                     + (f" vs CoMERA {comera.metric_value.median():.3f} at that target" if len(comera) else ""))
+        versus = f" vs CoMERA {comera.metric_value.median():.3f} at that target" if len(comera) else ""
+        texts.append(f"size-matched dense model (CoMERA target {target:g}'s {first['comera_params']} "
+                     f"parameters, {group.compression_total.median():.1f}x) {group.metric_value.median():.3f}"
+                     + versus)
     return "".join(f", {t}" for t in texts)
 
 

@@ -465,7 +465,8 @@ def knee_text(points: pd.DataFrame, reference_acc: float) -> str:
         return ""
     gap = reference_acc - points.accuracy
     kept = points[gap <= KNEE_DROP + 1e-9]
-    beyond = points[(gap > KNEE_DROP + 1e-9) & (points.compression > (kept.compression.max() if len(kept) else 0))]
+    last_kept = kept.compression.max() if len(kept) else 0.0
+    beyond = points[(gap > KNEE_DROP + 1e-9) & (points.compression > last_kept)]
 
     def at(r: Any) -> str:
         return f"{r.compression:.1f}x (target {r.target:g})"
@@ -525,13 +526,13 @@ def fig14_accuracy_vs_compression(res: Results, out: Path) -> None:
     dodge = dodged([g.compression_total.mean() for _, g in groups])
     for i, (label, group) in enumerate(groups):
         style = {"color": f"C{i}", "marker": MARKERS[i % len(MARKERS)]}
-        ax.plot(group.compression_total * dodge[i], group.metric_value, ls="none", ms=5, alpha=0.6, mfc="none",
-                **style)
-        ax.plot([group.compression_total.mean() * dodge[i]], [group.metric_value.mean()], ls="none", ms=9,
-                label=label, **style)
+        x, mean = group.compression_total.mean(), group.metric_value.mean()
+        ax.plot(group.compression_total * dodge[i], group.metric_value, ls="none", ms=5, alpha=0.6,
+                mfc="none", **style)
+        ax.plot([x * dodge[i]], [mean], ls="none", ms=9, label=label, **style)
         if (group.method == "comera").all() and group.target_ratio.notna().all():
-            comera.append({"compression": group.compression_total.mean(), "accuracy": group.metric_value.mean(),
-                           "target": group.target_ratio.iloc[0], "x": group.compression_total.mean() * dodge[i]})
+            comera.append({"compression": x, "accuracy": mean, "target": group.target_ratio.iloc[0],
+                           "x": x * dodge[i]})
     knee = ""
     if comera:
         line = pd.DataFrame(comera).sort_values("compression")

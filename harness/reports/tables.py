@@ -172,8 +172,9 @@ def table2_dlrm(res: Results) -> tuple[pd.DataFrame, str]:
 
 def table_mnli_size(res: Results) -> tuple[pd.DataFrame, str]:
     """Transformer quality cells (dense, the size-matched dense model, CoMERA per target 0.8, 0.5, 0.2,
-    GaLore, LTE): accuracy, eval loss, parameters, total size and tensorized-layer size (MB), compression; for CoMERA also the accuracy and TT size at the
-    stage switch and the TT size at the end relative to it. The paper's dense size is the last row."""
+    GaLore, LTE): accuracy, eval loss, parameters, total size and tensorized-layer size (MB), compression;
+    for CoMERA also the accuracy and TT size at the stage switch and the TT size at the end relative to it.
+    The paper's dense size is the last row."""
     runs, source = res.quality_runs("transformer")
     rows = [_size_row(res, r) for r in quality_order(runs).itertuples()]
     data = sorted({str(settings_of(r).get("workload_info", {}).get("data") or "") for r in runs.itertuples()} - {""})
@@ -192,11 +193,11 @@ def table_mnli_size(res: Results) -> tuple[pd.DataFrame, str]:
             "separates models whose accuracies have saturated), accuracy_at_switch = the one right after "
             "the stage switch; sizes = parameters x 4 bytes (float32), MB = 10^6 bytes; TT size = scalars in "
             "every core and gate (at the switch: after its pruning); end/switch = TT size at the end / at the "
-            "switch, to be read against the target; params = parameters of the trained model; the size-matched "
-            "dense model is the uncompressed model made narrower (d_model, d_ff) to the parameter count nearest "
-            "CoMERA's at its target, computed before training (every parameter but the TT cores and gates, plus "
-            "the target x those at initialization; its note gives that count and the width); the paper row is its "
-            "model at full size; a note \"still "
+            "switch, to be read against the target; params = parameters of the trained model; the "
+            "size-matched dense model is the uncompressed model made narrower (d_model, d_ff) to the "
+            "parameter count nearest CoMERA's at its target, computed before training (every parameter but "
+            "the TT cores and gates, plus the target x those at initialization; its note gives that count "
+            "and the width); the paper row is its model at full size; a note \"still "
             f"learning\": its accuracy rose by more than {LEARNING_RISE:g} over its last {LEARNING_TAIL:.0%} of "
             "steps to less than 1, so it is not a settled result")
 
@@ -229,7 +230,8 @@ def matched_note(row: Any) -> str:
         return ""
     width = ", ".join(f"{k} {v}" for k, v in m.items() if k not in ("target", "comera_params", "params",
                                                                       "full_params"))
-    return f"matches CoMERA target {m['target']:g}: {m['comera_params']} parameters" + (f" ({width})" if width else "")
+    return (f"matches CoMERA target {m['target']:g}: {m['comera_params']} parameters"
+            + (f" ({width})" if width else ""))
 
 
 def table_runs(res: Results) -> tuple[pd.DataFrame, str]:

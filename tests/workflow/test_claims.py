@@ -563,7 +563,7 @@ def test_c5_shows_the_size_matched_dense_model_beside_comera_without_judging_it(
     matched["settings"] = json.dumps(settings)
     table = evaluate(tmp_path / "a", placed(paper_rows() + [matched]))
     assert table.loc["C5", VERDICT] == claims.HOLDS
-    assert ("transformer: 85.0x (90.0x layers) at target 0.2, accuracy 0.620 vs dense 0.650, size-matched dense "
-            "model (CoMERA target 0.2's 790000 parameters, 84.0x) 0.550 vs CoMERA 0.620 at that target"
+    assert ("transformer: 85.0x (90.0x layers) at target 0.2, accuracy 0.620 vs dense 0.650, size-matched "
+            "dense model (CoMERA target 0.2's 790000 parameters, 84.0x) 0.550 vs CoMERA 0.620 at that target"
             in table.loc["C5", MEASURED])
     assert "size-matched" not in evaluate(tmp_path / "b", placed(paper_rows())).loc["C5", MEASURED]

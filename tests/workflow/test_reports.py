@@ -723,7 +723,7 @@ def test_fig1_footer_fits_two_lines_and_memory_points_carry_their_seeds_range(fo
 
 
 def seeded_cell(cell, seed, compression=1.0, matched=None):
-    """A quality cell of ``seed`` with its whole-model compression; ``matched``: a size-matched dense record."""
+    """A quality cell of ``seed`` with its whole-model compression; ``matched``: a size-matched record."""
     row, curves = cell
     rid = f"{row['run_id']}_s{seed}"
     row = {**row, "run_id": rid, "seed": seed, "compression_total": compression}
@@ -732,7 +732,8 @@ def seeded_cell(cell, seed, compression=1.0, matched=None):
     return row, [{**c, "run_id": rid} for c in curves]
 
 
-MATCHED = {"target": 0.2, "comera_params": 24419, "params": 24355, "full_params": 553219, "d_model": 16, "d_ff": 64}
+MATCHED = {"target": 0.2, "comera_params": 24419, "params": 24355, "full_params": 553219, "d_model": 16,
+           "d_ff": 64}
 
 
 def test_fig14_draws_accuracy_against_compression_per_seed_with_the_size_matched_model_and_the_knee(
@@ -755,7 +756,8 @@ def test_fig14_draws_accuracy_against_compression_per_seed_with_the_size_matched
     assert points["comera (target 0.2)"] == [pytest.approx(0.84)]
     assert points["uncompressed, size-matched to CoMERA target 0.2"] == [pytest.approx(0.76)]
     assert points["galore"] == [pytest.approx(0.91)]
-    assert "CoMERA within 0.02 of uncompressed up to 7.7x (target 0.5); 0.100 below at 22.7x (target 0.2)" in footer
+    assert ("CoMERA within 0.02 of uncompressed up to 7.7x (target 0.5); 0.100 below at 22.7x (target 0.2)"
+            in footer)
     assert "2 seeds" in footer and "quality cells" in footer
     size, _ = tables.table_mnli_size(res)
     matched = size[size.method == "dense, size-matched to CoMERA target 0.2"]
@@ -764,10 +766,12 @@ def test_fig14_draws_accuracy_against_compression_per_seed_with_the_size_matched
 
 
 @pytest.mark.parametrize("accuracies, expected", [
-    ((0.95, 0.94), "CoMERA within 0.02 of uncompressed up to 22.7x (target 0.2) (no knee in the targets run)"),
+    ((0.95, 0.94), "CoMERA within 0.02 of uncompressed up to 22.7x (target 0.2) (no knee in the targets "
+                   "run)"),
     ((0.90, 0.80), "CoMERA more than 0.02 below uncompressed from its least compression, 0.050 below at 7.7x "
                    "(target 0.5)"),
-    ((0.94, 0.80), "CoMERA within 0.02 of uncompressed up to 7.7x (target 0.5); 0.150 below at 22.7x (target 0.2)")])
+    ((0.94, 0.80), "CoMERA within 0.02 of uncompressed up to 7.7x (target 0.5); 0.150 below at 22.7x "
+                   "(target 0.2)")])
 def test_knee_is_the_largest_compression_within_0_02_of_uncompressed(accuracies, expected):
     points = pd.DataFrame({"compression": [22.7, 7.7], "accuracy": accuracies[::-1], "target": [0.2, 0.5]})
     assert figures.knee_text(points, 0.95) == expected
