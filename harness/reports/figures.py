@@ -10,8 +10,9 @@ drawn beside ours, labelled "paper (RTX 3090)". Every number a figure states abo
 8's uncompressed / CoMERA time, Fig 12's) is harness.results.analysis's ratio, the one claims.md and
 `comera-bench compare` show.
 
-Why one module of ~530 lines: one function per paper figure (nine) over the shared drawing helpers
-(markers per batch, spread bars, failed-cell crosses, footers), which a reader checks against each other.
+Why one module of ~700 lines: one function per figure (nine of the paper's, two of ours: Fig 13's rank
+adaptation, Fig 14's accuracy against compression) over the shared drawing helpers (markers per batch,
+spread bars, failed-cell crosses, footers), which a reader checks against each other.
 """
 from __future__ import annotations
 
