@@ -236,7 +236,7 @@ def test_cell_logs_show_steps_with_an_eta_and_the_pipeline_counts_cells(pipeline
         text = (logs / f"{run_id}.log").read_text()
         assert re.search(rf"^{re.escape(run_id)}: step \d+ of \d+, elapsed \d+s, ETA \d+s$", text, re.M), text
     out = pipeline["first_log"] + pipeline["second"].stderr
-    assert re.search(r"^comera-bench: cells \d+ of 7 done \(\d+ in this run, \d+s\); about \S+ left", out, re.M), out
+    assert re.search(r"^comera-bench: cells \d+ of 8 done \(\d+ in this run, \d+s\); about \S+ left", out, re.M), out
 
 
 def test_the_retime_hint_works_as_printed(pipeline, tmp_path):
@@ -266,7 +266,7 @@ def test_the_retime_hint_works_as_printed(pipeline, tmp_path):
     assert "rule time_transformer_b4_s0" in out or "time_transformer_b4_s0" in out
     assert pd.read_parquet(folder / f"{victim}.runs.parquet").timing_quality.iloc[0] != "noisy: made so by the test"
     assert re.search(r"round 1/5: \d+ cells \(\d+ s\); about \S+ left in this group's rounds", out), out[-3000:]
-    assert re.search(r"^comera-bench: cells 7 of 7 done", out, re.M), out[-3000:]
+    assert re.search(r"^comera-bench: cells 8 of 8 done", out, re.M), out[-3000:]
 
 
 def test_figures_without_metadata_runs_exactly_the_new_cells(pipeline, tmp_path):
@@ -386,7 +386,7 @@ def test_sigterm_to_the_pipeline_leaves_no_failure_and_a_rerun_finishes(tmp_path
     again = snakemake(tmp_path, "runs")
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     rows = pd.concat(pd.read_parquet(p) for p in folder.glob("*.runs.parquet"))
-    assert len(rows) == 7 and (rows.status == "ok").all(), rows[["run_id", "status", "error"]]
+    assert len(rows) == 8 and (rows.status == "ok").all(), rows[["run_id", "status", "error"]]
     for name, mtime in kept.items():
         assert (folder / name).stat().st_mtime_ns == mtime, f"{name} was rewritten"
 
