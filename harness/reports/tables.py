@@ -185,7 +185,7 @@ def table_mnli_size(res: Results) -> tuple[pd.DataFrame, str]:
     on_data = (f"data: {', '.join(data)}" + (" (the synthetic NLI task, not MNLI: its accuracies are not "
                                              "the paper's)" if "mnli" not in data else "") + "; ") if data else ""
     df = pd.DataFrame(rows)
-    for col in ("tt_size_at_switch", "tt_size_end"):  # whole numbers of scalars, printed as such
+    for col in ("tt_size_at_switch", "tt_size_end", "params"):  # whole numbers of scalars, printed as such
         if col in df:
             df[col] = pd.Series([None if pd.isna(v) else int(v) for v in df[col]], index=df.index, dtype=object)
     return (df,
@@ -228,8 +228,9 @@ def matched_note(row: Any) -> str:
     m = size_matched(row)
     if not m:
         return ""
-    width = ", ".join(f"{k} {v}" for k, v in m.items() if k not in ("target", "comera_params", "params",
-                                                                      "full_params"))
+    dims = sorted(set(m) - {"target", "comera_params", "params", "full_params"},
+                  key=lambda k: (k != "d_model", k))  # d_model first
+    width = ", ".join(f"{k} {m[k]}" for k in dims)
     return (f"matches CoMERA target {m['target']:g}: {m['comera_params']} parameters"
             + (f" ({width})" if width else ""))
 

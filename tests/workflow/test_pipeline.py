@@ -236,7 +236,8 @@ def test_cell_logs_show_steps_with_an_eta_and_the_pipeline_counts_cells(pipeline
         text = (logs / f"{run_id}.log").read_text()
         assert re.search(rf"^{re.escape(run_id)}: step \d+ of \d+, elapsed \d+s, ETA \d+s$", text, re.M), text
     out = pipeline["first_log"] + pipeline["second"].stderr
-    assert re.search(r"^comera-bench: cells \d+ of 8 done \(\d+ in this run, \d+s\); about \S+ left", out, re.M), out
+    assert re.search(r"^comera-bench: cells \d+ of 8 done \(\d+ in this run, \d+s\); about \S+ left", out,
+                     re.M), out
 
 
 def test_the_retime_hint_works_as_printed(pipeline, tmp_path):

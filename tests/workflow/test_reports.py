@@ -732,8 +732,8 @@ def seeded_cell(cell, seed, compression=1.0, matched=None):
     return row, [{**c, "run_id": rid} for c in curves]
 
 
-MATCHED = {"target": 0.2, "comera_params": 24419, "params": 24355, "full_params": 553219, "d_model": 16,
-           "d_ff": 64}
+MATCHED = {"comera_params": 24419, "d_ff": 64, "d_model": 16, "full_params": 553219, "params": 24355,
+           "target": 0.2}  # as a row's settings JSON has it: keys sorted
 
 
 def test_fig14_draws_accuracy_against_compression_per_seed_with_the_size_matched_model_and_the_knee(
@@ -748,6 +748,7 @@ def test_fig14_draws_accuracy_against_compression_per_seed_with_the_size_matched
                   seeded_cell(quality_cell("dense", variant="size-matched", end_acc=0.75 + shift), seed, 22.7,
                               MATCHED),
                   seeded_cell(quality_cell("galore", end_acc=0.90 + shift), seed)]
+    cells[0][0]["params_total"] = 553219
     res = quality_folder(tmp_path / "q", *cells)
     figures.fig14_accuracy_vs_compression(res, tmp_path)
     (points,), texts, footer = drawn["fig14_accuracy_vs_compression"]
@@ -759,9 +760,12 @@ def test_fig14_draws_accuracy_against_compression_per_seed_with_the_size_matched
     assert ("CoMERA within 0.02 of uncompressed up to 7.7x (target 0.5); 0.100 below at 22.7x (target 0.2)"
             in footer)
     assert "2 seeds" in footer and "quality cells" in footer
-    size, _ = tables.table_mnli_size(res)
+    size, note = tables.table_mnli_size(res)
     matched = size[size.method == "dense, size-matched to CoMERA target 0.2"]
     assert matched.params.tolist() == [1000, 1000]  # the rows' params_total
+    tables.write_table(size, note, "t", tmp_path, "t", "")
+    text = (tmp_path / "t.md").read_text()
+    assert " 553219 |" in text and "e+05" not in text  # the dense rows' count, whole
     assert set(matched.note) == {"matches CoMERA target 0.2: 24419 parameters (d_model 16, d_ff 64)"}
 
 
