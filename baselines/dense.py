@@ -1,10 +1,13 @@
-"""Uncompressed training: the dense model with torch AdamW.
+"""Uncompressed training: the dense model with torch AdamW, or (``match_target``) the size-matched dense
+baseline: a smaller dense model of the workload's kind with about CoMERA's parameter count at a target.
 
 Also holds what the other methods share: the workload's learning rate, the size record of an
 uncompressed model (GaLore, LTE) and :func:`adamw`, the AdamW of dense, CoMERA and LTE.
 """
 from __future__ import annotations
 
+import copy
+import warnings
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -15,12 +18,23 @@ from torch import nn
 from .base import Prepared, trainable_parameters
 from .params import check, defaults, parse
 
+
 @dataclass(frozen=True)
 class DenseParams:
-    """Parameters of the dense method (validated by :func:`baselines.params.parse`)."""
+    """Parameters of the dense method (validated by :func:`baselines.params.parse`). ``match_target``: train
+    the size-matched model instead (:func:`size_matched`); None: the workload's model."""
 
     lr: float | None = field(default=None, metadata=check(">0"))  # None: the workload's lr["dense"]
     weight_decay: float = field(default=0.0, metadata=check(">=0"))
+    match_target: float | None = field(default=None, metadata=check(">0"))
+
+    @staticmethod
+    def resolve(given: dict[str, Any]) -> dict[str, Any]:
+        """``match_target`` is a CoMERA target ratio: at most 1."""
+        if (given.get("match_target") or 0) > 1:
+            raise ValueError(f"method 'dense': parameter 'match_target' must be in (0, 1], got "
+                             f"{given['match_target']!r}")
+        return given
 
 
 PARAMS_DEFAULTS: dict[str, Any] = defaults(DenseParams)
@@ -59,6 +73,41 @@ def adamw(params: Iterable[Any], *, lr: float, weight_decay: float) -> tuple[tor
     return optimizer, impl
 
 
+def comera_size(model: nn.Module, tt_spec: dict[str, dict[str, Any]], target: float) -> int:
+    """CoMERA's parameter count at ``target``, computed without training: the model tensorized by
+    ``tt_spec`` (a copy; the global RNG is left as it was) with its TT cores and gates scaled by
+    ``target``, i.e. every parameter that is not a core or a gate plus ``target`` x the cores and gates at
+    initialization. That is the size a CoMERA run reaches when its early stage prunes nothing and its late
+    stage meets the target (the target is a share of the TT size at the stage switch)."""
+    from comera.convert import tensorize  # the library only where a size is matched (a slow import)
+    from comera.rank import tt_parameter_count
+
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # CoMERA's cells give the conversion's warnings
+        tt = copy.deepcopy(model)
+        tensorize(tt, copy.deepcopy(tt_spec))
+    total = sum(p.numel() for p in tt.parameters())
+    return round(total - (1 - target) * tt_parameter_count(tt))
+
+
+def size_matched(model: nn.Module, workload: Any, target: float) -> tuple[nn.Module, dict[str, Any]]:
+    """The size-matched dense baseline: the workload's dense model of the width whose parameter count is
+    nearest CoMERA's at ``target`` (:func:`comera_size` of ``model`` and ``workload.tt_spec``), and a record
+    of it: ``target``, ``comera_params`` (the count matched), ``params``, ``full_params`` (``model``'s) and
+    the workload params that set the width.
+
+    Raises:
+        ValueError: the workload cannot build a smaller model (its ``sized_model`` is None)."""
+    if getattr(workload, "sized_model", None) is None:
+        raise ValueError(f"method 'dense': parameter 'match_target' needs a workload that builds smaller "
+                         f"models (Workload.sized_model); workload {workload.name!r} has none")
+    wanted = comera_size(model, workload.tt_spec, target)
+    small, dims = workload.sized_model(wanted)
+    count = sum(p.numel() for p in small.parameters())
+    return small, {"target": target, "comera_params": wanted, "params": count,
+                   "full_params": sum(p.numel() for p in model.parameters()), **dims}
+
+
 def uncompressed_size(model: nn.Module, workload: Any, deployed: list[nn.Parameter] | None = None
                       ) -> dict[str, float]:
     """Size record (docs/schema.md) of an uncompressed model: ``params_total`` counts ``deployed`` (default:
@@ -84,12 +133,19 @@ class DenseMethod:
                 target_ratio: float | None, total_steps: int) -> Prepared:
         params = check_params(params)
         lr = workload_lr(self.name, workload, params["lr"])
+        full = uncompressed_size(model, workload)
+        matched = None
+        if params["match_target"] is not None:
+            model, matched = size_matched(model, workload, params["match_target"])
         trainable = [p for p in model.parameters() if p.requires_grad]
         optimizer, impl = adamw(trainable, lr=lr, weight_decay=params["weight_decay"])
         settings = {"optimizer": "torch.optim.AdamW", "optimizer_impl": impl, "lr": lr,
-                    "weight_decay": params["weight_decay"],
-                    "trainable_params": trainable_parameters(model)}
+                    "weight_decay": params["weight_decay"], "match_target": params["match_target"],
+                    "trainable_params": trainable_parameters(model), "size_matched": matched}
         size = uncompressed_size(model, workload)
+        if matched:  # compression: the full model's parameters over this one's, as for CoMERA
+            size.update(compression_total=full["params_total"] / size["params_total"], compression_layers=(
+                full["params_factorized_layers"] / size["params_factorized_layers"]))
         return Prepared(model=model, optimizers=[optimizer], settings=settings, size=lambda: dict(size))
 
 

@@ -28,6 +28,11 @@ Classes are balanced; half of the neutral hypotheses contain ``not``. The hypoth
 gives at most 2/3 accuracy (``not`` -> contradiction, else entailment), the premise alone 1/3; the rest
 needs both sentences. Labels use the GLUE/Hugging Face MNLI coding: 0 entailment, 1 neutral,
 2 contradiction.
+
+``label_noise``: each label is redrawn uniformly from the three with this probability (from its own random
+stream: the tokens and the labels not redrawn are the noiseless task's), so a model that learned the
+rule is right on about ``1 - 2/3 label_noise`` of them and the hypothesis alone on ``2/3 - label_noise/3``:
+a ceiling below 1 that no amount of training passes.
 """
 from __future__ import annotations
 
@@ -46,7 +51,8 @@ TASKS = ("topic", "membership", "majority")
 
 def generate(num_samples: int, *, vocab_size: int, seq_len: int, premise_len: int,
              hypothesis_len: int = 4, num_words: int | None = None, seed: int = 0, task: str = "topic",
-             num_topics: int = 4, topic_seed: int | None = None) -> dict[str, torch.Tensor]:
+             num_topics: int = 4, topic_seed: int | None = None, label_noise: float = 0.0
+             ) -> dict[str, torch.Tensor]:
     """``num_samples`` encoded pairs: input_ids, segment_ids, attention_mask (seq_len each) and labels.
 
     Premises have premise_len//2 .. premise_len words, hypotheses 2 .. hypothesis_len words (plus
@@ -66,6 +72,8 @@ def generate(num_samples: int, *, vocab_size: int, seq_len: int, premise_len: in
     needed = premise_len + hypothesis_len + 4
     if needed > seq_len:
         raise ValueError(f"synthetic NLI: premise_len + hypothesis_len + 4 = {needed} > seq_len={seq_len}")
+    if not 0 <= label_noise <= 1:
+        raise ValueError(f"synthetic NLI: label_noise={label_noise} must be in [0, 1]")
     if hypothesis_len < 2 or premise_len < 4:
         raise ValueError("synthetic NLI: need premise_len >= 4 and hypothesis_len >= 2")
     rng = np.random.default_rng(seed)
@@ -100,6 +108,10 @@ def generate(num_samples: int, *, vocab_size: int, seq_len: int, premise_len: in
         row = [CLS_ID, *premise, SEP_ID, *hyp, SEP_ID]
         ids[i, :len(row)] = row
         segments[i, n_p + 2:len(row)] = 1
+    if label_noise:  # its own stream: the tokens and the other labels are the noiseless task's
+        noise = np.random.default_rng([seed, 1])
+        redrawn = np.flatnonzero(noise.random(num_samples) < label_noise)
+        labels[redrawn] = noise.integers(0, 3, size=len(redrawn))
     ids_t = torch.from_numpy(ids)
     return {"input_ids": ids_t, "segment_ids": torch.from_numpy(segments),
             "attention_mask": ids_t != PAD_ID, "labels": torch.from_numpy(labels)}

@@ -18,6 +18,7 @@ NEEDS = {
     "fig10_mlm_loss": "MLM quality cells, or timing cells without a target",
     "fig12_time_vs_compression": "a CoMERA sweep (methods.<name>.sweep, e.g. rank)",
     "fig13_rank_adaptation": "transformer CoMERA cells with a target",
+    "fig14_accuracy_vs_compression": "transformer cells",
 }
 
 
@@ -72,6 +73,7 @@ def _tests(sweeps: Mapping[str, Any]) -> dict[str, Callable[[str, Spec], bool]]:
         "fig12_time_vs_compression": lambda rid, s: rid in sweeps and _timing(s),
         "fig13_rank_adaptation": lambda rid, s: (s["workload"] == "transformer" and s["method"] == "comera"
                                                  and s.get("target_ratio") is not None and plain(rid, s)),
+        "fig14_accuracy_vs_compression": lambda rid, s: s["workload"] == "transformer" and plain(rid, s),
     }
 
 

@@ -14,9 +14,9 @@ Under each figure a footer of at most FOOTER_LINES lines says the device and the
 states; everything else (model, settings, how it was measured, notes) is in the figure's notes file beside
 it, ``<name>.md`` (and ``.html`` for the report), which the footer names.
 
-Why one module of ~600 lines: one function per paper figure (nine) over the shared drawing helpers
-(markers per batch, spread bars, failed-cell crosses, footers and notes), which a reader checks against
-each other.
+Why one module of ~700 lines: one function per figure (nine of the paper's, two of ours: Fig 13's rank
+adaptation, Fig 14's accuracy against compression) over the shared drawing helpers (markers per batch,
+spread bars, failed-cell crosses, footers and notes), which a reader checks against each other.
 """
 from __future__ import annotations
 
@@ -542,6 +542,109 @@ def ramp_text(runs: pd.DataFrame) -> str:
             + "/".join(f"{x:.0%}" for x in ramps) + " of the late stage (method param target_ramp), then stays")
 
 
+KNEE_DROP = 0.02
+"""Fig 14's knee: the largest compression at which CoMERA's mean accuracy is at most this far below the
+uncompressed model's mean (the issue's "within 0.02 of dense")."""
+
+
+def knee_text(points: pd.DataFrame, reference_acc: float) -> str:
+    """Where CoMERA's accuracy leaves the uncompressed model's: ``points`` are its targets' mean accuracy
+    (column ``accuracy``) and compression (``compression``); e.g. "CoMERA within 0.02 of uncompressed up to
+    7.7x (target 0.5); 0.120 below at 22.7x (target 0.2)"."""
+    points = points.sort_values("compression")
+    if not len(points):
+        return ""
+    gap = reference_acc - points.accuracy
+    kept = points[gap <= KNEE_DROP + 1e-9]
+    last_kept = kept.compression.max() if len(kept) else 0.0
+    beyond = points[(gap > KNEE_DROP + 1e-9) & (points.compression > last_kept)]
+
+    def at(r: Any) -> str:
+        return f"{r.compression:.1f}x (target {r.target:g})"
+
+    if not len(kept):
+        first = points.iloc[0]
+        return (f"CoMERA more than {KNEE_DROP:g} below uncompressed from its least compression, "
+                f"{reference_acc - first.accuracy:.3f} below at {at(first)}")
+    last = kept.iloc[-1]
+    text = f"CoMERA within {KNEE_DROP:g} of uncompressed up to {at(last)}"
+    if len(beyond):
+        first = beyond.iloc[0]
+        return text + f"; {reference_acc - first.accuracy:.3f} below at {at(first)}"
+    return text + " (no knee in the targets run)"
+
+
+def dodged(xs: list[float], step: float = 1.07) -> list[float]:
+    """A factor per point of a log x axis that moves points at the same x (within 5%) apart, side by side
+    around it (``step`` apart), so that markers of methods at one compression, e.g. 1x, do not hide each
+    other; 1.0 for a point alone."""
+    keys = [round(math.log(x) / math.log(1.05)) if x > 0 else 0 for x in xs]
+    factors = []
+    for i, key in enumerate(keys):
+        same = [j for j, k in enumerate(keys) if k == key]
+        factors.append(step ** (same.index(i) - (len(same) - 1) / 2))
+    return factors
+
+
+def fig14_accuracy_vs_compression(res: Results, out: Path) -> None:
+    """Not in the paper: the final validation accuracy of every transformer quality cell against its whole-
+    model compression (the uncompressed model's parameters / the trained model's), one small marker per
+    seed and a large one for the mean of a method configuration; CoMERA's targets joined by a line, the
+    uncompressed model's mean as a horizontal line (its seeds' range shaded), the size-matched dense model
+    beside CoMERA; the footer says where the knee is (:func:`knee_text`)."""
+    name, title = "fig14_accuracy_vs_compression", "Accuracy vs compression (not a figure of the paper)"
+    runs, source = res.quality_runs("transformer")
+    runs = quality_order(runs)
+    ok = runs[(runs.status == "ok") & (runs.metric_name == "accuracy") & runs.metric_value.notna()
+              & runs.compression_total.notna()]
+    if not len(ok):
+        return _empty(out, name, title, f"transformer cells with a final accuracy ({source})",
+                      res.settings_line())
+    fig, (ax,) = _figure(1, width=6.4)
+    labels = ok.apply(display_label, axis=1)
+    dense = ok[(ok.method == "dense") & (labels == "uncompressed")]
+    if len(dense):
+        mean = dense.metric_value.mean()
+        ax.axhspan(dense.metric_value.min(), dense.metric_value.max(), color="gray", alpha=0.15, lw=0)
+        ax.axhline(mean, color="gray", lw=1.2, label=f"uncompressed, mean {mean:.3f} (seeds' range shaded)")
+    for key, style, text in (("label_ceiling", "-.", "the labels' ceiling: {:.3f} follow the task's rule"),
+                             ("hypothesis_only_ceiling", ":", "hypothesis alone: {:.3f} (the plateau)")):
+        found = {settings_of(r).get("workload_info", {}).get(key) for r in ok.itertuples()}
+        if len(found) == 1 and None not in found:
+            value = found.pop()
+            ax.axhline(value, color="gray", ls=style, lw=1, label=text.format(value))
+    comera, groups = [], list(ok.groupby(labels, sort=False))
+    dodge = dodged([g.compression_total.mean() for _, g in groups])
+    for i, (label, group) in enumerate(groups):
+        style = {"color": f"C{i}", "marker": MARKERS[i % len(MARKERS)]}
+        x, mean = group.compression_total.mean(), group.metric_value.mean()
+        ax.plot(group.compression_total * dodge[i], group.metric_value, ls="none", ms=5, alpha=0.6,
+                mfc="none", **style)
+        ax.plot([x * dodge[i]], [mean], ls="none", ms=9, label=label, **style)
+        if (group.method == "comera").all() and group.target_ratio.notna().all():
+            comera.append({"compression": x, "accuracy": mean, "target": group.target_ratio.iloc[0],
+                           "x": x * dodge[i]})
+    knee = ""
+    if comera:
+        line = pd.DataFrame(comera).sort_values("compression")
+        ax.plot(line.x, line.accuracy, color="black", lw=0.8, ls="--", zorder=0)
+        knee = knee_text(line, dense.metric_value.mean()) if len(dense) else ""
+    for r in runs[runs.status != "ok"].itertuples():
+        _mark_failed(ax, r.compression_total if pd.notna(r.compression_total) else 1.0,
+                     f"{method_label(r)}: {r.status}")
+    ax.set_xscale("log")
+    _plain_log_ticks(ax.xaxis)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%gx"))
+    ax.set_xlabel("whole-model compression (uncompressed parameters / the model's)")
+    ax.set_ylabel("final validation accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    seeds = ok.seed.nunique()
+    footer = (f"{res.label}, {source}, {seeds} seed{'s' if seeds != 1 else ''} (small: each seed; large: "
+              f"mean). {knee + '.' if knee else ''} More: table_mnli_size.")
+    _finish(fig, title, footer, out, name)
+
+
 BASE_RATE_NCE = 0.98
 """DLRM runs whose last eval NCE is at least this learned (almost) nothing beyond the click base rate."""
 
@@ -696,6 +799,7 @@ FIGURES: dict[str, Callable[[Results, Path], None]] = {
     "fig8_dlrm_time_memory": fig8_dlrm_time_memory, "fig9_dlrm_nce": fig9_dlrm_nce,
     "fig10_mlm_loss": fig10_mlm_loss, "fig12_time_vs_compression": fig12_time_vs_compression,
     "fig13_rank_adaptation": fig13_rank_adaptation,
+    "fig14_accuracy_vs_compression": fig14_accuracy_vs_compression,
 }
 
 

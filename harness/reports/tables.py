@@ -25,10 +25,19 @@ BYTES_PER_PARAM = 4  # sizes in MB assume float32 parameters (the runs' dtype)
 
 
 def method_label(row: Any) -> str:
+    """"comera (target 0.2)", "lte-tuned", "dense, size-matched to CoMERA target 0.2" (the dense method's
+    size-matched baseline, :func:`size_matched`)."""
     label = row.method if row.variant in ("default", "", None) else f"{row.method}-{row.variant}"
     if pd.notna(row.target_ratio):
         label += f" (target {row.target_ratio:g})"
-    return label
+    matched = size_matched(row)
+    return f"{row.method}, size-matched to CoMERA target {matched['target']:g}" if matched else label
+
+
+def size_matched(row: Any) -> dict[str, Any]:
+    """The record of a size-matched dense baseline (baselines.dense.size_matched: ``target``,
+    ``comera_params``, ``params``, ``full_params`` and its width), {} for any other row."""
+    return settings_of(row).get("method", {}).get("size_matched") or {}
 
 
 def status_note(row: Any) -> str:
@@ -173,9 +182,10 @@ def table2_dlrm(res: Results) -> tuple[pd.DataFrame, str]:
 
 
 def table_mnli_size(res: Results) -> tuple[pd.DataFrame, str]:
-    """Transformer quality cells (dense, CoMERA per target 0.8, 0.5, 0.2, GaLore, LTE): accuracy, eval loss, total
-    size and tensorized-layer size (MB), compression; for CoMERA also the accuracy and TT size at the
-    stage switch and the TT size at the end relative to it. The paper's dense size is the last row."""
+    """Transformer quality cells (dense, the size-matched dense model, CoMERA per target 0.8, 0.5, 0.2,
+    GaLore, LTE): accuracy, eval loss, parameters, total size and tensorized-layer size (MB), compression;
+    for CoMERA also the accuracy and TT size at the stage switch and the TT size at the end relative to it.
+    The paper's dense size is the last row."""
     runs, source = res.quality_runs("transformer")
     rows = [_size_row(res, r) for r in quality_order(runs).itertuples()]
     data = sorted({str(settings_of(r).get("workload_info", {}).get("data") or "") for r in runs.itertuples()} - {""})
@@ -191,7 +201,11 @@ def table_mnli_size(res: Results) -> tuple[pd.DataFrame, str]:
             "separates models whose accuracies have saturated), accuracy_at_switch = the one right after "
             "the stage switch; sizes = parameters x 4 bytes (float32), MB = 10^6 bytes; TT size = scalars in "
             "every core and gate (at the switch: after its pruning); end/switch = TT size at the end / at the "
-            "switch, to be read against the target; the paper row is its model at full size (source: "
+            "switch, to be read against the target; params = parameters of the trained model; the "
+            "size-matched dense model is the uncompressed model made narrower (d_model, d_ff) to the "
+            "parameter count nearest CoMERA's at its target, computed before training (every parameter but "
+            "the TT cores and gates, plus the target x those at initialization; its note gives that count "
+            "and the width); the paper row is its model at full size (source: "
             f"{reference.source_text(paper['source'])}); a note \"still "
             f"learning\": its accuracy rose by more than {LEARNING_RISE:g} over its last {LEARNING_TAIL:.0%} of "
             "steps to less than 1, so it is not a settled result")
@@ -211,10 +225,24 @@ def _size_row(res: Results, r: Any) -> dict[str, Any]:
             "eval_loss": extra_of(r).get("eval", {}).get("loss"),
             "accuracy_at_switch": info.get("accuracy"), "tt_size_at_switch": _count(info.get("size")),
             "tt_size_end": _count(size_end), "end/switch": size_end / info["size"] if size_end and info.get("size") else None,
-            "target": r.target_ratio, "total_MB": _mb(r.params_total),
+            "target": r.target_ratio, "params": _count(r.params_total), "total_MB": _mb(r.params_total),
             "tensorized_layers_MB": _mb(r.params_factorized_layers),
             "compression_total": r.compression_total, "compression_layers": r.compression_layers,
-            "note": "; ".join(filter(None, (status_note(r) or late_stage_missing(r), res.still_learning(r))))}
+            "note": "; ".join(filter(None, (status_note(r) or late_stage_missing(r), matched_note(r),
+                                            res.still_learning(r))))}
+
+
+def matched_note(row: Any) -> str:
+    """What a size-matched dense row matches: "matches CoMERA target 0.2: 24419 parameters (d_model 16,
+    d_ff 64)"; "" for other rows."""
+    m = size_matched(row)
+    if not m:
+        return ""
+    dims = sorted(set(m) - {"target", "comera_params", "params", "full_params"},
+                  key=lambda k: (k != "d_model", k))  # d_model first
+    width = ", ".join(f"{k} {m[k]}" for k in dims)
+    return (f"matches CoMERA target {m['target']:g}: {m['comera_params']} parameters"
+            + (f" ({width})" if width else ""))
 
 
 def table_runs(res: Results) -> tuple[pd.DataFrame, str]:
@@ -351,7 +379,8 @@ def _mb_bytes(n: Any) -> float | None:
     return None if pd.isna(n) else round(float(n) / MB, 3)
 
 
-INTEGER_COLUMNS = ("batch_size", "seed", "seq_len", "rank", "tt_size_at_switch", "tt_size_end", "steps_timed")
+INTEGER_COLUMNS = ("batch_size", "seed", "seq_len", "rank", "params", "tt_size_at_switch", "tt_size_end",
+                   "steps_timed")
 """Columns of whole numbers: written as such (32, not 32.0) where a row without one (the paper's) made
 them float."""
 

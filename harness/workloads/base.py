@@ -42,6 +42,11 @@ class Workload:
     official_init: Callable[[nn.Module], None] | None = None
     """Re-initializes the parameters that stay dense after tensorizing as the official CoMERA code does
     (the CoMERA method's ``dense_init: official``); None: they keep the workload's own init."""
+    sized_model: Callable[[int], tuple[nn.Module, dict[str, Any]]] | None = None
+    """``n`` -> a smaller dense model of the same kind whose parameter count is the nearest to ``n`` the
+    workload's rule gives, seeded and placed as ``model``, and the params that set its size (e.g.
+    ``{"d_model": 16, "d_ff": 64}``); the dense method's size-matched baseline trains it. None: the
+    workload has no such rule."""
 
 
 def seeded_model(build_model: Callable[[dict[str, Any]], nn.Module], params: dict[str, Any], seed: int,

@@ -24,8 +24,12 @@ Face cache), ``tokenizer`` (a tokenizer.json; None: WordPiece trained on the tra
 ``hypothesis_len``, ``num_words``, ``task``, ``num_topics`` and ``word_topics`` (synthetic, see
 :mod:`harness.data.nli_synthetic`; ``word_topics`` "random": the words' topics drawn with ``data_seed``,
 "modular": word ``w``'s topic is ``(w - 6) % num_topics``, a map aligned with the TT-matrix embedding's
-row modes), ``data_seed``, ``cache_dir`` (None: the run's, <results_dir>/cache),
-``eval_batch_size`` (None: max(batch_size, 64)).
+row modes), ``label_noise`` (synthetic: the share of labels redrawn at random; the workload info gives
+``label_ceiling``, the share of evaluation labels that follow the rule), ``data_seed``, ``cache_dir``
+(None: the run's, <results_dir>/cache), ``eval_batch_size`` (None: max(batch_size, 64)).
+
+The size-matched dense baseline (the dense method's ``match_target``) trains :func:`sized_params`'s
+narrower model: ``d_model`` in steps of ``num_heads`` with ``d_ff`` in proportion (``Workload.sized_model``).
 """
 from __future__ import annotations
 
@@ -65,7 +69,7 @@ EMBEDDING_SHAPES = {(30522, 768): ([16, 20, 10, 10], [4, 4, 8, 6]), (1024, 128):
 DEFAULTS: dict[str, Any] = dict(embedding_row_shape=None, embedding_col_shape=None,
                                 data="synthetic", data_dir=None, tokenizer=None, cache_dir=None,
                                 data_seed=0, num_words=None, eval_batch_size=None, tensorize_embedding=True,
-                                task="topic", num_topics=4, word_topics="random")
+                                task="topic", num_topics=4, word_topics="random", label_noise=0.0)
 TYPES: dict[str, Any] = dict(
     vocab_size=int, d_model=int, num_layers=int, num_heads=int, d_ff=int, max_positions=int, seq_len=int,
     dropout=float, rank=int, embedding_rank=int, embedding_row_shape=(ListOf(int), None),
@@ -73,7 +77,8 @@ TYPES: dict[str, Any] = dict(
     train_samples=(int, None), eval_samples=(int, None), data=Choice(("synthetic", "mnli")),
     data_dir=(str, None), tokenizer=(str, None), cache_dir=(str, None), data_seed=int,
     num_words=(int, None), eval_batch_size=(int, None), tensorize_embedding=bool,
-    task=Choice(nli_synthetic.TASKS), num_topics=int, word_topics=Choice(("modular", "random")))
+    task=Choice(nli_synthetic.TASKS), num_topics=int, word_topics=Choice(("modular", "random")),
+    label_noise=float)
 LR = {"paper": {"dense": 1e-4, "cores": 1e-4, "other": 5e-5, "gates": 1e-3},
       "cpu": {"dense": 3e-4, "cores": 3e-4, "other": 3e-4, "gates": 3e-3, "embedding_cores": 3e-3}}
 
@@ -87,6 +92,7 @@ def validate(p: dict[str, Any]) -> None:
             f"exceeds max_positions={p['max_positions']}")
     require(0.0 <= p["dropout"] < 1.0, NAME, "dropout", p["dropout"], "must be in [0, 1)")
     require(p["num_topics"] >= 2, NAME, "num_topics", p["num_topics"], "must be >= 2")
+    require(0 <= p["label_noise"] <= 1, NAME, "label_noise", p["label_noise"], "must be in [0, 1]")
     if p["data"] == "synthetic":  # the generator's own rule, checked before any cell runs
         needed = p["premise_len"] + p["hypothesis_len"] + 4
         require(needed <= p["seq_len"], NAME, "seq_len", p["seq_len"],
@@ -245,6 +251,26 @@ def build_model(p: dict[str, Any]) -> NLIClassifier:
     return model
 
 
+def parameter_count(p: dict[str, Any]) -> int:
+    """Parameters of the dense classifier for params ``p`` (built on the meta device: no memory)."""
+    with torch.device("meta"):
+        return sum(t.numel() for t in build_model(p).parameters())
+
+
+def sized_params(p: dict[str, Any], n: int) -> dict[str, Any]:
+    """``p`` with the width whose dense classifier has the parameter count nearest ``n`` (the smaller one
+    on a tie): ``d_model`` a multiple of ``num_heads`` up to the given one, ``d_ff`` kept in proportion
+    (rounded), every other key (vocabulary, layers, heads, positions) unchanged."""
+    ratio = p["d_ff"] / p["d_model"]
+    widths = [{**p, "d_model": d, "d_ff": max(1, round(d * ratio))}
+              for d in range(p["num_heads"], p["d_model"] + 1, p["num_heads"])]
+    low, high = 0, len(widths) - 1  # the first width with at least n parameters (counts grow with it)
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (mid + 1, high) if parameter_count(widths[mid]) < n else (low, mid)
+    return min(widths[max(low - 1, 0):low + 1], key=lambda q: abs(parameter_count(q) - n))
+
+
 def tt_spec(p: dict[str, Any]) -> dict[str, dict]:
     """Attention q/k/v/o, FFN in/out and fc1 as TT; the word embedding as TTM (if tensorize_embedding)."""
     spec = encoder_tt_spec("encoder.", p["num_layers"], p["d_model"], p["d_ff"], p["rank"])
@@ -263,11 +289,17 @@ def load_data(p: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, tor
     if p["data"] == "synthetic":
         common = dict(vocab_size=p["vocab_size"], seq_len=p["seq_len"], premise_len=p["premise_len"],
                       hypothesis_len=p["hypothesis_len"], num_words=p["num_words"], task=p["task"],
-                      num_topics=p["num_topics"],
+                      num_topics=p["num_topics"], label_noise=p["label_noise"],
                       topic_seed=p["data_seed"] if p["word_topics"] == "random" else None)
         train = nli_synthetic.generate(p["train_samples"], seed=2 * p["data_seed"], **common)
         evals = nli_synthetic.generate(p["eval_samples"], seed=2 * p["data_seed"] + 1, **common)
-        return train, evals, {"data": "synthetic", "task": p["task"], "hypothesis_only_ceiling": 2 / 3}
+        info = {"data": "synthetic", "task": p["task"], "hypothesis_only_ceiling": 2 / 3}
+        if p["label_noise"]:  # the share of evaluation labels that the noise left as the task's rule gives
+            clean = nli_synthetic.generate(p["eval_samples"], seed=2 * p["data_seed"] + 1,
+                                           **{**common, "label_noise": 0.0})
+            info["label_ceiling"] = float((clean["labels"] == evals["labels"]).double().mean())
+            info["hypothesis_only_ceiling"] = 2 / 3 - p["label_noise"] / 3  # a redrawn label: right 1 in 3
+        return train, evals, info
     return _load_mnli(p)
 
 
@@ -315,6 +347,10 @@ def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
 def build(p: dict[str, Any], *, batch_size: int, seed: int, device: torch.device) -> Workload:
     train, evals, info = load_data(p)
     model = seeded_model(build_model, p, seed, device)
+
+    def sized_model(n: int) -> tuple[nn.Module, dict[str, Any]]:
+        q = sized_params(p, n)
+        return seeded_model(build_model, q, seed, device), {"d_model": q["d_model"], "d_ff": q["d_ff"]}
     eval_bs = p["eval_batch_size"] or max(batch_size, 64)
 
     def evaluate(m: nn.Module) -> dict[str, float]:
@@ -337,4 +373,4 @@ def build(p: dict[str, Any], *, batch_size: int, seed: int, device: torch.device
         loss=loss, evaluate=evaluate,
         steps_per_epoch=batching.train_steps(batching.num_rows(train), batch_size),
         metric_name="accuracy", seq_len=p["seq_len"], lr=dict(LR["paper" if p["size"] == "paper" else "cpu"]),
-        info=info, official_init=official_init)
+        info=info, official_init=official_init, sized_model=sized_model)

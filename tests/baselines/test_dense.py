@@ -76,3 +76,62 @@ def test_training_step_lowers_the_loss():
         prepared.optimizers[0].step()
         prepared.optimizers[0].zero_grad(set_to_none=True)
     assert losses[-1] < 0.5 * losses[0]
+
+
+def tiny_transformer():
+    from harness.workloads import build_workload
+
+    return build_workload("transformer", {"size": "tiny", "train_samples": 16, "eval_samples": 16},
+                          batch_size=4, seed=0, device="cpu")
+
+
+@pytest.mark.parametrize("target", [0.5, 0.2])
+def test_size_matched_model_is_narrower_with_comeras_parameter_count_at_the_target(target):
+    """The count matched is CoMERA's after its late stage reaches ``target`` of a TT size that the early
+    stage left as it was: every parameter of the tensorized model but the cores and gates, plus ``target`` x
+    those."""
+    import copy
+
+    from baselines.comera import CoMERAMethod
+    from comera import tt_parameter_count
+
+    workload = tiny_transformer()
+    full = sum(p.numel() for p in workload.model.parameters())
+    tt = CoMERAMethod().prepare(copy.deepcopy(workload.model), workload, {}, target_ratio=target,
+                                total_steps=4)
+    expected = tt.size()["params_total"] - (1 - target) * tt_parameter_count(tt.model)
+    state = torch.get_rng_state()
+    prepared = DenseMethod().prepare(workload.model, workload, {"match_target": target}, target_ratio=None,
+                                     total_steps=4)
+    assert torch.equal(torch.get_rng_state(), state)  # counting CoMERA's size draws nothing from the RNG
+    matched = prepared.settings["size_matched"]
+    count = sum(p.numel() for p in prepared.model.parameters())
+    assert matched["comera_params"] == round(expected) and matched["params"] == count < full
+    assert matched["full_params"] == full and matched["target"] == target == prepared.settings["match_target"]
+    assert matched["d_model"] < 32 and matched["d_ff"] == 2 * matched["d_model"]  # the tiny preset's 32 / 64
+    assert prepared.model.encoder.embeddings.word.weight.shape == (256, matched["d_model"])
+    size = prepared.size()
+    assert size["params_total"] == count and size["compression_total"] == pytest.approx(full / count)
+    assert size["compression_layers"] > 1
+    held = {id(p) for g in prepared.optimizers[0].param_groups for p in g["params"]}
+    assert held == {id(p) for p in prepared.model.parameters()}
+    widths = (matched["d_model"] - 2, matched["d_model"] + 2)
+    narrower = [abs(transformer_count(workload, d) - expected) for d in widths]
+    assert abs(count - expected) <= min(narrower)  # the nearest width of the rule (steps of 2 heads)
+
+
+def transformer_count(workload, d_model):
+    from harness.workloads import check_params, transformer
+
+    params = check_params("transformer", {"size": "tiny", "d_model": d_model, "d_ff": 2 * d_model})
+    return transformer.parameter_count(params)
+
+
+def test_size_matched_needs_a_workload_that_builds_smaller_models_and_a_target_of_at_most_1():
+    workload = SimpleNamespace(**vars(fake_workload(1e-3)), sized_model=None)
+    with pytest.raises(ValueError, match="'match_target' needs a workload that builds smaller models.*'fake"):
+        DenseMethod().prepare(mlp(), workload, {"match_target": 0.5}, target_ratio=None, total_steps=1)
+    with pytest.raises(ValueError, match=r"'match_target' must be in \(0, 1\], got 1.5"):
+        DenseMethod().prepare(mlp(), workload, {"match_target": 1.5}, target_ratio=None, total_steps=1)
+    prepared = DenseMethod().prepare(mlp(), workload, {}, target_ratio=None, total_steps=1)
+    assert prepared.settings["size_matched"] is None and prepared.size()["compression_total"] == 1.0

@@ -586,3 +586,19 @@ def test_tiny_text_mlm_cells_are_c9s_comparison_on_a_cpu(tmp_path):
     assert f"{comera:.3f} vs {dense:.3f}" in table.loc["C9", ELSEWHERE]
     assert "size tiny, text data, full schedule]" in table.loc["C9", ELSEWHERE]
     assert table.loc["C8", VERDICT] == claims.NOT_MEASURED  # text rows are not C8's code pretraining
+
+
+def test_c5_shows_the_size_matched_dense_model_beside_comera_without_judging_it(tmp_path):
+    """The paper has no size-matched baseline: C5 shows it beside CoMERA at the target it matches, and its
+    verdict (and the dense reference of the kept accuracy) stays that of the default configurations."""
+    matched = run("transformer", "dense", 32, variant="size-matched", metric=0.55, compression=84.0)
+    settings = json.loads(matched["settings"])
+    settings["method"]["size_matched"] = {"target": 0.2, "comera_params": 790_000, "params": 797_000,
+                                          "full_params": 66_957_315, "d_model": 96, "d_ff": 384}
+    matched["settings"] = json.dumps(settings)
+    table = evaluate(tmp_path / "a", placed(paper_rows() + [matched]))
+    assert table.loc["C5", VERDICT] == claims.HOLDS
+    assert ("transformer: 85.0x (90.0x layers) at target 0.2, accuracy 0.620 vs dense 0.650, size-matched "
+            "dense model (CoMERA target 0.2's 790000 parameters, 84.0x) 0.550 vs CoMERA 0.620 at that target"
+            in table.loc["C5", MEASURED])
+    assert "size-matched" not in evaluate(tmp_path / "b", placed(paper_rows())).loc["C5", MEASURED]

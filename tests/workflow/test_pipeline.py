@@ -163,11 +163,17 @@ def test_merged_tables_complete(pipeline):
     comera_ok = runs[(runs.method == "comera") & (runs.status == "ok")]
     kernels = [json.loads(s)["tt_kernels"] for s in comera_ok.settings]
     assert kernels and all(set(k) == {"native", "why"} for k in kernels), kernels
+    # the size-matched dense model (Fig 14): a narrower dense model with CoMERA's count at target 0.5
+    (matched,) = runs[runs.variant == "size-matched"].itertuples()
+    record = json.loads(matched.settings)["method"]["size_matched"]
+    assert matched.status == "ok" and record["target"] == 0.5 and matched.params_total == record["params"]
+    assert matched.compression_total > 1 and record["d_model"] < 32
 
 
 def test_outputs_and_claims(pipeline):
     figs = pipeline["workdir"] / "figures" / "tiny"
-    for name in ("fig1_time_memory", "fig5_ttm_lookup", "fig6_accuracy", "fig13_rank_adaptation"):
+    for name in ("fig1_time_memory", "fig5_ttm_lookup", "fig6_accuracy", "fig13_rank_adaptation",
+                 "fig14_accuracy_vs_compression"):
         assert (figs / f"{name}.png").stat().st_size > 0 and (figs / f"{name}.pdf").stat().st_size > 0
     assert not (figs / "fig12_time_vs_compression.png").exists()  # no sweep in this grid: named instead
     assert "fig12_time_vs_compression: needs a CoMERA sweep" in (figs / "overview.md").read_text()
@@ -236,7 +242,7 @@ def test_cell_logs_show_steps_with_an_eta_and_the_pipeline_counts_cells(pipeline
         line = rf"^{re.escape(run_id)}: step \d+ of \d+, elapsed {CLOCK}, ETA {CLOCK}$"
         assert re.search(line, text, re.M), text
     out = pipeline["first_log"] + pipeline["second"].stderr
-    assert re.search(rf"^comera-bench: cells \d+ of 7 done \(\d+ in this run, {CLOCK}\); about \S+ left", out,
+    assert re.search(rf"^comera-bench: cells \d+ of 8 done \(\d+ in this run, {CLOCK}\); about \S+ left", out,
                      re.M), out
 
 
@@ -267,7 +273,7 @@ def test_the_retime_hint_works_as_printed(pipeline, tmp_path):
     assert "rule time_transformer_b4_s0" in out or "time_transformer_b4_s0" in out
     assert pd.read_parquet(folder / f"{victim}.runs.parquet").timing_quality.iloc[0] != "noisy: made so by the test"
     assert re.search(r"round 1/5: \d+ cells \(\d+ s\); about \S+ left in this group's rounds", out), out[-3000:]
-    assert re.search(r"^comera-bench: cells 7 of 7 done", out, re.M), out[-3000:]
+    assert re.search(r"^comera-bench: cells 8 of 8 done", out, re.M), out[-3000:]
 
 
 def test_figures_without_metadata_runs_exactly_the_new_cells(pipeline, tmp_path):
@@ -401,7 +407,7 @@ def test_sigterm_to_the_pipeline_leaves_no_failure_and_a_rerun_finishes(tmp_path
     again = snakemake(tmp_path, "runs")
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     rows = pd.concat(pd.read_parquet(p) for p in folder.glob("*.runs.parquet"))
-    assert len(rows) == 7 and (rows.status == "ok").all(), rows[["run_id", "status", "error"]]
+    assert len(rows) == 8 and (rows.status == "ok").all(), rows[["run_id", "status", "error"]]
     for name, mtime in kept.items():
         assert (folder / name).stat().st_mtime_ns == mtime, f"{name} was rewritten"
 

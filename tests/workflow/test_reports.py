@@ -786,3 +786,62 @@ def test_compare_marks_unstable_times_and_says_they_were_measured(tmp_path, monk
     table = pd.read_csv(tmp_path / "out" / "compare.csv")
     assert set(table.differences) == {"timing not stable on cpu-b: IQR 94%, its threads waited for a CPU "
                                       "74%, CPU pressure 100%"}
+
+
+def seeded_cell(cell, seed, compression=1.0, matched=None):
+    """A quality cell of ``seed`` with its whole-model compression; ``matched``: a size-matched record."""
+    row, curves = cell
+    rid = f"{row['run_id']}_s{seed}"
+    row = {**row, "run_id": rid, "seed": seed, "compression_total": compression}
+    if matched:
+        row["settings"] = json.dumps({"method": {"size_matched": matched}})
+    return row, [{**c, "run_id": rid} for c in curves]
+
+
+MATCHED = {"comera_params": 24419, "d_ff": 64, "d_model": 16, "full_params": 553219, "params": 24355,
+           "target": 0.2}  # as a row's settings JSON has it: keys sorted
+
+
+def test_fig14_draws_accuracy_against_compression_per_seed_with_the_size_matched_model_and_the_knee(
+        tmp_path, drawn):
+    """Two seeds per configuration: a small marker each and a large one at their mean; the uncompressed
+    mean as a line; CoMERA's targets joined; the knee in the footer; the matched model labelled by target."""
+    cells = []
+    for seed, shift in ((0, 0.0), (1, 0.02)):
+        cells += [seeded_cell(quality_cell("dense", end_acc=0.93 + shift), seed),
+                  seeded_cell(quality_cell("comera", 0.5, end_acc=0.92 + shift), seed, 7.7),
+                  seeded_cell(quality_cell("comera", 0.2, end_acc=0.83 + shift), seed, 22.7),
+                  seeded_cell(quality_cell("dense", variant="size-matched", end_acc=0.75 + shift), seed, 22.7,
+                              MATCHED),
+                  seeded_cell(quality_cell("galore", end_acc=0.90 + shift), seed)]
+    cells[0][0]["params_total"] = 553219
+    res = quality_folder(tmp_path / "q", *cells)
+    figures.fig14_accuracy_vs_compression(res, tmp_path)
+    (points,), texts, footer = drawn["fig14_accuracy_vs_compression"]
+    assert points["uncompressed"] == [pytest.approx(0.94)]  # the mean of the seeds' 0.93 and 0.95
+    assert points["uncompressed, mean 0.940 (seeds' range shaded)"] == [pytest.approx(0.94)] * 2
+    assert points["comera (target 0.2)"] == [pytest.approx(0.84)]
+    assert points["uncompressed, size-matched to CoMERA target 0.2"] == [pytest.approx(0.76)]
+    assert points["galore"] == [pytest.approx(0.91)]
+    assert ("CoMERA within 0.02 of uncompressed up to 7.7x (target 0.5); 0.100 below at 22.7x (target 0.2)"
+            in footer)
+    assert "2 seeds" in footer and "quality cells" in footer
+    size, note = tables.table_mnli_size(res)
+    matched = size[size.method == "dense, size-matched to CoMERA target 0.2"]
+    assert matched.params.tolist() == [1000, 1000]  # the rows' params_total
+    tables.write_table(size, note, "t", tmp_path, "t", "")
+    text = (tmp_path / "t.md").read_text()
+    assert " 553219 |" in text and "e+05" not in text  # the dense rows' count, whole
+    assert set(matched.note) == {"matches CoMERA target 0.2: 24419 parameters (d_model 16, d_ff 64)"}
+
+
+@pytest.mark.parametrize("accuracies, expected", [
+    ((0.95, 0.94), "CoMERA within 0.02 of uncompressed up to 22.7x (target 0.2) (no knee in the targets "
+                   "run)"),
+    ((0.90, 0.80), "CoMERA more than 0.02 below uncompressed from its least compression, 0.050 below at 7.7x "
+                   "(target 0.5)"),
+    ((0.94, 0.80), "CoMERA within 0.02 of uncompressed up to 7.7x (target 0.5); 0.150 below at 22.7x "
+                   "(target 0.2)")])
+def test_knee_is_the_largest_compression_within_0_02_of_uncompressed(accuracies, expected):
+    points = pd.DataFrame({"compression": [22.7, 7.7], "accuracy": accuracies[::-1], "target": [0.2, 0.5]})
+    assert figures.knee_text(points, 0.95) == expected

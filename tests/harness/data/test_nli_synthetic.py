@@ -133,7 +133,21 @@ def test_hypothesis_only_ceiling(task):
     assert sum(best.values()) / 6000 < 2 / 3 + 0.02
 
 
+@pytest.mark.parametrize("noise", [0.1, 0.3])
+def test_label_noise_redraws_a_share_of_the_labels_and_keeps_the_tokens(noise):
+    """With probability ``label_noise`` a label is redrawn uniformly (so about 2/3 of those change); the
+    tokens, and every label not redrawn, are the noiseless task's."""
+    common = dict(vocab_size=128, seq_len=24, premise_len=8, num_words=48, seed=3, topic_seed=0)
+    clean, noisy = generate(6000, **common), generate(6000, **common, label_noise=noise)
+    assert all(torch.equal(clean[k], noisy[k]) for k in ("input_ids", "segment_ids", "attention_mask"))
+    changed = float((clean["labels"] != noisy["labels"]).double().mean())
+    assert abs(changed - 2 / 3 * noise) < 0.02  # 6000 draws: the standard error is below 0.006
+    assert torch.equal(generate(6000, **common, label_noise=noise)["labels"], noisy["labels"])
+    assert sorted(Counter(noisy["labels"].tolist())) == [0, 1, 2]
+
+
 @pytest.mark.parametrize("kwargs, message", [
+    (dict(vocab_size=256, seq_len=32, premise_len=10, label_noise=1.5), "label_noise=1.5"),
     (dict(vocab_size=12, seq_len=32, premise_len=10), "too few content words"),
     (dict(vocab_size=256, seq_len=12, premise_len=10), "> seq_len=12"),
     (dict(vocab_size=40, seq_len=32, premise_len=10), "in each of 4 topics"),

@@ -154,3 +154,37 @@ def test_mnli_rows_dropped_are_in_the_workload_info(tmp_path):
     assert work.info["rows_read"] == {"train": 36, "validation_matched": 12}
     assert work.info["rows_dropped"] == {"train": {}, "validation_matched": {"'-'": 1}}
     assert work.info["eval_samples"] == 11
+
+
+def test_sized_params_give_the_width_with_the_nearest_parameter_count():
+    """The size-matched dense baseline's rule: d_model in steps of num_heads up to the preset's, d_ff in
+    proportion, nothing else changed; the nearest count wins, the narrower width on a tie."""
+    p = check_params("transformer", {"size": "small"})
+    count = {d: transformer.parameter_count({**p, "d_model": d, "d_ff": 4 * d}) for d in range(4, 129, 4)}
+    assert count[128] == transformer.parameter_count(p) == 553_219
+    middle = (count[16] + count[20]) // 2
+    for n, width in ((0, 4), (count[16], 16), (middle, 16), (middle + 1, 20), (10 ** 9, 128)):
+        q = transformer.sized_params(p, n)
+        assert (q["d_model"], q["d_ff"]) == (width, 4 * width), n
+        assert {k: v for k, v in q.items() if k not in ("d_model", "d_ff")} == {
+            k: v for k, v in p.items() if k not in ("d_model", "d_ff")}
+
+
+def test_sized_model_is_seeded_as_the_workloads(tiny):
+    model, dims = tiny.sized_model(10_000)
+    again, _ = tiny.sized_model(10_000)
+    assert dims["d_model"] < 32 and model.encoder.embeddings.word.weight.shape[1] == dims["d_model"]
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+
+
+def test_label_noise_ceilings_are_in_the_workload_info():
+    """With label noise the info says which share of the evaluation labels follow the task's rule (what a
+    model that learned the rule can reach) and what the hypothesis alone gives."""
+    params = {"size": "tiny", "train_samples": 64, "eval_samples": 600, "label_noise": 0.3}
+    noisy = build_workload("transformer", params, batch_size=8, seed=0, device="cpu")
+    clean = build_workload("transformer", {**params, "label_noise": 0.0}, batch_size=8, seed=0, device="cpu")
+    evals = {name: torch.cat([b["labels"] for b in w.eval_batches()]) for name, w in (("noisy", noisy),
+                                                                                     ("clean", clean))}
+    assert noisy.info["label_ceiling"] == float((evals["noisy"] == evals["clean"]).double().mean()) < 1
+    assert noisy.info["hypothesis_only_ceiling"] == pytest.approx(2 / 3 - 0.1)
+    assert "label_ceiling" not in clean.info and clean.info["hypothesis_only_ceiling"] == 2 / 3
