@@ -36,7 +36,7 @@ import pandas as pd
 from harness.core.timing import STABLE
 from harness.reports import reference
 from harness.reports.html import write_html
-from harness.reports.tables import MB
+from harness.reports.shared import MB
 from harness.results import FINAL_LOSS_WINDOW
 from harness.results.analysis import (QUALITY, TIME, Ratio, Results, describe_left_out, gpu_rows, is_timing,
                                       load, model_size, pair_ratio, purpose_of, settings_of, stable_only,

@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from harness.reports import reference  # noqa: E402
-from harness.reports.tables import (MB, late_stage_missing, method_label, quality_order,  # noqa: E402
+from harness.reports.shared import (MB, late_stage_missing, method_label, quality_order,  # noqa: E402
                                     report_args)
 from harness.results.analysis import (Results, model_size, pair_ratio, settings_of, step_time_spread,  # noqa: E402
                                       stable, timing_cells)

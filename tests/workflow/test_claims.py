@@ -12,7 +12,7 @@ import yaml
 from harness.reports import claims, reference, tables
 from harness.configs import grid
 from tests.workflow import test_grid
-from harness.results import RUNS_COLUMNS, to_frame, write_parquet_atomic
+from harness.results import RUNS_COLUMNS, analysis, to_frame, write_parquet_atomic
 
 RTX3090, RTX4090 = "NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 4090"
 DATA = {"transformer": "mnli", "dlrm": "criteo", "mlm": "jsonl"}
@@ -119,7 +119,7 @@ def folder(path, rows, lookups=()):
         "workload_params", {}), "execution": {"cuda_graph": False}} for r in rows}
     sweeps = {r["run_id"]: {"rank": 5} for r in rows if r["variant"].startswith("rank-")}
     (path / "grid.json").write_text(json.dumps({"cells": cells, "sweeps": sweeps}))
-    return tables.load(path)
+    return analysis.load(path)
 
 
 def evaluate(tmp_path, rows, lookups=(), other=None):
@@ -398,7 +398,7 @@ def test_memory_ratios_keep_noisy_rows(tmp_path):
     table = evaluate(tmp_path, rows, lookup_rows())
     assert table.loc["C2", VERDICT] == claims.NOT_STABLE  # needs the batch-1 time ratio
     assert "left out" in table.loc["C2", ELSEWHERE]
-    res = tables.load(tmp_path / "here")
+    res = analysis.load(tmp_path / "here")
     mem = claims._ratios(claims.annotate(res, res.runs), "galore", "peak_mem_bytes")
     assert mem[1].value == pytest.approx(950 / 100)
 
@@ -480,7 +480,7 @@ def _paper_grid_folder(path, gpu: str, galore_b1: float, lookups=()):
     rows = [_paper_grid_row(spec, gpu, galore_b1) for spec in cells.values()]
     res = folder(path, rows, lookups)
     (path / "grid.json").write_text(json.dumps({"cells": cells, "sweeps": sweeps}))
-    return tables.load(path), rows
+    return analysis.load(path), rows
 
 
 def test_paper_grid_rows_get_a_verdict_for_every_claim(tmp_path):
@@ -521,7 +521,7 @@ def test_c1_is_judged_on_cuda_graph_cells_where_the_grid_has_them(tmp_path):
     for r in graphed:
         cells["cells"][r["run_id"]]["execution"]["cuda_graph"] = True
     (tmp_path / "both" / "grid.json").write_text(json.dumps(cells))
-    res = tables.load(tmp_path / "both")
+    res = analysis.load(tmp_path / "both")
     c1 = claims.evaluate(res).set_index("claim").loc["C1"]
     assert c1[VERDICT] == claims.HOLDS, c1[MEASURED]
     assert "1.20x @ batch 32" in c1[MEASURED]

@@ -9,8 +9,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
-from harness.reports import compare, feeds, figures, reference, tables
-from harness.results import RUNS_COLUMNS, ResultsError, merge, to_frame, write_parquet_atomic
+from harness.reports import compare, feeds, figures, reference, shared, tables
+from harness.results import RUNS_COLUMNS, ResultsError, analysis, merge, to_frame, write_parquet_atomic
 
 
 def run_row(workload, method, batch, *, variant="default", target=None, time_s=10.0, mem=100e6,
@@ -74,7 +74,7 @@ def folder(tmp_path):
 
 
 def test_tables(folder, tmp_path):
-    res = tables.load(folder)
+    res = analysis.load(folder)
     t1, note = tables.table1_ranks(res)
     assert "the last one (index 1)" in note
     assert list(t1.columns) == ["layer", "before training", "after early stage", "late stage, target 0.5"]
@@ -100,7 +100,7 @@ def test_tables(folder, tmp_path):
 
 
 def test_empty_grid_tables_say_not_measured(tmp_path):
-    res = tables.load(make_folder(tmp_path / "d", [run_row("mlm", "dense", 4)]))
+    res = analysis.load(make_folder(tmp_path / "d", [run_row("mlm", "dense", 4)]))
     df, note = tables.table2_dlrm(res)
     tables.write_table(df, note, "T", tmp_path, "t", res.settings_line())
     assert "Not measured here: no DLRM run" in (tmp_path / "t.md").read_text()
@@ -284,7 +284,7 @@ def quality_folder(path, *cells, with_timing=True):
         curves += [{"run_id": comera["run_id"], "step": s, "epoch": 0, "split": "ranks",
                     "metric_name": f"encoder.layers.4.ffn.fc1[{k}]", "value": v}
                    for s in (0, 2, 4) for k, v in enumerate([1, 9, 9, 1])]
-    return tables.load(make_folder(path, rows, curves))
+    return analysis.load(make_folder(path, rows, curves))
 
 
 @pytest.fixture
@@ -319,7 +319,7 @@ def test_timing_outputs_ignore_quality_cells(tmp_path, drawn):
     for spec in grid["cells"].values():  # every dense cell with CUDA graph: Fig 7 draws the timing one only
         spec["execution"]["cuda_graph"] = spec["method"] == "dense"
     (tmp_path / "q" / "grid.json").write_text(json.dumps(grid))
-    figures.fig7_cuda_graph(tables.load(tmp_path / "q"), tmp_path)
+    figures.fig7_cuda_graph(analysis.load(tmp_path / "q"), tmp_path)
     assert drawn["fig7_cuda_graph"][0][0]["uncompressed + CUDA graph"] == [99.0]
     runs, _ = tables.table_runs(res)
     assert runs.purpose.value_counts().to_dict() == {"quality": 6, "timing": 2}
@@ -351,7 +351,7 @@ def test_a_cell_timed_alone_and_each_groups_gpu_memory_are_in_the_overview(tmp_p
         row.update(timing_group=group, device="cuda", extra=json.dumps(
             {"memory": {"device_in_use_bytes": used * gib, "device_total_bytes": 24 * gib},
              **({"timed_alone": "it ran out of memory beside its group (test)"} if alone else {})}))
-    res = tables.load(make_folder(tmp_path / "r", rows))
+    res = analysis.load(make_folder(tmp_path / "r", rows))
     runs, note = tables.table_runs(res)
     assert dict(zip(runs.run_id, runs.timed_alone))[rows[2]["run_id"]] == "yes" and "timed_alone" in note
     assert sorted(runs.timed_alone) == ["", "", "", "yes"]
@@ -379,7 +379,7 @@ def test_a_compiled_cells_graphs_are_in_the_runs_table_and_breaks_or_fallbacks_i
     eager, cell = run_row("transformer", "dense", 8), run_row("transformer", "dense", 8, variant="default+compile")
     if report is not None:
         cell["extra"] = json.dumps({"compile": report})
-    res = tables.load(make_folder(tmp_path / "r", [eager, cell]))
+    res = analysis.load(make_folder(tmp_path / "r", [eager, cell]))
     runs, note = tables.table_runs(res)
     assert dict(zip(runs.run_id, runs.compiled)) == {eager["run_id"]: "", cell["run_id"]: text}
     assert "compiled: " in note and "eager fallbacks" in note
@@ -484,7 +484,7 @@ def test_quality_outputs_without_quality_cells(tmp_path, drawn):
     rows = [run_row("transformer", "dense", 1), run_row("transformer", "dense", 32)]
     curves = [{"run_id": r["run_id"], "step": s, "epoch": 0, "split": "eval", "metric_name": "accuracy",
                "value": 0.3 + r["batch_size"] / 100} for r in rows for s in (0, 10)]
-    res = tables.load(make_folder(tmp_path / "d", rows, curves))
+    res = analysis.load(make_folder(tmp_path / "d", rows, curves))
     t1, note = tables.table1_ranks(res)
     assert t1.empty and "no finished CoMERA run" in note and "timing cells" in note
     size, note = tables.table_mnli_size(res)
@@ -496,7 +496,7 @@ def test_quality_outputs_without_quality_cells(tmp_path, drawn):
     assert "timing cells (this grid has no quality cells)" in footer
     figures.fig13_rank_adaptation(res, tmp_path)
     assert drawn["fig13_rank_adaptation"][1][0].startswith("Not measured in this grid: CoMERA runs with a target")
-    empty = tables.load(make_folder(tmp_path / "e", [run_row("dlrm", "dense", 4)]))
+    empty = analysis.load(make_folder(tmp_path / "e", [run_row("dlrm", "dense", 4)]))
     figures.fig6_accuracy(empty, tmp_path)
     assert drawn["fig6_accuracy"][1][0].startswith("Not measured in this grid: eval accuracy curves")
 
@@ -568,7 +568,7 @@ def test_fig7_draws_the_pipelines_cuda_graph_cells_beside_their_eager_twins(tmp_
     for spec in grid["cells"].values():
         spec["execution"]["cuda_graph"] = "cudagraph" in spec["variant"]
     (path / "grid.json").write_text(json.dumps(grid))
-    figures.fig7_cuda_graph(tables.load(path), tmp_path)
+    figures.fig7_cuda_graph(analysis.load(path), tmp_path)
     series = drawn["fig7_cuda_graph"][0][0]
     assert series == {"comera": [30.0, 30.0], "comera + CUDA graph": [10.0, 10.0], "uncompressed": [50.0, 50.0],
                       "uncompressed + CUDA graph": [40.0, 40.0], "uncompressed-default+matmul-high": [20.0, 20.0]}
@@ -586,7 +586,7 @@ def test_curve_lines_part_by_size_data_and_sequence_length_where_they_vary(tmp_p
         rows.append(row)
         curves += [{"run_id": row["run_id"], "step": s, "epoch": 0, "split": "train", "metric_name": "loss",
                     "value": seq / 100 + s} for s in (1, 2)]
-    figures.fig10_mlm_loss(tables.load(make_folder(tmp_path / "m", rows, curves)), tmp_path)
+    figures.fig10_mlm_loss(analysis.load(make_folder(tmp_path / "m", rows, curves)), tmp_path)
     (lines,), _, _ = drawn["fig10_mlm_loss"]
     drawn_lines = {k: pytest.approx(v) for k, v in lines.items() if not k.startswith("paper")}
     assert drawn_lines == {"dense, batch 32, size paper, data stdlib, seq 128": [2.28, 3.28],
@@ -625,7 +625,7 @@ def test_fig6_draws_the_paper_line_on_mnli_only_and_fig13_names_a_missed_target(
     row, curves = quality_cell("comera", 0.5)
     curves = [{**c, "value": SWITCH_SIZE} if c["metric_name"] == "params_tt" and c["step"] == 8 else c
               for c in curves]  # no rank was pruned after the switch
-    res = tables.load(make_folder(tmp_path / "syn", [quality_cell("dense")[0], row],
+    res = analysis.load(make_folder(tmp_path / "syn", [quality_cell("dense")[0], row],
                                   quality_cell("dense")[1] + curves))
     figures.fig6_accuracy(res, tmp_path)
     figures.fig13_rank_adaptation(res, tmp_path)
@@ -635,7 +635,7 @@ def test_fig6_draws_the_paper_line_on_mnli_only_and_fig13_names_a_missed_target(
     settings = json.loads(row["settings"])
     mnli = [{**r, "settings": json.dumps({**settings, "workload_info": {"data": "mnli"}})}
             for r in (quality_cell("dense")[0], row)]
-    figures.fig6_accuracy(tables.load(make_folder(tmp_path / "mnli", mnli, curves)), tmp_path)
+    figures.fig6_accuracy(analysis.load(make_folder(tmp_path / "mnli", mnli, curves)), tmp_path)
     (acc, _), _, _ = drawn["fig6_accuracy"]
     assert "paper (RTX 3090): final MNLI accuracy ~64%" in acc
 
@@ -697,7 +697,7 @@ def test_compare_gives_a_noisy_quality_cell_no_time_ratio(tmp_path):
 def test_fig1_footer_fits_two_lines_and_memory_points_carry_their_seeds_range(folder, tmp_path, drawn):
     """Fig 1's footer is two lines at most (its details are in the overview); a memory point is one cell's
     peak (said so: one seed, no spread) or, with several seeds, their median with a min-max bar."""
-    res = tables.load(folder)
+    res = analysis.load(folder)
     figures.fig1_time_memory(res, tmp_path)
     _, _, footer = drawn["fig1_time_memory"]
     fig, _ = figures._figure(2)
@@ -708,12 +708,12 @@ def test_fig1_footer_fits_two_lines_and_memory_points_carry_their_seeds_range(fo
     rows = [run_row("transformer", "dense", 4, mem=mem) for mem in (100e6, 140e6, 110e6)]
     for seed, row in enumerate(rows):
         row["seed"], row["run_id"] = seed, f"{row['run_id']}_s{seed}"
-    res = tables.load(make_folder(tmp_path / "seeds", rows))
+    res = analysis.load(make_folder(tmp_path / "seeds", rows))
     figures.fig1_time_memory(res, tmp_path)
     (_, memory), _, footer = drawn["fig1_time_memory"]
     assert memory == {"uncompressed": [110.0]}  # the median of the three seeds
     fig, (ax,) = figures._figure(1)
-    figures._per_batch(ax, res.main_runs("transformer"), "peak_mem_bytes", tables.MB, "peak memory (MB)")
+    figures._per_batch(ax, res.main_runs("transformer"), "peak_mem_bytes", shared.MB, "peak memory (MB)")
     (bar,) = [c for c in ax.containers]
     segment = bar.lines[2][0].get_segments()[0]
     assert [y for _, y in segment] == [100.0, 140.0]  # min to max

@@ -45,6 +45,7 @@ def test_reports_read_a_merged_table_of_an_older_schema(tmp_path, capsys):
     """A runs.parquet written before the timing columns existed: tables, figures, claims and compare read
     it as merge does (nulls, a warning); its timings have no verdict, so no time ratio uses them."""
     from harness.reports import claims, compare, figures, tables
+    from harness.results import analysis
 
     folder = tmp_path / "old-device"
     folder.mkdir()
@@ -54,7 +55,7 @@ def test_reports_read_a_merged_table_of_an_older_schema(tmp_path, capsys):
     timing_cols = ["timing_quality", "load_avg_1m", "cpu_pressure", "run_queue_frac", "cpu_time_ratio",
                    "timing_group", "round_step_ms", "round_step_mean_ms"]
     results.to_frame([row], "runs").drop(columns=timing_cols).to_parquet(folder / "runs.parquet", index=False)
-    res = tables.load(folder)
+    res = analysis.load(folder)
     assert res.runs.timing_quality.isna().all()
     assert "older schema" in capsys.readouterr().err
     out = tmp_path / "out"
