@@ -378,8 +378,7 @@ def to_row(result: Result, prov: dict[str, Any]) -> dict[str, Any]:
             "peak_mem_bytes": result.peak_mem_bytes, "flops": result.flops, **prov}
 
 
-def run(spec: dict[str, Any], *, config_hash: str = "",
-        progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+def run(spec: dict[str, Any], *, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Rows with the ``microbench`` columns for every case of ``spec`` (checked here), measured under its
     allocator policy."""
     from harness.results import provenance
@@ -387,7 +386,7 @@ def run(spec: dict[str, Any], *, config_hash: str = "",
     spec = check_spec(spec)
     with allocator.policy(spec["allocator"]):
         results = list(run_cases(spec, progress=progress))
-    prov = provenance(resolve_device(spec["device"], "microbench device"), config_hash)
+    prov = provenance(resolve_device(spec["device"], "microbench device"))
     return [to_row(r, prov) for r in results]
 
 
@@ -402,7 +401,6 @@ def cli(argv: list[str]) -> int:
     src.add_argument("--preset", choices=sorted(PRESETS), help="a built-in spec")
     ap.add_argument("--out", required=True, help="microbench Parquet file (written atomically)")
     ap.add_argument("--device", choices=["cpu", "cuda", "auto"], help="override the spec's device")
-    ap.add_argument("--config-hash", default="", help="recorded in the provenance columns")
     ap.add_argument("--allocator", choices=allocator.POLICIES,
                     help="override the spec's allocator policy (default reuse; see harness.core.allocator)")
     ap.add_argument("--quiet", action="store_true")
@@ -414,13 +412,12 @@ def cli(argv: list[str]) -> int:
         if args.allocator:
             spec["allocator"] = args.allocator
         with allocator.policy(spec["allocator"]) as applied:
-            rows = run(spec, config_hash=args.config_hash,
-                       progress=None if args.quiet else lambda line: print(line, file=sys.stderr))
+            rows = run(spec, progress=None if args.quiet else lambda line: print(line, file=sys.stderr))
     except (ValueError, RuntimeError) as exc:
         print(f"comera-bench microbench: {exc}", file=sys.stderr)
         return 2
     device = resolve_device(spec["device"], "microbench device")
-    meta = {**(provenance(device, args.config_hash) if not rows else {k: rows[0][k] for k in PROVENANCE_COLUMNS}),
+    meta = {**(provenance(device) if not rows else {k: rows[0][k] for k in PROVENANCE_COLUMNS}),
             "peak_mem_kind": CUDA_ALLOCATED if device.type == "cuda" else CPU_ALLOCATED, "spec": spec,
             "allocator": applied}
     try:

@@ -34,7 +34,7 @@ def halve_ranks(model: torch.nn.Module, threshold: float, optimizers=()) -> dict
 
 
 def cell_spec(job: dict[str, Any]) -> dict[str, Any]:
-    """The cell (harness.running.specs) of a step configuration: the transformer at the job's size, method,
+    """The spec's JSON (harness.spec) of a step configuration: the transformer at the job's size, method,
     batch and seed; ``warmup`` untimed steps, then ``rounds`` rounds of ``steps`` timed steps each plus the
     round's first step (a re-warm step after the pause between rounds, not counted under a round
     coordinator), in the job's ``timing_group`` (harness.perf.steps.TIMING_GROUP under the bench's

@@ -50,7 +50,7 @@ PROVENANCE_TYPES: dict[str, pa.DataType] = {
     "device": pa.string(), "device_name": pa.string(), "num_threads": pa.int64(),
     "torch_version": pa.string(), "cuda_version": pa.string(), "python_version": pa.string(),
     "comera_bench_version": pa.string(), "git_commit": pa.string(), "git_dirty": pa.bool_(),
-    "config_hash": pa.string(), "hostname": pa.string(), "started_at": pa.string(),
+    "hostname": pa.string(), "started_at": pa.string(),
     "matmul_precision": pa.string(),
 }
 
@@ -61,7 +61,7 @@ RUNS_TYPES: dict[str, pa.DataType] = {
     # identity
     "run_id": pa.string(), "workload": pa.string(), "method": pa.string(), "variant": pa.string(),
     "batch_size": pa.int64(), "seq_len": pa.int64(), "rank": pa.int64(), "target_ratio": pa.float64(),
-    "seed": pa.int64(),
+    "seed": pa.int64(), "cell_hash": pa.string(), "execution_hash": pa.string(),
     # status
     "status": pa.string(), "error": pa.string(),
     # time
@@ -158,7 +158,7 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def provenance(device: torch.device | str, config_hash: str = "") -> dict[str, Any]:
+def provenance(device: torch.device | str) -> dict[str, Any]:
     """Where and with what a result was produced (the PROVENANCE_COLUMNS); started_at is now, UTC.
 
     git_dirty says whether tracked files differ from the commit (None when git is unavailable)."""
@@ -180,7 +180,6 @@ def provenance(device: torch.device | str, config_hash: str = "") -> dict[str, A
         "comera_bench_version": package_version(),
         "git_commit": commit,
         "git_dirty": dirty,
-        "config_hash": config_hash,
         "hostname": socket.gethostname(),
         "started_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "matmul_precision": torch.get_float32_matmul_precision(),
@@ -318,18 +317,21 @@ def load_grid(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
 
 def check_cells(df: pd.DataFrame, path: Path, cells: dict[str, dict[str, Any]], grid: str | os.PathLike) -> None:
     """ResultsError naming ``path`` (a per-cell runs file) unless each row is the grid cell the file is named
-    after, run from the grid's spec (same config_hash): a file of another config is refused, not merged."""
+    after, run from the grid's spec (same cell_hash and execution_hash): a file of another config is
+    refused, not merged."""
     name = path.name.removesuffix(".runs.parquet")
     advice = (f"it was written by another config than the grid's ({grid}): delete it and its curves file, then "
               "run the pipeline again (the cell runs again)")
-    for rid, row_hash in zip(df["run_id"], df["config_hash"]):
+    for _, row in df.iterrows():
+        rid = row["run_id"]
         if rid != name:
             raise ResultsError(f"{path} holds the row of cell {rid}, not of cell {name}; {advice}")
         if rid not in cells:
             raise ResultsError(f"{path}: cell {rid} is not in the grid; {advice}")
-        if row_hash != cells[rid].get("config_hash"):
-            raise ResultsError(f"{path}: its row of cell {rid} was run from another spec (config_hash {row_hash}; "
-                               f"the grid's is {cells[rid].get('config_hash')}); {advice}")
+        for key in ("cell_hash", "execution_hash"):
+            if row[key] != cells[rid].get(key):
+                raise ResultsError(f"{path}: its row of cell {rid} was run from another spec ({key} {row[key]}; "
+                                   f"the grid's is {cells[rid].get(key)}); {advice}")
 
 
 def merge(paths: Sequence[str | os.PathLike], out: str | os.PathLike | None, kind: str, *,

@@ -37,7 +37,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from harness.configs.grid import DEFAULT_PURPOSE, PURPOSES, slug
+from harness.spec import DEFAULT_PURPOSE, PURPOSES, slug
 from harness.core.timing import STABLE, finite, quartiles, spread_reason
 from harness.results import ResultsError, empty_frame, read_parquet
 

@@ -38,6 +38,7 @@ from harness.results.atomic import atomic_write
 
 if TYPE_CHECKING:
     from harness.running.cell import CellState
+    from harness.spec import Spec
 
 STOP_GRACE_S = 5.0
 """How long a cell stopped in mid-training may take to finish its step and write its checkpoint; past it
@@ -159,18 +160,16 @@ def stop_if_asked(st: CellState) -> None:
     if st.last_checkpoint_step != st.steps_done:  # None before the first
         write(st)
     name = signal.Signals(request.signum).name
-    raise Stopped(f"{st.spec['run_id']}: stopped by {name} after step {st.steps_done}; its checkpoint is "
+    raise Stopped(f"{st.spec.run_id}: stopped by {name} after step {st.steps_done}; its checkpoint is "
                   f"{'written' if not st.checkpoint_error else 'not written (' + st.checkpoint_error + ')'}, "
                   "no row: the cell resumes from it next time", request.signum)
 
 
-def checkpointing(spec: dict[str, Any], runs_out: str | os.PathLike) -> Checkpointing | None:
+def checkpointing(spec: Spec, runs_out: str | os.PathLike) -> Checkpointing | None:
     """The checkpointing of the cell ``spec`` whose row goes to ``runs_out``: none for a cell of a timing
     group (short, and timed only in its group's rounds) or when checkpoints are turned off."""
-    from harness.running import specs
-
     every = every_s()
-    if every is None or specs.normalize_spec(spec)["execution"]["timing_group"]:
+    if every is None or spec.execution.timing_group:
         return None
     return Checkpointing(path_for(runs_out), every)
 
@@ -234,7 +233,7 @@ def load(path: str | os.PathLike, spec: dict[str, Any]) -> tuple[dict[str, Any] 
         return None, f"{path} is not a checkpoint of format {FORMAT}"
     if saved["spec"] != spec:
         differ = sorted(key for key in set(spec) | set(saved["spec"]) if spec.get(key) != saved["spec"].get(key))
-        derived = [key for key in differ if key not in ("config_hash", "run_id")]  # the hash follows the rest
+        derived = [key for key in differ if key not in ("cell_hash", "execution_hash", "run_id")]  # they follow
         return None, f"{path} belongs to another spec (it differs in {', '.join(derived or differ)})"
     code = code_identity()
     if saved["code"] != code:
@@ -258,8 +257,8 @@ def resume(st: CellState) -> dict[str, Any] | None:
     stderr why a checkpoint that is there is not used."""
     if st.checkpoint is None:
         return None
-    run_id = st.spec["run_id"]
-    saved, why_not = load(st.checkpoint.path, st.spec)
+    run_id = st.spec.run_id
+    saved, why_not = load(st.checkpoint.path, st.spec.to_dict())
     if saved is None:
         if why_not:
             print(f"{run_id}: starting over: the checkpoint is not used: {why_not}", file=sys.stderr, flush=True)
@@ -291,13 +290,13 @@ def write(st: CellState) -> None:
     cell.update(train_s_before=training_s(st), resumed=st.resumed)
     try:
         with (monitor.paused() if monitor else contextlib.nullcontext()), st.epoch_clock.paused():
-            save(st.checkpoint.path, st.spec, {"method": st.prepared.state_dict(), "rng": rng_state(),
+            save(st.checkpoint.path, st.spec.to_dict(), {"method": st.prepared.state_dict(), "rng": rng_state(),
                                                "cell": cell})
         st.checkpoints_written += 1
         st.last_checkpoint_step = st.steps_done
     except OSError as exc:
         st.checkpoint_error = f"after step {st.steps_done}: {exc}"
-        print(f"{st.spec['run_id']}: the checkpoint could not be written {st.checkpoint_error}; training goes "
+        print(f"{st.spec.run_id}: the checkpoint could not be written {st.checkpoint_error}; training goes "
               "on, the next checkpoint is tried in the next interval", file=sys.stderr, flush=True)
     st.checkpoint_s += time.perf_counter() - started
     st.last_checkpoint = time.perf_counter()

@@ -148,13 +148,13 @@ def test_a_ttm_embedding_model_leaves_the_plateau_of_the_default_quality_task():
     steps (measured: 0.994 / 0.982 at step 400, seeds 0 / 1; docs/recipe.md)."""
     from harness.configs.grid import load_config_file
     from harness.running import run as runner
-    from harness.running.specs import normalize_spec
+    from harness.spec import make
 
     config = load_config_file(Path(__file__).resolve().parents[2] / "config" / "config.yaml")
     transformer = config["workloads"]["transformer"]
     params = {**transformer["params"], **transformer["quality"]["params"], "eval_samples": 300,
               "train_samples": 400 * 32}
-    spec = normalize_spec({
+    spec = make({
         "workload": "transformer", "workload_params": params, "method": "comera", "variant": "default",
         "method_params": config["methods"]["comera"]["params"], "batch_size": 32, "target_ratio": None,
         "seed": 0, "budget": {"epochs": 1, "max_steps_per_epoch": 400, "warmup_steps": 1},

@@ -10,7 +10,6 @@ import pytest
 import yaml
 
 from harness.reports import claims, reference, tables
-from harness.configs import grid
 from tests.workflow import test_grid
 from harness.results import RUNS_COLUMNS, analysis, to_frame, write_parquet_atomic
 
@@ -112,7 +111,7 @@ def folder(path, rows, lookups=()):
     path.mkdir(parents=True)
     write_parquet_atomic(to_frame(rows, "runs"), path / "runs.parquet", kind="runs")
     mb = [{**{c: None for c in ("torch_version", "cuda_version", "python_version", "comera_bench_version",
-                                "git_commit", "git_dirty", "config_hash", "hostname", "started_at", "matmul_precision")},
+                                "git_commit", "git_dirty", "hostname", "started_at", "matmul_precision")},
            "num_threads": 2, **r} for r in lookups]
     write_parquet_atomic(to_frame(mb, "microbench"), path / "microbench.parquet", kind="microbench")
     cells = {r["run_id"]: {"workload": r["workload"], "workload_params": json.loads(r["settings"]).get(
@@ -476,7 +475,7 @@ def _paper_grid_row(spec: dict, gpu: str, galore_b1: float) -> dict:
 
 def _paper_grid_folder(path, gpu: str, galore_b1: float, lookups=()):
     config = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
-    cells, sweeps = grid.expand_grid(test_grid.filled(config))
+    cells, sweeps = test_grid.expand(test_grid.filled(config))
     rows = [_paper_grid_row(spec, gpu, galore_b1) for spec in cells.values()]
     res = folder(path, rows, lookups)
     (path / "grid.json").write_text(json.dumps({"cells": cells, "sweeps": sweeps}))

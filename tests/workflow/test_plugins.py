@@ -200,7 +200,7 @@ def test_the_data_cache_lies_in_the_results_folder(plugin_dir, tmp_path):
 
 @pytest.mark.slow
 def test_a_runs_file_of_another_config_fails_the_merge(plugin_dir, tmp_path):
-    """A cell's runs file replaced by one of another config (another budget: another config_hash) is named
+    """A cell's runs file replaced by one of another config (another budget: another cell_hash) is named
     by the merge, not merged under this grid's spec (it once was, silently)."""
     config = {"device_name": "cpu-plugins", "execution": {"device": "cpu", "threads": 1},
               "methods": {"dense": {"method": "dense"}},
@@ -219,7 +219,7 @@ def test_a_runs_file_of_another_config_fails_the_merge(plugin_dir, tmp_path):
             f"--directory {workdir} --configfile {configfile}") in proc.stderr
     assert "not timed in its group's interleaved rounds" not in proc.stderr  # alone in its group: timed alone
     (cell,) = (workdir / "results" / "runs" / "cpu-plugins").glob("*.runs.parquet")
-    foreign = pd.read_parquet(cell).assign(config_hash="0123456789abcdef")  # as a copy from another config
+    foreign = pd.read_parquet(cell).assign(cell_hash="0123456789abcdef")  # as a copy from another config
     foreign.to_parquet(cell)
     proc = subprocess.run(snakemake_cmd(workdir, configfile, "results/cpu-plugins/runs.parquet"),
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)

@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
+from harness import spec as specs
 from harness.reports import compare, feeds, figures, reference, shared, tables
 from harness.results import RUNS_COLUMNS, ResultsError, analysis, merge, to_frame, write_parquet_atomic
 
@@ -29,18 +30,28 @@ def run_row(workload, method, batch, *, variant="default", target=None, time_s=1
 
 
 def spec_for(row):
-    return {"run_id": row["run_id"], "workload": row["workload"], "workload_params": {"size": "small"},
-            "method": row["method"], "variant": row["variant"], "method_params": {},
-            "batch_size": row["batch_size"], "target_ratio": row["target_ratio"], "seed": 0,
-            "budget": {"epochs": 1, "max_steps_per_epoch": 10},
-            "execution": {"device": "cpu", "num_threads": 2, "cuda_graph": False, "compile": False}}
+    """The grid spec of a hand-made row: its identity (its variant's execution tags as execution keys),
+    and the params and budget of its settings (as a cell's row records its spec's) where it has them."""
+    settings = json.loads(row.get("settings") or "{}")
+    variant, *tags = row["variant"].split("+")
+    precision = next((t.removeprefix("matmul-") for t in tags if t.startswith("matmul-")), "highest")
+    return specs.make({
+        "purpose": row.get("purpose") or "timing", "workload": row["workload"],
+        "workload_params": settings.get("workload_params", {"size": "small"}), "method": row["method"],
+        "variant": variant, "method_params": settings.get("method_params", {}),
+        "batch_size": row["batch_size"], "target_ratio": row["target_ratio"], "seed": row["seed"],
+        "budget": settings.get("budget", {"epochs": 1, "max_steps_per_epoch": 10}),
+        "execution": {"device": "cpu", "num_threads": 2, "cuda_graph": "cudagraph" in tags,
+                      "compile": "compile" in tags, "matmul_precision": precision}}, specs.AS_WRITTEN)
 
 
 def make_folder(path, rows, curves=(), sweeps=None):
+    """A results folder: the rows (their cell hashes those of their specs, unless given), curves, grid.json."""
     path.mkdir(parents=True)
+    rows = [{**r, "cell_hash": r.get("cell_hash") or spec_for(r).cell_hash} for r in rows]
     write_parquet_atomic(to_frame(rows, "runs"), path / "runs.parquet", kind="runs")
     write_parquet_atomic(to_frame(list(curves), "curves"), path / "curves.parquet", kind="curves")
-    cells = {r["run_id"]: spec_for(r) for r in rows}
+    cells = {r["run_id"]: spec_for(r).to_dict() for r in rows}
     (path / "grid.json").write_text(json.dumps({"cells": cells, "sweeps": sweeps or {}}))
     return path
 
@@ -203,6 +214,24 @@ def test_compare_flags_and_refuses_what_differs(folder, tmp_path, capsys):
     ratios = compare.method_ratios([other])
     left = ratios[(ratios.device == "gpu-y") & (ratios.quantity == "epoch_time")]
     assert left.ratio.isna().all() and (left.note == "left out: timing not stable").all()
+
+
+def test_compare_does_not_pair_cells_whose_method_params_differ(tmp_path):
+    """A CPU CoMERA cell with size_weight 10 and a GPU one with size_weight 1 are two cells (another cell
+    hash), not one cell on two devices; size_weight 10 and 10.0 are one."""
+    def comera(size_weight):
+        row = run_row("transformer", "comera", 1, time_s=10)
+        params = specs.registry_checks().method("comera", {"size_weight": size_weight})
+        row["settings"] = json.dumps({"workload_params": {"size": "small"}, "method_params": params,
+                                      "budget": {"epochs": 1}})
+        return row
+
+    cpu = make_folder(tmp_path / "cpu", [comera(10)])
+    table, _, warnings = compare.side_by_side([cpu, make_folder(tmp_path / "gpu", [comera(1)])])
+    assert len(table) == 2 and table["epoch_time ratio gpu/cpu"].isna().all()
+    assert "no cell in common" in warnings[0] and "method_params" in warnings[0]
+    table, _, warnings = compare.side_by_side([cpu, make_folder(tmp_path / "gpu-float", [comera(10.0)])])
+    assert len(table) == 1 and table["epoch_time ratio gpu-float/cpu"].iloc[0] == pytest.approx(1.0)
 
 
 def test_compare_of_different_model_sizes_warns(folder, tmp_path, capsys):
@@ -563,11 +592,7 @@ def test_fig7_draws_the_pipelines_cuda_graph_cells_beside_their_eager_twins(tmp_
             for b in (32, 128) for method, variant, time in (
                 ("dense", "default", 50.0), ("dense", "default+cudagraph", 40.0), ("comera", "default", 30.0),
                 ("comera", "default+cudagraph", 10.0), ("dense", "default+matmul-high", 20.0))]
-    path = make_folder(tmp_path / "g", rows)
-    grid = json.loads((path / "grid.json").read_text())
-    for spec in grid["cells"].values():
-        spec["execution"]["cuda_graph"] = "cudagraph" in spec["variant"]
-    (path / "grid.json").write_text(json.dumps(grid))
+    path = make_folder(tmp_path / "g", rows)  # the cudagraph variants' specs: execution.cuda_graph
     figures.fig7_cuda_graph(analysis.load(path), tmp_path)
     series = drawn["fig7_cuda_graph"][0][0]
     assert series == {"comera": [30.0, 30.0], "comera + CUDA graph": [10.0, 10.0], "uncompressed": [50.0, 50.0],
@@ -595,13 +620,14 @@ def test_curve_lines_part_by_size_data_and_sequence_length_where_they_vary(tmp_p
 
 
 def test_unfed_figures_of_a_transformer_only_grid():
-    timing, quality = spec_for(run_row("transformer", "comera", 4, target=0.5)), spec_for(run_row("transformer", "dense", 4))
+    timing = spec_for(run_row("transformer", "comera", 4, target=0.5)).to_dict()
+    quality = spec_for(run_row("transformer", "dense", 4)).to_dict()
     quality["purpose"] = "quality"
     cells = {"a": {**timing, "purpose": None}, "b": quality}
     assert list(feeds.unfed(cells, {}, {"tiny": {"embedding": {}}})) == [
         "fig1_time_memory", "fig7_cuda_graph", "fig8_dlrm_time_memory", "fig9_dlrm_nce", "fig10_mlm_loss",
         "fig12_time_vs_compression"]  # the only timing cell has a target: no Fig 1
-    cells["c"] = spec_for(run_row("transformer", "dense", 4))
+    cells["c"] = spec_for(run_row("transformer", "dense", 4)).to_dict()
     cells["c"]["execution"]["cuda_graph"] = True
     unfed = feeds.unfed(cells, {"a": {"rank": 4}}, {})
     assert "fig7_cuda_graph" not in unfed and "fig12_time_vs_compression" not in unfed

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from baselines.base import Prepared
-from harness.running.run import Registry
+from harness.running.registry import Registry
 from harness.workloads.base import Workload
 
 
