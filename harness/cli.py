@@ -368,7 +368,7 @@ def show_table(paths: list[str], *, kind: str = "runs", where: list[str] = (), g
     from harness import results
 
     files = _find_results(paths, kind)
-    frames = [results.read_parquet(f, kind, fill_missing=True) for f in files]
+    frames = [results.read_parquet(f, kind) for f in files]
     df = pd.concat(frames, ignore_index=True) if frames else results.empty_frame(kind)
     df = df[_parse_where(list(where), df)]
     if group_by:

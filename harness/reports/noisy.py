@@ -28,7 +28,7 @@ def noisy_cells(paths: list[str | Path]) -> pd.DataFrame:
             raise results.ResultsError(f"no results in {folder} (no *.runs.parquet files); name a "
                                        "results/runs/<device> folder or a runs table")
     files = results.expand_paths(paths, "runs")
-    frames = [results.read_parquet(f, "runs", fill_missing=True) for f in files]
+    frames = [results.read_parquet(f, "runs") for f in files]
     if not frames:
         return results.empty_frame("runs")
     df = unstable_timing_cells(pd.concat(frames, ignore_index=True))

@@ -31,7 +31,6 @@ import platform
 import socket
 import subprocess
 import sys
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
@@ -210,21 +209,15 @@ def to_frame(rows: Iterable[dict[str, Any]], kind: str) -> pd.DataFrame:
     return coerce(pd.DataFrame(rows, columns=list(types)), kind)
 
 
-def coerce(df: pd.DataFrame, kind: str, *, source: str = "frame", fill_missing: bool = False) -> pd.DataFrame:
-    """``df`` with exactly the columns of ``kind`` in order and their dtypes (ResultsError otherwise).
-
-    With ``fill_missing``, a table of an older schema (columns missing, none unknown) gets the missing
-    columns as nulls and a warning on stderr naming ``source`` and the columns."""
+def coerce(df: pd.DataFrame, kind: str, *, source: str = "frame") -> pd.DataFrame:
+    """``df`` with exactly the columns of ``kind`` in order and their dtypes (ResultsError naming ``source``
+    and the missing or unknown columns otherwise)."""
     types = _types(kind)
     missing = [c for c in types if c not in df.columns]
     unknown = [c for c in df.columns if c not in types]
-    if unknown or (missing and not fill_missing):
+    if unknown or missing:
         raise ResultsError(f"{source} is not a {kind} table: missing columns {missing}, "
                            f"unknown columns {unknown}")
-    if missing:
-        print(f"comera-bench: warning: {source}: {kind} table of an older schema, columns {missing} "
-              "missing; filled with nulls", file=sys.stderr)
-        df = df.assign(**{c: None for c in missing})
     out = df[list(types)].copy()
     for col, t in types.items():
         try:
@@ -262,10 +255,9 @@ def write_parquet_atomic(df: pd.DataFrame, path: str | os.PathLike, *, kind: str
     return atomic_write(path, write, fsync=True)
 
 
-def read_parquet(path: str | os.PathLike, kind: str | None = None, *, fill_missing: bool = False
-                 ) -> pd.DataFrame:
-    """Read one result file; a corrupt file, or (with ``kind``) a foreign one, raises ResultsError
-    naming the path. ``fill_missing``: see :func:`coerce` (for files written by older versions)."""
+def read_parquet(path: str | os.PathLike, kind: str | None = None) -> pd.DataFrame:
+    """Read one result file; a corrupt file, or (with ``kind``) a foreign one or one of another schema,
+    raises ResultsError naming the path."""
     import pyarrow.parquet as pq
     path = Path(path)
     try:
@@ -274,7 +266,7 @@ def read_parquet(path: str | os.PathLike, kind: str | None = None, *, fill_missi
         raise ResultsError(f"cannot read result file {path}: {exc}") from exc
     df = table.to_pandas()
     if kind is not None:
-        df = coerce(df, kind, source=str(path), fill_missing=fill_missing)
+        df = coerce(df, kind, source=str(path))
     return df
 
 
@@ -337,8 +329,7 @@ def check_cells(df: pd.DataFrame, path: Path, cells: dict[str, dict[str, Any]], 
 def merge(paths: Sequence[str | os.PathLike], out: str | os.PathLike | None, kind: str, *,
           grid: str | os.PathLike | None = None) -> pd.DataFrame:
     """Concatenate result files of one kind (never dropping a row) and write ``out`` atomically (when
-    given). Any unreadable, truncated or foreign file raises ResultsError naming its path; a file of an
-    older schema gets its missing columns as nulls, with a warning. With ``grid`` (runs only), every
+    given). Any unreadable, truncated or foreign file raises ResultsError naming its path. With ``grid`` (runs only), every
     file must hold its own cell's row, run from the grid's spec (:func:`check_cells`)."""
     import pandas as pd
 
@@ -346,7 +337,7 @@ def merge(paths: Sequence[str | os.PathLike], out: str | os.PathLike | None, kin
     cells = load_grid(grid) if grid is not None else None
     frames = []
     for path in expand_paths(paths, kind):
-        frame = read_parquet(path, kind, fill_missing=True)
+        frame = read_parquet(path, kind)
         if cells is not None:
             check_cells(frame, path, cells, grid)
         frames.append(frame)

@@ -21,8 +21,7 @@ periodic work (pruning every k steps, GaLore's projection update) is counted. Tw
 in interleaved rounds (same ``timing_group``, host and device) are compared round by round: in each
 round the ratio of the two cells' mean step times (``round_step_mean_ms``: the round's total time over
 its counted steps), then the median over the rounds, with their inter-quartile range as the spread.
-Otherwise -- cells timed apart (two devices, two runs), or rows written before ``round_step_mean_ms``
-existed -- the ratio of their ``epoch_time_s`` (mean step time x steps per epoch, or whole epochs measured:
+Otherwise -- cells timed apart (two devices, two runs) -- the ratio of their ``epoch_time_s`` (mean step time x steps per epoch, or whole epochs measured:
 both include the periodic work). Cells timed apart share no round, so no per-round ratio exists; their
 spread is that of each side's round means (:func:`apart_ratio`: each side's quartiles over its median,
 combined the widest way), and none where a side has fewer than two round means. :attr:`Ratio.basis` says
@@ -52,8 +51,6 @@ NOT_INTERLEAVED = ("not interleaved: ratio of mean-based epoch times, spread fro
                    "quartiles")
 NO_SPREAD = ("not interleaved: ratio of mean-based epoch times, no spread (a side with fewer than 2 round "
              "means)")
-NO_ROUNDS = ("interleaved, but no per-round means to pair (rows written before round_step_mean_ms): "
-             "ratio of mean-based epoch times")
 VALUES = "ratio of the values"
 
 
@@ -317,9 +314,9 @@ def ratio(num: Mapping[str, Any], den: Mapping[str, Any], column: str = TIME, *,
     x, y = num.get(column), den.get(column)
     if not (finite(x) and finite(y)) or y <= 0:
         return None
-    if column == TIME and not timed_together(num, den):
+    if column == TIME:  # timed apart, or together without a round both have: as cells timed apart
         return apart_ratio(x / y, round_means_of(num), round_means_of(den))
-    return Ratio(x / y, x / y, x / y, 1, False, VALUES if column != TIME else NO_ROUNDS)
+    return Ratio(x / y, x / y, x / y, 1, False, VALUES)
 
 
 def apart_ratio(value: float, num: Sequence[float | None], den: Sequence[float | None]) -> Ratio:
@@ -514,7 +511,7 @@ def load(folder: str | Path, label: str | None = None) -> Results:
         label: the device's name in the reports (default: the folder's name).
 
     Returns:
-        The folder's :class:`Results`; tables of an older schema get their missing columns as nulls.
+        The folder's :class:`Results` (ResultsError naming a table of another schema).
     """
     folder = Path(folder)
     if not (folder / "runs.parquet").is_file():
@@ -522,11 +519,11 @@ def load(folder: str | Path, label: str | None = None) -> Results:
         raise ResultsError(f"{folder} holds no merged runs.parquet: give a results/<device> folder (after "
                            "`snakemake ... figures` or `comera-bench merge`)"
                            + (f"; below it: {', '.join(found)}" if found else ""))
-    runs = read_parquet(folder / "runs.parquet", "runs", fill_missing=True)  # older schemas: nulls, warned
+    runs = read_parquet(folder / "runs.parquet", "runs")
 
     def optional(name: str, kind: str) -> pd.DataFrame:
         path = folder / name
-        return read_parquet(path, kind, fill_missing=True) if path.exists() else empty_frame(kind)
+        return read_parquet(path, kind) if path.exists() else empty_frame(kind)
 
     grid = json.loads((folder / "grid.json").read_text()) if (folder / "grid.json").exists() else {}
     return Results(label or folder.name, runs, optional("curves.parquet", "curves"),
