@@ -1,5 +1,5 @@
 """The performance targets of ``comera-bench bench`` (harness.perf.bench), measured and judged in one table
-against the goals of config/bench.yaml (:mod:`.goals`).
+against the goals of harness/perf/goals.yaml (:mod:`.goals`).
 
 Modules: :mod:`.config` (one invocation's settings), :mod:`.roofline` (machine peaks, paired timing),
 :mod:`.layers` (targets 1 and 3), :mod:`.steps` with :mod:`.worker` (targets 2 and 4), :mod:`.plans`

@@ -432,7 +432,7 @@ def test_bench_is_its_own_target_writing_to_the_device_folder(tmp_path):
     default target does not include it."""
     res = snakemake(tmp_path, "-n", "-p", "bench", timeout=300)
     assert res.returncode == 0 and "This was a dry-run" in res.stdout, res.stderr[-2000:]
-    assert "comera-bench bench --device cpu" in res.stdout and "config/bench.yaml" in res.stdout
+    assert "comera-bench bench --device cpu" in res.stdout and "harness/perf/goals.yaml" in res.stdout
     assert "--out results/cpu-tiny/bench.parquet > results/cpu-tiny/logs/bench.log" in res.stdout
     everything = snakemake(tmp_path, "-n", timeout=300)
     assert everything.returncode == 0 and "comera-bench bench" not in everything.stdout + everything.stderr
