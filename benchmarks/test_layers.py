@@ -1,5 +1,5 @@
 """TTLinear vs nn.Linear (and the official CoMERA contraction) and TTM lookup vs nn.Embedding, forward +
-backward (pytest-benchmark).
+backward (pytest-benchmark): a developer's regression check, not the project's timing model.
 
 Each pair shares a benchmark group, so ``pytest benchmarks/`` prints them side by side; the ratios with
 their goals are ``comera-bench bench``'s table (docs/performance.md)."""

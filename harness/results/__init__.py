@@ -92,7 +92,8 @@ CURVES_TYPES: dict[str, pa.DataType] = {
 MICROBENCH_TYPES: dict[str, pa.DataType] = {
     "op": pa.string(), "variant": pa.string(), "shape": pa.string(), "tokens": pa.int64(),
     "rank": pa.int64(), "direction": pa.string(), "time_ms": pa.float64(), "time_ms_iqr": pa.float64(),
-    "peak_mem_bytes": pa.int64(), "flops": pa.float64(),
+    "round_time_ms": pa.string(), "timing_quality": pa.string(), "peak_mem_bytes": pa.int64(),
+    "param_bytes": pa.int64(), "output_bytes": pa.int64(), "flops": pa.float64(),
     **PROVENANCE_TYPES,
 }
 

@@ -89,7 +89,8 @@ def paper_rows():
 
 def lookup_rows(table=PAPER_TABLE, *, device="cuda", name=RTX3090, ttm_extra=4e6):
     """Microbench fwd+bwd lookups: optimized TTM 5x faster and 3x lighter than naive; sparse-grad
-    nn.Embedding faster, dense-grad slower than TTM; ``ttm_extra``: TTM bytes beyond the output."""
+    nn.Embedding faster, dense-grad slower than TTM; ``ttm_extra``: TTM bytes beyond the output. Each row's
+    rounds spread 10% about its time (stable), its parameter bytes those of its module."""
     num, dim, modes, rank = table
     rows = []
     for tokens in (10000, 20000, 40000):
@@ -101,9 +102,21 @@ def lookup_rows(table=PAPER_TABLE, *, device="cuda", name=RTX3090, ttm_extra=4e6
             shape = f"{num}x{dim}" + (f" {modes}" if ttm else "")
             rows.append({"op": "embedding", "variant": variant, "shape": shape,
                          "tokens": tokens, "rank": rank if ttm else None, "direction": "fwd_bwd", "time_ms": time,
-                         "time_ms_iqr": 0.0, "peak_mem_bytes": int(peak), "flops": 0.0, "device": device,
-                         "device_name": name})
+                         "time_ms_iqr": 0.1 * time, "round_time_ms": json.dumps([0.9 * time, time, 1.1 * time]),
+                         "timing_quality": "stable", "peak_mem_bytes": int(peak),
+                         "param_bytes": param_bytes(variant, table), "output_bytes": out, "flops": 0.0,
+                         "device": device, "device_name": name})
     return rows
+
+
+def param_bytes(variant, table):
+    """The parameter bytes of a lookup module (microbench's own, built on the meta device)."""
+    from harness.perf import microbench
+
+    num, dim, modes, rank = table
+    rows_, cols = (list(map(int, part.split(","))) for part in modes.strip("[]").split("|"))
+    spec = {"num_embeddings": num, "embedding_dim": dim, "row_shape": rows_, "col_shape": cols, "rank": rank}
+    return microbench.param_bytes(microbench.embedding_module(variant, spec, "meta"))
 
 
 def folder(path, rows, lookups=()):
@@ -190,6 +203,30 @@ def test_flipped_value_does_not_hold(tmp_path, flip):
     rows, mb, r4 = paper_case(FLIPS[flip])
     table = evaluate(tmp_path, rows, mb, other=r4)
     assert table.loc[flip.split()[0], VERDICT] == claims.FAILS, table.loc[flip.split()[0], MEASURED]
+
+
+def test_c6_quotes_no_unstable_lookup_time_and_gives_its_ratios_a_spread(tmp_path):
+    """A naive TTM lookup row whose rounds were not stable: its time ratios are left out (named) and the
+    claim is judged on the other index counts; with every naive row unstable it is not judged. The
+    stable rows' time ratios carry the spread of each side's rounds."""
+    rows, mb, r4 = paper_case()
+    measured = evaluate(tmp_path / "a", rows, mb, other=r4).loc["C6", MEASURED]
+    assert "naive/optimized TTM time: same direction, 5.00x [4.52-5.53] @ 10000 indices" in measured
+    noisy = {"timing_quality": "noisy: rounds spread 60% of their median (> 25%)", "time_ms": 40.0}
+    edit(mb, noisy, variant="ttm_naive", tokens=40000)
+    table = evaluate(tmp_path / "b", rows, mb, other=r4)
+    text = table.loc["C6", MEASURED]
+    assert table.loc["C6", VERDICT] == claims.HOLDS and "left out, timing not stable: ttm_naive @ 40000 indices" in text
+    assert "20.00x" not in text and "5.00x [4.52-5.53] @ 20000 indices; " in text  # no naive time at 40000
+    edit(mb, noisy, variant="ttm_naive")
+    assert evaluate(tmp_path / "c", rows, mb, other=r4).loc["C6", VERDICT] == claims.NOT_STABLE
+
+
+def test_c6s_table_is_the_micro_benchmarks_paper_table():
+    from harness.perf import microbench
+
+    table = microbench.PRESETS["paper"]["embedding"]["tables"][0]
+    assert claims.PAPER_TABLE == f"{table['num_embeddings']}x{table['embedding_dim']}"
 
 
 @pytest.fixture(scope="module")

@@ -619,6 +619,34 @@ def test_curve_lines_part_by_size_data_and_sequence_length_where_they_vary(tmp_p
                            "dense, batch 32, size bert-large, data text, seq 128": [2.28, 3.28]}
 
 
+def test_fig5_rings_the_lookups_whose_timing_is_not_stable(tmp_path, drawn):
+    """Each lookup's time with the IQR of its rounds; a case whose rounds were not stable is ringed, as a
+    cell's point is."""
+    from tests.workflow.test_claims import SMALL_TABLE, lookup_rows
+
+    path = make_folder(tmp_path / "m", [run_row("transformer", "dense", 1)])
+    rows = lookup_rows(SMALL_TABLE, device="cpu", name="Test CPU", ttm_extra=1000)
+    noisy = next(r for r in rows if r["variant"] == "ttm_naive" and r["tokens"] == 20000)
+    noisy["timing_quality"] = "noisy: rounds: 1 round(s) (< 2)"
+    prov = {c: None for c in ("torch_version", "cuda_version", "python_version", "comera_bench_version",
+                              "git_commit", "git_dirty", "hostname", "started_at", "matmul_precision")}
+    write_parquet_atomic(to_frame([{**prov, "num_threads": 1, **r} for r in rows], "microbench"),
+                         path / "microbench.parquet", kind="microbench")
+    rings = []
+    real_plot = plt.Axes.plot
+
+    def plot(ax, *args, **kw):
+        if kw.get("markerfacecolor") == "white":
+            rings.append((list(args[0]), list(args[1])))
+        return real_plot(ax, *args, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plt.Axes, "plot", plot)
+        figures.fig5_ttm_lookup(analysis.load(path), tmp_path)
+    assert [ring for ring in rings if ring[0]] == [([20000], [10.0])]
+    assert "black-ringed: timing not stable, left out of C6" in drawn["fig5_ttm_lookup"][2]
+
+
 def test_unfed_figures_of_a_transformer_only_grid():
     timing = spec_for(run_row("transformer", "comera", 4, target=0.5)).to_dict()
     quality = spec_for(run_row("transformer", "dense", 4)).to_dict()
