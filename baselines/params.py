@@ -49,7 +49,8 @@ def parse(method: str, cls: type, params: dict[str, Any] | None) -> Any:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if f.name in given:
-            given[f.name] = _check_value(method, f.name, given[f.name], hints[f.name], f.metadata.get("check"))
+            given[f.name] = _check_value(method, f.name, given[f.name], hints[f.name],
+                                         f.metadata.get("check"))
     if hasattr(cls, "resolve"):
         given = cls.resolve(given)
     return cls(**given)

@@ -34,8 +34,8 @@ SHOW_COLUMNS = {
              "step_time_ms", "step_time_ms_iqr", "timing_quality", "epoch_time_s", "peak_mem_bytes", "metric_name",
              "metric_value", "compression_total", "device"],
     "curves": None,  # every column
-    "microbench": ["op", "variant", "shape", "tokens", "rank", "direction", "time_ms", "time_ms_iqr", "timing_quality",
-                   "peak_mem_bytes", "flops", "device"],
+    "microbench": ["op", "variant", "shape", "tokens", "rank", "direction", "time_ms", "time_ms_iqr",
+                   "timing_quality", "peak_mem_bytes", "flops", "device"],
     "bench": ["target", "what", "measured", "goal", "bound", "verdict", "device_name", "started_at"],
 }
 

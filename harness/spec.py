@@ -34,7 +34,7 @@ RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 MAX_RUN_ID = 150
 """The longest cell name: it names files such as .<run_id>.runs.parquet.<host>.<pid>.<random>.tmp."""
 HASHES = ("cell_hash", "execution_hash")
-"""Keys of a spec's JSON that are derived from the rest (:attr:`Spec.cell_hash`, :attr:`Spec.execution_hash`)."""
+"""Keys of a spec's JSON derived from the rest (:attr:`Spec.cell_hash`, :attr:`Spec.execution_hash`)."""
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -76,7 +76,8 @@ class Execution:
 
 SCHEMA_KEYS: dict[str, str | None] = {
     "purpose": None, "workload": None, "method": None, "batch_size": None, "run_id": None,
-    "variant": "methods.*.variant", "workload_params": "workloads.*.params", "method_params": "methods.*.params",
+    "variant": "methods.*.variant", "workload_params": "workloads.*.params",
+    "method_params": "methods.*.params",
     "target_ratio": "workloads.*.targets", "seed": "seeds",
     **{f"budget.{f.name}": f"$defs.budget.{f.name}" for f in dataclasses.fields(Budget)},
     "execution.device": "execution.device", "execution.num_threads": "execution.threads",
@@ -158,7 +159,8 @@ class Spec:
 
     def with_execution(self, **changes: Any) -> Spec:
         """This spec with execution keys changed (checked as :func:`make` checks them)."""
-        return make({**self.content(), "execution": {**dataclasses.asdict(self.execution), **changes}}, AS_WRITTEN)
+        execution = {**dataclasses.asdict(self.execution), **changes}
+        return make({**self.content(), "execution": execution}, AS_WRITTEN)
 
 
 def _check_int(where: str, value: Any, minimum: int, *, optional: bool = False) -> None:
@@ -195,7 +197,8 @@ def _budget(given: Any) -> Budget:
     _check_int("budget.max_steps_per_epoch", b["max_steps_per_epoch"], 1, optional=True)
     _check_int("budget.warmup_steps", b["warmup_steps"], 0)
     _check_int("budget.eval_every_steps", b["eval_every_steps"], 1, optional=True)
-    b["time_limit_s"] = _number("budget.time_limit_s", b["time_limit_s"], lambda v: v > 0, "a finite number > 0")
+    b["time_limit_s"] = _number("budget.time_limit_s", b["time_limit_s"], lambda v: v > 0,
+                                "a finite number > 0")
     return Budget(**b)
 
 
@@ -236,11 +239,11 @@ def run_id(spec: Mapping[str, Any], suffix: str = "", entry: str | None = None) 
     execution = spec.get("execution") or {}
     target = "none" if spec.get("target_ratio") is None else f"{spec['target_ratio']:g}"
     precision = execution.get("matmul_precision", "highest")
-    graph = ("_cg" if execution.get("cuda_graph") else "") + ("_compiled" if execution.get("compile") else "") + (
-        f"_matmul-{precision}" if precision != "highest" else "")
+    graph = ("_cg" if execution.get("cuda_graph") else "") + ("_compiled" if execution.get("compile") else "")
+    graph += f"_matmul-{precision}" if precision != "highest" else ""
     quality = "_quality" if spec.get("purpose", DEFAULT_PURPOSE) == PURPOSES[1] else ""
-    return slug(f"{entry or spec['workload']}_{spec['method']}-{spec.get('variant', 'default')}_b{spec['batch_size']}"
-                f"_t{target}_s{spec.get('seed', 0)}{graph}{suffix}{quality}")
+    name = f"{entry or spec['workload']}_{spec['method']}-{spec.get('variant', 'default')}"
+    return slug(f"{name}_b{spec['batch_size']}_t{target}_s{spec.get('seed', 0)}{graph}{suffix}{quality}")
 
 
 def make(raw: Mapping[str, Any], checks: ParamChecks | None = None) -> Spec:
@@ -278,11 +281,13 @@ def make(raw: Mapping[str, Any], checks: ParamChecks | None = None) -> Spec:
     if out["purpose"] not in PURPOSES:
         raise SpecError(f"spec purpose must be one of {list(PURPOSES)}, got {out['purpose']!r}")
     out["target_ratio"] = _number("target_ratio", out.get("target_ratio"), lambda v: 0 < v <= 1, "in (0, 1]")
-    if out.get("run_id") and (not isinstance(out["run_id"], str) or not RUN_ID_PATTERN.fullmatch(out["run_id"])):
+    given = out.get("run_id")
+    if given and (not isinstance(given, str) or not RUN_ID_PATTERN.fullmatch(given)):
         raise SpecError(f"spec run_id must be a plain file name (letters, digits, . _ -; not starting "
                         f"with '.' or '-'), got {out['run_id']!r}")
     checks = checks or registry_checks()
-    out["workload_params"] = _params("workload_params", out["workload"], out.get("workload_params"), checks.workload)
+    out["workload_params"] = _params("workload_params", out["workload"], out.get("workload_params"),
+                                     checks.workload)
     out["method_params"] = _params("method_params", out["method"], out.get("method_params"), checks.method)
     out["budget"] = _budget(out.get("budget"))
     out["execution"] = _execution(out.get("execution"))

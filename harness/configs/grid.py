@@ -292,25 +292,27 @@ def expand_grid(config: dict[str, Any]) -> tuple[dict[str, Spec], dict[str, dict
                 for (variant, params, point), batch, target, seed, graph, compiled, precision in itertools.product(
                         _variants(entry), batches, targets, seeds, graphs, compiles, precisions):
                     timed = purpose == "timing"
-                    group = slug(f"{wname}{suffix}_b{batch}_s{seed}") if timed and execution["interleave"] else None
+                    grouped = timed and execution["interleave"]
+                    group = slug(f"{wname}{suffix}_b{batch}_s{seed}") if grouped else None
                     raw = {
                         "purpose": purpose, "workload": module_of(wname, workload),
-                        "workload_params": dict(workload_params), "method": entry["method"], "variant": variant,
-                        "method_params": params, "batch_size": batch, "target_ratio": target, "seed": seed,
+                        "workload_params": dict(workload_params), "method": entry["method"],
+                        "variant": variant, "method_params": params, "batch_size": batch,
+                        "target_ratio": target, "seed": seed,
                         "budget": dict(section["budget"]),
                         "execution": {"device": execution["device"], "num_threads": execution["threads"],
                                       "cuda_graph": graph, "compile": compiled, "matmul_precision": precision,
                                       "rounds": execution["rounds"], "timing_group": group},
                     }
-                    raw["run_id"] = specs.run_id(raw, suffix, wname)
-                    if len(raw["run_id"]) > specs.MAX_RUN_ID:  # it names files: keep well below 255 bytes
-                        raise ConfigError(f"config key workloads.{wname}{key}: cell name {raw['run_id']!r} is "
-                                          f"{len(raw['run_id'])} characters (at most {specs.MAX_RUN_ID}); shorten "
-                                          "the variant or the sweep values")
+                    rid = raw["run_id"] = specs.run_id(raw, suffix, wname)
+                    where = f"config key workloads.{wname}{key}"
+                    if len(rid) > specs.MAX_RUN_ID:  # it names files: keep well below 255 bytes
+                        raise ConfigError(f"{where}: cell name {rid!r} is {len(rid)} characters (at most "
+                                          f"{specs.MAX_RUN_ID}); shorten the variant or the sweep values")
                     try:
                         spec = specs.make(raw, checks)
                     except ValueError as err:
-                        raise ConfigError(f"config key workloads.{wname}{key}: cell {raw['run_id']}: {err}") from err
+                        raise ConfigError(f"{where}: cell {rid}: {err}") from err
                     if spec.run_id in grid:
                         raise ConfigError(f"config key workloads.{wname}{key}.methods: cell {spec.run_id} "
                                           "appears twice (same method/variant/batch/target/seed)")
@@ -328,8 +330,8 @@ def _alone_untimed_in_groups(grid: dict[str, Spec]) -> dict[str, Spec]:
         group = spec.execution.timing_group
         if group:
             sizes[group] = sizes.get(group, 0) + 1
-    return {rid: spec.with_execution(timing_group=None) if sizes.get(spec.execution.timing_group, 0) == 1 else spec
-            for rid, spec in grid.items()}
+    alone = {rid for rid, spec in grid.items() if sizes.get(spec.execution.timing_group, 0) == 1}
+    return {rid: spec.with_execution(timing_group=None) if rid in alone else spec for rid, spec in grid.items()}
 
 
 def timing_groups(grid: dict[str, Spec]) -> dict[str, list[str]]:

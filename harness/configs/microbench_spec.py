@@ -24,8 +24,8 @@ _SPEC_KEYS = {"device", "num_threads", "min_run_time_s", "rounds", "seed", "memo
 _LINEAR_KEYS = {"layers", "ranks", "tokens", "directions", "variants"}
 _EMBEDDING_KEYS = {"tables", "indices", "zipf_exponent", "variants", "directions"}
 _TABLE_KEYS = {"num_embeddings", "embedding_dim", "row_shape", "col_shape", "rank"}
-_DEFAULTS = {"device": "auto", "num_threads": 2, "min_run_time_s": 0.5, "rounds": 5, "seed": 0, "memory": True,
-             "allocator": "reuse"}
+_DEFAULTS = {"device": "auto", "num_threads": 2, "min_run_time_s": 0.5, "rounds": 5, "seed": 0,
+             "memory": True, "allocator": "reuse"}
 
 
 def check_spec(spec: Any, *, source: str = "spec") -> dict[str, Any]:

@@ -75,7 +75,8 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--targets", default="1,2,3,4,5", help="comma-separated target numbers (default all)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
-    ap.add_argument("--goals", default=str(goals_lib.DEFAULT_PATH), help="goals file (default harness/perf/goals.yaml)")
+    ap.add_argument("--goals", default=str(goals_lib.DEFAULT_PATH),
+                    help="goals file (default harness/perf/goals.yaml)")
     ap.add_argument("--out", help="Parquet file, written atomically, with the Markdown table next to it "
                                   "(default results/<device>/bench.parquet)")
     ap.add_argument("--step-timeout", type=float, default=1800, help="seconds for all transformer-step processes together")

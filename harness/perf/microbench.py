@@ -192,8 +192,8 @@ def linear_cases(cfg: dict[str, Any], device: torch.device, seed: int) -> Iterat
             for variant, shape, rank, module in modules:
                 for direction in cfg["directions"]:
                     run, reset, output_bytes = module_call(module, x, direction, wrt_input=True)
-                    yield Case("linear", variant, shape, tokens, rank, direction, run, reset, param_bytes(module),
-                               output_bytes)
+                    yield Case("linear", variant, shape, tokens, rank, direction, run, reset,
+                               param_bytes(module), output_bytes)
 
 
 def zipf_indices(count: int, num_embeddings: int, exponent: float, seed: int) -> torch.Tensor:
@@ -378,7 +378,8 @@ def run_cases(spec: dict[str, Any], *, progress: Callable[[str], None] | None = 
                              min_run_time_s=spec["min_run_time_s"], memory=spec["memory"])
             if progress:
                 progress(f"{case.op:9s} {case.variant:13s} {case.shape:28s} tokens={case.tokens:<6d} "
-                         f"rank={case.rank!s:4s} {case.direction:7s} {median_iqr(result.round_ms)[0]:10.3f} ms  "
+                         f"rank={case.rank!s:4s} {case.direction:7s} "
+                         f"{median_iqr(result.round_ms)[0]:10.3f} ms  "
                          f"peak={result.peak_mem_bytes}  {result.timing_quality}")
             yield result
 
@@ -390,8 +391,8 @@ def to_row(result: Result, prov: dict[str, Any]) -> dict[str, Any]:
     return {"op": c.op, "variant": c.variant, "shape": c.shape, "tokens": c.tokens, "rank": c.rank,
             "direction": c.direction, "time_ms": median, "time_ms_iqr": iqr,
             "round_time_ms": json.dumps(result.round_ms), "timing_quality": result.timing_quality,
-            "peak_mem_bytes": result.peak_mem_bytes, "param_bytes": c.param_bytes, "output_bytes": c.output_bytes,
-            "flops": result.flops, **prov}
+            "peak_mem_bytes": result.peak_mem_bytes, "param_bytes": c.param_bytes,
+            "output_bytes": c.output_bytes, "flops": result.flops, **prov}
 
 
 def run(spec: dict[str, Any], *, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:

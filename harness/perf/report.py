@@ -31,7 +31,8 @@ class BenchRow:
     measured: float | None
     verdict: str
     goal_key: str = ""
-    """Where the goal is in the goals file (harness/perf/goals.yaml), e.g. ``step.paper.speedup_vs_dense_b32``."""
+    """Where the goal is in the goals file (harness/perf/goals.yaml), e.g.
+    ``step.paper.speedup_vs_dense_b32``."""
     flop_ratio: float | None = None
     traffic_ratio: float | None = None
     bound: float | None = None

@@ -38,8 +38,8 @@ from harness.reports.html import write_html
 from harness.reports.shared import MB
 from harness.results import FINAL_LOSS_WINDOW
 from harness.results.analysis import (CALL_TIME, MEMORY, QUALITY, TIME, Ratio, Results, describe_left_out,
-                                      gpu_rows, is_stable, is_timing, load, model_size, pair_ratio, purpose_of,
-                                      ratio, settings_of, stable, stable_only, timing_cells,
+                                      gpu_rows, is_stable, is_timing, load, model_size, pair_ratio,
+                                      purpose_of, ratio, settings_of, stable, stable_only, timing_cells,
                                       unstable_timing_cells)
 
 HOLDS, FAILS = "holds", "does not hold"
@@ -446,7 +446,8 @@ def c5(ctx: Context) -> Verdict:
 # --------------------------------------------------------------------------------- C6 (microbench)
 
 PAPER_TABLE = "1000000x128"
-"""C6's table (rows x dim): the Criteo-sized one of the micro-benchmarks' paper preset (a test keeps them equal)."""
+"""C6's table (rows x dim): the Criteo-sized one of the micro-benchmarks' paper preset (a test keeps them
+equal)."""
 
 
 def table_memory(row: Any) -> float:
@@ -487,7 +488,8 @@ def _lookup_finding(rows: pd.DataFrame, v: dict) -> Finding | None:
     if not len(rows):
         return None
     checks = [("naive/optimized TTM time", CALL_TIME, "ttm_naive", "ttm_optimized", v["lookup_speedup_min"]),
-              ("naive/optimized TTM peak memory", MEMORY, "ttm_naive", "ttm_optimized", v["lookup_memory_min"]),
+              ("naive/optimized TTM peak memory", MEMORY, "ttm_naive", "ttm_optimized",
+               v["lookup_memory_min"]),
               ("sparse-grad nn.Embedding/TTM table memory", "table_memory", "sparse_grad", "ttm_optimized",
                v["table_memory_vs_sparse"]),
               ("dense-grad nn.Embedding/TTM table memory", "table_memory", "dense_grad", "ttm_optimized",
@@ -516,11 +518,11 @@ def c6(ctx: Context) -> Verdict:
     inside, outside = judge(rows, scope, lambda r: _lookup_finding(r, v))
     verdict = _verdict(inside, outside, _devices(rows),
                        f"microbench fwd+bwd, table {PAPER_TABLE}, {ctx.gpu}; worst over index counts: "
-                       f"naive/optimized time >= {v['lookup_speedup_min']:g}x, peak >= {v['lookup_memory_min']:g}x; "
-                       f"nn.Embedding/TTM table memory (params + peak - output) >= {v['table_memory_vs_sparse']:g}x "
-                       f"(sparse grad), >= {v['table_memory_vs_dense']:g}x (dense grad); sparse-grad nn.Embedding "
-                       "faster than TTM, dense-grad slower; times of stable rows only, with the spread of each "
-                       "side's rounds")
+                       f"naive/optimized time >= {v['lookup_speedup_min']:g}x, peak >= "
+                       f"{v['lookup_memory_min']:g}x; nn.Embedding/TTM table memory (params + peak - output) >= "
+                       f"{v['table_memory_vs_sparse']:g}x (sparse grad), >= {v['table_memory_vs_dense']:g}x "
+                       "(dense grad); sparse-grad nn.Embedding faster than TTM, dense-grad slower; times of "
+                       "stable rows only, with the spread of each side's rounds")
     if verdict.verdict in (NOT_COMPARABLE, NOT_MEASURED) and (~stable(rows[scope])).any():
         verdict.verdict = NOT_STABLE  # the setting's rows are there, but a time they need is not stable
     return verdict

@@ -40,8 +40,8 @@ from harness.results.analysis import (MEMORY, QUALITY, TIME, Results, is_stable,
 
 CELL = ["cell_hash", "variant"]
 """A cell's identity across devices: its spec's cell hash and its row's variant (execution wrappers)."""
-SHOWN = ["workload", "workload_params", "method_params", "method", "batch_size", "seq_len", "rank", "target_ratio",
-         "seed", "cuda_graph", "purpose", "budget"]
+SHOWN = ["workload", "workload_params", "method_params", "method", "batch_size", "seq_len", "rank",
+         "target_ratio", "seed", "cuda_graph", "purpose", "budget"]
 """Columns that describe a cell in the table (its identity is :data:`CELL`)."""
 QUANTITIES = {"epoch_time": TIME, "peak_mem": MEMORY}
 CHECKED = {"num_threads": "torch threads", "torch_version": "torch version", "peak_mem_kind": "memory kind",
@@ -59,8 +59,8 @@ def _canonical(value: object) -> str:
 def cells_of(res: Results) -> pd.DataFrame:
     """One row per cell (ok runs; of several rows with the same :data:`CELL` identity, the last in the runs
     table's order, not pooled) with the identity columns :data:`CELL`, :data:`SHOWN`, the quantities, the
-    timing verdict and :data:`CHECKED`, and each cell's round means (``round_step_mean_ms``, the spread of a ratio between
-    devices). No timing group is kept: cells of two folders were never timed together (even under one
+    timing verdict and :data:`CHECKED`, and each cell's round means (``round_step_mean_ms``, the spread of a
+    ratio between devices). No timing group is kept: cells of two folders were never timed together (even under one
     group name on one machine), so a ratio between them divides their mean-based epoch times."""
     df = res.runs[res.runs.status == "ok"].copy()
     settings = [settings_of(r) for r in df.itertuples()]
@@ -112,8 +112,8 @@ def side_by_side(folders: list[str | Path], names: list[str] | None = None
         other = frame.set_index(CELL)
         both = base.index.intersection(other.index)
         if not len(both):
-            warnings.append(f"{label} and {labels[0]} have no cell in common (no cell hash and variant in both): "
-                            + _why_apart(frames[0], frame, labels[0], label))
+            warnings.append(f"{label} and {labels[0]} have no cell in common (no cell hash and variant in "
+                            "both): " + _why_apart(frames[0], frame, labels[0], label))
         table = table.join(other[list(QUANTITIES.values())].rename(
             columns={c: f"{q}@{label}" for q, c in QUANTITIES.items()}), how="outer")
         missing = table[SHOWN[0]].isna()  # a cell only this device ran: described from its own row
@@ -322,8 +322,9 @@ def _markdown(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, warn
     ratio_cols = ["device", "workload", "batch_size", "versus", "quantity", "ratio", "low", "high", "rounds",
                   "interleaved", "note", "source"]
     return (f"# Devices compared: {', '.join(labels)}\n{warn}\nPer cell (ok cells; time in s, memory in bytes "
-            "of each device's own peak_mem_kind). A cell is matched by its cell hash (workload and method with "
-            "their resolved parameters, variant, batch, target, seed, purpose, budget) and its variant; a time "
+            "of each device's own peak_mem_kind). A cell is matched by its cell hash (workload and method "
+            "with their resolved parameters, variant, batch, target, seed, purpose, budget) and its variant; a "
+            "time "
             "ratio needs a stable timing on both devices, a memory ratio the same memory kind; flags name "
             "what differs. An epoch time ratio between devices divides mean-based epoch times (never timed "
             "together, the cells share no round); its low-high is each device's round-mean quartiles over its "

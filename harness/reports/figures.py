@@ -34,8 +34,8 @@ from harness.results.analysis import (Results, model_size, pair_ratio, settings_
 PAPER = "paper (RTX 3090)"
 FOOTER_POINTS = 8
 FOOTER_CHARS_PER_INCH = 15  # characters of the 8-point footer per inch of figure width
-NOISY_RING = {"marker": "o", "ls": "none", "markersize": 12, "markerfacecolor": "white", "markeredgecolor": "black",
-              "markeredgewidth": 2, "zorder": 1}  # around each timing that is not stable
+NOISY_RING = {"marker": "o", "ls": "none", "markersize": 12, "markerfacecolor": "white",
+              "markeredgecolor": "black", "markeredgewidth": 2, "zorder": 1}  # a timing not stable
 SPREAD_NOTE = ("Bars: IQR of the cell's step times (scaled to the epoch); black-ringed markers: "
                "timing not stable (timing_quality, table_runs), left out of every verdict.")
 

@@ -323,15 +323,15 @@ def check_cells(df: pd.DataFrame, path: Path, cells: dict[str, dict[str, Any]], 
             raise ResultsError(f"{path}: cell {rid} is not in the grid; {advice}")
         for key in ("cell_hash", "execution_hash"):
             if row[key] != cells[rid].get(key):
-                raise ResultsError(f"{path}: its row of cell {rid} was run from another spec ({key} {row[key]}; "
-                                   f"the grid's is {cells[rid].get(key)}); {advice}")
+                raise ResultsError(f"{path}: its row of cell {rid} was run from another spec ({key} "
+                                   f"{row[key]}; the grid's is {cells[rid].get(key)}); {advice}")
 
 
 def merge(paths: Sequence[str | os.PathLike], out: str | os.PathLike | None, kind: str, *,
           grid: str | os.PathLike | None = None) -> pd.DataFrame:
     """Concatenate result files of one kind (never dropping a row) and write ``out`` atomically (when
-    given). Any unreadable, truncated or foreign file raises ResultsError naming its path. With ``grid`` (runs only), every
-    file must hold its own cell's row, run from the grid's spec (:func:`check_cells`)."""
+    given). Any unreadable, truncated or foreign file raises ResultsError naming its path. With ``grid``
+    (runs only), every file must hold its own cell's row, run from the grid's spec (:func:`check_cells`)."""
     import pandas as pd
 
     _types(kind)

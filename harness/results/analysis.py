@@ -21,11 +21,11 @@ periodic work (pruning every k steps, GaLore's projection update) is counted. Tw
 in interleaved rounds (same ``timing_group``, host and device) are compared round by round: in each
 round the ratio of the two cells' mean step times (``round_step_mean_ms``: the round's total time over
 its counted steps), then the median over the rounds, with their inter-quartile range as the spread.
-Otherwise -- cells timed apart (two devices, two runs) -- the ratio of their ``epoch_time_s`` (mean step time x steps per epoch, or whole epochs measured:
-both include the periodic work). Cells timed apart share no round, so no per-round ratio exists; their
-spread is that of each side's round means (:func:`apart_ratio`: each side's quartiles over its median,
-combined the widest way), and none where a side has fewer than two round means. :attr:`Ratio.basis` says
-which.
+Otherwise -- cells timed apart (two devices, two runs) -- the ratio of their ``epoch_time_s`` (mean step
+time x steps per epoch, or whole epochs measured: both include the periodic work). Cells timed apart
+share no round, so no per-round ratio exists; their spread is that of each side's round means
+(:func:`apart_ratio`: each side's quartiles over its median, combined the widest way), and none where a
+side has fewer than two round means. :attr:`Ratio.basis` says which.
 """
 from __future__ import annotations
 
@@ -292,7 +292,8 @@ def rounds_ratio(num: Sequence[float | None], den: Sequence[float | None], basis
 
 def ratio(num: Mapping[str, Any], den: Mapping[str, Any], column: str = TIME, *,
           require_stable: bool = True) -> Ratio | None:
-    """``num`` / ``den`` for two runs rows (or two micro-benchmark rows): the one statistic every report shows.
+    """``num`` / ``den`` for two runs rows (or two micro-benchmark rows): the one statistic every report
+    shows.
 
     Args:
         num: the numerator's row (a mapping or a pandas row).

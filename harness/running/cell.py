@@ -57,7 +57,8 @@ class StartUp:
     """The warm-up's outcome ("ok", or why not; harness.running.warmup)."""
     warm_up_s: float | None = None
     phases: dict[str, float] = field(default_factory=dict)
-    """Where the time before the first timing round went: phase -> seconds (harness.running.run.START_PHASES)."""
+    """Where the time before the first timing round went: phase -> seconds
+    (harness.running.run.START_PHASES)."""
     phase_mark: float | None = None
     """perf_counter at the end of the last recorded phase (None: the first round has begun)."""
     alone: str | None = field(default_factory=interleave.alone_reason)
@@ -191,7 +192,8 @@ def build_row(st: CellState, status: str, error: str, tb: str = "") -> dict[str,
     row.update(run_id=spec.run_id, purpose=spec.purpose, workload=spec.workload, method=spec.method,
                variant=variant, batch_size=spec.batch_size, target_ratio=spec.target_ratio, seed=spec.seed,
                seq_len=getattr(workload, "seq_len", None),
-               rank=_rank_setting(settings, spec.method_params, prepared, workload), status=status, error=error)
+               rank=_rank_setting(settings, spec.method_params, prepared, workload), status=status,
+               error=error)
     extra: dict[str, Any] = {}
     if st.start.alone:
         extra["timed_alone"] = st.start.alone

@@ -233,7 +233,7 @@ def load(path: str | os.PathLike, spec: dict[str, Any]) -> tuple[dict[str, Any] 
         return None, f"{path} is not a checkpoint of format {FORMAT}"
     if saved["spec"] != spec:
         differ = sorted(key for key in set(spec) | set(saved["spec"]) if spec.get(key) != saved["spec"].get(key))
-        derived = [key for key in differ if key not in ("cell_hash", "execution_hash", "run_id")]  # they follow
+        derived = [key for key in differ if key not in ("cell_hash", "execution_hash", "run_id")]
         return None, f"{path} belongs to another spec (it differs in {', '.join(derived or differ)})"
     code = code_identity()
     if saved["code"] != code:
@@ -290,8 +290,8 @@ def write(st: CellState) -> None:
     cell.update(train_s_before=training_s(st), resumed=st.resumed)
     try:
         with (monitor.paused() if monitor else contextlib.nullcontext()), st.epoch_clock.paused():
-            save(st.checkpoint.path, st.spec.to_dict(), {"method": st.prepared.state_dict(), "rng": rng_state(),
-                                               "cell": cell})
+            save(st.checkpoint.path, st.spec.to_dict(),
+                 {"method": st.prepared.state_dict(), "rng": rng_state(), "cell": cell})
         st.checkpoints_written += 1
         st.last_checkpoint_step = st.steps_done
     except OSError as exc:

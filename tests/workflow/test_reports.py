@@ -46,7 +46,7 @@ def spec_for(row):
 
 
 def make_folder(path, rows, curves=(), sweeps=None):
-    """A results folder: the rows (their cell hashes those of their specs, unless given), curves, grid.json."""
+    """A results folder: the rows (their cell hashes their specs', unless given), curves, grid.json."""
     path.mkdir(parents=True)
     rows = [{**r, "cell_hash": r.get("cell_hash") or spec_for(r).cell_hash} for r in rows]
     write_parquet_atomic(to_frame(rows, "runs"), path / "runs.parquet", kind="runs")

@@ -1,6 +1,7 @@
 # Per-cell files -> results/<device>/{runs,curves,microbench}.parquet (+ grid.json: every cell's spec).
 # A truncated or foreign per-cell file fails the merge with its path in the message; so does a runs file
-# whose row is not its grid cell's, run from the grid's spec (its cell and execution hashes; e.g. copied from another config).
+# whose row is not its grid cell's, run from the grid's spec (its cell and execution hashes; e.g. copied
+# from another config).
 localrules: merge_runs, merge_microbench
 
 

@@ -124,7 +124,8 @@ def test_things_timed_in_rounds_are_judged_by_the_cells_thresholds():
     assert timing.judge_rounds([2.0, 2.1, 2.05]) == "stable"
     assert timing.judge_rounds([16.0]) == "noisy: per-round times: 1 round(s) (< 2)"
     assert timing.judge_rounds([1.0, None]).startswith("noisy: per-round times: 1 round(s)")
-    assert timing.judge_rounds([1.0, 2.0, 3.0, 4.0, 5.0], "x") == "noisy: x spread 67% of their median (> 25%)"
+    assert timing.judge_rounds([1.0, 2.0, 3.0, 4.0, 5.0], "x") == \
+        "noisy: x spread 67% of their median (> 25%)"
     assert timing.judge_rounds([2.0, 2.0], run_queue_frac=0.3, cpu_pressure=0.5) == (
         "noisy: its threads waited for a CPU 30% of their runnable time (> 10%); CPU pressure 50% (> 25%)")
 

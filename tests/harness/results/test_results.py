@@ -11,8 +11,8 @@ import torch
 
 from harness import results
 
-DESIGN_RUNS = """run_id workload method variant batch_size seq_len rank target_ratio seed cell_hash execution_hash
-status error
+DESIGN_RUNS = """run_id workload method variant batch_size seq_len rank target_ratio seed cell_hash
+execution_hash status error
 step_time_ms step_time_ms_iqr steps_timed epoch_time_s epoch_time_kind samples_per_s peak_mem_bytes
 peak_mem_kind cuda_reserved_bytes state_bytes metric_name metric_value final_train_loss epochs
 params_total params_factorized_layers compression_total compression_layers ranks""".split()
@@ -206,7 +206,8 @@ def test_metadata_is_json(tmp_path):
                                                  "(cell_hash other; the grid's is c-a"),
     ("a", {"run_id": "a", "cell_hash": "c-a", "execution_hash": "other"},
      "{path}: its row of cell a was run from another spec (execution_hash other; the grid's is e-a"),
-    ("a", {"run_id": "b", "cell_hash": "c-b", "execution_hash": "e-b"}, "{path} holds the row of cell b, not of cell a"),
+    ("a", {"run_id": "b", "cell_hash": "c-b", "execution_hash": "e-b"},
+     "{path} holds the row of cell b, not of cell a"),
     ("z", {"run_id": "z", "cell_hash": "c-z"}, "{path}: cell z is not in the grid"),
 ])
 def test_merge_refuses_a_row_that_is_not_the_grids(tmp_path, capsys, name, row, message):
@@ -216,7 +217,8 @@ def test_merge_refuses_a_row_that_is_not_the_grids(tmp_path, capsys, name, row, 
                                           for c in "ab"}, "sweeps": {}}))
     cells = tmp_path / "runs" / "cpu"
     cells.mkdir(parents=True)
-    results.write_parquet_atomic(results.to_frame([runs_row(run_id="b", cell_hash="c-b", execution_hash="e-b")], "runs"),
+    b_row = runs_row(run_id="b", cell_hash="c-b", execution_hash="e-b")
+    results.write_parquet_atomic(results.to_frame([b_row], "runs"),
                                  cells / "b.runs.parquet", kind="runs")
     path = cells / f"{name}.runs.parquet"
     results.write_parquet_atomic(results.to_frame([runs_row(**row)], "runs"), path, kind="runs")

@@ -183,7 +183,8 @@ def test_a_cell_of_a_timing_group_writes_no_checkpoint(tmp_path, monkeypatch):
     grouped = runner.cell_spec(toy_spec(execution={"timing_group": "g"}), TOY_REGISTRY)
     assert checkpoints.checkpointing(grouped, tmp_path / "c.runs.parquet") is None
     monkeypatch.setenv(checkpoints.CHECKPOINT_ENV, "0")
-    assert checkpoints.checkpointing(runner.cell_spec(toy_spec(), TOY_REGISTRY), tmp_path / "c.runs.parquet") is None
+    alone = runner.cell_spec(toy_spec(), TOY_REGISTRY)
+    assert checkpoints.checkpointing(alone, tmp_path / "c.runs.parquet") is None
 
 
 def test_the_interval_defaults_to_ten_minutes_and_0_turns_it_off(monkeypatch):
