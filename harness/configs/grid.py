@@ -331,7 +331,8 @@ def _alone_untimed_in_groups(grid: dict[str, Spec]) -> dict[str, Spec]:
         if group:
             sizes[group] = sizes.get(group, 0) + 1
     alone = {rid for rid, spec in grid.items() if sizes.get(spec.execution.timing_group, 0) == 1}
-    return {rid: spec.with_execution(timing_group=None) if rid in alone else spec for rid, spec in grid.items()}
+    return {rid: spec.with_execution(timing_group=None) if rid in alone else spec
+            for rid, spec in grid.items()}
 
 
 def timing_groups(grid: dict[str, Spec]) -> dict[str, list[str]]:

@@ -60,8 +60,8 @@ def cells_of(res: Results) -> pd.DataFrame:
     """One row per cell (ok runs; of several rows with the same :data:`CELL` identity, the last in the runs
     table's order, not pooled) with the identity columns :data:`CELL`, :data:`SHOWN`, the quantities, the
     timing verdict and :data:`CHECKED`, and each cell's round means (``round_step_mean_ms``, the spread of a
-    ratio between devices). No timing group is kept: cells of two folders were never timed together (even under one
-    group name on one machine), so a ratio between them divides their mean-based epoch times."""
+    ratio between devices). No timing group is kept: cells of two folders were never timed together (even
+    under one group name on one machine), so a ratio between them divides their mean-based epoch times."""
     df = res.runs[res.runs.status == "ok"].copy()
     settings = [settings_of(r) for r in df.itertuples()]
     df["cuda_graph"] = df.run_id.map(res.cuda_graph)
@@ -323,12 +323,12 @@ def _markdown(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, warn
                   "interleaved", "note", "source"]
     return (f"# Devices compared: {', '.join(labels)}\n{warn}\nPer cell (ok cells; time in s, memory in bytes "
             "of each device's own peak_mem_kind). A cell is matched by its cell hash (workload and method "
-            "with their resolved parameters, variant, batch, target, seed, purpose, budget) and its variant; a "
-            "time "
-            "ratio needs a stable timing on both devices, a memory ratio the same memory kind; flags name "
-            "what differs. An epoch time ratio between devices divides mean-based epoch times (never timed "
-            "together, the cells share no round); its low-high is each device's round-mean quartiles over its "
-            "median, combined the widest way (low: Q1 of the later device against Q3 of the first; none "
+            "with their resolved parameters, variant, batch, target, seed, purpose, budget) and its "
+            "variant; a time ratio needs a stable timing on both devices, a memory ratio the same memory "
+            "kind; flags name what differs. An epoch time ratio between devices divides mean-based epoch "
+            "times (never timed together, the cells share no round); its low-high is each device's "
+            "round-mean quartiles over its median, combined the widest way (low: Q1 of the later device "
+            "against Q3 of the first; none "
             f"where a side has fewer than 2 rounds):\n\n{markdown_table(shown[cols], '.4g')}"
             "\n\n## CoMERA vs the other methods on each device (other / CoMERA)\n\nTime from stable rows only; "
             "cells timed together in interleaved rounds give the median of the per-round ratios of mean step "

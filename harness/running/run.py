@@ -157,7 +157,8 @@ def _traceback_tail(exc: BaseException, lines: int = 12) -> str:
 
 
 def run_cell(spec: specs.Spec | dict[str, Any], *, registry: Registry | None = None,
-             progress: bool | None = None, on_hang: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None = None,
+             progress: bool | None = None,
+             on_hang: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None = None,
              stall_s: float | None = None, after_steps: Callable[[AfterSteps], None] | None = None,
              started_at: float | None = None, checkpoint: checkpoints.Checkpointing | None = None
              ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -284,9 +285,9 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
     st.epoch_clock = measure.Stopwatch(st.device)
     st.timed.machine = timing.MachineState()
     start = st.steps_done  # > 0 when resumed: this process warms up and times its own steps
-    st.timed.rounds = timing.round_bounds(min(start + warmup, total_steps), total_steps,
-                                          spec.execution.rounds, steps_per_round=1 if st.timed.gate is None else 2,
-                                          period=prepared.settings.get("time_window_steps"))
+    first_timed, period = min(start + warmup, total_steps), prepared.settings.get("time_window_steps")
+    st.timed.rounds = timing.round_bounds(first_timed, total_steps, spec.execution.rounds,
+                                          steps_per_round=1 if st.timed.gate is None else 2, period=period)
     st.timed.round_starts = {step: r for r, step in enumerate(st.timed.rounds.starts)}
     # rounds of whole periods may leave a few timed steps before the first round: warm-up too
     st.timed.timer = measure.StepTimer(st.device, max(warmup, st.timed.rounds.starts[0] - start))
@@ -535,8 +536,9 @@ def _curve(st: CellState, step: int, epoch: int, split: str, name: str, value: f
 # ---------------------------------------------------------------------------------------- files
 
 def run_to_files(spec: specs.Spec | dict[str, Any], runs_out: str | os.PathLike,
-                 curves_out: str | os.PathLike, *, registry: Registry | None = None, progress: bool | None = None,
-                 hang_exit_status: int = 0, started_at: float | None = None) -> dict[str, Any]:
+                 curves_out: str | os.PathLike, *, registry: Registry | None = None,
+                 progress: bool | None = None, hang_exit_status: int = 0, started_at: float | None = None
+                 ) -> dict[str, Any]:
     """Run a cell and write its runs row and curves atomically (also on failure); returns the row.
 
     A step or evaluation that hangs past the time limit or the stall limit (:func:`stall_limit_s`) never
