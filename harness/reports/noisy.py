@@ -76,15 +76,6 @@ def as_typed(command: Sequence[str], env: dict[str, str] | None = None) -> str:
     return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()), shlex.join(command)])
 
 
-def report_hint(*, configfiles: Sequence[str] = (), settings: dict[str, str] | None = None,
-                config_args: Sequence[str] = (), directory: str | None = None,
-                env: dict[str, str] | None = None) -> str:
-    """The command that builds this run's HTML report (its options repeated)."""
-    command = snakemake_command(["--report", "report.html", "figures"], configfiles=configfiles,
-                                settings=settings, config_args=config_args, directory=directory)
-    return f"The HTML report of this run: {as_typed(command, env)}"
-
-
 def cli(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="comera-bench noisy", description=__doc__.splitlines()[0])
     ap.add_argument("results", nargs="+", help="results/runs/<device> folders or runs tables")

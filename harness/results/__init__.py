@@ -282,14 +282,6 @@ def file_metadata(path: str | os.PathLike) -> dict[str, Any]:
     return json.loads(raw) if raw else {}
 
 
-def infer_kind(df: pd.DataFrame) -> str | None:
-    """The table kind whose columns ``df`` has exactly, or None."""
-    for kind, types in TYPES.items():
-        if set(df.columns) == set(types):
-            return kind
-    return None
-
-
 def expand_paths(paths: Sequence[str | os.PathLike], kind: str) -> list[Path]:
     """Files as given; a folder stands for its ``*.<kind>.parquet`` files (recursively), sorted; a file
     named twice is read once."""
