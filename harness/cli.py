@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 import harness
-from harness.configs import plugins, yamlnum
+from harness import plugins
+from harness.configs import yamlnum
 from harness.spec import PURPOSES
 from harness.core import stops
 

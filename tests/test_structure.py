@@ -9,7 +9,7 @@
   get a cell's spec from harness.spec); the results model (``harness/results``) reads no config; the
   claims build no model (no harness.perf);
 * the library (``comera``) imports nothing of the harness or the baselines;
-* the methods (``baselines``) import nothing of the harness but the plug-in finder (harness.configs.plugins,
+* the methods (``baselines``) import nothing of the harness but the plug-in finder (harness.plugins,
   standard library only, shared with the workload registry; baselines/__init__.py says why).
 
 Every module of comera, harness, baselines and benchmarks is read.
@@ -160,7 +160,7 @@ def test_no_module_uses_another_modules_private_names():
     ("harness.results", ("harness.configs", "harness.running", "harness.perf", "harness.reports"), ()),
     ("harness.reports.claims", ("harness.perf",), ()),
     ("comera", ("harness", "baselines", "benchmarks"), ()),
-    ("baselines", ("harness", "benchmarks"), ("harness.configs.plugins",)),
+    ("baselines", ("harness", "benchmarks"), ("harness.plugins",)),
 ])
 def test_layers(package, forbidden, allowed):
     bad = []

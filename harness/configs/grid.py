@@ -192,7 +192,7 @@ def check_config(config: dict[str, Any]) -> None:
     """Cross-key checks the JSON schema cannot express, plus the methods' and workloads' own parameter
     checks (``baselines.check_params``, ``harness.workloads.check_params``). Raises ConfigError naming
     the key."""
-    from harness.configs.plugins import PluginError
+    from harness.plugins import PluginError
     from harness.configs import microbench_spec
 
     try:

@@ -18,7 +18,7 @@ from pathlib import Path
 from harness.core import allocator as allocator_lib
 from harness.core import timing
 from harness.configs import grid
-from harness.results.atomic import atomic_write
+from harness.atomic import atomic_write
 from harness.perf import figure
 from harness.perf import goals as goals_lib
 from harness.perf.config import Config

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.results.atomic import atomic_write
+from harness.atomic import atomic_write
 
 TARGET_NAMES = {1: "TTLinear vs nn.Linear", 2: "transformer step", 3: "TTM lookup",
                 4: "step after halving ranks", 5: "plan FLOPs vs opt_einsum"}

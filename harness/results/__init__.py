@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 import pyarrow as pa
 
 from harness import package_version
-from harness.results.atomic import atomic_write
+from harness.atomic import atomic_write
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -233,7 +233,7 @@ def coerce(df: pd.DataFrame, kind: str, *, source: str = "frame") -> pd.DataFram
 
 def write_parquet_atomic(df: pd.DataFrame, path: str | os.PathLike, *, kind: str | None = None,
                          provenance: dict[str, Any] | None = None) -> Path:
-    """Write ``df`` to ``path`` atomically (harness.results.atomic: temporary file in the same folder, stale ones
+    """Write ``df`` to ``path`` atomically (harness.atomic: temporary file in the same folder, stale ones
     of killed writers removed, fsync, os.replace).
 
     With ``kind`` the frame is checked and typed against that table's columns. ``provenance`` (default:

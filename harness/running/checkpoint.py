@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from harness.core import stops
 from harness.core.clock import env_seconds
-from harness.results.atomic import atomic_write
+from harness.atomic import atomic_write
 
 if TYPE_CHECKING:
     from harness.running.cell import CellState

@@ -1,4 +1,4 @@
-"""Plug-ins by file (harness/configs/plugins.py): a toy method and a toy workload, each one file in a folder
+"""Plug-ins by file (harness/plugins.py): a toy method and a toy workload, each one file in a folder
 named by COMERA_BENCH_PLUGINS, run through the real pipeline on a tiny grid; nothing in the repository
 changes."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from harness.configs import plugins
+from harness import plugins
 from tests.workflow.test_pipeline import ENV, ROOT, snakemake_cmd
 
 TOY_METHOD = '''
