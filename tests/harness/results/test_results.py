@@ -19,8 +19,8 @@ params_total params_factorized_layers compression_total compression_layers ranks
 DESIGN_PROVENANCE = """device device_name num_threads torch_version cuda_version python_version
 comera_bench_version git_commit git_dirty hostname started_at matmul_precision""".split()
 DESIGN_CURVES = "run_id step epoch split metric_name value".split()
-DESIGN_MICROBENCH = """op variant shape tokens rank direction time_ms time_ms_iqr peak_mem_bytes
-flops""".split()
+DESIGN_MICROBENCH = """op variant shape tokens rank direction time_ms time_ms_iqr round_time_ms timing_quality
+peak_mem_bytes param_bytes output_bytes flops""".split()
 
 
 def runs_row(**values):
