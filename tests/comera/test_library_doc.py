@@ -41,6 +41,7 @@ def worked(tmp_path_factory):
     return ns, after, folder, _dense_accuracy(ns)
 
 
+@pytest.mark.slow
 def test_worked_example_reaches_its_target_at_the_dense_twins_accuracy(worked):
     ns, _, folder, dense_accuracy = worked
     adapt, model, fresh = ns["adapt"], ns["model"], ns["fresh"]
@@ -51,6 +52,7 @@ def test_worked_example_reaches_its_target_at_the_dense_twins_accuracy(worked):
     assert tt_accuracy >= dense_accuracy - 0.02, (tt_accuracy, dense_accuracy)
 
 
+@pytest.mark.slow
 def test_mixed_precision_with_accumulated_micro_batches_reaches_its_target_too(worked, monkeypatch):
     """The section "Mixed precision and gradient accumulation" after the worked example: a GradScaler,
     bfloat16 autocast and two micro-batches per step, one of whose task losses overflows (the scaler skips

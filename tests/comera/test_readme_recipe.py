@@ -66,6 +66,7 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
         return (model(x).argmax(1) == y).float().mean().item()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("labels,twin,tolerance", [(cluster_labels, "dense", 0.02), (teacher_labels, "tt", 0.05)])
 def test_readme_recipe_reaches_the_target_at_its_twins_accuracy(labels, twin, tolerance, seed):

@@ -220,6 +220,7 @@ def real_cell(steps: int) -> dict:
             "execution": {"device": "cpu", "num_threads": 1}}
 
 
+@pytest.mark.slow
 def test_a_cell_process_stopped_by_sigterm_resumes_in_the_next_run(tmp_path):
     """The pipeline's way (``comera-bench run --isolate``), the real transformer and CoMERA: SIGTERM in
     mid-training ends the process by the signal within the grace, after the step and its checkpoint, no
