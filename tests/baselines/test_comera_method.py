@@ -215,7 +215,8 @@ def test_every_method_names_the_bad_key_and_value(method, params, message):
         baselines.check_params(method, params)
 
 
-@pytest.mark.parametrize("workload", [pytest.param("transformer", marks=pytest.mark.slow), "dlrm"])  # mlm: its encoder
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", ["transformer", "dlrm"])  # mlm: the transformer's encoder
 def test_a_comera_models_loss_traces_to_one_graph(workload):
     """torch.compile sees each workload's CoMERA model (TT layers, TTM tables, the fused feed-forward block)
     as one graph: no graph break, so compiling it compiles all of it (the small transformer had 17)."""

@@ -213,6 +213,7 @@ def test_merge_subcommand(runs_dir, tmp_path):
     assert len(results.read_parquet(out, "runs")) == 4
 
 
+@pytest.mark.slow
 def test_console_script_writes_error_row_for_cuda_graph_on_cpu(tmp_path):
     """The installed command, in its own process: cuda_graph on CPU gives a clear error row."""
     spec = tmp_path / "s.json"

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
+@pytest.mark.slow
 def test_a_dry_run_from_the_root_reads_the_default_profile_and_config(tmp_path):
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     proc = subprocess.run([str(BIN / "snakemake"), "-n", "figures", "--directory", str(tmp_path)], cwd=ROOT,

@@ -136,6 +136,7 @@ def test_a_missing_plugin_folder_is_named(tmp_path, monkeypatch):
         plugins.discover("methods", ROOT / "baselines")
 
 
+@pytest.mark.slow
 def test_the_cli_names_a_missing_plugin_folder(tmp_path, capsys):
     missing = tmp_path / "typo"
     script = ("import sys; from harness import cli; "
@@ -146,6 +147,7 @@ def test_the_cli_names_a_missing_plugin_folder(tmp_path, capsys):
     assert f"{plugins.ENV} names {missing}, which is not a folder" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_dry_run_runs_plugin_code_as_the_docs_say(plugin_dir, tmp_path):
     """docs/architecture.md: a plug-in's top-level code runs on every Snakemake call, -n included."""
     marker = tmp_path / "imported"

@@ -5,12 +5,15 @@ steps' IQR is judged without the periodic steps."""
 from __future__ import annotations
 
 import json
+import time
+import types
 
 import pytest
 
-from harness.core import timing
+from harness.core import measure, timing
 from harness.results import analysis
 from harness.running import run as runner
+from tests.harness.running import run_toys
 from tests.harness.running.run_toys import TOY_REGISTRY, toy_spec
 
 BASE_S, PERIODIC_S, PERIOD, ROUNDS = 0.01, 0.04, 5, 4
@@ -18,7 +21,13 @@ BASE_S, PERIODIC_S, PERIOD, ROUNDS = 0.01, 0.04, 5, 4
 
 @pytest.fixture
 def quiet_machine(monkeypatch):
-    """The machine-state readings left out: this test judges the steps, not the shared test machine."""
+    """A step takes exactly the toy's work (its pauses), on a clock of the step timer's own that only they
+    advance, and the machine-state readings are left out: these tests judge the rounds, not the load of
+    the machine they run on (real sleeps of 10 ms overshoot by more than the thresholds under load)."""
+    now = [0.0]
+    monkeypatch.setattr(run_toys, "pause", lambda seconds: now.__setitem__(0, now[0] + seconds))
+    monkeypatch.setattr(measure, "time", types.SimpleNamespace(perf_counter=lambda: now[0],
+                                                               process_time=time.process_time))
     monkeypatch.setattr(timing.MachineState, "columns", lambda self: {"load_avg_1m": None, "cpu_pressure": None,
                                                                       "run_queue_frac": None})
 

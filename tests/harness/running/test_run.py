@@ -226,6 +226,7 @@ print("run_to_files returned")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method_params, workload_params, steps, activity", [
     ({"hang_at": 3}, {}, 3, "training step 4"),
     ({}, {"hang_eval": 2}, 4, "the evaluation at step 4"),  # evaluations at steps 0, 2 and 4
@@ -262,6 +263,7 @@ print("run_to_files returned")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method_params, steps, activity", [
     ({"hang_at": 3}, 3, "training step 4"),
     ({"hang_at": 0}, 0, "the warm-up"),  # the warm-up's throwaway step is step 0 too
@@ -523,6 +525,7 @@ def test_a_group_cell_timed_without_its_rounds_says_so(monkeypatch):
     assert "interleaved rounds" not in alone["timing_quality"]
 
 
+@pytest.mark.slow
 def test_a_group_cell_records_its_groups_start_time(tmp_path):
     """In its group's rounds the row gets the seconds the group took to reach its first round."""
     from harness.core import interleave
@@ -546,6 +549,7 @@ open({str(out)!r}, "w").write(json.dumps(row, default=str))
     assert len(means) == len(json.loads(row["round_step_ms"])) == 2 and all(m > 0 for m in means)
 
 
+@pytest.mark.slow
 def test_a_group_cell_hands_its_device_cache_back_before_every_wait(tmp_path):
     """Before each wait for the group (each round and the end of the rounds) the cell's memory monitor
     yields the device (on CUDA: reads the GPU's memory in use, empties this process's cache); the step after
@@ -577,6 +581,7 @@ open({str(out)!r}, "w").write(json.dumps({{"calls": calls, "row": row}}, default
     assert row["status"] == "ok" and row["steps_timed"] == 10 - 1 - 3  # the warm-up step, a step after each wait
 
 
+@pytest.mark.slow
 def test_a_group_cell_records_where_its_start_went_and_evaluates_no_untrained_model(tmp_path):
     """Each cell of a group records its start phases (extra.start_phases_s) and sends them with its first
     ready; the group logs the slowest cell's. A cell of a timing group starts without the evaluation
@@ -619,6 +624,7 @@ open(sys.argv[2], "w").write(json.dumps({"row": row, "curves": curves}, default=
     assert 0 in {c["step"] for c in curves if c["split"] == "eval"}
 
 
+@pytest.mark.slow
 def test_a_cell_imports_galores_packages_only_when_it_runs_galore(tmp_path):
     """GaLore's packages (galore_torch, which imports transformers) are imported by GaLore cells only: a
     CoMERA cell's process never pays for them."""
