@@ -1,12 +1,12 @@
 """Training methods behind one interface (see baselines/base.py): dense, comera, galore, lte -- and any
-``baselines/<name>.py`` (or plug-in folder file, harness/configs/plugins.py) that defines ``METHOD`` and
+``baselines/<name>.py`` (or plug-in folder file, harness/plugins.py) that defines ``METHOD`` and
 ``check_params``.
 
 ``get_method(name)`` returns a fresh method object; ``check_params(name, params)`` validates a method's
 parameters and fills their defaults. Method modules are imported on first use (galore-torch and the
 CoMERA library are slow or optional imports).
 
-The package's one import from the harness is the plug-in finder, harness.configs.plugins: it imports
+The package's one import from the harness is the plug-in finder, harness.plugins: it imports
 only the standard library, the workload registry (harness.workloads) shares it, and it reads the
 harness's plug-in folders (``COMERA_BENCH_PLUGINS``). Here it would cost the command line its quick
 start: ``import harness.cli`` would import this package, hence torch, and find the methods at import,
@@ -19,7 +19,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from harness.configs import plugins
+from harness import plugins
 
 from .base import Method, Prepared
 from .params import parse

@@ -1,11 +1,11 @@
 """Typed method parameters: each method declares one dataclass, validated here and nowhere else.
 
-A field's annotation is its type (``int``, ``float`` -- an int is accepted --, ``bool``, ``str``,
-``X | None``, or ``Literal[...]`` for a choice) and its ``metadata["check"]`` an optional range: ``">0"``,
-``">=0"``, ``">=1"`` (a positive integer) or ``"[0,1]"`` (None passes where the type allows it). A class
-may define ``resolve(given) -> dict``, called with the checked given keys: it fills values that depend on
-other keys (LTE's presets) and refuses combinations (CoMERA's official late stage with a weight). Every
-error is a ValueError naming the method, the key and the value::
+A field's annotation is its type (``int``, ``float`` -- an int is accepted and stored as a float --,
+``bool``, ``str``, ``X | None``, or ``Literal[...]`` for a choice) and its ``metadata["check"]`` an optional
+range: ``">0"``, ``">=0"``, ``">=1"`` (a positive integer) or ``"[0,1]"`` (None passes where the type
+allows it). A class may define ``resolve(given) -> dict``, called with the checked given keys: it fills
+values that depend on other keys (LTE's presets) and refuses combinations (CoMERA's official late stage
+with a weight). Every error is a ValueError naming the method, the key and the value::
 
     @dataclass(frozen=True)
     class DenseParams:
@@ -49,25 +49,27 @@ def parse(method: str, cls: type, params: dict[str, Any] | None) -> Any:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if f.name in given:
-            _check_value(method, f.name, given[f.name], hints[f.name], f.metadata.get("check"))
+            given[f.name] = _check_value(method, f.name, given[f.name], hints[f.name],
+                                         f.metadata.get("check"))
     if hasattr(cls, "resolve"):
         given = cls.resolve(given)
     return cls(**given)
 
 
-def _check_value(method: str, key: str, value: Any, hint: Any, rule: str | None) -> None:
+def _check_value(method: str, key: str, value: Any, hint: Any, rule: str | None) -> Any:
+    """``value`` checked against ``hint`` and ``rule``; an int given for a float parameter as a float."""
     where = f"method {method!r}: parameter {key!r}"
     args = typing.get_args(hint)
     optional = typing.get_origin(hint) in (Union, types.UnionType) and type(None) in args
     if optional:
         if value is None:
-            return
+            return None
         hint = next(a for a in args if a is not type(None))
     if typing.get_origin(hint) is Literal:
         choices = typing.get_args(hint)
         if value not in choices or isinstance(value, bool):
             raise ValueError(f"{where} must be one of {list(choices)}, got {value!r}")
-        return
+        return value
     null = " or null" if optional else ""
     if hint is bool:
         if not isinstance(value, bool):
@@ -78,6 +80,7 @@ def _check_value(method: str, key: str, value: Any, hint: Any, rule: str | None)
     elif hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{where} must be a number{null}, got {value!r}")
+        value = float(value)
     elif hint is str:
         if not isinstance(value, str):
             raise ValueError(f"{where} must be a string{null}, got {value!r}")
@@ -88,3 +91,4 @@ def _check_value(method: str, key: str, value: Any, hint: Any, rule: str | None)
         raise TypeError(f"{where}: unsupported parameter type {hint!r}")
     if rule is not None and not CHECKS[rule](value):
         raise ValueError(f"{where} must be {_WORDS[rule]}{null}, got {value!r}")
+    return value

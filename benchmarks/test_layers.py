@@ -1,5 +1,5 @@
 """TTLinear vs nn.Linear (and the official CoMERA contraction) and TTM lookup vs nn.Embedding, forward +
-backward (pytest-benchmark).
+backward (pytest-benchmark): a developer's regression check, not the project's timing model.
 
 Each pair shares a benchmark group, so ``pytest benchmarks/`` prints them side by side; the ratios with
 their goals are ``comera-bench bench``'s table (docs/performance.md)."""
@@ -37,7 +37,7 @@ def test_linear_fwd_bwd(benchmark, shape, variant):
     else:
         layer = TTLinear(n_in, n_out, in_shape=in_shape, out_shape=out_shape, rank=RANK)
         layer = OfficialTTLinear(layer) if variant == "official" else layer
-    run, _ = mb.module_call(layer, torch.randn(tokens, n_in), "fwd_bwd", wrt_input=True)
+    run, *_ = mb.module_call(layer, torch.randn(tokens, n_in), "fwd_bwd", wrt_input=True)
     benchmark.group = f"linear {shape}"
     benchmark(run)
 
@@ -46,6 +46,6 @@ def test_linear_fwd_bwd(benchmark, shape, variant):
 def test_lookup_fwd_bwd(benchmark, variant):
     module = mb.embedding_module(variant, TABLE, torch.device("cpu"))
     indices = mb.zipf_indices(LOOKUPS, TABLE["num_embeddings"], 1.05, seed=0)
-    run, _ = mb.module_call(module, indices, "fwd_bwd", wrt_input=False)
+    run, *_ = mb.module_call(module, indices, "fwd_bwd", wrt_input=False)
     benchmark.group = f"lookup {TABLE['num_embeddings']}x{TABLE['embedding_dim']}-{LOOKUPS}idx"
     benchmark(run)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import re
 import sys
@@ -21,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 import harness
-from harness.configs import plugins, yamlnum
-from harness.configs.grid import PURPOSES
+from harness import plugins
+from harness.configs import yamlnum
+from harness.spec import PURPOSES
 from harness.core import stops
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ SHOW_COLUMNS = {
              "metric_value", "compression_total", "device"],
     "curves": None,  # every column
     "microbench": ["op", "variant", "shape", "tokens", "rank", "direction", "time_ms", "time_ms_iqr",
-                   "peak_mem_bytes", "flops", "device"],
+                   "timing_quality", "peak_mem_bytes", "flops", "device"],
     "bench": ["target", "what", "measured", "goal", "bound", "verdict", "device_name", "started_at"],
 }
 
@@ -102,7 +102,7 @@ def _parser(list_names: bool = False) -> argparse.ArgumentParser:
     cell.add_argument("--eval-every-steps", type=int)
     cell.add_argument("--time-limit-s", type=float)
     cell.add_argument("--device", help="cpu | cuda | auto (default: auto, as in a config)")
-    cell.add_argument("--threads", type=int, help="torch threads (default: torch's current setting)")
+    cell.add_argument("--threads", type=int, help="torch threads (default 2, as in a config)")
     cell.add_argument("--cuda-graph", action="store_true")
     cell.add_argument("--compile", action="store_true")
     cell.add_argument("--matmul-precision", choices=["highest", "high", "medium"], default="highest",
@@ -170,14 +170,14 @@ def spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
               "time_limit_s": args.time_limit_s}
     execution = {"device": args.device, "num_threads": args.threads, "cuda_graph": args.cuda_graph,
                  "compile": args.compile, "matmul_precision": args.matmul_precision, "allocator": args.allocator}
-    return {  # options not given take the spec defaults (harness.running.run), the same as a config's
+    return {  # options not given take the spec defaults (harness.spec), the same as a config's
         "workload": args.workload, "method": args.method, "variant": args.variant,
         "workload_params": _key_values(args.workload_param, "--workload-param"),
         "method_params": _key_values(args.method_param, "--method-param"),
         "batch_size": args.batch_size, "target_ratio": args.target_ratio, "seed": args.seed,
         **({"purpose": args.purpose} if args.purpose else {}),
         "budget": {k: v for k, v in budget.items() if v is not None or k not in ("warmup_steps",)},
-        "execution": {k: v for k, v in execution.items() if v is not None or k != "device"},
+        "execution": {k: v for k, v in execution.items() if v is not None},
     }
 
 
@@ -241,35 +241,32 @@ def _run_cell(args: argparse.Namespace) -> int:
     if args.log:
         print("comera-bench run: --log needs --isolate", file=sys.stderr)
         return 2
+    from harness import running
+    from harness import spec as specs
     from harness.core import measure
     from harness.running import run as runner
-    from harness.running import checkpoint, specs
 
     cell_given = [opt for opt in ("workload", "method", "batch_size") if getattr(args, opt) is not None]
-    try:
+    try:  # a usage error is refused here, before any file is written
+        checks = runner.default_registry().checks
         if args.spec:
             if cell_given:
                 raise specs.SpecError(f"--spec cannot be combined with --{cell_given[0].replace('_', '-')}")
-            spec = specs.normalize_spec(specs.load_spec(args.spec))
+            spec = specs.load(args.spec, checks)
         else:
-            spec = specs.normalize_spec(spec_from_args(args))
-        registry = runner.default_registry()  # a usage error is refused here, before any file is written
-        registry.check_workload_params(spec["workload"], spec["workload_params"])
-        registry.check_method_params(spec["method"], spec["method_params"])
-        runner.stall_limit_s()  # a bad COMERA_BENCH_STALL_LIMIT_S or COMERA_BENCH_CHECKPOINT_S too
-        checkpoint.every_s()
-    except (specs.SpecError, ValueError, TypeError) as exc:
+            spec = specs.make(spec_from_args(args), checks)
+        running.check_environment()  # COMERA_BENCH_STALL_LIMIT_S, COMERA_BENCH_CHECKPOINT_S
+    except ValueError as exc:
         print(f"comera-bench run: {exc}", file=sys.stderr)
         return 2
     runs_out, curves_out = args.runs_out, args.curves_out
     if runs_out is None:
-        device = spec["execution"]["device"]
+        device = spec.execution.device
         if device == "auto":
             device = measure.resolve_device("auto").type
         folder = Path(args.results_dir or DEFAULT_RESULTS_DIR) / device.split(":")[0]
-        runs_out = folder / f"{spec['run_id']}.runs.parquet"
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{spec['run_id']}.spec.json").write_text(json.dumps(spec, indent=2, sort_keys=True))
+        runs_out = folder / f"{spec.run_id}.runs.parquet"
+        specs.write(spec, folder / f"{spec.run_id}.spec.json")
     if curves_out is None:
         curves_out = _curves_path(runs_out)
     try:
@@ -425,7 +422,7 @@ def show_table(paths: list[str], *, kind: str = "runs", where: list[str] = (), g
     from harness import results
 
     files = _find_results(paths, kind)
-    frames = [results.read_parquet(f, kind, fill_missing=True) for f in files]
+    frames = [results.read_parquet(f, kind) for f in files]
     df = pd.concat(frames, ignore_index=True) if frames else results.empty_frame(kind)
     df = df[_parse_where(list(where), df)]
     if group_by:

@@ -7,6 +7,11 @@ import torch
 # The native TT ops (comera/native.py) compile into the checkout, not into the user's torch extension
 # folder; pipeline subprocesses inherit the variable. Built once per fresh clone.
 os.environ.setdefault("COMERA_NATIVE_BUILD_DIR", str(Path(__file__).resolve().parents[1] / ".native-build"))
+# One intra-op thread for the whole session (module fixtures too, which run outside one_thread below) and
+# for the tests' subprocesses (cells, pipelines, scripts); a cell or a command that names its threads still
+# sets them (see one_thread).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

@@ -2,11 +2,14 @@
 
 * no module uses another module's private name (a leading underscore, not a dunder) -- neither
   ``from m import _x`` nor ``m._x`` on an imported project module;
+* no two modules import each other, directly or round a circle, counting imports inside functions;
 * ``harness/core`` knows nothing of the command line or the cell runner (harness.cli, harness.entry,
-  harness.running); the config check (``harness/configs``) imports neither the command line, the
-  benchmarks (harness.perf) nor the reports;
+  harness.running); the config check (``harness/configs``) imports neither the command line, the cell
+  runner, the benchmarks (harness.perf) nor the reports, and the runner nothing of the config check (both
+  get a cell's spec from harness.spec); the results model (``harness/results``) reads no config; the
+  claims build no model (no harness.perf);
 * the library (``comera``) imports nothing of the harness or the baselines;
-* the methods (``baselines``) import nothing of the harness but the plug-in finder (harness.configs.plugins,
+* the methods (``baselines``) import nothing of the harness but the plug-in finder (harness.plugins,
   standard library only, shared with the workload registry; baselines/__init__.py says why).
 
 Every module of comera, harness, baselines and benchmarks is read.
@@ -152,9 +155,12 @@ def test_no_module_uses_another_modules_private_names():
 
 @pytest.mark.parametrize("package, forbidden, allowed", [
     ("harness.core", ("harness.cli", "harness.entry", "harness.running"), ()),
-    ("harness.configs", ("harness.cli", "harness.perf", "harness.reports"), ()),
+    ("harness.configs", ("harness.cli", "harness.running", "harness.perf", "harness.reports"), ()),
+    ("harness.running", ("harness.configs",), ()),
+    ("harness.results", ("harness.configs", "harness.running", "harness.perf", "harness.reports"), ()),
+    ("harness.reports.claims", ("harness.perf",), ()),
     ("comera", ("harness", "baselines", "benchmarks"), ()),
-    ("baselines", ("harness", "benchmarks"), ("harness.configs.plugins",)),
+    ("baselines", ("harness", "benchmarks"), ("harness.plugins",)),
 ])
 def test_layers(package, forbidden, allowed):
     bad = []
@@ -176,6 +182,73 @@ def test_the_checker_sees_both_forms(tmp_path):
     module = Module("harness.toy", tmp_path / "toy.py", ast.parse(source))
     assert {name for _, name in private_uses(module)} == {
         "harness.core.timing._quartiles", "harness.core.measure._private", "harness.core.stops._other"}
+
+
+def import_graph(modules: list[Module]) -> dict[str, set[str]]:
+    """module -> the project modules it imports (at any depth; ``from a import b`` of a module b is b)."""
+    names = {m.name for m in modules}
+    graph: dict[str, set[str]] = {m.name: set() for m in modules}
+    for module in modules:
+        for _, full in imports(module):
+            parts = full.split(".")
+            target = next((".".join(parts[:cut]) for cut in range(len(parts), 0, -1)
+                           if ".".join(parts[:cut]) in names), None)
+            if target is not None and target != module.name:
+                graph[module.name].add(target)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The modules that import each other round a circle: each strongly connected group of two or more
+    (Tarjan's algorithm, iterative), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    found.append(sorted(group))
+    return sorted(found)
+
+
+def test_no_import_circles():
+    found = circles(import_graph(MODULES))
+    assert not found, "modules that import each other (imports inside functions count):\n" + "\n".join(
+        " <-> ".join(group) for group in found)
+
+
+def test_the_circle_finder_sees_a_lazy_import(tmp_path):
+    """A circle closed by an import inside a function is found; a chain is not a circle."""
+    sources = {"harness.a": "from harness import b\n", "harness.b": "def f():\n    import harness.c\n",
+               "harness.c": "from harness.a import x\n", "harness.d": "import harness.a\n"}
+    modules = [Module(name, tmp_path / f"{name}.py", ast.parse(text)) for name, text in sources.items()]
+    assert circles(import_graph(modules)) == [["harness.a", "harness.b", "harness.c"]]
 
 
 MAX_LINES = 600

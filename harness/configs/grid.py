@@ -17,9 +17,10 @@ from typing import Any
 
 import yaml
 
+from harness import spec as specs
 from harness.configs.yamlnum import NumberLoader
+from harness.spec import MAX_MAGNITUDE, Spec, slug
 
-_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 LABEL_PATTERN = r"^(?!\.\.?$)[A-Za-z0-9._][A-Za-z0-9._-]*$"
 """A device label (a results folder name); the schema's ``$defs.label`` pattern."""
 DEVICE_ENV = "COMERA_BENCH_DEVICE"
@@ -27,13 +28,6 @@ DEVICE_ENV = "COMERA_BENCH_DEVICE"
 
 class ConfigError(ValueError):
     """A config value the pipeline cannot run with; the message names the key."""
-
-
-def slug(text: str) -> str:
-    """A file-name-safe lower-case form of ``text`` ("NVIDIA H200" -> "nvidia-h200"): every run of
-    characters other than letters, digits, ``.``, ``_`` and ``-`` becomes one ``-``. The one device slug:
-    results folder names here, the GPU matching of claims and compare (harness.results.analysis.on_gpu)."""
-    return _SAFE.sub("-", text.strip().lower()).strip("-") or "device"
 
 
 def device_label(config: dict[str, Any]) -> str:
@@ -130,12 +124,6 @@ def _key(path: Iterable[Any]) -> str:
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".") or "(top level)"
 
 
-MAX_MAGNITUDE = 2**32
-"""The largest size of any number in a config (a seed's range; the schema bounds most keys tighter): a
-larger one (``batch_sizes: [1e30]``, ``lr: 1e308``, ``d_model: 2**62``) is refused by the check, naming the
-key, instead of crashing every cell that uses it."""
-
-
 def _non_finite(value: Any, path: tuple = ()) -> tuple[tuple, float] | None:
     """The first NaN, infinite or too large (MAX_MAGNITUDE) number anywhere in ``value``: (its key path,
     the number), or None."""
@@ -176,12 +164,6 @@ def schema_error(config: dict[str, Any], schema_path: str | Path) -> str | None:
     return f"key {_key(error.absolute_path)}: {message}"
 
 
-PURPOSES = ("timing", "quality")
-"""A cell's purpose: short runs for time and memory, or training long enough to compare accuracy."""
-DEFAULT_PURPOSE = PURPOSES[0]
-"""The purpose of a spec that names none (the one default; rows of older files without one are timing)."""
-
-
 def _method_refs(workload: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"name": ref} if isinstance(ref, str) else dict(ref) for ref in workload["methods"]]
 
@@ -216,20 +198,13 @@ def check_config(config: dict[str, Any], missing: list[str] | None = None) -> No
     checks (``baselines.check_params``, ``harness.workloads.check_params``). Raises ConfigError naming
     the key. With a ``missing`` list (a dry run: the plan needs no data), a data path that does not exist
     is appended to it, naming the key, instead of raised."""
-    from harness.configs.plugins import PluginError
+    from harness.plugins import PluginError
     from harness.configs import microbench_spec
-    from harness.running import checkpoint
-    from harness.running.watchdog import stall_limit_s
 
     try:
         import baselines
         import harness.workloads as workloads
     except PluginError as err:
-        raise ConfigError(str(err)) from err
-    try:
-        stall_limit_s()  # every cell reads them: a bad value fails here, not in each cell
-        checkpoint.every_s()
-    except ValueError as err:
         raise ConfigError(str(err)) from err
     for name, entry in config["methods"].items():
         if entry["method"] not in baselines.METHODS:
@@ -304,38 +279,19 @@ def _variants(entry: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str
     return out
 
 
-MAX_RUN_ID = 150
-"""The longest cell name: it names files such as .<run_id>.runs.parquet.<host>.<pid>.<random>.tmp."""
-
-
-def run_id(spec: dict[str, Any], suffix: str = "", entry: str | None = None) -> str:
-    """The cell's name, starting with its config entry's name (default the workload's)."""
-    target = "none" if spec["target_ratio"] is None else f"{spec['target_ratio']:g}"
-    precision = spec["execution"].get("matmul_precision", "highest")
-    graph = ("_cg" if spec["execution"]["cuda_graph"] else "") + (
-        "_compiled" if spec["execution"].get("compile") else "") + (
-        f"_matmul-{precision}" if precision != "highest" else "")
-    quality = "_quality" if spec.get("purpose", DEFAULT_PURPOSE) == PURPOSES[1] else ""
-    return slug(f"{entry or spec['workload']}_{spec['method']}-{spec['variant']}_b{spec['batch_size']}"
-                f"_t{target}_s{spec['seed']}{graph}{suffix}{quality}")
-
-
-def expand_grid(config: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+def expand_grid(config: dict[str, Any]) -> tuple[dict[str, Spec], dict[str, dict[str, Any]]]:
     """(run_id -> spec, run_id -> sweep point) for workload x section (timing, quality) x method/variant
     (x sweep point) x batch size x target x seed x cuda_graph x compile x matmul_precision; cells outside
-    any sweep have no sweep
-    point. Every spec is complete (:func:`harness.running.specs.normalize_spec`: the defaults the CLI
-    fills, and the one ``config_hash``), so a cell built by ``comera-bench run`` from the same options has
-    the same run_id and config_hash; quality cells have ``"purpose": "quality"`` and a run_id ending in
-    ``_quality``."""
-    from harness.running.specs import normalize_spec
-
+    any sweep have no sweep point. Every spec is made by :func:`harness.spec.make`, as ``comera-bench run``
+    makes one from the same options (same run_id and hashes); quality cells have purpose "quality" and a
+    run_id ending in ``_quality``."""
     execution = config["execution"]
     if execution["threads"] == "auto":  # the pipeline decides it first: harness.running.threads.resolve
         raise ConfigError("config key execution.threads: 'auto' is resolved to a number before the grid is "
                           "expanded")
-    grid: dict[str, dict[str, Any]] = {}
+    grid: dict[str, Spec] = {}
     sweeps: dict[str, dict[str, Any]] = {}
+    checks = specs.registry_checks()
     for wname, workload in config["workloads"].items():
         for purpose, key, section, workload_params, suffix in sections(workload):
             for ref in _method_refs(section):
@@ -349,79 +305,68 @@ def expand_grid(config: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict
                 seeds = section.get("seeds", config["seeds"])
                 for (variant, params, point), batch, target, seed, graph, compiled, precision in itertools.product(
                         _variants(entry), batches, targets, seeds, graphs, compiles, precisions):
-                    spec = {
-                        "workload": module_of(wname, workload), "workload_params": dict(workload_params),
-                        "method": entry["method"], "variant": variant, "method_params": params,
-                        "batch_size": batch, "target_ratio": target, "seed": seed,
+                    timed = purpose == "timing"
+                    grouped = timed and execution["interleave"]
+                    group = slug(f"{wname}{suffix}_b{batch}_s{seed}") if grouped else None
+                    raw = {
+                        "purpose": purpose, "workload": module_of(wname, workload),
+                        "workload_params": dict(workload_params), "method": entry["method"],
+                        "variant": variant, "method_params": params, "batch_size": batch,
+                        "target_ratio": target, "seed": seed,
                         "budget": dict(section["budget"]),
                         "execution": {"device": execution["device"], "num_threads": execution["threads"],
-                                      "cuda_graph": graph, "compile": compiled,
-                                      "matmul_precision": precision},
+                                      "cuda_graph": graph, "compile": compiled, "matmul_precision": precision,
+                                      "rounds": execution["rounds"], "timing_group": group},
                     }
-                    spec["purpose"] = purpose
-                    if purpose == "timing":
-                        spec["execution"].update(rounds=execution.get("rounds", 1), timing_group=(
-                            slug(f"{wname}{suffix}_b{batch}_s{seed}")
-                            if execution.get("interleave", False) else None))
-                    spec["run_id"] = run_id(spec, suffix, wname)
-                    if len(spec["run_id"]) > MAX_RUN_ID:  # it names files: keep well below 255 bytes
-                        raise ConfigError(f"config key workloads.{wname}{key}: cell name {spec['run_id']!r} is "
-                                          f"{len(spec['run_id'])} characters (at most {MAX_RUN_ID}); shorten the "
-                                          "variant or the sweep values")
+                    rid = raw["run_id"] = specs.run_id(raw, suffix, wname)
+                    where = f"config key workloads.{wname}{key}"
+                    if len(rid) > specs.MAX_RUN_ID:  # it names files: keep well below 255 bytes
+                        raise ConfigError(f"{where}: cell name {rid!r} is {len(rid)} characters (at most "
+                                          f"{specs.MAX_RUN_ID}); shorten the variant or the sweep values")
                     try:
-                        spec = normalize_spec(spec)  # the CLI's defaults and config_hash
+                        spec = specs.make(raw, checks)
                     except ValueError as err:
-                        raise ConfigError(f"config key workloads.{wname}{key}: cell {spec['run_id']}: {err}") from err
-                    if spec["run_id"] in grid:
-                        raise ConfigError(f"config key workloads.{wname}{key}.methods: cell {spec['run_id']} "
+                        raise ConfigError(f"{where}: cell {rid}: {err}") from err
+                    if spec.run_id in grid:
+                        raise ConfigError(f"config key workloads.{wname}{key}.methods: cell {spec.run_id} "
                                           "appears twice (same method/variant/batch/target/seed)")
-                    grid[spec["run_id"]] = spec
+                    grid[spec.run_id] = spec
                     if point:
-                        sweeps[spec["run_id"]] = point
+                        sweeps[spec.run_id] = point
     return _alone_untimed_in_groups(grid), sweeps
 
 
-def _alone_untimed_in_groups(grid: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def _alone_untimed_in_groups(grid: dict[str, Spec]) -> dict[str, Spec]:
     """A timing cell alone in its timing group is timed alone: its spec names no group (else its row would
-    say it missed its group's rounds), and its config_hash is that of the spec it runs."""
-    from harness.running.specs import normalize_spec
-
+    say it missed its group's rounds)."""
     sizes: dict[str, int] = {}
     for spec in grid.values():
-        group = spec["execution"].get("timing_group")
+        group = spec.execution.timing_group
         if group:
             sizes[group] = sizes.get(group, 0) + 1
-    for rid, spec in grid.items():
-        if sizes.get(spec["execution"].get("timing_group"), 0) == 1:
-            alone = {**spec, "execution": {**spec["execution"], "timing_group": None}, "config_hash": ""}
-            grid[rid] = normalize_spec(alone)
-    return grid
+    alone = {rid for rid, spec in grid.items() if sizes.get(spec.execution.timing_group, 0) == 1}
+    return {rid: spec.with_execution(timing_group=None) if rid in alone else spec
+            for rid, spec in grid.items()}
 
 
-def timing_groups(grid: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+def timing_groups(grid: dict[str, Spec]) -> dict[str, list[str]]:
     """timing group -> its run_ids (in grid order), for the groups of at least two cells; a timing
     cell alone in its group is timed alone."""
     groups: dict[str, list[str]] = {}
     for rid, spec in grid.items():
-        group = spec["execution"].get("timing_group")
+        group = spec.execution.timing_group
         if group:
             groups.setdefault(group, []).append(rid)
     return {g: ids for g, ids in groups.items() if len(ids) > 1}
 
 
-def finished(grid: dict[str, dict[str, Any]], cells_dir: str | Path) -> dict[str, dict[str, Any]]:
+def finished(grid: dict[str, Spec], cells_dir: str | Path) -> dict[str, Spec]:
     """The cells of ``grid`` whose spec, runs and curves files are all in ``cells_dir`` (the cells a
     stopped pipeline finished: a cell's files are written atomically, and a job stopped before its end
     leaves none), in grid order."""
     return {rid: spec for rid, spec in grid.items()
             if all((Path(cells_dir) / f"{rid}.{kind}").is_file()
                    for kind in ("spec.json", "runs.parquet", "curves.parquet"))}
-
-
-def write_spec(spec: dict[str, Any], path: str | Path) -> None:
-    """Write a cell's spec as JSON (sorted keys, so an unchanged spec gives identical bytes)."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(spec, indent=1, sort_keys=True) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -438,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.specs:
         spec = json.loads(Path(path).read_text())
         cells[spec["run_id"]] = spec
-    write_spec({"cells": cells, "sweeps": json.loads(args.sweeps)}, args.out)
+    grid = {"cells": cells, "sweeps": json.loads(args.sweeps)}
+    Path(args.out).write_text(json.dumps(grid, indent=1, sort_keys=True) + "\n")
     return 0
 
 

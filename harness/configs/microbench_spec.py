@@ -19,20 +19,21 @@ DIRECTIONS = ("fwd", "fwd_bwd")
 LINEAR_VARIANTS = ("dense", "tt")
 EMBEDDING_VARIANTS = ("dense_grad", "sparse_grad", "ttm_naive", "ttm_order", "ttm_unique", "ttm_optimized")
 
-_SPEC_KEYS = {"device", "num_threads", "min_run_time_s", "seed", "memory", "allocator", "linear", "embedding"}
+_SPEC_KEYS = {"device", "num_threads", "min_run_time_s", "rounds", "seed", "memory", "allocator", "linear",
+              "embedding"}
 _LINEAR_KEYS = {"layers", "ranks", "tokens", "directions", "variants"}
 _EMBEDDING_KEYS = {"tables", "indices", "zipf_exponent", "variants", "directions"}
 _TABLE_KEYS = {"num_embeddings", "embedding_dim", "row_shape", "col_shape", "rank"}
-_DEFAULTS = {"device": "auto", "num_threads": 2, "min_run_time_s": 0.5, "seed": 0, "memory": True,
-             "allocator": "reuse"}
+_DEFAULTS = {"device": "auto", "num_threads": 2, "min_run_time_s": 0.5, "rounds": 5, "seed": 0,
+             "memory": True, "allocator": "reuse"}
 
 
 def check_spec(spec: Any, *, source: str = "spec") -> dict[str, Any]:
     """The spec with defaults filled; unknown keys or bad values raise ValueError naming them.
 
     Args:
-        spec: the spec as read (a mapping: device, num_threads, min_run_time_s, seed, memory, allocator,
-            linear, embedding).
+        spec: the spec as read (a mapping: device, num_threads, min_run_time_s (each timing round's blocks),
+            rounds, seed, memory, allocator, linear, embedding).
         source: what the messages call it (a file, a config key).
     """
     if not isinstance(spec, dict):
@@ -44,7 +45,7 @@ def check_spec(spec: Any, *, source: str = "spec") -> dict[str, Any]:
     if out["allocator"] not in allocator.POLICIES:
         raise ValueError(f"microbench {source}: allocator={out['allocator']!r}, expected one of "
                          f"{list(allocator.POLICIES)}")
-    for key, least in (("num_threads", 1), ("seed", 0)):
+    for key, least in (("num_threads", 1), ("rounds", 1), ("seed", 0)):
         if not isinstance(out[key], int) or isinstance(out[key], bool) or out[key] < least:
             raise ValueError(f"microbench {source}: {key}={out[key]!r} must be an integer >= {least}")
     if not isinstance(out["min_run_time_s"], (int, float)) or out["min_run_time_s"] <= 0:

@@ -14,6 +14,8 @@
   it, else from a sampling thread (1 ms); free heap pages are handed back to the kernel
   (``malloc_trim``) before the baseline is read and before the mark is reset on resuming. Both can be
   paused around evaluation.
+* :func:`time_rounds` times single calls in rounds (micro-benchmarks, the performance bench): per-round
+  values, as a cell's round means are.
 * :func:`call_peak` measures the allocator peak of one call (micro-benchmarks, the bench's tensor peak).
 * :data:`MEMORY_KINDS` is the one vocabulary of ``peak_mem_kind``: every memory number of the project
   (cells, micro-benchmarks, the performance bench) is one of these kinds.
@@ -171,6 +173,32 @@ def epoch_time(full_epochs_s: list[float], *, mean_step_ms: float, steps_per_epo
         measured = full_epochs_s[1:] if len(full_epochs_s) > 1 else full_epochs_s
         return float(statistics.median(measured)), "measured"
     return mean_step_ms * steps_per_epoch / 1e3, "extrapolated"
+
+
+# ----------------------------------------------------------------------------------- one call, in rounds
+
+def call_ms(run: Callable[[], Any], *, num_threads: int, min_run_time_s: float) -> float:
+    """ms per call of ``run`` in one round: the median over ``torch.utils.benchmark``'s blocked_autorange
+    blocks (its block-size estimation is the warm-up; it synchronizes an accelerator), at least
+    ``min_run_time_s`` of blocks in all. A round may be one block (a block longer than ``min_run_time_s``):
+    its spread is the rounds' (:func:`time_rounds`)."""
+    from torch.utils.benchmark import Timer
+
+    m = Timer(stmt="run()", globals={"run": run}, num_threads=num_threads).blocked_autorange(
+        min_run_time=min_run_time_s)
+    return statistics.median(m.times) * 1e3
+
+
+def time_rounds(runs: dict[str, Callable[[], Any]], *, rounds: int, num_threads: int,
+                min_run_time_s: float) -> dict[str, list[float]]:
+    """Each run's ms per call (:func:`call_ms`) in each of ``rounds`` rounds, the runs alternating (every
+    run once a round, in order): the per-round values of one call, as a cell's are its round means
+    (harness.core.timing.round_means). Their median, spread and verdict: harness.core.timing.judge_rounds."""
+    per_round: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            per_round[name].append(call_ms(run, num_threads=num_threads, min_run_time_s=min_run_time_s))
+    return per_round
 
 
 # ------------------------------------------------------------------------------------------- memory

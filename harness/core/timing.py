@@ -16,8 +16,9 @@ steps ran (one segment per timing round; evaluations inside a segment count, wai
   threads (1.0: every thread busy all the time). Informative only: a small model leaves threads idle on
   a quiet machine too, so it enters no verdict.
 
-Stability (:func:`judge`): a row is ``stable`` unless one of the documented thresholds below is crossed;
-then ``noisy: <reasons>``. Verdicts and "same comparison here" ratios use stable rows only.
+Stability (:func:`judge` for a cell, :func:`judge_rounds` for anything else timed in rounds, by the same
+thresholds): ``stable`` unless one of the documented thresholds below is crossed; then ``noisy:
+<reasons>``. Verdicts and "same comparison here" ratios use stable rows only.
 
 Rounds: :func:`round_bounds` splits the timed steps into rounds (whole periods of a method's periodic
 work in each round where it has one); each row stores every round's mean step
@@ -47,6 +48,8 @@ MAX_MEAN_OVER_MEDIAN = 1.5
 Not applied to a cell whose rounds hold whole periods of its periodic work (:func:`judge`)."""
 MIN_ROUNDS_FOR_SPREAD = 3
 """A cell with periodic work is judged by the spread of its per-round means from this many rounds on."""
+MIN_ROUNDS = 2
+"""Fewer rounds than this: a thing timed round by round (:func:`judge_rounds`) has no spread to judge."""
 MAX_RUN_QUEUE_FRAC = 0.10
 """The cell's threads waited for a CPU more than this share of their runnable time: other work competed."""
 MAX_CPU_PRESSURE = 0.25
@@ -286,11 +289,34 @@ def judge(*, step_time_ms: float | None, step_time_ms_iqr: float | None, steps_t
                                             "steps)")
         if spread:
             reasons.append(spread)
+    reasons += machine_reasons(run_queue_frac, cpu_pressure)
+    return "noisy: " + "; ".join(reasons) if reasons else STABLE
+
+
+def machine_reasons(run_queue_frac: float | None, cpu_pressure: float | None) -> list[str]:
+    """The machine's state past its thresholds (:data:`MAX_RUN_QUEUE_FRAC`, :data:`MAX_CPU_PRESSURE`), in
+    words; [] when neither is crossed or measured."""
+    reasons = []
     if finite(run_queue_frac) and run_queue_frac > MAX_RUN_QUEUE_FRAC:
         reasons.append(f"its threads waited for a CPU {run_queue_frac:.0%} of their runnable time "
                        f"(> {MAX_RUN_QUEUE_FRAC:.0%})")
     if finite(cpu_pressure) and cpu_pressure > MAX_CPU_PRESSURE:
         reasons.append(f"CPU pressure {cpu_pressure:.0%} (> {MAX_CPU_PRESSURE:.0%})")
+    return reasons
+
+
+def judge_rounds(values: Sequence[float | None], what: str = "per-round times", *,
+                 run_queue_frac: float | None = None, cpu_pressure: float | None = None) -> str:
+    """``stable`` or ``noisy: <reasons>`` for one thing timed round by round without a cell's steps (a
+    micro-benchmark case, a performance-bench run, the halving's alternated rounds: their per-round values,
+    harness.core.measure.time_rounds): fewer than :data:`MIN_ROUNDS` finite rounds (no spread to judge: one
+    round of one block has an IQR of 0), per-round values spread more than a cell's round means may
+    (:func:`spread_reason`), or the machine's state while they ran (:func:`machine_reasons`)."""
+    reasons = []
+    counted = sum(finite(v) for v in values)
+    if counted < MIN_ROUNDS:
+        reasons.append(f"{what}: {counted} round(s) (< {MIN_ROUNDS})")
+    reasons += [r for r in [spread_reason(values, what)] if r] + machine_reasons(run_queue_frac, cpu_pressure)
     return "noisy: " + "; ".join(reasons) if reasons else STABLE
 
 

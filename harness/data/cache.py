@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
-from harness.results import atomic
+from harness import atomic
 
 if TYPE_CHECKING:
     import torch
@@ -66,7 +66,7 @@ def fingerprint(*items: Any, files: Iterable[str | os.PathLike] = ()) -> str:
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> Path:
     """Calls ``write(tmp)`` on a temporary file next to ``path``, flushes it to disk, then renames it onto
-    ``path`` (harness.results.atomic: the temporary of a writer that was killed is removed by the next write)."""
+    ``path`` (harness.atomic: the temporary of a writer that was killed is removed by the next write)."""
     return atomic.atomic_write(path, write, fsync=True)
 
 

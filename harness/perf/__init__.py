@@ -1,5 +1,5 @@
 """The performance targets of ``comera-bench bench`` (harness.perf.bench), measured and judged in one table
-against the goals of config/bench.yaml (:mod:`.goals`).
+against the goals of harness/perf/goals.yaml (:mod:`.goals`).
 
 Modules: :mod:`.config` (one invocation's settings), :mod:`.roofline` (machine peaks, paired timing),
 :mod:`.layers` (targets 1 and 3), :mod:`.steps` with :mod:`.worker` (targets 2 and 4), :mod:`.plans`
@@ -27,9 +27,12 @@ so that a load change on a shared machine hits both):
 5. Contraction-plan FLOPs vs the sum of opt_einsum's optimal costs of the forward and backward
    contractions, over a sweep of TT orders and token counts.
 
-Per-round times of targets 1, 3 and 4 become a ratio through harness.results.analysis.rounds_ratio and a
-stability verdict through analysis.rounds_verdict (the spread threshold of a cell's per-round means); a
-row whose timings are not stable is ``noisy`` (shown, not judged against its goal).
+One timing model: targets 1 and 3 time their calls in alternating rounds (harness.core.measure.time_rounds,
+as ``comera-bench microbench`` does), target 4 its steps with a cell's step timer in rounds
+(harness.core.timing.round_means); per-round times become a ratio through
+harness.results.analysis.rounds_ratio and a verdict through analysis.rounds_verdict
+(harness.core.timing.judge_rounds, a cell's thresholds); a row whose timings are not stable is ``noisy``
+(shown, not judged against its goal).
 
 Each row carries the physical context of its ratio: the FLOP ratio and the compulsory-traffic ratio of
 the two ops, and the roofline bound (the row's bound for targets 1 and 3)

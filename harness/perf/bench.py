@@ -1,10 +1,10 @@
 """``comera-bench bench``: the performance targets of the project (harness.perf), measured in one run and
-judged against the goals of config/bench.yaml; the table goes to stdout, a Parquet file (one row per
+judged against the goals of harness/perf/goals.yaml; the table goes to stdout, a Parquet file (one row per
 table row, with the provenance columns of the pipeline's rows), a Markdown file and a figure (PNG, PDF;
 harness.perf.figure) next to it.
 
     comera-bench bench [--quick] [--targets 1,2,3,4,5] [--device cpu|cuda|auto] [--threads N]
-                       [--allocator reuse|system] [--step-rounds R] [--goals config/bench.yaml]
+                       [--allocator reuse|system] [--step-rounds R] [--goals GOALS.yaml]
                        [--out results/<device>/bench.parquet]
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from harness.core import allocator as allocator_lib
 from harness.core import timing
 from harness.configs import grid
-from harness.results.atomic import atomic_write
+from harness.atomic import atomic_write
 from harness.perf import figure
 from harness.perf import goals as goals_lib
 from harness.perf.config import Config
@@ -75,7 +75,8 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--targets", default="1,2,3,4,5", help="comma-separated target numbers (default all)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
-    ap.add_argument("--goals", default=str(goals_lib.DEFAULT_PATH), help="goals file (default config/bench.yaml)")
+    ap.add_argument("--goals", default=str(goals_lib.DEFAULT_PATH),
+                    help="goals file (default harness/perf/goals.yaml)")
     ap.add_argument("--out", help="Parquet file, written atomically, with the Markdown table next to it "
                                   "(default results/<device>/bench.parquet)")
     ap.add_argument("--step-timeout", type=float, default=1800, help="seconds for all transformer-step processes together")

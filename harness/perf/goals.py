@@ -1,5 +1,5 @@
-"""The goals of ``comera-bench bench``: config/bench.yaml, checked against workflow/schemas/bench.schema.yaml
-(errors name the file and the key)."""
+"""The goals of ``comera-bench bench``: goals.yaml, checked against goals.schema.yaml (both package data,
+beside this module; errors name the file and the key)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,9 +9,8 @@ import yaml
 
 from harness.configs import grid
 
-REPO = Path(__file__).resolve().parents[2]
-DEFAULT_PATH = REPO / "config" / "bench.yaml"
-SCHEMA = REPO / "workflow" / "schemas" / "bench.schema.yaml"
+DEFAULT_PATH = Path(__file__).with_name("goals.yaml")
+SCHEMA = Path(__file__).with_name("goals.schema.yaml")
 
 
 def load(path: str | Path = DEFAULT_PATH) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from harness.core import measure
 from harness.perf import microbench as mb
 from harness.perf.config import Config
 from harness.perf.report import BenchRow, make_row, per_round_text, quotient, value_of
-from harness.perf.roofline import Roofline, paired_rounds
+from harness.perf.roofline import Roofline
 from harness.results import analysis
 
 
@@ -42,12 +42,12 @@ def target_linear(cfg: Config, roof: Roofline) -> list[BenchRow]:
                  "floor_1": mb.module_call(AutogradOnly(tt), one, "fwd_bwd", wrt_input=True),
                  "direct_1": (contraction_only(tt, one), mb.no_reset),
                  "official": mb.module_call(official, x, "fwd_bwd", wrt_input=True)}
-        per_round = paired_rounds({k: run for k, (run, _) in calls.items()}, rounds=cfg.rounds,
+        per_round = measure.time_rounds({k: run for k, (run, *_) in calls.items()}, rounds=cfg.rounds,
                                   num_threads=cfg.num_threads, min_run_time_s=cfg.min_run_time_s)
         times = {k: statistics.median(v) for k, v in per_round.items()}
         speedup = analysis.rounds_ratio(per_round["dense"], per_round["tt"])
         vs_official = analysis.rounds_ratio(per_round["official"], per_round["tt"])
-        cost = {k: mb.count_cost(run) for k, (run, _) in calls.items() if k in ("dense", "tt", "official")}
+        cost = {k: mb.count_cost(run) for k, (run, *_) in calls.items() if k in ("dense", "tt", "official")}
         plan = tt.plan(tokens)
         shape = f"{n_in}->{n_out} r{rank}, {tokens} tokens"
         rows.append(make_row(
@@ -195,7 +195,7 @@ def target_linear_cuda(cfg: Config, progress: Callable[[str], None]) -> list[Ben
         except Exception as exc:  # inductor raises many kinds
             compile_error = f"torch.compile failed: {type(exc).__name__}: {str(exc).strip()[:300]}"
             progress(f"target 1 CUDA, {n_in}->{n_out}: {compile_error}")
-        per_round = paired_rounds(runs, rounds=cfg.rounds, num_threads=cfg.num_threads,
+        per_round = measure.time_rounds(runs, rounds=cfg.rounds, num_threads=cfg.num_threads,
                                   min_run_time_s=cfg.min_run_time_s)
         times = {k: statistics.median(v) for k, v in per_round.items()}
         plan = layers["tt"].plan(tokens)
@@ -343,14 +343,14 @@ def target_embedding(cfg: Config, roof: Roofline) -> list[BenchRow]:
     for count in EMBEDDING_INDICES[key]:
         idx = mb.zipf_indices(count, table["num_embeddings"], 1.05, count).to(cfg.device)
         calls = {v: mb.module_call(m, idx, "fwd_bwd", wrt_input=False) for v, m in modules.items()}
-        per_round = paired_rounds({v: run for v, (run, _) in calls.items()}, rounds=cfg.rounds,
+        per_round = measure.time_rounds({v: run for v, (run, *_) in calls.items()}, rounds=cfg.rounds,
                                   num_threads=cfg.num_threads, min_run_time_s=cfg.min_run_time_s)
         times = {v: statistics.median(t) for v, t in per_round.items()}
         speedup = analysis.rounds_ratio(per_round["ttm_naive"], per_round["ttm_optimized"])
         peaks = {}
-        for v, (run, reset) in calls.items():
+        for v, (run, reset, _) in calls.items():
             peaks[v], kind = measure.call_peak(run, cfg.device, reset)
-        cost = {v: mb.count_cost(run) for v, (run, _) in calls.items()}
+        cost = {v: mb.count_cost(run) for v, (run, *_) in calls.items()}
         output_bytes = count * table["embedding_dim"] * modules["dense_grad"].weight.element_size()
         footprint = {v: peaks[v] + mb.param_bytes(modules[v]) for v in variants}
         memory = {v: TableMemory.of(modules[v], peaks[v], output_bytes) for v in ("ttm_optimized", "dense_grad")}

@@ -9,15 +9,20 @@ direction:
   linear layer, as for an inner layer of a network) for a fixed random output gradient; gradients are
   reset to None before each call, as ``zero_grad(set_to_none=True)`` does.
 
-Time: ``torch.utils.benchmark.Timer.blocked_autorange`` (its block-size estimation is the warm-up; it
-synchronizes the accelerator), median and IQR over blocks, in ms per call.
+Time: the one timing model of single calls (harness.core.measure.time_rounds): ``rounds`` rounds (the
+spec's, default 5), each the median ms per call of ``torch.utils.benchmark`` blocks of at least
+``min_run_time_s``; ``time_ms`` and ``time_ms_iqr`` are the median and IQR over the rounds
+(``round_time_ms``: each round's value), ``timing_quality`` the verdict of harness.core.timing.judge_rounds
+(fewer than 2 rounds, a spread above 25% of the median, or a busy machine while the case was timed:
+noisy), as a cell's timing is judged. The bytes of the module's parameters and of the op's output are
+recorded (``param_bytes``, ``output_bytes``), so nothing reading a row builds the module again.
 Memory (``peak_mem_bytes``): bytes allocated by the op above what was allocated before the call (inputs,
 parameters and the output gradient are not counted), ``harness.core.measure.call_peak``: kind
 ``cuda_allocated`` on CUDA, ``cpu_allocated`` on CPU (the one vocabulary, ``measure.MEMORY_KINDS``). The
 kind is stored in the file metadata (``peak_mem_kind``) since it follows from the device.
-The row model is the cells' where it applies: median and IQR from ``measure.median_iqr`` (``time_ms``,
-``time_ms_iqr``: one call, not a training step, hence not ``step_time_ms``), ``peak_mem_bytes`` with its
-kind, the provenance columns of a ``runs`` row.
+The row model is the cells' where it applies: per-round values with one verdict (``time_ms``: one call,
+not a training step, hence not ``step_time_ms``), ``peak_mem_bytes`` with its kind, the provenance
+columns of a ``runs`` row.
 Allocator: the spec's ``allocator`` ("reuse", default, or "system"; ``--allocator`` overrides it) is
 applied to the process while measuring (see harness.core.allocator) and recorded in the file metadata.
 FLOPs: the matmul-class FLOPs actually executed, counted by ``torch.utils.flop_counter.FlopCounterMode``
@@ -40,13 +45,13 @@ import yaml
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-from torch.utils.benchmark import Timer
 from torch.utils.flop_counter import FlopCounterMode
 
-from harness.core import allocator
-from harness.core.measure import CPU_ALLOCATED, CUDA_ALLOCATED, call_peak, median_iqr, resolve_device
+from harness.core import allocator, timing
+from harness.core.measure import (CPU_ALLOCATED, CUDA_ALLOCATED, call_peak, median_iqr, resolve_device,
+                                  time_rounds)
 from harness.configs import yamlnum
-from harness.configs.microbench_spec import DIRECTIONS, EMBEDDING_VARIANTS, LINEAR_VARIANTS, check_spec
+from harness.configs.microbench_spec import DIRECTIONS, EMBEDDING_VARIANTS, check_spec
 
 TTM_LEVELS = {  # variant -> (tensor-index level, unique-rows level) of comera.ttm.TTMEmbedding
     "ttm_naive": (False, False), "ttm_order": (True, False),
@@ -110,14 +115,17 @@ class Case:
     """Drops what ``run`` left behind (gradients), so a measurement starts from the inputs only."""
     param_bytes: int
     """Bytes of the module's parameters (not part of peak_mem_bytes)."""
+    output_bytes: int
+    """Bytes of one call's output (part of peak_mem_bytes)."""
 
 
 @dataclass
 class Result:
     case: Case
-    time_ms: float
-    time_ms_iqr: float
-    blocks: int
+    round_ms: list[float]
+    """ms per call in each round (harness.core.measure.time_rounds)."""
+    timing_quality: str
+    """The verdict on the rounds (harness.core.timing.judge_rounds)."""
     peak_mem_bytes: int | None
     peak_mem_kind: str | None
     flops: float
@@ -130,18 +138,22 @@ def param_bytes(module: nn.Module) -> int:
 
 
 def module_call(module: nn.Module, inputs: torch.Tensor, direction: str,
-                wrt_input: bool) -> tuple[Callable[[], Any], Callable[[], None]]:
-    """A closure running ``module(inputs)`` once in the given direction, and one dropping the gradients
-    it left (a ``fwd_bwd`` call starts with it, as ``zero_grad(set_to_none=True)`` would)."""
+                wrt_input: bool) -> tuple[Callable[[], Any], Callable[[], None], int]:
+    """A closure running ``module(inputs)`` once in the given direction, one dropping the gradients it
+    left (a ``fwd_bwd`` call starts with it, as ``zero_grad(set_to_none=True)`` would), and the bytes of
+    its output."""
+    with torch.no_grad():
+        output = module(inputs)
+    output_bytes = output.numel() * output.element_size()
     if direction == "fwd":
         def fwd():
             with torch.no_grad():
                 return module(inputs)
-        return fwd, no_reset
+        return fwd, no_reset, output_bytes
     x = inputs.detach().requires_grad_(True) if wrt_input else inputs
     wrt = ([x] if wrt_input else []) + [p for p in module.parameters() if p.requires_grad]
-    with torch.no_grad():
-        grad_out = torch.randn_like(module(inputs))
+    grad_out = torch.randn_like(output)
+    del output
 
     def reset():
         for t in wrt:
@@ -150,7 +162,7 @@ def module_call(module: nn.Module, inputs: torch.Tensor, direction: str,
     def fwd_bwd():
         reset()
         torch.autograd.backward(module(x), grad_out, inputs=wrt)
-    return fwd_bwd, reset
+    return fwd_bwd, reset, output_bytes
 
 
 def no_reset() -> None:
@@ -179,8 +191,9 @@ def linear_cases(cfg: dict[str, Any], device: torch.device, seed: int) -> Iterat
             x = torch.randn(tokens, n_in, generator=gen).to(device)
             for variant, shape, rank, module in modules:
                 for direction in cfg["directions"]:
-                    yield Case("linear", variant, shape, tokens, rank, direction,
-                               *module_call(module, x, direction, wrt_input=True), param_bytes(module))
+                    run, reset, output_bytes = module_call(module, x, direction, wrt_input=True)
+                    yield Case("linear", variant, shape, tokens, rank, direction, run, reset,
+                               param_bytes(module), output_bytes)
 
 
 def zipf_indices(count: int, num_embeddings: int, exponent: float, seed: int) -> torch.Tensor:
@@ -221,21 +234,13 @@ def embedding_cases(cfg: dict[str, Any], device: torch.device, seed: int) -> Ite
                 shape += f" [{','.join(map(str, module.row_shape))}|{','.join(map(str, module.col_shape))}]"
             for count, idx in indices.items():
                 for direction in cfg["directions"]:
+                    run, reset, output_bytes = module_call(module, idx, direction, wrt_input=False)
                     yield Case("embedding", variant, shape, count, int(table["rank"]) if ttm else None, direction,
-                               *module_call(module, idx, direction, wrt_input=False), param_bytes(module))
+                               run, reset, param_bytes(module), output_bytes)
             del module
 
 
 # ------------------------------------------------------------------------------------------ measuring
-
-def time_call(run: Callable[[], Any], *, num_threads: int, min_run_time_s: float) -> tuple[float, float, int]:
-    """Median and IQR (ms per call) of ``run`` over blocked_autorange blocks (the cells' quartiles,
-    ``harness.core.measure.median_iqr``), and the number of blocks."""
-    timer = Timer(stmt="run()", globals={"run": run}, num_threads=num_threads)
-    m = timer.blocked_autorange(min_run_time=min_run_time_s)
-    median, iqr = median_iqr([t * 1e3 for t in m.times])
-    return median, iqr, len(m.times)
-
 
 _GATHERS = {torch.ops.aten.index_select.default, torch.ops.aten.embedding.default,
             torch.ops.aten.index.Tensor, torch.ops.aten.gather.default}
@@ -340,13 +345,21 @@ def count_cost(run: Callable[[], Any]) -> tuple[float, float]:
     return float(counter.get_total_flops()), float(traffic.bytes)
 
 
-def measure(case: Case, device: torch.device, *, num_threads: int, min_run_time_s: float,
+def measure(case: Case, device: torch.device, *, num_threads: int, min_run_time_s: float, rounds: int,
             memory: bool = True) -> Result:
-    """Time, peak memory and op cost of one case."""
-    median, iqr, blocks = time_call(case.run, num_threads=num_threads, min_run_time_s=min_run_time_s)
+    """Time (``rounds`` rounds and their verdict, with the machine's state while they ran), peak memory
+    and op cost of one case."""
+    machine = timing.MachineState()
+    machine.begin()
+    round_ms = time_rounds({"case": case.run}, rounds=rounds, num_threads=num_threads,
+                           min_run_time_s=min_run_time_s)["case"]
+    machine.end()
+    state = machine.columns()
+    verdict = timing.judge_rounds(round_ms, "rounds", run_queue_frac=state["run_queue_frac"],
+                                  cpu_pressure=state["cpu_pressure"])
     mem, kind = call_peak(case.run, device, case.reset) if memory else (None, None)
     flops, traffic = count_cost(case.run)
-    return Result(case, median, iqr, blocks, mem, kind, flops, traffic)
+    return Result(case, round_ms, verdict, mem, kind, flops, traffic)
 
 
 def run_cases(spec: dict[str, Any], *, progress: Callable[[str], None] | None = None) -> Iterator[Result]:
@@ -361,25 +374,28 @@ def run_cases(spec: dict[str, Any], *, progress: Callable[[str], None] | None = 
         cases.append(embedding_cases(spec["embedding"], device, spec["seed"]))
     for generator in cases:
         for case in generator:
-            result = measure(case, device, num_threads=spec["num_threads"],
+            result = measure(case, device, num_threads=spec["num_threads"], rounds=spec["rounds"],
                              min_run_time_s=spec["min_run_time_s"], memory=spec["memory"])
             if progress:
                 progress(f"{case.op:9s} {case.variant:13s} {case.shape:28s} tokens={case.tokens:<6d} "
-                         f"rank={case.rank!s:4s} {case.direction:7s} {result.time_ms:10.3f} ms  "
-                         f"peak={result.peak_mem_bytes}")
+                         f"rank={case.rank!s:4s} {case.direction:7s} "
+                         f"{median_iqr(result.round_ms)[0]:10.3f} ms  "
+                         f"peak={result.peak_mem_bytes}  {result.timing_quality}")
             yield result
 
 
 def to_row(result: Result, prov: dict[str, Any]) -> dict[str, Any]:
     """A ``microbench`` row (docs/schema.md) for one result."""
     c = result.case
+    median, iqr = median_iqr(result.round_ms)
     return {"op": c.op, "variant": c.variant, "shape": c.shape, "tokens": c.tokens, "rank": c.rank,
-            "direction": c.direction, "time_ms": result.time_ms, "time_ms_iqr": result.time_ms_iqr,
-            "peak_mem_bytes": result.peak_mem_bytes, "flops": result.flops, **prov}
+            "direction": c.direction, "time_ms": median, "time_ms_iqr": iqr,
+            "round_time_ms": json.dumps(result.round_ms), "timing_quality": result.timing_quality,
+            "peak_mem_bytes": result.peak_mem_bytes, "param_bytes": c.param_bytes,
+            "output_bytes": c.output_bytes, "flops": result.flops, **prov}
 
 
-def run(spec: dict[str, Any], *, config_hash: str = "",
-        progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+def run(spec: dict[str, Any], *, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Rows with the ``microbench`` columns for every case of ``spec`` (checked here), measured under its
     allocator policy."""
     from harness.results import provenance
@@ -387,7 +403,7 @@ def run(spec: dict[str, Any], *, config_hash: str = "",
     spec = check_spec(spec)
     with allocator.policy(spec["allocator"]):
         results = list(run_cases(spec, progress=progress))
-    prov = provenance(resolve_device(spec["device"], "microbench device"), config_hash)
+    prov = provenance(resolve_device(spec["device"], "microbench device"))
     return [to_row(r, prov) for r in results]
 
 
@@ -402,7 +418,6 @@ def cli(argv: list[str]) -> int:
     src.add_argument("--preset", choices=sorted(PRESETS), help="a built-in spec")
     ap.add_argument("--out", required=True, help="microbench Parquet file (written atomically)")
     ap.add_argument("--device", choices=["cpu", "cuda", "auto"], help="override the spec's device")
-    ap.add_argument("--config-hash", default="", help="recorded in the provenance columns")
     ap.add_argument("--allocator", choices=allocator.POLICIES,
                     help="override the spec's allocator policy (default reuse; see harness.core.allocator)")
     ap.add_argument("--quiet", action="store_true")
@@ -414,13 +429,12 @@ def cli(argv: list[str]) -> int:
         if args.allocator:
             spec["allocator"] = args.allocator
         with allocator.policy(spec["allocator"]) as applied:
-            rows = run(spec, config_hash=args.config_hash,
-                       progress=None if args.quiet else lambda line: print(line, file=sys.stderr))
+            rows = run(spec, progress=None if args.quiet else lambda line: print(line, file=sys.stderr))
     except (ValueError, RuntimeError) as exc:
         print(f"comera-bench microbench: {exc}", file=sys.stderr)
         return 2
     device = resolve_device(spec["device"], "microbench device")
-    meta = {**(provenance(device, args.config_hash) if not rows else {k: rows[0][k] for k in PROVENANCE_COLUMNS}),
+    meta = {**(provenance(device) if not rows else {k: rows[0][k] for k in PROVENANCE_COLUMNS}),
             "peak_mem_kind": CUDA_ALLOCATED if device.type == "cuda" else CPU_ALLOCATED, "spec": spec,
             "allocator": applied}
     try:

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.results.atomic import atomic_write
+from harness.atomic import atomic_write
 
 TARGET_NAMES = {1: "TTLinear vs nn.Linear", 2: "transformer step", 3: "TTM lookup",
                 4: "step after halving ranks", 5: "plan FLOPs vs opt_einsum"}
@@ -31,7 +31,8 @@ class BenchRow:
     measured: float | None
     verdict: str
     goal_key: str = ""
-    """Where the goal is in the goals file (config/bench.yaml), e.g. ``step.paper.speedup_vs_dense_b32``."""
+    """Where the goal is in the goals file (harness/perf/goals.yaml), e.g.
+    ``step.paper.speedup_vs_dense_b32``."""
     flop_ratio: float | None = None
     traffic_ratio: float | None = None
     bound: float | None = None

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from harness.core import measure
+from harness.core import measure, timing
 from harness.perf import microbench as mb
 
 LEFT_OUT = ("status", "error", "settings", "extra")
@@ -35,7 +35,7 @@ def halve_ranks(model: torch.nn.Module, threshold: float, optimizers=()) -> dict
 
 
 def cell_spec(job: dict[str, Any]) -> dict[str, Any]:
-    """The cell (harness.running.specs) of a step configuration: the transformer at the job's size, method,
+    """The spec's JSON (harness.spec) of a step configuration: the transformer at the job's size, method,
     batch and seed; ``warmup`` untimed steps, then ``rounds`` rounds of ``steps`` timed steps each plus the
     round's first step (a re-warm step after the pause between rounds, not counted under a round
     coordinator), in the job's ``timing_group`` (harness.perf.steps.TIMING_GROUP under the bench's
@@ -89,8 +89,8 @@ def _capture_tensorized_inputs(model: torch.nn.Module, forward: Callable[[], Any
 
 def _layer_calls(model: torch.nn.Module, inputs: dict[str, torch.Tensor]):
     """For each tensorized module with a captured input: a closure running one forward+backward of it on
-    that input (random values, random output gradient, input gradient for float inputs), and the reset
-    that drops the gradients it left."""
+    that input (random values, random output gradient, input gradient for float inputs), the reset that
+    drops the gradients it left, and its output's bytes (harness.perf.microbench.module_call)."""
     from comera.size import tensorized_modules
 
     modules = dict(tensorized_modules(model))
@@ -101,11 +101,12 @@ def _layer_calls(model: torch.nn.Module, inputs: dict[str, torch.Tensor]):
 
 def tensorized_layer_ms(model: torch.nn.Module, inputs: dict[str, torch.Tensor],
                         min_run_time_s: float = 0.1) -> float:
-    """Sum over the tensorized modules of the median time (``harness.perf.microbench.time_call``, blocks of at
-    least ``min_run_time_s``) of one forward+backward on its captured input (:func:`_layer_calls`)."""
+    """One round's time of the tensorized layers: the sum over them of the ms of one forward+backward on its
+    captured input (:func:`_layer_calls`; harness.core.measure.call_ms, blocks of at least
+    ``min_run_time_s``)."""
     total = 0.0
-    for run, reset in _layer_calls(model, inputs):
-        total += mb.time_call(run, num_threads=torch.get_num_threads(), min_run_time_s=min_run_time_s)[0]
+    for run, reset, _ in _layer_calls(model, inputs):
+        total += measure.call_ms(run, num_threads=torch.get_num_threads(), min_run_time_s=min_run_time_s)
         reset()
     return total
 
@@ -114,7 +115,7 @@ def tensorized_layer_cost(model: torch.nn.Module, inputs: dict[str, torch.Tensor
     """(matmul-class FLOPs, compulsory traffic bytes) of one forward+backward of every tensorized module on
     its captured input (:func:`_layer_calls`), summed (``harness.perf.microbench.count_cost``)."""
     flops = traffic = 0.0
-    for run, reset in _layer_calls(model, inputs):
+    for run, reset, _ in _layer_calls(model, inputs):
         cost = mb.count_cost(run)
         reset()
         flops, traffic = flops + cost[0], traffic + cost[1]
@@ -138,14 +139,15 @@ def _halving_medians(key: str, pairs: list[tuple[float, float]]) -> dict[str, An
 
 
 def timed_steps(prepared: Any, workload: Any, batches: list[Any], warmup: int, first_step: int,
-                device: torch.device) -> list[float]:
-    """ms of each of ``batches``' training steps (``Prepared.train_step``, timed by
-    ``harness.core.measure.StepTimer``) after the first ``warmup``."""
-    timer = measure.StepTimer(device, warmup)
+                timer: measure.StepTimer, round_index: int) -> None:
+    """``batches``' training steps (``Prepared.train_step``) as round ``round_index`` of ``timer``, a cell's
+    step timer: its first ``warmup`` steps timed and not counted, as a cell's re-warm step after a pause
+    (its round's mean: harness.core.timing.round_means, as a cell's)."""
+    timer.round = round_index
     for i, batch in enumerate(batches):
+        timer.rewarm_next = i < warmup
         with timer.step():
             prepared.train_step(workload, batch, first_step + i)
-    return timer.timed_ms
 
 
 def profile(job: dict[str, Any], out: dict[str, Any]) -> Callable[[Any], None]:
@@ -177,14 +179,15 @@ def profile(job: dict[str, Any], out: dict[str, Any]) -> Callable[[Any], None]:
         out["ranks_halved"] = halve_ranks(halved.model, job["threshold"], halved.optimizers)
         steps, warmup = job["steps"], job["warmup"]
         batches = list(itertools.islice(itertools.cycle(workload.train_batches(0)), steps + warmup))
-        pairs, layer_pairs = [], []
+        timers, layer_pairs = (measure.StepTimer(device), measure.StepTimer(device)), []
         for r in range(max(job.get("rounds", 1), 2)):
             first = cell.steps_done + 1 + 2 * r * len(batches)
-            pairs.append((statistics.fmean(timed_steps(prepared, workload, batches, warmup, first, device)),
-                          statistics.fmean(timed_steps(halved, workload, batches, warmup, first, device))))
+            for each, timer in zip((prepared, halved), timers):
+                timed_steps(each, workload, batches, warmup, first, timer, r)
             if inputs:
                 layer_pairs.append((tensorized_layer_ms(model, inputs), tensorized_layer_ms(halved.model, inputs)))
-        out.update(_halving_medians("step_time_ms", pairs))
+        means = [timing.round_means(t.timed_ms, t.timed_rounds) for t in timers]
+        out.update(_halving_medians("step_time_ms", list(zip(*means))))
         if inputs:
             out.update(_halving_medians("tt_layers_ms", layer_pairs))
             out["tt_layers_flops_halved"], out["tt_layers_traffic_halved"] = tensorized_layer_cost(halved.model,

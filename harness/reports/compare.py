@@ -1,10 +1,12 @@
 """The same grid on several devices side by side: `comera-bench compare DIR... [--out DIR] [--names A,B]`.
 
 Each DIR is a results/<device> folder (this machine's, or one copied from another machine). A cell is
-matched across devices only on every identity column (:data:`CELL`: workload, its parameters -- model
-size, sequence length, any sweep point --, method, variant, batch size, rank, target, seed, CUDA graph,
-purpose and budget), so two sweep points or two model sizes are never pooled. A matched pair is flagged
-when its devices ran with different torch threads, torch versions or memory kinds. Every ratio is
+matched across devices by its cell hash (harness.spec.Spec.cell_hash: workload and method with their
+resolved params -- model size, sequence length, any sweep point, every method parameter --, variant,
+batch size, target, seed, purpose and budget) and its row's variant (which names its CUDA graph, compile
+and matmul precision), so two sweep points, two model sizes or two method settings are never pooled. A
+matched pair is flagged when its devices ran with different torch threads, torch versions, memory kinds,
+timing rounds or allocator policies. Every ratio is
 harness.results.analysis.ratio, the one the claims and figures show: a memory ratio between two memory
 kinds (``cpu_rss_delta`` vs ``cuda_allocated``) is refused (left empty, said why), and a time ratio needs
 a stable timing on both sides. Writes compare.md / compare.csv (one row per cell: each device's epoch
@@ -33,16 +35,20 @@ import pandas as pd  # noqa: E402
 from harness.reports import reference  # noqa: E402
 from harness.reports.figures import plain_log_ticks  # noqa: E402
 from harness.reports.html import cell_text, markdown_table, write_html  # noqa: E402
-from harness.reports.tables import MB  # noqa: E402
+from harness.reports.shared import MB  # noqa: E402
 from harness.results import ResultsError  # noqa: E402
 from harness.results.analysis import (MEMORY, QUALITY, TIME, Results, is_stable, json_column, load,  # noqa: E402
                                       noisy_reason, pair_ratio, purpose_of, ratio, same_memory_kind,
                                       settings_of, stable_only, timing_cells)
 
-CELL = ["workload", "workload_params", "method", "variant", "batch_size", "seq_len", "rank", "target_ratio",
-        "seed", "cuda_graph", "purpose", "budget"]
+CELL = ["cell_hash", "variant"]
+"""A cell's identity across devices: its spec's cell hash and its row's variant (execution wrappers)."""
+SHOWN = ["workload", "workload_params", "method_params", "method", "batch_size", "seq_len", "rank",
+         "target_ratio", "seed", "cuda_graph", "purpose", "budget"]
+"""Columns that describe a cell in the table (its identity is :data:`CELL`)."""
 QUANTITIES = {"epoch_time": TIME, "peak_mem": MEMORY}
-CHECKED = {"num_threads": "torch threads", "torch_version": "torch version", "peak_mem_kind": "memory kind"}
+CHECKED = {"num_threads": "torch threads", "torch_version": "torch version", "peak_mem_kind": "memory kind",
+           "rounds": "timing rounds", "allocator": "allocator policy"}
 """Columns that should agree between two devices' runs of one cell; a difference is flagged."""
 STABLE_COLUMN = "timing_stable"
 """compare.csv's ``timing_stable@<device>``: whether the cell's timing on that device was stable."""
@@ -57,10 +63,10 @@ def _canonical(value: object) -> str:
 
 def cells_of(res: Results) -> pd.DataFrame:
     """One row per cell (ok runs; of several rows with the same :data:`CELL` identity, the last in the runs
-    table's order, not pooled) with the identity columns :data:`CELL`, the quantities, the timing verdict
-    and :data:`CHECKED`, and each cell's round means (``round_step_mean_ms``, the spread of a ratio between
-    devices). No timing group is kept: cells of two folders were never timed together (even under one
-    group name on one machine), so a ratio between them divides their mean-based epoch times."""
+    table's order, not pooled) with the identity columns :data:`CELL`, :data:`SHOWN`, the quantities, the
+    timing verdict and :data:`CHECKED`, and each cell's round means (``round_step_mean_ms``, the spread of a
+    ratio between devices). No timing group is kept: cells of two folders were never timed together (even
+    under one group name on one machine), so a ratio between them divides their mean-based epoch times."""
     df = res.runs[res.runs.status == "ok"].copy()
     settings = [settings_of(r) for r in df.itertuples()]
     df["cuda_graph"] = df.run_id.map(res.cuda_graph)
@@ -69,9 +75,12 @@ def cells_of(res: Results) -> pd.DataFrame:
                              for s, rid in zip(settings, df.run_id)]
     df["budget"] = [_canonical(s.get("budget", res.cells.get(rid, {}).get("budget"))) for s, rid in
                     zip(settings, df.run_id)]
+    df["method_params"] = [_canonical(s.get("method_params")) for s in settings]
+    df["rounds"] = [s.get("execution", {}).get("rounds") for s in settings]
+    df["allocator"] = [s.get("execution", {}).get("allocator") for s in settings]
     for col in QUANTITIES.values():
         df[col] = df[col].astype(float)
-    keep = ["run_id", *QUANTITIES.values(), "timing_quality", "round_step_mean_ms", *CHECKED]
+    keep = ["run_id", *SHOWN, *QUANTITIES.values(), "timing_quality", "round_step_mean_ms", *CHECKED]
     return df[CELL + keep].drop_duplicates(CELL, keep="last").reset_index(drop=True)
 
 
@@ -112,18 +121,22 @@ def side_by_side(folders: list[str | Path], names: list[str] | None = None
         labels.append(res.label)
         frames.append(cells_of(res))
     base = frames[0].set_index(CELL)
-    table = base[list(QUANTITIES.values())].rename(columns={c: f"{q}@{labels[0]}" for q, c in QUANTITIES.items()})
+    table = base[SHOWN + list(QUANTITIES.values())].rename(
+        columns={c: f"{q}@{labels[0]}" for q, c in QUANTITIES.items()})
     table[f"{STABLE_COLUMN}@{labels[0]}"] = [is_stable(r) for _, r in base.iterrows()]
     table["differences"] = ""
     for label, frame in zip(labels[1:], frames[1:]):
         other = frame.set_index(CELL)
         both = base.index.intersection(other.index)
         if not len(both):
-            warnings.append(f"{label} and {labels[0]} have no cell in common (every identity column must match): "
-                            + _why_apart(frames[0], frame, labels[0], label))
+            warnings.append(f"{label} and {labels[0]} have no cell in common (no cell hash and variant in "
+                            "both): " + _why_apart(frames[0], frame, labels[0], label))
         table = table.join(other[list(QUANTITIES.values())].rename(
             columns={c: f"{q}@{label}" for q, c in QUANTITIES.items()}).assign(
             **{f"{STABLE_COLUMN}@{label}": [is_stable(r) for _, r in other.iterrows()]}), how="outer")
+        missing = table[SHOWN[0]].isna()  # a cell only this device ran: described from its own row
+        if missing.any():
+            table.loc[missing, SHOWN] = other.loc[table.index[missing], SHOWN].to_numpy()
         table["differences"] = table["differences"].fillna("")
         for q, col in QUANTITIES.items():
             value, low, high = (pd.Series(float("nan"), index=table.index) for _ in range(3))
@@ -144,13 +157,13 @@ def side_by_side(folders: list[str | Path], names: list[str] | None = None
 
 
 def _why_apart(a: pd.DataFrame, b: pd.DataFrame, label_a: str, label_b: str) -> str:
-    """Which identity columns keep two folders' cells apart (their distinct values per workload)."""
+    """Which columns of the cell hash keep two folders' cells apart (their distinct values)."""
     reasons = []
-    for col in ("workload_params", "budget", "batch_size", "method"):
+    for col in ("workload_params", "method_params", "budget", "batch_size", "method"):
         va, vb = set(a[col].astype(str)), set(b[col].astype(str))
         if va != vb and not va & vb:
             reasons.append(f"{col}: {label_a} {sorted(va)[:3]} vs {label_b} {sorted(vb)[:3]}")
-    return "; ".join(reasons) or "no identity column in common"
+    return "; ".join(reasons) or "they differ in variant, target, seed, purpose or several columns at once"
 
 
 def _left_out(other: pd.DataFrame, base: pd.DataFrame, column: str) -> str:
@@ -369,12 +382,13 @@ def _markdown(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, warn
                   "interleaved", "note", "source"]
     devices = ", ".join(map(cell_text, labels))
     return (f"# Devices compared: {devices}\n{warn}\nPer cell (ok cells; time in s, memory in bytes "
-            "of each device's own peak_mem_kind). A cell is matched on every identity column (workload and "
-            "its parameters, method, variant, batch, rank, target, seed, CUDA graph, purpose, budget); a time "
-            "ratio needs a stable timing on both devices, a memory ratio the same memory kind; flags name "
-            "what differs. An epoch time ratio between devices divides mean-based epoch times (never timed "
-            "together, the cells share no round); its low-high is each device's round-mean quartiles over its "
-            "median, combined the widest way (low: Q1 of the later device against Q3 of the first; none "
+            "of each device's own peak_mem_kind). A cell is matched by its cell hash (workload and method "
+            "with their resolved parameters, variant, batch, target, seed, purpose, budget) and its "
+            "variant; a time ratio needs a stable timing on both devices, a memory ratio the same memory "
+            "kind; flags name what differs. An epoch time ratio between devices divides mean-based epoch "
+            "times (never timed together, the cells share no round); its low-high is each device's "
+            "round-mean quartiles over its median, combined the widest way (low: Q1 of the later device "
+            "against Q3 of the first; none "
             f"where a side has fewer than 2 rounds):\n\n{markdown_table(shown[cols], '.4g')}"
             "\n\n## CoMERA vs the other methods on each device (other / CoMERA)\n\nTime from stable rows only; "
             "cells timed together in interleaved rounds give the median of the per-round ratios of mean step "

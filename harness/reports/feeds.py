@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from harness.configs.grid import DEFAULT_PURPOSE
+from harness.spec import DEFAULT_PURPOSE
 
 Spec = Mapping[str, Any]
 

@@ -34,7 +34,7 @@ import pandas as pd  # noqa: E402
 
 from harness.reports import reference  # noqa: E402
 from harness.reports.html import write_html  # noqa: E402
-from harness.reports.tables import (MB, late_stage_missing, method_label, quality_order,  # noqa: E402
+from harness.reports.shared import (MB, late_stage_missing, method_label, quality_order,  # noqa: E402
                                     report_args)
 from harness.results.analysis import (QUALITY, Results, model_size, pair_ratio, purpose_of,  # noqa: E402
                                       settings_of, step_time_spread, stable, timing_cells)
@@ -45,7 +45,8 @@ FOOTER_CHARS_PER_INCH = 15  # characters of the 8-point footer per inch of figur
 FOOTER_LINES = 2
 DPI = 130
 """Lines of a figure's footer at most; the rest of what it would say is in its notes file."""
-NOISY_COLOR = "black"
+NOISY_RING = {"marker": "o", "ls": "none", "markersize": 12, "markerfacecolor": "white",
+              "markeredgecolor": "black", "markeredgewidth": 2, "zorder": 1}  # a timing not stable
 SPREAD_NOTE = ("Bars: IQR of the cell's step times (scaled to the epoch); black-ringed markers: "
                "timing not stable (timing_quality, table_runs), left out of every verdict.")
 
@@ -130,8 +131,7 @@ def _with_spread(ax: plt.Axes, ok: pd.DataFrame, x: pd.Series, y: pd.Series, **s
     drawn = ax.errorbar(x, y, yerr=y * step_time_spread(ok).fillna(0.0) / 2, capsize=3, **style)
     noisy = ~stable(ok)
     if noisy.any():
-        ax.plot(x[noisy], y[noisy], marker="o", ls="none", markersize=12, markerfacecolor="white",
-                markeredgecolor=NOISY_COLOR, markeredgewidth=2, zorder=1)
+        ax.plot(x[noisy], y[noisy], **NOISY_RING)
     return drawn
 
 
@@ -771,6 +771,7 @@ def fig5_ttm_lookup(res: Results, out: Path) -> None:
         label = variant if one_table else f"{variant} {shape}"
         ax_t.errorbar(group.tokens, group.time_ms, yerr=group.time_ms_iqr.fillna(0) / 2, marker="o", capsize=3,
                       label=label)
+        ax_t.plot(group.tokens[~stable(group)], group.time_ms[~stable(group)], **NOISY_RING)
         ax_m.plot(group.tokens, group.peak_mem_bytes / MB, marker="o", label=label)
     tokens = sorted(int(t) for t in mb.tokens.unique())
     for ax, ylabel in ((ax_t, "forward + backward time (ms)"), (ax_m, "peak memory (MB)")):
@@ -786,11 +787,12 @@ def fig5_ttm_lookup(res: Results, out: Path) -> None:
     c6 = reference.claim("C6")["values"]
     first = mb.iloc[0]
     threads = f"{first.num_threads} thread" + ("" if first.num_threads == 1 else "s")
-    _finish(fig, title, f"device {res.label} ({first.device_name}, {threads}). "
+    _finish(fig, title, f"device {res.label} ({first.device_name}, {threads}); black-ringed: timing not "
+            "stable, left out of C6. "
             f"{PAPER}: optimized TTM lookup {c6['lookup_speedup_min']:g}-{c6['lookup_speedup_max']:g}x "
             f"faster and {c6['lookup_memory_min']:g}-{c6['lookup_memory_max']:g}x less memory than the "
             "unoptimized one.", out, name, "Memory = the op's allocator peak above its inputs (CPU: profiler "
-            "allocations, CUDA: max allocated); time bars: IQR of the timed blocks (torch.utils.benchmark).")
+            "allocations, CUDA: max allocated); time bars: IQR over the timing rounds.")
 
 
 FIGURES: dict[str, Callable[[Results, Path], None]] = {

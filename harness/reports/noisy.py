@@ -30,7 +30,7 @@ def noisy_cells(paths: list[str | Path]) -> pd.DataFrame:
             raise results.ResultsError(f"no results in {folder} (no *.runs.parquet files); name a "
                                        "results/runs/<device> folder or a runs table")
     files = results.expand_paths(paths, "runs")
-    frames = [results.read_parquet(f, "runs", fill_missing=True) for f in files]
+    frames = [results.read_parquet(f, "runs") for f in files]
     if not frames:
         return results.empty_frame("runs")
     df = unstable_timing_cells(pd.concat(frames, ignore_index=True))
@@ -78,15 +78,6 @@ def as_typed(command: Sequence[str], env: dict[str, str] | None = None) -> str:
     return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()), shlex.join(command)])
 
 
-def report_hint(*, configfiles: Sequence[str] = (), settings: dict[str, str] | None = None,
-                config_args: Sequence[str] = (), directory: str | None = None,
-                env: dict[str, str] | None = None) -> str:
-    """The command that builds this run's HTML report (its options repeated)."""
-    command = snakemake_command(["--report", "report.html", "figures"], configfiles=configfiles,
-                                settings=settings, config_args=config_args, directory=directory)
-    return f"The HTML report of this run: {as_typed(command, env)}"
-
-
 def delete_cells(paths: Sequence[str | Path], run_ids: set[str]) -> tuple[list[Path], list[str]]:
     """Remove the per-cell runs and curves files of the cells ``run_ids`` found under the folders among
     ``paths`` (recursively); returns (the files removed, notes on what was left). Only a file named after
@@ -109,7 +100,7 @@ def delete_cells(paths: Sequence[str | Path], run_ids: set[str]) -> tuple[list[P
             name = runs.name.removesuffix(".runs.parquet")
             if name not in run_ids:
                 continue
-            rows = results.read_parquet(runs, "runs", fill_missing=True)
+            rows = results.read_parquet(runs, "runs")
             if rows.run_id.tolist() != [name] or not runs.parent.resolve().is_relative_to(root):
                 notes.append(f"{runs} left: it does not hold the one row of cell {name} inside {given}")
                 continue

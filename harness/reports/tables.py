@@ -1,13 +1,11 @@
 """Tables of one device's results (Markdown + HTML + CSV): the run overview, Table 1 (ranks), Table 2
 (DLRM), the MNLI size table and a summary of every run, rendered from harness.results.analysis (the
-results model, the purpose and stability predicates). Also the command line of the tables and figures
-commands (:func:`report_args`).
+results model, the purpose and stability predicates).
 
 ``python -m harness.reports.tables --results results/<device> --device-label <device> --out figures/``
 """
 from __future__ import annotations
 
-import argparse
 import re
 from pathlib import Path
 from typing import Any
@@ -16,59 +14,12 @@ import pandas as pd
 
 from harness.reports import feeds, reference
 from harness.reports.html import cell_text, markdown_table, write_html
-from harness.results.analysis import (LEARNING_RISE, LEARNING_TAIL, Results, extra_of, load, purpose_of,
-                                      ranks_of, settings_of, stable, timing_cells)
+from harness.reports.shared import (GIB, MB, late_stage_missing, method_label, quality_order, report_args,
+                                    size_matched, status_note)
+from harness.results.analysis import (LEARNING_RISE, LEARNING_TAIL, Results, extra_of, purpose_of, ranks_of,
+                                      settings_of, stable, timing_cells)
 
-MB = 1e6
-GIB = 2 ** 30
 BYTES_PER_PARAM = 4  # sizes in MB assume float32 parameters (the runs' dtype)
-
-
-def method_label(row: Any) -> str:
-    """"comera (target 0.2)", "lte-tuned", "dense, size-matched to CoMERA target 0.2" (the dense method's
-    size-matched baseline, :func:`size_matched`)."""
-    label = row.method if row.variant in ("default", "", None) else f"{row.method}-{row.variant}"
-    if pd.notna(row.target_ratio):
-        label += f" (target {row.target_ratio:g})"
-    matched = size_matched(row)
-    return f"{row.method}, size-matched to CoMERA target {matched['target']:g}" if matched else label
-
-
-def size_matched(row: Any) -> dict[str, Any]:
-    """The record of a size-matched dense baseline (baselines.dense.size_matched: ``target``,
-    ``comera_params``, ``params``, ``full_params`` and its width), {} for any other row."""
-    return settings_of(row).get("method", {}).get("size_matched") or {}
-
-
-def status_note(row: Any) -> str:
-    return "" if row.status == "ok" else f"{row.status}: {str(row.error or '')[:80]}"
-
-
-def late_stage_missing(row: Any) -> str:
-    """Why a CoMERA run with a target falls short of it: its failure, the shortfall its rank adaptation
-    reported, or a stage switch that never came ("" when it reached it, or is no such run)."""
-    if row.method != "comera" or pd.isna(row.target_ratio):
-        return ""
-    method = settings_of(row).get("method", {})
-    if row.status != "ok":
-        return status_note(row)
-    shortfall = (method.get("outcome") or {}).get("shortfall")
-    if shortfall:
-        return f"target not reached: {shortfall}"
-    if (method.get("switch") or {}).get("step"):
-        return ""
-    return f"late stage never started (late_start_step {method.get('late_start_step')})"
-
-
-QUALITY_ORDER = {"dense": 0, "comera": 1, "galore": 2, "lte": 3}
-
-
-def quality_order(runs: pd.DataFrame) -> pd.DataFrame:
-    """Runs ordered dense, CoMERA (no target, then targets from the largest: 0.8, 0.5, 0.2), GaLore, LTE,
-    other methods; within a method by variant, batch size and seed."""
-    key = runs.assign(_m=runs.method.map(QUALITY_ORDER).fillna(len(QUALITY_ORDER)),
-                      _t=-runs.target_ratio.fillna(float("inf")))
-    return runs.loc[key.sort_values(["_m", "variant", "_t", "batch_size", "seed"]).index]
 
 
 # ---------------------------------------------------------------------------------------------- tables
@@ -410,22 +361,6 @@ def write_table(df: pd.DataFrame, note: str, title: str, out: Path, name: str, s
         f"# {title}\n\n{body}\n\nSettings: {settings}\n")
     (out / f"{name}.md").write_text(text)
     write_html(out / f"{name}.md")
-
-
-def report_args(prog: str, description: str, argv: list[str] | None, out_help: str = "output folder",
-                not_drawn: bool = False) -> tuple[argparse.Namespace, Results]:
-    """The command line shared by the tables and figures commands (--results, --device-label, --out; with
-    ``not_drawn``, --not-drawn), parsed, with the results folder loaded (claims has its own: --compare)."""
-    ap = argparse.ArgumentParser(prog=prog, description=description)
-    ap.add_argument("--results", required=True, help="results/<device> folder")
-    ap.add_argument("--device-label", default=None)
-    ap.add_argument("--out", required=True, help=out_help)
-    if not_drawn:
-        ap.add_argument("--not-drawn", nargs="*", default=[], choices=list(feeds.NEEDS), metavar="FIGURE",
-                        help="figures the grid cannot feed (harness.reports.feeds): not drawn, listed once "
-                             "in the overview")
-    args = ap.parse_args(argv)
-    return args, load(args.results, args.device_label)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,14 +31,13 @@ import platform
 import socket
 import subprocess
 import sys
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import pyarrow as pa
 
 from harness import package_version
-from harness.results.atomic import atomic_write
+from harness.atomic import atomic_write
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -50,7 +49,7 @@ PROVENANCE_TYPES: dict[str, pa.DataType] = {
     "device": pa.string(), "device_name": pa.string(), "num_threads": pa.int64(),
     "torch_version": pa.string(), "cuda_version": pa.string(), "python_version": pa.string(),
     "comera_bench_version": pa.string(), "git_commit": pa.string(), "git_dirty": pa.bool_(),
-    "config_hash": pa.string(), "hostname": pa.string(), "started_at": pa.string(),
+    "hostname": pa.string(), "started_at": pa.string(),
     "matmul_precision": pa.string(),
 }
 
@@ -61,7 +60,7 @@ RUNS_TYPES: dict[str, pa.DataType] = {
     # identity
     "run_id": pa.string(), "workload": pa.string(), "method": pa.string(), "variant": pa.string(),
     "batch_size": pa.int64(), "seq_len": pa.int64(), "rank": pa.int64(), "target_ratio": pa.float64(),
-    "seed": pa.int64(),
+    "seed": pa.int64(), "cell_hash": pa.string(), "execution_hash": pa.string(),
     # status
     "status": pa.string(), "error": pa.string(),
     # time
@@ -93,7 +92,8 @@ CURVES_TYPES: dict[str, pa.DataType] = {
 MICROBENCH_TYPES: dict[str, pa.DataType] = {
     "op": pa.string(), "variant": pa.string(), "shape": pa.string(), "tokens": pa.int64(),
     "rank": pa.int64(), "direction": pa.string(), "time_ms": pa.float64(), "time_ms_iqr": pa.float64(),
-    "peak_mem_bytes": pa.int64(), "flops": pa.float64(),
+    "round_time_ms": pa.string(), "timing_quality": pa.string(), "peak_mem_bytes": pa.int64(),
+    "param_bytes": pa.int64(), "output_bytes": pa.int64(), "flops": pa.float64(),
     **PROVENANCE_TYPES,
 }
 
@@ -109,6 +109,8 @@ TYPES: dict[str, dict[str, pa.DataType]] = {
     "runs": RUNS_TYPES, "curves": CURVES_TYPES, "microbench": MICROBENCH_TYPES, "bench": BENCH_TYPES,
 }
 PROVENANCE_COLUMNS: list[str] = list(PROVENANCE_TYPES)
+FILE_PROVENANCE: tuple[str, ...] = (*PROVENANCE_TYPES, "cell_hash", "execution_hash")
+"""A per-cell file's provenance metadata: the writing process's, and its cell's spec hashes."""
 RUNS_COLUMNS: list[str] = list(RUNS_TYPES)
 CURVES_COLUMNS: list[str] = list(CURVES_TYPES)
 MICROBENCH_COLUMNS: list[str] = list(MICROBENCH_TYPES)
@@ -158,7 +160,7 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def provenance(device: torch.device | str, config_hash: str = "") -> dict[str, Any]:
+def provenance(device: torch.device | str) -> dict[str, Any]:
     """Where and with what a result was produced (the PROVENANCE_COLUMNS); started_at is now, UTC.
 
     git_dirty says whether tracked files differ from the commit (None when git is unavailable)."""
@@ -180,7 +182,6 @@ def provenance(device: torch.device | str, config_hash: str = "") -> dict[str, A
         "comera_bench_version": package_version(),
         "git_commit": commit,
         "git_dirty": dirty,
-        "config_hash": config_hash,
         "hostname": socket.gethostname(),
         "started_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "matmul_precision": torch.get_float32_matmul_precision(),
@@ -211,21 +212,15 @@ def to_frame(rows: Iterable[dict[str, Any]], kind: str) -> pd.DataFrame:
     return coerce(pd.DataFrame(rows, columns=list(types)), kind)
 
 
-def coerce(df: pd.DataFrame, kind: str, *, source: str = "frame", fill_missing: bool = False) -> pd.DataFrame:
-    """``df`` with exactly the columns of ``kind`` in order and their dtypes (ResultsError otherwise).
-
-    With ``fill_missing``, a table of an older schema (columns missing, none unknown) gets the missing
-    columns as nulls and a warning on stderr naming ``source`` and the columns."""
+def coerce(df: pd.DataFrame, kind: str, *, source: str = "frame") -> pd.DataFrame:
+    """``df`` with exactly the columns of ``kind`` in order and their dtypes (ResultsError naming ``source``
+    and the missing or unknown columns otherwise)."""
     types = _types(kind)
     missing = [c for c in types if c not in df.columns]
     unknown = [c for c in df.columns if c not in types]
-    if unknown or (missing and not fill_missing):
+    if unknown or missing:
         raise ResultsError(f"{source} is not a {kind} table: missing columns {missing}, "
                            f"unknown columns {unknown}")
-    if missing:
-        print(f"comera-bench: warning: {source}: {kind} table of an older schema, columns {missing} "
-              "missing; filled with nulls", file=sys.stderr)
-        df = df.assign(**{c: None for c in missing})
     out = df[list(types)].copy()
     for col, t in types.items():
         try:
@@ -240,7 +235,7 @@ def coerce(df: pd.DataFrame, kind: str, *, source: str = "frame", fill_missing: 
 
 def write_parquet_atomic(df: pd.DataFrame, path: str | os.PathLike, *, kind: str | None = None,
                          provenance: dict[str, Any] | None = None) -> Path:
-    """Write ``df`` to ``path`` atomically (harness.results.atomic: temporary file in the same folder, stale ones
+    """Write ``df`` to ``path`` atomically (harness.atomic: temporary file in the same folder, stale ones
     of killed writers removed, fsync, os.replace).
 
     With ``kind`` the frame is checked and typed against that table's columns. ``provenance`` (default:
@@ -263,10 +258,9 @@ def write_parquet_atomic(df: pd.DataFrame, path: str | os.PathLike, *, kind: str
     return atomic_write(path, write, fsync=True)
 
 
-def read_parquet(path: str | os.PathLike, kind: str | None = None, *, fill_missing: bool = False
-                 ) -> pd.DataFrame:
-    """Read one result file; a corrupt file, or (with ``kind``) a foreign one, raises ResultsError
-    naming the path. ``fill_missing``: see :func:`coerce` (for files written by older versions)."""
+def read_parquet(path: str | os.PathLike, kind: str | None = None) -> pd.DataFrame:
+    """Read one result file; a corrupt file, or (with ``kind``) a foreign one or one of another schema,
+    raises ResultsError naming the path."""
     import pyarrow.parquet as pq
     path = Path(path)
     try:
@@ -275,7 +269,7 @@ def read_parquet(path: str | os.PathLike, kind: str | None = None, *, fill_missi
         raise ResultsError(f"cannot read result file {path}: {exc}") from exc
     df = table.to_pandas()
     if kind is not None:
-        df = coerce(df, kind, source=str(path), fill_missing=fill_missing)
+        df = coerce(df, kind, source=str(path))
     return df
 
 
@@ -288,14 +282,6 @@ def file_metadata(path: str | os.PathLike) -> dict[str, Any]:
         raise ResultsError(f"cannot read result file {path}: {exc}") from exc
     raw = meta.get(METADATA_KEY)
     return json.loads(raw) if raw else {}
-
-
-def infer_kind(df: pd.DataFrame) -> str | None:
-    """The table kind whose columns ``df`` has exactly, or None."""
-    for kind, types in TYPES.items():
-        if set(df.columns) == set(types):
-            return kind
-    return None
 
 
 def expand_paths(paths: Sequence[str | os.PathLike], kind: str) -> list[Path]:
@@ -318,24 +304,28 @@ def load_grid(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
 
 def check_cells(df: pd.DataFrame, path: Path, cells: dict[str, dict[str, Any]], grid: str | os.PathLike) -> None:
     """ResultsError naming ``path`` (a per-cell runs file) unless each row is the grid cell the file is named
-    after, run from the grid's spec (same config_hash): a file of another config is refused, not merged."""
+    after, run from the grid's spec (same cell_hash and execution_hash): a file of another config is
+    refused, not merged."""
     name = path.name.removesuffix(".runs.parquet")
     advice = (f"it was written by another config than the grid's ({grid}): delete it and its curves file, then "
               "run the pipeline again (the cell runs again)")
-    for rid, row_hash in zip(df["run_id"], df["config_hash"]):
+    for _, row in df.iterrows():
+        rid = row["run_id"]
         if rid != name:
             raise ResultsError(f"{path} holds the row of cell {rid}, not of cell {name}; {advice}")
         if rid not in cells:
             raise ResultsError(f"{path}: cell {rid} is not in the grid; {advice}")
-        if row_hash != cells[rid].get("config_hash"):
-            raise ResultsError(f"{path}: its row of cell {rid} was run from another spec (config_hash {row_hash}; "
-                               f"the grid's is {cells[rid].get('config_hash')}); {advice}")
+        for key in ("cell_hash", "execution_hash"):
+            if row[key] != cells[rid].get(key):
+                raise ResultsError(f"{path}: its row of cell {rid} was run from another spec ({key} "
+                                   f"{row[key]}; the grid's is {cells[rid].get(key)}); {advice}")
 
 
 def check_curves(df: pd.DataFrame, path: Path, cells: dict[str, dict[str, Any]],
                  grid: str | os.PathLike) -> None:
     """ResultsError naming ``path`` (a per-cell curves file) unless every row is of the grid cell the file is
-    named after and the file, where it says, was written from the grid's spec (its config_hash)."""
+    named after and the file, where it says, was written from the grid's spec (its cell and execution
+    hashes)."""
     name = path.name.removesuffix(".curves.parquet")
     advice = (f"it does not belong to this grid ({grid}): delete it and its runs file, then run the pipeline "
               "again (the cell runs again)")
@@ -345,10 +335,12 @@ def check_curves(df: pd.DataFrame, path: Path, cells: dict[str, dict[str, Any]],
                            f"cell {name}; {advice}")
     if name not in cells:
         raise ResultsError(f"{path}: cell {name} is not in the grid; {advice}")
-    written = (file_metadata(path).get("provenance") or {}).get("config_hash")
-    if written and written != cells[name].get("config_hash"):
-        raise ResultsError(f"{path}: its curves of cell {name} were run from another spec (config_hash "
-                           f"{written}; the grid's is {cells[name].get('config_hash')}); {advice}")
+    provenance = file_metadata(path).get("provenance") or {}
+    for key in ("cell_hash", "execution_hash"):
+        written = provenance.get(key)
+        if written and written != cells[name].get(key):
+            raise ResultsError(f"{path}: its curves of cell {name} were run from another spec ({key} "
+                               f"{written}; the grid's is {cells[name].get(key)}); {advice}")
 
 
 def check_timing_groups(files: list[tuple[Path, pd.DataFrame]]) -> None:
@@ -375,18 +367,17 @@ def check_timing_groups(files: list[tuple[Path, pd.DataFrame]]) -> None:
 def merge(paths: Sequence[str | os.PathLike], out: str | os.PathLike | None, kind: str, *,
           grid: str | os.PathLike | None = None) -> pd.DataFrame:
     """Concatenate result files of one kind (never dropping a row) and write ``out`` atomically (when
-    given). Any unreadable, truncated or foreign file raises ResultsError naming its path; a file of an
-    older schema gets its missing columns as nulls, with a warning. With ``grid`` (runs and curves), every
-    file must hold its own cell's rows, run from the grid's spec (:func:`check_cells`,
-    :func:`check_curves`), and a timing group's runs rows must come from one host and device
-    (:func:`check_timing_groups`)."""
+    given). Any unreadable, truncated or foreign file raises ResultsError naming its path. With ``grid``
+    (runs and curves), every file must hold its own cell's rows, run from the grid's spec
+    (:func:`check_cells`, :func:`check_curves`), and a timing group's runs rows must come from one host and
+    device (:func:`check_timing_groups`)."""
     import pandas as pd
 
     _types(kind)
     cells = load_grid(grid) if grid is not None else None
     frames, files = [], []
     for path in expand_paths(paths, kind):
-        frame = read_parquet(path, kind, fill_missing=True)
+        frame = read_parquet(path, kind)
         if cells is not None and kind == "runs":
             check_cells(frame, path, cells, grid)
             files.append((path, frame))

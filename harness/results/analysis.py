@@ -21,12 +21,11 @@ periodic work (pruning every k steps, GaLore's projection update) is counted. Tw
 in interleaved rounds (same ``timing_group``, host and device) are compared round by round: in each
 round the ratio of the two cells' mean step times (``round_step_mean_ms``: the round's total time over
 its counted steps), then the median over the rounds, with their inter-quartile range as the spread.
-Otherwise -- cells timed apart (two devices, two runs), or rows written before ``round_step_mean_ms``
-existed -- the ratio of their ``epoch_time_s`` (mean step time x steps per epoch, or whole epochs measured:
-both include the periodic work). Cells timed apart share no round, so no per-round ratio exists; their
-spread is that of each side's round means (:func:`apart_ratio`: each side's quartiles over its median,
-combined the widest way), and none where a side has fewer than two round means. :attr:`Ratio.basis` says
-which.
+Otherwise -- cells timed apart (two devices, two runs) -- the ratio of their ``epoch_time_s`` (mean step
+time x steps per epoch, or whole epochs measured: both include the periodic work). Cells timed apart
+share no round, so no per-round ratio exists; their spread is that of each side's round means
+(:func:`apart_ratio`: each side's quartiles over its median, combined the widest way), and none where a
+side has fewer than two round means. :attr:`Ratio.basis` says which.
 """
 from __future__ import annotations
 
@@ -37,12 +36,16 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from harness.configs.grid import DEFAULT_PURPOSE, PURPOSES, slug
-from harness.core.timing import STABLE, finite, quartiles, spread_reason
+from harness.spec import DEFAULT_PURPOSE, PURPOSES, slug
+from harness.core.timing import STABLE, finite, judge_rounds, quartiles
 from harness.results import ResultsError, empty_frame, read_parquet
 
 TIME = "epoch_time_s"
 """The time column a ratio is asked for: a cell's time per epoch (see the module docstring)."""
+CALL_TIME = "time_ms"
+"""A micro-benchmark case's time per call (its median over rounds)."""
+ROUND_VALUES = {TIME: "round_step_mean_ms", CALL_TIME: "round_time_ms"}
+"""The per-round values behind each time column: a cell's round means, a micro-benchmark case's rounds."""
 MEMORY = "peak_mem_bytes"
 """The memory column; a ratio needs both rows' memory of one kind (:func:`same_memory_kind`)."""
 TIMING, QUALITY = PURPOSES  # the grid's purposes; a null purpose (older files) reads as DEFAULT_PURPOSE
@@ -52,8 +55,6 @@ NOT_INTERLEAVED = ("not interleaved: ratio of mean-based epoch times, spread fro
                    "quartiles")
 NO_SPREAD = ("not interleaved: ratio of mean-based epoch times, no spread (a side with fewer than 2 round "
              "means)")
-NO_ROUNDS = ("interleaved, but no per-round means to pair (rows written before round_step_mean_ms): "
-             "ratio of mean-based epoch times")
 VALUES = "ratio of the values"
 
 
@@ -153,12 +154,12 @@ def verdict_of(rows: Mapping[str, Mapping[str, Any] | pd.Series]) -> str:
 
 
 def rounds_verdict(times: Mapping[str, Sequence[float | None]]) -> str:
-    """The stability verdict of things timed round by round without a cell's judge (the performance
-    bench's micro-benchmarks, the halving's alternated rounds; name -> per-round times): noisy where a
-    name's per-round times spread more than a cell's per-round means may
-    (:func:`harness.core.timing.spread_reason`, :data:`harness.core.timing.MAX_IQR_OVER_MEDIAN`)."""
-    reasons = [spread_reason(values, f"{name} per-round times") for name, values in times.items()]
-    reasons = [r for r in reasons if r]
+    """One verdict for things timed round by round that a number divides (the performance bench's runs,
+    the halving's alternated rounds; name -> per-round times): "stable" when each name's is
+    (:func:`harness.core.timing.judge_rounds`, the rules of a micro-benchmark row's ``timing_quality``),
+    else ``noisy: <reasons>``."""
+    verdicts = [judge_rounds(values, f"{name} per-round times") for name, values in times.items()]
+    reasons = [v.removeprefix("noisy: ") for v in verdicts if v != STABLE]
     return "noisy: " + "; ".join(reasons) if reasons else STABLE
 
 
@@ -254,9 +255,10 @@ class Ratio:
         return f"{self.value:.{digits}f}x"
 
 
-def round_means_of(row: Mapping[str, Any]) -> list[float | None]:
-    """A row's mean step time of each timing round (``round_step_mean_ms``; [] when the row has none)."""
-    return json_column(row.get("round_step_mean_ms"), [])
+def round_means_of(row: Mapping[str, Any], column: str = TIME) -> list[float | None]:
+    """The per-round values behind a row's time (:data:`ROUND_VALUES`): a cell's mean step time of each
+    timing round, a micro-benchmark case's ms per call of each round; [] when the row has none."""
+    return json_column(row.get(ROUND_VALUES[column]), [])
 
 
 def rounds_ratio(num: Sequence[float | None], den: Sequence[float | None], basis: str = INTERLEAVED
@@ -290,15 +292,18 @@ def rounds_ratio(num: Sequence[float | None], den: Sequence[float | None], basis
 
 def ratio(num: Mapping[str, Any], den: Mapping[str, Any], column: str = TIME, *,
           require_stable: bool = True) -> Ratio | None:
-    """``num`` / ``den`` for two runs rows: the one statistic every report shows.
+    """``num`` / ``den`` for two runs rows (or two micro-benchmark rows): the one statistic every report
+    shows.
 
     Args:
         num: the numerator's row (a mapping or a pandas row).
         den: the denominator's row.
         column: :data:`TIME` (the time statistic of the module docstring: per-round mean step time
             ratios of cells timed together, else the ratio of their mean-based epoch times; both rows
-            must be stable, :func:`is_stable`), :data:`MEMORY` (the ratio of the values, of one memory
-            kind) or another numeric column (the ratio of the values).
+            must be stable, :func:`is_stable`), :data:`CALL_TIME` (two micro-benchmark cases, timed apart:
+            the ratio of their medians with the spread of each side's rounds; both stable),
+            :data:`MEMORY` (the ratio of the values, of one memory kind) or another numeric column (the
+            ratio of the values).
         require_stable: False: a time ratio whatever the rows' verdicts (the performance bench, which
             shows each row's verdict beside its number, :func:`verdict_of`); the number is the same.
 
@@ -306,7 +311,7 @@ def ratio(num: Mapping[str, Any], den: Mapping[str, Any], column: str = TIME, *,
         The ratio, or None when either side is missing, the denominator is not positive, or the rows
         may not be compared (a time of an unstable row, memories of two kinds).
     """
-    if column == TIME and require_stable and not (is_stable(num) and is_stable(den)):
+    if column in ROUND_VALUES and require_stable and not (is_stable(num) and is_stable(den)):
         return None
     if column == MEMORY and not same_memory_kind(num, den):
         return None
@@ -317,9 +322,9 @@ def ratio(num: Mapping[str, Any], den: Mapping[str, Any], column: str = TIME, *,
     x, y = num.get(column), den.get(column)
     if not (finite(x) and finite(y)) or y <= 0:
         return None
-    if column == TIME and not timed_together(num, den):
-        return apart_ratio(x / y, round_means_of(num), round_means_of(den))
-    return Ratio(x / y, x / y, x / y, 1, False, VALUES if column != TIME else NO_ROUNDS)
+    if column in ROUND_VALUES:  # timed apart, or together without a round both have: as cells timed apart
+        return apart_ratio(x / y, round_means_of(num, column), round_means_of(den, column))
+    return Ratio(x / y, x / y, x / y, 1, False, VALUES)
 
 
 def apart_ratio(value: float, num: Sequence[float | None], den: Sequence[float | None]) -> Ratio:
@@ -514,7 +519,7 @@ def load(folder: str | Path, label: str | None = None) -> Results:
         label: the device's name in the reports (default: the folder's name).
 
     Returns:
-        The folder's :class:`Results`; tables of an older schema get their missing columns as nulls.
+        The folder's :class:`Results` (ResultsError naming a table of another schema).
     """
     folder = Path(folder)
     if not (folder / "runs.parquet").is_file():
@@ -522,11 +527,11 @@ def load(folder: str | Path, label: str | None = None) -> Results:
         raise ResultsError(f"{folder} holds no merged runs.parquet: give a results/<device> folder (after "
                            "`snakemake ... figures` or `comera-bench merge`)"
                            + (f"; below it: {', '.join(found)}" if found else ""))
-    runs = read_parquet(folder / "runs.parquet", "runs", fill_missing=True)  # older schemas: nulls, warned
+    runs = read_parquet(folder / "runs.parquet", "runs")
 
     def optional(name: str, kind: str) -> pd.DataFrame:
         path = folder / name
-        return read_parquet(path, kind, fill_missing=True) if path.exists() else empty_frame(kind)
+        return read_parquet(path, kind) if path.exists() else empty_frame(kind)
 
     grid = json.loads((folder / "grid.json").read_text()) if (folder / "grid.json").exists() else {}
     return Results(label or folder.name, runs, optional("curves.parquet", "curves"),

@@ -1,17 +1,19 @@
 """A cell's state and the ``runs`` row it becomes.
 
-:class:`CellState` holds everything a run of one cell has found so far; :func:`build_row` turns it,
-partial or complete, into the row (every ``harness.results.RUNS_COLUMNS`` key). harness.running.run fills
+:class:`CellState` holds everything a run of one cell has found so far, by phase (:class:`StartUp`,
+:class:`TimedRounds`, then the training's own fields); :func:`build_row` turns it, partial or complete,
+into the row (every ``harness.results.RUNS_COLUMNS`` key). harness.running.run fills
 the state while it trains; harness.running.supervise builds the row of a cell whose process died from a
 state that holds only the spec, so both rows agree on identity, settings and provenance.
 
 Example::
 
-    st = CellState(specs.normalize_spec(spec))
+    st = CellState(spec.load("cell.spec.json"))
     row = build_row(st, "error", "killed by signal 9 (SIGKILL)")
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -24,6 +26,7 @@ import torch
 
 from harness import results
 from harness.core import interleave, measure, timing
+from harness.spec import Spec
 from harness.running import compiled
 
 if TYPE_CHECKING:
@@ -46,23 +49,57 @@ class AfterSteps:
 
 
 @dataclass
+class StartUp:
+    """What a cell did before its first timing round (the row's diagnostics)."""
+
+    allocator: str = ""
+    """What the allocator policy did (harness.core.allocator.policy)."""
+    warm_up: str | None = None
+    """The warm-up's outcome ("ok", or why not; harness.running.warmup)."""
+    warm_up_s: float | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+    """Where the time before the first timing round went: phase -> seconds
+    (harness.running.run.START_PHASES)."""
+    phase_mark: float | None = None
+    """perf_counter at the end of the last recorded phase (None: the first round has begun)."""
+    alone: str | None = field(default_factory=interleave.alone_reason)
+    """Why this cell of a timing group is timed by itself after its group (harness.core.interleave.run_alone),
+    or None."""
+
+
+@dataclass
+class TimedRounds:
+    """The timed steps: their timer, the timing rounds and the machine's state while they ran."""
+
+    timer: measure.StepTimer | None = None
+    machine: timing.MachineState | None = None
+    gate: RoundGate | None = None
+    rounds: timing.Rounds | None = None
+    """where the timing rounds start and whether they hold whole periods of the method's periodic work"""
+    round_starts: dict[int, int] = field(default_factory=dict)
+    """step index (0-based) -> the timing round that starts before it"""
+    waited_s: float = 0.0
+    """seconds spent waiting for the timing group (outside every clock and the time limit)"""
+    group_start_s: float | None = None
+    """seconds from the timing group's start to its first round (None: not timed in a group's rounds)"""
+
+
+@dataclass
 class CellState:
     """Everything a run of one cell has found so far (partial on failure).
 
     Args:
-        spec: the normalized spec (:func:`harness.running.specs.normalize_spec`). Every other field
-            starts empty; harness.running.run fills them while it trains. A state with only the spec (and
-            the checked params) gives the row of a run that got nowhere.
+        spec: the cell. Every other field starts empty; harness.running.run fills them while it trains.
+            A state with only the spec gives the row of a run that got nowhere.
     """
 
-    spec: dict[str, Any]
+    spec: Spec
+    start: StartUp = field(default_factory=StartUp)
+    timed: TimedRounds = field(default_factory=TimedRounds)
     device: torch.device | None = None
     workload: Any = None
     method: Any = None
     prepared: Any = None
-    workload_params: dict[str, Any] = field(default_factory=dict)
-    method_params: dict[str, Any] = field(default_factory=dict)
-    timer: measure.StepTimer | None = None
     monitor: measure.MemoryMonitor | None = None
     memory: measure.MemoryReading | None = None
     epoch_clock: measure.Stopwatch | None = None
@@ -82,27 +119,11 @@ class CellState:
     compile_counters: compiled.Counts | None = None
     """Dynamo's counters when the compile wrapper was made (None: the cell has none)."""
     after_steps: Callable[[AfterSteps], None] | None = None
-    allocator: str = ""
-    warm_up: str | None = None
-    warm_up_s: float | None = None
     stage: Any = None
     stage_switch_step: int | None = None
     epoch: int = 0
     activity: str = ""
     watchdog: Watchdog | None = None
-    machine: timing.MachineState | None = None
-    gate: RoundGate | None = None
-    rounds: timing.Rounds | None = None
-    """where the timing rounds start and whether they hold whole periods of the method's periodic work"""
-    round_starts: dict[int, int] = field(default_factory=dict)
-    """step index (0-based) -> the timing round that starts before it"""
-    waited_s: float = 0.0
-    group_start_s: float | None = None
-    """seconds from the timing group's start to its first round (None: not timed in a group's rounds)"""
-    start_phases: dict[str, float] = field(default_factory=dict)
-    """Where the time before the first timing round went: phase -> seconds (harness.running.run.START_PHASES)."""
-    phase_mark: float | None = None
-    """perf_counter at the end of the last recorded start phase (None: the first round has begun)."""
     checkpoint: Any = None
     """Where and how often this run writes its checkpoint (harness.running.checkpoint.Checkpointing; None: never)."""
     stop: Any = None
@@ -121,15 +142,12 @@ class CellState:
     """The last checkpoint that could not be written: after which step, and why."""
     last_checkpoint: float | None = None
     """perf_counter after the last checkpoint written (or at the first training step)."""
-    alone: str | None = field(default_factory=interleave.alone_reason)
-    """Why this cell of a timing group is timed by itself after its group (harness.core.interleave.run_alone),
-    or None."""
 
 
 def training_s(st: CellState) -> float:
     """Seconds of training so far against ``budget.time_limit_s``: from this process's first training step,
     less its waits for the timing group and its checkpoint writes, plus earlier processes' (a resumed cell)."""
-    return st.train_s_before + time.perf_counter() - st.training_started - st.waited_s - st.checkpoint_s
+    return st.train_s_before + time.perf_counter() - st.training_started - st.timed.waited_s - st.checkpoint_s
 
 
 def model_to_train(st: CellState, model: torch.nn.Module) -> Any:
@@ -144,7 +162,7 @@ def model_to_train(st: CellState, model: torch.nn.Module) -> Any:
     Returns:
         The model or its compile wrapper.
     """
-    if not st.spec["execution"]["compile"]:
+    if not st.spec.execution.compile:
         return model
     st.compile_counters = compiled.snapshot()
     return torch.compile(model)
@@ -159,50 +177,52 @@ def build_row(st: CellState, status: str, error: str, tb: str = "") -> dict[str,
         error: the message of a failed run ("" for ok).
         tb: the tail of the traceback, kept in ``extra`` ("" for none).
     """
-    spec = st.spec
-    if st.alone and status == "oom":
+    spec, ex = st.spec, st.spec.execution
+    if st.start.alone and status == "oom":
         error = f"{error} (alone too: this cell does not fit the machine's memory by itself)"
     device = st.device or torch.device("cpu")
     row: dict[str, Any] = {c: None for c in results.RUNS_COLUMNS}
-    row.update(results.provenance(device, spec["config_hash"]))
-    row["matmul_precision"] = spec["execution"]["matmul_precision"]  # what the cell ran with
-    variant = spec["variant"] or getattr(st.method, "variant", "") or ""
-    precision = spec["execution"]["matmul_precision"]
-    for on, tag in ((spec["execution"]["cuda_graph"], "cudagraph"), (spec["execution"]["compile"], "compile"),
-                    (precision != "highest", f"matmul-{precision}")):
+    row.update(results.provenance(device))
+    row.update(cell_hash=spec.cell_hash, execution_hash=spec.execution_hash,
+               matmul_precision=ex.matmul_precision)  # what the cell ran with
+    variant = spec.variant or getattr(st.method, "variant", "") or ""
+    for on, tag in ((ex.cuda_graph, "cudagraph"), (ex.compile, "compile"),
+                    (ex.matmul_precision != "highest", f"matmul-{ex.matmul_precision}")):
         if on and tag not in variant.split("+"):
             variant = f"{variant}+{tag}" if variant else tag
     prepared, workload = st.prepared, st.workload
     settings = dict(prepared.settings) if prepared is not None else {}
-    row.update(run_id=spec["run_id"], purpose=spec["purpose"], workload=spec["workload"], method=spec["method"], variant=variant,
-               batch_size=spec["batch_size"], target_ratio=spec["target_ratio"], seed=spec["seed"],
+    row.update(run_id=spec.run_id, purpose=spec.purpose, workload=spec.workload, method=spec.method,
+               variant=variant, batch_size=spec.batch_size, target_ratio=spec.target_ratio, seed=spec.seed,
                seq_len=getattr(workload, "seq_len", None),
-               rank=_rank_setting(settings, st.method_params, prepared, workload),
-               status=status, error=error)
+               rank=_rank_setting(settings, spec.method_params, prepared, workload), status=status,
+               error=error)
     extra: dict[str, Any] = {}
-    if st.alone:
-        extra["timed_alone"] = st.alone
+    if st.start.alone:
+        extra["timed_alone"] = st.start.alone
     if tb:
         extra["traceback"] = tb
-    if st.warm_up_s is not None:
-        extra["warm_up_s"] = st.warm_up_s
-    if st.start_phases:
-        extra["start_phases_s"] = {k: round(v, 3) for k, v in st.start_phases.items()}
-    if st.timer is not None:
-        summary = st.timer.summary(window=settings.get("time_window_steps"))
+    if st.start.warm_up_s is not None:
+        extra["warm_up_s"] = st.start.warm_up_s
+    if st.start.phases:
+        extra["start_phases_s"] = {k: round(v, 3) for k, v in st.start.phases.items()}
+    timer = st.timed.timer
+    if timer is not None:
+        summary = timer.summary(window=settings.get("time_window_steps"))
         row.update(step_time_ms=summary["step_time_ms"], step_time_ms_iqr=summary["step_time_ms_iqr"],
                    steps_timed=summary["steps_timed"])
         row.update(_timing_columns(st, summary))
         if summary["steps_timed"]:
-            row["samples_per_s"] = spec["batch_size"] * 1e3 / summary["step_time_ms"]
+            row["samples_per_s"] = spec.batch_size * 1e3 / summary["step_time_ms"]
             row["epoch_time_s"], row["epoch_time_kind"] = measure.epoch_time(
                 st.full_epochs_s, mean_step_ms=summary["step_time_ms_mean"],
                 steps_per_epoch=workload.steps_per_epoch)
-        extra.update(step_ms=[round(ms, 4) for ms in st.timer.all_ms], step_round=st.timer.all_rounds,
+        rounds = st.timed.rounds
+        extra.update(step_ms=[round(ms, 4) for ms in timer.all_ms], step_round=timer.all_rounds,
                      step_time_ms_mean=summary["step_time_ms_mean"],
                      step_time_mean_basis=summary["step_time_mean_basis"], full_epochs_s=st.full_epochs_s,
-                     round_alignment=st.rounds.alignment if st.rounds is not None else None,
-                     steps_done=st.steps_done, warmup_steps=st.timer.warmup_steps)
+                     round_alignment=rounds.alignment if rounds is not None else None,
+                     steps_done=st.steps_done, warmup_steps=timer.warmup_steps)
     if st.memory is not None:
         row.update(peak_mem_bytes=st.memory.peak_mem_bytes, peak_mem_kind=st.memory.peak_mem_kind,
                    cuda_reserved_bytes=st.memory.cuda_reserved_bytes)
@@ -237,11 +257,11 @@ def build_row(st: CellState, status: str, error: str, tb: str = "") -> dict[str,
         if st.checkpoint_error:
             extra["checkpoints"]["last_error"] = st.checkpoint_error
     row["settings"] = json.dumps({
-        "method": settings, "method_params": st.method_params, "workload_params": st.workload_params,
+        "method": settings, "method_params": spec.method_params, "workload_params": spec.workload_params,
         "workload_info": getattr(workload, "info", {}), "steps_per_epoch":
             getattr(workload, "steps_per_epoch", None), "steps_in_epoch": st.steps_in_epoch,
-        "budget": spec["budget"], "execution": spec["execution"], "allocator": st.allocator,
-        "warm_up": st.warm_up, "tt_kernels": tt_kernels()},
+        "budget": dataclasses.asdict(spec.budget), "execution": dataclasses.asdict(ex),
+        "allocator": st.start.allocator, "warm_up": st.start.warm_up, "tt_kernels": tt_kernels()},
         sort_keys=True, default=str)
     row["extra"] = json.dumps(extra, sort_keys=True, default=str)
     return _integral(row)
@@ -258,23 +278,23 @@ def tt_kernels() -> dict[str, Any] | None:
 
 def _timing_columns(st: CellState, summary: dict[str, Any]) -> dict[str, Any]:
     """The machine's state while the steps ran, the per-round medians and means, and the stability verdict."""
-    ex = st.spec["execution"]
-    state = st.machine.columns() if st.machine is not None else {}
-    medians = timing.round_medians(st.timer.timed_ms, st.timer.timed_rounds)
-    means = timing.round_means(st.timer.timed_ms, st.timer.timed_rounds)
-    cols = {**state, "timing_group": None if st.alone else ex["timing_group"] or None,
-            "group_start_s": st.group_start_s,
-            "cpu_time_ratio": timing.cpu_time_ratio(st.timer.timed_cpu_ms, st.timer.timed_ms,
-                                                    ex["num_threads"]),
+    ex, timed, alone = st.spec.execution, st.timed, st.start.alone
+    timer = timed.timer
+    state = timed.machine.columns() if timed.machine is not None else {}
+    medians = timing.round_medians(timer.timed_ms, timer.timed_rounds)
+    means = timing.round_means(timer.timed_ms, timer.timed_rounds)
+    cols = {**state, "timing_group": None if alone else ex.timing_group or None,
+            "group_start_s": timed.group_start_s,
+            "cpu_time_ratio": timing.cpu_time_ratio(timer.timed_cpu_ms, timer.timed_ms, ex.num_threads),
             "round_step_ms": json.dumps(medians) if medians else None,
             "round_step_mean_ms": json.dumps(means) if means else None}
     cols["timing_quality"] = timing.judge(
         step_time_ms=summary["step_time_ms"], step_time_ms_iqr=summary["step_time_ms_iqr"],
         steps_timed=summary["steps_timed"], step_time_ms_mean=summary["step_time_ms_mean"],
         run_queue_frac=state.get("run_queue_frac"), cpu_pressure=state.get("cpu_pressure"),
-        outside_rounds=bool(ex["timing_group"]) and not st.alone and st.group_start_s is None,
-        period=st.rounds.period if st.rounds is not None else None, round_means=means,
-        step_ms=st.timer.timed_ms, step_index=st.timer.timed_index)
+        outside_rounds=bool(ex.timing_group) and not alone and timed.group_start_s is None,
+        period=timed.rounds.period if timed.rounds is not None else None, round_means=means,
+        step_ms=timer.timed_ms, step_index=timer.timed_index)
     return cols
 
 

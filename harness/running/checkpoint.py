@@ -40,6 +40,7 @@ from harness.core.clock import env_seconds
 
 if TYPE_CHECKING:
     from harness.running.cell import CellState
+    from harness.spec import Spec
 
 CHECKPOINT_ENV = "COMERA_BENCH_CHECKPOINT_S"
 CHECKPOINT_EVERY_S = 600.0
@@ -71,13 +72,11 @@ class Checkpointing:
     every_s: float
 
 
-def checkpointing(spec: dict[str, Any], runs_out: str | os.PathLike) -> Checkpointing | None:
+def checkpointing(spec: Spec, runs_out: str | os.PathLike) -> Checkpointing | None:
     """The checkpointing of the cell ``spec`` whose row goes to ``runs_out``: none for a cell of a timing
     group (short, and timed only in its group's rounds) or when checkpoints are turned off."""
-    from harness.running import specs
-
     every = every_s()
-    if every is None or specs.normalize_spec(spec)["execution"]["timing_group"]:
+    if every is None or spec.execution.timing_group:
         return None
     return Checkpointing(path_for(runs_out), every)
 
@@ -177,7 +176,7 @@ def save(path: str | os.PathLike, spec: dict[str, Any], content: dict[str, Any])
     durably."""
     import torch
 
-    from harness.results.atomic import atomic_write  # lazily: the supervisor checks every_s, quickly
+    from harness.atomic import atomic_write  # lazily: the supervisor checks every_s, quickly
 
     payload = {"format": FORMAT, "spec": spec, "code": code_identity(),
                "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **content}
@@ -241,7 +240,7 @@ def load(path: str | os.PathLike, spec: dict[str, Any]) -> tuple[dict[str, Any] 
         return None, f"{path} is not a usable checkpoint: {problem}"
     if saved["spec"] != spec:
         differ = sorted(key for key in set(spec) | set(saved["spec"]) if spec.get(key) != saved["spec"].get(key))
-        derived = [key for key in differ if key not in ("config_hash", "run_id")]  # the hash follows the rest
+        derived = [key for key in differ if key not in ("cell_hash", "execution_hash", "run_id")]
         named = ", ".join(map(str, derived or differ))
         return None, f"{path} belongs to another spec (it differs in {named})"
     code = code_identity()
@@ -264,8 +263,8 @@ def resume(st: CellState) -> dict[str, Any] | None:
     """
     if st.checkpoint is None:
         return None
-    run_id = st.spec["run_id"]
-    saved, why_not = load(st.checkpoint.path, st.spec)
+    run_id = st.spec.run_id
+    saved, why_not = load(st.checkpoint.path, st.spec.to_dict())
     if saved is None:
         if why_not:
             print(f"{run_id}: starting over: the checkpoint is not used: {why_not}", file=sys.stderr, flush=True)
@@ -301,13 +300,13 @@ def write(st: CellState) -> None:
     cell.update(train_s_before=training_s(st), resumed=st.resumed)
     try:
         with (monitor.paused() if monitor else contextlib.nullcontext()), st.epoch_clock.paused():
-            save(st.checkpoint.path, st.spec, {"method": st.prepared.state_dict(), "rng": rng_state(),
-                                               "cell": cell})
+            save(st.checkpoint.path, st.spec.to_dict(),
+                 {"method": st.prepared.state_dict(), "rng": rng_state(), "cell": cell})
         st.checkpoints_written += 1
         st.last_checkpoint_step = st.steps_done
     except Exception as exc:  # noqa: BLE001 -- a checkpoint is never worth the cell
         st.checkpoint_error = f"after step {st.steps_done}: {type(exc).__name__}: {exc}"
-        print(f"{st.spec['run_id']}: the checkpoint could not be written {st.checkpoint_error}; training goes "
+        print(f"{st.spec.run_id}: the checkpoint could not be written {st.checkpoint_error}; training goes "
               "on, the next checkpoint is tried in the next interval", file=sys.stderr, flush=True)
     st.checkpoint_s += time.perf_counter() - started
     st.last_checkpoint = time.perf_counter()

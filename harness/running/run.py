@@ -1,12 +1,11 @@
-"""Running one grid cell: a spec (JSON, docs/usage.md; checked in harness.running.specs) in, one ``runs``
-row and its ``curves`` out.
+"""Running one grid cell: a spec (harness.spec, docs/usage.md) in, one ``runs`` row and its ``curves`` out.
 
 The module is the training loop: its step, evaluation, time limit and rounds read and write one cell
 state (harness.running.cell.CellState), which harness.running.cell also turns into the row. The watchdog
-thread (watchdog.py), the spec (specs.py), warm-up, allocator, CUDA graph, measuring core, checkpoint,
-stop policy (harness.core.stops) and supervisor live in their own modules. Why one module of ~630
-lines: the loop's parts (rounds, evaluations, checkpoints, stop points, limits) act in one order on one
-state, which is easiest to check read in one place.
+thread (watchdog.py), warm-up, allocator, CUDA graph, measuring core, checkpoint, stop policy
+(harness.core.stops) and supervisor live in their own modules. Why one module of ~630 lines: the loop's
+parts (rounds, evaluations, checkpoints, stop points, limits) act in one order on one state, which is
+easiest to check read in one place.
 
 :func:`run_cell` never raises for a failure of the run itself: the row's ``status`` says what happened
 (ok | oom | diverged | error | timeout) and ``error`` holds the message. A method that cannot run here
@@ -76,21 +75,23 @@ import sys
 import time
 import traceback
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from harness import results
+from harness import spec as specs
 from harness.core import allocator, stops
 from harness.running import progress as progress_lines
 from harness.running import checkpoint as checkpoints
-from harness.running import specs, warmup
+from harness.running import warmup
 from harness.core import measure, timing
 from harness.running.cudagraph import GraphedStep, require_cuda, state_signature
 from harness.core.interleave import RoundGate
 from harness.running.cell import AfterSteps, CellState, build_row, model_to_train, training_s
+from harness.running.registry import Registry, cell_spec, default_registry
 from harness.running.watchdog import STALL_ENV, STALL_LIMIT_S, Watchdog, stall_limit_s  # noqa: F401 -- re-exported
 
 START_PHASES: dict[str, str] = {
@@ -129,26 +130,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-# --------------------------------------------------------------------------------- the registries
-
-@dataclass
-class Registry:
-    """Where workloads and methods come from (the real ones by default; tests inject toys)."""
-
-    build_workload: Callable[..., Any]
-    get_method: Callable[[str], Any]
-    check_workload_params: Callable[[str, dict], dict] = lambda name, params: dict(params)
-    check_method_params: Callable[[str, dict], dict] = lambda name, params: dict(params)
-
-
-def default_registry() -> Registry:
-    import baselines
-    import harness.workloads as workloads
-
-    return Registry(workloads.build_workload, baselines.get_method,
-                    workloads.check_params, baselines.check_params)
-
-
 # ---------------------------------------------------------------------------------------- the run
 
 class _Diverged(Exception):
@@ -178,13 +159,15 @@ def _traceback_tail(exc: BaseException, lines: int = 12) -> str:
     return "\n".join("".join(traceback.format_exception(exc)).splitlines()[-lines:])
 
 
-def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress: bool | None = None,
+def run_cell(spec: specs.Spec | dict[str, Any], *, registry: Registry | None = None,
+             progress: bool | None = None,
              on_hang: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None = None,
              stall_s: float | None = None, after_steps: Callable[[AfterSteps], None] | None = None,
              started_at: float | None = None, checkpoint: checkpoints.Checkpointing | None = None,
              stop: stops.CellStop | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Run one cell; returns (runs row with every RUNS_COLUMNS key, curves rows). An invalid spec raises
-    specs.SpecError; everything that goes wrong after that is recorded in the row.
+    """Run one cell; returns (runs row with every RUNS_COLUMNS key, curves rows). A spec's JSON object is
+    made into a :class:`harness.spec.Spec` with the registry's checks; an invalid one raises
+    harness.spec.SpecError. Everything that goes wrong after that is recorded in the row.
 
     ``on_hang(row, curves)``: called from a watchdog thread with the partial row (status timeout) when
     a step or an evaluation is still running WATCHDOG_GRACE_S after the time limit, or when the warm-up,
@@ -204,29 +187,31 @@ def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress
     ``stop``: the process's stop policy (harness.core.stops.CellStop, installed by the caller): a stop it
     holds back for the end of a step ends the run there (its checkpoint written), raising
     harness.core.stops.Stopped."""
-    spec = specs.normalize_spec(spec)
+    registry = registry or default_registry()
+    spec = cell_spec(spec, registry)
     st = CellState(spec, after_steps=after_steps, checkpoint=checkpoint, stop=stop)
-    st.phase_mark = time.perf_counter()
+    st.start.phase_mark = time.perf_counter()
     if started_at is not None:
-        st.start_phases["start"] = max(time.time() - started_at, 0.0)
+        st.start.phases["start"] = max(time.time() - started_at, 0.0)
     status, error, tb = "ok", "", ""
     precision = torch.get_float32_matmul_precision()  # the process's own, restored at the end
     try:
-        ex = spec["execution"]
-        with allocator.policy(ex["allocator"]) as st.allocator:
-            torch.set_num_threads(ex["num_threads"])
-            torch.set_float32_matmul_precision(ex["matmul_precision"])  # before the warm-up and the model
-            st.device = measure.resolve_device(ex["device"])
-            if ex["cuda_graph"]:
+        ex = spec.execution
+        with allocator.policy(ex.allocator) as st.start.allocator:
+            torch.set_num_threads(ex.num_threads)
+            torch.set_float32_matmul_precision(ex.matmul_precision)  # before the warm-up and the model
+            st.device = measure.resolve_device(ex.device)
+            if ex.cuda_graph:
                 require_cuda(st.device)
-            seed_everything(spec["seed"])
+            seed_everything(spec.seed)
             if on_hang is not None:
                 st.watchdog = Watchdog(lambda stalled: _end_hung(st, on_hang, stall_s if stalled else None),
                                         stall_s)
-            _train(st, registry or default_registry(), progress)
-            if st.timer is not None and not st.timer.timed_ms and not st.resumed:  # resumed: its quality stands
+            _train(st, registry, progress)
+            timer = st.timed.timer
+            if timer is not None and not timer.timed_ms and not st.resumed:  # resumed: its quality stands
                 raise _NoTimedStep(f"no timed step: {st.steps_done} step(s) ran and warmup_steps is "
-                                   f"{st.timer.warmup_steps} (the data gives {st.steps_in_epoch} step(s) per "
+                                   f"{timer.warmup_steps} (the data gives {st.steps_in_epoch} step(s) per "
                                    "epoch); step and epoch times are unknown")
     except _Diverged as exc:
         status, error = "diverged", str(exc)
@@ -245,8 +230,8 @@ def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress
     finally:
         if st.watchdog is not None:
             st.watchdog.disarm()
-        if st.gate is not None:
-            st.gate.close()
+        if st.timed.gate is not None:
+            st.timed.gate.close()
         if st.monitor is not None and st.memory is None:
             st.memory = st.monitor.stop()
         torch.set_float32_matmul_precision(precision)
@@ -255,17 +240,15 @@ def run_cell(spec: dict[str, Any], *, registry: Registry | None = None, progress
 
 
 def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
-    spec, budget = st.spec, st.spec["budget"]
-    st.workload_params = reg.check_workload_params(spec["workload"], spec["workload_params"])
-    st.method_params = reg.check_method_params(spec["method"], spec["method_params"])
-    st.gate = RoundGate.from_env(spec["run_id"])
+    spec, budget = st.spec, st.spec.budget
+    st.timed.gate = RoundGate.from_env(spec.run_id)
     _begin(st, "the warm-up")
     _warm_up(st, reg)  # before the start turn: tiny shapes and lazy imports, alongside the others
     _phase(st, "warm_up")
-    if st.gate is not None:  # the group lets a few cells start at a time (harness.core.interleave)
+    if st.timed.gate is not None:  # the group lets a few cells start at a time (harness.core.interleave)
         if st.watchdog is not None:
             st.watchdog.pause()
-        st.gate.start_turn()
+        st.timed.gate.start_turn()
         _phase(st, "start_turn")
     if st.watchdog is not None:  # building the data may take hours the first time: not a stall
         st.watchdog.pause()
@@ -273,14 +256,13 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
     try:
         saved = checkpoints.resume(st)
     except checkpoints.Unusable as exc:  # the method holds part of it: build and prepare it again
-        print(f"{spec['run_id']}: starting over: the checkpoint is not used: {exc}", file=sys.stderr,
-              flush=True)
-        seed_everything(spec["seed"])
+        print(f"{spec.run_id}: starting over: the checkpoint is not used: {exc}", file=sys.stderr, flush=True)
+        seed_everything(spec.seed)
         workload, prepared, total_steps = _build(st, reg)
         saved = None
     model = prepared.model
     train_model = st.train_model = model_to_train(st, model)
-    if spec["execution"]["cuda_graph"]:  # captures Prepared.update, the eager part of Prepared.train_step
+    if spec.execution.cuda_graph:  # captures Prepared.update, the eager part of Prepared.train_step
         st.graphed = GraphedStep(lambda batch, step: prepared.update(workload, batch, step, train_model),
                                  model, prepared.optimizers, st.device)
     _phase(st, "prepare")
@@ -289,35 +271,35 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
     if saved is None:  # a resumed cell has its first count (its model may be pruned now)
         first = next(iter(workload.train_batches(0)), None)
         if first is None:
-            raise RuntimeError(f"workload {spec['workload']!r} yields no training batch")
+            raise RuntimeError(f"workload {spec.workload!r} yields no training batch")
         st.flops_initial, st.flops_tokens, st.flops_basis = measure.measure_flops(
             model, lambda: workload.loss(model, first))
         del first
         _record_ranks(st, 0)
     _phase(st, "flops")
 
-    eval_every = budget["eval_every_steps"]
-    warmup = budget["warmup_steps"]
+    eval_every = budget.eval_every_steps
+    warmup = budget.warmup_steps
     if st.graphed is not None:  # the eager warm-up steps and the capture step are never timed
         warmup = max(warmup, st.graphed.warmup + 1)
     st.epoch_clock = measure.Stopwatch(st.device)
-    st.machine = timing.MachineState()
+    st.timed.machine = timing.MachineState()
     start = st.steps_done  # > 0 when resumed: this process warms up and times its own steps
-    st.rounds = timing.round_bounds(min(start + warmup, total_steps), total_steps, spec["execution"]["rounds"],
-                                    steps_per_round=1 if st.gate is None else 2,
-                                    period=prepared.settings.get("time_window_steps"))
-    st.round_starts = {step: r for r, step in enumerate(st.rounds.starts)}
+    first_timed, period = min(start + warmup, total_steps), prepared.settings.get("time_window_steps")
+    st.timed.rounds = timing.round_bounds(first_timed, total_steps, spec.execution.rounds,
+                                          steps_per_round=1 if st.timed.gate is None else 2, period=period)
+    st.timed.round_starts = {step: r for r, step in enumerate(st.timed.rounds.starts)}
     # rounds of whole periods may leave a few timed steps before the first round: warm-up too
-    st.timer = measure.StepTimer(st.device, max(warmup, st.rounds.starts[0] - start))
-    if eval_every and not spec["execution"]["timing_group"] and saved is None:  # a group's cells start without it
+    st.timed.timer = measure.StepTimer(st.device, max(warmup, st.timed.rounds.starts[0] - start))
+    if eval_every and not spec.execution.timing_group and saved is None:  # a group's cells start without it
         _evaluate(st)
         _phase(st, "eval")
     st.monitor = measure.MemoryMonitor(st.device)
     gc.collect()
     st.monitor.start()
     _phase(st, "memory_baseline")
-    bar = progress_lines.progress(total_steps, spec["run_id"], progress, start=start)
-    limit = budget["time_limit_s"]
+    bar = progress_lines.progress(total_steps, spec.run_id, progress, start=start)
+    limit = budget.time_limit_s
     first_epoch, skip = divmod(start, st.steps_in_epoch)
     if saved is not None:
         checkpoints.restore_rng(saved["rng"])
@@ -328,7 +310,7 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
     if st.stop is not None:  # a stop signal from here on waits for the end of the step
         st.stop.at_steps = True
     try:
-        for epoch in range(first_epoch, budget["epochs"]):
+        for epoch in range(first_epoch, budget.epochs):
             st.epoch = epoch
             st.epoch_clock.start()
             done_in_epoch = skip if epoch == first_epoch else 0
@@ -368,18 +350,18 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
 
 def _build(st: CellState, reg: Registry) -> tuple[Any, Any, int]:
     """Build the cell's workload and prepare its method (into ``st``); returns them and the steps to run."""
-    spec, budget = st.spec, st.spec["budget"]
-    workload = st.workload = reg.build_workload(spec["workload"], st.workload_params,
-                                                batch_size=spec["batch_size"], seed=spec["seed"],
+    spec, budget = st.spec, st.spec.budget
+    workload = st.workload = reg.build_workload(spec.workload, spec.workload_params,
+                                                batch_size=spec.batch_size, seed=spec.seed,
                                                 device=st.device)
     _phase(st, "build")
     st.steps_in_epoch = workload.steps_per_epoch
-    if budget["max_steps_per_epoch"] is not None:
-        st.steps_in_epoch = min(st.steps_in_epoch, budget["max_steps_per_epoch"])
-    total_steps = budget["epochs"] * st.steps_in_epoch
-    st.method = reg.get_method(spec["method"])
-    prepared = st.method.prepare(workload.model, workload, st.method_params,
-                                 target_ratio=spec["target_ratio"], total_steps=total_steps)
+    if budget.max_steps_per_epoch is not None:
+        st.steps_in_epoch = min(st.steps_in_epoch, budget.max_steps_per_epoch)
+    total_steps = budget.epochs * st.steps_in_epoch
+    st.method = reg.get_method(spec.method)
+    prepared = st.method.prepare(workload.model, workload, dict(spec.method_params),
+                                 target_ratio=spec.target_ratio, total_steps=total_steps)
     if prepared.skipped:  # nothing was measured: the row keeps its measurement columns empty
         raise _Skipped(prepared.skipped)
     st.prepared = prepared
@@ -392,7 +374,7 @@ def _stop_if_asked(st: CellState) -> None:
     if st.stop is None or st.stop.asked is None:
         return
     what = checkpoints.write_at_stop(st) if st.checkpoint is not None else "not written (no checkpoints)"
-    st.stop.end(f"{st.spec['run_id']}: stopped by {signal.Signals(st.stop.asked).name} after step "
+    st.stop.end(f"{st.spec.run_id}: stopped by {signal.Signals(st.stop.asked).name} after step "
                 f"{st.steps_done}; its checkpoint is {what}, no row: the cell resumes from it next time")
 
 
@@ -405,42 +387,42 @@ def _begin(st: CellState, activity: str) -> None:
 
 def _phase(st: CellState, name: str) -> None:
     """The start phase ``name`` (:data:`START_PHASES`) ends now (nothing once the first round has begun)."""
-    if st.phase_mark is None:
+    if st.start.phase_mark is None:
         return
     now = time.perf_counter()
-    st.start_phases[name] = st.start_phases.get(name, 0.0) + now - st.phase_mark
-    st.phase_mark = now
+    st.start.phases[name] = st.start.phases.get(name, 0.0) + now - st.start.phase_mark
+    st.start.phase_mark = now
 
 
 def _round_boundary(st: CellState) -> None:
     """Before a step that starts a timing round: close the machine-state segment, wait for the round
     coordinator's go (outside every clock and the time limit), open the next segment."""
-    r = st.round_starts.get(st.steps_done)
+    r = st.timed.round_starts.get(st.steps_done)
     if r is None:
         return
-    st.machine.end()
+    st.timed.machine.end()
     _phase(st, "warmup_steps")
-    if st.gate is not None:
-        phases = st.start_phases if st.phase_mark is not None else None
+    if st.timed.gate is not None:
+        phases = st.start.phases if st.start.phase_mark is not None else None
         _wait_at_gate(st, lambda gate: gate.wait(r, phases))
         _phase(st, "gate")
-        st.group_start_s = st.gate.group_start_s
-        st.timer.rewarm_next = True  # the first step after the pause is not counted
-    st.phase_mark = None  # the rounds have begun
-    st.timer.round = r
-    st.machine.begin()
+        st.timed.group_start_s = st.timed.gate.group_start_s
+        st.timed.timer.rewarm_next = True  # the first step after the pause is not counted
+    st.start.phase_mark = None  # the rounds have begun
+    st.timed.timer.round = r
+    st.timed.machine.begin()
 
 
 def _rounds_over(st: CellState) -> None:
     """After the last training step: the last segment ends; run_cell's ``after_steps`` runs; wait until
     every cell of the timing group has run its rounds, so that no later work (evaluation, writing)
     overlaps another's steps."""
-    st.machine.end()
+    st.timed.machine.end()
     if st.after_steps is not None:
         _after_steps(st)
-    if st.gate is not None:
+    if st.timed.gate is not None:
         _wait_at_gate(st, lambda gate: gate.done())
-        st.gate = None
+        st.timed.gate = None
 
 
 def _after_steps(st: CellState) -> None:
@@ -448,11 +430,11 @@ def _after_steps(st: CellState) -> None:
     round of its own (the group's round after the timed ones), so that it runs alone too."""
     hook, st.after_steps = st.after_steps, None
     st.memory = st.monitor.stop()
-    if st.gate is not None:
-        _wait_at_gate(st, lambda gate: gate.wait(len(st.round_starts)))
+    if st.timed.gate is not None:
+        _wait_at_gate(st, lambda gate: gate.wait(len(st.timed.round_starts)))
     _begin(st, "the work after the training steps")
     batch = next(iter(st.workload.train_batches(0)))
-    hook(AfterSteps(st.prepared, st.workload, st.device, batch, st.steps_done, st.spec["run_id"]))
+    hook(AfterSteps(st.prepared, st.workload, st.device, batch, st.steps_done, st.spec.run_id))
 
 
 def _wait_at_gate(st: CellState, wait: Callable[[RoundGate], float]) -> None:
@@ -463,8 +445,8 @@ def _wait_at_gate(st: CellState, wait: Callable[[RoundGate], float]) -> None:
     with st.epoch_clock.paused():
         if st.monitor is not None:  # on CUDA: its cache back to the cells whose turn it is
             st.monitor.yield_device()
-        waited = wait(st.gate)
-    st.waited_s += waited
+        waited = wait(st.timed.gate)
+    st.timed.waited_s += waited
     if st.watchdog is not None:
         st.watchdog.resume()
 
@@ -473,14 +455,14 @@ def _warm_up(st: CellState, reg: Registry) -> None:
     """harness.running.warmup.warm_up for the cell; its outcome and wall time go to ``st`` (a failure too)."""
     spec, started = st.spec, time.perf_counter()
     try:
-        st.warm_up = warmup.warm_up(
-            spec["workload"], spec["method"], batch_size=spec["batch_size"], device=st.device,
-            workload_params=st.workload_params, method_params=st.method_params,
-            target_ratio=spec["target_ratio"], seed=spec["seed"], build_workload=reg.build_workload,
+        st.start.warm_up = warmup.warm_up(
+            spec.workload, spec.method, batch_size=spec.batch_size, device=st.device,
+            workload_params=dict(spec.workload_params), method_params=dict(spec.method_params),
+            target_ratio=spec.target_ratio, seed=spec.seed, build_workload=reg.build_workload,
             get_method=reg.get_method)
     except Exception as exc:  # noqa: BLE001 -- the cell runs without it; the row says why
-        st.warm_up = f"failed: {type(exc).__name__}: {exc}"
-    st.warm_up_s = time.perf_counter() - started
+        st.start.warm_up = f"failed: {type(exc).__name__}: {exc}"
+    st.start.warm_up_s = time.perf_counter() - started
 
 
 def _timed_step(st: CellState, batch: dict[str, torch.Tensor], epoch: int) -> None:
@@ -488,7 +470,7 @@ def _timed_step(st: CellState, batch: dict[str, torch.Tensor], epoch: int) -> No
     prepared, step = st.prepared, st.steps_done
     if st.graphed is not None:  # outside the timed step: the check is the runner's, not the method's
         before = state_signature(prepared.model, prepared.optimizers)
-    with st.timer.step():
+    with st.timed.timer.step():
         task_loss, loss, info = prepared.train_step(st.workload, batch, step, model=st.train_model,
                                                     update=st.graphed)
         task_value, loss_value = float(task_loss), float(loss)
@@ -545,7 +527,7 @@ def _check_parameters(st: CellState, shown: int = 5) -> None:
 
 def _check_time(st: CellState, limit: float | None) -> None:
     if limit is not None and training_s(st) > limit:
-        raise _Timeout(f"time limit of {st.spec['budget']['time_limit_s']} s reached after "
+        raise _Timeout(f"time limit of {st.spec.budget.time_limit_s} s reached after "
                        f"{st.steps_done} steps")
 
 
@@ -558,7 +540,7 @@ def _end_hung(st: CellState, on_hang: Callable[[dict[str, Any], list[dict[str, A
         error = (f"stalled: {st.activity} did not finish within the stall limit of {stall_s:g} s ({STALL_ENV}; "
                  f"set it higher if that is expected) after {st.steps_done} steps; the process was ended")
     else:
-        error = (f"time limit of {st.spec['budget']['time_limit_s']} s reached after {st.steps_done} steps; "
+        error = (f"time limit of {st.spec.budget.time_limit_s} s reached after {st.steps_done} steps; "
                  f"{st.activity} was still running {WATCHDOG_GRACE_S:g} s later and the process was ended")
     try:
         # a CUDA reading synchronizes the device, which a hung kernel would block
@@ -579,15 +561,16 @@ def _record_ranks(st: CellState, step: int, epoch: int = 0) -> None:
 
 
 def _curve(st: CellState, step: int, epoch: int, split: str, name: str, value: float) -> dict[str, Any]:
-    return {"run_id": st.spec["run_id"], "step": step, "epoch": epoch, "split": split,
+    return {"run_id": st.spec.run_id, "step": step, "epoch": epoch, "split": split,
             "metric_name": name, "value": value}
 
 
 # ---------------------------------------------------------------------------------------- files
 
-def run_to_files(spec: dict[str, Any], runs_out: str | os.PathLike, curves_out: str | os.PathLike, *,
-                 registry: Registry | None = None, progress: bool | None = None,
-                 hang_exit_status: int = 0, started_at: float | None = None) -> dict[str, Any]:
+def run_to_files(spec: specs.Spec | dict[str, Any], runs_out: str | os.PathLike,
+                 curves_out: str | os.PathLike, *, registry: Registry | None = None,
+                 progress: bool | None = None, hang_exit_status: int = 0, started_at: float | None = None
+                 ) -> dict[str, Any]:
     """Run a cell and write its runs row and curves atomically (also on failure); returns the row.
 
     A step or evaluation that hangs past the time limit or the stall limit (:func:`stall_limit_s`) never
@@ -595,7 +578,7 @@ def run_to_files(spec: dict[str, Any], runs_out: str | os.PathLike, curves_out: 
     ``hang_exit_status`` (1 when they could not be written)."""
     def write(row: dict[str, Any], curves: list[dict[str, Any]]) -> None:
         """The row and curves, atomically; then the cell's checkpoint goes (harness.running.checkpoint)."""
-        prov = {c: row[c] for c in results.PROVENANCE_COLUMNS}
+        prov = {c: row[c] for c in results.FILE_PROVENANCE}
         try:
             results.write_parquet_atomic(results.to_frame(curves, "curves"), curves_out, kind="curves",
                                          provenance=prov)
@@ -621,6 +604,8 @@ def run_to_files(spec: dict[str, Any], runs_out: str | os.PathLike, curves_out: 
             sys.stderr.flush()
             os._exit(status)
 
+    registry = registry or default_registry()
+    spec = cell_spec(spec, registry)
     checkpoint = checkpoints.checkpointing(spec, runs_out)
     stop = stops.CellStop(defer=checkpoint is not None)
     with stop.guard():

@@ -149,19 +149,20 @@ def _log_tail(log: str | os.PathLike) -> list[str]:
 def failure_row(spec: dict[str, Any], status: str, error: str, extra: dict[str, Any],
                 started_at: str) -> dict[str, Any]:
     """The runs row of a cell whose process died: the runner's row of a run that got nowhere (identity,
-    settings and provenance from the spec; the runner's own row builder, so both agree), with the
-    start time, thread count and ``extra`` of the failed run."""
+    settings and provenance from the spec's JSON, its params as written: the pipeline's and ``comera-bench
+    run``'s spec files hold them resolved; the runner's own row builder, so both agree), with the start
+    time, thread count and ``extra`` of the failed run."""
+    from harness import spec as specs
     from harness.core import measure  # torch: only once a row has to be written here
-    from harness.running import cell, specs
+    from harness.running import cell
 
-    st = cell.CellState(specs.normalize_spec(spec))
-    st.workload_params, st.method_params = st.spec["workload_params"], st.spec["method_params"]
+    st = cell.CellState(specs.make(spec, specs.AS_WRITTEN))
     try:
-        st.device = measure.resolve_device(st.spec["execution"]["device"])
+        st.device = measure.resolve_device(st.spec.execution.device)
     except RuntimeError:  # CUDA asked for but not visible here: the row says cpu
         pass
     row = cell.build_row(st, status, error)
-    row.update(started_at=started_at, num_threads=st.spec["execution"]["num_threads"],
+    row.update(started_at=started_at, num_threads=st.spec.execution.num_threads,
                extra=json.dumps({**json.loads(row["extra"]), **extra}, sort_keys=True, default=str))
     return row
 
@@ -246,7 +247,7 @@ def supervise(command: list[str], spec_path: str | os.PathLike, runs_out: str | 
         return 2, status
     from harness import results
 
-    prov = {c: row[c] for c in results.PROVENANCE_COLUMNS}
+    prov = {c: row[c] for c in results.FILE_PROVENANCE}
     try:
         results.write_parquet_atomic(results.empty_frame("curves"), curves_out, kind="curves",
                                      provenance=prov)

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import torch
 
-from harness.configs import plugins
+from harness import plugins
 from harness.workloads.base import Workload
 from harness.workloads.params import resolve
 

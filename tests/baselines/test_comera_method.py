@@ -156,7 +156,7 @@ def test_a_ttm_embedding_model_leaves_the_plateau_of_the_four_topic_task():
     run a harder task (docs/recipe.md, "The separating task")."""
     from harness.configs.grid import load_config_file
     from harness.running import run as runner
-    from harness.running.specs import normalize_spec
+    from harness.spec import make
 
     config = load_config_file(Path(__file__).resolve().parents[2] / "config" / "config.yaml")
     steps = 800
@@ -164,7 +164,7 @@ def test_a_ttm_embedding_model_leaves_the_plateau_of_the_four_topic_task():
               "word_topics": "random", "eval_samples": 300, "train_samples": steps * 32}
     accuracies = []
     for seed in (0, 1):
-        spec = normalize_spec({
+        spec = make({
             "workload": "transformer", "workload_params": params, "method": "comera", "variant": "default",
             "method_params": config["methods"]["comera"].get("params", {}), "batch_size": 32,
             "target_ratio": None, "seed": seed,
@@ -227,6 +227,7 @@ def test_every_method_names_the_bad_key_and_value(method, params, message):
         baselines.check_params(method, params)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workload", ["transformer", "dlrm"])  # mlm: the transformer's encoder
 def test_a_comera_models_loss_traces_to_one_graph(workload):
     """torch.compile sees each workload's CoMERA model (TT layers, TTM tables, the fused feed-forward block)

@@ -17,7 +17,7 @@ def _cell(method: str, target: float | None = None, **method_params) -> tuple[di
             "method": method, "method_params": method_params, "batch_size": 16, "target_ratio": target,
             "seed": 0, "budget": {"epochs": 1, "max_steps_per_epoch": STEPS, "warmup_steps": 1,
                                   "eval_every_steps": STEPS // 2},
-            "execution": {"device": "cpu", "num_threads": 2}}
+            "execution": {"device": "cpu", "num_threads": 1}}
     row, curves = runner.run_cell(spec, progress=False)
     assert row["status"] == "ok", row["error"]
     return row, curves

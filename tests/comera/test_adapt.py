@@ -248,6 +248,7 @@ def _ddp_process(rank, folder):
                 "rebuilt": net.rebuilt}, f"{folder}/rank{rank}.pt")
 
 
+@pytest.mark.slow
 def test_two_ddp_processes_prune_alike_and_stay_equal(tmp_path):
     """The recipe with two processes (gloo), each on its own half of every batch: they prune the same
     ranks, rebuild their wrappers at the same steps and end with the same parameters (bit for bit), which

@@ -372,6 +372,7 @@ def test_native_equals_python_kernels_on_the_device(device, dtype, tokens):
         torch.testing.assert_close(g, w, **tol)
 
 
+@pytest.mark.slow
 def test_torch_compile_takes_the_block_in_one_graph():
     """Under torch.compile (fullgraph: a graph break would raise) the block is the plain composition of two
     TT layers, each one traced Function: values and gradients as the fused eager block's."""

@@ -3,6 +3,7 @@ accuracy of its dense twin (within 0.02), reloaded from its saved state dict."""
 import re
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -27,25 +28,38 @@ def _dense_accuracy(ns: dict) -> float:
     return ns["accuracy"](dense)
 
 
-def test_worked_example_reaches_its_target_at_the_dense_twins_accuracy(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+@pytest.fixture(scope="module")
+def worked(tmp_path_factory):
+    """The worked example run once as written (in a temporary folder): its names, the random state right
+    after it (where the next block of the page starts) and the dense twin's accuracy."""
+    folder = tmp_path_factory.mktemp("worked")
     ns: dict = {}
-    exec(compile(_block("Worked example"), str(DOC), "exec"), ns)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(folder)
+        exec(compile(_block("Worked example"), str(DOC), "exec"), ns)
+    after = torch.get_rng_state()
+    return ns, after, folder, _dense_accuracy(ns)
+
+
+@pytest.mark.slow
+def test_worked_example_reaches_its_target_at_the_dense_twins_accuracy(worked):
+    ns, _, folder, dense_accuracy = worked
     adapt, model, fresh = ns["adapt"], ns["model"], ns["fresh"]
     assert adapt.stage == "late" and adapt.steps == ns["steps"]
     assert adapt.size_target <= adapt.size <= 1.15 * adapt.size_target
-    assert ns["comera"].ranks(fresh) == ns["comera"].ranks(model) and (tmp_path / "mlp_tt.pt").exists()
-    tt_accuracy, dense_accuracy = ns["accuracy"](fresh), _dense_accuracy(ns)
+    assert ns["comera"].ranks(fresh) == ns["comera"].ranks(model) and (folder / "mlp_tt.pt").exists()
+    tt_accuracy = ns["accuracy"](fresh)
     assert tt_accuracy >= dense_accuracy - 0.02, (tt_accuracy, dense_accuracy)
 
 
-def test_mixed_precision_with_accumulated_micro_batches_reaches_its_target_too(tmp_path, monkeypatch):
+@pytest.mark.slow
+def test_mixed_precision_with_accumulated_micro_batches_reaches_its_target_too(worked, monkeypatch):
     """The section "Mixed precision and gradient accumulation" after the worked example: a GradScaler,
     bfloat16 autocast and two micro-batches per step, one of whose task losses overflows (the scaler skips
     that step): the same size target and accuracy checks, and a finite running loss."""
-    monkeypatch.chdir(tmp_path)
-    ns: dict = {}
-    exec(compile(_block("Worked example"), str(DOC), "exec"), ns)
+    done, after, _, dense_accuracy = worked
+    ns = dict(done)  # the worked example's names; this block binds its own model, optimizer and adaptation
+    torch.set_rng_state(after)
     loss, calls = nn.functional.cross_entropy, iter(range(10 ** 6))
     monkeypatch.setattr(nn.functional, "cross_entropy",  # the 2001st task loss overflows: step 1000, late stage
                         lambda *a: loss(*a) * (float("inf") if next(calls) == 2000 else 1.0))

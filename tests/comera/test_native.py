@@ -212,6 +212,7 @@ def test_disabled_by_environment(tmp_path):
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=tmp_path)
 
 
+@pytest.mark.slow
 def test_a_failed_build_warns_once_and_uses_python(tmp_path):
     """No ninja on PATH: one warning naming the reason, status says why, layers still run."""
     code = ("import warnings, torch\n"
@@ -228,6 +229,7 @@ def test_a_failed_build_warns_once_and_uses_python(tmp_path):
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not TOOLS, reason="no C++ compiler or no ninja on PATH")
 def test_a_compile_error_is_named_in_the_warning(tmp_path):
     broken = tmp_path / "broken.cpp"

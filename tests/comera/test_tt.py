@@ -361,6 +361,7 @@ def test_float32_at_inner_product_sizes_matches_dense_reference(bias):
         assert ((a - b).norm() / b.norm()).item() <= 1e-4
 
 
+@pytest.mark.slow
 def test_compiled_layer_at_inner_product_sizes_matches_eager():
     """Under torch.compile the contraction leaves the oneDNN inner product to the compiler (its lowering
     of that op asserted on a weight computed from the cores); forward and gradients equal eager's. The
@@ -472,6 +473,7 @@ def test_fwd_bwd_meets_the_op_goal(in_shape, out_shape, tokens):
     assert _fwd_bwd_ops(in_shape, out_shape, tokens) <= goals.load()["linear_ops"]["goal"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bias", [True, False])
 def test_torch_compile_takes_the_layer_in_one_graph(bias):
     """fullgraph: a graph break (the planner's search once broke it) would raise; values and gradients as

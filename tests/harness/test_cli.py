@@ -81,7 +81,7 @@ def test_run_gives_a_hung_cell_the_exit_status_of_a_failed_one(tmp_path, monkeyp
 
     def run_to_files(spec, runs_out, curves_out, **kw):
         statuses.append(kw["hang_exit_status"])
-        return {"run_id": spec["run_id"], "status": "timeout", "error": "hung"}
+        return {"run_id": spec.run_id, "status": "timeout", "error": "hung"}
     monkeypatch.setattr(runner, "run_to_files", run_to_files)
     spec = tmp_path / "s.json"
     spec.write_text(json.dumps(toy_spec()))
@@ -226,6 +226,7 @@ def test_merge_subcommand(runs_dir, tmp_path):
     assert len(results.read_parquet(out, "runs")) == 4
 
 
+@pytest.mark.slow
 def test_console_script_writes_error_row_for_cuda_graph_on_cpu(tmp_path):
     """The installed command, in its own process: cuda_graph on CPU gives a clear error row."""
     spec = tmp_path / "s.json"
@@ -281,10 +282,10 @@ def test_merge_of_folders_without_files_leaves_the_output_alone(tmp_path, capsys
 
 
 @pytest.mark.parametrize("content, message", [
-    ('{"workload": "toy", "method": "toy", "batch_size": 2, "method_params": "abc"}',
+    ('{"workload": "transformer", "method": "dense", "batch_size": 2, "method_params": "abc"}',
      "spec method_params must be a mapping of parameter names to values, got 'abc'"),
-    ('{"workload": "toy", "method": "toy", "batch_size": 2, "config_hash": 5}',
-     "spec config_hash must be a string (or absent), got 5"),
+    ('{"workload": "transformer", "method": "dense", "batch_size": 2, "config_hash": "5"}',
+     "unknown spec key 'config_hash'"),
     (b"\xda\x00\xff binary", "cannot read spec"),
 ])
 def test_run_bad_spec_values_are_named(tmp_path, capsys, content, message):

@@ -5,9 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_layer_benchmark_folder_collects_and_its_smallest_cases_run():
     """All 11 cases collect; the 128-token linear trio (nn.Linear, TTLinear, official) and both lookups run
     once (--benchmark-disable), the larger shapes only differ by size."""

@@ -31,6 +31,7 @@ def _status(library: Path) -> str:
                           text=True).stdout.strip()
 
 
+@pytest.mark.slow
 def test_a_prebuilt_library_is_loaded_only_for_its_torch_and_source(tmp_path):
     library = tmp_path / "native" / "comera_native.so"
     subprocess.run([sys.executable, str(ROOT / "scripts" / "native_prebuilt.py"), "--torch-root",

@@ -10,9 +10,8 @@ import pytest
 import yaml
 
 from harness.reports import claims, reference, tables
-from harness.configs import grid
 from tests.workflow import test_grid
-from harness.results import RUNS_COLUMNS, to_frame, write_parquet_atomic
+from harness.results import RUNS_COLUMNS, analysis, to_frame, write_parquet_atomic
 
 RTX3090, RTX4090 = "NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 4090"
 DATA = {"transformer": "mnli", "dlrm": "criteo", "mlm": "jsonl"}
@@ -90,7 +89,8 @@ def paper_rows():
 
 def lookup_rows(table=PAPER_TABLE, *, device="cuda", name=RTX3090, ttm_extra=4e6):
     """Microbench fwd+bwd lookups: optimized TTM 5x faster and 3x lighter than naive; sparse-grad
-    nn.Embedding faster, dense-grad slower than TTM; ``ttm_extra``: TTM bytes beyond the output."""
+    nn.Embedding faster, dense-grad slower than TTM; ``ttm_extra``: TTM bytes beyond the output. Each row's
+    rounds spread 10% about its time (stable), its parameter bytes those of its module."""
     num, dim, modes, rank = table
     rows = []
     for tokens in (10000, 20000, 40000):
@@ -102,9 +102,22 @@ def lookup_rows(table=PAPER_TABLE, *, device="cuda", name=RTX3090, ttm_extra=4e6
             shape = f"{num}x{dim}" + (f" {modes}" if ttm else "")
             rows.append({"op": "embedding", "variant": variant, "shape": shape,
                          "tokens": tokens, "rank": rank if ttm else None, "direction": "fwd_bwd", "time_ms": time,
-                         "time_ms_iqr": 0.0, "peak_mem_bytes": int(peak), "flops": 0.0, "device": device,
-                         "device_name": name})
+                         "time_ms_iqr": 0.1 * time,
+                         "round_time_ms": json.dumps([0.9 * time, time, 1.1 * time]),
+                         "timing_quality": "stable", "peak_mem_bytes": int(peak),
+                         "param_bytes": param_bytes(variant, table), "output_bytes": out, "flops": 0.0,
+                         "device": device, "device_name": name})
     return rows
+
+
+def param_bytes(variant, table):
+    """The parameter bytes of a lookup module (microbench's own, built on the meta device)."""
+    from harness.perf import microbench
+
+    num, dim, modes, rank = table
+    rows_, cols = (list(map(int, part.split(","))) for part in modes.strip("[]").split("|"))
+    spec = {"num_embeddings": num, "embedding_dim": dim, "row_shape": rows_, "col_shape": cols, "rank": rank}
+    return microbench.param_bytes(microbench.embedding_module(variant, spec, "meta"))
 
 
 def folder(path, rows, lookups=()):
@@ -112,21 +125,25 @@ def folder(path, rows, lookups=()):
     path.mkdir(parents=True)
     write_parquet_atomic(to_frame(rows, "runs"), path / "runs.parquet", kind="runs")
     mb = [{**{c: None for c in ("torch_version", "cuda_version", "python_version", "comera_bench_version",
-                                "git_commit", "git_dirty", "config_hash", "hostname", "started_at", "matmul_precision")},
+                                "git_commit", "git_dirty", "hostname", "started_at", "matmul_precision")},
            "num_threads": 2, **r} for r in lookups]
     write_parquet_atomic(to_frame(mb, "microbench"), path / "microbench.parquet", kind="microbench")
     cells = {r["run_id"]: {"workload": r["workload"], "workload_params": json.loads(r["settings"]).get(
         "workload_params", {}), "execution": {"cuda_graph": False}} for r in rows}
     sweeps = {r["run_id"]: {"rank": 5} for r in rows if r["variant"].startswith("rank-")}
     (path / "grid.json").write_text(json.dumps({"cells": cells, "sweeps": sweeps}))
-    return tables.load(path)
+    return analysis.load(path)
 
 
-def evaluate(tmp_path, rows, lookups=(), other=None):
-    """The claims table of ``rows`` (and ``lookups``), with ``other`` rows as a second device's folder."""
+def evaluate(tmp_path, rows, lookups=(), other=None, only=None):
+    """The claims table of ``rows`` (and ``lookups``), with ``other`` rows as a second device's folder;
+    ``only``: the claims to judge (default all)."""
     res = folder(tmp_path / "here", rows, lookups)
     others = [folder(tmp_path / "other", other)] if other is not None else []
-    return claims.evaluate(res, others).set_index("claim")
+    with pytest.MonkeyPatch.context() as mp:
+        if only is not None:
+            mp.setattr(claims, "CLAIMS", {cid: claims.CLAIMS[cid] for cid in only})
+        return claims.evaluate(res, others).set_index("claim")
 
 
 def edit(rows, values, **match):
@@ -188,9 +205,35 @@ def test_paper_size_gpu_rows_hold(paper_table, cid):
 
 @pytest.mark.parametrize("flip", sorted(FLIPS), ids=sorted(FLIPS))
 def test_flipped_value_does_not_hold(tmp_path, flip):
+    cid = flip.split()[0]
     rows, mb, r4 = paper_case(FLIPS[flip])
-    table = evaluate(tmp_path, rows, mb, other=r4)
-    assert table.loc[flip.split()[0], VERDICT] == claims.FAILS, table.loc[flip.split()[0], MEASURED]
+    table = evaluate(tmp_path, rows, mb, other=r4, only=[cid])  # the claim the value belongs to
+    assert table.loc[cid, VERDICT] == claims.FAILS, table.loc[cid, MEASURED]
+
+
+def test_c6_quotes_no_unstable_lookup_time_and_gives_its_ratios_a_spread(tmp_path):
+    """A naive TTM lookup row whose rounds were not stable: its time ratios are left out (named) and the
+    claim is judged on the other index counts; with every naive row unstable it is not judged. The
+    stable rows' time ratios carry the spread of each side's rounds."""
+    rows, mb, r4 = paper_case()
+    measured = evaluate(tmp_path / "a", rows, mb, other=r4, only=["C6"]).loc["C6", MEASURED]
+    assert "naive/optimized TTM time: same direction, 5.00x [4.52-5.53] @ 10000 indices" in measured
+    noisy = {"timing_quality": "noisy: rounds spread 60% of their median (> 25%)", "time_ms": 40.0}
+    edit(mb, noisy, variant="ttm_naive", tokens=40000)
+    table = evaluate(tmp_path / "b", rows, mb, other=r4, only=["C6"])
+    text = table.loc["C6", MEASURED]
+    assert table.loc["C6", VERDICT] == claims.HOLDS
+    assert "left out, timing not stable: ttm_naive @ 40000 indices" in text
+    assert "20.00x" not in text and "5.00x [4.52-5.53] @ 20000 indices; " in text  # no naive time at 40000
+    edit(mb, noisy, variant="ttm_naive")
+    assert evaluate(tmp_path / "c", rows, mb, other=r4, only=["C6"]).loc["C6", VERDICT] == claims.NOT_STABLE
+
+
+def test_c6s_table_is_the_micro_benchmarks_paper_table():
+    from harness.perf import microbench
+
+    table = microbench.PRESETS["paper"]["embedding"]["tables"][0]
+    assert claims.PAPER_TABLE == f"{table['num_embeddings']}x{table['embedding_dim']}"
 
 
 @pytest.fixture(scope="module")
@@ -221,9 +264,10 @@ def test_c9_shows_both_losses_and_leaves_the_downstream_tasks_unmeasured(paper_t
     assert "1.440" not in paper_table.loc["C8", MEASURED] + paper_table.loc["C8", ELSEWHERE]
     assert "0.350" not in paper_table.loc["C9", MEASURED] + paper_table.loc["C9", ELSEWHERE]
     code_only = [r for r in placed(paper_rows()) if not r["run_id"].startswith("bert_")]
-    assert evaluate(tmp_path / "code", code_only).loc["C9", VERDICT] == claims.NOT_MEASURED
+    assert evaluate(tmp_path / "code", code_only, only=["C9"]).loc["C9", VERDICT] == claims.NOT_MEASURED
     short = placed([r for r in paper_rows() if r["run_id"].startswith("bert_")], cut=10)
-    assert evaluate(tmp_path / "short", short).loc["C9", VERDICT] == claims.NOT_MEASURED  # no final loss
+    no_final_loss = evaluate(tmp_path / "short", short, only=["C9"])
+    assert no_final_loss.loc["C9", VERDICT] == claims.NOT_MEASURED
 
 
 def test_no_rows_not_measured(tmp_path):
@@ -234,7 +278,7 @@ def test_no_rows_not_measured(tmp_path):
 @pytest.mark.parametrize("where", [dict(name="NVIDIA H200"), dict(name="NVIDIA GeForce RTX 3090 Ti"),
                                    dict(size="small")], ids=["h200", "3090ti", "small"])
 def test_other_settings_shown_not_judged(tmp_path, where):
-    table = evaluate(tmp_path, placed(paper_rows(), **where))
+    table = evaluate(tmp_path, placed(paper_rows(), **where), only=["C1"])
     assert table.loc["C1", VERDICT] == claims.NOT_COMPARABLE
     assert "same direction, 4.00x @ batch 1, 3.00x @ batch 32" in table.loc["C1", ELSEWHERE]
 
@@ -252,7 +296,7 @@ def test_short_runs_judge_time_and_memory_not_accuracy(tmp_path):
 def test_opposite_direction_is_named(tmp_path):
     rows = edit(placed(paper_rows(), name="NVIDIA H200"), {"epoch_time_s": 5.0}, workload="transformer",
                 method="dense", batch_size=1)
-    assert "mixed directions, 0.50x @ batch 1" in evaluate(tmp_path, rows).loc["C1", ELSEWHERE]
+    assert "mixed directions, 0.50x @ batch 1" in evaluate(tmp_path, rows, only=["C1"]).loc["C1", ELSEWHERE]
 
 
 def test_size_from_grid_spec(tmp_path):
@@ -272,29 +316,31 @@ def test_size_from_grid_spec(tmp_path):
 
 def test_c3_needs_both_gpus(tmp_path):
     rows, _, r4 = paper_case()
-    alone = evaluate(tmp_path / "alone", r4)
+    alone = evaluate(tmp_path / "alone", r4, only=["C3"])
     assert alone.loc["C3", VERDICT] == claims.NOT_COMPARABLE  # the batch-1 part holds, no RTX 3090 rows
     assert "1.30x @ batch 1" in alone.loc["C3", MEASURED]
-    assert evaluate(tmp_path / "both", r4, other=rows).loc["C3", VERDICT] == claims.HOLDS
+    assert evaluate(tmp_path / "both", r4, other=rows, only=["C3"]).loc["C3", VERDICT] == claims.HOLDS
 
 
 def test_c4_needs_mnli_and_lte(tmp_path):
-    assert evaluate(tmp_path / "a", placed(paper_rows(), data=False)).loc["C4", VERDICT] == claims.NOT_COMPARABLE
+    no_mnli = evaluate(tmp_path / "a", placed(paper_rows(), data=False), only=["C4"])
+    assert no_mnli.loc["C4", VERDICT] == claims.NOT_COMPARABLE
     rows = [r for r in placed(paper_rows()) if r["method"] != "lte"]
-    assert evaluate(tmp_path / "b", rows).loc["C4", VERDICT] == claims.NOT_COMPARABLE
+    assert evaluate(tmp_path / "b", rows, only=["C4"]).loc["C4", VERDICT] == claims.NOT_COMPARABLE
 
 
 def test_c5_counts_only_rank_adapted_runs(tmp_path):
     rows = edit(placed(paper_rows()), {"compression_total": 60.0}, workload="transformer", target_ratio=0.2)
-    table = evaluate(tmp_path / "a", rows)
+    table = evaluate(tmp_path / "a", rows, only=["C5"])
     assert "transformer: 60.0x" in table.loc["C5", MEASURED]  # not the 200x sweep point or the 40x early run
     assert "dlrm: 100.0x" in table.loc["C5", MEASURED]  # not the 150x early-stage-only rows
     rows = [r for r in placed(paper_rows()) if r["workload"] != "dlrm" or r["target_ratio"] is None]
-    assert evaluate(tmp_path / "b", rows).loc["C5", VERDICT] == claims.NOT_COMPARABLE  # no DLRM late stage
+    no_late_stage = evaluate(tmp_path / "b", rows, only=["C5"])  # no DLRM late stage
+    assert no_late_stage.loc["C5", VERDICT] == claims.NOT_COMPARABLE
     rows = placed(paper_rows())
     for r in (r for r in rows if r["workload"] == "dlrm" and r["target_ratio"] == 0.2):
         r["settings"] = json.dumps({**json.loads(r["settings"]), "method": {"late_start_step": None}})
-    assert evaluate(tmp_path / "c", rows).loc["C5", VERDICT] == claims.NOT_COMPARABLE
+    assert evaluate(tmp_path / "c", rows, only=["C5"]).loc["C5", VERDICT] == claims.NOT_COMPARABLE
 
 
 def test_claims_md_columns(tmp_path):
@@ -330,13 +376,13 @@ def test_speed_claims_ignore_quality_cells_and_c4_takes_rank_adapted_comera(tmp_
     rows, mb, _ = paper_case()
     slow = run("transformer", "dense", 64, time=1.0, metric=0.65)  # would flip C1 if it counted
     slow.update(run_id="transformer_dense_quality", purpose="quality")
-    table = evaluate(tmp_path, rows + placed([slow]), mb)
+    table = evaluate(tmp_path, rows + placed([slow]), mb, only=["C1"])
     assert table.loc["C1", VERDICT] == claims.HOLDS
     only_targets = [r for r in rows if not (r["workload"] == "transformer" and r["method"] == "comera"
                                             and r["target_ratio"] is None and r["variant"] == "default")]
-    assert evaluate(tmp_path / "t", only_targets, mb).loc["C4", VERDICT] == claims.HOLDS
+    assert evaluate(tmp_path / "t", only_targets, mb, only=["C4"]).loc["C4", VERDICT] == claims.HOLDS
     edit(only_targets, {"metric_value": 0.5}, workload="transformer", method="comera", target_ratio=0.2)
-    assert evaluate(tmp_path / "f", only_targets, mb).loc["C4", VERDICT] == claims.FAILS
+    assert evaluate(tmp_path / "f", only_targets, mb, only=["C4"]).loc["C4", VERDICT] == claims.FAILS
 
 
 def test_accuracy_and_compression_claims_take_quality_cells_when_the_grid_has_them(tmp_path):
@@ -350,7 +396,7 @@ def test_accuracy_and_compression_claims_take_quality_cells_when_the_grid_has_th
         r.update(run_id=r["run_id"] + "_quality", purpose="quality")
 
     def verdicts(name):
-        table = evaluate(tmp_path / name, rows + placed(quality), mb)
+        table = evaluate(tmp_path / name, rows + placed(quality), mb, only=["C4", "C5"])
         return table.loc["C4", VERDICT], table.loc["C5", VERDICT], table.loc["C5", MEASURED]
 
     c4, _, _ = verdicts("far")
@@ -422,7 +468,7 @@ def test_memory_ratios_keep_noisy_rows(tmp_path):
     measured = table.loc["C2", MEASURED]  # both halves shown: the time left out, the memory measured
     assert "GaLore/CoMERA time: not stable (left out, listed below)" in measured, measured
     assert "; memory: same direction, " in measured and "x @ batch 1" in measured
-    res = tables.load(tmp_path / "here")
+    res = analysis.load(tmp_path / "here")
     mem = claims._ratios(claims.annotate(res, res.runs), "galore", "peak_mem_bytes")
     assert mem[1].value == pytest.approx(950 / 100)
 
@@ -511,11 +557,11 @@ def _paper_grid_row(spec: dict, gpu: str, galore_b1: float) -> dict:
 
 def _paper_grid_folder(path, gpu: str, galore_b1: float, lookups=()):
     config = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
-    cells, sweeps = grid.expand_grid(test_grid.filled(config))
+    cells, sweeps = test_grid.expand(test_grid.filled(config))
     rows = [_paper_grid_row(spec, gpu, galore_b1) for spec in cells.values()]
     res = folder(path, rows, lookups)
     (path / "grid.json").write_text(json.dumps({"cells": cells, "sweeps": sweeps}))
-    return tables.load(path), rows
+    return analysis.load(path), rows
 
 
 def test_paper_grid_rows_get_a_verdict_for_every_claim(tmp_path):
@@ -545,7 +591,7 @@ def test_c1_is_judged_on_cuda_graph_cells_where_the_grid_has_them(tmp_path):
     it; the eager ratio is shown beside it, and judges it only in a grid without CUDA-graph cells."""
     rows = edit(placed(transformer_rows()), {"epoch_time_s": 250.0}, method="comera", batch_size=32,
                 variant="default", target_ratio=None)  # eager: 300 / 250 = 1.2x, short of 2x
-    eager = evaluate(tmp_path / "eager", rows).loc["C1"]
+    eager = evaluate(tmp_path / "eager", rows, only=["C1"]).loc["C1"]
     assert eager[VERDICT] == claims.FAILS and "1.20x @ batch 32" in eager[MEASURED]
     graphed = placed([run("transformer", method, b, variant="default+cudagraph", time=time)
                       for b in (32, 64, 128) for method, time in (("dense", 250.0), ("comera", 100.0))])
@@ -556,7 +602,7 @@ def test_c1_is_judged_on_cuda_graph_cells_where_the_grid_has_them(tmp_path):
     for r in graphed:
         cells["cells"][r["run_id"]]["execution"]["cuda_graph"] = True
     (tmp_path / "both" / "grid.json").write_text(json.dumps(cells))
-    res = tables.load(tmp_path / "both")
+    res = analysis.load(tmp_path / "both")
     c1 = claims.evaluate(res).set_index("claim").loc["C1"]
     assert c1[VERDICT] == claims.HOLDS, c1[MEASURED]
     assert "1.20x @ batch 32" in c1[MEASURED]
@@ -580,7 +626,7 @@ def test_tiny_text_mlm_cells_are_c9s_comparison_on_a_cpu(tmp_path):
         row, _ = runner.run_cell(spec)
         assert row["status"] == "ok", row["error"]
         rows.append(row)
-    table = evaluate(tmp_path, rows)
+    table = evaluate(tmp_path, rows, only=["C8", "C9"])
     assert table.loc["C9", VERDICT] == claims.NOT_COMPARABLE
     dense, comera = (r["final_train_loss"] for r in rows)
     assert f"{comera:.3f} vs {dense:.3f}" in table.loc["C9", ELSEWHERE]

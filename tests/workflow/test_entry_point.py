@@ -7,12 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
+@pytest.mark.slow
 def test_a_dry_run_from_the_root_reads_the_default_profile_and_config(tmp_path):
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     proc = subprocess.run([str(BIN / "snakemake"), "-n", "figures", "--directory", str(tmp_path)], cwd=ROOT,
@@ -34,6 +36,7 @@ def test_the_snakefile_is_at_the_root_and_the_rules_in_workflow():
     assert (ROOT / "profiles" / "default" / "config.yaml").is_file()
 
 
+@pytest.mark.slow
 def test_a_pipeline_started_from_the_venv_without_activating_it_finds_its_commands(tmp_path):
     """`.venv/bin/snakemake` with PATH lacking the venv: jobs still find `comera-bench` (the folder of
     Snakemake's interpreter goes first on PATH when `comera-bench` is not on it)."""

@@ -32,6 +32,12 @@ def filled(config: dict) -> dict:
     return config
 
 
+def expand(config: dict) -> tuple[dict[str, dict], dict[str, dict]]:
+    """The grid's cells as their specs' JSON, and its sweep points."""
+    cells, sweeps = grid.expand_grid(config)
+    return {rid: spec.to_dict() for rid, spec in cells.items()}, sweeps
+
+
 def paper_data(root: Path) -> None:
     """The data paths config/paper.yaml's cells read (MNLI, Criteo Kaggle, CodeSearchNet JSON lines,
     WikiText-103 raw)."""
@@ -52,7 +58,7 @@ def minimal() -> dict:
     }
 
 
-PIPELINE_CONFIGS = sorted(p for p in (ROOT / "config").glob("*.yaml") if p.name != "bench.yaml")  # bench: goals
+PIPELINE_CONFIGS = sorted((ROOT / "config").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("config_file", PIPELINE_CONFIGS, ids=lambda p: p.name)
@@ -64,7 +70,7 @@ def test_shipped_configs_are_valid(config_file, tmp_path, monkeypatch):
     grid.check_config(filled(config))  # method, workload and microbench params accepted by their owners
     config = filled(config)
     config["execution"]["threads"], _ = threads.resolve(config["execution"]["threads"], tmp_path, 0.0, cpus=2)
-    cells, _ = grid.expand_grid(config)
+    cells, _ = expand(config)
     assert {c["method"] for c in cells.values()} == {"dense", "comera", "galore", "lte"}
 
 
@@ -72,7 +78,7 @@ def test_defaults_filled_and_grid_expanded():
     config = filled(minimal())
     assert config["execution"] == {"device": "auto", "threads": 2, "compile": [False], "cuda_graph": [False],
                                    "matmul_precision": ["highest"], "gpus": None, "rounds": 5, "interleave": True}
-    cells, sweeps = grid.expand_grid(config)
+    cells, sweeps = expand(config)
     # dense: 2 batches x 1; comera: 2 batches x 2 targets; sweep: 2 ranks x 1 batch
     assert len(cells) == 2 + 4 + 2
     dense = [c for c in cells.values() if c["method"] == "dense"]
@@ -87,7 +93,7 @@ def test_defaults_filled_and_grid_expanded():
     spec = next(iter(cells.values()))
     assert set(spec) == {"run_id", "purpose", "workload", "workload_params", "method", "variant",
                          "method_params", "batch_size", "target_ratio", "seed", "budget", "execution",
-                         "config_hash"}  # complete: harness.running.specs.normalize_spec
+                         "cell_hash", "execution_hash"}  # complete: harness.spec.make
     assert spec["execution"]["num_threads"] == 2
 
 
@@ -99,7 +105,7 @@ def test_an_entry_can_run_a_workload_under_its_own_name():
     config = filled(config)
     assert grid.schema_error(config, SCHEMA) is None
     grid.check_config(config)
-    cells, _ = grid.expand_grid(config)
+    cells, _ = expand(config)
     wide = {rid: c for rid, c in cells.items() if rid.startswith("wide_")}
     assert list(wide) == ["wide_dense-default_b4_tnone_s0"]
     spec = wide["wide_dense-default_b4_tnone_s0"]
@@ -109,8 +115,8 @@ def test_an_entry_can_run_a_workload_under_its_own_name():
 
 
 def test_timing_groups_hold_the_cells_compared_together():
-    cells, _ = grid.expand_grid(filled(minimal()))
-    groups = grid.timing_groups(cells)
+    groups = grid.timing_groups(grid.expand_grid(filled(minimal()))[0])
+    cells, _ = expand(filled(minimal()))
     # one group per batch size: every method, target and sweep point of that batch, timed in rounds
     for group, ids in groups.items():
         specs = [cells[i] for i in ids]
@@ -124,17 +130,17 @@ def test_timing_groups_hold_the_cells_compared_together():
     config["execution"] = {"interleave": False}
     alone, _ = grid.expand_grid(filled(config))
     assert grid.timing_groups(alone) == {}
-    assert all(s["execution"]["timing_group"] is None for s in alone.values())
+    assert all(s.execution.timing_group is None for s in alone.values())
 
 
 def test_changing_one_cell_changes_only_its_spec():
-    before, _ = grid.expand_grid(filled(minimal()))
+    before, _ = expand(filled(minimal()))
     config = minimal()
     config["methods"]["dense"]["params"] = {"lr": 0.01}
-    after, _ = grid.expand_grid(filled(config))
+    after, _ = expand(filled(config))
     changed = {rid for rid in before if before[rid] != after[rid]}
     assert changed == {rid for rid, c in before.items() if c["method"] == "dense"}
-    assert all(before[r]["config_hash"] != after[r]["config_hash"] for r in changed)
+    assert all(before[r]["cell_hash"] != after[r]["cell_hash"] for r in changed)
 
 
 @pytest.mark.parametrize("mutate, key", [
@@ -194,7 +200,7 @@ def test_duplicate_cell_rejected():
     config = filled(minimal())
     config["workloads"]["transformer"]["methods"].append("dense")
     with pytest.raises(grid.ConfigError, match="appears twice"):
-        grid.expand_grid(config)
+        expand(config)
 
 
 def test_device_label_and_gpu_use(monkeypatch):
@@ -216,11 +222,13 @@ def test_device_label_and_gpu_use(monkeypatch):
 
 
 def test_grid_file_from_specs(tmp_path):
-    cells, sweeps = grid.expand_grid(filled(minimal()))
+    from harness import spec as specs
+
+    cells, sweeps = expand(filled(minimal()))
     paths = []
-    for rid, spec in cells.items():
+    for rid, spec in grid.expand_grid(filled(minimal()))[0].items():
         paths.append(tmp_path / f"{rid}.spec.json")
-        grid.write_spec(spec, paths[-1])
+        specs.write(spec, paths[-1])
     out = tmp_path / "grid.json"
     import json
 
@@ -363,15 +371,15 @@ def test_quality_cells_have_their_own_budget_params_and_run_ids():
     config["workloads"]["transformer"]["quality"] = {
         "params": {"eval_samples": 64}, "batch_sizes": [8], "targets": [0.5], "methods": ["dense", "comera"],
         "budget": {"max_steps_per_epoch": 50, "eval_every_steps": 10}}
-    cells, _ = grid.expand_grid(filled(config))
+    cells, _ = expand(filled(config))
     timing = {k: c for k, c in cells.items() if c["purpose"] == "timing"}
     quality = {k: c for k, c in cells.items() if c["purpose"] == "quality"}
     assert len(timing) == 8  # as without the block: timing run_ids and hashes do not change
-    assert timing == grid.expand_grid(filled(minimal()))[0]
+    assert timing == expand(filled(minimal()))[0]
     assert sorted(quality) == ["transformer_comera-default_b8_t0.5_s0_quality",
                                "transformer_dense-default_b8_tnone_s0_quality"]
-    for spec in quality.values():
-        assert spec["workload_params"] == {"size": "tiny", "eval_samples": 64}
+    for spec in quality.values():  # resolved: the tiny preset with the quality block's eval_samples
+        assert spec["workload_params"]["size"] == "tiny" and spec["workload_params"]["eval_samples"] == 64
         assert spec["budget"]["max_steps_per_epoch"] == 50 and spec["budget"]["eval_every_steps"] == 10
 
 
@@ -396,7 +404,7 @@ def test_workload_sweep_runs_every_cell_once_per_point():
     config = minimal()
     config["workloads"]["transformer"]["sweep"] = {"seq_len": [24, 32]}
     config["workloads"]["transformer"]["params"]["max_positions"] = 32
-    cells, _ = grid.expand_grid(filled(config))
+    cells, _ = expand(filled(config))
     assert len(cells) == 2 * 8
     assert {c["workload_params"]["seq_len"] for c in cells.values()} == {24, 32}
     assert "transformer_dense-default_b2_tnone_s0_seq_len32" in cells
@@ -406,31 +414,26 @@ def test_workload_sweep_runs_every_cell_once_per_point():
         grid.check_config(filled(config))
 
 
-def test_the_cli_and_the_pipeline_share_defaults_and_run_ids():
-    """One set of defaults (the config schema's = harness.running.specs') and one run_id scheme."""
-    from harness.running import specs
+def test_a_grid_cells_spec_made_again_is_the_same_cell():
+    """One run_id scheme and one pair of hashes (harness.spec; its defaults are the schema's:
+    tests/harness/test_spec.py): a grid cell's spec made again from its JSON without its name is itself."""
+    from harness import spec as specs
 
-    schema = yaml.safe_load(SCHEMA.read_text())
-    budget = {k: v["default"] for k, v in schema["$defs"]["budget"]["properties"].items()}
-    assert budget == specs.BUDGET_DEFAULTS
-    assert schema["properties"]["execution"]["properties"]["device"]["default"] == specs.EXECUTION_DEFAULTS["device"]
-    cells, _ = grid.expand_grid(filled(minimal()))
-    for run_id, spec in cells.items():
-        bare = {k: v for k, v in spec.items() if k not in ("run_id", "config_hash")}
-        again = specs.normalize_spec(bare)
-        assert (again["run_id"], again["config_hash"]) == (run_id, spec["config_hash"])
-        assert again == spec
+    cells, _ = expand(filled(minimal()))
+    for spec in cells.values():
+        bare = {k: v for k, v in spec.items() if k not in ("run_id", "cell_hash", "execution_hash")}
+        assert specs.make(bare).to_dict() == spec
 
 
 @pytest.mark.parametrize("purpose", ["timing", "quality"])
 def test_the_cli_and_the_pipeline_give_a_cell_one_identity(purpose):
     """The same cell from `comera-bench run` options and from a config's grid: the same spec, run_id and
-    config_hash (one hash function, harness.running.specs.config_hash, on one complete spec)."""
+    hashes (harness.spec.make, once for both)."""
     from harness import cli
-    from harness.running import specs
+    from harness import spec as specs
 
     config = {
-        "execution": {"interleave": False, "rounds": 1, "threads": 2},  # the CLI runs one cell alone
+        "execution": {"interleave": False},  # the CLI runs one cell alone
         "methods": {"comera": {"method": "comera", "uses_target": True, "params": {"size_weight": 10.0}}},
         "workloads": {"transformer": {"params": {"size": "tiny"}, "batch_sizes": [4], "targets": [0.5],
                                       "methods": ["comera"],
@@ -441,16 +444,17 @@ def test_the_cli_and_the_pipeline_give_a_cell_one_identity(purpose):
         config["workloads"]["transformer"]["quality"] = {
             "params": {"eval_samples": 64}, "batch_sizes": [4], "targets": [0.5], "methods": ["comera"],
             "budget": {"max_steps_per_epoch": 13, "warmup_steps": 1, "eval_every_steps": 6}}
-    cells, _ = grid.expand_grid(filled(config))
+    cells, _ = expand(filled(config))
     from_grid = next(c for c in cells.values() if c["purpose"] == purpose)
     args = cli._parser().parse_args(
         ["run", "--workload", "transformer", "--method", "comera", "--batch-size", "4", "--target-ratio", "0.5",
-         "--method-param", "size_weight=10.0", "--workload-param", "size=tiny", "--threads", "2",
+         "--method-param", "size_weight=10", "--workload-param", "size=tiny",
          "--max-steps-per-epoch", "13", "--warmup-steps", "1", "--eval-every-steps", "6"]
         + (["--purpose", "quality", "--workload-param", "eval_samples=64"] if purpose == "quality" else []))
-    from_cli = specs.normalize_spec(cli.spec_from_args(args))
+    from_cli = specs.make(cli.spec_from_args(args)).to_dict()
     assert from_cli["run_id"] == from_grid["run_id"]
-    assert from_cli["config_hash"] == from_grid["config_hash"]
+    for key in ("cell_hash", "execution_hash"):
+        assert from_cli[key] == from_grid[key]
     assert from_cli == from_grid
 
 
@@ -508,14 +512,14 @@ def test_a_list_where_a_size_belongs_is_named():
 def test_compile_is_a_grid_axis_timed_with_the_eager_cells():
     config = minimal()
     config["execution"] = {"compile": [False, True]}
-    cells, _ = grid.expand_grid(filled(config))
+    cells, _ = expand(filled(config))
     compiled = {rid: c for rid, c in cells.items() if c["execution"]["compile"]}
     assert len(compiled) == len(cells) // 2 and all(rid.endswith("_compiled") for rid in compiled)
     eager = cells[next(iter(compiled)).removesuffix("_compiled")]
     assert eager["execution"]["timing_group"] == compiled[eager["run_id"] + "_compiled"]["execution"]["timing_group"]
     single = filled(minimal())
     single["execution"]["compile"] = True  # one boolean is one value
-    assert all(rid.endswith("_compiled") for rid in grid.expand_grid(single)[0])
+    assert all(rid.endswith("_compiled") for rid in expand(single)[0])
 
 
 def test_matmul_precision_is_a_grid_axis_in_the_cell_identity():
@@ -523,7 +527,7 @@ def test_matmul_precision_is_a_grid_axis_in_the_cell_identity():
     config["execution"] = {"matmul_precision": ["highest", "high"]}
     config["workloads"]["transformer"]["methods"].append({"name": "dense", "batch_sizes": [4],
                                                           "matmul_precision": ["medium"]})
-    cells, _ = grid.expand_grid(filled(config))
+    cells, _ = expand(filled(config))
     by_precision = {p: {rid for rid, c in cells.items() if c["execution"]["matmul_precision"] == p}
                     for p in ("highest", "high", "medium")}
     assert len(by_precision["high"]) == len(by_precision["highest"]) and all(
@@ -531,7 +535,7 @@ def test_matmul_precision_is_a_grid_axis_in_the_cell_identity():
     assert by_precision["medium"] == {"transformer_dense-default_b4_tnone_s0_matmul-medium"}
     full = cells["transformer_dense-default_b4_tnone_s0"]
     tf32 = cells["transformer_dense-default_b4_tnone_s0_matmul-high"]
-    assert full["config_hash"] != tf32["config_hash"]
+    assert full["cell_hash"] == tf32["cell_hash"] and full["execution_hash"] != tf32["execution_hash"]
     assert full["execution"]["timing_group"] == tf32["execution"]["timing_group"]  # timed together
     config["execution"] = {"matmul_precision": ["fast"]}
     assert "matmul_precision[0]: 'fast' is not one of" in grid.schema_error(config, SCHEMA)

@@ -386,8 +386,13 @@ def test_unsafe_config_runs_nothing(tmp_path, case):
 def test_sigterm_to_the_pipeline_leaves_no_failure_and_a_rerun_finishes(tmp_path):
     """`timeout`, scancel or a closed session send SIGTERM to the pipeline's process group: the cell that
     was running is interrupted (no row), the README's command run again finishes every cell ok, and the
-    cells whose jobs had finished keep their numbers (their files are not rewritten)."""
-    proc = subprocess.Popen(snakemake_cmd(tmp_path, TINY, "runs"), stdout=subprocess.PIPE,
+    cells whose jobs had finished keep their numbers (their files are not rewritten). The tiny grid with
+    one timing group of two cells beside its three quality cells."""
+    config = yaml.safe_load(TINY.read_text())
+    config["workloads"]["transformer"].update(methods=["dense", "comera"], targets=[None])
+    config_path = tmp_path / "two-groups.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    proc = subprocess.Popen(snakemake_cmd(tmp_path, config_path, "runs"), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT, start_new_session=True)
     folder = tmp_path / "results" / "runs" / "cpu-tiny"
     deadline = time.monotonic() + 300
@@ -404,10 +409,10 @@ def test_sigterm_to_the_pipeline_leaves_no_failure_and_a_rerun_finishes(tmp_path
     for path in folder.glob("*.runs.parquet"):
         row = pd.read_parquet(path).iloc[0]
         assert row["status"] == "ok", (path.name, row["error"])  # no "killed by signal 15" row
-    again = snakemake(tmp_path, "runs")
+    again = snakemake(tmp_path, "runs", configfile=config_path)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     rows = pd.concat(pd.read_parquet(p) for p in folder.glob("*.runs.parquet"))
-    assert len(rows) == 8 and (rows.status == "ok").all(), rows[["run_id", "status", "error"]]
+    assert len(rows) == 5 and (rows.status == "ok").all(), rows[["run_id", "status", "error"]]
     for name, mtime in kept.items():
         assert (folder / name).stat().st_mtime_ns == mtime, f"{name} was rewritten"
 
@@ -419,7 +424,7 @@ def test_a_quality_cell_stopped_with_the_pipeline_resumes_from_its_checkpoint(tm
     transformer = config["workloads"]["transformer"]
     transformer.update(methods=["dense"], targets=[None])
     transformer["quality"].update(methods=["comera"])
-    transformer["quality"]["budget"]["max_steps_per_epoch"] = 400
+    transformer["quality"]["budget"].update(max_steps_per_epoch=150, eval_every_steps=50)  # long enough to stop
     path = tmp_path / "quality.yaml"
     path.write_text(yaml.safe_dump(config))
     env = {**ENV, "COMERA_BENCH_CHECKPOINT_S": "0.000001"}
@@ -470,7 +475,7 @@ def test_bench_is_its_own_target_writing_to_the_device_folder(tmp_path):
     default target does not include it."""
     res = snakemake(tmp_path, "-n", "-p", "bench", timeout=300)
     assert res.returncode == 0 and "This was a dry-run" in res.stdout, res.stderr[-2000:]
-    assert "comera-bench bench --device cpu" in res.stdout and "config/bench.yaml" in res.stdout
+    assert "comera-bench bench --device cpu" in res.stdout and "harness/perf/goals.yaml" in res.stdout
     assert "--out results/cpu-tiny/bench.parquet > results/cpu-tiny/logs/bench.log" in res.stdout
     everything = snakemake(tmp_path, "-n", timeout=300)
     assert everything.returncode == 0 and "comera-bench bench" not in everything.stdout + everything.stderr

@@ -1,4 +1,4 @@
-"""Plug-ins by file (harness/configs/plugins.py): a toy method and a toy workload, each one file in a folder
+"""Plug-ins by file (harness/plugins.py): a toy method and a toy workload, each one file in a folder
 named by COMERA_BENCH_PLUGINS, run through the real pipeline on a tiny grid; nothing in the repository
 changes."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from harness.configs import plugins
+from harness import plugins
 from tests.workflow.test_pipeline import ENV, ROOT, snakemake_cmd
 
 TOY_METHOD = '''
@@ -136,6 +136,7 @@ def test_a_missing_plugin_folder_is_named(tmp_path, monkeypatch):
         plugins.discover("methods", ROOT / "baselines")
 
 
+@pytest.mark.slow
 def test_the_cli_names_a_missing_plugin_folder(tmp_path, capsys):
     missing = tmp_path / "typo"
     script = ("import sys; from harness import cli; "
@@ -146,6 +147,7 @@ def test_the_cli_names_a_missing_plugin_folder(tmp_path, capsys):
     assert f"{plugins.ENV} names {missing}, which is not a folder" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_dry_run_runs_plugin_code_as_the_docs_say(plugin_dir, tmp_path):
     """docs/architecture.md: a plug-in's top-level code runs on every Snakemake call, -n included."""
     marker = tmp_path / "imported"
@@ -200,7 +202,7 @@ def test_the_data_cache_lies_in_the_results_folder(plugin_dir, tmp_path):
 
 @pytest.mark.slow
 def test_a_runs_file_of_another_config_fails_the_merge(plugin_dir, tmp_path):
-    """A cell's runs file replaced by one of another config (another budget: another config_hash) is named
+    """A cell's runs file replaced by one of another config (another budget: another cell_hash) is named
     by the merge, not merged under this grid's spec (it once was, silently)."""
     config = {"device_name": "cpu-plugins", "execution": {"device": "cpu", "threads": 1},
               "methods": {"dense": {"method": "dense"}},
@@ -219,7 +221,7 @@ def test_a_runs_file_of_another_config_fails_the_merge(plugin_dir, tmp_path):
             f"--directory {workdir} --configfile {configfile}") in proc.stderr
     assert "not timed in its group's interleaved rounds" not in proc.stderr  # alone in its group: timed alone
     (cell,) = (workdir / "results" / "runs" / "cpu-plugins").glob("*.runs.parquet")
-    foreign = pd.read_parquet(cell).assign(config_hash="0123456789abcdef")  # as a copy from another config
+    foreign = pd.read_parquet(cell).assign(cell_hash="0123456789abcdef")  # as a copy from another config
     foreign.to_parquet(cell)
     proc = subprocess.run(snakemake_cmd(workdir, configfile, "results/cpu-plugins/runs.parquet"),
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)

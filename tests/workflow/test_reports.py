@@ -9,8 +9,9 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
-from harness.reports import compare, feeds, figures, reference, tables
-from harness.results import RUNS_COLUMNS, ResultsError, merge, to_frame, write_parquet_atomic
+from harness import spec as specs
+from harness.reports import compare, feeds, figures, reference, shared, tables
+from harness.results import RUNS_COLUMNS, ResultsError, analysis, merge, to_frame, write_parquet_atomic
 
 
 def run_row(workload, method, batch, *, variant="default", target=None, time_s=10.0, mem=100e6,
@@ -29,18 +30,28 @@ def run_row(workload, method, batch, *, variant="default", target=None, time_s=1
 
 
 def spec_for(row):
-    return {"run_id": row["run_id"], "workload": row["workload"], "workload_params": {"size": "small"},
-            "method": row["method"], "variant": row["variant"], "method_params": {},
-            "batch_size": row["batch_size"], "target_ratio": row["target_ratio"], "seed": 0,
-            "budget": {"epochs": 1, "max_steps_per_epoch": 10},
-            "execution": {"device": "cpu", "num_threads": 2, "cuda_graph": False, "compile": False}}
+    """The grid spec of a hand-made row: its identity (its variant's execution tags as execution keys),
+    and the params and budget of its settings (as a cell's row records its spec's) where it has them."""
+    settings = json.loads(row.get("settings") or "{}")
+    variant, *tags = row["variant"].split("+")
+    precision = next((t.removeprefix("matmul-") for t in tags if t.startswith("matmul-")), "highest")
+    return specs.make({
+        "purpose": row.get("purpose") or "timing", "workload": row["workload"],
+        "workload_params": settings.get("workload_params", {"size": "small"}), "method": row["method"],
+        "variant": variant, "method_params": settings.get("method_params", {}),
+        "batch_size": row["batch_size"], "target_ratio": row["target_ratio"], "seed": row["seed"],
+        "budget": settings.get("budget", {"epochs": 1, "max_steps_per_epoch": 10}),
+        "execution": {"device": "cpu", "num_threads": 2, "cuda_graph": "cudagraph" in tags,
+                      "compile": "compile" in tags, "matmul_precision": precision}}, specs.AS_WRITTEN)
 
 
 def make_folder(path, rows, curves=(), sweeps=None):
+    """A results folder: the rows (their cell hashes their specs', unless given), curves, grid.json."""
     path.mkdir(parents=True)
+    rows = [{**r, "cell_hash": r.get("cell_hash") or spec_for(r).cell_hash} for r in rows]
     write_parquet_atomic(to_frame(rows, "runs"), path / "runs.parquet", kind="runs")
     write_parquet_atomic(to_frame(list(curves), "curves"), path / "curves.parquet", kind="curves")
-    cells = {r["run_id"]: spec_for(r) for r in rows}
+    cells = {r["run_id"]: spec_for(r).to_dict() for r in rows}
     (path / "grid.json").write_text(json.dumps({"cells": cells, "sweeps": sweeps or {}}))
     return path
 
@@ -74,7 +85,7 @@ def folder(tmp_path):
 
 
 def test_tables(folder, tmp_path):
-    res = tables.load(folder)
+    res = analysis.load(folder)
     t1, note = tables.table1_ranks(res)
     assert "the last one (index 1)" in note
     assert list(t1.columns) == ["layer", "before training", "after early stage", "late stage, target 0.5"]
@@ -100,7 +111,7 @@ def test_tables(folder, tmp_path):
 
 
 def test_empty_grid_tables_say_not_measured(tmp_path):
-    res = tables.load(make_folder(tmp_path / "d", [run_row("mlm", "dense", 4)]))
+    res = analysis.load(make_folder(tmp_path / "d", [run_row("mlm", "dense", 4)]))
     df, note = tables.table2_dlrm(res)
     tables.write_table(df, note, "T", tmp_path, "t", res.settings_line())
     assert "Not measured here: no DLRM run" in (tmp_path / "t.md").read_text()
@@ -205,6 +216,24 @@ def test_compare_flags_and_refuses_what_differs(folder, tmp_path, capsys):
     assert left.ratio.isna().all() and (left.note == "left out: timing not stable").all()
 
 
+def test_compare_does_not_pair_cells_whose_method_params_differ(tmp_path):
+    """A CPU CoMERA cell with size_weight 10 and a GPU one with size_weight 1 are two cells (another cell
+    hash), not one cell on two devices; size_weight 10 and 10.0 are one."""
+    def comera(size_weight):
+        row = run_row("transformer", "comera", 1, time_s=10)
+        params = specs.registry_checks().method("comera", {"size_weight": size_weight})
+        row["settings"] = json.dumps({"workload_params": {"size": "small"}, "method_params": params,
+                                      "budget": {"epochs": 1}})
+        return row
+
+    cpu = make_folder(tmp_path / "cpu", [comera(10)])
+    table, _, warnings = compare.side_by_side([cpu, make_folder(tmp_path / "gpu", [comera(1)])])
+    assert len(table) == 2 and table["epoch_time ratio gpu/cpu"].isna().all()
+    assert "no cell in common" in warnings[0] and "method_params" in warnings[0]
+    table, _, warnings = compare.side_by_side([cpu, make_folder(tmp_path / "gpu-float", [comera(10.0)])])
+    assert len(table) == 1 and table["epoch_time ratio gpu-float/cpu"].iloc[0] == pytest.approx(1.0)
+
+
 def test_compare_of_different_model_sizes_warns(folder, tmp_path, capsys):
     rows = [run_row("transformer", "dense", 1, time_s=15)]
     rows[0]["settings"] = json.dumps({"workload_params": {"size": "paper"}, "budget": {"epochs": 1}})
@@ -284,7 +313,7 @@ def quality_folder(path, *cells, with_timing=True):
         curves += [{"run_id": comera["run_id"], "step": s, "epoch": 0, "split": "ranks",
                     "metric_name": f"encoder.layers.4.ffn.fc1[{k}]", "value": v}
                    for s in (0, 2, 4) for k, v in enumerate([1, 9, 9, 1])]
-    return tables.load(make_folder(path, rows, curves))
+    return analysis.load(make_folder(path, rows, curves))
 
 
 @pytest.fixture
@@ -320,7 +349,7 @@ def test_timing_outputs_ignore_quality_cells(tmp_path, drawn):
     for spec in grid["cells"].values():  # every dense cell with CUDA graph: Fig 7 draws the timing one only
         spec["execution"]["cuda_graph"] = spec["method"] == "dense"
     (tmp_path / "q" / "grid.json").write_text(json.dumps(grid))
-    figures.fig7_cuda_graph(tables.load(tmp_path / "q"), tmp_path)
+    figures.fig7_cuda_graph(analysis.load(tmp_path / "q"), tmp_path)
     assert drawn["fig7_cuda_graph"][0][0]["uncompressed + CUDA graph"] == [99.0]
     runs, _ = tables.table_runs(res)
     assert runs.purpose.value_counts().to_dict() == {"quality": 6, "timing": 2}
@@ -352,7 +381,7 @@ def test_a_cell_timed_alone_and_each_groups_gpu_memory_are_in_the_overview(tmp_p
         row.update(timing_group=group, device="cuda", extra=json.dumps(
             {"memory": {"device_in_use_bytes": used * gib, "device_total_bytes": 24 * gib},
              **({"timed_alone": "it ran out of memory beside its group (test)"} if alone else {})}))
-    res = tables.load(make_folder(tmp_path / "r", rows))
+    res = analysis.load(make_folder(tmp_path / "r", rows))
     runs, note = tables.table_runs(res)
     assert dict(zip(runs.run_id, runs.timed_alone))[rows[2]["run_id"]] == "yes" and "timed_alone" in note
     assert sorted(runs.timed_alone) == ["", "", "", "yes"]
@@ -380,7 +409,7 @@ def test_a_compiled_cells_graphs_are_in_the_runs_table_and_breaks_or_fallbacks_i
     eager, cell = run_row("transformer", "dense", 8), run_row("transformer", "dense", 8, variant="default+compile")
     if report is not None:
         cell["extra"] = json.dumps({"compile": report})
-    res = tables.load(make_folder(tmp_path / "r", [eager, cell]))
+    res = analysis.load(make_folder(tmp_path / "r", [eager, cell]))
     runs, note = tables.table_runs(res)
     assert dict(zip(runs.run_id, runs.compiled)) == {eager["run_id"]: "", cell["run_id"]: text}
     assert "compiled: " in note and "eager fallbacks" in note
@@ -485,7 +514,7 @@ def test_quality_outputs_without_quality_cells(tmp_path, drawn):
     rows = [run_row("transformer", "dense", 1), run_row("transformer", "dense", 32)]
     curves = [{"run_id": r["run_id"], "step": s, "epoch": 0, "split": "eval", "metric_name": "accuracy",
                "value": 0.3 + r["batch_size"] / 100} for r in rows for s in (0, 10)]
-    res = tables.load(make_folder(tmp_path / "d", rows, curves))
+    res = analysis.load(make_folder(tmp_path / "d", rows, curves))
     t1, note = tables.table1_ranks(res)
     assert t1.empty and "no finished CoMERA run" in note and "timing cells" in note
     size, note = tables.table_mnli_size(res)
@@ -497,7 +526,7 @@ def test_quality_outputs_without_quality_cells(tmp_path, drawn):
     assert "timing cells (this grid has no quality cells)" in footer
     figures.fig13_rank_adaptation(res, tmp_path)
     assert drawn["fig13_rank_adaptation"][1][0].startswith("Not measured in this grid: CoMERA runs with a target")
-    empty = tables.load(make_folder(tmp_path / "e", [run_row("dlrm", "dense", 4)]))
+    empty = analysis.load(make_folder(tmp_path / "e", [run_row("dlrm", "dense", 4)]))
     figures.fig6_accuracy(empty, tmp_path)
     assert drawn["fig6_accuracy"][1][0].startswith("Not measured in this grid: eval accuracy curves")
 
@@ -558,12 +587,8 @@ def test_fig7_draws_the_pipelines_cuda_graph_cells_beside_their_eager_twins(tmp_
             for b in (32, 128) for method, variant, time in (
                 ("dense", "default", 50.0), ("dense", "default+cudagraph", 40.0), ("comera", "default", 30.0),
                 ("comera", "default+cudagraph", 10.0), ("dense", "default+matmul-high", 20.0))]
-    path = make_folder(tmp_path / "g", rows)
-    grid = json.loads((path / "grid.json").read_text())
-    for spec in grid["cells"].values():
-        spec["execution"]["cuda_graph"] = "cudagraph" in spec["variant"]
-    (path / "grid.json").write_text(json.dumps(grid))
-    figures.fig7_cuda_graph(tables.load(path), tmp_path)
+    path = make_folder(tmp_path / "g", rows)  # the cudagraph variants' specs: execution.cuda_graph
+    figures.fig7_cuda_graph(analysis.load(path), tmp_path)
     series = drawn["fig7_cuda_graph"][0][0]
     assert series == {"comera": [30.0, 30.0], "comera + CUDA graph": [10.0, 10.0], "uncompressed": [50.0, 50.0],
                       "uncompressed + CUDA graph": [40.0, 40.0], "uncompressed-default+matmul-high": [20.0, 20.0]}
@@ -581,7 +606,7 @@ def test_curve_lines_part_by_size_data_and_sequence_length_where_they_vary(tmp_p
         rows.append(row)
         curves += [{"run_id": row["run_id"], "step": s, "epoch": 0, "split": "train", "metric_name": "loss",
                     "value": seq / 100 + s} for s in (1, 2)]
-    figures.fig10_mlm_loss(tables.load(make_folder(tmp_path / "m", rows, curves)), tmp_path)
+    figures.fig10_mlm_loss(analysis.load(make_folder(tmp_path / "m", rows, curves)), tmp_path)
     (lines,), _, _ = drawn["fig10_mlm_loss"]
     drawn_lines = {k: pytest.approx(v) for k, v in lines.items() if not k.startswith("paper")}
     assert drawn_lines == {"dense, batch 32, size paper, data stdlib, seq 128": [2.28, 3.28],
@@ -611,7 +636,7 @@ def test_curve_figures_draw_the_quality_cells_seeds_as_mean_and_range(tmp_path, 
                         "value": v} for s, v in zip((0, 10, 20), values[method, seed])]
     found = {}
 
-    def spy(fig, title, footer, out, name):
+    def spy(fig, title, footer, out, name, notes=""):
         (ax,) = fig.axes
         found.update(lines={ln.get_label(): list(ln.get_ydata()) for ln in ax.get_lines()
                             if "batch" in ln.get_label()},
@@ -619,20 +644,49 @@ def test_curve_figures_draw_the_quality_cells_seeds_as_mean_and_range(tmp_path, 
         plt.close(fig)
 
     monkeypatch.setattr(figures, "_finish", spy)
-    getattr(figures, figure)(tables.load(make_folder(tmp_path / "c", rows, curves)), tmp_path)
+    getattr(figures, figure)(analysis.load(make_folder(tmp_path / "c", rows, curves)), tmp_path)
     assert found["lines"] == {"comera, batch 64, mean of seeds 0, 1": pytest.approx([1.0, 0.9, 0.8]),
                               "dense, batch 64, mean of seeds 0, 1": pytest.approx([1.0, 0.85, 0.7])}
-    assert found["bands"] == 2 and found["footer"].startswith("quality cells; shaded: the range over the seeds")
+    assert found["bands"] == 2 and "; quality cells; shaded: the range over the seeds" in found["footer"]
+
+
+def test_fig5_rings_the_lookups_whose_timing_is_not_stable(tmp_path, drawn):
+    """Each lookup's time with the IQR of its rounds; a case whose rounds were not stable is ringed, as a
+    cell's point is."""
+    from tests.workflow.test_claims import SMALL_TABLE, lookup_rows
+
+    path = make_folder(tmp_path / "m", [run_row("transformer", "dense", 1)])
+    rows = lookup_rows(SMALL_TABLE, device="cpu", name="Test CPU", ttm_extra=1000)
+    noisy = next(r for r in rows if r["variant"] == "ttm_naive" and r["tokens"] == 20000)
+    noisy["timing_quality"] = "noisy: rounds: 1 round(s) (< 2)"
+    prov = {c: None for c in ("torch_version", "cuda_version", "python_version", "comera_bench_version",
+                              "git_commit", "git_dirty", "hostname", "started_at", "matmul_precision")}
+    write_parquet_atomic(to_frame([{**prov, "num_threads": 1, **r} for r in rows], "microbench"),
+                         path / "microbench.parquet", kind="microbench")
+    rings = []
+    real_plot = plt.Axes.plot
+
+    def plot(ax, *args, **kw):
+        if kw.get("markerfacecolor") == "white":
+            rings.append((list(args[0]), list(args[1])))
+        return real_plot(ax, *args, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plt.Axes, "plot", plot)
+        figures.fig5_ttm_lookup(analysis.load(path), tmp_path)
+    assert [ring for ring in rings if ring[0]] == [([20000], [10.0])]
+    assert "black-ringed: timing not stable, left out of C6" in drawn["fig5_ttm_lookup"][2]
 
 
 def test_unfed_figures_of_a_transformer_only_grid():
-    timing, quality = spec_for(run_row("transformer", "comera", 4, target=0.5)), spec_for(run_row("transformer", "dense", 4))
+    timing = spec_for(run_row("transformer", "comera", 4, target=0.5)).to_dict()
+    quality = spec_for(run_row("transformer", "dense", 4)).to_dict()
     quality["purpose"] = "quality"
     cells = {"a": {**timing, "purpose": None}, "b": quality}
     assert list(feeds.unfed(cells, {}, {"tiny": {"embedding": {}}})) == [
         "fig1_time_memory", "fig7_cuda_graph", "fig8_dlrm_time_memory", "fig9_dlrm_nce", "fig10_mlm_loss",
         "fig12_time_vs_compression"]  # the only timing cell has a target: no Fig 1
-    cells["c"] = spec_for(run_row("transformer", "dense", 4))
+    cells["c"] = spec_for(run_row("transformer", "dense", 4)).to_dict()
     cells["c"]["execution"]["cuda_graph"] = True
     unfed = feeds.unfed(cells, {"a": {"rank": 4}}, {})
     assert "fig7_cuda_graph" not in unfed and "fig12_time_vs_compression" not in unfed
@@ -666,7 +720,7 @@ def test_fig6_draws_the_paper_line_on_mnli_only_and_fig13_names_a_missed_target(
     row, curves = quality_cell("comera", 0.5)
     curves = [{**c, "value": SWITCH_SIZE} if c["metric_name"] == "params_tt" and c["step"] == 8 else c
               for c in curves]  # no rank was pruned after the switch
-    res = tables.load(make_folder(tmp_path / "syn", [quality_cell("dense")[0], row],
+    res = analysis.load(make_folder(tmp_path / "syn", [quality_cell("dense")[0], row],
                                   quality_cell("dense")[1] + curves))
     figures.fig6_accuracy(res, tmp_path)
     figures.fig13_rank_adaptation(res, tmp_path)
@@ -676,7 +730,7 @@ def test_fig6_draws_the_paper_line_on_mnli_only_and_fig13_names_a_missed_target(
     settings = json.loads(row["settings"])
     mnli = [{**r, "settings": json.dumps({**settings, "workload_info": {"data": "mnli"}})}
             for r in (quality_cell("dense")[0], row)]
-    figures.fig6_accuracy(tables.load(make_folder(tmp_path / "mnli", mnli, curves)), tmp_path)
+    figures.fig6_accuracy(analysis.load(make_folder(tmp_path / "mnli", mnli, curves)), tmp_path)
     (acc, _), _, _ = drawn["fig6_accuracy"]
     assert "paper (RTX 3090): final MNLI accuracy ~64%" in acc
 
@@ -738,7 +792,7 @@ def test_compare_gives_a_noisy_quality_cell_no_time_ratio(tmp_path):
 def test_fig1_footer_fits_two_lines_and_memory_points_carry_their_seeds_range(folder, tmp_path, drawn):
     """Fig 1's footer is two lines at most (its details are in its notes); a memory point is one cell's
     peak (said so: one seed, no spread) or, with several seeds, their median with a min-max bar."""
-    res = tables.load(folder)
+    res = analysis.load(folder)
     figures.fig1_time_memory(res, tmp_path)
     _, _, footer = drawn["fig1_time_memory"]
     fig, _ = figures._figure(2)
@@ -751,12 +805,12 @@ def test_fig1_footer_fits_two_lines_and_memory_points_carry_their_seeds_range(fo
     rows = [run_row("transformer", "dense", 4, mem=mem) for mem in (100e6, 140e6, 110e6)]
     for seed, row in enumerate(rows):
         row["seed"], row["run_id"] = seed, f"{row['run_id']}_s{seed}"
-    res = tables.load(make_folder(tmp_path / "seeds", rows))
+    res = analysis.load(make_folder(tmp_path / "seeds", rows))
     figures.fig1_time_memory(res, tmp_path)
     (_, memory), _, footer = drawn["fig1_time_memory"]
     assert memory == {"uncompressed": [110.0]}  # the median of the three seeds
     fig, (ax,) = figures._figure(1)
-    figures._per_batch(ax, res.main_runs("transformer"), "peak_mem_bytes", tables.MB, "peak memory (MB)")
+    figures._per_batch(ax, res.main_runs("transformer"), "peak_mem_bytes", shared.MB, "peak memory (MB)")
     (bar,) = [c for c in ax.containers]
     segment = bar.lines[2][0].get_segments()[0]
     assert [y for _, y in segment] == [100.0, 140.0]  # min to max

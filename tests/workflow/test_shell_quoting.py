@@ -44,6 +44,7 @@ def test_every_field_is_quoted(where, command):
     assert not unquoted, f"{where}: unquoted field(s) {unquoted} in {command!r}"
 
 
+@pytest.mark.slow
 def test_snakemake_lint_leaves_only_the_software_deployment_recommendation():
     """`snakemake --lint`: logs on every rule, no hard-coded output prefixes, no variable from outside a
     rule in a shell command; what remains is the conda/container advice, which a pip-installed project

@@ -1,13 +1,13 @@
 # `snakemake bench`: the performance targets of `comera-bench bench` on this machine, judged against the
-# goals of config/bench.yaml -> results/<device>/bench.{parquet,md} (docs/performance.md), and the figure
-# bench.{png,pdf} next to them (not declared: it is drawn after the table, and a figure that cannot be
-# drawn must not make Snakemake delete the measured table). Not part of the default target: it wants the
-# machine to itself for some minutes (its ratios are timings).
+# goals of harness/perf/goals.yaml -> results/<device>/bench.{parquet,md} (docs/performance.md), and the
+# figure bench.{png,pdf} next to them (not declared: it is drawn after the table, and a figure that cannot
+# be drawn must not make Snakemake delete the measured table). Not part of the default target: it wants
+# the machine to itself for some minutes (its ratios are timings).
 
 
 rule bench:
     input:
-        goals=f"{REPO}/config/bench.yaml",
+        goals=f"{REPO}/harness/perf/goals.yaml",
     output:
         parquet=f"{MERGED}/bench.parquet",
         md=f"{MERGED}/bench.md",

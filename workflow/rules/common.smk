@@ -12,6 +12,7 @@ from snakemake.utils import validate
 
 REPO = workflow.basedir  # the checkout: its Snakefile is at the root
 sys.path.insert(0, REPO)  # the harness package of this checkout, even if not installed
+from harness import running as _running
 from harness.configs import grid as _grid
 from harness import entry as _entry
 from harness.results import lock as _lock
@@ -42,6 +43,10 @@ def _validate_config():
         raise WorkflowError(f"invalid config: {err}")
     for note in missing or ():
         logger.warning(f"comera-bench: note: {note} (a dry run plans without it; a run needs it)")
+    try:
+        _running.check_environment()  # every cell reads them: a bad value fails here, not in each cell
+    except ValueError as err:
+        raise WorkflowError(f"invalid environment: {err}")
 
 
 _validate_config()
@@ -105,7 +110,7 @@ _entry.command_on_path()
 
 def spec_json(run_id):
     """A cell's spec as canonical JSON (the rule's params: a changed spec re-runs only its cell)."""
-    return json.dumps(GRID[run_id], sort_keys=True)
+    return json.dumps(GRID[run_id].to_dict(), sort_keys=True)
 
 
 def gpu_wrapper():

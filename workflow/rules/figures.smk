@@ -5,7 +5,7 @@ localrules: tables, plots, claims, figures
 # Only the figures the grid can feed are drawn; the overview names the others (harness/reports/feeds.py).
 from harness.reports import feeds as _feeds
 
-NOT_DRAWN = list(_feeds.unfed(GRID, SWEEPS, MICROBENCH))
+NOT_DRAWN = list(_feeds.unfed({rid: spec.to_dict() for rid, spec in GRID.items()}, SWEEPS, MICROBENCH))
 PLOTS = [p for p in _feeds.NEEDS if p not in NOT_DRAWN]
 TABLES = ["overview", "table1_ranks", "table2_dlrm", "table_mnli_size", "table_runs"]
 MERGED_FILES = [f"{MERGED}/runs.parquet", f"{MERGED}/curves.parquet", f"{MERGED}/grid.json",

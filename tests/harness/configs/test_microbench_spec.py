@@ -22,8 +22,8 @@ def test_the_default_config_specs_pass_and_fill_the_defaults():
 def test_the_benchmark_uses_this_check():
     """One definition: harness.perf.microbench validates its specs with this module's check_spec."""
     assert microbench.check_spec is microbench_spec.check_spec
-    assert (microbench.DIRECTIONS, microbench.LINEAR_VARIANTS, microbench.EMBEDDING_VARIANTS) == \
-        (microbench_spec.DIRECTIONS, microbench_spec.LINEAR_VARIANTS, microbench_spec.EMBEDDING_VARIANTS)
+    assert (microbench.DIRECTIONS, microbench.EMBEDDING_VARIANTS) == \
+        (microbench_spec.DIRECTIONS, microbench_spec.EMBEDDING_VARIANTS)
 
 
 @pytest.mark.parametrize("spec, message", [({"repeats": 3}, "unknown key 'repeats'"),

@@ -118,6 +118,18 @@ def test_relative_iqr_and_spread_reason():
     assert timing.spread_reason([10.0, 11.0, 10.5], "x") == ""
 
 
+def test_things_timed_in_rounds_are_judged_by_the_cells_thresholds():
+    """One round has no spread (an IQR of 0 is no evidence of stability); a spread or a busy machine is
+    named, as in a cell's verdict."""
+    assert timing.judge_rounds([2.0, 2.1, 2.05]) == "stable"
+    assert timing.judge_rounds([16.0]) == "noisy: per-round times: 1 round(s) (< 2)"
+    assert timing.judge_rounds([1.0, None]).startswith("noisy: per-round times: 1 round(s)")
+    assert timing.judge_rounds([1.0, 2.0, 3.0, 4.0, 5.0], "x") == \
+        "noisy: x spread 67% of their median (> 25%)"
+    assert timing.judge_rounds([2.0, 2.0], run_queue_frac=0.3, cpu_pressure=0.5) == (
+        "noisy: its threads waited for a CPU 30% of their runnable time (> 10%); CPU pressure 50% (> 25%)")
+
+
 def test_thresholds_at_the_boundary_are_stable():
     assert timing.judge(step_time_ms=10.0, step_time_ms_iqr=2.5, steps_timed=5, step_time_ms_mean=15.0,
                         run_queue_frac=0.10, cpu_pressure=0.25) == "stable"

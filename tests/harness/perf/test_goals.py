@@ -1,4 +1,4 @@
-"""harness.perf.goals: config/bench.yaml is read and checked; a bad file is named with its key."""
+"""harness.perf.goals: goals.yaml is read and checked; a bad file is named with its key."""
 from __future__ import annotations
 
 import pytest
@@ -43,3 +43,17 @@ def test_a_bad_goals_file_is_named_with_its_key(tmp_path, old, new, message):
 def test_a_missing_goals_file_is_named(tmp_path):
     with pytest.raises(ValueError, match="bench goals .*nope.yaml: cannot read"):
         goals.load(tmp_path / "nope.yaml")
+
+
+def test_the_goals_and_their_schema_are_package_data():
+    """The installed package reads them: both lie in its folder and pyproject ships them."""
+    import fnmatch
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    data = (root / "pyproject.toml").read_text().split("[tool.setuptools.package-data]")[1]
+    patterns = re.findall(r'"([^"]+)"', re.search(r"^harness = \[(.*)\]", data, re.M)[1])
+    for path in (goals.DEFAULT_PATH, goals.SCHEMA):
+        inside = path.resolve().relative_to(root / "harness").as_posix()  # ValueError outside the package
+        assert path.is_file() and any(fnmatch.fnmatch(inside, p) for p in patterns), inside

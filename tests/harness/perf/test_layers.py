@@ -23,7 +23,7 @@ def test_table_memory_counts_params_grads_and_working_memory_beyond_the_output()
 
     emb = torch.nn.Embedding(1000, 8)
     idx = torch.randint(0, 1000, (300,))
-    run, reset = mb.module_call(emb, idx, "fwd_bwd", wrt_input=False)
+    run, reset, _ = mb.module_call(emb, idx, "fwd_bwd", wrt_input=False)
     peak, _ = measure.call_peak(run, torch.device("cpu"), reset)
     memory = layers.TableMemory.of(emb, peak, 300 * 8 * 4)
     assert memory.params == memory.grads == 1000 * 8 * 4
@@ -69,25 +69,25 @@ def test_autograd_only_passes_every_tensor_of_the_layer_and_computes_nothing():
     assert all(p.grad is not None and p.grad.shape == p.shape for p in params)
 
 
-def test_paired_rounds_alternate_the_runs_and_the_ratio_is_the_analysis_layers_round_ratio(monkeypatch):
+def test_rounds_alternate_the_runs_and_the_ratio_is_the_analysis_layers_round_ratio(monkeypatch):
     """Every run once per round, in order; the ratio is the median of the per-round ratios (a slow spell
     in one round moves both sides of that round: harness.results.analysis.rounds_ratio, the statistic of
     cells timed together), printed round by round; the rows' stability is the spread of each side's
     per-round times."""
-    from harness.perf import roofline
+    from harness.core import measure
     from harness.perf.report import per_round_text
     from harness.results import analysis
 
     calls, fake = [], {"a": iter([10.0, 30.0, 12.0]), "b": iter([5.0, 10.0, 4.0])}
     run_of = {"a": lambda: None, "b": lambda: None}
 
-    def time_call(run, **kwargs):
+    def call_ms(run, **kwargs):
         name = next(k for k, v in run_of.items() if v is run)
         calls.append(name)
-        return next(fake[name]), 0.0, 1
+        return next(fake[name])
 
-    monkeypatch.setattr(roofline.mb, "time_call", time_call)
-    per_round = roofline.paired_rounds(run_of, rounds=3, num_threads=1, min_run_time_s=0.0)
+    monkeypatch.setattr(measure, "call_ms", call_ms)
+    per_round = measure.time_rounds(run_of, rounds=3, num_threads=1, min_run_time_s=0.0)
     assert calls == ["a", "b"] * 3 and per_round == {"a": [10.0, 30.0, 12.0], "b": [5.0, 10.0, 4.0]}
     r = analysis.rounds_ratio(per_round["a"], per_round["b"])
     assert r.value == 3.0 and per_round_text(r) == "; per round 2.00, 3.00, 3.00"  # the ratio of medians: 12/5

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from harness.configs.microbench_spec import LINEAR_VARIANTS
 from harness.core import measure
 from harness.perf import microbench as mb
 from harness.results import MICROBENCH_COLUMNS, file_metadata, read_parquet, to_frame
@@ -26,10 +27,12 @@ def test_tiny_spec_rows_are_schema_complete(tiny_rows):
     assert (frame["peak_mem_bytes"] > 0).all()
     assert set(frame["direction"]) == {"fwd", "fwd_bwd"}
     assert set(frame.loc[frame.op == "embedding", "variant"]) == set(mb.EMBEDDING_VARIANTS)
-    assert set(frame.loc[frame.op == "linear", "variant"]) == set(mb.LINEAR_VARIANTS)
+    assert set(frame.loc[frame.op == "linear", "variant"]) == set(LINEAR_VARIANTS)
     assert frame.loc[frame.variant == "dense", "rank"].isna().all()
     assert (frame.loc[frame.variant == "tt", "rank"] == 4).all()
     assert (frame["device"] == "cpu").all() and (frame["num_threads"] == 1).all()
+    assert all(len(json.loads(r)) == 5 for r in frame["round_time_ms"])  # the spec's rounds (default 5)
+    assert frame["timing_quality"].str.match(r"stable$|noisy: ").all() and (frame["param_bytes"] > 0).all()
 
 
 def test_dense_linear_flops_are_counted_exactly(tiny_rows):
@@ -44,7 +47,7 @@ def test_tt_fwd_bwd_flops_match_the_plan():
     from harness.perf.plans import plan_contraction_flops
 
     layer = TTLinear(16, 32, in_shape=(4, 4), out_shape=(4, 8), rank=4, bias=False)
-    run, _ = mb.module_call(layer, torch.randn(16, 16), "fwd_bwd", wrt_input=True)
+    run, *_ = mb.module_call(layer, torch.randn(16, 16), "fwd_bwd", wrt_input=True)
     flops, _ = mb.count_cost(run)
     assert flops == plan_contraction_flops(layer.plan(16))  # the kernels execute what the plan counts
 
@@ -64,7 +67,7 @@ def test_cpu_peak_memory_sees_a_transient_allocation(numel):
 
 def test_fwd_bwd_peak_includes_output_and_gradients():
     layer = nn.Linear(64, 128, bias=False)
-    run, reset = mb.module_call(layer, torch.randn(32, 64), "fwd_bwd", wrt_input=True)
+    run, reset, _ = mb.module_call(layer, torch.randn(32, 64), "fwd_bwd", wrt_input=True)
     run()  # leaves gradients behind; reset must drop them before measuring
     peak, _ = measure.call_peak(run, CPU, reset)
     minimum = 4 * (32 * 128 + 32 * 64 + 64 * 128)  # output + input grad + weight grad
@@ -183,13 +186,33 @@ def test_an_output_that_cannot_be_written_is_named(tmp_path, monkeypatch, capsys
 
 
 def test_micro_benchmarks_share_the_cells_quartiles_and_memory_kinds(monkeypatch):
-    """torch.utils.benchmark times the blocks; their median and IQR are the cells' (measure.median_iqr),
-    and the memory kinds come from the one vocabulary (measure.MEMORY_KINDS)."""
+    """A case is timed in rounds (harness.core.measure.time_rounds); its median and IQR are the cells'
+    quartiles (measure.median_iqr) of the rounds, and the memory kinds come from the one vocabulary
+    (measure.MEMORY_KINDS)."""
     seen = []
     real = mb.median_iqr
     monkeypatch.setattr(mb, "median_iqr", lambda values: seen.append(list(values)) or real(values))
-    median, iqr, blocks = mb.time_call(lambda: torch.ones(64).sum(), num_threads=1, min_run_time_s=0.01)
-    assert len(seen) == 1 and len(seen[0]) == blocks and (median, iqr) == real(seen[0])
+    case = next(mb.linear_cases({"layers": [{"in_shape": [4, 4], "out_shape": [4, 8]}], "variants": ["dense"],
+                                 "tokens": [8], "directions": ["fwd"]}, CPU, 0))
+    row = mb.to_row(mb.measure(case, CPU, num_threads=1, min_run_time_s=0.001, rounds=3), {})
+    assert seen[-1] == json.loads(row["round_time_ms"]) and len(seen[-1]) == 3
+    assert (row["time_ms"], row["time_ms_iqr"]) == real(seen[-1])
     _, kind = measure.call_peak(lambda: torch.ones(64).sum(), CPU)
     assert kind == measure.CPU_ALLOCATED and {kind, measure.CUDA_ALLOCATED} <= set(measure.MEMORY_KINDS)
     assert measure.MemoryMonitor(CPU).stop().peak_mem_kind in measure.MEMORY_KINDS
+
+
+def test_a_case_timed_in_one_round_is_not_stable(monkeypatch):
+    """One round (one blocked_autorange that may be a single block: an IQR of exactly 0, as a 16 ms
+    dense forward next to its 0.33 ms forward+backward once showed under load) has no spread to judge:
+    the row says so, as it says a spread or a busy machine; the row records the bytes it measured."""
+    case = next(mb.linear_cases({"layers": [{"in_shape": [4, 4], "out_shape": [4, 8]}], "variants": ["dense"],
+                                 "tokens": [8], "directions": ["fwd_bwd"]}, CPU, 0))
+    one = mb.to_row(mb.measure(case, CPU, num_threads=1, min_run_time_s=0.001, rounds=1), {})
+    assert one["time_ms_iqr"] == 0.0 and one["timing_quality"].startswith("noisy: rounds: 1 round(s) (< 2)")
+    monkeypatch.setattr(mb, "time_rounds", lambda runs, **kw: {"case": [1.0, 1.1, 3.0, 1.0, 1.05]})
+    monkeypatch.setattr(mb.timing.MachineState, "columns",
+                        lambda self: {"load_avg_1m": 7.0, "cpu_pressure": 0.6, "run_queue_frac": 0.5})
+    noisy = mb.to_row(mb.measure(case, CPU, num_threads=1, min_run_time_s=0.001, rounds=5), {})
+    assert "waited for a CPU 50%" in noisy["timing_quality"] and "CPU pressure 60%" in noisy["timing_quality"]
+    assert (one["param_bytes"], one["output_bytes"]) == ((16 * 32 + 32) * 4, 8 * 32 * 4)

@@ -93,7 +93,7 @@ def test_it_shares_the_ttlinear_parameters_and_runs_as_a_bench_call():
     tt = _layer(*CASES["small, uneven ranks"], dtype=torch.float32)
     official = OfficialTTLinear(tt)
     assert sorted(id(p) for p in official.parameters()) == sorted(id(p) for p in tt.parameters())
-    run, reset = mb.module_call(official, torch.randn(4, tt.in_features), "fwd_bwd", wrt_input=True)
+    run, reset, _ = mb.module_call(official, torch.randn(4, tt.in_features), "fwd_bwd", wrt_input=True)
     run()
     assert all(p.grad is not None for p in tt.parameters())
     reset()

@@ -33,7 +33,7 @@ def test_markdown_table_has_every_row_and_escapes_pipes():
 
 def test_written_rows_carry_the_provenance_columns(tmp_path):
     rows = [report.make_row(1, "a", 4.0, 5.0, goal_key="linear[0]"), report.make_row(5, "b", 1.0, 0.9, better="<=")]
-    prov = provenance("cpu", "")
+    prov = provenance("cpu")
     md, pq = report.write(rows, tmp_path / "cpu" / "bench.parquet", prov, "reuse: glibc")
     frame = pd.read_parquet(pq)
     assert len(frame) == 2 and set(PROVENANCE_COLUMNS) <= set(frame.columns)

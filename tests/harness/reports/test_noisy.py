@@ -50,14 +50,6 @@ def test_a_folder_without_results_is_named(tmp_path, capsys):
     assert f"no results in {tmp_path / 'empty'}" in capsys.readouterr().err
 
 
-def test_the_report_hint_repeats_the_config_and_folders_of_the_run():
-    hint = noisy.report_hint(configfiles=["config/tiny.yaml"], settings={"results_dir": "out dir",
-                                                                         "figures_dir": "figs"})
-    assert hint == ("The HTML report of this run: snakemake --report report.html figures --configfile "
-                    "config/tiny.yaml --config 'results_dir=out dir' figures_dir=figs")
-    assert noisy.report_hint().endswith("snakemake --report report.html figures")
-
-
 def test_the_commands_repeat_directory_config_args_and_the_device_variable():
     """What the pipeline prints is what to type: its --directory, --configfile, one --config with the values
     given (then the hint's own), and COMERA_BENCH_DEVICE when the user set it."""
@@ -68,7 +60,6 @@ def test_the_commands_repeat_directory_config_args_and_the_device_variable():
     assert noisy.as_typed(command, {"COMERA_BENCH_DEVICE": "my gpu"}) == (
         "COMERA_BENCH_DEVICE='my gpu' snakemake --cores 1 figures --directory '/w d' --configfile /c/tiny.yaml "
         "--config results_dir=out 'execution={threads: 1}'")
-    assert noisy.report_hint(directory="/w").endswith("snakemake --report report.html figures --directory /w")
 
 
 def test_delete_stays_inside_the_folder_whatever_a_stored_run_id_says(tmp_path, capsys):

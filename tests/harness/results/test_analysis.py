@@ -32,9 +32,9 @@ def test_ratio_of_mean_based_epoch_times_otherwise():
     assert apart.basis == analysis.NO_SPREAD and apart.text() == "3.00x"  # one round a side: no spread
     # the same group name on two machines is two groups
     assert not analysis.ratio(_row("g", [3.0], 33.0, host="a"), _row("g", [1.0], 11.0, host="b")).interleaved
-    # a row written before round_step_mean_ms: its per-round medians are not used
-    old = analysis.ratio(_row("g", None, 18.0, medians=[10.0]), _row("g", None, 10.0, medians=[10.0]))
-    assert old.value == pytest.approx(1.8) and old.basis == analysis.NO_ROUNDS
+    # in one group without a round both have: the ratio of cells timed apart (medians are not used)
+    unpaired = analysis.ratio(_row("g", None, 18.0, medians=[10.0]), _row("g", None, 10.0, medians=[10.0]))
+    assert unpaired.value == pytest.approx(1.8) and unpaired.basis == analysis.NO_SPREAD
     assert analysis.ratio(_row(None, [], 1.0), {"epoch_time_s": None, "timing_quality": "stable"}) is None
 
 

@@ -11,21 +11,23 @@ import torch
 
 from harness import results
 
-DESIGN_RUNS = """run_id workload method variant batch_size seq_len rank target_ratio seed status error
+DESIGN_RUNS = """run_id workload method variant batch_size seq_len rank target_ratio seed cell_hash
+execution_hash status error
 step_time_ms step_time_ms_iqr steps_timed epoch_time_s epoch_time_kind samples_per_s peak_mem_bytes
 peak_mem_kind cuda_reserved_bytes state_bytes metric_name metric_value final_train_loss epochs
 params_total params_factorized_layers compression_total compression_layers ranks""".split()
 DESIGN_PROVENANCE = """device device_name num_threads torch_version cuda_version python_version
-comera_bench_version git_commit git_dirty config_hash hostname started_at matmul_precision""".split()
+comera_bench_version git_commit git_dirty hostname started_at matmul_precision""".split()
 DESIGN_CURVES = "run_id step epoch split metric_name value".split()
-DESIGN_MICROBENCH = """op variant shape tokens rank direction time_ms time_ms_iqr peak_mem_bytes
-flops""".split()
+DESIGN_MICROBENCH = """op variant shape tokens rank direction time_ms time_ms_iqr round_time_ms timing_quality
+peak_mem_bytes param_bytes output_bytes flops""".split()
 
 
 def runs_row(**values):
     row = {c: None for c in results.RUNS_COLUMNS}
-    row.update(results.provenance(torch.device("cpu"), "hash"))
-    row.update(run_id="r1", workload="toy", method="dense", variant="", batch_size=4, seed=0,
+    row.update(results.provenance(torch.device("cpu")))
+    row.update(run_id="r1", workload="toy", method="dense", variant="", batch_size=4, seed=0, cell_hash="c",
+               execution_hash="e",
                status="ok", error="", metric_value=0.5)
     row.update(values)
     return row
@@ -40,9 +42,9 @@ def test_columns_follow_design():
 
 
 def test_provenance_is_complete():
-    prov = results.provenance(torch.device("cpu"), "abc")
+    prov = results.provenance(torch.device("cpu"))
     assert list(prov) == results.PROVENANCE_COLUMNS
-    assert prov["device"] == "cpu" and prov["config_hash"] == "abc"
+    assert prov["device"] == "cpu"
     assert prov["num_threads"] == torch.get_num_threads()
     assert prov["torch_version"] == torch.__version__
     assert prov["started_at"].endswith("Z") and "T" in prov["started_at"]
@@ -50,7 +52,7 @@ def test_provenance_is_complete():
 
 
 def test_round_trip_keeps_types_and_metadata(tmp_path):
-    df = results.to_frame([runs_row(), runs_row(run_id="r2", seq_len=128, config_hash="other")], "runs")
+    df = results.to_frame([runs_row(), runs_row(run_id="r2", seq_len=128, hostname="other")], "runs")
     path = results.write_parquet_atomic(df, tmp_path / "a.runs.parquet", kind="runs")
     back = results.read_parquet(path, "runs")
     assert list(back.columns) == results.RUNS_COLUMNS
@@ -58,9 +60,9 @@ def test_round_trip_keeps_types_and_metadata(tmp_path):
     assert back["seq_len"][1] == 128
     meta = results.file_metadata(path)
     assert meta["kind"] == "runs"
-    assert meta["provenance"] == {}  # config_hash differs between the rows
+    assert meta["provenance"] == {}  # hostname differs between the rows
     single = results.write_parquet_atomic(df.iloc[:1], tmp_path / "b.runs.parquet", kind="runs")
-    assert results.file_metadata(single)["provenance"]["config_hash"] == "hash"
+    assert results.file_metadata(single)["provenance"]["hostname"] == runs_row()["hostname"]
     assert pd.read_parquet(single)["batch_size"].dtype == "Int64"  # plain pandas sees the same types
 
 
@@ -245,18 +247,23 @@ def test_merge_refuses_curves_that_are_not_the_grids(tmp_path, capsys, name, run
 
 
 @pytest.mark.parametrize("name, row, message", [
-    ("a", {"run_id": "a", "config_hash": "other"}, "{path}: its row of cell a was run from another spec "
-                                                   "(config_hash other; the grid's is h-a"),
-    ("a", {"run_id": "b", "config_hash": "h-b"}, "{path} holds the row of cell b, not of cell a"),
-    ("z", {"run_id": "z", "config_hash": "h-z"}, "{path}: cell z is not in the grid"),
+    ("a", {"run_id": "a", "cell_hash": "other"}, "{path}: its row of cell a was run from another spec "
+                                                 "(cell_hash other; the grid's is c-a"),
+    ("a", {"run_id": "a", "cell_hash": "c-a", "execution_hash": "other"},
+     "{path}: its row of cell a was run from another spec (execution_hash other; the grid's is e-a"),
+    ("a", {"run_id": "b", "cell_hash": "c-b", "execution_hash": "e-b"},
+     "{path} holds the row of cell b, not of cell a"),
+    ("z", {"run_id": "z", "cell_hash": "c-z"}, "{path}: cell z is not in the grid"),
 ])
 def test_merge_refuses_a_row_that_is_not_the_grids(tmp_path, capsys, name, row, message):
     """A per-cell file of another config (copied in, or left from an earlier grid) is named, not merged."""
     grid = tmp_path / "grid.json"
-    grid.write_text(json.dumps({"cells": {c: {"run_id": c, "config_hash": f"h-{c}"} for c in "ab"}, "sweeps": {}}))
+    grid.write_text(json.dumps({"cells": {c: {"run_id": c, "cell_hash": f"c-{c}", "execution_hash": f"e-{c}"}
+                                          for c in "ab"}, "sweeps": {}}))
     cells = tmp_path / "runs" / "cpu"
     cells.mkdir(parents=True)
-    results.write_parquet_atomic(results.to_frame([runs_row(run_id="b", config_hash="h-b")], "runs"),
+    b_row = runs_row(run_id="b", cell_hash="c-b", execution_hash="e-b")
+    results.write_parquet_atomic(results.to_frame([b_row], "runs"),
                                  cells / "b.runs.parquet", kind="runs")
     path = cells / f"{name}.runs.parquet"
     results.write_parquet_atomic(results.to_frame([runs_row(**row)], "runs"), path, kind="runs")

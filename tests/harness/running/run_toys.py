@@ -8,12 +8,18 @@ import torch
 from torch import nn
 
 from baselines.base import Prepared
-from harness.running.run import Registry
+from harness.running.registry import Registry
 from harness.workloads.base import Workload
 
 
 HANG_S = 3600.0
 """How long an injected hang blocks (far beyond any test's time limit)."""
+
+
+def pause(seconds: float) -> None:
+    """The toy method's work of a step (``sleep_s``, ``period_sleep_s``): a sleep, unless a test gives the
+    step timer a clock of its own (tests/harness/running/test_periodic_rounds.py)."""
+    time.sleep(seconds)
 
 
 def toy_workload(name: str, params: dict[str, Any], *, batch_size: int, seed: int,
@@ -87,9 +93,11 @@ class ToyMethod:
                     for group in opt.param_groups:
                         for p in group["params"]:
                             p.fill_(float("nan"))
-            time.sleep(HANG_S if step == params.get("hang_at") else params.get("sleep_s", 0.0))
+            if step == params.get("hang_at"):
+                time.sleep(HANG_S)
+            pause(params.get("sleep_s", 0.0))
             if params.get("period") and (step + 1) % params["period"] == 0:  # periodic work
-                time.sleep(params.get("period_sleep_s", 0.0))
+                pause(params.get("period_sleep_s", 0.0))
             return {"stage": float(step >= 3)}
 
         return Prepared(model=model, optimizers=[opt], total_loss=total_loss, after_step=after_step,

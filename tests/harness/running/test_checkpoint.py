@@ -116,7 +116,7 @@ def test_a_checkpoint_of_other_code_or_unreadable_is_not_used(tmp_path, monkeypa
     spec, path = toy_spec(), tmp_path / "cell.checkpoint.pt"
     with pytest.raises(Stopped):
         run(spec, path, stopping_registry(6))
-    normalized = runner.specs.normalize_spec(spec)
+    normalized = runner.cell_spec(spec, TOY_REGISTRY).to_dict()
     assert checkpoints.load(path, normalized)[0] is not None
     identity = checkpoints.code_identity()
     monkeypatch.setattr(checkpoints, "code_identity", lambda: {**identity, "sources": "0" * 16})
@@ -296,9 +296,11 @@ def test_run_to_files_removes_the_checkpoint_once_the_row_is_written(tmp_path, m
 
 def test_a_cell_of_a_timing_group_writes_no_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setenv(checkpoints.CHECKPOINT_ENV, "0.000001")
-    assert checkpoints.checkpointing(toy_spec(execution={"timing_group": "g"}), tmp_path / "c.runs.parquet") is None
+    grouped = runner.cell_spec(toy_spec(execution={"timing_group": "g"}), TOY_REGISTRY)
+    assert checkpoints.checkpointing(grouped, tmp_path / "c.runs.parquet") is None
     monkeypatch.setenv(checkpoints.CHECKPOINT_ENV, "0")
-    assert checkpoints.checkpointing(toy_spec(), tmp_path / "c.runs.parquet") is None
+    alone = runner.cell_spec(toy_spec(), TOY_REGISTRY)
+    assert checkpoints.checkpointing(alone, tmp_path / "c.runs.parquet") is None
 
 
 def test_the_interval_defaults_to_ten_minutes_and_0_turns_it_off(monkeypatch):
@@ -334,6 +336,7 @@ def real_cell(steps: int) -> dict:
             "execution": {"device": "cpu", "num_threads": 1}}
 
 
+@pytest.mark.slow
 def test_a_cell_process_stopped_by_sigterm_resumes_in_the_next_run(tmp_path):
     """The pipeline's way (``comera-bench run --isolate``), the real transformer and CoMERA: SIGTERM in
     mid-training ends the process by the signal, after the step and its checkpoint, no row; the next run

@@ -109,6 +109,7 @@ def tiny_transformer_spec(compile_model):
             "execution": {"device": "cpu", "num_threads": 1, "compile": compile_model}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compile_model", [True, False])
 def test_a_compiled_cells_row_says_what_dynamo_did_from_its_own_wrapper_on(compile_model):
     """A model compiled earlier in the process broke its graph; the cell counts from its own wrapper on

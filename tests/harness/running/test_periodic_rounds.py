@@ -21,16 +21,11 @@ BASE_S, PERIODIC_S, PERIOD, ROUNDS = 0.01, 0.04, 5, 4
 
 @pytest.fixture
 def quiet_machine(monkeypatch):
-    """The steps on a clock of their own: the toy's sleeps advance it (and take no time), the step timer
-    reads it, and the machine-state readings are left out. The test judges what the rounds and the
-    verdict make of given step times, not the shared test machine's wall clock (under load its sleeps
-    run long and its steps vary)."""
+    """A step takes exactly the toy's work (its pauses), on a clock of the step timer's own that only they
+    advance, and the machine-state readings are left out: these tests judge the rounds, not the load of
+    the machine they run on (real sleeps of 10 ms overshoot by more than the thresholds under load)."""
     now = [0.0]
-
-    def sleep(seconds: float) -> None:
-        now[0] += seconds
-
-    monkeypatch.setattr(run_toys, "time", types.SimpleNamespace(sleep=sleep))
+    monkeypatch.setattr(run_toys, "pause", lambda seconds: now.__setitem__(0, now[0] + seconds))
     monkeypatch.setattr(measure, "time", types.SimpleNamespace(perf_counter=lambda: now[0],
                                                                process_time=time.process_time))
     monkeypatch.setattr(timing.MachineState, "columns", lambda self: {"load_avg_1m": None, "cpu_pressure": None,

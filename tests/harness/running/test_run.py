@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from harness import results
+from harness import spec as specs
 from harness.running import checkpoint
 from harness.running import run as runner
-from harness.running import specs
 from tests.harness.running.run_toys import TOY_REGISTRY, toy_spec
 
 FAILURES = [
@@ -38,7 +38,9 @@ def test_every_status_writes_a_complete_row(tmp_path, method_params, budget, sta
     assert len(df) == 1 and df.at[0, "status"] == status == row["status"]
     assert df.at[0, "error"].startswith(error)
     assert df.at[0, "device"] == "cpu" and df.at[0, "num_threads"] == 1
-    assert results.file_metadata(runs_out)["provenance"]["config_hash"] == row["config_hash"]
+    assert results.file_metadata(runs_out)["provenance"]["started_at"] == row["started_at"]
+    assert (row["cell_hash"], row["execution_hash"]) == (specs.make(spec, TOY_REGISTRY.checks).cell_hash,
+                                                         specs.make(spec, TOY_REGISTRY.checks).execution_hash)
     if status in ("ok", "oom", "diverged", "timeout"):
         assert df.at[0, "steps_timed"] >= 0 and df.at[0, "peak_mem_kind"] == "cpu_rss_delta"
         assert df.at[0, "state_bytes"] > 0 and json.loads(df.at[0, "ranks"]) == {"fc": [1, 4, 1]}
@@ -224,6 +226,7 @@ print("run_to_files returned")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method_params, workload_params, steps, activity", [
     ({"hang_at": 3}, {}, 3, "training step 4"),
     ({}, {"hang_eval": 2}, 4, "the evaluation at step 4"),  # evaluations at steps 0, 2 and 4
@@ -260,6 +263,7 @@ print("run_to_files returned")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method_params, steps, activity", [
     ({"hang_at": 3}, 3, "training step 4"),
     ({"hang_at": 0}, 0, "the warm-up"),  # the warm-up's throwaway step is step 0 too
@@ -314,41 +318,6 @@ def test_partial_epochs_are_extrapolated():
 def test_flops_per_step_from_linear_shapes():
     row, _ = runner.run_cell(toy_spec(), registry=TOY_REGISTRY)
     assert row["flops_per_step"] == 6 * 16 * (8 * 16 + 16 * 3)
-
-
-@pytest.mark.parametrize("section, key, value, message", [
-    (None, "bogus", 1, "unknown spec key 'bogus'"),
-    ("budget", "epoch", 1, "unknown key budget.epoch"),
-    ("execution", "gpu", True, "unknown key execution.gpu"),
-    (None, "batch_size", 0, "batch_size must be an integer from 1 to 2**32, got 0"),
-    (None, "batch_size", 10**30, f"batch_size must be an integer from 1 to 2**32, got {10**30}"),
-    ("budget", "epochs", 10**18, f"budget.epochs must be an integer from 1 to 2**32, got {10**18}"),
-    (None, "target_ratio", 2.0, "target_ratio must be null or in"),
-    (None, "variant", {"a": 1}, "spec variant must be a non-empty string, got {'a': 1}"),
-    (None, "variant", 3, "spec variant must be a non-empty string, got 3"),
-    ("execution", "device", "tpu", "execution.device must be cpu|cuda|auto, got 'tpu'"),
-    ("budget", "time_limit_s", -1, "time_limit_s must be null or a finite number > 0"),
-    ("budget", "time_limit_s", float("nan"), "time_limit_s must be null or a finite number > 0, got nan"),
-    ("budget", "time_limit_s", float("inf"), "time_limit_s must be null or a finite number > 0, got inf"),
-    ("execution", "allocator", "tcmalloc", "execution.allocator must be one of ['reuse', 'system'], got 'tcmalloc'"),
-])
-def test_bad_spec_is_named(section, key, value, message):
-    spec = toy_spec()
-    (spec[section] if section else spec)[key] = value
-    with pytest.raises(specs.SpecError, match=re.escape(message)):
-        specs.normalize_spec(spec)
-
-
-def test_spec_defaults_and_ids():
-    spec = specs.normalize_spec({"workload": "toy", "method": "toy", "batch_size": 4})
-    assert spec["budget"] == {**specs.BUDGET_DEFAULTS}
-    assert spec["execution"]["num_threads"] == torch.get_num_threads()
-    assert spec["run_id"] == "toy_toy-default_b4_tnone_s0"  # the pipeline's scheme (harness.configs.grid.run_id)
-    again = specs.normalize_spec({"workload": "toy", "method": "toy", "batch_size": 4})
-    other = specs.normalize_spec({"workload": "toy", "method": "toy", "batch_size": 4, "seed": 1})
-    assert spec["config_hash"] == again["config_hash"] != other["config_hash"]
-    with pytest.raises(specs.SpecError, match="missing the key 'method'"):
-        specs.normalize_spec({"workload": "toy", "batch_size": 4})
 
 
 def test_allocator_is_applied_and_recorded(monkeypatch):
@@ -531,16 +500,15 @@ def test_a_cell_without_a_timed_step_is_not_ok(budget):
 @pytest.mark.parametrize("variable", [runner.STALL_ENV, "COMERA_BENCH_CHECKPOINT_S"])
 def test_the_pipeline_and_the_cli_refuse_a_bad_stall_limit_or_checkpoint_interval(tmp_path, monkeypatch, capsys,
                                                                                    variable):
-    from harness import cli
-    from harness.configs import grid
+    from harness import cli, running
 
     monkeypatch.setenv(variable, "soon")
     spec = tmp_path / "s.json"
     spec.write_text(json.dumps(toy_spec(workload="transformer", method="dense")))
     assert cli.main(["run", "--spec", str(spec), "--runs-out", str(tmp_path / "r.runs.parquet")]) == 2
     assert f"environment variable {variable}='soon'" in capsys.readouterr().err
-    with pytest.raises(grid.ConfigError, match=variable):
-        grid.check_config({"methods": {}, "workloads": {}, "microbench": {"specs": {}}})
+    with pytest.raises(ValueError, match=variable):  # the pipeline's check (workflow/rules/common.smk)
+        running.check_environment()
 
 
 def test_a_group_cell_timed_without_its_rounds_says_so(monkeypatch):
@@ -557,6 +525,7 @@ def test_a_group_cell_timed_without_its_rounds_says_so(monkeypatch):
     assert "interleaved rounds" not in alone["timing_quality"]
 
 
+@pytest.mark.slow
 def test_a_group_cell_records_its_groups_start_time(tmp_path):
     """In its group's rounds the row gets the seconds the group took to reach its first round."""
     from harness.core import interleave
@@ -580,6 +549,7 @@ open({str(out)!r}, "w").write(json.dumps(row, default=str))
     assert len(means) == len(json.loads(row["round_step_ms"])) == 2 and all(m > 0 for m in means)
 
 
+@pytest.mark.slow
 def test_a_group_cell_hands_its_device_cache_back_before_every_wait(tmp_path):
     """Before each wait for the group (each round and the end of the rounds) the cell's memory monitor
     yields the device (on CUDA: reads the GPU's memory in use, empties this process's cache); the step after
@@ -611,6 +581,7 @@ open({str(out)!r}, "w").write(json.dumps({{"calls": calls, "row": row}}, default
     assert row["status"] == "ok" and row["steps_timed"] == 10 - 1 - 3  # the warm-up step, a step after each wait
 
 
+@pytest.mark.slow
 def test_a_group_cell_records_where_its_start_went_and_evaluates_no_untrained_model(tmp_path):
     """Each cell of a group records its start phases (extra.start_phases_s) and sends them with its first
     ready; the group logs the slowest cell's. A cell of a timing group starts without the evaluation
@@ -653,6 +624,7 @@ open(sys.argv[2], "w").write(json.dumps({"row": row, "curves": curves}, default=
     assert 0 in {c["step"] for c in curves if c["split"] == "eval"}
 
 
+@pytest.mark.slow
 def test_a_cell_imports_galores_packages_only_when_it_runs_galore(tmp_path):
     """GaLore's packages (galore_torch, which imports transformers) are imported by GaLore cells only: a
     CoMERA cell's process never pays for them."""

@@ -9,15 +9,15 @@ import torch
 
 from baselines.comera import CoMERAMethod, check_params
 from harness import cli, workloads
+from harness import spec as specs
 from harness.running import cell
-from harness.running import specs
 from tests.harness.running.run_toys import toy_spec
 
 
 @pytest.mark.parametrize("run_id", ["../escape", "a/b", "/abs", ".hidden", "..", "-rf", "a b", 7])
 def test_run_id_must_be_a_plain_file_name(run_id):
     with pytest.raises(specs.SpecError, match=r"run_id must be a plain file name.*" + repr(run_id)[:3]):
-        specs.normalize_spec(toy_spec(run_id=run_id))
+        specs.make(toy_spec(run_id=run_id), specs.AS_WRITTEN)
 
 
 def test_run_with_an_escaping_run_id_writes_nothing(tmp_path, monkeypatch, capsys):
@@ -30,8 +30,8 @@ def test_run_with_an_escaping_run_id_writes_nothing(tmp_path, monkeypatch, capsy
 
 
 def test_derived_and_grid_run_ids_accepted():
-    assert specs.normalize_spec(toy_spec())["run_id"] == "toy_toy-default_b16_tnone_s0"
-    assert specs.normalize_spec(toy_spec(run_id="transformer_comera-default_b4_t0.5_s0"))
+    assert specs.make(toy_spec(), specs.AS_WRITTEN).run_id == "toy_toy-default_b16_tnone_s0"
+    assert specs.make(toy_spec(run_id="transformer_comera-default_b4_t0.5_s0"), specs.AS_WRITTEN)
 
 
 def test_comera_rank_below_one_refused():

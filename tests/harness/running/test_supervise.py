@@ -36,7 +36,8 @@ def test_killed_child_becomes_an_error_row(cell, capsys):
     assert row["status"] == "error" and row["error"] == "killed by signal 9 (SIGKILL)"
     assert (row["run_id"], row["workload"], row["method"], row["variant"], row["batch_size"],
             row["target_ratio"], row["seed"]) == ("cell-1", "toy", "toy", "v", 16, 0.5, 3)
-    for col in ("device", "hostname", "python_version", "torch_version", "started_at", "config_hash"):
+    for col in ("device", "hostname", "python_version", "torch_version", "started_at", "cell_hash",
+                "execution_hash"):
         assert row[col], col
     assert row["num_threads"] == 1
     extra = json.loads(row["extra"])

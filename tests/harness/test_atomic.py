@@ -11,7 +11,7 @@ import sys
 import pytest
 from pathlib import Path
 
-from harness.results import atomic
+from harness import atomic
 from harness.data import cache
 
 

@@ -1,0 +1,76 @@
+"""What the tables and figures share: units, a run's label, the order of quality runs, their command line."""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import pandas as pd
+
+from harness.reports import feeds
+from harness.results.analysis import Results, load, settings_of
+
+MB = 1e6
+GIB = 2 ** 30
+
+
+def method_label(row: Any) -> str:
+    """"comera (target 0.2)", "lte-tuned", "dense, size-matched to CoMERA target 0.2" (the dense method's
+    size-matched baseline, :func:`size_matched`)."""
+    label = row.method if row.variant in ("default", "", None) else f"{row.method}-{row.variant}"
+    if pd.notna(row.target_ratio):
+        label += f" (target {row.target_ratio:g})"
+    matched = size_matched(row)
+    return f"{row.method}, size-matched to CoMERA target {matched['target']:g}" if matched else label
+
+
+def size_matched(row: Any) -> dict[str, Any]:
+    """The record of a size-matched dense baseline (baselines.dense.size_matched: ``target``,
+    ``comera_params``, ``params``, ``full_params`` and its width), {} for any other row."""
+    return settings_of(row).get("method", {}).get("size_matched") or {}
+
+
+def status_note(row: Any) -> str:
+    return "" if row.status == "ok" else f"{row.status}: {str(row.error or '')[:80]}"
+
+
+def late_stage_missing(row: Any) -> str:
+    """Why a CoMERA run with a target falls short of it: its failure, the shortfall its rank adaptation
+    reported, or a stage switch that never came ("" when it reached it, or is no such run)."""
+    if row.method != "comera" or pd.isna(row.target_ratio):
+        return ""
+    method = settings_of(row).get("method", {})
+    if row.status != "ok":
+        return status_note(row)
+    shortfall = (method.get("outcome") or {}).get("shortfall")
+    if shortfall:
+        return f"target not reached: {shortfall}"
+    if (method.get("switch") or {}).get("step"):
+        return ""
+    return f"late stage never started (late_start_step {method.get('late_start_step')})"
+
+
+QUALITY_ORDER = {"dense": 0, "comera": 1, "galore": 2, "lte": 3}
+
+
+def quality_order(runs: pd.DataFrame) -> pd.DataFrame:
+    """Runs ordered dense, CoMERA (no target, then targets from the largest: 0.8, 0.5, 0.2), GaLore, LTE,
+    other methods; within a method by variant, batch size and seed."""
+    key = runs.assign(_m=runs.method.map(QUALITY_ORDER).fillna(len(QUALITY_ORDER)),
+                      _t=-runs.target_ratio.fillna(float("inf")))
+    return runs.loc[key.sort_values(["_m", "variant", "_t", "batch_size", "seed"]).index]
+
+
+def report_args(prog: str, description: str, argv: list[str] | None, out_help: str = "output folder",
+                not_drawn: bool = False) -> tuple[argparse.Namespace, Results]:
+    """The command line shared by the tables and figures commands (--results, --device-label, --out; with
+    ``not_drawn``, --not-drawn), parsed, with the results folder loaded (claims has its own: --compare)."""
+    ap = argparse.ArgumentParser(prog=prog, description=description)
+    ap.add_argument("--results", required=True, help="results/<device> folder")
+    ap.add_argument("--device-label", default=None)
+    ap.add_argument("--out", required=True, help=out_help)
+    if not_drawn:
+        ap.add_argument("--not-drawn", nargs="*", default=[], choices=list(feeds.NEEDS), metavar="FIGURE",
+                        help="figures the grid cannot feed (harness.reports.feeds): not drawn, listed once "
+                             "in the overview")
+    args = ap.parse_args(argv)
+    return args, load(args.results, args.device_label)
