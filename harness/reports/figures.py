@@ -633,7 +633,7 @@ def fig14_accuracy_vs_compression(res: Results, out: Path) -> None:
         _mark_failed(ax, r.compression_total if pd.notna(r.compression_total) else 1.0,
                      f"{method_label(r)}: {r.status}")
     ax.set_xscale("log")
-    _plain_log_ticks(ax.xaxis)
+    plain_log_ticks(ax.xaxis)
     ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%gx"))
     ax.set_xlabel("whole-model compression (uncompressed parameters / the model's)")
     ax.set_ylabel("final validation accuracy")

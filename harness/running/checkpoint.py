@@ -95,10 +95,10 @@ class Unusable(Exception):
 def sources_digest() -> str:
     """A hash of the code this process runs, taken once (when first asked, before the first step): the
     path and content of every CODE_SUFFIXES file of CODE_PACKAGES and of the plug-in folders
-    (harness.configs.plugins), committed or not."""
+    (harness.plugins), committed or not."""
     import importlib.util
 
-    from harness.configs import plugins
+    from harness import plugins
 
     folders = [(name, Path(folder)) for name in CODE_PACKAGES
                for folder in (importlib.util.find_spec(name).submodule_search_locations or ())]

@@ -56,7 +56,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                  seq_len=32, dropout=0.0, rank=8, embedding_rank=8, premise_len=10, hypothesis_len=4,
                  train_samples=2048, eval_samples=512),
     "small": dict(vocab_size=1024, d_model=128, num_layers=2, num_heads=4, d_ff=512, max_positions=64,
-                  seq_len=16, dropout=0.1, rank=16, embedding_rank=16, premise_len=5, hypothesis_len=4,
+                  seq_len=16, dropout=0.1, rank=16, embedding_rank=32, premise_len=5, hypothesis_len=4,
                   num_words=24, num_topics=2, train_samples=20000, eval_samples=2000),
     "paper": dict(vocab_size=30522, d_model=768, num_layers=6, num_heads=12, d_ff=3072, max_positions=512,
                   seq_len=128, dropout=0.1, rank=30, embedding_rank=32, premise_len=40, hypothesis_len=6,

@@ -82,7 +82,7 @@ def test_loss_and_step_switch_stage_and_prune_with_the_optimizer_state():
     model = _model()
     optimizer = torch.optim.AdamW(comera.param_groups(model))
     adapt = comera.RankAdaptation(model, optimizer, target=0.5, total_steps=20, early_fraction=0.5,
-                                  switch_when="step")
+                                  switch_when="step", l1_weight=0.01)
     x, y = torch.randn(32, 16), torch.randint(0, 4, (32,))
     stages = []
     for step in range(20):

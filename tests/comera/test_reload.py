@@ -18,9 +18,8 @@ def _model(seed=0):
 def _prune_some(model):
     with torch.no_grad():
         model[0].gates[0][:2] = 0.0
-        model[1].gates[1][1:4] = -0.5  # negative gates are pruned too
-        model[1].gates[3].zero_()      # a bond of size 0
-    prune(model, 1e-2)
+        model[1].gates[3].zero_()      # a zero layer: with min_rank 0 it is removed, every bond of size 0
+    prune(model, 1e-2, min_rank=0)
 
 
 def test_pruned_state_dict_reloads_into_a_fresh_model_through_a_file():
@@ -32,7 +31,7 @@ def test_pruned_state_dict_reloads_into_a_fresh_model_through_a_file():
     assert ranks(fresh) != ranks(model)
     fresh.load_state_dict(torch.load(io.BytesIO(buffer.getvalue())))
     assert ranks(fresh) == ranks(model)
-    assert ranks(fresh)["0"][1] == 2 and ranks(fresh)["1"][4] == 0
+    assert ranks(fresh)["0"][1] == 2 and set(ranks(fresh)["1"][1:-1]) == {0}
     idx = torch.tensor([[1, 7, 49]])
     torch.testing.assert_close(fresh(idx), model(idx), rtol=0, atol=0)
     fresh(idx).sum().backward()  # the reloaded layers train

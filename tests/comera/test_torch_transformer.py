@@ -63,7 +63,8 @@ def test_a_char_lm_on_transformer_encoder_trains_evaluates_and_reloads(tmp_path)
     assert "encoder.layers.0.linear1" in report.layers and "encoder.layers.1.linear2" in report.layers
     assert report.fast_path_off == ["encoder.layers.0", "encoder.layers.1", "encoder"]
     optimizer = torch.optim.AdamW(comera.param_groups(model, lr=LR))
-    adapt = comera.RankAdaptation(model, optimizer, target=0.5, total_steps=STEPS)
+    # the late stage at the fixed step (this short run is still learning: converged, it would not switch)
+    adapt = comera.RankAdaptation(model, optimizer, target=0.5, total_steps=STEPS, switch_when="step")
     for step in range(STEPS):
         adapt.loss(loss_of(model, batches(step))).backward()
         optimizer.step()

@@ -173,7 +173,8 @@ def cell(rid: str, spec: dict[str, Any], device: dict[str, Any]
                          if tt else {}),
         device=device["device"], device_name=device["name"], num_threads=spec["execution"]["num_threads"],
         torch_version="2.13.0", cuda_version="", python_version="3.11.7", comera_bench_version="0.1.0",
-        git_commit="0" * 40, git_dirty=False, config_hash=spec["config_hash"], hostname="synthetic",
+        git_commit="0" * 40, git_dirty=False, cell_hash=spec["cell_hash"], execution_hash=spec["execution_hash"],
+        hostname="synthetic",
         started_at="2026-01-01T00:00:00Z", matmul_precision="highest", flops_per_step=1e9 / compression,
         purpose=spec.get("purpose"), timing_quality=timing, load_avg_1m=0.5, cpu_pressure=0.0,
         run_queue_frac=0.01, cpu_time_ratio=1.0, timing_group=spec["execution"].get("timing_group"),
@@ -233,7 +234,8 @@ def results_folder(config_path: str | Path, folder: Path, *, cells_dir: Path | N
     """``folder`` as the pipeline's merged results/<device> of the config (runs, curves, microbench,
     grid.json); with ``cells_dir``, also its per-cell files (results/runs/<device>). Returns ``folder``."""
     config = config_of(config_path)
-    cells, sweeps = grids.expand_grid(config)
+    specs, sweeps = grids.expand_grid(config)
+    cells = {rid: spec.to_dict() for rid, spec in specs.items()}
     device = DEVICES["cuda" if config["execution"]["device"] == "cuda" else "cpu"]
     rows, curves = [], []
     for rid, spec in cells.items():

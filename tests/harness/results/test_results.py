@@ -203,19 +203,19 @@ def test_metadata_is_json(tmp_path):
 
 def _grid(tmp_path, names="abc"):
     grid = tmp_path / "grid.json"
-    cells = {c: {"run_id": c, "config_hash": f"h-{c}"} for c in names}
+    cells = {c: {"run_id": c, "cell_hash": f"c-{c}", "execution_hash": f"e-{c}"} for c in names}
     grid.write_text(json.dumps({"cells": cells, "sweeps": {}}))
     return grid
 
 
 def test_merge_refuses_a_timing_group_row_from_another_machine(tmp_path, capsys):
-    """The same config run on another machine: its runs file has the grid's config_hash, but its host and
+    """The same config run on another machine: its runs file has the grid's hashes, but its host and
     device are not those of the timing group it would join (a time ratio across machines)."""
     grid, cells = _grid(tmp_path), tmp_path / "runs" / "cpu"
     cells.mkdir(parents=True)
     for name, host in (("a", "here"), ("b", "here"), ("c", "elsewhere")):
-        row = runs_row(run_id=name, config_hash=f"h-{name}", timing_group="g", hostname=host,
-                       device_name="cpu x")
+        row = runs_row(run_id=name, cell_hash=f"c-{name}", execution_hash=f"e-{name}", timing_group="g",
+                       hostname=host, device_name="cpu x")
         results.write_parquet_atomic(results.to_frame([row], "runs"), cells / f"{name}.runs.parquet",
                                      kind="runs")
     out = tmp_path / "runs.parquet"
@@ -227,17 +227,17 @@ def test_merge_refuses_a_timing_group_row_from_another_machine(tmp_path, capsys)
     assert results.cli_merge(["--kind", "runs", "--grid", str(grid), "--out", str(out), str(cells)]) == 0
 
 
-@pytest.mark.parametrize("name, run_id, config_hash, message", [
-    ("a", "b", "h-a", "{path} holds curves of cell(s) 'b', not only of cell a"),
-    ("z", "z", "h-z", "{path}: cell z is not in the grid"),
-    ("a", "a", "other", "{path}: its curves of cell a were run from another spec (config_hash other"),
+@pytest.mark.parametrize("name, run_id, cell_hash, message", [
+    ("a", "b", "c-a", "{path} holds curves of cell(s) 'b', not only of cell a"),
+    ("z", "z", "c-z", "{path}: cell z is not in the grid"),
+    ("a", "a", "other", "{path}: its curves of cell a were run from another spec (cell_hash other"),
 ])
-def test_merge_refuses_curves_that_are_not_the_grids(tmp_path, capsys, name, run_id, config_hash, message):
+def test_merge_refuses_curves_that_are_not_the_grids(tmp_path, capsys, name, run_id, cell_hash, message):
     grid, cells = _grid(tmp_path), tmp_path / "runs" / "cpu"
     rows = [{"run_id": run_id, "step": 1, "epoch": 0, "split": "train", "metric_name": "loss", "value": 1.0}]
     path = cells / f"{name}.curves.parquet"
     results.write_parquet_atomic(results.to_frame(rows, "curves"), path, kind="curves",
-                                 provenance={"config_hash": config_hash})
+                                 provenance={"cell_hash": cell_hash})
     curves_file(cells / "b.curves.parquet", "b", 2)
     out = tmp_path / "curves.parquet"
     assert results.cli_merge(["--kind", "curves", "--grid", str(grid), "--out", str(out), str(cells)]) == 1

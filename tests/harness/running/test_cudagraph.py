@@ -148,7 +148,9 @@ def test_the_captured_part_of_a_step_never_waits_for_the_device(workload, size, 
     monkeypatch.setattr(ttm, "_index_bounds", lambda idx, plain_ops: None)
     params = {"size": size, **({"train_samples": 64, "eval_samples": 8} if size == "paper" else {})}
     built = workloads.build_workload(workload, params, batch_size=2, seed=0, device=torch.device("cpu"))
-    prepared = baselines.get_method(method).prepare(built.model, built, {}, target_ratio=target, total_steps=8)
+    method_params = {"switch_when": "step"} if method == "comera" else {}  # at early_fraction, converged or not
+    prepared = baselines.get_method(method).prepare(built.model, built, method_params, target_ratio=target,
+                                                    total_steps=8)
     batches = iter(built.train_batches(0))
     for step in range(8):  # the stage switches after step 3 (early_fraction 0.45)
         batch = next(batches)
