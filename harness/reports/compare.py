@@ -347,7 +347,7 @@ def plot(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, out: Path
     cells, common = short_labels(table)
     npanels = 4 if len(labels) > 1 else 3
     rows = (npanels + 1) // 2
-    fig, axes = plt.subplots(rows, 2, figsize=(13, rows * max(3.5, 0.3 * len(cells) + 2)), squeeze=False)
+    fig, axes = plt.subplots(rows, 2, figsize=(14, rows * max(3.5, 0.3 * len(cells) + 2)), squeeze=False)
     axes = list(axes.flat)
     _bars(axes[0], table, labels, cells, "epoch_time", "time per epoch (s)", 1.0)
     _bars(axes[1], table, labels, cells, "peak_mem", "peak memory (MB)", MB)

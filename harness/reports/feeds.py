@@ -28,6 +28,7 @@ TITLES = {
     "fig8_dlrm_time_memory": "Fig 8: DLRM time and memory", "fig9_dlrm_nce": "Fig 9: DLRM NCE",
     "fig10_mlm_loss": "Fig 10: MLM loss", "fig12_time_vs_compression": "Fig 12: time vs compression",
     "fig13_rank_adaptation": "Rank adaptation (not in the paper)",
+    "fig14_accuracy_vs_compression": "Accuracy vs compression (not in the paper)",
     "table1_ranks": "Table 1: TT ranks", "table_mnli_size": "Accuracy and size per method",
     "table2_dlrm": "Table 2: DLRM", "table_runs": "All runs",
 }

@@ -142,7 +142,7 @@ def table_mnli_size(res: Results) -> tuple[pd.DataFrame, str]:
     data = sorted({str(settings_of(r).get("workload_info", {}).get("data") or "") for r in runs.itertuples()} - {""})
     paper = reference.load()["models"]["transformer_paper"]
     rows.append({"source": "paper (RTX 3090)", "method": "dense (paper shapes)",
-                 "total_MB": _mb(paper["params_dense"]), "status": "stated",
+                 "total_MB": _mb(paper["params_dense"]),
                  "note": "the paper's model, source below"})
     on_data = (f"data: {', '.join(data)}" + (" (the synthetic NLI task, not MNLI: its accuracies are not "
                                              "the paper's)" if "mnli" not in data else "") + "; ") if data else ""
@@ -171,8 +171,7 @@ def _size_row(res: Results, r: Any) -> dict[str, Any]:
     info = res.switch(r) if r.method == "comera" else {}
     size_end = res.tt_size(r.run_id) if r.method == "comera" else None
     return {"source": f"ours ({res.label})", "method": method_label(r), "batch_size": r.batch_size,
-            "seed": r.seed, "status": r.status,
-            "accuracy": r.metric_value if r.metric_name == "accuracy" else None,
+            "seed": r.seed, "accuracy": r.metric_value if r.metric_name == "accuracy" else None,
             "eval_loss": extra_of(r).get("eval", {}).get("loss"),
             "accuracy_at_switch": info.get("accuracy"), "tt_size_at_switch": _count(info.get("size")),
             "tt_size_end": _count(size_end), "end/switch": size_end / info["size"] if size_end and info.get("size") else None,

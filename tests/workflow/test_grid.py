@@ -557,7 +557,9 @@ def test_finished_cells_are_those_whose_three_files_exist(tmp_path):
 def test_the_default_grid_draws_fig9_and_fig10_from_quality_cells_of_two_seeds():
     """Fig 9 and Fig 10 come from DLRM and MLM cells trained to learn (docs/workloads.md), dense and
     CoMERA side by side, seeds 0 and 1, not from the 20- and 30-step timing cells."""
-    cells, _ = grid.expand_grid(filled(yaml.safe_load((ROOT / "config" / "config.yaml").read_text())))
+    config = filled(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()))
+    config["execution"]["threads"] = 1  # "auto" is resolved before the grid is expanded
+    cells, _ = expand(config)
     for workload in ("dlrm", "mlm"):
         quality = [c for c in cells.values() if c["workload"] == workload and c["purpose"] == "quality"]
         assert sorted((c["method"], c["seed"]) for c in quality) == [
