@@ -751,7 +751,7 @@ def test_compare_figure_says_the_shared_workload_once_and_names_left_out_ratios(
     monkeypatch.setattr(plt.Figure, "savefig", lambda fig, path, **kw: saved.update(
         size=tuple(fig.get_size_inches()), titles=[ax.get_title() for ax in fig.axes]))
     compare.plot(table, labels, compare.method_ratios([folder]), tmp_path)
-    assert saved["size"][0] == 13 and saved["size"][1] < 10  # two panels a row, not a 24-inch strip
+    assert saved["size"][0] == 14 and saved["size"][1] < 10  # two panels a row, not a 24-inch strip
     assert "not drawn: 1 measured ratio(s) (timing not stable)" in saved["titles"]
 
 
