@@ -71,6 +71,11 @@ def table1_ranks(res: Results, workload: str = "transformer") -> tuple[pd.DataFr
                  "instead of the 5th", f"from the {source} of seed {seed}"
                  + (f" (also run: seed{'s' if len(others) > 1 else ''} {', '.join(map(str, others))}; their "
                     "ranks: table_runs and the curves)" if others else "")]
+    early = next((ranks for col, (ranks, _) in columns.items() if col.startswith("after early stage")), None)
+    if early is not None and "before training" in columns and early == columns["before training"][0]:
+        notes.append("the early stage pruned no rank: by default it trains the TT model on the task loss alone "
+                     "and prunes only ranks whose share of their bond fell to the threshold (why: "
+                     "docs/recipe.md, \"The early stage\")")
     missing = [f"target {r.target_ratio:g}: {why}" for r in comera.itertuples() if (why := late_stage_missing(r))]
     if missing:
         notes.append("not measured here: " + "; ".join(missing))

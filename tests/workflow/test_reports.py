@@ -3,6 +3,7 @@ known ratios and verdicts out)."""
 from __future__ import annotations
 
 import json
+import sys
 import re
 
 import matplotlib.pyplot as plt
@@ -426,6 +427,15 @@ def test_table1_reads_quality_cells_in_target_order(tmp_path):
     assert t1.iloc[0, 1:].tolist() == ["8-8", "8-7", "6-6", "4-4", "0-2 (removed: rank 0)"]  # no timing "9-9"
     assert t1.iloc[1, 1:].tolist() == ["1200", "1000", "840", "525", "210"]
     assert "5th encoder block" in note and "from the quality cells" in note and "step 4" in note
+
+
+def test_table1_says_when_the_early_stage_pruned_no_rank(tmp_path, monkeypatch):
+    """Ranks at the switch equal to those before training: the note says why (the early stage's default)."""
+    _, note = tables.table1_ranks(quality_folder(tmp_path / "q"))
+    assert "pruned no rank" not in note  # 8-8 -> 8-7
+    monkeypatch.setattr(sys.modules[__name__], "RANKS_AT_SWITCH", RANKS_BEFORE)
+    _, note = tables.table1_ranks(quality_folder(tmp_path / "same"))
+    assert "the early stage pruned no rank" in note and "The early stage" in note
 
 
 def test_size_table_orders_targets_and_takes_end_over_switch_from_curves_and_settings(tmp_path):
