@@ -210,9 +210,8 @@ def method_ratios(folders: list[str | Path], names: list[str] | None = None) -> 
                          "batch_size": r["batch_size"],
                          "seeds": 0, "versus": f"{r['method']}-default", "quantity": r["quantity"],
                          "ratio": r["ratio"], "low": r["ratio"], "high": r["ratio"], "rounds": 0,
-                         "interleaved": False, "source": f"{r['claim']}: "
-                                                         f"{reference.source_text(r['source'])}",
-                         "note": ""})
+                         "interleaved": False,
+                         "source": f"{r['claim']}: {reference.source_text(r['source'])}", "note": ""})
     return pd.DataFrame(rows)
 
 
