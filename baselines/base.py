@@ -110,7 +110,8 @@ class Prepared:
         return task_loss.detach(), loss.detach()
 
     def train_step(self, workload: Any, batch: Any, step: int, *, model: nn.Module | None = None,
-                   update: Callable[[Any, int], tuple[torch.Tensor, torch.Tensor]] | None = None) -> StepResult:
+                   update: Callable[[Any, int], tuple[torch.Tensor, torch.Tensor]] | None = None
+                   ) -> StepResult:
         """One training step as in the module docstring -- the one definition the cell runner
         (harness.running.run), the bench's step targets (through the runner) and the warm-up use:
         :meth:`update`, the gradients dropped, then ``after_step``. ``update(batch, step)``: a replacement

@@ -109,7 +109,8 @@ class CoMERAMethod:
                                                                         "embedding_cores")})
         optimizer, impl = adamw(groups, lr=lrs["other"], weight_decay=p.weight_decay)
         adapt = RankAdaptation(model, optimizer, target=target_ratio, total_steps=total_steps,
-                               early_fraction=p.early_fraction, **{key: getattr(p, key) for key in RANK_SETTINGS})
+                               early_fraction=p.early_fraction,
+                               **{key: getattr(p, key) for key in RANK_SETTINGS})
         driver = adapt.driver  # the runner passes the step number (CUDA graphs capture the objective)
         return Prepared(
             model=model,

@@ -59,7 +59,8 @@ def galore_weights(model: nn.Module) -> list[nn.Parameter]:
     embedding_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     found: dict[int, nn.Parameter] = {}
     for module in model.modules():
-        if isinstance(module, nn.Linear) and module.weight.requires_grad and id(module.weight) not in embedding_ids:
+        if (isinstance(module, nn.Linear) and module.weight.requires_grad
+                and id(module.weight) not in embedding_ids):
             found.setdefault(id(module.weight), module.weight)
     return list(found.values())
 
@@ -161,7 +162,8 @@ class GaLoreMethod:
         projected_ids = {id(p) for p in projected}
         plain = [p for p in model.parameters() if p.requires_grad and id(p) not in projected_ids]
         settings = {
-            "optimizer": "galore_torch.GaLoreAdamW8bit" if params["eight_bit"] else "galore_torch.GaLoreAdamW",
+            "optimizer": ("galore_torch.GaLoreAdamW8bit" if params["eight_bit"]
+                          else "galore_torch.GaLoreAdamW"),
             "lr": lr, "weight_decay": params["weight_decay"], "rank": params["rank"],
             "update_proj_gap": params["update_proj_gap"], "scale": params["scale"],
             "proj_type": params["proj_type"], "layerwise": params["layerwise"],
@@ -184,7 +186,8 @@ class GaLoreMethod:
         for p, optimizer in per_param:
             p.register_post_accumulate_grad_hook(partial(_step_and_free, optimizer))
         prepared = Prepared(model=model, optimizers=[], settings=settings, size=lambda: dict(size),
-                            stateful={f"layerwise_optimizer.{k}": opt for k, (_, opt) in enumerate(per_param)})
+                            stateful={f"layerwise_optimizer.{k}": opt
+                                      for k, (_, opt) in enumerate(per_param)})
         # The optimizers live in the hooks, so the generic state_bytes(model, []) would miss their state
         # and count every gradient; harness/running/cell.py reads prepared.state_bytes() when it exists.
         prepared.state_bytes = partial(layerwise_state_bytes, model, [opt for _, opt in per_param])

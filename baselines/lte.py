@@ -202,7 +202,8 @@ class LTEMethod:
             return {"lte_merges": float(merges.count)}
 
         settings = {
-            "optimizer": "torch.optim.AdamW", "optimizer_impl": impl, "preset": params["preset"], "heads": params["heads"],
+            "optimizer": "torch.optim.AdamW", "optimizer_impl": impl, "preset": params["preset"],
+            "heads": params["heads"],
             "rank": params["rank"], "alpha": params["alpha"], "scaling": params["alpha"] / params["rank"],
             "merge_every": params["merge_every"], "restart": "resetless (snapshot subtracted)",
             # the merge is periodic work: timing rounds hold whole periods of it (harness.core.timing)

@@ -45,7 +45,8 @@ def learning_rates(lr: float = 1e-3, *, cores: float | None = None, gates: float
     return lrs
 
 
-def param_groups(model: nn.Module, lr: float = 1e-3, *, cores: float | None = None, gates: float | None = None,
+def param_groups(model: nn.Module, lr: float = 1e-3, *, cores: float | None = None,
+                 gates: float | None = None,
                  other: float | None = None, embedding_cores: float | None = None) -> list[dict[str, Any]]:
     """Optimizer parameter groups ``cores`` (TT linear cores: ``cores`` or ``lr``), ``embedding_cores``
     (TTM embedding cores: ``embedding_cores``, else the cores' rate), ``gates`` (``gates`` or 5 x ``lr``)
@@ -89,13 +90,15 @@ class RankAdaptation:
         ValueError: a model without TT / TTM layers, a target without ``total_steps``, a value out of range.
     """
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] = (),
+    def __init__(self, model: nn.Module,
+                 optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] = (),
                  *, target: float | None = None, total_steps: int | None = None, early_fraction: float = 0.45,
                  **settings: Any):
         fields = {f.name for f in dataclasses.fields(RankSettings)} - set(DERIVED) | {"converged_window"}
         unknown = set(settings) - fields
         if unknown:
-            raise TypeError(f"RankAdaptation: unknown setting(s) {sorted(unknown)}; settings: {sorted(fields)}")
+            raise TypeError(f"RankAdaptation: unknown setting(s) {sorted(unknown)}; settings: "
+                            f"{sorted(fields)}")
         if not tensorized_modules(model):
             raise ValueError("RankAdaptation: the model has no TT / TTM layer; run comera.tensorize first")
         if target is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, int)
@@ -113,8 +116,8 @@ class RankAdaptation:
         optimizers = [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else list(optimizer)
         for item in optimizers:
             if not isinstance(item, torch.optim.Optimizer):
-                raise TypeError(f"RankAdaptation: optimizer must be a torch optimizer or a list of them (pruning "
-                                f"slices their state), got {type(item).__name__}")
+                raise TypeError("RankAdaptation: optimizer must be a torch optimizer or a list of them "
+                                f"(pruning slices their state), got {type(item).__name__}")
         self.model = model
         self.total_steps = total_steps
         self.driver = TwoStageRankAdaptation(model, self.settings, optimizers)
@@ -138,7 +141,8 @@ class RankAdaptation:
         self.resized = info["params_tt"] != self._params_tt
         self._params_tt = info["params_tt"]
         if self.driver.outcome.get("shortfall"):  # set after the last of total_steps
-            warnings.warn(f"rank adaptation: the size target was not reached: {self.driver.outcome['shortfall']}",
+            warnings.warn("rank adaptation: the size target was not reached: "
+                          f"{self.driver.outcome['shortfall']}",
                           RuntimeWarning, stacklevel=2)
         return info
 

@@ -97,7 +97,8 @@ class PlanSettings:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"PlanSettings: {name} must be an int >= 0, got {value!r}")
-        if isinstance(self.flop_slack, bool) or not isinstance(self.flop_slack, (int, float)) or self.flop_slack < 0:
+        if (isinstance(self.flop_slack, bool) or not isinstance(self.flop_slack, (int, float))
+                or self.flop_slack < 0):
             raise ValueError(f"PlanSettings: flop_slack must be a number >= 0, got {self.flop_slack!r}")
 
 
@@ -265,8 +266,9 @@ def _right_chain(modes, ranks, a, b, block):
     cols = modes[b - 1] * ranks[b]
     for k in range(b - 2, a - 1, -1):
         f = 2 * ranks[k] * modes[k] * ranks[k + 1] * cols
-        fwd.append(Step("forward", f"merge{k}", f"{block}|{k} = {_fmt(f'H{k}', ranks[k] * modes[k], ranks[k + 1])}"
-                        f" @ {block}|{k + 1}[{ranks[k + 1]},{cols}]", f))
+        fwd.append(Step("forward", f"merge{k}", f"{block}|{k} = "
+                        f"{_fmt(f'H{k}', ranks[k] * modes[k], ranks[k + 1])} @ "
+                        f"{block}|{k + 1}[{ranks[k + 1]},{cols}]", f))
         bwd.append(Step("backward", f"dmerge{k}", f"dH{k} = d{block}|{k} @ {block}|{k + 1}^T", f))
         bwd.append(Step("backward", f"dmerge{k}'", f"d{block}|{k + 1} = H{k}^T @ d{block}|{k}", f))
         cols *= modes[k]
@@ -325,7 +327,8 @@ def _dense_steps(modes, ranks, tokens, m):
     w, apply = 2 * n_in * r * n_out, 2 * tokens * n_in * n_out
     io = tokens * (n_in + n_out)
     fwd = left_fwd + right_fwd + [Step("forward", "weight", f"W = A[{n_in},{r}] @ B[{r},{n_out}]", w),
-                                  Step("forward", "y", f"y = x[{tokens},{n_in}] @ W[{n_in},{n_out}]", apply, io)]
+                                  Step("forward", "y", f"y = x[{tokens},{n_in}] @ W[{n_in},{n_out}]",
+                                       apply, io)]
     bwd = [Step("backward", "dW", f"dW = x^T @ dy[{tokens},{n_out}]", apply, io),
            Step("backward", "dx", "dx = dy @ W^T", apply, io),
            Step("backward", "dA", "dA = dW @ B^T", w), Step("backward", "dB", "dB = A^T @ dW", w)]
@@ -414,8 +417,10 @@ def _build_plan(in_shape, out_shape, ranks, tokens, bias, strategies, settings) 
     if strategies not in (None, "dense") and (not isinstance(strategies, tuple) or len(strategies) != 2):
         raise ValueError(f"make_plan: strategies must be 'dense' or a (left, right) pair, got {strategies!r}")
     n_out = math.prod(out_shape)
-    bias_fwd = [Step("forward", "bias", f"y += b[{n_out}]", tokens * n_out, 2 * tokens * n_out)] if bias else []
-    bias_bwd = ([Step("backward", "dbias", f"db = sum_t dy[{tokens},{n_out}]", tokens * n_out, tokens * n_out)]
+    bias_fwd = [Step("forward", "bias", f"y += b[{n_out}]", tokens * n_out,
+                     2 * tokens * n_out)] if bias else []
+    bias_bwd = ([Step("backward", "dbias", f"db = sum_t dy[{tokens},{n_out}]", tokens * n_out,
+                      tokens * n_out)]
                 if bias else [])
     if 0 in ranks:
         return ContractionPlan(in_shape, out_shape, ranks, tokens, bias, False, (), (),
@@ -425,7 +430,8 @@ def _build_plan(in_shape, out_shape, ranks, tokens, bias, strategies, settings) 
     left_group = functools.partial(_left_group, modes, ranks, tokens, m)
     right_group = functools.partial(_right_group, modes, ranks, tokens, m)
     dense = ContractionPlan(in_shape, out_shape, ranks, tokens, bias, True, (m,), (q,),
-                            tuple(gates_fwd + dense_fwd + bias_fwd + bias_bwd + dense_bwd + gates_bwd), settings)
+                            tuple(gates_fwd + dense_fwd + bias_fwd + bias_bwd + dense_bwd + gates_bwd),
+                            settings)
     if strategies == "dense":
         return dense
 
@@ -437,7 +443,8 @@ def _build_plan(in_shape, out_shape, ranks, tokens, bias, strategies, settings) 
 
     def grouped(left: tuple[int, ...], right: tuple[int, ...]) -> ContractionPlan:
         steps = gates_fwd + [s for part in sides(left, right) for s in part] + gates_bwd
-        return ContractionPlan(in_shape, out_shape, ranks, tokens, bias, False, left, right, tuple(steps), settings)
+        return ContractionPlan(in_shape, out_shape, ranks, tokens, bias, False, left, right,
+                               tuple(steps), settings)
 
     if strategies is not None:
         return grouped(_groups_of(strategies[0], m, "left"), _groups_of(strategies[1], q, "right"))

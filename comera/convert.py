@@ -73,8 +73,9 @@ def _is_layer(module: nn.Module) -> bool:
 
 ALL = {"all-linear": is_linear, "all-embedding": lambda module: isinstance(module, nn.Embedding)}
 WEIGHT_READERS = (nn.MultiheadAttention,)
-"""Modules that read a child ``nn.Linear``'s ``weight`` directly instead of calling it (``nn.MultiheadAttention``
-passes ``out_proj.weight`` to ``F.multi_head_attention_forward``): a TT layer cannot stand in for that child."""
+"""Modules that read a child ``nn.Linear``'s ``weight`` directly instead of calling it
+(``nn.MultiheadAttention`` passes ``out_proj.weight`` to ``F.multi_head_attention_forward``): a TT layer
+cannot stand in for that child."""
 SPEC_KEYS = {
     "linear": {"kind", "in_shape", "out_shape", "rank", "order", "init"},
     "embedding": {"kind", "row_shape", "col_shape", "rank", "lookup", "order", "tensor_index_level",
@@ -135,9 +136,9 @@ def tensorize(model: nn.Module, spec: dict[str, dict[str, Any]] | str | list[str
         params_layers += _count(new)
         layers[name] = _layer_summary(new, dense)
         if layers[name]["params"] > dense:
-            warnings.warn(f"tensorize: layer {name!r} grows: its TT has {layers[name]['params']:,} parameters, "
-                          f"its dense {type(modules[name]).__name__} {dense:,} (ranks {layers[name]['ranks']}; "
-                          "lower the rank or use more modes)", stacklevel=2)
+            warnings.warn(f"tensorize: layer {name!r} grows: its TT has {layers[name]['params']:,} "
+                          f"parameters, its dense {type(modules[name]).__name__} {dense:,} (ranks "
+                          f"{layers[name]['ranks']}; lower the rank or use more modes)", stacklevel=2)
     params_total = _count(model)
     fast_path_off = turn_off_fused_paths(model)
     return ConversionReport(
@@ -220,7 +221,8 @@ def _select(modules: dict[str, nn.Module],
         if key in exact:
             selected[key] = (key, entry)
             continue
-        names = [name for name, module in modules.items() if name and _is_layer(module) and _matches(key, name, module)]
+        names = [name for name, module in modules.items() if name and _is_layer(module)
+                 and _matches(key, name, module)]
         if not names:
             raise KeyError(f"tensorize: spec key {key!r} is no module name of the model and, as a pattern, "
                            f"selects no nn.Linear (or Conv1D) / nn.Embedding; names: {_some_names(modules)}")
@@ -247,9 +249,9 @@ def _warn_about_tied_weights(modules: dict[str, nn.Module], replaced: dict[str, 
         weight = getattr(modules[name], "weight", None)
         others = [o for o in owners.get(id(weight), []) if o != name and o not in replaced]
         if others:
-            warnings.warn(f"tensorize: the weight of {name!r} is tied to {others}; the TT layer does not share "
-                          f"it, so {others} keep{'s' if len(others) == 1 else ''} the dense weight, untied "
-                          "(replace both, or neither)", stacklevel=3)
+            warnings.warn(f"tensorize: the weight of {name!r} is tied to {others}; the TT layer does not "
+                          f"share it, so {others} keep{'s' if len(others) == 1 else ''} the dense weight, "
+                          "untied (replace both, or neither)", stacklevel=3)
 
 
 def _weights_read_by_parent(modules: dict[str, nn.Module]) -> dict[str, str]:
@@ -272,7 +274,8 @@ def _matches(key: str, name: str, module: nn.Module) -> bool:
         try:
             return re.fullmatch(key[3:], name) is not None
         except re.error as error:
-            raise ValueError(f"tensorize: spec key {key!r} is not a valid regular expression: {error}") from None
+            raise ValueError(f"tensorize: spec key {key!r} is not a valid regular expression: "
+                             f"{error}") from None
     return fnmatch.fnmatchcase(name, key)
 
 
@@ -304,7 +307,8 @@ def _check_entry(name: str, entry: Any, module: nn.Module, defaults: dict[str, A
     if entry.get("init", DEFAULT_INIT) not in INITS:
         raise ValueError(f"tensorize: spec[{name!r}]['init']={entry['init']!r}, expected one of {INITS}")
     std = entry.get("init_std")
-    if std is not None and not (isinstance(std, (int, float)) and not isinstance(std, bool) and 0 < std < math.inf):
+    if std is not None and not (isinstance(std, (int, float)) and not isinstance(std, bool)
+                                and 0 < std < math.inf):
         raise ValueError(f"tensorize: spec[{name!r}]['init_std']={std!r}, expected a positive number or None")
     if entry["kind"] == "embedding" and entry.get("lookup", "optimized") not in LOOKUP_MODES:
         raise ValueError(f"tensorize: spec[{name!r}]['lookup']={entry['lookup']!r}, expected one of "
@@ -323,7 +327,8 @@ def _build(name: str, module: nn.Module, entry: dict[str, Any]) -> nn.Module:
                          "init='official'" + (" or give 'init_std'" if init == "default" else ""))
     if entry["kind"] == "linear":
         if not is_linear(module):
-            raise TypeError(f"tensorize: spec[{name!r}] is 'linear' but the module is {type(module).__name__}")
+            raise TypeError(f"tensorize: spec[{name!r}] is 'linear' but the module is "
+                            f"{type(module).__name__}")
         weight = module.weight if _is_conv1d(module) else module.weight.T  # (in, out)
         in_features, out_features = weight.shape
         in_shape = entry.get("in_shape") or factorize(in_features, order)
@@ -346,10 +351,12 @@ def _build(name: str, module: nn.Module, entry: dict[str, Any]) -> nn.Module:
     col_shape = entry.get("col_shape") or factorize(module.embedding_dim, order)
     if init == "svd":
         layer = TTMEmbedding.from_embedding(module, rank=entry["rank"], row_shape=list(row_shape),
-                                            col_shape=list(col_shape), lookup=entry.get("lookup", "optimized"))
-        layer.tensor_index_level = layer.tensor_index_level if entry.get("tensor_index_level") is None else bool(
-            entry["tensor_index_level"])
-        layer.unique_rows = layer.unique_rows if entry.get("unique_rows") is None else bool(entry["unique_rows"])
+                                            col_shape=list(col_shape),
+                                            lookup=entry.get("lookup", "optimized"))
+        layer.tensor_index_level = (layer.tensor_index_level if entry.get("tensor_index_level") is None
+                                    else bool(entry["tensor_index_level"]))
+        layer.unique_rows = (layer.unique_rows if entry.get("unique_rows") is None
+                             else bool(entry["unique_rows"]))
         return layer
     return TTMEmbedding(module.num_embeddings, module.embedding_dim, row_shape=list(row_shape),
                         col_shape=list(col_shape), rank=entry["rank"], padding_idx=module.padding_idx,

@@ -140,13 +140,14 @@ def _native_backward(ctx, groups, dy):
     if len(p2.left_groups) > 1:
         outs = native.left_forward(p2, hidden, saved2.gated + cores2[-1:])[1]
         saved2 = saved2._replace(left_outs=outs[:-1] + saved2.left_outs)
-    dhidden, dbias2, *grads2 = ops.tt_backward(dy, hidden, cores2, gates2, saved2.flat(), *native.plan_args(p2),
-                                               bias2 is not None, True, need[4])
+    dhidden, dbias2, *grads2 = ops.tt_backward(dy, hidden, cores2, gates2, saved2.flat(),
+                                               *native.plan_args(p2), bias2 is not None, True, need[4])
     (dy1,) = torch.autograd.grad(hidden, y1, dhidden)
     del hidden, y1, dhidden
     dx, dbias1, *grads1 = ops.tt_backward(dy1, x, cores1, gates1, saved1.flat(), *native.plan_args(p1),
                                           bias1 is not None, need[2], need[3])
-    return (dx if need[2] else None, dbias1 if need[3] else None, dbias2 if need[4] else None, *grads1, *grads2)
+    return (dx if need[2] else None, dbias1 if need[3] else None, dbias2 if need[4] else None,
+            *grads1, *grads2)
 
 
 def _differentiated_replay(ctx, groups, dy):

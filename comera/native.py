@@ -298,7 +298,8 @@ def split_saved(plan: ContractionPlan, saved) -> SavedParts:
     return SavedParts(*parts)
 
 
-def left_forward(plan: ContractionPlan, x: torch.Tensor, eff) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def left_forward(plan: ContractionPlan, x: torch.Tensor,
+                 eff) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The input side alone (``kernels.left_forward``), one op: ``(left_blocks, left_outs)`` of
     :class:`SavedParts`. ``eff``: all ``d`` gated cores (the last one as it is)."""
     count = _side_counts(plan)[0]
@@ -321,7 +322,8 @@ _PRODUCT_FREE = ("gate", "dgate", "dcore", "bias", "dbias")
 """Plan steps that are not matrix products (FlopCounterMode counts products only)."""
 
 
-def _plan_of(x_shape, bias_shape, core_shapes, m, left_groups, right_groups, dense, fold_bias) -> ContractionPlan:
+def _plan_of(x_shape, bias_shape, core_shapes, m, left_groups, right_groups,
+             dense, fold_bias) -> ContractionPlan:
     tokens = x_shape[0]
     modes = tuple(s[1] for s in core_shapes)
     ranks = (1,) + tuple(s[2] for s in core_shapes)

@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from comera.size import bond_sizes, rank_shares, tensorized_modules, tt_parameter_count
-from comera.tt import parameter_entries
 
 
 @torch.no_grad()
@@ -49,7 +48,8 @@ def prune(model: nn.Module, threshold: float, optimizers: Iterable[torch.optim.O
     before = {name: bond_sizes(module) for name, module in named}
     params_before = tt_parameter_count(model)
     shares = [rank_shares(module) for _, module in named]
-    drop = _ranks_to_drop([module for _, module in named], shares, threshold, min_size, params_before, min_rank)
+    drop = _ranks_to_drop([module for _, module in named], shares, threshold, min_size,
+                          params_before, min_rank)
     removed = []
     for m, (name, module) in enumerate(named):
         emptied = any(len(drop.get((m, k), ())) == gate.numel() > 0 for k, gate in enumerate(module.gates))
@@ -75,7 +75,8 @@ def _ranks_to_drop(modules: list[nn.Module], shares: list[list[torch.Tensor]], t
     for m, module_shares in enumerate(shares):
         for k, share in enumerate(module_shares):
             values = share.float().cpu()
-            below = sorted((int(i) for i in (values <= threshold).nonzero().flatten()), key=lambda i: float(values[i]))
+            below = sorted((int(i) for i in (values <= threshold).nonzero().flatten()),
+                           key=lambda i: float(values[i]))
             spare = max(0, values.numel() - min_rank)
             candidates += [(float(values[i]), m, k, i) for i in below[:spare]]
     drop: dict[tuple[int, int], set[int]] = {}
@@ -107,7 +108,8 @@ def _slice_parameter(param: nn.Parameter, dim: int, keep: torch.Tensor,
             if isinstance(value, torch.Tensor) and value.shape == shape:
                 state[key] = value.index_select(dim, keep.to(value.device)).contiguous()
     grad = param.grad
-    sliced = nn.Parameter(param.detach().index_select(dim, keep).contiguous(), requires_grad=param.requires_grad)
+    sliced = nn.Parameter(param.detach().index_select(dim, keep).contiguous(),
+                          requires_grad=param.requires_grad)
     try:
         # A fresh tensor behind the same Python object: autograd graphs still alive from the last step
         # (e.g. the runner's ``loss``) keep the old gradient accumulator, which has the old shape.

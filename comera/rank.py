@@ -93,7 +93,8 @@ class LateTarget:
 
 
 def late_objective(task_loss: torch.Tensor, model: nn.Module, target: LateTarget, *,
-                   size: torch.Tensor | float, l2_weight: float = 0.0, branch_loss: torch.Tensor | None = None,
+                   size: torch.Tensor | float, l2_weight: float = 0.0,
+                   branch_loss: torch.Tensor | None = None,
                    noise: torch.Tensor | float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """The late stage's objective for one step (no host sync).
 
@@ -115,7 +116,8 @@ def late_objective(task_loss: torch.Tensor, model: nn.Module, target: LateTarget
     compared = (task_loss if branch_loss is None else branch_loss).detach().to(task_loss)
     reference = torch.as_tensor(target.loss_target, dtype=task_loss.dtype, device=task_loss.device)
     fall = torch.as_tensor(target.loss_fall).to(task_loss).clamp_min(0)
-    tolerance = (target.tolerance * fall + NOISE_SIGMAS * torch.as_tensor(noise).to(task_loss)).clamp_min(1e-8)
+    tolerance = (target.tolerance * fall
+                 + NOISE_SIGMAS * torch.as_tensor(noise).to(task_loss)).clamp_min(1e-8)
     loss_gap = (compared - reference) / tolerance
     size_gap = (torch.as_tensor(size).to(task_loss) - target.size_target.to(task_loss)) / target.size_span
     size_active = size_gap > loss_gap
@@ -349,7 +351,8 @@ class TwoStageRankAdaptation:
         a warning per removed layer."""
         if self._size is None:
             reference = next(self.model.parameters())
-            self._size = torch.tensor(float(report["params_after"]), dtype=torch.float64, device=reference.device)
+            self._size = torch.tensor(float(report["params_after"]), dtype=torch.float64,
+                                      device=reference.device)
         else:
             self._size.fill_(float(report["params_after"]))
         for name in report["removed"]:
@@ -369,9 +372,9 @@ class TwoStageRankAdaptation:
         if running > allowed + LOSS_RISE_MARGIN:
             self._warned_loss_rise = True
             warnings.warn(
-                f"rank adaptation, late stage, step {done}: the running task loss {running:.4g} is well above "
-                f"its {self._switch_loss:.4g} at the switch (step {self.switch['step']})", RuntimeWarning,
-                stacklevel=4)
+                f"rank adaptation, late stage, step {done}: the running task loss {running:.4g} is well "
+                f"above its {self._switch_loss:.4g} at the switch (step {self.switch['step']})",
+                RuntimeWarning, stacklevel=4)
 
     def start_late_stage(self, loss_target: float | None = None, step: int | None = None) -> LateTarget:
         """Prune, then fix the reference point ``(L0, S0)`` from the current size and loss; ``switch``
@@ -414,7 +417,8 @@ class TwoStageRankAdaptation:
         size, target = tt_parameter_count(self.model), self.switch["size_target"]
         if size - target <= max(smallest_saving(self.model, s.min_rank), REACHED_WITHIN * target):
             return None  # within 5%, or no rank can go without taking the size below its target
-        where = f"stopped at {size / self.switch['size']:.3f} of the size at the switch, target {s.target_ratio}"
+        where = (f"stopped at {size / self.switch['size']:.3f} of the size at the switch, "
+                 f"target {s.target_ratio}")
         p = self.progress
         final = p.final_steps
         shrinking = float(p.size_branch_steps) / final if final and p.size_branch_steps is not None else 1.0

@@ -31,8 +31,8 @@ def resize_to_state_dict(module: nn.Module, state_dict: dict, prefix: str, error
         bonds_ok = all(a.shape[-1] == b.shape[0] for a, b in zip(cores, cores[1:]))
         gates_ok = all(g.shape[0] == c.shape[-1] for g, c in zip(gates, cores))
         if not (bonds_ok and gates_ok):
-            error_msgs.append(f"{prefix or 'the module'}: the checkpoint's cores and gates do not form one tensor "
-                              f"train (cores {[tuple(c.shape) for c in cores]}, gates "
+            error_msgs.append(f"{prefix or 'the module'}: the checkpoint's cores and gates do not form one "
+                              f"tensor train (cores {[tuple(c.shape) for c in cores]}, gates "
                               f"{[tuple(g.shape) for g in gates]})")
 
 
@@ -43,5 +43,5 @@ class ResizeOnLoad:
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
         resize_to_state_dict(self, state_dict, prefix, error_msgs)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)

@@ -79,7 +79,8 @@ def rank_shares(module: nn.Module) -> list[torch.Tensor]:
     shares = []
     for gate, left, right in zip(gates, lefts, rights):
         share = gate.abs() * (left.diagonal().clamp_min(0) * right.diagonal().clamp_min(0)).sqrt()
-        shares.append(share / share.max().clamp_min(torch.finfo(share.dtype).tiny) if share.numel() else share)
+        shares.append(share / share.max().clamp_min(torch.finfo(share.dtype).tiny)
+                      if share.numel() else share)
     return shares
 
 

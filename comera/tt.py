@@ -229,8 +229,8 @@ def differentiated_grads(fn: Callable[..., torch.Tensor], inputs: Sequence[torch
 
 def _differentiated_replay(plan: ContractionPlan, x, cores, gates, dy, has_bias: bool, need):
     """``(dx, dbias, *d_cores, *d_gates)`` of :class:`TTLinearFunction` for ``create_graph=True`` (see
-    :func:`differentiated_grads`): the Python kernels re-run; the bias enters linearly, so a zero one stands in
-    for it (its gradient is ``dy.sum(0)``)."""
+    :func:`differentiated_grads`): the Python kernels re-run; the bias enters linearly, so a zero one stands
+    in for it (its gradient is ``dy.sum(0)``)."""
     bias = dy.new_zeros(dy.shape[1]) if has_bias else None
     d = len(cores)
     dx, *d_params = differentiated_grads(
@@ -291,7 +291,8 @@ def measure_kernel_cost(device: str | torch.device = "cpu", *, min_run_time_s: f
     sync = "; torch.cuda.synchronize()" if device.type == "cuda" else ""
 
     def median_s(stmt: str, **names) -> float:
-        timer = Timer(stmt=stmt + sync, globals={"torch": torch, **names}, num_threads=torch.get_num_threads())
+        timer = Timer(stmt=stmt + sync, globals={"torch": torch, **names},
+                      num_threads=torch.get_num_threads())
         return timer.blocked_autorange(min_run_time=min_run_time_s).median
 
     big = torch.randn(512, 512, device=device)
@@ -300,7 +301,8 @@ def measure_kernel_cost(device: str | torch.device = "cpu", *, min_run_time_s: f
     x = torch.randn(1, 768, device=device, requires_grad=True)
     grad = torch.randn(1, 768, device=device)
     wrt = [x, *layer.parameters()]
-    call = median_s("torch.autograd.backward(layer(x), grad, inputs=wrt)", layer=layer, x=x, grad=grad, wrt=wrt)
+    call = median_s("torch.autograd.backward(layer(x), grad, inputs=wrt)", layer=layer, x=x,
+                    grad=grad, wrt=wrt)
     return int(call / layer.plan(1).kernels * rate)
 
 
@@ -377,7 +379,8 @@ class TTLinear(ResizeOnLoad, nn.Module):
         """Cores normal with Var(W_ij) = 1 / (3 in_features) (nn.Linear's default uniform init), one std
         for all cores (init "default"), or the official code's Var(W_ij) = 1 / (in + out) with core k
         scaled by 1 / sqrt(r_{k+1}) (init "official"); gates to ones; bias uniform in +-1/sqrt(in_features)
-        like nn.Linear, or +-1/sqrt(out_features) as the official ``TensorizedLinear_module`` (init "official")."""
+        like nn.Linear, or +-1/sqrt(out_features) as the official ``TensorizedLinear_module`` (init
+        "official")."""
         if self.init == "official":
             target = math.sqrt(1.0 / (self.in_features + self.out_features))
         else:
@@ -392,17 +395,20 @@ class TTLinear(ResizeOnLoad, nn.Module):
                 self.bias.uniform_(-bound, bound)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, *, rank: int | Sequence[int], in_shape: Sequence[int] | None = None,
+    def from_linear(cls, linear: nn.Linear, *, rank: int | Sequence[int],
+                    in_shape: Sequence[int] | None = None,
                     out_shape: Sequence[int] | None = None) -> "TTLinear":
         """A TTLinear holding the TT-SVD of a trained ``linear``'s weight at ``rank`` (bias copied).
 
         A bond keeps fewer ranks than asked where the weight's unfolding has fewer singular values.
         ``reconstruction_error`` on the result is ``||W - W_tt||_F / ||W||_F`` of the weight."""
-        return cls.from_weight(linear.weight.T, linear.bias, rank=rank, in_shape=in_shape, out_shape=out_shape)
+        return cls.from_weight(linear.weight.T, linear.bias, rank=rank, in_shape=in_shape,
+                               out_shape=out_shape)
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None, *, rank: int | Sequence[int],
-                    in_shape: Sequence[int] | None = None, out_shape: Sequence[int] | None = None) -> "TTLinear":
+                    in_shape: Sequence[int] | None = None,
+                    out_shape: Sequence[int] | None = None) -> "TTLinear":
         """As :meth:`from_linear`, from a weight laid out ``(in_features, out_features)`` (``y = x W + b``,
         the layout of Hugging Face's ``Conv1D``) and a bias or None."""
         weight = weight.detach()
@@ -446,8 +452,8 @@ class TTLinear(ResizeOnLoad, nn.Module):
                              f"got shape {tuple(x.shape)}")
         cores = parameter_entries(self.cores)
         if x.dtype != cores[0].dtype and not autocasting(x.device.type):
-            raise TypeError(f"TTLinear: input dtype {x.dtype} differs from the layer's {cores[0].dtype}; cast "
-                            "one of them, or run under torch.autocast")
+            raise TypeError(f"TTLinear: input dtype {x.dtype} differs from the layer's "
+                            f"{cores[0].dtype}; cast one of them, or run under torch.autocast")
         x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         plan = self.plan(x2.shape[0])
         d = len(cores)

@@ -94,8 +94,8 @@ class TTMEmbedding(ResizeOnLoad, nn.Module):
             raise ValueError(f"TTMEmbedding: chunk_bytes={chunk_bytes} must be positive")
         self.chunk_bytes = int(chunk_bytes)
         if num_embeddings <= 0 or embedding_dim <= 0:
-            raise ValueError(f"TTMEmbedding: num_embeddings={num_embeddings} and embedding_dim={embedding_dim} "
-                             "must be positive")
+            raise ValueError(f"TTMEmbedding: num_embeddings={num_embeddings} and "
+                             f"embedding_dim={embedding_dim} must be positive")
         if lookup not in LOOKUP_MODES:
             raise ValueError(f"TTMEmbedding: lookup={lookup!r}, expected one of {LOOKUP_MODES}")
         row_shape, col_shape = _resolve_shapes(num_embeddings, embedding_dim, row_shape, col_shape)
@@ -144,7 +144,8 @@ class TTMEmbedding(ResizeOnLoad, nn.Module):
         ``reconstruction_error`` on the result is ``||T - T_tt||_F / ||T||_F`` of the table as looked up
         (the padding row zero in both)."""
         table = embedding.weight.detach()
-        layer = cls(embedding.num_embeddings, embedding.embedding_dim, row_shape=row_shape, col_shape=col_shape,
+        layer = cls(embedding.num_embeddings, embedding.embedding_dim, row_shape=row_shape,
+                    col_shape=col_shape,
                     rank=rank, padding_idx=embedding.padding_idx, lookup=lookup, device=table.device,
                     dtype=table.dtype)
         rows, cols, d = layer.row_shape, layer.col_shape, len(layer.row_shape)
@@ -160,7 +161,8 @@ class TTMEmbedding(ResizeOnLoad, nn.Module):
             for c, m, n in zip(cores, rows, cols))
         layer.gates = nn.ParameterList(nn.Parameter(table.new_ones(c.shape[-1])) for c in cores[:-1])
         with torch.no_grad():
-            layer.reconstruction_error = relative_error(padded[: embedding.num_embeddings], layer.dense_weight())
+            layer.reconstruction_error = relative_error(padded[: embedding.num_embeddings],
+                                                        layer.dense_weight())
         return layer
 
     @property
@@ -207,7 +209,8 @@ class TTMEmbedding(ResizeOnLoad, nn.Module):
         else:
             rows, inverse = flat, None
         cores = self.gated_cores()
-        out = self._rows_by_halves(cores, rows) if self.tensor_index_level else self._rows_by_chain(cores, rows)
+        out = (self._rows_by_halves(cores, rows) if self.tensor_index_level
+               else self._rows_by_chain(cores, rows))
         if inverse is not None:
             out = out.index_select(0, inverse)  # faster than out[inverse] on CPU, forward and backward
         if self.padding_idx is not None:
@@ -244,7 +247,8 @@ class TTMEmbedding(ResizeOnLoad, nn.Module):
         right = _merge(cores[half:])  # (r, M_R, N_R, 1)
         right_table = right[..., 0].permute(1, 0, 2).contiguous()  # (M_R, r, N_R); gathers copy whole rows
         right_index = rows % right_rows
-        out = outside_autocast(lambda lt, rt: _half_table_rows(lt, rt, left_index, right_index, self.chunk_bytes),
+        out = outside_autocast(lambda lt, rt: _half_table_rows(lt, rt, left_index, right_index,
+                                                               self.chunk_bytes),
                                rows.device.type, left[0], right_table)  # both tables in one dtype
         return out.reshape(rows.shape[0], self.embedding_dim)
 

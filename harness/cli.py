@@ -2,10 +2,13 @@
 
     comera-bench run --spec SPEC.json --runs-out R.parquet --curves-out C.parquet [--isolate --log L]
     comera-bench run --workload transformer --method comera --batch-size 8 [...]   (defaults, results/runs/)
-    comera-bench show [RESULTS...] [--where col=value|col>=x|col~text|col=null ...] [--group-by cols] [--columns cols] [--csv]
+    comera-bench show [RESULTS...] [--where col=value|col>=x|col~text|col=null ...] [--group-by cols]
+                      [--columns cols] [--csv]
     comera-bench merge --kind runs|curves|microbench|bench --out OUT.parquet FILE_OR_DIR...
-    comera-bench noisy RESULTS... [--delete]   (the timing cells that were not stable, and how to time them again)
-    comera-bench microbench|bench|compare ...   (harness.perf.microbench / harness.perf.bench / harness.reports.compare)
+    comera-bench noisy RESULTS... [--delete]
+        (the timing cells that were not stable, and how to time them again)
+    comera-bench microbench|bench|compare ...
+        (harness.perf.microbench / harness.perf.bench / harness.reports.compare)
 """
 from __future__ import annotations
 
@@ -28,15 +31,16 @@ from harness.core import stops
 if TYPE_CHECKING:
     import pandas as pd
 
-DELEGATED = {"microbench": "harness.perf.microbench", "bench": "harness.perf.bench", "compare": "harness.reports.compare",
+DELEGATED = {"microbench": "harness.perf.microbench", "bench": "harness.perf.bench",
+             "compare": "harness.reports.compare",
              "merge": "harness.results", "noisy": "harness.reports.noisy"}
 DEFAULT_RESULTS_DIR = "results/cli"
 """Where ``comera-bench run`` writes a cell given without --runs-out (apart from the pipeline's
 results/runs)."""
 SHOW_COLUMNS = {
     "runs": ["run_id", "workload", "method", "variant", "batch_size", "target_ratio", "seed", "status",
-             "step_time_ms", "step_time_ms_iqr", "timing_quality", "epoch_time_s", "peak_mem_bytes", "metric_name",
-             "metric_value", "compression_total", "device"],
+             "step_time_ms", "step_time_ms_iqr", "timing_quality", "epoch_time_s", "peak_mem_bytes",
+             "metric_name", "metric_value", "compression_total", "device"],
     "curves": None,  # every column
     "microbench": ["op", "variant", "shape", "tokens", "rank", "direction", "time_ms", "time_ms_iqr",
                    "timing_quality", "peak_mem_bytes", "flops", "device"],
@@ -67,14 +71,16 @@ def _parser(list_names: bool = False) -> argparse.ArgumentParser:
     imports torch and the plug-ins, which a cell's supervisor does not need)."""
     parser = argparse.ArgumentParser(prog="comera-bench", description=__doc__.replace("``", ""),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"comera-bench {harness.package_version() or 'unknown'}")
+    parser.add_argument("--version", action="version",
+                        version=f"comera-bench {harness.package_version() or 'unknown'}")
     sub = parser.add_subparsers(dest="command")
     for name, module in DELEGATED.items():
         sub.add_parser(name, help=f"see `comera-bench {name} --help` ({module})", add_help=False)
 
     run = sub.add_parser("run", help="run one grid cell and write its runs/curves Parquet files")
     run.add_argument("--spec", help="spec JSON file (when given, the cell options below are not allowed)")
-    run.add_argument("--runs-out", help="runs Parquet file (default results/runs/<device>/<run_id>.runs.parquet)")
+    run.add_argument("--runs-out", help="runs Parquet file (default "
+                                        "results/runs/<device>/<run_id>.runs.parquet)")
     run.add_argument("--curves-out", help="curves Parquet file (default next to --runs-out)")
     cell = run.add_argument_group("a cell without a spec file")
     workload_names = method_names = "see --help"
@@ -98,7 +104,8 @@ def _parser(list_names: bool = False) -> argparse.ArgumentParser:
                       help="method parameter (YAML value), repeatable")
     cell.add_argument("--epochs", type=int, default=1)
     cell.add_argument("--max-steps-per-epoch", type=int)
-    cell.add_argument("--warmup-steps", type=int, help="steps timed but not counted (default: the budget default, 2)")
+    cell.add_argument("--warmup-steps", type=int, help="steps timed but not counted (default: "
+                                                       "the budget default, 2)")
     cell.add_argument("--eval-every-steps", type=int)
     cell.add_argument("--time-limit-s", type=float)
     cell.add_argument("--device", help="cpu | cuda | auto (default: auto, as in a config)")
@@ -106,7 +113,8 @@ def _parser(list_names: bool = False) -> argparse.ArgumentParser:
     cell.add_argument("--cuda-graph", action="store_true")
     cell.add_argument("--compile", action="store_true")
     cell.add_argument("--matmul-precision", choices=["highest", "high", "medium"], default="highest",
-                      help="torch.set_float32_matmul_precision (default highest: full FP32; high: TF32 on GPUs)")
+                      help="torch.set_float32_matmul_precision (default highest: full FP32; high: "
+                           "TF32 on GPUs)")
     cell.add_argument("--allocator", choices=["reuse", "system"], default="reuse",
                       help="CPU allocator policy (harness/core/allocator.py; default reuse)")
     cell.add_argument("--results-dir", default=None,
@@ -155,7 +163,8 @@ def _key_values(items: list[str], option: str) -> dict[str, Any]:
             out[key] = yamlnum.load(value)
         except yaml.YAMLError as exc:
             reason = str(getattr(exc, "problem", "") or exc).strip()
-            raise SystemExit(f"comera-bench run: {option} {item!r}: the value is not valid YAML ({reason})") from None
+            raise SystemExit(f"comera-bench run: {option} {item!r}: the value is not valid YAML "
+                             f"({reason})") from None
     return out
 
 
@@ -169,7 +178,8 @@ def spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
               "warmup_steps": args.warmup_steps, "eval_every_steps": args.eval_every_steps,
               "time_limit_s": args.time_limit_s}
     execution = {"device": args.device, "num_threads": args.threads, "cuda_graph": args.cuda_graph,
-                 "compile": args.compile, "matmul_precision": args.matmul_precision, "allocator": args.allocator}
+                 "compile": args.compile, "matmul_precision": args.matmul_precision,
+                 "allocator": args.allocator}
     return {  # options not given take the spec defaults (harness.spec), the same as a config's
         "workload": args.workload, "method": args.method, "variant": args.variant,
         "workload_params": _key_values(args.workload_param, "--workload-param"),
@@ -274,8 +284,8 @@ def _run_cell(args: argparse.Namespace) -> int:
                                   hang_exit_status=1 if args.fail_on_error else 0,
                                   started_at=stops.cell_started_at())
     except runner.EnvironmentFault as exc:
-        print(f"comera-bench run: environment fault: {exc.strerror} ({exc.filename}); no row written, the cell "
-              "runs again next time", file=sys.stderr)
+        print(f"comera-bench run: environment fault: {exc.strerror} ({exc.filename}); no row written, "
+              "the cell runs again next time", file=sys.stderr)
         return runner.EXIT_ENVIRONMENT_FAULT
     summary = f"{row['run_id']}: {row['status']}"
     if row["status"] == "ok":
@@ -345,7 +355,8 @@ def _parse_where(items: list[str], df: pd.DataFrame) -> pd.Series:
                 number = float(value)
             except ValueError:
                 if op not in ("=", "!="):
-                    raise results.ResultsError(f"--where {item!r}: {col} is numeric, {value!r} is not a number")
+                    raise results.ResultsError(f"--where {item!r}: {col} is numeric, {value!r} is not a "
+                                               "number")
             else:
                 keep &= getattr(column.astype(float), _COMPARE[op])(number).fillna(False).astype(bool)
                 continue

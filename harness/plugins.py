@@ -59,7 +59,8 @@ def discover(kind: str, package_dir: Path) -> dict[str, Path]:
             if not NAME.fullmatch(path.stem):
                 raise PluginError(f"plug-in {path}: a {kind[:-1]} name must match {NAME.pattern}")
             if path.stem in found:
-                raise PluginError(f"plug-in {path}: the {kind[:-1]} {path.stem!r} exists already ({found[path.stem]})")
+                raise PluginError(f"plug-in {path}: the {kind[:-1]} {path.stem!r} exists already "
+                                  f"({found[path.stem]})")
             if not marker.search(path.read_text(errors="replace")):
                 raise PluginError(f"plug-in {path}: no line matching {marker.pattern!r} "
                                   f"({'METHOD = <class>' if kind == 'methods' else 'def build(...)'})")

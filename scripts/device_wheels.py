@@ -17,7 +17,6 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
-from packaging.markers import Marker
 from packaging.requirements import Requirement
 
 ROOTS = ("snakemake", "galore-torch", "bitsandbytes", "jsonschema", "pyyaml", "psutil", "opt-einsum", "tqdm",
@@ -32,7 +31,8 @@ DEVICE_ENV = {"python_version": "3.12", "python_full_version": "3.12.0", "implem
               "platform_python_implementation": "CPython", "sys_platform": "linux", "os_name": "posix",
               "platform_system": "Linux", "platform_machine": "x86_64", "extra": ""}
 DROP = {
-    "bitsandbytes": re.compile(r"bitsandbytes/libbitsandbytes_(?!cpu\.|cuda13\d\.)[^/]*\.so$"),  # CUDA 13, CPU
+    # CUDA 13, CPU
+    "bitsandbytes": re.compile(r"bitsandbytes/libbitsandbytes_(?!cpu\.|cuda13\d\.)[^/]*\.so$"),
     "pulp": re.compile(r"pulp/solverdir/cbc/(?!linux/i64/).*"),  # CBC for x86-64 Linux only
 }
 

@@ -30,7 +30,8 @@ from comera import native  # noqa: E402  (this checkout's, which the library is 
 
 SOURCE = native.SOURCE
 LIBRARIES = ("libc10.so", "libtorch_cpu.so", "libtorch.so")
-"""What the ops link against (torch's own build of an extension adds libtorch_python, which they do not use)."""
+"""What the ops link against (torch's own build of an extension adds libtorch_python, which they do not
+use)."""
 
 
 def download(version: str, python: str, cache: Path) -> Path:
@@ -70,7 +71,8 @@ def cxx11_abi(root: Path) -> int:
 def compile_library(root: Path, out: Path, compiler: str) -> list[str]:
     """Compile and link :data:`SOURCE` against the torch under ``root`` into ``out``; returns the command."""
     include = root / "include"
-    command = [compiler, "-shared", "-fPIC", "-O2", "-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={cxx11_abi(root)}",
+    command = [compiler, "-shared", "-fPIC", "-O2", "-std=c++17",
+               f"-D_GLIBCXX_USE_CXX11_ABI={cxx11_abi(root)}",
                "-DTORCH_EXTENSION_NAME=comera_native", "-DTORCH_API_INCLUDE_EXTENSION_H",
                "-isystem", str(include), "-isystem", str(include / "torch" / "csrc" / "api" / "include"),
                str(SOURCE), f"-L{root / 'lib'}", *(f"-l{lib[3:-3]}" for lib in LIBRARIES), "-o", str(out)]

@@ -27,7 +27,8 @@ def main() -> int:
         gap = ours.accuracy - twin.accuracy
         worst[task] = min(worst.get(task, 1.0), gap)
         print(f"| {task} | {kind} | {seed} | {batch} | {target} | {dense.accuracy:.3f} | {twin.accuracy:.3f} "
-              f"| {ours.accuracy:.3f} | {ours.size_ratio:.2f} | {gap:+.3f} | {ours.shortfall or ''} |", flush=True)
+              f"| {ours.accuracy:.3f} | {ours.size_ratio:.2f} | {gap:+.3f} | {ours.shortfall or ''} |",
+              flush=True)
     print("\n| task | worst CoMERA - twin gap |\n|---|---|")
     for task, gap in worst.items():
         print(f"| {task} | {gap:+.3f} |")

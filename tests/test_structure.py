@@ -149,8 +149,10 @@ def test_no_module_uses_another_modules_private_names():
                 seen.add((module.name, name))
             else:
                 leaks.append(f"{_where(module, line)}: {name}")
-    assert not leaks, "private names used across modules (make them public or keep them home):\n" + "\n".join(leaks)
-    assert not ALLOWED_PRIVATE - seen, f"allowed leaks that no longer occur (remove them): {ALLOWED_PRIVATE - seen}"
+    assert not leaks, ("private names used across modules (make them public or keep them home):\n"
+                       + "\n".join(leaks))
+    assert not ALLOWED_PRIVATE - seen, \
+        f"allowed leaks that no longer occur (remove them): {ALLOWED_PRIVATE - seen}"
 
 
 @pytest.mark.parametrize("package, forbidden, allowed", [
@@ -262,6 +264,7 @@ def test_a_long_module_says_why_at_its_top():
     long = {m.name: m for m in MODULES if len(m.path.read_text().splitlines()) > MAX_LINES}
     silent = sorted(name for name, m in long.items()
                     if not re.search(r"\bWhy\b[^.]*\blines\b", ast.get_docstring(m.tree) or ""))
-    assert set(silent) - LONG_WITHOUT_REASON == set(), f"modules over {MAX_LINES} lines that do not say why: {silent}"
+    assert set(silent) - LONG_WITHOUT_REASON == set(), \
+        f"modules over {MAX_LINES} lines that do not say why: {silent}"
     assert LONG_WITHOUT_REASON <= set(silent), "remove from LONG_WITHOUT_REASON: " + \
         str(LONG_WITHOUT_REASON - set(silent))

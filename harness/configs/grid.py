@@ -66,7 +66,8 @@ def env_device_label() -> str | None:
 
 
 class _StrictLoader(NumberLoader):
-    """A YAML loader that rejects a key given twice in one mapping (numbers as :mod:`harness.configs.yamlnum`)."""
+    """A YAML loader that rejects a key given twice in one mapping (numbers as
+    :mod:`harness.configs.yamlnum`)."""
 
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, int] = {}
@@ -97,8 +98,8 @@ def _check_size(value: Any, path: str | os.PathLike) -> None:
         item = stack.pop()
         seen += 1
         if seen > MAX_CONFIG_VALUES:
-            raise ConfigError(f"config file {path}: more than {MAX_CONFIG_VALUES} values once its YAML aliases "
-                              "are expanded; refused (nested aliases multiply)")
+            raise ConfigError(f"config file {path}: more than {MAX_CONFIG_VALUES} values once its YAML "
+                              "aliases are expanded; refused (nested aliases multiply)")
         if isinstance(item, dict):
             stack.extend(item.values())
             stack.extend(item.keys())
@@ -175,8 +176,8 @@ def sections(workload: dict[str, Any]) -> list[tuple[str, str, dict[str, Any], d
     override the workload's); each once per point of the workload's ``sweep`` (param -> values; the
     point's params override both, the suffix names it, e.g. "_seq_len512")."""
     keys = sorted(workload.get("sweep", {}))
-    points = [dict(zip(keys, values)) for values in itertools.product(*(workload["sweep"][k] for k in keys))] \
-        if keys else [{}]
+    points = [dict(zip(keys, values))
+              for values in itertools.product(*(workload["sweep"][k] for k in keys))] if keys else [{}]
     out = []
     for point in points:
         suffix = "".join(f"_{k}{v}" for k, v in point.items())
@@ -221,15 +222,17 @@ def check_config(config: dict[str, Any], missing: list[str] | None = None) -> No
         module = module_of(wname, workload)
         if module not in workloads.WORKLOADS:
             where = f"workloads.{wname}" + (".workload" if "workload" in workload else "")
-            raise ConfigError(f"config key {where}: unknown workload {module!r}; known: {list(workloads.WORKLOADS)}")
+            raise ConfigError(f"config key {where}: unknown workload {module!r}; known: "
+                              f"{list(workloads.WORKLOADS)}")
         for _, key, section, params, _ in sections(workload):
             _checked(workloads.check_params, module, params, f"workloads.{wname}{key}.params", missing)
             budget = section["budget"]
             if budget["max_steps_per_epoch"] is not None and (
                     budget["warmup_steps"] >= budget["epochs"] * budget["max_steps_per_epoch"]):
                 raise ConfigError(
-                    f"config key workloads.{wname}{key}.budget.warmup_steps: {budget['warmup_steps']} warm-up "
-                    f"step(s) of {budget['epochs'] * budget['max_steps_per_epoch']} leave no timed step")
+                    f"config key workloads.{wname}{key}.budget.warmup_steps: {budget['warmup_steps']} "
+                    f"warm-up step(s) of {budget['epochs'] * budget['max_steps_per_epoch']} leave no "
+                    "timed step")
             for i, ref in enumerate(_method_refs(section)):
                 if ref["name"] not in config["methods"]:
                     raise ConfigError(
@@ -300,11 +303,13 @@ def expand_grid(config: dict[str, Any]) -> tuple[dict[str, Spec], dict[str, dict
                 entry = config["methods"][ref["name"]]
                 targets = ref.get("targets", section["targets"]) if entry["uses_target"] else [None]
                 batches = ref.get("batch_sizes", section["batch_sizes"])
-                compiles = execution["compile"] if isinstance(execution["compile"], list) else [execution["compile"]]
+                compiles = (execution["compile"] if isinstance(execution["compile"], list)
+                            else [execution["compile"]])
                 precisions = ref.get("matmul_precision", execution["matmul_precision"])
                 seeds = section.get("seeds", config["seeds"])
-                for (variant, params, point), batch, target, seed, graph, compiled, precision in itertools.product(
-                        _variants(entry), batches, targets, seeds, graphs, compiles, precisions):
+                for ((variant, params, point), batch, target, seed, graph, compiled,
+                     precision) in itertools.product(_variants(entry), batches, targets, seeds, graphs,
+                                                     compiles, precisions):
                     timed = purpose == "timing"
                     grouped = timed and execution["interleave"]
                     group = slug(f"{wname}{suffix}_b{batch}_s{seed}") if grouped else None
@@ -374,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     figures read (every cell's spec, and the sweep point of the cells that belong to a sweep)."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m harness.configs.grid", description=main.__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m harness.configs.grid",
+                                 description=main.__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--sweeps", default="{}", help="JSON: run_id -> sweep point")
     ap.add_argument("specs", nargs="*")

@@ -71,7 +71,8 @@ def check_spec(spec: Any, *, source: str = "spec") -> dict[str, Any]:
         _check_choices(emb["variants"], EMBEDDING_VARIANTS, f"{source}: embedding.variants")
         _check_positive_ints(emb.get("indices", []), f"{source}: embedding.indices")
         if not isinstance(emb["zipf_exponent"], (int, float)) or emb["zipf_exponent"] < 0:
-            raise ValueError(f"microbench {source}: embedding.zipf_exponent={emb['zipf_exponent']!r} must be >= 0")
+            raise ValueError(f"microbench {source}: embedding.zipf_exponent={emb['zipf_exponent']!r} must "
+                             "be >= 0")
     return out
 
 

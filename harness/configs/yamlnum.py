@@ -54,9 +54,11 @@ def numbers_as_in(value: Any, reference: Any = _ABSENT) -> Any:
         return exponent_strings_as_numbers(value)
     if isinstance(value, dict):
         for key, item in value.items():
-            value[key] = numbers_as_in(item, reference.get(key, _ABSENT) if isinstance(reference, dict) else _ABSENT)
+            value[key] = numbers_as_in(
+                item, reference.get(key, _ABSENT) if isinstance(reference, dict) else _ABSENT)
     elif isinstance(value, list):
-        refs = reference if isinstance(reference, list) and len(reference) == len(value) else [_ABSENT] * len(value)
+        refs = (reference if isinstance(reference, list) and len(reference) == len(value)
+                else [_ABSENT] * len(value))
         value[:] = [numbers_as_in(item, ref) for item, ref in zip(value, refs)]
     elif isinstance(value, str) and isinstance(reference, float) and EXPONENT_FLOAT.match(value):
         return float(value.replace("_", ""))

@@ -82,9 +82,11 @@ def _set(name: str) -> str:
     if isinstance(libc, str):
         return libc
     done = []
-    for option, param, value in (("mmap_max", M_MMAP_MAX, 0), ("trim_threshold", M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
+    for option, param, value in (("mmap_max", M_MMAP_MAX, 0),
+                                 ("trim_threshold", M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
         if not _mallopt(libc, param, value):
-            return f"unavailable: mallopt({option}={value}) failed" + (f" (already set: {done})" if done else "")
+            return f"unavailable: mallopt({option}={value}) failed" + (f" (already set: {done})"
+                                                                       if done else "")
         done.append(f"{option}={value}")
     _applied = f"glibc {glibc_version()} mallopt mmap_max=0 trim_threshold={TRIM_THRESHOLD}"
     return _applied

@@ -4,10 +4,10 @@ A *timing group* is the set of cells whose times a figure, a claim or a comparis
 pipeline's: same workload and sweep point, batch size and seed; every method, variant and CUDA-graph
 setting). :func:`run_group` starts one process per cell (the command line its caller gives for the cell;
 the pipeline's runs the cell isolated, so that a killed cell still becomes a row) and lets each build its
-model, warm up and run its warm-up steps at the same time; no timed step runs before every cell is ready. Then, round by round, it lets exactly one cell run
-its share of timed steps at a time (the order reversed every other round: A B C, C B A, ...), so a
-change of the machine's load hits every method of the group within one round. After the last round
-the cells finish (final evaluation, rows written) together.
+model, warm up and run its warm-up steps at the same time; no timed step runs before every cell is ready.
+Then, round by round, it lets exactly one cell run its share of timed steps at a time (the order reversed
+every other round: A B C, C B A, ...), so a change of the machine's load hits every method of the group within
+one round. After the last round the cells finish (final evaluation, rows written) together.
 
 Start turns: building, warming up and the warm-up steps run at most :func:`start_slots` cells at a time
 (the CPUs this process may use divided by the cells' torch threads, at least 1): a cell asks for its turn
@@ -26,12 +26,13 @@ to start: ...").
 Protocol (one Unix socket, path in the environment variable ``COMERA_BENCH_ROUNDS``): a cell connects
 and sends ``hello <run_id>``; it may send ``start`` and wait for ``go`` (its start turn, held until its
 first ``ready``); before the timed steps of each round r it sends ``ready <r>`` (optionally
-followed by a space and a JSON object of its start phases) and waits for ``go <s>`` (s: the group's seconds to its first round); after its last round it sends ``done``
-and waits for ``go`` (the release). :class:`RoundGate` is the cell's side. A cell that ends (a failure,
-a kill) closes its connection and drops out of the rounds. Cells die with their coordinator: each cell's
-process gets SIGTERM when the coordinator dies (harness.core.stops, Linux), and a cell that finds the
-connection closed where it expected ``go`` exits with :data:`EXIT_GROUP_LOST`; either way it writes no
-row. Memory stays each process's own; on one GPU the group's processes share its memory.
+followed by a space and a JSON object of its start phases) and waits for ``go <s>`` (s: the group's seconds to
+its first round); after its last round it sends ``done`` and waits for ``go`` (the release).
+:class:`RoundGate` is the cell's side. A cell that ends (a failure, a kill) closes its connection and drops
+out of the rounds. Cells die with their coordinator: each cell's process gets SIGTERM when the coordinator
+dies (harness.core.stops, Linux), and a cell that finds the connection closed where it expected ``go`` exits
+with :data:`EXIT_GROUP_LOST`; either way it writes no row. Memory stays each process's own; on one GPU the
+group's processes share its memory.
 
 Out of memory beside the group: :func:`run_alone` runs one cell by itself after its group, with
 :data:`ALONE_ENV` set to the reason (harness.running.group does so for a cell whose row says ``oom``); the
@@ -321,7 +322,8 @@ def slowest_line(cells: Sequence[Cell]) -> str | None:
     cell = max(ready, key=lambda c: c.ready_s)
     line = f"  slowest to start: {cell.run_id}, ready after {cell.ready_s:.1f} s"
     if cell.start_phases:
-        line += ": " + ", ".join(f"{name.replace('_', ' ')} {float(s):.1f}" for name, s in cell.start_phases.items()
+        line += ": " + ", ".join(f"{name.replace('_', ' ')} {float(s):.1f}"
+                                 for name, s in cell.start_phases.items()
                                  if isinstance(s, (int, float))) + " s"
     return line
 
@@ -374,20 +376,22 @@ def run_group(cells: Sequence[Cell], rounds: int, *, command: Callable[[Cell], l
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         server.bind(path)
         server.listen(len(cells))
-        coord = _Coordinator(cells, server, None if timeout_s is None else time.monotonic() + timeout_s, slots)
+        coord = _Coordinator(cells, server, None if timeout_s is None else time.monotonic() + timeout_s,
+                             slots)
         env = stops.child_env({**os.environ, ENV: path})  # each cell dies with this process
         started = coord.started = time.monotonic()
         try:
             for cell in cells:
                 with _signals_deferred():  # a stop signal inside Popen would orphan the started child
                     cell.proc = subprocess.Popen(command(cell), env=env)
-            log(f"timing group of {len(cells)} cells, {rounds} interleaved rounds, {slots} starting at a time: "
-                + ", ".join(c.run_id for c in cells))
+            log(f"timing group of {len(cells)} cells, {rounds} interleaved rounds, {slots} starting at a "
+                "time: " + ", ".join(c.run_id for c in cells))
             for r in range(rounds):
                 coord.wait_until(r)
                 if r == 0:
                     coord.first_round_s = time.monotonic() - started
-                    log(f"  first round after {coord.first_round_s:.1f} s (the cells started, built, warmed up)")
+                    log(f"  first round after {coord.first_round_s:.1f} s (the cells started, built, "
+                        "warmed up)")
                     slowest = slowest_line(cells)
                     if slowest:
                         log(slowest)

@@ -126,7 +126,8 @@ class StepTimer:
             first = -(-self.warmup_steps // window) * window
             last = len(self.all_ms) // window * window
             if last > first:
-                mean_over = [ms for i, ms in enumerate(self.all_ms[first:last], first) if i not in self.rewarm]
+                mean_over = [ms for i, ms in enumerate(self.all_ms[first:last], first)
+                             if i not in self.rewarm]
                 basis = f"whole windows of {window} steps ({first}-{last})"
             else:
                 basis = f"timed steps (no whole window of {window} steps after warm-up)"

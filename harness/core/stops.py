@@ -4,8 +4,8 @@ Snakemake handles a stop badly for long jobs: SIGTERM makes it wait for the runn
 ("Will exit after finishing currently running jobs"), SIGINT cancels its thread pool, which waits
 for them too, and SIGHUP kills it outright, leaving its lock and the jobs behind. :func:`forward_stops`
 (called from the Snakefile's ``onstart``, in the main Snakemake process only) makes SIGTERM, SIGINT and
-SIGHUP reach every process of every job as well, so the jobs stop within seconds -- a cell stopped so writes no
-row -- and Snakemake exits as it does once its jobs have ended (no new job, lock released).
+SIGHUP reach every process of every job as well, so the jobs stop within seconds -- a cell stopped so writes
+no row -- and Snakemake exits as it does once its jobs have ended (no new job, lock released).
 
 :func:`child_env` and :func:`die_with_parent` tie a child process to its parent: the child, once it has
 called :func:`die_with_parent`, receives SIGTERM when the parent dies (Linux ``PR_SET_PDEATHSIG``; a

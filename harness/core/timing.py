@@ -126,13 +126,14 @@ def busy_warning(threads: int, command: str = "") -> str:
         return ""
     load, cpus = load_avg_1m() or 0.0, os.cpu_count() or 1
     factor = slowdown(load, cpus, threads)
-    warning = (f"the machine is busy ({text}) while each cell asks for {threads} thread(s): every cell, and so "
-               f"the run, will take about {factor:.0f}x its time on a quiet machine or longer (the CPUs shared "
-               "with the other jobs); timings will be noisy: cells whose timing is not stable are named at the end "
-               "and left out of every verdict. Stop it (Ctrl-C) and run it when the machine is quiet")
+    warning = (f"the machine is busy ({text}) while each cell asks for {threads} thread(s): every cell, "
+               f"and so the run, will take about {factor:.0f}x its time on a quiet machine or longer (the "
+               "CPUs shared with the other jobs); timings will be noisy: cells whose timing is not stable "
+               "are named at the end and left out of every verdict. Stop it (Ctrl-C) and run it when the "
+               "machine is quiet")
     if command:
-        warning += (f", or run it anyway with one thread per cell, which waits less for a CPU (the cells record "
-                    f"1 thread; cells timed with {threads} run again): {command}")
+        warning += (", or run it anyway with one thread per cell, which waits less for a CPU (the cells "
+                    f"record 1 thread; cells timed with {threads} run again): {command}")
     return warning + "."
 
 

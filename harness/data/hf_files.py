@@ -28,7 +28,8 @@ def find_split_files(root: Path, split: str, prefer: str | None = None) -> list[
     pattern = re.compile(rf"(^|[-_.]){re.escape(split)}([-_.]|$)")
     files = [p for p in root.rglob("*") if p.suffix in (".arrow", ".parquet") and pattern.search(p.stem)]
     if prefer:
-        files = [p for p in files if any(prefer in part.lower() for part in p.relative_to(root).parts[:-1])] or files
+        files = [p for p in files
+                 if any(prefer in part.lower() for part in p.relative_to(root).parts[:-1])] or files
     if not files:
         return []
     folders = {p.parent for p in files}

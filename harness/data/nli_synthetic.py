@@ -128,7 +128,8 @@ def word_topics(num_words: int, num_topics: int, topic_seed: int | None = None) 
         >>> word_topics(6, 2).tolist()
         [0, 1, 0, 1, 0, 1]
     """
-    order = np.arange(num_words) if topic_seed is None else np.random.default_rng(topic_seed).permutation(num_words)
+    order = (np.arange(num_words) if topic_seed is None
+             else np.random.default_rng(topic_seed).permutation(num_words))
     topics = np.empty(num_words, dtype=np.int64)
     topics[order] = np.arange(num_words) % num_topics
     return topics

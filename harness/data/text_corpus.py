@@ -51,7 +51,8 @@ def read_documents(file: Path, max_documents: int | None = None) -> list[str]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
-        raise ValueError(f"{file}: not valid UTF-8 at line {line} ({exc.reason} at byte {exc.start})") from exc
+        raise ValueError(f"{file}: not valid UTF-8 at line {line} ({exc.reason} at byte "
+                         f"{exc.start})") from exc
     return split_documents(text.splitlines(), str(file), max_documents)
 
 

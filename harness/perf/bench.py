@@ -31,10 +31,12 @@ def parse_targets(text: str) -> set[int]:
     try:
         targets = {int(t) for t in text.split(",") if t.strip()}
     except ValueError:
-        raise ValueError(f"--targets {text!r}: expected comma-separated numbers from {sorted(TARGET_NAMES)}") from None
+        raise ValueError(f"--targets {text!r}: expected comma-separated numbers from "
+                         f"{sorted(TARGET_NAMES)}") from None
     unknown = targets - set(TARGET_NAMES)
     if unknown or not targets:
-        raise ValueError(f"--targets {text!r}: unknown target(s) {sorted(unknown)}; known: {sorted(TARGET_NAMES)}")
+        raise ValueError(f"--targets {text!r}: unknown target(s) {sorted(unknown)}; known: "
+                         f"{sorted(TARGET_NAMES)}")
     return targets
 
 
@@ -79,7 +81,8 @@ def cli(argv: list[str]) -> int:
                     help="goals file (default harness/perf/goals.yaml)")
     ap.add_argument("--out", help="Parquet file, written atomically, with the Markdown table next to it "
                                   "(default results/<device>/bench.parquet)")
-    ap.add_argument("--step-timeout", type=float, default=1800, help="seconds for all transformer-step processes together")
+    ap.add_argument("--step-timeout", type=float, default=1800, help="seconds for all transformer-step "
+                    "processes together")
     ap.add_argument("--step-rounds", type=int, default=None,
                     help="rounds of the transformer-step processes of targets 2 and 4, every configuration "
                          "once per round (default 3, --quick 1)")

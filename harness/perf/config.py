@@ -38,8 +38,8 @@ class Config:
         step_rounds = (1 if quick else 3) if step_rounds is None else step_rounds
         if step_rounds < 1:
             raise ValueError(f"--step-rounds {step_rounds}: need at least 1")
-        return cls(measure.resolve_device(device, "bench --device"), num_threads, quick, 2 if quick else 3, 0.05 if quick else 0.5,
-                   allocator, step_rounds=step_rounds, goals=goals_lib.load(goals))
+        return cls(measure.resolve_device(device, "bench --device"), num_threads, quick, 2 if quick else 3,
+                   0.05 if quick else 0.5, allocator, step_rounds=step_rounds, goals=goals_lib.load(goals))
 
     def label(self) -> str:
         return f"{'quick, ' if self.quick else ''}{self.rounds} rounds x {self.min_run_time_s}s blocks"

@@ -16,10 +16,11 @@ AXIS_FLOOR = 0.05
 COLORS = {"pass": "tab:green", "short": "tab:orange", "noisy": "tab:gray", "impossible": "tab:purple"}
 FOOTER = ("Bars run from the goal (1) to measured / goal (for a row that must stay at or below its goal: "
           "goal / measured), so 1 or more meets the goal; green pass, orange short, grey noisy (timings not "
-          "stable: shown, not judged), purple impossible (above the row's own bound: noise, not a result), a red cross: no positive finite value measured. Diamonds: the bound the same run measured for the row (roofline, free "
-          "tensorized layers, FLOPs) / goal: the most the row could reach here; a diamond left of 1 puts the "
-          "goal beyond it. Every ratio comes from one run (interleaved rounds); medians, settings and notes "
-          "are in bench.md.")
+          "stable: shown, not judged), purple impossible (above the row's own bound: noise, not a result), "
+          "a red cross: no positive finite value measured. Diamonds: the bound the same run measured for the "
+          "row (roofline, free tensorized layers, FLOPs) / goal: the most the row could reach here; "
+          "a diamond left of 1 puts the goal beyond it. Every ratio comes from one run (interleaved rounds); "
+          "medians, settings and notes are in bench.md.")
 
 
 @dataclass(frozen=True)
@@ -58,8 +59,9 @@ def _positive(a: float | None, b: float | None) -> float | None:
 def title_of(prov: dict) -> str:
     """The figure's title: the machine, threads, torch, commit and start time of the run."""
     commit = str(prov.get("git_commit") or "?")[:7] + ("+dirty" if prov.get("git_dirty") else "")
-    return (f"comera-bench bench: {prov.get('device_name')} ({prov.get('device')}), {prov.get('num_threads')} "
-            f"threads, torch {prov.get('torch_version')}, commit {commit}, {prov.get('started_at')}")
+    return (f"comera-bench bench: {prov.get('device_name')} ({prov.get('device')}), "
+            f"{prov.get('num_threads')} threads, torch {prov.get('torch_version')}, commit {commit}, "
+            f"{prov.get('started_at')}")
 
 
 def draw(rows: list[BenchRow], out: Path, title: str) -> list[Path]:

@@ -57,15 +57,18 @@ def target_linear(cfg: Config, roof: Roofline) -> list[BenchRow]:
             flop_ratio=quotient(cost["dense"][0], cost["tt"][0]),
             traffic_ratio=quotient(cost["dense"][1], cost["tt"][1]),
             bound=roof.speedup_bound(cost["dense"], cost["tt"]), bound_basis="roofline",
-            medians=f"nn.Linear {times['dense']:.3f} ms, TTLinear {times['tt']:.3f} ms{per_round_text(speedup)}",
+            medians=f"nn.Linear {times['dense']:.3f} ms, "
+                    f"TTLinear {times['tt']:.3f} ms{per_round_text(speedup)}",
             settings=f"ranks {tt.ranks}, plan {plan.left}/{plan.right}, {cfg.label()}; ratio: median over "
                      f"rounds of the ratio within a round (harness.results.analysis.rounds_ratio)"
                      f"{matmul_precision(cfg.device)}",
-            note=fixed_cost_note(times["dense"], times["tt"], times["tt_1"], times["floor_1"], times["direct_1"])))
+            note=fixed_cost_note(times["dense"], times["tt"], times["tt_1"], times["floor_1"],
+                                 times["direct_1"])))
         rows.append(make_row(
             1, f"TTLinear vs official TT_forward, {shape}", case["vs_official"],
             value_of(vs_official), goal_key=f"linear[{i}].vs_official",
-            stability=analysis.rounds_verdict({"official": per_round["official"], "TTLinear": per_round["tt"]}),
+            stability=analysis.rounds_verdict({"official": per_round["official"],
+                                               "TTLinear": per_round["tt"]}),
             flop_ratio=quotient(cost["official"][0], cost["tt"][0]),
             traffic_ratio=quotient(cost["official"][1], cost["tt"][1]),
             medians=f"nn.Linear {times['dense']:.3f} ms, TTLinear {times['tt']:.3f} ms, "
@@ -73,10 +76,11 @@ def target_linear(cfg: Config, roof: Roofline) -> list[BenchRow]:
             settings=f"same cores, gates and bias; both multiply the cores by the gates and add the bias "
                      f"(official: get_factors(prune_mask=True) gating and the bias outside TT_forward); "
                      f"ranks {tt.ranks}, {cfg.label()}{matmul_precision(cfg.device)}",
-            note=f"(nn.Linear / TTLinear) / (nn.Linear / official) = official / TTLinear; nn.Linear / official "
-                 f"{quotient(times['dense'], times['official']):.2f}x; official algorithm reimplemented in "
-                 f"harness/perf/official.py, timed in the same interleaved rounds; no roofline bound: the two "
-                 f"do about the same FLOPs (flop_ratio), so the difference is per-op overhead and layouts"))
+            note="(nn.Linear / TTLinear) / (nn.Linear / official) = official / TTLinear; "
+                 f"nn.Linear / official {quotient(times['dense'], times['official']):.2f}x; "
+                 "official algorithm reimplemented in harness/perf/official.py, timed in the same "
+                 "interleaved rounds; no roofline bound: the two do about the same FLOPs (flop_ratio), "
+                 "so the difference is per-op overhead and layouts"))
     return rows
 
 
@@ -107,17 +111,18 @@ def target_linear_ops(cfg: Config) -> list[BenchRow]:
         dense = torch.nn.Linear(n_in, n_out, device=cfg.device)
         for tokens in goal["tokens"]:
             x = torch.randn(tokens, n_in, device=cfg.device)
-            calls = {k: mb.module_call(m, x, "fwd_bwd", wrt_input=True)[0] for k, m in (("tt", tt), ("dense", dense))}
+            calls = {k: mb.module_call(m, x, "fwd_bwd", wrt_input=True)[0]
+                     for k, m in (("tt", tt), ("dense", dense))}
             ops = {k: mb.count_ops(run) for k, run in calls.items()}
             plan = tt.plan(tokens)
             if native.usable(plan):
                 inner = mb.count_native_inner_ops(calls["tt"])
                 with native.disabled():
                     python_ops = mb.count_ops(calls["tt"])
-                path = (f"native ops (comera.native): 2 of the {ops['tt']} are the native forward and backward, "
-                        f"inside which {inner} ATen calls run from C++ (views included; on a GPU each still "
-                        f"launches its kernels, what goes is Python's per-op cost); the Python kernels "
-                        f"dispatch {python_ops}")
+                path = (f"native ops (comera.native): 2 of the {ops['tt']} are the native forward and "
+                        f"backward, inside which {inner} ATen calls run from C++ (views included; "
+                        "on a GPU each still launches its kernels, what goes is Python's per-op cost); "
+                        f"the Python kernels dispatch {python_ops}")
             else:
                 path = f"Python kernels (native ops not in use: {state.reason})"
             rows.append(make_row(
@@ -125,9 +130,10 @@ def target_linear_ops(cfg: Config) -> list[BenchRow]:
                 ops["tt"], better="<=", goal_key="linear_ops.goal",
                 medians=f"TTLinear {ops['tt']} ops, nn.Linear {ops['dense']} ops",
                 settings=f"ranks {tt.ranks}, plan {plan.left}/{plan.right}, rank gates and bias",
-                note=f"ATen ops dispatched from Python (every op a TorchDispatchMode sees in one forward+backward: "
-                     f"views, and the one gradient accumulation per leaf ({1 + len(list(tt.parameters()))} for "
-                     f"TTLinear: input, cores, gates, bias) included); {path}"))
+                note="ATen ops dispatched from Python (every op a TorchDispatchMode sees in one "
+                     "forward+backward: views, and the one gradient accumulation per leaf "
+                     f"({1 + len(list(tt.parameters()))} for TTLinear: input, cores, gates, bias) included); "
+                     f"{path}"))
     return rows
 
 
@@ -183,7 +189,8 @@ def target_linear_cuda(cfg: Config, progress: Callable[[str], None]) -> list[Ben
         n_in, n_out = math.prod(in_shape), math.prod(out_shape)
         x = torch.randn(tokens, n_in, device=cfg.device)
         layers = {"dense": torch.nn.Linear(n_in, n_out, device=cfg.device),
-                  "tt": TTLinear(n_in, n_out, in_shape=in_shape, out_shape=out_shape, rank=rank, device=cfg.device)}
+                  "tt": TTLinear(n_in, n_out, in_shape=in_shape, out_shape=out_shape, rank=rank,
+                                 device=cfg.device)}
         runs = {k: mb.module_call(m, x, "fwd_bwd", wrt_input=True)[0] for k, m in layers.items()}
         runs["official"] = mb.module_call(OfficialTTLinear(layers["tt"]), x, "fwd_bwd", wrt_input=True)[0]
         grad_out = torch.randn(tokens, n_out, device=cfg.device)
@@ -200,8 +207,8 @@ def target_linear_cuda(cfg: Config, progress: Callable[[str], None]) -> list[Ben
         times = {k: statistics.median(v) for k, v in per_round.items()}
         plan = layers["tt"].plan(tokens)
         shape = f"{n_in}->{n_out} r{rank}, {tokens} tokens"
-        settings = (f"ranks {layers['tt'].ranks}, plan {plan.left}/{plan.right}, {cfg.label()}; ratio: median "
-                    f"over rounds of the ratio within a round{matmul_precision(cfg.device)}")
+        settings = (f"ranks {layers['tt'].ranks}, plan {plan.left}/{plan.right}, {cfg.label()}; ratio: "
+                    f"median over rounds of the ratio within a round{matmul_precision(cfg.device)}")
         for mode, what, goal_name in (("_graph", "CUDA graph replay", "graph"), ("", "eager", "eager"),
                                       ("_compile", "torch.compile", None)):
             if f"tt{mode}" not in runs:
@@ -222,7 +229,8 @@ def target_linear_cuda(cfg: Config, progress: Callable[[str], None]) -> list[Ben
         rows.append(make_row(
             1, f"TTLinear vs official TT_forward, eager, {shape}", case["vs_official"], value_of(value),
             goal_key=f"cuda_linear[{i}].vs_official",
-            stability=analysis.rounds_verdict({"official": per_round["official"], "TTLinear": per_round["tt"]}),
+            stability=analysis.rounds_verdict({"official": per_round["official"],
+                                               "TTLinear": per_round["tt"]}),
             medians=f"TTLinear {times['tt']:.3f} ms, official TT_forward {times['official']:.3f} ms"
                     f"{per_round_text(value)}",
             settings=settings))
@@ -232,18 +240,21 @@ def target_linear_cuda(cfg: Config, progress: Callable[[str], None]) -> list[Ben
 def matmul_precision(device: torch.device) -> str:
     """``"; float32 matmul precision <p>"`` on CUDA (TF32 or not changes nn.Linear's time several-fold),
     else ""."""
-    return f"; float32 matmul precision {torch.get_float32_matmul_precision()}" if device.type == "cuda" else ""
+    return (f"; float32 matmul precision {torch.get_float32_matmul_precision()}" if device.type == "cuda"
+            else "")
 
 
-def fixed_cost_note(dense_ms: float, tt_ms: float, one_token_ms: float, floor_ms: float, direct_ms: float) -> str:
+def fixed_cost_note(dense_ms: float, tt_ms: float, one_token_ms: float, floor_ms: float,
+                    direct_ms: float) -> str:
     """The TT layer's cost that does not shrink with the token count -- the same call on one token: core
     merges, gate products, per-op overhead -- the ratio it caps, and its two parts measured on one token:
     autograd alone (:class:`AutogradOnly`) and the contraction's own calls (:func:`contraction_only`)."""
-    return (f"profile: the same TTLinear on 1 token takes {one_token_ms:.3f} ms ({one_token_ms / tt_ms:.0%} of "
-            f"its time here: core merges, gates, per-op overhead, which do not shrink with tokens); even free "
-            f"token-sized products would give at most {dense_ms / one_token_ms:.2f}x; on 1 token, autograd "
-            f"alone (a Function over the same tensors that does no arithmetic) takes {floor_ms:.3f} ms and "
-            f"the contraction's forward and backward called directly (no autograd) {direct_ms:.3f} ms")
+    return (f"profile: the same TTLinear on 1 token takes {one_token_ms:.3f} ms "
+            f"({one_token_ms / tt_ms:.0%} of its time here: core merges, gates, per-op overhead, "
+            "which do not shrink with tokens); even free token-sized products would give at most "
+            f"{dense_ms / one_token_ms:.2f}x; on 1 token, autograd alone (a Function over the same tensors "
+            f"that does no arithmetic) takes {floor_ms:.3f} ms and the contraction's forward and backward "
+            f"called directly (no autograd) {direct_ms:.3f} ms")
 
 
 def contraction_only(layer: torch.nn.Module, x: torch.Tensor):
@@ -294,7 +305,8 @@ class AutogradOnly(torch.nn.Module):
 
         layer = self.layer
         bias = [] if layer.bias is None else [layer.bias]
-        return _NoArithmetic.apply(layer.out_features, x, *bias, *parameter_entries(layer.cores), *parameter_entries(layer.gates))
+        return _NoArithmetic.apply(layer.out_features, x, *bias, *parameter_entries(layer.cores),
+                                   *parameter_entries(layer.gates))
 
 
 # -------------------------------------------------------------------------------------------- target 3
@@ -353,7 +365,8 @@ def target_embedding(cfg: Config, roof: Roofline) -> list[BenchRow]:
         cost = {v: mb.count_cost(run) for v, (run, *_) in calls.items()}
         output_bytes = count * table["embedding_dim"] * modules["dense_grad"].weight.element_size()
         footprint = {v: peaks[v] + mb.param_bytes(modules[v]) for v in variants}
-        memory = {v: TableMemory.of(modules[v], peaks[v], output_bytes) for v in ("ttm_optimized", "dense_grad")}
+        memory = {v: TableMemory.of(modules[v], peaks[v], output_bytes)
+                  for v in ("ttm_optimized", "dense_grad")}
         unique = int(torch.unique(idx).numel())
         settings = f"table {shape}, {unique} unique rows, zipf 1.05, {cfg.label()}"
         common = {"settings": settings}
@@ -367,7 +380,8 @@ def target_embedding(cfg: Config, roof: Roofline) -> list[BenchRow]:
             bound=roof.speedup_bound(cost["ttm_naive"], cost["ttm_optimized"]), bound_basis="roofline",
             goal_key="lookup.speedup",
             medians=f"naive {times['ttm_naive']:.3f} ms, optimized {times['ttm_optimized']:.3f} ms, "
-                    f"nn.Embedding dense grad {times['dense_grad']:.3f} ms{per_round_text(speedup)}", **common))
+                    f"nn.Embedding dense grad {times['dense_grad']:.3f} ms{per_round_text(speedup)}",
+            **common))
         rows.append(make_row(
             3, f"TTM optimized vs naive lookup peak memory ratio, {count} indices", goals["memory"],
             quotient(peaks["ttm_naive"], peaks["ttm_optimized"]),

@@ -225,7 +225,8 @@ def embedding_cases(cfg: dict[str, Any], device: torch.device, seed: int) -> Ite
     One module lives at a time (a dense table with its gradient may take gigabytes)."""
     for table in cfg.get("tables", []):
         num, dim = int(table["num_embeddings"]), int(table["embedding_dim"])
-        indices = {n: zipf_indices(n, num, cfg["zipf_exponent"], seed + n).to(device) for n in cfg.get("indices", [])}
+        indices = {n: zipf_indices(n, num, cfg["zipf_exponent"], seed + n).to(device)
+                   for n in cfg.get("indices", [])}
         for variant in cfg["variants"]:
             module = embedding_module(variant, table, device)
             ttm = variant.startswith("ttm_")
@@ -235,8 +236,8 @@ def embedding_cases(cfg: dict[str, Any], device: torch.device, seed: int) -> Ite
             for count, idx in indices.items():
                 for direction in cfg["directions"]:
                     run, reset, output_bytes = module_call(module, idx, direction, wrt_input=False)
-                    yield Case("embedding", variant, shape, count, int(table["rank"]) if ttm else None, direction,
-                               run, reset, param_bytes(module), output_bytes)
+                    yield Case("embedding", variant, shape, count, int(table["rank"]) if ttm else None,
+                               direction, run, reset, param_bytes(module), output_bytes)
             del module
 
 
@@ -414,7 +415,8 @@ def cli(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="comera-bench microbench",
                                  description="Time and memory of single TT/TTM layers against dense ones.")
     src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--spec", help="JSON or YAML spec (ops, shapes, ranks, tokens, lookups, repeats, device)")
+    src.add_argument("--spec", help="JSON or YAML spec (ops, shapes, ranks, tokens, lookups, repeats, "
+                                    "device)")
     src.add_argument("--preset", choices=sorted(PRESETS), help="a built-in spec")
     ap.add_argument("--out", required=True, help="microbench Parquet file (written atomically)")
     ap.add_argument("--device", choices=["cpu", "cuda", "auto"], help="override the spec's device")
@@ -423,7 +425,8 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     try:
-        spec = load_spec(args.spec) if args.spec else check_spec(PRESETS[args.preset], source=f"preset {args.preset}")
+        spec = load_spec(args.spec) if args.spec else check_spec(PRESETS[args.preset],
+                                                                 source=f"preset {args.preset}")
         if args.device:
             spec["device"] = args.device
         if args.allocator:

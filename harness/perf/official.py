@@ -90,7 +90,8 @@ class _OfficialTTFunction(torch.autograd.Function):
 
 
 class OfficialTTLinear(nn.Module):
-    """The official CoMERA ``TensorizedLinear_module`` forward on the parameters of a :class:`comera.tt.TTLinear`.
+    """The official CoMERA ``TensorizedLinear_module`` forward on the parameters of a
+    :class:`comera.tt.TTLinear`.
 
     The cores, gates and bias are the TTLinear's own ``Parameter`` objects (shared, not copied), so both
     layers compute the same ``y = x W + b`` and their gradients land in the same tensors. The gates are

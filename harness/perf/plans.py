@@ -67,11 +67,13 @@ def kernel_cost_row(cfg: Config) -> BenchRow:
     measured = measure_kernel_cost(cfg.device, min_run_time_s=0.05 if cfg.quick else 0.3)
     default = contraction.KERNEL_COST
     return make_row(5, "per-kernel cost of a TT call, measured here / library default (KERNEL_COST)", None,
-                    measured / default, medians=f"measured {measured:,d}, default {default:,d} FLOP-equivalents",
+                    measured / default,
+                    medians=f"measured {measured:,d}, default {default:,d} FLOP-equivalents",
                     settings="one-token 768->768 rank-30 TTLinear forward+backward / its plan's kernels, "
                              "x the rate of a 512^3 float32 matmul",
                     note="far from 1: layer.plan_settings = dataclasses.replace(layer.plan_settings, "
-                         "kernel_cost=comera.tt.measure_kernel_cost()) adapts a layer's plans to this machine")
+                         "kernel_cost=comera.tt.measure_kernel_cost()) adapts a layer's plans to this "
+                         "machine")
 
 
 def target_plans(cfg: Config) -> list[BenchRow]:

@@ -74,15 +74,16 @@ def make_row(target: int, what: str, goal: float | None, measured: float | None,
              **fields: Any) -> BenchRow:
     """A row with its verdict; an impossible one says why in its note."""
     row = BenchRow(target, what, goal, better, measured,
-                   verdict(measured, goal, better, fields.get("bound"), fields.get("stability", "")), **fields)
+                   verdict(measured, goal, better, fields.get("bound"), fields.get("stability", "")),
+                   **fields)
     if row.verdict == "noisy":
         row.note = "; ".join(filter(None, [
-            f"timing not stable ({row.stability.removeprefix('noisy: ')}): shown, not judged against its goal; "
-            "run again on a quiet machine", row.note]))
+            f"timing not stable ({row.stability.removeprefix('noisy: ')}): shown, not judged against its "
+            "goal; run again on a quiet machine", row.note]))
     if row.verdict == "impossible":
         row.note = "; ".join(filter(None, [
-            f"above its own bound {row.bound:.2f} ({row.bound_basis}): the timing was noisy (a busy machine?), "
-            "not a result; run again on a quiet machine", row.note]))
+            f"above its own bound {row.bound:.2f} ({row.bound_basis}): the timing was noisy (a busy "
+            "machine?), not a result; run again on a quiet machine", row.note]))
     return row
 
 
@@ -123,8 +124,10 @@ def to_markdown(rows: list[BenchRow]) -> str:
     lines = []
     for r in rows:
         bound = f"{_num(r.bound)} ({r.bound_basis})" if r.bound is not None else ""
-        cells = [str(r.target), r.what, _num(r.measured), "" if r.goal is None else f"{r.better} {_num(r.goal)}",
-                 bound, r.verdict, r.stability, _num(r.flop_ratio), _num(r.traffic_ratio), r.medians, r.settings, r.note]
+        cells = [str(r.target), r.what, _num(r.measured),
+                 "" if r.goal is None else f"{r.better} {_num(r.goal)}",
+                 bound, r.verdict, r.stability, _num(r.flop_ratio), _num(r.traffic_ratio), r.medians,
+                 r.settings, r.note]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return head + "\n".join(lines) + "\n"
 

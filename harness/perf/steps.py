@@ -93,7 +93,8 @@ def halving_verdict(result: dict[str, Any], *keys: str) -> str:
         pairs = result.get(f"{key}_halving_rounds")
         if pairs:
             what = "steps" if key == "step_time_ms" else "layers"
-            times.update({f"full-rank {what}": [b for b, _ in pairs], f"halved {what}": [a for _, a in pairs]})
+            times.update({f"full-rank {what}": [b for b, _ in pairs],
+                          f"halved {what}": [a for _, a in pairs]})
     return analysis.rounds_verdict(times) if times else ""
 
 
@@ -139,17 +140,19 @@ def halving_note(flop_ratio: float | None, traffic_ratio: float | None) -> str:
     """What halving every rank removes from the tensorized layers ("" when not counted)."""
     if not flop_ratio:
         return ""
-    return (f"halving every rank cuts the layers' matmul FLOPs {flop_ratio:.2f}x and their compulsory traffic "
-            f"{traffic_ratio or float('nan'):.2f}x (FlopCounterMode and the traffic counter on the same "
-            f"re-runs): the token-sized products scale with the bond rank (2x), only the core merges with "
-            f"its square, and x and y are read and written whatever the rank, so the layers' time can fall "
-            f"at most by the FLOP ratio (the bound column: the roofline of both counts where measured)")
+    return (f"halving every rank cuts the layers' matmul FLOPs {flop_ratio:.2f}x and their compulsory "
+            f"traffic {traffic_ratio or float('nan'):.2f}x (FlopCounterMode and the traffic counter on "
+            "the same re-runs): the token-sized products scale with the bond rank (2x), only the core "
+            "merges with its square, and x and y are read and written whatever the rank, so the layers' time "
+            "can fall at most by the FLOP ratio (the bound column: the roofline of both counts where "
+            "measured)")
 
 
 def free_layers_cap(comera: dict[str, Any], other: dict[str, Any]) -> float | None:
     """``other``'s step time / the rest of the CoMERA step: the ratio if CoMERA's tensorized layers took no
     time (None when not measured or inconsistent: :func:`profile_mismatch`)."""
-    step, layers, other_step = comera.get("step_time_ms"), comera.get("tt_layers_ms"), other.get("step_time_ms")
+    step, layers, other_step = (comera.get("step_time_ms"), comera.get("tt_layers_ms"),
+                                other.get("step_time_ms"))
     if not (step and layers and other_step) or profile_mismatch(step, layers):
         return None
     return other_step / (step - layers)
@@ -192,7 +195,8 @@ def run_step_rounds(jobs: dict[str, dict[str, Any]], rounds: int, timeout_s: flo
         cells = []
         for name, job in jobs.items():
             spec = Path(tmp) / f"{name}.json"
-            spec.write_text(json.dumps({**job, "run_id": name, "rounds": rounds, "timing_group": TIMING_GROUP}))
+            spec.write_text(json.dumps({**job, "run_id": name, "rounds": rounds,
+                                        "timing_group": TIMING_GROUP}))
             cells.append(interleave.Cell(str(spec), str(Path(tmp) / f"{name}.out.json"), "",
                                          str(Path(tmp) / f"{name}.log")))
 
@@ -211,7 +215,8 @@ def run_step_rounds(jobs: dict[str, dict[str, Any]], rounds: int, timeout_s: flo
             if path.exists():
                 out[name] = json.loads(path.read_text())
                 continue
-            tail = (log.read_text(errors="replace").strip().splitlines() if log.exists() else []) or ["no output"]
+            tail = (log.read_text(errors="replace").strip().splitlines()
+                    if log.exists() else []) or ["no output"]
             code = cell.proc.returncode if cell.proc is not None else None
             out[name] = {"error": timed_out or f"exit {code}: {tail[-1]}"}
     return out
@@ -237,7 +242,8 @@ def step_ratio(results: dict[str, dict[str, Any]], num: str, den: str, key: str)
 
 
 def target_steps(cfg: Config, targets: set[int], timeout_s: float,
-                 progress: Callable[[str], None] = lambda line: None, roof: Roofline | None = None) -> list[BenchRow]:
+                 progress: Callable[[str], None] = lambda line: None,
+                 roof: Roofline | None = None) -> list[BenchRow]:
     """Targets 2 and 4 from one process per configuration, timed in interleaved rounds; each time ratio is
     the median over the rounds of the ratio within a round. ``roof`` (this machine's roofline) bounds
     target 4's layer speedup; without it the FLOP ratio does."""
@@ -310,7 +316,8 @@ def target_steps(cfg: Config, targets: set[int], timeout_s: float,
                 profile = share_note(res.get(comera, {}), OTHER_NAMES[jobs[other]["method"]])
                 extra = {"bound": cap, "bound_basis": "free tensorized layers" if cap else "",
                          "stability": step_verdict(other, comera),
-                         "note": "; ".join(filter(None, [profile, timing_note(other), timing_note(comera), errors]))}
+                         "note": "; ".join(filter(None, [profile, timing_note(other),
+                                                         timing_note(comera), errors]))}
             else:
                 names = f"{METHOD_NAMES[jobs[num]['method']]} / {METHOD_NAMES[jobs[den]['method']]}"
                 what = f"{names} peak memory ({memory_kind}){preset}, {batch}"
@@ -322,15 +329,17 @@ def target_steps(cfg: Config, targets: set[int], timeout_s: float,
             if metric == memory_key and cfg.device.type == "cpu" and get(comera, "peak_mem_bytes"):
                 measured, _ = rounds_ratio((num, "peak_mem_bytes"), (den, "peak_mem_bytes"))
                 rows.append(make_row(
-                    2, f"{names}, {batch}, peak RSS growth ({measure.CPU_RSS_DELTA}: over the training region)",
+                    2, f"{names}, {batch}, peak RSS growth ({measure.CPU_RSS_DELTA}: over the training "
+                       "region)",
                     None, measured, settings=settings(comera),
                     medians=f"{tag(num)} {_fmt_bytes(get(num, 'peak_mem_bytes'))}, "
                             f"{tag(den)} {_fmt_bytes(get(den, 'peak_mem_bytes'))}",
                     note="; ".join(filter(None, [
-                        f"informational: the {measure.CPU_ALLOCATED} row above carries the goal, the quantity a "
-                        f"GPU's {measure.CUDA_ALLOCATED} measures (the paper's); RSS growth leaves out what was "
-                        f"allocated before the training region (the parameters) and counts memory outside "
-                        f"tensors (library workspaces and JIT code, heap, Python)", errors]))))
+                        f"informational: the {measure.CPU_ALLOCATED} row above carries the goal, "
+                        f"the quantity a GPU's {measure.CUDA_ALLOCATED} measures (the paper's); "
+                        "RSS growth leaves out what was allocated before the training region (the "
+                        "parameters) and counts memory outside tensors (library workspaces and JIT code, "
+                        "heap, Python)", errors]))))
     if 4 in targets:
         rows += halving_rows(cfg, res.get("comera_b32", {}), jobs["comera_b32"]["batch_size"],
                              settings("comera_b32"), errors, roof)
@@ -378,13 +387,15 @@ def halving_rows(cfg: Config, result: dict[str, Any], batch: int, settings: str,
                  flop_ratio=flop_ratio, traffic_ratio=traffic_ratio,
                  bound=bound, bound_basis=basis,
                  medians=f"before {ms('tt_layers_ms')}"
-                         + parenthesized(f"{result.get('tt_layers_seen')} modules, each re-run alone on its step input",
+                         + parenthesized(f"{result.get('tt_layers_seen')} modules, each re-run alone on its "
+                                         "step input",
                                          alternated("tt_layers_ms", layer_rounds)),
                  settings=settings, stability=halving_verdict(result, "tt_layers_ms"),
                  note="; ".join(filter(None, [halving_note(flop_ratio, traffic_ratio), errors]))),
         make_row(4, f"CoMERA step speedup after halving every rank / its Amdahl estimate, batch {batch}",
                  goals["amdahl_fraction"], quotient(step, estimate), goal_key="halving.amdahl_fraction",
-                 medians=f"step before {ms('step_time_ms')}{parenthesized(alternated('step_time_ms', step_rounds))}: "
+                 medians=f"step before {ms('step_time_ms')}"
+                         f"{parenthesized(alternated('step_time_ms', step_rounds))}: "
                          f"{step or float('nan'):.2f}x; Amdahl estimate {estimate or float('nan'):.2f}x",
                  settings=settings, stability=halving_verdict(result, "step_time_ms", "tt_layers_ms"),
                  note="; ".join(filter(None, [amdahl_note(result), errors]))),

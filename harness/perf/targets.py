@@ -30,7 +30,8 @@ def _run_targets(targets: set[int], cfg: Config, step_timeout_s: float,
     roof = measure_roofline(cfg.device, cfg.num_threads, size=512 if cfg.quick else 2048,
                             copy_mb=16 if cfg.quick else 256) if targets & {1, 3, 4} else None
     if roof:
-        progress(f"roofline: {roof.flops_per_s / 1e9:.1f} GFLOP/s matmul, {roof.bytes_per_s / 1e9:.1f} GB/s copy")
+        progress(f"roofline: {roof.flops_per_s / 1e9:.1f} GFLOP/s matmul, {roof.bytes_per_s / 1e9:.1f} "
+                 "GB/s copy")
     jobs: list[tuple[set[int], Callable[[], list[BenchRow]]]] = [
         ({1}, lambda: target_linear(cfg, roof)),
         ({1}, lambda: target_linear_ops(cfg)),
@@ -56,5 +57,6 @@ def _run_targets(targets: set[int], cfg: Config, step_timeout_s: float,
     for row in rows:
         row.settings += f"; allocator {cfg.allocator} ({cfg.allocator_applied})"
         if roof:
-            row.settings += f"; roofline {roof.flops_per_s / 1e9:.1f} GFLOP/s, {roof.bytes_per_s / 1e9:.1f} GB/s"
+            row.settings += (f"; roofline {roof.flops_per_s / 1e9:.1f} GFLOP/s, "
+                             f"{roof.bytes_per_s / 1e9:.1f} GB/s")
     return rows

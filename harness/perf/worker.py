@@ -50,7 +50,8 @@ def cell_spec(job: dict[str, Any]) -> dict[str, Any]:
             "budget": {"epochs": 1, "max_steps_per_epoch": total, "warmup_steps": warmup,
                        "eval_every_steps": None, "time_limit_s": None},
             "execution": {"device": job["device"], "num_threads": job["threads"], "rounds": rounds,
-                          "allocator": job.get("allocator", "reuse"), "timing_group": job.get("timing_group")}}
+                          "allocator": job.get("allocator", "reuse"),
+                          "timing_group": job.get("timing_group")}}
 
 
 def cell_result(row: dict[str, Any]) -> dict[str, Any]:
@@ -160,11 +161,12 @@ def profile(job: dict[str, Any], out: dict[str, Any]) -> Callable[[Any], None]:
         prepared, workload, device = cell.prepared, cell.workload, cell.device
         model = prepared.model
         if device.type == "cpu":
-            step_peak, _ = measure.call_peak(lambda: prepared.train_step(workload, cell.batch, cell.steps_done),
-                                             device)
+            step_peak, _ = measure.call_peak(
+                lambda: prepared.train_step(workload, cell.batch, cell.steps_done), device)
             out["tensor_peak_bytes"] = _state_tensor_bytes(model, prepared.optimizers) + step_peak
         tensorized = tensorized_modules(model)
-        inputs = _capture_tensorized_inputs(model, lambda: workload.loss(model, cell.batch)) if tensorized else {}
+        inputs = (_capture_tensorized_inputs(model, lambda: workload.loss(model, cell.batch)) if tensorized
+                  else {})
         if inputs:
             out.update(tt_layers_ms=tensorized_layer_ms(model, inputs), tt_layers_seen=len(inputs),
                        tt_layers=len(tensorized))
@@ -185,13 +187,14 @@ def profile(job: dict[str, Any], out: dict[str, Any]) -> Callable[[Any], None]:
             for each, timer in zip((prepared, halved), timers):
                 timed_steps(each, workload, batches, warmup, first, timer, r)
             if inputs:
-                layer_pairs.append((tensorized_layer_ms(model, inputs), tensorized_layer_ms(halved.model, inputs)))
+                layer_pairs.append((tensorized_layer_ms(model, inputs),
+                                    tensorized_layer_ms(halved.model, inputs)))
         means = [timing.round_means(t.timed_ms, t.timed_rounds) for t in timers]
         out.update(_halving_medians("step_time_ms", list(zip(*means))))
         if inputs:
             out.update(_halving_medians("tt_layers_ms", layer_pairs))
-            out["tt_layers_flops_halved"], out["tt_layers_traffic_halved"] = tensorized_layer_cost(halved.model,
-                                                                                                   inputs)
+            out["tt_layers_flops_halved"], out["tt_layers_traffic_halved"] = tensorized_layer_cost(
+                halved.model, inputs)
     return after_steps
 
 

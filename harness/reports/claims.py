@@ -10,12 +10,12 @@ harness.results.analysis's.
 
 A row is in a claim's setting when it has the paper-size model (``size == "paper"`` in the row's settings
 JSON or its grid spec; C9: ``"bert-large"`` on text data) and ran on the GPU the claim names
-(harness.results.analysis.on_gpu); the claims compare default method configurations. Time and memory claims are judged
-on timing cells (:func:`in_timing_setting`:
-short runs whose steady-state step time -- stable per harness.core.timing -- gives the epoch time, extrapolated
-where the run stopped early, and said so); accuracy, loss and compression claims on runs that completed
-their schedule (:func:`in_setting`). Claims about compressed models also need the late stage to have run
-(:func:`late_stage_done`) and the accuracy to be kept (:data:`ACCURACY_KEPT`, against the uncompressed
+(harness.results.analysis.on_gpu); the claims compare default method configurations. Time and memory claims
+are judged on timing cells (:func:`in_timing_setting`:
+short runs whose steady-state step time -- stable per harness.core.timing -- gives the epoch time,
+extrapolated where the run stopped early, and said so); accuracy, loss and compression claims on runs that
+completed their schedule (:func:`in_setting`). Claims about compressed models also need the late stage to have
+run (:func:`late_stage_done`) and the accuracy to be kept (:data:`ACCURACY_KEPT`, against the uncompressed
 model of the same grid). Only rows in the setting give
 "holds" / "does not hold". The same comparison measured in any other setting is shown beside it, one
 entry per setting, and the verdict is then "not comparable here"; "not measured here" means the
@@ -53,7 +53,8 @@ ALMOST_SAME = 0.20     # C3 "almost the same": an RTX 4090 ratio within 20% of t
 LOSS_GAP_SLACK = 0.05  # C8: CoMERA's final loss may exceed the uncompressed one by the paper's gap + this
 #                       (C9's bound is the rebuttal's gap itself, 0.19)
 STATED_PRECISION = 0.01  # C8: a compression the paper states for a model whose ranks it does not publish is
-#                          met within 1% (rank 99 on every encoder linear gives 4.22x / 9.77x for 4.25x / 9.77x)
+#                          met within 1% (rank 99 on every encoder linear gives 4.22x / 9.77x for 4.25x /
+#                          9.77x)
 
 COLUMNS = {"claim": "claim", "paper": "paper value", "measured": "measured (in its setting)",
            "verdict": "verdict", "elsewhere": "same comparison here (other settings)", "device": "device",
@@ -316,8 +317,8 @@ def c1(ctx: Context) -> Verdict:
 
     return _judged(ctx, runs_of(ctx.res, ["transformer"], timing=True, graphs=True), measure,
                    f"transformer size=paper, {ctx.gpu}, timing cells; dense / CoMERA (no target) epoch time "
-                   f">= {v['speedup_vs_dense_min']:g}x at every batch of {v['batch_sizes']}, both with CUDA graph "
-                   "where the grid has such cells (the paper's Fig 7), else both eager")
+                   f">= {v['speedup_vs_dense_min']:g}x at every batch of {v['batch_sizes']}, both with CUDA "
+                   "graph where the grid has such cells (the paper's Fig 7), else both eager")
 
 
 def c2(ctx: Context) -> Verdict:
@@ -420,9 +421,9 @@ def c4(ctx: Context) -> Verdict:
 
     df = runs_of(ctx.res, ["transformer"], quality=True)
     return _judged(ctx, df, measure,
-                   f"transformer size=paper on MNLI, {ctx.gpu}, full schedule, quality cells where the grid has "
-                   "them, per batch size: CoMERA (no target; with its targets where it has no such row) and "
-                   f"GaLore accuracy within {ABOUT_ACCURACY:g} of {v['accuracy_comera']:g}; LTE "
+                   f"transformer size=paper on MNLI, {ctx.gpu}, full schedule, quality cells where the "
+                   "grid has them, per batch size: CoMERA (no target; with its targets where it has no such "
+                   f"row) and GaLore accuracy within {ABOUT_ACCURACY:g} of {v['accuracy_comera']:g}; LTE "
                    f"(default preset) at least {FAR_BELOW:g} below both",
                    in_setting(df, ctx.gpu) & (df.dataset == "mnli"))
 
@@ -469,7 +470,8 @@ def kept_accuracy(rows: pd.DataFrame) -> pd.DataFrame:
         else:
             ref.append(None)
             seeds.append("")
-    keep = [r is not None and pd.notna(r) and m >= r - ACCURACY_KEPT for m, r in zip(comera.metric_value, ref)]
+    keep = [r is not None and pd.notna(r) and m >= r - ACCURACY_KEPT
+            for m, r in zip(comera.metric_value, ref)]
     return comera.assign(dense_accuracy=ref, dense_seeds=seeds)[keep]
 
 
@@ -514,18 +516,18 @@ def c5(ctx: Context) -> Verdict:
                 continue
             best = ok.sort_values("compression_total").iloc[-1]
             seed = "" if pd.isna(best.seed) else f", seed {int(best.seed)}"
-            texts.append(f"{workload}: {best.compression_total:.1f}x ({best.compression_layers:.1f}x layers) at "
-                         f"target {best.target_ratio:g}{seed}, accuracy {best.metric_value:.3f} vs dense "
-                         f"{best.dense_accuracy:.3f} ({best.dense_seeds}){matched}")
+            texts.append(f"{workload}: {best.compression_total:.1f}x ({best.compression_layers:.1f}x "
+                         f"layers) at target {best.target_ratio:g}{seed}, accuracy {best.metric_value:.3f} "
+                         f"vs dense {best.dense_accuracy:.3f} ({best.dense_seeds}){matched}")
             parts.append(bool(best.compression_total >= stated))
         return Finding("; ".join(texts), _all(parts)) if texts else None
 
     df = runs_of(ctx.res, list(paper), quality=True)
     return _judged(ctx, df, measure,
                    f"size=paper, {ctx.gpu}, full schedule; default CoMERA after its late stage (target set, "
-                   f"late_start_step reached) with accuracy at most {ACCURACY_KEPT:g} below dense at the same "
-                   "batch; best total compression >= the stated one; rank sweeps and early-stage-only models "
-                   "are not counted", in_setting(df, ctx.gpu))
+                   f"late_start_step reached) with accuracy at most {ACCURACY_KEPT:g} below dense at "
+                   "the same batch; best total compression >= the stated one; rank sweeps and "
+                   "early-stage-only models are not counted", in_setting(df, ctx.gpu))
 
 
 # --------------------------------------------------------------------------------- C6 (microbench)
@@ -635,7 +637,8 @@ def c7(ctx: Context) -> Verdict:
 
 def _losses(rows: pd.DataFrame, keys: Sequence[str]) -> dict:
     """key -> (CoMERA, dense) median final training loss, for keys both have."""
-    c, d = (_cells(rows, m).groupby(list(keys)).final_train_loss.median().dropna() for m in ("comera", "dense"))
+    c, d = (_cells(rows, m).groupby(list(keys)).final_train_loss.median().dropna()
+            for m in ("comera", "dense"))
     return {k: (float(c[k]), float(d[k])) for k in c.index.intersection(d.index)}
 
 
@@ -663,12 +666,13 @@ def c8(ctx: Context) -> Verdict:
         small = None
         if len(comera):
             size = comera[["compression_total", "compression_layers"]].min()
-            texts.append(f"compression {size.compression_total:.2f}x total, {size.compression_layers:.2f}x layers")
+            texts.append(f"compression {size.compression_total:.2f}x total, {size.compression_layers:.2f}x "
+                         "layers")
             small = bool(size.compression_total >= least * v["compression_total"]
                          and size.compression_layers >= least * v["compression_layers"])
         loss = _losses(rows[rows.full_schedule.astype(bool)], keys)  # a short run's loss is no final loss
-        texts += [f"final loss (mean of the last {FINAL_LOSS_WINDOW} steps) {c:.3f} vs {d:.3f} @ seq {k[0]}, batch {k[1]}"
-                  for k, (c, d) in sorted(loss.items())]
+        texts += [f"final loss (mean of the last {FINAL_LOSS_WINDOW} steps) {c:.3f} vs {d:.3f} @ seq {k[0]}, "
+                  f"batch {k[1]}" for k, (c, d) in sorted(loss.items())]
         close = [c - d <= gap + LOSS_GAP_SLACK for c, d in loss.values()]
         texts.append(f"data {data}")
         return Finding("; ".join(texts),
@@ -681,10 +685,10 @@ def c8(ctx: Context) -> Verdict:
                    f"mlm size=paper on code (CodeBERT-large shapes; the paper pretrains on CodeSearchNet), "
                    f"{ctx.gpu}; "
                    f"timing cells: dense / CoMERA (no target) epoch time >= the stated speedup at the same "
-                   f"sequence length {speedups}; CoMERA's compression >= {v['compression_total']:g}x total and "
-                   f">= {v['compression_layers']:g}x layers, met within {STATED_PRECISION:.0%} (the paper's two "
-                   f"decimals, its ranks unpublished); full-schedule runs: final loss at most {gap:.2f} + "
-                   f"{LOSS_GAP_SLACK:g} above dense", scope)
+                   f"sequence length {speedups}; CoMERA's compression >= {v['compression_total']:g}x "
+                   f"total and >= {v['compression_layers']:g}x layers, met within {STATED_PRECISION:.0%} "
+                   "(the paper's two decimals, its ranks unpublished); full-schedule runs: final loss at "
+                   f"most {gap:.2f} + {LOSS_GAP_SLACK:g} above dense", scope)
 
 
 def mlm_runs(res: Results, *, text: bool) -> pd.DataFrame:
@@ -711,12 +715,12 @@ def c9(ctx: Context) -> Verdict:
     scope = (df.model_size == "bert-large") & gpu_rows(df, ctx.gpu) & df.full_schedule.astype(bool)
     inside, outside = judge(df, scope, measure)  # a loss claim: no timing rows, so no "timing not stable"
     return _verdict(inside, outside, _devices(df),
-                    f"mlm size=bert-large on text data (BERT-large shapes, C8's TT shapes, embedding and output "
-                    f"dense; the rebuttal pretrains on WikiText), {ctx.gpu}; full-schedule runs: CoMERA's final "
-                    f"training loss (no target) at most {gap:.2f} above dense ({v['loss_comera']:g} vs "
-                    f"{v['loss_dense']:g} in the rebuttal). The downstream part (SST-2, MRPC, SQuAD "
-                    f"{v['squad_comera']:g} vs {v['squad_dense']:g}) is not measured: fine-tuning is out of "
-                    "scope of this harness")
+                    "mlm size=bert-large on text data (BERT-large shapes, C8's TT shapes, embedding and "
+                    f"output dense; the rebuttal pretrains on WikiText), {ctx.gpu}; full-schedule runs: "
+                    f"CoMERA's final training loss (no target) at most {gap:.2f} above dense "
+                    f"({v['loss_comera']:g} vs {v['loss_dense']:g} in the rebuttal). The downstream part "
+                    f"(SST-2, MRPC, SQuAD {v['squad_comera']:g} vs {v['squad_dense']:g}) is not measured: "
+                    "fine-tuning is out of scope of this harness")
 
 
 def c10(ctx: Context) -> Verdict:
@@ -739,8 +743,8 @@ def c10(ctx: Context) -> Verdict:
                        all(x.value > 1 for x in points.values()))
 
     return _judged(ctx, runs_of(res, set(res.runs.workload), sweeps=True, timing=True), measure,
-                   f"compression sweep rows and dense (no target) at the same batch, size=paper, {ctx.gpu}, timing "
-                   "cells; a speedup at every compression of the tensorized layers > 1")
+                   f"compression sweep rows and dense (no target) at the same batch, size=paper, {ctx.gpu}, "
+                   "timing cells; a speedup at every compression of the tensorized layers > 1")
 
 
 CLAIMS: dict[str, Callable[[Context], Verdict]] = {
@@ -763,19 +767,20 @@ def evaluate(res: Results, others: Sequence[Results] = ()) -> pd.DataFrame:
     return pd.DataFrame(rows)[list(COLUMNS)].rename(columns=COLUMNS)
 
 
-RULES = ("A verdict (holds / does not hold) comes only from rows in the claim's setting: the paper-size model "
-         "(size=paper; C9: size=bert-large on text data), on the GPU the claim names (device cuda and a device "
-         "name ending in that model, e.g. NVIDIA GeForce RTX 3090; an RTX 3090 Ti or another GPU does not "
-         "count), default method configurations. "
+RULES = ("A verdict (holds / does not hold) comes only from rows in the claim's setting: the paper-size "
+         "model (size=paper; C9: size=bert-large on text data), on the GPU the claim names (device cuda and "
+         "a device name ending in that model, e.g. NVIDIA GeForce RTX 3090; an RTX 3090 Ti or another GPU "
+         "does not count), default method configurations. "
          "Time and memory claims use timing cells (status ok; time ratios from stable rows only, whose epoch "
          "time is the mean timed step x steps per epoch where the run stopped early; ratios of cells timed "
          "together: the median of their per-round ratios of mean step times); accuracy, loss "
          "and compression claims use runs after the full schedule (every budgeted epoch, no epoch cut by "
          "max_steps_per_epoch); compressed models also need the late stage run and an accuracy at most "
-         f"{ACCURACY_KEPT:g} below the uncompressed model of the same grid. Stated speedups, memory savings and "
-         "compressions are met when the measured ratio is at least them. 'not comparable here': the comparison "
-         "was measured only in other settings (shown, with each setting, in 'same comparison here'; 'same "
-         "direction' = on the paper's side of 1); 'not measured here': measured nowhere.")
+         f"{ACCURACY_KEPT:g} below the uncompressed model of the same grid. Stated speedups, "
+         "memory savings and compressions are met when the measured ratio is at least them. 'not comparable "
+         "here': the comparison was measured only in other settings (shown, with each setting, "
+         "in 'same comparison here'; 'same direction' = on the paper's side of 1); 'not measured here': "
+         "measured nowhere.")
 
 
 def left_out_text(results: Sequence[Results]) -> str:
@@ -784,12 +789,12 @@ def left_out_text(results: Sequence[Results]) -> str:
     for res in results:
         lines += [f"- {cell_text(res.label)}: {cell_text(entry)}" for entry in describe_left_out(
             r for _, r in unstable_timing_cells(res.runs).iterrows())]
-    head = ("Time ratios use stable timing rows only (harness/core/timing.py: spread, timed steps, the machine's "
-            "CPU contention while the steps ran); ratios of cells timed together in interleaved rounds are "
-            "the median of their per-round ratios of mean step times (periodic work included), with the IQR "
-            "over rounds in brackets; other ratios divide mean-based epoch times, with each side's round-mean "
-            "quartiles over its median combined the widest way in brackets (low: the numerator's Q1 against "
-            "the denominator's Q3).")
+    head = ("Time ratios use stable timing rows only (harness/core/timing.py: spread, timed steps, "
+            "the machine's CPU contention while the steps ran); ratios of cells timed together in "
+            "interleaved rounds are the median of their per-round ratios of mean step times (periodic work "
+            "included), with the IQR over rounds in brackets; other ratios divide mean-based epoch times, "
+            "with each side's round-mean quartiles over its median combined the widest way in brackets (low: "
+            "the numerator's Q1 against the denominator's Q3).")
     if not lines:
         return head + " No timing row was left out."
     return head + f" Left out of every time ratio ({len(lines)}):\n" + "\n".join(lines)
@@ -824,7 +829,8 @@ def summary_table(table: pd.DataFrame) -> pd.DataFrame:
         measured, elsewhere = r[COLUMNS["measured"]], r[COLUMNS["elsewhere"]]
         first = re.split(r"(?<=\]); ", elsewhere)[0]  # the first finding, each ending in its [setting]
         here = measured if measured != "-" else first if elsewhere != "-" else "-"
-        rows.append({"claim": cid, "paper": _short(f"{reference.claim(cid)['short']} ({reference.claim(cid)['device']})"),
+        rows.append({"claim": cid, "paper": _short(f"{reference.claim(cid)['short']} "
+                                                   f"({reference.claim(cid)['device']})"),
                      "here": _here_cell(here), "verdict": r[COLUMNS["verdict"]]})
     return pd.DataFrame(rows)
 

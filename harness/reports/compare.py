@@ -71,7 +71,8 @@ def cells_of(res: Results) -> pd.DataFrame:
     settings = [settings_of(r) for r in df.itertuples()]
     df["cuda_graph"] = df.run_id.map(res.cuda_graph)
     df["purpose"] = purpose_of(df)  # a quality cell is never pooled with a timing cell
-    df["workload_params"] = [_canonical(s.get("workload_params", res.cells.get(rid, {}).get("workload_params")))
+    df["workload_params"] = [_canonical(s.get("workload_params",
+                                              res.cells.get(rid, {}).get("workload_params")))
                              for s, rid in zip(settings, df.run_id)]
     df["budget"] = [_canonical(s.get("budget", res.cells.get(rid, {}).get("budget"))) for s, rid in
                     zip(settings, df.run_id)]
@@ -143,7 +144,8 @@ def side_by_side(folders: list[str | Path], names: list[str] | None = None
             for key in both:
                 a, b = base.loc[key], other.loc[key]
                 flags = _flags(a, b, labels[0], label)
-                found = ratio(b, a, col)  # refused across memory kinds and for unstable timings (quality cells too)
+                # refused across memory kinds and for unstable timings (quality cells too)
+                found = ratio(b, a, col)
                 if found is not None:
                     value[key], low[key], high[key] = found.value, found.low, found.high
                 if flags:
@@ -170,7 +172,8 @@ def _left_out(other: pd.DataFrame, base: pd.DataFrame, column: str) -> str:
     """Why :func:`harness.results.analysis.pair_ratio` gave no ratio of ``column`` for these rows."""
     if column == TIME and not (len(stable_only(other)) and len(stable_only(base))):
         return "left out: timing not stable"
-    if column == MEMORY and not any(same_memory_kind(a, b) for _, a in other.iterrows() for _, b in base.iterrows()):
+    if column == MEMORY and not any(same_memory_kind(a, b) for _, a in other.iterrows()
+                                    for _, b in base.iterrows()):
         return "memory kinds differ"
     return "not measured"
 
@@ -185,7 +188,8 @@ def method_ratios(folders: list[str | Path], names: list[str] | None = None) -> 
         runs = timing_cells(res.runs)  # time and memory ratios of the timing cells only
         runs = runs[(runs.status == "ok") & runs.target_ratio.isna() & ~runs.run_id.isin(list(res.sweeps))
                     & ~runs.run_id.map(res.cuda_graph).astype(bool)]
-        runs = runs.assign(workload_params=[_canonical(settings_of(r).get("workload_params")) for r in runs.itertuples()])
+        runs = runs.assign(workload_params=[_canonical(settings_of(r).get("workload_params"))
+                                            for r in runs.itertuples()])
         for (workload, params, batch), group in runs.groupby(["workload", "workload_params", "batch_size"]):
             base = group[(group.method == "comera") & (group.variant == "default")]
             if not len(base):
@@ -193,7 +197,8 @@ def method_ratios(folders: list[str | Path], names: list[str] | None = None) -> 
             for (method, variant), other in group[group.method != "comera"].groupby(["method", "variant"]):
                 for q, col in QUANTITIES.items():
                     r = pair_ratio(other, base, col)
-                    rows.append({"device": res.label, "workload": workload, "params": params, "batch_size": batch,
+                    rows.append({"device": res.label, "workload": workload, "params": params,
+                                 "batch_size": batch,
                                  "seeds": other.seed.nunique(dropna=False), "versus": f"{method}-{variant}",
                                  "quantity": q, "ratio": r.value if r else float("nan"),
                                  "low": r.low if r else float("nan"), "high": r.high if r else float("nan"),
@@ -201,11 +206,12 @@ def method_ratios(folders: list[str | Path], names: list[str] | None = None) -> 
                                  "source": "measured", "note": "" if r else _left_out(other, base, col)})
     for device in reference.paper_devices().values():
         for r in device["ratios"]:
-            rows.append({"device": device["label"], "workload": r["workload"], "params": "", "batch_size": r["batch_size"],
+            rows.append({"device": device["label"], "workload": r["workload"], "params": "",
+                         "batch_size": r["batch_size"],
                          "seeds": 0, "versus": f"{r['method']}-default", "quantity": r["quantity"],
                          "ratio": r["ratio"], "low": r["ratio"], "high": r["ratio"], "rounds": 0,
-                         "interleaved": False, "source": f"{r['claim']}: {reference.source_text(r['source'])}",
-                         "note": ""})
+                         "interleaved": False,
+                         "source": f"{r['claim']}: {reference.source_text(r['source'])}", "note": ""})
     return pd.DataFrame(rows)
 
 
@@ -320,7 +326,8 @@ def _speedups(ax: plt.Axes, ratios: pd.DataFrame) -> None:
     every measured ratio was left out."""
     times = ratios[ratios.quantity == "epoch_time"]
     r = times[times.ratio.notna()]
-    keys = r.apply(lambda x: f"{x.workload}/{_batch_label(x.batch_size)}: {x.versus}", axis=1) if len(r) else pd.Series(dtype=str)
+    keys = (r.apply(lambda x: f"{x.workload}/{_batch_label(x.batch_size)}: {x.versus}", axis=1) if len(r)
+            else pd.Series(dtype=str))
     order = sorted(keys.unique())
     ndev = max(1, r.device.nunique())
     for i, (device, group) in enumerate(r.assign(key=keys).groupby("device", sort=False)):
@@ -374,8 +381,9 @@ def save(fig: plt.Figure, out: Path) -> None:
 def _markdown(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, warnings: list[str]) -> str:
     seeds = len(table) and table.seed.nunique() > 1
     shown = table.assign(cell=table.apply(cell_label, axis=1, seed=seeds) if len(table) else [])
+    # a memory ratio: no spread
     cols = ["cell"] + [c for c in table.columns if c.startswith("epoch_time")
-                       or c.startswith("peak_mem") and not c.endswith(("low", "high"))]  # a memory ratio: no spread
+                       or c.startswith("peak_mem") and not c.endswith(("low", "high"))]
     cols += ["differences"]
     warn = "".join(f"\n> **Warning:** {cell_text(w)}\n" for w in warnings)
     ratio_cols = ["device", "workload", "batch_size", "versus", "quantity", "ratio", "low", "high", "rounds",
@@ -390,11 +398,11 @@ def _markdown(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, warn
             "round-mean quartiles over its median, combined the widest way (low: Q1 of the later device "
             "against Q3 of the first; none "
             f"where a side has fewer than 2 rounds):\n\n{markdown_table(shown[cols], '.4g')}"
-            "\n\n## CoMERA vs the other methods on each device (other / CoMERA)\n\nTime from stable rows only; "
-            "cells timed together in interleaved rounds give the median of the per-round ratios of mean step "
-            "times (periodic work included) and its IQR (low-high) over `rounds` rounds; other cells the "
-            "ratio of their mean-based epoch times, low-high from each side's round-mean quartiles as above; "
-            "the median over `seeds` seeds.\n\n"
+            "\n\n## CoMERA vs the other methods on each device (other / CoMERA)\n\nTime from stable rows "
+            "only; cells timed together in interleaved rounds give the median of the per-round ratios of "
+            "mean step times (periodic work included) and its IQR (low-high) over `rounds` rounds; "
+            "other cells the ratio of their mean-based epoch times, low-high from each side's round-mean "
+            "quartiles as above; the median over `seeds` seeds.\n\n"
             f"{markdown_table(ratios[ratio_cols].assign(batch_size=ratios.batch_size.map(_batch)), '.3g')}\n")
 
 

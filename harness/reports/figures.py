@@ -196,7 +196,8 @@ def _per_batch(ax: plt.Axes, df: pd.DataFrame, column: str, scale: float, ylabel
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xlabel("batch size (samples)")
     ax.set_ylabel(ylabel)
-    _log_if_spread(ax, df[df.status == "ok"][column].astype(float) / scale if len(df) else pd.Series(dtype=float))
+    _log_if_spread(
+        ax, df[df.status == "ok"][column].astype(float) / scale if len(df) else pd.Series(dtype=float))
     ax.grid(alpha=0.3)
 
 
@@ -206,7 +207,8 @@ def speedups(df: pd.DataFrame) -> dict[int, Any]:
     ok = df[(df.status == "ok") & df.target_ratio.isna()]
     out = {}
     for batch, cells in ok.groupby("batch_size"):
-        dense, comera = cells[cells.method == "dense"], cells[(cells.method == "comera") & (cells.variant == "default")]
+        dense, comera = (cells[cells.method == "dense"],
+                         cells[(cells.method == "comera") & (cells.variant == "default")])
         r = pair_ratio(dense, comera) if len(dense) and len(comera) else None
         if r is not None:
             out[int(batch)] = r
@@ -226,14 +228,15 @@ def speedup_note(df: pd.DataFrame) -> str:
     slower = []
     for b, r in sorted(ratios.items()):
         cells = df[(df.batch_size == b) & (df.status == "ok") & df.target_ratio.isna()]
-        d, c = cells[cells.method == "dense"].iloc[0], cells[(cells.method == "comera") & (cells.variant == "default")].iloc[0]
+        d, c = (cells[cells.method == "dense"].iloc[0],
+                cells[(cells.method == "comera") & (cells.variant == "default")].iloc[0])
         if r.value < 1 and c.flops_per_step > 0 and d.flops_per_step > 0:
             slower.append(f"batch {b}: {d.flops_per_step / c.flops_per_step:.1f}x fewer FLOPs, "
                           f"{1 / r.value:.2f}x the time")
     if slower:
-        text += ("CoMERA slower than uncompressed at " + "; ".join(slower) + ": with few tokens per call the TT "
-                 "layers' fixed cost per call (several small products and their autograd nodes) outweighs "
-                 "their FLOP saving. ")
+        text += ("CoMERA slower than uncompressed at " + "; ".join(slower)
+                 + ": with few tokens per call the TT layers' fixed cost per call (several small products "
+                 "and their autograd nodes) outweighs their FLOP saving. ")
     return text
 
 
@@ -264,14 +267,16 @@ def time_memory_footer(res: Results, workload: str, df: pd.DataFrame, paper_note
     memory point is, the paper's values; the model, budget, epoch-time kind and notes are in its notes
     (:func:`time_memory_details`)."""
     ratios = speedups(df)
-    measured = ("Uncompressed / CoMERA time " + ", ".join(f"{r.text()} @ batch {b}" for b, r in sorted(ratios.items()))
+    measured = ("Uncompressed / CoMERA time "
+                + ", ".join(f"{r.text()} @ batch {b}" for b, r in sorted(ratios.items()))
                 + ". ") if ratios else ""
     return (f"{device_text(res, df)}. {measured}Bars: step-time IQR; ringed: not stable (in no verdict); "
             f"{memory_spread_text(df)}. {PAPER}: {paper_note}")
 
 
 def _values_text(series: pd.Series) -> str:
-    values = sorted({str(int(v)) if isinstance(v, float) and v.is_integer() else str(v) for v in series.dropna()})
+    values = sorted({str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+                     for v in series.dropna()})
     return "/".join(values) or "?"
 
 
@@ -384,7 +389,8 @@ def _curve_figure(res: Results, out: Path, name: str, title: str, workload: str,
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     failed = [f"{r.run_id} ({r.status})" for r in runs.itertuples() if r.status != "ok"]
-    footer = [f"{device_text(res, runs)}; {source}" + ("; shaded: the range over the seeds." if banded else "."),
+    footer = [f"{device_text(res, runs)}; {source}"
+              + ("; shaded: the range over the seeds." if banded else "."),
               f"Failed: {', '.join(failed)}." if failed else "", note(df, source) if note else ""]
     _finish(fig, title, " ".join(filter(None, footer)), out, name, f"{res.settings_line(workload, runs)}.")
 
@@ -535,11 +541,13 @@ TARGET_SLACK = 0.05
 
 def ramp_text(runs: pd.DataFrame) -> str:
     """What shapes the left panel's fall: CoMERA's target_ramp (method params in the runs' settings)."""
-    ramps = sorted({float(settings_of(r).get("method", {}).get("target_ramp") or 0.0) for r in runs.itertuples()})
+    ramps = sorted({float(settings_of(r).get("method", {}).get("target_ramp") or 0.0)
+                    for r in runs.itertuples()})
     if ramps == [0.0]:
         return "the size target S0 is fixed at target x size at the switch from the switch on (target_ramp 0)"
     return ("the size target S0 falls linearly from the size at the switch to target x that size over "
-            + "/".join(f"{x:.0%}" for x in ramps) + " of the late stage (method param target_ramp), then stays")
+            + "/".join(f"{x:.0%}" for x in ramps)
+            + " of the late stage (method param target_ramp), then stays")
 
 
 KNEE_DROP = 0.02
@@ -769,8 +777,8 @@ def fig5_ttm_lookup(res: Results, out: Path) -> None:
         group = group.sort_values("tokens")
         one_table = mb["shape"].str.split(" ").str[0].nunique() == 1
         label = variant if one_table else f"{variant} {shape}"
-        ax_t.errorbar(group.tokens, group.time_ms, yerr=group.time_ms_iqr.fillna(0) / 2, marker="o", capsize=3,
-                      label=label)
+        ax_t.errorbar(group.tokens, group.time_ms, yerr=group.time_ms_iqr.fillna(0) / 2, marker="o",
+                      capsize=3, label=label)
         ax_t.plot(group.tokens[~stable(group)], group.time_ms[~stable(group)], **NOISY_RING)
         ax_m.plot(group.tokens, group.peak_mem_bytes / MB, marker="o", label=label)
     tokens = sorted(int(t) for t in mb.tokens.unique())
@@ -806,7 +814,8 @@ FIGURES: dict[str, Callable[[Results, Path], None]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, res = report_args("python -m harness.reports.figures", __doc__.splitlines()[0], argv, not_drawn=True)
+    args, res = report_args("python -m harness.reports.figures", __doc__.splitlines()[0], argv,
+                            not_drawn=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name, draw in FIGURES.items():

@@ -46,8 +46,8 @@ def markdown_table(df: pd.DataFrame, floatfmt: str) -> str:
     """``df`` as a Markdown table: text cells as :func:`cell_text`, a missing value as an empty cell."""
     cells = df.astype(object).where(df.notna(), None)
     for col in cells:  # element by element: a column of whole counts and gaps must not turn float
-        cells[col] = pd.Series([cell_text(v) if isinstance(v, str) else v for v in cells[col]], index=cells.index,
-                               dtype=object)
+        cells[col] = pd.Series([cell_text(v) if isinstance(v, str) else v for v in cells[col]],
+                               index=cells.index, dtype=object)
     return cells.to_markdown(index=False, floatfmt=floatfmt, missingval="")
 
 
@@ -75,7 +75,8 @@ def write_html(md_path: str | Path) -> Path:
     """``<name>.html`` next to the Markdown file ``md_path``; its title is the file's first heading."""
     md_path = Path(md_path)
     text = md_path.read_text()
-    first = next((line.lstrip("# ").strip() for line in text.splitlines() if line.startswith("#")), md_path.stem)
+    first = next((line.lstrip("# ").strip() for line in text.splitlines() if line.startswith("#")),
+                 md_path.stem)
     out = md_path.with_suffix(".html")
     out.write_text(page(text, first))
     return out

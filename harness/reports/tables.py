@@ -73,10 +73,11 @@ def table1_ranks(res: Results, workload: str = "transformer") -> tuple[pd.DataFr
                     "ranks: table_runs and the curves)" if others else "")]
     early = next((ranks for col, (ranks, _) in columns.items() if col.startswith("after early stage")), None)
     if early is not None and "before training" in columns and early == columns["before training"][0]:
-        notes.append("the early stage pruned no rank: by default it trains the TT model on the task loss alone "
-                     "and prunes only ranks whose share of their bond fell to the threshold (why: "
+        notes.append("the early stage pruned no rank: by default it trains the TT model on the task loss "
+                     "alone and prunes only ranks whose share of their bond fell to the threshold (why: "
                      "docs/recipe.md, \"The early stage\")")
-    missing = [f"target {r.target_ratio:g}: {why}" for r in comera.itertuples() if (why := late_stage_missing(r))]
+    missing = [f"target {r.target_ratio:g}: {why}" for r in comera.itertuples()
+               if (why := late_stage_missing(r))]
     if missing:
         notes.append("not measured here: " + "; ".join(missing))
     rows = [{"layer": name, **{col: _ranks_text(ranks.get(name)) for col, (ranks, _) in columns.items()}}
@@ -88,8 +89,8 @@ def table1_ranks(res: Results, workload: str = "transformer") -> tuple[pd.DataFr
             "step; after early stage: right after the switch's pruning)")
 
 
-def _rank_columns(res: Results, df: pd.DataFrame) -> tuple[dict[str, tuple[dict[str, list[int]], float | None]],
-                                                              list[str]]:
+def _rank_columns(res: Results, df: pd.DataFrame
+                  ) -> tuple[dict[str, tuple[dict[str, list[int]], float | None]], list[str]]:
     """Table 1's columns, name -> (layer -> ranks, TT size), and where they come from: before training,
     after the early stage (at the first recorded switch, else at the end of an early-stage-only run) and
     one per target whose late stage ran, in ``df``'s order."""
@@ -144,27 +145,29 @@ def table_mnli_size(res: Results) -> tuple[pd.DataFrame, str]:
     The paper's dense size is the last row."""
     runs, source = res.quality_runs("transformer")
     rows = [_size_row(res, r) for r in quality_order(runs).itertuples()]
-    data = sorted({str(settings_of(r).get("workload_info", {}).get("data") or "") for r in runs.itertuples()} - {""})
+    data = sorted({str(settings_of(r).get("workload_info", {}).get("data") or "") for r in runs.itertuples()}
+                  - {""})
     paper = reference.load()["models"]["transformer_paper"]
     rows.append({"source": "paper (RTX 3090)", "method": "dense (paper shapes)",
                  "total_MB": _mb(paper["params_dense"]),
                  "note": "the paper's model, source below"})
     on_data = (f"data: {', '.join(data)}" + (" (the synthetic NLI task, not MNLI: its accuracies are not "
-                                             "the paper's)" if "mnli" not in data else "") + "; ") if data else ""
+                                             "the paper's)" if "mnli" not in data else "")
+               + "; ") if data else ""
     df = pd.DataFrame(rows)
     return (df,
-            f"{on_data}rows from the {source}; accuracy = the last evaluation, eval_loss = its cross-entropy (it still "
-            "separates models whose accuracies have saturated), accuracy_at_switch = the one right after "
-            "the stage switch; sizes = parameters x 4 bytes (float32), MB = 10^6 bytes; TT size = scalars in "
-            "every core and gate (at the switch: after its pruning); end/switch = TT size at the end / at the "
-            "switch, to be read against the target; params = parameters of the trained model; the "
-            "size-matched dense model is the uncompressed model made narrower (d_model, d_ff) to the "
-            "parameter count nearest CoMERA's at its target, computed before training (every parameter but "
-            "the TT cores and gates, plus the target x those at initialization; its note gives that count "
-            "and the width); the paper row is its model at full size (source: "
+            f"{on_data}rows from the {source}; accuracy = the last evaluation, eval_loss = its cross-entropy "
+            "(it still separates models whose accuracies have saturated), accuracy_at_switch = the one right "
+            "after the stage switch; sizes = parameters x 4 bytes (float32), MB = 10^6 bytes; "
+            "TT size = scalars in every core and gate (at the switch: after its pruning); end/switch = TT "
+            "size at the end / at the switch, to be read against the target; params = parameters of the "
+            "trained model; the size-matched dense model is the uncompressed model made narrower (d_model, "
+            "d_ff) to the parameter count nearest CoMERA's at its target, computed before training (every "
+            "parameter but the TT cores and gates, plus the target x those at initialization; its note gives "
+            "that count and the width); the paper row is its model at full size (source: "
             f"{reference.source_text(paper['source'])}); a note \"still "
-            f"learning\": its accuracy rose by more than {LEARNING_RISE:g} over its last {LEARNING_TAIL:.0%} of "
-            "steps to less than 1, so it is not a settled result")
+            f"learning\": its accuracy rose by more than {LEARNING_RISE:g} over its last "
+            f"{LEARNING_TAIL:.0%} of steps to less than 1, so it is not a settled result")
 
 
 def _count(value: Any) -> int | None:
@@ -179,7 +182,8 @@ def _size_row(res: Results, r: Any) -> dict[str, Any]:
             "seed": r.seed, "accuracy": r.metric_value if r.metric_name == "accuracy" else None,
             "eval_loss": extra_of(r).get("eval", {}).get("loss"),
             "accuracy_at_switch": info.get("accuracy"), "tt_size_at_switch": _count(info.get("size")),
-            "tt_size_end": _count(size_end), "end/switch": size_end / info["size"] if size_end and info.get("size") else None,
+            "tt_size_end": _count(size_end),
+            "end/switch": size_end / info["size"] if size_end and info.get("size") else None,
             "target": r.target_ratio, "params": _count(r.params_total), "total_MB": _mb(r.params_total),
             "tensorized_layers_MB": _mb(r.params_factorized_layers),
             "compression_total": r.compression_total, "compression_layers": r.compression_layers,
@@ -203,8 +207,8 @@ def matched_note(row: Any) -> str:
 def table_runs(res: Results) -> tuple[pd.DataFrame, str]:
     """Every run: status, step/epoch time, peak memory, quality and compression."""
     cols = ["run_id", "purpose", "seed", "status", "step_time_ms", "step_time_ms_iqr", "timing_quality",
-            "run_queue_frac", "epoch_time_s", "epoch_time_kind", "peak_mem_bytes", "peak_mem_kind", "metric_name",
-            "metric_value", "compression_total", "error"]
+            "run_queue_frac", "epoch_time_s", "epoch_time_kind", "peak_mem_bytes", "peak_mem_kind",
+            "metric_name", "metric_value", "compression_total", "error"]
     df = res.runs[cols].copy()
     df["peak_mem_MB"] = df.pop("peak_mem_bytes").map(_mb_bytes)
     df.insert(df.columns.get_loc("error"), "resumed_at", [resumed_at(row) for row in res.runs.itertuples()])
@@ -214,13 +218,14 @@ def table_runs(res: Results) -> tuple[pd.DataFrame, str]:
     df["error"] = df["error"].fillna("").str.slice(0, 80)
     df["purpose"] = purpose_of(df)
     return df.sort_values("run_id").reset_index(drop=True), (
-        "peak_mem_MB = peak_mem_bytes / 10^6; timing_quality: 'stable' or 'noisy: <reasons>' (docs/measurement.md); "
-        "run_queue_frac: share of its runnable time the cell's threads waited for a CPU; resumed_at: the steps "
-        "a stopped cell resumed at from its checkpoint (its step times and memory: its last process's); "
-        "timed_alone: a timing cell that ran out of memory beside the other cells of its timing group and was "
-        "timed by itself after them (its time ratios are of cells timed apart); compiled: a compiled cell's "
-        "graphs and graph breaks under torch.compile, and its eager fallbacks (code Dynamo left to run eagerly, "
-        "e.g. past its recompile limit); with a break or a fallback its steps were timed partly eager")
+        "peak_mem_MB = peak_mem_bytes / 10^6; timing_quality: 'stable' or 'noisy: "
+        "<reasons>' (docs/measurement.md); run_queue_frac: share of its runnable time the cell's threads "
+        "waited for a CPU; resumed_at: the steps a stopped cell resumed at from its checkpoint (its step "
+        "times and memory: its last process's); timed_alone: a timing cell that ran out of memory beside the "
+        "other cells of its timing group and was timed by itself after them (its time ratios are of cells "
+        "timed apart); compiled: a compiled cell's graphs and graph breaks under torch.compile, "
+        "and its eager fallbacks (code Dynamo left to run eagerly, e.g. past its recompile limit); "
+        "with a break or a fallback its steps were timed partly eager")
 
 
 def resumed_at(row: Any) -> str:
@@ -229,7 +234,8 @@ def resumed_at(row: Any) -> str:
 
 
 def timed_alone(row: Any) -> str:
-    """Why a cell of a timing group was timed by itself after its group (``extra.timed_alone``), "" when not."""
+    """Why a cell of a timing group was timed by itself after its group (``extra.timed_alone``), "" when
+    not."""
     return str(extra_of(row).get("timed_alone") or "")
 
 
@@ -262,7 +268,8 @@ def group_gpu_memory(runs: pd.DataFrame) -> str:
         group = row.timing_group if isinstance(row.timing_group, str) and row.timing_group else None
         if group and used and total and used > found.get(group, (0, 0))[0]:
             found[group] = (int(used), int(total))
-    return "; ".join(f"{group} {used / GIB:.1f} of {total / GIB:.1f} GiB" for group, (used, total) in sorted(found.items()))
+    return "; ".join(f"{group} {used / GIB:.1f} of {total / GIB:.1f} GiB"
+                     for group, (used, total) in sorted(found.items()))
 
 
 def _values(series: pd.Series) -> str:
@@ -283,10 +290,12 @@ def overview(res: Results) -> tuple[pd.DataFrame, str]:
             ("torch threads per cell", _values(runs.num_threads)),
             ("comera-bench version, git commit", f"{_values(runs.comera_bench_version)}, "
                                                  f"{_values(runs.git_commit.str.slice(0, 12))}"
-                                                 + (" (uncommitted changes)" if runs.git_dirty.fillna(False).any() else "")),
+                                                 + (" (uncommitted changes)"
+                                                    if runs.git_dirty.fillna(False).any() else "")),
             ("host", _values(runs.hostname)),
             ("cells started", f"{started.iloc[0]} to {started.iloc[-1]}" if len(started) else "-"),
-            ("cells", ", ".join(f"{n} {purpose} {status}" for (purpose, status), n in counts.items()) or "none"),
+            ("cells", ", ".join(f"{n} {purpose} {status}"
+                                for (purpose, status), n in counts.items()) or "none"),
             ("timing cells stable", f"{int(stable(ok_timed).sum())} of {len(ok_timed)} ok timing cells "
                                     "(the others are left out of every time ratio)")]
     for label, named_by, where in (
@@ -321,8 +330,10 @@ def with_not_drawn(df: pd.DataFrame, names: list[str]) -> pd.DataFrame:
 TABLES = {"overview": overview, "table1_ranks": table1_ranks, "table2_dlrm": table2_dlrm,
           "table_mnli_size": table_mnli_size, "table_runs": table_runs}
 QUALITY_TABLES = ("table1_ranks", "table_mnli_size")  # from the quality cells: their settings
-TITLES = {"overview": "Run overview", "table1_ranks": "Table 1: TT ranks (transformer)", "table2_dlrm": "Table 2: DLRM",
-          "table_mnli_size": "Transformer (NLI task: MNLI or synthetic, see the note) accuracy and size, per method and target",
+TITLES = {"overview": "Run overview", "table1_ranks": "Table 1: TT ranks (transformer)",
+          "table2_dlrm": "Table 2: DLRM",
+          "table_mnli_size": "Transformer (NLI task: MNLI or synthetic, see the note) accuracy and size, "
+                             "per method and target",
           "table_runs": "All runs"}
 
 

@@ -125,7 +125,8 @@ class CellState:
     activity: str = ""
     watchdog: Watchdog | None = None
     checkpoint: Any = None
-    """Where and how often this run writes its checkpoint (harness.running.checkpoint.Checkpointing; None: never)."""
+    """Where and how often this run writes its checkpoint (harness.running.checkpoint.Checkpointing; None:
+    never)."""
     stop: Any = None
     """The process's stop policy (harness.core.stops.CellStop; None: none installed)."""
     resumed: list[dict[str, Any]] = field(default_factory=list)
@@ -146,7 +147,8 @@ class CellState:
 
 def training_s(st: CellState) -> float:
     """Seconds of training so far against ``budget.time_limit_s``: from this process's first training step,
-    less its waits for the timing group and its checkpoint writes, plus earlier processes' (a resumed cell)."""
+    less its waits for the timing group and its checkpoint writes, plus earlier processes' (a resumed
+    cell)."""
     return st.train_s_before + time.perf_counter() - st.training_started - st.timed.waited_s - st.checkpoint_s
 
 

@@ -57,7 +57,8 @@ def every_s() -> float | None:
 
 
 def path_for(runs_out: str | os.PathLike) -> Path:
-    """The checkpoint of the cell whose runs row goes to ``runs_out``: ``<run_id>.checkpoint.pt`` beside it."""
+    """The checkpoint of the cell whose runs row goes to ``runs_out``: ``<run_id>.checkpoint.pt`` beside
+    it."""
     runs_out = Path(runs_out)
     name = runs_out.name
     stem = name[:-len(RUNS_SUFFIX)] if name.endswith(RUNS_SUFFIX) else runs_out.stem
@@ -239,7 +240,8 @@ def load(path: str | os.PathLike, spec: dict[str, Any]) -> tuple[dict[str, Any] 
     if problem:
         return None, f"{path} is not a usable checkpoint: {problem}"
     if saved["spec"] != spec:
-        differ = sorted(key for key in set(spec) | set(saved["spec"]) if spec.get(key) != saved["spec"].get(key))
+        differ = sorted(key for key in set(spec) | set(saved["spec"])
+                        if spec.get(key) != saved["spec"].get(key))
         derived = [key for key in differ if key not in ("cell_hash", "execution_hash", "run_id")]
         named = ", ".join(map(str, derived or differ))
         return None, f"{path} belongs to another spec (it differs in {named})"
@@ -267,7 +269,8 @@ def resume(st: CellState) -> dict[str, Any] | None:
     saved, why_not = load(st.checkpoint.path, st.spec.to_dict())
     if saved is None:
         if why_not:
-            print(f"{run_id}: starting over: the checkpoint is not used: {why_not}", file=sys.stderr, flush=True)
+            print(f"{run_id}: starting over: the checkpoint is not used: {why_not}",
+                  file=sys.stderr, flush=True)
         return None
     try:
         st.prepared.load_state_dict(saved["method"])

@@ -1,7 +1,7 @@
 """A file-lock GPU allocator for local pipeline runs: two jobs never share a GPU.
 
-``python -m harness.running.gpus [--count N] [--lock-dir DIR] -- CMD ...`` runs CMD with CUDA_VISIBLE_DEVICES set
-to the first GPU whose lock file it can take (waiting while all are taken). The lock is an ``flock`` on
+``python -m harness.running.gpus [--count N] [--lock-dir DIR] -- CMD ...`` runs CMD with CUDA_VISIBLE_DEVICES
+set to the first GPU whose lock file it can take (waiting while all are taken). The lock is an ``flock`` on
 ``DIR/gpu<i>.lock`` held by CMD's own process (the command is exec'd with the locked descriptor
 inherited), so it is released when CMD exits or is killed, never left stale. When CUDA_VISIBLE_DEVICES
 is already set (SLURM gives each job its GPU), CMD runs unchanged.
@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
     index, fd = acquire(count, args.lock_dir, timeout_s=args.timeout_s)
     os.set_inheritable(fd, True)
     os.environ["CUDA_VISIBLE_DEVICES"] = str(index)
-    print(f"harness.running.gpus: running on GPU {index} (lock {args.lock_dir}/gpu{index}.lock)", file=sys.stderr)
+    print(f"harness.running.gpus: running on GPU {index} (lock {args.lock_dir}/gpu{index}.lock)",
+          file=sys.stderr)
     os.execvp(command[0], command)
 
 

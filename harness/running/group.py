@@ -28,7 +28,8 @@ def isolated_command(cell: interleave.Cell) -> list[str]:
     script next to this Python when there is one, else ``python -m harness.cli``."""
     script = Path(sys.executable).with_name("comera-bench")
     entry = [str(script)] if script.exists() else [sys.executable, "-m", "harness.cli"]
-    cmd = [*entry, "run", "--isolate", "--spec", cell.spec, "--runs-out", cell.runs, "--curves-out", cell.curves]
+    cmd = [*entry, "run", "--isolate", "--spec", cell.spec, "--runs-out", cell.runs,
+           "--curves-out", cell.curves]
     return cmd + (["--log", cell.log] if cell.log else [])
 
 

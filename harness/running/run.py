@@ -50,9 +50,9 @@ JSON records its outcome under ``warm_up`` ("ok", "method skipped: <reason>" or 
 Execution: ``execution.allocator`` ("reuse", default, or "system") is applied to the process before the
 workload is built and undone when the run ends (see :mod:`harness.core.allocator`); the settings JSON records
 it under ``execution`` and what it did under ``allocator``. The memory monitor hands the free heap back to
-the kernel before it reads its baseline and whenever it resumes (harness.core.measure.MemoryMonitor), so memory
-freed while preparing (the dense model CoMERA converts) or evaluating does not sit in the RSS, where later
-allocations could reuse it unseen.
+the kernel before it reads its baseline and whenever it resumes (harness.core.measure.MemoryMonitor), so
+memory freed while preparing (the dense model CoMERA converts) or evaluating does not sit in the RSS, where
+later allocations could reuse it unseen.
 
 Curves rows (split / metric_name): ``train`` / ``loss`` (task loss) and ``objective`` (the method's total
 loss) every step; ``eval`` / every numeric value of ``workload.evaluate`` at each evaluation (every
@@ -102,14 +102,17 @@ START_PHASES: dict[str, str] = {
                   "steps at a time)",
     "build": "building the workload: its model and data",
     "prepare": "preparing the method (conversion, optimizers; CUDA graph and compile wrappers)",
-    "flops": "counting the tokens for FLOPs per step (harness.core.measure.measure_flops) and the first ranks",
+    "flops": "counting the tokens for FLOPs per step (harness.core.measure.measure_flops) "
+             "and the first ranks",
     "eval": "the evaluation before the first step (none in a cell of a timing group)",
     "memory_baseline": "the full garbage collection and the memory monitor's baseline",
-    "warmup_steps": "the budget's warm-up training steps before the first round (CUDA graph capture included)",
+    "warmup_steps": "the budget's warm-up training steps before the first round (CUDA graph capture "
+                    "included)",
     "gate": "waiting at the first round for the timing group's other cells",
 }
 """The phases of a cell's time before its first timing round, in order (``extra["start_phases_s"]``; the
-timing group's log line names the slowest cell's). A phase a cell does not reach or does not have is absent."""
+timing group's log line names the slowest cell's). A phase a cell does not reach or does not have is
+absent."""
 
 WATCHDOG_GRACE_S = 30.0
 """How long a step or evaluation may run past budget.time_limit_s before the watchdog ends the cell."""
@@ -537,8 +540,9 @@ def _end_hung(st: CellState, on_hang: Callable[[dict[str, Any], list[dict[str, A
     seconds when not None): the row of what is known so far (status timeout) and the curves go to
     ``on_hang``."""
     if stall_s is not None:
-        error = (f"stalled: {st.activity} did not finish within the stall limit of {stall_s:g} s ({STALL_ENV}; "
-                 f"set it higher if that is expected) after {st.steps_done} steps; the process was ended")
+        error = (f"stalled: {st.activity} did not finish within the stall limit of {stall_s:g} s "
+                 f"({STALL_ENV}; set it higher if that is expected) after {st.steps_done} steps; "
+                 "the process was ended")
     else:
         error = (f"time limit of {st.spec.budget.time_limit_s} s reached after {st.steps_done} steps; "
                  f"{st.activity} was still running {WATCHDOG_GRACE_S:g} s later and the process was ended")
@@ -587,7 +591,8 @@ def run_to_files(spec: specs.Spec | dict[str, Any], runs_out: str | os.PathLike,
         except OSError as exc:
             if exc.errno in ENVIRONMENT_ERRNOS:
                 raise EnvironmentFault(exc.errno, f"cannot write the row of {row['run_id']} "
-                                                  f"({row['status']}): {exc.strerror}", str(exc.filename)) from exc
+                                                  f"({row['status']}): {exc.strerror}",
+                                       str(exc.filename)) from exc
             raise
         checkpoints.path_for(runs_out).unlink(missing_ok=True)
 

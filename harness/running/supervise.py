@@ -182,7 +182,8 @@ def supervise(command: list[str], spec_path: str | os.PathLike, runs_out: str | 
     started = time.monotonic()
     log_fh, log_error = _open_log(log, str(spec_path))
     child = subprocess.Popen(command, stdout=log_fh, stderr=subprocess.STDOUT if log_fh else None,
-                             env=stops.child_env({**os.environ, stops.CELL_STARTED_ENV: _process_started_at()}))
+                             env=stops.child_env({**os.environ,
+                                                  stops.CELL_STARTED_ENV: _process_started_at()}))
     received: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:
@@ -208,12 +209,12 @@ def supervise(command: list[str], spec_path: str | os.PathLike, runs_out: str | 
               "next time", file=sys.stderr)
         return 128 + stopped, "interrupted"
     if returncode == interleave.EXIT_GROUP_LOST:
-        print(f"comera-bench run: {spec_path}: its timing group's coordinator is gone; no row written, the cell "
-              "runs again next time", file=sys.stderr)
+        print(f"comera-bench run: {spec_path}: its timing group's coordinator is gone; no row written, "
+              "the cell runs again next time", file=sys.stderr)
         return returncode, "interrupted"
     if returncode == EXIT_ENVIRONMENT_FAULT:  # the child said why (its log, the job's stderr)
-        print(f"comera-bench run: {spec_path}: environment fault (e.g. a full disk); no row written, the cell "
-              "runs again next time", file=sys.stderr)
+        print(f"comera-bench run: {spec_path}: environment fault (e.g. a full disk); no row written, "
+              "the cell runs again next time", file=sys.stderr)
         return returncode, "environment fault"
     sig, error = describe_exit(returncode)
     oom_after = oom_kill_count()

@@ -57,7 +57,8 @@ def warm_up(workload: str, method: str, *, batch_size: int, device: torch.device
     Returns "ok", or "method skipped: <reason>" when the method cannot run here (nothing ran). A failing
     step raises (its frames cleared, so the tiny model does not outlive it). Nothing it built is referenced
     afterwards; reference cycles among it wait for the caller's ``gc.collect()`` before the baseline (a full
-    collection, which a process full of imports makes slow), except on CUDA, where they are collected here to empty the cache."""
+    collection, which a process full of imports makes slow), except on CUDA, where they are collected here to
+    empty the cache."""
     if build_workload is None or get_method is None:
         import baselines
         import harness.workloads as workloads

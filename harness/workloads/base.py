@@ -36,7 +36,8 @@ class Workload:
     metric_name: str
     seq_len: int | None = None
     lr: dict[str, float] = field(default_factory=dict)
-    """The learning rates for this workload: {"dense", "cores", "other", "gates"} and optionally "embedding_cores"."""
+    """The learning rates for this workload: {"dense", "cores", "other", "gates"} and optionally
+    "embedding_cores"."""
     info: dict[str, Any] = field(default_factory=dict)
     """Anything worth recording (data source, vocabulary size, number of samples)."""
     official_init: Callable[[nn.Module], None] | None = None

@@ -9,10 +9,10 @@ Kaggle table sizes (:data:`harness.data.criteo.KAGGLE_TABLE_SIZES`). The CPU pre
 ``rank``) are smaller than the dense table. The paper states DLRM's compression after rank adaptation
 ("up to 99x"), not its ranks: "paper" uses rank 48, which compresses the model 85.5x at initialization
 (97.6x on the tensorized tables; rank 32 would give 162x before any pruning), so that 99x is reached only
-by the late stage, as the transformer's 80x is from its 45x at initialization. ``metric_name`` is "accuracy" (click predicted when
-p >= 0.5); evaluate also returns "nce": mean binary cross-entropy divided by the entropy of the eval
-split's click rate (1.0 = no better than predicting the base rate; left out when every eval label is
-the same, where it is undefined, so a non-finite value always means divergence).
+by the late stage, as the transformer's 80x is from its 45x at initialization. ``metric_name`` is "accuracy"
+(click predicted when p >= 0.5); evaluate also returns "nce": mean binary cross-entropy divided by the entropy
+of the eval split's click rate (1.0 = no better than predicting the base rate; left out when every eval label
+is the same, where it is undefined, so a non-finite value always means divergence).
 
 Data: ``data="synthetic"`` (default) writes a Criteo-format file with a planted signal
 (:func:`harness.data.criteo.write_synthetic`) into the cache dir and reads it back through the real

@@ -31,7 +31,8 @@ def keep_levels(p: float) -> int:
     return round((1.0 - p) * LANE_LEVELS)
 
 
-def keep_mask(shape: torch.Size | tuple[int, ...], levels: int, device: torch.device | str = "cpu") -> torch.Tensor:
+def keep_mask(shape: torch.Size | tuple[int, ...], levels: int,
+              device: torch.device | str = "cpu") -> torch.Tensor:
     """Boolean mask of ``shape``, each element True with probability ``levels / LANE_LEVELS``.
 
     ``levels`` is in [0, LANE_LEVELS): a mask that keeps everything needs no draws (and its threshold
@@ -74,7 +75,8 @@ def _apply(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 
 def _scale(levels: int) -> float:
-    """Inverted-dropout scale for a keep probability of ``levels / LANE_LEVELS`` (any value when none is kept)."""
+    """Inverted-dropout scale for a keep probability of ``levels / LANE_LEVELS`` (any value when none is
+    kept)."""
     return LANE_LEVELS / max(levels, 1)
 
 

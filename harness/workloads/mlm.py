@@ -64,7 +64,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "paper": dict(vocab_size=50265, d_model=1024, num_layers=24, num_heads=16, d_ff=4096, max_positions=514,
                   seq_len=128, dropout=0.1, rank=99, embedding_rank=32, tensorize_embedding=False,
                   max_documents=None, max_train_blocks=None, max_eval_blocks=None),
-    "bert-large": dict(vocab_size=30522, d_model=1024, num_layers=24, num_heads=16, d_ff=4096, max_positions=512,
+    "bert-large": dict(vocab_size=30522, d_model=1024, num_layers=24, num_heads=16, d_ff=4096,
+                       max_positions=512,
                        seq_len=128, dropout=0.1, rank=99, embedding_rank=32, tensorize_embedding=False,
                        max_documents=None, max_train_blocks=None, max_eval_blocks=None),
 }
@@ -76,7 +77,8 @@ EMBEDDING_SHAPES = {(50265, 1024): ([15, 15, 15, 15], [4, 4, 8, 8]), (4096, 128)
 
 DEFAULTS: dict[str, Any] = dict(embedding_row_shape=None, embedding_col_shape=None,
                                 data="stdlib", data_path=None, cache_dir=None, data_seed=0, eval_every=20,
-                                mask_prob=0.15, eval_batch_size=None, tensorize_embedding=True, tokenizer_file=None)
+                                mask_prob=0.15, eval_batch_size=None, tensorize_embedding=True,
+                                tokenizer_file=None)
 TYPES: dict[str, Any] = dict(
     vocab_size=int, d_model=int, num_layers=int, num_heads=int, d_ff=int, max_positions=int, seq_len=int,
     dropout=float, rank=int, embedding_rank=int, embedding_row_shape=(ListOf(int), None),
@@ -143,12 +145,14 @@ def tt_spec(p: dict[str, Any]) -> dict[str, dict]:
     rows, cols = embedding_shapes(p, EMBEDDING_SHAPES)
     if p["tensorize_embedding"]:
         spec["encoder.embeddings.word"] = {
-            **embedding_spec(p["vocab_size"], p["d_model"], p["embedding_rank"], row_shape=rows, col_shape=cols),
+            **embedding_spec(p["vocab_size"], p["d_model"], p["embedding_rank"], row_shape=rows,
+                             col_shape=cols),
             "init_std": BERT_INIT_STD}
     return spec
 
 
-def _blocks(ids: Iterable[list[int]], seq_len: int, limit: int | None, special: dict[str, int]) -> torch.Tensor:
+def _blocks(ids: Iterable[list[int]], seq_len: int, limit: int | None,
+            special: dict[str, int]) -> torch.Tensor:
     """Documents joined by [SEP], cut into [CLS] + (seq_len - 2) tokens + [SEP] blocks (remainder dropped;
     documents past ``limit`` blocks are not read). The stream is an int64 array, not a list of Python
     ints: WikiText-103 is about 125M tokens."""
@@ -188,7 +192,8 @@ def documents(p: dict[str, Any]) -> tuple[list[str], list[str], list[Path]]:
     return train_docs, [d for i, d in enumerate(docs) if i in held_out], files
 
 
-def tokenizer(p: dict[str, Any], train_docs: list[str], files: list[Path], folder: Path) -> tuple[Tokenizer, str, str]:
+def tokenizer(p: dict[str, Any], train_docs: list[str], files: list[Path],
+              folder: Path) -> tuple[Tokenizer, str, str]:
     """(tokenizer, cache key, kind): the user's ``tokenizer_file`` (e.g. BERT's tokenizer.json; its
     vocabulary must fit vocab_size), else one trained on the training documents and cached in ``folder``:
     a WordPiece for text, a byte-level BPE for code."""
@@ -209,7 +214,8 @@ def tokenizer(p: dict[str, Any], train_docs: list[str], files: list[Path], folde
     else:
         kind, prefix, train = "byte-bpe", "bpe", train_byte_bpe
     key = fingerprint(kind, p["vocab_size"], p["max_documents"], p["eval_every"], files=files)
-    return load_or_train(folder / f"{prefix}-{key}.json", lambda: train(train_docs, p["vocab_size"])), key, kind
+    return load_or_train(folder / f"{prefix}-{key}.json",
+                         lambda: train(train_docs, p["vocab_size"])), key, kind
 
 
 def load_data(p: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:

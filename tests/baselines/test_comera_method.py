@@ -129,8 +129,8 @@ def test_check_params_fills_defaults_and_names_bad_keys():
     assert check_params({"rank": 5})["rank"] == 5
     with pytest.raises(ValueError, match="'rnak'.*allowed"):
         check_params({"rnak": 5})
-    for bad in ({"lookup": "fast"}, {"rank": -1}, {"embedding_rank": 0}, {"early_fraction": 2}, {"lr_cores": 0},
-                {"prune_every": 1.5}, {"l1_weight": -1}):
+    for bad in ({"lookup": "fast"}, {"rank": -1}, {"embedding_rank": 0}, {"early_fraction": 2},
+                {"lr_cores": 0}, {"prune_every": 1.5}, {"l1_weight": -1}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             check_params(bad)
 
@@ -142,7 +142,8 @@ def test_bad_target_ratio_is_named():
 
 
 PLATEAU = 0.674
-"""The default quality task's hypothesis-only accuracy: the plateau a model that reads one sentence stays on."""
+"""The default quality task's hypothesis-only accuracy: the plateau a model that reads one sentence stays
+on."""
 
 
 @pytest.mark.slow

@@ -48,7 +48,8 @@ def test_late_stage_ends_within_15_percent_of_its_size_target():
     row, curves = _cell("comera", target=0.5, steps=steps)
     method = json.loads(row["settings"])["method"]
     switch = method["switch"]
-    assert 0.45 * steps <= switch["step"] < steps and switch["size_target"] == pytest.approx(0.5 * switch["size"])
+    assert (0.45 * steps <= switch["step"] < steps
+            and switch["size_target"] == pytest.approx(0.5 * switch["size"]))
     sizes = [c["value"] for c in curves if c["split"] == "method" and c["metric_name"] == "params_tt"]
     assert len(sizes) == steps
     assert abs(sizes[-1] - switch["size_target"]) <= 0.15 * switch["size_target"], method["outcome"]

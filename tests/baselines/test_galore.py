@@ -26,7 +26,8 @@ def fake_workload(lr=1e-2):
 
 
 def prepare(model, **params):
-    return GaLoreMethod().prepare(model, fake_workload(), {**SMALL, **params}, target_ratio=None, total_steps=10)
+    return GaLoreMethod().prepare(model, fake_workload(), {**SMALL, **params}, target_ratio=None,
+                                  total_steps=10)
 
 
 def step(prepared, x) -> None:
@@ -46,8 +47,8 @@ def test_galore_manages_exactly_the_linear_weights():
     assert prepared.settings["galore_params"] == sum(p.numel() for p in linear_weights) > 0
     assert all(p.dim() == 2 for p in projected["params"])
     # embedding, norm and biases train in the plain group
-    assert {id(p) for p in plain["params"]} == {id(model.emb.weight), id(model.norm.weight), id(model.norm.bias),
-                                                 id(model.fc1.bias), id(model.fc2.bias)}
+    assert {id(p) for p in plain["params"]} == {id(model.emb.weight), id(model.norm.weight),
+                                                id(model.norm.bias), id(model.fc1.bias), id(model.fc2.bias)}
     assert "rank" not in plain
 
 

@@ -36,14 +36,16 @@ def step(prepared, x, target) -> float:
 
 @pytest.mark.parametrize("merge_every", [1, 3])
 def test_one_head_is_a_lora_step_folded_into_the_weight(merge_every):
-    prepared = prepare(linear64(), heads=1, rank=2, alpha=4.0, merge_every=merge_every, lr=0.05, lr_other=0.02)
+    prepared = prepare(linear64(), heads=1, rank=2, alpha=4.0, merge_every=merge_every, lr=0.05,
+                       lr_other=0.02)
     layer = prepared.model[0]
     scale = 2.0
     w0 = layer.weight.detach().clone()
     a = layer.lora_A[0].detach().clone().requires_grad_()
     b = torch.zeros(5, 2, dtype=torch.float64, requires_grad=True)
     bias = layer.bias.detach().clone().requires_grad_()
-    reference = torch.optim.AdamW([{"params": [a, b], "lr": 0.05}, {"params": [bias], "lr": 0.02}], weight_decay=0.0)
+    reference = torch.optim.AdamW([{"params": [a, b], "lr": 0.05}, {"params": [bias], "lr": 0.02}],
+                                  weight_decay=0.0)
     gen = torch.Generator().manual_seed(1)
     for _ in range(5):
         x = torch.randn(8, 6, generator=gen, dtype=torch.float64)
@@ -116,7 +118,8 @@ def test_eval_uses_merged_weight_and_before_eval_merges_what_was_learned():
 
 def test_batch_not_divisible_by_heads_is_a_clear_error():
     prepared = prepare(linear64(), heads=4)
-    with pytest.raises(ValueError, match=r"LTE layer '0': batch size 6 is not divisible by the number of heads 4"):
+    with pytest.raises(ValueError, match=r"LTE layer '0': batch size 6 is not divisible by the number of "
+                                         r"heads 4"):
         prepared.model(torch.randn(6, 6, dtype=torch.float64))
     prepared.model.eval()(torch.randn(6, 6, dtype=torch.float64))  # eval has no heads: any batch
 

@@ -58,7 +58,8 @@ def test_bad_values_are_named(name, params, match):
     ("galore", {"rank": 4, "update_proj_gap": 25, "scale": 1.0}),
     ("galore", {"rank": 4, "update_proj_gap": 25, "scale": 1.0, "layerwise": True}),
     ("lte", {"preset": "tuned"}),
-    pytest.param("comera", {}, marks=pytest.mark.skipif(not HAS_COMERA, reason="baselines/comera.py not written yet")),
+    pytest.param("comera", {}, marks=pytest.mark.skipif(not HAS_COMERA,
+                                                        reason="baselines/comera.py not written yet")),
 ])
 def test_method_learns_toy_task_well_above_chance(name, params):
     workload = make_toy_workload()

@@ -21,7 +21,8 @@ def test_param_groups_split_cores_gates_and_the_rest():
     assert {k: g["lr"] for k, g in groups.items()} == {"cores": 2e-3, "gates": 1e-2, "other": 2e-3}
     assert [p is q for p, q in zip(groups["cores"]["params"], model[0].cores)] == [True] * 6
     assert len(groups["gates"]["params"]) == 5
-    assert {id(p) for p in groups["other"]["params"]} == {id(model[0].bias), id(model[2].weight), id(model[2].bias)}
+    assert {id(p) for p in groups["other"]["params"]} == {id(model[0].bias), id(model[2].weight),
+                                                          id(model[2].bias)}
     overridden = {g["name"]: g["lr"] for g in comera.param_groups(model, cores=1e-4, gates=1e-3, other=5e-5)}
     assert overridden == {"cores": 1e-4, "gates": 1e-3, "other": 5e-5}
     with pytest.raises(ValueError, match="'gates'"):
@@ -31,7 +32,8 @@ def test_param_groups_split_cores_gates_and_the_rest():
 def test_param_groups_put_ttm_cores_in_their_own_group():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Embedding(64, 16), nn.Linear(16, 32))
-    comera.tensorize(model, {"0": {"rank": 4, "row_shape": [4, 4, 4], "col_shape": [4, 2, 2]}, "1": {"rank": 4}})
+    comera.tensorize(model, {"0": {"rank": 4, "row_shape": [4, 4, 4], "col_shape": [4, 2, 2]},
+                             "1": {"rank": 4}})
     groups = {g["name"]: g for g in comera.param_groups(model, lr=1e-3, embedding_cores=1e-2)}
     assert {k: g["lr"] for k, g in groups.items()} == {"cores": 1e-3, "embedding_cores": 1e-2, "gates": 5e-3,
                                                         "other": 1e-3}
@@ -45,7 +47,8 @@ def test_param_groups_put_ttm_cores_in_their_own_group():
 def test_defaults_are_the_pipelines_recipe():
     adapt = comera.RankAdaptation(_model(), target=0.3, total_steps=1000)
     s = adapt.settings
-    shared = ("l1_weight", "l2_weight", "threshold", "prune_every", "min_rank", "switch_when", "converged_gain",
+    shared = ("l1_weight", "l2_weight", "threshold", "prune_every", "min_rank", "switch_when",
+              "converged_gain",
               "loss_tolerance", "size_weight", "stop_at_target", "target_ramp", "mask_gates")
     assert {key: getattr(s, key) for key in shared} == {key: PARAMS_DEFAULTS[key] for key in shared}
     assert (s.l1_weight, s.l2_weight, s.min_rank, s.switch_when) == (0.0, 0.0, 1, "converged")
@@ -132,7 +135,8 @@ def _train(model, optimizer, adapt, start, stop, net=None, part=(0, 1)):
     after the switch."""
     for step in range(start, stop):
         gen = torch.Generator().manual_seed(step)
-        x, y = torch.randn(32, 16, generator=gen, dtype=torch.float64), torch.randint(0, 4, (32,), generator=gen)
+        x, y = (torch.randn(32, 16, generator=gen, dtype=torch.float64),
+                torch.randint(0, 4, (32,), generator=gen))
         x, y = x.chunk(part[1])[part[0]], y.chunk(part[1])[part[0]]
         adapt.loss(nn.functional.cross_entropy((net or model)(x), y)).backward()
         optimizer.step()
@@ -239,7 +243,8 @@ def _ddp_process(rank, folder):
 
     dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=2)
     try:
-        model, optimizer, adapt = _run(dict(target=0.5, total_steps=24, early_fraction=0.4, prune_every=4, switch_when="step"))
+        model, optimizer, adapt = _run(dict(target=0.5, total_steps=24, early_fraction=0.4, prune_every=4,
+                                            switch_when="step"))
         net = _Rewrapped(model)
         _train(model, optimizer, adapt, 0, 24, net, part=(rank, 2))
     finally:
@@ -261,6 +266,7 @@ def test_two_ddp_processes_prune_alike_and_stay_equal(tmp_path):
     assert first["rebuilt"] == second["rebuilt"] >= 2
     for name, param in first["params"].items():
         assert torch.equal(param, second["params"][name]), name
-    alone, alone_opt, alone_adapt = _run(dict(target=0.5, total_steps=24, early_fraction=0.4, prune_every=4, switch_when="step"))
+    alone, alone_opt, alone_adapt = _run(dict(target=0.5, total_steps=24, early_fraction=0.4, prune_every=4,
+                                              switch_when="step"))
     _train(alone, alone_opt, alone_adapt, 0, 24, part=(0, 2))
     assert not torch.equal(dict(alone.named_parameters())["2.weight"], first["params"]["2.weight"])

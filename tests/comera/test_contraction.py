@@ -70,7 +70,8 @@ def _sweep(count: int, orders, seed: int):
         m = rng.randint(max(1, order - 4), min(4, order - 1))
         modes = tuple(rng.randint(2, 16) for _ in range(order))
         ranks = [1] + [rng.randint(1, 32) for _ in range(order - 1)] + [1]
-        cases.append((modes[:m], modes[m:], _without_redundancy(modes, ranks), rng.choice([1, 3, 32, 257, 4096])))
+        cases.append((modes[:m], modes[m:], _without_redundancy(modes, ranks),
+                      rng.choice([1, 3, 32, 257, 4096])))
     return cases
 
 
@@ -80,12 +81,14 @@ def _check_against_opt_einsum(in_shape, out_shape, ranks, tokens):
     assert plan.flops <= reference, f"{plan.flops} > opt_einsum {reference}\n{plan}"
 
 
-@pytest.mark.parametrize("case", _sweep(40, [2, 3, 4, 5, 6], seed=0) + [PAPER_FFN + (t,) for t in (1, 128, 4096)])
+@pytest.mark.parametrize("case",
+                         _sweep(40, [2, 3, 4, 5, 6], seed=0) + [PAPER_FFN + (t,) for t in (1, 128, 4096)])
 def test_plan_never_exceeds_opt_einsum_sum(case):
     _check_against_opt_einsum(*case)
 
 
-@pytest.mark.parametrize("case", _sweep(4, [7, 8], seed=1) + [((4, 4, 4, 4), (4, 4, 4, 4), (1, 4, 16, 30, 30, 30, 16, 4, 1), 1)])
+@pytest.mark.parametrize("case", _sweep(4, [7, 8], seed=1) + [((4, 4, 4, 4), (4, 4, 4, 4),
+                                                               (1, 4, 16, 30, 30, 30, 16, 4, 1), 1)])
 def test_plan_never_exceeds_opt_einsum_sum_high_order(case):
     if case[3] > 64:  # opt_einsum's dp search grows with the token axis at order 8; keep the default run fast
         case = case[:3] + (64,)
@@ -179,7 +182,8 @@ def test_bad_plan_arguments(args, match):
         make_plan(*args)
 
 
-@pytest.mark.parametrize("strategies,match", [(("merge", "fast"), "right strategy"), (((1, 1), "merge"), "left strategy"),
+@pytest.mark.parametrize("strategies,match", [(("merge", "fast"), "right strategy"),
+                                              (((1, 1), "merge"), "left strategy"),
                                                ("fast", "strategies"), (("merge",), "strategies")])
 def test_bad_strategy(strategies, match):
     with pytest.raises(ValueError, match=match):
@@ -289,7 +293,8 @@ def test_kernel_cost_is_part_of_the_cost_and_can_decide(tokens):
         chosen = make_plan(*PAPER_FFN, tokens, settings=settings)
         others = [make_plan(*PAPER_FFN, tokens, True, s, settings) for s in every]
         assert chosen.settings is settings
-        assert chosen.cost == chosen.flops + settings.traffic_weight * chosen.traffic + per_kernel * chosen.kernels
+        assert chosen.cost == (chosen.flops + settings.traffic_weight * chosen.traffic
+                               + per_kernel * chosen.kernels)
         fewest = min(p.flops for p in others)
         eligible = [p for p in others if p.flops <= (1 + FLOP_SLACK) * fewest]
         assert chosen.cost == min(p.cost for p in eligible)

@@ -322,14 +322,16 @@ def _dispatched(first, second, x):
 @pytest.mark.parametrize("tokens", [1, 128])
 def test_native_ops_dispatched_per_forward_and_backward(tokens):
     """The paper-shape block (768->3072->768, rank 30) with the native ops: 41-42 ops from Python (the 6
-    native ops, the activation thrice, autograd's 25 accumulations, views), 165-185 with the Python kernels."""
+    native ops, the activation thrice, autograd's 25 accumulations, views), 165-185 with the Python
+    kernels."""
     first, second = _paper_pair()
     x = torch.randn(tokens, 768, requires_grad=True)
     names = _dispatched(first, second, x)
     multi = len(second.plan(tokens).left_groups) > 1  # layer 2's input groups' outputs are recomputed
     assert [n for n in names if n.startswith("comera_native.")] == [
         "comera_native.tt_forward.default", "comera_native.tt_forward.default",
-        "comera_native.tt_right_forward.default", *(["comera_native.tt_left_forward.default"] if multi else []),
+        "comera_native.tt_right_forward.default",
+        *(["comera_native.tt_left_forward.default"] if multi else []),
         "comera_native.tt_backward.default", "comera_native.tt_backward.default"]
     assert not any(n.startswith(("aten.mm", "aten._foreach")) for n in names)
     assert len(names) <= 42
@@ -359,8 +361,10 @@ def test_native_equals_python_kernels_on_the_device(device, dtype, tokens):
     """On each device (the CUDA case runs in scripts/gpu_check.sh's test phase): the paper-shape block's
     output and gradients, native vs Python kernels (float64: 1e-12; float32: 1e-5 relative)."""
     torch.manual_seed(0)
-    first = TTLinear(768, 3072, in_shape=(12, 8, 8), out_shape=(12, 16, 16), rank=8, dtype=dtype, device=device)
-    second = TTLinear(3072, 768, in_shape=(12, 16, 16), out_shape=(12, 8, 8), rank=8, dtype=dtype, device=device)
+    first = TTLinear(768, 3072, in_shape=(12, 8, 8), out_shape=(12, 16, 16), rank=8, dtype=dtype,
+                     device=device)
+    second = TTLinear(3072, 768, in_shape=(12, 16, 16), out_shape=(12, 8, 8), rank=8, dtype=dtype,
+                      device=device)
     x = torch.randn(tokens, 768, dtype=dtype, device=device)
     assert native.usable(first.plan(tokens)) and native.usable(second.plan(tokens))
     got = _fused_fwd_bwd(first, second, x)
@@ -379,7 +383,8 @@ def test_torch_compile_takes_the_block_in_one_graph():
     torch._dynamo.reset()  # a static token count: one more would be traced as a symbolic one
     first, second, rng = _pair(2)
     x = torch.randn(12, first.in_features, dtype=torch.float64)
-    compiled = torch.compile(lambda t: feed_forward(first, F.gelu, second, t), backend="eager", fullgraph=True)
+    compiled = torch.compile(lambda t: feed_forward(first, F.gelu, second, t), backend="eager",
+                             fullgraph=True)
     y, got = _grads(compiled, first, second, x)
     y_ref, want = _grads(lambda t: feed_forward(first, F.gelu, second, t), first, second, x)
     for a, b in [(y, y_ref), *zip(got, want)]:

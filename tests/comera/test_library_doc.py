@@ -61,7 +61,8 @@ def test_mixed_precision_with_accumulated_micro_batches_reaches_its_target_too(w
     ns = dict(done)  # the worked example's names; this block binds its own model, optimizer and adaptation
     torch.set_rng_state(after)
     loss, calls = nn.functional.cross_entropy, iter(range(10 ** 6))
-    monkeypatch.setattr(nn.functional, "cross_entropy",  # the 2001st task loss overflows: step 1000, late stage
+    # the 2001st task loss overflows: step 1000, late stage
+    monkeypatch.setattr(nn.functional, "cross_entropy",
                         lambda *a: loss(*a) * (float("inf") if next(calls) == 2000 else 1.0))
     exec(compile(_block("Mixed precision and gradient accumulation"), str(DOC), "exec"), ns)
     adapt, model = ns["adapt"], ns["model"]

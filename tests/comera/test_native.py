@@ -149,7 +149,8 @@ def test_flop_formulas_count_what_the_python_kernels_run(strategies, tokens, nee
 
 @needs_native
 def test_traffic_and_flop_counting_sees_the_python_kernels():
-    """count_cost (FLOPs and traffic of pipeline cells and bench rows) gives the numbers of the Python path."""
+    """count_cost (FLOPs and traffic of pipeline cells and bench rows) gives the numbers of the Python
+    path."""
     from harness.perf import microbench as mb
 
     layer = _layer((12, 8, 8), (8, 8, 12), 30, dtype=torch.float32)
@@ -248,7 +249,8 @@ def test_a_compile_error_is_named_in_the_warning(tmp_path):
     first, again = (subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=tmp_path,
                                    capture_output=True, text=True).stdout for _ in range(2))
     # The second process is told of the first one's failure instead of compiling again.
-    assert "an earlier build" not in first and f"an earlier build; delete {tmp_path / 'b' / native.FAILED_MEMO}" in again
+    assert ("an earlier build" not in first
+            and f"an earlier build; delete {tmp_path / 'b' / native.FAILED_MEMO}" in again)
     assert first.strip() in again
 
 

@@ -28,8 +28,8 @@ class _Block(nn.Module):
     def __init__(self, lookup="optimized"):
         super().__init__()
         torch.manual_seed(1)
-        self.embed = comera.TTMEmbedding(60, 24, row_shape=[3, 4, 5], col_shape=[2, 3, 4], rank=3, lookup=lookup,
-                                         dtype=torch.float64)
+        self.embed = comera.TTMEmbedding(60, 24, row_shape=[3, 4, 5], col_shape=[2, 3, 4], rank=3,
+                                         lookup=lookup, dtype=torch.float64)
         self.fc1 = comera.TTLinear(24, 48, in_shape=[4, 6], out_shape=[6, 8], rank=3, dtype=torch.float64)
         self.fc2 = comera.TTLinear(48, 24, in_shape=[6, 8], out_shape=[4, 6], rank=3, dtype=torch.float64)
         self.head = nn.Linear(24, 5, dtype=torch.float64)

@@ -41,7 +41,8 @@ def _late(layer, **kwargs):
     (1.04, 217.0, False),   # size gap (217 - 100) / 195 = 0.6 < 0.8
     (1.0, 100.0, False),    # at the target: nothing to shrink
 ])
-def test_late_branch_compares_the_size_gap_with_the_loss_gap_over_its_tolerance(loss_value, stored, size_branch):
+def test_late_branch_compares_the_size_gap_with_the_loss_gap_over_its_tolerance(loss_value, stored,
+                                                                                size_branch):
     layer = ttm()
     task = loss(loss_value, grad=True)
     objective, active = rank.late_objective(task, layer, _late(layer), size=stored)

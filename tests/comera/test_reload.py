@@ -42,8 +42,10 @@ def test_pruned_state_dict_reloads_into_a_fresh_model_through_a_file():
 def test_a_checkpoint_whose_bonds_do_not_chain_is_refused_naming_the_layer():
     model = _model()
     state = model.state_dict()
-    state["1.cores.1"] = state["1.cores.1"][:, :, :3]  # core 1 now ends in 3 ranks, core 2 still starts with 6
-    with pytest.raises(RuntimeError, match=r"1\.: the checkpoint's cores and gates do not form one tensor train"):
+    # core 1 now ends in 3 ranks, core 2 still starts with 6
+    state["1.cores.1"] = state["1.cores.1"][:, :, :3]
+    with pytest.raises(RuntimeError, match=r"1\.: the checkpoint's cores and gates do not form one "
+                                           r"tensor train"):
         _model().load_state_dict(state)
 
 

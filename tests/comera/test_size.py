@@ -15,7 +15,8 @@ MODES = [2 * 2, 5 * 3, 6 * 4]  # the TTM's u_k
 
 def ttm(seed=0):
     torch.manual_seed(seed)
-    layer = TTMEmbedding(50, 24, row_shape=[2, 5, 6], col_shape=[2, 3, 4], rank=[1, 3, 4, 1], dtype=torch.float64)
+    layer = TTMEmbedding(50, 24, row_shape=[2, 5, 6], col_shape=[2, 3, 4], rank=[1, 3, 4, 1],
+                         dtype=torch.float64)
     with torch.no_grad():
         for gate in layer.gates:
             gate.uniform_(0.5, 1.5)

@@ -3,7 +3,6 @@ a warning naming a layer whose TT is larger than its dense module, and the error
 import warnings
 
 import pytest
-import torch
 from torch import nn
 
 from comera import TTLinear, TTMEmbedding, tensorize
@@ -28,12 +27,14 @@ def test_all_linear_with_keyword_defaults_and_inferred_kind():
     report = tensorize(model, ["all-linear", "all-embedding"], rank=4, lookup="naive")
     assert set(_types(model).values()) == {"TTLinear", "TTMEmbedding"}
     assert model.embed.lookup == "naive" and model.head.init == "official"
-    assert set(report.layers) == {"embed", "head", "blocks.0.fc1", "blocks.0.fc2", "blocks.1.fc1", "blocks.1.fc2"}
+    assert set(report.layers) == {"embed", "head", "blocks.0.fc1", "blocks.0.fc2", "blocks.1.fc1",
+                                  "blocks.1.fc2"}
 
 
 def test_glob_regex_and_exact_names_override_patterns():
     model = Net()
-    tensorize(model, {"blocks.*.fc1": {"rank": 8}, "re:blocks\\.[01]\\.fc2": {"rank": 4}, "blocks.1.fc1": {"rank": 2}})
+    tensorize(model, {"blocks.*.fc1": {"rank": 8}, "re:blocks\\.[01]\\.fc2": {"rank": 4},
+                      "blocks.1.fc1": {"rank": 2}})
     assert _types(model) == {"embed": "Embedding", "blocks.0.fc1": "TTLinear", "blocks.0.fc2": "TTLinear",
                              "blocks.1.fc1": "TTLinear", "blocks.1.fc2": "TTLinear", "head": "Linear"}
     assert max(model.blocks[0].fc1.ranks) == 8 and max(model.blocks[1].fc1.ranks) == 2

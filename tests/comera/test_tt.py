@@ -55,7 +55,8 @@ def _compare(layer, x, plan, tol):
         assert err <= tol, f"{name}: relative error {err:.2e} > {tol:.0e} (plan {plan.left}/{plan.right})"
 
 
-@pytest.mark.parametrize("order,seed", [(o, s) for o in (2, 4, 6, 8) for s in range(3)] + [(3, 3), (5, 3), (7, 3)])
+@pytest.mark.parametrize("order,seed",
+                         [(o, s) for o in (2, 4, 6, 8) for s in range(3)] + [(3, 3), (5, 3), (7, 3)])
 def test_float64_matches_dense_reference(order, seed):
     """Every strategy: dense, and each partition of each side into groups."""
     layer, rng = _random_layer(order, seed, bias=seed % 2 == 0)
@@ -106,7 +107,8 @@ def test_gradgradcheck(strategies):
     layer = TTLinear(6, 6, in_shape=(2, 3), out_shape=(3, 2), rank=2, dtype=torch.float64)
     plan = make_plan(layer.in_shape, layer.out_shape, tuple(layer.ranks), 3, True, strategies)
     d = len(layer.cores)
-    inputs = [torch.randn(3, 6, dtype=torch.float64, requires_grad=True), layer.bias, *layer.cores, *layer.gates]
+    inputs = [torch.randn(3, 6, dtype=torch.float64, requires_grad=True), layer.bias, *layer.cores,
+              *layer.gates]
     assert torch.autograd.gradgradcheck(lambda x, b, *p: tt_linear(x, p[:d], p[d:], b, plan), inputs)
 
 
@@ -258,7 +260,8 @@ def test_training_with_ranks_pruned_mid_way_stays_exact(bias, threshold):
                 p.sub_(0.05 * g / g.norm().clamp_min(1.0))  # bounded steps: the values stay O(1)
 
 
-@pytest.mark.parametrize("rank,expected", [(30, [1, 12, 30, 30, 30, 16, 1]), (100, [1, 12, 96, 100, 100, 16, 1]),
+@pytest.mark.parametrize("rank,expected", [(30, [1, 12, 30, 30, 30, 16, 1]),
+                                           (100, [1, 12, 96, 100, 100, 16, 1]),
                                            ([1, 2, 3, 4, 5, 6, 1], [1, 2, 3, 4, 5, 6, 1])])
 def test_rank_int_is_clipped_and_list_is_kept(rank, expected):
     layer = TTLinear(768, 3072, in_shape=[12, 8, 8], out_shape=[12, 16, 16], rank=rank)
@@ -295,7 +298,8 @@ def test_an_input_of_another_dtype_is_named(dtype):
         TTLinear(24, 12, rank=2)(torch.ones(3, 24, dtype=dtype))
 
 
-@pytest.mark.parametrize("shape", [((12, 8, 8), (12, 16, 16), 30), ((8, 8), (8, 8), 8), ((4, 4, 4, 4), (4, 4, 4, 4), 16)])
+@pytest.mark.parametrize("shape", [((12, 8, 8), (12, 16, 16), 30), ((8, 8), (8, 8), 8),
+                                   ((4, 4, 4, 4), (4, 4, 4, 4), 16)])
 def test_init_scale_matches_nn_linear(shape):
     in_shape, out_shape, rank = shape
     n_in, n_out = math.prod(in_shape), math.prod(out_shape)
@@ -415,7 +419,8 @@ def test_layer_plan_settings_reach_the_plan(fold_from):
     x = torch.randn(5, layer.in_features, dtype=torch.float64)
     _compare(layer, x, plan, 1e-10)
     other = TTLinear(24, 12, rank=2, plan_settings=PlanSettings(kernel_cost=0))
-    assert other.plan(3).settings.kernel_cost == 0 and TTLinear(24, 12, rank=2).plan(3).settings == PlanSettings()
+    assert (other.plan(3).settings.kernel_cost == 0
+            and TTLinear(24, 12, rank=2).plan(3).settings == PlanSettings())
 
 
 def test_measure_kernel_cost_is_a_positive_flop_count():
@@ -437,7 +442,8 @@ def _fwd_bwd_ops(in_shape, out_shape, tokens: int) -> int:
     from harness.perf.microbench import count_ops
 
     torch.manual_seed(0)
-    layer = TTLinear(math.prod(in_shape), math.prod(out_shape), in_shape=in_shape, out_shape=out_shape, rank=30)
+    layer = TTLinear(math.prod(in_shape), math.prod(out_shape), in_shape=in_shape,
+                     out_shape=out_shape, rank=30)
     with torch.no_grad():
         for gate in layer.gates:
             gate.uniform_(0.3, 1.7)

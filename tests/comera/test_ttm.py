@@ -56,7 +56,8 @@ def test_dense_weight_matches_entrywise_reference(shape):
 @pytest.mark.parametrize("chunk_bytes", [None, 1], ids=["default_chunks", "one_row_chunks"])
 @pytest.mark.parametrize("shape", SHAPES, ids=["d3", "d4", "d1"])
 @pytest.mark.parametrize("tensor_index_level,unique_rows", LEVELS)
-def test_lookup_matches_dense_weight_values_and_gradients(shape, tensor_index_level, unique_rows, chunk_bytes):
+def test_lookup_matches_dense_weight_values_and_gradients(shape, tensor_index_level,
+                                                          unique_rows, chunk_bytes):
     layer = _layer(shape, tensor_index_level=tensor_index_level, unique_rows=unique_rows, padding_idx=1,
                    chunk_bytes=chunk_bytes)
     num = shape[0]
@@ -93,7 +94,8 @@ def test_bond_of_rank_zero_gives_zero_rows(lookup, ranks):
     out.sum().backward()
 
 
-@pytest.mark.parametrize("chunk", [1, 3, 7, 50])  # several chunks with a remainder, one exact chunk, one larger
+# several chunks with a remainder, one exact chunk, one larger
+@pytest.mark.parametrize("chunk", [1, 3, 7, 50])
 def test_half_table_rows_values_gradcheck_and_gradgradcheck(chunk):
     gen = torch.Generator().manual_seed(chunk)
     left = torch.randn(3, 2, 4, dtype=torch.float64, generator=gen, requires_grad=True)

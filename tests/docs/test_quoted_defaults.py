@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from baselines.comera import PARAMS_DEFAULTS
 from comera.adapt import defaults
 from harness.running.progress import LOG_EVERY_S
 

@@ -16,7 +16,8 @@ from harness.data import cache
 
 
 def dead_pid() -> int:
-    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True)
     return int(proc.stdout)
 
 

@@ -76,7 +76,8 @@ def test_run_failure_still_writes_and_can_fail_the_exit_code(tmp_path, toys):
 
 
 def test_run_gives_a_hung_cell_the_exit_status_of_a_failed_one(tmp_path, monkeypatch, toys):
-    """The watchdog ends a hung cell's process itself (tests/harness/running/test_run.py), with this status."""
+    """The watchdog ends a hung cell's process itself (tests/harness/running/test_run.py), with this
+    status."""
     statuses = []
 
     def run_to_files(spec, runs_out, curves_out, **kw):
@@ -122,8 +123,8 @@ def runs_dir(tmp_path):
         rows.append(row)
     folder = tmp_path / "results" / "runs" / "cpu"
     for row in rows:
-        results.write_parquet_atomic(results.to_frame([row], "runs"), folder / f"{row['run_id']}.runs.parquet",
-                                     kind="runs")
+        results.write_parquet_atomic(results.to_frame([row], "runs"),
+                                     folder / f"{row['run_id']}.runs.parquet", kind="runs")
     return tmp_path / "results"
 
 
@@ -210,7 +211,8 @@ def test_show_missing_path(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("command, module", [("microbench", "harness.perf.microbench"),
-                                             ("bench", "harness.perf.bench"), ("compare", "harness.reports.compare")])
+                                             ("bench", "harness.perf.bench"),
+                                             ("compare", "harness.reports.compare")])
 def test_delegation(monkeypatch, command, module):
     seen = []
     fake = types.ModuleType(module)
@@ -230,8 +232,8 @@ def test_merge_subcommand(runs_dir, tmp_path):
 def test_console_script_writes_error_row_for_cuda_graph_on_cpu(tmp_path):
     """The installed command, in its own process: cuda_graph on CPU gives a clear error row."""
     spec = tmp_path / "s.json"
-    spec.write_text(json.dumps(toy_spec(workload="transformer", method="dense", workload_params={"size": "tiny"},
-                                        execution={"cuda_graph": True})))
+    spec.write_text(json.dumps(toy_spec(workload="transformer", method="dense",
+                                        workload_params={"size": "tiny"}, execution={"cuda_graph": True})))
     runs = tmp_path / "r.runs.parquet"
     proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--spec", str(spec),
                            "--runs-out", str(runs)], capture_output=True, text=True, timeout=120)
@@ -254,7 +256,8 @@ def test_version_and_known_names_in_help(capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--workload", "nope", "--method", "dense", "--batch-size", "2"], "unknown workload 'nope'"),
     (["--workload", "transformer", "--method", "sgd", "--batch-size", "2"], "unknown method 'sgd'"),
-    (["--workload", "transformer", "--method", "dense", "--batch-size", "2", "--method-param", "lr=-1"], "lr"),
+    (["--workload", "transformer", "--method", "dense", "--batch-size", "2", "--method-param", "lr=-1"],
+     "lr"),
     (["--workload", "transformer", "--method", "dense", "--batch-size", "2", "--workload-param", "size=huge"],
      "size='huge'"),
 ])
@@ -299,7 +302,8 @@ def test_run_bad_spec_values_are_named(tmp_path, capsys, content, message):
 
 def test_run_method_param_that_is_not_yaml_is_named():
     with pytest.raises(SystemExit, match=r"--method-param 'lr=\[1,': the value is not valid YAML"):
-        cli.main(["run", "--workload", "toy", "--method", "toy", "--batch-size", "2", "--method-param", "lr=[1,"])
+        cli.main(["run", "--workload", "toy", "--method", "toy", "--batch-size", "2",
+                  "--method-param", "lr=[1,"])
 
 
 @pytest.mark.parametrize("argv, message", [(["--threads", "0"], "--threads 0: need at least 1"),

@@ -106,7 +106,8 @@ def test_the_cell_hash_is_of_the_resolved_params_and_not_of_the_device():
 
     base = specs.make(comera(size_weight=10))
     assert specs.make(comera(size_weight=10.0)).cell_hash == base.cell_hash
-    assert specs.make(comera(size_weight=10, threshold=specs.registry_checks().method("comera", {})["threshold"])
+    assert specs.make(comera(size_weight=10,
+                             threshold=specs.registry_checks().method("comera", {})["threshold"])
                       ).cell_hash == base.cell_hash
     stated = {**comera(size_weight=10), "workload_params": {"size": "tiny", "seq_len": 32}}  # tiny's own
     assert specs.make(stated).cell_hash == base.cell_hash

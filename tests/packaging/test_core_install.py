@@ -31,7 +31,8 @@ def _extras() -> dict[str, list[str]]:
 def test_core_dependencies_are_torch_only_and_the_pipeline_is_an_extra():
     extras = _extras()
     assert [_name(r) for r in extras["core"]] == ["torch"]
-    assert {"pandas", "pyarrow", "matplotlib", "snakemake", "galore-torch"} <= {_name(r) for r in extras["bench"]}
+    assert ({"pandas", "pyarrow", "matplotlib", "snakemake", "galore-torch"}
+            <= {_name(r) for r in extras["bench"]})
     setup = (ROOT / "scripts" / "setup.sh").read_text()
     assert '".[bench,test,slurm]"' in setup
 
@@ -54,7 +55,8 @@ PROBE = """
 import importlib.metadata as md, json, torch, comera
 layer = comera.TTLinear(12, 8, rank=2)
 y = layer(torch.randn(3, 12))
-print(json.dumps({"installed": sorted(d.metadata["Name"].lower().replace("_", "-") for d in md.distributions()),
+print(json.dumps({"installed": sorted(d.metadata["Name"].lower().replace("_", "-")
+                                      for d in md.distributions()),
                   "requires": md.requires("comera-bench"), "shape": list(y.shape), "file": comera.__file__}))
 """
 
@@ -73,9 +75,10 @@ def test_fresh_venv_installs_torch_and_nothing_of_the_pipeline(tmp_path):
                                       text=True, cwd=tmp_path, env=clean).stdout)
     assert probe["shape"] == [3, 8] and str(env_dir) in probe["file"]
     pipeline = {_name(r) for r in _extras()["bench"]} - {"numpy"}  # numpy may come with torch
-    assert not pipeline & set(probe["installed"]), f"pipeline packages installed: {pipeline & set(probe['installed'])}"
+    assert not pipeline & set(probe["installed"]), \
+        f"pipeline packages installed: {pipeline & set(probe['installed'])}"
     assert [r for r in probe["requires"] if "extra ==" not in r] == ["torch>=2.4"]
-    cli = subprocess.run([str(bin_dir / "comera-bench"), "show"], capture_output=True, text=True, cwd=tmp_path,
-                         env=clean)
+    cli = subprocess.run([str(bin_dir / "comera-bench"), "show"], capture_output=True, text=True,
+                         cwd=tmp_path, env=clean)
     assert cli.returncode == 2
     assert "'bench'" in cli.stderr and "pip install 'comera-bench[bench]'" in cli.stderr, cli.stderr

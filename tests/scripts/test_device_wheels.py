@@ -40,6 +40,7 @@ def test_trim_drops_the_binaries_the_device_cannot_use(tmp_path):
             "bitsandbytes/libbitsandbytes_cuda130.so"]
     with zipfile.ZipFile(wheel) as zf:
         assert zf.namelist() == kept + ["bitsandbytes-1.0.dist-info/RECORD"]
-        listed = [line.split(",")[0] for line in zf.read("bitsandbytes-1.0.dist-info/RECORD").decode().splitlines()]
+        listed = [line.split(",")[0]
+                  for line in zf.read("bitsandbytes-1.0.dist-info/RECORD").decode().splitlines()]
     assert listed == kept + ["bitsandbytes-1.0.dist-info/RECORD"]
     assert zipfile.ZipFile(other).namelist() == ["snakemake/libx_cuda126.so"]  # not a trimmed package

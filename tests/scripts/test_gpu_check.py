@@ -26,8 +26,8 @@ CELLS = 7
 
 
 def start(tmp_path: Path, **env: str) -> subprocess.Popen:
-    env = {**os.environ, "DEVICE": "cpu", "QUICK": "1", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
-           "WORK": str(tmp_path / "work"), "TMPDIR": str(tmp_path), **env}
+    env = {**os.environ, "DEVICE": "cpu", "QUICK": "1", "PYTHON": sys.executable,
+           "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"), "TMPDIR": str(tmp_path), **env}
     return subprocess.Popen(["bash", str(ROOT / "scripts" / "gpu_check.sh")], env=env, cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -107,4 +107,5 @@ def test_sigterm_mid_grid_still_brings_back_what_finished(tmp_path):
         assert "FAILED: the Python kernels run from here (COMERA_NATIVE=0)" in env
         assert "injected: the native ops disagree" in env
         kernels = [json.loads(s)["tt_kernels"] for s in runs[runs.method == "comera"].settings]
-        assert kernels and all(k == {"native": False, "why": "disabled by COMERA_NATIVE=0"} for k in kernels), kernels
+        assert kernels and all(k == {"native": False, "why": "disabled by COMERA_NATIVE=0"}
+                               for k in kernels), kernels

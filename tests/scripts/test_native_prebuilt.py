@@ -21,8 +21,10 @@ STATUS = ("import torch, comera.native as n\n"
           "layer = TTLinear(12, 8, rank=2); layer(torch.randn(3, 12)).sum().backward()\n"
           "print(n.status().in_use, n.status().reason)\n")
 
-pytestmark = pytest.mark.skipif(not (shutil.which("c++") and shutil.which("ninja") and native.status().in_use),
-                                reason=f"needs a C++ compiler and ninja; native ops: {native.status().reason}")
+pytestmark = pytest.mark.skipif(not (shutil.which("c++") and shutil.which("ninja")
+                                     and native.status().in_use),
+                                reason="needs a C++ compiler and ninja; native ops: "
+                                       f"{native.status().reason}")
 
 
 def _status(library: Path) -> str:

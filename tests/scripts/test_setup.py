@@ -40,7 +40,8 @@ def _setup(tmp_path: Path, *, gpu: bool, index_down: bool) -> list[str]:
 
 @pytest.mark.parametrize("gpu, index_down, torch_calls", [
     (False, False, ["--index-url https://download.pytorch.org/whl/cpu torch==2.13.0"]),
-    (False, True, ["--index-url https://download.pytorch.org/whl/cpu torch==2.13.0", "install -q torch==2.13.0"]),
+    (False, True, ["--index-url https://download.pytorch.org/whl/cpu torch==2.13.0",
+                   "install -q torch==2.13.0"]),
     (True, False, ["install -q torch==2.13.0"]),
 ])
 def test_torch_comes_from_the_cpu_index_without_a_gpu(tmp_path, gpu, index_down, torch_calls):

@@ -173,8 +173,8 @@ def cell(rid: str, spec: dict[str, Any], device: dict[str, Any]
                          if tt else {}),
         device=device["device"], device_name=device["name"], num_threads=spec["execution"]["num_threads"],
         torch_version="2.13.0", cuda_version="", python_version="3.11.7", comera_bench_version="0.1.0",
-        git_commit="0" * 40, git_dirty=False, cell_hash=spec["cell_hash"], execution_hash=spec["execution_hash"],
-        hostname="synthetic",
+        git_commit="0" * 40, git_dirty=False, cell_hash=spec["cell_hash"],
+        execution_hash=spec["execution_hash"], hostname="synthetic",
         started_at="2026-01-01T00:00:00Z", matmul_precision="highest", flops_per_step=1e9 / compression,
         purpose=spec.get("purpose"), timing_quality=timing, load_avg_1m=0.5, cpu_pressure=0.0,
         run_queue_frac=0.01, cpu_time_ratio=1.0, timing_group=spec["execution"].get("timing_group"),
@@ -214,7 +214,8 @@ def microbench_rows(specs: dict[str, Any], device: dict[str, Any]) -> list[dict[
                                      "shape": ttm if variant.startswith("ttm") else plain, "tokens": tokens,
                                      "rank": table["rank"] if variant.startswith("ttm") else None,
                                      "direction": direction, **timed(slow * tokens / 1000),
-                                     "peak_mem_bytes": int(slow * tokens * 2000), "param_bytes": 4 * plain_size,
+                                     "peak_mem_bytes": int(slow * tokens * 2000),
+                                     "param_bytes": 4 * plain_size,
                                      "output_bytes": 4 * tokens * table["embedding_dim"], "flops": 1e6,
                                      **provenance})
         lin = spec.get("linear") or {}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.reports import claims, reference, tables
+from harness.reports import claims, reference
 from tests.workflow import test_grid
 from harness.results import RUNS_COLUMNS, analysis, to_frame, write_parquet_atomic
 
@@ -22,8 +22,8 @@ SMALL_TABLE = (1000, 16, "[10,10,10|2,2,4]", 4)
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run(workload, method, batch, *, variant="default", target=None, time=10.0, mem=100e6, metric=0.5, loss=1.0,
-        compression=1.0, layers=None, seq=None, late=None, metric_name="accuracy", entry=None):
+def run(workload, method, batch, *, variant="default", target=None, time=10.0, mem=100e6, metric=0.5,
+        loss=1.0, compression=1.0, layers=None, seq=None, late=None, metric_name="accuracy", entry=None):
     """A finished runs row; where it ran (device, model size, schedule) is set by :func:`placed`; ``entry``:
     the config entry's name that starts the run_id ("bert": the MLM workload on text, C9)."""
     row = {c: None for c in RUNS_COLUMNS}
@@ -48,10 +48,12 @@ def placed(rows, *, device="cuda", name=RTX3090, size="paper", cut=None, data=Tr
         if cut and s["method"]["late_start_step"]:
             s["method"]["late_start_step"] = s["method"]["late_start_step"] * cut // 100
         text = r["run_id"].startswith("bert_")
-        params = {"size": "bert-large" if text and size == "paper" else size, **({"data": "text"} if text else {})}
+        params = {"size": "bert-large" if text and size == "paper" else size,
+                  **({"data": "text"} if text else {})}
         info = {"data": "text" if text else DATA[r["workload"]]} if data else {}
         s.update(workload_params=params, workload_info=info,
-                 steps_per_epoch=100, steps_in_epoch=cut or 100, budget={"epochs": 1, "max_steps_per_epoch": cut})
+                 steps_per_epoch=100, steps_in_epoch=cut or 100,
+                 budget={"epochs": 1, "max_steps_per_epoch": cut})
         out.append({**r, "device": device, "device_name": name, "settings": json.dumps(s)})
     return out
 
@@ -61,7 +63,8 @@ def transformer_rows(galore_b1=25.0):
     for b, (dense, comera) in {1: (40, 10), 32: (300, 100), 64: (500, 200), 128: (900, 400)}.items():
         rows += [run("transformer", "dense", b, time=dense, mem=1000e6, metric=0.65),
                  run("transformer", "comera", b, time=comera, mem=100e6, metric=0.64, compression=40),
-                 run("transformer", "galore", b, time=galore_b1 if b == 1 else 2 * comera, mem=950e6, metric=0.63),
+                 run("transformer", "galore", b, time=galore_b1 if b == 1 else 2 * comera,
+                     mem=950e6, metric=0.63),
                  run("transformer", "lte", b, time=3 * comera, mem=500e6, metric=0.35)]
     rows += [run("transformer", "comera", 32, target=0.2, late=60, time=80, compression=85, layers=90,
                  metric=0.62),
@@ -82,8 +85,8 @@ def paper_rows():
                  run("mlm", "comera", 32, seq=seq, time=100, loss=0.35, compression=4.3, layers=9.8,
                      metric_name="mlm_loss")]
     rows += [run("mlm", "dense", 32, seq=128, loss=1.26, metric_name="mlm_loss", entry="bert"),
-             run("mlm", "comera", 32, seq=128, loss=1.44, compression=5.24, layers=9.77, metric_name="mlm_loss",
-                 entry="bert")]
+             run("mlm", "comera", 32, seq=128, loss=1.44, compression=5.24, layers=9.77,
+                 metric_name="mlm_loss", entry="bert")]
     return rows
 
 
@@ -101,8 +104,8 @@ def lookup_rows(table=PAPER_TABLE, *, device="cuda", name=RTX3090, ttm_extra=4e6
             ttm = variant.startswith("ttm")
             shape = f"{num}x{dim}" + (f" {modes}" if ttm else "")
             rows.append({"op": "embedding", "variant": variant, "shape": shape,
-                         "tokens": tokens, "rank": rank if ttm else None, "direction": "fwd_bwd", "time_ms": time,
-                         "time_ms_iqr": 0.1 * time,
+                         "tokens": tokens, "rank": rank if ttm else None, "direction": "fwd_bwd",
+                         "time_ms": time, "time_ms_iqr": 0.1 * time,
                          "round_time_ms": json.dumps([0.9 * time, time, 1.1 * time]),
                          "timing_quality": "stable", "peak_mem_bytes": int(peak),
                          "param_bytes": param_bytes(variant, table), "output_bytes": out, "flops": 0.0,
@@ -172,8 +175,8 @@ FLIPS = {  # one value per claim moved across the paper's figure
     "C3 memory vs RTX 3090": lambda r, mb, r4: edit(r4, {"peak_mem_bytes": int(1500e6)}, method="dense",
                                                     batch_size=64),
     "C4": lambda r, mb, r4: edit(r, {"metric_value": 0.60}, workload="transformer", batch_size=32, **COMERA),
-    "C4 LTE converged": lambda r, mb, r4: edit(r, {"metric_value": 0.60}, workload="transformer", method="lte",
-                                               batch_size=128),
+    "C4 LTE converged": lambda r, mb, r4: edit(r, {"metric_value": 0.60}, workload="transformer",
+                                               method="lte", batch_size=128),
     "C5": lambda r, mb, r4: edit(r, {"compression_total": 60.0}, workload="transformer", target_ratio=0.2),
     "C5 accuracy lost": lambda r, mb, r4: edit(r, {"metric_value": 0.90}, workload="dlrm", method="dense",
                                                batch_size=10000),
@@ -481,7 +484,8 @@ def test_a_half_left_out_says_why(tmp_path):
     edit(rows, {"timing_quality": "noisy: 3 timed steps (< 5)"}, workload="dlrm", method="dense")
     table = evaluate(tmp_path, rows, lookup_rows())
     measured = table.loc["C7", MEASURED]
-    assert measured.startswith("dense/CoMERA time: not stable (left out, listed below); memory: same direction")
+    assert measured.startswith("dense/CoMERA time: not stable (left out, listed below); memory: "
+                               "same direction")
     assert table.loc["C7", VERDICT] == claims.NOT_STABLE
 
 
@@ -518,7 +522,8 @@ def _paper_grid_row(spec: dict, gpu: str, galore_b1: float) -> dict:
     comera = method == "comera"
     time = {"transformer": {"dense": 30.0, "comera": 10.0, "galore": 25.0, "lte": 30.0},
             "dlrm": {"dense": 1.0, "comera": 2.0},
-            "mlm": {"dense": 250.0 if spec["workload_params"].get("seq_len") == 128 else 200.0, "comera": 100.0},
+            "mlm": {"dense": 250.0 if spec["workload_params"].get("seq_len") == 128 else 200.0,
+                    "comera": 100.0},
             }[w][method] * (b if w == "transformer" else 1)
     if w == "transformer" and method == "galore" and b == 1:
         time = galore_b1
@@ -527,8 +532,8 @@ def _paper_grid_row(spec: dict, gpu: str, galore_b1: float) -> dict:
     mem = {"dense": 1000e6, "comera": 100e6, "galore": 950e6, "lte": 500e6}[method]
     if w == "dlrm" and method == "dense":
         mem = {10000: 700e6, 20000: 500e6, 40000: 320e6}[b]
-    compression = {"transformer": (45.0, 62.0), "dlrm": (85.5, 97.6), "mlm": (5.2447 if bert else 4.2237, 9.766)}[w] \
-        if comera else (1, 1)
+    compression = ({"transformer": (45.0, 62.0), "dlrm": (85.5, 97.6),
+                    "mlm": (5.2447 if bert else 4.2237, 9.766)}[w] if comera else (1, 1))
     if spec["target_ratio"] is not None:
         compression = tuple(c / spec["target_ratio"] for c in compression)
     if point:
@@ -560,7 +565,7 @@ def _paper_grid_folder(path, gpu: str, galore_b1: float, lookups=()):
     config = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
     cells, sweeps = test_grid.expand(test_grid.filled(config))
     rows = [_paper_grid_row(spec, gpu, galore_b1) for spec in cells.values()]
-    res = folder(path, rows, lookups)
+    folder(path, rows, lookups)
     (path / "grid.json").write_text(json.dumps({"cells": cells, "sweeps": sweeps}))
     return analysis.load(path), rows
 
@@ -577,7 +582,8 @@ def test_paper_grid_rows_get_a_verdict_for_every_claim(tmp_path):
     assert "data jsonl" in table.loc["C8", MEASURED] and "4.22x total" in table.loc["C8", MEASURED]
     # the final loss comes from the full-schedule quality cells, not from the 200-step timing cells
     assert "final loss (mean of the last 100 steps) 0.350 vs 0.240 @ seq 128" in table.loc["C8", MEASURED]
-    assert table.loc["C9", MEASURED].startswith("final loss (mean of the last 100 steps) 1.400 vs 1.260 (+0.140)")
+    assert table.loc["C9", MEASURED].startswith("final loss (mean of the last 100 steps) 1.400 vs 1.260 "
+                                                "(+0.140)")
     assert len(rows) == 62
 
 
@@ -607,7 +613,8 @@ def test_c1_is_judged_on_cuda_graph_cells_where_the_grid_has_them(tmp_path):
     c1 = claims.evaluate(res).set_index("claim").loc["C1"]
     assert c1[VERDICT] == claims.HOLDS, c1[MEASURED]
     assert "1.20x @ batch 32" in c1[MEASURED]
-    assert "with CUDA graph: same direction, 2.50x @ batch 32, 2.50x @ batch 64, 2.50x @ batch 128" in c1[MEASURED]
+    assert ("with CUDA graph: same direction, 2.50x @ batch 32, 2.50x @ batch 64, 2.50x @ batch 128"
+            in c1[MEASURED])
 
 
 def test_tiny_text_mlm_cells_are_c9s_comparison_on_a_cpu(tmp_path):
@@ -645,8 +652,8 @@ def test_c5_shows_the_size_matched_dense_model_beside_comera_without_judging_it(
     matched["settings"] = json.dumps(settings)
     table = evaluate(tmp_path / "a", placed(paper_rows() + [matched]))
     assert table.loc["C5", VERDICT] == claims.HOLDS
-    assert ("transformer: 85.0x (90.0x layers) at target 0.2, seed 0, accuracy 0.620 vs dense 0.650 (seed 0), "
-            "size-matched "
+    assert ("transformer: 85.0x (90.0x layers) at target 0.2, seed 0, accuracy 0.620 vs dense 0.650 "
+            "(seed 0), size-matched "
             "dense model (CoMERA target 0.2's 790000 parameters, 84.0x) 0.550 vs CoMERA 0.620 at that target"
             in table.loc["C5", MEASURED])
     assert "size-matched" not in evaluate(tmp_path / "b", placed(paper_rows())).loc["C5", MEASURED]

@@ -16,8 +16,8 @@ PRINT_AND_WAIT = "import os, sys, time; print(os.environ['CUDA_VISIBLE_DEVICES']
 def cli(lock_dir, extra_env=None):
     """The allocator CLI over 2 fake GPUs running a child that prints its CUDA_VISIBLE_DEVICES."""
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"} | (extra_env or {})
-    return subprocess.Popen([sys.executable, "-m", "harness.running.gpus", "--count", "2", "--lock-dir", str(lock_dir),
-                             "--", sys.executable, "-c", PRINT_AND_WAIT],
+    return subprocess.Popen([sys.executable, "-m", "harness.running.gpus", "--count", "2", "--lock-dir",
+                             str(lock_dir), "--", sys.executable, "-c", PRINT_AND_WAIT],
                             stdout=subprocess.PIPE, text=True, env=env)
 
 

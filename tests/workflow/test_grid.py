@@ -54,7 +54,8 @@ def minimal() -> dict:
                     "comera-rank": {"method": "comera", "variant": "sweep", "sweep": {"rank": [2, 4]}}},
         "workloads": {"transformer": {"params": {"size": "tiny"}, "batch_sizes": [2, 4],
                                       "targets": [None, 0.5],
-                                      "methods": ["dense", "comera", {"name": "comera-rank", "batch_sizes": [4]}]}},
+                                      "methods": ["dense", "comera", {"name": "comera-rank",
+                                                                      "batch_sizes": [4]}]}},
     }
 
 
@@ -77,14 +78,15 @@ def test_shipped_configs_are_valid(config_file, tmp_path, monkeypatch):
 def test_defaults_filled_and_grid_expanded():
     config = filled(minimal())
     assert config["execution"] == {"device": "auto", "threads": 2, "compile": [False], "cuda_graph": [False],
-                                   "matmul_precision": ["highest"], "gpus": None, "rounds": 5, "interleave": True}
+                                   "matmul_precision": ["highest"], "gpus": None, "rounds": 5,
+                                   "interleave": True}
     cells, sweeps = expand(config)
     # dense: 2 batches x 1; comera: 2 batches x 2 targets; sweep: 2 ranks x 1 batch
     assert len(cells) == 2 + 4 + 2
     dense = [c for c in cells.values() if c["method"] == "dense"]
     assert all(c["target_ratio"] is None for c in dense)
-    assert {c["target_ratio"] for c in cells.values() if c["variant"] == "default" and c["method"] == "comera"} \
-        == {None, 0.5}
+    assert {c["target_ratio"] for c in cells.values()
+            if c["variant"] == "default" and c["method"] == "comera"} == {None, 0.5}
     assert sorted(p["rank"] for p in sweeps.values()) == [2, 4]
     for run_id, point in sweeps.items():
         assert cells[run_id]["method_params"]["rank"] == point["rank"]
@@ -276,10 +278,12 @@ def test_device_environment_variable_checked(monkeypatch, value):
 
 
 @pytest.mark.parametrize("mutate, key", [
-    (lambda c: c["workloads"]["transformer"].update(batch_sizes=[4.0]), "workloads.transformer.batch_sizes[0]"),
+    (lambda c: c["workloads"]["transformer"].update(batch_sizes=[4.0]),
+     "workloads.transformer.batch_sizes[0]"),
     (lambda c: c.update(seeds=[0.0]), "seeds[0]"),
     (lambda c: c.update(execution={"threads": 2.0}), "execution.threads"),
-    (lambda c: c["workloads"]["transformer"].update(budget={"epochs": 1.0}), "workloads.transformer.budget.epochs"),
+    (lambda c: c["workloads"]["transformer"].update(budget={"epochs": 1.0}),
+     "workloads.transformer.budget.epochs"),
 ])
 def test_integer_fields_reject_floats(mutate, key):
     config = minimal()
@@ -289,7 +293,8 @@ def test_integer_fields_reject_floats(mutate, key):
 
 
 @pytest.mark.parametrize("mutate, key", [
-    (lambda c: c["workloads"]["transformer"].update(targets=[float("nan")]), "workloads.transformer.targets[0]"),
+    (lambda c: c["workloads"]["transformer"].update(targets=[float("nan")]),
+     "workloads.transformer.targets[0]"),
     (lambda c: c["workloads"]["transformer"].update(budget={"time_limit_s": float("inf")}),
      "workloads.transformer.budget.time_limit_s"),
     (lambda c: c["methods"]["dense"].update(params={"lr": float("nan")}), "methods.dense.params.lr"),
@@ -343,7 +348,8 @@ def test_a_config_with_a_huge_comment_is_read_quickly(tmp_path):
 def test_duplicated_yaml_key_rejected_naming_file_and_key(tmp_path):
     path = tmp_path / "dup.yaml"
     path.write_text("methods:\n  dense: {method: dense}\nseeds: [0]\nmethods:\n  comera: {method: comera}\n")
-    assert yaml.safe_load(path.read_text())["methods"] == {"comera": {"method": "comera"}}  # what Snakemake sees
+    # what Snakemake sees
+    assert yaml.safe_load(path.read_text())["methods"] == {"comera": {"method": "comera"}}
     with pytest.raises(grid.ConfigError, match=rf"{re.escape(str(path))}: key 'methods' appears twice "
                                                r"\(lines 1 and 4\)"):
         grid.load_config_file(path)
@@ -447,8 +453,8 @@ def test_the_cli_and_the_pipeline_give_a_cell_one_identity(purpose):
     cells, _ = expand(filled(config))
     from_grid = next(c for c in cells.values() if c["purpose"] == purpose)
     args = cli._parser().parse_args(
-        ["run", "--workload", "transformer", "--method", "comera", "--batch-size", "4", "--target-ratio", "0.5",
-         "--method-param", "size_weight=10", "--workload-param", "size=tiny",
+        ["run", "--workload", "transformer", "--method", "comera", "--batch-size", "4", "--target-ratio",
+         "0.5", "--method-param", "size_weight=10", "--workload-param", "size=tiny",
          "--max-steps-per-epoch", "13", "--warmup-steps", "1", "--eval-every-steps", "6"]
         + (["--purpose", "quality", "--workload-param", "eval_samples=64"] if purpose == "quality" else []))
     from_cli = specs.make(cli.spec_from_args(args)).to_dict()
@@ -516,7 +522,8 @@ def test_compile_is_a_grid_axis_timed_with_the_eager_cells():
     compiled = {rid: c for rid, c in cells.items() if c["execution"]["compile"]}
     assert len(compiled) == len(cells) // 2 and all(rid.endswith("_compiled") for rid in compiled)
     eager = cells[next(iter(compiled)).removesuffix("_compiled")]
-    assert eager["execution"]["timing_group"] == compiled[eager["run_id"] + "_compiled"]["execution"]["timing_group"]
+    assert (eager["execution"]["timing_group"]
+            == compiled[eager["run_id"] + "_compiled"]["execution"]["timing_group"])
     single = filled(minimal())
     single["execution"]["compile"] = True  # one boolean is one value
     assert all(rid.endswith("_compiled") for rid in expand(single)[0])

@@ -40,7 +40,8 @@ def counted_steps(period: int | None, periodic_ms: float, outlier: int | None = 
     return steps, rounds, index, plan
 
 
-def timed_cell(method: str, period: int | None = None, periodic_ms: float = 10.0, outlier: int | None = None) -> dict:
+def timed_cell(method: str, period: int | None = None, periodic_ms: float = 10.0,
+               outlier: int | None = None) -> dict:
     """A transformer timing cell at batch 32 as `comera-bench run` writes it after its rounds: per-round
     medians and means, the median step time, the mean-based epoch time and the stability verdict of
     harness.core.timing.judge (not forced)."""
@@ -49,10 +50,13 @@ def timed_cell(method: str, period: int | None = None, periodic_ms: float = 10.0
     mean_ms = sum(steps) / len(steps)
     row = run("transformer", method, 32, time=mean_ms * STEPS_PER_EPOCH / 1e3)
     means = timing.round_means(steps, rounds)
-    row.update(step_time_ms=median, step_time_ms_iqr=q3 - q1, steps_timed=len(steps), epoch_time_kind="extrapolated",
+    row.update(step_time_ms=median, step_time_ms_iqr=q3 - q1, steps_timed=len(steps),
+               epoch_time_kind="extrapolated",
                timing_group="transformer_b32_s0", hostname="host", flops_per_step=1e9,
-               round_step_ms=json.dumps(timing.round_medians(steps, rounds)), round_step_mean_ms=json.dumps(means),
-               timing_quality=timing.judge(step_time_ms=median, step_time_ms_iqr=q3 - q1, steps_timed=len(steps),
+               round_step_ms=json.dumps(timing.round_medians(steps, rounds)),
+               round_step_mean_ms=json.dumps(means),
+               timing_quality=timing.judge(step_time_ms=median, step_time_ms_iqr=q3 - q1,
+                                           steps_timed=len(steps),
                                            step_time_ms_mean=mean_ms, period=plan.period, round_means=means,
                                            step_ms=steps, step_index=index),
                extra=json.dumps({"round_alignment": plan.alignment, "step_time_ms_mean": mean_ms}))
@@ -71,13 +75,14 @@ def test_the_periodic_cell_is_judged_stable_by_its_round_means(cells):
     _, res = cells
     comera = res.runs[res.runs.method == "comera"].iloc[0]
     assert comera.timing_quality == "stable"
-    assert analysis.extra_of(comera)["round_alignment"] == f"{ROUNDS} rounds of whole periods of {PERIOD} steps " \
-                                                          f"({ROUNDS} periods in all)"
+    assert analysis.extra_of(comera)["round_alignment"] == f"{ROUNDS} rounds of whole periods of {PERIOD} " \
+                                                          f"steps ({ROUNDS} periods in all)"
     # the mean / median test alone would have called it noisy
     assert analysis.extra_of(comera)["step_time_ms_mean"] / comera.step_time_ms > timing.MAX_MEAN_OVER_MEDIAN
     steps, _, _, _ = counted_steps(PERIOD, 50.0)
     assert timing.judge(step_time_ms=comera.step_time_ms, step_time_ms_iqr=comera.step_time_ms_iqr,
-                        steps_timed=len(steps), step_time_ms_mean=sum(steps) / len(steps)).startswith("noisy: mean")
+                        steps_timed=len(steps),
+                        step_time_ms_mean=sum(steps) / len(steps)).startswith("noisy: mean")
 
 
 def test_an_outlier_without_a_period_is_noisy_and_enters_no_ratio(tmp_path):
@@ -113,7 +118,8 @@ def test_claims_fig1_and_compare_give_one_ratio_with_the_periodic_work(cells, mo
     ratios = compare.method_ratios([path])
     time = ratios[(ratios.source == "measured") & (ratios.quantity == "epoch_time")].iloc[0]
     assert time.versus == "dense-default" and time.interleaved and time.rounds == ROUNDS
-    assert time.ratio == pytest.approx(r.value) and (time.low, time.high) == (pytest.approx(r.low), pytest.approx(r.high))
+    assert (time.ratio == pytest.approx(r.value)
+            and (time.low, time.high) == (pytest.approx(r.low), pytest.approx(r.high)))
 
 
 def test_cells_timed_apart_give_the_same_number_from_their_mean_based_epoch_times(cells):
@@ -130,7 +136,8 @@ def test_two_folders_of_one_machine_are_never_timed_together(cells, tmp_path):
     path, res = cells
     rows = [{**r, "round_step_mean_ms": json.dumps([40.0] * ROUNDS)} if r["method"] == "dense" else r
             for r in res.runs.to_dict("records")]
-    again = make_folder(tmp_path / "again", [{k: (None if v != v else v) for k, v in r.items()} for r in rows])
+    again = make_folder(tmp_path / "again", [{k: (None if v != v else v) for k, v in r.items()}
+                                             for r in rows])
     table, _, _ = compare.side_by_side([path, again])
     dense = table[table.method == "dense"].iloc[0]
     assert dense["epoch_time ratio again/here"] == pytest.approx(1.0)  # epoch times, not the rounds' 4x
@@ -142,7 +149,8 @@ def test_a_period_that_leaves_fewer_rounds_pairs_the_rounds_both_cells_have(tmp_
     work ((5 x 10 + 50) / 6 = 16.7 ms against 10 ms)."""
     dense = timed_cell("dense")
     comera = timed_cell("comera", period=6, periodic_ms=50.0)
-    assert "3 rounds (fewer than the 4 asked) of whole periods of 6 steps" in json.loads(comera["extra"])["round_alignment"]
+    assert ("3 rounds (fewer than the 4 asked) of whole periods of 6 steps"
+            in json.loads(comera["extra"])["round_alignment"])
     assert comera["timing_quality"] == "stable"
     res = analysis.load(make_folder(tmp_path / "here", placed([dense, comera])))
     rows = [res.runs[res.runs.method == m].iloc[0] for m in ("comera", "dense")]

@@ -97,11 +97,13 @@ def pipeline(tmp_path_factory):
                             stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT)
     wait_for_lock(workdir / "results", proc)
     # Killed first, while its timing group runs: the group can end while the pipeline is held below (its
-    # jobs go on), the sooner the slower a Snakemake start is (9 s where Slurm's client waits for a controller)
+    # jobs go on), the sooner the slower a Snakemake start is (9 s where Slurm's client waits for a
+    # controller)
     killed = kill_first_cell(proc)
     other = tmp_path_factory.mktemp("other-checkout")
     shared = other / "shared.yaml"
-    shared.write_text(yaml.safe_dump({**yaml.safe_load(TINY.read_text()), "results_dir": str(workdir / "results")}))
+    shared.write_text(yaml.safe_dump({**yaml.safe_load(TINY.read_text()),
+                                      "results_dir": str(workdir / "results")}))
     target = str(workdir / "results" / "runs" / "cpu-tiny" / "microbench" / "tiny.spec.json")  # one quick job
     # The first pipeline is held (SIGSTOP: it keeps its lock, its running jobs go on) while the second one
     # starts, so that it cannot end and release the lock first on a fast machine
@@ -142,7 +144,8 @@ def test_killed_cell_is_a_row_and_not_rerun(pipeline):
 def test_second_pipeline_on_the_same_results_refused(pipeline):
     workdir = pipeline["workdir"]
     rc, out = pipeline["blocked"]
-    assert rc != 0 and f"results folder {workdir / 'results'} is in use by another pipeline: pid" in out, out[-2000:]
+    assert rc != 0 and f"results folder {workdir / 'results'} is in use by another pipeline: pid" in out, \
+        out[-2000:]
     assert not pipeline["blocked_ran_its_job"]
     rc, out = pipeline["dry"]
     assert rc == 0 and "This was a dry-run" in out, out[-2000:]  # a dry run takes no lock
@@ -179,14 +182,16 @@ def test_outputs_and_claims(pipeline):
     assert "fig12_time_vs_compression: needs a CoMERA sweep" in (figs / "overview.md").read_text()
     for name in ("table1_ranks", "table2_dlrm", "table_mnli_size", "table_runs"):
         assert (figs / f"{name}.md").exists() and (figs / f"{name}.csv").exists()
-    assert (figs / "compare" / "compare.md").exists() and (figs / "compare" / "compare_time_memory.png").exists()
+    assert ((figs / "compare" / "compare.md").exists()
+            and (figs / "compare" / "compare_time_memory.png").exists())
     text = (figs / "claims.md").read_text().splitlines()
     header = [c.strip() for c in text[2].strip("|").split("|")]
     rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in text if ln.startswith("| C")]
     assert [r[0] for r in rows] == [f"C{i}" for i in range(1, 11)]
     verdicts = {r[0]: r[header.index("verdict")] for r in rows}
     # a CPU run of the tiny model judges no claim; what it measured is shown as "not comparable here"
-    assert set(verdicts.values()) <= {"not comparable here", "not measured here", "not judged: timing not stable"}
+    assert set(verdicts.values()) <= {"not comparable here", "not measured here",
+                                      "not judged: timing not stable"}
     # C1 is measured here: a ratio from stable rows, or its rows named as not stable (a busy machine)
     assert verdicts["C1"] in ("not comparable here", "not judged: timing not stable")
     assert verdicts["C9"] == "not measured here"  # tiny.yaml has no MLM cell on text
@@ -215,14 +220,15 @@ def test_the_printed_report_command_works_as_printed(pipeline):
     options fails naming that command (not Snakemake's "marked for report but does not exist")."""
     workdir, out = pipeline["workdir"], pipeline["second"].stdout + pipeline["second"].stderr
     command = _printed(out, "The HTML report of this run:")
-    assert command == shlex.join(["snakemake", "--report", "report.html", "figures", "--directory", str(workdir),
-                                  "--configfile", str(TINY)])
+    assert command == shlex.join(["snakemake", "--report", "report.html", "figures", "--directory",
+                                  str(workdir), "--configfile", str(TINY)])
     plain = subprocess.run([str(BIN / "snakemake"), "--directory", str(workdir), "--report", "plain.html",
                             "figures"], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=600)
     assert plain.returncode != 0 and f"Its report: {command}" in plain.stdout + plain.stderr
     assert "marked for report but does not exist" not in plain.stdout + plain.stderr
     (workdir / "report.html").unlink(missing_ok=True)
-    typed = subprocess.run(command, shell=True, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=600)
+    typed = subprocess.run(command, shell=True, capture_output=True, text=True, env=ENV,
+                           cwd=ROOT, timeout=600)
     assert typed.returncode == 0, typed.stderr[-3000:]
     assert "fig1_time_memory.png" in (workdir / "report.html").read_text(errors="replace")
 
@@ -267,12 +273,15 @@ def test_the_retime_hint_works_as_printed(pipeline, tmp_path):
     assert command == (f"comera-bench noisy {shlex.quote(str(folder))} --delete && "
                        + shlex.join(["snakemake", "--cores", "1", "figures", "--directory", str(tmp_path),
                                      "--configfile", str(TINY)]))
-    typed = subprocess.run(command, shell=True, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=900)
+    typed = subprocess.run(command, shell=True, capture_output=True, text=True, env=ENV,
+                           cwd=ROOT, timeout=900)
     out = typed.stdout + typed.stderr
     assert typed.returncode == 0, out[-3000:]
     assert "rule time_transformer_b4_s0" in out or "time_transformer_b4_s0" in out
-    assert pd.read_parquet(folder / f"{victim}.runs.parquet").timing_quality.iloc[0] != "noisy: made so by the test"
-    assert re.search(r"round 1/5: \d+ cells \(\d+ s\); about \S+ left in this group's rounds", out), out[-3000:]
+    assert (pd.read_parquet(folder / f"{victim}.runs.parquet").timing_quality.iloc[0]
+            != "noisy: made so by the test")
+    assert re.search(r"round 1/5: \d+ cells \(\d+ s\); about \S+ left in this group's "
+                     r"rounds", out), out[-3000:]
     assert re.search(r"^comera-bench: cells 8 of 8 done", out, re.M), out[-3000:]
 
 
@@ -344,7 +353,8 @@ def test_a_bad_environment_variable_is_refused_before_any_job(tmp_path, variable
 def test_exponent_numbers_in_a_config_are_numbers(tmp_path):
     """`lr: 1e-3` (YAML 1.1, which Snakemake reads, makes it text) passes the methods' own checks."""
     path = tmp_path / "exp.yaml"
-    path.write_text(TINY.read_text().replace("dense: {method: dense}", "dense: {method: dense, params: {lr: 1e-3}}"))
+    path.write_text(TINY.read_text().replace("dense: {method: dense}",
+                                             "dense: {method: dense, params: {lr: 1e-3}}"))
     res = snakemake(tmp_path, "-n", "runs", configfile=path, timeout=300)
     assert res.returncode == 0 and "This was a dry-run" in res.stdout, res.stderr[-2000:]
 
@@ -352,9 +362,9 @@ def test_exponent_numbers_in_a_config_are_numbers(tmp_path):
 def test_the_busy_warnings_one_thread_command_gives_every_cell_one_thread(tmp_path):
     """`--config execution='{threads: 1}'` (what the busy warning says to type): Snakemake's base loader
     reads the 1 as text; the pipeline reads it as a number, and every cell of the default grid gets it."""
-    res = subprocess.run([str(BIN / "snakemake"), "--directory", str(tmp_path), "--cores", "1", "-n", "figures",
-                          "--config", "execution={threads: 1}"], capture_output=True, text=True, env=ENV, cwd=ROOT,
-                         timeout=300)
+    res = subprocess.run([str(BIN / "snakemake"), "--directory", str(tmp_path), "--cores", "1", "-n",
+                          "figures", "--config", "execution={threads: 1}"], capture_output=True, text=True,
+                         env=ENV, cwd=ROOT, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     specs = [line for line in res.stdout.splitlines() if '"run_id"' in line]
     assert len(specs) == 27 and all(re.search(r'"num_threads": 1[,}]', line) for line in specs)
@@ -375,8 +385,8 @@ def test_unsafe_config_runs_nothing(tmp_path, case):
         text, key = text + "seeds: [1]\n", "key 'seeds' appears twice"
     path = tmp_path / "unsafe.yaml"
     path.write_text(text)
-    res = subprocess.run(snakemake_cmd(tmp_path, path, "runs"), capture_output=True, text=True, env=env, cwd=ROOT,
-                         timeout=300)
+    res = subprocess.run(snakemake_cmd(tmp_path, path, "runs"), capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=300)
     assert res.returncode != 0
     assert "invalid config" in res.stderr and key in res.stderr, res.stderr[-2000:]
     assert case != "duplicated key" or str(path) in res.stderr
@@ -424,7 +434,8 @@ def test_a_quality_cell_stopped_with_the_pipeline_resumes_from_its_checkpoint(tm
     transformer = config["workloads"]["transformer"]
     transformer.update(methods=["dense"], targets=[None])
     transformer["quality"].update(methods=["comera"])
-    transformer["quality"]["budget"].update(max_steps_per_epoch=150, eval_every_steps=50)  # long enough to stop
+    # long enough to stop
+    transformer["quality"]["budget"].update(max_steps_per_epoch=150, eval_every_steps=50)
     path = tmp_path / "quality.yaml"
     path.write_text(yaml.safe_dump(config))
     env = {**ENV, "COMERA_BENCH_CHECKPOINT_S": "0.000001"}

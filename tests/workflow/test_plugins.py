@@ -59,14 +59,16 @@ def build(p, *, batch_size, seed, device):
 
     def batches(epoch):
         for i in range(n):
-            yield {"x": x[i * batch_size:(i + 1) * batch_size].to(device), "y": y[i * batch_size:(i + 1) * batch_size].to(device)}
+            yield {"x": x[i * batch_size:(i + 1) * batch_size].to(device),
+                   "y": y[i * batch_size:(i + 1) * batch_size].to(device)}
 
     def loss(m, b):
         return nn.functional.mse_loss(m(b["x"]), b["y"])
 
     def evaluate(m):
         with evaluating(m):
-            return {"metric_name": "mse", "metric_value": float(loss(m, {"x": x.to(device), "y": y.to(device)}))}
+            return {"metric_name": "mse",
+                    "metric_value": float(loss(m, {"x": x.to(device), "y": y.to(device)}))}
 
     return Workload(name="toy_reg", model=model, tt_spec={}, train_batches=batches,
                     eval_batches=lambda: batches(0), loss=loss, evaluate=evaluate, steps_per_epoch=n,
@@ -88,7 +90,8 @@ def plugin_dir(tmp_path):
 def test_toy_method_and_workload_run_through_the_pipeline(plugin_dir, tmp_path):
     config = {"device_name": "cpu-plugins", "execution": {"device": "cpu", "threads": 1},
               "methods": {"dense": {"method": "dense"}, "toy": {"method": "toy_sgd", "params": {"lr": 0.05}}},
-              "workloads": {"toy_reg": {"params": {"size": "tiny"}, "batch_sizes": [8], "methods": ["dense", "toy"],
+              "workloads": {"toy_reg": {"params": {"size": "tiny"}, "batch_sizes": [8],
+                                        "methods": ["dense", "toy"],
                                         "budget": {"epochs": 1, "max_steps_per_epoch": 8, "warmup_steps": 1,
                                                    "eval_every_steps": 4}}},
               "microbench": {"specs": {}}}
@@ -132,7 +135,8 @@ def test_a_missing_plugin_folder_is_named(tmp_path, monkeypatch):
     """A typo in COMERA_BENCH_PLUGINS is named, not left to surface as 'unknown method'."""
     missing = tmp_path / "no-such-folder"
     monkeypatch.setenv(plugins.ENV, os.pathsep.join([str(tmp_path), str(missing)]))
-    with pytest.raises(plugins.PluginError, match=re.escape(f"{plugins.ENV} names {missing}, which is not a folder")):
+    with pytest.raises(plugins.PluginError,
+                       match=re.escape(f"{plugins.ENV} names {missing}, which is not a folder")):
         plugins.discover("methods", ROOT / "baselines")
 
 
@@ -140,9 +144,10 @@ def test_a_missing_plugin_folder_is_named(tmp_path, monkeypatch):
 def test_the_cli_names_a_missing_plugin_folder(tmp_path, capsys):
     missing = tmp_path / "typo"
     script = ("import sys; from harness import cli; "
-              "sys.exit(cli.main(['run', '--workload', 'transformer', '--method', 'dense', '--batch-size', '2']))")
-    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, plugins.ENV: str(missing)})
+              "sys.exit(cli.main(['run', '--workload', 'transformer', '--method', 'dense', '--batch-size', "
+              "'2']))")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, plugins.ENV: str(missing)})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"{plugins.ENV} names {missing}, which is not a folder" in proc.stderr
 
@@ -177,10 +182,11 @@ def test_the_data_cache_lies_in_the_results_folder(plugin_dir, tmp_path):
         "    (cache_dir(None, 'toy') / 'built').write_text('1')\n"
         "    n = p[\"samples\"] // batch_size\n"))
     elsewhere = tmp_path / "elsewhere"
-    config = {"device_name": "cpu-plugins", "results_dir": str(elsewhere), "execution": {"device": "cpu", "threads": 1},
-              "methods": {"dense": {"method": "dense"}},
+    config = {"device_name": "cpu-plugins", "results_dir": str(elsewhere),
+              "execution": {"device": "cpu", "threads": 1}, "methods": {"dense": {"method": "dense"}},
               "workloads": {"toy_reg": {"params": {"size": "tiny"}, "batch_sizes": [8], "methods": ["dense"],
-                                        "budget": {"epochs": 1, "max_steps_per_epoch": 4, "warmup_steps": 1}}},
+                                        "budget": {"epochs": 1, "max_steps_per_epoch": 4,
+                                                   "warmup_steps": 1}}},
               "microbench": {"specs": {}}}
     configfile = tmp_path / "cache.yaml"
     configfile.write_text(yaml.safe_dump(config))
@@ -192,10 +198,10 @@ def test_the_data_cache_lies_in_the_results_folder(plugin_dir, tmp_path):
     assert (elsewhere / "cache" / "toy" / "built").exists()
     assert not (tmp_path / "wd" / "results").exists() and not (ROOT / "results" / "cache" / "toy").exists()
     cli_dir = tmp_path / "cli"
-    run = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--workload", "toy_reg", "--method", "dense",
-                          "--batch-size", "8", "--device", "cpu", "--max-steps-per-epoch", "3",
-                          "--results-dir", str(cli_dir)], capture_output=True, text=True, env=env, cwd=tmp_path,
-                         timeout=300)
+    run = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--workload", "toy_reg", "--method",
+                          "dense", "--batch-size", "8", "--device", "cpu", "--max-steps-per-epoch", "3",
+                          "--results-dir", str(cli_dir)], capture_output=True, text=True, env=env,
+                         cwd=tmp_path, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert (cli_dir / "cache" / "toy" / "built").exists() and not (tmp_path / "results").exists()
 
@@ -207,7 +213,8 @@ def test_a_runs_file_of_another_config_fails_the_merge(plugin_dir, tmp_path):
     config = {"device_name": "cpu-plugins", "execution": {"device": "cpu", "threads": 1},
               "methods": {"dense": {"method": "dense"}},
               "workloads": {"toy_reg": {"params": {"size": "tiny"}, "batch_sizes": [8], "methods": ["dense"],
-                                        "budget": {"epochs": 1, "max_steps_per_epoch": 4, "warmup_steps": 1}}},
+                                        "budget": {"epochs": 1, "max_steps_per_epoch": 4,
+                                                   "warmup_steps": 1}}},
               "microbench": {"specs": {}}}
     configfile = tmp_path / "one.yaml"
     configfile.write_text(yaml.safe_dump(config))
@@ -228,8 +235,8 @@ def test_a_runs_file_of_another_config_fails_the_merge(plugin_dir, tmp_path):
     out = proc.stdout + proc.stderr
     log = (workdir / "results" / "cpu-plugins" / "logs" / "merge_runs.log").read_text()
     assert proc.returncode != 0 and not (workdir / "results" / "cpu-plugins" / "runs.parquet").exists()
-    assert (f"{cell.relative_to(workdir)}: its row of cell {cell.name.removesuffix('.runs.parquet')} was run from "
-            "another spec") in log
+    assert (f"{cell.relative_to(workdir)}: its row of cell {cell.name.removesuffix('.runs.parquet')} was "
+            "run from another spec") in log
     assert cell.name in out
 
 
@@ -244,10 +251,12 @@ def test_a_cell_out_of_memory_beside_its_group_is_timed_alone(plugin_dir, tmp_pa
         "        params = check_params(params)\n"
         "        import os\n"
         "        if os.environ.get('COMERA_BENCH_ROUNDS'):\n"
-        "            raise torch.cuda.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB (toy)')\n"))
+        "            raise torch.cuda.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB "
+        "(toy)')\n"))
     config = {"device_name": "cpu-plugins", "execution": {"device": "cpu", "threads": 1, "rounds": 2},
               "methods": {"dense": {"method": "dense"}, "big": {"method": "toy_big"}},
-              "workloads": {"toy_reg": {"params": {"size": "tiny"}, "batch_sizes": [8], "methods": ["dense", "big"],
+              "workloads": {"toy_reg": {"params": {"size": "tiny"}, "batch_sizes": [8],
+                                        "methods": ["dense", "big"],
                                         "budget": {"epochs": 1, "max_steps_per_epoch": 8, "warmup_steps": 1,
                                                    "eval_every_steps": None}}},
               "microbench": {"specs": {}}}
@@ -257,16 +266,19 @@ def test_a_cell_out_of_memory_beside_its_group_is_timed_alone(plugin_dir, tmp_pa
     proc = subprocess.run(snakemake_cmd(workdir, configfile, "figures"), capture_output=True, text=True,
                           env={**ENV, plugins.ENV: str(plugin_dir)}, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "toy_reg_toy_big-default_b8_tnone_s0 ran out of memory beside its timing group: timing it alone" in proc.stderr
+    assert ("toy_reg_toy_big-default_b8_tnone_s0 ran out of memory beside its timing group: timing it alone"
+            in proc.stderr)
     runs = pd.read_parquet(workdir / "results" / "cpu-plugins" / "runs.parquet").set_index("method")
     assert (runs.status == "ok").all(), runs[["status", "error"]]
-    assert runs.loc["dense", "timing_group"] == "toy_reg_b8_s0" and pd.isna(runs.loc["toy_big", "timing_group"])
+    assert (runs.loc["dense", "timing_group"] == "toy_reg_b8_s0"
+            and pd.isna(runs.loc["toy_big", "timing_group"]))
     reason = json.loads(runs.loc["toy_big", "extra"])["timed_alone"]
     assert reason.startswith("it ran out of memory while the 2 cells of its timing group shared the memory")
     assert "OutOfMemoryError" in reason or "CUDA out of memory" in reason
     logs = workdir / "results" / "runs" / "cpu-plugins" / "logs"
     assert "CUDA out of memory" in (logs / "toy_reg_toy_big-default_b8_tnone_s0.log.in-group").read_text()
     table = (workdir / "figures" / "table_runs.csv")
-    assert pd.read_csv(table).set_index("run_id").loc["toy_reg_toy_big-default_b8_tnone_s0", "timed_alone"] == "yes"
+    assert (pd.read_csv(table).set_index("run_id").loc["toy_reg_toy_big-default_b8_tnone_s0", "timed_alone"]
+            == "yes")
     assert "cells timed alone after running out of memory beside their timing group" in (
         workdir / "figures" / "overview.md").read_text()

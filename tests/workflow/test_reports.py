@@ -22,11 +22,12 @@ def run_row(workload, method, batch, *, variant="default", target=None, time_s=1
     row.update(run_id=rid, workload=workload, method=method, variant=variant, batch_size=batch,
                target_ratio=target, seed=0, status=status, error="" if status == "ok" else "boom",
                step_time_ms=time_s, epoch_time_s=time_s, epoch_time_kind="measured",
-               peak_mem_bytes=None if mem is None else int(mem), peak_mem_kind="cpu_rss_delta", metric_name="accuracy",
+               peak_mem_bytes=None if mem is None else int(mem), peak_mem_kind="cpu_rss_delta",
+               metric_name="accuracy",
                metric_value=metric, final_train_loss=1.0, params_total=1000, params_factorized_layers=800,
                compression_total=compression, compression_layers=compression, ranks=json.dumps(ranks or {}),
-               device="cpu", device_name="Test CPU", num_threads=2, torch_version="x", extra=json.dumps({"eval": extra}),
-               timing_quality="stable")
+               device="cpu", device_name="Test CPU", num_threads=2, torch_version="x",
+               extra=json.dumps({"eval": extra}), timing_quality="stable")
     return row
 
 
@@ -65,9 +66,11 @@ def ranks(block_ranks):
 def folder(tmp_path):
     rows = [
         run_row("transformer", "dense", 1, time_s=30), run_row("transformer", "dense", 32, time_s=90),
-        run_row("transformer", "comera", 1, time_s=10, mem=10e6, ranks=ranks({0: [1, 8, 8, 1], 1: [1, 8, 6, 1]})),
+        run_row("transformer", "comera", 1, time_s=10, mem=10e6,
+                ranks=ranks({0: [1, 8, 8, 1], 1: [1, 8, 6, 1]})),
         run_row("transformer", "comera", 32, time_s=30, ranks=ranks({0: [1, 8, 8, 1], 1: [1, 8, 6, 1]})),
-        run_row("transformer", "comera", 32, target=0.5, time_s=20, ranks=ranks({0: [1, 4, 4, 1], 1: [1, 0, 2, 1]})),
+        run_row("transformer", "comera", 32, target=0.5, time_s=20,
+                ranks=ranks({0: [1, 4, 4, 1], 1: [1, 0, 2, 1]})),
         run_row("transformer", "galore", 1, time_s=25, mem=95e6),
         run_row("transformer", "galore", 32, status="oom", time_s=None, mem=None),
         run_row("transformer", "comera", 32, variant="rank-rank2", time_s=5, compression=40.0),
@@ -105,7 +108,8 @@ def test_tables(folder, tmp_path):
         page = (tmp_path / "out" / f"{name}.html").read_text()  # what the Snakemake report shows
         assert page.startswith("<!DOCTYPE html>") and "<h1 id=" in page
     assert "oom" in (tmp_path / "out" / "table_runs.md").read_text()
-    assert "<td>oom</td>" in (tmp_path / "out" / "table_runs.html").read_text().replace(' style="text-align:left"', "")
+    assert "<td>oom</td>" in (tmp_path / "out" / "table_runs.html").read_text().replace(
+        ' style="text-align:left"', "")
     overview = dict(tables.overview(res)[0].values)
     assert overview["cells"].count("timing") >= 1 and "ok" in overview["cells"]
     assert overview["torch / CUDA / Python"].count(" / ") == 2
@@ -138,7 +142,8 @@ def test_figures_written_and_failed_cell_marked(folder, tmp_path, monkeypatch):
 
 
 def test_compare_two_devices_and_paper(folder, tmp_path):
-    rows = [run_row("transformer", "dense", 1, time_s=15), run_row("transformer", "comera", 1, time_s=2, mem=5e6),
+    rows = [run_row("transformer", "dense", 1, time_s=15),
+            run_row("transformer", "comera", 1, time_s=2, mem=5e6),
             run_row("transformer", "galore", 1, time_s=12, mem=80e6)]
     other = make_folder(tmp_path / "gpu-x", rows)
     out = tmp_path / "cmp"
@@ -148,9 +153,11 @@ def test_compare_two_devices_and_paper(folder, tmp_path):
     assert dense1["epoch_time ratio gpu-x/cpu-test"] == pytest.approx(0.5)
     ratios = pd.read_csv(out / "compare_ratios.csv")
     assert {"cpu-test", "gpu-x", "paper (RTX 3090)", "paper (RTX 4090)"} <= set(ratios.device)
-    gx = ratios[(ratios.device == "gpu-x") & (ratios.versus == "galore-default") & (ratios.quantity == "epoch_time")]
+    gx = ratios[(ratios.device == "gpu-x") & (ratios.versus == "galore-default")
+                & (ratios.quantity == "epoch_time")]
     assert gx.ratio.iloc[0] == pytest.approx(6.0)
-    assert (out / "compare_time_memory.png").exists() and "paper (RTX 4090)" in (out / "compare.md").read_text()
+    assert ((out / "compare_time_memory.png").exists()
+            and "paper (RTX 4090)" in (out / "compare.md").read_text())
 
 
 def test_compare_gives_a_ratio_between_devices_the_spread_of_each_sides_round_means(tmp_path):
@@ -158,7 +165,8 @@ def test_compare_gives_a_ratio_between_devices_the_spread_of_each_sides_round_me
     round-mean quartiles over its median (harness.results.analysis.apart_ratio), in the csv, the md and
     the figure; a side with one round gives no spread."""
     def rows(dense_s, dense_rounds, comera_s, comera_rounds):
-        found = [run_row("transformer", "dense", 1, time_s=dense_s), run_row("transformer", "comera", 1, time_s=comera_s)]
+        found = [run_row("transformer", "dense", 1, time_s=dense_s),
+                 run_row("transformer", "comera", 1, time_s=comera_s)]
         for row, means in zip(found, (dense_rounds, comera_rounds)):
             row["round_step_mean_ms"] = json.dumps(means)
         return found
@@ -173,19 +181,24 @@ def test_compare_gives_a_ratio_between_devices_the_spread_of_each_sides_round_me
     col = "epoch_time ratio there/here"
     # there: quartiles 14.75 / 15 / 15.25; here: 28.5 / 30 / 31.5
     assert (dense[f"{col} low"], dense[col], dense[f"{col} high"]) == (
-        pytest.approx(0.5 * 14.75 / 15 * 30 / 31.5), pytest.approx(0.5), pytest.approx(0.5 * 15.25 / 15 * 30 / 28.5))
-    assert comera[f"{col} low"] == comera[col] == comera[f"{col} high"] == pytest.approx(0.5)  # one round here
+        pytest.approx(0.5 * 14.75 / 15 * 30 / 31.5), pytest.approx(0.5),
+        pytest.approx(0.5 * 15.25 / 15 * 30 / 28.5))
+    # one round here
+    assert comera[f"{col} low"] == comera[col] == comera[f"{col} high"] == pytest.approx(0.5)
     md = (out / "compare.md").read_text()
     assert f"{col} low" in md and "round-mean quartiles over its median, combined the widest way" in md
     assert "peak_mem ratio there/here low" not in md  # a memory ratio has no spread
 
 
 def _seq_rows(seq, time_s, **kw):
-    rows = [run_row("mlm", "dense", 16, time_s=time_s, **kw), run_row("mlm", "comera", 16, time_s=time_s / 2, **kw)]
+    rows = [run_row("mlm", "dense", 16, time_s=time_s, **kw),
+            run_row("mlm", "comera", 16, time_s=time_s / 2, **kw)]
     for r in rows:
         r.update(run_id=f"{r['run_id']}_seq{seq}", seq_len=seq,
-                 settings=json.dumps({"workload_params": {"size": kw.pop("size", "small") if False else "small",
-                                                          "seq_len": seq}, "budget": {"epochs": 1}}))
+                 settings=json.dumps({
+                     "workload_params": {"size": kw.pop("size", "small") if False else "small",
+                                         "seq_len": seq},
+                     "budget": {"epochs": 1}}))
     return rows
 
 
@@ -200,7 +213,8 @@ def test_compare_keeps_sweep_points_apart(tmp_path):
 
 
 def test_compare_flags_and_refuses_what_differs(folder, tmp_path, capsys):
-    rows = [run_row("transformer", "dense", 1, time_s=15), run_row("transformer", "comera", 1, time_s=2, mem=5e6)]
+    rows = [run_row("transformer", "dense", 1, time_s=15),
+            run_row("transformer", "comera", 1, time_s=2, mem=5e6)]
     rows[0].update(peak_mem_kind="cuda_allocated", num_threads=16)
     rows[1].update(timing_quality="noisy: CPU pressure 60% (> 25%)")
     other = make_folder(tmp_path / "gpu-y", rows)
@@ -208,7 +222,8 @@ def test_compare_flags_and_refuses_what_differs(folder, tmp_path, capsys):
     dense = table[(table.method == "dense") & (table.batch_size == 1)].iloc[0]
     assert pd.isna(dense["peak_mem ratio gpu-y/cpu-test"])  # cpu_rss_delta vs cuda_allocated: refused
     assert dense["epoch_time ratio gpu-y/cpu-test"] == pytest.approx(0.5)
-    assert "memory kind differs" in dense.differences and "torch threads differs (cpu-test 2 vs gpu-y 16)" in dense.differences
+    assert ("memory kind differs" in dense.differences
+            and "torch threads differs (cpu-test 2 vs gpu-y 16)" in dense.differences)
     comera = table[(table.method == "comera") & (table.batch_size == 1) & table.target_ratio.isna()].iloc[0]
     assert pd.isna(comera["epoch_time ratio gpu-y/cpu-test"])
     assert "timing not stable on gpu-y: CPU pressure 60%" in comera.differences
@@ -284,14 +299,17 @@ def quality_cell(method, target=None, *, end_acc=0.9, variant="default", switche
     rid, curves = row["run_id"], []
     for step, acc in ((0, 0.3), (4, 0.92), (8, end_acc)):
         curves += [{"run_id": rid, "step": step, "epoch": 0, "split": "eval", "metric_name": metric,
-                    "value": value} for metric, value in (("accuracy", acc), ("loss", round(2 * (1 - acc), 2)))]
+                    "value": value}
+                   for metric, value in (("accuracy", acc), ("loss", round(2 * (1 - acc), 2)))]
     if target is not None:
-        row["settings"] = json.dumps({"method": {"late_start_step": SWITCH, "target_ratio": target, "switch": {
-            "step": SWITCH, "size": SWITCH_SIZE, "size_target": SWITCH_SIZE * target} if switched else {}}})
+        row["settings"] = json.dumps({"method": {
+            "late_start_step": SWITCH, "target_ratio": target,
+            "switch": ({"step": SWITCH, "size": SWITCH_SIZE, "size_target": SWITCH_SIZE * target}
+                       if switched else {})}})
         end_size = 1050.0 * target if switched else SWITCH_SIZE
         for step, size in ((1, 1200.0), (SWITCH, SWITCH_SIZE), (8, end_size)):
-            curves.append({"run_id": rid, "step": step, "epoch": 0, "split": "method", "metric_name": "params_tt",
-                           "value": size})
+            curves.append({"run_id": rid, "step": step, "epoch": 0, "split": "method",
+                           "metric_name": "params_tt", "value": size})
         for step, r in ((0, RANKS_BEFORE), (SWITCH, RANKS_AT_SWITCH), (8, end)):
             curves += [{"run_id": rid, "step": step, "epoch": 0, "split": "ranks",
                         "metric_name": f"encoder.layers.4.ffn.fc1[{k}]", "value": v} for k, v in enumerate(r)]
@@ -367,8 +385,8 @@ def test_a_resumed_cell_is_named_in_the_overview_and_the_runs_table(tmp_path):
                                            {"step": 7, "checkpoint_written_at": "u"}]})
     res = quality_folder(tmp_path / "q", (row, curves), quality_cell("dense"), with_timing=False)
     runs, note = tables.table_runs(res)
-    assert dict(zip(runs.run_id, runs.resumed_at)) == {row["run_id"]: "3, 7",
-                                                       res.runs.run_id[res.runs.method == "dense"].iloc[0]: ""}
+    assert dict(zip(runs.run_id, runs.resumed_at)) == {
+        row["run_id"]: "3, 7", res.runs.run_id[res.runs.method == "dense"].iloc[0]: ""}
     assert "resumed_at" in note
     overview = dict(tables.overview(res)[0].values)
     assert overview["cells resumed from a checkpoint"] == f"1 (table_runs: resumed_at): {row['run_id']}"
@@ -378,7 +396,8 @@ def test_a_cell_timed_alone_and_each_groups_gpu_memory_are_in_the_overview(tmp_p
     gib = 2 ** 30
     rows = [run_row("transformer", method, 128, variant=variant) for method, variant in
             (("dense", "default"), ("comera", "default"), ("galore", "default"), ("dense", "b"))]
-    for row, group, used, alone in zip(rows, ("g128", "g128", None, "g32"), (20, 23, 9, 5), (False, False, True, False)):
+    for row, group, used, alone in zip(rows, ("g128", "g128", None, "g32"), (20, 23, 9, 5),
+                                       (False, False, True, False)):
         row.update(timing_group=group, device="cuda", extra=json.dumps(
             {"memory": {"device_in_use_bytes": used * gib, "device_total_bytes": 24 * gib},
              **({"timed_alone": "it ran out of memory beside its group (test)"} if alone else {})}))
@@ -407,7 +426,8 @@ def test_a_compiled_cells_graphs_are_in_the_runs_table_and_breaks_or_fallbacks_i
         tmp_path, report, text, named):
     """An eager cell beside a compiled one (extra.compile: harness.running.compiled): the runs table says
     what the compiler made of the compiled one; the overview names it when steps ran outside its graphs."""
-    eager, cell = run_row("transformer", "dense", 8), run_row("transformer", "dense", 8, variant="default+compile")
+    eager, cell = (run_row("transformer", "dense", 8),
+                   run_row("transformer", "dense", 8, variant="default+compile"))
     if report is not None:
         cell["extra"] = json.dumps({"compile": report})
     res = analysis.load(make_folder(tmp_path / "r", [eager, cell]))
@@ -415,8 +435,8 @@ def test_a_compiled_cells_graphs_are_in_the_runs_table_and_breaks_or_fallbacks_i
     assert dict(zip(runs.run_id, runs.compiled)) == {eager["run_id"]: "", cell["run_id"]: text}
     assert "compiled: " in note and "eager fallbacks" in note
     overview = dict(tables.overview(res)[0].values)
-    assert overview.get(COMPILE_TROUBLE) == (f"1 (table_runs: compiled; their steps ran partly or wholly outside "
-                                             f"compiled graphs): {cell['run_id']}" if named else None)
+    assert overview.get(COMPILE_TROUBLE) == (f"1 (table_runs: compiled; their steps ran partly or wholly "
+                                             f"outside compiled graphs): {cell['run_id']}" if named else None)
 
 
 def test_table1_reads_quality_cells_in_target_order(tmp_path):
@@ -441,8 +461,8 @@ def test_table1_says_when_the_early_stage_pruned_no_rank(tmp_path, monkeypatch):
 def test_size_table_orders_targets_and_takes_end_over_switch_from_curves_and_settings(tmp_path):
     size, note = tables.table_mnli_size(quality_folder(tmp_path / "q"))
     ours = size[size.source != "paper (RTX 3090)"].set_index("method")
-    assert ours.index.tolist() == ["dense", "comera (target 0.8)", "comera (target 0.5)", "comera (target 0.2)",
-                                   "galore", "lte-tuned"]
+    assert ours.index.tolist() == ["dense", "comera (target 0.8)", "comera (target 0.5)",
+                                   "comera (target 0.2)", "galore", "lte-tuned"]
     assert ours.accuracy.tolist() == [0.95, 0.97, 0.94, 0.90, 0.93, 0.6]  # not the timing cell's 0.1
     assert ours.eval_loss.tolist() == [0.1, 0.06, 0.12, 0.2, 0.14, 0.8]  # the same evaluation's loss
     assert list(size.columns[4:6]) == ["accuracy", "eval_loss"] and "eval_loss = its cross-entropy" in note
@@ -459,12 +479,12 @@ def test_quality_cells_still_learning_at_their_end_are_noted_and_named(tmp_path)
     -> its end at step 8) gets a note and an overview row; a timing cell's rising curve does not."""
     timing_row, timing_curves = quality_cell("lte", variant="tuned", end_acc=0.99)
     timing_row["purpose"] = "timing"
-    res = quality_folder(tmp_path / "q", quality_cell("dense", end_acc=0.95), quality_cell("galore", end_acc=0.93),
-                         (timing_row, timing_curves), with_timing=False)
+    res = quality_folder(tmp_path / "q", quality_cell("dense", end_acc=0.95),
+                         quality_cell("galore", end_acc=0.93), (timing_row, timing_curves), with_timing=False)
     size, note = tables.table_mnli_size(res)
     notes = dict(zip(size.method, size.note))
-    assert notes["dense"] == ("still learning at its end: validation accuracy 0.920 -> 0.950 over its last 20% "
-                              "of steps")
+    assert notes["dense"] == ("still learning at its end: validation accuracy 0.920 -> 0.950 over its "
+                              "last 20% of steps")
     assert notes["galore"] == "" and "a note \"still learning\": its accuracy rose by more than 0.02" in note
     overview = dict(tables.overview(res)[0].values)
     assert overview["quality cells still learning at their end (accuracy not settled: train longer)"] == (
@@ -489,7 +509,8 @@ def test_quality_figures_draw_one_line_per_method_and_target(tmp_path, drawn):
 
 
 @pytest.mark.parametrize("end_acc, scale", [(0.95, "log"), (0.5, "linear")])
-def test_fig6_draws_the_loss_on_a_log_scale_only_where_it_spans_a_decade(tmp_path, monkeypatch, end_acc, scale):
+def test_fig6_draws_the_loss_on_a_log_scale_only_where_it_spans_a_decade(tmp_path, monkeypatch, end_acc,
+                                                                         scale):
     """Losses 2 x (1 - accuracy): 1.4, 0.16 and 0.1 span 14x (log scale); 1.4, 0.16 and 1.0 span 8.75x."""
     seen = {}
     monkeypatch.setattr(figures, "_finish", lambda fig, *_: seen.update(
@@ -500,13 +521,16 @@ def test_fig6_draws_the_loss_on_a_log_scale_only_where_it_spans_a_decade(tmp_pat
 
 def test_missing_late_stage_and_failed_cell_are_named(tmp_path, drawn):
     res = quality_folder(tmp_path / "q", quality_cell("dense"), quality_cell("comera", 0.8),
-                         quality_cell("comera", 0.5, switched=False), quality_cell("comera", 0.2, status="oom"))
+                         quality_cell("comera", 0.5, switched=False),
+                         quality_cell("comera", 0.2, status="oom"))
     t1, note = tables.table1_ranks(res)
     assert list(t1.columns)[-1] == "late stage, target 0.8"
-    assert "not measured here: target 0.5: late stage never started (late_start_step 4); target 0.2: oom: boom" in note
+    assert ("not measured here: target 0.5: late stage never started (late_start_step 4); target 0.2: oom: "
+            "boom" in note)
     size, _ = tables.table_mnli_size(res)
     assert size.note.tolist()[1:4] == ["", "late stage never started (late_start_step 4)", "oom: boom"]
-    assert size["end/switch"].notna().tolist()[1:4] == [True, False, True]  # the oom cell failed after its switch
+    # the oom cell failed after its switch
+    assert size["end/switch"].notna().tolist()[1:4] == [True, False, True]
     figures.fig6_accuracy(res, tmp_path)
     (acc, _), texts, _ = drawn["fig6_accuracy"]
     assert "comera (target 0.5) [late stage never started (late_start_step 4)]" in acc
@@ -535,7 +559,8 @@ def test_quality_outputs_without_quality_cells(tmp_path, drawn):
     assert "dense, batch 1" not in loss and "no validation loss recorded by these runs" in texts
     assert "timing cells (this grid has no quality cells)" in footer
     figures.fig13_rank_adaptation(res, tmp_path)
-    assert drawn["fig13_rank_adaptation"][1][0].startswith("Not measured in this grid: CoMERA runs with a target")
+    assert drawn["fig13_rank_adaptation"][1][0].startswith("Not measured in this grid: CoMERA runs with a "
+                                                           "target")
     empty = analysis.load(make_folder(tmp_path / "e", [run_row("dlrm", "dense", 4)]))
     figures.fig6_accuracy(empty, tmp_path)
     assert drawn["fig6_accuracy"][1][0].startswith("Not measured in this grid: eval accuracy curves")
@@ -600,8 +625,10 @@ def test_fig7_draws_the_pipelines_cuda_graph_cells_beside_their_eager_twins(tmp_
     path = make_folder(tmp_path / "g", rows)  # the cudagraph variants' specs: execution.cuda_graph
     figures.fig7_cuda_graph(analysis.load(path), tmp_path)
     series = drawn["fig7_cuda_graph"][0][0]
-    assert series == {"comera": [30.0, 30.0], "comera + CUDA graph": [10.0, 10.0], "uncompressed": [50.0, 50.0],
-                      "uncompressed + CUDA graph": [40.0, 40.0], "uncompressed-default+matmul-high": [20.0, 20.0]}
+    assert series == {"comera": [30.0, 30.0], "comera + CUDA graph": [10.0, 10.0],
+                      "uncompressed": [50.0, 50.0],
+                      "uncompressed + CUDA graph": [40.0, 40.0],
+                      "uncompressed-default+matmul-high": [20.0, 20.0]}
 
 
 def test_curve_lines_part_by_size_data_and_sequence_length_where_they_vary(tmp_path, drawn):
@@ -700,7 +727,8 @@ def test_unfed_figures_of_a_transformer_only_grid():
     cells["c"]["execution"]["cuda_graph"] = True
     unfed = feeds.unfed(cells, {"a": {"rank": 4}}, {})
     assert "fig7_cuda_graph" not in unfed and "fig12_time_vs_compression" not in unfed
-    assert "fig5_ttm_lookup" in unfed and "fig13_rank_adaptation" in unfed  # the sweep's cell is no Fig 13 cell
+    # the sweep's cell is no Fig 13 cell
+    assert "fig5_ttm_lookup" in unfed and "fig13_rank_adaptation" in unfed
 
 
 def test_quality_cells_alone_feed_the_curve_figures():
@@ -793,7 +821,8 @@ def test_compare_prints_paper_batch_sizes_whole(folder, tmp_path):
 def test_compare_gives_a_noisy_quality_cell_no_time_ratio(tmp_path):
     row, _ = quality_cell("dense")
     noisy = {**row, "timing_quality": "noisy: IQR 51% of the median (> 25%)", "epoch_time_s": 20.0}
-    table, labels, _ = compare.side_by_side([make_folder(tmp_path / "a", [row]), make_folder(tmp_path / "b", [noisy])])
+    table, labels, _ = compare.side_by_side([make_folder(tmp_path / "a", [row]),
+                                             make_folder(tmp_path / "b", [noisy])])
     cell = table[table.purpose == "quality"].iloc[0]
     assert pd.isna(cell["epoch_time ratio b/a"]) and "timing not stable on b" in cell["differences"]
     assert cell["peak_mem ratio b/a"] == 1.0
@@ -811,7 +840,8 @@ def test_fig1_footer_fits_two_lines_and_memory_points_carry_their_seeds_range(fo
     assert len(figures.textwrap.wrap(shown, width)) <= 2
     plt.close(fig)
     assert "memory: cpu_rss_delta of one cell (one seed: no spread)" in footer
-    assert "Uncompressed / CoMERA time 3.00x @ batch 1, 3.00x @ batch 32." in footer  # the figure's ratios stay
+    # the figure's ratios stay
+    assert "Uncompressed / CoMERA time 3.00x @ batch 1, 3.00x @ batch 32." in footer
     rows = [run_row("transformer", "dense", 4, mem=mem) for mem in (100e6, 140e6, 110e6)]
     for seed, row in enumerate(rows):
         row["seed"], row["run_id"] = seed, f"{row['run_id']}_s{seed}"

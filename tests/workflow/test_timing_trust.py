@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 
-import pandas as pd
 import pytest
 import yaml
 
@@ -69,12 +68,12 @@ def test_every_timing_row_has_the_machine_state_and_a_verdict(quiet_and_loaded):
 
 def test_loaded_ratios_match_the_quiet_ones_or_their_rows_are_named(quiet_and_loaded, tmp_path):
     (quiet_dir, quiet), (loaded_dir, loaded), _ = quiet_and_loaded
-    q, l = _time_ratios(quiet), _time_ratios(loaded)
-    for key, value in l.items():
+    q, loaded_ratios = _time_ratios(quiet), _time_ratios(loaded)
+    for key, value in loaded_ratios.items():
         if key in q:
             assert value == pytest.approx(q[key], rel=0.2), key
     # compare's CoMERA-vs-method ratios come from the same stable rows
-    for folder, ratios in ((quiet_dir, q), (loaded_dir, l)):
+    for folder, ratios in ((quiet_dir, q), (loaded_dir, loaded_ratios)):
         cmp = compare.method_ratios([folder / "results" / "cpu-tiny"])
         measured = cmp[(cmp.source == "measured") & (cmp.quantity == "epoch_time")]
         assert measured.ratio.notna().sum() == len(ratios)

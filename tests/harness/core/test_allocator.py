@@ -78,7 +78,8 @@ def _fake_libc(mallopt_result: int, **missing):
 
 @pytest.mark.parametrize("libc, expected", [
     (_fake_libc(0), "unavailable: mallopt(mmap_max=0) failed"),
-    (_fake_libc(1, gnu_get_libc_version=True), "unavailable: C library is not glibc (no gnu_get_libc_version)"),
+    (_fake_libc(1, gnu_get_libc_version=True),
+     "unavailable: C library is not glibc (no gnu_get_libc_version)"),
     (_fake_libc(1), f"glibc 9.99 mallopt mmap_max=0 trim_threshold={allocator.TRIM_THRESHOLD}"),
 ])
 def test_mallopt_results_are_checked(monkeypatch, libc, expected):

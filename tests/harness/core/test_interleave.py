@@ -235,9 +235,10 @@ def test_a_cell_whose_coordinator_closes_the_connection_stops_without_a_row(tmp_
 
 def _tiny_spec(tmp_path, method: str) -> str:
     spec = {"run_id": f"t_{method}", "workload": "transformer", "method": method, "batch_size": 4, "seed": 0,
-            "variant": "default", "target_ratio": None, "workload_params": {"size": "tiny"}, "method_params": {},
-            "budget": {"epochs": 1, "eval_every_steps": 1000, "max_steps_per_epoch": 400, "time_limit_s": None,
-                       "warmup_steps": 1},
+            "variant": "default", "target_ratio": None, "workload_params": {"size": "tiny"},
+            "method_params": {},
+            "budget": {"epochs": 1, "eval_every_steps": 1000, "max_steps_per_epoch": 400,
+                       "time_limit_s": None, "warmup_steps": 1},
             "execution": {"device": "cpu", "num_threads": 1, "rounds": 3, "timing_group": "t",
                           "compile": False, "cuda_graph": False}}
     path = tmp_path / f"t_{method}.spec.json"

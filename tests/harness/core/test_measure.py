@@ -159,7 +159,8 @@ def test_cuda_peak_allocated_sees_buffer():
 
 def _cuda_stand_in(monkeypatch, in_use, allocated=0, peak=0, reserved=0):
     """torch.cuda's memory calls, as MemoryMonitor makes them, on a machine without CUDA: the GPU's memory in
-    use by every process is read from ``in_use`` (of 100 MB in all); returns the list empty_cache appends to."""
+    use by every process is read from ``in_use`` (of 100 MB in all); returns the list empty_cache appends
+    to."""
     readings, emptied = iter(in_use), []
     monkeypatch.setattr(measure, "synchronize", lambda device: None)
     for name, value in (("memory_allocated", allocated), ("max_memory_allocated", peak),

@@ -101,7 +101,8 @@ def test_a_noisy_cell_with_a_short_period_is_still_noisy(period):
 
 def test_ordinary_steps_leave_out_the_costly_place_in_the_period():
     # the periodic work at the second place of 3; the step times in any order
-    assert timing.ordinary_steps([1.0, 5.0, 1.1, 1.2, 5.1, 0.9], [0, 1, 2, 3, 4, 5], 3) == [1.0, 1.1, 1.2, 0.9]
+    assert timing.ordinary_steps([1.0, 5.0, 1.1, 1.2, 5.1, 0.9], [0, 1, 2, 3, 4, 5], 3) == [1.0, 1.1, 1.2,
+                                                                                            0.9]
     assert timing.ordinary_steps([], [], 3) == []
 
 
@@ -147,7 +148,8 @@ def test_round_bounds(first, total, rounds, bounds):
 
 
 def test_round_bounds_leave_a_counted_step_after_each_rewarm_step():
-    assert timing.round_bounds(1, 8, 5, steps_per_round=2).starts == [1, 3, 5]  # 7 timed steps: 3 rounds of >= 2
+    # 7 timed steps: 3 rounds of >= 2
+    assert timing.round_bounds(1, 8, 5, steps_per_round=2).starts == [1, 3, 5]
 
 
 def _counted(rounds: timing.Rounds, total: int, rewarm: int) -> list[list[int]]:
@@ -166,7 +168,8 @@ def _counted(rounds: timing.Rounds, total: int, rewarm: int) -> list[list[int]]:
     # more periods than rounds: 5 periods in 2 rounds, 2 and 3 (10 and 15 counted steps)
     (0, 27, 2, 2, 5, [0, 11], 2),
 ])
-def test_round_bounds_align_rounds_to_whole_periods(first, total, rounds, steps_per_round, period, starts, used):
+def test_round_bounds_align_rounds_to_whole_periods(first, total, rounds, steps_per_round, period,
+                                                    starts, used):
     got = timing.round_bounds(first, total, rounds, steps_per_round, period=period)
     assert got.starts == starts and got.period == period
     assert f"{used} rounds" in got.alignment and f"whole periods of {period} steps" in got.alignment
@@ -182,8 +185,10 @@ def test_round_bounds_align_rounds_to_whole_periods(first, total, rounds, steps_
 def test_round_bounds_without_two_whole_periods_split_evenly_and_say_so():
     got = timing.round_bounds(1, 12, 5, 2, period=5)  # 11 timed steps: no 2 rounds of 1 + 5
     assert got.period is None and got.starts == timing.round_bounds(1, 12, 5, 2).starts
-    assert got.alignment.startswith("not aligned: 11 timed steps hold fewer than 2 round(s) of a whole period")
-    assert timing.round_bounds(0, 10, 1, period=5).starts == [0] and timing.round_bounds(0, 10, 1, period=5).period == 5
+    assert got.alignment.startswith("not aligned: 11 timed steps hold fewer than 2 round(s) "
+                                    "of a whole period")
+    assert (timing.round_bounds(0, 10, 1, period=5).starts == [0]
+            and timing.round_bounds(0, 10, 1, period=5).period == 5)
     assert timing.round_bounds(0, 10, 4, period=1).period is None  # every step: no periodic work
 
 
@@ -256,11 +261,12 @@ def test_busy_warning_says_how_much_longer_and_what_to_type(monkeypatch):
     monkeypatch.setattr(timing.os, "cpu_count", lambda: 2)
     command = "snakemake --cores 1 figures --config 'execution={threads: 1}'"
     text = timing.busy_warning(2, command=command)
-    assert text.startswith("the machine is busy (1-minute load average 8.0 on 2 CPUs) while each cell asks for "
-                           "2 thread(s): every cell, and so the run, will take about 5x its time on a quiet "
-                           "machine or longer")
-    assert text.endswith(f"run it anyway with one thread per cell, which waits less for a CPU (the cells record "
-                         f"1 thread; cells timed with 2 run again): {command}.")
-    assert "Stop it (Ctrl-C)" in timing.busy_warning(1) and "one thread per cell" not in timing.busy_warning(1)
+    assert text.startswith("the machine is busy (1-minute load average 8.0 on 2 CPUs) while each cell "
+                           "asks for 2 thread(s): every cell, and so the run, will take about 5x its time on "
+                           "a quiet machine or longer")
+    assert text.endswith("run it anyway with one thread per cell, which waits less for a CPU (the cells "
+                         f"record 1 thread; cells timed with 2 run again): {command}.")
+    assert ("Stop it (Ctrl-C)" in timing.busy_warning(1)
+            and "one thread per cell" not in timing.busy_warning(1))
     monkeypatch.setattr(timing, "load_avg_1m", lambda: 0.5)
     assert timing.busy_warning(2, command=command) == ""

@@ -94,7 +94,8 @@ def test_a_tokenizer_being_trained_is_waited_for_not_trained_again(tmp_path):
     first.start()
     holding.wait(10)
     second = []
-    waiter = threading.Thread(target=lambda: second.append(load_or_train(path, lambda: trained.append("second"))))
+    waiter = threading.Thread(
+        target=lambda: second.append(load_or_train(path, lambda: trained.append("second"))))
     waiter.start()
     waiter.join(0.2)
     assert waiter.is_alive()  # waits for the lock
@@ -109,8 +110,10 @@ def test_the_cache_folder_is_the_runs(tmp_path, monkeypatch):
     monkeypatch.delenv(cache.CACHE_ENV, raising=False)
     assert cache.cache_dir(None, "mlm") == Path("results/cache/mlm")
     monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "out" / "cache"))
-    assert cache.cache_dir(None, "mlm") == tmp_path / "out" / "cache" / "mlm" and (tmp_path / "out/cache/mlm").is_dir()
-    assert cache.cache_dir(str(tmp_path / "own"), "mlm") == tmp_path / "own" / "mlm"  # a workload's cache_dir param
+    assert (cache.cache_dir(None, "mlm") == tmp_path / "out" / "cache" / "mlm"
+            and (tmp_path / "out/cache/mlm").is_dir())
+    # a workload's cache_dir param
+    assert cache.cache_dir(str(tmp_path / "own"), "mlm") == tmp_path / "own" / "mlm"
 
 
 def test_run_cache_names_the_folder_for_its_block_unless_set(tmp_path, monkeypatch):
@@ -133,6 +136,7 @@ def test_a_cache_entry_that_cannot_be_written_is_a_warning_not_a_failed_cell(tmp
     built = {"x": torch.arange(3)}
     with pytest.warns(UserWarning, match=rf"cannot cache tensors at {tmp_path / 't.pt'} \(RuntimeError: "):
         assert cache.cached_tensors(tmp_path / "t.pt", lambda: built) is built
-    with pytest.warns(UserWarning, match=rf"cannot cache tokenizer at {tmp_path / 'tok.json'} \(RuntimeError"):
+    with pytest.warns(UserWarning, match=rf"cannot cache tokenizer at {tmp_path / 'tok.json'} "
+                                         r"\(RuntimeError"):
         tok = load_or_train(tmp_path / "tok.json", lambda: train_wordpiece(["a b c"], vocab_size=50))
     assert "a" in tok.get_vocab() and not (tmp_path / "t.pt").exists()

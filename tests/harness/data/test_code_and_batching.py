@@ -27,10 +27,11 @@ def test_jsonl_corpus(tmp_path, gz, field):
     assert len(code_corpus.read_jsonl(path, max_documents=2)[0]) == 2
 
 
-@pytest.mark.parametrize("line, message", [('{"func_name": "f"}', r"x.jsonl:2: no field code or original_string"),
-                                           ("{not json", r"x.jsonl:2: not valid JSON"),
-                                           ('{"code": null}', r"x.jsonl:2: field 'code' must be a string, got null"),
-                                           ('{"code": 3}', r"x.jsonl:2: field 'code' must be a string, got 3")])
+@pytest.mark.parametrize("line, message", [
+    ('{"func_name": "f"}', r"x.jsonl:2: no field code or original_string"),
+    ("{not json", r"x.jsonl:2: not valid JSON"),
+    ('{"code": null}', r"x.jsonl:2: field 'code' must be a string, got null"),
+    ('{"code": 3}', r"x.jsonl:2: field 'code' must be a string, got 3")])
 def test_jsonl_errors_name_the_line(tmp_path, line, message):
     (tmp_path / "x.jsonl").write_text('{"code": "pass"}\n' + line + "\n")
     with pytest.raises(ValueError, match=message):
@@ -42,7 +43,8 @@ def test_jsonl_errors_name_the_line(tmp_path, line, message):
     ("bad.jsonl.gz", gzip.compress(b'{"code": "\xff"}\n'), r"bad.jsonl.gz:1: not valid UTF-8"),
     ("cut.jsonl.gz", gzip.compress(b'{"code": "pass"}\n' * 2000)[:-20],
      r"cut.jsonl.gz: cannot read after line"),
-    ("plain.jsonl.gz", b'{"code": "pass"}\n', r"plain.jsonl.gz: cannot read after line 0: Not a gzipped file"),
+    ("plain.jsonl.gz", b'{"code": "pass"}\n',
+     r"plain.jsonl.gz: cannot read after line 0: Not a gzipped file"),
 ])
 def test_jsonl_decode_errors_name_the_file(tmp_path, name, content, message):
     (tmp_path / name).write_bytes(content)

@@ -40,8 +40,8 @@ def test_synthetic_has_a_planted_signal(synthetic):
     assert 0.15 < stats["click_rate"] < 0.35
     assert stats["oracle_nce"] < 0.8 and stats["oracle_accuracy"] > 1 - stats["click_rate"] + 0.03
     lines = path.read_text().splitlines()
-    assert all(len(l.split("\t")) == 40 for l in lines)
-    assert sum(l.split("\t")[5] == "" for l in lines) > 20  # missing values are written as empty fields
+    assert all(len(line.split("\t")) == 40 for line in lines)
+    assert sum(line.split("\t")[5] == "" for line in lines) > 20  # missing values are written as empty fields
 
 
 def test_max_rows_and_negative_and_empty_fields(tmp_path):

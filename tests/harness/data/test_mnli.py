@@ -5,7 +5,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from harness.data import mnli
-from harness.data.text_tokenizer import CLS_ID, PAD_ID, SEP_ID, encode_pairs, load_tokenizer_file, train_wordpiece
+from harness.data.text_tokenizer import (CLS_ID, PAD_ID, SEP_ID, encode_pairs, load_tokenizer_file,
+                                         train_wordpiece)
 
 FIXTURE = Path(__file__).parents[3] / "harness" / "data" / "fixtures" / "mnli"
 
@@ -45,7 +46,8 @@ def test_hugging_face_files(tmp_path, fmt):
 
 def test_missing_column_is_named(tmp_path):
     lines = (FIXTURE / "train.tsv").read_text().splitlines()
-    (tmp_path / "train.tsv").write_text("\n".join(l.replace("gold_label", "label") for l in lines) + "\n")
+    (tmp_path / "train.tsv").write_text("\n".join(line.replace("gold_label", "label") for line in lines)
+                                        + "\n")
     with pytest.raises(ValueError, match=r"train.tsv: missing column\(s\) gold_label"):
         mnli.load_split(tmp_path, "train")
     pq.write_table(_hf_table().drop_columns(["hypothesis"]), tmp_path / "validation_matched.parquet")

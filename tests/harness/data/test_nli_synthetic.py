@@ -10,7 +10,8 @@ from harness.data.nli_synthetic import (CONTRADICTION, ENTAILMENT, FIRST_WORD_ID
 from harness.data.text_tokenizer import CLS_ID, PAD_ID, SEP_ID
 
 
-def _rule(ids: list[int], task: str, topics: int, topic_seed: int | None = None, num_words: int = 1024) -> int:
+def _rule(ids: list[int], task: str, topics: int, topic_seed: int | None = None,
+          num_words: int = 1024) -> int:
     """The documented labelling rule, recomputed from the tokens."""
     topic_of = word_topics(num_words, topics, topic_seed)
     sep = ids.index(SEP_ID)

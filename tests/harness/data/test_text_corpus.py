@@ -19,8 +19,8 @@ def test_articles_start_at_title_lines_not_section_headings():
 def test_text_without_titles_is_split_into_paragraphs(tmp_path):
     file = tmp_path / "notes.txt"
     file.write_text("first paragraph\nstill first\n\nsecond one\n\n\nthird\n")
-    assert [d.strip() for d in text_corpus.read_documents(file)] == ["first paragraph\nstill first", "second one",
-                                                                     "third"]
+    assert [d.strip() for d in text_corpus.read_documents(file)] == ["first paragraph\nstill first",
+                                                                     "second one", "third"]
 
 
 def test_a_wikitext_folder_gives_its_train_and_valid_files(tmp_path):
@@ -29,7 +29,8 @@ def test_a_wikitext_folder_gives_its_train_and_valid_files(tmp_path):
     assert len(docs) == 4 and evals is None and files == [tmp_path / "wiki.train.raw"]
     (tmp_path / "wiki.valid.raw").write_text(" = Valid = \n text \n")
     docs, evals, files = text_corpus.read_corpus(tmp_path)
-    assert evals == [" = Valid = \n text "] and files == [tmp_path / "wiki.train.raw", tmp_path / "wiki.valid.raw"]
+    assert evals == [" = Valid = \n text "] and files == [tmp_path / "wiki.train.raw",
+                                                          tmp_path / "wiki.valid.raw"]
     assert text_corpus.read_corpus(FIXTURE) == (text_corpus.read_documents(FIXTURE), None, [FIXTURE])
 
 
@@ -43,7 +44,8 @@ def test_hugging_face_wikitext_shards_read_as_the_raw_files(tmp_path):
     folder.mkdir()
     pq.write_table(pa.table({"text": lines[:30]}), folder / "train-00000-of-00002.parquet")
     pq.write_table(pa.table({"text": lines[30:]}), folder / "train-00001-of-00002.parquet")
-    pq.write_table(pa.table({"text": [" = Valid = \n", " text \n"]}), folder / "validation-00000-of-00001.parquet")
+    pq.write_table(pa.table({"text": [" = Valid = \n", " text \n"]}),
+                   folder / "validation-00000-of-00001.parquet")
     pq.write_table(pa.table({"text": [" = Test = \n"]}), folder / "test-00000-of-00001.parquet")
     docs, evals, files = text_corpus.read_corpus(tmp_path)
     assert docs == text_corpus.read_documents(FIXTURE) and evals == [" = Valid = \n text "]
@@ -98,5 +100,5 @@ def test_missing_text_is_named(tmp_path):
     assert str(err.value) == f"text corpus not found: {tmp_path / 'nope.raw'}"
     with pytest.raises(FileNotFoundError) as err:
         text_corpus.read_corpus(tmp_path)
-    assert str(err.value) == (f"text corpus folder {tmp_path} has neither wiki.train.raw nor Hugging Face train "
-                              "shards (.arrow / .parquet)")
+    assert str(err.value) == (f"text corpus folder {tmp_path} has neither wiki.train.raw nor Hugging Face "
+                              "train shards (.arrow / .parquet)")

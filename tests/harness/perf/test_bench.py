@@ -1,4 +1,5 @@
-"""harness.perf.bench (the ``comera-bench bench`` command): options, the quick end-to-end table and its files."""
+"""harness.perf.bench (the ``comera-bench bench`` command): options, the quick end-to-end table and its
+files."""
 from __future__ import annotations
 
 import math
@@ -13,7 +14,8 @@ from harness.perf.roofline import Roofline
 from harness.results import PROVENANCE_COLUMNS, file_metadata
 
 
-@pytest.mark.parametrize("text, message", [("1,9", "unknown target"), ("a", "comma-separated"), ("", "unknown")])
+@pytest.mark.parametrize("text, message", [("1,9", "unknown target"), ("a", "comma-separated"),
+                                           ("", "unknown")])
 def test_parse_targets_rejects_bad_lists(text, message):
     with pytest.raises(ValueError, match=message):
         bench.parse_targets(text)
@@ -30,7 +32,8 @@ def test_default_out_is_the_pipeline_folder_of_this_machine(monkeypatch, env, de
 def test_a_bad_goals_file_stops_before_measuring(tmp_path, capsys):
     path = tmp_path / "bench.yaml"
     path.write_text(goals.DEFAULT_PATH.read_text().replace("table_memory: 15.0", "table_memory: many"))
-    assert bench.cli(["--quick", "--targets", "5", "--goals", str(path), "--out", str(tmp_path / "b.parquet")]) == 2
+    assert bench.cli(["--quick", "--targets", "5", "--goals", str(path), "--out",
+                      str(tmp_path / "b.parquet")]) == 2
     assert "key lookup.table_memory" in capsys.readouterr().err and not (tmp_path / "b.parquet").exists()
 
 
@@ -39,8 +42,8 @@ def test_quick_targets_produce_a_table(tmp_path, monkeypatch, capsys):
     row per table row with the provenance columns, the Markdown table next to it; target 1's CUDA rows
     are skipped on the CPU, saying why."""
     path = tmp_path / "bench.yaml"
-    small = ("  - {in_shape: [2, 2, 4], out_shape: [2, 4, 4], rank: 4, tokens: 64, quick_tokens: 8, goal: 1.0, "
-             "vs_official: 0.5}\n")
+    small = ("  - {in_shape: [2, 2, 4], out_shape: [2, 4, 4], rank: 4, tokens: 64, quick_tokens: 8, "
+             "goal: 1.0, vs_official: 0.5}\n")
     lines = goals.DEFAULT_PATH.read_text().splitlines(keepends=True)
     path.write_text("".join(small if line.startswith("  - {in_shape") and "graph:" not in line else line
                             for line in lines))
@@ -55,14 +58,16 @@ def test_quick_targets_produce_a_table(tmp_path, monkeypatch, capsys):
     frame = pd.read_parquet(out)
     assert list(frame["target"]) == [1] * 9 + [3, 3, 3, 3, 5, 5]
     assert set(PROVENANCE_COLUMNS) <= set(frame.columns) and (frame["device"] == "cpu").all()
-    assert set(frame["verdict"]) <= {"pass", "short", "noisy", "impossible", "info"}  # real times: maybe noisy
+    # real times: maybe noisy
+    assert set(frame["verdict"]) <= {"pass", "short", "noisy", "impossible", "info"}
     # every timed ratio has a stability verdict (the spread of its per-round times); op counts and FLOPs none
     timed = frame["what"].str.contains("speedup|vs official")
     assert frame[timed]["stability"].str.match(r"^(stable|noisy: .+)$").all()
     assert (frame[~timed]["stability"] == "").all()
     assert ((frame["verdict"] == "noisy") <= frame["stability"].str.startswith("noisy")).all()
     assert frame["measured"].map(math.isfinite).all()
-    assert list(frame["goal_key"]) == ["linear[0]", "linear[0].vs_official", "linear[1]", "linear[1].vs_official",
+    assert list(frame["goal_key"]) == ["linear[0]", "linear[0].vs_official", "linear[1]",
+                                       "linear[1].vs_official",
                                        "linear[2]", "linear[2].vs_official"] + ["linear_ops.goal"] * 3 + [
                                        "lookup.speedup", "lookup.memory",
                                        "lookup.table_memory", "", "plans.flops_vs_optimal", ""]
@@ -77,8 +82,10 @@ def test_quick_targets_produce_a_table(tmp_path, monkeypatch, capsys):
     assert frame["settings"].str.contains("allocator reuse").all()
     linear = frame.iloc[0]
     assert linear["flop_ratio"] > 0 and linear["bound"] > 0 and linear["bound_basis"] == "roofline"
-    assert "TTLinear" in linear["medians"] and "on 1 token takes" in linear["note"] and "at most" in linear["note"]
-    assert "per round" in linear["medians"] and "median over rounds of the ratio within a round" in linear["settings"]
+    assert ("TTLinear" in linear["medians"] and "on 1 token takes" in linear["note"]
+            and "at most" in linear["note"])
+    assert ("per round" in linear["medians"]
+            and "median over rounds of the ratio within a round" in linear["settings"])
     official = frame.iloc[1]
     assert official["what"].startswith("TTLinear vs official TT_forward, 16->32 r4, 8 tokens")
     assert official["goal"] == 0.5 and official["flop_ratio"] > 0 and math.isnan(official["bound"])

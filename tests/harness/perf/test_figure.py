@@ -21,7 +21,8 @@ def test_scores_put_every_judged_row_against_its_goal():
     goal) and no bound; rows without a goal are left out; long names are wrapped, never cut."""
     got = figure.scores(_rows())
     assert [(s.value, s.bound, s.verdict) for s in got] == [
-        (1.5, 3.0, "pass"), (0.6, 0.8, "short"), (2.0, None, "pass"), (None, None, "error"), (1.0, None, "pass")]
+        (1.5, 3.0, "pass"), (0.6, 0.8, "short"), (2.0, None, "pass"), (None, None, "error"),
+        (1.0, None, "pass")]
     assert got[0].label == "[1] speedup that passes"
     assert got[-1].label.replace("\n", "") == "[1] " + "x" * 120
     assert max(len(line) for line in got[-1].label.splitlines()) <= figure.LABEL_CHARS

@@ -12,16 +12,19 @@ def test_the_shipped_goals_are_the_issue_goals():
         ([8, 8, 12], 128, 4.0), ([8, 8, 12], 4096, 6.5), ([12, 16, 16], 4096, 8.5)]
     assert [c["vs_official"] for c in g["linear"]] == [1.2, 1.2, 1.2]
     assert g["step"]["paper"]["speedup_vs_dense_b32"] == 4.0
-    assert (g["step"]["paper"]["speedup_vs_galore_b1"], g["step"]["paper"]["memory_saving_vs_galore_b1"]) == (5.0, 12.0)
+    assert (g["step"]["paper"]["speedup_vs_galore_b1"],
+            g["step"]["paper"]["memory_saving_vs_galore_b1"]) == (5.0, 12.0)
     assert g["step"]["small"] == {"speedup_vs_dense_b32": 1.0, "speedup_vs_dense_b1": 0.667}
     assert g["halving"] == {"layers_speedup": 2.5, "amdahl_fraction": 0.9}
     assert g["linear_ops"] == {"tokens": [1, 128, 4096], "goal": 48}
-    assert [(c["out_shape"], c["tokens"], c["graph"], c.get("eager"), c["vs_official"]) for c in g["cuda_linear"]] == [
+    assert [(c["out_shape"], c["tokens"], c["graph"], c.get("eager"), c["vs_official"])
+            for c in g["cuda_linear"]] == [
         ([12, 16, 16], 4096, 3.0, 1.0, 1.5), ([8, 8, 12], 4096, 1.5, None, 1.5)]
 
 
 @pytest.mark.parametrize("old, new, message", [
-    ("layers_speedup: 2.5", "layers_speedup: fast", "key halving.layers_speedup: 'fast' is not of type 'number'"),
+    ("layers_speedup: 2.5", "layers_speedup: fast",
+     "key halving.layers_speedup: 'fast' is not of type 'number'"),
     ("layers_speedup: 2.5", "layers_speedup: 0", "key halving.layers_speedup: 0 is less than or equal to"),
     ("  amdahl_fraction: 0.9", "  amdahl_fraction: 0.9\n  amdahl_fractoin: 0.9", "amdahl_fractoin"),
     ("    speedup_vs_dense_b1: 0.667", "", "key step.small: 'speedup_vs_dense_b1' is a required property"),

@@ -90,13 +90,15 @@ def test_rounds_alternate_the_runs_and_the_ratio_is_the_analysis_layers_round_ra
     per_round = measure.time_rounds(run_of, rounds=3, num_threads=1, min_run_time_s=0.0)
     assert calls == ["a", "b"] * 3 and per_round == {"a": [10.0, 30.0, 12.0], "b": [5.0, 10.0, 4.0]}
     r = analysis.rounds_ratio(per_round["a"], per_round["b"])
-    assert r.value == 3.0 and per_round_text(r) == "; per round 2.00, 3.00, 3.00"  # the ratio of medians: 12/5
+    # the ratio of medians: 12/5
+    assert r.value == 3.0 and per_round_text(r) == "; per round 2.00, 3.00, 3.00"
     assert (r.low, r.high, r.n, r.interleaved) == (2.5, 3.0, 3, True)
     assert analysis.rounds_ratio([1.0], [0.0]) is None and per_round_text(None) == ""
     one = analysis.rounds_ratio([3.0], [2.0])
     assert one.value == 1.5 and per_round_text(one) == ""  # one round: no list
-    assert analysis.rounds_verdict(per_round) == ("noisy: a per-round times spread 83% of their median (> 25%); "
-                                                  "b per-round times spread 60% of their median (> 25%)")
+    assert analysis.rounds_verdict(per_round) == (
+        "noisy: a per-round times spread 83% of their median (> 25%); "
+        "b per-round times spread 60% of their median (> 25%)")
     assert analysis.rounds_verdict({"a": [10.0, 11.0, 10.5], "b": [5.0, 5.2, 4.9]}) == "stable"
 
 
@@ -141,7 +143,8 @@ def test_cuda_rows_time_eager_graph_and_compile(monkeypatch):
     cfg.goals["cuda_linear"] = [{"in_shape": [2, 2, 4], "out_shape": [2, 4, 4], "rank": 4, "tokens": 64,
                                  "quick_tokens": 8, "graph": 1.0, "vs_official": 0.5}]
     rows = layers.target_linear_cuda(cfg, print)
-    assert [r.what.split(",")[1].strip() for r in rows] == ["CUDA graph replay", "eager", "torch.compile", "eager"]
+    assert [r.what.split(",")[1].strip() for r in rows] == ["CUDA graph replay", "eager",
+                                                            "torch.compile", "eager"]
     assert [r.goal for r in rows] == [1.0, None, None, 0.5]
     compiled = rows[2]  # inductor (torch 2.11, H200) raised on TTLinear: then an error row naming it
     assert all(r.measured > 0 for r in rows if r is not compiled)

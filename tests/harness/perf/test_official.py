@@ -100,7 +100,8 @@ def test_it_shares_the_ttlinear_parameters_and_runs_as_a_bench_call():
     assert all(p.grad is None for p in tt.parameters())
 
 
-@pytest.mark.parametrize("in_shape, out_shape", [([4, 4], [4, 8]), ([2, 2, 2, 2], [2, 2, 4]), ([4, 4, 4], [8, 8])])
+@pytest.mark.parametrize("in_shape, out_shape", [([4, 4], [4, 8]), ([2, 2, 2, 2], [2, 2, 4]),
+                                                 ([4, 4, 4], [8, 8])])
 def test_other_than_three_plus_three_modes_is_a_clear_error(in_shape, out_shape):
     tt = TTLinear(torch.Size(in_shape).numel(), torch.Size(out_shape).numel(), in_shape=in_shape,
                   out_shape=out_shape, rank=2)

@@ -27,18 +27,21 @@ def test_markdown_table_has_every_row_and_escapes_pipes():
     lines = text.strip().splitlines()
     assert lines[0].startswith("| target | what | measured | goal | bound | verdict")
     assert len(lines) == 4
-    assert "a \\| b" in lines[2] and "| pass |" in lines[2] and "18.00" in lines[2] and "9.50 (roofline)" in lines[2]
+    assert ("a \\| b" in lines[2] and "| pass |" in lines[2] and "18.00" in lines[2]
+            and "9.50 (roofline)" in lines[2])
     assert "<= 1.00" in lines[3] and "| short |" in lines[3]
 
 
 def test_written_rows_carry_the_provenance_columns(tmp_path):
-    rows = [report.make_row(1, "a", 4.0, 5.0, goal_key="linear[0]"), report.make_row(5, "b", 1.0, 0.9, better="<=")]
+    rows = [report.make_row(1, "a", 4.0, 5.0, goal_key="linear[0]"),
+            report.make_row(5, "b", 1.0, 0.9, better="<=")]
     prov = provenance("cpu")
     md, pq = report.write(rows, tmp_path / "cpu" / "bench.parquet", prov, "reuse: glibc")
     frame = pd.read_parquet(pq)
     assert len(frame) == 2 and set(PROVENANCE_COLUMNS) <= set(frame.columns)
     assert list(frame["goal_key"]) == ["linear[0]", ""] and list(frame["verdict"]) == ["pass", "pass"]
-    assert (frame["git_commit"] == prov["git_commit"]).all() and (frame["torch_version"] == prov["torch_version"]).all()
+    assert ((frame["git_commit"] == prov["git_commit"]).all()
+            and (frame["torch_version"] == prov["torch_version"]).all())
     assert file_metadata(pq)["provenance"]["allocator"] == "reuse: glibc"
     assert md == tmp_path / "cpu" / "bench.md" and "Allocator: reuse: glibc" in md.read_text()
     assert not list((tmp_path / "cpu").glob("*.tmp"))
@@ -64,10 +67,12 @@ def test_a_ratio_above_its_bound_is_never_a_pass(measured, bound, expected):
     (67.75, 7.0, 7.66, "noisy: x", "impossible"),  # above its bound: impossible first
     (None, 7.0, None, "noisy: x", "error"), (3.0, None, None, "noisy: x", "info"),
 ])
-def test_a_ratio_of_timings_that_are_not_stable_is_noisy_never_a_pass(measured, goal, bound, stability, expected):
+def test_a_ratio_of_timings_that_are_not_stable_is_noisy_never_a_pass(measured, goal, bound,
+                                                                      stability, expected):
     row = report.make_row(1, "x", goal, measured, bound=bound, bound_basis="roofline", stability=stability)
     assert row.verdict == expected and row.stability == stability
     assert ("timing not stable (" in row.note) == (expected == "noisy")
     text = report.to_markdown([row])
-    assert text.splitlines()[0].startswith("| target | what | measured | goal | bound | verdict | stability |")
+    assert text.splitlines()[0].startswith("| target | what | measured | goal | bound | verdict | "
+                                           "stability |")
     assert f"| {expected} | {stability} |" in text

@@ -50,7 +50,8 @@ def test_step_worker_times_and_halves_in_process(monkeypatch):
         assert out["ranks_halved"][name] == [1] + [max(1, r // 2) for r in ranks[1:-1]] + [1]
     assert out["tt_layers_seen"] == out["tt_layers"] == len(out["ranks"]) > 0
     plain = worker.step_worker({**job, "halve": False, "steps": 1})
-    assert plain["tt_layers_ms"] > 0 and "step_time_ms_halved" not in plain and "tt_layers_ms_halved" not in plain
+    assert (plain["tt_layers_ms"] > 0 and "step_time_ms_halved" not in plain
+            and "tt_layers_ms_halved" not in plain)
     assert out["tt_layers_ms"] > 0 and out["tt_layers_ms_halved"] > 0
     # halving cuts the counted layer FLOPs (not more than 4x: the products scale with r or r^2)
     assert 1 < out["tt_layers_flops"] / out["tt_layers_flops_halved"] <= 4
@@ -82,8 +83,10 @@ def test_a_step_target_cell_and_a_pipeline_cell_of_the_same_settings_are_one_mea
     pipeline, _ = run.run_cell({**spec, "run_id": "pipeline-cell"}, progress=False)
     assert list(pipeline) == results.RUNS_COLUMNS and pipeline["status"] == "ok"
     assert set(results.RUNS_COLUMNS) - set(worker.LEFT_OUT) <= set(bench)  # the cell's columns, named so
-    assert {c: bench[c] for c in ("workload", "method", "batch_size", "seed", "peak_mem_kind", "steps_timed")} \
-        == {c: pipeline[c] for c in ("workload", "method", "batch_size", "seed", "peak_mem_kind", "steps_timed")}
+    assert {c: bench[c] for c in ("workload", "method", "batch_size", "seed", "peak_mem_kind",
+                                  "steps_timed")} \
+        == {c: pipeline[c] for c in ("workload", "method", "batch_size", "seed", "peak_mem_kind",
+                                     "steps_timed")}
     assert bench["peak_mem_kind"] == pipeline["peak_mem_kind"] in measure.MEMORY_KINDS
     assert bench["steps_timed"] == pipeline["steps_timed"] == 3
     assert bench["state_bytes"] == pipeline["state_bytes"]
@@ -169,7 +172,8 @@ def test_step_table_from_worker_results(monkeypatch):
                    "step.paper.memory_vs_dense_b32": (0.5, "pass"),
                    "step.paper.speedup_vs_galore_b1": (None, "error"),
                    "step.paper.memory_saving_vs_galore_b1": (None, "error"),
-                   "step.small.speedup_vs_dense_b32": (1.25, "pass"), "step.small.speedup_vs_dense_b1": (0.625, "short"),
+                   "step.small.speedup_vs_dense_b32": (1.25, "pass"),
+                   "step.small.speedup_vs_dense_b1": (0.625, "short"),
                    "halving.layers_speedup": (2.0, "impossible"),  # above its FLOP bound 1.8
                    "halving.amdahl_fraction": (1.0, "pass")}
     assert all("comera_b1: exit 1: boom" in r.note for r in rows)
@@ -183,7 +187,8 @@ def test_step_table_from_worker_results(monkeypatch):
     assert by_key["step.paper.memory_vs_dense_b32"].stability == ""  # memory divides no times
     # on the CPU the goal is the tensor-allocation peak (cuda_allocated's analogue), RSS growth an info row
     memory = by_key["step.paper.memory_vs_dense_b32"]
-    assert "(cpu_allocated)" in memory.what and "memory cpu_allocated (info rows: cpu_rss_delta)" in memory.settings
+    assert ("(cpu_allocated)" in memory.what
+            and "memory cpu_allocated (info rows: cpu_rss_delta)" in memory.settings)
     fake["comera_b32"]["peak_mem_bytes"] = 1500
     again = steps.target_steps(Config.make("cpu", 1, quick=True), {2}, 10)
     rss = next(r for r in again if "peak RSS growth" in r.what and "b8" not in r.what and "batch 8" in r.what)
@@ -194,7 +199,8 @@ def test_step_table_from_worker_results(monkeypatch):
     fake["dense_b32"]["timing_quality"] = "noisy: 2 timed steps (< 5)"
     noisy = next(r for r in steps.target_steps(Config.make("cpu", 1, quick=True), {2}, 10)
                  if r.goal_key == "step.paper.speedup_vs_dense_b32")
-    assert "tiny dense b8 timing noisy: 2 timed steps (< 5)" in noisy.note and "comera b8 timing" not in noisy.note
+    assert ("tiny dense b8 timing noisy: 2 timed steps (< 5)" in noisy.note
+            and "comera b8 timing" not in noisy.note)
     # the number is still the analysis layer's, shown but not judged against the goal
     assert noisy.measured == 8.0 and noisy.verdict == "noisy"
     assert noisy.stability == "noisy: tiny dense b8: 2 timed steps (< 5)"
@@ -214,9 +220,10 @@ def test_step_table_from_worker_results(monkeypatch):
                               tt_layers_ms_before_halving=40.0)
     alternated = {r.goal_key: r for r in steps.target_steps(Config.make("cpu", 1, quick=True), {4}, 10)}
     row = alternated["halving.amdahl_fraction"]
-    assert row.measured == pytest.approx(1.5 / 1.2) and "f=0.33" in row.note and "40.0 of 120.0 ms" in row.note
-    assert "before 120.0 ms, after 80.0 ms (the full-rank model and its halved copy alternating in 3 rounds; " \
-           "per round 1.50, 1.25, 1.60): 1.50x; Amdahl estimate 1.20x" in row.medians
+    assert (row.measured == pytest.approx(1.5 / 1.2) and "f=0.33" in row.note
+            and "40.0 of 120.0 ms" in row.note)
+    assert "before 120.0 ms, after 80.0 ms (the full-rank model and its halved copy alternating in 3 " \
+           "rounds; per round 1.50, 1.25, 1.60): 1.50x; Amdahl estimate 1.20x" in row.medians
     lone = alternated["halving.layers_speedup"]
     assert lone.measured == 2.0 and lone.medians == (
         "before 40.0 ms, after 20.0 ms (1 modules, each re-run alone on its step input; the full-rank model "
@@ -303,12 +310,14 @@ def test_a_step_speedup_above_its_own_bound_is_impossible_not_a_pass(monkeypatch
     fake["comera_b32"].update(step_time_ms=205.0, tt_layers_ms=5.0)
     _rounds(fake["comera_b32"], [10.0, 400.0])
     monkeypatch.setattr(steps, "run_step_rounds", lambda jobs, rounds, timeout_s, progress: fake)
-    rows = {r.goal_key: r for r in steps.target_steps(Config.make("cpu", 1, quick=True, step_rounds=2), {2}, 10)}
+    rows = {r.goal_key: r
+            for r in steps.target_steps(Config.make("cpu", 1, quick=True, step_rounds=2), {2}, 10)}
     speed = rows["step.paper.speedup_vs_dense_b32"]
     assert speed.measured == pytest.approx(41.0) and speed.bound == pytest.approx(4.0)
     assert speed.verdict == "impossible" and "above its own bound 4.00 (free tensorized layers)" in speed.note
     _rounds(fake["comera_b32"], [190.0, 210.0])  # a quiet machine: 4.2x and 3.8x, median 4x
-    rows = {r.goal_key: r for r in steps.target_steps(Config.make("cpu", 1, quick=True, step_rounds=2), {2}, 10)}
+    rows = {r.goal_key: r
+            for r in steps.target_steps(Config.make("cpu", 1, quick=True, step_rounds=2), {2}, 10)}
     assert rows["step.paper.speedup_vs_dense_b32"].verdict == "pass"
 
 

@@ -12,8 +12,10 @@ def _cell(folder, run_id, quality, purpose="timing", status="ok"):
                error="", purpose=purpose, timing_quality=quality)
     for kind in ("runs", "curves"):
         (folder / f"{run_id}.{kind}.parquet").parent.mkdir(parents=True, exist_ok=True)
-    results.write_parquet_atomic(results.to_frame([row], "runs"), folder / f"{run_id}.runs.parquet", kind="runs")
-    results.write_parquet_atomic(results.empty_frame("curves"), folder / f"{run_id}.curves.parquet", kind="curves")
+    results.write_parquet_atomic(results.to_frame([row], "runs"),
+                                 folder / f"{run_id}.runs.parquet", kind="runs")
+    results.write_parquet_atomic(results.empty_frame("curves"), folder / f"{run_id}.curves.parquet",
+                                 kind="curves")
 
 
 def test_noisy_lists_and_deletes(tmp_path, capsys):
@@ -54,12 +56,13 @@ def test_the_commands_repeat_directory_config_args_and_the_device_variable():
     """What the pipeline prints is what to type: its --directory, --configfile, one --config with the values
     given (then the hint's own), and COMERA_BENCH_DEVICE when the user set it."""
     command = noisy.snakemake_command(["--cores", "1", "figures"], configfiles=["/c/tiny.yaml"],
-                                      config_args=["results_dir=out", "execution={threads: 1}"], directory="/w d")
-    assert command == ["snakemake", "--cores", "1", "figures", "--directory", "/w d", "--configfile", "/c/tiny.yaml",
-                       "--config", "results_dir=out", "execution={threads: 1}"]
+                                      config_args=["results_dir=out", "execution={threads: 1}"],
+                                      directory="/w d")
+    assert command == ["snakemake", "--cores", "1", "figures", "--directory", "/w d", "--configfile",
+                       "/c/tiny.yaml", "--config", "results_dir=out", "execution={threads: 1}"]
     assert noisy.as_typed(command, {"COMERA_BENCH_DEVICE": "my gpu"}) == (
-        "COMERA_BENCH_DEVICE='my gpu' snakemake --cores 1 figures --directory '/w d' --configfile /c/tiny.yaml "
-        "--config results_dir=out 'execution={threads: 1}'")
+        "COMERA_BENCH_DEVICE='my gpu' snakemake --cores 1 figures --directory '/w d' --configfile "
+        "/c/tiny.yaml --config results_dir=out 'execution={threads: 1}'")
 
 
 def test_delete_stays_inside_the_folder_whatever_a_stored_run_id_says(tmp_path, capsys):

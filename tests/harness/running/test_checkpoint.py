@@ -109,7 +109,8 @@ def test_a_checkpoint_of_another_spec_is_not_used(tmp_path, capsys, change, name
     assert row["status"] == "ok" and "resumed" not in json.loads(row["extra"])
     assert curves == runner.run_cell(toy_spec(**change), registry=TOY_REGISTRY)[1]
     err = capsys.readouterr().err
-    assert f"starting over: the checkpoint is not used: {path} belongs to another spec (it differs in {named}" in err
+    assert (f"starting over: the checkpoint is not used: {path} belongs to another spec (it differs in "
+            f"{named}" in err)
 
 
 def test_a_checkpoint_of_other_code_or_unreadable_is_not_used(tmp_path, monkeypatch):
@@ -144,7 +145,8 @@ def test_checkpoints_are_written_every_interval_outside_the_clocks(tmp_path, mon
     spec = toy_spec(method_params={"sleep_s": 0.02}, budget={"eval_every_steps": None})
     saves = []
     real_save = checkpoints.save
-    monkeypatch.setattr(checkpoints, "save", lambda *a, **k: (saves.append(time.perf_counter()), real_save(*a, **k)))
+    monkeypatch.setattr(checkpoints, "save",
+                        lambda *a, **k: (saves.append(time.perf_counter()), real_save(*a, **k)))
     row, _ = run(spec, tmp_path / "cell.checkpoint.pt", every_s=0.2)
     assert row["status"] == "ok"
     extra = json.loads(row["extra"])
@@ -361,8 +363,8 @@ def test_a_cell_process_stopped_by_sigterm_resumes_in_the_next_run(tmp_path):
     assert not runs.exists() and path.exists()
     stopped_at = torch.load(path, weights_only=True)["cell"]["steps_done"]
     assert periodic <= stopped_at < steps, (periodic, stopped_at)
-    assert (f"stopped by SIGTERM after step {stopped_at}; its checkpoint is written, no row: the cell resumes "
-            "from it next time") in log.read_text()
+    assert (f"stopped by SIGTERM after step {stopped_at}; its checkpoint is written, no row: "
+            "the cell resumes from it next time") in log.read_text()
 
     assert subprocess.run(command, env=env, timeout=300).returncode == 0
     row = results.read_parquet(runs, "runs").iloc[0]

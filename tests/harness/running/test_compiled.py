@@ -1,4 +1,5 @@
-"""What torch.compile did with a model (harness.running.compiled), and the compiled cell's row that says it."""
+"""What torch.compile did with a model (harness.running.compiled), and the compiled cell's row that says
+it."""
 from __future__ import annotations
 
 import json
@@ -103,7 +104,8 @@ def test_counters_absent_or_gone_count_zero_and_reasons_group_by_their_first_lin
 
 
 def tiny_transformer_spec(compile_model):
-    return {"workload": "transformer", "workload_params": {"size": "tiny", "train_samples": 8, "eval_samples": 2},
+    return {"workload": "transformer",
+            "workload_params": {"size": "tiny", "train_samples": 8, "eval_samples": 2},
             "method": "dense", "batch_size": 2, "seed": 0,
             "budget": {"epochs": 1, "max_steps_per_epoch": 2, "warmup_steps": 1, "eval_every_steps": None},
             "execution": {"device": "cpu", "num_threads": 1, "compile": compile_model}}

@@ -132,7 +132,8 @@ CAPTURED_CASES = [(workload, size, method, target)
                   for workload, size in (("transformer", "tiny"), ("transformer", "paper"), ("dlrm", "tiny"),
                                          ("mlm", "tiny"))
                   for method, target in (("dense", None), ("comera", None), ("comera", 0.5))
-                  if (size, method) != ("paper", "dense")]  # the paper's TT/TTM shapes; dense: as the tiny one
+                  # the paper's TT/TTM shapes; dense: as the tiny one
+                  if (size, method) != ("paper", "dense")]
 
 
 @pytest.mark.parametrize("workload,size,method,target", CAPTURED_CASES)
@@ -148,7 +149,8 @@ def test_the_captured_part_of_a_step_never_waits_for_the_device(workload, size, 
     monkeypatch.setattr(ttm, "_index_bounds", lambda idx, plain_ops: None)
     params = {"size": size, **({"train_samples": 64, "eval_samples": 8} if size == "paper" else {})}
     built = workloads.build_workload(workload, params, batch_size=2, seed=0, device=torch.device("cpu"))
-    method_params = {"switch_when": "step"} if method == "comera" else {}  # at early_fraction, converged or not
+    # at early_fraction, converged or not
+    method_params = {"switch_when": "step"} if method == "comera" else {}
     prepared = baselines.get_method(method).prepare(built.model, built, method_params, target_ratio=target,
                                                     total_steps=8)
     batches = iter(built.train_batches(0))

@@ -28,14 +28,14 @@ def quiet_machine(monkeypatch):
     monkeypatch.setattr(run_toys, "pause", lambda seconds: now.__setitem__(0, now[0] + seconds))
     monkeypatch.setattr(measure, "time", types.SimpleNamespace(perf_counter=lambda: now[0],
                                                                process_time=time.process_time))
-    monkeypatch.setattr(timing.MachineState, "columns", lambda self: {"load_avg_1m": None, "cpu_pressure": None,
-                                                                      "run_queue_frac": None})
+    monkeypatch.setattr(timing.MachineState, "columns",
+                        lambda self: {"load_avg_1m": None, "cpu_pressure": None, "run_queue_frac": None})
 
 
 def _cell(steps_per_round: int = PERIOD, **method_params):
     spec = toy_spec(method_params={"sleep_s": BASE_S, **method_params}, workload_params={"samples": 1024},
-                    budget={"epochs": 1, "max_steps_per_epoch": 1 + ROUNDS * steps_per_round, "warmup_steps": 1,
-                            "eval_every_steps": None},
+                    budget={"epochs": 1, "max_steps_per_epoch": 1 + ROUNDS * steps_per_round,
+                            "warmup_steps": 1, "eval_every_steps": None},
                     execution={"rounds": ROUNDS})
     row, _ = runner.run_cell(spec, registry=TOY_REGISTRY)
     assert row["status"] == "ok", row["error"]
@@ -46,11 +46,13 @@ def test_a_periodic_cell_is_stable_and_its_ratio_counts_the_periodic_work(quiet_
     periodic = _cell(period=PERIOD, period_sleep_s=PERIODIC_S)
     plain = _cell()
     extra = json.loads(periodic["extra"])
-    assert extra["round_alignment"] == f"{ROUNDS} rounds of whole periods of {PERIOD} steps ({ROUNDS} periods in all)"
+    assert extra["round_alignment"] == (f"{ROUNDS} rounds of whole periods of {PERIOD} steps "
+                                        f"({ROUNDS} periods in all)")
     assert "no periodic work declared" in json.loads(plain["extra"])["round_alignment"]
     means = json.loads(periodic["round_step_mean_ms"])
     assert len(means) == ROUNDS and max(means) / min(means) < 1.2  # every round holds one periodic step
-    assert extra["step_time_ms_mean"] / periodic["step_time_ms"] > timing.MAX_MEAN_OVER_MEDIAN  # the old test's "noisy"
+    # the old test's "noisy"
+    assert extra["step_time_ms_mean"] / periodic["step_time_ms"] > timing.MAX_MEAN_OVER_MEDIAN
     assert periodic["timing_quality"] == plain["timing_quality"] == "stable"
     r = analysis.ratio(periodic, plain)
     assert r is not None and r.value == pytest.approx(1.8)  # (4 x 10 + 50) / 5 / 10 ms, on its clock

@@ -83,7 +83,8 @@ def test_a_line_at_least_every_30_s_also_while_one_step_runs_long():
     log.close()
     lines = out.getvalue().splitlines()
     heartbeats = [line for line in lines if ", no step finished for " in line]  # beside the first step's
-    assert len(heartbeats) >= 4 and all(line.startswith("cell: step 1 of 100, elapsed ") for line in lines), lines
+    assert len(heartbeats) >= 4 and all(line.startswith("cell: step 1 of 100, elapsed ")
+                                        for line in lines), lines
     count = len(lines)
     time.sleep(0.15)
     assert len(out.getvalue().splitlines()) == count  # closed: no more lines

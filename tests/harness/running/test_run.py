@@ -2,7 +2,6 @@ import importlib.util
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -257,7 +256,8 @@ STALL = """
 import sys
 from harness.running import run as runner
 from tests.harness.running.run_toys import TOY_REGISTRY, toy_spec
-spec = toy_spec(method_params={method_params!r}, budget={{"epochs": 1, "eval_every_steps": 2, "time_limit_s": None}})
+spec = toy_spec(method_params={method_params!r},
+                budget={{"epochs": 1, "eval_every_steps": 2, "time_limit_s": None}})
 runner.run_to_files(spec, sys.argv[1], sys.argv[2], registry=TOY_REGISTRY, hang_exit_status=3)
 print("run_to_files returned")
 """
@@ -279,7 +279,8 @@ def test_a_stalled_step_without_a_time_limit_ends_as_timeout(tmp_path, method_pa
     assert proc.returncode == 3, proc.stderr
     assert "returned" not in proc.stdout and time.monotonic() - started < 60
     row = results.read_parquet(runs_out, "runs").iloc[0]
-    assert row["status"] == "timeout" and json.loads(row["extra"]).get("steps_done", 0) == steps, row["error"]  # no timer yet: the warm-up
+    # no timer yet: the warm-up
+    assert row["status"] == "timeout" and json.loads(row["extra"]).get("steps_done", 0) == steps, row["error"]
     assert row["error"].startswith(f"stalled: {activity} did not finish within the stall limit of 5 s "
                                    f"({runner.STALL_ENV}")
 
@@ -400,7 +401,8 @@ def test_tt_rank_falls_back_to_the_workload_spec():
         return workload
 
     row, _ = runner.run_cell(toy_spec(budget={"epochs": 1}),
-                             registry=runner.Registry(build_workload=build, get_method=lambda n: NoRankSetting()))
+                             registry=runner.Registry(build_workload=build,
+                                                      get_method=lambda n: NoRankSetting()))
     assert row["status"] == "ok" and row["rank"] == 6
 
 
@@ -498,8 +500,8 @@ def test_a_cell_without_a_timed_step_is_not_ok(budget):
 
 
 @pytest.mark.parametrize("variable", [runner.STALL_ENV, "COMERA_BENCH_CHECKPOINT_S"])
-def test_the_pipeline_and_the_cli_refuse_a_bad_stall_limit_or_checkpoint_interval(tmp_path, monkeypatch, capsys,
-                                                                                   variable):
+def test_the_pipeline_and_the_cli_refuse_a_bad_stall_limit_or_checkpoint_interval(tmp_path, monkeypatch,
+                                                                                  capsys, variable):
     from harness import cli, running
 
     monkeypatch.setenv(variable, "soon")
@@ -557,7 +559,8 @@ def test_a_group_cell_hands_its_device_cache_back_before_every_wait(tmp_path):
     from harness.core import interleave
 
     spec = toy_spec(run_id="a", execution={"timing_group": "g", "rounds": 3},
-                    budget={"epochs": 1, "max_steps_per_epoch": 10, "warmup_steps": 1, "eval_every_steps": None})
+                    budget={"epochs": 1, "max_steps_per_epoch": 10, "warmup_steps": 1,
+                            "eval_every_steps": None})
     path, out = tmp_path / "a.spec.json", tmp_path / "out.json"
     path.write_text(json.dumps(spec))
     cell = f"""
@@ -578,7 +581,8 @@ open({str(out)!r}, "w").write(json.dumps({{"calls": calls, "row": row}}, default
     got = json.loads(out.read_text())
     assert failed == 0 and got["calls"] == [True] * 4  # rounds 1-3 and the end of the rounds, in the region
     row = got["row"]
-    assert row["status"] == "ok" and row["steps_timed"] == 10 - 1 - 3  # the warm-up step, a step after each wait
+    # the warm-up step, a step after each wait
+    assert row["status"] == "ok" and row["steps_timed"] == 10 - 1 - 3
 
 
 @pytest.mark.slow
@@ -590,7 +594,8 @@ def test_a_group_cell_records_where_its_start_went_and_evaluates_no_untrained_mo
 
     cells, outs = [], {}
     for name in ("a", "b"):
-        spec = toy_spec(run_id=name, budget={"eval_every_steps": 4}, execution={"timing_group": "g", "rounds": 2})
+        spec = toy_spec(run_id=name, budget={"eval_every_steps": 4},
+                        execution={"timing_group": "g", "rounds": 2})
         path = tmp_path / f"{name}.spec.json"
         path.write_text(json.dumps(spec))
         outs[name] = tmp_path / f"{name}.json"
@@ -606,7 +611,6 @@ open(sys.argv[2], "w").write(json.dumps({"row": row, "curves": curves}, default=
     failed = interleave.run_group(cells, 2, log=said.append, slots=1,
                                   command=lambda c: [sys.executable, "-c", cell, c.spec, str(outs[c.run_id])])
     assert failed == 0
-    spans = []
     for name in ("a", "b"):
         out = json.loads(outs[name].read_text())
         row, curves = out["row"], out["curves"]
@@ -651,7 +655,8 @@ def test_every_training_step_is_prepared_train_step(monkeypatch):
 
     calls = []
     real = Prepared.train_step
-    monkeypatch.setattr(Prepared, "train_step", lambda self, *a, **kw: calls.append(a[2]) or real(self, *a, **kw))
+    monkeypatch.setattr(Prepared, "train_step",
+                        lambda self, *a, **kw: calls.append(a[2]) or real(self, *a, **kw))
     spec = toy_spec(budget={"epochs": 1, "max_steps_per_epoch": 4, "eval_every_steps": None})
     row, _ = runner.run_cell(spec, registry=TOY_REGISTRY)
     assert row["status"] == "ok" and calls == [0, 0, 1, 2, 3]  # the warm-up's step, then the cell's
@@ -662,7 +667,8 @@ def test_after_steps_runs_once_outside_the_memory_region_on_the_trained_cell(mon
     once the memory region has ended; what it raises is the row's error."""
     events = []
     stop = runner.measure.MemoryMonitor.stop
-    monkeypatch.setattr(runner.measure.MemoryMonitor, "stop", lambda self: events.append("stop") or stop(self))
+    monkeypatch.setattr(runner.measure.MemoryMonitor, "stop",
+                        lambda self: events.append("stop") or stop(self))
 
     def after_steps(cell):
         events.append(("after_steps", cell.steps_done, cell.run_id))

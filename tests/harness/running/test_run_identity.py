@@ -43,7 +43,8 @@ def test_comera_rank_below_one_refused():
 def test_rank_column_is_the_rank_as_built():
     """tiny (d_model 32): no internal bond of its TT layers can exceed 32."""
     params = {"rank": 100000}
-    workload = workloads.build_workload("transformer", workloads.check_params("transformer", {"size": "tiny"}),
+    workload = workloads.build_workload("transformer",
+                                        workloads.check_params("transformer", {"size": "tiny"}),
                                         batch_size=2, seed=0, device=torch.device("cpu"))
     prepared = CoMERAMethod().prepare(workload.model, workload, params, target_ratio=None, total_steps=4)
     assert cell._rank_setting(prepared.settings, params, prepared, workload) == 32

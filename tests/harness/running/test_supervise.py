@@ -80,7 +80,8 @@ def test_row_written_by_the_child_is_kept(cell, tmp_path):
     spec, runs, curves = cell
     row = {c: None for c in results.RUNS_COLUMNS}
     row.update(run_id="cell-1", workload="toy", method="toy", status="ok", error="")
-    ready = results.write_parquet_atomic(results.to_frame([row], "runs"), tmp_path / "ready.parquet", kind="runs")
+    ready = results.write_parquet_atomic(results.to_frame([row], "runs"),
+                                         tmp_path / "ready.parquet", kind="runs")
     writes_row = [sys.executable, "-c", f"import os, shutil; shutil.copy({str(ready)!r}, {str(runs)!r}); "
                                         "os._exit(1)"]  # e.g. its last message could not be printed
     runs.parent.mkdir()

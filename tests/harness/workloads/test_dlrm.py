@@ -22,7 +22,8 @@ def test_paper_model_is_the_dlrm_kaggle_configuration():
     top = (367 * 512 + 512) + (512 * 256 + 256) + (256 + 1)  # 367 = 16 + 27 * 26 / 2 interactions
     assert sum(p.numel() for p in model.parameters()) == 16 * sum(KAGGLE_TABLE_SIZES) + bottom + top
     spec = dlrm.tt_spec(params)
-    assert {int(name.split(".")[1]) for name in spec} == {i for i, n in enumerate(KAGGLE_TABLE_SIZES) if n >= 10000}
+    assert {int(name.split(".")[1]) for name in spec} == {i for i, n in enumerate(KAGGLE_TABLE_SIZES)
+                                                          if n >= 10000}
     for name, entry in spec.items():
         rows = KAGGLE_TABLE_SIZES[int(name.split(".")[1])]
         assert entry["kind"] == "embedding" and entry["col_shape"] == [4, 2, 2]

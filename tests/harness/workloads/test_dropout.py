@@ -143,7 +143,8 @@ def test_attention_without_dropout_matches_sdpa(masked):
     ours = attention(q, k, v, mask, 0.0)
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12)
-    for a, b in zip(torch.autograd.grad(ours, (q, k, v), grad_out), torch.autograd.grad(ref, (q, k, v), grad_out)):
+    for a, b in zip(torch.autograd.grad(ours, (q, k, v), grad_out),
+                    torch.autograd.grad(ref, (q, k, v), grad_out)):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     if masked:

@@ -15,7 +15,8 @@ WIKI = Path(__file__).parents[1] / "data" / "fixtures" / "tiny_wiki.raw"
 def corpus(tmp_path_factory):
     folder = tmp_path_factory.mktemp("csn")
     docs = [f"def add_{i}(a, b):\n    \"\"\"Adds {i}.\"\"\"\n    return a + b + {i}\n\n"
-            f"class Thing{i}:\n    def run(self, x):\n        for k in range(x):\n            print(k * {i})\n"
+            f"class Thing{i}:\n    def run(self, x):\n        for k in range(x):\n"
+            f"            print(k * {i})\n"
             for i in range(60)]
     (folder / "python_train_0.jsonl").write_text("".join(json.dumps({"code": d}) + "\n" for d in docs))
     return folder
@@ -142,7 +143,8 @@ def test_text_data_uses_a_wordpiece_and_the_folders_valid_file(tmp_path):
     folder = tmp_path / "wikitext"
     folder.mkdir()
     (folder / "wiki.train.raw").write_text(WIKI.read_text())
-    (folder / "wiki.valid.raw").write_text(" = Held Out = \n" + " the keeper rang the bell at the mill .\n" * 20)
+    (folder / "wiki.valid.raw").write_text(" = Held Out = \n"
+                                           + " the keeper rang the bell at the mill .\n" * 20)
     work = build_workload("mlm", text_params(folder, tmp_path / "cache"), batch_size=4, seed=0, device="cpu")
     assert work.info["tokenizer"] == "wordpiece" and work.info["tokenizer_vocab"] <= 300
     assert work.info["documents"] == 5 and work.info["files"] == 2 and work.info["train_blocks"] > 10
@@ -157,7 +159,8 @@ def test_bad_text_input_is_named(tmp_path):
     with pytest.raises(ValueError, match="wiki.train.raw: not valid UTF-8 at line 2"):
         build_workload("mlm", text_params(bad, tmp_path), batch_size=4, seed=0, device="cpu")
     with pytest.raises(FileNotFoundError, match="text corpus not found: .*missing.raw"):
-        build_workload("mlm", text_params(tmp_path / "missing.raw", tmp_path), batch_size=4, seed=0, device="cpu")
+        build_workload("mlm", text_params(tmp_path / "missing.raw", tmp_path), batch_size=4, seed=0,
+                       device="cpu")
     with pytest.raises(ValueError, match="data_path=None is required when data='text'"):
         check_params("mlm", {"size": "tiny", "data": "text"})
 
@@ -189,8 +192,9 @@ def bert_like_tokenizer(path):
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     specials = ["[PAD]", "[unused0]", "[unused1]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tok.train_from_iterator([WIKI.read_text()], trainers.WordPieceTrainer(vocab_size=280, special_tokens=specials,
-                                                                          show_progress=False))
+    tok.train_from_iterator([WIKI.read_text()],
+                            trainers.WordPieceTrainer(vocab_size=280, special_tokens=specials,
+                                                      show_progress=False))
     tok.save(str(path))
     return path
 
@@ -199,15 +203,16 @@ def test_a_tokenizer_file_is_used_with_its_own_special_ids(tmp_path):
     file = bert_like_tokenizer(tmp_path / "tokenizer.json")
     work = build_workload("mlm", text_params(WIKI, tmp_path, tokenizer_file=str(file)), batch_size=4, seed=0,
                           device="cpu")
-    assert work.info["special_ids"] == {"pad": 0, "cls": 4, "sep": 5, "mask": 6} and work.info["tokenizer"] == "file"
+    assert (work.info["special_ids"] == {"pad": 0, "cls": 4, "sep": 5, "mask": 6}
+            and work.info["tokenizer"] == "file")
     assert not list((tmp_path / "mlm").glob("wordpiece-*.json"))  # nothing trained
     batch = next(iter(work.train_batches(0)))
     ids, labels = batch["input_ids"], batch["labels"]
     assert (ids[:, 0] == 4).all() and (ids[:, -1] == 5).all() and (ids == 6).any()
     assert (labels[:, [0, -1]] == IGNORE_INDEX).all() and (labels != IGNORE_INDEX).any()
     with pytest.raises(ValueError, match=f"tokenizer file {file}: 280 tokens, more than vocab_size=270"):
-        build_workload("mlm", text_params(WIKI, tmp_path, tokenizer_file=str(file), vocab_size=270), batch_size=4,
-                       seed=0, device="cpu")
+        build_workload("mlm", text_params(WIKI, tmp_path, tokenizer_file=str(file), vocab_size=270),
+                       batch_size=4, seed=0, device="cpu")
     with pytest.raises(FileNotFoundError, match="tokenizer file not found: .*nope.json"):
         build_workload("mlm", text_params(WIKI, tmp_path, tokenizer_file=str(tmp_path / "nope.json")),
                        batch_size=4, seed=0, device="cpu")

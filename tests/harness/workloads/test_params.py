@@ -42,7 +42,8 @@ def test_bad_values_are_named(name, key, value, message):
         check_params(name, {key: value})
 
 
-@pytest.mark.parametrize("name, key", [("transformer", "data_dir"), ("dlrm", "data_path"), ("mlm", "data_path")])
+@pytest.mark.parametrize("name, key", [("transformer", "data_dir"), ("dlrm", "data_path"),
+                                       ("mlm", "data_path")])
 def test_real_data_needs_its_path(name, key):
     source = {"transformer": "mnli", "dlrm": "criteo", "mlm": "jsonl"}[name]
     with pytest.raises(ValueError, match=f"{key}=None is required"):

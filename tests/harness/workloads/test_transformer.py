@@ -32,18 +32,20 @@ def test_paper_tt_spec_is_the_papers(paper_model):
         kind = nn.Linear if entry["kind"] == "linear" else nn.Embedding
         assert isinstance(modules[name], kind), name
     r = 30
-    assert spec["encoder.blocks.4.attn.q"] == {"kind": "linear", "in_shape": [12, 8, 8], "out_shape": [8, 8, 12],
-                                               "rank": [1, 12, r, r, r, 12, 1]}
+    assert spec["encoder.blocks.4.attn.q"] == {"kind": "linear", "in_shape": [12, 8, 8],
+                                               "out_shape": [8, 8, 12], "rank": [1, 12, r, r, r, 12, 1]}
     assert spec["fc1"] == spec["encoder.blocks.0.attn.o"]
     assert spec["encoder.blocks.4.ffn_in"] == {"kind": "linear", "in_shape": [12, 8, 8],
                                                "out_shape": [12, 16, 16], "rank": [1, 12, r, r, r, 16, 1]}
     assert spec["encoder.blocks.4.ffn_out"]["in_shape"] == [16, 16, 12]
     assert spec["encoder.blocks.4.ffn_out"]["out_shape"] == [8, 8, 12]
     emb = spec["encoder.embeddings.word"]
-    assert (emb["row_shape"], emb["col_shape"], emb["rank"]) == ([16, 20, 10, 10], [4, 4, 8, 6], [1, 32, 32, 32, 1])
+    assert (emb["row_shape"], emb["col_shape"], emb["rank"]) == ([16, 20, 10, 10], [4, 4, 8, 6],
+                                                                 [1, 32, 32, 32, 1])
     # docs/workloads.md: "tensorized at init about 1.49M" (cores only; rank gates not counted)
     replaced = sum(modules[name].weight.numel() for name in spec)
-    tensorized = sum(p.numel() for p in model.parameters()) - replaced + sum(map(tt_parameter_count, spec.values()))
+    tensorized = (sum(p.numel() for p in model.parameters()) - replaced
+                  + sum(map(tt_parameter_count, spec.values())))
     assert tensorized == 1_485_795
 
 
@@ -63,7 +65,8 @@ def test_tiny_builds_trains_one_batch_and_evaluates(tiny):
     result = tiny.evaluate(tiny.model)
     assert result["metric_name"] == "accuracy" == tiny.metric_name and 0.0 <= result["metric_value"] <= 1.0
     assert tiny.model.training  # evaluate restores the mode
-    assert tiny.steps_per_epoch == 2048 // 32 and set(tiny.lr) == {"dense", "cores", "other", "gates", "embedding_cores"}
+    assert tiny.steps_per_epoch == 2048 // 32 and set(tiny.lr) == {"dense", "cores", "other", "gates",
+                                                                   "embedding_cores"}
     assert all(name in dict(tiny.model.named_modules()) for name in tiny.tt_spec)
 
 
@@ -107,20 +110,22 @@ def test_synthetic_task_is_learnable_quickly():
 
 @pytest.mark.parametrize("word_topics, data_seed", [("random", 0), ("random", 3), ("modular", 0)])
 def test_synthetic_splits_share_the_word_topics_of_the_setting(word_topics, data_seed):
-    """Both splits follow one topic map: the one data_seed draws ("random", the default) or the modular one."""
+    """Both splits follow one topic map: the one data_seed draws ("random", the default) or the modular
+    one."""
     from harness.data.nli_synthetic import FIRST_WORD_ID, NOT_ID, word_topics as topics_of
     from harness.data.text_tokenizer import SEP_ID
 
     params = check_params("transformer", {"size": "tiny", "train_samples": 300, "eval_samples": 200,
                                           "num_words": 48, "data_seed": data_seed,
-                                          **({} if word_topics == "random" else {"word_topics": word_topics})})
+                                          **({} if word_topics == "random"
+                                             else {"word_topics": word_topics})})
     topic_of = topics_of(48, 4, data_seed if word_topics == "random" else None)
     for split in transformer.load_data(params)[:2]:
         for ids, label in zip(split["input_ids"].tolist(), split["labels"].tolist()):
             first_sep = ids.index(SEP_ID)
             premise = {topic_of[t - FIRST_WORD_ID] for t in ids[1:first_sep]}
-            hypothesis = {topic_of[t - FIRST_WORD_ID] for t in ids[first_sep + 1:ids.index(SEP_ID, first_sep + 1)]
-                          if t != NOT_ID}
+            hypothesis = {topic_of[t - FIRST_WORD_ID]
+                          for t in ids[first_sep + 1:ids.index(SEP_ID, first_sep + 1)] if t != NOT_ID}
             assert len(premise) == len(hypothesis) == 1 and (premise != hypothesis) == (label == 1)
 
 

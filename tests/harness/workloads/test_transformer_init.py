@@ -19,9 +19,10 @@ def _prepared(init: str, dense_init: str):
     model = transformer.build_model(params)
     workload = Workload(name="transformer", model=model, tt_spec=transformer.tt_spec(params),
                         train_batches=lambda epoch: iter(()), eval_batches=lambda: iter(()),
-                        loss=transformer.loss, evaluate=lambda m: {}, steps_per_epoch=1, metric_name="accuracy",
-                        official_init=transformer.official_init)
-    CoMERAMethod().prepare(model, workload, {"init": init, "dense_init": dense_init}, target_ratio=None, total_steps=10)
+                        loss=transformer.loss, evaluate=lambda m: {}, steps_per_epoch=1,
+                        metric_name="accuracy", official_init=transformer.official_init)
+    CoMERAMethod().prepare(model, workload, {"init": init, "dense_init": dense_init}, target_ratio=None,
+                           total_steps=10)
     return params, model
 
 
@@ -73,7 +74,8 @@ def test_official_init_dense_linear_and_layernorm_are_pytorch_defaults(official)
 @pytest.mark.parametrize("init", ["official", "default"])
 def test_dense_init_workload_keeps_the_bert_init(init):
     _, model = _prepared(init, "workload")
-    assert _std(model.encoder.embeddings.position.weight) == pytest.approx(transformer.BERT_INIT_STD, rel=0.05)
+    assert _std(model.encoder.embeddings.position.weight) == pytest.approx(transformer.BERT_INIT_STD,
+                                                                           rel=0.05)
     assert torch.equal(model.fc2.bias, torch.zeros_like(model.fc2.bias))
 
 
