@@ -1,53 +1,32 @@
 """figures/claims.md: the paper's claims C1-C10 (docs/paper.md), each judged only in its own setting.
 
-Why one module of ~780 lines: ten claim functions (one per claim, each ~20-40 lines) over one set of
-judging rules (settings, verdicts) that a reader checks against each other; the rules come first, then
-the claims in order, then the Markdown. The ratios, stability and device matching are
-harness.results.analysis's.
-
-``python -m harness.reports.claims --results results/<device> --device-label <device> --out figures/claims.md
-[--compare results/<other device> ...]`` (the --compare folders feed C3's RTX 4090 vs RTX 3090 part)
-
-A row is in a claim's setting when it has the paper-size model (``size == "paper"`` in the row's settings
-JSON or its grid spec; C9: ``"bert-large"`` on text data) and ran on the GPU the claim names
-(harness.results.analysis.on_gpu); the claims compare default method configurations. Time and memory claims
-are judged on timing cells (:func:`in_timing_setting`:
-short runs whose steady-state step time -- stable per harness.core.timing -- gives the epoch time,
-extrapolated where the run stopped early, and said so); accuracy, loss and compression claims on runs that
-completed their schedule (:func:`in_setting`). Claims about compressed models also need the late stage to have
-run (:func:`late_stage_done`) and the accuracy to be kept (:data:`ACCURACY_KEPT`, against the uncompressed
-model of the same grid). Only rows in the setting give
-"holds" / "does not hold". The same comparison measured in any other setting is shown beside it, one
-entry per setting, and the verdict is then "not comparable here"; "not measured here" means the
-comparison was made nowhere. A stated speedup, memory saving or compression ratio is met when the
-measured ratio is at least it; "same direction" says the measured ratio is on the paper's side of 1.
+One function per claim (``CLAIMS``) over the rules of harness.reports.judging; :func:`evaluate` gives the
+claims table, :func:`markdown` the page. ``python -m harness.reports.claims --results results/<device>
+--device-label <device> --out figures/claims.md [--compare results/<other device> ...]`` (the --compare
+folders feed C3's RTX 4090 vs RTX 3090 part). How a claim is judged: docs/measurement.md.
 """
 from __future__ import annotations
 
 import argparse
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from harness.core.timing import STABLE
 from harness.reports import reference
 from harness.reports.html import cell_text, write_html
-from harness.reports.shared import MB, size_matched
+from harness.reports.judging import (ACCURACY_KEPT, Context, Finding, LEFT_OUT, NOT_COMPARABLE, NOT_MEASURED,
+                                     NOT_STABLE, PAPER_TABLE, Verdict, accuracy_cells, accuracy_text, all_of,
+                                     cells_of, devices_text, directed, epoch_kind, in_setting,
+                                     in_timing_setting, judge, judged, kept_accuracy, lookup_finding, lookups,
+                                     make_verdict, no_ratio, ratios_vs, runs_of, size_matched_text)
+from harness.reports.shared import MB
 from harness.results import FINAL_LOSS_WINDOW
-from harness.results.analysis import (CALL_TIME, MEMORY, QUALITY, TIME, Ratio, Results, describe_left_out,
-                                      gpu_rows, is_stable, is_timing, load, model_size, pair_ratio,
-                                      purpose_of, ratio, settings_of, stable, stable_only, timing_cells,
-                                      unstable_timing_cells)
-
-HOLDS, FAILS = "holds", "does not hold"
-NOT_COMPARABLE, NOT_MEASURED = "not comparable here", "not measured here"
-NOT_STABLE = "not judged: timing not stable"
+from harness.results.analysis import (TIME, Results, describe_left_out, gpu_rows, load, pair_ratio, stable,
+                                      stable_only, timing_cells, unstable_timing_cells)
 
 ABOUT_ACCURACY = 0.03  # C4 "about 64%": within 3 accuracy points of the stated value
-ACCURACY_KEPT = 0.05   # a compressed model kept its accuracy: at most 5 points below the uncompressed one
 FAR_BELOW = 0.10       # C4 "LTE did not converge": at least 10 points below CoMERA and GaLore in its cell
 ALMOST_SAME = 0.20     # C3 "almost the same": an RTX 4090 ratio within 20% of the RTX 3090 one
 LOSS_GAP_SLACK = 0.05  # C8: CoMERA's final loss may exceed the uncompressed one by the paper's gap + this
@@ -61,240 +40,6 @@ COLUMNS = {"claim": "claim", "paper": "paper value", "measured": "measured (in i
            "settings": "settings"}
 
 
-@dataclass
-class Finding:
-    """A comparison made on some rows; ``holds`` is None when the rows judge only part of the claim;
-    ``unstable``: a time half was left out because its timing was not stable (its text says so)."""
-
-    text: str
-    holds: bool | None
-    unstable: bool = False
-
-
-@dataclass
-class Verdict:
-    measured: str
-    verdict: str
-    elsewhere: str
-    device: str
-    settings: str
-
-
-@dataclass
-class Context:
-    """What a claim is judged with: this device's results, the claim's values and GPU, other devices."""
-
-    res: Results
-    values: dict[str, Any]
-    gpu: str
-    others: Sequence[Results] = ()
-
-
-# ------------------------------------------------------------------------------------ row settings
-
-def dataset(settings: dict[str, Any]) -> str | None:
-    return settings.get("workload_info", {}).get("data") or settings.get("workload_params", {}).get("data")
-
-
-def full_schedule(row: Any, settings: dict[str, Any]) -> bool:
-    """Status ok, every budgeted epoch done, and no epoch cut below the workload's steps_per_epoch."""
-    steps, per_epoch = settings.get("steps_in_epoch"), settings.get("steps_per_epoch")
-    epochs = settings.get("budget", {}).get("epochs", 1)
-    return (row.status == "ok" and bool(steps) and steps == per_epoch and pd.notna(row.epochs)
-            and row.epochs >= epochs - 1e-9)
-
-
-def late_stage_done(row: Any, settings: dict[str, Any]) -> bool:
-    """A target was set and the late stage started within the steps the run did (``late_start_step``)."""
-    start = settings.get("method", {}).get("late_start_step")
-    done = row.epochs * (settings.get("steps_in_epoch") or 0) if pd.notna(row.epochs) else 0
-    return pd.notna(row.target_ratio) and start is not None and start < done
-
-
-def schedule_label(row: Any, settings: dict[str, Any]) -> str:
-    if full_schedule(row, settings):
-        return "full schedule"
-    if (settings.get("steps_in_epoch") or 0) < (settings.get("steps_per_epoch") or 0):
-        return f"epochs cut to {settings['steps_in_epoch']} steps"
-    return "schedule not completed"
-
-
-def annotate(res: Results, runs: pd.DataFrame) -> pd.DataFrame:
-    """``runs`` with the columns a setting is judged by: model_size, dataset, full_schedule, late_stage
-    and ``setting`` (a label of where the row was measured)."""
-    settings = [settings_of(r) for r in runs.itertuples()]
-    specs = [res.cells.get(rid, {}) for rid in runs.run_id]
-    rows = list(runs.itertuples())
-    out = runs.assign(
-        model_size=[model_size(s, spec) for s, spec in zip(settings, specs)],
-        dataset=[dataset(s) for s in settings],
-        full_schedule=[full_schedule(r, s) for r, s in zip(rows, settings)],
-        late_stage=[late_stage_done(r, s) for r, s in zip(rows, settings)],
-        schedule=[schedule_label(r, s) for r, s in zip(rows, settings)])
-    out["setting"] = [f"{r.device_name} ({r.device}), size {r.model_size}"
-                      + (f", {r.dataset} data" if r.dataset else "") + f", {r.schedule}"
-                      for r in out.itertuples()]
-    return out
-
-
-def runs_of(res: Results, workloads: Iterable[str], *, sweeps: bool = False, timing: bool = False,
-            quality: bool = False, graphs: bool = False) -> pd.DataFrame:
-    """Annotated runs of some workloads without CUDA graph (with ``graphs`` also those with); rank-sweep
-    rows only with ``sweeps``; with ``timing`` only timing cells (speed and memory claims: a quality cell
-    is trained for accuracy); with ``quality`` only the quality cells of a workload that has any (accuracy
-    and compression claims)."""
-    df = res.runs[res.runs.workload.isin(list(workloads))]
-    if not graphs:
-        df = df[~df.run_id.map(res.cuda_graph).astype(bool)]
-    if timing:
-        df = timing_cells(df)
-    if quality:
-        trained = purpose_of(df) == QUALITY
-        df = df[trained | ~df.workload.isin(df[trained].workload)]
-    return annotate(res, df if sweeps else df[~df.run_id.isin(list(res.sweeps))])
-
-
-def in_setting(df: pd.DataFrame, gpu: str) -> pd.Series:
-    """Annotated runs of the paper-size model on the claim's GPU after their full schedule (accuracy,
-    loss and compression claims)."""
-    return (df.model_size == "paper") & gpu_rows(df, gpu) & df.full_schedule.astype(bool)
-
-
-def in_timing_setting(df: pd.DataFrame, gpu: str) -> pd.Series:
-    """Annotated timing cells of the paper-size model on the claim's GPU (time and memory claims: the
-    steady-state step time of a short run; time ratios then use its stable rows only)."""
-    return (df.model_size == "paper") & gpu_rows(df, gpu) & is_timing(df) & (df.status == "ok")
-
-
-# ------------------------------------------------------------------------------------- judging
-
-def _all(parts: Iterable[bool | None]) -> bool | None:
-    """False if any part fails, True if every part holds, None if some part is not judged."""
-    parts = list(parts)
-    if any(p is not None and not p for p in parts):
-        return False
-    return True if parts and all(p is not None for p in parts) else None
-
-
-def judge(df: pd.DataFrame, scope: pd.Series,
-          measure: Callable[[pd.DataFrame], Finding | None]) -> tuple[Finding | None, list[str]]:
-    """The comparison on the rows in the setting, and on each other setting's rows (labelled)."""
-    inside = measure(df[scope]) if scope.any() else None
-    outside = [f"{found.text} [{label}]" for label, group in df[~scope].groupby("setting", sort=True)
-               if (found := measure(group)) is not None]
-    return inside, outside
-
-
-def verdict_of(inside: Finding | None, outside: list[str]) -> str:
-    if inside is not None and inside.holds is not None:
-        return HOLDS if inside.holds else FAILS
-    return NOT_COMPARABLE if inside is not None or outside else NOT_MEASURED
-
-
-def _verdict(inside: Finding | None, outside: list[str], devices: str, settings: str) -> Verdict:
-    return Verdict(inside.text if inside else "-", verdict_of(inside, outside), "; ".join(outside) or "-",
-                   devices, settings)
-
-
-def _devices(df: pd.DataFrame) -> str:
-    names = sorted({f"{n} ({d})" for d, n in zip(df.device, df.device_name) if pd.notna(d)})
-    return ", ".join(names) or "-"
-
-
-def _judged(ctx: Context, df: pd.DataFrame, measure: Callable[[pd.DataFrame], Finding | None],
-            settings: str, scope: pd.Series | None = None) -> Verdict:
-    """The verdict on ``scope`` (default: the timing setting, for time and memory claims). "Not measured
-    here" becomes "not judged: timing not stable" only when the comparison would have been made had the
-    unstable timing rows counted: a claim whose measure uses no time ratio (accuracy, compression, loss)
-    is never held back by a noisy timing."""
-    scope = in_timing_setting(df, ctx.gpu) if scope is None else scope
-    inside, outside = judge(df, scope, measure)
-    verdict = _verdict(inside, outside, _devices(df), settings)
-    unstable = unstable_timing_cells(df) if len(df) else df
-    if inside is not None and inside.holds is None and inside.unstable:  # the rest measured, the time not
-        verdict.verdict = NOT_STABLE
-    if verdict.verdict == NOT_MEASURED and len(unstable):
-        trusted = judge(df.assign(timing_quality=STABLE), scope, measure)  # every timing taken as stable
-        if trusted[0] is not None or trusted[1]:  # measured, but no stable timing to compare
-            verdict.verdict = NOT_STABLE
-            verdict.elsewhere = (f"{len(unstable)} timing row(s) measured but not stable, left out (listed "
-                                 "below the table)")
-    return verdict
-
-
-# ------------------------------------------------------------------------------------ comparisons
-
-def _cells(df: pd.DataFrame, method: str, variant: str = "default") -> pd.DataFrame:
-    """Ok rows of one method configuration without a target (CoMERA: early stage only)."""
-    return df[(df.method == method) & (df.variant == variant) & (df.status == "ok") & df.target_ratio.isna()]
-
-
-def _accuracy_cells(df: pd.DataFrame, method: str) -> pd.DataFrame:
-    """:func:`_cells`, or for CoMERA without an early-stage-only row its runs with a target (the quality
-    cells of config/paper.yaml: the accuracy after the late stage)."""
-    cells = _cells(df, method)
-    if len(cells) or method != "comera":
-        return cells
-    return df[(df.method == method) & (df.variant == "default") & (df.status == "ok")]
-
-
-def _ratios(df: pd.DataFrame, other: str, column: str, keys: Sequence[str] = ("batch_size",),
-            other_variant: str = "default") -> dict[Any, Ratio]:
-    """key -> ``other``'s column / CoMERA's (harness.results.analysis.pair_ratio: the one time statistic,
-    stable rows only, median over seeds), for keys both have."""
-    a, b = _cells(df, other, other_variant), _cells(df, "comera")
-    by_key = dict(iter(b.groupby(list(keys))))
-    out = {}
-    for key, ra in a.groupby(list(keys)):
-        r = pair_ratio(ra, by_key[key], column) if key in by_key else None
-        if r is not None and r.value > 0:
-            out[key[0] if len(keys) == 1 else key] = r
-    return out
-
-
-LEFT_OUT = "not stable (left out, listed below)"
-
-
-def _no_ratio(rows: pd.DataFrame, other: str, keys: Sequence[Any] | None = None,
-              column: str = "batch_size") -> str:
-    """Why ``other`` / CoMERA has no time ratio among ``rows`` (at ``keys`` of ``column`` when given):
-    :data:`LEFT_OUT` when both ran ok there but a timing was not stable, else "not measured here" with
-    what is missing."""
-    a, b = _cells(rows, other), _cells(rows, "comera")
-    if keys is not None:
-        a, b = a[a[column].isin(list(keys))], b[b[column].isin(list(keys))]
-    if not len(a) or not len(b):
-        missing = " and ".join(m for m, x in ((other, a), ("CoMERA", b)) if not len(x))
-        return f"not measured here (no ok {missing} row without a target)"
-    if not len(stable_only(a)) or not len(stable_only(b)):
-        return LEFT_OUT
-    return "not measured here (no batch size both have)"
-
-
-def _value(r: Any) -> float:
-    return r.value if isinstance(r, Ratio) else float(r)
-
-
-def _ratio_text(r: Any) -> str:
-    return r.text() if isinstance(r, Ratio) else f"{float(r):.2f}x"
-
-
-def _epoch_kind(rows: pd.DataFrame) -> str:
-    """" (extrapolated)" when some epoch time of ``rows`` was not measured whole but extrapolated from
-    the steady-state timed steps (mean step x steps per epoch; the rules under the claims say so)."""
-    kinds = set(rows.epoch_time_kind.dropna()) if "epoch_time_kind" in rows else set()
-    return " (extrapolated)" if kinds - {"measured"} else ""
-
-
-def _directed(ratios: dict, above_one: bool = True, label: Callable[[Any], str] = "batch {}".format) -> str:
-    """"same direction, 2.40x [2.31-2.52] @ batch 32, ...": whether every ratio is on the paper's side of
-    1; a ratio of cells timed in interleaved rounds shows the IQR of its per-round values, one of cells
-    timed apart the spread from each side's round-mean quartiles (harness.results.analysis.apart_ratio)."""
-    same = [(_value(v) > 1) if above_one else (_value(v) < 1) for v in ratios.values()]
-    word = "same direction" if all(same) else "opposite direction" if not any(same) else "mixed directions"
-    return f"{word}, " + ", ".join(f"{_ratio_text(v)} @ {label(k)}" for k, v in sorted(ratios.items()))
-
-
 def c1(ctx: Context) -> Verdict:
     """Eager cells and CUDA-graph cells (both methods graphed) compared apart; judged on the CUDA-graph
     pairs where there are any (the paper's Fig 7 setting, where CoMERA's speedup is stated), else eager."""
@@ -304,7 +49,7 @@ def c1(ctx: Context) -> Verdict:
         modes = {}
         for mode, on in (("", False), ("with CUDA graph: ", True)):
             part = rows[rows.run_id.map(graphed).astype(bool) == on]
-            r = _ratios(part.assign(variant=part.variant.str.replace("+cudagraph", "", regex=False)),
+            r = ratios_vs(part.assign(variant=part.variant.str.replace("+cudagraph", "", regex=False)),
                         "dense", TIME)
             if r:
                 modes[mode] = r
@@ -312,10 +57,10 @@ def c1(ctx: Context) -> Verdict:
             return None
         judged = [x.value >= v["speedup_vs_dense_min"] for b, x in modes[list(modes)[-1]].items()
                   if b in v["batch_sizes"]]
-        text = "; ".join(mode + _directed(r) for mode, r in modes.items())
-        return Finding(f"dense/CoMERA epoch time{_epoch_kind(rows)}: {text}", all(judged) if judged else None)
+        text = "; ".join(mode + directed(r) for mode, r in modes.items())
+        return Finding(f"dense/CoMERA epoch time{epoch_kind(rows)}: {text}", all(judged) if judged else None)
 
-    return _judged(ctx, runs_of(ctx.res, ["transformer"], timing=True, graphs=True), measure,
+    return judged(ctx, runs_of(ctx.res, ["transformer"], timing=True, graphs=True), measure,
                    f"transformer size=paper, {ctx.gpu}, timing cells; dense / CoMERA (no target) epoch time "
                    f">= {v['speedup_vs_dense_min']:g}x at every batch of {v['batch_sizes']}, both with CUDA "
                    "graph where the grid has such cells (the paper's Fig 7), else both eager")
@@ -325,18 +70,18 @@ def c2(ctx: Context) -> Verdict:
     v, b = ctx.values, ctx.values["batch_size"]
 
     def measure(rows: pd.DataFrame) -> Finding | None:
-        t, m = _ratios(rows, "galore", TIME), _ratios(rows, "galore", "peak_mem_bytes")
+        t, m = ratios_vs(rows, "galore", TIME), ratios_vs(rows, "galore", "peak_mem_bytes")
         if b not in t and b not in m:
             return None
-        time = _directed({b: t[b]}) if b in t else _no_ratio(rows, "galore", [b])
-        memory = (_directed({b: m[b]}) if b in m
+        time = directed({b: t[b]}) if b in t else no_ratio(rows, "galore", [b])
+        memory = (directed({b: m[b]}) if b in m
                   else f"not measured here (no peak memory of both at batch {b})")
-        return Finding(f"GaLore/CoMERA time{_epoch_kind(rows)}: {time}; memory: {memory}",
-                       _all([t[b].value >= v["speedup_vs_galore"] if b in t else None,
+        return Finding(f"GaLore/CoMERA time{epoch_kind(rows)}: {time}; memory: {memory}",
+                       all_of([t[b].value >= v["speedup_vs_galore"] if b in t else None,
                              m[b].value >= v["memory_vs_galore"] if b in m else None]),
                        unstable=time == LEFT_OUT)
 
-    return _judged(ctx, runs_of(ctx.res, ["transformer"], timing=True), measure,
+    return judged(ctx, runs_of(ctx.res, ["transformer"], timing=True), measure,
                    f"transformer size=paper, {ctx.gpu}, timing cells, batch {b}; GaLore / CoMERA (no target) "
                    f"epoch time >= {v['speedup_vs_galore']:g}x and peak memory >= {v['memory_vs_galore']:g}x")
 
@@ -345,10 +90,10 @@ def _batch1_vs_galore(v: dict) -> Callable[[pd.DataFrame], Finding | None]:
     b = v["batch_size"]
 
     def measure(rows: pd.DataFrame) -> Finding | None:
-        t = _ratios(rows, "galore", TIME)
+        t = ratios_vs(rows, "galore", TIME)
         if b not in t:
             return None
-        return Finding(f"GaLore/CoMERA epoch time{_epoch_kind(rows)}: {_directed({b: t[b]})}",
+        return Finding(f"GaLore/CoMERA epoch time{epoch_kind(rows)}: {directed({b: t[b]})}",
                        t[b].value >= v["speedup_vs_galore_b1_rtx4090"])
     return measure
 
@@ -358,7 +103,7 @@ def _method_ratios(rows: pd.DataFrame, batches: Sequence[int]) -> dict:
     out = {}
     for method in sorted(set(rows.method) - {"comera"}):
         for column in (TIME, "peak_mem_bytes"):
-            for b, x in _ratios(rows, method, column).items():
+            for b, x in ratios_vs(rows, method, column).items():
                 if b in batches:
                     out[(method, column, b)] = x.value
     return out
@@ -389,8 +134,8 @@ def c3(ctx: Context) -> Verdict:
     if inside is not None or same is not None:
         parts = [f for f in (inside, same) if f is not None]
         inside = Finding("; ".join(f.text for f in parts),
-                         _all([inside.holds if inside else None, same.holds if same else None]))
-    return _verdict(inside, outside, _devices(pool),
+                         all_of([inside.holds if inside else None, same.holds if same else None]))
+    return make_verdict(inside, outside, devices_text(pool),
                     f"transformer size=paper, {ctx.gpu}, timing cells; GaLore / CoMERA epoch time at batch "
                     f"{v['batch_size']} >= {v['speedup_vs_galore_b1_rtx4090']:g}x; CoMERA's time and memory "
                     f"ratios over each method at batches {v['batch_sizes']} within {ALMOST_SAME:.0%} of the "
@@ -403,7 +148,7 @@ def c4(ctx: Context) -> Verdict:
              "LTE default": ("lte", None)}
 
     def measure(rows: pd.DataFrame) -> Finding | None:
-        cells = {k: _accuracy_cells(rows, method).dropna(subset=["metric_value"])
+        cells = {k: accuracy_cells(rows, method).dropna(subset=["metric_value"])
                  for k, (method, _) in names.items()}
         acc = {k: c.groupby("batch_size").metric_value.median() for k, c in cells.items()}
         batches = sorted(set(acc["CoMERA"].index) & set(acc["GaLore"].index))
@@ -417,81 +162,15 @@ def c4(ctx: Context) -> Verdict:
                 lte.append(got["LTE default"] <= min(got["CoMERA"], got["GaLore"]) - FAR_BELOW)
             texts.append(f"batch {b}: " + ", ".join(accuracy_text(k, cells[k][cells[k].batch_size == b])
                                                     for k in got))
-        return Finding("; ".join(texts), _all([all(about), all(lte) if lte else None]))
+        return Finding("; ".join(texts), all_of([all(about), all(lte) if lte else None]))
 
     df = runs_of(ctx.res, ["transformer"], quality=True)
-    return _judged(ctx, df, measure,
+    return judged(ctx, df, measure,
                    f"transformer size=paper on MNLI, {ctx.gpu}, full schedule, quality cells where the "
                    "grid has them, per batch size: CoMERA (no target; with its targets where it has no such "
                    f"row) and GaLore accuracy within {ABOUT_ACCURACY:g} of {v['accuracy_comera']:g}; LTE "
                    f"(default preset) at least {FAR_BELOW:g} below both",
                    in_setting(df, ctx.gpu) & (df.dataset == "mnli"))
-
-
-def seeds_text(rows: pd.DataFrame) -> str:
-    """"seed 0" / "seeds 0, 1": the seeds of ``rows``."""
-    seeds = sorted(int(x) for x in rows.seed.dropna().unique())
-    return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds)) or '?'}"
-
-
-def accuracy_text(name: str, rows: pd.DataFrame) -> str:
-    """"GaLore 0.998 (seeds 0, 1: median)", with CoMERA's targets where its rows have them ("CoMERA
-    targets 0.8 / 0.5 / 0.2: 0.998 / 0.997 / 0.993 (seeds 0, 1: median each)")."""
-    several = rows.seed.nunique() > 1
-    how = f" ({seeds_text(rows)}{': median' if several else ''}"
-    if rows.target_ratio.notna().any():
-        by = rows.groupby(rows.target_ratio.fillna(-1.0)).metric_value.median().sort_index(ascending=False)
-        targets = " / ".join("none" if t < 0 else f"{t:g}" for t in by.index)
-        values = " / ".join(f"{x:.3f}" for x in by)
-        each = " each" if several else ""
-        return (f"{name} target{'s' if len(by) > 1 else ''} {targets}: {values}{how}{each}, "
-                f"median of all {rows.metric_value.median():.3f})")
-    return f"{name} {rows.metric_value.median():.3f}{how})"
-
-
-def kept_accuracy(rows: pd.DataFrame) -> pd.DataFrame:
-    """Default CoMERA rows after the late stage whose accuracy is at most ACCURACY_KEPT below the
-    uncompressed model's: dense of the same workload, batch size and seed among ``rows`` (the median over
-    the dense seeds where that seed has none; ``dense_seeds`` says which)."""
-    comera = rows[(rows.method == "comera") & (rows.variant == "default") & (rows.status == "ok")
-                  & rows.late_stage.astype(bool) & (rows.metric_name == "accuracy")]
-    dense = _cells(rows, "dense")
-    same = dense.groupby(["workload", "batch_size", "seed"]).metric_value.median()
-    pooled = dense.groupby(["workload", "batch_size"])
-    ref, seeds = [], []
-    for w, b, s in zip(comera.workload, comera.batch_size, comera.seed):
-        if (w, b, s) in same.index:
-            ref.append(same[(w, b, s)])
-            seeds.append(f"seed {int(s)}")
-        elif (w, b) in pooled.groups:
-            group = pooled.get_group((w, b))
-            ref.append(group.metric_value.median())
-            seeds.append(f"median of {seeds_text(group)}")
-        else:
-            ref.append(None)
-            seeds.append("")
-    keep = [r is not None and pd.notna(r) and m >= r - ACCURACY_KEPT
-            for m, r in zip(comera.metric_value, ref)]
-    return comera.assign(dense_accuracy=ref, dense_seeds=seeds)[keep]
-
-
-def size_matched_text(rows: pd.DataFrame, late: pd.DataFrame) -> str:
-    """", size-matched dense model (CoMERA target 0.2's 24419 parameters, 22.7x) 0.760 vs CoMERA 0.840 at that
-    target" for each target a size-matched dense baseline (tables.size_matched) of one workload's ``rows`` was
-    trained for, against ``late`` (that workload's CoMERA rows after their late stage): the median over seeds
-    of each side; "" without one. Not part of any verdict: the paper has no such baseline."""
-    texts = []
-    dense = rows[(rows.method == "dense") & (rows.status == "ok")]
-    targets = pd.Series([size_matched(r).get("target") for r in dense.itertuples()], index=dense.index,
-                        dtype=float)
-    for target, group in dense.groupby(targets):
-        comera = late[late.target_ratio == target]
-        first = size_matched(group.iloc[0])
-        versus = f" vs CoMERA {comera.metric_value.median():.3f} at that target" if len(comera) else ""
-        texts.append(f"size-matched dense model (CoMERA target {target:g}'s {first['comera_params']} "
-                     f"parameters, {group.compression_total.median():.1f}x) {group.metric_value.median():.3f}"
-                     + versus)
-    return "".join(f", {t}" for t in texts)
 
 
 def c5(ctx: Context) -> Verdict:
@@ -520,90 +199,22 @@ def c5(ctx: Context) -> Verdict:
                          f"layers) at target {best.target_ratio:g}{seed}, accuracy {best.metric_value:.3f} "
                          f"vs dense {best.dense_accuracy:.3f} ({best.dense_seeds}){matched}")
             parts.append(bool(best.compression_total >= stated))
-        return Finding("; ".join(texts), _all(parts)) if texts else None
+        return Finding("; ".join(texts), all_of(parts)) if texts else None
 
     df = runs_of(ctx.res, list(paper), quality=True)
-    return _judged(ctx, df, measure,
+    return judged(ctx, df, measure,
                    f"size=paper, {ctx.gpu}, full schedule; default CoMERA after its late stage (target set, "
                    f"late_start_step reached) with accuracy at most {ACCURACY_KEPT:g} below dense at "
                    "the same batch; best total compression >= the stated one; rank sweeps and "
                    "early-stage-only models are not counted", in_setting(df, ctx.gpu))
 
 
-# --------------------------------------------------------------------------------- C6 (microbench)
-
-PAPER_TABLE = "1000000x128"
-"""C6's table (rows x dim): the Criteo-sized one of the micro-benchmarks' paper preset (a test keeps them
-equal)."""
-
-
-def table_memory(row: Any) -> float:
-    """Training memory of an embedding table at one lookup, as `comera-bench bench` target 3 counts it:
-    parameters + the forward+backward peak (gradients, working memory) - the output (the bytes the row
-    recorded)."""
-    return row.param_bytes + row.peak_mem_bytes - row.output_bytes
-
-
-def lookups(res: Results) -> pd.DataFrame:
-    """Embedding fwd+bwd microbench rows with ``table`` (rows x dim), ``table_memory`` and ``setting``."""
-    mb = res.microbench
-    mb = mb[(mb.op == "embedding") & (mb.direction == "fwd_bwd") & mb.peak_mem_bytes.notna()]
-    mb = mb.assign(table=mb["shape"].str.split(" ").str[0])
-    mb = mb.assign(table_memory=[table_memory(r) for r in mb.itertuples()],
-                   setting=[f"{n} ({d}), table {t}" for d, n, t in zip(mb.device, mb.device_name, mb.table)])
-    return mb
-
-
-def _lookup_ratios(rows: pd.DataFrame, column: str, a: str, b: str) -> tuple[dict[int, Ratio], list[str]]:
-    """Per index count: variant ``a``'s column over ``b``'s (harness.results.analysis.ratio: a time ratio of
-    two stable rows, with the spread of each side's rounds), and the rows a time ratio left out."""
-    found, left = {}, []
-    for tokens, group in rows.groupby("tokens"):
-        num, den = (group[group.variant == v] for v in (a, b))
-        if not (len(num) and len(den)):
-            continue
-        r = ratio(num.iloc[0], den.iloc[0], column)
-        if r is not None:
-            found[int(tokens)] = r
-        elif column == CALL_TIME:
-            left += [f"{v} @ {tokens} indices" for v, g in ((a, num), (b, den)) if not is_stable(g.iloc[0])]
-    return found, left
-
-
-def _lookup_finding(rows: pd.DataFrame, v: dict) -> Finding | None:
-    """Optimized vs naive TTM lookup; TTM vs nn.Embedding table memory; nn.Embedding speed vs TTM."""
-    if not len(rows):
-        return None
-    checks = [("naive/optimized TTM time", CALL_TIME, "ttm_naive", "ttm_optimized", v["lookup_speedup_min"]),
-              ("naive/optimized TTM peak memory", MEMORY, "ttm_naive", "ttm_optimized",
-               v["lookup_memory_min"]),
-              ("sparse-grad nn.Embedding/TTM table memory", "table_memory", "sparse_grad", "ttm_optimized",
-               v["table_memory_vs_sparse"]),
-              ("dense-grad nn.Embedding/TTM table memory", "table_memory", "dense_grad", "ttm_optimized",
-               v["table_memory_vs_dense"]),
-              ("TTM/sparse-grad nn.Embedding time", CALL_TIME, "ttm_optimized", "sparse_grad", None),
-              ("dense-grad nn.Embedding/TTM time", CALL_TIME, "dense_grad", "ttm_optimized", None)]
-    texts, parts, left = [], [], []
-    for name, column, a, b, least in checks:  # least None: the ratio must exceed 1 (a is slower)
-        found, refused = _lookup_ratios(rows, column, a, b)
-        left += [r for r in refused if r not in left]
-        if not found:
-            parts.append(None)
-            continue
-        worst = min(r.value for r in found.values())
-        texts.append(f"{name}: {_directed(found, label='{} indices'.format)}")
-        parts.append(worst > 1 if least is None else worst >= least)
-    if left:
-        texts.append(f"left out, timing not stable: {', '.join(left)}")
-    return Finding("; ".join(texts), _all(parts)) if texts else None
-
-
 def c6(ctx: Context) -> Verdict:
     v = ctx.values
     rows = lookups(ctx.res)
     scope = gpu_rows(rows, ctx.gpu) & (rows["table"] == PAPER_TABLE)
-    inside, outside = judge(rows, scope, lambda r: _lookup_finding(r, v))
-    verdict = _verdict(inside, outside, _devices(rows),
+    inside, outside = judge(rows, scope, lambda r: lookup_finding(r, v))
+    verdict = make_verdict(inside, outside, devices_text(rows),
                        f"microbench fwd+bwd, table {PAPER_TABLE}, {ctx.gpu}; worst over index counts: "
                        f"naive/optimized time >= {v['lookup_speedup_min']:g}x, peak >= "
                        f"{v['lookup_memory_min']:g}x; nn.Embedding/TTM table memory (params + peak - output) "
@@ -620,24 +231,25 @@ def c7(ctx: Context) -> Verdict:
     stated = {int(k): x for k, x in ctx.values["memory_vs_dense"].items()}
 
     def measure(rows: pd.DataFrame) -> Finding | None:
-        t, m = _ratios(rows, "dense", TIME), _ratios(rows, "dense", "peak_mem_bytes")
+        t, m = ratios_vs(rows, "dense", TIME), ratios_vs(rows, "dense", "peak_mem_bytes")
         if not t and not m:
             return None
         mem = [x.value >= stated[b] for b, x in m.items() if b in stated]
-        time = _directed(t, above_one=False) if t else _no_ratio(rows, "dense")
-        memory = _directed(m) if m else "not measured here (no peak memory of both at one batch size)"
-        return Finding(f"dense/CoMERA time{_epoch_kind(rows)}: {time}; memory: {memory}",
-                       _all([all(x.value < 1 for x in t.values()) if t else None, all(mem) if mem else None]),
+        time = directed(t, above_one=False) if t else no_ratio(rows, "dense")
+        memory = directed(m) if m else "not measured here (no peak memory of both at one batch size)"
+        return Finding(f"dense/CoMERA time{epoch_kind(rows)}: {time}; memory: {memory}",
+                       all_of([all(x.value < 1 for x in t.values()) if t else None,
+                               all(mem) if mem else None]),
                        unstable=time == LEFT_OUT)
 
-    return _judged(ctx, runs_of(ctx.res, ["dlrm"], timing=True), measure,
+    return judged(ctx, runs_of(ctx.res, ["dlrm"], timing=True), measure,
                    f"dlrm size=paper, {ctx.gpu}, timing cells; dense faster than CoMERA (no target) at every "
                    f"batch, dense / CoMERA peak memory >= {stated} per batch")
 
 
 def _losses(rows: pd.DataFrame, keys: Sequence[str]) -> dict:
     """key -> (CoMERA, dense) median final training loss, for keys both have."""
-    c, d = (_cells(rows, m).groupby(list(keys)).final_train_loss.median().dropna()
+    c, d = (cells_of(rows, m).groupby(list(keys)).final_train_loss.median().dropna()
             for m in ("comera", "dense"))
     return {k: (float(c[k]), float(d[k])) for k in c.index.intersection(d.index)}
 
@@ -651,17 +263,17 @@ def c8(ctx: Context) -> Verdict:
 
     def measure(rows: pd.DataFrame) -> Finding | None:
         timed = timing_cells(rows)
-        t = _ratios(timed, "dense", TIME, keys)
-        comera = _cells(rows, "comera")
+        t = ratios_vs(timed, "dense", TIME, keys)
+        comera = cells_of(rows, "comera")
         if not t and not len(comera):
             return None
         data = ", ".join(sorted(set(rows.dataset.dropna()))) or "unknown"
         texts = []
         if t:
-            texts.append(f"dense/CoMERA time{_epoch_kind(timed)}: "
-                         f"{_directed(t, label=lambda k: f'seq {k[0]}, batch {k[1]}')}")
+            texts.append(f"dense/CoMERA time{epoch_kind(timed)}: "
+                         f"{directed(t, label=lambda k: f'seq {k[0]}, batch {k[1]}')}")
         elif len(timed):
-            texts.append(f"dense/CoMERA time: {_no_ratio(timed, 'dense')}")
+            texts.append(f"dense/CoMERA time: {no_ratio(timed, 'dense')}")
         fast = [x.value >= speedups[k[0]] for k, x in t.items() if k[0] in speedups]
         small = None
         if len(comera):
@@ -676,12 +288,12 @@ def c8(ctx: Context) -> Verdict:
         close = [c - d <= gap + LOSS_GAP_SLACK for c, d in loss.values()]
         texts.append(f"data {data}")
         return Finding("; ".join(texts),
-                       _all([all(fast) if fast else None, small, all(close) if close else None]),
+                       all_of([all(fast) if fast else None, small, all(close) if close else None]),
                        unstable=any(LEFT_OUT in x for x in texts))
 
     df = mlm_runs(ctx.res, text=False)
     scope = in_timing_setting(df, ctx.gpu) | in_setting(df, ctx.gpu)
-    return _judged(ctx, df, measure,
+    return judged(ctx, df, measure,
                    f"mlm size=paper on code (CodeBERT-large shapes; the paper pretrains on CodeSearchNet), "
                    f"{ctx.gpu}; "
                    f"timing cells: dense / CoMERA (no target) epoch time >= the stated speedup at the same "
@@ -714,7 +326,7 @@ def c9(ctx: Context) -> Verdict:
     df = mlm_runs(ctx.res, text=True)
     scope = (df.model_size == "bert-large") & gpu_rows(df, ctx.gpu) & df.full_schedule.astype(bool)
     inside, outside = judge(df, scope, measure)  # a loss claim: no timing rows, so no "timing not stable"
-    return _verdict(inside, outside, _devices(df),
+    return make_verdict(inside, outside, devices_text(df),
                     "mlm size=bert-large on text data (BERT-large shapes, C8's TT shapes, embedding and "
                     f"output dense; the rebuttal pretrains on WikiText), {ctx.gpu}; full-schedule runs: "
                     f"CoMERA's final training loss (no target) at most {gap:.2f} above dense "
@@ -729,7 +341,7 @@ def c10(ctx: Context) -> Verdict:
     def measure(rows: pd.DataFrame) -> Finding | None:
         sweep = stable_only(rows[rows.run_id.isin(list(res.sweeps)) & (rows.status == "ok")
                                  & (rows.compression_layers > 1)])
-        dense = stable_only(_cells(rows[~rows.run_id.isin(list(res.sweeps))], "dense"))
+        dense = stable_only(cells_of(rows[~rows.run_id.isin(list(res.sweeps))], "dense"))
         points = {}
         for r in sweep.itertuples():
             ref = dense[(dense.workload == r.workload) & (dense.batch_size == r.batch_size)]
@@ -738,11 +350,11 @@ def c10(ctx: Context) -> Verdict:
                 points[(r.compression_layers, r.batch_size)] = found
         if not points:
             return None
-        return Finding(f"dense/CoMERA epoch time{_epoch_kind(rows)}: "
-                       f"{_directed(points, label=lambda k: f'compression {k[0]:.1f} (batch {k[1]})')}",
+        return Finding(f"dense/CoMERA epoch time{epoch_kind(rows)}: "
+                       f"{directed(points, label=lambda k: f'compression {k[0]:.1f} (batch {k[1]})')}",
                        all(x.value > 1 for x in points.values()))
 
-    return _judged(ctx, runs_of(res, set(res.runs.workload), sweeps=True, timing=True), measure,
+    return judged(ctx, runs_of(res, set(res.runs.workload), sweeps=True, timing=True), measure,
                    f"compression sweep rows and dense (no target) at the same batch, size=paper, {ctx.gpu}, "
                    "timing cells; a speedup at every compression of the tensorized layers > 1")
 

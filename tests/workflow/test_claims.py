@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.reports import claims, reference
+from harness.reports import claims, judging, reference
 from tests.workflow import test_grid
 from harness.results import RUNS_COLUMNS, analysis, to_frame, write_parquet_atomic
 
@@ -200,7 +200,7 @@ def paper_table(tmp_path_factory):
 
 @pytest.mark.parametrize("cid", JUDGED)
 def test_paper_size_gpu_rows_hold(paper_table, cid):
-    assert paper_table.loc[cid, VERDICT] == claims.HOLDS, paper_table.loc[cid, MEASURED]
+    assert paper_table.loc[cid, VERDICT] == judging.HOLDS, paper_table.loc[cid, MEASURED]
     # C3 is set on the RTX 4090: the RTX 3090's batch-1 ratio (the paper's 1.7x) is another setting
     elsewhere = paper_table.loc[cid, ELSEWHERE].split(" [")[0]
     assert elsewhere == ("GaLore/CoMERA epoch time: same direction, 2.50x @ batch 1" if cid == "C3" else "-")
@@ -211,7 +211,7 @@ def test_flipped_value_does_not_hold(tmp_path, flip):
     cid = flip.split()[0]
     rows, mb, r4 = paper_case(FLIPS[flip])
     table = evaluate(tmp_path, rows, mb, other=r4, only=[cid])  # the claim the value belongs to
-    assert table.loc[cid, VERDICT] == claims.FAILS, table.loc[cid, MEASURED]
+    assert table.loc[cid, VERDICT] == judging.FAILS, table.loc[cid, MEASURED]
 
 
 def test_c6_quotes_no_unstable_lookup_time_and_gives_its_ratios_a_spread(tmp_path):
@@ -225,7 +225,7 @@ def test_c6_quotes_no_unstable_lookup_time_and_gives_its_ratios_a_spread(tmp_pat
     edit(mb, noisy, variant="ttm_naive", tokens=40000)
     table = evaluate(tmp_path / "b", rows, mb, other=r4, only=["C6"])
     text = table.loc["C6", MEASURED]
-    assert table.loc["C6", VERDICT] == claims.HOLDS
+    assert table.loc["C6", VERDICT] == judging.HOLDS
     assert "left out, timing not stable: ttm_naive @ 40000 indices" in text
     assert "20.00x" not in text and "5.00x [4.52-5.53] @ 20000 indices; " in text  # no naive time at 40000
     edit(mb, noisy, variant="ttm_naive")
@@ -291,7 +291,7 @@ def test_short_runs_judge_time_and_memory_not_accuracy(tmp_path):
     and compression after training (C4, C5) need the full schedule."""
     table = evaluate(tmp_path, placed(paper_rows(), cut=10))
     for cid in ("C1", "C2", "C7", "C10"):
-        assert table.loc[cid, VERDICT] == claims.HOLDS, cid
+        assert table.loc[cid, VERDICT] == judging.HOLDS, cid
     for cid in ("C4", "C5"):
         assert table.loc[cid, VERDICT] == claims.NOT_COMPARABLE, cid
 
@@ -311,7 +311,7 @@ def test_size_from_grid_spec(tmp_path):
     res = folder(tmp_path / "here", rows)
     for spec in res.cells.values():
         spec["workload_params"] = {"size": "paper"}
-    assert claims.evaluate(res).set_index("claim").loc["C1", VERDICT] == claims.HOLDS
+    assert claims.evaluate(res).set_index("claim").loc["C1", VERDICT] == judging.HOLDS
     for spec in res.cells.values():
         spec["workload_params"] = {}
     assert claims.evaluate(res).set_index("claim").loc["C1", VERDICT] == claims.NOT_COMPARABLE
@@ -322,7 +322,7 @@ def test_c3_needs_both_gpus(tmp_path):
     alone = evaluate(tmp_path / "alone", r4, only=["C3"])
     assert alone.loc["C3", VERDICT] == claims.NOT_COMPARABLE  # the batch-1 part holds, no RTX 3090 rows
     assert "1.30x @ batch 1" in alone.loc["C3", MEASURED]
-    assert evaluate(tmp_path / "both", r4, other=rows, only=["C3"]).loc["C3", VERDICT] == claims.HOLDS
+    assert evaluate(tmp_path / "both", r4, other=rows, only=["C3"]).loc["C3", VERDICT] == judging.HOLDS
 
 
 def test_c4_needs_mnli_and_lte(tmp_path):
@@ -359,7 +359,7 @@ def test_claims_md_columns(tmp_path):
     assert header == ["claim", "paper", "here", "verdict"]  # the summary a person reads in a minute
     summary = [ln for ln in lines if ln.startswith("| C")]
     verdicts = [ln.strip("|").split("|")[3].strip() for ln in summary]
-    assert verdicts == [claims.HOLDS] * 10
+    assert verdicts == [judging.HOLDS] * 10
     for ln in summary:  # every cell short; the details are in the claim's own section
         cells = ln.replace("\\", "").strip("|").split("|")  # the words, without Markdown's escapes
         assert all(len(c.strip()) <= claims.SUMMARY_CELL for c in cells), ln
@@ -381,12 +381,12 @@ def test_speed_claims_ignore_quality_cells_and_c4_takes_rank_adapted_comera(tmp_
     slow = run("transformer", "dense", 64, time=1.0, metric=0.65)  # would flip C1 if it counted
     slow.update(run_id="transformer_dense_quality", purpose="quality")
     table = evaluate(tmp_path, rows + placed([slow]), mb, only=["C1"])
-    assert table.loc["C1", VERDICT] == claims.HOLDS
+    assert table.loc["C1", VERDICT] == judging.HOLDS
     only_targets = [r for r in rows if not (r["workload"] == "transformer" and r["method"] == "comera"
                                             and r["target_ratio"] is None and r["variant"] == "default")]
-    assert evaluate(tmp_path / "t", only_targets, mb, only=["C4"]).loc["C4", VERDICT] == claims.HOLDS
+    assert evaluate(tmp_path / "t", only_targets, mb, only=["C4"]).loc["C4", VERDICT] == judging.HOLDS
     edit(only_targets, {"metric_value": 0.5}, workload="transformer", method="comera", target_ratio=0.2)
-    assert evaluate(tmp_path / "f", only_targets, mb, only=["C4"]).loc["C4", VERDICT] == claims.FAILS
+    assert evaluate(tmp_path / "f", only_targets, mb, only=["C4"]).loc["C4", VERDICT] == judging.FAILS
 
 
 def test_accuracy_and_compression_claims_take_quality_cells_when_the_grid_has_them(tmp_path):
@@ -404,13 +404,13 @@ def test_accuracy_and_compression_claims_take_quality_cells_when_the_grid_has_th
         return table.loc["C4", VERDICT], table.loc["C5", VERDICT], table.loc["C5", MEASURED]
 
     c4, _, _ = verdicts("far")
-    assert c4 == claims.FAILS
+    assert c4 == judging.FAILS
     edit(quality, {"metric_value": 0.64, "compression_total": 40.0}, method="comera")
     c4, c5, measured = verdicts("40x")
-    assert (c4, c5) == (claims.HOLDS, claims.FAILS)
+    assert (c4, c5) == (judging.HOLDS, judging.FAILS)
     assert "transformer: 40.0x" in measured and "dlrm: 100.0x" in measured
     edit(quality, {"compression_total": 85.0}, method="comera")
-    assert verdicts("85x")[:2] == (claims.HOLDS, claims.HOLDS)
+    assert verdicts("85x")[:2] == (judging.HOLDS, judging.HOLDS)
 
 
 def test_accuracy_claims_name_targets_and_seeds_and_compare_like_with_like(tmp_path):
@@ -473,7 +473,7 @@ def test_memory_ratios_keep_noisy_rows(tmp_path):
     assert "GaLore/CoMERA time: not stable (left out, listed below)" in measured, measured
     assert "; memory: same direction, " in measured and "x @ batch 1" in measured
     res = analysis.load(tmp_path / "here")
-    mem = claims._ratios(claims.annotate(res, res.runs), "galore", "peak_mem_bytes")
+    mem = judging.ratios_vs(judging.annotate(res, res.runs), "galore", "peak_mem_bytes")
     assert mem[1].value == pytest.approx(950 / 100)
 
 
@@ -497,11 +497,11 @@ def test_interleaved_rows_give_the_median_of_per_round_ratios(tmp_path):
     edit(rows, {**group, "round_step_mean_ms": json.dumps([10, 11, 20, 12, 12])}, workload="transformer",
          method="comera", batch_size=32, target_ratio=None, variant="default")
     res = folder(tmp_path / "here", rows)
-    r = claims._ratios(claims.annotate(res, res.runs), "dense", "epoch_time_s")[32]
+    r = judging.ratios_vs(judging.annotate(res, res.runs), "dense", "epoch_time_s")[32]
     assert r.interleaved and r.n == 5
     assert r.value == pytest.approx(3.0)  # per round 3, 3, 3, 2.5, 3: not the ratio of round medians (33/12)
     assert r.low == pytest.approx(3.0) and r.high == pytest.approx(3.0)
-    assert "3.00x [3.00-3.00] @ batch 32" in claims._directed({32: r})
+    assert "3.00x [3.00-3.00] @ batch 32" in judging.directed({32: r})
 
 
 # ------------------------------------------------------------- rows shaped like config/paper.yaml's output
@@ -577,7 +577,7 @@ def test_paper_grid_rows_get_a_verdict_for_every_claim(tmp_path):
     other, _ = _paper_grid_folder(tmp_path / "rtx4090", RTX4090, 36.0)
     table = claims.evaluate(res, [other]).set_index("claim")
     for cid in JUDGED:
-        assert table.loc[cid, VERDICT] == claims.HOLDS, (cid, table.loc[cid, MEASURED])
+        assert table.loc[cid, VERDICT] == judging.HOLDS, (cid, table.loc[cid, MEASURED])
     assert "epoch time (extrapolated)" in table.loc["C1", MEASURED]
     assert "data jsonl" in table.loc["C8", MEASURED] and "4.22x total" in table.loc["C8", MEASURED]
     # the final loss comes from the full-schedule quality cells, not from the 200-step timing cells
@@ -590,7 +590,7 @@ def test_paper_grid_rows_get_a_verdict_for_every_claim(tmp_path):
 def test_paper_grid_value_across_the_paper_figure_does_not_hold(tmp_path):
     res, _ = _paper_grid_folder(tmp_path / "rtx3090", RTX3090, 15.0, lookup_rows())  # GaLore b1 1.5x < 2x
     table = claims.evaluate(res).set_index("claim")
-    assert table.loc["C2", VERDICT] == claims.FAILS
+    assert table.loc["C2", VERDICT] == judging.FAILS
 
 
 def test_c1_is_judged_on_cuda_graph_cells_where_the_grid_has_them(tmp_path):
@@ -599,7 +599,7 @@ def test_c1_is_judged_on_cuda_graph_cells_where_the_grid_has_them(tmp_path):
     rows = edit(placed(transformer_rows()), {"epoch_time_s": 250.0}, method="comera", batch_size=32,
                 variant="default", target_ratio=None)  # eager: 300 / 250 = 1.2x, short of 2x
     eager = evaluate(tmp_path / "eager", rows, only=["C1"]).loc["C1"]
-    assert eager[VERDICT] == claims.FAILS and "1.20x @ batch 32" in eager[MEASURED]
+    assert eager[VERDICT] == judging.FAILS and "1.20x @ batch 32" in eager[MEASURED]
     graphed = placed([run("transformer", method, b, variant="default+cudagraph", time=time)
                       for b in (32, 64, 128) for method, time in (("dense", 250.0), ("comera", 100.0))])
     for r in graphed:
@@ -611,7 +611,7 @@ def test_c1_is_judged_on_cuda_graph_cells_where_the_grid_has_them(tmp_path):
     (tmp_path / "both" / "grid.json").write_text(json.dumps(cells))
     res = analysis.load(tmp_path / "both")
     c1 = claims.evaluate(res).set_index("claim").loc["C1"]
-    assert c1[VERDICT] == claims.HOLDS, c1[MEASURED]
+    assert c1[VERDICT] == judging.HOLDS, c1[MEASURED]
     assert "1.20x @ batch 32" in c1[MEASURED]
     assert ("with CUDA graph: same direction, 2.50x @ batch 32, 2.50x @ batch 64, 2.50x @ batch 128"
             in c1[MEASURED])
@@ -651,7 +651,7 @@ def test_c5_shows_the_size_matched_dense_model_beside_comera_without_judging_it(
                                           "full_params": 66_957_315, "d_model": 96, "d_ff": 384}
     matched["settings"] = json.dumps(settings)
     table = evaluate(tmp_path / "a", placed(paper_rows() + [matched]))
-    assert table.loc["C5", VERDICT] == claims.HOLDS
+    assert table.loc["C5", VERDICT] == judging.HOLDS
     assert ("transformer: 85.0x (90.0x layers) at target 0.2, seed 0, accuracy 0.620 vs dense 0.650 "
             "(seed 0), size-matched "
             "dense model (CoMERA target 0.2's 790000 parameters, 84.0x) 0.550 vs CoMERA 0.620 at that target"

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from harness.core import timing
-from harness.reports import claims, compare
+from harness.reports import claims, compare, judging
 from harness.results import analysis
 from tests.workflow.test_pipeline import TINY, snakemake
 
@@ -41,10 +41,10 @@ def _timed(workdir, hog: bool):
 
 def _time_ratios(res) -> dict:
     """Every time ratio the reports use: CoMERA vs each method in the claims engine, and compare's."""
-    runs = claims.annotate(res, claims.runs_of(res, ["transformer"], timing=True))
+    runs = judging.annotate(res, claims.runs_of(res, ["transformer"], timing=True))
     out = {}
     for method in ("dense", "galore", "lte"):
-        for batch, r in claims._ratios(runs, method, analysis.TIME).items():
+        for batch, r in judging.ratios_vs(runs, method, analysis.TIME).items():
             out[("claims", method, batch)] = r.value
     return out
 
