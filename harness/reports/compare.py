@@ -33,7 +33,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from harness.reports import reference  # noqa: E402
-from harness.reports.figures import plain_log_ticks  # noqa: E402
+from harness.reports.drawing import plain_log_ticks  # noqa: E402
 from harness.reports.html import cell_text, markdown_table, write_html  # noqa: E402
 from harness.reports.shared import MB  # noqa: E402
 from harness.results import ResultsError  # noqa: E402

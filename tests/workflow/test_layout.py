@@ -11,7 +11,7 @@ import re
 import matplotlib.pyplot as plt
 import pytest
 
-from harness.reports import compare, figures, tables
+from harness.reports import compare, drawing, figures, tables
 from harness.results.analysis import load
 from tests.workflow import synthetic
 
@@ -42,7 +42,7 @@ def _name(artist) -> str:
 
 def layout_problems(fig: plt.Figure) -> list[str]:
     """What is wrong with the layout of ``fig`` as saved (empty when nothing)."""
-    fig.set_dpi(figures.DPI)  # text extents as saved
+    fig.set_dpi(drawing.DPI)  # text extents as saved
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     page = fig.bbox
@@ -93,17 +93,17 @@ def test_every_figure_is_readable(results, tmp_path, monkeypatch):
     figure's notes file, which holds the rest."""
     grid, folder = results
     found = {}
-    real_save = figures.save
+    real_save = drawing.save
 
     def check(fig, out, name):
         found[name] = layout_problems(fig)
         footer = fig.texts[-1].get_text()
         names_notes = f"Notes: {name}.md." in " ".join(footer.split())
-        if len(footer.splitlines()) > figures.FOOTER_LINES or not names_notes:
+        if len(footer.splitlines()) > drawing.FOOTER_LINES or not names_notes:
             found[name].append(f"footer {footer!r}")
         real_save(fig, out, name)
 
-    monkeypatch.setattr(figures, "save", check)
+    monkeypatch.setattr(drawing, "save", check)
     res = load(folder)
     for name, draw in figures.FIGURES.items():
         draw(res, tmp_path)

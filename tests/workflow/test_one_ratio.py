@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import pytest
 
 from harness.core import timing
-from harness.reports import claims, compare, figures
+from harness.reports import claims, compare, drawing, figures
 from harness.results import analysis
 from tests.workflow.test_claims import MEASURED, placed, run
 from tests.workflow.test_reports import make_folder
@@ -109,7 +109,7 @@ def test_claims_fig1_and_compare_give_one_ratio_with_the_periodic_work(cells, mo
     assert "dense/CoMERA epoch time (extrapolated): opposite direction, 0.56x [0.56-0.56] @ batch 32" in c1
 
     footers = {}
-    monkeypatch.setattr(figures, "_finish", lambda fig, title, footer, out, name, notes="":
+    monkeypatch.setattr(drawing, "finish", lambda fig, title, footer, out, name, notes="":
                         footers.update({name: footer}) or plt.close(fig))
     figures.fig1_time_memory(res, path)
     assert "Uncompressed / CoMERA time" in footers["fig1_time_memory"]

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from harness import spec as specs
-from harness.reports import compare, feeds, figures, reference, shared, tables
+from harness.reports import compare, drawing, feeds, figures, quality_figures, reference, shared, tables
 from harness.results import RUNS_COLUMNS, ResultsError, analysis, merge, to_frame, write_parquet_atomic
 
 
@@ -125,13 +125,13 @@ def test_empty_grid_tables_say_not_measured(tmp_path):
 def test_figures_written_and_failed_cell_marked(folder, tmp_path, monkeypatch):
     out = tmp_path / "figs"
     texts = []
-    real_finish = figures._finish
+    real_finish = drawing.finish
 
     def spy(fig, title, footer, out_dir, name, notes=""):
         texts.append((name, [t.get_text() for ax in fig.axes for t in ax.texts]))
         real_finish(fig, title, footer, out_dir, name, notes)
 
-    monkeypatch.setattr(figures, "_finish", spy)
+    monkeypatch.setattr(drawing, "finish", spy)
     assert figures.main(["--results", str(folder), "--out", str(out)]) == 0
     for name in figures.FIGURES:
         assert (out / f"{name}.png").stat().st_size > 0 and (out / f"{name}.pdf").stat().st_size > 0
@@ -351,7 +351,7 @@ def drawn(monkeypatch):
         found[name] = (lines, [t.get_text() for ax in fig.axes for t in ax.texts], footer)
         plt.close(fig)
 
-    monkeypatch.setattr(figures, "_finish", spy)
+    monkeypatch.setattr(drawing, "finish", spy)
     return found
 
 
@@ -493,8 +493,8 @@ def test_quality_cells_still_learning_at_their_end_are_noted_and_named(tmp_path)
 
 def test_quality_figures_draw_one_line_per_method_and_target(tmp_path, drawn):
     res = quality_folder(tmp_path / "q")
-    figures.fig6_accuracy(res, tmp_path)
-    figures.fig13_rank_adaptation(res, tmp_path)
+    quality_figures.fig6_accuracy(res, tmp_path)
+    quality_figures.fig13_rank_adaptation(res, tmp_path)
     (acc, loss), _, footer = drawn["fig6_accuracy"]
     assert list(acc)[:6] == list(loss)[:6] == ["dense", "comera (target 0.8)", "comera (target 0.5)",
                                                "comera (target 0.2)", "galore", "lte-tuned"]
@@ -513,9 +513,10 @@ def test_fig6_draws_the_loss_on_a_log_scale_only_where_it_spans_a_decade(tmp_pat
                                                                          scale):
     """Losses 2 x (1 - accuracy): 1.4, 0.16 and 0.1 span 14x (log scale); 1.4, 0.16 and 1.0 span 8.75x."""
     seen = {}
-    monkeypatch.setattr(figures, "_finish", lambda fig, *_: seen.update(
+    monkeypatch.setattr(drawing, "finish", lambda fig, *_: seen.update(
         scale=fig.axes[1].get_yscale(), label=fig.axes[1].get_ylabel()))
-    figures.fig6_accuracy(quality_folder(tmp_path / "q", quality_cell("dense", end_acc=end_acc)), tmp_path)
+    res = quality_folder(tmp_path / "q", quality_cell("dense", end_acc=end_acc))
+    quality_figures.fig6_accuracy(res, tmp_path)
     assert seen["scale"] == scale and seen["label"].endswith(", log scale)") == (scale == "log")
 
 
@@ -531,11 +532,11 @@ def test_missing_late_stage_and_failed_cell_are_named(tmp_path, drawn):
     assert size.note.tolist()[1:4] == ["", "late stage never started (late_start_step 4)", "oom: boom"]
     # the oom cell failed after its switch
     assert size["end/switch"].notna().tolist()[1:4] == [True, False, True]
-    figures.fig6_accuracy(res, tmp_path)
+    quality_figures.fig6_accuracy(res, tmp_path)
     (acc, _), texts, _ = drawn["fig6_accuracy"]
     assert "comera (target 0.5) [late stage never started (late_start_step 4)]" in acc
     assert "comera (target 0.2): oom" in texts  # the failed cell's red cross
-    figures.fig13_rank_adaptation(res, tmp_path)
+    quality_figures.fig13_rank_adaptation(res, tmp_path)
     (size13, _), texts, _ = drawn["fig13_rank_adaptation"]
     assert [k for k in size13 if k.startswith("comera")] == ["comera (target 0.8)"]
     assert [t.replace("\n", " ") for t in texts] == [
@@ -553,16 +554,16 @@ def test_quality_outputs_without_quality_cells(tmp_path, drawn):
     assert t1.empty and "no finished CoMERA run" in note and "timing cells" in note
     size, note = tables.table_mnli_size(res)
     assert size.method.tolist() == ["dense", "dense", "dense (paper shapes)"] and "timing cells" in note
-    figures.fig6_accuracy(res, tmp_path)
+    quality_figures.fig6_accuracy(res, tmp_path)
     (acc, loss), texts, footer = drawn["fig6_accuracy"]
     assert acc["dense, batch 1"] == [0.31, 0.31] and acc["dense, batch 32"] == [0.62, 0.62]
     assert "dense, batch 1" not in loss and "no validation loss recorded by these runs" in texts
     assert "timing cells (this grid has no quality cells)" in footer
-    figures.fig13_rank_adaptation(res, tmp_path)
+    quality_figures.fig13_rank_adaptation(res, tmp_path)
     assert drawn["fig13_rank_adaptation"][1][0].startswith("Not measured in this grid: CoMERA runs with a "
                                                            "target")
     empty = analysis.load(make_folder(tmp_path / "e", [run_row("dlrm", "dense", 4)]))
-    figures.fig6_accuracy(empty, tmp_path)
+    quality_figures.fig6_accuracy(empty, tmp_path)
     assert drawn["fig6_accuracy"][1][0].startswith("Not measured in this grid: eval accuracy curves")
 
 
@@ -603,9 +604,9 @@ def test_speedup_note_gives_the_ratio_and_flops_where_comera_is_slower():
 
 def test_ramp_text_names_the_target_ramp():
     runs = pd.DataFrame({"settings": [json.dumps({"method": {"target_ramp": 0.8}})]})
-    assert "over 80% of the late stage" in figures.ramp_text(runs)
+    assert "over 80% of the late stage" in quality_figures.ramp_text(runs)
     fixed = pd.DataFrame({"settings": [json.dumps({"method": {"target_ramp": 0.0}})]})
-    assert "fixed" in figures.ramp_text(fixed)
+    assert "fixed" in quality_figures.ramp_text(fixed)
 
 
 @pytest.mark.parametrize("last_nce, noted", [(0.999, True), (0.7, False)])
@@ -680,7 +681,7 @@ def test_curve_figures_draw_the_quality_cells_seeds_as_mean_and_range(tmp_path, 
                      bands=len(ax.collections), footer=footer)
         plt.close(fig)
 
-    monkeypatch.setattr(figures, "_finish", spy)
+    monkeypatch.setattr(drawing, "finish", spy)
     getattr(figures, figure)(analysis.load(make_folder(tmp_path / "c", rows, curves)), tmp_path)
     assert found["lines"] == {"comera, batch 64, mean of seeds 0, 1": pytest.approx([1.0, 0.9, 0.8]),
                               "dense, batch 64, mean of seeds 0, 1": pytest.approx([1.0, 0.85, 0.7])}
@@ -760,21 +761,21 @@ def test_fig6_draws_the_paper_line_on_mnli_only_and_fig13_names_a_missed_target(
               for c in curves]  # no rank was pruned after the switch
     res = analysis.load(make_folder(tmp_path / "syn", [quality_cell("dense")[0], row],
                                   quality_cell("dense")[1] + curves))
-    figures.fig6_accuracy(res, tmp_path)
-    figures.fig13_rank_adaptation(res, tmp_path)
+    quality_figures.fig6_accuracy(res, tmp_path)
+    quality_figures.fig13_rank_adaptation(res, tmp_path)
     (acc, _), _, footer = drawn["fig6_accuracy"]
     assert not any(label.startswith("paper") for label in acc) and "~64% (real MNLI) not drawn" in footer
     assert any("target 0.5 missed: the TT size ends at 1.00x" in t for t in drawn["fig13_rank_adaptation"][1])
     settings = json.loads(row["settings"])
     mnli = [{**r, "settings": json.dumps({**settings, "workload_info": {"data": "mnli"}})}
             for r in (quality_cell("dense")[0], row)]
-    figures.fig6_accuracy(analysis.load(make_folder(tmp_path / "mnli", mnli, curves)), tmp_path)
+    quality_figures.fig6_accuracy(analysis.load(make_folder(tmp_path / "mnli", mnli, curves)), tmp_path)
     (acc, _), _, _ = drawn["fig6_accuracy"]
     assert "paper (RTX 3090): final MNLI accuracy ~64%" in acc
 
 
 def test_distinct_styles_keep_coinciding_lines_visible():
-    first, second = figures.distinct(0), figures.distinct(1)
+    first, second = quality_figures.distinct(0), quality_figures.distinct(1)
     assert first["ls"] != second["ls"] and first["lw"] > second["lw"] and first["color"] != second["color"]
 
 
@@ -834,10 +835,10 @@ def test_fig1_footer_fits_two_lines_and_memory_points_carry_their_seeds_range(fo
     res = analysis.load(folder)
     figures.fig1_time_memory(res, tmp_path)
     _, _, footer = drawn["fig1_time_memory"]
-    fig, _ = figures._figure(2)
-    width = int(fig.get_figwidth() * figures.FOOTER_CHARS_PER_INCH)
-    shown = figures.short_footer(footer, "Notes: fig1_time_memory.md.", width)
-    assert len(figures.textwrap.wrap(shown, width)) <= 2
+    fig, _ = drawing.panels(2)
+    width = int(fig.get_figwidth() * drawing.FOOTER_CHARS_PER_INCH)
+    shown = drawing.short_footer(footer, "Notes: fig1_time_memory.md.", width)
+    assert len(drawing.textwrap.wrap(shown, width)) <= 2
     plt.close(fig)
     assert "memory: cpu_rss_delta of one cell (one seed: no spread)" in footer
     # the figure's ratios stay
@@ -849,7 +850,7 @@ def test_fig1_footer_fits_two_lines_and_memory_points_carry_their_seeds_range(fo
     figures.fig1_time_memory(res, tmp_path)
     (_, memory), _, footer = drawn["fig1_time_memory"]
     assert memory == {"uncompressed": [110.0]}  # the median of the three seeds
-    fig, (ax,) = figures._figure(1)
+    fig, (ax,) = drawing.panels(1)
     figures._per_batch(ax, res.main_runs("transformer"), "peak_mem_bytes", shared.MB, "peak memory (MB)")
     (bar,) = [c for c in ax.containers]
     segment = bar.lines[2][0].get_segments()[0]
@@ -910,7 +911,7 @@ def test_fig14_draws_accuracy_against_compression_per_seed_with_the_size_matched
                   seeded_cell(quality_cell("galore", end_acc=0.90 + shift), seed)]
     cells[0][0]["params_total"] = 553219
     res = quality_folder(tmp_path / "q", *cells)
-    figures.fig14_accuracy_vs_compression(res, tmp_path)
+    quality_figures.fig14_accuracy_vs_compression(res, tmp_path)
     (points,), texts, footer = drawn["fig14_accuracy_vs_compression"]
     assert points["uncompressed"] == [pytest.approx(0.94)]  # the mean of the seeds' 0.93 and 0.95
     assert points["uncompressed, mean 0.940 (seeds' range shaded)"] == [pytest.approx(0.94)] * 2
@@ -938,4 +939,4 @@ def test_fig14_draws_accuracy_against_compression_per_seed_with_the_size_matched
                    "(target 0.2)")])
 def test_knee_is_the_largest_compression_within_0_02_of_uncompressed(accuracies, expected):
     points = pd.DataFrame({"compression": [22.7, 7.7], "accuracy": accuracies[::-1], "target": [0.2, 0.5]})
-    assert figures.knee_text(points, 0.95) == expected
+    assert quality_figures.knee_text(points, 0.95) == expected

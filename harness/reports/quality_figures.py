@@ -1,0 +1,281 @@
+"""The figures of the transformer's quality cells: Fig 6 (accuracy and loss over training), Fig 13 (rank
+adaptation, not in the paper) and Fig 14 (accuracy against compression, not in the paper).
+"""
+from __future__ import annotations
+
+import math
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from harness.reports import drawing, reference  # noqa: E402
+from harness.reports.drawing import (PAPER, device_text, display_label, empty, mark_failed, panels,  # noqa: E402
+                                     plain_log_ticks, steps_axis, values_text)
+from harness.reports.shared import late_stage_missing, method_label, quality_order  # noqa: E402
+from harness.results.analysis import Results, settings_of  # noqa: E402
+
+
+def quality_runs(res: Results) -> tuple[pd.DataFrame, dict[str, str], str]:
+    """(the transformer's quality cells in table order, run_id -> line label, source); the label names
+    the batch size and seed when they vary (timing cells) and a CoMERA target without a late stage."""
+    runs, source = res.quality_runs("transformer")
+    runs = quality_order(runs)
+    vary = [(key, col) for key, col in (("batch", "batch_size"), ("seed", "seed")) if runs[col].nunique() > 1]
+    labels = {}
+    for r in runs.itertuples():
+        why = late_stage_missing(r) if r.status == "ok" else ""
+        labels[r.run_id] = (", ".join([method_label(r)] + [f"{key} {getattr(r, col)}" for key, col in vary])
+                            + (f" [{why}]" if why else ""))
+    return runs, labels, source
+
+
+LINE_STYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "D", "v", "P")
+
+
+def distinct(i: int) -> dict[str, Any]:
+    """The ``i``-th line's style: colour, dash pattern and marker all change, and earlier lines are
+    wider, so that lines which coincide stay visible (a dashed line over a wider solid one)."""
+    return {"color": f"C{i}", "ls": LINE_STYLES[i % len(LINE_STYLES)], "marker": MARKERS[i % len(MARKERS)],
+            "lw": max(3.5 - 0.5 * i, 1.0), "markersize": max(7.0 - 0.8 * i, 3.0)}
+
+
+def on_mnli(runs: pd.DataFrame) -> bool:
+    """Whether every run trained on real MNLI (data ``mnli`` in its settings): only then are its
+    accuracies comparable with the paper's."""
+    data = {settings_of(r).get("workload_info", {}).get("data") for r in runs.itertuples()}
+    return data == {"mnli"}
+
+
+def quality_footer(res: Results, runs: pd.DataFrame, source: str) -> str:
+    """Device, the cells drawn (their source, batch sizes and seeds)."""
+    batches = ", ".join(map(str, sorted(runs.batch_size.unique())))
+    seeds = values_text(runs.seed)
+    plural = "s" if "/" in seeds else ""
+    return f"{device_text(res, runs)}. From the {source}, batch {batches}, seed{plural} {seeds}."
+
+
+def switch_line(ax: plt.Axes, res: Results, runs: pd.DataFrame) -> None:
+    steps = sorted({info["step"] for r in runs.itertuples() if (info := res.switch(r))})
+    for i, step in enumerate(steps):
+        ax.axvline(step, color="gray", ls=":", lw=1, label="stage switch (early -> late)" if i == 0 else None)
+
+
+LOG_LOSS_SPAN = 10.0
+"""Fig 6 draws the validation loss on a log scale where its values span at least this factor."""
+
+
+def fig6_accuracy(res: Results, out: Path) -> None:
+    """Validation accuracy (left) and loss (right, on a log scale where it spans LOG_LOSS_SPAN or more: it
+    still separates models whose accuracies have saturated) over training, one line per quality cell
+    (CoMERA: one per target; they share the early stage, so the lines part at the stage switch); failed
+    cells as red crosses."""
+    name, title = "fig6_accuracy", "Fig 6: transformer validation accuracy and loss over training"
+    runs, labels, source = quality_runs(res)
+    curves = {r: res.series(r, "eval", "accuracy") for r in runs.run_id}
+    if not any(len(c) for c in curves.values()):
+        return empty(out, name, title, f"eval accuracy curves of transformer runs ({source})",
+                      res.settings_line())
+    fig, (ax, loss_ax) = panels(2, width=6.0)
+    losses = []
+    for i, r in enumerate(runs.itertuples()):
+        c, loss = curves[r.run_id], res.series(r.run_id, "eval", "loss")
+        if len(c):
+            ax.plot(c.step, c.value, label=labels[r.run_id], **distinct(i))
+        if len(loss):
+            loss_ax.plot(loss.step, loss.value, label=labels[r.run_id], **distinct(i))
+            losses += list(loss.value)
+        if r.status != "ok":
+            mark_failed(ax, c.step.max() if len(c) else 0, f"{labels[r.run_id]}: {r.status}")
+    switch_line(ax, res, runs)
+    switch_line(loss_ax, res, runs)
+    acc = reference.claim("C4")["values"]["accuracy_comera"]
+    if on_mnli(runs):
+        ax.axhline(acc, color="gray", ls="--", lw=1, label=f"{PAPER}: final MNLI accuracy ~{acc:.0%}")
+        paper = ""
+    else:
+        paper = f"The paper's ~{acc:.0%} (real MNLI) not drawn: another task."
+    log = bool(losses) and min(losses) > 0 and max(losses) >= LOG_LOSS_SPAN * min(losses)
+    for panel, ylabel in ((ax, "validation accuracy (fraction)"),
+                          (loss_ax, "validation loss (cross-entropy" + (", log scale)" if log else ")"))):
+        steps_axis(panel)
+        panel.set_ylabel(ylabel)
+        panel.grid(alpha=0.3)
+    if log:
+        loss_ax.set_yscale("log")
+    if losses:
+        loss_ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    else:
+        loss_ax.text(0.5, 0.5, "no validation loss recorded by these runs", ha="center", va="center",
+                     transform=loss_ax.transAxes, fontsize=8)
+        ax.legend(fontsize=7, loc="lower right")
+    drawing.finish(fig, title, " ".join(filter(None, [quality_footer(res, runs, source), paper])), out, name,
+            "Validation accuracy and loss at step 0, every eval_every_steps, after the stage switch and at "
+            f"the end. {res.settings_line('transformer', runs)}.")
+
+
+def fig13_rank_adaptation(res: Results, out: Path) -> None:
+    """Not in the paper: for each CoMERA target (0.8, 0.5, 0.2), the TT size relative to the size at the
+    stage switch and the validation accuracy along training; targets without a late stage are named."""
+    name, title = "fig13_rank_adaptation", "Rank adaptation along training (not a figure of the paper)"
+    runs, labels, source = quality_runs(res)
+    runs = runs[(runs.method == "comera") & runs.target_ratio.notna()]
+    why = pd.Series([late_stage_missing(r) for r in runs.itertuples()], index=runs.index, dtype=str)
+    missing = [f"target {t:g}: {w}" for t, w in zip(runs.target_ratio, why) if w]
+    shown, missed = runs[why == ""], []
+    if not len(shown):
+        return empty(out, name, title, "CoMERA runs with a target whose late stage ran ("
+                      + ("; ".join(missing) or f"none among the {source}") + ")", res.settings_line())
+    fig, (left, right) = panels(2)
+    for i, r in enumerate(shown.itertuples()):
+        size, acc = res.series(r.run_id, "method", "params_tt"), res.series(r.run_id, "eval", "accuracy")
+        ratio = size.value / res.switch(r)["size"]
+        style = {**distinct(i), "marker": None}
+        left.plot(size.step, ratio, label=labels[r.run_id], **style)
+        left.axhline(r.target_ratio, color=f"C{i}", ls="--", lw=0.8)
+        if len(ratio) and ratio.iloc[-1] > r.target_ratio * (1 + TARGET_SLACK):
+            missed.append(f"target {r.target_ratio:g} missed: the TT size ends at {ratio.iloc[-1]:.2f}x the "
+                          "size at the switch")
+        right.plot(acc.step, acc.value, label=labels[r.run_id], **distinct(i))
+    left.plot([], [], color="gray", ls="--", lw=0.8, label="target (dashed, the line's colour)")
+    for ax, ylabel in ((left, "TT size / size at the switch"),
+                       (right, "validation accuracy (fraction)")):
+        switch_line(ax, res, shown)
+        steps_axis(ax)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    notes = ([f"not measured here: {'; '.join(missing)}"] if missing else []) + missed
+    if notes:  # above the panel, where it hides no line
+        left.text(0.0, 1.02, textwrap.fill("; ".join(notes), 80), fontsize=7,
+                  transform=left.transAxes, color="red", va="bottom", ha="left")
+    drawing.finish(fig, title, quality_footer(res, shown, source), out, name,
+            "TT size = scalars in every core and gate (curves method/params_tt, after every step) divided by "
+            "the size right after the switch's pruning (the same divisor before the switch); "
+            f"{ramp_text(shown)}; accuracy as in Fig 6. {res.settings_line('transformer', shown)}.")
+
+
+TARGET_SLACK = 0.05
+"""Fig 13 says a target was missed when the TT size ends more than this fraction above it."""
+
+
+def ramp_text(runs: pd.DataFrame) -> str:
+    """What shapes the left panel's fall: CoMERA's target_ramp (method params in the runs' settings)."""
+    ramps = sorted({float(settings_of(r).get("method", {}).get("target_ramp") or 0.0)
+                    for r in runs.itertuples()})
+    if ramps == [0.0]:
+        return "the size target S0 is fixed at target x size at the switch from the switch on (target_ramp 0)"
+    return ("the size target S0 falls linearly from the size at the switch to target x that size over "
+            + "/".join(f"{x:.0%}" for x in ramps)
+            + " of the late stage (method param target_ramp), then stays")
+
+
+KNEE_DROP = 0.02
+"""Fig 14's knee: the largest compression at which CoMERA's mean accuracy is at most this far below the
+uncompressed model's mean (the issue's "within 0.02 of dense")."""
+
+
+def knee_text(points: pd.DataFrame, reference_acc: float) -> str:
+    """Where CoMERA's accuracy leaves the uncompressed model's: ``points`` are its targets' mean accuracy
+    (column ``accuracy``) and compression (``compression``); e.g. "CoMERA within 0.02 of uncompressed up to
+    7.7x (target 0.5); 0.120 below at 22.7x (target 0.2)"."""
+    points = points.sort_values("compression")
+    if not len(points):
+        return ""
+    gap = reference_acc - points.accuracy
+    kept = points[gap <= KNEE_DROP + 1e-9]
+    last_kept = kept.compression.max() if len(kept) else 0.0
+    beyond = points[(gap > KNEE_DROP + 1e-9) & (points.compression > last_kept)]
+
+    def at(r: Any) -> str:
+        return f"{r.compression:.1f}x (target {r.target:g})"
+
+    if not len(kept):
+        first = points.iloc[0]
+        return (f"CoMERA more than {KNEE_DROP:g} below uncompressed from its least compression, "
+                f"{reference_acc - first.accuracy:.3f} below at {at(first)}")
+    last = kept.iloc[-1]
+    text = f"CoMERA within {KNEE_DROP:g} of uncompressed up to {at(last)}"
+    if len(beyond):
+        first = beyond.iloc[0]
+        return text + f"; {reference_acc - first.accuracy:.3f} below at {at(first)}"
+    return text + " (no knee in the targets run)"
+
+
+def dodged(xs: list[float], step: float = 1.07) -> list[float]:
+    """A factor per point of a log x axis that moves points at the same x (within 5%) apart, side by side
+    around it (``step`` apart), so that markers of methods at one compression, e.g. 1x, do not hide each
+    other; 1.0 for a point alone."""
+    keys = [round(math.log(x) / math.log(1.05)) if x > 0 else 0 for x in xs]
+    factors = []
+    for i, key in enumerate(keys):
+        same = [j for j, k in enumerate(keys) if k == key]
+        factors.append(step ** (same.index(i) - (len(same) - 1) / 2))
+    return factors
+
+
+def fig14_accuracy_vs_compression(res: Results, out: Path) -> None:
+    """Not in the paper: the final validation accuracy of every transformer quality cell against its whole-
+    model compression (the uncompressed model's parameters / the trained model's), one small marker per
+    seed and a large one for the mean of a method configuration; CoMERA's targets joined by a line, the
+    uncompressed model's mean as a horizontal line (its seeds' range shaded), the size-matched dense model
+    beside CoMERA; the footer says where the knee is (:func:`knee_text`)."""
+    name, title = "fig14_accuracy_vs_compression", "Accuracy vs compression (not a figure of the paper)"
+    runs, source = res.quality_runs("transformer")
+    runs = quality_order(runs)
+    ok = runs[(runs.status == "ok") & (runs.metric_name == "accuracy") & runs.metric_value.notna()
+              & runs.compression_total.notna()]
+    if not len(ok):
+        return empty(out, name, title, f"transformer cells with a final accuracy ({source})",
+                      res.settings_line())
+    fig, (ax,) = panels(1, width=6.4)
+    labels = ok.apply(display_label, axis=1)
+    dense = ok[(ok.method == "dense") & (labels == "uncompressed")]
+    if len(dense):
+        mean = dense.metric_value.mean()
+        ax.axhspan(dense.metric_value.min(), dense.metric_value.max(), color="gray", alpha=0.15, lw=0)
+        ax.axhline(mean, color="gray", lw=1.2, label=f"uncompressed, mean {mean:.3f} (seeds' range shaded)")
+    for key, style, text in (("label_ceiling", "-.", "the labels' ceiling: {:.3f} follow the task's rule"),
+                             ("hypothesis_only_ceiling", ":", "hypothesis alone: {:.3f} (the plateau)")):
+        found = {settings_of(r).get("workload_info", {}).get(key) for r in ok.itertuples()}
+        if len(found) == 1 and None not in found:
+            value = found.pop()
+            ax.axhline(value, color="gray", ls=style, lw=1, label=text.format(value))
+    comera, groups = [], list(ok.groupby(labels, sort=False))
+    dodge = dodged([g.compression_total.mean() for _, g in groups])
+    for i, (label, group) in enumerate(groups):
+        style = {"color": f"C{i}", "marker": MARKERS[i % len(MARKERS)]}
+        x, mean = group.compression_total.mean(), group.metric_value.mean()
+        ax.plot(group.compression_total * dodge[i], group.metric_value, ls="none", ms=5, alpha=0.6,
+                mfc="none", **style)
+        ax.plot([x * dodge[i]], [mean], ls="none", ms=9, label=label, **style)
+        if (group.method == "comera").all() and group.target_ratio.notna().all():
+            comera.append({"compression": x, "accuracy": mean, "target": group.target_ratio.iloc[0],
+                           "x": x * dodge[i]})
+    knee = ""
+    if comera:
+        line = pd.DataFrame(comera).sort_values("compression")
+        ax.plot(line.x, line.accuracy, color="black", lw=0.8, ls="--", zorder=0)
+        knee = knee_text(line, dense.metric_value.mean()) if len(dense) else ""
+    for r in runs[runs.status != "ok"].itertuples():
+        mark_failed(ax, r.compression_total if pd.notna(r.compression_total) else 1.0,
+                     f"{method_label(r)}: {r.status}")
+    ax.set_xscale("log")
+    plain_log_ticks(ax.xaxis)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%gx"))
+    ax.set_xlabel("whole-model compression (uncompressed parameters / the model's)")
+    ax.set_ylabel("final validation accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    seeds = ok.seed.nunique()
+    footer = (f"{res.label}, {source}, {seeds} seed{'s' if seeds != 1 else ''} (small: each seed; large: "
+              f"mean). {knee + '.' if knee else ''} More: table_mnli_size.")
+    drawing.finish(fig, title, footer, out, name)
+
+
