@@ -1,8 +1,8 @@
 """The experiment grid of a pipeline config: one spec (docs/usage.md) per cell.
 
 The Snakefile validates the config against workflow/schemas/config.schema.yaml (which fills defaults),
-then calls :func:`check_config` (method and workload parameters checked by their owners) and
-:func:`expand_grid`. Everything here is plain Python so it can be tested without Snakemake.
+then calls :func:`check_config` (params checked by their owners) and :func:`expand_grid`; plain Python,
+testable without Snakemake.
 """
 from __future__ import annotations
 
