@@ -2,14 +2,8 @@
 
 :class:`CellState` holds everything a run of one cell has found so far, by phase (:class:`StartUp`,
 :class:`TimedRounds`, then the training's own fields); :func:`build_row` turns it, partial or complete,
-into the row (every ``harness.results.RUNS_COLUMNS`` key). harness.running.run fills
-the state while it trains; harness.running.supervise builds the row of a cell whose process died from a
-state that holds only the spec, so both rows agree on identity, settings and provenance.
-
-Example::
-
-    st = CellState(spec.load("cell.spec.json"))
-    row = build_row(st, "error", "killed by signal 9 (SIGKILL)")
+into the row (every ``harness.results.RUNS_COLUMNS`` key). The runner and the supervisor (whose state holds
+only the spec) build their rows here, so both agree on identity, settings and provenance.
 """
 from __future__ import annotations
 

@@ -1,17 +1,10 @@
-"""Whole-training-step CUDA graph capture (execution.cuda_graph).
+"""Whole-training-step CUDA graph capture (``execution.cuda_graph``): :class:`GraphedStep`.
 
-One call of :class:`GraphedStep` is exactly one real training step. The first ``warmup`` calls run
-eagerly on a side stream (as CUDA graph capture requires); the next call captures forward, loss,
-backward and every optimizer step into a graph reading from static input buffers, and replays it; later
-calls copy the batch into the static buffers and replay. A batch whose shapes differ from the captured
-ones runs eagerly. :meth:`GraphedStep.invalidate` forces a re-capture -- the runner calls it when a
-method's ``after_step`` reallocated parameters or optimizer state (pruning: see :func:`state_signature`)
-or changed its stage, because a graph replays the memory addresses and the Python control flow it saw at
-capture time (``total_loss`` is captured with the step number of the capture).
-
-Optimizers must support ``capturable=True`` (torch's Adam, AdamW, ...); it is switched on before the
-first step. Layer-wise optimizers stepping inside backward hooks (Prepared.optimizers empty while
-parameters train) and optimizers without ``capturable`` (e.g. GaLore's) are refused with
+One call is one real training step: the first ``warmup`` calls run eagerly on a side stream, the next
+captures forward, loss, backward and every optimizer step and replays it, later calls copy the batch into
+static buffers and replay; a batch of other shapes runs eagerly. The runner calls
+:meth:`GraphedStep.invalidate` when ``after_step`` reallocated state (:func:`state_signature`) or changed
+stage (why: docs/design-notes.md). Layer-wise and non-capturable optimizers (GaLore's) raise
 :class:`CudaGraphUnsupported`.
 """
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """A file-lock GPU allocator for local pipeline runs: two jobs never share a GPU.
 
-``python -m harness.running.gpus [--count N] [--lock-dir DIR] -- CMD ...`` runs CMD with CUDA_VISIBLE_DEVICES set
-to the first GPU whose lock file it can take (waiting while all are taken). The lock is an ``flock`` on
-``DIR/gpu<i>.lock`` held by CMD's own process (the command is exec'd with the locked descriptor
-inherited), so it is released when CMD exits or is killed, never left stale. When CUDA_VISIBLE_DEVICES
-is already set (SLURM gives each job its GPU), CMD runs unchanged.
+``python -m harness.running.gpus [--count N] [--lock-dir DIR] -- CMD ...`` runs CMD with
+CUDA_VISIBLE_DEVICES set to the first GPU whose ``DIR/gpu<i>.lock`` it can ``flock`` (waiting while all
+are taken); CMD's own process holds the lock, so it is released when CMD exits or is killed. When
+CUDA_VISIBLE_DEVICES is already set (SLURM), CMD runs unchanged.
 """
 from __future__ import annotations
 
