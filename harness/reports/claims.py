@@ -1,26 +1,9 @@
 """figures/claims.md: the paper's claims C1-C10 (docs/paper.md), each judged only in its own setting.
 
-Why one module of ~780 lines: ten claim functions (one per claim, each ~20-40 lines) over one set of
-judging rules (settings, verdicts) that a reader checks against each other; the rules come first, then
-the claims in order, then the Markdown. The ratios, stability and device matching are
-harness.results.analysis's.
-
-``python -m harness.reports.claims --results results/<device> --device-label <device> --out figures/claims.md
-[--compare results/<other device> ...]`` (the --compare folders feed C3's RTX 4090 vs RTX 3090 part)
-
-A row is in a claim's setting when it has the paper-size model (``size == "paper"`` in the row's settings
-JSON or its grid spec; C9: ``"bert-large"`` on text data) and ran on the GPU the claim names
-(harness.results.analysis.on_gpu); the claims compare default method configurations. Time and memory claims are judged
-on timing cells (:func:`in_timing_setting`:
-short runs whose steady-state step time -- stable per harness.core.timing -- gives the epoch time, extrapolated
-where the run stopped early, and said so); accuracy, loss and compression claims on runs that completed
-their schedule (:func:`in_setting`). Claims about compressed models also need the late stage to have run
-(:func:`late_stage_done`) and the accuracy to be kept (:data:`ACCURACY_KEPT`, against the uncompressed
-model of the same grid). Only rows in the setting give
-"holds" / "does not hold". The same comparison measured in any other setting is shown beside it, one
-entry per setting, and the verdict is then "not comparable here"; "not measured here" means the
-comparison was made nowhere. A stated speedup, memory saving or compression ratio is met when the
-measured ratio is at least it; "same direction" says the measured ratio is on the paper's side of 1.
+``python -m harness.reports.claims --results results/<device> --device-label <device> --out FILE
+[--compare results/<other device> ...]``; the judging rules: docs/pipeline.md ("Outputs", claims.md).
+Why one module of ~870 lines: ten claim functions over one set of judging rules that a reader checks
+against each other (the rules first, then the claims, then the Markdown).
 """
 from __future__ import annotations
 

@@ -1,22 +1,9 @@
 """The paper's figures from one device's results (PNG + PDF, matplotlib Agg).
 
-``python -m harness.reports.figures --results results/<device> --device-label <device> --out figures/``
-
-Every figure is written except those named by --not-drawn (the pipeline names the figures its grid
-cannot feed, harness.reports.feeds); a figure whose cells gave nothing to draw says what it would need
-(never an invented point). A failed cell (oom | diverged | error | timeout) is drawn as a red cross at
-the bottom of its panel, labelled with its status. The paper's stated values (harness/reference) are
-drawn beside ours, labelled "paper (RTX 3090)". Every number a figure states about two cells (Fig 1 and
-8's uncompressed / CoMERA time, Fig 12's) is harness.results.analysis's ratio, the one claims.md and
-`comera-bench compare` show.
-
-Under each figure a footer of at most FOOTER_LINES lines says the device and the numbers the figure
-states; everything else (model, settings, how it was measured, notes) is in the figure's notes file beside
-it, ``<name>.md`` (and ``.html`` for the report), which the footer names.
-
-Why one module of ~700 lines: one function per figure (nine of the paper's, two of ours: Fig 13's rank
-adaptation, Fig 14's accuracy against compression) over the shared drawing helpers (markers per batch,
-spread bars, failed-cell crosses, footers and notes), which a reader checks against each other.
+``python -m harness.reports.figures --results results/<device> --device-label <device> --out figures/``;
+what each figure shows: docs/pipeline.md, "Outputs". Why one module of ~800 lines: one function per figure
+over shared drawing helpers (markers, spread bars, failed-cell crosses, footers, notes) that a reader
+checks against each other.
 """
 from __future__ import annotations
 
