@@ -1,8 +1,7 @@
 """Rank adaptation for your own loop: :class:`RankAdaptation`, :func:`param_groups`, :func:`defaults`.
 
-``adapt.loss(task_loss)`` is the objective to backpropagate, ``adapt.step()`` (after the optimizer's) switches
-stage and prunes. Built on :class:`comera.rank.TwoStageRankAdaptation` with the library's defaults. Worked
-example: docs/library.md; how the defaults were chosen: docs/recipe.md.
+Built on :class:`comera.rank.TwoStageRankAdaptation`. Worked example: docs/library.md; why the defaults are
+what they are: docs/recipe.md.
 """
 from __future__ import annotations
 

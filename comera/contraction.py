@@ -1,10 +1,8 @@
 """Contraction plans for tensor-train linear layers: what one forward+backward computes, in which order.
 
-:func:`make_plan` scores every grouping of each side's cores for the token count at hand by
-``flops + traffic_weight * traffic + kernel_cost * kernels`` (:class:`PlanSettings`) and returns the
-cheapest :class:`ContractionPlan` (``print(plan)`` lists its steps); plans are pure functions of their
-arguments, executed by :mod:`comera.kernels`. How a plan is built: docs/design-notes.md; the settings'
-values: docs/performance.md, "Library tunables".
+:func:`make_plan` returns the cheapest :class:`ContractionPlan` for a token count under :class:`PlanSettings`;
+plans are pure functions of their arguments, executed by :mod:`comera.kernels`. How a plan is chosen:
+docs/design-notes.md; the settings' values: docs/performance.md, "Library tunables".
 """
 from __future__ import annotations
 

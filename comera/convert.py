@@ -1,9 +1,8 @@
 """Replace ``nn.Linear`` / ``nn.Embedding`` modules of any model by TT / TTM layers, and count sizes.
 
-:func:`tensorize` replaces, in place, the modules a spec selects (exact names, ``"all-linear"`` /
-``"all-embedding"``, globs, ``"re:..."``) and returns a :class:`ConversionReport`; a bad spec raises, naming
-the key. Sizes count every parameter of a TT / TTM module against its dense module's
-(:func:`dense_equivalent`). The spec, its warnings and ``init``: docs/library.md, "tensorize".
+:func:`tensorize` replaces the modules a spec selects in place (a bad spec raises, naming the key) and
+returns a :class:`ConversionReport`; sizes count every parameter of a TT / TTM module. The spec, its
+warnings and ``init``: docs/library.md, "tensorize".
 """
 from __future__ import annotations
 

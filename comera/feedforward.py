@@ -1,9 +1,7 @@
 """:func:`feed_forward`: ``second(activation(first(x)))`` of two TT layers that saves only rank-r products.
 
-Backward recomputes the hidden activation from the rank-r product ``x A1``; results and gradients equal the
-plain composition's, which runs instead for other layers or below ``fuse_min_elements`` hidden elements.
-Native ops run where :func:`comera.native.usable` allows. The cost of the recomputation:
-docs/design-notes.md; measured: docs/performance.md, "Library tunables".
+Results and gradients equal the plain composition's. What backward recomputes: docs/design-notes.md; its
+cost: docs/performance.md, "Library tunables".
 """
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Initialization of TT / TTM cores: per-core stds that give the full weight's entries a target std.
 
-:func:`core_stds` splits it the ``"default"`` way (one std for every core) or the ``"official"`` way (the
-official code's); both give the same full-weight variance (formulas: docs/design-notes.md; where each is
-used: docs/library-reference.md).
+:func:`core_stds` splits it the ``"default"`` or the ``"official"`` way (formulas: docs/design-notes.md;
+where each is used: docs/library-reference.md).
 """
 from __future__ import annotations
 

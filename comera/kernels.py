@@ -1,10 +1,8 @@
 """Execution of a contraction plan (:mod:`comera.contraction`): a TT linear layer's products and core merges.
 
-Every function works on one side's effective (gated) cores, shape ``(r_k, n_k, r_{k+1})``, and on 2-D
-activations; :class:`comera.tt.TTLinearFunction` strings them together. Large float32 CPU products run
-through oneDNN's inner product from :data:`INNER_PRODUCT_MIN_MACS` multiply-adds (the same sums as
-``torch.mm``), which FlopCounterMode counts after :func:`register_flop_formulas`. Thresholds:
-docs/performance.md, "Library tunables"; what backward saves: docs/design-notes.md.
+Large float32 CPU products run through oneDNN from :data:`INNER_PRODUCT_MIN_MACS` multiply-adds (counted
+once :func:`register_flop_formulas` ran). Thresholds: docs/performance.md; what is saved:
+docs/design-notes.md.
 """
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """Native (C++) execution of TT linear contraction plans: one dispatched op per forward, one per backward.
 
-``comera/csrc/tt_linear.cpp`` registers ``torch.ops.comera_native.tt_forward`` / ``tt_backward`` and one
-side's forward (:func:`left_forward`, :func:`right_forward`), with results equal to :mod:`comera.kernels`'.
-It is built on first use (``COMERA_NATIVE=0``: off; ``$COMERA_NATIVE_LIBRARY``: a prebuilt library); where it
-cannot be built or loaded the Python path runs, with one warning, and :func:`status` says why. Build
-folders, checks and environment: docs/library-reference.md.
+Results equal :mod:`comera.kernels`'. Built on first use; where it cannot be, the Python path runs with one
+warning and :func:`status` says why. Build, environment and checks: docs/library-reference.md.
 """
 from __future__ import annotations
 

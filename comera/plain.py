@@ -1,8 +1,6 @@
 """:func:`plain_autograd`: the library's layers as ordinary autograd ops, for ``torch.func`` transforms.
 
-Within it the custom autograd Functions (TT linear, fused feed-forward, TTM half tables, rank adaptation's
-l2 term) run as plain torch ops: equal results, every transform works, more memory, no native ops
-(docs/library.md, "Second derivatives and torch.func").
+Equal results, more memory, no native ops (docs/library.md, "Second derivatives and torch.func").
 """
 from __future__ import annotations
 

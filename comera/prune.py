@@ -1,7 +1,7 @@
 """Physical rank pruning of TT / TTM layers, decided by each rank's share of its bond.
 
-:func:`prune` removes the ranks whose share (:func:`comera.size.rank_shares`; a gate alone does not say what
-its rank contributes) is at or below the threshold, slicing cores, gates, gradients and optimizer state.
+:func:`prune` removes the ranks whose share (:func:`comera.size.rank_shares`) is at or below the threshold,
+slicing cores, gates, gradients and optimizer state.
 """
 from __future__ import annotations
 

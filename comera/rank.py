@@ -1,7 +1,7 @@
 """CoMERA's two-stage rank adaptation (arXiv 2405.14377, Sec. 3): stage objectives, switch and pruning.
 
-:class:`TwoStageRankAdaptation` drives it step by step. Every rule and default: docs/library-reference.md;
-why each is what it is, with the runs: docs/recipe.md.
+Driven step by step by :class:`TwoStageRankAdaptation`. The rules: docs/library-reference.md; why each is
+what it is: docs/recipe.md.
 """
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Loading a pruned checkpoint into a freshly built TT / TTM layer: the ranks travel with the state dict.
 
-Before loading, a layer takes the core and gate shapes the state dict holds (new, uninitialised Parameters,
-when the mode sizes agree), so ``model.load_state_dict`` works as for any model; build the optimizer after
-loading (docs/library.md, "Saving and reloading").
+A layer takes the state dict's core and gate shapes before loading; build the optimizer after loading
+(docs/library.md, "Saving and reloading").
 """
 from __future__ import annotations
 

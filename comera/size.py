@@ -1,8 +1,7 @@
 """The size of a model's TT / TTM layers: ranks, exact parameter counts and the size terms of rank adaptation.
 
-:func:`tt_parameter_count` counts cores and gates as stored, :func:`size_l0` only the active gates' ranks,
-:func:`soft_size` each bond's soft rank, its differentiable surrogate (why: docs/library-reference.md). The
-bonds and the size formula: docs/design-notes.md.
+:func:`tt_parameter_count` (as stored), :func:`size_l0` (active gates only), :func:`soft_size` (soft
+ranks, differentiable; why: docs/library-reference.md). The size formula: docs/design-notes.md.
 """
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """TT-matrix (TTM) embedding table with diagonal rank gates and the optimized lookup of CoMERA Sec. 4.1.
 
-:class:`TTMEmbedding` stores the table as cores ``(r_k, m_k, n_k, r_{k+1})``. ``lookup="naive"`` contracts
-each index's chain of core slices; ``"optimized"`` computes rows from two half tables in chunks
-(:class:`HalfTableRows`) and only for the unique indices; ``tensor_index_level`` and ``unique_rows`` set
-each level alone. The table and the lookups: docs/design-notes.md.
+:class:`TTMEmbedding`: ``lookup="naive"`` contracts each index's chain of core slices, ``"optimized"``
+computes the unique rows from two half tables in chunks (:class:`HalfTableRows`). The table's formula and
+the lookups: docs/design-notes.md.
 """
 from __future__ import annotations
 
