@@ -1,9 +1,8 @@
 """Training methods behind one interface (baselines/base.py): dense, comera, galore, lte, and plug-ins.
 
-Any ``baselines/<name>.py`` (or plug-in folder file, harness/plugins.py) that defines ``METHOD`` and
-``check_params`` is a method. :func:`get_method` returns a fresh method object, :func:`check_params`
-validates a method's params and fills their defaults; modules are imported on first use. The package's one
-import from the harness is the plug-in finder, harness.plugins; why it stays there: docs/design-notes.md.
+:func:`get_method` returns a fresh method object, :func:`check_params` checks a method's params and fills
+their defaults; modules are imported on first use. The one import from the harness is the plug-in finder
+(harness/plugins.py); why: docs/design-notes.md.
 """
 from __future__ import annotations
 

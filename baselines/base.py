@@ -11,7 +11,7 @@ The runner never branches on a method's name. Every training step is :meth:`Prep
         opt.zero_grad(set_to_none=True)
     info = prepared.after_step(step)    # pruning, stage switches, LTE merges; values go to the curves
 
-and before every evaluation ``prepared.before_eval()`` (LTE merges its heads there).
+and before every evaluation ``prepared.before_eval()``.
 """
 from __future__ import annotations
 

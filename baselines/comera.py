@@ -1,8 +1,7 @@
-"""CoMERA as a training method: tensorize the workload's model, AdamW on cores / gates / the rest, and
-:class:`comera.RankAdaptation`.
+"""CoMERA as a training method: the workload's model tensorized, AdamW, :class:`comera.RankAdaptation`.
 
-Params: :class:`CoMERAParams`; every rank-adaptation default is the library's (:func:`comera.adapt.defaults`,
-docs/recipe.md), the layers' ranks, lookup, rates and init are the method's (docs/library-reference.md).
+Params: :class:`CoMERAParams`, the rank-adaptation defaults the library's (docs/recipe.md), the layers'
+ones the method's (docs/library-reference.md).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Uncompressed training with AdamW, or (``match_target``) the size-matched dense model (docs/workloads.md).
 
-Also what the other methods share: the workload's learning rate, the size record of an uncompressed model
-and :func:`adamw`.
+Also what the other methods share: the workload's rate, an uncompressed model's size record,
+:func:`adamw`.
 """
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """GaLore (arXiv 2403.03507) through the galore-torch package.
 
-Every nn.Linear's 2-D weight gets GaLore's low-rank gradient projection; embeddings (tied weights too),
-biases and norms stay in a plain AdamW group of the same optimizer. Variants: ``layerwise`` (one optimizer
-per parameter, stepped in a post-accumulate-grad hook; ``Prepared.optimizers`` empty) and ``eight_bit``
-(CUDA only, else ``Prepared.skipped``). Defaults and timing windows: docs/design-notes.md.
+nn.Linear weights get GaLore's projection, the rest a plain AdamW group; variants ``layerwise`` and
+``eight_bit`` (CUDA only, else ``Prepared.skipped``). Defaults and timing windows: docs/design-notes.md.
 """
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """LTE, LoRA-the-Explorer (Huh et al., arXiv 2402.16828): parallel low-rank heads merged into a frozen weight.
 
-Every nn.Linear not tied to an embedding becomes an :class:`LTELinear` (frozen W, H heads on contiguous
-chunks of the batch, merged every ``merge_every`` steps; ``before_eval`` merges first); biases, embeddings
-and norms train with AdamW. Presets "default" (the package's) and "tuned". The algorithm, and why the
-presets are what they are: docs/design-notes.md.
+Every nn.Linear not tied to an embedding becomes an :class:`LTELinear`; presets "default" (the package's)
+and "tuned". The algorithm and the presets' runs: docs/design-notes.md.
 """
 from __future__ import annotations
 

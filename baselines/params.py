@@ -1,9 +1,8 @@
 """Typed method parameters: each method declares one dataclass, validated here (:func:`parse`) only.
 
-A field's annotation is its type (``int``, ``float`` -- an int is stored as a float --, ``bool``, ``str``,
-``X | None``, ``Literal[...]``), its ``metadata["check"]`` an optional range (``">0"``, ``">=0"``,
-``">=1"``, ``"[0,1]"``); a class may define ``resolve(given) -> dict`` for values that depend on other keys.
-Every error is a ValueError naming the method, the key and the value.
+A field's annotation is its type (``int``, ``float``, ``bool``, ``str``, ``X | None``, ``Literal``),
+``metadata["check"]`` a range (``">0"``, ``">=0"``, ``">=1"``, ``"[0,1]"``); a class may define
+``resolve(given)``. Every error is a ValueError naming the method, the key and the value.
 """
 from __future__ import annotations
 
