@@ -1,8 +1,7 @@
 """Atomic file writes (result tables, checkpoints, the data cache): :func:`atomic_write`.
 
-It writes a temporary ``.<name>.<host>.<pid>.<random>.tmp`` next to the target, then renames it onto the
-target, so no reader sees a partial file; the next write of a target removes the temporaries of dead
-writers on this host, never those of live writers or of other hosts.
+A temporary file beside the target is renamed onto it, so no reader sees a partial file; the next write
+removes the temporaries of dead writers on this host (docs/pipeline.md, "Outputs").
 """
 from __future__ import annotations
 

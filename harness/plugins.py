@@ -1,10 +1,8 @@
 """Methods and workloads are plug-ins found by file (docs/architecture.md, "Plug-ins").
 
-A method is ``baselines/<name>.py`` defining ``METHOD`` and ``check_params``; a workload is
-``harness/workloads/<name>.py`` defining ``build``, ``PRESETS``, ``DEFAULTS``, ``TYPES`` and ``validate``;
-folders in ``COMERA_BENCH_PLUGINS`` add ``methods/*.py`` and ``workloads/*.py``. Listing reads the sources
-(``METHOD =`` / ``def build(`` at a line's start) and imports nothing; a bad or taken name, or a folder
-that is not one, raises :class:`PluginError`. Standard library only: the method registry imports it.
+Listing reads the sources (``METHOD =`` / ``def build(`` at a line's start) and imports nothing; a bad or
+taken name, or a ``COMERA_BENCH_PLUGINS`` entry that is not a folder, raises :class:`PluginError`.
+Standard library only: the method registry imports it.
 """
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """A cell's spec: its keys, defaults and checks, its name, purpose and two hashes (docs/usage.md).
 
-:func:`make` is the one place a spec is made (from a config's grid, the command line or a spec file) and
-normalized: every key checked, the config schema's defaults filled (:data:`SCHEMA_KEYS`, kept equal to
-workflow/schemas/config.schema.yaml by tests/harness/test_spec.py), params resolved by their owners'
-checks. A :class:`Spec` is frozen; :meth:`Spec.to_dict` is its JSON.
+:func:`make` is the one place a spec is made and normalized: keys checked, the config schema's defaults
+filled (:data:`SCHEMA_KEYS`; tests/harness/test_spec.py), params resolved by their owners. A :class:`Spec`
+is frozen; :meth:`Spec.to_dict` is its JSON.
 """
 from __future__ import annotations
 

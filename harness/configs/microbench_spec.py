@@ -1,7 +1,6 @@
 """The micro-benchmark spec (docs/usage.md, ``comera-bench microbench``): its keys, defaults and checks.
 
-:func:`check_spec` lives here so that the grid's config check runs it on every ``microbench.specs`` entry
-without importing the benchmark (harness.perf.microbench: torch and the profiler).
+:func:`check_spec` lives here so the config check need not import the benchmark (torch, the profiler).
 """
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """YAML numbers in exponent notation (``1e-3``) read as numbers, as YAML 1.2 and JSON read them.
 
-PyYAML, hence Snakemake's config loader, follows YAML 1.1 and leaves them strings (docs/architecture.md,
-"Libraries").
+PyYAML, hence Snakemake's config loader, leaves them strings (docs/architecture.md, "Libraries").
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """The CPU allocator policy of a measuring process (glibc malloc, set through ctypes): :data:`POLICIES`.
 
-``"reuse"``: freed memory stays with the process for later allocations (no block gets its own ``mmap``, the
-heap is not trimmed); ``"system"``: malloc as the process started. :func:`apply` returns the description
-results record, ``"unavailable: <why>"`` without glibc (never raises); :func:`policy` applies one for a
-block, then undoes "reuse"; :func:`release_free_memory` hands free heap pages back (``malloc_trim(0)``).
-Why: docs/performance.md (its "Allocator" paragraph); glibc details: docs/design-notes.md.
+:func:`apply` returns the description results record (``"unavailable: <why>"`` without glibc; it never
+raises), :func:`policy` applies one for a block and undoes "reuse", :func:`release_free_memory` hands free
+heap pages back. What "reuse" does: docs/performance.md; glibc details: docs/design-notes.md.
 """
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """Timing the cells that are compared together in interleaved rounds, each cell in its own process.
 
-:func:`run_group` starts one process per cell (the command its caller gives), lets at most
-:func:`start_slots` cells build and warm up at a time, then runs the rounds: one cell's timed steps at a
-time, the order reversed every other round. :class:`RoundGate` is a cell's side of the socket protocol; a
-cell that loses its coordinator exits with :data:`EXIT_GROUP_LOST` and no row; :func:`run_alone` times a
-cell by itself (:data:`ALONE_ENV`). Why and how: docs/measurement.md, "Interleaved rounds"; the protocol:
-docs/design-notes.md.
+:func:`run_group` runs the group (start turns, then one cell's timed steps at a time), :class:`RoundGate`
+is a cell's side, :func:`run_alone` times one cell by itself. How and why: docs/measurement.md,
+"Interleaved rounds"; the socket protocol: docs/design-notes.md.
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """Measuring a training run: step time, epoch time, peak memory and FLOPs per step (docs/measurement.md).
 
-:class:`StepTimer` (whole steps, device synchronized, warm-up excluded; median and IQR), :class:`Stopwatch`
-(epochs, evaluation paused), :class:`MemoryMonitor` (the training region's peak, pausable),
-:func:`time_rounds` and :func:`call_peak` (single calls), :data:`MEMORY_KINDS` (the one vocabulary of
-``peak_mem_kind``), :func:`count_tokens` and :func:`flops_per_step` (analytic FLOPs of the dominant
-layers, with their basis).
+:class:`StepTimer`, :class:`Stopwatch`, :class:`MemoryMonitor` (a training region), :func:`time_rounds`
+and :func:`call_peak` (single calls), :data:`MEMORY_KINDS` (the one ``peak_mem_kind`` vocabulary),
+:func:`flops_per_step`. The CPU peak's reset: docs/design-notes.md.
 """
 from __future__ import annotations
 

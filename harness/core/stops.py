@@ -1,10 +1,7 @@
 """Stopping a pipeline promptly, a cell's one stop policy, and no process of a job outliving its parent.
 
-:func:`forward_stops` (the Snakefile's ``onstart``) passes SIGTERM, SIGINT and SIGHUP on to every process
-of every job; :func:`child_env` and :func:`die_with_parent` give a child SIGTERM when its parent dies
-(Linux); :class:`CellStop` decides how ``comera-bench run`` ends on a stop, always as the signal's default
-action would. What a user sees: docs/pipeline.md, "Stopping, resuming, unlocking"; why:
-docs/design-notes.md.
+:func:`forward_stops` (the Snakefile's ``onstart``), :func:`die_with_parent`, :class:`CellStop`. What a user
+sees: docs/pipeline.md, "Stopping, resuming, unlocking"; why: docs/design-notes.md.
 """
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """Whether a timing can be trusted, measured while a cell runs (harness.results.analysis reads the rows).
 
-:class:`MachineState` accumulates the machine's state over a cell's timed segments; :func:`judge` (a cell)
-and :func:`judge_rounds` (anything timed in rounds) give ``stable`` or ``noisy: <reasons>`` by the same
-thresholds; :func:`round_bounds`, :func:`round_means` and :func:`round_medians` lay out and summarize the
-timing rounds; :func:`quartiles` is the one quartile definition. Columns and thresholds:
+:class:`MachineState`, the verdicts :func:`judge` and :func:`judge_rounds`, the rounds
+(:func:`round_bounds`, :func:`round_means`) and :func:`quartiles`. Columns and thresholds:
 docs/measurement.md.
 """
 from __future__ import annotations
