@@ -1,9 +1,7 @@
 """A cell's state and the ``runs`` row it becomes.
 
-:class:`CellState` holds everything a run of one cell has found so far, by phase (:class:`StartUp`,
-:class:`TimedRounds`, then the training's own fields); :func:`build_row` turns it, partial or complete,
-into the row (every ``harness.results.RUNS_COLUMNS`` key). The runner and the supervisor (whose state holds
-only the spec) build their rows here, so both agree on identity, settings and provenance.
+:class:`CellState` holds what a run of one cell has found so far; :func:`build_row` turns it, partial or
+complete, into the row, for the runner and the supervisor alike.
 """
 from __future__ import annotations
 

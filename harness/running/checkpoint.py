@@ -1,11 +1,8 @@
 """A long cell's checkpoint, so that a cell stopped in mid-training resumes instead of starting over.
 
-A cell outside a timing group writes ``<run_id>.checkpoint.pt`` beside its runs file (:func:`path_for`)
-every :func:`every_s` seconds of training and at a stop in its steps (:func:`write`,
-:func:`write_at_stop`), atomically; a failed write keeps the last one. :func:`load` returns a checkpoint
-only for the same layout, spec and code (read as data, ``weights_only=True``), else ``(None, why)``. What
-it holds and when it is used or removed: docs/pipeline.md, "Stopping, resuming, unlocking"; why:
-docs/design-notes.md.
+:func:`write` and :func:`write_at_stop` save it beside the runs file (:func:`path_for`), atomically;
+:func:`load` returns it only for the same layout, spec and code, read as data, else ``(None, why)``.
+When and why: docs/pipeline.md, "Stopping, resuming, unlocking"; docs/design-notes.md.
 """
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """What ``torch.compile`` did with a compiled cell's model: its graphs, graph breaks and eager fallbacks.
 
-Dynamo counts in one process-global table; a cell takes a :func:`snapshot` when it makes its compile
-wrapper and :func:`report` gives what was counted since (the row's ``extra.compile``, docs/schema.md).
+:func:`snapshot` when the cell makes its compile wrapper, :func:`report` since (``extra.compile``).
 """
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """Whole-training-step CUDA graph capture (``execution.cuda_graph``): :class:`GraphedStep`.
 
-One call is one real training step: the first ``warmup`` calls run eagerly on a side stream, the next
-captures forward, loss, backward and every optimizer step and replays it, later calls copy the batch into
-static buffers and replay; a batch of other shapes runs eagerly. The runner calls
-:meth:`GraphedStep.invalidate` when ``after_step`` reallocated state (:func:`state_signature`) or changed
-stage (why: docs/design-notes.md). Layer-wise and non-capturable optimizers (GaLore's) raise
-:class:`CudaGraphUnsupported`.
+One call is one training step: eager warm-up calls, then capture and replay; other batch shapes run eagerly,
+:meth:`GraphedStep.invalidate` forces a re-capture; optimizers that cannot be captured raise
+:class:`CudaGraphUnsupported`. Why: docs/design-notes.md.
 """
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The pipeline's progress after each finished job: cells done of the grid's, and a rough time left.
 
-The first Snakemake process records its start and the grid's size in :data:`STARTED_ENV` and
-:data:`CELLS_ENV`; :func:`pipeline_env` raises on a bad value (checked when the pipeline starts), and
-:func:`pipeline_line` then names the variable instead of failing a job (docs/pipeline.md, "Outputs").
+:func:`pipeline_line` reads :data:`STARTED_ENV` and :data:`CELLS_ENV` and, given bad values, names the
+variable instead of failing a job (docs/pipeline.md, "Outputs").
 """
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """A file-lock GPU allocator for local pipeline runs: two jobs never share a GPU.
 
-``python -m harness.running.gpus [--count N] [--lock-dir DIR] -- CMD ...`` runs CMD with
-CUDA_VISIBLE_DEVICES set to the first GPU whose ``DIR/gpu<i>.lock`` it can ``flock`` (waiting while all
-are taken); CMD's own process holds the lock, so it is released when CMD exits or is killed. When
-CUDA_VISIBLE_DEVICES is already set (SLURM), CMD runs unchanged.
+``python -m harness.running.gpus [--count N] [--lock-dir DIR] -- CMD ...`` runs CMD on the first GPU
+whose ``flock`` it takes, held by CMD's own process; with CUDA_VISIBLE_DEVICES set, CMD runs unchanged.
 """
 from __future__ import annotations
 

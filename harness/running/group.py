@@ -1,9 +1,7 @@
 """One timing group of the pipeline (the ``time_<group>`` rule): ``python -m harness.running.group``.
 
-Each cell runs as ``comera-bench run --isolate`` (:func:`isolated_command`) in the rounds of
-harness.core.interleave.run_group; a cell whose row says ``oom`` runs again alone after the group
-(:func:`retry_alone`; docs/measurement.md, "Interleaved rounds"). Exit status 1 when a cell's supervisor
-failed to write even its failure row, else 0.
+Cells run isolated (:func:`isolated_command`) in interleaved rounds; an ``oom`` cell runs again alone
+(:func:`retry_alone`; docs/measurement.md). Exit status 1 when a failure row could not be written.
 """
 from __future__ import annotations
 

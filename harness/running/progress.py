@@ -1,8 +1,7 @@
 """A cell's training progress on stderr: a tqdm bar on a terminal, else a line every :data:`LOG_EVERY_S`.
 
-The line ``<cell>: step N of M, elapsed ..., ETA ...`` comes after the last step too, and from a background
-thread when a long step or evaluation would leave the log silent (docs/usage.md); the ETA extrapolates
-the rate since the first step finished. Why: docs/design-notes.md.
+Lines come from a background thread too, so a long step leaves no silent log (docs/usage.md); why:
+docs/design-notes.md.
 """
 from __future__ import annotations
 

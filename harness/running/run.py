@@ -1,11 +1,9 @@
 """Running one grid cell: a spec (harness.spec, docs/usage.md) in, one ``runs`` row and its ``curves`` out.
 
-The training loop (baselines/base.py's step, evaluations, time and stall limits, timing rounds,
-checkpoints, stop points) on one harness.running.cell.CellState; the watchdog, warm-up, allocator, CUDA
-graph, checkpoint, stop policy and supervisor are modules of their own. :func:`run_cell` never raises for
-a failure of the run itself: the row's ``status`` (ok | oom | diverged | error | timeout) and ``error`` say
-what happened. :func:`run_to_files` (``comera-bench run``) also arms the watchdog. Statuses and limits:
-docs/usage.md; curves: docs/schema.md; why: docs/design-notes.md.
+The training loop on one harness.running.cell.CellState. :func:`run_cell` never raises for a failure of
+the run itself: the row's ``status`` (ok | oom | diverged | error | timeout) and ``error`` say what
+happened; :func:`run_to_files` (``comera-bench run``) also arms the watchdog. Statuses and limits:
+docs/usage.md; curves: docs/schema.md; the loop's details: docs/design-notes.md.
 """
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """A cell in a child process, so that a cell killed by a signal still becomes a row.
 
-:func:`supervise` (``comera-bench run --isolate``) runs the cell as ``python -m harness.cli run``, its
-output in the log; a child that ends without a new runs file gets its row here (:func:`failure_row`:
-``oom`` where the OOM killer can be told, else ``error`` naming the signal or exit code) and an empty
-curves file. The parent's own messages go to its stderr. Details: docs/usage.md.
+:func:`supervise` (``comera-bench run --isolate``) writes the row of a child that died without one
+(:func:`failure_row`: ``oom`` or ``error``) and an empty curves file (docs/usage.md).
 """
 from __future__ import annotations
 

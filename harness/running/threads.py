@@ -1,8 +1,7 @@
 """The torch threads of a pipeline's cells when the config says ``execution.threads: auto``.
 
-:func:`choose` gives the largest count ``t`` with ``load <= cpus - t + 1``, from 1 to :data:`AUTO_MOST`;
-:func:`resolve` keeps the threads of a results folder's finished cells. The pipeline decides once and
-passes the number in :data:`THREADS_ENV`. Why: docs/pipeline.md, "Busy machine"; docs/design-notes.md.
+:func:`resolve`: a results folder's finished cells' threads, else :func:`choose` (from the load, at most
+:data:`AUTO_MOST`), passed on in :data:`THREADS_ENV`. Why: docs/pipeline.md; docs/design-notes.md.
 """
 from __future__ import annotations
 

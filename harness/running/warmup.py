@@ -1,8 +1,7 @@
 """One throwaway training step before a memory baseline: :func:`warm_up`.
 
-It runs one eager step of the method on the workload's "tiny" preset (data for one batch of the cell's
-size, :data:`ONE_BATCH`; the cell's :data:`CARRIED` params; synthetic data), drops everything and restores
-the global random states, so a run with it gives the same numbers. Why: docs/design-notes.md.
+One eager step of the method on the workload's "tiny" instance, then everything dropped and the random
+states restored, so the run's numbers do not change. Why: docs/design-notes.md.
 """
 from __future__ import annotations
 

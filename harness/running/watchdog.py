@@ -1,7 +1,6 @@
 """The cell's watchdog: a daemon thread that ends a cell whose step or evaluation hangs.
 
-:class:`Watchdog` fires when the activity under way (the warm-up, a training step with its batch, an
-evaluation) has run past the stall limit (:func:`stall_limit_s`) or a deadline set with
+:class:`Watchdog` fires past the stall limit (:func:`stall_limit_s`) or a deadline set with
 :meth:`Watchdog.limit`; a wait for a timing round is a pause. What firing does: harness.running.run.
 """
 from __future__ import annotations
