@@ -1,6 +1,7 @@
 """:func:`plain_autograd`: the library's layers as ordinary autograd ops, for ``torch.func`` transforms.
 
-Equal results, more memory, no native ops (docs/library.md, "Second derivatives and torch.func").
+Results are equal; autograd keeps more memory and no native op runs (docs/library.md, "Second derivatives
+and torch.func").
 """
 from __future__ import annotations
 
