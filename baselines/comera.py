@@ -1,7 +1,7 @@
 """CoMERA as a training method: the workload's model tensorized, AdamW, :class:`comera.RankAdaptation`.
 
-Params: :class:`CoMERAParams`, the rank-adaptation defaults the library's (docs/recipe.md), the layers'
-ones the method's (docs/library-reference.md).
+Params: :class:`CoMERAParams`; the rank-adaptation defaults are the library's (docs/recipe.md), the layers'
+settings the method's own (docs/library-reference.md).
 """
 from __future__ import annotations
 
