@@ -1,7 +1,8 @@
 """Stopping a pipeline promptly, a cell's one stop policy, and no process of a job outliving its parent.
 
-:func:`forward_stops` (the Snakefile's ``onstart``), :func:`die_with_parent`, :class:`CellStop`. What a user
-sees: docs/pipeline.md, "Stopping, resuming, unlocking"; why: docs/design-notes.md.
+:func:`forward_stops` (the Snakefile's ``onstart``) passes a stop on to every job's processes,
+:func:`die_with_parent` ties a child to its parent, :class:`CellStop` is a cell's policy. What a user sees:
+docs/pipeline.md, "Stopping, resuming, unlocking"; why: docs/design-notes.md.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A synthetic natural-language-inference task whose labels need both sentences: :func:`generate`.
 
-Tasks :data:`TASKS`, the words' topics by :func:`word_topics`, ``label_noise``; labels in the MNLI coding.
-The tasks and their ceilings: docs/design-notes.md; the default grid's task: docs/recipe.md.
+The tasks :data:`TASKS`, the words' topics (:func:`word_topics`) and ``label_noise``; classes balanced,
+labels in the MNLI coding. The tasks and their ceilings: docs/design-notes.md; the grid's: docs/recipe.md.
 """
 from __future__ import annotations
 

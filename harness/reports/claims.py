@@ -2,7 +2,7 @@
 
 ``python -m harness.reports.claims --results results/<device> --device-label <device> --out FILE
 [--compare results/<other device> ...]``; the judging rules: docs/pipeline.md ("Outputs", claims.md).
-Why one module of ~870 lines: ten claim functions over one set of judging rules that a reader checks
+Why one module of ~860 lines: ten claim functions over one set of judging rules that a reader checks
 against each other (the rules first, then the claims, then the Markdown).
 """
 from __future__ import annotations

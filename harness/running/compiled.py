@@ -1,6 +1,7 @@
 """What ``torch.compile`` did with a compiled cell's model: its graphs, graph breaks and eager fallbacks.
 
-:func:`snapshot` when the cell makes its compile wrapper, :func:`report` since (``extra.compile``).
+A cell takes a :func:`snapshot` when it makes its compile wrapper; :func:`report` gives what was counted
+since (``extra.compile``).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""A cell's training progress on stderr: a tqdm bar on a terminal, else a line every :data:`LOG_EVERY_S`.
+"""A cell's training progress on stderr: a tqdm bar on a terminal, else a line every LOG_EVERY_S seconds.
 
-Lines come from a background thread too, so a long step leaves no silent log (docs/usage.md); why:
+A background thread writes the line too, so a long step leaves no silent log (docs/usage.md); why:
 docs/design-notes.md.
 """
 from __future__ import annotations

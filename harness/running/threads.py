@@ -1,7 +1,8 @@
 """The torch threads of a pipeline's cells when the config says ``execution.threads: auto``.
 
-:func:`resolve`: a results folder's finished cells' threads, else :func:`choose` (from the load, at most
-:data:`AUTO_MOST`), passed on in :data:`THREADS_ENV`. Why: docs/pipeline.md; docs/design-notes.md.
+:func:`resolve` keeps a results folder's finished cells' threads, else :func:`choose` picks them from the
+load (at most :data:`AUTO_MOST`); they reach the jobs in :data:`THREADS_ENV`. Why: docs/pipeline.md,
+"Busy machine"; docs/design-notes.md.
 """
 from __future__ import annotations
 
