@@ -34,7 +34,7 @@ class TTMEmbedding(ResizeOnLoad, nn.Module):
         col_shape: modes whose product is ``embedding_dim``, as many as ``row_shape`` (default: automatic).
         rank: one int for every internal bond (clipped to the maximal TT rank) or ``[1, r_1, ..., 1]``.
         padding_idx: a row that is always zero and gets no gradient, as in ``nn.Embedding``.
-        lookup: "optimized" (both lookup levels, see the module doc) or "naive" (neither).
+        lookup: "optimized" (both lookup levels, docs/design-notes.md) or "naive" (neither).
         tensor_index_level: overrides the tensor-index level of ``lookup``.
         unique_rows: overrides the row level of ``lookup``.
         init_std: std of the full table's entries at initialization (``nn.Embedding``: 1).
