@@ -144,7 +144,7 @@ class MergeCount:
 
 
 class LTEMethod:
-    """LTE on the dense model (module docstring)."""
+    """LTE on the dense model (the algorithm: docs/design-notes.md)."""
 
     name = "lte"
     variant = "default"
