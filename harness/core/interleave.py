@@ -322,7 +322,7 @@ def _threads(spec: dict) -> int:
 
 def run_group(cells: Sequence[Cell], rounds: int, *, command: Callable[[Cell], list[str]], log=None,
               timeout_s: float | None = None, slots: int | None = None) -> int:
-    """Run ``cells`` in interleaved rounds (module docstring); returns the number of cells whose
+    """Run ``cells`` in interleaved rounds (docs/measurement.md); returns the number of cells whose
     process exited with a non-zero status (each cell's ``proc`` keeps its return code). ``command``: a
     cell's command line, built by the caller (the pipeline runs each cell isolated, the performance bench
     its step workers); the process takes its turns through :class:`RoundGate`. ``timeout_s``:

@@ -266,7 +266,7 @@ class _Sampler(threading.Thread):
 
 
 class MemoryMonitor:
-    """Peak memory of a region (see the module docstring for what is measured on each device).
+    """Peak memory of a region (what is measured on each device: docs/measurement.md, "Memory").
 
     ``cpu_method``: "auto" (kernel high-water mark where allowed, else sampling), "hwm", "sample" or
     "both" (the larger of the two)."""

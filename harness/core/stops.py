@@ -130,7 +130,7 @@ class Stopped(BaseException):
 
 
 class CellStop:
-    """The stop policy of one cell's process (module docstring).
+    """The stop policy of one cell's process (docs/pipeline.md, "Stopping, resuming, unlocking").
 
     Args:
         defer: whether a stop in the training steps waits for the end of the step (the cell writes

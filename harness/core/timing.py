@@ -116,7 +116,8 @@ def busy_warning(threads: int, command: str = "") -> str:
 
 @dataclass
 class MachineState:
-    """The machine's state over the segments in which a cell's steps ran (see the module docstring)."""
+    """The machine's state over the segments in which a cell's steps ran (docs/measurement.md, "The
+    machine's state")."""
 
     wall_s: float = 0.0
     psi_us: int | None = None

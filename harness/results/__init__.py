@@ -60,7 +60,7 @@ RUNS_TYPES: dict[str, pa.DataType] = {
     "params_total": pa.int64(), "params_factorized_layers": pa.int64(), "compression_total": pa.float64(),
     "compression_layers": pa.float64(), "ranks": pa.string(),
     **PROVENANCE_TYPES,
-    # beyond the paper-facing columns (see module docstring)
+    # beyond the paper-facing columns (docs/schema.md)
     "flops_per_step": pa.float64(), "settings": pa.string(), "extra": pa.string(), "purpose": pa.string(),
     # timing trust (harness.core.timing): the machine's state while the steps ran, the verdict, the rounds
     "timing_quality": pa.string(), "load_avg_1m": pa.float64(), "cpu_pressure": pa.float64(),

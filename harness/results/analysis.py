@@ -18,7 +18,7 @@ from harness.core.timing import STABLE, finite, judge_rounds, quartiles
 from harness.results import ResultsError, empty_frame, read_parquet
 
 TIME = "epoch_time_s"
-"""The time column a ratio is asked for: a cell's time per epoch (see the module docstring)."""
+"""The time column a ratio is asked for: a cell's time per epoch (docs/measurement.md, "Ratios")."""
 CALL_TIME = "time_ms"
 """A micro-benchmark case's time per call (its median over rounds)."""
 ROUND_VALUES = {TIME: "round_step_mean_ms", CALL_TIME: "round_time_ms"}
@@ -201,7 +201,7 @@ def same_memory_kind(num: Mapping[str, Any], den: Mapping[str, Any]) -> bool:
 
 @dataclass(frozen=True)
 class Ratio:
-    """A ratio of two cells' quantities with its spread (see the module docstring).
+    """A ratio of two cells' quantities with its spread (docs/measurement.md, "Ratios").
 
     Attributes:
         value: the ratio (median over rounds where interleaved).
@@ -275,7 +275,7 @@ def ratio(num: Mapping[str, Any], den: Mapping[str, Any], column: str = TIME, *,
     Args:
         num: the numerator's row (a mapping or a pandas row).
         den: the denominator's row.
-        column: :data:`TIME` (the time statistic of the module docstring: per-round mean step time
+        column: :data:`TIME` (the time statistic of docs/measurement.md: per-round mean step time
             ratios of cells timed together, else the ratio of their mean-based epoch times; both rows
             must be stable, :func:`is_stable`), :data:`CALL_TIME` (two micro-benchmark cases, timed apart:
             the ratio of their medians with the spread of each side's rounds; both stable),
