@@ -1,17 +1,8 @@
-"""Training methods behind one interface (see baselines/base.py): dense, comera, galore, lte -- and any
-``baselines/<name>.py`` (or plug-in folder file, harness/plugins.py) that defines ``METHOD`` and
-``check_params``.
+"""Training methods behind one interface (baselines/base.py): dense, comera, galore, lte, and plug-ins.
 
-``get_method(name)`` returns a fresh method object; ``check_params(name, params)`` validates a method's
-parameters and fills their defaults. Method modules are imported on first use (galore-torch and the
-CoMERA library are slow or optional imports).
-
-The package's one import from the harness is the plug-in finder, harness.plugins: it imports
-only the standard library, the workload registry (harness.workloads) shares it, and it reads the
-harness's plug-in folders (``COMERA_BENCH_PLUGINS``). Here it would cost the command line its quick
-start: ``import harness.cli`` would import this package, hence torch, and find the methods at import,
-so a bad plug-in folder would end the command with a traceback instead of a message
-(tests/test_structure.py allows this import and no other).
+:func:`get_method` returns a fresh method object, :func:`check_params` checks a method's params and fills
+their defaults; modules are imported on first use. The one import from the harness is the plug-in finder
+(harness/plugins.py); why: docs/design-notes.md.
 """
 from __future__ import annotations
 

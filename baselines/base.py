@@ -1,7 +1,6 @@
-"""The one interface every training method implements (dense, comera, galore, lte and their variants).
+"""The one interface every training method implements: :class:`Method` prepares a :class:`Prepared`.
 
-The runner (harness/running/run.py) never branches on a method's name. Every training step is
-:meth:`Prepared.train_step` (the one definition of a step; the bench's step targets run through the runner)::
+The runner never branches on a method's name. Every training step is :meth:`Prepared.train_step`::
 
     task_loss = workload.loss(prepared.model, batch)
     loss = prepared.total_loss(task_loss, step)
@@ -10,10 +9,9 @@ The runner (harness/running/run.py) never branches on a method's name. Every tra
         opt.step()                      # up to here: Prepared.update, what a CUDA graph captures
     for opt in prepared.optimizers:
         opt.zero_grad(set_to_none=True)
-    info = prepared.after_step(step)    # pruning, stage switches, LTE merges; values go to the curves table
+    info = prepared.after_step(step)    # pruning, stage switches, LTE merges; values go to the curves
 
-and before every evaluation ``prepared.before_eval()`` (e.g. LTE merges its heads so the evaluated model
-contains what was learned).
+and before every evaluation ``prepared.before_eval()``.
 """
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""CoMERA as a training method: tensorize the workload's model, AdamW on cores / gates / the rest, and the
-library's :class:`comera.RankAdaptation` (its driver's objective and per-step hook).
+"""CoMERA as a training method: the workload's model tensorized, AdamW, :class:`comera.RankAdaptation`.
 
-Params: :class:`CoMERAParams`. Every rank-adaptation parameter defaults to the library's value
-(:func:`comera.adapt.defaults`, the one set of CoMERA defaults; docs/recipe.md); a config overrides only
-what it states. The layers' ranks, TTM lookup, learning rates and initialization are the method's own
-(docs/library-reference.md lists them with the library's).
+Params: :class:`CoMERAParams`; the rank-adaptation defaults are the library's (docs/recipe.md), the layers'
+settings the method's own (docs/library-reference.md).
 """
 from __future__ import annotations
 

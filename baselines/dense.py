@@ -1,8 +1,7 @@
-"""Uncompressed training: the dense model with torch AdamW, or (``match_target``) the size-matched dense
-baseline: a smaller dense model of the workload's kind with about CoMERA's parameter count at a target.
+"""Uncompressed training with AdamW, or (``match_target``) the size-matched dense model (docs/workloads.md).
 
-Also holds what the other methods share: the workload's learning rate, the size record of an
-uncompressed model (GaLore, LTE) and :func:`adamw`, the AdamW of dense, CoMERA and LTE.
+Also what the other methods share: the workload's rate, an uncompressed model's size record,
+:func:`adamw`.
 """
 from __future__ import annotations
 

@@ -1,18 +1,7 @@
 """GaLore (arXiv 2403.03507) through the galore-torch package.
 
-The 2-D weights of every nn.Linear (attention, FFN, classifier) get GaLore's low-rank gradient
-projection; embeddings, biases and norms stay in a plain AdamW group of the same optimizer (a 1-D
-parameter in a GaLore group crashes the package). A Linear weight tied to an embedding counts as an
-embedding. Defaults are the GaLore paper's: rank 128, update_proj_gap 200, scale 0.25, proj_type "std";
-the package's AdamW keeps its own eps default (1e-6).
-
-Variants:
-- ``layerwise``: one optimizer per parameter, stepped from a post-accumulate-grad hook that frees the
-  gradient right after, so the full set of gradients is never held (``Prepared.optimizers`` is empty).
-- ``eight_bit``: GaLoreAdamW8bit (bitsandbytes), CUDA only; elsewhere ``Prepared.skipped`` says so.
-
-Timing: the projection is recomputed by an SVD on the first step of every window of ``update_proj_gap``
-steps, so a fair per-step time covers whole windows (see ``settings["time_window_steps"]``).
+nn.Linear weights get GaLore's projection, the rest a plain AdamW group; variants ``layerwise`` and
+``eight_bit`` (CUDA only, else ``Prepared.skipped``). Defaults and timing windows: docs/design-notes.md.
 """
 from __future__ import annotations
 

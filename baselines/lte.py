@@ -1,27 +1,7 @@
-"""LTE, LoRA-the-Explorer (Huh et al., arXiv 2402.16828): training from scratch with parallel low-rank
-heads that are merged into a frozen weight.
+"""LTE, LoRA-the-Explorer (Huh et al., arXiv 2402.16828): parallel low-rank heads merged into a frozen weight.
 
-Every nn.Linear (except one whose weight is shared with an embedding) becomes an :class:`LTELinear`
-holding the frozen weight W and H heads (A_h: r x in, B_h: out x r, scale alpha/r). In training mode
-the batch is split into H contiguous chunks and chunk h sees ``W x + s (B_h A_h - B'_h A'_h) x``, where
-(A'_h, B'_h) is head h's snapshot at the last merge. Every ``merge_every`` steps W += mean_h s(B_h A_h -
-B'_h A'_h) and the snapshots are set to the current heads. This is the "reset-less" restart of the
-authors' package (described in the paper's appendix): after a merge every head restarts from the merged
-W with a zero update, keeping its factors and its optimizer state. A_h starts orthogonal (rows scaled by
-sqrt(in/r), norm-preserving), B_h at zero, as in the package. In eval mode a layer is ``W x + b``;
-``before_eval`` merges first, so evaluation contains everything learned so far (with H > 1 that extra
-merge is also a synchronisation of the heads).
-
-The merges telescope: W = W_0 + (s/H) sum_h (B_h A_h - B_h^0 A_h^0), so the total update has rank <= H r.
-With one head, LTE is exactly LoRA folded into W whatever ``merge_every`` is (tested), which is why the
-package default cannot learn a full-rank model from scratch.
-
-Biases, embeddings and norms train normally with AdamW (``lr_other``). Presets: "default" is the
-package's LTEConfig.default (1 head, rank 8, alpha 16; reported in the CoMERA review discussion as not
-converging); "tuned" has 4 heads of rank 16, alpha 64, a merge every 10 steps and the workload's dense
-lr. Measured on the embedded grid's quality cell (small transformer, batch 32, 1000 steps): with the
-dense lr 3e-4 it reached accuracy 1.0 at step 500 (seed 0) and 400 (seed 1); with a head lr of 1e-3
-(this preset's earlier value) it stayed at the 0.674 hypothesis-only plateau, with 3e-3 at chance.
+Every nn.Linear not tied to an embedding becomes an :class:`LTELinear`; presets "default" (the package's)
+and "tuned". The algorithm and the presets' runs: docs/design-notes.md.
 """
 from __future__ import annotations
 
@@ -164,7 +144,7 @@ class MergeCount:
 
 
 class LTEMethod:
-    """LTE on the dense model (module docstring)."""
+    """LTE on the dense model (the algorithm: docs/design-notes.md)."""
 
     name = "lte"
     variant = "default"

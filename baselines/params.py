@@ -1,18 +1,8 @@
-"""Typed method parameters: each method declares one dataclass, validated here and nowhere else.
+"""Typed method parameters: each method declares one dataclass, validated here (:func:`parse`) only.
 
-A field's annotation is its type (``int``, ``float`` -- an int is accepted and stored as a float --,
-``bool``, ``str``, ``X | None``, or ``Literal[...]`` for a choice) and its ``metadata["check"]`` an optional
-range: ``">0"``, ``">=0"``, ``">=1"`` (a positive integer) or ``"[0,1]"`` (None passes where the type
-allows it). A class may define ``resolve(given) -> dict``, called with the checked given keys: it fills
-values that depend on other keys (LTE's presets) and refuses combinations (CoMERA's official late stage
-with a weight). Every error is a ValueError naming the method, the key and the value::
-
-    @dataclass(frozen=True)
-    class DenseParams:
-        lr: float | None = field(default=None, metadata={"check": ">0"})
-
-    parse("dense", DenseParams, {"lr": 1e-3})      # DenseParams(lr=0.001)
-    parse("dense", DenseParams, {"lr": "fast"})    # ValueError: ... 'lr' must be a number or null, got 'fast'
+A field's annotation is its type (``int``, ``float``, ``bool``, ``str``, ``X | None``, ``Literal``),
+``metadata["check"]`` a range (``">0"``, ``">=0"``, ``">=1"``, ``"[0,1]"``); a class may define
+``resolve(given)``. Every error is a ValueError naming the method, the key and the value.
 """
 from __future__ import annotations
 

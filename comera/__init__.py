@@ -1,6 +1,7 @@
 """CoMERA: tensor-train (TT) linear layers and TT-matrix (TTM) embeddings with rank-adaptive training.
 
-The method library of comera-bench; it depends on torch only.
+The method library of comera-bench; it depends on torch only. Guide: docs/library.md; reference:
+docs/library-reference.md.
 """
 from comera.adapt import RankAdaptation, param_groups
 from comera.convert import ConversionReport, model_size, tensorize

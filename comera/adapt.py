@@ -1,15 +1,7 @@
-"""Rank adaptation for your own training loop: one object, called in two places, with the defaults that
-train, and the optimizer's parameter groups (TT cores / rank gates / the rest).
+"""Rank adaptation for your own loop: :class:`RankAdaptation`, :func:`param_groups`, :func:`defaults`.
 
-    optimizer = torch.optim.AdamW(comera.param_groups(model, lr=3e-3))
-    adapt = comera.RankAdaptation(model, optimizer, target=0.3, total_steps=2000)
-    for step in range(2000):
-        loss = adapt.loss(task_loss(model, batch))   # the current stage's objective
-        loss.backward(); optimizer.step(); optimizer.zero_grad()
-        adapt.step()                                  # stage switch and pruning
-
-Built on :class:`comera.rank.TwoStageRankAdaptation` with the library's defaults (:func:`defaults`);
-what each stage does: :mod:`comera.rank`; how the defaults were chosen: docs/recipe.md.
+Built on :class:`comera.rank.TwoStageRankAdaptation`. Worked example: docs/library.md; why the defaults are
+what they are: docs/recipe.md.
 """
 from __future__ import annotations
 

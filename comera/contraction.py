@@ -1,39 +1,8 @@
 """Contraction plans for tensor-train linear layers: what one forward+backward computes, in which order.
 
-A TT linear layer with input modes ``n_0..n_{m-1}``, output modes ``n_m..n_{d-1}`` and ranks
-``r_0 = 1, r_1, ..., r_d = 1`` computes ``y = x W + b`` with ``W = H_0 H_1 ... H_{d-1}``, where the
-effective core ``H_k = G_k * g_k`` is core ``k`` scaled along its last axis by its rank gate (the last
-core has no gate). The bond ``m`` between the input and the output cores joins two sides through the
-rank-``r_m`` activation ``z``:
-
-* input side: ``z = x A`` with ``A = H_0 ... H_{m-1}`` (in, r_m);
-* output side: ``y = z B + b`` with ``B = H_m ... H_{d-1}`` (r_m, out).
-
-Each side is contracted group by group: its cores are split into consecutive groups, each group is
-merged into one block (a chain of small matmuls on the cores alone) and the activations absorb the
-blocks one after another. One group is the classic low-rank pair ("merge"); one group per core contracts
-the activations core by core ("sequential"). :func:`make_plan` scores every grouping of both sides (a side
-of k cores has 2^(k-1) groupings) for the token count at hand and takes the cheapest, or the "dense"
-strategy (form W = A B, plain matmuls) when that has fewer FLOPs, which happens only when r_m is close to
-full rank. "Cheapest" is ``flops + traffic_weight * traffic + kernel_cost * kernels`` among the plans
-within ``flop_slack`` of the fewest FLOPs (:class:`PlanSettings`), where the traffic of a step is the
-number of elements of its token-sized operands and every kernel carries a fixed cost.
-
-FLOPs are counted the way ``opt_einsum`` counts them: a pairwise contraction with a summed index costs
-``2 * prod(sizes of all its indices)``, an elementwise product or a sum one per element. Backward saves
-the inputs of each absorption (x and rank-sized intermediates) and the merged blocks, never the full-width
-output. With one output group the bias rides in the output GEMM (fused, or folded in as an extra row
-``y = [z | 1] @ [B ; b]`` from ``fold_bias_min_tokens``, which also yields its gradient).
-
-The plans are pure functions of their arguments; :mod:`comera.kernels` executes them. Why the settings
-have the values they have (measurements): docs/performance.md.
-
-Example::
-
-    >>> plan = make_plan((12, 8, 8), (12, 16, 16), (1, 12, 30, 30, 30, 16, 1), tokens=4096)
-    >>> plan.left, plan.right
-    ('merge', 'merge')
-    >>> print(plan)  # every step with its FLOPs
+:func:`make_plan` returns the cheapest :class:`ContractionPlan` for a token count under :class:`PlanSettings`;
+plans are pure functions of their arguments, executed by :mod:`comera.kernels`. How a plan is chosen:
+docs/design-notes.md; the settings' values: docs/performance.md, "Library tunables".
 """
 from __future__ import annotations
 

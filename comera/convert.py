@@ -1,35 +1,8 @@
 """Replace ``nn.Linear`` / ``nn.Embedding`` modules of any model by TT / TTM layers, and count sizes.
 
-``spec`` maps module names, or patterns of names, to entries::
-
-    {"kind": "linear", "in_shape": [...], "out_shape": [...], "rank": int | [1, ..., 1], "order": 3,
-     "init": "official"}
-    {"kind": "embedding", "row_shape": [...], "col_shape": [...], "rank": int | [1, ..., 1],
-     "lookup": "optimized", "order": 3, "init": "official", "init_std": None}
-
-A key is an exact module name (as in ``model.named_modules()``), ``"all-linear"`` / ``"all-embedding"``
-(every ``nn.Linear`` / ``nn.Embedding``), ``"re:<regex>"`` (matching whole names) or a glob
-(``"encoder.*.ffn.*"``, ``*`` crosses dots); patterns select ``nn.Linear`` / ``nn.Embedding`` modules
-only, an exact name wins over patterns, and a module that two patterns select is an error. Patterns leave
-out the ``nn.Linear`` children whose parent reads their weight directly (``nn.MultiheadAttention``'s
-``out_proj``: :data:`WEIGHT_READERS`), with a warning and the report's ``skipped``; naming one exactly is
-an error. Replacing one side of a tied weight (an output layer sharing the input embedding's table) warns:
-the other side keeps the dense weight, untied. A replaced ``linear1`` / ``linear2`` of an
-``nn.TransformerEncoderLayer`` turns that layer's fused inference path off (:func:`turn_off_fused_paths`;
-the report's ``fast_path_off``), so it evaluates under ``torch.no_grad()`` as it trains. ``kind`` may
-be omitted (it is read from the module). ``spec`` may also be one pattern or a list of them, and keyword
-arguments give every entry its defaults (``tensorize(model, "all-linear", rank=16)``).
-
-Shapes may be omitted (``comera.shapes.factorize`` with ``order`` modes per side, default 3). ``init``
-"official" (default: the scheme rank-adaptive training works with) follows the official code (weight std
-1/sqrt(in + out), table std 1, cores split as in :mod:`comera.init`); "default" gives a TT layer
-nn.Linear's weight variance and a TTM table the std of the embedding it replaces; "svd" starts from the
-module's trained weight (``TTLinear.from_linear`` / ``TTMEmbedding.from_embedding``, TT-SVD at the ranks;
-the report gives each layer's ``reconstruction_error``). An embedding's ``init_std`` (a positive number)
-sets its table's std under "default" or "official", e.g. for a table tied to an output layer, whose
-logits grow with it. A layer whose TT has more parameters than its dense module gets a warning naming
-it and both sizes. Sizes count every parameter of a module (cores, gates, bias); the dense equivalent of
-a TT linear layer is ``in * out (+ out for the bias)``, of a TTM table ``num_embeddings * embedding_dim``.
+:func:`tensorize` replaces the modules a spec selects in place (a bad spec raises, naming the key) and
+returns a :class:`ConversionReport`; sizes count every parameter of a TT / TTM module. The spec, its
+warnings and ``init``: docs/library.md, "tensorize".
 """
 from __future__ import annotations
 

@@ -1,22 +1,7 @@
-"""A feed-forward block ``second(activation(first(x)))`` of two TT layers that saves only rank-r products.
+""":func:`feed_forward`: ``second(activation(first(x)))`` of two TT layers that saves only rank-r products.
 
-A plain composition keeps, for backward, the two full-width hidden activations ``first(x)`` and
-``activation(first(x))`` (``tokens x hidden``; 2 x 48 MiB per block for BERT-base at batch 32). With
-TTLinear layers the hidden activation is a cheap function of the rank-r product ``z1 = x A1``:
-``first(x) = z1 B1 + b1``. :func:`feed_forward` therefore keeps only ``x``, ``z1``, ``z2`` (rank-r) and the
-merged core blocks, and backward recomputes ``first(x)`` and the activation from ``z1`` -- one
-``(tokens x r) @ (r x hidden)`` GEMM and one activation more than the composition, no other extra work
-when the second layer's input side is one group (with several, that side's forward is redone for the
-activations between them). Results and gradients equal the composition's.
-
-Where :func:`comera.native.usable` allows both layers' plans, each layer's forward and backward is one
-native op, and the recomputation one or two more (:func:`comera.native.right_forward`, and
-:func:`comera.native.left_forward` when the second layer has several input groups); the activation runs in
-Python between them. Results equal the Python kernels'.
-
-The recomputation is the price of the memory; ``feed_forward(..., fuse_min_elements=n)`` (default 0:
-always fused) sets a size below which the plain composition runs instead, trading memory for time (what
-that trades, measured: docs/performance.md, "The fused feed-forward block").
+Results and gradients equal the plain composition's. What backward recomputes: docs/design-notes.md; its
+cost: docs/performance.md, "Library tunables".
 """
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
-"""Initialization of TT / TTM cores: per-core standard deviations that give the full weight's entries a
-target standard deviation.
+"""Initialization of TT / TTM cores: per-core stds that give the full weight's entries a target std.
 
-With ``d`` independent zero-mean Gaussian cores of std ``s_k`` and internal bonds ``r_1 .. r_{d-1}``,
-an entry of the full tensor has variance ``prod_k s_k^2 * prod_j r_j``. Two ways to split it:
-
-* ``"default"``: the same std for every core, ``(target^2 / prod_j r_j) ** (1 / 2d)``.
-* ``"official"``: the official code's (ziyangjoy/CoMERA ``TensorTrain.build_factors_Gaussian``):
-  ``s_k = target ** (1/d) / sqrt(r_{k+1})``, so the first cores are larger than the last.
-
-Both give the same full-weight variance; they differ in the cores' magnitudes, which the gate and core
-penalties of rank adaptation see.
+:func:`core_stds` splits it the ``"default"`` or the ``"official"`` way (formulas: docs/design-notes.md;
+where each is used: docs/library-reference.md).
 """
 from __future__ import annotations
 

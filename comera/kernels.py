@@ -1,20 +1,8 @@
-"""Execution of a contraction plan: the products and core merges of a tensor-train linear layer.
+"""Execution of a contraction plan (:mod:`comera.contraction`): a TT linear layer's products and core merges.
 
-:mod:`comera.contraction` decides *what* to compute (a :class:`~comera.contraction.ContractionPlan`);
-this module computes it. Every function works on the effective (gated) cores ``H_k`` of one side, shape
-``(r_k, n_k, r_{k+1})``, and on 2-D activations; the autograd Function that strings them together is
-:class:`comera.tt.TTLinearFunction` (and :mod:`comera.feedforward` for a fused block).
-
-A merged group is saved as one flat list ("chain"): its blocks, then its cores as the matrices the merge
-multiplied (the 2-D views made once in the forward are reused by the backward, so the backward makes no
-second view of a core). Every reshape is a single view; on one token the absorptions before the bond are
-plain ``mm`` calls.
-
-Large float32 CPU products run through oneDNN's inner product ``X @ W^T`` (``torch.ops.mkldnn.
-_linear_pointwise``, the op PyTorch's compiler uses for CPU linear layers) instead of ``torch.mm``, from
-:data:`INNER_PRODUCT_MIN_MACS` multiply-adds; both compute the same sums. FlopCounterMode counts that op
-only after :func:`register_flop_formulas` (the harness calls it where it counts FLOPs). Measurements
-behind the thresholds: docs/performance.md.
+Large float32 CPU products run through oneDNN from :data:`INNER_PRODUCT_MIN_MACS` multiply-adds (counted
+once :func:`register_flop_formulas` ran). Thresholds: docs/performance.md; what is saved:
+docs/design-notes.md.
 """
 from __future__ import annotations
 

@@ -1,32 +1,7 @@
 """Native (C++) execution of TT linear contraction plans: one dispatched op per forward, one per backward.
 
-``comera/csrc/tt_linear.cpp`` ports the plan execution of :mod:`comera.kernels` and the gate products of
-:mod:`comera.tt` to C++ (the same ATen ops in the same order, so results equal the Python path's) and
-registers ``torch.ops.comera_native.tt_forward`` and ``tt_backward``, and the forward of one side alone,
-``tt_left_forward`` and ``tt_right_forward`` (:func:`left_forward`, :func:`right_forward`), with which
-:func:`comera.feed_forward` recomputes in backward what it did not save. :class:`comera.tt.TTLinearFunction`
-and the fused feed-forward block call them when :func:`usable` says so; what disappears is Python's per-op
-cost, not the ATen calls (on a GPU each one still launches its kernels).
-
-The extension is compiled on first use with :func:`torch.utils.cpp_extension.load` (needs a C++ compiler and
-ninja; later processes load the library directly while the ``.json`` beside it names this source and torch)
-into ``$COMERA_NATIVE_BUILD_DIR`` if set, else a folder per torch version in torch's extension folder. A
-compile error is remembered there (``build-failed.json``) for the same source, torch and compiler, so later
-processes do not pay for it again. ``$COMERA_NATIVE_LIBRARY`` names a library built elsewhere for this source
-and torch (``scripts/native_prebuilt.py``; its ``.json`` beside it says for which), loaded instead of
-building. ``COMERA_NATIVE=0`` turns it off. When it cannot be built the Python path is used, with one warning;
-:func:`status` says whether it is in use and why not.
-
-A library is loaded only when its size and SHA-256 are the ones its ``.json`` recorded when it was built
-(:func:`file_record`): loading a truncated library would kill the process (SIGBUS). A built library that
-fails the check, or does not load, is removed before the build, so that the build makes it anew (ninja
-would take the file for up to date).
-
-Example::
-
-    >>> import comera.native
-    >>> comera.native.status()
-    NativeStatus(in_use=True, reason='built in /tmp/...')
+Results equal :mod:`comera.kernels`'. Built on first use; where it cannot be, the Python path runs with one
+warning and :func:`status` says why. Build, environment and checks: docs/library-reference.md.
 """
 from __future__ import annotations
 

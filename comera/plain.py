@@ -1,11 +1,7 @@
-"""``plain_autograd()``: the library's layers as ordinary autograd ops, for ``torch.func`` transforms.
+""":func:`plain_autograd`: the library's layers as ordinary autograd ops, for ``torch.func`` transforms.
 
-The layers' fast paths are custom autograd Functions (:class:`~comera.tt.TTLinearFunction`, the fused
-feed-forward block, the TTM half-table product, the l2 term of rank adaptation) with hand-written backward
-passes. ``torch.func`` transforms (``grad``, ``vmap``, ``jacrev``, ``jvp``; per-sample gradients as
-``vmap(grad(...))``) refuse such Functions. Within :func:`plain_autograd` the same contractions run as
-ordinary torch ops recorded by autograd: the results are equal, every transform works, and autograd keeps
-what it keeps for those ops (more memory than the hand-written backward passes, no native ops).
+Results are equal; autograd keeps more memory and no native op runs (docs/library.md, "Second derivatives
+and torch.func").
 """
 from __future__ import annotations
 

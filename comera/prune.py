@@ -1,8 +1,7 @@
 """Physical rank pruning of TT / TTM layers, decided by each rank's share of its bond.
 
-A gate's value alone does not say what its rank contributes (the cores around it can carry any part of
-its scale); its share does (:func:`comera.size.rank_shares`). :func:`prune` removes the ranks whose share
-is at or below the threshold.
+:func:`prune` removes the ranks whose share (:func:`comera.size.rank_shares`) is at or below the threshold,
+slicing cores, gates, gradients and optimizer state.
 """
 from __future__ import annotations
 

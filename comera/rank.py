@@ -1,21 +1,7 @@
-"""CoMERA's two-stage rank adaptation (arXiv 2405.14377, Sec. 3): each stage's objective, the stage switch
-and periodic pruning, driven step by step by :class:`TwoStageRankAdaptation`.
+"""CoMERA's two-stage rank adaptation (arXiv 2405.14377, Sec. 3): stage objectives, switch and pruning.
 
-* Early stage, linear scalarization: ``L + gamma S~(D) / S + beta sum_k ||G_k||_F^2``, with ``S~`` the
-  soft size (:func:`comera.size.soft_size`) over the stored size ``S``.
-* Stage switch: when the running task loss has stopped improving (``switch_when="converged"``), not
-  before ``late_start_step``; or at ``late_start_step`` (``"step"``).
-* Late stage, achievement scalarization toward ``(L0, S0)``: the size branch is taken while the size gap
-  ``(S - S0) / (S_switch - S_final)`` exceeds the loss gap ``(L - L0) / tau``, with ``S`` the stored size
-  after the last pruning, ``L`` a fast running loss, ``L0`` the best slow running loss and ``tau`` the
-  tolerated rise: ``loss_tolerance`` of the loss's fall from its first running value to ``L0``, plus twice
-  the fast running loss's noise. The size
-  branch minimizes ``L + w S~ / S_switch``, the loss branch ``L`` alone: the task loss keeps weight 1 in
-  both, so the cores and the rest train at the same scale whichever branch is taken.
-* Pruning every ``prune_every`` steps (:func:`comera.prune.prune`, in the balanced gauge): never below
-  ``S0`` in the late stage, never below ``min_rank`` ranks per bond.
-
-Why each rule is what it is, with the runs: docs/recipe.md.
+Driven step by step by :class:`TwoStageRankAdaptation`. The rules: docs/library-reference.md; why each is
+what it is: docs/recipe.md.
 """
 from __future__ import annotations
 

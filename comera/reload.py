@@ -1,10 +1,7 @@
 """Loading a pruned checkpoint into a freshly built TT / TTM layer: the ranks travel with the state dict.
 
-Pruning shrinks the cores and gates (``comera.rank.prune``), so a state dict saved after training holds
-smaller tensors than a newly tensorized model. Before loading, each layer gives its cores and gates the
-shapes the state dict holds (new, uninitialised Parameters that the load then fills), when their mode
-sizes agree; then ``model.load_state_dict(state)`` works as for any model. Build the optimizer after
-loading: it must see the new Parameters.
+A layer takes the state dict's core and gate shapes before loading; build the optimizer after loading
+(docs/library.md, "Saving and reloading").
 """
 from __future__ import annotations
 

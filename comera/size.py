@@ -1,12 +1,7 @@
 """The size of a model's TT / TTM layers: ranks, exact parameter counts and the size terms of rank adaptation.
 
-Every tensorized module (``TTLinear``, ``TTMEmbedding``) exposes ``cores`` and ``gates``. Bond ``k+1`` sits
-between ``cores[k]`` (last axis) and ``cores[k+1]`` (first axis) and is gated by ``gates[k]``. A core of
-shape ``(r_k, *modes_k, r_{k+1})`` holds ``r_k u_k r_{k+1}`` scalars, ``u_k = prod(modes_k)``. The model
-size is ``S = sum_k u_k r_k r_{k+1} + sum_k r_k`` (cores and gates): :func:`tt_parameter_count` counts
-it as stored, :func:`size_l0` with only the active gates (``g > threshold``) of each bond, and
-:func:`soft_size` with each bond's soft rank, its differentiable surrogate. docs/recipe.md says why the
-surrogate is the soft rank and not the gates' l1 norm.
+:func:`tt_parameter_count` (as stored), :func:`size_l0` (active gates only), :func:`soft_size` (soft
+ranks, differentiable; why: docs/library-reference.md). The size formula: docs/design-notes.md.
 """
 from __future__ import annotations
 

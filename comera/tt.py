@@ -1,9 +1,8 @@
 """TTLinear: a linear layer whose weight is a tensor train with diagonal rank gates.
 
-:class:`TTLinear` is the module; :func:`tt_linear` the functional form over a
-:class:`~comera.contraction.ContractionPlan`; :class:`TTLinearFunction` the autograd Function both use (one
-Function per call: forward and a hand-written backward that follow the plan, executed by the native ops of
-:mod:`comera.native` where they are built, else by :mod:`comera.kernels`).
+:class:`TTLinear` is the module, :func:`tt_linear` the functional form over a
+:class:`~comera.contraction.ContractionPlan`, :class:`TTLinearFunction` their autograd Function (native
+ops of :mod:`comera.native` where built, else :mod:`comera.kernels`).
 """
 from __future__ import annotations
 

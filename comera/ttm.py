@@ -1,27 +1,8 @@
 """TT-matrix (TTM) embedding table with diagonal rank gates and the optimized lookup of CoMERA Sec. 4.1.
 
-The table ``W`` of shape ``(prod(row_shape), prod(col_shape))`` is stored as ``d`` cores; core ``k`` has
-shape ``(r_k, m_k, n_k, r_{k+1})`` with ``r_0 = r_d = 1`` and
-
-    W[(i_1..i_d), (j_1..j_d)] = G_1[:, i_1, j_1, :] D_1 G_2[:, i_2, j_2, :] D_2 ... G_d[:, i_d, j_d, :]
-
-where ``D_k = diag(gates[k-1])`` is the diagonal rank gate on internal bond ``k`` (CoMERA Sec. 3). Row and
-column multi-indices are read in C order (``i_1`` most significant). Only the first ``num_embeddings``
-rows are used.
-
-Lookup modes (Fig. 5 of the paper):
-
-* ``naive``: for every requested index the chain of core slices ``G_k[:, i_k, :, :]`` is contracted.
-* tensor-index level: the first and the second half of the cores are contracted once per call into two
-  half tables; each row is then one ``(N_left x r) @ (r x N_right)`` product of two half-table rows.
-  ``HalfTableRows`` computes these products in chunks of about ``chunk_bytes`` of gathered rows and saves
-  only the two half tables and the row indices; backward gathers each chunk's rows again. No per-row
-  ``N_left x r`` / ``r x N_right`` gathers or their gradients outlive a chunk.
-* row level: only the unique indices are computed; rows are scattered back with the inverse map
-  (autograd accumulates the gradient of repeated indices).
-
-``lookup="optimized"`` switches both levels on, ``lookup="naive"`` both off; ``tensor_index_level`` and
-``unique_rows`` override each level independently.
+:class:`TTMEmbedding`: ``lookup="naive"`` contracts each index's chain of core slices, ``"optimized"``
+computes the unique rows from two half tables in chunks (:class:`HalfTableRows`). The table's formula and
+the lookups: docs/design-notes.md.
 """
 from __future__ import annotations
 
@@ -53,7 +34,7 @@ class TTMEmbedding(ResizeOnLoad, nn.Module):
         col_shape: modes whose product is ``embedding_dim``, as many as ``row_shape`` (default: automatic).
         rank: one int for every internal bond (clipped to the maximal TT rank) or ``[1, r_1, ..., 1]``.
         padding_idx: a row that is always zero and gets no gradient, as in ``nn.Embedding``.
-        lookup: "optimized" (both lookup levels, see the module doc) or "naive" (neither).
+        lookup: "optimized" (both lookup levels, docs/design-notes.md) or "naive" (neither).
         tensor_index_level: overrides the tensor-index level of ``lookup``.
         unique_rows: overrides the row level of ``lookup``.
         init_std: std of the full table's entries at initialization (``nn.Embedding``: 1).

@@ -1,7 +1,7 @@
 """TT-SVD: a dense tensor as a tensor train at given ranks (sequential truncated SVDs, in float64).
 
-Used by ``TTLinear.from_linear`` and ``TTMEmbedding.from_embedding`` to start a TT layer from a trained
-dense weight instead of from scratch; the relative Frobenius error of the result is reported with it.
+``TTLinear.from_linear`` and ``TTMEmbedding.from_embedding`` start from a trained weight with it and report
+the result's relative Frobenius error.
 """
 from __future__ import annotations
 

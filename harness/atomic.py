@@ -1,10 +1,7 @@
-"""Atomic file writes (result tables, the data cache).
+"""Atomic file writes (result tables, checkpoints, the data cache): :func:`atomic_write`.
 
-:func:`atomic_write` writes through a temporary file next to the target, named
-``.<target name>.<host>.<pid>.<random>.tmp``, then renames it onto the target, so no reader ever sees a
-partial file. A writer killed mid-write (SIGKILL: no clean-up runs) leaves its temporary behind; the
-next write of the same target removes the temporaries whose writer is gone (this host, pid not
-running). Temporaries of live writers and of other hosts are left alone.
+A temporary file beside the target is renamed onto it, so no reader sees a partial file; the next write
+removes the temporaries of dead writers on this host (docs/pipeline.md, "Outputs").
 """
 from __future__ import annotations
 

@@ -5,10 +5,9 @@
     comera-bench show [RESULTS...] [--where col=value|col>=x|col~text|col=null ...] [--group-by cols]
                       [--columns cols] [--csv]
     comera-bench merge --kind runs|curves|microbench|bench --out OUT.parquet FILE_OR_DIR...
-    comera-bench noisy RESULTS... [--delete]
-        (the timing cells that were not stable, and how to time them again)
+    comera-bench noisy RESULTS... [--delete]   (the timing cells that were not stable, to time them again)
     comera-bench microbench|bench|compare ...
-        (harness.perf.microbench / harness.perf.bench / harness.reports.compare)
+                      (harness.perf.microbench / harness.perf.bench / harness.reports.compare)
 """
 from __future__ import annotations
 

@@ -1,23 +1,8 @@
-"""Methods and workloads are plug-ins found by file.
+"""Methods and workloads are plug-ins found by file (docs/architecture.md, "Plug-ins").
 
-A **method** is a module ``baselines/<name>.py`` that defines ``METHOD`` (the method class, see
-baselines/base.py) and ``check_params(params)``. A **workload** is a module
-``harness/workloads/<name>.py`` that defines ``build(params, *, batch_size, seed, device)`` returning a
-:class:`harness.workloads.base.Workload`, and ``PRESETS``, ``DEFAULTS``, ``TYPES``, ``validate`` for its
-params (harness/workloads/params.py). The file name is the name a config uses; adding one is that file
-plus a config entry. Modules are found by reading their source (``METHOD =`` / ``def build(`` at the
-start of a line), so listing them imports nothing; a module is imported when a cell uses it.
-
-Outside the repository, folders named in the environment variable ``COMERA_BENCH_PLUGINS`` (separated
-by ``os.pathsep``) add ``methods/<name>.py`` and ``workloads/<name>.py`` files of the same form; every
-process of a pipeline inherits the variable. A plug-in may not take the name of one that exists; a
-folder in the variable that is not a folder raises PluginError naming it.
-
-Plug-ins are code: importing one runs its top-level code, in every Snakemake call that checks a config
-naming it (dry runs included) and in every cell process that uses it (docs/architecture.md).
-
-This module imports only the standard library: the method registry (baselines/__init__.py) imports it,
-and that is the methods' only import from the harness (baselines/__init__.py says why it stays here).
+Listing reads the sources (``METHOD =`` / ``def build(`` at a line's start) and imports nothing; a bad or
+taken name, or a ``COMERA_BENCH_PLUGINS`` entry that is not a folder, raises :class:`PluginError`.
+Standard library only: the method registry imports it.
 """
 from __future__ import annotations
 

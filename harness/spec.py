@@ -1,9 +1,7 @@
 """A cell's spec: its keys, defaults and checks, its name, purpose and two hashes (docs/usage.md).
 
-:func:`make` is the one place a spec is made -- from a config's grid (harness.configs.grid), the command
-line (harness.cli) or a spec file -- and the only place it is normalized: every key checked, the defaults
-filled (the config schema's, workflow/schemas/config.schema.yaml: :data:`SCHEMA_KEYS`, tests/test_spec.py
-keeps them equal), the workload's and method's params resolved by their owners' checks. A :class:`Spec`
+:func:`make` is the one place a spec is made and normalized: keys checked, the config schema's defaults
+filled (:data:`SCHEMA_KEYS`; tests/harness/test_spec.py), params resolved by their owners. A :class:`Spec`
 is frozen; :meth:`Spec.to_dict` is its JSON.
 """
 from __future__ import annotations

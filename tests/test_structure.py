@@ -258,5 +258,6 @@ MAX_LINES = 600
 
 def test_no_module_is_longer_than_the_limit():
     """Every module of the packages stays within MAX_LINES lines: a longer one is split by concept."""
-    long = sorted(f"{m.name} ({n} lines)" for m in MODULES if (n := len(m.path.read_text().splitlines())) > MAX_LINES)
+    long = sorted(f"{m.name} ({n} lines)" for m in MODULES
+                  if (n := len(m.path.read_text().splitlines())) > MAX_LINES)
     assert not long, f"modules over {MAX_LINES} lines: {long}"

@@ -1,8 +1,7 @@
 """The experiment grid of a pipeline config: one spec (docs/usage.md) per cell.
 
-The Snakefile validates the config against workflow/schemas/config.schema.yaml (which fills defaults),
-then calls :func:`check_config` (method and workload parameters checked by their owners) and
-:func:`expand_grid`. Everything here is plain Python so it can be tested without Snakemake.
+After the Snakefile's schema check, :func:`check_config` checks params by their owners and
+:func:`expand_grid` makes the cells; plain Python, testable without Snakemake.
 """
 from __future__ import annotations
 

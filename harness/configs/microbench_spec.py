@@ -1,13 +1,6 @@
 """The micro-benchmark spec (docs/usage.md, ``comera-bench microbench``): its keys, defaults and checks.
 
-A neutral home for :func:`check_spec`, which the grid's config check (harness.configs.grid) runs on every
-``microbench.specs`` entry without importing the benchmark itself (harness.perf.microbench, torch and
-the profiler).
-
-Example::
-
-    >>> check_spec({"linear": {"ranks": [8]}})["linear"]["directions"]
-    ['fwd', 'fwd_bwd']
+:func:`check_spec` lives here so the config check need not import the benchmark (torch, the profiler).
 """
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""YAML numbers in exponent notation read as numbers.
+"""YAML numbers in exponent notation (``1e-3``) read as numbers, as YAML 1.2 and JSON read them.
 
-PyYAML (and so Snakemake's config loader) follows YAML 1.1, whose float needs a dot and a signed exponent:
-``1e-3``, ``3e-4`` or ``1e30`` come back as strings, and a config's ``lr: 1e-3`` would be refused as "not
-a number". YAML 1.2 and every JSON parser read them as floats; so does everything here.
+PyYAML, hence Snakemake's config loader, leaves them strings (docs/architecture.md, "Libraries").
 """
 from __future__ import annotations
 

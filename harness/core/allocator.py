@@ -1,25 +1,8 @@
-"""The CPU allocator policy of a measuring process (glibc malloc, set through ctypes).
+"""The CPU allocator policy of a measuring process (glibc malloc, set through ctypes): :data:`POLICIES`.
 
-Policies (:data:`POLICIES`):
-
-* ``"reuse"``: freed memory stays with the process and serves later allocations.
-  ``mallopt(M_MMAP_MAX, 0)``: no allocation gets its own ``mmap``. By default glibc maps every block
-  above its dynamic threshold (at most 32 MiB) separately and unmaps it on ``free``, so each fresh
-  (4096 x 3072) float32 activation is page-faulted and zeroed by the kernel again, step after step.
-  ``mallopt(M_TRIM_THRESHOLD, INT_MAX)``: the free top of the heap is not handed back after each step.
-  This is what jemalloc / tcmalloc do, as PyTorch's CPU performance guide recommends, without a
-  preloaded library.
-* ``"system"``: the allocator as the process started; nothing is changed (a process that applied
-  "reuse" earlier keeps it, and the description says so).
-
-:func:`policy` applies a policy for a block and then undoes "reuse" (glibc's default values back, free
-heap trimmed), so a long-lived process -- a test session, a notebook -- is not left with it; glibc's
-dynamic mmap threshold stays fixed at its last value after that (mallopt switches it off for good).
-
-:func:`apply` never raises for a platform without glibc (musl, macOS, Windows): it returns
-``"unavailable: <why>"``. The returned description is what results record.
-:func:`release_free_memory` hands free heap pages back to the kernel (``malloc_trim(0)``), e.g. before a
-memory baseline is read, so memory freed earlier (a converted dense model) does not count as in use.
+:func:`apply` returns the description results record (``"unavailable: <why>"`` without glibc; it never
+raises), :func:`policy` applies one for a block and undoes "reuse", :func:`release_free_memory` hands free
+heap pages back. What "reuse" does: docs/performance.md; glibc details: docs/design-notes.md.
 """
 from __future__ import annotations
 

@@ -1,42 +1,8 @@
 """Timing the cells that are compared together in interleaved rounds, each cell in its own process.
 
-A *timing group* is the set of cells whose times a figure, a claim or a comparison divides (the
-pipeline's: same workload and sweep point, batch size and seed; every method, variant and CUDA-graph
-setting). :func:`run_group` starts one process per cell (the command line its caller gives for the cell;
-the pipeline's runs the cell isolated, so that a killed cell still becomes a row) and lets each build its
-model, warm up and run its warm-up steps at the same time; no timed step runs before every cell is ready.
-Then, round by round, it lets exactly one cell run its share of timed steps at a time (the order reversed
-every other round: A B C, C B A, ...), so a change of the machine's load hits every method of the group within
-one round. After the last round the cells finish (final evaluation, rows written) together.
-
-Start turns: building, warming up and the warm-up steps run at most :func:`start_slots` cells at a time
-(the CPUs this process may use divided by the cells' torch threads, at least 1): a cell asks for its turn
-after its imports and holds it until it is ready for the first round. Cells that start together on fewer
-CPUs than their threads slow each other down many times over (on 2 CPUs with 2 threads a cell, four
-cells together took 38 s to their first round where one after another took 16 s; docs/performance.md).
-
-The seconds from the group's start (its first process started) to its first round -- starting every
-process, building, warming up -- are logged ("first round after ...") and sent to every cell, which
-records them in its row (``group_start_s``).
-
-Each cell may send, with its first ``ready``, where its time before the first round went (phase ->
-seconds, harness.running.run.START_PHASES); the log names the phases of the cell that was ready last ("slowest
-to start: ...").
-
-Protocol (one Unix socket, path in the environment variable ``COMERA_BENCH_ROUNDS``): a cell connects
-and sends ``hello <run_id>``; it may send ``start`` and wait for ``go`` (its start turn, held until its
-first ``ready``); before the timed steps of each round r it sends ``ready <r>`` (optionally
-followed by a space and a JSON object of its start phases) and waits for ``go <s>`` (s: the group's seconds to
-its first round); after its last round it sends ``done`` and waits for ``go`` (the release).
-:class:`RoundGate` is the cell's side. A cell that ends (a failure, a kill) closes its connection and drops
-out of the rounds. Cells die with their coordinator: each cell's process gets SIGTERM when the coordinator
-dies (harness.core.stops, Linux), and a cell that finds the connection closed where it expected ``go`` exits
-with :data:`EXIT_GROUP_LOST`; either way it writes no row. Memory stays each process's own; on one GPU the
-group's processes share its memory.
-
-Out of memory beside the group: :func:`run_alone` runs one cell by itself after its group, with
-:data:`ALONE_ENV` set to the reason (harness.running.group does so for a cell whose row says ``oom``); the
-cell then times its steps alone and its row belongs to no timing group.
+:func:`run_group` runs the group (start turns, then one cell's timed steps at a time), :class:`RoundGate`
+is a cell's side, :func:`run_alone` times one cell by itself. How and why: docs/measurement.md,
+"Interleaved rounds"; the socket protocol: docs/design-notes.md.
 """
 from __future__ import annotations
 
@@ -357,7 +323,7 @@ def _threads(spec: dict) -> int:
 
 def run_group(cells: Sequence[Cell], rounds: int, *, command: Callable[[Cell], list[str]], log=None,
               timeout_s: float | None = None, slots: int | None = None) -> int:
-    """Run ``cells`` in interleaved rounds (module docstring); returns the number of cells whose
+    """Run ``cells`` in interleaved rounds (docs/measurement.md); returns the number of cells whose
     process exited with a non-zero status (each cell's ``proc`` keeps its return code). ``command``: a
     cell's command line, built by the caller (the pipeline runs each cell isolated, the performance bench
     its step workers); the process takes its turns through :class:`RoundGate`. ``timeout_s``:

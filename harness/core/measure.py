@@ -1,28 +1,8 @@
-"""Measuring a training run: step time, epoch time, peak memory and FLOPs per step.
+"""Measuring a training run: step time, epoch time, peak memory and FLOPs per step (docs/measurement.md).
 
-* :class:`StepTimer` times whole training steps with a wall clock, synchronizing the CUDA device before
-  and after each step; the first ``warmup_steps`` steps are excluded; summaries are median and IQR.
-* :class:`Stopwatch` measures the wall time of training epochs with evaluation paused.
-* :class:`MemoryMonitor` measures the peak memory of the training region. On CUDA: the peak of
-  ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats`` at the start of the region (an
-  absolute number that includes the model), plus the reserved peak (kind ``cuda_allocated``), and the
-  GPU's memory in use by every process (``torch.cuda.mem_get_info``) where the region pauses or ends and
-  before each wait for another cell of its timing group (:meth:`MemoryMonitor.yield_device`, which then
-  hands the cell's cached blocks back): about the group's footprint. On CPU: the
-  peak resident-set size minus the resident-set size at the start of the region (kind ``cpu_rss_delta``),
-  from the kernel's high-water mark (VmHWM, reset through /proc/self/clear_refs) where the kernel allows
-  it, else from a sampling thread (1 ms); free heap pages are handed back to the kernel
-  (``malloc_trim``) before the baseline is read and before the mark is reset on resuming. Both can be
-  paused around evaluation.
-* :func:`time_rounds` times single calls in rounds (micro-benchmarks, the performance bench): per-round
-  values, as a cell's round means are.
-* :func:`call_peak` measures the allocator peak of one call (micro-benchmarks, the bench's tensor peak).
-* :data:`MEMORY_KINDS` is the one vocabulary of ``peak_mem_kind``: every memory number of the project
-  (cells, micro-benchmarks, the performance bench) is one of these kinds.
-* :func:`count_tokens` and :func:`flops_per_step` give analytic training FLOPs (forward + backward) of the
-  layers that dominate: a module with a ``flops(tokens)`` method (TT / TTM plans) counts itself, an
-  ``nn.Linear`` counts 6 * tokens * in * out; nothing else is counted (attention score products,
-  element-wise work and optimizer updates are left out; the basis is returned with the number).
+:class:`StepTimer`, :class:`Stopwatch`, :class:`MemoryMonitor` (a training region), :func:`time_rounds`
+and :func:`call_peak` (single calls), :data:`MEMORY_KINDS` (the one ``peak_mem_kind`` vocabulary),
+:func:`flops_per_step`. The CPU peak's reset: docs/design-notes.md.
 """
 from __future__ import annotations
 
@@ -287,7 +267,7 @@ class _Sampler(threading.Thread):
 
 
 class MemoryMonitor:
-    """Peak memory of a region (see the module docstring for what is measured on each device).
+    """Peak memory of a region (what is measured on each device: docs/measurement.md, "Memory").
 
     ``cpu_method``: "auto" (kernel high-water mark where allowed, else sampling), "hwm", "sample" or
     "both" (the larger of the two)."""

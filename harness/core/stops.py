@@ -1,25 +1,8 @@
 """Stopping a pipeline promptly, a cell's one stop policy, and no process of a job outliving its parent.
 
-Snakemake handles a stop badly for long jobs: SIGTERM makes it wait for the running jobs to finish
-("Will exit after finishing currently running jobs"), SIGINT cancels its thread pool, which waits
-for them too, and SIGHUP kills it outright, leaving its lock and the jobs behind. :func:`forward_stops`
-(called from the Snakefile's ``onstart``, in the main Snakemake process only) makes SIGTERM, SIGINT and
-SIGHUP reach every process of every job as well, so the jobs stop within seconds -- a cell stopped so writes
-no row -- and Snakemake exits as it does once its jobs have ended (no new job, lock released).
-
-:func:`child_env` and :func:`die_with_parent` tie a child process to its parent: the child, once it has
-called :func:`die_with_parent`, receives SIGTERM when the parent dies (Linux ``PR_SET_PDEATHSIG``; a
-no-op elsewhere), so a SIGKILLed timing-group coordinator or cell supervisor takes its cells with it.
-
-:class:`CellStop` is how a cell's process (``comera-bench run``) reacts to SIGTERM, SIGINT and SIGHUP.
-A daemon thread learns of the signal through Python's wakeup file descriptor, at once, whatever the main
-thread does (a step hung in C code included), and decides: a cell that writes checkpoints and is in its
-training steps finishes the step, writes its checkpoint and ends by the signal (the runner calls
-:meth:`CellStop.end` there); if the step is not over within STOP_GRACE_S, or at a second stop (a signal
-SAME_STOP_S or more after the first), the thread ends the process by the signal without one. Any other
-stop ends the process by the signal at once. The process ends as the signal's default action would end
-it (so a supervisor reads an interrupted cell), from any thread, with no ``signal.signal`` call off the
-main thread.
+:func:`forward_stops` (the Snakefile's ``onstart``) passes a stop on to every job's processes,
+:func:`die_with_parent` ties a child to its parent, :class:`CellStop` is a cell's policy. What a user sees:
+docs/pipeline.md, "Stopping, resuming, unlocking"; why: docs/design-notes.md.
 """
 from __future__ import annotations
 
@@ -147,7 +130,7 @@ class Stopped(BaseException):
 
 
 class CellStop:
-    """The stop policy of one cell's process (module docstring).
+    """The stop policy of one cell's process (docs/pipeline.md, "Stopping, resuming, unlocking").
 
     Args:
         defer: whether a stop in the training steps waits for the end of the step (the cell writes

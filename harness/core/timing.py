@@ -1,30 +1,8 @@
-"""Whether a timing can be trusted, measured while a cell runs: the machine's state while it was timed,
-its per-row stability verdict, and its step times per timing round. Reading the rows back (which rows
-are stable, ratios between cells) is harness.results.analysis's.
+"""Whether a timing can be trusted, measured while a cell runs (harness.results.analysis reads the rows).
 
-Machine state (:class:`MachineState`), accumulated over the segments in which the cell's own training
-steps ran (one segment per timing round; evaluations inside a segment count, waits between rounds do not):
-
-* ``load_avg_1m``: the largest 1-minute load average read at the start or end of a segment.
-* ``cpu_pressure``: the share of the segments' wall time in which some task of the machine waited for a
-  CPU (Linux PSI, ``/proc/pressure/cpu`` "some"); null where the kernel has no PSI.
-* ``run_queue_frac``: the share of its runnable time the cell's own threads spent waiting for a CPU
-  (``/proc/self/task/*/schedstat``: run-queue delay / (delay + time on a CPU)); 0 on an idle machine,
-  about 0.5 when every thread shares its core with one busy thread of another program; null where
-  schedstat is missing.
-* ``cpu_time_ratio``: the process's CPU time during its timed steps over their wall time x its torch
-  threads (1.0: every thread busy all the time). Informative only: a small model leaves threads idle on
-  a quiet machine too, so it enters no verdict.
-
-Stability (:func:`judge` for a cell, :func:`judge_rounds` for anything else timed in rounds, by the same
-thresholds): ``stable`` unless one of the documented thresholds below is crossed; then ``noisy:
-<reasons>``. Verdicts and "same comparison here" ratios use stable rows only.
-
-Rounds: :func:`round_bounds` splits the timed steps into rounds (whole periods of a method's periodic
-work in each round where it has one); each row stores every round's mean step
-time (:func:`round_means`, the statistic ratios use: it counts periodic work) and median step time
-(:func:`round_medians`, for diagnosis). :func:`quartiles` is the one quartile definition (step-time IQR
-here, the IQR of per-round ratios in the analysis).
+:class:`MachineState`, the verdicts :func:`judge` and :func:`judge_rounds`, the rounds
+(:func:`round_bounds`, :func:`round_means`) and :func:`quartiles`. Columns and thresholds:
+docs/measurement.md.
 """
 from __future__ import annotations
 
@@ -139,7 +117,8 @@ def busy_warning(threads: int, command: str = "") -> str:
 
 @dataclass
 class MachineState:
-    """The machine's state over the segments in which a cell's steps ran (see the module docstring)."""
+    """The machine's state over the segments in which a cell's steps ran (docs/measurement.md, "The
+    machine's state")."""
 
     wall_s: float = 0.0
     psi_us: int | None = None

@@ -1,10 +1,8 @@
 """On-disk cache of derived data (tokenizers, tokenized tensors, generated files).
 
-Entries are written atomically (:func:`atomic_write`) and checked when read: one that cannot be read
-(e.g. truncated) is reported with a warning naming the file, deleted and rebuilt (:func:`discard`). An
-entry that cannot be written (a full disk: ``torch.save`` raises RuntimeError there) is reported the same
-way and the run goes on with what it built (:func:`store`). Entries are data: tensors are read with
-``torch.load(weights_only=True)``."""
+Entries are written atomically and read as data; one that cannot be read is deleted and rebuilt
+(:func:`discard`), one that cannot be written leaves the run going (:func:`store`), each with a warning.
+"""
 from __future__ import annotations
 
 import contextlib

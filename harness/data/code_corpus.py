@@ -1,9 +1,7 @@
-"""Source-code corpora for masked-language-model pretraining.
+"""Source-code corpora for masked-language-model pretraining: CodeSearchNet-style JSON lines or the stdlib.
 
-Either CodeSearchNet-style JSON-lines files (one object per line with the code under ``"code"`` or
-``"original_string"``; ``.jsonl`` or ``.jsonl.gz``; a file or a folder searched recursively) or, by
-default, the ``.py`` files of this Python's standard library (``sysconfig`` path ``stdlib``,
-``site-packages`` excluded), which exist on every machine.
+:func:`read_jsonl` reads ``.jsonl`` / ``.jsonl.gz`` files or folders, :func:`read_stdlib` this Python's
+standard-library ``.py`` files (not ``site-packages``), which exist on every machine.
 """
 from __future__ import annotations
 

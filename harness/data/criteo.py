@@ -1,9 +1,8 @@
 """Criteo Kaggle click logs (``train.txt``): a reader and a generator of synthetic files in the same format.
 
-Format: one example per line, 40 tab-separated fields: the click label (0/1), 13 integer features and
-26 categorical features as hexadecimal hashes; any feature may be empty. The reader maps each
-categorical value into its table by ``int(hex, 16) % table_size`` (empty -> 0) and each integer feature
-to ``log(1 + max(x, 0))`` (empty -> 0), as the DLRM reference does.
+:func:`read` maps each of the 26 hexadecimal categories to ``int(hex, 16) % table_size`` and each of the 13
+integers ``x`` to ``log(1 + max(x, 0))`` (empty: 0), as the DLRM reference does; a malformed line raises
+:class:`CriteoFormatError`. :func:`write_synthetic` plants a learnable signal.
 """
 from __future__ import annotations
 

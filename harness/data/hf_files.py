@@ -1,9 +1,7 @@
-"""Local Hugging Face dataset files: arrow or parquet shards whose names contain their split
-(``train-00000-of-00002.parquet``, ``glue-train.arrow``), read with pyarrow.
+"""Local Hugging Face dataset files: arrow or parquet shards named after their split, read with pyarrow.
 
-A numbered shard set (``<name>-<index>-of-<count>``) must be whole: a missing shard is an error naming
-the missing files, not a smaller data set. Text columns must hold text: another type is an error naming
-the file and the column."""
+A shard set missing a shard, or a text column that holds no text, is an error naming the files or column.
+"""
 from __future__ import annotations
 
 import re

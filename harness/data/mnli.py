@@ -1,12 +1,7 @@
-"""GLUE MNLI from local files: the GLUE TSV files (``train.tsv``, ``dev_matched.tsv``; columns
-sentence1, sentence2, gold_label) or a local Hugging Face cache of ``glue/mnli`` (arrow or parquet files
-whose names contain the split, columns premise, hypothesis, label), read with pyarrow.
+"""GLUE MNLI from local files: the GLUE TSV files or a local Hugging Face cache of ``glue/mnli``.
 
-Labels use the Hugging Face coding: 0 entailment, 1 neutral, 2 contradiction. Rows without a gold label
-(``-`` in the TSV, as in GLUE's unlabelled test files; in the Hugging Face files any label but 0, 1 or
-2, e.g. -1) are dropped and counted (``NLISplit.rows_read``, ``NLISplit.dropped``). :func:`load_split`
-warns (stderr) when it drops rows and fails when the split is left without a row, or when it drops more
-than :data:`MAX_DROPPED_FRACTION` (half) of the rows read. Errors name the file, and the line where known.
+Labels use the Hugging Face coding (0 entailment, 1 neutral, 2 contradiction); :func:`load_split` drops
+rows without a gold label and fails past :data:`MAX_DROPPED_FRACTION` (docs/usage.md, data errors).
 """
 from __future__ import annotations
 

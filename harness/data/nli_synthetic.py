@@ -1,38 +1,7 @@
-"""A synthetic natural-language-inference task whose labels need both sentences.
+"""A synthetic natural-language-inference task whose labels need both sentences: :func:`generate`.
 
-Tokens: ids 0-4 are the specials of :mod:`harness.data.text_tokenizer` ([PAD] [UNK] [CLS] [SEP] [MASK]),
-id 5 is the negation word ``not``, ids 6.. are content words. A premise is a run of distinct content words;
-the hypothesis is a few words (plus, maybe, ``not``). Three tasks (``task``):
-
-* ``"topic"`` (default): each content word belongs to one of ``num_topics`` topics (:func:`word_topics`);
-  a premise uses the words of one topic. Neutral (1): the hypothesis's words come from another topic;
-  contradiction (2): they come from the premise's topic and the hypothesis contains ``not``; entailment
-  (0): the premise's topic and no ``not``. Comparing the topics of the two sentences is what attention has
-  to learn; it is learned in a sudden transition whose step varies with the seed.
-* ``"membership"``: neutral when some hypothesis word does not occur in the premise, else contradiction
-  with ``not`` and entailment without. Matching single tokens across the sentences is much harder to
-  learn: small encoders stay at the hypothesis-only ceiling for thousands of steps on a CPU budget.
-* ``"majority"``: ``"topic"`` with noise words: 0 .. (n-1)//2 of a premise's n words come from the other
-  topics, so the premise's topic is that of the strict majority of its words; labels as in ``"topic"``
-  (no label noise). Weighing the topics of all premise words is harder than spotting one.
-
-The topics of the words: with ``topic_seed`` None, word ``w`` belongs to topic ``(w - 6) % num_topics``;
-with an integer, topics are dealt to the words in the order of a permutation seeded by it (every topic
-gets the same number of words, give or take one); give the training and the evaluation split the same
-``topic_seed``. The modular rule is aligned with a TT-matrix embedding: where its last row mode is a
-multiple of ``num_topics`` (the small preset: rows [16, 8, 8], 4 topics), a word's topic is a function of
-its last row index alone, a structure that the tensorized embedding, and no dense table, is built to
-exploit. A seeded permutation has none. docs/recipe.md measures both.
-
-Classes are balanced; half of the neutral hypotheses contain ``not``. The hypothesis alone therefore
-gives at most 2/3 accuracy (``not`` -> contradiction, else entailment), the premise alone 1/3; the rest
-needs both sentences. Labels use the GLUE/Hugging Face MNLI coding: 0 entailment, 1 neutral,
-2 contradiction.
-
-``label_noise``: each label is redrawn uniformly from the three with this probability (from its own random
-stream: the tokens and the labels not redrawn are the noiseless task's), so a model that learned the
-rule is right on about ``1 - 2/3 label_noise`` of them and the hypothesis alone on ``2/3 - label_noise/3``:
-a ceiling below 1 that no amount of training passes.
+The tasks :data:`TASKS`, the words' topics (:func:`word_topics`) and ``label_noise``; classes balanced,
+labels in the MNLI coding. The tasks and their ceilings: docs/design-notes.md; the grid's: docs/recipe.md.
 """
 from __future__ import annotations
 

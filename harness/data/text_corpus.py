@@ -1,12 +1,7 @@
-"""Plain-text corpora for masked-language-model pretraining, in WikiText's raw layout.
+"""Plain-text corpora for masked-language-model pretraining, in WikiText's raw layout: :func:`read_corpus`.
 
-A WikiText raw file (``wiki.train.raw``, ``wiki.valid.raw``) is lines of text with article titles as
-`` = Title = `` lines, section headings as `` = = Section = = `` lines and blank lines between them. An
-article (a title line up to the next one) is one document; a text without title lines is split into
-paragraphs at blank lines instead. ``data_path`` is such a file; or a folder holding ``wiki.train.raw``
-(WikiText's own layout), whose ``wiki.valid.raw``, when there, is the eval split; or a folder of one
-Hugging Face ``wikitext`` configuration's shards (e.g. ``wikitext-103-raw-v1``: arrow or parquet files
-named after their split, train and validation, one line per row in column ``text``).
+A file, a folder holding ``wiki.train.raw`` or a folder of Hugging Face ``wikitext`` shards; an article is
+one document (docs/workloads.md, the MLM workload's data).
 """
 from __future__ import annotations
 

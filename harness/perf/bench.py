@@ -1,11 +1,10 @@
-"""``comera-bench bench``: the performance targets of the project (harness.perf), measured in one run and
-judged against the goals of harness/perf/goals.yaml; the table goes to stdout, a Parquet file (one row per
-table row, with the provenance columns of the pipeline's rows), a Markdown file and a figure (PNG, PDF;
-harness.perf.figure) next to it.
+"""``comera-bench bench``: the performance targets (harness.perf) measured in one run and judged.
 
     comera-bench bench [--quick] [--targets 1,2,3,4,5] [--device cpu|cuda|auto] [--threads N]
                        [--allocator reuse|system] [--step-rounds R] [--goals GOALS.yaml]
                        [--out results/<device>/bench.parquet]
+
+The table goes to stdout, the Parquet file, a Markdown file and a figure beside it (docs/performance.md).
 """
 from __future__ import annotations
 

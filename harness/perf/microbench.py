@@ -1,32 +1,8 @@
 """Micro-benchmarks of single layers: TTLinear vs nn.Linear, TTMEmbedding lookups vs nn.Embedding (Fig 5).
 
-``comera-bench microbench --spec S.json|S.yaml --out M.parquet`` (or ``--preset tiny|paper``) writes one
-``microbench`` row (docs/schema.md) per case. A case is one op, variant, shape, token count, rank and
-direction:
-
-* ``fwd``: the forward pass under ``torch.no_grad()`` (inference);
-* ``fwd_bwd``: the training forward plus the backward into every parameter (and into the input of a
-  linear layer, as for an inner layer of a network) for a fixed random output gradient; gradients are
-  reset to None before each call, as ``zero_grad(set_to_none=True)`` does.
-
-Time: the one timing model of single calls (harness.core.measure.time_rounds): ``rounds`` rounds (the
-spec's, default 5), each the median ms per call of ``torch.utils.benchmark`` blocks of at least
-``min_run_time_s``; ``time_ms`` and ``time_ms_iqr`` are the median and IQR over the rounds
-(``round_time_ms``: each round's value), ``timing_quality`` the verdict of harness.core.timing.judge_rounds
-(fewer than 2 rounds, a spread above 25% of the median, or a busy machine while the case was timed:
-noisy), as a cell's timing is judged. The bytes of the module's parameters and of the op's output are
-recorded (``param_bytes``, ``output_bytes``), so nothing reading a row builds the module again.
-Memory (``peak_mem_bytes``): bytes allocated by the op above what was allocated before the call (inputs,
-parameters and the output gradient are not counted), ``harness.core.measure.call_peak``: kind
-``cuda_allocated`` on CUDA, ``cpu_allocated`` on CPU (the one vocabulary, ``measure.MEMORY_KINDS``). The
-kind is stored in the file metadata (``peak_mem_kind``) since it follows from the device.
-The row model is the cells' where it applies: per-round values with one verdict (``time_ms``: one call,
-not a training step, hence not ``step_time_ms``), ``peak_mem_bytes`` with its kind, the provenance
-columns of a ``runs`` row.
-Allocator: the spec's ``allocator`` ("reuse", default, or "system"; ``--allocator`` overrides it) is
-applied to the process while measuring (see harness.core.allocator) and recorded in the file metadata.
-FLOPs: the matmul-class FLOPs actually executed, counted by ``torch.utils.flop_counter.FlopCounterMode``
-(2 per multiply-add; gathers and elementwise ops count 0).
+``comera-bench microbench --spec S.json|S.yaml --out M.parquet`` (or ``--preset tiny|paper``): one
+``microbench`` row (docs/schema.md) per case, timed in rounds (docs/measurement.md, "One timing model").
+What each direction and number covers: docs/design-notes.md.
 """
 from __future__ import annotations
 

@@ -1,29 +1,7 @@
 """A bench-only TT linear layer that costs what the official CoMERA layer costs (target 1's side-by-side row).
 
-The official code (github.com/ziyangjoy/CoMERA, ``tensor_layers_CoMERA``) computes a tensorized linear layer
-as ``TT_forward.apply(input, *factors) + self.bias`` (``layers.py``, ``TensorizedLinear_module.forward``)
-with the factors gated by ``TensorTrain.get_factors(prune_mask=True)`` (``low_rank_tensors.py``: every core
-but the last multiplied by its rank mask, ``U * D[None, None, :]``, as separate autograd ops).
-:class:`OfficialTTLinear` mirrors that layer and :class:`_OfficialTTFunction` mirrors ``TT_forward``
-(``utils.py``): the same contractions, in the same order, on the same operand layouts, so its time is the
-official algorithm's time under this process's allocator and threads. It is reimplemented here for timing
-(no code is copied) and is not part of the ``comera`` package. Like the official function it handles three
-input and three output modes only.
-
-The official algorithm, with the input cores ``G0 G1 G2`` and the output cores ``G3 G4 G5``:
-
-forward (under ``no_grad``)
-    ``A = (G0 . G1) . G2`` by ``tensordot`` (the chain ``L0, L1, L2`` is kept), ``z = F.linear(x, A^T)``
-    with ``A^T`` a transposed view; ``B = (G3 . G4) . G5`` (chain ``R0, R1, R2``), ``y = F.linear(z, B^T)``.
-    Saved: ``x``, the six cores, ``z``, ``L0..L2`` and ``R0..R2``.
-backward
-    ``dz = dy . R2`` over the three output modes, ``dx = dz . L2^T``; output side: ``T = z^T dy``, then
-    ``dG5 = R1 . T``, ``T <- T . G5``, ``dG4 = R0 . T``, ``dG3 = T . G4``; input side: ``U = (dz^T x)``
-    reshaped to the input modes with the rank axis moved last (a strided view), ``dG2 = L1 . U``,
-    ``U <- U . G2``, ``dG1 = L0 . U``, ``dG0 = U . G1``. Every gradient is computed whether asked for or not.
-
-Where the official code squeezes (``torch.squeeze`` of the merged output chain and of a core, which would
-also drop a mode or rank of size 1), this code reshapes to the intended shape: the same view, no extra work.
+:class:`OfficialTTLinear` reimplements (no code copied) the official layer and its ``TT_forward`` for three
+input and three output modes; not part of ``comera``. The official algorithm: docs/design-notes.md.
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Targets 2 and 4: full training steps of the six-encoder transformer, one process per configuration
-(harness.perf.worker: an ordinary cell of one timing group), timed in interleaved rounds
-(harness.core.interleave); each ratio is the analysis layer's (harness.results.analysis.ratio on the cells'
-runs rows: for time, the median over the rounds of the ratio of the rounds' mean step times, as the claims
-and figures give it for the same pair), each time row carries the cells' stability verdicts."""
+"""Targets 2 and 4: full training steps of the six-encoder transformer, one process per configuration.
+
+Each configuration is an ordinary cell (harness.perf.worker) of one timing group; each ratio is
+harness.results.analysis.ratio on the cells' rows (docs/performance.md).
+"""
 from __future__ import annotations
 
 import json

@@ -1,7 +1,8 @@
-"""A step-worker process of targets 2 and 4: one configuration run as an ordinary cell
-(harness.running.run.run_cell: its warm-up, step, timer, rounds and memory monitor; the runs row's columns
-come back), then, after its last step, the profile of its tensorized layers and, for target 4, the same
-after halving every rank."""
+"""A step-worker process of targets 2 and 4: one configuration run as an ordinary cell, then profiled.
+
+After harness.running.run.run_cell, it times the tensorized layers and, for target 4, the same after
+halving every rank.
+"""
 from __future__ import annotations
 
 import copy

@@ -1,21 +1,7 @@
 """The same grid on several devices side by side: `comera-bench compare DIR... [--out DIR] [--names A,B]`.
 
-Each DIR is a results/<device> folder (this machine's, or one copied from another machine). A cell is
-matched across devices by its cell hash (harness.spec.Spec.cell_hash: workload and method with their
-resolved params -- model size, sequence length, any sweep point, every method parameter --, variant,
-batch size, target, seed, purpose and budget) and its row's variant (which names its CUDA graph, compile
-and matmul precision), so two sweep points, two model sizes or two method settings are never pooled. A
-matched pair is flagged when its devices ran with different torch threads, torch versions, memory kinds,
-timing rounds or allocator policies. Every ratio is
-harness.results.analysis.ratio, the one the claims and figures show: a memory ratio between two memory
-kinds (``cpu_rss_delta`` vs ``cuda_allocated``) is refused (left empty, said why), and a time ratio needs
-a stable timing on both sides. Writes compare.md / compare.csv (one row per cell: each device's epoch
-time and peak memory, the ratio of every device to the first -- cells on two devices are never timed
-together: the ratio of their mean-based epoch times, its spread from each side's round-mean quartiles
-(harness.results.analysis.apart_ratio) --, flags), compare_ratios.csv (within each device, CoMERA's
-speedup and memory saving over the other methods: per-round ratios where the cells were timed together,
-with their IQR, the median over seeds; beside the paper's RTX 3090 and RTX 4090 ratios as two more
-"devices") and compare_time_memory.png/.pdf.
+Cells match by cell hash and variant; every ratio is harness.results.analysis.ratio. Writes compare.md,
+compare.csv, compare_ratios.csv and compare_time_memory.png/.pdf (docs/measurement.md, "What is refused").
 """
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""HTML pages of the Markdown outputs (tables, claims.md, compare.md), so that Snakemake's report shows
-them as tables instead of offering a text download.
+"""HTML pages of the Markdown outputs (tables, claims.md, compare.md), for Snakemake's report.
 
-``write_html(md_path)`` writes ``<name>.html`` next to ``<name>.md``: CommonMark with GitHub-style tables
-(markdown-it-py), in a page with a small style sheet. ``markdown_table(df)`` is the Markdown of a table
-whose text cells come from the data: they are text (:func:`cell_text`), in the Markdown and in its page.
-Every other string from the data that a Markdown output holds -- a table's note and settings line,
-claims.md's findings, compare.md's device names and warnings -- goes through :func:`cell_text` too: no
-value in a row becomes a live link, an image or HTML in a report.
+:func:`write_html` writes ``<name>.html`` beside ``<name>.md``; every string from the data passes through
+:func:`cell_text`, so no value in a row becomes a live link, an image or HTML in a report.
 """
 from __future__ import annotations
 

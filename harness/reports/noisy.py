@@ -1,12 +1,7 @@
 """The timing cells whose timing is not stable, and how to time them again.
 
-``comera-bench noisy RESULTS... [--delete]``: RESULTS are per-cell folders (results/runs/<device>, or a
-folder above them) or merged runs tables. Lists every ok timing cell whose ``timing_quality`` is not
-"stable", with its reason. ``--delete`` removes their per-cell files (runs, curves) found under the
-folders given (:func:`delete_cells`: never outside them; a merged table is not changed), so that the next
-``snakemake ... figures`` times them again -- each with its whole timing group, since ratios come only
-from cells timed together -- and says what it removed and what it left. The pipeline prints this list at
-its end (workflow/rules/common.smk).
+``comera-bench noisy RESULTS... [--delete]`` lists them with their reasons; ``--delete`` removes their
+per-cell files under the folders given and nowhere else (:func:`delete_cells`; docs/measurement.md).
 """
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""Tables of one device's results (Markdown + HTML + CSV): the run overview, Table 1 (ranks), Table 2
-(DLRM), the MNLI size table and a summary of every run, rendered from harness.results.analysis (the
-results model, the purpose and stability predicates).
+"""Tables of one device's results (Markdown + HTML + CSV), rendered from harness.results.analysis.
 
-``python -m harness.reports.tables --results results/<device> --device-label <device> --out figures/``
+``python -m harness.reports.tables --results results/<device> --device-label <device> --out figures/``:
+the overview, Table 1 (ranks), Table 2 (DLRM), the MNLI size table, every run (docs/pipeline.md).
 """
 from __future__ import annotations
 

@@ -1,24 +1,8 @@
 """Result tables (docs/schema.md): column lists and types, provenance, atomic Parquet I/O, merging.
 
-Four kinds of table: ``runs`` (one row per grid cell), ``curves`` (per-step values of a run),
-``microbench`` (one row per micro-benchmark case) and ``bench`` (one row per performance-target row of
-``comera-bench bench``). Every file is written atomically (a temporary file in
-the same folder, then ``os.replace``), so a killed writer never leaves a partial result behind. The
-provenance of the writing process is stored as columns (runs, microbench, bench) and in the file's key-value
-metadata under the key ``comera_bench``.
-
-The runs table also carries (see docs/schema.md for every column) ``flops_per_step`` (analytic FLOPs of one
-training step, forward + backward, see harness.core.measure.flops_per_step), ``settings`` (JSON: method
-settings, workload params, budget, execution), ``extra`` (JSON: every evaluation metric, FLOP basis,
-epoch-time details, traceback tail of a failure) and ``purpose`` ("timing": a short run for time and
-memory; "quality": trained long enough to compare accuracy and rank adaptation; null in files written
-before the column existed), and the timing-trust columns of harness.core.timing: ``timing_quality``
-("stable" | "noisy: <reasons>"), ``load_avg_1m``, ``cpu_pressure``, ``run_queue_frac`` and
-``cpu_time_ratio`` (the machine's state while the steps ran), ``timing_group`` (the interleaved group
-the cell was timed in, null when it was timed alone), ``round_step_ms`` and ``round_step_mean_ms`` (JSON
-lists: the median and the mean step time of each timing round; time ratios use the means, see
-harness.results.analysis) and ``group_start_s`` (the seconds its timing group took from its start to
-its first round).
+Kinds :data:`KINDS` (runs, curves, microbench, bench); files are written atomically
+(:func:`write_parquet_atomic`), the writer's provenance in the metadata (:data:`METADATA_KEY`) and, but
+for curves, in columns; :func:`merge` refuses files of another cell or table (docs/usage.md).
 """
 from __future__ import annotations
 
@@ -76,7 +60,7 @@ RUNS_TYPES: dict[str, pa.DataType] = {
     "params_total": pa.int64(), "params_factorized_layers": pa.int64(), "compression_total": pa.float64(),
     "compression_layers": pa.float64(), "ranks": pa.string(),
     **PROVENANCE_TYPES,
-    # beyond the paper-facing columns (see module docstring)
+    # beyond the paper-facing columns (docs/schema.md)
     "flops_per_step": pa.float64(), "settings": pa.string(), "extra": pa.string(), "purpose": pa.string(),
     # timing trust (harness.core.timing): the machine's state while the steps ran, the verdict, the rounds
     "timing_quality": pa.string(), "load_avg_1m": pa.float64(), "cpu_pressure": pa.float64(),

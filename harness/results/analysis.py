@@ -1,31 +1,8 @@
 """The analysis layer: what the runs table means, every statistic the reports show, defined once.
 
-The report modules (harness.reports: tables, figures, claims, compare, noisy) only render what this
-module computes. harness.core.timing measures the machine's state and writes each row's verdict
-(``timing_quality``) when the cell runs; this module reads the rows.
-
-* The :class:`Results` model of one device's results folder (:func:`load`) and the row predicates: a
-  row's purpose (:func:`purpose_of`, :func:`is_timing`), its stability (:func:`is_stable`, :func:`stable`;
-  :func:`verdict_of` for the rows a number divides, :func:`rounds_verdict` for per-round times without a
-  cell's verdict).
-* The one time statistic, :func:`ratio` (a :class:`Ratio` with its spread; :func:`rounds_ratio` for two
-  per-round time lists, which the performance bench uses too; :func:`apart_ratio` for cells timed apart),
-  and the pairing of two method configurations' rows over seeds (:func:`pair_ratio`: the median over
-  seeds, the only place seeds are aggregated).
-* Which rows may be compared: the same GPU model (:func:`on_gpu`), timed together (:func:`timed_together`),
-  the same memory kind (:func:`same_memory_kind`).
-* Whether a trained run had settled: :func:`still_learning` (its validation accuracy over its last steps).
-
-The time statistic (docs/measurement.md, "Ratios"): the time of a cell is its MEAN step time, so that
-periodic work (pruning every k steps, GaLore's projection update) is counted. Two cells timed together
-in interleaved rounds (same ``timing_group``, host and device) are compared round by round: in each
-round the ratio of the two cells' mean step times (``round_step_mean_ms``: the round's total time over
-its counted steps), then the median over the rounds, with their inter-quartile range as the spread.
-Otherwise -- cells timed apart (two devices, two runs) -- the ratio of their ``epoch_time_s`` (mean step
-time x steps per epoch, or whole epochs measured: both include the periodic work). Cells timed apart
-share no round, so no per-round ratio exists; their spread is that of each side's round means
-(:func:`apart_ratio`: each side's quartiles over its median, combined the widest way), and none where a
-side has fewer than two round means. :attr:`Ratio.basis` says which.
+:func:`load` gives the :class:`Results` model of a results folder; the row predicates, the one time
+statistic :func:`ratio` (a :class:`Ratio`) and which rows compare are here, and the reports only render
+them (docs/architecture.md, "One analysis layer"; docs/measurement.md, "Ratios").
 """
 from __future__ import annotations
 
@@ -41,7 +18,7 @@ from harness.core.timing import STABLE, finite, judge_rounds, quartiles
 from harness.results import ResultsError, empty_frame, read_parquet
 
 TIME = "epoch_time_s"
-"""The time column a ratio is asked for: a cell's time per epoch (see the module docstring)."""
+"""The time column a ratio is asked for: a cell's time per epoch (docs/measurement.md, "Ratios")."""
 CALL_TIME = "time_ms"
 """A micro-benchmark case's time per call (its median over rounds)."""
 ROUND_VALUES = {TIME: "round_step_mean_ms", CALL_TIME: "round_time_ms"}
@@ -224,7 +201,7 @@ def same_memory_kind(num: Mapping[str, Any], den: Mapping[str, Any]) -> bool:
 
 @dataclass(frozen=True)
 class Ratio:
-    """A ratio of two cells' quantities with its spread (see the module docstring).
+    """A ratio of two cells' quantities with its spread (docs/measurement.md, "Ratios").
 
     Attributes:
         value: the ratio (median over rounds where interleaved).
@@ -298,7 +275,7 @@ def ratio(num: Mapping[str, Any], den: Mapping[str, Any], column: str = TIME, *,
     Args:
         num: the numerator's row (a mapping or a pandas row).
         den: the denominator's row.
-        column: :data:`TIME` (the time statistic of the module docstring: per-round mean step time
+        column: :data:`TIME` (the time statistic of docs/measurement.md: per-round mean step time
             ratios of cells timed together, else the ratio of their mean-based epoch times; both rows
             must be stable, :func:`is_stable`), :data:`CALL_TIME` (two micro-benchmark cases, timed apart:
             the ratio of their medians with the spread of each side's rounds; both stable),

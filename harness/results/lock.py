@@ -1,16 +1,8 @@
-"""The results-folder lock of a pipeline run.
+"""The results-folder lock of a pipeline run: one pipeline at a time per results folder.
 
-Two pipelines writing one results folder (two checkouts sharing ``results_dir``) would run the same
-cells twice and overwrite each other's files. :func:`acquire` takes ``<folder>/.pipeline.lock``: an
-``flock`` held by this process for as long as it runs, and the holder's host, pid, start time and
-working directory written into the file for the message a second pipeline gets. The kernel drops the
-flock when the holder exits or is killed, so a lock left by a dead pipeline (a stale lock) is simply
-taken over. The file itself is never deleted (deleting a locked file would let two processes lock two
-different files of the same name); :func:`release` empties it and unlocks.
-
-The Snakefile takes the lock in ``onstart`` and releases it in ``onsuccess`` / ``onerror``: only the
-main Snakemake process runs these hooks, only when it has jobs to run (not for dry runs ``-n``, nor in
-the per-job Snakemake processes, which run with ``--no-hooks``), so no job ever waits for the lock.
+:func:`acquire` takes an ``flock`` on ``<folder>/.pipeline.lock`` naming its holder (else
+:class:`LockError`), :func:`release` empties and unlocks it; a dead holder's lock is taken over
+(docs/pipeline.md, "Results lock"; why so: docs/design-notes.md).
 """
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
 """A cell's state and the ``runs`` row it becomes.
 
-:class:`CellState` holds everything a run of one cell has found so far, by phase (:class:`StartUp`,
-:class:`TimedRounds`, then the training's own fields); :func:`build_row` turns it, partial or complete,
-into the row (every ``harness.results.RUNS_COLUMNS`` key). harness.running.run fills
-the state while it trains; harness.running.supervise builds the row of a cell whose process died from a
-state that holds only the spec, so both rows agree on identity, settings and provenance.
-
-Example::
-
-    st = CellState(spec.load("cell.spec.json"))
-    row = build_row(st, "error", "killed by signal 9 (SIGKILL)")
+:class:`CellState` holds what a run of one cell has found so far; :func:`build_row` turns it, partial or
+complete, into the row, for the runner and the supervisor alike.
 """
 from __future__ import annotations
 

@@ -1,27 +1,8 @@
 """A long cell's checkpoint, so that a cell stopped in mid-training resumes instead of starting over.
 
-A stopped cell gets no row and runs again (harness.running.supervise): without a checkpoint it runs again
-from its first step, which costs hours for the paper's quality cells. ``comera-bench run`` (hence the
-pipeline) writes the checkpoint of a cell that is not in a timing group every :func:`every_s` seconds of
-training (environment variable ``COMERA_BENCH_CHECKPOINT_S``; 0: never) to :func:`path_for` its runs
-file (``<run_id>.checkpoint.pt``, beside it), atomically, between two training steps, and once more when
-a stop signal reaches it in its training steps (the stop policy is harness.core.stops.CellStop's). What
-it holds: the method's state (:meth:`baselines.base.Prepared.state_dict`), the random number generators,
-where the cell is in its data, and what harness.running.run has recorded so far (see there).
-
-A checkpoint is data, never code: it holds tensors and plain Python values only and is read with
-``torch.load(weights_only=True)``, which refuses anything else (a crafted file runs nothing). The next run
-of the cell starts from it when it has the expected layout, the same spec and the same code
-(:func:`load`; the code is a hash of the package's sources, uncommitted changes included); anything
-else starts over, and the log says why. Once the cell has a row (any status), its checkpoint is
-removed; a row written by the supervisor for a cell whose process died (the OOM killer) leaves it, and
-says so. A checkpoint that cannot be written (a full disk: ``torch.save`` raises RuntimeError there)
-leaves the last one in place and the training goes on.
-
-Example::
-
-    path = checkpoint.path_for("results/cpu/runs/cell.runs.parquet")  # .../cell.checkpoint.pt
-    saved, why_not = checkpoint.load(path, spec)                       # (None, "") when there is none
+:func:`write` and :func:`write_at_stop` save it beside the runs file (:func:`path_for`), atomically;
+:func:`load` returns it only for the same layout, spec and code, read as data, else ``(None, why)``.
+When and why: docs/pipeline.md, "Stopping, resuming, unlocking"; docs/design-notes.md.
 """
 from __future__ import annotations
 

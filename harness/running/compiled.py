@@ -1,15 +1,7 @@
 """What ``torch.compile`` did with a compiled cell's model: its graphs, graph breaks and eager fallbacks.
 
-Dynamo counts its work in one process-global table (``torch._dynamo.utils.counters``). A cell takes a
-:func:`snapshot` when it makes its compile wrapper and :func:`report` gives what was counted since, so
-the cells of one process each get their own numbers.
-
-Example::
-
-    before = snapshot()
-    model = torch.compile(model)
-    ...  # train
-    report(before)  # {"frames": 2, "frames_ok": 2, "graphs": 2, "graph_breaks": 1, ...}
+A cell takes a :func:`snapshot` when it makes its compile wrapper; :func:`report` gives what was counted
+since (``extra.compile``).
 """
 from __future__ import annotations
 

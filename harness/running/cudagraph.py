@@ -1,18 +1,8 @@
-"""Whole-training-step CUDA graph capture (execution.cuda_graph).
+"""Whole-training-step CUDA graph capture (``execution.cuda_graph``): :class:`GraphedStep`.
 
-One call of :class:`GraphedStep` is exactly one real training step. The first ``warmup`` calls run
-eagerly on a side stream (as CUDA graph capture requires); the next call captures forward, loss,
-backward and every optimizer step into a graph reading from static input buffers, and replays it; later
-calls copy the batch into the static buffers and replay. A batch whose shapes differ from the captured
-ones runs eagerly. :meth:`GraphedStep.invalidate` forces a re-capture -- the runner calls it when a
-method's ``after_step`` reallocated parameters or optimizer state (pruning: see :func:`state_signature`)
-or changed its stage, because a graph replays the memory addresses and the Python control flow it saw at
-capture time (``total_loss`` is captured with the step number of the capture).
-
-Optimizers must support ``capturable=True`` (torch's Adam, AdamW, ...); it is switched on before the
-first step. Layer-wise optimizers stepping inside backward hooks (Prepared.optimizers empty while
-parameters train) and optimizers without ``capturable`` (e.g. GaLore's) are refused with
-:class:`CudaGraphUnsupported`.
+One call is one training step: eager warm-up calls, then capture and replay; other batch shapes run eagerly,
+:meth:`GraphedStep.invalidate` forces a re-capture; optimizers that cannot be captured raise
+:class:`CudaGraphUnsupported`. Why: docs/design-notes.md.
 """
 from __future__ import annotations
 

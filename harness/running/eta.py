@@ -1,9 +1,8 @@
-"""The pipeline's progress after each finished job: cells done of the grid's, and a rough time left at
-this run's own rate (its wall time so far / the cells it finished). The pipeline's first Snakemake
-process records its start time and the grid's size in the environment (STARTED_ENV, CELLS_ENV); every
-job inherits them, and ``comera-bench run --isolate`` prints the line when its cell is done. A bad value
-of either (set by hand) is refused when the pipeline starts (:func:`pipeline_env`, workflow/rules/common.smk)
-and never fails a job whose row is written: the line then names the variable instead."""
+"""The pipeline's progress after each finished job: cells done of the grid's, and a rough time left.
+
+:func:`pipeline_line` reads :data:`STARTED_ENV` and :data:`CELLS_ENV` and, given bad values, names the
+variable instead of failing a job (docs/pipeline.md, "Outputs").
+"""
 from __future__ import annotations
 
 import math

@@ -1,10 +1,7 @@
 """A file-lock GPU allocator for local pipeline runs: two jobs never share a GPU.
 
-``python -m harness.running.gpus [--count N] [--lock-dir DIR] -- CMD ...`` runs CMD with CUDA_VISIBLE_DEVICES
-set to the first GPU whose lock file it can take (waiting while all are taken). The lock is an ``flock`` on
-``DIR/gpu<i>.lock`` held by CMD's own process (the command is exec'd with the locked descriptor
-inherited), so it is released when CMD exits or is killed, never left stale. When CUDA_VISIBLE_DEVICES
-is already set (SLURM gives each job its GPU), CMD runs unchanged.
+``python -m harness.running.gpus [--count N] [--lock-dir DIR] -- CMD ...`` runs CMD on the first GPU
+whose ``flock`` it takes, held by CMD's own process; with CUDA_VISIBLE_DEVICES set, CMD runs unchanged.
 """
 from __future__ import annotations
 

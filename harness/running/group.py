@@ -1,16 +1,7 @@
-"""One timing group of the pipeline: ``python -m harness.running.group --rounds R --cell SPEC RUNS_OUT
-CURVES_OUT LOG ...`` (the ``time_<group>`` rule, workflow/rules/train.smk).
+"""One timing group of the pipeline (the ``time_<group>`` rule): ``python -m harness.running.group``.
 
-Each cell runs as ``comera-bench run --isolate`` (:func:`isolated_command`: a cell killed by a signal
-still becomes a row, harness.running.supervise) and the cells take turns in interleaved rounds
-(harness.core.interleave.run_group, which runs whatever command it is given). A stop signal ends every
-cell's process (harness.core.interleave.stop_on_signals); the group dies with the pipeline that started
-it. Exit status 1 when a cell's supervisor failed to write even its failure row, else 0.
-
-The cells of a group share the machine's memory, and on one GPU its memory: a group that fits a large GPU
-may not fit a 24 GB one. A cell whose row says ``oom`` is run again by itself after the group
-(:func:`retry_alone`), its first log kept as ``<log>.in-group``; its new row belongs to no timing group
-(its ratios are of cells timed apart) and says why in ``extra.timed_alone``.
+Cells run isolated (:func:`isolated_command`) in interleaved rounds; an ``oom`` cell runs again alone
+(:func:`retry_alone`; docs/measurement.md). Exit status 1 when a failure row could not be written.
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
-"""A cell's training progress on stderr: a tqdm bar on a terminal, else one line ``<cell>: step N of M,
-elapsed ..., ETA ...`` every LOG_EVERY_S seconds of wall time (and after the last step), so that a
-pipeline cell's log (stderr redirected to ``logs/<cell>.log``) shows how far a long cell is. A step
-or an evaluation longer than that does not silence it: a background thread writes the line when
-none was written for LOG_EVERY_S seconds; such a line says how long no step has finished instead of an
-ETA (a cell waiting for its timing group's first round would otherwise show an ETA that only grows).
-The ETA extrapolates the rate since the first step finished, so start-up and warm-up do not inflate it."""
+"""A cell's training progress on stderr: a tqdm bar on a terminal, else a line every LOG_EVERY_S seconds.
+
+A background thread writes the line too, so a long step leaves no silent log (docs/usage.md); why:
+docs/design-notes.md.
+"""
 from __future__ import annotations
 
 import sys

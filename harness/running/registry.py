@@ -1,5 +1,6 @@
 """Where a cell's workload and method come from: the registries (harness.workloads, baselines; tests inject
-toys), and the spec of a cell made with their params checks."""
+toys), and the spec of a cell made with their params checks.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass

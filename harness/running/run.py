@@ -1,65 +1,9 @@
 """Running one grid cell: a spec (harness.spec, docs/usage.md) in, one ``runs`` row and its ``curves`` out.
 
-The module is the training loop: its step, evaluation, time limit and rounds read and write one cell
-state (harness.running.cell.CellState), which harness.running.cell also turns into the row. The watchdog
-thread (watchdog.py), warm-up, allocator, CUDA graph, measuring core, checkpoint, stop policy
-(harness.core.stops) and supervisor live in their own modules. Why one module of ~630 lines: the loop's
-parts (rounds, evaluations, checkpoints, stop points, limits) act in one order on one state, which is
-easiest to check read in one place.
-
-:func:`run_cell` never raises for a failure of the run itself: the row's ``status`` says what happened
-(ok | oom | diverged | error | timeout) and ``error`` holds the message. A method that cannot run here
-(``Prepared.skipped``) is recorded as status "error" with error "skipped: <reason>".
-
-Divergence: the status is "diverged" when a step's task loss or objective is not finite, when any
-numeric value an evaluation returns is not finite (the metric, its loss, DLRM's nce, ...), or when a
-parameter is not finite after the last step; training stops there, the error names the value and the
-step, and the row and curves keep what was measured up to it (that evaluation included).
-
-Time limit: ``budget.time_limit_s`` bounds the wall time from the start of the first training step to
-the end of the final evaluation -- the training steps (their batches included) and every evaluation
-from the first step on. The warm-up, building the workload and its data, preparing the method, the
-FLOP count and the evaluation before the first step are not counted. It is checked after every step
-and after the final evaluation: past it, the status is "timeout" and the row keeps what was measured
-so far. A step or evaluation that hangs is stopped by a watchdog thread (armed by
-:func:`run_to_files`, hence ``comera-bench run``): when it is still running WATCHDOG_GRACE_S after the
-limit, the watchdog writes the partial row (status "timeout", the error naming the step or evaluation)
-and the curves, then ends the process with ``os._exit`` -- the only way to stop a call that is blocked,
-in C code too. Only code that holds the GIL throughout escapes it.
-
-Stall limit: with or without a time limit, the same watchdog ends a cell whose warm-up, training step
-(its batch included) or evaluation has not finished after the stall limit (STALL_LIMIT_S, an hour;
-the environment variable COMERA_BENCH_STALL_LIMIT_S sets another, 0 none), the same way: status
-"timeout", the error "stalled: <activity> ...". Building the workload and its data (a first parse of a
-large data file may take hours) and preparing the method are not watched; waiting for a timing round
-counts for neither limit.
-
-The training loop is the one documented in baselines/base.py. Per step it times (warm-up excluded,
-device synchronized) forward, loss, backward, the optimizer steps and ``after_step``; evaluation runs
-with the step clock, the epoch clock and the memory monitor paused; an evaluation after the last training
-step lies after the end of the memory region.
-
-Warm-up: before the model is built, one throwaway training step of the method on the workload's tiny
-instance (harness.running.warmup: random states restored, everything dropped) puts what a process pays once --
-lazy imports, library code pages, thread pools, buffers -- into the memory baseline. It runs eagerly for
-compile / cuda_graph cells too (compiling a throwaway model would take long): their compilation or graph
-capture still happens in their first training steps, inside the memory region, as before. The settings
-JSON records its outcome under ``warm_up`` ("ok", "method skipped: <reason>" or "failed: <ExcType>:
-<message>"; a failure never stops the cell), ``extra`` its wall time under ``warm_up_s``.
-
-Execution: ``execution.allocator`` ("reuse", default, or "system") is applied to the process before the
-workload is built and undone when the run ends (see :mod:`harness.core.allocator`); the settings JSON records
-it under ``execution`` and what it did under ``allocator``. The memory monitor hands the free heap back to
-the kernel before it reads its baseline and whenever it resumes (harness.core.measure.MemoryMonitor), so
-memory freed while preparing (the dense model CoMERA converts) or evaluating does not sit in the RSS, where
-later allocations could reuse it unseen.
-
-Curves rows (split / metric_name): ``train`` / ``loss`` (task loss) and ``objective`` (the method's total
-loss) every step; ``eval`` / every numeric value of ``workload.evaluate`` at each evaluation (every
-``eval_every_steps`` steps and, when evaluations are on, right after a stage switch of the method);
-``method`` / every key of ``after_step``'s info every step; ``ranks`` / ``<layer>[<k>]`` = k-th entry of
-the layer's rank list before training, whenever the info's ``stage`` changes, and at the end. ``step`` is
-the number of training steps done at that point.
+The training loop on one harness.running.cell.CellState. :func:`run_cell` never raises for a failure of
+the run itself: the row's ``status`` (ok | oom | diverged | error | timeout) and ``error`` say what
+happened; :func:`run_to_files` (``comera-bench run``) also arms the watchdog. Statuses and limits:
+docs/usage.md; curves: docs/schema.md; the loop's details: docs/design-notes.md.
 """
 from __future__ import annotations
 

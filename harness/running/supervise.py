@@ -1,17 +1,7 @@
 """A cell in a child process, so that a cell killed by a signal still becomes a row.
 
-``comera-bench run --isolate --spec S --runs-out R [--log L]`` (the pipeline's train rule) runs the cell
-as ``python -m harness.cli run`` in a child process, with the child's output in the log, and waits. A
-child that ends without writing a new runs file -- killed by the kernel's OOM killer (SIGKILL, which
-Python cannot catch), by the scheduler, or crashed -- gets its row from here: status ``oom`` when the
-OOM killer did it and that can be told (the OOM-kill count of this process's memory cgroup grew during
-the run, or the kernel log names the child), else ``error`` naming the signal ("killed by signal 9
-(SIGKILL)") or the exit code; identity and provenance as far as the spec tells them, the tail of the
-log in ``extra``, and an empty curves file. So a failed cell is a finished cell: the merge, tables and
-figures go on, and the pipeline does not redo it unless asked (docs/pipeline.md).
-
-The parent's own messages go to its stderr, not to the log: when the log cannot be written (a full
-disk), the failure is still on the job's stderr and in the row (``extra.log_error``).
+:func:`supervise` (``comera-bench run --isolate``) writes the row of a child that died without one
+(:func:`failure_row`: ``oom`` or ``error``) and an empty curves file (docs/usage.md).
 """
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
 """The torch threads of a pipeline's cells when the config says ``execution.threads: auto``.
 
-A cell of two threads on a machine whose CPUs other jobs keep busy waits for both at every parallel step:
-on a shared 2-core VM at load 3.4 one cell ran at 0.6 steps/s with 2 threads and at 12 steps/s with one
-(docs/pipeline.md, "Busy machine"). So ``auto`` is the threads the CPUs left free can give: the largest
-count ``t`` with ``load <= cpus - t + 1`` (the load the busy warning tolerates, harness.core.timing), at
-least 1 and at most :data:`AUTO_MOST`. A results folder that already holds finished cells keeps their
-threads, so that a resumed run re-runs none of them (a cell's threads are part of its spec).
-
-The pipeline's first Snakemake process decides once and passes the number to its jobs' processes in
-:data:`THREADS_ENV`, so every cell of one run has the same threads.
+:func:`resolve` keeps a results folder's finished cells' threads, else :func:`choose` picks them from the
+load (at most :data:`AUTO_MOST`); they reach the jobs in :data:`THREADS_ENV`. Why: docs/pipeline.md,
+"Busy machine"; docs/design-notes.md.
 """
 from __future__ import annotations
 

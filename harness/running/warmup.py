@@ -1,18 +1,7 @@
-"""One throwaway training step before a memory baseline.
+"""One throwaway training step before a memory baseline: :func:`warm_up`.
 
-A process pays some memory once, whatever the model: lazy imports, the library code pages that the first
-backward pass, optimizer step or SVD touches (several MB of libtorch_cpu.so on CPU), thread pools and
-library buffers. :func:`warm_up` runs one training step of the method -- the runner's step: loss,
-backward, optimizer steps, ``zero_grad``, ``after_step`` -- on a tiny instance of the workload and drops
-everything, so that this cost is in the baseline, as the imports at the top of a training script would
-be, and only the model, its data and its training count in the measured peak.
-
-The tiny instance is the workload's "tiny" size preset with data for one batch of the cell's batch size
-(:data:`ONE_BATCH`; the batch size matters to methods such as LTE whose heads split the batch), the
-cell's ``CARRIED`` params (cache folder, dropout, embedding tensorization: they choose code paths), and
-default (synthetic) data. The step runs eagerly (never compiled or CUDA-graphed). The global random
-states (python ``random``, numpy, torch CPU and the CUDA device's) are restored afterwards, so a run
-with the warm-up produces the same numbers as one without.
+One eager step of the method on the workload's "tiny" instance, then everything dropped and the random
+states restored, so the run's numbers do not change. Why: docs/design-notes.md.
 """
 from __future__ import annotations
 

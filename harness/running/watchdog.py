@@ -1,10 +1,7 @@
 """The cell's watchdog: a daemon thread that ends a cell whose step or evaluation hangs.
 
-:class:`Watchdog` fires when the activity under way (the warm-up, a training step with its batch, an
-evaluation) has run longer than the stall limit (:func:`stall_limit_s`), or when a deadline set with
-:meth:`Watchdog.limit` has passed; waiting for a timing round is a pause and counts for neither.
-harness.running.run arms it for ``comera-bench run`` and says what firing does (the partial row, then
-``os._exit``).
+:class:`Watchdog` fires past the stall limit (:func:`stall_limit_s`) or a deadline set with
+:meth:`Watchdog.limit`; a wait for a timing round is a pause. What firing does: harness.running.run.
 """
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """The benchmark workloads: ``transformer`` (MNLI), ``dlrm`` (Criteo) and ``mlm`` (code or text).
 
-``build_workload(name, params, batch_size=, seed=, device=)`` returns a
-:class:`~harness.workloads.base.Workload`;
-``check_params(name, params)`` validates params (unknown keys and bad values are named) and fills in the
-size preset ("tiny", "small" -- the default -- or "paper"; mlm also "bert-large") and the defaults.
-``PARAMS_DEFAULTS[name]`` is ``check_params(name, {})``. Workload modules are imported on first use.
+:func:`build_workload` returns a :class:`~harness.workloads.base.Workload`; :func:`check_params` fills the
+size preset and defaults, naming unknown keys and bad values; modules are imported on first use.
 """
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The interface of a workload: a model, its data and its metric.
+"""The interface of a workload: a model, its data and its metric (:class:`Workload`).
 
-``harness.workloads.build_workload(name, params, batch_size=..., seed=..., device=...)`` returns a
-:class:`Workload`. Models are built dense (nn.Linear / nn.Embedding); a method may tensorize them with
-``comera.convert`` using ``tt_spec``.
+Models are built dense; a method may tensorize them with ``comera.convert`` using the workload's ``tt_spec``.
 """
 from __future__ import annotations
 

@@ -1,30 +1,7 @@
-"""DLRM on Criteo Kaggle click logs (docs/workloads.md): bottom MLP on the 13 dense features, 26 embedding
-tables, pairwise dot-product interaction, top MLP, click logit.
+"""DLRM on Criteo Kaggle click logs (docs/workloads.md): bottom MLP, 26 embedding tables, dot interactions.
 
-Size "paper" follows the DLRM reference Kaggle configuration (facebookresearch/dlrm,
-``run_and_time``/Kaggle: embedding dim 16, bottom MLP 13-512-256-64-16, top MLP 367-512-256-1) with the
-Kaggle table sizes (:data:`harness.data.criteo.KAGGLE_TABLE_SIZES`). The CPU presets cap every table.
-
-``tt_spec`` holds every table with at least ``tt_min_rows`` rows whose TTM cores (3 modes, rank
-``rank``) are smaller than the dense table. The paper states DLRM's compression after rank adaptation
-("up to 99x"), not its ranks: "paper" uses rank 48, which compresses the model 85.5x at initialization
-(97.6x on the tensorized tables; rank 32 would give 162x before any pruning), so that 99x is reached only
-by the late stage, as the transformer's 80x is from its 45x at initialization. ``metric_name`` is "accuracy"
-(click predicted when p >= 0.5); evaluate also returns "nce": mean binary cross-entropy divided by the entropy
-of the eval split's click rate (1.0 = no better than predicting the base rate; left out when every eval label
-is the same, where it is undefined, so a non-finite value always means divergence).
-
-Data: ``data="synthetic"`` (default) writes a Criteo-format file with a planted signal
-(:func:`harness.data.criteo.write_synthetic`) into the cache dir and reads it back through the real
-loader; ``data="criteo"`` reads ``data_path`` (Kaggle train.txt; the last ``eval_fraction`` of the rows
-are the eval split, like the reference's split by day). Learning rates are not stated by the paper; all
-presets use AdamW 1e-3 (gates 1e-2), our choice.
-
-Params: model ``embedding_dim bottom_mlp top_mlp`` (widths; bottom ends with embedding_dim),
-``max_table_rows`` (cap on the Kaggle sizes; None = uncapped) or ``table_sizes`` (26 explicit sizes);
-TT ``rank``, ``tt_min_rows``; data ``data`` ("synthetic" | "criteo"), ``data_path``, ``max_rows``,
-``eval_fraction``, ``synthetic_rows``, ``synthetic_categories`` (distinct values per feature, capped by
-the Kaggle counts), ``data_seed``, ``cache_dir``, ``eval_batch_size`` (None: max(batch_size, 1024)).
+Metric "accuracy", plus "nce"; data synthetic (default) or ``train.txt``. The "paper" configuration, NCE,
+rates and params: docs/design-notes.md.
 """
 from __future__ import annotations
 

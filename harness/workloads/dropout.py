@@ -1,15 +1,7 @@
 """Dropout for CPU training with cheap keep masks, and self-attention whose probability dropout uses them.
 
-On CPU, torch draws dropout masks with ``bernoulli_``, which is slow, and saves a float noise tensor for
-backward. Here the keep mask comes from 16-bit random integers drawn with torch's own global generator
-(``torch.manual_seed`` keeps runs deterministic): one 64-bit draw over the full int64 range gives four
-uniform 16-bit lanes, compared against a threshold (a few times faster; docs/performance.md has the
-timings), and backward saves only the boolean mask (1 byte per element instead of 4). In attention the
-mask is applied inside one autograd function, so the dropped probabilities are not saved either.
-
-Resolution: the keep probability is ``1 - p`` rounded to the nearest multiple of 2^-16 (error at most
-7.6e-6), and kept values are scaled by the inverse of that rounded probability, so ``E[out] == x`` exactly.
-Other devices (CUDA) and compiled graphs use torch's own dropout and scaled-dot-product attention.
+Keep masks come from 16-bit random lanes (``E[out] == x`` exactly) and backward saves a boolean mask; CUDA
+and compiled graphs use torch's own. How: docs/design-notes.md; timings: docs/performance.md.
 """
 from __future__ import annotations
 

@@ -1,35 +1,7 @@
-"""Masked-language-model pretraining of a BERT-like encoder on source code or plain text
-(docs/workloads.md; the paper used CodeBERT-large on CodeSearchNet, its rebuttal BERT-large on WikiText).
+"""Masked-language-model pretraining of a BERT-like encoder on source code or plain text (docs/workloads.md).
 
-The encoder is :class:`harness.workloads.transformer.Encoder` (one segment type, as RoBERTa/CodeBERT),
-followed by the RoBERTa LM head: dense -> GELU -> LayerNorm -> decoder tied to the word embedding (the
-decoder multiplies by the embedding's current table: ``weight`` of an nn.Embedding or ``dense_weight()``
-of a TTM embedding, so tying survives tensorization). Size "paper" has CodeBERT-large/RoBERTa-large
-shapes (24 blocks, d_model 1024, 16 heads, FFN 4096, 514 positions, vocabulary 50265; 355,412,057
-parameters here; the paper says 357M); size "bert-large" has BERT-large's (the same encoder, 512
-positions, vocabulary 30522); the default is small. As in the rebuttal, both keep the embedding and the
-output layers dense and tensorize the encoder's linear layers at rank 99 (the same TT shapes): "paper"
-compresses 4.22x overall and 9.77x on the tensorized layers (the rebuttal: 4.25x and 9.77x; the
-camera-ready abstract 4.23x).
-
-Data: ``data="stdlib"`` (default) uses this Python's standard-library .py files, ``data="jsonl"`` the
-CodeSearchNet-style files at ``data_path``, ``data="text"`` plain text in WikiText's raw layout at
-``data_path`` (harness/data/text_corpus.py; a folder's ``wiki.valid.raw`` or Hugging Face validation shards
-are the eval split). Otherwise every ``eval_every``-th document (at least the last one) is held out for
-evaluation.
-A tokenizer is trained on the training documents and cached (code: a byte-level BPE; text: a lower-casing
-WordPiece, as BERT's); documents are concatenated (separated by [SEP]) and cut into blocks
-[CLS] ... [SEP] of ``seq_len`` tokens. Masking (15%, 80/10/10) is drawn
-anew for every training batch from the run's seed and epoch; the eval split is masked once (``data_seed``).
-Metric: ``mlm_loss`` (mean cross-entropy over masked tokens, lower is better), plus ``masked_accuracy``.
-Learning rates: "paper" and "bert-large" use the transformer's paper rates (the paper gives none for
-MLM); "small" 5e-4 (gates 5e-3); "tiny" 2e-3 (gates 5e-3), at which the default grid's short MLM quality
-cells learn (docs/workloads.md).
-
-Params: model keys as the transformer's; ``max_documents`` (None = all), ``max_train_blocks``,
-``max_eval_blocks``; ``data`` ("stdlib" | "jsonl" | "text"), ``data_path``, ``eval_every``, ``mask_prob``,
-``data_seed``, ``cache_dir``, ``eval_batch_size`` (None: max(batch_size, 32)), ``tokenizer_file`` (a
-tokenizer.json used instead of training one, e.g. BERT's; its special tokens by name, [CLS] or <s> etc.).
+The transformer's encoder with a RoBERTa LM head tied to the word embedding; metric ``mlm_loss`` (lower is
+better), plus ``masked_accuracy``. Head, masking, rates and params: docs/design-notes.md.
 """
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Checking a workload's params: presets by ``size``, overrides, unknown keys and bad values named.
 
-A workload module declares ``PRESETS`` (size -> values), ``DEFAULTS`` (size-independent values),
-``TYPES`` (key -> type, tuple of types, or tuple of allowed values wrapped in :class:`Choice`) and a
-``validate(params)`` for relations between keys.
+A workload module declares ``PRESETS`` (size -> values), ``DEFAULTS``, ``TYPES`` (key -> type, types, or a
+:class:`Choice`) and ``validate(params)`` for relations between keys.
 """
 from __future__ import annotations
 

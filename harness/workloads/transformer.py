@@ -1,35 +1,7 @@
 """The paper's six-encoder transformer on MNLI (docs/workloads.md), and the encoder the MLM workload reuses.
 
-Size "paper" has exactly 66,957,315 parameters. That count fixes the choices not stated in the paper:
-it is a 6-layer BERT-base classifier, i.e. 512 learned positions (sequences use 128 of them), 2 segment
-embeddings, a LayerNorm (with bias) after the summed embeddings, biases in every linear layer, two
-LayerNorms per post-LN block, and the classifier [CLS] -> tanh(fc1 768x768) -> fc2 (768x3) with dropout
-before fc2. Word embeddings have no padding row (padding is masked out of attention instead). Weights
-are initialized as in BERT (normal, std 0.02; biases zero); the CoMERA method's ``dense_init: official``
-re-initializes what stays dense after tensorizing as the official code (:func:`official_init`).
-
-Learning rates (``workload.lr``): size "paper" uses the paper's AdamW rates (cores 1e-4, other 5e-5,
-gates 1e-3; dense 1e-4, our choice for uncompressed training, which the paper does not state). The
-CPU-sized presets "tiny" and "small" use larger rates so the short CPU budget learns: CoMERA's cores and
-other parameters 1e-3, gates 5e-3, dense 3e-4. Measured on the small preset's topic task: dense passed
-the 2/3 plateau after ~300-600 steps at 3e-4, ~800 at 5e-4, and 1e-3 made it collapse to one class;
-CoMERA reached 0.992 in 600 steps at 1e-3 and 0.935 at 5e-4.
-
-Params (``size`` sets the model keys and sample counts; any key may be overridden): model
-``vocab_size d_model num_layers num_heads d_ff max_positions seq_len dropout``; TT ``rank`` (linear layers),
-``embedding_rank``, ``embedding_row_shape``/``embedding_col_shape`` (None: the paper's or factorized),
-``tensorize_embedding``; data ``data`` ("synthetic" | "mnli"), ``data_dir`` (GLUE TSV folder or Hugging
-Face cache), ``tokenizer`` (a tokenizer.json; None: WordPiece trained on the training split),
-``train_samples``/``eval_samples`` (synthetic: how many; MNLI: at most, None = all), ``premise_len``,
-``hypothesis_len``, ``num_words``, ``task``, ``num_topics`` and ``word_topics`` (synthetic, see
-:mod:`harness.data.nli_synthetic`; ``word_topics`` "random": the words' topics drawn with ``data_seed``,
-"modular": word ``w``'s topic is ``(w - 6) % num_topics``, a map aligned with the TT-matrix embedding's
-row modes), ``label_noise`` (synthetic: the share of labels redrawn at random; the workload info gives
-``label_ceiling``, the share of evaluation labels that follow the rule), ``data_seed``, ``cache_dir``
-(None: the run's, <results_dir>/cache), ``eval_batch_size`` (None: max(batch_size, 64)).
-
-The size-matched dense baseline (the dense method's ``match_target``) trains :func:`sized_params`'s
-narrower model: ``d_model`` in steps of ``num_heads`` with ``d_ff`` in proportion (``Workload.sized_model``).
+Sizes "tiny", "small" (default) and "paper"; :func:`official_init`, :func:`sized_params` (the size-matched
+dense model). Why the paper size is built so, the rates and the params: docs/design-notes.md.
 """
 from __future__ import annotations
 

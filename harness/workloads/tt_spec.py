@@ -1,8 +1,7 @@
 """TT / TTM shapes and ranks for the ``tt_spec`` of a workload (format: comera.convert.tensorize).
 
-Linear layers use three input modes and the reversed three output modes (the paper's convention:
-768 -> [12, 8, 8], 3072 -> [16, 16, 12], outputs reversed); ranks are given as full lists,
-``r`` clipped on each bond to the largest rank the modes allow (the paper's [1, 12, r, r, r, 12, 1]).
+Linear layers take three input modes and the reversed output modes (768 -> [12, 8, 8]), ranks clipped on
+each bond to what the modes allow (the paper's [1, 12, r, r, r, 12, 1]).
 """
 from __future__ import annotations
 
