@@ -353,11 +353,16 @@ def fig12_time_vs_compression(res: Results, out: Path) -> None:
                     said = f"{r.text()} the time" if r is not None else (f"{raw:.2f}x the time (timing not "
                                                                           "stable: in no verdict)")
                     slower.append(f"{what} ({point.compression_layers:.2f}x compression): {said}")
-                    ax.annotate(f"{what}: {(r.value if r is not None else raw):.2f}x the uncompressed time"
-                                + ("" if r is not None else " (not stable)"), (point.compression_layers,
-                                point.epoch_time_s), xytext=(10, 8 + 11 * (len(slower) - 1)),
-                                textcoords="offset points", fontsize=7, color="darkred", va="bottom",
-                                arrowprops={"arrowstyle": "-", "color": "darkred", "lw": 0.8})
+                    rightmost = point.compression_layers >= ok.compression_layers.max()  # text to its left
+                    note = ax.annotate(
+                        f"{what}: {(r.value if r is not None else raw):.2f}x uncompressed"
+                        + ("" if r is not None else " (not stable)"),
+                        (point.compression_layers, point.epoch_time_s),
+                        xytext=(-10 if rightmost else 10, 8 + 11 * (len(slower) - 1)),
+                        textcoords="offset points",
+                        fontsize=7, color="darkred", va="bottom", ha="right" if rightmost else "left",
+                        arrowprops={"arrowstyle": "-", "color": "darkred", "lw": 0.8})
+                    note.set_in_layout(False)  # a note never squeezes the axes
     ax.set_xscale("log")
     plain_log_ticks(ax.xaxis)
     ax.set_xlabel("compression of the tensorized layers (dense / TT parameters)")
@@ -383,14 +388,15 @@ def fig5_ttm_lookup(res: Results, out: Path) -> None:
         return empty(out, name, title, "embedding microbenchmarks (config microbench.specs)",
                       res.settings_line())
     fig, (ax_t, ax_m) = panels(2, width=6.0)  # the legend beside the right panel
-    for (shape, variant), group in mb.groupby(["shape", "variant"], sort=True):
+    for i, ((shape, variant), group) in enumerate(mb.groupby(["shape", "variant"], sort=True)):
         group = group.sort_values("tokens")
         one_table = mb["shape"].str.split(" ").str[0].nunique() == 1
         label = variant if one_table else f"{variant} {shape}"
+        color = f"C{i % 10}"  # one colour per variant in both panels (the rings take none)
         ax_t.errorbar(group.tokens, group.time_ms, yerr=group.time_ms_iqr.fillna(0) / 2, marker="o",
-                      capsize=3, label=label)
+                      capsize=3, label=label, color=color)
         ax_t.plot(group.tokens[~stable(group)], group.time_ms[~stable(group)], **NOISY_RING)
-        ax_m.plot(group.tokens, group.peak_mem_bytes / MB, marker="o", label=label)
+        ax_m.plot(group.tokens, group.peak_mem_bytes / MB, marker="o", label=label, color=color)
     tokens = sorted(int(t) for t in mb.tokens.unique())
     for ax, ylabel in ((ax_t, "forward + backward time (ms)"), (ax_m, "peak memory (MB)")):
         ax.set_xlabel("indices per batch")

@@ -17,7 +17,8 @@ import pandas as pd  # noqa: E402
 from harness.reports import drawing, reference  # noqa: E402
 from harness.reports.drawing import (PAPER, device_text, display_label, empty, mark_failed, panels,  # noqa: E402
                                      plain_log_ticks, steps_axis, values_text)
-from harness.reports.shared import late_stage_missing, method_label, quality_order  # noqa: E402
+from harness.reports.shared import (late_stage_missing, method_label, quality_order,  # noqa: E402
+                                    target_shortfall)
 from harness.results.analysis import Results, settings_of  # noqa: E402
 
 
@@ -30,8 +31,9 @@ def quality_runs(res: Results) -> tuple[pd.DataFrame, dict[str, str], str]:
     labels = {}
     for r in runs.itertuples():
         why = late_stage_missing(r) if r.status == "ok" else ""
-        labels[r.run_id] = (", ".join([method_label(r)] + [f"{key} {getattr(r, col)}" for key, col in vary])
-                            + (f" [{why}]" if why else ""))
+        mark = f" [{why}]" if why else " [target not reached]" if target_shortfall(r) else ""
+        named = [method_label(r)] + [f"{key} {getattr(r, col)}" for key, col in vary]
+        labels[r.run_id] = ", ".join(named) + mark
     return runs, labels, source
 
 
@@ -140,8 +142,8 @@ def fig13_rank_adaptation(res: Results, out: Path) -> None:
         left.plot(size.step, ratio, label=labels[r.run_id], **style)
         left.axhline(r.target_ratio, color=f"C{i}", ls="--", lw=0.8)
         if len(ratio) and ratio.iloc[-1] > r.target_ratio * (1 + TARGET_SLACK):
-            missed.append(f"target {r.target_ratio:g} missed: the TT size ends at {ratio.iloc[-1]:.2f}x the "
-                          "size at the switch")
+            seed = "" if pd.isna(r.seed) else f" (seed {int(r.seed)})"
+            missed.append(f"target {r.target_ratio:g}{seed} ends at {ratio.iloc[-1]:.2f}x")
         right.plot(acc.step, acc.value, label=labels[r.run_id], **distinct(i))
     left.plot([], [], color="gray", ls="--", lw=0.8, label="target (dashed, the line's colour)")
     for ax, ylabel in ((left, "TT size / size at the switch"),
@@ -151,14 +153,18 @@ def fig13_rank_adaptation(res: Results, out: Path) -> None:
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    notes = ([f"not measured here: {'; '.join(missing)}"] if missing else []) + missed
+    notes = ([f"not measured here: {'; '.join(missing)}"] if missing else []) + (
+        [f"targets not reached: {', '.join(missed)}"] if missed else [])
+    why_short = "; ".join(f"{labels[r.run_id]}: {w}" for r in shown.itertuples()
+                          if (w := target_shortfall(r)))
     if notes:  # above the panel, where it hides no line
         left.text(0.0, 1.02, textwrap.fill("; ".join(notes), 80), fontsize=7,
                   transform=left.transAxes, color="red", va="bottom", ha="left")
     drawing.finish(fig, title, quality_footer(res, shown, source), out, name,
             "TT size = scalars in every core and gate (curves method/params_tt, after every step) divided by "
             "the size right after the switch's pruning (the same divisor before the switch); "
-            f"{ramp_text(shown)}; accuracy as in Fig 6. {res.settings_line('transformer', shown)}.")
+            f"{ramp_text(shown)}; accuracy as in Fig 6. {why_short + '. ' if why_short else ''}"
+            f"{res.settings_line('transformer', shown)}.")
 
 
 TARGET_SLACK = 0.05

@@ -34,19 +34,27 @@ def status_note(row: Any) -> str:
 
 
 def late_stage_missing(row: Any) -> str:
-    """Why a CoMERA run with a target falls short of it: its failure, the shortfall its rank adaptation
-    reported, or a stage switch that never came ("" when it reached it, or is no such run)."""
+    """Why a CoMERA run with a target has no late stage to show: its failure, a stage switch that never
+    came, or the shortfall its rank adaptation reported for that ("" when its late stage ran, or it is no
+    such run; a late stage that ran but stopped short: :func:`target_shortfall`)."""
     if row.method != "comera" or pd.isna(row.target_ratio):
         return ""
     method = settings_of(row).get("method", {})
     if row.status != "ok":
         return status_note(row)
-    shortfall = (method.get("outcome") or {}).get("shortfall")
-    if shortfall:
-        return f"target not reached: {shortfall}"
     if (method.get("switch") or {}).get("step"):
         return ""
-    return f"late stage never started (late_start_step {method.get('late_start_step')})"
+    shortfall = (method.get("outcome") or {}).get("shortfall")
+    return shortfall or f"late stage never started (late_start_step {method.get('late_start_step')})"
+
+
+def target_shortfall(row: Any) -> str:
+    """"target not reached: <why>" for a CoMERA run whose late stage ran and stopped short of its target
+    (the shortfall its rank adaptation reported), else ""."""
+    if row.method != "comera" or pd.isna(row.target_ratio) or row.status != "ok" or late_stage_missing(row):
+        return ""
+    shortfall = (settings_of(row).get("method", {}).get("outcome") or {}).get("shortfall")
+    return f"target not reached: {shortfall}" if shortfall else ""
 
 
 QUALITY_ORDER = {"dense": 0, "comera": 1, "galore": 2, "lte": 3}

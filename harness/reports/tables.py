@@ -14,7 +14,7 @@ import pandas as pd
 from harness.reports import feeds, reference
 from harness.reports.html import cell_text, markdown_table, write_html
 from harness.reports.shared import (GIB, MB, late_stage_missing, method_label, quality_order, report_args,
-                                    size_matched, status_note)
+                                    size_matched, status_note, target_shortfall)
 from harness.results.analysis import (LEARNING_RISE, LEARNING_TAIL, Results, extra_of, purpose_of, ranks_of,
                                       settings_of, stable, timing_cells)
 
@@ -79,6 +79,10 @@ def table1_ranks(res: Results, workload: str = "transformer") -> tuple[pd.DataFr
                if (why := late_stage_missing(r))]
     if missing:
         notes.append("not measured here: " + "; ".join(missing))
+    short = [f"target {r.target_ratio:g}: {why.removeprefix('target not reached: ')}"
+             for r in comera.itertuples() if (why := target_shortfall(r))]
+    if short:
+        notes.append("targets not reached (the late stage's ranks where it stopped): " + "; ".join(short))
     rows = [{"layer": name, **{col: _ranks_text(ranks.get(name)) for col, (ranks, _) in columns.items()}}
             for name in names if _block_index(name) == block]
     rows.append({"layer": "TT size of the model (scalars)",
@@ -186,8 +190,8 @@ def _size_row(res: Results, r: Any) -> dict[str, Any]:
             "target": r.target_ratio, "params": _count(r.params_total), "total_MB": _mb(r.params_total),
             "tensorized_layers_MB": _mb(r.params_factorized_layers),
             "compression_total": r.compression_total, "compression_layers": r.compression_layers,
-            "note": "; ".join(filter(None, (status_note(r) or late_stage_missing(r), matched_note(r),
-                                            res.still_learning(r))))}
+            "note": "; ".join(filter(None, (status_note(r) or late_stage_missing(r), target_shortfall(r),
+                                            matched_note(r), res.still_learning(r))))}
 
 
 def matched_note(row: Any) -> str:
