@@ -5,13 +5,12 @@ slicing cores, gates, gradients and optimizer state.
 """
 from __future__ import annotations
 
-import math
 from typing import Iterable
 
 import torch
 from torch import nn
 
-from comera.size import bond_sizes, rank_shares, tensorized_modules, tt_parameter_count
+from comera.size import bond_sizes, rank_saving, rank_shares, tensorized_modules, tt_parameter_count
 
 
 @torch.no_grad()
@@ -47,8 +46,8 @@ def prune(model: nn.Module, threshold: float, optimizers: Iterable[torch.optim.O
     before = {name: bond_sizes(module) for name, module in named}
     params_before = tt_parameter_count(model)
     shares = [rank_shares(module) for _, module in named]
-    drop = _ranks_to_drop([module for _, module in named], shares, threshold, min_size,
-                          params_before, min_rank)
+    drop = _ranks_to_drop([module for _, module in named], [list(before[name]) for name, _ in named], shares,
+                          threshold, min_size, params_before, min_rank)
     removed = []
     for m, (name, module) in enumerate(named):
         emptied = any(len(drop.get((m, k), ())) == gate.numel() > 0 for k, gate in enumerate(module.gates))
@@ -66,10 +65,12 @@ def prune(model: nn.Module, threshold: float, optimizers: Iterable[torch.optim.O
             "params_before": params_before, "params_after": tt_parameter_count(model), "removed": removed}
 
 
-def _ranks_to_drop(modules: list[nn.Module], shares: list[list[torch.Tensor]], threshold: float,
-                   min_size: float | None, size: int, min_rank: int) -> dict[tuple[int, int], set[int]]:
+def _ranks_to_drop(modules: list[nn.Module], bonds: list[list[int]], shares: list[list[torch.Tensor]],
+                   threshold: float, min_size: float | None, size: int, min_rank: int
+                   ) -> dict[tuple[int, int], set[int]]:
     """(module number, bond) -> indices of the ranks to remove: share ``<= threshold``, each bond keeping
-    ``min_rank`` ranks, smallest share first within the size floor."""
+    ``min_rank`` ranks, smallest share first within the size floor. ``bonds``: each module's bond sizes
+    (counted down here as ranks go)."""
     candidates = []  # (share, module number, bond, index)
     for m, module_shares in enumerate(shares):
         for k, share in enumerate(module_shares):
@@ -83,15 +84,12 @@ def _ranks_to_drop(modules: list[nn.Module], shares: list[list[torch.Tensor]], t
         for _, m, k, i in candidates:
             drop.setdefault((m, k), set()).add(i)
         return drop
-    bonds = [bond_sizes(module) for module in modules]
     for _, m, k, i in sorted(candidates):
-        cores, r = modules[m].cores, bonds[m]
-        # one rank less on bond k+1: core k loses r_k u_k scalars, core k+1 u_{k+1} r_{k+2}, plus the gate
-        saved = r[k] * math.prod(cores[k].shape[1:-1]) + math.prod(cores[k + 1].shape[1:-1]) * r[k + 2] + 1
+        saved = rank_saving(modules[m], k, bonds[m])
         if size - saved < min_size:
             continue
         size -= saved
-        r[k + 1] -= 1
+        bonds[m][k + 1] -= 1
         drop.setdefault((m, k), set()).add(i)
     return drop
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from comera.prune import prune
-from comera.size import bond_sizes, layout, tensorized_modules, tt_parameter_count
+from comera.size import bond_sizes, layout, rank_saving, tensorized_modules, tt_parameter_count
 
 SWITCH_RULES = ("converged", "step")
 MASK_GATES = ("at_prune", "every_step")
@@ -28,9 +28,7 @@ def smallest_saving(model: nn.Module, min_rank: int = 1) -> float:
     savings = [math.inf]
     for _, module in tensorized_modules(model):
         r = bond_sizes(module)
-        units = [math.prod(core.shape[1:-1]) for core in module.cores]
-        savings += [r[k] * units[k] + units[k + 1] * r[k + 2] + 1
-                    for k in range(len(module.gates)) if r[k + 1] > min_rank]
+        savings += [rank_saving(module, k, r) for k in range(len(module.gates)) if r[k + 1] > min_rank]
     return min(savings)
 
 
@@ -124,7 +122,7 @@ class RankSettings:
                                     # paper's 0.01 held the small transformer on its plateau: recipe.md)
     l2_weight: float = 0.0          # beta: weight of the cores' squared norms (both stages)
     threshold: float = 1e-2         # ranks whose share of their bond is at or below are pruned
-    prune_every: int = 10           # steps between balancing and pruning (0: never during a stage)
+    prune_every: int = 10           # steps between prunings (0: never during a stage)
     min_rank: int = 1               # ranks every bond keeps; 0 lets a layer go (its weight zero)
     late_start_step: int | None = None  # the earliest stage switch; None: early stage only
     switch_when: str = "converged"  # "converged": once the running loss stopped improving; "step": then

@@ -35,6 +35,15 @@ def bond_sizes(module: nn.Module) -> list[int]:
     return [module.cores[0].shape[0]] + [core.shape[-1] for core in module.cores]
 
 
+def rank_saving(module: nn.Module, k: int, bonds: list[int] | None = None) -> int:
+    """Scalars one rank fewer on internal bond ``k + 1`` (gate ``k``) of ``module`` saves: core ``k`` loses
+    ``r_k u_k``, core ``k + 1`` loses ``u_{k+1} r_{k+2}``, and the gate one entry. ``bonds``: the bond sizes
+    to count with (default: :func:`bond_sizes` of ``module``)."""
+    r = bond_sizes(module) if bonds is None else bonds
+    cores = module.cores
+    return r[k] * math.prod(cores[k].shape[1:-1]) + math.prod(cores[k + 1].shape[1:-1]) * r[k + 2] + 1
+
+
 def ranks(model: nn.Module) -> dict[str, list[int]]:
     """Current TT ranks ``[1, r_1, ..., 1]`` of every tensorized module."""
     return {name: bond_sizes(module) for name, module in tensorized_modules(model)}

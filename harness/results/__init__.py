@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from harness import package_version
 from harness.atomic import atomic_write
+from harness.spec import HASHES
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -93,7 +94,7 @@ TYPES: dict[str, dict[str, pa.DataType]] = {
     "runs": RUNS_TYPES, "curves": CURVES_TYPES, "microbench": MICROBENCH_TYPES, "bench": BENCH_TYPES,
 }
 PROVENANCE_COLUMNS: list[str] = list(PROVENANCE_TYPES)
-FILE_PROVENANCE: tuple[str, ...] = (*PROVENANCE_TYPES, "cell_hash", "execution_hash")
+FILE_PROVENANCE: tuple[str, ...] = (*PROVENANCE_TYPES, *HASHES)
 """A per-cell file's provenance metadata: the writing process's, and its cell's spec hashes."""
 RUNS_COLUMNS: list[str] = list(RUNS_TYPES)
 CURVES_COLUMNS: list[str] = list(CURVES_TYPES)
@@ -299,7 +300,7 @@ def check_cells(df: pd.DataFrame, path: Path, cells: dict[str, dict[str, Any]], 
             raise ResultsError(f"{path} holds the row of cell {rid}, not of cell {name}; {advice}")
         if rid not in cells:
             raise ResultsError(f"{path}: cell {rid} is not in the grid; {advice}")
-        for key in ("cell_hash", "execution_hash"):
+        for key in HASHES:
             if row[key] != cells[rid].get(key):
                 raise ResultsError(f"{path}: its row of cell {rid} was run from another spec ({key} "
                                    f"{row[key]}; the grid's is {cells[rid].get(key)}); {advice}")
@@ -320,7 +321,7 @@ def check_curves(df: pd.DataFrame, path: Path, cells: dict[str, dict[str, Any]],
     if name not in cells:
         raise ResultsError(f"{path}: cell {name} is not in the grid; {advice}")
     provenance = file_metadata(path).get("provenance") or {}
-    for key in ("cell_hash", "execution_hash"):
+    for key in HASHES:
         written = provenance.get(key)
         if written and written != cells[name].get(key):
             raise ResultsError(f"{path}: its curves of cell {name} were run from another spec ({key} "

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.core.clock import env_seconds
+from harness.spec import HASHES
 
 if TYPE_CHECKING:
     from harness.running.cell import CellState
@@ -223,7 +224,7 @@ def load(path: str | os.PathLike, spec: dict[str, Any]) -> tuple[dict[str, Any] 
     if saved["spec"] != spec:
         differ = sorted(key for key in set(spec) | set(saved["spec"])
                         if spec.get(key) != saved["spec"].get(key))
-        derived = [key for key in differ if key not in ("cell_hash", "execution_hash", "run_id")]
+        derived = [key for key in differ if key not in (*HASHES, "run_id")]
         named = ", ".join(map(str, derived or differ))
         return None, f"{path} belongs to another spec (it differs in {named})"
     code = code_identity()
