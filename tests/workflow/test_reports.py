@@ -688,12 +688,11 @@ def test_curve_figures_draw_the_quality_cells_seeds_as_mean_and_range(tmp_path, 
     assert found["bands"] == 2 and "; quality cells; shaded: the range over the seeds" in found["footer"]
 
 
-def test_fig5_rings_the_lookups_whose_timing_is_not_stable(tmp_path, drawn):
-    """Each lookup's time with the IQR of its rounds; a case whose rounds were not stable is ringed, as a
-    cell's point is."""
+def lookup_folder(path):
+    """A results folder with C6's small-table lookups, the naive TTM one at 20000 indices not stable."""
     from tests.workflow.test_claims import SMALL_TABLE, lookup_rows
 
-    path = make_folder(tmp_path / "m", [run_row("transformer", "dense", 1)])
+    path = make_folder(path, [run_row("transformer", "dense", 1)])
     rows = lookup_rows(SMALL_TABLE, device="cpu", name="Test CPU", ttm_extra=1000)
     noisy = next(r for r in rows if r["variant"] == "ttm_naive" and r["tokens"] == 20000)
     noisy["timing_quality"] = "noisy: rounds: 1 round(s) (< 2)"
@@ -701,6 +700,13 @@ def test_fig5_rings_the_lookups_whose_timing_is_not_stable(tmp_path, drawn):
                               "git_commit", "git_dirty", "hostname", "started_at", "matmul_precision")}
     write_parquet_atomic(to_frame([{**prov, "num_threads": 1, **r} for r in rows], "microbench"),
                          path / "microbench.parquet", kind="microbench")
+    return path
+
+
+def test_fig5_rings_the_lookups_whose_timing_is_not_stable(tmp_path, drawn):
+    """Each lookup's time with the IQR of its rounds; a case whose rounds were not stable is ringed, as a
+    cell's point is."""
+    path = lookup_folder(tmp_path / "m")
     rings = []
     real_plot = plt.Axes.plot
 
@@ -719,15 +725,7 @@ def test_fig5_rings_the_lookups_whose_timing_is_not_stable(tmp_path, drawn):
 def test_fig5_gives_each_lookup_one_colour_in_both_panels(tmp_path, monkeypatch):
     """The legend beside the memory panel names the time panel's lines too: a ring (which takes a colour
     from the cycle) must not shift the time panel's colours."""
-    from tests.workflow.test_claims import SMALL_TABLE, lookup_rows
-
-    path = make_folder(tmp_path / "m", [run_row("transformer", "dense", 1)])
-    rows = lookup_rows(SMALL_TABLE, device="cpu", name="Test CPU", ttm_extra=1000)
-    rows[0]["timing_quality"] = "noisy: rounds: 1 round(s) (< 2)"
-    prov = {c: None for c in ("torch_version", "cuda_version", "python_version", "comera_bench_version",
-                              "git_commit", "git_dirty", "hostname", "started_at", "matmul_precision")}
-    write_parquet_atomic(to_frame([{**prov, "num_threads": 1, **r} for r in rows], "microbench"),
-                         path / "microbench.parquet", kind="microbench")
+    path = lookup_folder(tmp_path / "m")
     seen = {}
 
     def spy(fig, *_args, **_kw):
