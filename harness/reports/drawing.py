@@ -137,10 +137,13 @@ def plain_log_ticks(axis: Any) -> None:
 
 
 def log_if_spread(ax: plt.Axes, values: pd.Series) -> None:
-    """A log y axis where the positive values span more than a decade, else linear from 0."""
+    """A log y axis labelled as plain numbers (:func:`plain_log_ticks`) where the positive values span more
+    than a decade, else linear from 0."""
     values = values[values > 0].dropna()
     if len(values) and values.max() / values.min() > 10:
         ax.set_yscale("log")
+        ax.autoscale_view()
+        plain_log_ticks(ax.yaxis)
     else:  # from 0, with room above the highest marker (autoscaling's margin is a share of the data's range)
         top = ax.get_ylim()[1]
         ax.set_ylim(0, top * 1.06 if top > 0 else None)

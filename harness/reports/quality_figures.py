@@ -280,8 +280,8 @@ def fig14_accuracy_vs_compression(res: Results, out: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     seeds = ok.seed.nunique()
-    footer = (f"{res.label}, {source}, {seeds} seed{'s' if seeds != 1 else ''} (small: each seed; large: "
-              f"mean). {knee + '.' if knee else ''} More: table_mnli_size.")
+    footer = (f"{knee + '. ' if knee else ''}{res.label}, {source}, {seeds} seed{'s' if seeds != 1 else ''} "
+              "(small: each seed; large: mean). More: table_mnli_size.")
     drawing.finish(fig, title, footer, out, name)
 
 
