@@ -24,12 +24,31 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+XDIST_MOST = 4
+"""The most pytest-xdist workers ``-n auto`` starts (README's test command): one per CPU up to this."""
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per CPU this process may use (xdist's own count is the physical cores), at
+    most :data:`XDIST_MOST`."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, XDIST_MOST))
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``slurm`` run last: once their cluster's daemons are stopped, the Slurm client they
-    installed makes every later Snakemake start wait ~9 s for a controller (snakemake-executor-plugin-slurm
-    runs ``scontrol show config`` when Snakemake loads its plug-ins). Tests marked ``cuda`` need a CUDA
-    device: skipped without one (``pytest -m cuda`` selects them, as scripts/gpu_check.sh does)."""
-    items.sort(key=lambda item: item.get_closest_marker("slurm") is not None)  # stable: order kept otherwise
+    """Slow tests first, so that under xdist (README's ``-n auto --dist loadgroup``: tests one at a time,
+    except that those of one ``xdist_group`` mark, which share an expensive module fixture or the one
+    SLURM cluster, run in one worker) the long ones start early and the short ones fill the workers' ends.
+    Tests marked ``slurm`` last: once their cluster's daemons are stopped, the Slurm client they installed
+    makes every later Snakemake start wait ~9 s for a controller (snakemake-executor-plugin-slurm runs
+    ``scontrol show config`` when Snakemake loads its plug-ins). Tests marked ``cuda`` need a CUDA device:
+    skipped without one (``pytest -m cuda`` selects them, as scripts/gpu_check.sh does). The sort is
+    stable: the order is the same in every xdist worker."""
+    items.sort(key=lambda item: (item.get_closest_marker("slurm") is not None,
+                                 item.get_closest_marker("slow") is None))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")

@@ -92,6 +92,9 @@ BATCHES, TARGETS = (128, 64, 32), (0.5, 0.2)
 CASES = [(task, kind, seed, BATCHES[i % 3], TARGETS[i % 2]) for i, (task, kind, seed) in enumerate(
     (t, k, s) for t in TASKS for k in NETWORKS for s in (0, 1))]
 """(task, network, seed, batch, target): every task and network, two seeds, batches and targets spread."""
+SUITE = [case for case in CASES if case[2] == (list(TASKS).index(case[0]) + NETWORKS.index(case[1])) % 2]
+"""The cases the test suite runs: every task and network once, the seed alternating between them (both
+seeds and both targets appear); ``scripts/task_family_table.py`` runs every case of :data:`CASES`."""
 
 
 @dataclass
