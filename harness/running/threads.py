@@ -1,13 +1,12 @@
 """The torch threads of a pipeline's cells when the config says ``execution.threads: auto``.
 
 :func:`resolve` keeps a results folder's finished cells' threads, else :func:`choose` picks them from the
-load (at most :data:`AUTO_MOST`); they reach the jobs in :data:`THREADS_ENV`. Why: docs/pipeline.md,
-"Busy machine"; docs/design-notes.md.
+CPUs and the load, leaving one CPU to the rest of the machine (at most :data:`AUTO_MOST`); they reach the
+jobs in :data:`THREADS_ENV`. Why: docs/pipeline.md, "Busy machine"; docs/design-notes.md.
 """
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections import Counter
 from pathlib import Path
@@ -28,11 +27,12 @@ def cpus_here() -> int:
 
 def choose(cpus: int, load: float | None) -> int:
     """The threads a cell gets on ``cpus`` CPUs while ``load`` tasks are runnable (the 1-minute load
-    average; None: unknown, all of them up to :data:`AUTO_MOST`)."""
-    most = max(1, min(cpus, AUTO_MOST))
-    if load is None:
-        return most
-    return max(1, min(most, math.floor(cpus + 1 - load)))
+    average; None: unknown, taken as 0): the CPUs free less one, left to the rest of the machine (Snakemake,
+    the system, whatever starts later), rounded; at least 1, at most :data:`AUTO_MOST`. So 1 on a 2-CPU
+    machine, busy or not: a cell whose threads take every CPU waits for all of them at each parallel step
+    whenever anything else runs (docs/performance.md, "The default grid on a busy machine")."""
+    free = cpus - (load or 0.0)
+    return max(1, min(AUTO_MOST, cpus, round(free - 1)))
 
 
 def finished_threads(cells_dir: str | Path) -> tuple[int | None, int]:

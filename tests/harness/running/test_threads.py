@@ -1,4 +1,5 @@
-"""execution.threads: auto -- the threads the CPUs left free allow, or those of the finished cells."""
+"""execution.threads: auto -- the threads the CPUs left free allow, one CPU left to the rest of the machine,
+or those of the finished cells."""
 from __future__ import annotations
 
 import json
@@ -8,8 +9,9 @@ import pytest
 from harness.running import threads
 
 
-@pytest.mark.parametrize("cpus, load, expected", [(2, 0.9, 2), (2, 1.5, 1), (2, 3.4, 1), (2, 12.0, 1),
-                                                  (16, 0.5, 4), (16, 13.2, 3), (2, None, 2), (1, 0.0, 1)])
+@pytest.mark.parametrize("cpus, load, expected", [
+    (2, 0.0, 1), (2, 0.9, 1), (2, 3.4, 1), (2, None, 1), (1, 0.0, 1),  # a 2-CPU machine: 1, busy or not
+    (4, 0.0, 3), (4, 0.3, 3), (4, 1.6, 1), (16, 0.5, 4), (16, 13.2, 2), (16, 40.0, 1), (16, None, 4)])
 def test_auto_gives_the_threads_the_free_cpus_allow(cpus, load, expected):
     assert threads.choose(cpus, load) == expected
 
