@@ -42,12 +42,11 @@ def test_a_prebuilt_library_is_loaded_only_for_its_torch_and_source(tmp_path):
     assert made_for == {**native.library_metadata(), **native.file_record(library)}
     assert _status(library) == f"True prebuilt {library}"
 
-    library.write_bytes(library.read_bytes()[:-4096])  # cut short: loading it would end the process
+    built = library.read_bytes()
+    library.write_bytes(built[:-4096])  # cut short: loading it would end the process
     damaged = _status(library)
     assert damaged.startswith("True built in ") and "(truncated, corrupt or replaced)" in damaged
-    library.unlink()
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "native_prebuilt.py"), "--torch-root",
-                    str(Path(torch.__file__).parent), "--out", str(library)], check=True, cwd=tmp_path)
+    library.write_bytes(built)  # whole again: what follows is the metadata's check alone
 
     library.with_suffix(".json").write_text(json.dumps({**made_for, "torch": "0.0.0+elsewhere"}))
     skipped = _status(library)  # built (here: loaded from the tests' build folder) instead, saying why

@@ -15,6 +15,7 @@ from harness.reports import compare, drawing, figures, tables
 from harness.results.analysis import load
 from tests.workflow import synthetic
 
+pytestmark = pytest.mark.slow  # draws every figure of two grids (~30 s)
 CONFIGS = {"default": synthetic.ROOT / "config" / "config.yaml",
            "paper": synthetic.ROOT / "config" / "paper.yaml"}
 MIN_PLOT_SHARE = 0.5
