@@ -39,9 +39,9 @@ def pytest_xdist_auto_num_workers(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Slow tests first, so that under xdist (README's ``-n auto --dist loadgroup``: tests one at a time,
-    except that those of one ``xdist_group`` mark, which share an expensive module fixture or the one
-    SLURM cluster, run in one worker) the long ones start early and the short ones fill the workers' ends.
+    """Slow tests first, so that under xdist (README's ``-n auto --dist loadfile``: each test file in one
+    worker, so that a module fixture -- the tiny pipeline run, the SLURM cluster -- is made once) the files
+    with long tests start early and the short ones fill the workers' ends.
     Tests marked ``slurm`` last: once their cluster's daemons are stopped, the Slurm client they installed
     makes every later Snakemake start wait ~9 s for a controller (snakemake-executor-plugin-slurm runs
     ``scontrol show config`` when Snakemake loads its plug-ins). Tests marked ``cuda`` need a CUDA device:

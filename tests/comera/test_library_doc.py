@@ -8,7 +8,6 @@ import torch
 from torch import nn
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "library.md"
-pytestmark = pytest.mark.xdist_group("worked-example")  # the tests share one run of it
 
 
 def _block(heading: str) -> str:

@@ -30,8 +30,6 @@ BIN = Path(sys.executable).parent
 ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 pytestmark = pytest.mark.slow
-SHARED = pytest.mark.xdist_group("tiny-pipeline")
-"""The mark of the tests that read the module's one tiny pipeline run (:func:`pipeline`): one xdist worker."""
 
 
 def snakemake_cmd(workdir: Path, configfile: Path, *args: str) -> list[str]:
@@ -126,7 +124,6 @@ def pipeline(tmp_path_factory):
             "dry": (concurrent[1].returncode, dry), "blocked_ran_its_job": blocked_ran_its_job}
 
 
-@SHARED
 def test_killed_cell_is_a_row_and_not_rerun(pipeline):
     killed, after_kill, workdir = pipeline["killed"], pipeline["after_kill"], pipeline["workdir"]
     assert pipeline["first_rc"] == 0, pipeline["first_log"][-3000:]  # the job of the killed cell succeeds
@@ -144,7 +141,6 @@ def test_killed_cell_is_a_row_and_not_rerun(pipeline):
         assert now[name].stat().st_mtime_ns == mtime, f"{name} was re-run"
 
 
-@SHARED
 def test_second_pipeline_on_the_same_results_refused(pipeline):
     workdir = pipeline["workdir"]
     rc, out = pipeline["blocked"]
@@ -156,7 +152,6 @@ def test_second_pipeline_on_the_same_results_refused(pipeline):
     assert (workdir / "results" / ".pipeline.lock").read_text() == ""  # released at the end
 
 
-@SHARED
 def test_merged_tables_complete(pipeline):
     merged = pipeline["workdir"] / "results" / "cpu-tiny"
     runs = pd.read_parquet(merged / "runs.parquet")
@@ -178,7 +173,6 @@ def test_merged_tables_complete(pipeline):
     assert matched.compression_total > 1 and record["d_model"] < 32
 
 
-@SHARED
 def test_outputs_and_claims(pipeline):
     figs = pipeline["workdir"] / "figures" / "tiny"
     for name in ("fig1_time_memory", "fig5_ttm_lookup", "fig6_accuracy", "fig13_rank_adaptation",
@@ -203,7 +197,6 @@ def test_outputs_and_claims(pipeline):
     assert verdicts["C9"] == "not measured here"  # tiny.yaml has no MLM cell on text
 
 
-@SHARED
 def test_second_call_does_nothing_and_report_builds(pipeline):
     again = snakemake(pipeline["workdir"], "all")
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
@@ -221,7 +214,6 @@ def _printed(output: str, marker: str) -> str:
     return line.split(marker, 1)[1].strip()
 
 
-@SHARED
 def test_the_printed_report_command_works_as_printed(pipeline):
     """After the tiny run (--directory, --configfile), the pipeline prints its report command; typed as
     printed, from where the run was started, it builds the report. The README's command without the
@@ -246,7 +238,6 @@ CLOCK = r"(?:\d+h\d\dm|\d+m\d\ds|\d+s)"
 seconds)."""
 
 
-@SHARED
 def test_cell_logs_show_steps_with_an_eta_and_the_pipeline_counts_cells(pipeline):
     """Each cell's log (stderr not a terminal) has its step lines with elapsed time and ETA; the pipeline
     prints the cells done of the grid's, with the time left at this run's rate."""
@@ -261,7 +252,6 @@ def test_cell_logs_show_steps_with_an_eta_and_the_pipeline_counts_cells(pipeline
                      re.M), out
 
 
-@SHARED
 def test_the_retime_hint_works_as_printed(pipeline, tmp_path):
     """A timing cell that was not timed stably: the pipeline's hint, typed as printed, deletes it and times
     its group again, printing the group's rounds with the time left and the cells done."""
@@ -295,7 +285,6 @@ def test_the_retime_hint_works_as_printed(pipeline, tmp_path):
     assert re.search(r"^comera-bench: cells 8 of 8 done", out, re.M), out[-3000:]
 
 
-@SHARED
 def test_figures_without_metadata_runs_exactly_the_new_cells(pipeline, tmp_path):
     """Results copied into a fresh checkout (no .snakemake/), one more cell in the config."""
     for folder in ("results", "figures"):
@@ -320,7 +309,6 @@ def test_figures_without_metadata_runs_exactly_the_new_cells(pipeline, tmp_path)
     assert figure.stat().st_mtime_ns > figure_mtime
 
 
-@SHARED
 def test_truncated_cell_file_fails_merge_with_its_path(pipeline):
     victim = next(p for p in sorted(cells(pipeline["workdir"]).values()) if p.name.endswith(".runs.parquet"))
     victim.write_bytes(victim.read_bytes()[:64])

@@ -16,7 +16,7 @@ BIN = Path(sys.executable).parent
 ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
 SCRIPT = ROOT / "scripts" / "slurm_cluster.sh"
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("slurm")]  # one cluster
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
 OPT_IN = "COMERA_BENCH_SLURM_TESTS"

@@ -16,7 +16,7 @@ from harness.reports import claims, compare, judging
 from harness.results import analysis
 from tests.workflow.test_pipeline import TINY, snakemake
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("timing-trust")]  # one quiet and one loaded run
+pytestmark = pytest.mark.slow
 HOG = "import time\nend = time.monotonic() + {s}\nwhile time.monotonic() < end: pass"
 
 
