@@ -31,11 +31,9 @@ XDIST_MOST = 4
 def pytest_xdist_auto_num_workers(config):
     """``-n auto``: one worker per CPU this process may use (xdist's own count is the physical cores), at
     most :data:`XDIST_MOST`."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return max(1, min(cpus, XDIST_MOST))
+    from harness.running.threads import cpus_here
+
+    return max(1, min(cpus_here(), XDIST_MOST))
 
 
 def pytest_collection_modifyitems(config, items):

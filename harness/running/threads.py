@@ -32,7 +32,7 @@ def choose(cpus: int, load: float | None) -> int:
     machine, busy or not: a cell whose threads take every CPU waits for all of them at each parallel step
     whenever anything else runs (docs/performance.md, "The default grid on a busy machine")."""
     free = cpus - (load or 0.0)
-    return max(1, min(AUTO_MOST, cpus, round(free - 1)))
+    return max(1, min(AUTO_MOST, round(free - 1)))
 
 
 def finished_threads(cells_dir: str | Path) -> tuple[int | None, int]:

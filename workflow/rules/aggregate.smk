@@ -27,7 +27,6 @@ rule merge_runs:
         merge_cells(input, output, params, log[0])
 
 
-
 rule merge_microbench:
     input:
         MICROBENCH_FILES,
