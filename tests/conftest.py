@@ -36,17 +36,33 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(cpus_here(), XDIST_MOST))
 
 
+def pytest_configure(config):
+    """xdist keeps the order :func:`pytest_collection_modifyitems` makes (its own hands out the files with
+    most tests first, which starts the long end-to-end files, with few tests each, last)."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items):
-    """Slow tests first, so that under xdist (README's ``-n auto --dist loadfile``: each test file in one
-    worker, so that a module fixture -- the tiny pipeline run, the SLURM cluster -- is made once) the files
-    with long tests start early and the short ones fill the workers' ends.
-    Tests marked ``slurm`` last: once their cluster's daemons are stopped, the Slurm client they installed
+    """The order in which xdist hands out whole files (README's ``--dist loadfile``: each file on one
+    worker, so that a module fixture -- the tiny pipeline run, the SLURM cluster -- is made once): files
+    with a test marked ``slow`` first, so that the long end-to-end files start early and the many quick
+    files fill the workers' ends; among them, most tests first; slow tests first inside a file. Files with
+    tests marked ``slurm`` last: once their cluster's daemons are stopped, the Slurm client they installed
     makes every later Snakemake start wait ~9 s for a controller (snakemake-executor-plugin-slurm runs
     ``scontrol show config`` when Snakemake loads its plug-ins). Tests marked ``cuda`` need a CUDA device:
-    skipped without one (``pytest -m cuda`` selects them, as scripts/gpu_check.sh does). The sort is
-    stable: the order is the same in every xdist worker."""
-    items.sort(key=lambda item: (item.get_closest_marker("slurm") is not None,
-                                 item.get_closest_marker("slow") is None))
+    skipped without one (``pytest -m cuda`` selects them, as scripts/gpu_check.sh does). The order is the
+    same in every xdist worker."""
+    files: dict[str, list] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+    def marked(name: str, marker: str) -> bool:
+        return any(test.get_closest_marker(marker) for test in files[name])
+
+    order = sorted(files, key=lambda name: (marked(name, "slurm"), not marked(name, "slow"),
+                                            -len(files[name])))
+    items[:] = [item for name in order
+                for item in sorted(files[name], key=lambda item: item.get_closest_marker("slow") is None)]
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")

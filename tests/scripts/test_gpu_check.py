@@ -22,7 +22,7 @@ from comera import native
 
 ROOT = Path(__file__).resolve().parents[2]
 DEVICE = "cpu-gpu-check"  # config/gpu-tiny.yaml's device_name
-CELLS = 5
+CELLS = 7
 
 
 def start(tmp_path: Path, **env: str) -> subprocess.Popen:
