@@ -6,8 +6,9 @@ steps with an ETA and the pipeline counts cells; `figures` without .snakemake/ m
 cells; a quality cell stopped with the pipeline resumes from its checkpoint; a truncated cell file fails
 the merge naming it; bad or unsafe configs fail before any job; `lr: 1e-3`
 is a number; the busy warning's one-thread command gives every cell one thread. The tiny grid's timing
-cells timed again beside a bounded CPU hog: every time ratio the reports use is within 20% of the first
-run's, or its rows are flagged as not stable, left out of every ratio and named in claims.md."""
+group timed again (the re-time hint typed as printed) beside a bounded CPU hog: every time ratio the
+reports use is within 20% of the first run's, or its rows are flagged as not stable, left out of every
+ratio and named in claims.md."""
 from __future__ import annotations
 
 import json
@@ -184,27 +185,39 @@ HOG = "import time\nend = time.monotonic() + {s}\nwhile time.monotonic() < end: 
 
 @pytest.fixture(scope="module")
 def quiet_and_loaded(pipeline, tmp_path_factory):
-    """The tiny pipeline's results (the quiet run; its killed LTE cell left out of every ratio) and its
-    timing cells run again (quality cells and micro-benchmarks left out: nothing here reads them) beside
-    two busy processes of this test's own, with Snakemake's output."""
-    quiet_dir = tmp_path_factory.mktemp("quiet")
-    shutil.copytree(pipeline["workdir"] / "results", quiet_dir / "results")  # before a later test changes it
-    config = yaml.safe_load(TINY.read_text())
-    del config["workloads"]["transformer"]["quality"], config["microbench"]
-    loaded_dir = tmp_path_factory.mktemp("loaded")
-    path = loaded_dir / "timing.yaml"
-    path.write_text(yaml.safe_dump(config))
+    """The tiny pipeline's results (the quiet run; its killed LTE cell has no timing) and, in a copy of
+    them, the re-time the pipeline's hint asks for: one timing cell made noisy, `figures` run (it prints
+    the hint), then the hint typed as printed beside two busy processes of this test's own (the loaded
+    run: the cell's whole timing group is timed again). Returns the folders, their results, the victim and
+    the outputs of both commands."""
+    quiet_dir, loaded_dir = tmp_path_factory.mktemp("quiet"), tmp_path_factory.mktemp("loaded")
+    for folder in ("results", "figures"):  # before a later test changes them
+        shutil.copytree(pipeline["workdir"] / folder, quiet_dir / folder)
+        shutil.copytree(pipeline["workdir"] / folder, loaded_dir / folder)
+    quiet = analysis.load(quiet_dir / "results" / "cpu-tiny")
+    cells_dir = loaded_dir / "results" / "runs" / "cpu-tiny"
+    victim = quiet.runs[(quiet.runs.status == "ok") & (quiet.runs.purpose != "quality")].run_id.iloc[0]
+    from harness import results
+
+    row = results.read_parquet(cells_dir / f"{victim}.runs.parquet", "runs")
+    row["timing_quality"] = "noisy: made so by the test"
+    results.write_parquet_atomic(row, cells_dir / f"{victim}.runs.parquet", kind="runs")
+    first = snakemake(loaded_dir, "figures")
+    hint = first.stdout + first.stderr
+    assert first.returncode == 0, hint[-3000:]
     hogs = [subprocess.Popen([sys.executable, "-c", HOG.format(s=300)]) for _ in range(2)]
     try:
         time.sleep(0.5)
-        proc = snakemake(loaded_dir, "results/cpu-tiny/runs.parquet", configfile=path)
+        typed = subprocess.run(_printed(hint, "on a quieter machine:"), shell=True, capture_output=True,
+                               text=True, env=ENV, cwd=ROOT, timeout=900)
     finally:
         for h in hogs:
             h.kill()
             h.wait()
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    results = [analysis.load(folder / "results" / "cpu-tiny") for folder in (quiet_dir, loaded_dir)]
-    return (quiet_dir, results[0]), (loaded_dir, results[1]), proc.stdout + proc.stderr
+    assert typed.returncode == 0, (typed.stdout + typed.stderr)[-3000:]
+    loaded = analysis.load(loaded_dir / "results" / "cpu-tiny")
+    return {"quiet": (quiet_dir, quiet), "loaded": (loaded_dir, loaded), "victim": victim, "hint": hint,
+            "typed": typed.stdout + typed.stderr}
 
 
 def _time_ratios(res) -> dict:
@@ -218,18 +231,18 @@ def _time_ratios(res) -> dict:
 
 
 def test_every_timing_row_has_the_machine_state_and_a_verdict(quiet_and_loaded):
-    for _, res in quiet_and_loaded[:2]:
+    for _, res in (quiet_and_loaded["quiet"], quiet_and_loaded["loaded"]):
         rows = analysis.timing_cells(res.runs)
         rows = rows[rows.status == "ok"]  # the quiet run's killed cell has no timing
         assert len(rows) >= 4 and rows.timing_group.nunique() == 1
         assert rows.timing_quality.str.match(r"^(stable|noisy: .+)$").all()
         assert rows.load_avg_1m.notna().all() and rows.cpu_time_ratio.notna().all()
         assert rows.round_step_mean_ms.notna().all()
-    assert (analysis.timing_cells(quiet_and_loaded[1][1].runs).status == "ok").sum() == 5
+    assert (analysis.timing_cells(quiet_and_loaded["loaded"][1].runs).status == "ok").sum() == 5
 
 
 def test_loaded_ratios_match_the_quiet_ones_or_their_rows_are_named(quiet_and_loaded, tmp_path):
-    (quiet_dir, quiet), (loaded_dir, loaded), _ = quiet_and_loaded
+    (quiet_dir, quiet), (loaded_dir, loaded) = quiet_and_loaded["quiet"], quiet_and_loaded["loaded"]
     q, loaded_ratios = _time_ratios(quiet), _time_ratios(loaded)
     for key, value in loaded_ratios.items():
         if key in q:
@@ -249,7 +262,7 @@ def test_loaded_ratios_match_the_quiet_ones_or_their_rows_are_named(quiet_and_lo
 
 
 def test_the_hog_is_seen(quiet_and_loaded):
-    _, (_, loaded), log = quiet_and_loaded
+    (_, loaded), log = quiet_and_loaded["loaded"], quiet_and_loaded["typed"]
     rows = analysis.timing_cells(loaded.runs)
     assert (rows.run_queue_frac > timing.MAX_RUN_QUEUE_FRAC).any() or (rows.timing_quality != "stable").any()
     assert "were not timed stably" in log and "comera-bench noisy" in log
@@ -334,31 +347,17 @@ def test_cell_logs_show_steps_with_an_eta_and_the_pipeline_counts_cells(pipeline
                      re.M), out
 
 
-def test_the_retime_hint_works_as_printed(pipeline, tmp_path):
+def test_the_retime_hint_works_as_printed(quiet_and_loaded):
     """A timing cell that was not timed stably: the pipeline's hint, typed as printed, deletes it and times
     its group again, printing the group's rounds with the time left and the cells done."""
-    for folder in ("results", "figures"):
-        shutil.copytree(pipeline["workdir"] / folder, tmp_path / folder)
-    folder = tmp_path / "results" / "runs" / "cpu-tiny"
-    runs = pd.read_parquet(tmp_path / "results" / "cpu-tiny" / "runs.parquet")
-    victim = runs[(runs.status == "ok") & (runs.purpose != "quality")].run_id.iloc[0]
-    from harness import results
-
-    row = results.read_parquet(folder / f"{victim}.runs.parquet", "runs")
-    row["timing_quality"] = "noisy: made so by the test"
-    results.write_parquet_atomic(row, folder / f"{victim}.runs.parquet", kind="runs")
-    first = snakemake(tmp_path, "figures")
-    out = first.stdout + first.stderr
-    assert first.returncode == 0, out[-3000:]
-    assert f"  {victim}: made so by the test" in out
-    command = _printed(out, "on a quieter machine:")
-    assert command == (f"comera-bench noisy {shlex.quote(str(folder))} --delete && "
-                       + shlex.join(["snakemake", "--cores", "1", "figures", "--directory", str(tmp_path),
-                                     "--configfile", str(TINY)]))
-    typed = subprocess.run(command, shell=True, capture_output=True, text=True, env=ENV,
-                           cwd=ROOT, timeout=900)
-    out = typed.stdout + typed.stderr
-    assert typed.returncode == 0, out[-3000:]
+    loaded_dir, victim = quiet_and_loaded["loaded"][0], quiet_and_loaded["victim"]
+    folder = loaded_dir / "results" / "runs" / "cpu-tiny"
+    assert f"  {victim}: made so by the test" in quiet_and_loaded["hint"]
+    assert _printed(quiet_and_loaded["hint"], "on a quieter machine:") == (
+        f"comera-bench noisy {shlex.quote(str(folder))} --delete && "
+        + shlex.join(["snakemake", "--cores", "1", "figures", "--directory", str(loaded_dir),
+                      "--configfile", str(TINY)]))
+    out = quiet_and_loaded["typed"]
     assert "rule time_transformer_b4_s0" in out or "time_transformer_b4_s0" in out
     assert (pd.read_parquet(folder / f"{victim}.runs.parquet").timing_quality.iloc[0]
             != "noisy: made so by the test")
