@@ -56,6 +56,7 @@ def pytest_collection_modifyitems(config, items):
     files: dict[str, list] = {}
     for item in items:
         files.setdefault(item.nodeid.split("::")[0], []).append(item)
+
     def marked(name: str, marker: str) -> bool:
         return any(test.get_closest_marker(marker) for test in files[name])
 

@@ -27,6 +27,7 @@ import psutil
 import pytest
 import yaml
 
+from harness import results
 from harness.core import timing
 from harness.reports import claims, compare, judging
 from harness.results import analysis
@@ -197,8 +198,6 @@ def quiet_and_loaded(pipeline, tmp_path_factory):
     quiet = analysis.load(quiet_dir / "results" / "cpu-tiny")
     cells_dir = loaded_dir / "results" / "runs" / "cpu-tiny"
     victim = quiet.runs[(quiet.runs.status == "ok") & (quiet.runs.purpose != "quality")].run_id.iloc[0]
-    from harness import results
-
     row = results.read_parquet(cells_dir / f"{victim}.runs.parquet", "runs")
     row["timing_quality"] = "noisy: made so by the test"
     results.write_parquet_atomic(row, cells_dir / f"{victim}.runs.parquet", kind="runs")
