@@ -10,7 +10,7 @@ from comera.feedforward import feed_forward
 from comera.kernels import register_flop_formulas
 from comera.plain import plain_autograd
 from comera.prune import prune
-from comera.rank import RankSettings, TwoStageRankAdaptation
+from comera.rank import RankSettings, TwoStageRankAdaptation, gate_penalty
 from comera.size import rank_shares, ranks, removed_layers, tt_parameter_count
 from comera.tt import TTLinear
 from comera.ttm import TTMEmbedding
@@ -29,6 +29,7 @@ __all__ = [
     "model_size",
     "ConversionReport",
     "TwoStageRankAdaptation",
+    "gate_penalty",
     "rank_shares",
     "prune",
     "removed_layers",

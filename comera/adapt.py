@@ -6,7 +6,6 @@ what they are: docs/recipe.md.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import warnings
 from typing import Any, Iterable
 
@@ -15,12 +14,13 @@ from torch import nn
 
 from comera.convert import dense_equivalent
 from comera.ttm import TTMEmbedding
-from comera.rank import RankSettings, TwoStageRankAdaptation
+from comera.rank import PAPER_DEFAULTS, PAPER_UNREAD, RULES, RankSettings, TwoStageRankAdaptation
 from comera.size import ranks, removed_layers, tensorized_modules, tt_parameter_count
 
 GATE_LR_FACTOR = 5.0
 DERIVED = ("late_start_step", "target_ratio", "total_steps", "converged_window")  # from target, steps
 CONVERGED_WINDOW = 0.1  # converged_window as a fraction of total_steps
+EARLY_FRACTION = {"project": 0.45, "paper": 2 / 3}  # the paper: 20 early + 10 late epochs
 
 
 def learning_rates(lr: float = 1e-3, *, cores: float | None = None, gates: float | None = None,
@@ -53,12 +53,17 @@ def param_groups(model: nn.Module, lr: float = 1e-3, *, cores: float | None = No
     return [{"params": ps, "lr": lrs[group], "name": group} for group, ps in named.items() if ps]
 
 
-def defaults() -> dict[str, Any]:
-    """The library's rank-adaptation defaults: every keyword :class:`RankAdaptation` takes besides
-    ``target`` and ``total_steps`` (``early_fraction`` and the fields of :class:`comera.rank.RankSettings`
-    not derived from them), with its default."""
+def defaults(rules: str = "project") -> dict[str, Any]:
+    """The library's rank-adaptation defaults under ``rules`` ("project" or "paper"): every keyword
+    :class:`RankAdaptation` takes besides ``target`` and ``total_steps`` (``early_fraction`` and the fields
+    of :class:`comera.rank.RankSettings` not derived from them) that these rules read, with its default."""
+    if rules not in RULES:
+        raise ValueError(f"rank adaptation: rules={rules!r} must be one of {RULES}")
     out = {f.name: f.default for f in dataclasses.fields(RankSettings) if f.name not in DERIVED}
-    out["early_fraction"] = inspect.signature(RankAdaptation).parameters["early_fraction"].default
+    if rules == "paper":
+        out = {key: value for key, value in out.items() if key not in PAPER_UNREAD}
+        out.update(PAPER_DEFAULTS, rules="paper")
+    out["early_fraction"] = EARLY_FRACTION[rules]
     return out
 
 
@@ -72,25 +77,42 @@ class RankAdaptation:
         total_steps: the steps the loop will run (needed with a target).
         early_fraction: the early stage lasts at least this fraction of ``total_steps``; the switch comes
             when the task loss has stopped improving after that (``switch_when="converged"``, default) or
-            right then (``"step"``).
+            right then (``"step"``). None: 0.45, or 2/3 with ``rules="paper"``.
         settings: any field of :class:`comera.rank.RankSettings` but those derived from the arguments
             above (``late_start_step``, ``target_ratio``, ``total_steps``; ``converged_window`` is 10% of
-            ``total_steps`` unless given).
+            ``total_steps`` unless given). ``rules="paper"`` runs the paper's rules: the settings default
+            to :func:`defaults` ``("paper")`` and those the paper's rules do not read are refused.
 
     Raises:
-        TypeError: an unknown setting, or an optimizer that is not a torch optimizer.
+        TypeError: an unknown setting, one the chosen rules do not read, or an optimizer that is not a
+            torch optimizer.
         ValueError: a model without TT / TTM layers, a target without ``total_steps``, a value out of range.
+
+    Example::
+
+        >>> adapt = comera.RankAdaptation(model, optimizer, target=0.5, total_steps=3000, rules="paper")
     """
 
     def __init__(self, model: nn.Module,
                  optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] = (),
-                 *, target: float | None = None, total_steps: int | None = None, early_fraction: float = 0.45,
-                 **settings: Any):
+                 *, target: float | None = None, total_steps: int | None = None,
+                 early_fraction: float | None = None, **settings: Any):
         fields = {f.name for f in dataclasses.fields(RankSettings)} - set(DERIVED) | {"converged_window"}
         unknown = set(settings) - fields
         if unknown:
             raise TypeError(f"RankAdaptation: unknown setting(s) {sorted(unknown)}; settings: "
                             f"{sorted(fields)}")
+        rules = settings.get("rules", "project")
+        if rules not in RULES:
+            raise ValueError(f"RankAdaptation: rules must be one of {RULES}, got {rules!r}")
+        if rules == "paper":
+            unread = sorted(set(settings) & set(PAPER_UNREAD))
+            if unread:
+                raise TypeError(f"RankAdaptation: rules='paper' does not read {unread} (the project's "
+                                "convergence switch and loss guard)")
+            settings = {**PAPER_DEFAULTS, **settings}
+        if early_fraction is None:
+            early_fraction = EARLY_FRACTION[rules]
         if not tensorized_modules(model):
             raise ValueError("RankAdaptation: the model has no TT / TTM layer; run comera.tensorize first")
         if target is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, int)

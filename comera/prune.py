@@ -1,7 +1,7 @@
-"""Physical rank pruning of TT / TTM layers, decided by each rank's share of its bond.
+"""Physical rank pruning of TT / TTM layers, decided by each rank's share of its bond or by its gate.
 
-:func:`prune` removes the ranks whose share (:func:`comera.size.rank_shares`) is at or below the threshold,
-slicing cores, gates, gradients and optimizer state.
+:func:`prune` removes the ranks whose share (:func:`comera.size.rank_shares`), or gate (the paper's rule),
+is at or below the threshold, slicing cores, gates, gradients and optimizer state.
 """
 from __future__ import annotations
 
@@ -11,16 +11,19 @@ import torch
 from torch import nn
 
 from comera.size import bond_sizes, rank_saving, rank_shares, tensorized_modules, tt_parameter_count
+from comera.tt import parameter_entries
 
 
 @torch.no_grad()
 def prune(model: nn.Module, threshold: float, optimizers: Iterable[torch.optim.Optimizer] = (),
-          min_size: float | None = None, min_rank: int = 1) -> dict:
-    """Physically remove every rank whose share of its bond (:func:`rank_shares`) is ``<= threshold``.
+          min_size: float | None = None, min_rank: int = 1, by: str = "share") -> dict:
+    """Physically remove every rank whose share of its bond (:func:`rank_shares`), or gate, is
+    ``<= threshold``.
 
     Args:
         model: a model with TT / TTM layers.
-        threshold: a rank goes when its share of its bond's largest is at or below it.
+        threshold: a rank goes when its share of its bond's largest (``by="share"``) or its gate
+            (``by="gate"``, signed: the ranks the official code's mask zeroes) is at or below it.
         optimizers: their state tensors shaped like a parameter are sliced with it.
         min_size: ranks are removed smallest share first, skipping one that would take
             :func:`~comera.size.tt_parameter_count` below it (the late stage's size target).
@@ -37,15 +40,20 @@ def prune(model: nn.Module, threshold: float, optimizers: Iterable[torch.optim.O
         names of the layers this call removed.
 
     Raises:
-        ValueError: ``min_rank`` below 0.
+        ValueError: ``min_rank`` below 0, or ``by`` not "share" or "gate".
     """
     if min_rank < 0:
         raise ValueError(f"prune: min_rank must be >= 0, got {min_rank}")
+    if by not in ("share", "gate"):
+        raise ValueError(f"prune: by must be 'share' or 'gate', got {by!r}")
     optimizers = list(optimizers)
     named = tensorized_modules(model)
     before = {name: bond_sizes(module) for name, module in named}
     params_before = tt_parameter_count(model)
-    shares = [rank_shares(module) for _, module in named]
+    if by == "share":
+        shares = [rank_shares(module) for _, module in named]
+    else:
+        shares = [[g.detach() for g in parameter_entries(module.gates)] for _, module in named]
     drop = _ranks_to_drop([module for _, module in named], [list(before[name]) for name, _ in named], shares,
                           threshold, min_size, params_before, min_rank)
     removed = []

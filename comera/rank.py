@@ -1,7 +1,9 @@
 """CoMERA's two-stage rank adaptation (arXiv 2405.14377, Sec. 3): stage objectives, switch and pruning.
 
-Driven step by step by :class:`TwoStageRankAdaptation`. The rules: docs/library-reference.md; why each is
-what it is: docs/recipe.md.
+Driven step by step by :class:`TwoStageRankAdaptation` under one of two rule sets (``RankSettings.rules``):
+``"project"`` (default) or ``"paper"`` (the paper's and its official code's: :func:`gate_penalty`,
+:func:`paper_late_objective`). The rules: docs/library-reference.md; why each is what it is:
+docs/recipe.md.
 """
 from __future__ import annotations
 
@@ -14,8 +16,11 @@ import torch
 from torch import nn
 
 from comera.prune import prune
-from comera.size import bond_sizes, layout, rank_saving, tensorized_modules, tt_parameter_count
+from comera.paper import (  # noqa: F401 (gate_penalty and the constants are part of this module's API)
+    PAPER_DEFAULTS, PAPER_FIXED, PAPER_LOSS_WEIGHT, PAPER_UNREAD, gate_penalty, paper_late_objective)
+from comera.size import bond_sizes, gate_size, layout, rank_saving, tensorized_modules, tt_parameter_count
 
+RULES = ("project", "paper")
 SWITCH_RULES = ("converged", "step")
 MASK_GATES = ("at_prune", "every_step")
 LOSS_RISE_TOLERANCES, LOSS_RISE_MARGIN = 3, 0.05  # warn: running loss > switch's + 3 tolerances + 0.05
@@ -116,12 +121,17 @@ def late_objective(task_loss: torch.Tensor, model: nn.Module, target: LateTarget
 class RankSettings:
     """Settings of the two-stage rank adaptation. The defaults are the library's recipe, the one set of
     CoMERA defaults (:class:`comera.RankAdaptation` and the pipeline's ``comera`` method take theirs from
-    here); how they were chosen: docs/recipe.md."""
+    here); how they were chosen: docs/recipe.md. ``rules="paper"`` runs the paper's rules instead
+    (``PAPER_DEFAULTS``, of which ``PAPER_FIXED`` may not change; the fields in ``PAPER_UNREAD`` are
+    not read): docs/library-reference.md."""
 
+    rules: str = "project"          # "project": the rules below; "paper": the paper's (module docstring)
     l1_weight: float = 0.0          # gamma: early-stage weight of the soft size over the stored size (the
-                                    # paper's 0.01 held the small transformer on its plateau: recipe.md)
+                                    # paper's 0.01 held the small transformer on its plateau: recipe.md);
+                                    # paper rules: the weight of gate_penalty in both stages
     l2_weight: float = 0.0          # beta: weight of the cores' squared norms (both stages)
-    threshold: float = 1e-2         # ranks whose share of their bond is at or below are pruned
+    threshold: float = 1e-2         # ranks whose share of their bond is at or below are pruned (paper
+                                    # rules: whose gate is at or below)
     prune_every: int = 10           # steps between prunings (0: never during a stage)
     min_rank: int = 1               # ranks every bond keeps; 0 lets a layer go (its weight zero)
     late_start_step: int | None = None  # the earliest stage switch; None: early stage only
@@ -144,7 +154,8 @@ class RankSettings:
 
     def check(self) -> None:
         """ValueError naming the first setting out of its range."""
-        rules = [("target_ratio", self.target_ratio is None or 0 < self.target_ratio <= 1, "in (0, 1]"),
+        rules = [("rules", self.rules in RULES, f"one of {RULES}"),
+                 ("target_ratio", self.target_ratio is None or 0 < self.target_ratio <= 1, "in (0, 1]"),
                  ("switch_when", self.switch_when in SWITCH_RULES, f"one of {SWITCH_RULES}"),
                  ("mask_gates", self.mask_gates in MASK_GATES, f"one of {MASK_GATES}"),
                  ("min_rank", self.min_rank >= 0, ">= 0"), ("prune_every", self.prune_every >= 0, ">= 0"),
@@ -158,6 +169,11 @@ class RankSettings:
         for name, ok, rule in rules:
             if not ok:
                 raise ValueError(f"rank adaptation: {name}={getattr(self, name)!r} must be {rule}")
+        if self.rules == "paper":
+            for name, value in PAPER_FIXED.items():
+                if getattr(self, name) != value:
+                    raise ValueError(f"rank adaptation: rules='paper' fixes {name}={value!r}, got "
+                                     f"{getattr(self, name)!r}")
 
 
 class RunningLoss:
@@ -260,8 +276,21 @@ class TwoStageRankAdaptation:
         """The training objective of the current stage for one step's task loss (no host sync)."""
         s = self.settings
         self.running.update(task_loss.detach())
+        paper = s.rules == "paper"
+        if self.stage == 0 and paper:
+            objective = task_loss + s.l1_weight * gate_penalty(self.model, s.threshold).to(task_loss)
+            if s.l2_weight:
+                objective = objective + s.l2_weight * layout(self.model).core_l2().to(task_loss)
+            return objective
         if self.stage == 0:
             return early_objective(task_loss, self.model, l1_weight=s.l1_weight, l2_weight=s.l2_weight)
+        if paper:
+            objective, self.last_size_active = paper_late_objective(
+                task_loss, self.model, loss_target=self.target.loss_target,
+                size=gate_size(self.model, s.threshold), size_target=self.target.size_target,
+                penalty_weight=s.l1_weight, threshold=s.threshold, l2_weight=s.l2_weight)
+            self._count_branch()
+            return objective
         if s.loss_target is None:
             self.target.loss_target = self.running.best
         self.target.loss_fall = self.running.first - self.target.loss_target
@@ -269,11 +298,15 @@ class TwoStageRankAdaptation:
             task_loss, self.model, self.target, size=self._size, l2_weight=s.l2_weight,
             branch_loss=self.running.fast, noise=self.running.fast_noise())
         if self.progress.late_steps >= self.switch["ramp_steps"]:  # S0 at its final value
-            counted = self.progress.size_branch_steps
-            active = self.last_size_active.to(torch.int64)
-            self.progress.size_branch_steps = active if counted is None else counted + active
-            self.progress.final_steps += 1
+            self._count_branch()
         return objective
+
+    def _count_branch(self) -> None:
+        """Count a late step at the final target, and whether it took the size branch (on the device)."""
+        counted = self.progress.size_branch_steps
+        active = self.last_size_active.to(torch.int64)
+        self.progress.size_branch_steps = active if counted is None else counted + active
+        self.progress.final_steps += 1
 
     def after_step(self, step: int) -> dict[str, float]:
         """Ramp, stage switch and pruning after the optimizer step of step ``step`` (0-based).
@@ -297,7 +330,8 @@ class TwoStageRankAdaptation:
             pruned = True
         elif s.prune_every and done % s.prune_every == 0:
             floor = float(self.target.size_target) if self.stage == 1 and s.stop_at_target else None
-            self._pruned(prune(self.model, s.threshold, self.optimizers, min_size=floor, min_rank=s.min_rank))
+            self._pruned(prune(self.model, s.threshold, self.optimizers, min_size=floor, min_rank=s.min_rank,
+                               by=self._prune_by))
             pruned = True
         parts = layout(self.model)
         gate_sizes = [g.shape[0] for g in parts.gates]  # gate k spans internal bond k+1
@@ -305,7 +339,8 @@ class TwoStageRankAdaptation:
                 "rank_mean": sum(gate_sizes) / len(gate_sizes) if gate_sizes else 0.0}
         if pruned and self.stage == 1 and self.last_size_active is not None:
             info["size_active"] = float(self.last_size_active)
-            self._warn_if_the_loss_rose(done)
+            if s.rules == "project":
+                self._warn_if_the_loss_rose(done)
         if done == s.total_steps:
             self.outcome.update(shortfall=self.shortfall(), removed=list(self.progress.removed))
         return info
@@ -360,12 +395,21 @@ class TwoStageRankAdaptation:
                 f"above its {self._switch_loss:.4g} at the switch (step {self.switch['step']})",
                 RuntimeWarning, stacklevel=4)
 
+    @property
+    def _prune_by(self) -> str:
+        return "gate" if self.settings.rules == "paper" else "share"
+
     def start_late_stage(self, loss_target: float | None = None, step: int | None = None) -> LateTarget:
         """Prune, then fix the reference point ``(L0, S0)`` from the current size and loss; ``switch``
-        records them with ``step`` (training steps done)."""
+        records them with ``step`` (training steps done). Under the paper's rules ``L0`` is
+        ``loss_target`` (else the slow running loss now) and ``S0`` is ``target_ratio`` x
+        :func:`comera.size.gate_size` now (``switch["gate_size"]``, ``switch["gate_size_target"]``);
+        ``switch["size"]`` and ``switch["size_target"]`` are the stored size and its ``target_ratio``."""
         s = self.settings
-        self._pruned(prune(self.model, s.threshold, self.optimizers, min_rank=s.min_rank))
+        self._pruned(prune(self.model, s.threshold, self.optimizers, min_rank=s.min_rank, by=self._prune_by))
         start_size = float(tt_parameter_count(self.model))
+        if s.rules == "paper":
+            return self._start_paper_late_stage(loss_target, step, start_size)
         if loss_target is None:
             loss_target = s.loss_target
         if loss_target is None and self.running.best is None:
@@ -380,6 +424,31 @@ class TwoStageRankAdaptation:
                            ramp_steps=ramp_steps)
         self.stage = 1
         return self.target
+
+    def _start_paper_late_stage(self, loss_target: float | None, step: int | None,
+                                start_size: float) -> LateTarget:
+        s = self.settings
+        if loss_target is None:
+            loss_target = s.loss_target
+        if loss_target is None and self.running.slow is None:
+            raise RuntimeError("late stage needs loss_target or at least one early-stage step")
+        reference = float(loss_target if loss_target is not None else self.running.slow)
+        counted = float(gate_size(self.model, s.threshold))
+        self.switch.update(step=step or 0, size=start_size, size_target=s.target_ratio * start_size,
+                           loss_target=reference, ramp_steps=0, gate_size=counted,
+                           gate_size_target=s.target_ratio * counted)
+        self.target = self._paper_target()
+        self.stage = 1
+        return self.target
+
+    def _paper_target(self) -> LateTarget:
+        """The paper's fixed ``(L0, S0)``, ``S0`` in :func:`comera.size.gate_size`'s count."""
+        reference = next(self.model.parameters())
+        counted, final = self.switch["gate_size"], self.switch["gate_size_target"]
+        return LateTarget(loss_target=self.switch["loss_target"],
+                          size_target=torch.tensor(final, dtype=torch.float64, device=reference.device),
+                          size_scale=max(counted, 1.0), size_span=max(counted - final, 1.0),
+                          size_weight=0.0, tolerance=0.0)
 
     def _late_target(self, loss_target: float | torch.Tensor, start_size: float, final: float,
                      size_target: float) -> LateTarget:
@@ -406,6 +475,12 @@ class TwoStageRankAdaptation:
         p = self.progress
         final = p.final_steps
         shrinking = float(p.size_branch_steps) / final if final and p.size_branch_steps is not None else 1.0
+        if s.rules == "paper":
+            if shrinking > 0.5:
+                return f"{where}: the late stage ({p.late_steps} steps) ended first; give it more steps"
+            return (f"{where}: the loss branch took {1 - shrinking:.0%} of the {final} late steps (the task "
+                    f"loss further above L0 = {self.switch['loss_target']:.4g}, relatively, than the size "
+                    f"above S0: the paper's rule; loss_target)")
         if shrinking > 0.5:
             return (f"{where}: the late stage ({p.late_steps} steps) ended first; give it more steps or a "
                     f"larger size_weight")
@@ -440,7 +515,9 @@ class TwoStageRankAdaptation:
         self.target = None
         self._size = None
         self._pruned({"params_after": tt_parameter_count(self.model), "removed": []})
-        if self.stage == 1:
+        if self.stage == 1 and self.settings.rules == "paper":
+            self.target = self._paper_target()
+        elif self.stage == 1:
             loss_target = self.settings.loss_target
             if loss_target is None:
                 loss_target = self.running.best

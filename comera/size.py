@@ -102,6 +102,37 @@ def size_l0(model: nn.Module, threshold: float) -> torch.Tensor:
     return parts.bond_size(torch.tensor(counts, dtype=parts.one.dtype, device=parts.one.device))
 
 
+def gate_size(model: nn.Module, threshold: float = 1e-2) -> torch.Tensor:
+    """The official code's ``compute_size``: the cores' scalars counting in each bond only the ranks whose
+    gate is above ``threshold`` (signed: a negative gate counts as gone, as the official mask has it).
+
+    A module with a bond of no such rank counts 0 (its weight is zero). Gates are not counted; a TTM core
+    counts all its scalars (the official code counts one of its two mode sizes). A 0-dim tensor in the
+    cores' dtype, on their device (no host sync).
+
+    Args:
+        model: the model with TT / TTM layers.
+        threshold: a rank counts while its gate is above it.
+
+    Example::
+
+        >>> layer = TTLinear(8, 8, in_shape=(2, 4), out_shape=(2, 4), rank=3)
+        >>> float(gate_size(layer))  # gates at 1: every rank counts (ranks [1, 2, 3, 3, 1])
+        58.0
+    """
+    parts = layout(model)
+    counts = []
+    for module in _tensorized(model):
+        gates = parameter_entries(module.gates)
+        if not gates:
+            continue
+        alive = torch.stack([(g > threshold).sum() for g in gates]).to(parts.one.dtype)
+        counts.append(alive * (alive.amin() > 0))
+    if not counts:
+        return parts.bond_size(parts.one[None][:0], count_gates=False)
+    return parts.bond_size(torch.cat(counts), count_gates=False)
+
+
 def soft_size(model: nn.Module) -> torch.Tensor:
     """The size ``S`` with every bond's rank replaced by its soft rank ``(||g||_1 / ||g||_2)^2``.
 

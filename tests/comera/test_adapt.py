@@ -155,14 +155,20 @@ def _run(settings):
     return model, optimizer, comera.RankAdaptation(model, optimizer, **settings)
 
 
+PROJECT_RULES = dict(converged_window=4, converged_gain=1.0)
+
+
 @pytest.mark.parametrize("resume_at", [4, 10, 16])  # early stage, right after the switch, late stage
-@pytest.mark.parametrize("target_ramp,switch_when", [(0.0, "step"), (0.8, "step"), (0.8, "converged")])
-def test_a_resumed_run_ends_as_the_uninterrupted_one(tmp_path, resume_at, target_ramp, switch_when):
+@pytest.mark.parametrize("rules", [dict(target_ramp=0.0, switch_when="step", **PROJECT_RULES),
+                                   dict(target_ramp=0.8, switch_when="step", **PROJECT_RULES),
+                                   dict(target_ramp=0.8, switch_when="converged", **PROJECT_RULES),
+                                   dict(rules="paper", loss_target=1.0)],
+                         ids=["step", "ramp", "converged", "paper"])
+def test_a_resumed_run_ends_as_the_uninterrupted_one(tmp_path, resume_at, rules):
     """Checkpoint (model, optimizer, rank adaptation) after ``resume_at`` of 24 steps, rebuild everything
     from the files and go on: the same ranks, parameters (float64, exactly), switch point and summary as a
     run that never stopped."""
-    settings = dict(target=0.5, total_steps=24, early_fraction=0.4, target_ramp=target_ramp, prune_every=4,
-                    switch_when=switch_when, converged_window=4, converged_gain=1.0)
+    settings = dict(target=0.5, total_steps=24, early_fraction=0.4, prune_every=4, **rules)
     model, optimizer, adapt = _run(settings)
     _train(model, optimizer, adapt, 0, 24)
 
