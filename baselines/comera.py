@@ -1,7 +1,8 @@
 """CoMERA as a training method: the workload's model tensorized, AdamW, :class:`comera.RankAdaptation`.
 
-Params: :class:`CoMERAParams`; the rank-adaptation defaults are the library's (docs/recipe.md), the layers'
-settings the method's own (docs/library-reference.md).
+Params: :class:`CoMERAParams`; the rank-adaptation defaults are the library's (docs/recipe.md), or with
+``rules: paper`` the paper's (variant ``paper`` in the configs), the layers' settings the method's own
+(docs/library-reference.md).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from comera.adapt import RankAdaptation, learning_rates, param_groups
 from comera.adapt import defaults as library_defaults
 from comera.convert import model_size, tensorize
 from comera.init import INIT_SCHEMES
-from comera.rank import MASK_GATES, SWITCH_RULES
+from comera.rank import MASK_GATES, PAPER_UNREAD, RULES, SWITCH_RULES, RankSettings
 from comera.ttm import LOOKUP_MODES
 
 DENSE_INITS = ("workload", "official")
@@ -30,6 +31,8 @@ LIBRARY = library_defaults()
 """The rank-adaptation defaults: the library's (:func:`comera.adapt.defaults`), the one set."""
 RANK_SETTINGS = tuple(key for key in LIBRARY if key != "early_fraction")
 """The params passed on to :class:`comera.RankAdaptation` as settings (fields of RankSettings)."""
+PAPER = library_defaults("paper")
+"""The defaults under ``rules: paper`` (the paper's rules; docs/library-reference.md)."""
 
 
 def _library(key: str, rule: str | None = None) -> Any:
@@ -41,6 +44,7 @@ class CoMERAParams:
     """Parameters of the CoMERA method (module docstring), validated by :func:`baselines.params.parse`.
     The rank-adaptation fields take the library's defaults (``LIBRARY``)."""
 
+    rules: Literal[RULES] = _library("rules")  # "paper": the paper's rules and their defaults (PAPER)
     # the method's own: None keeps the workload's (its tt_spec, its lr groups)
     rank: int | None = field(default=None, metadata=check(">=1"))            # every TT linear layer
     embedding_rank: int | None = field(default=None, metadata=check(">=1"))  # every TTM embedding
@@ -70,14 +74,35 @@ class CoMERAParams:
     embedding_init_std: float | None = None      # the TTM table's std; None: the workload's, else init's
     dense_init: Literal[DENSE_INITS] = "workload"  # "official": the workload's official_init for the rest
 
+    @staticmethod
+    def resolve(given: dict[str, Any]) -> dict[str, Any]:
+        """Under ``rules: paper`` the rank-adaptation params not given take the paper's defaults
+        (``PAPER``); one the paper's rules do not read, or a value they fix, is a ValueError naming it."""
+        if given.get("rules") != "paper":
+            return given
+        unread = sorted(set(given) & set(PAPER_UNREAD))
+        if unread:
+            raise ValueError(f"method 'comera': parameter {unread[0]!r} is not read under rules 'paper' "
+                             f"(the project's convergence switch and loss guard: {list(PAPER_UNREAD)})")
+        given = {**PAPER, **given}
+        try:
+            RankSettings(**{key: given[key] for key in RANK_SETTINGS if key in given}).check()
+        except ValueError as err:
+            raise ValueError(f"method 'comera': {err}") from err
+        return given
+
 
 PARAMS_DEFAULTS: dict[str, Any] = defaults(CoMERAParams)
 VARIANTS = {"optimized": "default", "naive": "naive-lookup"}
 
 
 def check_params(params: dict[str, Any] | None) -> dict[str, Any]:
-    """Validate CoMERA params and fill defaults; an unknown key or a bad value raises ValueError."""
-    return asdict(parse("comera", CoMERAParams, params))
+    """Validate CoMERA params and fill defaults; an unknown key or a bad value raises ValueError. Under
+    ``rules: paper`` the params these rules do not read (``PAPER_UNREAD``) are left out."""
+    out = asdict(parse("comera", CoMERAParams, params))
+    if out["rules"] == "paper":
+        out = {key: value for key, value in out.items() if key not in PAPER_UNREAD}
+    return out
 
 
 class CoMERAMethod:
@@ -105,16 +130,18 @@ class CoMERAMethod:
         groups = param_groups(model, **{group: lrs[group] for group in ("cores", "gates", "other",
                                                                         "embedding_cores")})
         optimizer, impl = adamw(groups, lr=lrs["other"], weight_decay=p.weight_decay)
+        read = library_defaults(p.rules)  # the settings these rules read
         adapt = RankAdaptation(model, optimizer, target=target_ratio, total_steps=total_steps,
                                early_fraction=p.early_fraction,
-                               **{key: getattr(p, key) for key in RANK_SETTINGS})
+                               **{key: getattr(p, key) for key in RANK_SETTINGS if key in read})
         driver = adapt.driver  # the runner passes the step number (CUDA graphs capture the objective)
         return Prepared(
             model=model,
             optimizers=[optimizer],
             total_loss=driver.objective,
             after_step=driver.after_step,
-            settings={**asdict(p), "lr": lrs, "late_start_step": adapt.settings.late_start_step,
+            settings={**{key: value for key, value in asdict(p).items()
+                         if key in read or key not in LIBRARY}, "lr": lrs, "late_start_step": adapt.settings.late_start_step,
                       "target_ratio": target_ratio, "converged_window": adapt.settings.converged_window,
                       # pruning every prune_every steps (both stages) is periodic work: timing rounds hold
                       # whole periods of it (harness.core.timing.round_bounds)

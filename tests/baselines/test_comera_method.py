@@ -178,18 +178,17 @@ def test_a_ttm_embedding_model_leaves_the_plateau_of_the_four_topic_task():
 
 
 def test_the_pipelines_comera_defaults_are_the_librarys():
-    """One set of CoMERA defaults: every rank-adaptation default of comera.RankAdaptation (its signature
-    and RankSettings) is the pipeline method's, and the method builds the same settings."""
+    """One set of CoMERA defaults: every rank-adaptation default of comera.RankAdaptation (its early
+    fraction and RankSettings) is the pipeline method's, and the method builds the same settings."""
     import dataclasses
-    import inspect
 
     import comera
+    from comera.adapt import EARLY_FRACTION
     from comera.rank import RankSettings
 
-    signature = inspect.signature(comera.RankAdaptation).parameters
     library = {f.name: f.default for f in dataclasses.fields(RankSettings)
                if f.name not in ("late_start_step", "target_ratio", "total_steps", "converged_window")}
-    library.update(early_fraction=signature["early_fraction"].default)
+    library.update(early_fraction=EARLY_FRACTION["project"])
     assert {key: PARAMS_DEFAULTS[key] for key in library} == library
     assert (library["size_weight"], library["prune_every"], library["min_rank"]) == (10.0, 10, 1)
     workload = _workload()
@@ -207,8 +206,32 @@ def test_the_stage_switch_is_the_librarys_clamp():
     assert prepared.settings["late_start_step"] == 9
 
 
+def test_rules_paper_selects_the_papers_rules_and_defaults():
+    """``rules: paper`` fills the paper's defaults (2/3 early, gate penalty 0.01, threshold pruning, fixed
+    S0, L0 0.8), hands them to the library's driver, and records only the settings these rules read."""
+    from comera.adapt import defaults
+
+    params = check_params({"rules": "paper"})
+    assert {key: params[key] for key in defaults("paper")} == defaults("paper")
+    assert (params["early_fraction"], params["l1_weight"], params["loss_target"]) == (2 / 3, 0.01, 0.8)
+    assert "size_weight" not in params and check_params(params) == params  # filled params check again
+    workload = _workload()
+    prepared = CoMERAMethod().prepare(workload.model, workload, {"rules": "paper"}, target_ratio=0.5,
+                                      total_steps=30)
+    adapt = prepared.stateful["rank_adaptation"]
+    assert (adapt.settings.rules, adapt.settings.late_start_step, adapt.settings.switch_when) == (
+        "paper", 20, "step")
+    assert prepared.settings["rules"] == "paper" and "size_weight" not in prepared.settings
+    assert check_params({})["rules"] == "project"
+
+
 @pytest.mark.parametrize("method, params, message", [
     ("comera", {"size_wieght": 10}, "method 'comera': unknown parameter 'size_wieght'"),
+    ("comera", {"rules": "official"}, "parameter 'rules' must be one of \['project', 'paper'\]"),
+    ("comera", {"rules": "paper", "loss_tolerance": 0.1},
+     "method 'comera': parameter 'loss_tolerance' is not read under rules 'paper'"),
+    ("comera", {"rules": "paper", "target_ramp": 0.8},
+     "method 'comera': rank adaptation: rules='paper' fixes target_ramp=0.0, got 0.8"),
     ("dense", {"learning_rate": 1e-3}, "method 'dense': unknown parameter 'learning_rate'"),
     ("galore", {"rnak": 4}, "method 'galore': unknown parameter 'rnak'"),
     ("lte", {"head": 2}, "method 'lte': unknown parameter 'head'"),

@@ -572,3 +572,23 @@ def test_the_default_grid_draws_fig9_and_fig10_from_quality_cells_of_two_seeds()
         assert sorted((c["method"], c["seed"]) for c in quality) == [
             ("comera", 0), ("comera", 1), ("dense", 0), ("dense", 1)], workload
         assert all(c["target_ratio"] is None for c in quality)
+
+
+def test_the_papers_comera_runs_beside_the_projects_at_targets_half_and_a_fifth():
+    """The default grid's transformer quality cells run CoMERA under the paper's rules (variant "paper",
+    ``rules: paper``) at targets 0.5 and 0.2 only, on both seeds, beside the project's variant at every
+    target; config/paper.yaml has it beside ``comera`` in the transformer's quality cells."""
+    config = filled(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()))
+    config["execution"]["threads"] = 1
+    cells, _ = expand(config)
+    quality = [c for c in cells.values() if c["workload"] == "transformer" and c["purpose"] == "quality"
+               and c["method"] == "comera"]
+    paper = sorted((c["target_ratio"], c["seed"]) for c in quality if c["variant"] == "paper")
+    assert paper == [(0.2, 0), (0.2, 1), (0.5, 0), (0.5, 1)]
+    assert all(c["method_params"]["rules"] == "paper" and "size_weight" not in c["method_params"]
+               for c in quality if c["variant"] == "paper")
+    assert sorted({c["target_ratio"] for c in quality if c["variant"] == "default"}) == [0.2, 0.5, 0.8]
+    full = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
+    assert full["methods"]["comera-paper"]["params"] == {"rules": "paper"}
+    methods = full["workloads"]["transformer"]["quality"]["methods"]
+    assert methods.index("comera-paper") == methods.index("comera") + 1
