@@ -141,7 +141,8 @@ class CoMERAMethod:
             total_loss=driver.objective,
             after_step=driver.after_step,
             settings={**{key: value for key, value in asdict(p).items()
-                         if key in read or key not in LIBRARY}, "lr": lrs, "late_start_step": adapt.settings.late_start_step,
+                         if key in read or key not in LIBRARY},
+                      "lr": lrs, "late_start_step": adapt.settings.late_start_step,
                       "target_ratio": target_ratio, "converged_window": adapt.settings.converged_window,
                       # pruning every prune_every steps (both stages) is periodic work: timing rounds hold
                       # whole periods of it (harness.core.timing.round_bounds)
