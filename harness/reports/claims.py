@@ -21,6 +21,7 @@ from harness.reports.judging import (ACCURACY_KEPT, Context, Finding, LEFT_OUT, 
                                      cells_of, devices_text, directed, epoch_kind, in_setting,
                                      in_timing_setting, judge, judged, kept_accuracy, lookup_finding, lookups,
                                      make_verdict, no_ratio, ratios_vs, runs_of, size_matched_text)
+from harness.reports.judging import COMERA_RULES, comera_variants
 from harness.reports.shared import MB
 from harness.results import FINAL_LOSS_WINDOW
 from harness.results.analysis import (TIME, Results, describe_left_out, gpu_rows, load, pair_ratio, stable,
@@ -144,22 +145,26 @@ def c3(ctx: Context) -> Verdict:
 
 def c4(ctx: Context) -> Verdict:
     v = ctx.values
-    names = {"CoMERA": ("comera", v["accuracy_comera"]), "GaLore": ("galore", v["accuracy_galore"]),
-             "LTE default": ("lte", None)}
 
     def measure(rows: pd.DataFrame) -> Finding | None:
-        cells = {k: accuracy_cells(rows, method).dropna(subset=["metric_value"])
-                 for k, (method, _) in names.items()}
+        variants = comera_variants(rows)  # the first judged, the project's beside the paper's
+        names = {f"CoMERA ({variant.replace('default', 'project')} rules)": ("comera", variant)
+                 for variant in variants}
+        judged_name = next(iter(names))
+        names.update({"GaLore": ("galore", "default"), "LTE default": ("lte", "default")})
+        cells = {k: accuracy_cells(rows, method, variant).dropna(subset=["metric_value"])
+                 for k, (method, variant) in names.items()}
         acc = {k: c.groupby("batch_size").metric_value.median() for k, c in cells.items()}
-        batches = sorted(set(acc["CoMERA"].index) & set(acc["GaLore"].index))
+        stated = {judged_name: v["accuracy_comera"], "GaLore": v["accuracy_galore"]}
+        batches = sorted(set(acc[judged_name].index) & set(acc["GaLore"].index))
         if not batches:
             return None
         texts, about, lte = [], [], []
         for b in batches:
             got = {k: a[b] for k, a in acc.items() if b in a.index}
-            about += [abs(got[k] - names[k][1]) <= ABOUT_ACCURACY for k in ("CoMERA", "GaLore")]
+            about += [abs(got[k] - stated[k]) <= ABOUT_ACCURACY for k in stated]
             if "LTE default" in got:
-                lte.append(got["LTE default"] <= min(got["CoMERA"], got["GaLore"]) - FAR_BELOW)
+                lte.append(got["LTE default"] <= min(got[judged_name], got["GaLore"]) - FAR_BELOW)
             texts.append(f"batch {b}: " + ", ".join(accuracy_text(k, cells[k][cells[k].batch_size == b])
                                                     for k in got))
         return Finding("; ".join(texts), all_of([all(about), all(lte) if lte else None]))
@@ -169,7 +174,9 @@ def c4(ctx: Context) -> Verdict:
                    f"transformer size=paper on MNLI, {ctx.gpu}, full schedule, quality cells where the "
                    "grid has them, per batch size: CoMERA (no target; with its targets where it has no such "
                    f"row) and GaLore accuracy within {ABOUT_ACCURACY:g} of {v['accuracy_comera']:g}; LTE "
-                   f"(default preset) at least {FAR_BELOW:g} below both",
+                   f"(default preset) at least {FAR_BELOW:g} below both. CoMERA: the {COMERA_RULES['paper']} "
+                   f"(variant paper) where it ran, the {COMERA_RULES['default']} (variant default) shown "
+                   "beside it, or judged where the paper's did not run",
                    in_setting(df, ctx.gpu) & (df.dataset == "mnli"))
 
 
@@ -178,35 +185,48 @@ def c5(ctx: Context) -> Verdict:
     paper = {"transformer": v["compression_transformer"], "dlrm": v["compression_dlrm"]}
 
     def measure(rows: pd.DataFrame) -> Finding | None:
-        late = rows[(rows.method == "comera") & (rows.variant == "default") & (rows.status == "ok")
-                    & rows.late_stage.astype(bool)]
-        kept = kept_accuracy(rows)
         texts, parts = [], []
         for workload, stated in paper.items():
-            tried = late[late.workload == workload]
-            if not len(tried):
-                parts.append(None)
-                continue
-            ok = kept[kept.workload == workload]
-            matched = size_matched_text(rows[rows.workload == workload], tried)
-            if not len(ok):
-                texts.append(f"{workload}: none of {len(tried)} rank-adapted runs kept its accuracy{matched}")
-                parts.append(False)
-                continue
-            best = ok.sort_values("compression_total").iloc[-1]
-            seed = "" if pd.isna(best.seed) else f", seed {int(best.seed)}"
-            texts.append(f"{workload}: {best.compression_total:.1f}x ({best.compression_layers:.1f}x "
-                         f"layers) at target {best.target_ratio:g}{seed}, accuracy {best.metric_value:.3f} "
-                         f"vs dense {best.dense_accuracy:.3f} ({best.dense_seeds}){matched}")
-            parts.append(bool(best.compression_total >= stated))
+            here = rows[rows.workload == workload]
+            shown = []
+            for n, variant in enumerate(comera_variants(here)):  # the first judged, the second beside it
+                rules = COMERA_RULES[variant].split(":")[0]
+                text, best = _compression(here, variant)
+                if n == 0:
+                    parts.append(None if best is None else bool(best and best >= stated))
+                if text:
+                    shown.append(f"{text}, {rules}" if n == 0 else f"beside it, {rules}: {text}")
+            if shown:
+                texts.append(f"{workload}: " + "; ".join(shown))
         return Finding("; ".join(texts), all_of(parts)) if texts else None
 
     df = runs_of(ctx.res, list(paper), quality=True)
     return judged(ctx, df, measure,
-                   f"size=paper, {ctx.gpu}, full schedule; default CoMERA after its late stage (target set, "
+                   f"size=paper, {ctx.gpu}, full schedule; CoMERA after its late stage (target set, "
                    f"late_start_step reached) with accuracy at most {ACCURACY_KEPT:g} below dense at "
                    "the same batch; best total compression >= the stated one; rank sweeps and "
-                   "early-stage-only models are not counted", in_setting(df, ctx.gpu))
+                   "early-stage-only models are not counted. Per workload the CoMERA with the "
+                   f"{COMERA_RULES['paper']} (variant paper) is judged where it ran, the one with the "
+                   f"{COMERA_RULES['default']} (variant default) shown beside it, or judged where the "
+                   "paper's did not run", in_setting(df, ctx.gpu))
+
+
+def _compression(rows: pd.DataFrame, variant: str) -> tuple[str, float | None]:
+    """C5's text for one CoMERA variant among one workload's rows and its best total compression of the
+    runs that kept their accuracy (0: none did; None: no run after a late stage)."""
+    tried = rows[(rows.method == "comera") & (rows.variant == variant) & (rows.status == "ok")
+                 & rows.late_stage.astype(bool)]
+    if not len(tried):
+        return "", None
+    ok = kept_accuracy(rows, variant)
+    matched = size_matched_text(rows, tried)
+    if not len(ok):
+        return f"none of {len(tried)} rank-adapted runs kept its accuracy{matched}", 0.0
+    best = ok.sort_values("compression_total").iloc[-1]
+    seed = "" if pd.isna(best.seed) else f", seed {int(best.seed)}"
+    return (f"{best.compression_total:.1f}x ({best.compression_layers:.1f}x layers) at target "
+            f"{best.target_ratio:g}{seed}, accuracy {best.metric_value:.3f} vs dense "
+            f"{best.dense_accuracy:.3f} ({best.dense_seeds}){matched}", float(best.compression_total))
 
 
 def c6(ctx: Context) -> Verdict:

@@ -190,13 +190,28 @@ def cells_of(df: pd.DataFrame, method: str, variant: str = "default") -> pd.Data
     return df[(df.method == method) & (df.variant == variant) & (df.status == "ok") & df.target_ratio.isna()]
 
 
-def accuracy_cells(df: pd.DataFrame, method: str) -> pd.DataFrame:
+COMERA_RULES = {
+    "paper": "paper rules: gate penalty 0.01, threshold pruning, fixed 2/3 split, two-branch late stage",
+    "default": ("project rules: no early penalty, pruning by a rank's share of its bond, switch once the "
+                "loss converged, guarded late stage with a ramped target")}
+"""The rank-adaptation rules of CoMERA's two variants that the accuracy and compression claims read
+(docs/library-reference.md, "The paper's rules")."""
+
+
+def comera_variants(rows: pd.DataFrame) -> list[str]:
+    """The CoMERA variants an accuracy or compression claim reads among ``rows``, the judged one first:
+    ``["paper", "default"]`` where ok rows of the paper's rules exist, else ``["default"]``."""
+    paper = (rows.method == "comera") & (rows.variant == "paper") & (rows.status == "ok")
+    return ["paper", "default"] if paper.any() else ["default"]
+
+
+def accuracy_cells(df: pd.DataFrame, method: str, variant: str = "default") -> pd.DataFrame:
     """:func:`cells_of`, or for CoMERA without an early-stage-only row its runs with a target (the quality
     cells of config/paper.yaml: the accuracy after the late stage)."""
-    cells = cells_of(df, method)
+    cells = cells_of(df, method, variant)
     if len(cells) or method != "comera":
         return cells
-    return df[(df.method == method) & (df.variant == "default") & (df.status == "ok")]
+    return df[(df.method == method) & (df.variant == variant) & (df.status == "ok")]
 
 
 def ratios_vs(df: pd.DataFrame, other: str, column: str, keys: Sequence[str] = ("batch_size",),
@@ -277,11 +292,11 @@ def accuracy_text(name: str, rows: pd.DataFrame) -> str:
     return f"{name} {rows.metric_value.median():.3f}{how})"
 
 
-def kept_accuracy(rows: pd.DataFrame) -> pd.DataFrame:
-    """Default CoMERA rows after the late stage whose accuracy is at most ACCURACY_KEPT below the
+def kept_accuracy(rows: pd.DataFrame, variant: str = "default") -> pd.DataFrame:
+    """CoMERA rows of ``variant`` after the late stage whose accuracy is at most ACCURACY_KEPT below the
     uncompressed model's: dense of the same workload, batch size and seed among ``rows`` (the median over
     the dense seeds where that seed has none; ``dense_seeds`` says which)."""
-    comera = rows[(rows.method == "comera") & (rows.variant == "default") & (rows.status == "ok")
+    comera = rows[(rows.method == "comera") & (rows.variant == variant) & (rows.status == "ok")
                   & rows.late_stage.astype(bool) & (rows.metric_name == "accuracy")]
     dense = cells_of(rows, "dense")
     same = dense.groupby(["workload", "batch_size", "seed"]).metric_value.median()

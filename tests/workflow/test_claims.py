@@ -4,6 +4,7 @@ does not, and the same rows on a CPU with the small model, where every claim is 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,8 @@ from harness.results import RUNS_COLUMNS, analysis, to_frame, write_parquet_atom
 RTX3090, RTX4090 = "NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 4090"
 DATA = {"transformer": "mnli", "dlrm": "criteo", "mlm": "jsonl"}
 JUDGED = list(reference.CLAIM_IDS)
-VERDICT, MEASURED, ELSEWHERE = (claims.COLUMNS[k] for k in ("verdict", "measured", "elsewhere"))
+VERDICT, MEASURED, ELSEWHERE, SETTINGS = (claims.COLUMNS[k] for k in ("verdict", "measured", "elsewhere",
+                                                                    "settings"))
 PAPER_TABLE = (1_000_000, 128, "[32,32,32,32|2,4,4,4]", 32)
 SMALL_TABLE = (1000, 16, "[10,10,10|2,2,4]", 4)
 ROOT = Path(__file__).resolve().parents[2]
@@ -428,11 +430,41 @@ def test_accuracy_claims_name_targets_and_seeds_and_compare_like_with_like(tmp_p
             r.update(run_id=f"{r['run_id']}_s{seed}_quality", purpose="quality", seed=seed)
     table = evaluate(tmp_path, rows + placed(quality), mb)
     c4 = table.loc["C4", MEASURED]
-    assert "CoMERA targets 0.5 / 0.2: 0.630 / 0.620 (seeds 0, 1: median each, median of all 0.625)" in c4, c4
+    assert ("CoMERA (project rules) targets 0.5 / 0.2: 0.630 / 0.620 (seeds 0, 1: median each, median of all "
+            "0.625)") in c4, c4
     assert "GaLore 0.630 (seeds 0, 1: median)" in c4
     c5 = table.loc["C5", MEASURED]  # seed 1's CoMERA (0.61) is within 0.05 of dense seed 0 (0.66), not seed 1
     assert ("transformer: 90.0x (90.0x layers) at target 0.2, seed 0, accuracy 0.630 vs dense 0.660 (seed 0)"
             in c5)
+
+
+def test_accuracy_and_compression_claims_judge_the_papers_rules_and_show_the_projects(tmp_path):
+    """Where CoMERA ran under the paper's rules (variant "paper"), C4 and C5 judge that variant and show
+    the project's (variant "default") beside it, each named with its rules; a workload without a paper
+    variant (DLRM here) is judged on the project's."""
+    rows, mb, _ = paper_case()
+    quality = [run("transformer", "dense", 32, metric=0.66), run("transformer", "galore", 32, metric=0.63),
+               run("transformer", "lte", 32, metric=0.35),
+               run("transformer", "comera", 32, target=0.2, late=60, metric=0.64, compression=85),
+               run("transformer", "comera", 32, variant="paper", target=0.2, late=60, metric=0.64,
+                   compression=40)]
+    for r in quality:
+        r.update(run_id=r["run_id"] + "_quality", purpose="quality")
+    table = evaluate(tmp_path / "a", rows + placed(quality), mb, only=["C4", "C5"])
+    c5 = table.loc["C5", MEASURED]
+    assert table.loc["C5", VERDICT] == judging.FAILS  # the paper's 40x, not the project's 85x
+    assert ("transformer: 40.0x (40.0x layers) at target 0.2, seed 0, accuracy 0.640 vs dense 0.660 "
+            "(seed 0), paper rules; beside it, project rules: 85.0x (85.0x layers)") in c5, c5
+    assert re.search(r"dlrm: 100\.0x \(100\.0x layers\) at target 0\.2, [^;]*\), project rules$", c5), c5
+    assert "paper rules: gate penalty 0.01, threshold pruning, fixed 2/3 split" in table.loc["C5", SETTINGS]
+    assert "CoMERA (paper rules) target 0.2: 0.640" in table.loc["C4", MEASURED]
+    assert "CoMERA (project rules) target 0.2: 0.640" in table.loc["C4", MEASURED]
+    edit(quality, {"compression_total": 90.0}, variant="paper")
+    verdict = evaluate(tmp_path / "b", rows + placed(quality), mb, only=["C5"]).loc["C5", VERDICT]
+    assert verdict == judging.HOLDS
+    edit(quality, {"metric_value": 0.5}, variant="paper")  # the paper's accuracy judged: far from 64%
+    verdict = evaluate(tmp_path / "c", rows + placed(quality), mb, only=["C4"]).loc["C4", VERDICT]
+    assert verdict == judging.FAILS
 
 
 # ------------------------------------------------------------------------- timing trust (harness.core.timing)
