@@ -16,6 +16,7 @@ from harness.running.progress import LOG_EVERY_S
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 LIBRARY = defaults()
+PAPER = defaults("paper")
 NUMBER = r"([0-9][0-9.e+-]*)"
 GRID = yaml.safe_load((DOCS.parent / "config" / "config.yaml").read_text())
 QUALITY = GRID["workloads"]["transformer"]["quality"]
@@ -48,7 +49,13 @@ QUOTED = [  # (file, pattern with the quoted value as its group, the code's defa
     ("library-reference.md", rf"`loss_tolerance` \({NUMBER}\)", LIBRARY["loss_tolerance"]),
     ("library-reference.md", rf"`size_weight` \({NUMBER}\)", LIBRARY["size_weight"]),
     ("library-reference.md", rf"`target_ramp`\s+\({NUMBER}\)", LIBRARY["target_ramp"]),
+    ("library-reference.md", rf"Early stage: `L \+ {NUMBER} R` \(`l1_weight`\)", PAPER["l1_weight"]),
+    ("library-reference.md", rf"`threshold` \({NUMBER}; signed", PAPER["threshold"]),
+    ("library-reference.md", rf"\(`min_rank` {NUMBER}\)", PAPER["min_rank"]),
+    ("library-reference.md", rf"`loss_target`\s+\({NUMBER}, the official MNLI run's", PAPER["loss_target"]),
     ("pipeline.md", rf"\(`target_ramp: {NUMBER}`\)", _config("paper.yaml")["target_ramp"]),
+    ("pipeline.md", rf"paper's rules at targets 0.5 and 0.2 \(the switch\s+at step {NUMBER}\)",
+     PAPER["early_fraction"] * QUALITY_STEPS),
     ("pipeline.md", rf"after at least {NUMBER}\s+steps", LIBRARY["early_fraction"] * QUALITY_STEPS),
     ("pipeline.md", rf"one epoch of\s+{NUMBER} steps", QUALITY_STEPS),
     ("pipeline.md", rf"ETA \.\.\.` at least\s+every {NUMBER} s", LOG_EVERY_S),

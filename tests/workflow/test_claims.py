@@ -616,7 +616,7 @@ def test_paper_grid_rows_get_a_verdict_for_every_claim(tmp_path):
     assert "final loss (mean of the last 100 steps) 0.350 vs 0.240 @ seq 128" in table.loc["C8", MEASURED]
     assert table.loc["C9", MEASURED].startswith("final loss (mean of the last 100 steps) 1.400 vs 1.260 "
                                                 "(+0.140)")
-    assert len(rows) == 62
+    assert len(rows) == 65
 
 
 def test_paper_grid_value_across_the_paper_figure_does_not_hold(tmp_path):
