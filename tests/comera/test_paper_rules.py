@@ -175,6 +175,7 @@ def test_the_driver_runs_the_paper_objectives_and_prunes_by_the_gates():
     assert switch["step"] == 8 and switch["loss_target"] == 0.8
     assert switch["gate_size_target"] == pytest.approx(0.5 * switch["gate_size"])
     assert adapt.driver.progress.final_steps == 4
+    assert adapt.shortfall.endswith("ended first; give it more steps")  # no project setting named
 
 
 def test_the_paper_rules_shrink_a_small_tt_mlp_toward_s0():
