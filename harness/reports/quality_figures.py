@@ -84,7 +84,7 @@ def fig6_accuracy(res: Results, out: Path) -> None:
     if not any(len(c) for c in curves.values()):
         return empty(out, name, title, f"eval accuracy curves of transformer runs ({source})",
                       res.settings_line())
-    fig, (ax, loss_ax) = panels(2, width=6.0)
+    fig, (ax, loss_ax) = panels(2, width=6.6)  # room beside the legend of 7 methods and targets
     losses = []
     for i, r in enumerate(runs.itertuples()):
         c, loss = curves[r.run_id], res.series(r.run_id, "eval", "loss")
