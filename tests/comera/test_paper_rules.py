@@ -1,7 +1,12 @@
 """The paper's rules (``rules="paper"``): the official code's ``rank_loss`` (``gate_penalty``), its
 ``compute_size`` (``gate_size``), its late-stage objective, pruning by the gates' threshold and the fixed
-2/3 stage split, each checked against a float64 reference written from the formula."""
+2/3 stage split, each checked against a float64 reference written from the formula; with
+``$COMERA_BENCH_OFFICIAL_DIR`` naming a checkout of ziyangjoy/CoMERA, against its own two functions too."""
+import ast
+import os
+import types
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -63,6 +68,47 @@ def test_gate_penalty_is_the_official_rank_loss(values):
         assert gate.grad.tolist() == pytest.approx(grad, rel=1e-12, abs=0)
     if values == [0.01, -2.0, 0.0, 0.005]:  # defined as 0 with zero gradients (the official: 0 / 0)
         assert float(penalty.detach()) == 0.0 and all(not g.grad.any() for g in _gates(model))
+
+
+OFFICIAL = os.environ.get("COMERA_BENCH_OFFICIAL_DIR")
+
+
+@pytest.mark.skipif(not OFFICIAL or not (Path(OFFICIAL) / "MNLI_trainer.py").is_file(),
+                    reason="$COMERA_BENCH_OFFICIAL_DIR names no checkout of ziyangjoy/CoMERA")
+def test_gate_penalty_and_gate_size_equal_the_official_functions():
+    """The official ``rank_loss`` and ``compute_size``, read from the checkout's MNLI_trainer.py (not copied
+    here) and called on holders of this model's gates and cores: the same penalty, gradients and size."""
+    tree = ast.parse((Path(OFFICIAL) / "MNLI_trainer.py").read_text())
+    official = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name in ("rank_loss", "compute_size"):
+            namespace = {"torch": torch}
+            exec(compile(ast.Module([node], []), "MNLI_trainer.py", "exec"), namespace)
+            official[node.name] = namespace[node.name]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32)).double()
+    comera.tensorize(model, "all-linear", rank=6)
+    modules = [module for _, module in tensorized_modules(model)]
+    _set_gates(model, [0.7, -0.3, 0.005, 1.3, 0.02, 0.01, 0.4])
+
+    class Holder(nn.Module):  # the official layers' ``tensor`` attribute
+        def __init__(self, module):
+            super().__init__()
+            self.tensor = types.SimpleNamespace(rank_parameters=list(module.gates),
+                                                factors=list(module.cores))
+
+    trainer = types.SimpleNamespace(args=types.SimpleNamespace(emb_tensorized=True, prune_rank=True),
+                                    model=nn.ModuleList([Holder(module) for module in modules]))
+    expected = official["rank_loss"](trainer)
+    expected.backward()
+    expected_grads = [g.grad.clone() for g in _gates(model)]
+    model.zero_grad()
+    penalty = gate_penalty(model)
+    penalty.backward()
+    assert float(penalty.detach()) == pytest.approx(float(expected.detach()), rel=1e-12)
+    for gate, grad in zip(_gates(model), expected_grads):
+        torch.testing.assert_close(gate.grad, grad, rtol=1e-12, atol=0)
+    assert float(gate_size(model)) == float(official["compute_size"](trainer))
 
 
 def test_gate_penalty_sum_and_its_bad_reduction_and_a_model_without_tt_layers():
