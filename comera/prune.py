@@ -5,6 +5,7 @@ slicing cores, gates, gradients and optimizer state.
 """
 from __future__ import annotations
 
+import math
 from typing import Iterable
 
 import torch
@@ -37,10 +38,12 @@ def prune(model: nn.Module, threshold: float, optimizers: Iterable[torch.optim.O
         names of the layers this call removed.
 
     Raises:
-        ValueError: ``min_rank`` below 0.
+        ValueError: ``min_rank`` not an integer >= 0, ``threshold`` not a finite number >= 0.
     """
-    if min_rank < 0:
-        raise ValueError(f"prune: min_rank must be >= 0, got {min_rank}")
+    if isinstance(min_rank, bool) or not isinstance(min_rank, int) or min_rank < 0:
+        raise ValueError(f"prune: min_rank must be an integer >= 0, got {min_rank!r}")
+    if isinstance(threshold, bool) or not (math.isfinite(threshold) and threshold >= 0):
+        raise ValueError(f"prune: threshold must be a finite number >= 0, got {threshold!r}")
     optimizers = list(optimizers)
     named = tensorized_modules(model)
     before = {name: bond_sizes(module) for name, module in named}
