@@ -572,3 +572,32 @@ def test_the_default_grid_draws_fig9_and_fig10_from_quality_cells_of_two_seeds()
         assert sorted((c["method"], c["seed"]) for c in quality) == [
             ("comera", 0), ("comera", 1), ("dense", 0), ("dense", 1)], workload
         assert all(c["target_ratio"] is None for c in quality)
+
+
+@pytest.mark.parametrize("workload", ["mlm", "dlrm"])
+@pytest.mark.parametrize("where", ["params", "sweep", "quality"])
+def test_the_size_matched_dense_model_on_a_workload_without_smaller_models_is_refused(workload, where):
+    """``match_target`` needs a workload that builds smaller models of its kind (the transformer's
+    ``sized_params``): on MLM or DLRM every such cell would end as an error row after it ran, so the config
+    check names the workload entry's method reference, the method configuration, the workload and why."""
+    config = minimal()
+    matched = {"method": "dense", "variant": "size-matched", "params": {"match_target": 0.5}}
+    if where == "sweep":
+        matched = {"method": "dense", "variant": "size-matched", "sweep": {"match_target": [0.2, 0.5]}}
+    config["methods"]["dense-matched"] = matched
+    config["workloads"]["transformer"]["methods"].append("dense-matched")  # the transformer has them
+    grid.check_config(filled(config))
+    entry = {"params": {"size": "tiny"}, "batch_sizes": [4], "methods": ["dense", "dense-matched"]}
+    key = f"workloads.{workload}.methods[1]"
+    if where == "quality":
+        entry = {**entry, "methods": ["dense"],
+                 "quality": {"batch_sizes": [4], "methods": ["dense-matched"], "budget": {}}}
+        key = f"workloads.{workload}.quality.methods[0]"
+    config["workloads"][workload] = entry
+    with pytest.raises(grid.ConfigError) as err:
+        grid.check_config(filled(config))
+    assert str(err.value) == (
+        f"config key {key}: method configuration 'dense-matched' (method 'dense') cannot run on workload "
+        f"{workload!r}: its parameter 'match_target' trains the size-matched dense model, a smaller model of "
+        f"the workload's kind, and workload {workload!r} offers no sized_model (its module defines no "
+        "sized_params; docs/workloads.md); leave 'dense-matched' out of this workload's methods")
