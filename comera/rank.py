@@ -6,6 +6,7 @@ what it is: docs/recipe.md.
 from __future__ import annotations
 
 import math
+import numbers
 import typing
 import warnings
 from dataclasses import dataclass, field, fields
@@ -148,8 +149,9 @@ class RankSettings:
 
     def check(self) -> None:
         """ValueError naming the first setting of the wrong type or out of its range: each field of its
-        annotated type (an ``int`` field takes no float and no bool, a ``float`` field a finite int or
-        float), ``min_rank`` at most :data:`MAX_RANK`, the weights and ``threshold`` at least 0."""
+        annotated type (an ``int`` field takes an integer, not a float or a bool; a ``float`` field a finite
+        real number, not a bool), ``min_rank`` at most :data:`MAX_RANK`, the weights and ``threshold`` at
+        least 0."""
         hints = typing.get_type_hints(type(self))
         for f in fields(self):
             value, hint = getattr(self, f.name), hints[f.name]
@@ -160,9 +162,9 @@ class RankSettings:
             if kind is bool:
                 ok, what = isinstance(value, bool), "true or false"
             elif kind is int:
-                ok, what = isinstance(value, int) and not isinstance(value, bool), "an integer"
+                ok, what = isinstance(value, numbers.Integral) and not isinstance(value, bool), "an integer"
             elif kind is float:
-                ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+                ok = (isinstance(value, numbers.Real) and not isinstance(value, bool)
                       and math.isfinite(value))
                 what = "a finite number"
             else:
