@@ -260,9 +260,9 @@ def make(raw: Mapping[str, Any], checks: ParamChecks | None = None) -> Spec:
 
     Returns:
         The spec. Where no run_id is given (``comera-bench run`` with cell options, a spec file without
-        one) it is :func:`run_id` followed by ``_c`` and the first 8 characters of the cell hash: such a
-        name never equals a config grid's (which names its cells itself, without the hash), and two such
-        names are equal only for the same cell.
+        one) it is :func:`run_id` followed by ``_c`` and the first 8 characters of the cell hash: not a
+        name a config's grid gives (it names its cells itself, without the hash), and two such names are
+        equal only for the same cell.
 
     Raises:
         SpecError: naming the key and the value.

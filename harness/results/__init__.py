@@ -272,7 +272,7 @@ def _check_text_columns(schema: pa.Schema, kind: str, path: Path) -> None:
             found = found.value_type
         if not (pa.types.is_string(found) or pa.types.is_large_string(found) or pa.types.is_null(found)):
             raise ResultsError(f"{path}: column {col!r} cannot be read as {expected}: it holds {found} values "
-                               "(the file was not written by comera-bench as it is)")
+                               "(was the file edited, or written by another tool?)")
 
 
 def file_metadata(path: str | os.PathLike) -> dict[str, Any]:
