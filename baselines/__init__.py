@@ -18,7 +18,8 @@ from .params import parse
 _FILES = plugins.discover("methods", Path(__file__).parent)
 METHODS: tuple[str, ...] = tuple(_FILES)
 
-__all__ = ["METHODS", "Method", "Prepared", "check_params", "get_method", "positive", "validate_params"]
+__all__ = ["METHODS", "Method", "Prepared", "check_params", "get_method", "positive", "validate_params",
+           "workload_needs"]
 
 
 def _module(name: str):
@@ -35,6 +36,14 @@ def get_method(name: str) -> Method:
 def check_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
     """The method's params with defaults filled; ValueError naming any unknown key or bad value."""
     return _module(name).check_params(dict(params))
+
+
+def workload_needs(name: str, params: dict[str, Any]) -> dict[str, str]:
+    """What method ``name`` with these (checked) params needs of a workload beyond a model and data, each
+    with why: names of ``harness.workloads.FEATURES`` (the module's ``workload_needs(params)``; {} for a
+    method without one). The config check refuses a workload that does not offer them."""
+    needs = getattr(_module(name), "workload_needs", None)
+    return dict(needs(dict(params))) if needs is not None else {}
 
 
 def validate_params(method: str, params: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:

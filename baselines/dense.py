@@ -44,6 +44,15 @@ def check_params(params: dict[str, Any]) -> dict[str, Any]:
     return asdict(parse("dense", DenseParams, params))
 
 
+def workload_needs(params: dict[str, Any]) -> dict[str, str]:
+    """``sized_model`` (a smaller dense model of the workload's kind, :func:`size_matched`) when
+    ``match_target`` is set, with why; else nothing."""
+    if params.get("match_target") is None:
+        return {}
+    return {"sized_model": "its parameter 'match_target' trains the size-matched dense model, a smaller "
+                           "model of the workload's kind"}
+
+
 def workload_lr(method: str, workload: Any, lr: float | None) -> float:
     """``lr`` when given, else the workload's ``lr["dense"]`` (ValueError naming both when neither)."""
     if lr is not None:

@@ -224,16 +224,19 @@ class RankAdaptation:
 
     def summary(self) -> str:
         """Steps, stage, TT size against its start, its dense equivalent and the target; then, each on a
-        line of its own, why the target is not reached (:attr:`shortfall`) and the removed layers."""
+        line of its own, why the target is not reached (:attr:`shortfall`) and the removed layers. A model
+        whose TT layers were all removed before this object was made (size 0 at the start) is said so."""
         dense = sum(dense_equivalent(m) for _, m in tensorized_modules(self.model))
         size = self.size
         target = self.size_target
+        start = (f"{size / self.initial_size:.3f} of {self.initial_size:,} at the start" if self.initial_size
+                 else "every TT layer was removed before rank adaptation started")
         text = (f"step {self.steps}, {self.stage} stage: {size:,} TT parameters "
-                f"({size / self.initial_size:.3f} of {self.initial_size:,} at the start; dense layers "
-                f"{dense:,}, compression {dense / max(size, 1):.1f}x)")
+                f"({start}; dense layers {dense:,}, compression {dense / max(size, 1):.1f}x)")
         if target is not None:
+            now = f"now {size / target:.3f} of it" if target > 0 else f"now {size:,}"
             text += (f"; target {target:,.0f} = {self.settings.target_ratio} x "
-                     f"{self.driver.switch['size']:,.0f} at the switch (now {size / target:.3f} of it)")
+                     f"{self.driver.switch['size']:,.0f} at the switch ({now})")
         if self.settings.target_ratio is not None and self.shortfall is not None:
             text += f"\ntarget not reached: {self.shortfall}"
         if self.removed_layers:

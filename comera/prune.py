@@ -5,6 +5,7 @@ is at or below the threshold, slicing cores, gates, gradients and optimizer stat
 """
 from __future__ import annotations
 
+import math
 from typing import Iterable
 
 import torch
@@ -40,10 +41,13 @@ def prune(model: nn.Module, threshold: float, optimizers: Iterable[torch.optim.O
         names of the layers this call removed.
 
     Raises:
-        ValueError: ``min_rank`` below 0, or ``by`` not "share" or "gate".
+        ValueError: ``min_rank`` not an integer >= 0, ``threshold`` not a finite number >= 0, or ``by``
+            not "share" or "gate".
     """
-    if min_rank < 0:
-        raise ValueError(f"prune: min_rank must be >= 0, got {min_rank}")
+    if isinstance(min_rank, bool) or not isinstance(min_rank, int) or min_rank < 0:
+        raise ValueError(f"prune: min_rank must be an integer >= 0, got {min_rank!r}")
+    if isinstance(threshold, bool) or not (math.isfinite(threshold) and threshold >= 0):
+        raise ValueError(f"prune: threshold must be a finite number >= 0, got {threshold!r}")
     if by not in ("share", "gate"):
         raise ValueError(f"prune: by must be 'share' or 'gate', got {by!r}")
     optimizers = list(optimizers)

@@ -8,8 +8,10 @@ docs/recipe.md.
 from __future__ import annotations
 
 import math
+import numbers
+import typing
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Iterable
 
 import torch
@@ -26,6 +28,9 @@ MASK_GATES = ("at_prune", "every_step")
 LOSS_RISE_TOLERANCES, LOSS_RISE_MARGIN = 3, 0.05  # warn: running loss > switch's + 3 tolerances + 0.05
 REACHED_WITHIN = 0.05  # a late stage ending within 5% above its size target reached it
 NOISE_SIGMAS = 2.0  # the late stage tolerates this many standard deviations of the fast running loss
+MAX_RANK = 2**16
+"""The largest ``min_rank``: no TT bond holds more ranks (a core of that rank on both its bonds would hold
+2**32 scalars for each index of its mode)."""
 
 
 def smallest_saving(model: nn.Module, min_rank: int = 1) -> float:
@@ -153,12 +158,40 @@ class RankSettings:
     total_steps: int | None = None  # steps of the whole run (the ramp's length; the last step's check)
 
     def check(self) -> None:
-        """ValueError naming the first setting out of its range."""
+        """ValueError naming the first setting of the wrong type or out of its range: each field of its
+        annotated type (an ``int`` field takes an integer, not a float or a bool; a ``float`` field a finite
+        real number, not a bool), ``min_rank`` at most :data:`MAX_RANK`, the weights and ``threshold`` at
+        least 0."""
+        hints = typing.get_type_hints(type(self))
+        for f in fields(self):
+            value, hint = getattr(self, f.name), hints[f.name]
+            optional = type(None) in typing.get_args(hint)
+            kind = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
+            if optional and value is None:
+                continue
+            if kind is bool:
+                ok, what = isinstance(value, bool), "true or false"
+            elif kind is int:
+                ok, what = isinstance(value, numbers.Integral) and not isinstance(value, bool), "an integer"
+            elif kind is float:
+                ok = (isinstance(value, numbers.Real) and not isinstance(value, bool)
+                      and math.isfinite(value))
+                what = "a finite number"
+            else:
+                continue  # the words: checked against their choices below
+            if not ok:
+                raise ValueError(f"rank adaptation: {f.name}={value!r} must be {what}"
+                                 + (" or None" if optional else ""))
         rules = [("rules", self.rules in RULES, f"one of {RULES}"),
                  ("target_ratio", self.target_ratio is None or 0 < self.target_ratio <= 1, "in (0, 1]"),
                  ("switch_when", self.switch_when in SWITCH_RULES, f"one of {SWITCH_RULES}"),
                  ("mask_gates", self.mask_gates in MASK_GATES, f"one of {MASK_GATES}"),
-                 ("min_rank", self.min_rank >= 0, ">= 0"), ("prune_every", self.prune_every >= 0, ">= 0"),
+                 ("min_rank", 0 <= self.min_rank <= MAX_RANK, f"in [0, {MAX_RANK}]"),
+                 ("prune_every", self.prune_every >= 0, ">= 0"),
+                 ("threshold", self.threshold >= 0, ">= 0"),
+                 ("l1_weight", self.l1_weight >= 0, ">= 0"), ("l2_weight", self.l2_weight >= 0, ">= 0"),
+                 ("late_start_step", self.late_start_step is None or self.late_start_step >= 0, ">= 0"),
+                 ("total_steps", self.total_steps is None or self.total_steps >= 1, ">= 1"),
                  ("converged_window", self.converged_window >= 1, ">= 1"),
                  ("converged_gain", 0 <= self.converged_gain <= 1, "in [0, 1]"),
                  ("target_ramp", 0 <= self.target_ramp <= 1, "in [0, 1]"),

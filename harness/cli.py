@@ -96,7 +96,8 @@ def _parser(list_names: bool = False) -> argparse.ArgumentParser:
     cell.add_argument("--seed", type=int, default=0)
     cell.add_argument("--purpose", choices=PURPOSES,
                       help="timing (default: a short run for time and memory) or quality (trained to compare "
-                           "accuracy; run_id ends in _quality), as a config's cells")
+                           "accuracy; run_id has _quality), as a config's cells; the config's quality block "
+                           "is not applied (give its params and budget); the run_id ends in _c<cell hash>")
     cell.add_argument("--workload-param", action="append", default=[], metavar="KEY=VALUE",
                       help="workload parameter (YAML value), repeatable")
     cell.add_argument("--method-param", action="append", default=[], metavar="KEY=VALUE",

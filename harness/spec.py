@@ -259,7 +259,10 @@ def make(raw: Mapping[str, Any], checks: ParamChecks | None = None) -> Spec:
         checks: resolve the params (default :func:`registry_checks`; :data:`AS_WRITTEN` keeps them).
 
     Returns:
-        The spec, its run_id derived (:func:`run_id`) where none is given.
+        The spec. Where no run_id is given (``comera-bench run`` with cell options, a spec file without
+        one) it is :func:`run_id` followed by ``_c`` and the first 8 characters of the cell hash: not a
+        name a config's grid gives (it names its cells itself, without the hash), and two such names are
+        equal only for the same cell.
 
     Raises:
         SpecError: naming the key and the value.
@@ -295,8 +298,9 @@ def make(raw: Mapping[str, Any], checks: ParamChecks | None = None) -> Spec:
     out["method_params"] = _params("method_params", out["method"], out.get("method_params"), checks.method)
     out["budget"] = _budget(out.get("budget"))
     out["execution"] = _execution(out.get("execution"))
-    if not out.get("run_id"):
-        out["run_id"] = run_id({**out, "execution": dataclasses.asdict(out["execution"])})
+    if not out.get("run_id"):  # a name of the grid's scheme that says which cell it is
+        cell = Spec(**{**out, "run_id": "-"}).cell_hash
+        out["run_id"] = run_id({**out, "execution": dataclasses.asdict(out["execution"])}) + f"_c{cell[:8]}"
     return Spec(**out)
 
 

@@ -237,11 +237,32 @@ def check_config(config: dict[str, Any], missing: list[str] | None = None) -> No
                     raise ConfigError(
                         f"config key workloads.{wname}{key}.methods[{i}]: unknown method configuration "
                         f"{ref['name']!r}; defined in methods: {sorted(config['methods'])}")
+                _check_method_on_workload(config["methods"][ref["name"]], ref["name"], module,
+                                          f"workloads.{wname}{key}.methods[{i}]")
     for name, spec in config["microbench"]["specs"].items():
         try:
             microbench_spec.check_spec(spec, source=f"spec {name}")
         except ValueError as err:
             raise ConfigError(f"config key microbench.specs.{name}: {err}") from err
+
+
+def _check_method_on_workload(entry: dict[str, Any], name: str, workload: str, key: str) -> None:
+    """ConfigError naming ``key``, the method configuration ``name`` and ``workload`` when a variant of the
+    configuration needs what the workload does not offer (``baselines.workload_needs``,
+    ``harness.workloads.features``): every such cell would end as an error row after it ran."""
+    import baselines
+    import harness.workloads as workloads
+
+    offered = workloads.features(workload)
+    for _, params, _ in _variants(entry):
+        needs = baselines.workload_needs(entry["method"], baselines.check_params(entry["method"], params))
+        for feature, why in needs.items():
+            if feature not in offered:
+                raise ConfigError(
+                    f"config key {key}: method configuration {name!r} (method {entry['method']!r}) cannot "
+                    f"run on workload {workload!r}: {why}, and workload {workload!r} offers no {feature} "
+                    f"(its module defines no {workloads.FEATURES[feature]}; docs/workloads.md); leave "
+                    f"{name!r} out of this workload's methods")
 
 
 def _checked(check, name: str, params: dict[str, Any], key: str, missing: list[str] | None = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -38,9 +39,32 @@ CHECKED = {"num_threads": "torch threads", "torch_version": "torch version", "pe
 """Columns that should agree between two devices' runs of one cell; a difference is flagged."""
 STABLE_COLUMN = "timing_stable"
 """compare.csv's ``timing_stable@<device>``: whether the cell's timing on that device was stable."""
+TIMES = (TIME, "step_time_ms")
+"""Time columns of an ok row that ratios divide: a finite number > 0 where the row has one (so is each of
+its round means, ``round_step_mean_ms``), else the folder is refused (:func:`load_checked`)."""
 DEVICE_SPREAD = ("bars: each device's round-mean quartiles over its median, combined the widest way\n"
                  "(low: Q1 of the later device against Q3 of the first)")
 """What the spread of a time ratio between two devices is (harness.results.analysis.apart_ratio)."""
+
+
+def load_checked(folder: str | Path, label: str | None = None) -> Results:
+    """:func:`harness.results.analysis.load` of ``folder``, refused (ResultsError naming its runs file, the
+    cell and the column) when an ok row's time (:data:`TIMES`, or one of its round means) is not a finite
+    number > 0: a ratio of it would be negative or infinite (a table edited, or written by another tool)."""
+    res = load(folder, label)
+    path = Path(folder) / "runs.parquet"
+    for row in res.runs[res.runs.status == "ok"].itertuples():
+        found = [(col, getattr(row, col)) for col in TIMES if pd.notna(getattr(row, col))]
+        means = json_column(row.round_step_mean_ms, [])
+        found += [("round_step_mean_ms", m) for m in (means if isinstance(means, list) else [means])
+                  if m is not None]
+        for col, value in found:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    math.isfinite(value) and value > 0):
+                raise ResultsError(f"{path}: cell {row.run_id}: column {col!r} holds {value!r}; a time must "
+                                   "be a finite number > 0 (was the table edited?): merge the folder's cells "
+                                   "again, or delete the cell's files and run it again")
+    return res
 
 
 def _canonical(value: object) -> str:
@@ -102,7 +126,7 @@ def side_by_side(folders: list[str | Path], names: list[str] | None = None
     A device is named by its folder unless ``names`` are given."""
     labels, frames, warnings = [], [], []
     for i, folder in enumerate(folders):
-        res = load(folder, names[i] if names else None)
+        res = load_checked(folder, names[i] if names else None)
         if res.label in labels:
             raise ValueError(f"two result folders named {res.label!r}: give each device its own name")
         labels.append(res.label)
@@ -170,7 +194,7 @@ def method_ratios(folders: list[str | Path], names: list[str] | None = None) -> 
     the paper's stated ratios as devices "paper (RTX 3090)" and "paper (RTX 4090)"."""
     rows = []
     for i, folder in enumerate(folders):
-        res = load(folder, names[i] if names else None)
+        res = load_checked(folder, names[i] if names else None)
         runs = timing_cells(res.runs)  # time and memory ratios of the timing cells only
         runs = runs[(runs.status == "ok") & runs.target_ratio.isna() & ~runs.run_id.isin(list(res.sweeps))
                     & ~runs.run_id.map(res.cuda_graph).astype(bool)]

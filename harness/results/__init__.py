@@ -252,10 +252,27 @@ def read_parquet(path: str | os.PathLike, kind: str | None = None) -> pd.DataFra
         table = pq.read_table(path)
     except (OSError, pa.ArrowException) as exc:
         raise ResultsError(f"cannot read result file {path}: {exc}") from exc
+    if kind is not None:
+        _check_text_columns(table.schema, kind, path)
     df = table.to_pandas()
     if kind is not None:
         df = coerce(df, kind, source=str(path))
     return df
+
+
+def _check_text_columns(schema: pa.Schema, kind: str, path: Path) -> None:
+    """ResultsError naming ``path`` and the column when a text column of ``kind`` holds other values (a
+    number, a list): pandas would carry them into the merged table, where pyarrow refuses them naming
+    no file. (Numeric and boolean columns are checked as they are converted, :func:`coerce`.)"""
+    for col, expected in _types(kind).items():
+        if expected != pa.string() or col not in schema.names:
+            continue
+        found = schema.field(col).type
+        if pa.types.is_dictionary(found):
+            found = found.value_type
+        if not (pa.types.is_string(found) or pa.types.is_large_string(found) or pa.types.is_null(found)):
+            raise ResultsError(f"{path}: column {col!r} cannot be read as {expected}: it holds {found} values "
+                               "(was the file edited, or written by another tool?)")
 
 
 def file_metadata(path: str | os.PathLike) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import math
 import os
 import random
 import sys
@@ -204,10 +205,13 @@ def _load_error(exc: Exception) -> str:
     return f"{type(exc).__name__}: {(named or lines or [''])[0][:300]}"
 
 
-def load(path: str | os.PathLike, spec: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+def load(path: str | os.PathLike, spec: dict[str, Any], steps_in_epoch: int | None = None
+         ) -> tuple[dict[str, Any] | None, str]:
     """The checkpoint at ``path`` when the cell ``spec`` (normalized) can resume from it, with ``""``; else
     None and why not (``""`` when there is no file). The file is read as data only: one that holds
-    anything but tensors and plain values is refused, and nothing in it runs."""
+    anything but tensors and plain values is refused, and nothing in it runs. With ``steps_in_epoch`` (the
+    cell's, as its workload was built), its counters must lie within the spec's budget
+    (:func:`counters_problem`)."""
     import torch
 
     path = Path(path)
@@ -232,14 +236,50 @@ def load(path: str | os.PathLike, spec: dict[str, Any]) -> tuple[dict[str, Any] 
         differ = [f"{key} {saved['code'].get(key)!r} -> {value!r}" for key, value in code.items()
                   if saved["code"].get(key) != value]
         return None, f"{path} was written by other code ({'; '.join(differ)})"
+    if steps_in_epoch is not None:
+        problem = counters_problem(saved["cell"], spec["budget"]["epochs"], steps_in_epoch)
+        if problem:
+            return None, f"{path} is not a usable checkpoint: {problem}"
     return saved, ""
 
 
+def counters_problem(cell: dict[str, Any], epochs: int, steps_in_epoch: int) -> str:
+    """Why a checkpoint's cell state (of the right types) does not fit a budget of ``epochs`` epochs of
+    ``steps_in_epoch`` steps ("" when it does): ``steps_done`` in [0, the budget's steps], ``epoch`` one of
+    its epochs, ``last_eval_step`` in [-1, ``steps_done``], ``stage_switch_step`` (when set) in [0,
+    ``steps_done``], the training seconds and each whole epoch's a finite number >= 0, at most one whole
+    epoch time per epoch, ``flops_initial`` (when set) >= 0."""
+    total = epochs * steps_in_epoch
+    done = cell["steps_done"]
+    budget = f"the budget's {epochs} epoch(s) of {steps_in_epoch} step(s)"
+    if not 0 <= done <= total:
+        return f"its steps_done {done} is outside [0, {total}], {budget}"
+    if not 0 <= cell["epoch"] < epochs:
+        return f"its epoch {cell['epoch']} is outside [0, {epochs - 1}], {budget}"
+    if not -1 <= cell["last_eval_step"] <= done:
+        return f"its last_eval_step {cell['last_eval_step']} is outside [-1, {done}] (its steps_done)"
+    switch = cell["stage_switch_step"]
+    if switch is not None and not 0 <= switch <= done:
+        return f"its stage_switch_step {switch} is outside [0, {done}] (its steps_done)"
+    seconds = [("train_s_before", cell["train_s_before"])]
+    seconds += [("full_epochs_s", value) for value in cell["full_epochs_s"]]
+    for key, value in seconds:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value)
+                                                                                  and value >= 0):
+            return f"its {key} holds {value!r}, not a finite number of seconds >= 0"
+    if len(cell["full_epochs_s"]) > epochs:
+        return f"its full_epochs_s holds {len(cell['full_epochs_s'])} epoch times, {budget}"
+    if cell["flops_initial"] is not None and cell["flops_initial"] < 0:
+        return f"its flops_initial {cell['flops_initial']} is below 0"
+    return ""
+
+
 def resume(st: CellState) -> dict[str, Any] | None:
-    """When the cell ``st`` (its method prepared) has a checkpoint it can resume from (:func:`load`): load
-    the method's state into ``st.prepared`` and what the earlier processes recorded into ``st``; returns the
-    checkpoint (the runner restores its ``rng`` right before the first step). Otherwise None, having said on
-    stderr why a checkpoint that is there is not used.
+    """When the cell ``st`` (its method prepared, its ``steps_in_epoch`` set) has a checkpoint it can resume
+    from (:func:`load`, its counters within the budget): load the method's state into ``st.prepared`` and
+    what the earlier processes recorded into ``st``; returns the checkpoint (the runner restores its ``rng``
+    right before the first step). Otherwise None, having said on stderr why a checkpoint that is there is
+    not used.
 
     Raises:
         Unusable: the method could not take the saved state; ``st.prepared`` may hold part of it (the runner
@@ -248,7 +288,7 @@ def resume(st: CellState) -> dict[str, Any] | None:
     if st.checkpoint is None:
         return None
     run_id = st.spec.run_id
-    saved, why_not = load(st.checkpoint.path, st.spec.to_dict())
+    saved, why_not = load(st.checkpoint.path, st.spec.to_dict(), st.steps_in_epoch)
     if saved is None:
         if why_not:
             print(f"{run_id}: starting over: the checkpoint is not used: {why_not}",

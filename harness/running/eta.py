@@ -18,11 +18,14 @@ CELLS_ENV = "COMERA_BENCH_PIPELINE_CELLS"
 
 def cells_progress(folder: str | Path, total: int, started: float | None, now: float) -> str:
     """``cells N of TOTAL done`` with, when some finished in this run (runs files written since
-    ``started``), its elapsed time and the time left at its rate."""
+    ``started``, and not after ``now``: a file from the future was copied), its elapsed time and the time
+    left at its rate."""
+    from harness.results.mtimes import FUTURE_SLACK_S  # lazily: a group's coordinator starts without pyarrow
+
     written = [p.stat().st_mtime for p in Path(folder).glob("*.runs.parquet")]
     done = len(written)
     line = f"comera-bench: cells {done} of {total} done"
-    this_run = [t for t in written if started is not None and t >= started]
+    this_run = [t for t in written if started is not None and started <= t <= now + FUTURE_SLACK_S]
     if not this_run or started is None:
         return line
     elapsed = now - started

@@ -19,7 +19,13 @@ _FILES = plugins.discover("workloads", Path(__file__).parent)
 WORKLOADS: tuple[str, ...] = tuple(_FILES)
 """transformer, dlrm, mlm, and every other module here (or plug-in folder file) that defines ``build``."""
 
-__all__ = ["WORKLOADS", "PARAMS_DEFAULTS", "Workload", "build_workload", "check_params"]
+FEATURES: dict[str, str] = {"sized_model": "sized_params"}
+"""What a workload may offer a method, each with the module-level function whose presence says the workload
+offers it: ``sized_model``, a smaller dense model of its kind (:attr:`Workload.sized_model`; the
+size-matched dense baseline), where the module defines ``sized_params(params, n)``."""
+
+__all__ = ["FEATURES", "WORKLOADS", "PARAMS_DEFAULTS", "Workload", "build_workload", "check_params",
+           "features"]
 
 
 def _module(name: str) -> ModuleType:
@@ -31,6 +37,13 @@ def _module(name: str) -> ModuleType:
 def check_params(name: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
     """The full, checked params of workload ``name`` (preset and defaults filled in)."""
     return resolve(name, _module(name), params)
+
+
+def features(name: str) -> frozenset[str]:
+    """The :data:`FEATURES` workload ``name`` offers (known from its module, before anything is built)."""
+    module = _module(name)
+    return frozenset(feature for feature, function in FEATURES.items() if callable(getattr(module, function,
+                                                                                            None)))
 
 
 def build_workload(name: str, params: Mapping[str, Any] | None, *, batch_size: int, seed: int,

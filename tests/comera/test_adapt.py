@@ -276,3 +276,15 @@ def test_two_ddp_processes_prune_alike_and_stay_equal(tmp_path):
                                               switch_when="step"))
     _train(alone, alone_opt, alone_adapt, 0, 24, part=(0, 2))
     assert not torch.equal(dict(alone.named_parameters())["2.weight"], first["params"]["2.weight"])
+
+
+def test_the_summary_of_a_model_whose_tt_layers_were_all_removed_says_so():
+    """Every rank pruned (``min_rank=0``) before the object was made: its size at the start is 0, and the
+    summary says so instead of dividing by it."""
+    model = _model()
+    comera.prune(model, 1.0, min_rank=0)
+    adapt = comera.RankAdaptation(model, min_rank=0)
+    assert adapt.initial_size == 0
+    text = adapt.summary()
+    assert "step 0, early stage: 0 TT parameters (every TT layer was removed before rank adaptation" in text
+    assert "removed layers (weight zero): 0" in text

@@ -1,12 +1,14 @@
 """The two stages: each objective, the stage switch, the late stage's branch test, pruning floors, what the
 driver says when it does not reach its target."""
 import math
+import re
 import warnings
 
 import pytest
 import torch
 
 from comera import rank, size
+from comera.prune import prune
 from tests.comera.test_size import ttm
 
 F64 = torch.float64
@@ -198,12 +200,36 @@ def test_a_removed_layer_is_warned_about_and_listed():
     assert driver.progress.removed == [""] and size.removed_layers(layer) == [""]
 
 
-@pytest.mark.parametrize("field,value", [("target_ratio", 1.5), ("switch_when", "later"), ("min_rank", -1),
-                                         ("mask_gates", "always"), ("loss_tolerance", -0.1),
-                                         ("target_ramp", 2.0), ("converged_window", 0)])
+@pytest.mark.parametrize("field,value", [
+    ("target_ratio", 1.5), ("switch_when", "later"), ("min_rank", -1), ("mask_gates", "always"),
+    ("loss_tolerance", -0.1), ("target_ramp", 2.0), ("converged_window", 0),
+    # types: an int field takes no float and no bool; a float field no bool and nothing non-finite
+    ("min_rank", 1.5), ("min_rank", True), ("min_rank", rank.MAX_RANK + 1), ("min_rank", 10**6),
+    ("prune_every", 2.0), ("converged_window", True), ("late_start_step", 3.5), ("late_start_step", -1),
+    ("total_steps", 0), ("stop_at_target", 1),
+    ("threshold", float("nan")), ("threshold", -1), ("threshold", float("inf")), ("threshold", True),
+    ("l1_weight", float("nan")), ("l1_weight", -0.01), ("l2_weight", float("inf")),
+    ("size_weight", float("inf")), ("converged_gain", float("nan")), ("loss_average", float("nan")),
+    ("target_ratio", float("nan")), ("loss_target", float("nan")), ("loss_target", float("-inf")),
+])
 def test_bad_settings_are_named(field, value):
-    with pytest.raises(ValueError, match=f"{field}={value!r}"):
+    with pytest.raises(ValueError, match=re.escape(f"{field}={value!r}")):
         rank.TwoStageRankAdaptation(ttm(), rank.RankSettings(**{field: value}))
+
+
+@pytest.mark.parametrize("field,value", [("min_rank", rank.MAX_RANK), ("min_rank", 0), ("threshold", 0),
+                                         ("threshold", 1), ("loss_target", -2.5), ("late_start_step", 0)])
+def test_settings_at_their_bounds_are_accepted(field, value):
+    rank.RankSettings(**{field: value}).check()
+
+
+@pytest.mark.parametrize("kwargs, message", [({"min_rank": 1.5}, "min_rank must be an integer >= 0, got 1.5"),
+                                             ({"min_rank": True}, "min_rank must be an integer"),
+                                             ({"threshold": float("nan")}, "threshold must be a finite")])
+def test_prune_refuses_a_bad_min_rank_or_threshold(kwargs, message):
+    kwargs = {"threshold": 1e-2, **kwargs}
+    with pytest.raises(ValueError, match=re.escape(message)):
+        prune(ttm(), kwargs.pop("threshold"), **kwargs)
 
 
 def test_a_late_stage_loss_well_above_the_switch_warns_once():

@@ -36,9 +36,10 @@ def test_run_without_spec_uses_defaults(tmp_path, toys, monkeypatch):
     folder = tmp_path / "results" / "cli" / "cpu"  # apart from the pipeline's results/runs
     (runs,) = folder.glob("*.runs.parquet")
     run_id = runs.name[:-len(".runs.parquet")]
-    assert run_id == "toy_toy-default_b16_tnone_s0"  # the pipeline's run_id scheme
     assert (folder / f"{run_id}.curves.parquet").exists()
     spec = json.loads((folder / f"{run_id}.spec.json").read_text())
+    # the pipeline's run_id scheme, and the cell hash: no config's cell of another spec has this name
+    assert run_id == f"toy_toy-default_b16_tnone_s0_c{spec['cell_hash'][:8]}" == spec["run_id"]
     assert spec["method_params"] == {"lr": 0.02} and spec["budget"]["max_steps_per_epoch"] == 3
     assert json.loads(results.read_parquet(runs, "runs").at[0, "settings"])["method"]["lr"] == 0.02
     assert spec["execution"]["allocator"] == "reuse"

@@ -84,7 +84,8 @@ def test_bad_spec_is_named(section, key, value, message):
 def test_spec_defaults_and_ids():
     spec = toy()
     assert spec.budget == specs.Budget() and spec.execution == specs.Execution()
-    assert spec.run_id == "toy_toy-default_b4_tnone_s0"  # the pipeline's scheme (harness.spec.run_id)
+    # the pipeline's scheme (harness.spec.run_id) and, made without a name, its cell hash
+    assert spec.run_id == f"toy_toy-default_b4_tnone_s0_c{spec.cell_hash[:8]}"
     assert toy().cell_hash == spec.cell_hash != toy(seed=1).cell_hash
     assert specs.make(spec.to_dict(), specs.AS_WRITTEN) == spec  # its JSON makes it again
     with pytest.raises(specs.SpecError, match="missing the key 'method'"):

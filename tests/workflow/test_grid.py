@@ -422,19 +422,21 @@ def test_workload_sweep_runs_every_cell_once_per_point():
 
 def test_a_grid_cells_spec_made_again_is_the_same_cell():
     """One run_id scheme and one pair of hashes (harness.spec; its defaults are the schema's:
-    tests/harness/test_spec.py): a grid cell's spec made again from its JSON without its name is itself."""
+    tests/harness/test_spec.py): a grid cell's spec made again from its JSON without its name is itself,
+    named by the grid's scheme and its cell hash."""
     from harness import spec as specs
 
     cells, _ = expand(filled(minimal()))
     for spec in cells.values():
         bare = {k: v for k, v in spec.items() if k not in ("run_id", "cell_hash", "execution_hash")}
-        assert specs.make(bare).to_dict() == spec
+        again = specs.make(bare).to_dict()
+        assert again == {**spec, "run_id": f"{spec['run_id']}_c{spec['cell_hash'][:8]}"}
 
 
 @pytest.mark.parametrize("purpose", ["timing", "quality"])
 def test_the_cli_and_the_pipeline_give_a_cell_one_identity(purpose):
-    """The same cell from `comera-bench run` options and from a config's grid: the same spec, run_id and
-    hashes (harness.spec.make, once for both)."""
+    """The same cell from `comera-bench run` options and from a config's grid: the same spec and hashes
+    (harness.spec.make, once for both); the CLI's name is the grid's with the cell hash."""
     from harness import cli
     from harness import spec as specs
 
@@ -458,10 +460,29 @@ def test_the_cli_and_the_pipeline_give_a_cell_one_identity(purpose):
          "--max-steps-per-epoch", "13", "--warmup-steps", "1", "--eval-every-steps", "6"]
         + (["--purpose", "quality", "--workload-param", "eval_samples=64"] if purpose == "quality" else []))
     from_cli = specs.make(cli.spec_from_args(args)).to_dict()
-    assert from_cli["run_id"] == from_grid["run_id"]
+    assert from_cli["run_id"] == f"{from_grid['run_id']}_c{from_grid['cell_hash'][:8]}"
     for key in ("cell_hash", "execution_hash"):
         assert from_cli[key] == from_grid[key]
-    assert from_cli == from_grid
+    assert from_cli == {**from_grid, "run_id": from_cli["run_id"]}
+
+
+def test_a_cli_cell_and_a_grid_cell_of_one_name_are_one_cell():
+    """`comera-bench run ... --purpose quality` without the config's quality block trains another task
+    than the grid's quality cell of the same options: it must not take that cell's name (equal names,
+    equal cells). The shipped config's quality cell and the issue's command."""
+    from harness import cli
+    from harness import spec as specs
+
+    config = filled(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()))
+    config["execution"]["threads"] = 2  # 'auto' is resolved by the pipeline first
+    cells, _ = expand(config)
+    from_grid = cells["transformer_comera-default_b32_t0.2_s0_quality"]
+    args = cli._parser().parse_args(["run", "--workload", "transformer", "--method", "comera", "--batch-size",
+                                     "32", "--target-ratio", "0.2", "--seed", "0", "--purpose", "quality"])
+    from_cli = specs.make(cli.spec_from_args(args)).to_dict()
+    assert from_cli["cell_hash"] != from_grid["cell_hash"]  # another task: the quality block not applied
+    assert from_cli["run_id"] != from_grid["run_id"]
+    assert from_cli["run_id"] == f"{from_grid['run_id']}_c{from_cli['cell_hash'][:8]}"
 
 
 def test_a_budget_without_a_timed_step_is_refused():
@@ -592,3 +613,32 @@ def test_the_papers_comera_runs_beside_the_projects_at_targets_half_and_a_fifth(
     assert full["methods"]["comera-paper"]["params"] == {"rules": "paper"}
     methods = full["workloads"]["transformer"]["quality"]["methods"]
     assert methods.index("comera-paper") == methods.index("comera") + 1
+
+
+@pytest.mark.parametrize("workload", ["mlm", "dlrm"])
+@pytest.mark.parametrize("where", ["params", "sweep", "quality"])
+def test_the_size_matched_dense_model_on_a_workload_without_smaller_models_is_refused(workload, where):
+    """``match_target`` needs a workload that builds smaller models of its kind (the transformer's
+    ``sized_params``): on MLM or DLRM every such cell would end as an error row after it ran, so the config
+    check names the workload entry's method reference, the method configuration, the workload and why."""
+    config = minimal()
+    matched = {"method": "dense", "variant": "size-matched", "params": {"match_target": 0.5}}
+    if where == "sweep":
+        matched = {"method": "dense", "variant": "size-matched", "sweep": {"match_target": [0.2, 0.5]}}
+    config["methods"]["dense-matched"] = matched
+    config["workloads"]["transformer"]["methods"].append("dense-matched")  # the transformer has them
+    grid.check_config(filled(config))
+    entry = {"params": {"size": "tiny"}, "batch_sizes": [4], "methods": ["dense", "dense-matched"]}
+    key = f"workloads.{workload}.methods[1]"
+    if where == "quality":
+        entry = {**entry, "methods": ["dense"],
+                 "quality": {"batch_sizes": [4], "methods": ["dense-matched"], "budget": {}}}
+        key = f"workloads.{workload}.quality.methods[0]"
+    config["workloads"][workload] = entry
+    with pytest.raises(grid.ConfigError) as err:
+        grid.check_config(filled(config))
+    assert str(err.value) == (
+        f"config key {key}: method configuration 'dense-matched' (method 'dense') cannot run on workload "
+        f"{workload!r}: its parameter 'match_target' trains the size-matched dense model, a smaller model of "
+        f"the workload's kind, and workload {workload!r} offers no sized_model (its module defines no "
+        "sized_params; docs/workloads.md); leave 'dense-matched' out of this workload's methods")

@@ -388,6 +388,34 @@ def test_figures_without_metadata_runs_exactly_the_new_cells(pipeline, tmp_path)
     assert figure.stat().st_mtime_ns > figure_mtime
 
 
+def test_a_results_folder_from_the_future_is_set_back_and_its_new_cell_kept(tmp_path):
+    """A results folder copied from a machine whose clock is an hour ahead, holding the spec.json of a cell
+    not run yet (a stopped run): without setting its files back, Snakemake takes the cell's new runs file
+    as older than that spec and deletes it, run after run. The pipeline sets them back at its start,
+    saying how many; the cell's files stay, and the progress line counts one cell done in this run."""
+    config = yaml.safe_load(TINY.read_text())
+    config["workloads"]["transformer"].update(methods=["dense"], targets=[None])
+    del config["workloads"]["transformer"]["quality"]
+    config["microbench"] = {"specs": {}}
+    path = tmp_path / "one-cell.yaml"
+    path.write_text(yaml.safe_dump(config))
+    cell = "results/runs/cpu-tiny/transformer_dense-default_b4_tnone_s0"
+    res = snakemake(tmp_path, f"{cell}.spec.json", configfile=path)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    ahead = time.time() + 3600
+    files = [p for p in (tmp_path / "results").rglob("*") if p.is_file() and not p.is_symlink()]
+    for p in files:
+        os.utime(p, (ahead, ahead))
+    res = snakemake(tmp_path, "runs", configfile=path)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    # every file but the lock, which the pipeline rewrote when it took it
+    assert f"comera-bench: warning: {len(files) - 1} file(s) in results were modified in the future" in out
+    assert (tmp_path / f"{cell}.runs.parquet").exists() and (tmp_path / f"{cell}.curves.parquet").exists()
+    assert "comera-bench: cells 1 of 1 done (1 in this run" in out
+    assert all(p.stat().st_mtime < time.time() for p in (tmp_path / "results").rglob("*") if p.is_file())
+
+
 def test_truncated_cell_file_fails_merge_with_its_path(pipeline):
     victim = next(p for p in sorted(cells(pipeline["workdir"]).values()) if p.name.endswith(".runs.parquet"))
     victim.write_bytes(victim.read_bytes()[:64])

@@ -1001,3 +1001,25 @@ def test_a_log_axis_spanning_decades_is_labelled_in_plain_numbers():
     plt.close(fig)
     assert ax.get_yscale() == "log" and labels
     assert not any("times" in label or "^" in label for label in labels), labels
+
+
+@pytest.mark.parametrize("column, value", [("epoch_time_s", -1.6), ("epoch_time_s", 0.0),
+                                           ("step_time_ms", float("inf")),
+                                           ("round_step_mean_ms", json.dumps([5.0, -2.0]))])
+def test_compare_refuses_a_time_that_is_not_positive_and_finite_naming_the_file_and_column(
+        tmp_path, capsys, column, value):
+    """An ok row's negative, zero or infinite time would give a negative or infinite ratio (and a figure
+    pyplot cannot draw): the folder is refused, naming its runs file, the cell and the column."""
+    here = make_folder(tmp_path / "here", [run_row("transformer", "dense", 1, time_s=10.0),
+                                           run_row("transformer", "comera", 1, time_s=5.0)])
+    rows = [run_row("transformer", "dense", 1, time_s=10.0), run_row("transformer", "comera", 1, time_s=5.0)]
+    rows[1][column] = value
+    there = make_folder(tmp_path / "there", rows)
+    out = tmp_path / "cmp"
+    assert compare.cli([str(here), str(there), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{there / 'runs.parquet'}: cell {rows[1]['run_id']}: column {column!r} holds" in err
+    assert "a time must be a finite number > 0" in err
+    assert not (out / "compare.csv").exists()
+    with pytest.raises(ResultsError, match=column):
+        compare.method_ratios([there])

@@ -16,6 +16,7 @@ from harness import running as _running
 from harness.configs import grid as _grid
 from harness import entry as _entry
 from harness.results import lock as _lock
+from harness.results import mtimes as _mtimes
 from harness.data import cache as _cache
 from harness.core import stops as _stops
 from harness.configs import yamlnum as _yamlnum
@@ -180,6 +181,11 @@ onstart:
     except _lock.LockError as err:
         raise WorkflowError(str(err))
     _stops.forward_stops()
+    # A folder copied from a machine whose clock is ahead: its files set to just before this run's start
+    # (harness/results/mtimes.py), else Snakemake deletes every new output older than its copied input.
+    _future = _mtimes.reset_future(RESULTS, to=_eta.pipeline_env()[0] - 1.0)
+    if _future:
+        logger.warning(f"comera-bench: warning: {_mtimes.warning(RESULTS, _future)}")
 
     _count = config["execution"]["threads"]
     if THREADS_WHY and not ON_GPU:

@@ -274,3 +274,22 @@ def test_merge_refuses_a_row_that_is_not_the_grids(tmp_path, capsys, name, row, 
     assert not out.exists()
     path.unlink()
     assert results.cli_merge(["--kind", "runs", "--grid", str(grid), "--out", str(out), str(cells)]) == 0
+
+
+@pytest.mark.parametrize("column, value", [("device_name", 5), ("run_id", 3), ("status", True),
+                                           ("ranks", [1, 2]), ("extra", {"a": 1})])
+def test_merge_refuses_a_wrongly_typed_text_column_naming_the_file_and_column(tmp_path, capsys, column, value):
+    """A runs file (edited, or written by another tool) whose text column holds numbers, booleans or lists:
+    the merge names the file and the column instead of failing in pyarrow."""
+    cells = tmp_path / "runs" / "cpu"
+    cells.mkdir(parents=True)
+    results.write_parquet_atomic(results.to_frame([runs_row(run_id="a")], "runs"), cells / "a.runs.parquet",
+                                 kind="runs")
+    bad = cells / "r1.runs.parquet"
+    pd.DataFrame([runs_row(**{column: value})]).to_parquet(bad)
+    out = tmp_path / "cpu" / "runs.parquet"
+    with pytest.raises(results.ResultsError, match=f"{bad}: column '{column}' cannot be read as string"):
+        results.merge([cells], out, "runs")
+    assert not out.exists()
+    assert results.cli_merge(["--kind", "runs", "--out", str(out), str(cells)]) == 1
+    assert f"{bad}: column '{column}'" in capsys.readouterr().err

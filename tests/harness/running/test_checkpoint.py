@@ -224,6 +224,35 @@ def test_a_crafted_checkpoint_is_never_run_and_the_cell_starts_over(tmp_path, ca
     assert f"starting over: the checkpoint is not used: {why}" in err
 
 
+@pytest.mark.parametrize("field, value, why", [
+    ("steps_done", 10**6, f"its steps_done 1000000 is outside [0, {STEPS}], the budget's 2 epoch(s) of 16"),
+    ("steps_done", STEPS + 1, f"its steps_done {STEPS + 1} is outside [0, {STEPS}]"),
+    ("epoch", 2, "its epoch 2 is outside [0, 1]"),
+    ("last_eval_step", 7, "its last_eval_step 7 is outside [-1, 6] (its steps_done)"),
+    ("stage_switch_step", 50, "its stage_switch_step 50 is outside [0, 6]"),
+    ("train_s_before", -1.0, "its train_s_before holds -1.0, not a finite number of seconds >= 0"),
+    ("train_s_before", math.inf, "its train_s_before holds inf"),
+    ("full_epochs_s", [1.0, 1.0, 1.0], "its full_epochs_s holds 3 epoch times"),
+    ("flops_initial", -5, "its flops_initial -5 is below 0"),
+])
+def test_a_checkpoint_whose_counters_are_outside_the_budget_is_not_used(tmp_path, capsys, field, value, why):
+    """A checkpoint of the right layout, spec and code whose counters do not fit the spec's budget (2 epochs
+    of 16 steps; stopped after step 6): the cell starts over, saying why and naming the file, and ends as
+    one that never resumed."""
+    spec, path = toy_spec(), tmp_path / "cell.checkpoint.pt"
+    with pytest.raises(Stopped):
+        run(spec, path, stopping_registry(6))
+    saved = torch.load(path, weights_only=True)
+    saved["cell"][field] = value
+    torch.save(saved, path)
+    row, curves = run(spec, path)
+    assert row["status"] == "ok", row["error"]
+    assert "resumed" not in json.loads(row["extra"]) and json.loads(row["extra"])["steps_done"] == STEPS
+    assert curves == runner.run_cell(spec, registry=TOY_REGISTRY)[1]
+    assert (f"starting over: the checkpoint is not used: {path} is not a usable checkpoint: {why}"
+            in capsys.readouterr().err)
+
+
 def test_a_checkpoint_the_method_cannot_take_starts_the_cell_over(tmp_path, capsys):
     """A checkpoint of the right layout, spec and code whose method state does not fit (an optimizer
     missing): the method, partly loaded, is prepared again and the cell ends as one that never resumed."""

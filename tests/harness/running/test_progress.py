@@ -107,6 +107,12 @@ def test_pipeline_line_counts_cells_and_extrapolates_this_runs_rate(tmp_path, mo
         "comera-bench: cells 3 of 10 done (2 in this run, 1m00s); about 3m30s left at this run's rate "
         "(cells differ: a rough guide)")  # 7 cells left at 30 s each
     assert eta.cells_progress(tmp_path, 10, 2000.0, 2060.0) == "comera-bench: cells 3 of 10 done"
+    copied = tmp_path / "copied.runs.parquet"  # from a machine whose clock is an hour ahead
+    copied.write_bytes(b"")
+    os.utime(copied, (4660.0, 4660.0))
+    assert eta.cells_progress(tmp_path, 10, 1000.0, 1060.0).startswith(
+        "comera-bench: cells 4 of 10 done (2 in this run, 1m00s)")
+    copied.unlink()
     monkeypatch.delenv(eta.STARTED_ENV, raising=False)
     assert eta.pipeline_line(tmp_path) == ""  # not in a pipeline run
     monkeypatch.setenv(eta.STARTED_ENV, "1000")

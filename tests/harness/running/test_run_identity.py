@@ -30,7 +30,8 @@ def test_run_with_an_escaping_run_id_writes_nothing(tmp_path, monkeypatch, capsy
 
 
 def test_derived_and_grid_run_ids_accepted():
-    assert specs.make(toy_spec(), specs.AS_WRITTEN).run_id == "toy_toy-default_b16_tnone_s0"
+    derived = specs.make(toy_spec(), specs.AS_WRITTEN)
+    assert derived.run_id == f"toy_toy-default_b16_tnone_s0_c{derived.cell_hash[:8]}"
     assert specs.make(toy_spec(run_id="transformer_comera-default_b4_t0.5_s0"), specs.AS_WRITTEN)
 
 
