@@ -2,6 +2,7 @@
 benchmark (harness.perf.microbench)."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -39,3 +40,18 @@ def test_the_config_check_does_not_import_the_benchmark():
             "microbench_spec.check_spec({}); print('harness.perf.microbench' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("min_run_time_s: .nan", "min_run_time_s=nan must be a finite number > 0"),
+    ("min_run_time_s: .inf", "min_run_time_s=inf must be a finite number > 0"),
+    ("min_run_time_s: -.inf", "min_run_time_s=-inf must be a finite number > 0"),
+    ("embedding: {zipf_exponent: .nan}", "embedding.zipf_exponent=nan must be a finite number >= 0"),
+    ("linear: {layers: [{in_shape: [.inf], out_shape: [2]}]}", "linear.layers[0].in_shape[0]=inf"),
+])
+def test_a_spec_file_with_a_non_finite_number_is_refused_naming_key_and_file(tmp_path, text, message):
+    """A NaN or infinite time would time forever (``<= 0`` lets NaN through)."""
+    path = tmp_path / "mb.yaml"
+    path.write_text(text + "\n")
+    with pytest.raises(ValueError, match=re.escape(f"microbench {path}: ") + ".*" + re.escape(message)):
+        microbench.load_spec(path)
