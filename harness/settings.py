@@ -114,7 +114,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in _SETTINGS}
 
 def read(name: str, environ: dict[str, str] | None = None) -> Any:
     """The value of the environment variable ``name`` (declared in :data:`SETTINGS`) as its kind reads it;
-    its default when unset or empty (surrounding spaces ignored).
+    its default when unset or empty (a number or switch: surrounding spaces ignored; other text as given).
 
     Args:
         name: the variable.
@@ -130,7 +130,7 @@ def read(name: str, environ: dict[str, str] | None = None) -> Any:
     """
     setting = SETTINGS[name]
     raw = (os.environ if environ is None else environ).get(name, "")
-    text = raw.strip()
+    text = raw.strip() if setting.kind in _NUMBERS else raw
     if not text:
         return setting.default
     value = _parse(setting, text)
@@ -143,6 +143,7 @@ def read(name: str, environ: dict[str, str] | None = None) -> Any:
 
 
 _BAD = object()
+_NUMBERS = ("seconds", "time", "whole", "switch")
 
 
 def _parse(setting: Setting, text: str) -> Any:

@@ -42,16 +42,22 @@ def _not_a_lock(path: Path) -> LockError:
 
 
 def _open_lock(path: Path) -> int:
-    """Open (create) ``path`` read-write without following a link; LockError unless it is a regular file."""
+    """Open (create) ``path`` read-write without following a link; LockError unless it is a regular file
+    with no other name."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except OSError as err:
         if path.is_symlink() or (path.exists() and not path.is_file()):
             raise _not_a_lock(path) from err
         raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
         os.close(fd)
         raise _not_a_lock(path)
+    if info.st_nlink != 1:
+        os.close(fd)
+        raise LockError(f"lock {path} has other names (a hard link, {info.st_nlink} names): its file is "
+                        f"not the folder's own. Remove {path} (it is not this harness's) and run again.")
     return fd
 
 
@@ -59,8 +65,8 @@ def acquire(folder: str | os.PathLike) -> Path:
     """Lock ``folder`` for this process (again: no-op).
 
     Raises:
-        LockError: another live process holds the lock, or ``<folder>/.pipeline.lock`` is a symbolic link
-            or not a regular file (never followed, never written).
+        LockError: another live process holds the lock, or ``<folder>/.pipeline.lock`` is a symbolic link,
+            not a regular file or a file with other names (never followed, never written).
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

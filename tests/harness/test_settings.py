@@ -108,3 +108,10 @@ def test_unset_or_empty_is_the_default():
     assert settings.read("COMERA_NATIVE", {}) is True
     assert settings.read("COMERA_NATIVE", {"COMERA_NATIVE": "0"}) is False
     assert settings.read("COMERA_BENCH_SLURM_TESTS", {"COMERA_BENCH_SLURM_TESTS": "1"}) is True
+
+
+def test_text_is_read_as_given():
+    """Spaces are part of a path or label (a label with one is refused, as a folder name it cannot be)."""
+    assert settings.read("COMERA_BENCH_CACHE_DIR", {"COMERA_BENCH_CACHE_DIR": " my cache"}) == " my cache"
+    with pytest.raises(settings.SettingError, match="COMERA_BENCH_DEVICE=' cpu'"):
+        settings.read("COMERA_BENCH_DEVICE", {"COMERA_BENCH_DEVICE": " cpu"})
