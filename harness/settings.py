@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.spec import MAX_THREADS
-
 LABEL_PATTERN = r"^(?!\.\.?$)[A-Za-z0-9._][A-Za-z0-9._-]*$"
 """A device label (a results folder name); the config schema's ``$defs.label`` pattern."""
+MAX_THREADS = 1024
+"""The most torch threads of a cell: the config's cap, :data:`harness.spec.MAX_THREADS` (a test keeps them
+equal; not imported from there: this module imports nothing of the project's, so any module may read a
+variable)."""
 _WHOLE = re.compile(r"[0-9]+", re.ASCII)
 """A whole number as typed: ASCII digits only (``str.isdigit`` also takes ``²``)."""
 

@@ -56,6 +56,19 @@ def test_a_bad_threads_variable_is_named(monkeypatch, tmp_path, value):
         threads.resolve("auto", tmp_path, 0.0, cpus=2)
 
 
+def test_the_threads_bound_is_the_specs_and_the_configs():
+    from harness import spec
+
+    assert settings.SETTINGS[threads.THREADS_ENV].high == settings.MAX_THREADS == spec.MAX_THREADS
+
+
+def test_settings_imports_nothing_of_the_project():
+    code = "import sys, harness.settings; print(sorted(m for m in sys.modules if m.startswith('harness.')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True,
+                         env={"PYTHONPATH": str(ROOT), "PATH": ""})
+    assert out.stdout.strip() == "['harness.settings']"
+
+
 def test_the_threads_variable_up_to_the_configs_cap_is_taken(monkeypatch, tmp_path):
     monkeypatch.setenv(threads.THREADS_ENV, " 1024 ")
     assert threads.resolve("auto", tmp_path, 0.0, cpus=2)[0] == 1024
