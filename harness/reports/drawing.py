@@ -1,5 +1,7 @@
 """What every figure shares: panels, footers of at most FOOTER_LINES lines with the rest in a notes file
 (``<name>.md`` and ``.html`` beside the PNG and PDF), failed-cell crosses, spread bars, step and log axes.
+Every text in a figure is drawn as written: ``$`` opens no math (a device name such as ``$\frac{$`` would
+stop the figure from being drawn).
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ import pandas as pd  # noqa: E402
 from harness.reports.html import cell_text, write_html  # noqa: E402
 from harness.reports.shared import (method_label)
 from harness.results.analysis import (Results, step_time_spread, stable)
+
+matplotlib.rcParams["text.parse_math"] = False  # text from the rows is text, never math to parse
 
 
 PAPER = "paper (RTX 3090)"

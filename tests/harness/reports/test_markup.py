@@ -75,7 +75,7 @@ def test_every_heading_of_a_page_has_an_address(tmp_path):
     assert '<h1 id="claims-of-the-paper-vs-cpu">' in page and '<h2 id="how-claims-are-judged">' in page
 
 
-FIGURE_HOSTILE = "[x](http://e.invalid) ![i](http://e.invalid/a.png)\n# H <script>"
+FIGURE_HOSTILE = "[x](http://e.invalid) ![i](http://e.invalid/a.png)\n# H <script> $\\frac{$"
 
 
 def _block_markup(html: str) -> list[str]:
@@ -100,6 +100,7 @@ def test_figure_notes_from_data_are_text(tmp_path):
     assert figures.main(["--results", str(folder), "--out", str(out)]) == 0
     pages = sorted(out.glob("*.html"))
     assert pages and any("e.invalid" in page.read_text() for page in pages)
+    assert all(page.with_suffix(".png").stat().st_size > 0 for page in pages)  # "$" opened no math
     for page in pages:
         assert _block_markup(page.read_text()) == [], page.name
         md = page.with_suffix(".md").read_text()
