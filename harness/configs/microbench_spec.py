@@ -8,7 +8,10 @@ import math
 from typing import Any
 
 from harness.core import allocator
+from harness.spec import MAX_SEED, MAX_THREADS
 
+MAX_ROUNDS = 1000
+"""The most timing rounds: the config's cap (``execution.rounds`` in the config schema)."""
 DIRECTIONS = ("fwd", "fwd_bwd")
 LINEAR_VARIANTS = ("dense", "tt")
 EMBEDDING_VARIANTS = ("dense_grad", "sparse_grad", "ttm_naive", "ttm_order", "ttm_unique", "ttm_optimized")
@@ -40,9 +43,11 @@ def check_spec(spec: Any, *, source: str = "spec") -> dict[str, Any]:
     if out["allocator"] not in allocator.POLICIES:
         raise ValueError(f"microbench {source}: allocator={out['allocator']!r}, expected one of "
                          f"{list(allocator.POLICIES)}")
-    for key, least in (("num_threads", 1), ("rounds", 1), ("seed", 0)):
-        if not isinstance(out[key], int) or isinstance(out[key], bool) or out[key] < least:
-            raise ValueError(f"microbench {source}: {key}={out[key]!r} must be an integer >= {least}")
+    for key, least, most in (("num_threads", 1, MAX_THREADS), ("rounds", 1, MAX_ROUNDS),
+                             ("seed", 0, MAX_SEED)):
+        if not isinstance(out[key], int) or isinstance(out[key], bool) or not least <= out[key] <= most:
+            raise ValueError(f"microbench {source}: {key}={out[key]!r} must be an integer from {least} to "
+                             f"{most}")
     if not _finite(out["min_run_time_s"]) or out["min_run_time_s"] <= 0:
         raise ValueError(f"microbench {source}: min_run_time_s={out['min_run_time_s']!r} must be a finite "
                          "number > 0")
