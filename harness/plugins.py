@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 import re
 import sys
 from pathlib import Path
 from types import ModuleType
+
+from harness import settings
 
 ENV = "COMERA_BENCH_PLUGINS"
 NAME = re.compile(r"[a-z][a-z0-9_]*")
@@ -25,7 +26,7 @@ class PluginError(ValueError):
 
 def plugin_dirs() -> list[Path]:
     """The folders named in COMERA_BENCH_PLUGINS; one that is not a folder raises PluginError naming it."""
-    folders = [Path(p) for p in os.environ.get(ENV, "").split(os.pathsep) if p]
+    folders = list(settings.read(ENV))
     for folder in folders:
         if not folder.is_dir():
             raise PluginError(f"environment variable {ENV} names {folder}, which is not a folder; fix the "

@@ -31,6 +31,10 @@ RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 """A run_id is a plain file name (it names the cell's files): no "/", not starting with "." or "-"."""
 MAX_RUN_ID = 150
 """The longest cell name: it names files such as .<run_id>.runs.parquet.<host>.<pid>.<random>.tmp."""
+MAX_SEED = 2**32 - 1
+"""The largest seed: numpy's seeds are 32-bit."""
+MAX_THREADS = 1024
+"""The most torch threads of a cell: the config's cap (``execution.threads`` in the config schema)."""
 HASHES = ("cell_hash", "execution_hash")
 """Keys of a spec's JSON derived from the rest (:attr:`Spec.cell_hash`, :attr:`Spec.execution_hash`)."""
 
@@ -167,11 +171,12 @@ tighter): a larger one (``batch_sizes: [1e30]``, ``lr: 1e308``, ``d_model: 2**62
 key, instead of crashing every cell that uses it."""
 
 
-def _check_int(where: str, value: Any, minimum: int, *, optional: bool = False) -> None:
+def _check_int(where: str, value: Any, minimum: int, *, optional: bool = False, maximum: int = MAX_MAGNITUDE,
+               shown: str = "2**32") -> None:
     if value is None and optional:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_MAGNITUDE:
-        raise SpecError(f"spec {where} must be an integer from {minimum} to 2**32, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise SpecError(f"spec {where} must be an integer from {minimum} to {shown}, got {value!r}")
 
 
 def _number(where: str, value: Any, check: Callable[[float], bool], what: str) -> float | None:
@@ -210,7 +215,7 @@ def _execution(given: Any) -> Execution:
     ex = _section("execution", given, Execution)
     if ex["device"] not in DEVICES and not str(ex["device"]).startswith("cuda:"):
         raise SpecError(f"spec execution.device must be cpu|cuda|auto, got {ex['device']!r}")
-    _check_int("execution.num_threads", ex["num_threads"], 1)
+    _check_int("execution.num_threads", ex["num_threads"], 1, maximum=MAX_THREADS, shown=str(MAX_THREADS))
     for key in ("cuda_graph", "compile"):
         if not isinstance(ex[key], bool):
             raise SpecError(f"spec execution.{key} must be true or false, got {ex[key]!r}")
@@ -283,7 +288,7 @@ def make(raw: Mapping[str, Any], checks: ParamChecks | None = None) -> Spec:
             raise SpecError(f"spec {key} must be a non-empty string, got {out[key]!r}")
     _check_int("batch_size", out["batch_size"], 1)
     out.setdefault("seed", 0)
-    _check_int("seed", out["seed"], 0)
+    _check_int("seed", out["seed"], 0, maximum=MAX_SEED, shown="2**32 - 1")
     out.setdefault("purpose", DEFAULT_PURPOSE)
     if out["purpose"] not in PURPOSES:
         raise SpecError(f"spec purpose must be one of {list(PURPOSES)}, got {out['purpose']!r}")
@@ -301,6 +306,9 @@ def make(raw: Mapping[str, Any], checks: ParamChecks | None = None) -> Spec:
     if not out.get("run_id"):  # a name of the grid's scheme that says which cell it is
         cell = Spec(**{**out, "run_id": "-"}).cell_hash
         out["run_id"] = run_id({**out, "execution": dataclasses.asdict(out["execution"])}) + f"_c{cell[:8]}"
+    if len(out["run_id"]) > MAX_RUN_ID:
+        raise SpecError(f"spec run_id must be at most {MAX_RUN_ID} characters (it names files), got "
+                        f"{out['run_id']!r} ({len(out['run_id'])}); give a shorter run_id or variant")
     return Spec(**out)
 
 

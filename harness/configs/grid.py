@@ -16,11 +16,12 @@ from typing import Any
 
 import yaml
 
+from harness import settings
 from harness import spec as specs
 from harness.configs.yamlnum import NumberLoader
 from harness.spec import MAX_MAGNITUDE, Spec, slug
 
-LABEL_PATTERN = r"^(?!\.\.?$)[A-Za-z0-9._][A-Za-z0-9._-]*$"
+LABEL_PATTERN = settings.LABEL_PATTERN
 """A device label (a results folder name); the schema's ``$defs.label`` pattern."""
 DEVICE_ENV = "COMERA_BENCH_DEVICE"
 
@@ -57,11 +58,10 @@ def uses_gpu(config: dict[str, Any]) -> bool:
 def env_device_label() -> str | None:
     """The device label from the COMERA_BENCH_DEVICE environment variable (None when unset or empty);
     a value that is not a plain folder name raises ConfigError naming the variable and the value."""
-    value = os.environ.get(DEVICE_ENV)
-    if value and not re.fullmatch(LABEL_PATTERN, value):
-        raise ConfigError(f"environment variable {DEVICE_ENV}={value!r}: a device label must be letters, "
-                          "digits and . _ - only, not starting with -, not '.' or '..'")
-    return value or None
+    try:
+        return settings.read(DEVICE_ENV)
+    except settings.SettingError as err:
+        raise ConfigError(str(err)) from None
 
 
 class _StrictLoader(NumberLoader):

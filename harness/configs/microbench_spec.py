@@ -4,10 +4,14 @@
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from harness.core import allocator
+from harness.spec import MAX_SEED, MAX_THREADS
 
+MAX_ROUNDS = 1000
+"""The most timing rounds: the config's cap (``execution.rounds`` in the config schema)."""
 DIRECTIONS = ("fwd", "fwd_bwd")
 LINEAR_VARIANTS = ("dense", "tt")
 EMBEDDING_VARIANTS = ("dense_grad", "sparse_grad", "ttm_naive", "ttm_order", "ttm_unique", "ttm_optimized")
@@ -22,7 +26,8 @@ _DEFAULTS = {"device": "auto", "num_threads": 2, "min_run_time_s": 0.5, "rounds"
 
 
 def check_spec(spec: Any, *, source: str = "spec") -> dict[str, Any]:
-    """The spec with defaults filled; unknown keys or bad values raise ValueError naming them.
+    """The spec with defaults filled; unknown keys or bad values (a NaN or infinite number anywhere among
+    them) raise ValueError naming them.
 
     Args:
         spec: the spec as read (a mapping: device, num_threads, min_run_time_s (each timing round's blocks),
@@ -38,11 +43,14 @@ def check_spec(spec: Any, *, source: str = "spec") -> dict[str, Any]:
     if out["allocator"] not in allocator.POLICIES:
         raise ValueError(f"microbench {source}: allocator={out['allocator']!r}, expected one of "
                          f"{list(allocator.POLICIES)}")
-    for key, least in (("num_threads", 1), ("rounds", 1), ("seed", 0)):
-        if not isinstance(out[key], int) or isinstance(out[key], bool) or out[key] < least:
-            raise ValueError(f"microbench {source}: {key}={out[key]!r} must be an integer >= {least}")
-    if not isinstance(out["min_run_time_s"], (int, float)) or out["min_run_time_s"] <= 0:
-        raise ValueError(f"microbench {source}: min_run_time_s={out['min_run_time_s']!r} must be > 0")
+    for key, least, most in (("num_threads", 1, MAX_THREADS), ("rounds", 1, MAX_ROUNDS),
+                             ("seed", 0, MAX_SEED)):
+        if not isinstance(out[key], int) or isinstance(out[key], bool) or not least <= out[key] <= most:
+            raise ValueError(f"microbench {source}: {key}={out[key]!r} must be an integer from {least} to "
+                             f"{most}")
+    if not _finite(out["min_run_time_s"]) or out["min_run_time_s"] <= 0:
+        raise ValueError(f"microbench {source}: min_run_time_s={out['min_run_time_s']!r} must be a finite "
+                         "number > 0")
     if "linear" in out:
         lin = out["linear"]
         _check_keys(lin, _LINEAR_KEYS, f"{source}: linear")
@@ -63,10 +71,27 @@ def check_spec(spec: Any, *, source: str = "spec") -> dict[str, Any]:
         _check_choices(emb["directions"], DIRECTIONS, f"{source}: embedding.directions")
         _check_choices(emb["variants"], EMBEDDING_VARIANTS, f"{source}: embedding.variants")
         _check_positive_ints(emb.get("indices", []), f"{source}: embedding.indices")
-        if not isinstance(emb["zipf_exponent"], (int, float)) or emb["zipf_exponent"] < 0:
+        if not _finite(emb["zipf_exponent"]) or emb["zipf_exponent"] < 0:
             raise ValueError(f"microbench {source}: embedding.zipf_exponent={emb['zipf_exponent']!r} must "
-                             "be >= 0")
+                             "be a finite number >= 0")
+    _check_finite(out, "", source)
     return out
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_finite(value: Any, where: str, source: str) -> None:
+    """ValueError naming the key (``linear.layers[0].in_shape[0]``) of a NaN or infinite number in it."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"microbench {source}: {where}={value!r} must be a finite number")
+    if isinstance(value, dict):
+        items = [(f"{where}.{key}" if where else str(key), item) for key, item in value.items()]
+    else:
+        items = [(f"{where}[{i}]", item) for i, item in enumerate(value)] if isinstance(value, list) else []
+    for key, item in items:
+        _check_finite(item, key, source)
 
 
 def _check_keys(mapping: Any, allowed: set[str], where: str) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from harness import settings
 from harness.core import stops
 from harness.core.clock import clock
 
@@ -61,7 +62,7 @@ class RoundGate:
 
     @classmethod
     def from_env(cls, run_id: str) -> "RoundGate | None":
-        path = os.environ.get(ENV)
+        path = settings.read(ENV)
         if not path:
             return None
         try:
@@ -385,7 +386,7 @@ def run_group(cells: Sequence[Cell], rounds: int, *, command: Callable[[Cell], l
 
 def alone_reason() -> str | None:
     """Why this cell of a timing group is timed alone (:func:`run_alone`), or None in its group's rounds."""
-    return os.environ.get(ALONE_ENV) or None
+    return settings.read(ALONE_ENV)
 
 
 def run_alone(cell: Cell, *, command: Callable[[Cell], list[str]], reason: str) -> int:

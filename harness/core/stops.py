@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Iterator, Mapping
 
+from harness import settings
+
 PARENT_ENV = "COMERA_BENCH_PARENT_PID"
 """The pid of the process a child should die with (set by :func:`child_env`)."""
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -39,9 +41,11 @@ def cell_started_at() -> float:
     """When this cell's processes started (seconds since the epoch): its supervisor's start when it has one
     (CELL_STARTED_ENV), else this process's."""
     try:
-        return float(os.environ[CELL_STARTED_ENV])
-    except (KeyError, ValueError):
-        pass
+        started = settings.read(CELL_STARTED_ENV)
+    except settings.SettingError:
+        started = None
+    if started is not None:
+        return started
     try:
         import psutil
 
@@ -58,13 +62,13 @@ def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
 def die_with_parent() -> bool:
     """In a child started with :func:`child_env`: receive SIGTERM when that parent dies (at once, if it
     has died already). False where this cannot be arranged (not Linux, no such parent given)."""
-    expected = os.environ.pop(PARENT_ENV, None)
+    expected = settings.read(PARENT_ENV, {PARENT_ENV: os.environ.pop(PARENT_ENV, "")})
     if not expected or not sys.platform.startswith("linux"):
         return False
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
         return False
-    if os.getppid() != int(expected) and _gone(int(expected)):  # it died before the line above
+    if os.getppid() != expected and _gone(expected):  # it died before the line above
         os.kill(os.getpid(), signal.SIGTERM)
     return True
 

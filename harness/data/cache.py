@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
-from harness import atomic
+from harness import atomic, settings
 
 if TYPE_CHECKING:
     import torch
@@ -33,7 +33,7 @@ def cache_dir(root: str | os.PathLike | None, *parts: str) -> Path:
     """The folder ``root/parts...`` (created); ``root`` None means the run's cache folder (CACHE_ENV, else
     DEFAULT_CACHE_DIR)."""
     if root is None:
-        root = os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR
+        root = settings.read(CACHE_ENV) or DEFAULT_CACHE_DIR
     path = Path(root).joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -43,7 +43,7 @@ def cache_dir(root: str | os.PathLike | None, *parts: str) -> Path:
 def run_cache(folder: str | os.PathLike) -> Iterator[None]:
     """CACHE_ENV is ``folder`` inside the block (and in the processes started there), unless it is set
     already (by the pipeline); as it was afterwards."""
-    if os.environ.get(CACHE_ENV):
+    if settings.read(CACHE_ENV):
         yield
         return
     os.environ[CACHE_ENV] = str(folder)

@@ -48,15 +48,29 @@ def check_shard_sets(files: list[Path]) -> None:
             key = (path.parent, numbered["name"], numbered["count"], path.suffix)
             sets.setdefault(key, set()).add(int(numbered["index"]))
     for (folder, name, count, suffix), found in sorted(sets.items()):
-        width = len(count)
-        missing = [f"{name}-{i:0{width}d}-of-{count}{suffix}" for i in range(int(count)) if i not in found]
-        beyond = sorted(i for i in found if i >= int(count))
-        if missing or beyond:
-            listed = ", ".join(missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
-            problem = f"lacks {len(missing)} of its {int(count)} shards: {listed}" if missing else \
+        width, total = len(count), int(count)
+        beyond = sorted(i for i in found if i >= total)
+        lacking = total - (len(found) - len(beyond))
+        if lacking or beyond:
+            first = _first_missing(found, total, 10)
+            listed = ", ".join(f"{name}-{i:0{width}d}-of-{count}{suffix}" for i in first) + (
+                f" and {lacking - len(first)} more" if lacking > len(first) else "")
+            problem = f"lacks {lacking} of its {total} shards: {listed}" if lacking else \
                 f"has shards numbered past its count: {', '.join(map(str, beyond))}"
             raise ValueError(f"{folder}: the shard set {name}-*-of-{count}{suffix} {problem} (a partial "
                              "download? fetch the data set again)")
+
+
+def _first_missing(found: set[int], total: int, most: int) -> list[int]:
+    """The first ``most`` indices in [0, total) not in ``found``: found in at most len(found) + most steps,
+    whatever ``total`` (a shard name may claim -of-999999999999)."""
+    missing: list[int] = []
+    index = 0
+    while index < total and len(missing) < most:
+        if index not in found:
+            missing.append(index)
+        index += 1
+    return missing
 
 
 def read_table(path: Path, columns: tuple[str, ...], text: tuple[str, ...] = ()) -> pa.Table:

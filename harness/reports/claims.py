@@ -21,7 +21,7 @@ from harness.reports.judging import (ACCURACY_KEPT, Context, Finding, LEFT_OUT, 
                                      cells_of, devices_text, directed, epoch_kind, in_setting,
                                      in_timing_setting, judge, judged, kept_accuracy, lookup_finding, lookups,
                                      make_verdict, no_ratio, ratios_vs, runs_of, size_matched_text)
-from harness.reports.judging import COMERA_RULES, comera_variants
+from harness.reports.judging import RULES_OF_VARIANT, comera_variants
 from harness.reports.shared import MB
 from harness.results import FINAL_LOSS_WINDOW
 from harness.results.analysis import (TIME, Results, describe_left_out, gpu_rows, load, pair_ratio, stable,
@@ -174,8 +174,8 @@ def c4(ctx: Context) -> Verdict:
                    f"transformer size=paper on MNLI, {ctx.gpu}, full schedule, quality cells where the "
                    "grid has them, per batch size: CoMERA (no target; with its targets where it has no such "
                    f"row) and GaLore accuracy within {ABOUT_ACCURACY:g} of {v['accuracy_comera']:g}; LTE "
-                   f"(default preset) at least {FAR_BELOW:g} below both. CoMERA: the {COMERA_RULES['paper']} "
-                   f"(variant paper) where it ran, the {COMERA_RULES['default']} (variant default) shown "
+                   f"(default preset) at least {FAR_BELOW:g} below both. CoMERA: the {RULES_OF_VARIANT['paper']} "
+                   f"(variant paper) where it ran, the {RULES_OF_VARIANT['default']} (variant default) shown "
                    "beside it, or judged where the paper's did not run",
                    in_setting(df, ctx.gpu) & (df.dataset == "mnli"))
 
@@ -190,7 +190,7 @@ def c5(ctx: Context) -> Verdict:
             here = rows[rows.workload == workload]
             shown = []
             for n, variant in enumerate(comera_variants(here)):  # the first judged, the second beside it
-                rules = COMERA_RULES[variant].split(":")[0]
+                rules = RULES_OF_VARIANT[variant].split(":")[0]
                 text, best = _compression(here, variant)
                 if n == 0:
                     parts.append(None if best is None else bool(best and best >= stated))
@@ -206,8 +206,8 @@ def c5(ctx: Context) -> Verdict:
                    f"late_start_step reached) with accuracy at most {ACCURACY_KEPT:g} below dense at "
                    "the same batch; best total compression >= the stated one; rank sweeps and "
                    "early-stage-only models are not counted. Per workload the CoMERA with the "
-                   f"{COMERA_RULES['paper']} (variant paper) is judged where it ran, the one with the "
-                   f"{COMERA_RULES['default']} (variant default) shown beside it, or judged where the "
+                   f"{RULES_OF_VARIANT['paper']} (variant paper) is judged where it ran, the one with the "
+                   f"{RULES_OF_VARIANT['default']} (variant default) shown beside it, or judged where the "
                    "paper's did not run", in_setting(df, ctx.gpu))
 
 

@@ -1,5 +1,7 @@
 """What every figure shares: panels, footers of at most FOOTER_LINES lines with the rest in a notes file
 (``<name>.md`` and ``.html`` beside the PNG and PDF), failed-cell crosses, spread bars, step and log axes.
+Every text in a figure is drawn as written: ``$`` opens no math (a device name such as ``$\frac{$`` would
+stop the figure from being drawn).
 """
 from __future__ import annotations
 
@@ -15,9 +17,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from harness.reports.html import write_html  # noqa: E402
+from harness.reports.html import cell_text, write_html  # noqa: E402
 from harness.reports.shared import (method_label)
 from harness.results.analysis import (Results, step_time_spread, stable)
+
+matplotlib.rcParams["text.parse_math"] = False  # text from the rows is text, never math to parse
 
 
 PAPER = "paper (RTX 3090)"
@@ -60,7 +64,8 @@ def short_footer(footer: str, pointer: str, width: int, lines: int = FOOTER_LINE
 def finish(fig: plt.Figure, title: str, footer: str, out: Path, name: str, notes: str = "") -> None:
     """Title; under the plots the footer's leading sentences (:func:`short_footer`: FOOTER_LINES lines at
     most, then the name of the notes file); the figure (:func:`save`) and its notes, ``<name>.md`` and
-    ``.html``: the title, the whole footer and ``notes`` (model, settings, how it was measured)."""
+    ``.html``: the title, the whole footer and ``notes`` (model, settings, how it was measured), each one
+    paragraph of literal text (:func:`harness.reports.html.cell_text`: they hold strings from the rows)."""
     fig.suptitle(title, fontsize=11)
     width = int(fig.get_figwidth() * FOOTER_CHARS_PER_INCH)
     lines = textwrap.wrap(short_footer(footer, f"Notes: {name}.md.", width), width)
@@ -68,7 +73,8 @@ def finish(fig: plt.Figure, title: str, footer: str, out: Path, name: str, notes
     bottom = (6 + len(lines) * FOOTER_POINTS * 1.3) / 72 / fig.get_figheight()  # the footer's share
     fig.tight_layout(pad=0.6, rect=(0, bottom, 1, 0.95))
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.md").write_text(f"# {title}\n\n{' '.join(footer.split())}\n\n{notes.strip()}\n")
+    (out / f"{name}.md").write_text(f"# {title}\n\n{cell_text(' '.join(footer.split()))}\n\n"
+                                    f"{cell_text(notes.strip())}\n")
     write_html(out / f"{name}.md")
     save(fig, out, name)
 

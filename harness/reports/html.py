@@ -31,10 +31,31 @@ _MARKUP = re.compile(r"[\\`*~\[\]<!|&]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
 code, emphasis (an underscore inside a word is plain text already), the cell separator and the escape."""
 
 
+_BLOCK_START = re.compile(r"^(#{1,6}|[>+=-]|\d{1,9}(?=[.)]))")
+"""What may open a block at a line's start: a heading, a quote, a list item (``-``, ``+``, ``1.``), a
+setext underline (``*`` is escaped everywhere already)."""
+
+
 def cell_text(text: str) -> str:
-    """``text`` as literal inline text in Markdown (a table cell, a list item, a line of prose): markup
-    backslash-escaped, line breaks as spaces."""
-    return _MARKUP.sub(lambda m: "\\" + m.group(0), " ".join(text.splitlines()))
+    r"""``text`` as literal inline text in Markdown (a table cell, a list item, a line of prose or a whole
+    paragraph): markup backslash-escaped, line breaks as spaces, leading spaces dropped and a block marker
+    at its start escaped, so it opens no link, image, tag, heading, quote, list or code block. The one
+    escaping of every string from data that a Markdown output (tables, claims, compare, figure notes) holds.
+
+    Example::
+
+        >>> print(cell_text("[x](http://e.invalid)\n# H"))
+        \[x\](http://e.invalid) # H
+        >>> print(cell_text("# H"), cell_text("1. n"))
+        \# H 1\. n
+    """
+    text = _MARKUP.sub(lambda m: "\\" + m.group(0), " ".join(text.splitlines()).lstrip())
+    marker = _BLOCK_START.match(text)
+    if marker is None:
+        return text
+    if marker.group(0)[0].isdigit():
+        return f"{marker.group(0)}\\{text[marker.end():]}"
+    return f"\\{text}"
 
 
 def markdown_table(df: pd.DataFrame, floatfmt: str) -> str:

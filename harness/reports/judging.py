@@ -190,7 +190,7 @@ def cells_of(df: pd.DataFrame, method: str, variant: str = "default") -> pd.Data
     return df[(df.method == method) & (df.variant == variant) & (df.status == "ok") & df.target_ratio.isna()]
 
 
-COMERA_RULES = {
+RULES_OF_VARIANT = {
     "paper": "paper rules: gate penalty 0.01, threshold pruning, fixed 2/3 split, two-branch late stage",
     "default": ("project rules: no early penalty, pruning by a rank's share of its bond, switch once the "
                 "loss converged, guarded late stage with a ramped target")}

@@ -29,7 +29,17 @@ def noisy_cells(paths: list[str | Path]) -> pd.DataFrame:
     if not frames:
         return results.empty_frame("runs")
     df = unstable_timing_cells(pd.concat(frames, ignore_index=True))
-    return df.drop_duplicates("run_id").reset_index(drop=True)
+    return df.drop_duplicates(list(CELL_KEY)).reset_index(drop=True)
+
+
+CELL_KEY = ("run_id", "hostname", "device_name")
+"""The columns that tell one measured cell from another: the grid cell and the machine that timed it."""
+
+
+def cell_keys(rows: pd.DataFrame) -> set[tuple[str, ...]]:
+    """The :data:`CELL_KEY` of each row (a missing value as "")."""
+    return {tuple("" if pd.isna(v) else str(v) for v in key)
+            for key in rows[list(CELL_KEY)].itertuples(index=False)}
 
 
 def summary(paths: list[str | Path], cells_dir: str, *, configfiles: Sequence[str] = (),
@@ -73,13 +83,23 @@ def as_typed(command: Sequence[str], env: dict[str, str] | None = None) -> str:
     return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()), shlex.join(command)])
 
 
-def delete_cells(paths: Sequence[str | Path], run_ids: set[str]) -> tuple[list[Path], list[str]]:
-    """Remove the per-cell runs and curves files of the cells ``run_ids`` found under the folders among
-    ``paths`` (recursively); returns (the files removed, notes on what was left). Only a file named after
-    the cell whose row it holds is removed, and only inside its folder (resolved paths checked: a stored
-    run_id such as ``../x`` names no file); a runs table given as a file is left as it is (a note says
-    so), as are the noisy cells that have no per-cell file there."""
+def delete_cells(paths: Sequence[str | Path], cells: pd.DataFrame) -> tuple[list[Path], list[str]]:
+    """Remove the per-cell runs and curves files of the noisy cells ``cells`` found under the folders among
+    ``paths`` (recursively); returns (the files removed, notes on what was left).
+
+    A file goes only when its own row is a noisy timing cell listed in ``cells`` (same run_id, host and
+    device: :data:`CELL_KEY`), it is named after that row's run_id, and it lies inside its folder (resolved
+    paths checked: a stored run_id such as ``../x`` names no file). So another device's files of the same
+    cells stay, stable or not listed. A runs table given as a file is left as it is (a note says so), as
+    are the noisy cells that have no per-cell file there.
+
+    Args:
+        paths: results/runs/<device> folders (or runs tables, left alone).
+        cells: the noisy rows to delete, as :func:`noisy_cells` gives them.
+    """
     removed, notes, found = [], [], set()
+    wanted = cell_keys(cells)
+    run_ids = {key[0] for key in wanted}
     odd = sorted(rid for rid in run_ids if Path(rid).name != rid or rid.startswith((".", "-")))
     if odd:
         notes.append(f"refused: run_id {', '.join(map(repr, odd))} is not a plain file name (a row altered "
@@ -98,6 +118,11 @@ def delete_cells(paths: Sequence[str | Path], run_ids: set[str]) -> tuple[list[P
             rows = results.read_parquet(runs, "runs")
             if rows.run_id.tolist() != [name] or not runs.parent.resolve().is_relative_to(root):
                 notes.append(f"{runs} left: it does not hold the one row of cell {name} inside {given}")
+                continue
+            own = cell_keys(unstable_timing_cells(rows))
+            if not own or not own <= wanted:
+                notes.append(f"{runs} left: its own row is not one of the noisy cells listed (stable, or "
+                             "another host or device)")
                 continue
             found.add(name)
             for path in (runs, runs.with_name(f"{name}.curves.parquet")):
@@ -129,7 +154,7 @@ def cli(argv: list[str] | None = None) -> int:
     for _, r in df.iterrows():
         print(f"{r.run_id}\t{noisy_reason(r)}")
     if args.delete:
-        removed, notes = delete_cells(args.results, set(df.run_id))
+        removed, notes = delete_cells(args.results, df)
         for note in notes:
             print(f"comera-bench noisy: {note}", file=sys.stderr)
         cells = sum(path.name.endswith(".runs.parquet") for path in removed)

@@ -305,12 +305,18 @@ def load_grid(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
 
 
 def check_cells(df: pd.DataFrame, path: Path, cells: dict[str, dict[str, Any]], grid: str | os.PathLike) -> None:
-    """ResultsError naming ``path`` (a per-cell runs file) unless each row is the grid cell the file is named
-    after, run from the grid's spec (same cell_hash and execution_hash): a file of another config is
-    refused, not merged."""
+    """ResultsError naming ``path`` (a per-cell runs file) unless it holds exactly one row, the grid cell the
+    file is named after, run from the grid's spec (same cell_hash and execution_hash): a file of another
+    config is refused, not merged, and so is one with no row (its cell would vanish from every table) or
+    with its row more than once (merged as several runs)."""
     name = path.name.removesuffix(".runs.parquet")
     advice = (f"it was written by another config than the grid's ({grid}): delete it and its curves file, then "
               "run the pipeline again (the cell runs again)")
+    if len(df) != 1 and set(df["run_id"]) <= {name}:
+        held = (f"holds {len(df)} rows of cell {name}, not one" if len(df) else
+                f"holds no row: cell {name} has no result")
+        raise ResultsError(f"{path} {held} (a damaged or hand-made file); delete it and "
+                           "its curves file, then run the pipeline again (the cell runs again)")
     for _, row in df.iterrows():
         rid = row["run_id"]
         if rid != name:

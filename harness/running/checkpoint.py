@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.core.clock import env_seconds
+from harness import settings
 from harness.spec import HASHES
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from harness.spec import Spec
 
 CHECKPOINT_ENV = "COMERA_BENCH_CHECKPOINT_S"
-CHECKPOINT_EVERY_S = 600.0
+CHECKPOINT_EVERY_S = settings.SETTINGS[CHECKPOINT_ENV].default
 """Seconds of training between two checkpoints of a cell, unless CHECKPOINT_ENV says otherwise."""
 FORMAT = 2
 """The checkpoint layout's version; a file of another is not used."""
@@ -36,7 +36,7 @@ RUNS_SUFFIX = ".runs.parquet"
 def every_s() -> float | None:
     """Seconds between checkpoints: CHECKPOINT_ENV when set (0: none), else CHECKPOINT_EVERY_S; a value that
     is not a number >= 0 raises ValueError naming the variable."""
-    return env_seconds(CHECKPOINT_ENV, CHECKPOINT_EVERY_S, "the checkpoint interval", "no checkpoints")
+    return settings.read(CHECKPOINT_ENV)
 
 
 def path_for(runs_out: str | os.PathLike) -> Path:

@@ -5,11 +5,10 @@ variable instead of failing a job (docs/pipeline.md, "Outputs").
 """
 from __future__ import annotations
 
-import math
-import os
 import time
 from pathlib import Path
 
+from harness import settings
 from harness.core.clock import clock
 
 STARTED_ENV = "COMERA_BENCH_PIPELINE_STARTED"
@@ -39,23 +38,13 @@ def pipeline_env() -> tuple[float, int] | None:
     CELLS_ENV, or None outside a pipeline run (either unset).
 
     Raises:
-        ValueError: a value that is not a finite number of seconds, or not a whole number >= 0 of cells,
-            naming the variable.
+        harness.settings.SettingError: a value that is not a time in seconds since the epoch, or not a
+            whole number of cells, naming the variable (:data:`harness.settings.SETTINGS`).
     """
-    started, total = os.environ.get(STARTED_ENV, "").strip(), os.environ.get(CELLS_ENV, "").strip()
-    if not started or not total:
+    start, total = settings.read(STARTED_ENV), settings.read(CELLS_ENV)
+    if start is None or total is None:
         return None
-    try:
-        start = float(started)
-        if not math.isfinite(start):
-            raise ValueError
-    except ValueError:
-        raise ValueError(f"environment variable {STARTED_ENV}={started!r} is not a time in seconds since the "
-                         "epoch (the pipeline sets it when it starts: unset it)") from None
-    if not total.isdigit():
-        raise ValueError(f"environment variable {CELLS_ENV}={total!r} is not a whole number of cells (the "
-                         "pipeline sets it to its grid's size when it starts: unset it)")
-    return start, int(total)
+    return start, total
 
 
 def pipeline_line(folder: str | Path) -> str:

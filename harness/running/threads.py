@@ -11,6 +11,9 @@ import os
 from collections import Counter
 from pathlib import Path
 
+from harness import settings
+from harness.spec import MAX_THREADS
+
 AUTO = "auto"
 AUTO_MOST = 4
 """The most threads ``auto`` gives a cell (the default grid's models gain little beyond)."""
@@ -37,7 +40,9 @@ def choose(cpus: int, load: float | None) -> int:
 
 def finished_threads(cells_dir: str | Path) -> tuple[int | None, int]:
     """(the threads most finished cells of ``cells_dir`` ran with, how many finished cells there are): a
-    cell is finished when its runs file exists; its threads are its spec's ``execution.num_threads``."""
+    cell is finished when its runs file exists; its threads are its spec's ``execution.num_threads``, a
+    whole number from 1 to :data:`harness.spec.MAX_THREADS` (a spec holding anything else is not
+    counted)."""
     counts: Counter[int] = Counter()
     for spec in Path(cells_dir).glob("*.spec.json"):
         if not spec.with_name(spec.name.replace(".spec.json", ".runs.parquet")).exists():
@@ -46,7 +51,7 @@ def finished_threads(cells_dir: str | Path) -> tuple[int | None, int]:
             threads = json.loads(spec.read_text())["execution"]["num_threads"]
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if isinstance(threads, int) and threads >= 1:
+        if isinstance(threads, int) and not isinstance(threads, bool) and 1 <= threads <= MAX_THREADS:
             counts[threads] += 1
     return (counts.most_common(1)[0][0], sum(counts.values())) if counts else (None, 0)
 
@@ -63,11 +68,15 @@ def resolve(setting: int | str, cells_dir: str | Path | None, load: float | None
 
     Returns:
         (threads, the reason in words).
+
+    Raises:
+        harness.settings.SettingError: :data:`THREADS_ENV` is set to anything but a whole number from 1 to
+            :data:`harness.spec.MAX_THREADS`, naming it and its value.
     """
     if setting != AUTO:
         return int(setting), ""
-    given = os.environ.get(THREADS_ENV)
-    if given:
+    given = settings.read(THREADS_ENV)
+    if given is not None:
         return int(given), f"auto: {given}, chosen by this run's first Snakemake process"
     kept, finished = finished_threads(cells_dir) if cells_dir else (None, 0)
     if kept is not None:

@@ -11,17 +11,17 @@ import threading
 import time
 from typing import Callable
 
-from harness.core.clock import env_seconds
+from harness import settings
 
-STALL_LIMIT_S = 3600.0
-"""How long the warm-up, a training step or an evaluation may run before the watchdog ends the cell."""
 STALL_ENV = "COMERA_BENCH_STALL_LIMIT_S"
+STALL_LIMIT_S = settings.SETTINGS[STALL_ENV].default
+"""How long the warm-up, a training step or an evaluation may run before the watchdog ends the cell."""
 
 
 def stall_limit_s() -> float | None:
     """The stall limit in seconds: STALL_ENV when set (0: none), else STALL_LIMIT_S; a value that is not a
     number >= 0 raises ValueError naming the variable."""
-    return env_seconds(STALL_ENV, STALL_LIMIT_S, "the stall limit", "no stall limit")
+    return settings.read(STALL_ENV)
 
 
 

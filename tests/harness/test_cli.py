@@ -342,8 +342,8 @@ def test_a_bad_pipeline_cells_variable_never_fails_a_cell_whose_row_is_written(t
     monkeypatch.setattr(supervise, "supervise", lambda *a, **k: (0, "ok"))  # the child wrote its row
     runs = tmp_path / "cell-1.runs.parquet"
     assert cli.main(["run", "--isolate", "--spec", str(spec), "--runs-out", str(runs)]) == 0
-    assert ("comera-bench: no progress line: environment variable COMERA_BENCH_PIPELINE_CELLS='abc' is not a "
-            "whole number of cells") in capsys.readouterr().err
+    assert ("comera-bench: no progress line: environment variable COMERA_BENCH_PIPELINE_CELLS='abc': the "
+            "grid's cell count must be a whole number") in capsys.readouterr().err
 
 
 def test_run_with_runs_out_keeps_its_cache_beside_the_runs_file(tmp_path, toys, monkeypatch):

@@ -66,7 +66,14 @@ def test_every_spec_default_is_the_schemas():
     (None, "variant", {"a": 1}, "spec variant must be a non-empty string, got {'a': 1}"),
     (None, "variant", 3, "spec variant must be a non-empty string, got 3"),
     ("execution", "device", "tpu", "execution.device must be cpu|cuda|auto, got 'tpu'"),
-    ("execution", "num_threads", None, "execution.num_threads must be an integer from 1 to 2**32, got None"),
+    ("execution", "num_threads", None, "execution.num_threads must be an integer from 1 to 1024, got None"),
+    ("execution", "num_threads", 2**31, f"num_threads must be an integer from 1 to 1024, got {2**31}"),
+    ("execution", "num_threads", 1025, "execution.num_threads must be an integer from 1 to 1024, got 1025"),
+    (None, "seed", 2**32, f"spec seed must be an integer from 0 to 2**32 - 1, got {2**32}"),
+    (None, "seed", -1, "spec seed must be an integer from 0 to 2**32 - 1, got -1"),
+    (None, "run_id", "r" * 151, f"spec run_id must be at most 150 characters (it names files), got "
+                                f"{'r' * 151!r}"),
+    (None, "run_id", "a/b", "spec run_id must be a plain file name"),
     ("budget", "time_limit_s", -1, "time_limit_s must be null or a finite number > 0"),
     ("budget", "time_limit_s", float("nan"), "time_limit_s must be null or a finite number > 0, got nan"),
     ("budget", "time_limit_s", float("inf"), "time_limit_s must be null or a finite number > 0, got inf"),
@@ -79,6 +86,21 @@ def test_bad_spec_is_named(section, key, value, message):
     (spec[section] if section else spec)[key] = value
     with pytest.raises(specs.SpecError, match=re.escape(message)):
         specs.make(spec, specs.AS_WRITTEN)
+
+
+def test_spec_bounds_are_what_runs():
+    """The largest seed (numpy's) and thread count (the config's cap) a cell runs with pass; the threads
+    bound is the config schema's."""
+    assert toy(seed=2**32 - 1).seed == 2**32 - 1
+    assert toy(execution={"num_threads": 1024}).execution.num_threads == 1024
+    assert toy(run_id="r" * 150).run_id == "r" * 150
+    threads = yaml.safe_load(SCHEMA.read_text())["properties"]["execution"]["properties"]["threads"]
+    assert threads["maximum"] == specs.MAX_THREADS
+
+
+def test_a_long_derived_run_id_is_refused_too():
+    with pytest.raises(specs.SpecError, match="spec run_id must be at most 150 characters"):
+        toy(variant="v" * 150)
 
 
 def test_spec_defaults_and_ids():

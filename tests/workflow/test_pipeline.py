@@ -452,6 +452,18 @@ def test_a_bad_environment_variable_is_refused_before_any_job(tmp_path, variable
     assert f"environment variable {variable}='abc'" in said, said[-2000:]
 
 
+def test_a_bad_threads_variable_is_refused_naming_it(tmp_path):
+    """``threads: auto`` takes the first Snakemake process's choice from COMERA_BENCH_THREADS: a value past
+    the config's cap of 1024 is named (harness/settings.py), not given to every cell."""
+    res = subprocess.run(snakemake_cmd(tmp_path, TINY, "-n", "runs", "--config",
+                                       "execution={device: cpu, threads: auto}"), capture_output=True,
+                         text=True, env={**ENV, "COMERA_BENCH_THREADS": "4294967296"}, cwd=ROOT, timeout=300)
+    assert res.returncode != 0
+    said = res.stdout + res.stderr
+    assert ("invalid environment: environment variable COMERA_BENCH_THREADS='4294967296': the threads of "
+            "every cell must be a whole number from 1 to 1024") in said, said[-2000:]
+
+
 def test_exponent_numbers_in_a_config_are_numbers(tmp_path):
     """`lr: 1e-3` (YAML 1.1, which Snakemake reads, makes it text) passes the methods' own checks."""
     path = tmp_path / "exp.yaml"

@@ -11,6 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from harness import settings
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -25,7 +27,7 @@ OPT_IN = "COMERA_BENCH_SLURM_TESTS"
 
 
 def _skip_reason() -> str | None:
-    if os.environ.get(OPT_IN) != "1":
+    if not settings.read(OPT_IN):
         return f"set {OPT_IN}=1 to start a real one-node SLURM cluster (apt-get, /etc/slurm, daemons)"
     if os.geteuid() != 0:
         return "needs root to install and start slurmctld/slurmd/munged"

@@ -1,8 +1,8 @@
 # Per-cell files -> results/<device>/{runs,curves,microbench}.parquet (+ grid.json: every cell's spec).
-# A truncated or foreign per-cell file fails the merge with its path in the message; so does a runs or
-# curves file whose rows are not its grid cell's, run from the grid's spec (its cell and execution hashes;
-# e.g. copied from another config), and a runs file of a timing group from another host or device than the
-# group's others.
+# A truncated or foreign per-cell file fails the merge with its path in the message; so does a runs file
+# without exactly one row, a runs or curves file whose rows are not its grid cell's, run from the grid's
+# spec (its cell and execution hashes; e.g. copied from another config), and a runs file of a timing group
+# from another host or device than the group's others.
 localrules: merge_runs, merge_microbench
 
 

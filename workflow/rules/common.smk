@@ -70,8 +70,11 @@ MERGED = f"{RESULTS}/{DEVICE}"
 from harness.core import timing as _timing
 from harness.running import threads as _threads
 
-config["execution"]["threads"], THREADS_WHY = _threads.resolve(config["execution"]["threads"], CELLS,
-                                                               _timing.load_avg_1m())
+try:  # a bad COMERA_BENCH_THREADS (harness/settings.py) is named, not a traceback
+    config["execution"]["threads"], THREADS_WHY = _threads.resolve(config["execution"]["threads"], CELLS,
+                                                                   _timing.load_avg_1m())
+except ValueError as _err:
+    raise WorkflowError(f"invalid environment: {_err}")
 if THREADS_WHY:
     os.environ[_threads.THREADS_ENV] = str(config["execution"]["threads"])
 GRID, SWEEPS = _grid.expand_grid(config)

@@ -2,6 +2,7 @@
 benchmark (harness.perf.microbench)."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -39,3 +40,36 @@ def test_the_config_check_does_not_import_the_benchmark():
             "microbench_spec.check_spec({}); print('harness.perf.microbench' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("min_run_time_s: .nan", "min_run_time_s=nan must be a finite number > 0"),
+    ("min_run_time_s: .inf", "min_run_time_s=inf must be a finite number > 0"),
+    ("min_run_time_s: -.inf", "min_run_time_s=-inf must be a finite number > 0"),
+    ("embedding: {zipf_exponent: .nan}", "embedding.zipf_exponent=nan must be a finite number >= 0"),
+    ("linear: {layers: [{in_shape: [.inf], out_shape: [2]}]}", "linear.layers[0].in_shape[0]=inf"),
+])
+def test_a_spec_file_with_a_non_finite_number_is_refused_naming_key_and_file(tmp_path, text, message):
+    """A NaN or infinite time would time forever (``<= 0`` lets NaN through)."""
+    path = tmp_path / "mb.yaml"
+    path.write_text(text + "\n")
+    with pytest.raises(ValueError, match=re.escape(f"microbench {path}: ") + ".*" + re.escape(message)):
+        microbench.load_spec(path)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("num_threads", 2**31, "num_threads=2147483648 must be an integer from 1 to 1024"),
+    ("seed", 2**32, "seed=4294967296 must be an integer from 0 to 4294967295"),
+    ("rounds", 10**12, "rounds=1000000000000 must be an integer from 1 to 1000"),
+    ("rounds", 0, "rounds=0 must be an integer from 1 to 1000"),
+])
+def test_integers_past_what_runs_are_refused(key, value, message):
+    """The bounds a cell's spec has (threads: the config's cap; seed: numpy's; rounds: the config's)."""
+    with pytest.raises(ValueError, match=re.escape(f"microbench spec: {message}")):
+        microbench_spec.check_spec({key: value})
+    assert microbench_spec.check_spec({key: {"num_threads": 1024, "seed": 2**32 - 1, "rounds": 1000}[key]})
+
+
+def test_the_rounds_cap_is_the_configs():
+    schema = yaml.safe_load(open("workflow/schemas/config.schema.yaml"))
+    assert schema["properties"]["execution"]["properties"]["rounds"]["maximum"] == microbench_spec.MAX_ROUNDS

@@ -73,3 +73,46 @@ def test_every_heading_of_a_page_has_an_address(tmp_path):
     page = write_html(md).read_text()
     assert '<h2 id="c2">C2: holds</h2>' in page and '<h2 id="c2-2">' in page
     assert '<h1 id="claims-of-the-paper-vs-cpu">' in page and '<h2 id="how-claims-are-judged">' in page
+
+
+FIGURE_HOSTILE = "[x](http://e.invalid) ![i](http://e.invalid/a.png)\n# H <script> $\\frac{$"
+
+
+def _block_markup(html: str) -> list[str]:
+    """Live links, images, tags and headings of a notes page beyond its one title heading."""
+    body = html.split("<body>", 1)[1]
+    return re.findall(r"<(?:a |img|script|h[2-6])", body) + re.findall(r"<h1", body)[1:]
+
+
+def test_figure_notes_from_data_are_text(tmp_path):
+    """Every figure's notes (``<fig>.md`` / ``.html``) hold the rows' device name and torch version: a
+    Markdown link, image, heading or tag in them stays text."""
+    from harness.reports import figures
+    from tests.workflow.test_reports import make_folder, run_row
+
+    rows = [run_row("transformer", m, b, time_s=t) for m, b, t in
+            (("dense", 1, 30), ("comera", 1, 10), ("dense", 32, 90), ("comera", 32, 30))]
+    rows += [run_row("dlrm", "dense", 256, time_s=1, nce=0.9), run_row("dlrm", "comera", 256, time_s=2)]
+    for row in rows:
+        row.update(device_name=FIGURE_HOSTILE, torch_version=FIGURE_HOSTILE, hostname=FIGURE_HOSTILE)
+    folder = make_folder(tmp_path / FIGURE_HOSTILE.replace("/", "_").replace("\n", "_"), rows)
+    out = tmp_path / "figs"
+    assert figures.main(["--results", str(folder), "--out", str(out)]) == 0
+    pages = sorted(out.glob("*.html"))
+    assert pages and any("e.invalid" in page.read_text() for page in pages)
+    assert all(page.with_suffix(".png").stat().st_size > 0 for page in pages)  # "$" opened no math
+    for page in pages:
+        assert _block_markup(page.read_text()) == [], page.name
+        md = page.with_suffix(".md").read_text()
+        assert [line for line in md.splitlines() if line.startswith("#")] == [md.splitlines()[0]], page.name
+
+
+def test_a_notes_line_starting_with_block_markup_is_text(tmp_path):
+    """Text from data that opens a notes paragraph (a device label) cannot open a heading, quote or list."""
+    from harness.reports import drawing
+
+    for start in ("# H", "> q", "- l", "1. n", "    code"):
+        fig, _ = drawing.panels(1)
+        drawing.finish(fig, "T", f"{start} footer", tmp_path, "n", f"{start} notes")
+        body = (tmp_path / "n.html").read_text().split("<body>", 1)[1]
+        assert re.findall(r"<(?:h2|h1|blockquote|ul|ol|pre)", body) == ["<h1"], start

@@ -95,3 +95,34 @@ def test_delete_on_a_top_folder_or_a_merged_table_says_what_it_did(tmp_path, cap
     assert cli.main(["noisy", str(top), "--delete"]) == 0  # the folder above results/runs/<device>
     assert "removed 2 file(s) of 1 cell(s)" in capsys.readouterr().err
     assert sorted(p.name for p in (top / "runs" / "cpu").iterdir()) == ["a.curves.parquet", "a.runs.parquet"]
+
+
+def test_delete_leaves_another_devices_stable_cells_of_the_same_run_id(tmp_path, capsys):
+    """Two device folders holding the same cells: only the files whose own row is noisy go, the other
+    device's stable measurements of the same run_ids stay."""
+    mine, other = tmp_path / "runs" / "cpu-mini", tmp_path / "runs" / "cpu-other"
+    for run_id in "ab":
+        _cell(mine, run_id, "noisy: CPU pressure 40% (> 25%)")
+        _cell(other, run_id, "stable")
+    for folder, name in ((mine, "mini"), (other, "other")):
+        for path in folder.glob("*.runs.parquet"):
+            row = results.read_parquet(path, "runs").assign(device_name=name, hostname=name)
+            results.write_parquet_atomic(row, path, kind="runs")
+    assert cli.main(["noisy", str(tmp_path / "runs"), "--delete"]) == 0
+    assert "removed 4 file(s) of 2 cell(s)" in capsys.readouterr().err
+    assert list(mine.iterdir()) == []
+    assert sorted(p.name for p in other.iterdir()) == sorted(
+        f"{r}.{k}.parquet" for r in "ab" for k in ("runs", "curves"))
+
+
+def test_delete_takes_only_the_listed_devices_row(tmp_path):
+    """A file whose row is noisy but of a device not listed stays (the caller's list is per device)."""
+    mine, other = tmp_path / "cpu-mini", tmp_path / "cpu-other"
+    _cell(mine, "b", "noisy: CPU pressure 40% (> 25%)")
+    _cell(other, "b", "noisy: CPU pressure 40% (> 25%)")
+    path = other / "b.runs.parquet"
+    results.write_parquet_atomic(results.read_parquet(path, "runs").assign(device_name="other"), path,
+                                 kind="runs")
+    removed, notes = noisy.delete_cells([tmp_path], noisy.noisy_cells([mine]))
+    assert sorted(removed) == [mine / "b.curves.parquet", mine / "b.runs.parquet"]
+    assert path.exists() and any(f"{path} left" in n for n in notes)

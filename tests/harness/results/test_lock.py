@@ -46,3 +46,41 @@ def test_lock_of_a_dead_pipeline_is_taken_over(tmp_path):
         assert json.loads((tmp_path / lock.LOCK_NAME).read_text())["pid"] == os.getpid()
     finally:
         lock.release(tmp_path)
+
+
+def test_symlinked_lock_is_refused_and_its_target_kept(tmp_path):
+    target = tmp_path / "precious.txt"
+    target.write_bytes(b"measurements\n")
+    folder = tmp_path / "results"
+    folder.mkdir()
+    (folder / lock.LOCK_NAME).symlink_to(target)
+    with pytest.raises(lock.LockError, match=f"lock {folder.resolve() / lock.LOCK_NAME} is a symbolic link"):
+        lock.acquire(folder)
+    assert target.read_bytes() == b"measurements\n"
+
+
+def test_dangling_symlinked_lock_creates_nothing(tmp_path):
+    folder = tmp_path / "results"
+    folder.mkdir()
+    (folder / lock.LOCK_NAME).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(lock.LockError, match="not a regular file"):
+        lock.acquire(folder)
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_lock_that_is_a_folder_is_refused(tmp_path):
+    (tmp_path / lock.LOCK_NAME).mkdir()
+    with pytest.raises(lock.LockError, match=f"lock {tmp_path.resolve() / lock.LOCK_NAME} is"):
+        lock.acquire(tmp_path)
+
+
+def test_hard_linked_lock_is_refused_and_the_other_name_kept(tmp_path):
+    """A lock sharing its file with a name elsewhere (a hard link, as ``cp -al`` makes) is not emptied."""
+    target = tmp_path / "precious.txt"
+    target.write_bytes(b"measurements\n")
+    folder = tmp_path / "results"
+    folder.mkdir()
+    os.link(target, folder / lock.LOCK_NAME)
+    with pytest.raises(lock.LockError, match="has other names"):
+        lock.acquire(folder)
+    assert target.read_bytes() == b"measurements\n"

@@ -293,3 +293,27 @@ def test_merge_refuses_a_wrongly_typed_text_column_naming_the_file_and_column(tm
     assert not out.exists()
     assert results.cli_merge(["--kind", "runs", "--out", str(out), str(cells)]) == 1
     assert f"{bad}: column '{column}'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("copies, message", [
+    (0, "{path} holds no row: cell a has no result"),
+    (3, "{path} holds 3 rows of cell a, not one"),
+])
+def test_merge_holds_one_row_per_grid_cell(tmp_path, capsys, copies, message):
+    """A per-cell runs file with no row (the cell would vanish from every table) or with its row repeated
+    (merged three times) is refused, named, with how to run the cell again."""
+    grid = _grid(tmp_path, "ab")
+    cells = tmp_path / "runs" / "cpu"
+    cells.mkdir(parents=True)
+    for name in "ab":
+        row = runs_row(run_id=name, cell_hash=f"c-{name}", execution_hash=f"e-{name}")
+        results.write_parquet_atomic(results.to_frame([row] * (copies if name == "a" else 1), "runs"),
+                                     cells / f"{name}.runs.parquet", kind="runs")
+    path, out = cells / "a.runs.parquet", tmp_path / "runs.parquet"
+    assert results.cli_merge(["--kind", "runs", "--grid", str(grid), "--out", str(out), str(cells)]) == 1
+    err = capsys.readouterr().err
+    assert message.format(path=path) in err and "run the pipeline again (the cell runs again)" in err
+    assert not out.exists()
+    path.unlink()
+    assert results.cli_merge(["--kind", "runs", "--grid", str(grid), "--out", str(out), str(cells)]) == 0
+    assert results.read_parquet(out, "runs").run_id.tolist() == ["b"]
