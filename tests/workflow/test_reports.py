@@ -97,7 +97,8 @@ def test_tables(folder, tmp_path):
     assert t1.iloc[0]["after early stage"] == "8-6"
     assert t1.iloc[0]["late stage, target 0.5"] == "0-2 (removed: rank 0)"
     t2, _ = tables.table2_dlrm(res)
-    assert t2.nce.tolist() == [0.95, 0.9] and t2.model_MB.tolist() == [0.004, 0.004]
+    assert t2["nce [timing cells]"].tolist() == [0.95, 0.9]  # no DLRM quality cell here: said in the header
+    assert t2["model_MB [timing cells]"].tolist() == [0.004, 0.004]
     size, _ = tables.table_mnli_size(res)
     assert size.iloc[-1]["source"] == "paper (RTX 3090)"
     assert size.iloc[-1]["total_MB"] == pytest.approx(66957315 * 4 / 1e6, abs=1e-3)
@@ -113,6 +114,24 @@ def test_tables(folder, tmp_path):
     overview = dict(tables.overview(res)[0].values)
     assert overview["cells"].count("timing") >= 1 and "ok" in overview["cells"]
     assert overview["torch / CUDA / Python"].count(" / ") == 2
+
+
+def test_table2_quality_columns_from_the_quality_cells(tmp_path):
+    """Accuracy and NCE come from the DLRM cells trained to learn, time and memory from the timing cells,
+    each column headed with its cells."""
+    rows = [run_row("dlrm", "dense", 1024, time_s=3, mem=50e6, nce=1.01, accuracy=0.749),
+            run_row("dlrm", "comera", 1024, time_s=6, mem=10e6, nce=1.02, accuracy=0.749)]
+    for method, nce, acc in (("dense", 0.93, 0.753), ("comera", 0.87, 0.768)):
+        row = run_row("dlrm", method, 1024, time_s=300, mem=999e6, nce=nce, accuracy=acc)
+        rows.append({**row, "run_id": row["run_id"] + "_quality", "purpose": "quality"})
+    table, note = tables.table2_dlrm(analysis.load(make_folder(tmp_path / "d", rows)))
+    assert len(table) == 2 and "quality cells" in note
+    by = table.set_index("method")
+    assert by.loc["comera", "nce [quality cells]"] == 0.87
+    assert by.loc["comera", "accuracy [quality cells]"] == 0.768
+    assert by.loc["dense", "accuracy [quality cells]"] == 0.753
+    assert by.loc["dense", "epoch_time_s [timing cells]"] == 3
+    assert by.loc["comera", "peak_mem_MB [timing cells]"] == 10.0
 
 
 def test_empty_grid_tables_say_not_measured(tmp_path):
