@@ -12,13 +12,14 @@ from typing import Any
 
 from harness import plugins
 
-from .base import Method, Prepared
+from .base import Method, Periodic, Prepared
 from .params import parse
 
 _FILES = plugins.discover("methods", Path(__file__).parent)
 METHODS: tuple[str, ...] = tuple(_FILES)
 
-__all__ = ["METHODS", "Method", "Prepared", "check_params", "get_method", "positive", "validate_params"]
+__all__ = ["METHODS", "Method", "Periodic", "Prepared", "check_params", "get_method", "periodic", "positive",
+           "validate_params"]
 
 
 def _module(name: str):
@@ -35,6 +36,19 @@ def get_method(name: str) -> Method:
 def check_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
     """The method's params with defaults filled; ValueError naming any unknown key or bad value."""
     return _module(name).check_params(dict(params))
+
+
+def periodic(name: str, params: dict[str, Any]) -> dict[str, Periodic]:
+    """The periodic work of method ``name`` with ``params`` (its module's ``periodic(params)`` on the
+    checked params; {} for a method module without one).
+
+    Example:
+        >>> periodic("galore", {"update_proj_gap": 20})
+        {'galore projection': Periodic(every=20, phase=0, forceable=True)}
+    """
+    module = _module(name)
+    declared = getattr(module, "periodic", None)
+    return declared(check_params(name, params)) if declared is not None else {}
 
 
 def validate_params(method: str, params: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:

@@ -162,8 +162,8 @@ def table2_dlrm(res: Results) -> tuple[pd.DataFrame, str]:
             return r.metric_value if value is None and r.metric_name == name else value
         return get
 
-    quality = rows_of(trained, {f"accuracy [{learned}]": metric("accuracy"), f"nce [{learned}]": metric("nce"),
-                                f"status [{learned}]": lambda r: r.status})
+    quality = rows_of(trained, {f"accuracy [{learned}]": metric("accuracy"),
+                                f"nce [{learned}]": metric("nce"), f"status [{learned}]": lambda r: r.status})
     timing = rows_of(timed, {
         f"epoch_time_s [{TIMING_CELLS}]": lambda r: r.epoch_time_s,
         f"model_MB [{TIMING_CELLS}]": lambda r: _mb(r.params_total),
@@ -260,6 +260,8 @@ def table_runs(res: Results) -> tuple[pd.DataFrame, str]:
     df.insert(df.columns.get_loc("error"), "timed_alone",
               ["yes" if timed_alone(row) else "" for row in res.runs.itertuples()])
     df.insert(df.columns.get_loc("error"), "compiled", [compiled(row) for row in res.runs.itertuples()])
+    df.insert(df.columns.get_loc("error"), "periodic_work",
+              [periodic_work(row) for row in res.runs.itertuples()])
     df["error"] = df["error"].fillna("").str.slice(0, 80)
     df["purpose"] = purpose_of(df)
     return df.sort_values("run_id").reset_index(drop=True), (
@@ -270,7 +272,20 @@ def table_runs(res: Results) -> tuple[pd.DataFrame, str]:
         "other cells of its timing group and was timed by itself after them (its time ratios are of cells "
         "timed apart); compiled: a compiled cell's graphs and graph breaks under torch.compile, "
         "and its eager fallbacks (code Dynamo left to run eagerly, e.g. past its recompile limit); "
-        "with a break or a fallback its steps were timed partly eager")
+        "with a break or a fallback its steps were timed partly eager; periodic_work: how the method's "
+        "periodic work entered its step times (docs/measurement.md, \"Periodic work\")")
+
+
+def periodic_work(row: Any) -> str:
+    """How each periodic work of a row's method entered its step times (``extra.periodic``), e.g.
+    "galore projection every 20: forced (step 9, +41.2 ms)"; "" for a method without any."""
+    parts = []
+    for name, entry in extra_of(row).get("periodic", {}).items():
+        steps = ", ".join(map(str, entry.get("steps", [])))
+        cost = f", {entry['extra_ms']:+.1f} ms" if isinstance(entry.get("extra_ms"), (int, float)) else ""
+        parts.append(f"{name} every {entry.get('every')}: {entry.get('how')}"
+                     + (f" (step {steps}{cost})" if steps else ""))
+    return "; ".join(parts)
 
 
 def resumed_at(row: Any) -> str:
