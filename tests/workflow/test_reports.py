@@ -1020,3 +1020,52 @@ def test_a_log_axis_spanning_decades_is_labelled_in_plain_numbers():
     plt.close(fig)
     assert ax.get_yscale() == "log" and labels
     assert not any("times" in label or "^" in label for label in labels), labels
+
+
+def test_the_runs_table_says_how_periodic_work_was_timed(tmp_path):
+    row = run_row("transformer", "galore", 1)
+    row["extra"] = json.dumps({"periodic": {"galore projection": {
+        "every": 20, "how": "forced", "steps": [9], "step_ms": [80.0], "extra_ms": 41.25, "timed": "..."}}})
+    rows = [row, run_row("dlrm", "dense", 4)]
+    runs, note = tables.table_runs(analysis.load(make_folder(tmp_path / "d", rows)))
+    assert runs.periodic_work.tolist() == ["", "galore projection every 20: forced (step 9, +41.2 ms)"]
+    assert "periodic_work" in note
+
+
+RATIO_TEXT = re.compile(r"(\d+\.\d+)x \[(\d+\.\d+)-(\d+\.\d+)\] @ batch (\d+)")
+
+
+def test_dividing_two_plotted_points_gives_the_footers_ratio(tmp_path, drawn):
+    """On a synthetic default-grid folder (interleaved rounds whose per-round ratios differ from the
+    quotient of the cells' mean-based epoch times): Fig 1's uncompressed point over its CoMERA point is the
+    footer's ratio, within its printed interval, at every batch size the footer names; so is Fig 8's and
+    each Fig 12 point over its uncompressed line; and the ratio is the claims' (analysis.pair_ratio)."""
+    from tests.workflow import synthetic
+
+    folder = synthetic.results_folder(synthetic.ROOT / "config" / "config.yaml", tmp_path / "r")
+    runs = analysis.load(folder).runs.assign(timing_quality="stable")  # every pair has its ratio
+    write_parquet_atomic(to_frame(runs.to_dict("records"), "runs"), folder / "runs.parquet", kind="runs")
+    res = analysis.load(folder)
+    for name in ("fig1_time_memory", "fig8_dlrm_time_memory"):
+        getattr(figures, name)(res, tmp_path)
+        (times, _), _, footer = drawn[name]
+        found = RATIO_TEXT.findall(footer)
+        assert found, footer
+        workload = "transformer" if name.startswith("fig1") else "dlrm"
+        batches = sorted(res.main_runs(workload).batch_size.unique())
+        for value, low, high, batch in found:
+            at = batches.index(int(batch))
+            quotient = times["uncompressed"][at] / times["comera"][at]
+            assert f"{quotient:.2f}" == value and float(low) <= quotient <= float(high)
+            runs = res.main_runs(workload)
+            runs = runs[(runs.batch_size == int(batch)) & runs.target_ratio.isna()]
+            dense, comera = runs[runs.method == "dense"], runs[(runs.method == "comera")
+                                                               & (runs.variant == "default")]
+            assert quotient == pytest.approx(analysis.pair_ratio(dense, comera).value)
+            mean_based = dense.epoch_time_s.iloc[0] / comera.epoch_time_s.iloc[0]
+            assert quotient != pytest.approx(mean_based, rel=1e-6)  # what was drawn before
+    figures.fig12_time_vs_compression(res, tmp_path)
+    (lines,), _, footer = drawn["fig12_time_vs_compression"]
+    (line_y, *_), points = lines["uncompressed, batch 4"], lines["CoMERA, batch 4"]
+    slower = [y / line_y for y in points if y > line_y]  # the footer names each point slower than the line
+    assert slower and all(f"{q:.2f}x [" in footer for q in slower)
