@@ -12,14 +12,14 @@ from typing import Any
 
 from harness import plugins
 
-from .base import Method, Prepared
+from .base import Method, Periodic, Prepared
 from .params import parse
 
 _FILES = plugins.discover("methods", Path(__file__).parent)
 METHODS: tuple[str, ...] = tuple(_FILES)
 
-__all__ = ["METHODS", "Method", "Prepared", "check_params", "get_method", "positive", "validate_params",
-           "workload_needs"]
+__all__ = ["METHODS", "Method", "Periodic", "Prepared", "check_params", "get_method", "periodic", "positive",
+           "validate_params", "workload_needs"]
 
 
 def _module(name: str):
@@ -44,6 +44,19 @@ def workload_needs(name: str, params: dict[str, Any]) -> dict[str, str]:
     method without one). The config check refuses a workload that does not offer them."""
     needs = getattr(_module(name), "workload_needs", None)
     return dict(needs(dict(params))) if needs is not None else {}
+
+
+def periodic(name: str, params: dict[str, Any]) -> dict[str, Periodic]:
+    """The periodic work of method ``name`` with ``params`` (its module's ``periodic(params)`` on the
+    checked params; {} for a method module without one).
+
+    Example:
+        >>> periodic("galore", {"update_proj_gap": 20})
+        {'galore projection': Periodic(every=20, phase=0, forceable=True)}
+    """
+    module = _module(name)
+    declared = getattr(module, "periodic", None)
+    return declared(check_params(name, params)) if declared is not None else {}
 
 
 def validate_params(method: str, params: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:

@@ -41,6 +41,26 @@ class StepResult(NamedTuple):
     """``after_step``'s values (pruning, stage switches, ...), for the curves table."""
 
 
+@dataclass(frozen=True)
+class Periodic:
+    """Work a method does on one step in ``every`` (GaLore's projection update, CoMERA's pruning, LTE's
+    merge), which the runner times at its rate (docs/measurement.md, "Periodic work").
+
+    Attributes:
+        every: the steps between two of its steps (1: every step, nothing to time apart).
+        phase: step ``s`` (0-based, counted from the run's first step) does it when ``s % every == phase``.
+        forceable: the method's :attr:`Prepared.force` can make the next step do it off its schedule.
+
+    Example:
+        >>> Periodic(every=20, phase=0, forceable=True)  # GaLore: an SVD at steps 0, 20, 40, ...
+        Periodic(every=20, phase=0, forceable=True)
+    """
+
+    every: int
+    phase: int = 0
+    forceable: bool = False
+
+
 @dataclass
 class Prepared:
     """What a method hands the runner: the model to train and how to train it."""
@@ -59,6 +79,12 @@ class Prepared:
     state_bytes: Callable[[], int] | None = None
     """The method's own analytic state count when the generic one (``state_bytes(model, optimizers)``)
     cannot see its state, e.g. layer-wise optimizers living in gradient hooks."""
+    periodic: dict[str, Periodic] = field(default_factory=dict)
+    """Name -> the method's periodic work (e.g. ``{"galore projection": Periodic(200)}``); the same as
+    the method module's ``periodic(params)``, which the config check reads before anything is built."""
+    force: Callable[[str], None] | None = None
+    """``force(name)``: the next training step does the periodic work ``name`` (a forceable one) off its
+    schedule; the runner calls it before one timed step of a timing cell whose counted steps hold none."""
     skipped: str | None = None
     """A reason when the method cannot run here (e.g. 8-bit GaLore without CUDA); the runner records it."""
     stateful: dict[str, Any] = field(default_factory=dict)

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from torch import nn
 
-from baselines.base import Prepared
+from baselines.base import Periodic, Prepared
 from baselines.dense import adamw
 from baselines.params import check, defaults, parse
 from comera.size import ranks
@@ -96,6 +96,18 @@ PARAMS_DEFAULTS: dict[str, Any] = defaults(CoMERAParams)
 VARIANTS = {"optimized": "default", "naive": "naive-lookup"}
 
 
+PRUNING = "comera pruning"
+"""CoMERA's periodic work: pruning the TT ranks (both stages)."""
+
+
+def periodic(params: dict[str, Any]) -> dict[str, Periodic]:
+    """CoMERA's periodic work (checked params): pruning after every ``prune_every``-th step (steps
+    prune_every - 1, 2 x prune_every - 1, ...; comera.rank), not forceable (an extra pruning would change
+    the ranks the run goes on with)."""
+    every = params["prune_every"]
+    return {PRUNING: Periodic(every, every - 1)} if every > 1 else {}
+
+
 def check_params(params: dict[str, Any] | None) -> dict[str, Any]:
     """Validate CoMERA params and fill defaults; an unknown key or a bad value raises ValueError. Under
     ``rules: paper`` the params these rules do not read (``PAPER_UNREAD``) are left out."""
@@ -153,6 +165,7 @@ class CoMERAMethod:
             ranks=lambda: ranks(model),
             size=lambda: model_size(model),
             stateful={"rank_adaptation": adapt},
+            periodic=periodic(asdict(p)),
         )
 
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from .base import Prepared, trainable_parameters
+from .base import Periodic, Prepared, trainable_parameters
 from .dense import uncompressed_size, workload_lr
 from .params import check, defaults, parse
 
@@ -40,6 +40,31 @@ PARAMS_DEFAULTS: dict[str, Any] = defaults(GaLoreParams)
 def check_params(params: dict[str, Any]) -> dict[str, Any]:
     """GaLore params with defaults filled; ValueError naming an unknown key or a bad value."""
     return asdict(parse("galore", GaLoreParams, params))
+
+
+PROJECTION = "galore projection"
+"""GaLore's periodic work: the SVD of each projected gradient that gives its projection."""
+
+
+def periodic(params: dict[str, Any]) -> dict[str, Periodic]:
+    """GaLore's periodic work (checked params): the projection's SVD at the optimizer's first step and
+    every ``update_proj_gap`` steps after it (galore_torch's ``GaLoreProjector.project``), forceable
+    (:func:`force_projection`)."""
+    gap = params["update_proj_gap"]
+    return {PROJECTION: Periodic(gap, 0, forceable=True)} if gap > 1 else {}
+
+
+def force_projection(optimizers: list[torch.optim.Optimizer], name: str = PROJECTION) -> None:
+    """Make every GaLore projector of ``optimizers`` recompute its projection (its SVD) at its next
+    step: galore_torch's projector recomputes it when it has none (``ortho_matrix`` None) as on its
+    schedule; the optimizer's step count, and so the schedule after it, stay as they were."""
+    if name != PROJECTION:
+        raise ValueError(f"method 'galore': no periodic work {name!r}; it has {PROJECTION!r}")
+    for optimizer in optimizers:
+        for state in optimizer.state.values():
+            projector = state.get("projector")
+            if projector is not None:
+                projector.ortho_matrix = None
 
 
 def galore_weights(model: nn.Module) -> list[nn.Parameter]:
@@ -169,14 +194,17 @@ class GaLoreMethod:
         make = partial(_optimizer_class(params["eight_bit"]), lr=lr, weight_decay=params["weight_decay"])
         if not params["layerwise"]:
             optimizer = _data_state(make(_groups(plain, projected, params)))
-            return Prepared(model=model, optimizers=[optimizer], settings=settings, size=lambda: dict(size))
+            return Prepared(model=model, optimizers=[optimizer], settings=settings, size=lambda: dict(size),
+                            periodic=periodic(params), force=partial(force_projection, [optimizer]))
         per_param = [(p, make(_groups([p], [], params))) for p in plain]
         per_param += [(p, _data_state(make(_groups([], [p], params)))) for p in projected]
         for p, optimizer in per_param:
             p.register_post_accumulate_grad_hook(partial(_step_and_free, optimizer))
         prepared = Prepared(model=model, optimizers=[], settings=settings, size=lambda: dict(size),
                             stateful={f"layerwise_optimizer.{k}": opt
-                                      for k, (_, opt) in enumerate(per_param)})
+                                      for k, (_, opt) in enumerate(per_param)},
+                            periodic=periodic(params),
+                            force=partial(force_projection, [opt for _, opt in per_param]))
         # The optimizers live in the hooks, so the generic state_bytes(model, []) would miss their state
         # and count every gradient; harness/running/cell.py reads prepared.state_bytes() when it exists.
         prepared.state_bytes = partial(layerwise_state_bytes, model, [opt for _, opt in per_param])

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Prepared, trainable_parameters
+from .base import Periodic, Prepared, trainable_parameters
 from .dense import adamw, uncompressed_size, workload_lr
 from .params import check, defaults, parse
 
@@ -42,6 +42,17 @@ class LTEParams:
 
 
 PARAMS_DEFAULTS: dict[str, Any] = defaults(LTEParams)
+
+
+MERGE = "lte merge"
+"""LTE's periodic work: merging the heads into the weights."""
+
+
+def periodic(params: dict[str, Any]) -> dict[str, Periodic]:
+    """LTE's periodic work (checked params): the merge after every ``merge_every``-th step, not
+    forceable (an extra merge would change the run)."""
+    every = params["merge_every"]
+    return {MERGE: Periodic(every, every - 1)} if every > 1 else {}
 
 
 def check_params(params: dict[str, Any]) -> dict[str, Any]:
@@ -194,7 +205,8 @@ class LTEMethod:
             "trainable_params": trainable_parameters(model),
         }
         return Prepared(model=model, optimizers=[optimizer], after_step=after_step, before_eval=merge_all,
-                        settings=settings, size=lambda: dict(size), stateful={"merges": merges})
+                        settings=settings, size=lambda: dict(size), stateful={"merges": merges},
+                        periodic=periodic(params))
 
 
 METHOD = LTEMethod

@@ -223,7 +223,7 @@ def check_config(config: dict[str, Any], missing: list[str] | None = None) -> No
             where = f"workloads.{wname}" + (".workload" if "workload" in workload else "")
             raise ConfigError(f"config key {where}: unknown workload {module!r}; known: "
                               f"{list(workloads.WORKLOADS)}")
-        for _, key, section, params, _ in sections(workload):
+        for purpose, key, section, params, _ in sections(workload):
             _checked(workloads.check_params, module, params, f"workloads.{wname}{key}.params", missing)
             budget = section["budget"]
             if budget["max_steps_per_epoch"] is not None and (
@@ -239,6 +239,8 @@ def check_config(config: dict[str, Any], missing: list[str] | None = None) -> No
                         f"{ref['name']!r}; defined in methods: {sorted(config['methods'])}")
                 _check_method_on_workload(config["methods"][ref["name"]], ref["name"], module,
                                           f"workloads.{wname}{key}.methods[{i}]")
+                if purpose == "timing":
+                    _check_periodic(config, ref["name"], budget, f"workloads.{wname}{key}.budget")
     for name, spec in config["microbench"]["specs"].items():
         try:
             microbench_spec.check_spec(spec, source=f"spec {name}")
@@ -263,6 +265,37 @@ def _check_method_on_workload(entry: dict[str, Any], name: str, workload: str, k
                     f"run on workload {workload!r}: {why}, and workload {workload!r} offers no {feature} "
                     f"(its module defines no {workloads.FEATURES[feature]}; docs/workloads.md); leave "
                     f"{name!r} out of this workload's methods")
+
+
+def _check_periodic(config: dict[str, Any], name: str, budget: dict[str, Any], key: str) -> None:
+    """ConfigError when a timing cell of method configuration ``name`` with ``budget`` could time some
+    periodic work of its method (``baselines.periodic``) neither in rounds of whole periods, nor on a
+    counted step of its schedule, nor forced (harness.core.timing.plan_periodic): its mean step time
+    would leave that work out. Budgets of full epochs (steps unknown before the data) are not checked."""
+    import baselines
+    from harness.core import timing
+
+    if budget["max_steps_per_epoch"] is None:
+        return
+    entry, execution = config["methods"][name], config["execution"]
+    total, warmup = budget["epochs"] * budget["max_steps_per_epoch"], budget["warmup_steps"]
+    interleaved = bool(execution.get("interleave", True))
+    for variant, params, _ in _variants(entry):
+        works = baselines.periodic(entry["method"], params)
+        periods = {w.every for w in works.values() if w.every > 1}
+        rounds = timing.round_bounds(warmup, total, execution.get("rounds", 5), 2 if interleaved else 1,
+                                     next(iter(periods)) if len(periods) == 1 else None)
+        plans = timing.plan_periodic(rounds, total, interleaved,
+                                     {n: (w.every, w.phase, w.forceable) for n, w in works.items()})
+        for work, plan in plans.items():
+            if plan.how == timing.NOT_TIMED:
+                raise ConfigError(
+                    f"config key {key}: method {name!r} ({entry['method']}, variant {variant}) does its "
+                    f"{work!r} every {plan.every} steps; {total} steps with {warmup} of warm-up "
+                    f"({execution.get('rounds', 5)} rounds) give it no counted step and it cannot be made "
+                    "to run it off its schedule, so the step times would leave it out: give at least "
+                    f"{2 * (plan.every + 1) + warmup} steps (max_steps_per_epoch x epochs), or change the "
+                    "period")
 
 
 def _checked(check, name: str, params: dict[str, Any], key: str, missing: list[str] | None = None

@@ -220,7 +220,7 @@ def judge(*, step_time_ms: float | None, step_time_ms_iqr: float | None, steps_t
           step_time_ms_mean: float | None = None, run_queue_frac: float | None = None,
           cpu_pressure: float | None = None, outside_rounds: bool = False, period: int | None = None,
           round_means: Sequence[float | None] = (), step_ms: Sequence[float] = (),
-          step_index: Sequence[int] = ()) -> str:
+          step_index: Sequence[int] = (), untimed: Sequence[str] = ()) -> str:
     """``stable`` or ``noisy: <reason>; <reason>`` from the thresholds of this module.
 
     Args:
@@ -234,6 +234,8 @@ def judge(*, step_time_ms: float | None, step_time_ms_iqr: float | None, steps_t
         round_means: the mean step time of each round (:func:`round_means`).
         step_ms, step_index: the counted steps' times and their indices among all the cell's steps
             (harness.core.measure.StepTimer ``timed_ms``, ``timed_index``); used with a ``period``.
+        untimed: the periodic work that is in none of the step times, in words (:meth:`PeriodicPlan.text`
+            of a :data:`NOT_TIMED` plan): each a reason (the mean would leave it out).
 
     Returns:
         The verdict. With a ``period`` and the steps, the IQR test is of the steps without the periodic
@@ -270,6 +272,7 @@ def judge(*, step_time_ms: float | None, step_time_ms_iqr: float | None, steps_t
         if spread:
             reasons.append(spread)
     reasons += machine_reasons(run_queue_frac, cpu_pressure)
+    reasons += list(untimed)
     return "noisy: " + "; ".join(reasons) if reasons else STABLE
 
 
@@ -413,3 +416,148 @@ def round_bounds(first_timed: int, total_steps: int, rounds: int, steps_per_roun
     count = max(1, min(rounds, timed // max(steps_per_round, 1))) if timed else 1
     return Rounds([first_timed + (r * timed) // count for r in range(count)], None,
                   f"no periodic work declared: {count} round(s) split evenly")
+
+
+# ------------------------------------------------------------------------------------ periodic work
+
+WHOLE_PERIODS, NATURAL, FORCED, NOT_TIMED = "whole periods", "timed where it fell", "forced", "not timed"
+"""How a cell's periodic work was timed (:class:`PeriodicPlan` ``how``; docs/measurement.md, "Periodic
+work")."""
+
+
+@dataclass(frozen=True)
+class PeriodicPlan:
+    """How one periodic work of a cell (a method's ``Prepared.periodic`` entry) is timed.
+
+    Attributes:
+        every: the steps between two of its periodic steps.
+        how: :data:`WHOLE_PERIODS` (the rounds hold whole periods of it: every round's mean counts it at
+            its rate), :data:`NATURAL` (counted steps that do it on schedule are timed apart and added at
+            1 / ``every``), :data:`FORCED` (no counted step does it on schedule: the method is made to do it
+            on one counted step, timed apart and added at 1 / ``every``) or :data:`NOT_TIMED`.
+        steps: the counted steps (0-based indices among all the cell's steps) that do it.
+    """
+
+    every: int
+    how: str
+    steps: tuple[int, ...] = ()
+
+    def text(self, name: str) -> str:
+        """How it was timed, in words (a row's ``extra.periodic`` entry ``timed``)."""
+        head, at = f"{name} every {self.every} steps: ", ", ".join(map(str, self.steps))
+        return head + {
+            WHOLE_PERIODS: "rounds of whole periods (each round's mean counts it at its rate)",
+            NATURAL: f"its step(s) {at} timed apart, added at 1/{self.every} per step",
+            FORCED: f"none on a counted step, so made to run at step {at}, timed apart, added at "
+                    f"1/{self.every} per step",
+            NOT_TIMED: "on no counted step, and the method cannot be made to run it: not in the step times",
+        }[self.how]
+
+
+def counted_steps(rounds: Rounds, total_steps: int, rewarm: bool) -> list[int]:
+    """The steps a cell's step times count: from its first round's start to ``total_steps``, less each
+    round's first step where ``rewarm`` (interleaved rounds: the step after a pause is not counted)."""
+    starts = set(rounds.starts) if rewarm else set()
+    return [s for s in range(rounds.starts[0], total_steps) if s not in starts]
+
+
+def plan_periodic(rounds: Rounds, total_steps: int, rewarm: bool,
+                  works: dict[str, tuple[int, int, bool]]) -> dict[str, PeriodicPlan]:
+    """How each periodic work of a cell is timed (:class:`PeriodicPlan`).
+
+    Args:
+        rounds: the cell's rounds (:func:`round_bounds`; ``period`` set where they hold whole periods).
+        total_steps: the steps the cell runs.
+        rewarm: whether each round's first step is left uncounted (interleaved rounds).
+        works: name -> (every, phase, forceable): the work runs on step s when s % every == phase;
+            ``forceable``: the method can be made to run it on a chosen step.
+
+    Returns:
+        name -> plan, for each work with ``every`` > 1: whole periods where the rounds hold them; else the
+        counted steps on its schedule; else, if forceable, the last counted step of the round with the most
+        counted steps (the middle one of a tie), a step no other work uses; else :data:`NOT_TIMED`.
+
+    Example:
+        >>> r = round_bounds(2, 16, 5, steps_per_round=2)
+        >>> plan_periodic(r, 16, True, {"svd": (20, 0, True)})["svd"]
+        PeriodicPlan(every=20, how='forced', steps=(9,))
+    """
+    counted = counted_steps(rounds, total_steps, rewarm) if rounds.starts else []
+    by_round: dict[int, list[int]] = {}
+    bounds = [*rounds.starts, total_steps]
+    for s in counted:
+        r = max(i for i, start in enumerate(rounds.starts) if start <= s)
+        by_round.setdefault(r, []).append(s)
+    plans, taken = {}, set()
+    for name, (every, phase, forceable) in works.items():
+        if every <= 1:
+            continue
+        natural = tuple(s for s in counted if s % every == phase % every)
+        if rounds.period == every:
+            plans[name] = PeriodicPlan(every, WHOLE_PERIODS, natural)
+        elif natural:
+            plans[name] = PeriodicPlan(every, NATURAL, natural)
+        elif forceable and counted:
+            most = max(len(steps) for steps in by_round.values())
+            widest = [r for r in sorted(by_round) if len(by_round[r]) == most]
+            order = sorted(widest, key=lambda r: abs(r - (len(bounds) - 2) / 2))
+            free = [s for r in order for s in reversed(by_round[r]) if s not in taken]
+            plans[name] = PeriodicPlan(every, FORCED, (free[0],)) if free else PeriodicPlan(every, NOT_TIMED)
+        else:
+            plans[name] = PeriodicPlan(every, NOT_TIMED)
+        taken.update(plans[name].steps)
+    return plans
+
+
+@dataclass(frozen=True)
+class Weighted:
+    """A cell's step times with its periodic work at its rate (:func:`weigh_periodic`).
+
+    Attributes:
+        mean_ms: the ordinary steps' mean plus each periodic work's extra cost over ``every``.
+        round_means: each round's ordinary steps' mean plus the same (None for a round without one).
+        ordinary_ms: the counted steps that do no periodic work.
+        extra_ms: name -> the periodic steps' mean time less the ordinary steps' median.
+    """
+
+    mean_ms: float
+    round_means: list[float | None]
+    ordinary_ms: list[float]
+    extra_ms: dict[str, float]
+
+
+def weigh_periodic(step_ms: Sequence[float], step_index: Sequence[int], step_round: Sequence[int],
+                   plans: dict[str, PeriodicPlan]) -> Weighted | None:
+    """The mean step time with periodic work timed apart and added at its rate:
+    mean = mean(ordinary steps) + sum over works of (mean(its steps) - median(ordinary steps)) / every,
+    i.e. ((every - 1) ordinary steps + one periodic step) / every for one work.
+
+    Args:
+        step_ms: the counted steps' times.
+        step_index: each counted step's index among all the cell's steps.
+        step_round: each counted step's round.
+        plans: :func:`plan_periodic`'s plans; those :data:`NATURAL` or :data:`FORCED` with a timed step
+            are weighed.
+
+    Returns:
+        The :class:`Weighted` times, or None when no plan is weighed or no ordinary step is left.
+
+    Example:
+        >>> plans = {"svd": PeriodicPlan(10, FORCED, (3,))}
+        >>> weigh_periodic([10, 10, 10, 110], [0, 1, 2, 3], [0, 0, 1, 1], plans).mean_ms
+        20.0
+    """
+    timed = {name: [ms for ms, i in zip(step_ms, step_index) if i in plan.steps]
+             for name, plan in plans.items() if plan.how in (NATURAL, FORCED)}
+    timed = {name: values for name, values in timed.items() if values}
+    periodic = {i for name in timed for i in plans[name].steps}
+    ordinary = [(ms, r) for ms, i, r in zip(step_ms, step_index, step_round) if i not in periodic]
+    if not timed or not ordinary:
+        return None
+    base = statistics.median(ms for ms, _ in ordinary)
+    extra = {name: statistics.fmean(values) - base for name, values in timed.items()}
+    add = sum(extra[name] / plans[name].every for name in extra)
+    means = round_means([ms for ms, _ in ordinary], [r for _, r in ordinary])
+    return Weighted(statistics.fmean(ms for ms, _ in ordinary) + add,
+                    [m + add if m is not None else None for m in means],
+                    [ms for ms, _ in ordinary], extra)

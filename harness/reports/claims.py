@@ -16,16 +16,17 @@ import pandas as pd
 
 from harness.reports import reference
 from harness.reports.html import cell_text, write_html
-from harness.reports.judging import (ACCURACY_KEPT, Context, Finding, LEFT_OUT, NOT_COMPARABLE, NOT_MEASURED,
-                                     NOT_STABLE, PAPER_TABLE, Verdict, accuracy_cells, accuracy_text, all_of,
-                                     cells_of, devices_text, directed, epoch_kind, in_setting,
-                                     in_timing_setting, judge, judged, kept_accuracy, lookup_finding, lookups,
-                                     make_verdict, no_ratio, ratios_vs, runs_of, size_matched_text)
+from harness.reports.judging import (ACCURACY_KEPT, FAILS, HOLDS, LEFT_OUT, NOISE, NOT_COMPARABLE,
+                                     NOT_MEASURED, NOT_STABLE, PAPER_TABLE, Context, Finding, Verdict,
+                                     accuracy_cells, accuracy_text, all_of, cells_of, devices_text, directed,
+                                     epoch_kind, in_setting, in_timing_setting, judge, judged, kept_accuracy,
+                                     lookup_finding, lookups, make_verdict, no_ratio, ratios_vs, reaches,
+                                     runs_of, size_matched_text)
 from harness.reports.judging import RULES_OF_VARIANT, comera_variants
 from harness.reports.shared import MB
 from harness.results import FINAL_LOSS_WINDOW
-from harness.results.analysis import (TIME, Results, describe_left_out, gpu_rows, load, pair_ratio, stable,
-                                      stable_only, timing_cells, unstable_timing_cells)
+from harness.results.analysis import (CONFIDENCE, TIME, Results, describe_left_out, gpu_rows, load,
+                                      pair_ratio, stable, stable_only, timing_cells, unstable_timing_cells)
 
 ABOUT_ACCURACY = 0.03  # C4 "about 64%": within 3 accuracy points of the stated value
 FAR_BELOW = 0.10       # C4 "LTE did not converge": at least 10 points below CoMERA and GaLore in its cell
@@ -56,10 +57,11 @@ def c1(ctx: Context) -> Verdict:
                 modes[mode] = r
         if not modes:
             return None
-        judged = [x.value >= v["speedup_vs_dense_min"] for b, x in modes[list(modes)[-1]].items()
+        judged = [reaches(x, v["speedup_vs_dense_min"]) for b, x in modes[list(modes)[-1]].items()
                   if b in v["batch_sizes"]]
         text = "; ".join(mode + directed(r) for mode, r in modes.items())
-        return Finding(f"dense/CoMERA epoch time{epoch_kind(rows)}: {text}", all(judged) if judged else None)
+        return Finding(f"dense/CoMERA epoch time{epoch_kind(rows)}: {text}",
+                       all_of(judged) if judged else None)
 
     return judged(ctx, runs_of(ctx.res, ["transformer"], timing=True, graphs=True), measure,
                    f"transformer size=paper, {ctx.gpu}, timing cells; dense / CoMERA (no target) epoch time "
@@ -78,8 +80,8 @@ def c2(ctx: Context) -> Verdict:
         memory = (directed({b: m[b]}) if b in m
                   else f"not measured here (no peak memory of both at batch {b})")
         return Finding(f"GaLore/CoMERA time{epoch_kind(rows)}: {time}; memory: {memory}",
-                       all_of([t[b].value >= v["speedup_vs_galore"] if b in t else None,
-                             m[b].value >= v["memory_vs_galore"] if b in m else None]),
+                       all_of([reaches(t[b], v["speedup_vs_galore"]) if b in t else None,
+                               reaches(m[b], v["memory_vs_galore"]) if b in m else None]),
                        unstable=time == LEFT_OUT)
 
     return judged(ctx, runs_of(ctx.res, ["transformer"], timing=True), measure,
@@ -95,7 +97,7 @@ def _batch1_vs_galore(v: dict) -> Callable[[pd.DataFrame], Finding | None]:
         if b not in t:
             return None
         return Finding(f"GaLore/CoMERA epoch time{epoch_kind(rows)}: {directed({b: t[b]})}",
-                       t[b].value >= v["speedup_vs_galore_b1_rtx4090"])
+                       reaches(t[b], v["speedup_vs_galore_b1_rtx4090"]))
     return measure
 
 
@@ -174,9 +176,9 @@ def c4(ctx: Context) -> Verdict:
                    f"transformer size=paper on MNLI, {ctx.gpu}, full schedule, quality cells where the "
                    "grid has them, per batch size: CoMERA (no target; with its targets where it has no such "
                    f"row) and GaLore accuracy within {ABOUT_ACCURACY:g} of {v['accuracy_comera']:g}; LTE "
-                   f"(default preset) at least {FAR_BELOW:g} below both. CoMERA: the {RULES_OF_VARIANT['paper']} "
-                   f"(variant paper) where it ran, the {RULES_OF_VARIANT['default']} (variant default) shown "
-                   "beside it, or judged where the paper's did not run",
+                   f"(default preset) at least {FAR_BELOW:g} below both. CoMERA: the "
+                   f"{RULES_OF_VARIANT['paper']} (variant paper) where it ran, the "
+                   f"{RULES_OF_VARIANT['default']} (variant default) shown beside it, or judged where the paper's did not run",
                    in_setting(df, ctx.gpu) & (df.dataset == "mnli"))
 
 
@@ -254,12 +256,12 @@ def c7(ctx: Context) -> Verdict:
         t, m = ratios_vs(rows, "dense", TIME), ratios_vs(rows, "dense", "peak_mem_bytes")
         if not t and not m:
             return None
-        mem = [x.value >= stated[b] for b, x in m.items() if b in stated]
+        mem = [reaches(x, stated[b]) for b, x in m.items() if b in stated]
         time = directed(t, above_one=False) if t else no_ratio(rows, "dense")
         memory = directed(m) if m else "not measured here (no peak memory of both at one batch size)"
         return Finding(f"dense/CoMERA time{epoch_kind(rows)}: {time}; memory: {memory}",
-                       all_of([all(x.value < 1 for x in t.values()) if t else None,
-                               all(mem) if mem else None]),
+                       all_of([all_of(reaches(x, 1.0, below=True) for x in t.values()) if t else None,
+                               all_of(mem) if mem else None]),
                        unstable=time == LEFT_OUT)
 
     return judged(ctx, runs_of(ctx.res, ["dlrm"], timing=True), measure,
@@ -294,7 +296,7 @@ def c8(ctx: Context) -> Verdict:
                          f"{directed(t, label=lambda k: f'seq {k[0]}, batch {k[1]}')}")
         elif len(timed):
             texts.append(f"dense/CoMERA time: {no_ratio(timed, 'dense')}")
-        fast = [x.value >= speedups[k[0]] for k, x in t.items() if k[0] in speedups]
+        fast = [reaches(x, speedups[k[0]]) for k, x in t.items() if k[0] in speedups]
         small = None
         if len(comera):
             size = comera[["compression_total", "compression_layers"]].min()
@@ -308,7 +310,7 @@ def c8(ctx: Context) -> Verdict:
         close = [c - d <= gap + LOSS_GAP_SLACK for c, d in loss.values()]
         texts.append(f"data {data}")
         return Finding("; ".join(texts),
-                       all_of([all(fast) if fast else None, small, all(close) if close else None]),
+                       all_of([all_of(fast) if fast else None, small, all(close) if close else None]),
                        unstable=any(LEFT_OUT in x for x in texts))
 
     df = mlm_runs(ctx.res, text=False)
@@ -372,7 +374,7 @@ def c10(ctx: Context) -> Verdict:
             return None
         return Finding(f"dense/CoMERA epoch time{epoch_kind(rows)}: "
                        f"{directed(points, label=lambda k: f'compression {k[0]:.1f} (batch {k[1]})')}",
-                       all(x.value > 1 for x in points.values()))
+                       all_of(reaches(x, 1.0) for x in points.values()))
 
     return judged(ctx, runs_of(res, set(res.runs.workload), sweeps=True, timing=True), measure,
                    f"compression sweep rows and dense (no target) at the same batch, size=paper, {ctx.gpu}, "
@@ -399,20 +401,28 @@ def evaluate(res: Results, others: Sequence[Results] = ()) -> pd.DataFrame:
     return pd.DataFrame(rows)[list(COLUMNS)].rename(columns=COLUMNS)
 
 
-RULES = ("A verdict (holds / does not hold) comes only from rows in the claim's setting: the paper-size "
-         "model (size=paper; C9: size=bert-large on text data), on the GPU the claim names (device cuda and "
-         "a device name ending in that model, e.g. NVIDIA GeForce RTX 3090; an RTX 3090 Ti or another GPU "
-         "does not count), default method configurations; CoMERA's accuracy and compression (C4, C5) "
-         "under the paper's rules (variant paper) where it ran, the project's (variant default) beside it. "
+RULES = (f"A verdict ({HOLDS} / {FAILS} / {NOISE}) comes only from rows in the claim's setting: the "
+         "paper-size model (size=paper; C9: size=bert-large on text data), on the GPU the claim names "
+         "(device cuda and a device name ending in that model, e.g. NVIDIA GeForce RTX 3090; an RTX 3090 Ti "
+         "or another GPU does not count), default method configurations; CoMERA's accuracy and "
+         "compression (C4, C5) under the paper's rules (variant paper) where it ran, the project's "
+         "(variant default) beside it. "
          "Time and memory claims use timing cells (status ok; time ratios from stable rows only, whose epoch "
          "time is the mean timed step x steps per epoch where the run stopped early; ratios of cells timed "
          "together: the median of their per-round ratios of mean step times); accuracy, loss "
          "and compression claims use runs after the full schedule (every budgeted epoch, no epoch cut by "
          "max_steps_per_epoch); compressed models also need the late stage run and an accuracy at most "
-         f"{ACCURACY_KEPT:g} below the uncompressed model of the same grid. Stated speedups, "
-         "memory savings and compressions are met when the measured ratio is at least them. 'not comparable "
+         f"{ACCURACY_KEPT:g} below the uncompressed model of the same grid. Stated speedups and "
+         f"memory savings are met when the whole {CONFIDENCE:.0%} confidence interval of the measured ratio "
+         "is at least them (a Student t interval of the log ratio around it: over the per-round ratios of "
+         "cells timed together, over each side's round means, Welch, for cells timed apart; a ratio without "
+         f"rounds, e.g. of memories, is its value): '{HOLDS}' when every judged ratio's interval reaches "
+         f"the paper's number, '{FAILS}' when one lies wholly on the other side, else '{NOISE}' (the "
+         "measurement cannot tell: more rounds or a quieter machine narrow it); compressions and "
+         "accuracies are met by their values. 'not comparable "
          "here': the comparison was measured only in other settings (shown, with each setting, "
-         "in 'same comparison here'; 'same direction' = on the paper's side of 1); 'not measured here': "
+         "in 'same comparison here'; 'same direction' = the interval on the paper's side of 1, 'within "
+         "noise of 1' = it straddles 1); 'not measured here': "
          "measured nowhere.")
 
 
@@ -425,9 +435,10 @@ def left_out_text(results: Sequence[Results]) -> str:
     head = ("Time ratios use stable timing rows only (harness/core/timing.py: spread, timed steps, "
             "the machine's CPU contention while the steps ran); ratios of cells timed together in "
             "interleaved rounds are the median of their per-round ratios of mean step times (periodic work "
-            "included), with the IQR over rounds in brackets; other ratios divide mean-based epoch times, "
-            "with each side's round-mean quartiles over its median combined the widest way in brackets (low: "
-            "the numerator's Q1 against the denominator's Q3).")
+            "included at its rate: rounds of whole periods, or its steps timed apart, each row's "
+            "extra.periodic), with the IQR over rounds in brackets; other ratios divide mean-based epoch "
+            "times, with each side's round-mean quartiles over its median combined the widest way in "
+            "brackets (low: the numerator's Q1 against the denominator's Q3).")
     if not lines:
         return head + " No timing row was left out."
     return head + f" Left out of every time ratio ({len(lines)}):\n" + "\n".join(lines)

@@ -410,7 +410,8 @@ def _markdown(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, warn
             f"where a side has fewer than 2 rounds):\n\n{markdown_table(shown[cols], '.4g')}"
             "\n\n## CoMERA vs the other methods on each device (other / CoMERA)\n\nTime from stable rows "
             "only; cells timed together in interleaved rounds give the median of the per-round ratios of "
-            "mean step times (periodic work included) and its IQR (low-high) over `rounds` rounds; "
+            "mean step times (periodic work included at its rate: rounds of whole periods, or its steps "
+            "timed apart, each row's extra.periodic) and its IQR (low-high) over `rounds` rounds; "
             "other cells the ratio of their mean-based epoch times, low-high from each side's round-mean "
             "quartiles as above; the median over `seeds` seeds.\n\n"
             f"{markdown_table(ratios[ratio_cols].assign(batch_size=ratios.batch_size.map(_batch)), '.3g')}\n")

@@ -32,7 +32,7 @@ from harness.reports.drawing import (NOISY_RING, PAPER, SPREAD_NOTE, device_text
                                      with_spread)
 from harness.reports.shared import MB, method_label, report_args  # noqa: E402
 from harness.results.analysis import (QUALITY, Results, model_size, pair_ratio, purpose_of,  # noqa: E402
-                                      settings_of, stable, timing_cells)
+                                      ratio, settings_of, stable, timing_cells)
 
 def _per_batch(ax: plt.Axes, df: pd.DataFrame, column: str, scale: float, ylabel: str,
                spread: bool = False) -> None:
@@ -68,6 +68,39 @@ def _per_batch(ax: plt.Axes, df: pd.DataFrame, column: str, scale: float, ylabel
     log_if_spread(
         ax, df[df.status == "ok"][column].astype(float) / scale if len(df) else pd.Series(dtype=float))
     ax.grid(alpha=0.3)
+
+
+def paired_times(df: pd.DataFrame) -> pd.Series:
+    """The epoch time Fig 1 and Fig 8 plot for each row of ``df``, so that dividing two plotted points
+    gives the ratio their footer and the claims show (harness.results.analysis.ratio, the median of the
+    per-round ratios where timed together, not the quotient of two mean-based epoch times).
+
+    Args:
+        df: timing rows of one workload (batch sizes, seeds, methods).
+
+    Returns:
+        Per row: a default CoMERA cell without a target (the reference) its own ``epoch_time_s``; another
+        row that has a ratio to the reference of its batch size and seed (both stable) the reference's
+        ``epoch_time_s`` x that ratio; any other row (not stable, no reference) its own ``epoch_time_s``.
+    """
+    ref = df[(df.method == "comera") & (df.variant == "default") & df.target_ratio.isna()
+             & (df.status == "ok")]
+    out = df.epoch_time_s.astype(float).copy()
+    for i, row in df.iterrows():
+        mine = ref[(ref.batch_size == row.batch_size) & (ref.seed == row.seed)] if pd.notna(row.seed) else \
+            ref[(ref.batch_size == row.batch_size) & ref.seed.isna()]
+        if row.status != "ok" or not len(mine) or i in mine.index:
+            continue
+        r = ratio(row, mine.iloc[0])
+        if r is not None:
+            out[i] = float(mine.iloc[0].epoch_time_s) * r.value
+    return out
+
+
+PAIRED_NOTE = ("Time points: each default CoMERA cell at its mean-based epoch time, every other cell at "
+               "that time x its ratio to CoMERA (the footer's and the claims' statistic: the median of the "
+               "per-round ratios where timed together), so that dividing two points gives the footer's "
+               "ratio; a cell without a stable ratio to CoMERA at its own epoch time (table_runs).")
 
 
 def speedups(df: pd.DataFrame) -> dict[int, Any]:
@@ -112,7 +145,8 @@ def speedup_note(df: pd.DataFrame) -> str:
 def _time_memory(res: Results, workload: str, df: pd.DataFrame, out: Path, name: str, title: str,
                  paper_note: str) -> None:
     fig, (ax_t, ax_m) = panels(2)
-    _per_batch(ax_t, df, "epoch_time_s", 1.0, "time per epoch (s)", spread=True)
+    _per_batch(ax_t, df.assign(plotted_time_s=paired_times(df)), "plotted_time_s", 1.0, "time per epoch (s)",
+               spread=True)
     _per_batch(ax_m, df, "peak_mem_bytes", MB, "peak memory (MB)")
     ax_t.legend(fontsize=7)
     drawing.finish(fig, title, time_memory_footer(res, workload, df, paper_note), out, name,
@@ -150,7 +184,7 @@ def time_memory_details(res: Results, workload: str, df: pd.DataFrame) -> str:
     and why."""
     kinds = "/".join(sorted(df.epoch_time_kind.dropna().unique()))
     return (f"{model_line(res, df)}. {res.settings_line(workload)}. Epoch time: {kinds} (mean step time x "
-            f"steps per epoch when extrapolated). {speedup_note(df)}{SPREAD_NOTE}").strip()
+            f"steps per epoch when extrapolated). {PAIRED_NOTE} {speedup_note(df)}{SPREAD_NOTE}").strip()
 
 
 MODELS = {("transformer", "paper"): "the paper's six-encoder transformer (hidden 768, FFN 3072, 12 heads, "
@@ -337,16 +371,19 @@ def fig12_time_vs_compression(res: Results, out: Path) -> None:
     slower = []
     for batch, group in df.groupby("batch_size"):
         ok = group[group.status == "ok"].sort_values("compression_layers")
-        y = ok.epoch_time_s.astype(float)
+        d = dense[dense.batch_size == batch]
+        found = {p.run_id: pair_ratio(ok[ok.run_id == p.run_id], d) if len(d) else None
+                 for p in ok.itertuples()}  # point / uncompressed, the one statistic
+        y = pd.Series([float(d.epoch_time_s.iloc[0]) * found[p.run_id].value if found[p.run_id] is not None
+                       else float(p.epoch_time_s) for p in ok.itertuples()], index=ok.index)
         line = with_spread(ax, ok, ok.compression_layers, y, marker="o", label=f"CoMERA, batch {int(batch)}")
         for _, r in group[group.status != "ok"].iterrows():
             mark_failed(ax, 1.0, r.status)
-        d = dense[dense.batch_size == batch]
         if len(d):
             ax.axhline(d.epoch_time_s.iloc[0], ls=":", lw=1, color=line[0].get_color(),
                        label=f"uncompressed, batch {int(batch)}")
             for point in ok.itertuples():
-                r = pair_ratio(ok[ok.run_id == point.run_id], d)  # point / uncompressed, the one statistic
+                r = found[point.run_id]
                 raw = point.epoch_time_s / d.epoch_time_s.iloc[0]  # its value where a timing was not stable
                 if (r.value if r is not None else raw) > 1:
                     what = f"{_point_name(res, point.run_id)}, batch {int(batch)}"
@@ -357,7 +394,7 @@ def fig12_time_vs_compression(res: Results, out: Path) -> None:
                     note = ax.annotate(
                         f"{what}: {(r.value if r is not None else raw):.2f}x uncompressed"
                         + ("" if r is not None else " (not stable)"),
-                        (point.compression_layers, point.epoch_time_s),
+                        (point.compression_layers, y[point.Index]),
                         xytext=(-10 if rightmost else 10, 8 + 11 * (len(slower) - 1)),
                         textcoords="offset points",
                         fontsize=7, color="darkred", va="bottom", ha="right" if rightmost else "left",
@@ -374,7 +411,11 @@ def fig12_time_vs_compression(res: Results, out: Path) -> None:
     drawing.finish(fig, title,
                    f"{device_text(res, df)}. {note}{PAPER}: a speedup whenever the compression ratio is "
             "above 1 (review discussion, C10).", out, name,
-            f"Points: the rank sweep and the default CoMERA cell. {model_line(res, df)}. "
+            "Points: the rank sweep and the default CoMERA cell, each at the uncompressed cell's epoch "
+            "time (the dotted line) x its ratio to it (the footer's and the claims' statistic: the median "
+            "of the per-round ratios where timed together), so that a point over the line is the footer's "
+            "ratio; a point without a stable ratio at its own epoch time. "
+            f"{model_line(res, df)}. "
             f"{res.settings_line(df.workload.iloc[0])}. "
             + ("Near 1x compression the TT cores hold about as many scalars as the dense weights, and a "
                "chain of contractions costs more than one dense product. " if slower else "") + SPREAD_NOTE)

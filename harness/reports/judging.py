@@ -6,7 +6,7 @@ harness.results.analysis's; the rules in words: docs/measurement.md and claims.m
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence, Union
 
 import pandas as pd
 
@@ -16,19 +16,26 @@ from harness.results.analysis import (CALL_TIME, MEMORY, QUALITY, Ratio, Results
                                       is_timing, model_size, pair_ratio, purpose_of, ratio, settings_of,
                                       stable_only, timing_cells, unstable_timing_cells)
 
-HOLDS, FAILS = "holds", "does not hold"
+HOLDS, FAILS, NOISE = "holds", "does not hold", "within noise"
+"""The verdicts of a claim judged in its setting: its ratios' confidence intervals all reach the paper's
+number, one lies wholly on the other side, or else (:func:`reaches`)."""
 NOT_COMPARABLE, NOT_MEASURED = "not comparable here", "not measured here"
 NOT_STABLE = "not judged: timing not stable"
 
 ACCURACY_KEPT = 0.05   # a compressed model kept its accuracy: at most 5 points below the uncompressed one
 
+Judgement = Union[bool, str, None]
+"""A part of a claim: True (holds), False (does not hold), :data:`NOISE` or None (not judged here)."""
+
+
 @dataclass
 class Finding:
-    """A comparison made on some rows; ``holds`` is None when the rows judge only part of the claim;
+    """A comparison made on some rows; ``holds`` is None when the rows judge only part of the claim,
+    :data:`NOISE` when a ratio's confidence interval straddles the paper's number (:func:`reaches`);
     ``unstable``: a time half was left out because its timing was not stable (its text says so)."""
 
     text: str
-    holds: bool | None
+    holds: Judgement
     unstable: bool = False
 
 
@@ -129,12 +136,40 @@ def in_timing_setting(df: pd.DataFrame, gpu: str) -> pd.Series:
 
 # ------------------------------------------------------------------------------------- judging
 
-def all_of(parts: Iterable[bool | None]) -> bool | None:
-    """False if any part fails, True if every part holds, None if some part is not judged."""
+def all_of(parts: Iterable[Judgement]) -> Judgement:
+    """False if any part fails; else None if some part is not judged (or there is none); else
+    :data:`NOISE` if some part is within noise; else True."""
     parts = list(parts)
-    if any(p is not None and not p for p in parts):
+    if any(p is False for p in parts):
         return False
-    return True if parts and all(p is not None for p in parts) else None
+    if not parts or any(p is None for p in parts):
+        return None
+    return NOISE if any(p == NOISE for p in parts) else True
+
+
+def reaches(r: Ratio, least: float, *, below: bool = False) -> Judgement:
+    """Whether a measured ratio reaches the paper's number, given its confidence interval
+    (harness.results.analysis.interval; a ratio without rounds: its value).
+
+    Args:
+        r: the ratio.
+        least: the paper's number (a stated speedup or saving; 1 for "faster" or "same direction").
+        below: the claim is that the ratio is below ``least`` (e.g. dense faster than CoMERA: < 1).
+
+    Returns:
+        True when the whole interval is on the claim's side of ``least`` (at or above it; with ``below``,
+        under it), False when the whole interval is on the other side, else :data:`NOISE`.
+
+    Example:
+        >>> reaches(Ratio(2.2, 2.1, 2.3, 5, True, ci_low=2.05, ci_high=2.35), 2.0)
+        True
+        >>> reaches(Ratio(2.2, 2.1, 2.3, 5, True, ci_low=1.9, ci_high=2.5), 2.0)
+        'within noise'
+    """
+    low, high = r.ci_low, r.ci_high
+    if below:
+        return True if high < least else False if low >= least else NOISE
+    return True if low >= least else False if high < least else NOISE
 
 
 def judge(df: pd.DataFrame, scope: pd.Series,
@@ -148,7 +183,7 @@ def judge(df: pd.DataFrame, scope: pd.Series,
 
 def verdict_of(inside: Finding | None, outside: list[str]) -> str:
     if inside is not None and inside.holds is not None:
-        return HOLDS if inside.holds else FAILS
+        return NOISE if inside.holds == NOISE else HOLDS if inside.holds else FAILS
     return NOT_COMPARABLE if inside is not None or outside else NOT_MEASURED
 
 
@@ -252,7 +287,12 @@ def ratio_value(r: Any) -> float:
 
 
 def ratio_text(r: Any) -> str:
-    return r.text() if isinstance(r, Ratio) else f"{float(r):.2f}x"
+    """"2.40x [2.31-2.52] (95% CI 2.28-2.55)": the ratio, its IQR and its confidence interval where it has
+    them."""
+    if not isinstance(r, Ratio):
+        return f"{float(r):.2f}x"
+    ci = r.ci_text()
+    return f"{r.text()} ({ci})" if ci else r.text()
 
 
 def epoch_kind(rows: pd.DataFrame) -> str:
@@ -263,11 +303,17 @@ def epoch_kind(rows: pd.DataFrame) -> str:
 
 
 def directed(ratios: dict, above_one: bool = True, label: Callable[[Any], str] = "batch {}".format) -> str:
-    """"same direction, 2.40x [2.31-2.52] @ batch 32, ...": whether every ratio is on the paper's side of
-    1; a ratio of cells timed in interleaved rounds shows the IQR of its per-round values, one of cells
-    timed apart the spread from each side's round-mean quartiles (harness.results.analysis.apart_ratio)."""
-    same = [(ratio_value(v) > 1) if above_one else (ratio_value(v) < 1) for v in ratios.values()]
-    word = "same direction" if all(same) else "opposite direction" if not any(same) else "mixed directions"
+    """"same direction, 2.40x [2.31-2.52] (95% CI 2.28-2.55) @ batch 32, ...": whether every ratio's
+    confidence interval is on the paper's side of 1 (:func:`reaches`; "opposite direction" when every one
+    is on the other side, "within noise of 1" when none is on either, else "mixed directions"); a ratio of
+    cells timed in interleaved rounds shows the IQR of its per-round values, one of cells timed apart the
+    spread from each side's round-mean quartiles (harness.results.analysis.apart_ratio), each with its
+    confidence interval."""
+    sides = [reaches(v, 1.0, below=not above_one) if isinstance(v, Ratio)
+             else (ratio_value(v) > 1) == above_one for v in ratios.values()]
+    word = ("same direction" if all(x is True for x in sides) else
+            "opposite direction" if all(x is False for x in sides) else
+            "within noise of 1" if all(x == NOISE for x in sides) else "mixed directions")
     return f"{word}, " + ", ".join(f"{ratio_text(v)} @ {label(k)}" for k, v in sorted(ratios.items()))
 
 
@@ -397,9 +443,8 @@ def lookup_finding(rows: pd.DataFrame, v: dict) -> Finding | None:
         if not found:
             parts.append(None)
             continue
-        worst = min(r.value for r in found.values())
         texts.append(f"{name}: {directed(found, label='{} indices'.format)}")
-        parts.append(worst > 1 if least is None else worst >= least)
+        parts.append(all_of(reaches(r, 1.0 if least is None else least) for r in found.values()))
     if left:
         texts.append(f"left out, timing not stable: {', '.join(left)}")
     return Finding("; ".join(texts), all_of(parts)) if texts else None

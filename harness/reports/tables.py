@@ -123,22 +123,64 @@ def _ranks_text(r: list[int] | None) -> str:
     return "" if r is None else "-".join(map(str, r[1:-1])) + (" (removed: rank 0)" if 0 in r else "")
 
 
+QUALITY_CELLS, TIMING_CELLS = "quality cells", "timing cells"
+"""Where a Table 2 column comes from (its header names it)."""
+KEYS = ["method", "batch_size", "seed"]
+
+
 def table2_dlrm(res: Results) -> tuple[pd.DataFrame, str]:
-    """DLRM: accuracy, normalized cross-entropy, model size and peak memory per method and batch size."""
-    df = res.main_runs("dlrm")
-    if not len(df):
+    """DLRM: accuracy and normalized cross-entropy from the cells trained to learn, time, size and memory
+    from the timing cells.
+
+    Args:
+        res: one device's results.
+
+    Returns:
+        (table, note): one row per method configuration, batch size and seed of either kind of cell, each
+        column headed with the cells it comes from -- "accuracy [quality cells]" and "nce [quality cells]"
+        from the DLRM quality cells (:meth:`Results.quality_runs`; the timing cells' where the grid has no
+        quality cell, said in the header), "epoch_time_s [timing cells]", "model_MB [timing cells]",
+        "compression_total [timing cells]", "peak_mem_MB [timing cells]" from the timing cells (20 steps
+        or so: their accuracy stays at the base rate); an empty table and "no DLRM run in this grid"
+        without any DLRM row.
+    """
+    timed = res.main_runs("dlrm")
+    trained, source = res.quality_runs("dlrm")
+    if not len(timed) and not len(trained):
         return pd.DataFrame(), "no DLRM run in this grid"
-    rows = []
-    for _, r in df.sort_values(["method", "variant", "batch_size", "seed"]).iterrows():
-        metrics = extra_of(r).get("eval", {})  # every metric of the last evaluation (harness/running/run.py)
-        rows.append({
-            "method": method_label(r), "batch_size": r.batch_size, "seed": r.seed, "status": r.status,
-            "accuracy": r.metric_value if r.metric_name == "accuracy" else metrics.get("accuracy"),
-            "nce": metrics.get("nce", r.metric_value if r.metric_name == "nce" else None),
-            "model_MB": _mb(r.params_total), "compression_total": r.compression_total,
-            "peak_mem_MB": _mb_bytes(r.peak_mem_bytes), "peak_mem_kind": r.peak_mem_kind,
-            "note": status_note(r)})
-    return pd.DataFrame(rows), "model size = parameters x 4 bytes (float32), MB = 10^6 bytes"
+    learned = QUALITY_CELLS if source == QUALITY_CELLS else TIMING_CELLS
+
+    def rows_of(df: pd.DataFrame, columns: dict[str, Any]) -> pd.DataFrame:
+        out = [{"method": method_label(r), "batch_size": r.batch_size, "seed": r.seed,
+                **{name: get(r) for name, get in columns.items()}}
+               for _, r in df.sort_values(["method", "variant", "batch_size", "seed"]).iterrows()]
+        return pd.DataFrame(out, columns=[*KEYS, *columns])
+
+    def metric(name: str) -> Any:
+        def get(r: Any) -> Any:
+            value = extra_of(r).get("eval", {}).get(name)  # every metric of the last evaluation
+            return r.metric_value if value is None and r.metric_name == name else value
+        return get
+
+    quality = rows_of(trained, {f"accuracy [{learned}]": metric("accuracy"),
+                                f"nce [{learned}]": metric("nce"), f"status [{learned}]": lambda r: r.status})
+    timing = rows_of(timed, {
+        f"epoch_time_s [{TIMING_CELLS}]": lambda r: r.epoch_time_s,
+        f"model_MB [{TIMING_CELLS}]": lambda r: _mb(r.params_total),
+        f"compression_total [{TIMING_CELLS}]": lambda r: r.compression_total,
+        f"peak_mem_MB [{TIMING_CELLS}]": lambda r: _mb_bytes(r.peak_mem_bytes),
+        f"peak_mem_kind [{TIMING_CELLS}]": lambda r: r.peak_mem_kind,
+        f"status [{TIMING_CELLS}]": lambda r: r.status,
+        "note": status_note})
+    if learned == TIMING_CELLS:  # one kind of cell: one row each
+        quality = quality.drop(columns=[f"status [{TIMING_CELLS}]"])
+    table = quality.merge(timing, on=KEYS, how="outer").sort_values(KEYS, kind="stable")
+    return table.reset_index(drop=True), (
+        f"accuracy and nce: the DLRM {learned} (the last evaluation"
+        + ("; the timing cells' few steps leave the model at the base rate" if learned == QUALITY_CELLS
+           else "; this grid has no DLRM quality cell, so they may stay at the base rate")
+        + "); epoch time, size and memory: the timing cells; a row per seed of either; model size = "
+        "parameters x 4 bytes (float32), MB = 10^6 bytes")
 
 
 def table_mnli_size(res: Results) -> tuple[pd.DataFrame, str]:
@@ -218,6 +260,8 @@ def table_runs(res: Results) -> tuple[pd.DataFrame, str]:
     df.insert(df.columns.get_loc("error"), "timed_alone",
               ["yes" if timed_alone(row) else "" for row in res.runs.itertuples()])
     df.insert(df.columns.get_loc("error"), "compiled", [compiled(row) for row in res.runs.itertuples()])
+    df.insert(df.columns.get_loc("error"), "periodic_work",
+              [periodic_work(row) for row in res.runs.itertuples()])
     df["error"] = df["error"].fillna("").str.slice(0, 80)
     df["purpose"] = purpose_of(df)
     return df.sort_values("run_id").reset_index(drop=True), (
@@ -228,7 +272,20 @@ def table_runs(res: Results) -> tuple[pd.DataFrame, str]:
         "other cells of its timing group and was timed by itself after them (its time ratios are of cells "
         "timed apart); compiled: a compiled cell's graphs and graph breaks under torch.compile, "
         "and its eager fallbacks (code Dynamo left to run eagerly, e.g. past its recompile limit); "
-        "with a break or a fallback its steps were timed partly eager")
+        "with a break or a fallback its steps were timed partly eager; periodic_work: how the method's "
+        "periodic work entered its step times (docs/measurement.md, \"Periodic work\")")
+
+
+def periodic_work(row: Any) -> str:
+    """How each periodic work of a row's method entered its step times (``extra.periodic``), e.g.
+    "galore projection every 20: forced (step 9, +41.2 ms)"; "" for a method without any."""
+    parts = []
+    for name, entry in extra_of(row).get("periodic", {}).items():
+        steps = ", ".join(map(str, entry.get("steps", [])))
+        cost = f", {entry['extra_ms']:+.1f} ms" if isinstance(entry.get("extra_ms"), (int, float)) else ""
+        parts.append(f"{name} every {entry.get('every')}: {entry.get('how')}"
+                     + (f" (step {steps}{cost})" if steps else ""))
+    return "; ".join(parts)
 
 
 def resumed_at(row: Any) -> str:

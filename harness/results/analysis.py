@@ -7,11 +7,13 @@ them (docs/architecture.md, "One analysis layer"; docs/measurement.md, "Ratios")
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
+from scipy import stats
 
 from harness.spec import DEFAULT_PURPOSE, PURPOSES, slug
 from harness.core.timing import STABLE, finite, judge_rounds, quartiles
@@ -223,6 +225,17 @@ class Ratio:
     basis: str = NOT_INTERLEAVED
     per_round: tuple[float, ...] = field(default=(), compare=False)
     """The per-round ratios the median is taken over (empty without rounds)."""
+    ci_low: float | None = None
+    """The low end of the ratio's :data:`CONFIDENCE` confidence interval over rounds (:func:`interval`);
+    ``value`` where the ratio has no spread to give one (a ratio of values, a single round)."""
+    ci_high: float | None = None
+    """The high end, as ``ci_low``."""
+
+    def __post_init__(self) -> None:
+        if self.ci_low is None:
+            object.__setattr__(self, "ci_low", self.value)
+        if self.ci_high is None:
+            object.__setattr__(self, "ci_high", self.value)
 
     def text(self, digits: int = 2) -> str:
         """"2.40x [2.31-2.52]" (with rounds: the IQR over rounds, or timed apart the spread from each
@@ -230,6 +243,54 @@ class Ratio:
         if self.n > 1:
             return f"{self.value:.{digits}f}x [{self.low:.{digits}f}-{self.high:.{digits}f}]"
         return f"{self.value:.{digits}f}x"
+
+    @property
+    def has_interval(self) -> bool:
+        """Whether the ratio has a confidence interval wider than its value (it has rounds to give one)."""
+        return self.ci_high - self.ci_low > SAME_LOG * abs(self.value)
+
+    def ci_text(self, digits: int = 2) -> str:
+        """"95% CI 2.28-2.55", or "" without an interval (:attr:`has_interval`)."""
+        if not self.has_interval:
+            return ""
+        return f"{CONFIDENCE:.0%} CI {self.ci_low:.{digits}f}-{self.ci_high:.{digits}f}"
+
+
+CONFIDENCE = 0.95
+"""The confidence level of every ratio's interval (:func:`interval`) and so of the claims' verdicts."""
+SAME_LOG = 1e-9
+"""A standard error of log ratios at most this is no spread (rounds equal but for rounding)."""
+
+
+def interval(value: float, logs: Sequence[float], df: float | None = None, scale: float | None = None
+             ) -> tuple[float, float]:
+    """A :data:`CONFIDENCE` confidence interval of a ratio from its spread over rounds: a Student t
+    interval (``scipy.stats.t.interval``) of the ratio's logarithm around ``log(value)``, back to a ratio.
+
+    Args:
+        value: the ratio (positive).
+        logs: the per-round log ratios (cells timed together); their standard error of the mean
+            (``scipy.stats.sem``) is the scale, with ``len(logs) - 1`` degrees of freedom.
+        df, scale: instead of ``logs``: the degrees of freedom and the standard error (cells timed apart,
+            :func:`apart_ratio`).
+
+    Returns:
+        (low, high); (value, value) with fewer than two rounds or no spread among them.
+
+    Example:
+        >>> low, high = interval(3.0, [math.log(x) for x in (2.9, 3.0, 3.1)])
+        >>> round(low, 2), round(high, 2)
+        (2.76, 3.26)
+    """
+    if scale is None:
+        kept = [x for x in logs if math.isfinite(x)]
+        if len(kept) < 2:
+            return value, value
+        df, scale = len(kept) - 1, float(stats.sem(kept))
+    if not (df and scale and math.isfinite(scale) and scale > SAME_LOG):
+        return value, value
+    low, high = stats.t.interval(CONFIDENCE, df, loc=math.log(value), scale=scale)
+    return math.exp(low), math.exp(high)
 
 
 def round_means_of(row: Mapping[str, Any], column: str = TIME) -> list[float | None]:
@@ -264,7 +325,8 @@ def rounds_ratio(num: Sequence[float | None], den: Sequence[float | None], basis
     if not per_round:
         return None
     low, mid, high = quartiles(per_round)
-    return Ratio(mid, low, high, len(per_round), True, basis, tuple(per_round))
+    ci = interval(mid, [math.log(x) for x in per_round if x > 0]) if mid > 0 else (mid, mid)
+    return Ratio(mid, low, high, len(per_round), True, basis, tuple(per_round), *ci)
 
 
 def ratio(num: Mapping[str, Any], den: Mapping[str, Any], column: str = TIME, *,
@@ -327,8 +389,13 @@ def apart_ratio(value: float, num: Sequence[float | None], den: Sequence[float |
     if min(len(a), len(b)) < 2:
         return Ratio(value, value, value, 1, False, NO_SPREAD)
     (a1, a2, a3), (b1, b2, b3) = quartiles(a), quartiles(b)
+    la, lb = [math.log(m) for m in a], [math.log(m) for m in b]
+    sa, sb = float(stats.sem(la)), float(stats.sem(lb))
+    scale = math.hypot(sa, sb)
+    welch = scale ** 4 / (sa ** 4 / (len(la) - 1) + sb ** 4 / (len(lb) - 1)) if scale > SAME_LOG else None
+    ci = interval(value, (), welch, scale) if value > 0 else (value, value)  # Welch-Satterthwaite df
     return Ratio(value, value * a1 / a2 * b2 / b3, value * a3 / a2 * b2 / b1, min(len(a), len(b)), False,
-                 NOT_INTERLEAVED)
+                 NOT_INTERLEAVED, (), *ci)
 
 
 def pair_ratio(a: pd.DataFrame, b: pd.DataFrame, column: str = TIME) -> Ratio | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
@@ -18,7 +19,7 @@ import torch
 
 from harness import results
 from harness.core import interleave, measure, timing
-from harness.spec import Spec
+from harness.spec import PURPOSES, Spec
 from harness.running import compiled
 
 if TYPE_CHECKING:
@@ -74,6 +75,12 @@ class TimedRounds:
     """seconds spent waiting for the timing group (outside every clock and the time limit)"""
     group_start_s: float | None = None
     """seconds from the timing group's start to its first round (None: not timed in a group's rounds)"""
+    first_step: int = 0
+    """the index (0-based, among all the cell's steps) of this process's first step (> 0 when resumed)"""
+    periodic: dict[str, timing.PeriodicPlan] = field(default_factory=dict)
+    """how each periodic work of the method is timed (harness.core.timing.plan_periodic)"""
+    force_at: dict[int, str] = field(default_factory=dict)
+    """step index -> the periodic work the method is made to do at that step (a forced plan's step)"""
 
 
 @dataclass
@@ -203,9 +210,14 @@ def build_row(st: CellState, status: str, error: str, tb: str = "") -> dict[str,
     timer = st.timed.timer
     if timer is not None:
         summary = timer.summary(window=settings.get("time_window_steps"))
+        weighted = _weighted(st)
+        if weighted is not None:  # periodic work timed apart: added at its rate
+            summary["step_time_ms_mean"] = weighted.mean_ms
+            summary["step_time_mean_basis"] = ("ordinary timed steps + each periodic work's extra time over "
+                                               "its period (extra.periodic)")
         row.update(step_time_ms=summary["step_time_ms"], step_time_ms_iqr=summary["step_time_ms_iqr"],
                    steps_timed=summary["steps_timed"])
-        row.update(_timing_columns(st, summary))
+        row.update(_timing_columns(st, summary, weighted))
         if summary["steps_timed"]:
             row["samples_per_s"] = spec.batch_size * 1e3 / summary["step_time_ms"]
             row["epoch_time_s"], row["epoch_time_kind"] = measure.epoch_time(
@@ -217,6 +229,8 @@ def build_row(st: CellState, status: str, error: str, tb: str = "") -> dict[str,
                      step_time_mean_basis=summary["step_time_mean_basis"], full_epochs_s=st.full_epochs_s,
                      round_alignment=rounds.alignment if rounds is not None else None,
                      steps_done=st.steps_done, warmup_steps=timer.warmup_steps)
+        if st.timed.periodic:
+            extra["periodic"] = _periodic_record(st, weighted)
     if st.memory is not None:
         row.update(peak_mem_bytes=st.memory.peak_mem_bytes, peak_mem_kind=st.memory.peak_mem_kind,
                    cuda_reserved_bytes=st.memory.cuda_reserved_bytes)
@@ -270,25 +284,57 @@ def tt_kernels() -> dict[str, Any] | None:
     return None if known is None else {"native": known.in_use, "why": known.reason}
 
 
-def _timing_columns(st: CellState, summary: dict[str, Any]) -> dict[str, Any]:
-    """The machine's state while the steps ran, the per-round medians and means, and the stability verdict."""
+def _weighted(st: CellState) -> timing.Weighted | None:
+    """The cell's step times with the periodic work timed apart at its rate (harness.core.timing
+    .weigh_periodic), None when none was timed apart."""
+    timer = st.timed.timer
+    index = [st.timed.first_step + i for i in timer.timed_index]
+    return timing.weigh_periodic(timer.timed_ms, index, timer.timed_rounds, st.timed.periodic)
+
+
+def _periodic_record(st: CellState, weighted: timing.Weighted | None) -> dict[str, Any]:
+    """``extra.periodic``: name -> every, how (harness.core.timing.PeriodicPlan), the steps that did it,
+    their times, the extra time over an ordinary step (its median) and the sentence ``timed``."""
+    timer, first = st.timed.timer, st.timed.first_step
+    times = dict(zip((first + i for i in timer.timed_index), timer.timed_ms))
+    out = {}
+    for name, plan in st.timed.periodic.items():
+        entry = {"every": plan.every, "how": plan.how, "steps": list(plan.steps),
+                 "step_ms": [round(times[s], 4) for s in plan.steps if s in times], "timed": plan.text(name)}
+        if weighted is not None and name in weighted.extra_ms:
+            entry["extra_ms"] = round(weighted.extra_ms[name], 4)
+        out[name] = entry
+    return out
+
+
+def _timing_columns(st: CellState, summary: dict[str, Any], weighted: timing.Weighted | None = None
+                    ) -> dict[str, Any]:
+    """The machine's state while the steps ran, the per-round medians and means (with periodic work timed
+    apart: ``weighted``'s), and the stability verdict (with periodic work timed apart: of the ordinary
+    steps, plus a periodic work that could not be timed)."""
     ex, timed, alone = st.spec.execution, st.timed, st.start.alone
     timer = timed.timer
     state = timed.machine.columns() if timed.machine is not None else {}
     medians = timing.round_medians(timer.timed_ms, timer.timed_rounds)
-    means = timing.round_means(timer.timed_ms, timer.timed_rounds)
+    means = weighted.round_means if weighted is not None else timing.round_means(timer.timed_ms,
+                                                                                 timer.timed_rounds)
+    steps = weighted.ordinary_ms if weighted is not None else timer.timed_ms
+    median, iqr = measure.median_iqr(steps)
     cols = {**state, "timing_group": None if alone else ex.timing_group or None,
             "group_start_s": timed.group_start_s,
             "cpu_time_ratio": timing.cpu_time_ratio(timer.timed_cpu_ms, timer.timed_ms, ex.num_threads),
             "round_step_ms": json.dumps(medians) if medians else None,
             "round_step_mean_ms": json.dumps(means) if means else None}
     cols["timing_quality"] = timing.judge(
-        step_time_ms=summary["step_time_ms"], step_time_ms_iqr=summary["step_time_ms_iqr"],
-        steps_timed=summary["steps_timed"], step_time_ms_mean=summary["step_time_ms_mean"],
+        step_time_ms=median, step_time_ms_iqr=iqr, steps_timed=summary["steps_timed"],
+        step_time_ms_mean=(statistics.fmean(steps) if weighted is not None and steps
+                           else summary["step_time_ms_mean"]),
         run_queue_frac=state.get("run_queue_frac"), cpu_pressure=state.get("cpu_pressure"),
         outside_rounds=bool(ex.timing_group) and not alone and timed.group_start_s is None,
         period=timed.rounds.period if timed.rounds is not None else None, round_means=means,
-        step_ms=timer.timed_ms, step_index=timer.timed_index)
+        step_ms=timer.timed_ms, step_index=timer.timed_index,
+        untimed=[plan.text(name) for name, plan in timed.periodic.items()
+                 if plan.how == timing.NOT_TIMED and st.spec.purpose != PURPOSES[1]])
     return cols
 
 

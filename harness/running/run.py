@@ -232,10 +232,20 @@ def _train(st: CellState, reg: Registry, progress: bool | None) -> None:
     st.epoch_clock = measure.Stopwatch(st.device)
     st.timed.machine = timing.MachineState()
     start = st.steps_done  # > 0 when resumed: this process warms up and times its own steps
-    first_timed, period = min(start + warmup, total_steps), prepared.settings.get("time_window_steps")
+    first_timed = min(start + warmup, total_steps)
+    periods = {p.every for p in prepared.periodic.values() if p.every > 1}
+    period = next(iter(periods)) if len(periods) == 1 else prepared.settings.get("time_window_steps")
     st.timed.rounds = timing.round_bounds(first_timed, total_steps, spec.execution.rounds,
                                           steps_per_round=1 if st.timed.gate is None else 2, period=period)
     st.timed.round_starts = {step: r for r, step in enumerate(st.timed.rounds.starts)}
+    st.timed.first_step = start
+    # a quality cell's training is left as it is: no periodic work off its schedule
+    forcing = prepared.force is not None and spec.purpose != specs.PURPOSES[1]
+    st.timed.periodic = timing.plan_periodic(
+        st.timed.rounds, total_steps, st.timed.gate is not None,
+        {name: (p.every, p.phase, p.forceable and forcing) for name, p in prepared.periodic.items()})
+    st.timed.force_at = {step: name for name, plan in st.timed.periodic.items() if plan.how == timing.FORCED
+                         for step in plan.steps}
     # rounds of whole periods may leave a few timed steps before the first round: warm-up too
     st.timed.timer = measure.StepTimer(st.device, max(warmup, st.timed.rounds.starts[0] - start))
     if eval_every and not spec.execution.timing_group and saved is None:  # a group's cells start without it
@@ -417,6 +427,9 @@ def _timed_step(st: CellState, batch: dict[str, torch.Tensor], epoch: int) -> No
     prepared, step = st.prepared, st.steps_done
     if st.graphed is not None:  # outside the timed step: the check is the runner's, not the method's
         before = state_signature(prepared.model, prepared.optimizers)
+    forced = st.timed.force_at.get(step)
+    if forced is not None:  # outside the timed step: the method only marks the work as due
+        prepared.force(forced)
     with st.timed.timer.step():
         task_loss, loss, info = prepared.train_step(st.workload, batch, step, model=st.train_model,
                                                     update=st.graphed)

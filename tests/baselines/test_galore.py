@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from baselines.base import state_bytes
+from baselines.base import Periodic, state_bytes
 from baselines.galore import BNB_CPU_LOGGER, GaLoreMethod, galore_weights, import_galore_torch
 
 from .conftest import ToyNet
@@ -126,3 +126,33 @@ def test_the_bitsandbytes_cpu_kernel_notice_is_silenced(caplog):
     notices.warning("Failed to load CPU gemm_4bit_forward from kernels-community")
     notices.error("a real failure")
     assert "gemm_4bit" not in caplog.text and "a real failure" in caplog.text
+
+
+@pytest.mark.parametrize("layerwise", [False, True])
+def test_force_recomputes_the_projection_at_the_next_step_only(monkeypatch, layerwise):
+    """GaLore's SVD runs at its first step and every update_proj_gap steps; Prepared.force makes the next
+    step run it too (one SVD per projected weight), and the schedule after it stays."""
+    projector = import_galore_torch().galore_projector.GaLoreProjector
+    calls = []
+    real = projector.get_orthogonal_matrix
+    monkeypatch.setattr(projector, "get_orthogonal_matrix",
+                        lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    prepared = prepare(mlp(), update_proj_gap=50, layerwise=layerwise)
+    assert prepared.periodic == {"galore projection": Periodic(50, 0, forceable=True)}
+    x = torch.randn(32, 8)
+    counts = []
+    for i in range(4):
+        if i == 2:
+            prepared.force("galore projection")
+        calls.clear()
+        step_any(prepared, x)
+        counts.append(len(calls))
+    assert counts == [2, 0, 2, 0]  # two projected weights
+
+
+def step_any(prepared, x) -> None:
+    """One step of one optimizer or of layer-wise optimizers (they step in the gradient hooks)."""
+    prepared.model(x).pow(2).mean().backward()
+    for opt in prepared.optimizers:
+        opt.step()
+        opt.zero_grad(set_to_none=True)

@@ -183,6 +183,24 @@ def test_unknown_method_reference_named():
         grid.check_config(config)
 
 
+def test_a_budget_that_cannot_time_periodic_work_is_refused():
+    """CoMERA prunes after steps 9, 19, ... (prune_every 10) and cannot be made to prune off its schedule:
+    9 steps hold none, so their step times would leave the pruning out; 24 hold whole periods."""
+    config = filled(minimal())
+    config["workloads"]["transformer"]["budget"] = {"epochs": 1, "max_steps_per_epoch": 9, "warmup_steps": 2}
+    config = filled(config)
+    with pytest.raises(grid.ConfigError, match=r"workloads\.transformer\.budget: method 'comera' \(comera, "
+                                               r"variant default\) does its 'comera pruning' every 10 steps"):
+        grid.check_config(config)
+    config["workloads"]["transformer"]["budget"]["max_steps_per_epoch"] = 24
+    grid.check_config(config)
+    # GaLore's projection can be forced: 9 steps with none on its schedule (steps 0, 20, ...) are fine
+    config["methods"]["galore"] = {**config["methods"]["dense"], "method": "galore", "params": {}}
+    config["workloads"]["transformer"]["methods"] = ["galore"]
+    config["workloads"]["transformer"]["budget"]["max_steps_per_epoch"] = 9
+    grid.check_config(filled(config))
+
+
 def test_bad_method_param_named():
     config = filled(minimal())
     config["methods"]["dense"]["params"] = {"lr_typo": 1.0}

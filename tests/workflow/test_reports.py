@@ -97,7 +97,8 @@ def test_tables(folder, tmp_path):
     assert t1.iloc[0]["after early stage"] == "8-6"
     assert t1.iloc[0]["late stage, target 0.5"] == "0-2 (removed: rank 0)"
     t2, _ = tables.table2_dlrm(res)
-    assert t2.nce.tolist() == [0.95, 0.9] and t2.model_MB.tolist() == [0.004, 0.004]
+    assert t2["nce [timing cells]"].tolist() == [0.95, 0.9]  # no DLRM quality cell here: said in the header
+    assert t2["model_MB [timing cells]"].tolist() == [0.004, 0.004]
     size, _ = tables.table_mnli_size(res)
     assert size.iloc[-1]["source"] == "paper (RTX 3090)"
     assert size.iloc[-1]["total_MB"] == pytest.approx(66957315 * 4 / 1e6, abs=1e-3)
@@ -113,6 +114,24 @@ def test_tables(folder, tmp_path):
     overview = dict(tables.overview(res)[0].values)
     assert overview["cells"].count("timing") >= 1 and "ok" in overview["cells"]
     assert overview["torch / CUDA / Python"].count(" / ") == 2
+
+
+def test_table2_quality_columns_from_the_quality_cells(tmp_path):
+    """Accuracy and NCE come from the DLRM cells trained to learn, time and memory from the timing cells,
+    each column headed with its cells."""
+    rows = [run_row("dlrm", "dense", 1024, time_s=3, mem=50e6, nce=1.01, accuracy=0.749),
+            run_row("dlrm", "comera", 1024, time_s=6, mem=10e6, nce=1.02, accuracy=0.749)]
+    for method, nce, acc in (("dense", 0.93, 0.753), ("comera", 0.87, 0.768)):
+        row = run_row("dlrm", method, 1024, time_s=300, mem=999e6, nce=nce, accuracy=acc)
+        rows.append({**row, "run_id": row["run_id"] + "_quality", "purpose": "quality"})
+    table, note = tables.table2_dlrm(analysis.load(make_folder(tmp_path / "d", rows)))
+    assert len(table) == 2 and "quality cells" in note
+    by = table.set_index("method")
+    assert by.loc["comera", "nce [quality cells]"] == 0.87
+    assert by.loc["comera", "accuracy [quality cells]"] == 0.768
+    assert by.loc["dense", "accuracy [quality cells]"] == 0.753
+    assert by.loc["dense", "epoch_time_s [timing cells]"] == 3
+    assert by.loc["comera", "peak_mem_MB [timing cells]"] == 10.0
 
 
 def test_empty_grid_tables_say_not_measured(tmp_path):
@@ -1023,3 +1042,52 @@ def test_compare_refuses_a_time_that_is_not_positive_and_finite_naming_the_file_
     assert not (out / "compare.csv").exists()
     with pytest.raises(ResultsError, match=column):
         compare.method_ratios([there])
+
+
+def test_the_runs_table_says_how_periodic_work_was_timed(tmp_path):
+    row = run_row("transformer", "galore", 1)
+    row["extra"] = json.dumps({"periodic": {"galore projection": {
+        "every": 20, "how": "forced", "steps": [9], "step_ms": [80.0], "extra_ms": 41.25, "timed": "..."}}})
+    rows = [row, run_row("dlrm", "dense", 4)]
+    runs, note = tables.table_runs(analysis.load(make_folder(tmp_path / "d", rows)))
+    assert runs.periodic_work.tolist() == ["", "galore projection every 20: forced (step 9, +41.2 ms)"]
+    assert "periodic_work" in note
+
+
+RATIO_TEXT = re.compile(r"(\d+\.\d+)x \[(\d+\.\d+)-(\d+\.\d+)\] @ batch (\d+)")
+
+
+def test_dividing_two_plotted_points_gives_the_footers_ratio(tmp_path, drawn):
+    """On a synthetic default-grid folder (interleaved rounds whose per-round ratios differ from the
+    quotient of the cells' mean-based epoch times): Fig 1's uncompressed point over its CoMERA point is the
+    footer's ratio, within its printed interval, at every batch size the footer names; so is Fig 8's and
+    each Fig 12 point over its uncompressed line; and the ratio is the claims' (analysis.pair_ratio)."""
+    from tests.workflow import synthetic
+
+    folder = synthetic.results_folder(synthetic.ROOT / "config" / "config.yaml", tmp_path / "r")
+    runs = analysis.load(folder).runs.assign(timing_quality="stable")  # every pair has its ratio
+    write_parquet_atomic(to_frame(runs.to_dict("records"), "runs"), folder / "runs.parquet", kind="runs")
+    res = analysis.load(folder)
+    for name in ("fig1_time_memory", "fig8_dlrm_time_memory"):
+        getattr(figures, name)(res, tmp_path)
+        (times, _), _, footer = drawn[name]
+        found = RATIO_TEXT.findall(footer)
+        assert found, footer
+        workload = "transformer" if name.startswith("fig1") else "dlrm"
+        batches = sorted(res.main_runs(workload).batch_size.unique())
+        for value, low, high, batch in found:
+            at = batches.index(int(batch))
+            quotient = times["uncompressed"][at] / times["comera"][at]
+            assert f"{quotient:.2f}" == value and float(low) <= quotient <= float(high)
+            runs = res.main_runs(workload)
+            runs = runs[(runs.batch_size == int(batch)) & runs.target_ratio.isna()]
+            dense, comera = runs[runs.method == "dense"], runs[(runs.method == "comera")
+                                                               & (runs.variant == "default")]
+            assert quotient == pytest.approx(analysis.pair_ratio(dense, comera).value)
+            mean_based = dense.epoch_time_s.iloc[0] / comera.epoch_time_s.iloc[0]
+            assert quotient != pytest.approx(mean_based, rel=1e-6)  # what was drawn before
+    figures.fig12_time_vs_compression(res, tmp_path)
+    (lines,), _, footer = drawn["fig12_time_vs_compression"]
+    (line_y, *_), points = lines["uncompressed, batch 4"], lines["CoMERA, batch 4"]
+    slower = [y / line_y for y in points if y > line_y]  # the footer names each point slower than the line
+    assert slower and all(f"{q:.2f}x [" in footer for q in slower)

@@ -141,3 +141,17 @@ def test_still_learning_compares_the_end_with_the_best_before_the_last_fifth(ste
     said = analysis.still_learning(pd.DataFrame({"step": steps, "value": values}))
     assert (expected in said) if expected else said == ""
     assert not expected or said.startswith("still learning at its end: validation accuracy")
+
+
+def test_every_time_ratio_carries_a_confidence_interval_over_its_rounds():
+    """Timed together: a t interval of the per-round log ratios; timed apart: of each side's round means
+    (Welch); rounds that agree exactly, or no rounds, give the value itself (and no interval text)."""
+    together = analysis.rounds_ratio([29, 30, 31], [10, 10, 10])
+    assert together.ci_low < together.value == 3.0 < together.ci_high
+    assert together.ci_text() == "95% CI 2.76-3.26"
+    apart = analysis.apart_ratio(2.0, [9, 10, 11], [4, 5, 6])
+    assert apart.ci_low < 2.0 < apart.ci_high
+    assert apart.ci_high - apart.ci_low > together.ci_high - together.ci_low
+    same = analysis.rounds_ratio([30, 30, 30], [10, 10, 10])
+    assert same.ci_low == same.ci_high == same.value and same.ci_text() == ""
+    assert analysis.apart_ratio(2.0, [10], [5]).ci_text() == ""

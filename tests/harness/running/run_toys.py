@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from baselines.base import Prepared
+from baselines.base import Periodic, Prepared
 from harness.running.registry import Registry
 from harness.workloads.base import Workload
 
@@ -66,7 +66,10 @@ class ToyMethod:
     """AdamW on the whole model; ``params["fail"]`` injects oom | nan | error | skip at step
     ``fail_at``, or nan_params (every parameter NaN after that step's update); ``sleep_s`` slows every
     step; step ``hang_at`` hangs; every ``period``-th step sleeps ``period_sleep_s`` more (periodic work,
-    declared as ``time_window_steps``)."""
+    declared as ``time_window_steps``; with ``declare`` also as ``Prepared.periodic`` "toy work", forceable
+    with ``forceable``: a forced step sleeps the same; ``forced`` counts the forcings)."""
+
+    forced = 0
 
     name = "toy"
     variant = "default"
@@ -96,14 +99,26 @@ class ToyMethod:
             if step == params.get("hang_at"):
                 time.sleep(HANG_S)
             pause(params.get("sleep_s", 0.0))
-            if params.get("period") and (step + 1) % params["period"] == 0:  # periodic work
+            if params.get("period") and ((step + 1) % params["period"] == 0 or due):  # periodic work
                 pause(params.get("period_sleep_s", 0.0))
+            due.clear()
             return {"stage": float(step >= 3)}
+
+        due: list[bool] = []
+
+        def force(name):
+            assert name == "toy work"
+            ToyMethod.forced += 1
+            due.append(True)
+
+        periodic = ({"toy work": Periodic(params["period"], params["period"] - 1,
+                                          params.get("forceable", False))} if params.get("declare") else {})
 
         return Prepared(model=model, optimizers=[opt], total_loss=total_loss, after_step=after_step,
                         settings={"lr": params.get("lr", 1e-2), "rank": 4,
                                   "time_window_steps": params.get("period")},
-                        ranks=lambda: {"fc": [1, 4, 1]})
+                        ranks=lambda: {"fc": [1, 4, 1]}, periodic=periodic,
+                        force=force if params.get("forceable") else None)
 
 
 TOY_REGISTRY = Registry(build_workload=toy_workload, get_method=lambda name: ToyMethod())

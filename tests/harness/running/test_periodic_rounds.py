@@ -9,10 +9,12 @@ import time
 import types
 
 import pytest
+import torch
 
 from harness.core import measure, timing
 from harness.results import analysis
 from harness.running import run as runner
+from harness.running.registry import Registry
 from tests.harness.running import run_toys
 from tests.harness.running.run_toys import TOY_REGISTRY, toy_spec
 
@@ -78,3 +80,68 @@ def test_an_outlier_step_is_still_noisy_where_the_rounds_hold_no_whole_period(qu
     row = _cell(period=12, period_sleep_s=19 * BASE_S)
     assert json.loads(row["extra"])["round_alignment"].startswith("not aligned")
     assert row["timing_quality"].startswith("noisy: mean 1.")
+
+
+def _short_cell(**method_params):
+    """16 steps, 2 of warm-up, 5 rounds: 14 timed steps, too few for two rounds of a period of 10 or 50."""
+    spec = toy_spec(method_params={"sleep_s": BASE_S, "declare": True, **method_params},
+                    workload_params={"samples": 1024},
+                    budget={"epochs": 1, "max_steps_per_epoch": 16, "warmup_steps": 2,
+                            "eval_every_steps": None},
+                    execution={"rounds": 5})
+    row, _ = runner.run_cell(spec, registry=TOY_REGISTRY)
+    assert row["status"] == "ok", row["error"]
+    return row, json.loads(row["extra"])
+
+
+@pytest.mark.parametrize("period, forceable, how", [(10, False, timing.NATURAL), (50, True, timing.FORCED)])
+def test_periodic_work_outside_whole_periods_is_timed_apart_at_its_rate(quiet_machine, period, forceable,
+                                                                         how):
+    """A periodic step 10 ms + 100 ms every ``period`` steps: on its schedule in the timed steps (step 9 of
+    16, period 10) or, where none falls there (period 50), made to run once; either way timed apart and
+    added at 1/period: mean 10 + 100 / period ms, every round's mean the same, stable."""
+    run_toys.ToyMethod.forced = 0
+    row, extra = _short_cell(period=period, period_sleep_s=0.1, forceable=forceable)
+    plan = extra["periodic"]["toy work"]
+    assert plan["how"] == how and len(plan["steps"]) == 1 and plan["every"] == period
+    assert run_toys.ToyMethod.forced == (how == timing.FORCED)
+    assert plan["step_ms"] == [pytest.approx(110)] and plan["extra_ms"] == pytest.approx(100)
+    expected = 10 + 100 / period
+    assert extra["step_time_ms_mean"] == pytest.approx(expected)
+    assert json.loads(row["round_step_mean_ms"]) == [pytest.approx(expected)] * 5
+    assert row["epoch_time_s"] == pytest.approx(expected * 1024 / 16 / 1e3)  # extrapolated from the mean
+    assert row["timing_quality"] == "stable"
+
+
+def test_periodic_work_that_can_neither_fall_nor_be_forced_makes_the_row_noisy(quiet_machine):
+    row, extra = _short_cell(period=50, period_sleep_s=0.1)
+    assert extra["periodic"]["toy work"]["how"] == timing.NOT_TIMED
+    assert "toy work every 50 steps: on no counted step" in row["timing_quality"]
+
+
+def test_a_galore_timing_cell_times_one_svd_at_its_rate(monkeypatch):
+    """GaLore (galore-torch) with update_proj_gap 20 in a 16-step timing cell: its SVD runs at step 0
+    (warm-up) and, forced, at one counted step, whose time the row adds at 1/20 per step and names."""
+    from baselines.galore import GaLoreMethod, import_galore_torch
+
+    projector = import_galore_torch().galore_projector.GaLoreProjector
+    real, svd_steps = projector.get_orthogonal_matrix, []
+    monkeypatch.setattr(projector, "get_orthogonal_matrix",
+                        lambda self, *a, **k: svd_steps.append(len(svd_steps)) or real(self, *a, **k))
+    registry = Registry(build_workload=run_toys.toy_workload, get_method=lambda name: GaLoreMethod())
+    spec = toy_spec(method="galore", method_params={"rank": 2, "update_proj_gap": 20},
+                    workload_params={"samples": 1024},
+                    budget={"epochs": 1, "max_steps_per_epoch": 16, "warmup_steps": 2,
+                            "eval_every_steps": None},
+                    execution={"rounds": 5})
+    row, _ = runner.run_cell(spec, registry=registry)
+    assert row["status"] == "ok", row["error"]
+    plan = json.loads(row["extra"])["periodic"]["galore projection"]
+    assert plan["how"] == timing.FORCED and plan["every"] == 20 and len(plan["step_ms"]) == 1
+    assert plan["steps"][0] >= 2 and "extra_ms" in plan
+    layers = sum(1 for m in run_toys.toy_workload("toy", {"samples": 1024}, batch_size=16, seed=0,
+                                                  device=torch.device("cpu")).model.modules()
+                 if isinstance(m, torch.nn.Linear))
+    # one per projected weight at: the warm-up's throwaway step (harness.running.warmup), step 0, the
+    # forced step
+    assert len(svd_steps) == 3 * layers
