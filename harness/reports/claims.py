@@ -21,7 +21,7 @@ from harness.reports.judging import (ACCURACY_KEPT, Context, Finding, LEFT_OUT, 
                                      cells_of, devices_text, directed, epoch_kind, in_setting,
                                      in_timing_setting, judge, judged, kept_accuracy, lookup_finding, lookups,
                                      make_verdict, no_ratio, ratios_vs, runs_of, size_matched_text)
-from harness.reports.shared import MB
+from harness.reports.shared import MB, target_missed
 from harness.results import FINAL_LOSS_WINDOW
 from harness.results.analysis import (TIME, Results, describe_left_out, gpu_rows, load, pair_ratio, stable,
                                       stable_only, timing_cells, unstable_timing_cells)
@@ -195,8 +195,10 @@ def c5(ctx: Context) -> Verdict:
                 continue
             best = ok.sort_values("compression_total").iloc[-1]
             seed = "" if pd.isna(best.seed) else f", seed {int(best.seed)}"
+            missed = " (not reached)" if target_missed(best) else ""
             texts.append(f"{workload}: {best.compression_total:.1f}x ({best.compression_layers:.1f}x "
-                         f"layers) at target {best.target_ratio:g}{seed}, accuracy {best.metric_value:.3f} "
+                         f"layers) at target {best.target_ratio:g}{missed}{seed}, accuracy "
+                         f"{best.metric_value:.3f} "
                          f"vs dense {best.dense_accuracy:.3f} ({best.dense_seeds}){matched}")
             parts.append(bool(best.compression_total >= stated))
         return Finding("; ".join(texts), all_of(parts)) if texts else None

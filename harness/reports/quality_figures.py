@@ -18,7 +18,7 @@ from harness.reports import drawing, reference  # noqa: E402
 from harness.reports.drawing import (PAPER, device_text, display_label, empty, mark_failed, panels,  # noqa: E402
                                      plain_log_ticks, steps_axis, values_text)
 from harness.reports.shared import (late_stage_missing, method_label, quality_order,  # noqa: E402
-                                    target_shortfall)
+                                    target_missed, target_shortfall)
 from harness.results.analysis import Results, settings_of  # noqa: E402
 
 
@@ -31,7 +31,7 @@ def quality_runs(res: Results) -> tuple[pd.DataFrame, dict[str, str], str]:
     labels = {}
     for r in runs.itertuples():
         why = late_stage_missing(r) if r.status == "ok" else ""
-        mark = f" [{why}]" if why else " [target not reached]" if target_shortfall(r) else ""
+        mark = f" [{why}]" if why else " [target not reached]" if target_missed(r) else ""
         named = [method_label(r)] + [f"{key} {getattr(r, col)}" for key, col in vary]
         labels[r.run_id] = ", ".join(named) + mark
     return runs, labels, source
@@ -141,9 +141,10 @@ def fig13_rank_adaptation(res: Results, out: Path) -> None:
         style = {**distinct(i), "marker": None}
         left.plot(size.step, ratio, label=labels[r.run_id], **style)
         left.axhline(r.target_ratio, color=f"C{i}", ls="--", lw=0.8)
-        if len(ratio) and ratio.iloc[-1] > r.target_ratio * (1 + TARGET_SLACK):
+        if target_missed(r):
             seed = "" if pd.isna(r.seed) else f" (seed {int(r.seed)})"
-            missed.append(f"target {r.target_ratio:g}{seed} ends at {ratio.iloc[-1]:.2f}x")
+            end = f" ends at {ratio.iloc[-1]:.2f}x" if len(ratio) else ""
+            missed.append(f"target {r.target_ratio:g}{seed}{end}")
         right.plot(acc.step, acc.value, label=labels[r.run_id], **distinct(i))
     left.plot([], [], color="gray", ls="--", lw=0.8, label="target (dashed, the line's colour)")
     for ax, ylabel in ((left, "TT size / size at the switch"),
@@ -165,10 +166,6 @@ def fig13_rank_adaptation(res: Results, out: Path) -> None:
             "the size right after the switch's pruning (the same divisor before the switch); "
             f"{ramp_text(shown)}; accuracy as in Fig 6. {why_short + '. ' if why_short else ''}"
             f"{res.settings_line('transformer', shown)}.")
-
-
-TARGET_SLACK = 0.05
-"""Fig 13 says a target was missed when the TT size ends more than this fraction above it."""
 
 
 def ramp_text(runs: pd.DataFrame) -> str:

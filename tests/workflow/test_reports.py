@@ -307,6 +307,7 @@ def quality_cell(method, target=None, *, end_acc=0.9, variant="default", switche
             "switch": ({"step": SWITCH, "size": SWITCH_SIZE, "size_target": SWITCH_SIZE * target}
                        if switched else {})}})
         end_size = 1050.0 * target if switched else SWITCH_SIZE
+        row["target_reached"] = switched  # 1.05 x the target: within the library's 5%
         for step, size in ((1, 1200.0), (SWITCH, SWITCH_SIZE), (8, end_size)):
             curves.append({"run_id": rid, "step": step, "epoch": 0, "split": "method",
                            "metric_name": "params_tt", "value": size})
@@ -747,6 +748,7 @@ def test_a_target_not_reached_is_drawn_and_named_not_left_out(tmp_path, drawn):
     settings["method"]["outcome"] = {"shortfall": "stopped at 0.400 of the size at the switch, target 0.2: "
                                                   "the late stage (40 steps) ended first"}
     row["settings"] = json.dumps(settings)
+    row["target_reached"] = False
     res = quality_folder(tmp_path / "q", quality_cell("dense"), quality_cell("comera", 0.5), (row, curves))
     quality_figures.fig13_rank_adaptation(res, tmp_path)
     (sizes, _), texts, _ = drawn["fig13_rank_adaptation"]
@@ -759,6 +761,30 @@ def test_a_target_not_reached_is_drawn_and_named_not_left_out(tmp_path, drawn):
             in note)
     size, _ = tables.table_mnli_size(res)
     assert size.note.tolist()[2].startswith("target not reached: stopped at 0.400")
+    assert size.reached.tolist()[1:3] == ["yes", "no"] and size.reached.tolist()[0] == ""
+
+
+def test_reached_is_the_rows_verdict_not_the_curve(tmp_path, drawn):
+    """Fig 13, Table 1 and the size table read the row's target_reached (the library's rule: within 5% or
+    one rank's saving), not a rule of their own: a curve ending 20% above its target with the row's
+    target_reached true (no rank could go) is not a miss; one ending on it with target_reached false is."""
+    above, above_curves = quality_cell("comera", 0.5)
+    above_curves = [{**c, "value": 1.2 * SWITCH_SIZE * 0.5}
+                    if c["metric_name"] == "params_tt" and c["step"] == 8 else c for c in above_curves]
+    short, short_curves = quality_cell("comera", 0.2)
+    short["target_reached"] = False
+    res = quality_folder(tmp_path / "q", quality_cell("dense"), (above, above_curves), (short, short_curves))
+    quality_figures.fig13_rank_adaptation(res, tmp_path)
+    (sizes, _), texts, _ = drawn["fig13_rank_adaptation"]
+    assert "comera (target 0.5)" in sizes and "comera (target 0.2) [target not reached]" in sizes
+    missed = [t.replace("\n", " ") for t in texts if "targets not reached" in t]
+    assert missed and "target 0.2" in missed[0] and "target 0.5" not in missed[0]
+    size, _ = tables.table_mnli_size(res)
+    by_target = {t: r for t, r in zip(size.target, size.reached) if t == t}
+    assert by_target == {0.5: "yes", 0.2: "no"}
+    _, note = tables.table1_ranks(res)
+    assert "targets not reached (the late stage's ranks where it stopped): target 0.2" in note
+    assert "target 0.5" not in note.split("targets not reached")[1]
 
 
 def test_unfed_figures_of_a_transformer_only_grid():
@@ -804,6 +830,7 @@ def test_fig6_draws_the_paper_line_on_mnli_only_and_fig13_names_a_missed_target(
     row, curves = quality_cell("comera", 0.5)
     curves = [{**c, "value": SWITCH_SIZE} if c["metric_name"] == "params_tt" and c["step"] == 8 else c
               for c in curves]  # no rank was pruned after the switch
+    row["target_reached"] = False
     res = analysis.load(make_folder(tmp_path / "syn", [quality_cell("dense")[0], row],
                                   quality_cell("dense")[1] + curves))
     quality_figures.fig6_accuracy(res, tmp_path)
