@@ -414,13 +414,19 @@ def left_out_text(results: Sequence[Results]) -> str:
     return head + f" Left out of every time ratio ({len(lines)}):\n" + "\n".join(lines)
 
 
-SUMMARY_CELL = 130
-"""Characters a summary-table cell shows at most (the details follow in the claim's own section)."""
+SUMMARY_CELL = 120
+"""Characters a summary-table cell of claims.md holds at most, as written (Markdown's escapes counted; the
+details follow in the claim's own section)."""
 
 
 def _short(text: str, limit: int = SUMMARY_CELL) -> str:
+    """``text`` on one line, cut at ``limit`` characters as written in Markdown (:func:`cell_text`'s
+    escapes counted) with "..." where cut."""
     text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[:limit - 3].rstrip() + "..."
+    while len(cell_text(text)) > limit:
+        over = len(cell_text(text)) - limit
+        text = text[:max(0, len(text.removesuffix("...")) - max(over, 1))].rstrip() + "..."
+    return text
 
 
 def _here_cell(text: str) -> str:
@@ -431,7 +437,7 @@ def _here_cell(text: str) -> str:
     setting = m.group(1)
     where = re.search(r"\((\w+)\)(?:, (?:size|table) (\S+?))?(?:,|$)", setting)
     brief = ", ".join(filter(None, where.groups())) if where else _short(setting, 30)
-    return _short(text[:m.start()].strip(), SUMMARY_CELL - len(brief) - 3) + f" [{brief}]"
+    return _short(text[:m.start()].strip(), SUMMARY_CELL - len(cell_text(f" [{brief}]"))) + f" [{brief}]"
 
 
 def summary_table(table: pd.DataFrame) -> pd.DataFrame:
@@ -459,7 +465,7 @@ def markdown(table: pd.DataFrame, label: str, results_dirs: Sequence[str], left:
     text = cell_text  # every string from the rows is literal text: no live link, image or HTML
     parts = [f"# Claims of the CoMERA paper vs this device ({text(label)})\n",
              "| claim | paper | here | verdict |\n|:--|:--|:--|:--|"]
-    parts += [f"| {text(r.claim)} | {text(r.paper)} | {text(r.here)} | {text(r.verdict)} |"
+    parts += [f"| {text(r.claim)} | {text(r.paper)} | {text(r.here)} | {text(_short(r.verdict))} |"
               for r in summary_table(table).itertuples()]
     parts.append("\n'here': the measurement in the claim's own setting, else the nearest comparison measured "
                  "here (its setting in brackets). Details per claim below.\n")

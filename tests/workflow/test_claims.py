@@ -4,6 +4,7 @@ does not, and the same rows on a CPU with the small model, where every claim is 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -360,9 +361,9 @@ def test_claims_md_columns(tmp_path):
     summary = [ln for ln in lines if ln.startswith("| C")]
     verdicts = [ln.strip("|").split("|")[3].strip() for ln in summary]
     assert verdicts == [judging.HOLDS] * 10
-    for ln in summary:  # every cell short; the details are in the claim's own section
-        cells = ln.replace("\\", "").strip("|").split("|")  # the words, without Markdown's escapes
-        assert all(len(c.strip()) <= claims.SUMMARY_CELL for c in cells), ln
+    for ln in summary:  # every cell short as written (escapes counted); the details in the claim's section
+        cells = re.split(r"(?<!\\)\|", ln.strip().strip("|"))
+        assert len(cells) == 4 and all(len(c.strip()) <= claims.SUMMARY_CELL == 120 for c in cells), ln
     for cid in [f"C{i}" for i in range(1, 11)]:
         assert f"## {cid}: " in text
     assert "- same comparison here:" in text and "- judged by:" in text
