@@ -1107,3 +1107,16 @@ def test_fig5_explains_its_ops_and_states_the_table(tmp_path, drawn):
     for variant in time_lines:  # the legend names the op; the notes say what it is
         assert f"{variant}: {figures.EMBEDDING_VARIANTS[variant]}" in notes
     assert re.search(r"table \d+x\d+ \(TTM row modes [\dx]+, column modes [\dx]+", footer), footer
+
+
+def test_switch_lines_name_the_targets_where_they_switched_apart(tmp_path, drawn):
+    early, early_curves = quality_cell("comera", 0.2)
+    settings = json.loads(early["settings"])
+    settings["method"]["switch"]["step"] = SWITCH - 2
+    early["settings"] = json.dumps(settings)
+    res = quality_folder(tmp_path / "q", quality_cell("comera", 0.8), quality_cell("comera", 0.5),
+                         (early, early_curves), with_timing=False)
+    quality_figures.fig6_accuracy(res, tmp_path)
+    (acc, _), _, _ = drawn["fig6_accuracy"]
+    assert [label for label in acc if label.startswith("stage switch")] == [
+        "stage switch, target 0.2, seed 0", "stage switch, targets 0.8/0.5, seed 0"]
