@@ -12,7 +12,7 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
-from comera.convert import dense_equivalent
+from comera.convert import model_size
 from comera.ttm import TTMEmbedding
 from comera.rank import PAPER_DEFAULTS, PAPER_UNREAD, RULES, RankSettings, TwoStageRankAdaptation
 from comera.size import ranks, removed_layers, tensorized_modules, tt_parameter_count
@@ -67,6 +67,20 @@ def defaults(rules: str = "project") -> dict[str, Any]:
     return out
 
 
+def _check_optimizers_hold_tt_parameters(model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> None:
+    """ValueError when optimizers are given and they lack some of the model's TT cores and gates (an
+    optimizer built before :func:`comera.tensorize` holds the replaced dense weights instead)."""
+    if not optimizers:
+        return
+    held = {id(p) for o in optimizers for group in o.param_groups for p in group["params"]}
+    tt = [p for _, m in tensorized_modules(model) for p in (*m.cores, *m.gates)]
+    lacking = sum(id(p) not in held for p in tt)
+    if lacking:
+        raise ValueError(f"RankAdaptation: the optimizer does not hold {lacking} of the model's {len(tt)} TT "
+                         "parameters (cores and gates), so they would never train; build the optimizer after "
+                         "comera.tensorize, e.g. torch.optim.AdamW(comera.param_groups(model, lr=...))")
+
+
 class RankAdaptation:
     """CoMERA's two-stage rank adaptation driven by a training loop: ``loss`` and ``step``.
 
@@ -86,7 +100,8 @@ class RankAdaptation:
     Raises:
         TypeError: an unknown setting, one the chosen rules do not read, or an optimizer that is not a
             torch optimizer.
-        ValueError: a model without TT / TTM layers, a target without ``total_steps``, a value out of range.
+        ValueError: a model without TT / TTM layers, a target without ``total_steps``, a value out of range,
+            an optimizer that lacks some of the model's TT cores and gates (built before ``tensorize``).
 
     Example::
 
@@ -132,6 +147,7 @@ class RankAdaptation:
             if not isinstance(item, torch.optim.Optimizer):
                 raise TypeError("RankAdaptation: optimizer must be a torch optimizer or a list of them "
                                 f"(pruning slices their state), got {type(item).__name__}")
+        _check_optimizers_hold_tt_parameters(model, optimizers)
         self.model = model
         self.total_steps = total_steps
         self.driver = TwoStageRankAdaptation(model, self.settings, optimizers)
@@ -223,16 +239,22 @@ class RankAdaptation:
         return self.driver.switch.get("size_target")
 
     def summary(self) -> str:
-        """Steps, stage, TT size against its start, its dense equivalent and the target; then, each on a
-        line of its own, why the target is not reached (:attr:`shortfall`) and the removed layers. A model
-        whose TT layers were all removed before this object was made (size 0 at the start) is said so."""
-        dense = sum(dense_equivalent(m) for _, m in tensorized_modules(self.model))
+        """Steps, stage, TT size against its start and the target; the compression of the tensorized
+        layers and of the whole model (:func:`comera.convert.model_size`: dense parameters / parameters now,
+        biases on both sides, as in :func:`comera.tensorize`'s report); then, each on a line of its own, why
+        the target is not reached (:attr:`shortfall`) and the removed layers. A model whose TT layers were
+        all removed before this object was made (size 0 at the start) is said so."""
+        sizes = model_size(self.model)
         size = self.size
         target = self.size_target
         start = (f"{size / self.initial_size:.3f} of {self.initial_size:,} at the start" if self.initial_size
                  else "every TT layer was removed before rank adaptation started")
         text = (f"step {self.steps}, {self.stage} stage: {size:,} TT parameters "
-                f"({start}; dense layers {dense:,}, compression {dense / max(size, 1):.1f}x)")
+                f"({start}); compression: "
+                f"tensorized layers {sizes['compression_layers']:.1f}x "
+                f"({sizes['params_dense_layers']:,.0f} dense -> {sizes['params_factorized_layers']:,.0f}), "
+                f"whole model {sizes['compression_total']:.2f}x ({sizes['params_dense_total']:,.0f} dense "
+                f"-> {sizes['params_total']:,.0f})")
         if target is not None:
             now = f"now {size / target:.3f} of it" if target > 0 else f"now {size:,}"
             text += (f"; target {target:,.0f} = {self.settings.target_ratio} x "

@@ -67,7 +67,7 @@ class ConversionReport:
     compression_total: float
     compression_layers: float
     layers: dict[str, dict[str, Any]] = field(default_factory=dict)
-    skipped: dict[str, str] = field(default_factory=dict)  # module name -> why a pattern left it out
+    skipped: dict[str, str] = field(default_factory=dict)  # module / parameter name -> why left dense
     fast_path_off: list[str] = field(default_factory=list)  # modules whose fused inference path is off
 
     def as_dict(self) -> dict[str, Any]:
@@ -155,15 +155,25 @@ def turn_off_fused_paths(model: nn.Module) -> list[str]:
 
 
 def model_size(model: nn.Module) -> dict[str, float]:
-    """``params_total``, ``params_factorized_layers``, ``compression_total``, ``compression_layers`` of
-    the current (possibly pruned) model, compressions relative to its dense equivalent."""
+    """The sizes of the current (possibly pruned) model against its dense equivalent, every parameter
+    counted on both sides (a TT layer's bias with its cores and gates, as the dense layer's with its
+    weight; the counts :func:`tensorize`'s report gives right after it).
+
+    Returns:
+        ``params_total`` (parameters now), ``params_dense_total`` (the dense equivalent: every TT / TTM
+        layer counted as the layer it stands for), ``params_factorized_layers`` and ``params_dense_layers``
+        (the TT / TTM layers now and their dense equivalents), ``compression_total`` and
+        ``compression_layers`` (dense / now).
+    """
     params_total = _count(model)
     tt_layers = tensorized_modules(model)
     params_layers = sum(_count(module) for _, module in tt_layers)
     dense_layers = sum(dense_equivalent(module) for _, module in tt_layers)
     return {
         "params_total": float(params_total),
+        "params_dense_total": float(params_total - params_layers + dense_layers),
         "params_factorized_layers": float(params_layers),
+        "params_dense_layers": float(dense_layers),
         "compression_total": (params_total - params_layers + dense_layers) / params_total,
         "compression_layers": dense_layers / params_layers if params_layers else (
             math.inf if dense_layers else 1.0),
@@ -200,6 +210,7 @@ def _select(modules: dict[str, nn.Module],
             raise KeyError(f"tensorize: spec key {key!r} is no module name of the model and, as a pattern, "
                            f"selects no nn.Linear (or Conv1D) / nn.Embedding; names: {_some_names(modules)}")
         skipped.update((name, read[name]) for name in names if name in read)
+        skipped.update(_dense_in_projections(modules, [name for name in names if name in read]))
         for name in names:
             if name in exact or name in read:
                 continue
@@ -238,6 +249,24 @@ def _weights_read_by_parent(modules: dict[str, nn.Module]) -> dict[str, str]:
                     read[full] = (f"{type(module).__name__} reads its weight directly instead of calling it, "
                                   "so a TT layer cannot stand in for it")
     return read
+
+
+def _dense_in_projections(modules: dict[str, nn.Module], read: list[str]) -> dict[str, str]:
+    """The Q/K/V projections of each ``nn.MultiheadAttention`` whose ``out_proj`` a pattern reached
+    (``read``): ``<attention>.in_proj_weight`` (or ``q_proj_weight`` / ``k_proj_weight`` /
+    ``v_proj_weight`` when its key and value sizes differ) -> why they stay dense."""
+    found = {}
+    for child in read:
+        parent = child.rpartition(".")[0]
+        attention = modules.get(parent)
+        if not isinstance(attention, nn.MultiheadAttention):
+            continue
+        for param_name in ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight"):
+            if getattr(attention, param_name, None) is not None:
+                found[f"{parent}.{param_name}" if parent else param_name] = (
+                    "MultiheadAttention holds its Q/K/V projections as Parameters, not nn.Linear modules, so "
+                    "they stay dense")
+    return found
 
 
 def _matches(key: str, name: str, module: nn.Module) -> bool:

@@ -302,7 +302,7 @@ class TwoStageRankAdaptation:
         self._switch_loss: float | None = None  # slow running loss at the switch (the loss-rise warning)
         self._warned_loss_rise = False
         self.switch: dict[str, float] = {}  # the late stage's start: step, size, reference point
-        self.outcome: dict[str, Any] = {}  # after the last of total_steps: shortfall, removed layers
+        self.outcome: dict[str, Any] = {}  # after the last of total_steps: reached, shortfall, removed layers
         self._pruned({"params_after": tt_parameter_count(model), "removed": []})
 
     def objective(self, task_loss: torch.Tensor, step: int) -> torch.Tensor:
@@ -375,7 +375,8 @@ class TwoStageRankAdaptation:
             if s.rules == "project":
                 self._warn_if_the_loss_rose(done)
         if done == s.total_steps:
-            self.outcome.update(shortfall=self.shortfall(), removed=list(self.progress.removed))
+            self.outcome.update(reached=self.reached(), shortfall=self.shortfall(),
+                                removed=list(self.progress.removed))
         return info
 
     def _switch_due(self, done: int) -> bool:
@@ -492,17 +493,29 @@ class TwoStageRankAdaptation:
                           size_scale=max(start_size, 1.0), size_span=max(start_size - final, 1.0),
                           size_weight=s.size_weight, tolerance=s.loss_tolerance)
 
-    def shortfall(self) -> str | None:
-        """Why the size target is not reached (None when it is, or when there is none), in words."""
+    def reached(self) -> bool | None:
+        """Whether the size target is reached: the late stage ran and the TT size is at most
+        ``REACHED_WITHIN`` (5%) of the target above it, or no rank above ``min_rank`` can go without taking
+        it below the target (one rank's saving). None when there is no target. The one rule: the
+        shortfall, each run's ``target_reached`` column and the reports read it."""
         s = self.settings
         if s.target_ratio is None:
             return None
         if self.stage == 0:
+            return False
+        size, target = tt_parameter_count(self.model), self.switch["size_target"]
+        return size - target <= max(smallest_saving(self.model, s.min_rank), REACHED_WITHIN * target)
+
+    def shortfall(self) -> str | None:
+        """Why the size target is not reached (None when it is, or when there is none: :meth:`reached`),
+        in words."""
+        s = self.settings
+        if self.reached() is not False:
+            return None
+        if self.stage == 0:
             return ("no late stage: the task loss was still improving (the stage switch waits until it "
                     "converges; give more steps, or switch_when='step')")
-        size, target = tt_parameter_count(self.model), self.switch["size_target"]
-        if size - target <= max(smallest_saving(self.model, s.min_rank), REACHED_WITHIN * target):
-            return None  # within 5%, or no rank can go without taking the size below its target
+        size = tt_parameter_count(self.model)
         where = (f"stopped at {size / self.switch['size']:.3f} of the size at the switch, "
                  f"target {s.target_ratio}")
         p = self.progress

@@ -1,7 +1,7 @@
 """The ``comera-bench`` command.
 
     comera-bench run --spec SPEC.json --runs-out R.parquet --curves-out C.parquet [--isolate --log L]
-    comera-bench run --workload transformer --method comera --batch-size 8 [...]   (defaults, results/runs/)
+    comera-bench run --workload transformer --method comera --batch-size 8 [...]   (defaults, results/cli/)
     comera-bench show [RESULTS...] [--where col=value|col>=x|col~text|col=null ...] [--group-by cols]
                       [--columns cols] [--csv]
     comera-bench merge --kind runs|curves|microbench|bench --out OUT.parquet FILE_OR_DIR...
@@ -79,7 +79,8 @@ def _parser(list_names: bool = False) -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run one grid cell and write its runs/curves Parquet files")
     run.add_argument("--spec", help="spec JSON file (when given, the cell options below are not allowed)")
     run.add_argument("--runs-out", help="runs Parquet file (default "
-                                        "results/runs/<device>/<run_id>.runs.parquet)")
+                                        f"{DEFAULT_RESULTS_DIR}/<device>/<run_id>.runs.parquet, or under "
+                                        "--results-dir)")
     run.add_argument("--curves-out", help="curves Parquet file (default next to --runs-out)")
     cell = run.add_argument_group("a cell without a spec file")
     workload_names = method_names = "see --help"

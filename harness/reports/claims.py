@@ -23,7 +23,7 @@ from harness.reports.judging import (ACCURACY_KEPT, FAILS, HOLDS, LEFT_OUT, NOIS
                                      lookup_finding, lookups, make_verdict, no_ratio, ratios_vs, reaches,
                                      runs_of, size_matched_text)
 from harness.reports.judging import RULES_OF_VARIANT, comera_variants
-from harness.reports.shared import MB
+from harness.reports.shared import MB, target_missed
 from harness.results import FINAL_LOSS_WINDOW
 from harness.results.analysis import (CONFIDENCE, TIME, Results, describe_left_out, gpu_rows, load,
                                       pair_ratio, stable, stable_only, timing_cells, unstable_timing_cells)
@@ -178,7 +178,8 @@ def c4(ctx: Context) -> Verdict:
                    f"row) and GaLore accuracy within {ABOUT_ACCURACY:g} of {v['accuracy_comera']:g}; LTE "
                    f"(default preset) at least {FAR_BELOW:g} below both. CoMERA: the "
                    f"{RULES_OF_VARIANT['paper']} (variant paper) where it ran, the "
-                   f"{RULES_OF_VARIANT['default']} (variant default) shown beside it, or judged where the paper's did not run",
+                   f"{RULES_OF_VARIANT['default']} (variant default) shown beside it, or judged where the "
+                   "paper's did not run",
                    in_setting(df, ctx.gpu) & (df.dataset == "mnli"))
 
 
@@ -226,8 +227,9 @@ def _compression(rows: pd.DataFrame, variant: str) -> tuple[str, float | None]:
         return f"none of {len(tried)} rank-adapted runs kept its accuracy{matched}", 0.0
     best = ok.sort_values("compression_total").iloc[-1]
     seed = "" if pd.isna(best.seed) else f", seed {int(best.seed)}"
+    missed = " (not reached)" if target_missed(best) else ""
     return (f"{best.compression_total:.1f}x ({best.compression_layers:.1f}x layers) at target "
-            f"{best.target_ratio:g}{seed}, accuracy {best.metric_value:.3f} vs dense "
+            f"{best.target_ratio:g}{missed}{seed}, accuracy {best.metric_value:.3f} vs dense "
             f"{best.dense_accuracy:.3f} ({best.dense_seeds}){matched}", float(best.compression_total))
 
 
@@ -444,13 +446,19 @@ def left_out_text(results: Sequence[Results]) -> str:
     return head + f" Left out of every time ratio ({len(lines)}):\n" + "\n".join(lines)
 
 
-SUMMARY_CELL = 130
-"""Characters a summary-table cell shows at most (the details follow in the claim's own section)."""
+SUMMARY_CELL = 120
+"""Characters a summary-table cell of claims.md holds at most, as written (Markdown's escapes counted; the
+details follow in the claim's own section)."""
 
 
 def _short(text: str, limit: int = SUMMARY_CELL) -> str:
+    """``text`` on one line, cut at ``limit`` characters as written in Markdown (:func:`cell_text`'s
+    escapes counted) with "..." where cut."""
     text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[:limit - 3].rstrip() + "..."
+    while len(cell_text(text)) > limit:
+        over = len(cell_text(text)) - limit
+        text = text[:max(0, len(text.removesuffix("...")) - max(over, 1))].rstrip() + "..."
+    return text
 
 
 def _here_cell(text: str) -> str:
@@ -461,7 +469,7 @@ def _here_cell(text: str) -> str:
     setting = m.group(1)
     where = re.search(r"\((\w+)\)(?:, (?:size|table) (\S+?))?(?:,|$)", setting)
     brief = ", ".join(filter(None, where.groups())) if where else _short(setting, 30)
-    return _short(text[:m.start()].strip(), SUMMARY_CELL - len(brief) - 3) + f" [{brief}]"
+    return _short(text[:m.start()].strip(), SUMMARY_CELL - len(cell_text(f" [{brief}]"))) + f" [{brief}]"
 
 
 def summary_table(table: pd.DataFrame) -> pd.DataFrame:
@@ -489,7 +497,7 @@ def markdown(table: pd.DataFrame, label: str, results_dirs: Sequence[str], left:
     text = cell_text  # every string from the rows is literal text: no live link, image or HTML
     parts = [f"# Claims of the CoMERA paper vs this device ({text(label)})\n",
              "| claim | paper | here | verdict |\n|:--|:--|:--|:--|"]
-    parts += [f"| {text(r.claim)} | {text(r.paper)} | {text(r.here)} | {text(r.verdict)} |"
+    parts += [f"| {text(r.claim)} | {text(r.paper)} | {text(r.here)} | {text(_short(r.verdict))} |"
               for r in summary_table(table).itertuples()]
     parts.append("\n'here': the measurement in the claim's own setting, else the nearest comparison measured "
                  "here (its setting in brackets). Details per claim below.\n")

@@ -19,7 +19,7 @@ import pandas as pd  # noqa: E402
 
 from harness.reports.html import cell_text, write_html  # noqa: E402
 from harness.reports.shared import (method_label)
-from harness.results.analysis import (Results, step_time_spread, stable)
+from harness.results.analysis import Results, model_size, settings_of, step_time_spread, stable
 
 matplotlib.rcParams["text.parse_math"] = False  # text from the rows is text, never math to parse
 
@@ -61,11 +61,75 @@ def short_footer(footer: str, pointer: str, width: int, lines: int = FOOTER_LINE
     return " ".join([*shown, pointer])
 
 
+NOTE_PARTS = ("Model", "Settings", "Methods", "Measured")
+"""What every figure's notes file states, each in a paragraph of its own that starts with its name."""
+
+
+def notes(*, model: str, settings: str, methods: str, measured: str, more: str = "") -> str:
+    """A figure's notes: one paragraph per :data:`NOTE_PARTS` ("Model: ...", "Settings: ...", "Methods:
+    ...", "Measured: ..."), then ``more``.
+
+    Args:
+        model: the model (workload and size, or the op's table) the numbers come from.
+        settings: device, threads, torch, the workload's parameters and budget (Results.settings_line).
+        methods: the methods or variants drawn and what each is.
+        measured: how each plotted number was measured (clock, statistic, memory kind).
+        more: anything else, after them.
+
+    Raises:
+        ValueError: a part left empty.
+    """
+    parts = dict(zip(NOTE_PARTS, (model, settings, methods, measured)))
+    blank = [part for part, text in parts.items() if not str(text).strip()]
+    if blank:
+        raise ValueError(f"figure notes: {', '.join(blank)} left empty")
+    text = "\n\n".join(f"{part}: {' '.join(str(value).split()).rstrip('.')}."
+                       for part, value in parts.items())
+    return text + (f"\n\n{more.strip()}" if more.strip() else "")
+
+
+def missing_note_parts(text: str) -> list[str]:
+    """The :data:`NOTE_PARTS` whose paragraph ``text`` lacks."""
+    return [part for part in NOTE_PARTS if not re.search(rf"(^|\n){part}: \S", text)]
+
+
+MODELS = {("transformer", "paper"): "the paper's six-encoder transformer (hidden 768, FFN 3072, 12 heads, "
+                                    "seq 128, the paper's TT/TTM shapes)",
+          ("dlrm", "paper"): "DLRM at the Kaggle table sizes"}
+
+
+def model_line(res: Results, df: pd.DataFrame) -> str:
+    """The model of ``df``'s cells: their workload/size presets (from their grid specs), "-" for none."""
+    found = []
+    for r in df.itertuples():
+        size = model_size(settings_of(r), res.cells.get(r.run_id, {}))
+        text = MODELS.get((r.workload, size), f"{r.workload}, size preset {size!r}")
+        if text not in found:
+            found.append(text)
+    return "; ".join(found) or "-"
+
+
+def methods_text(runs: pd.DataFrame) -> str:
+    """The method configurations of ``runs`` as a reader knows them (:func:`display_label`), each once,
+    with where their parameters are."""
+    labels = list(dict.fromkeys(runs.apply(display_label, axis=1))) if len(runs) else []
+    return (", ".join(labels) or "none") + " (each run's parameters: table_runs, its settings column)"
+
+
 def finish(fig: plt.Figure, title: str, footer: str, out: Path, name: str, notes: str = "") -> None:
     """Title; under the plots the footer's leading sentences (:func:`short_footer`: FOOTER_LINES lines at
     most, then the name of the notes file); the figure (:func:`save`) and its notes, ``<name>.md`` and
-    ``.html``: the title, the whole footer and ``notes`` (model, settings, how it was measured), each one
-    paragraph of literal text (:func:`harness.reports.html.cell_text`: they hold strings from the rows)."""
+    ``.html``: the title, the whole footer and ``notes`` (:func:`notes`: model, settings, methods and how it
+    was measured), each one paragraph of literal text (:func:`harness.reports.html.cell_text`: they hold
+    strings from the rows).
+
+    Raises:
+        ValueError: ``notes`` lacks one of :data:`NOTE_PARTS` (the figure and the parts named).
+    """
+    missing = missing_note_parts(notes)
+    if missing:
+        plt.close(fig)
+        raise ValueError(f"{name}: its notes lack {', '.join(missing)} (drawing.notes builds them)")
     fig.suptitle(title, fontsize=11)
     width = int(fig.get_figwidth() * FOOTER_CHARS_PER_INCH)
     lines = textwrap.wrap(short_footer(footer, f"Notes: {name}.md.", width), width)
@@ -73,8 +137,9 @@ def finish(fig: plt.Figure, title: str, footer: str, out: Path, name: str, notes
     bottom = (6 + len(lines) * FOOTER_POINTS * 1.3) / 72 / fig.get_figheight()  # the footer's share
     fig.tight_layout(pad=0.6, rect=(0, bottom, 1, 0.95))
     out.mkdir(parents=True, exist_ok=True)
+    paragraphs = [cell_text(p) for p in notes.strip().split("\n\n") if p.strip()]
     (out / f"{name}.md").write_text(f"# {title}\n\n{cell_text(' '.join(footer.split()))}\n\n"
-                                    f"{cell_text(notes.strip())}\n")
+                                    + "\n\n".join(paragraphs) + "\n")
     write_html(out / f"{name}.md")
     save(fig, out, name)
 
@@ -87,10 +152,13 @@ def save(fig: plt.Figure, out: Path, name: str) -> None:
 
 
 def empty(out: Path, name: str, title: str, why: str, footer: str) -> None:
+    """A figure with nothing to draw: what it would need (``why``) in its panel and notes."""
     fig, (ax,) = panels(1)
     ax.axis("off")
     ax.text(0.5, 0.5, textwrap.fill(f"Not measured in this grid: {why}", 60), ha="center", va="center")
-    finish(fig, title, footer, out, name, f"Not measured in this grid: {why}.")
+    finish(fig, title, footer, out, name, notes(
+        model="none drawn", settings=footer, methods="none drawn",
+        measured=f"nothing: not measured in this grid; the figure needs {why}"))
 
 
 def device_text(res: Results, runs: pd.DataFrame) -> str:
@@ -140,6 +208,22 @@ def plain_log_ticks(axis: Any) -> None:
     axis.set_major_locator(matplotlib.ticker.LogLocator(subs=subs))
     axis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
+NEAR_TICK = 1.3
+"""A log axis' extreme point has a labelled tick within this factor of it (:func:`tick_near`)."""
+
+
+def tick_near(axis: Any, x: float) -> None:
+    """A labelled tick at ``x`` (two significant digits) on a log axis whose labelled ticks in view are all
+    farther than :data:`NEAR_TICK` from it, so that a reader can place the point; the other ticks stay."""
+    if not x > 0:
+        return
+    low, high = sorted(axis.get_view_interval())
+    ticks = [t for t in axis.get_majorticklocs() if low <= t <= high]
+    if any(x / NEAR_TICK <= t <= x * NEAR_TICK for t in ticks):
+        return
+    axis.set_ticks(sorted([*ticks, float(f"{x:.2g}")]))
 
 
 def log_if_spread(ax: plt.Axes, values: pd.Series) -> None:

@@ -28,8 +28,8 @@ import pandas as pd  # noqa: E402
 
 from harness.reports import drawing, quality_figures, reference  # noqa: E402
 from harness.reports.drawing import (NOISY_RING, PAPER, SPREAD_NOTE, device_text, display_label,  # noqa: E402
-                                     empty, log_if_spread, mark_failed, panels, plain_log_ticks, steps_axis,
-                                     with_spread)
+                                     empty, log_if_spread, mark_failed, methods_text, model_line, panels,
+                                     plain_log_ticks, steps_axis, with_spread)
 from harness.reports.shared import MB, method_label, report_args  # noqa: E402
 from harness.results.analysis import (QUALITY, Results, model_size, pair_ratio, purpose_of,  # noqa: E402
                                       ratio, settings_of, stable, timing_cells)
@@ -180,27 +180,13 @@ def time_memory_footer(res: Results, workload: str, df: pd.DataFrame, paper_note
 
 
 def time_memory_details(res: Results, workload: str, df: pd.DataFrame) -> str:
-    """The notes of Fig 1/8 beyond its footer: model, settings, epoch-time kind, where CoMERA was slower
-    and why."""
+    """The notes of Fig 1/8 beyond its footer (:func:`drawing.notes`): model, settings, methods, how the
+    epoch time and memory were measured, where CoMERA was slower and why."""
     kinds = "/".join(sorted(df.epoch_time_kind.dropna().unique()))
-    return (f"{model_line(res, df)}. {res.settings_line(workload)}. Epoch time: {kinds} (mean step time x "
-            f"steps per epoch when extrapolated). {PAIRED_NOTE} {speedup_note(df)}{SPREAD_NOTE}").strip()
-
-
-MODELS = {("transformer", "paper"): "the paper's six-encoder transformer (hidden 768, FFN 3072, 12 heads, "
-                                    "seq 128, the paper's TT/TTM shapes)",
-          ("dlrm", "paper"): "DLRM at the Kaggle table sizes"}
-
-
-def model_line(res: Results, df: pd.DataFrame) -> str:
-    """"Model: ..." for the workload/size presets of ``df``'s cells (from their grid specs)."""
-    found = []
-    for r in df.itertuples():
-        size = model_size(settings_of(r), res.cells.get(r.run_id, {}))
-        text = MODELS.get((r.workload, size), f"{r.workload}, size preset {size!r}")
-        if text not in found:
-            found.append(text)
-    return "Model: " + "; ".join(found) if found else "Model: -"
+    return drawing.notes(
+        model=model_line(res, df), settings=res.settings_line(workload), methods=methods_text(df),
+        measured=f"epoch time {kinds} (mean step time x steps per epoch when extrapolated); "
+                 f"{memory_spread_text(df)}. {PAIRED_NOTE} {speedup_note(df)}{SPREAD_NOTE}")
 
 
 def fig1_time_memory(res: Results, out: Path) -> None:
@@ -291,8 +277,10 @@ def _curve_figure(res: Results, out: Path, name: str, title: str, workload: str,
     footer = [f"{device_text(res, runs)}; {source}"
               + ("; shaded: the range over the seeds." if banded else "."),
               f"Failed: {', '.join(failed)}." if failed else "", note(df, source) if note else ""]
-    drawing.finish(fig, title, " ".join(filter(None, footer)), out, name,
-                   f"{res.settings_line(workload, runs)}.")
+    drawing.finish(fig, title, " ".join(filter(None, footer)), out, name, drawing.notes(
+        model=model_line(res, runs), settings=res.settings_line(workload, runs), methods=methods_text(runs),
+        measured=f"{ylabel}: the {split} curves ({'/'.join(metrics)}) the runs recorded, one line per method "
+                 "configuration (the mean of its seeds per step where it has several)"))
 
 
 BASE_RATE_NCE = 0.98
@@ -324,10 +312,16 @@ def fig9_dlrm_nce(res: Results, out: Path) -> None:
 
 
 def fig10_mlm_loss(res: Results, out: Path) -> None:
+    """The MLM runs' training loss over training; the paper's final loss (CodeBERT-large, another model
+    and vocabulary) is stated in the footer, not drawn on this model's axis."""
     c8 = reference.claim("C8")["values"]
+
+    def paper(df: pd.DataFrame, source: str) -> str:
+        return (f"{PAPER}: CoMERA's final loss {c8['loss_comera']:g} on CodeBERT-large (another model and "
+                "vocabulary: not comparable with these losses, not drawn).")
+
     _curve_figure(res, out, "fig10_mlm_loss", "Fig 10: MLM pretraining loss", "mlm", "train",
-                  ("loss", "train_loss", "mlm_loss"), "training loss (cross-entropy, nats)",
-                  (c8["loss_comera"], f"CoMERA final loss {c8['loss_comera']:g} (CodeBERT-large)"))
+                  ("loss", "train_loss", "mlm_loss"), "training loss (cross-entropy, nats)", None, paper)
 
 
 def fig7_cuda_graph(res: Results, out: Path) -> None:
@@ -345,7 +339,9 @@ def fig7_cuda_graph(res: Results, out: Path) -> None:
     ax.legend(fontsize=7)
     drawing.finish(fig, title,
                    f"{device_text(res, df)}. Bars: step-time IQR; ringed: not stable (in no verdict).",
-            out, name, f"{res.settings_line('transformer')}. {SPREAD_NOTE}")
+            out, name, drawing.notes(model=model_line(res, df), settings=res.settings_line("transformer"),
+                                     methods=methods_text(df), measured="epoch time = mean step time x steps "
+                                     f"per epoch, with and without CUDA graph capture. {SPREAD_NOTE}"))
 
 
 def _point_name(res: Results, run_id: str) -> str:
@@ -402,6 +398,7 @@ def fig12_time_vs_compression(res: Results, out: Path) -> None:
                     note.set_in_layout(False)  # a note never squeezes the axes
     ax.set_xscale("log")
     plain_log_ticks(ax.xaxis)
+    drawing.tick_near(ax.xaxis, float(df[df.status == "ok"].compression_layers.min()))
     ax.set_xlabel("compression of the tensorized layers (dense / TT parameters)")
     ax.set_ylabel("time per epoch (s)")
     ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * (1.1 + 0.06 * len(slower)))  # room for the notes above
@@ -411,17 +408,51 @@ def fig12_time_vs_compression(res: Results, out: Path) -> None:
     drawing.finish(fig, title,
                    f"{device_text(res, df)}. {note}{PAPER}: a speedup whenever the compression ratio is "
             "above 1 (review discussion, C10).", out, name,
-            "Points: the rank sweep and the default CoMERA cell, each at the uncompressed cell's epoch "
-            "time (the dotted line) x its ratio to it (the footer's and the claims' statistic: the median "
-            "of the per-round ratios where timed together), so that a point over the line is the footer's "
-            "ratio; a point without a stable ratio at its own epoch time. "
-            f"{model_line(res, df)}. "
-            f"{res.settings_line(df.workload.iloc[0])}. "
-            + ("Near 1x compression the TT cores hold about as many scalars as the dense weights, and a "
-               "chain of contractions costs more than one dense product. " if slower else "") + SPREAD_NOTE)
+            drawing.notes(
+                model=model_line(res, df), settings=res.settings_line(df.workload.iloc[0]),
+                methods="CoMERA: the rank sweep's points and the default CoMERA cell; the uncompressed cell "
+                        "at the same batch (dotted)",
+                measured="epoch time = mean step time x steps per epoch against the tensorized layers' "
+                         "compression (dense / TT parameters). Points: the rank sweep and the default "
+                         "CoMERA cell, each at the uncompressed cell's epoch time (the dotted line) x its "
+                         "ratio to it (the footer's and the claims' statistic: the median of the per-round "
+                         "ratios where timed together), so that a point over the line is the footer's "
+                         "ratio; a point without a stable ratio at its own epoch time. "
+                         + ("Near 1x compression the TT cores hold about as many scalars as the dense "
+                            "weights, and a chain of contractions costs more than one dense product. "
+                            if slower else "") + SPREAD_NOTE))
+
+
+EMBEDDING_VARIANTS = {
+    "dense_grad": "nn.Embedding with a dense gradient",
+    "sparse_grad": "nn.Embedding with a sparse gradient",
+    "ttm_naive": "TTM, neither level: each index's chain of core slices",
+    "ttm_order": "TTM, tensor-index level only: rows from two half tables",
+    "ttm_unique": "TTM, unique-rows level only: each distinct index computed once",
+    "ttm_optimized": "TTM, both levels (the paper's optimized lookup)",
+}
+"""Fig 5's ops (its legend's names) and what each is, in its notes: harness.perf.microbench's embedding
+variants; the TTM levels are comera.ttm.TTMEmbedding's ``tensor_index_level`` and ``unique_rows``."""
+
+
+def table_text(mb: pd.DataFrame) -> str:
+    """The embedding tables of Fig 5's rows: "100000x16 (TTM row modes 50x40x50, column modes 2x2x4, rank
+    16)" from their ``shape`` ("rows x dim [row modes|column modes]") and ``rank``."""
+    tables: dict[str, list[str]] = {}
+    for shape, group in mb.groupby("shape", sort=True):
+        table, _, modes = str(shape).partition(" ")
+        found = tables.setdefault(table, [])
+        if modes:
+            rows, _, cols = modes.strip("[]").partition("|")
+            ranks = "/".join(str(int(r)) for r in sorted(group["rank"].dropna().unique()))
+            found.append(f"TTM row modes {rows.replace(',', 'x')}, column modes {cols.replace(',', 'x')}"
+                         + (f", rank {ranks}" if ranks else ""))
+    return "; ".join(table + (f" ({'; '.join(modes)})" if modes else "") for table, modes in tables.items())
 
 
 def fig5_ttm_lookup(res: Results, out: Path) -> None:
+    """Forward + backward time and peak memory of an embedding lookup against the indices per batch, one
+    line per op (:data:`EMBEDDING_VARIANTS`, the legend says what each is) and table."""
     name, title = "fig5_ttm_lookup", "Fig 5: embedding lookup time and memory"
     mb = res.microbench
     mb = mb[(mb.op == "embedding") & (mb.direction == "fwd_bwd")]
@@ -432,7 +463,7 @@ def fig5_ttm_lookup(res: Results, out: Path) -> None:
     for i, ((shape, variant), group) in enumerate(mb.groupby(["shape", "variant"], sort=True)):
         group = group.sort_values("tokens")
         one_table = mb["shape"].str.split(" ").str[0].nunique() == 1
-        label = variant if one_table else f"{variant} {shape}"
+        label = variant if one_table else f"{variant} {shape}"  # what each is: the notes
         color = f"C{i % 10}"  # one colour per variant in both panels (the rings take none)
         ax_t.errorbar(group.tokens, group.time_ms, yerr=group.time_ms_iqr.fillna(0) / 2, marker="o",
                       capsize=3, label=label, color=color)
@@ -452,13 +483,25 @@ def fig5_ttm_lookup(res: Results, out: Path) -> None:
     c6 = reference.claim("C6")["values"]
     first = mb.iloc[0]
     threads = f"{first.num_threads} thread" + ("" if first.num_threads == 1 else "s")
+    tables = table_text(mb)
     drawing.finish(fig, title,
-                   f"device {res.label} ({first.device_name}, {threads}); black-ringed: timing not "
-            "stable, left out of C6. "
+                   f"device {res.label} ({first.device_name}, {threads}); table {tables}; black-ringed: "
+            "timing not stable, left out of C6. "
             f"{PAPER}: optimized TTM lookup {c6['lookup_speedup_min']:g}-{c6['lookup_speedup_max']:g}x "
             f"faster and {c6['lookup_memory_min']:g}-{c6['lookup_memory_max']:g}x less memory than the "
-            "unoptimized one.", out, name, "Memory = the op's allocator peak above its inputs (CPU: profiler "
-            "allocations, CUDA: max allocated); time bars: IQR over the timing rounds.")
+            "unoptimized one.", out, name, drawing.notes(
+                model=f"one embedding table, {tables} (rows x embedding dimension; the TTM table's row and "
+                      "column modes and rank)",
+                settings=f"device {res.label} ({first.device_name}, {first.device}, {threads}), torch "
+                         f"{first.torch_version}; indices per batch {', '.join(map(str, tokens))}, with "
+                         "Zipf-like row frequencies (the config's microbench specs, zipf_exponent)",
+                methods="; ".join(f"{v}: {EMBEDDING_VARIANTS.get(v, v)}" for v in sorted(
+                    set(mb.variant), key=lambda v: (list(EMBEDDING_VARIANTS) + [v]).index(v)))
+                        + " (TTM levels: comera.ttm.TTMEmbedding's tensor_index_level, two half tables "
+                          "instead of each index's chain, and unique_rows, each distinct index once)",
+                measured="forward + backward time of one lookup and its gradient, median over the timing "
+                         "rounds, bars their IQR; memory = the op's allocator peak above its inputs (CPU: "
+                         "profiler allocations, CUDA: max allocated)"))
 
 
 FIGURES: dict[str, Callable[[Results, Path], None]] = {

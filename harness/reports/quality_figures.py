@@ -15,10 +15,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from harness.reports import drawing, reference  # noqa: E402
-from harness.reports.drawing import (PAPER, device_text, display_label, empty, mark_failed, panels,  # noqa: E402
-                                     plain_log_ticks, steps_axis, values_text)
+from harness.reports.drawing import (PAPER, device_text, display_label, empty, mark_failed,  # noqa: E402
+                                     methods_text, model_line, panels, plain_log_ticks, steps_axis,
+                                     values_text)
 from harness.reports.shared import (late_stage_missing, method_label, quality_order,  # noqa: E402
-                                    target_shortfall)
+                                    target_missed, target_shortfall)
 from harness.results.analysis import Results, settings_of  # noqa: E402
 
 
@@ -31,7 +32,7 @@ def quality_runs(res: Results) -> tuple[pd.DataFrame, dict[str, str], str]:
     labels = {}
     for r in runs.itertuples():
         why = late_stage_missing(r) if r.status == "ok" else ""
-        mark = f" [{why}]" if why else " [target not reached]" if target_shortfall(r) else ""
+        mark = f" [{why}]" if why else " [target not reached]" if target_missed(r) else ""
         named = [method_label(r)] + [f"{key} {getattr(r, col)}" for key, col in vary]
         labels[r.run_id] = ", ".join(named) + mark
     return runs, labels, source
@@ -41,11 +42,35 @@ LINE_STYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "D", "v", "P")
 
 
-def distinct(i: int) -> dict[str, Any]:
-    """The ``i``-th line's style: colour, dash pattern and marker all change, and earlier lines are
-    wider, so that lines which coincide stay visible (a dashed line over a wider solid one)."""
-    return {"color": f"C{i}", "ls": LINE_STYLES[i % len(LINE_STYLES)], "marker": MARKERS[i % len(MARKERS)],
-            "lw": max(3.5 - 0.5 * i, 1.0), "markersize": max(7.0 - 0.8 * i, 3.0)}
+def distinct(i: int, seed: int | None = None) -> dict[str, Any]:
+    """The ``i``-th line's style: its colour and marker (one per method configuration ``i``), its dash
+    pattern (the ``seed``-th seed's, or the ``i``-th without), and earlier lines wider, so that lines
+    which coincide stay visible (a dashed line over a wider solid one)."""
+    dash = i if seed is None else seed
+    return {"color": f"C{i % 10}", "ls": LINE_STYLES[dash % len(LINE_STYLES)],
+            "marker": MARKERS[i % len(MARKERS)], "lw": max(3.5 - 0.5 * i, 1.0),
+            "markersize": max(7.0 - 0.8 * i, 3.0)}
+
+
+def line_styles(runs: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """run_id -> its line's style (:func:`distinct`): one colour per method configuration (the method
+    label and batch size), the seed as the dash pattern (the i-th seed of the runs, the same in every
+    configuration)."""
+    configs = list(dict.fromkeys((method_label(r), r.batch_size) for r in runs.itertuples()))
+    seeds = sorted(runs.seed.dropna().unique())
+    return {r.run_id: distinct(configs.index((method_label(r), r.batch_size)),
+                               seeds.index(r.seed) if pd.notna(r.seed) else 0)
+            for r in runs.itertuples()}
+
+
+def seeds_text(runs: pd.DataFrame) -> str:
+    """Which dash pattern is which seed ("line style: seed 0 solid, seed 1 dashed"), "" for one seed."""
+    seeds = sorted(int(s) for s in runs.seed.dropna().unique())
+    names = {"-": "solid", "--": "dashed", "-.": "dash-dot", ":": "dotted"}
+    if len(seeds) < 2:
+        return ""
+    return "line style: " + ", ".join(f"seed {s} {names[LINE_STYLES[i % len(LINE_STYLES)]]}"
+                                      for i, s in enumerate(seeds))
 
 
 def on_mnli(runs: pd.DataFrame) -> bool:
@@ -64,9 +89,25 @@ def quality_footer(res: Results, runs: pd.DataFrame, source: str) -> str:
 
 
 def switch_line(ax: plt.Axes, res: Results, runs: pd.DataFrame) -> None:
-    steps = sorted({info["step"] for r in runs.itertuples() if (info := res.switch(r))})
-    for i, step in enumerate(steps):
-        ax.axvline(step, color="gray", ls=":", lw=1, label="stage switch (early -> late)" if i == 0 else None)
+    """A gray vertical line at each step where runs switched stage (early -> late), in the dash pattern of
+    their seed (:func:`line_styles`), labelled with whose switch it is: "stage switch, seed 0" (every CoMERA
+    target of seed 0: they share the early stage), "stage switch, target 0.2, seed 0" where the targets
+    switched at different steps."""
+    styles = line_styles(runs)
+    at: dict[int, list[Any]] = {}
+    for r in runs.itertuples():
+        if info := res.switch(r):
+            at.setdefault(int(info["step"]), []).append(r)
+    every = {r.target_ratio for runs_at in at.values() for r in runs_at}
+    for step, switched in sorted(at.items()):
+        targets = {r.target_ratio for r in switched}
+        seeds = "/".join(str(int(s)) for s in sorted({r.seed for r in switched if pd.notna(r.seed)}))
+        whose = ([] if targets == every else  # the targets share the early stage: the seed says whose
+                 [f"target{'s' if len(targets) > 1 else ''} "
+                  + "/".join(f"{t:g}" for t in sorted(targets, reverse=True))])
+        whose += [f"seed {seeds}"] if seeds else []
+        ax.axvline(step, color="gray", ls=styles[switched[0].run_id]["ls"], lw=1,
+                   label="stage switch" + (f", {', '.join(whose)}" if whose else ""))
 
 
 LOG_LOSS_SPAN = 10.0
@@ -86,12 +127,13 @@ def fig6_accuracy(res: Results, out: Path) -> None:
                       res.settings_line())
     fig, (ax, loss_ax) = panels(2, width=6.6)  # room beside the legend of 7 methods and targets
     losses = []
-    for i, r in enumerate(runs.itertuples()):
+    styles = line_styles(runs)
+    for r in runs.itertuples():
         c, loss = curves[r.run_id], res.series(r.run_id, "eval", "loss")
         if len(c):
-            ax.plot(c.step, c.value, label=labels[r.run_id], **distinct(i))
+            ax.plot(c.step, c.value, label=labels[r.run_id], **styles[r.run_id])
         if len(loss):
-            loss_ax.plot(loss.step, loss.value, label=labels[r.run_id], **distinct(i))
+            loss_ax.plot(loss.step, loss.value, label=labels[r.run_id], **styles[r.run_id])
             losses += list(loss.value)
         if r.status != "ok":
             mark_failed(ax, c.step.max() if len(c) else 0, f"{labels[r.run_id]}: {r.status}")
@@ -118,14 +160,19 @@ def fig6_accuracy(res: Results, out: Path) -> None:
                      transform=loss_ax.transAxes, fontsize=8)
         ax.legend(fontsize=7, loc="lower right")
     drawing.finish(fig, title, " ".join(filter(None, [quality_footer(res, runs, source), paper])), out, name,
-            "Validation accuracy and loss at step 0, every eval_every_steps, after the stage switch and at "
-            f"the end. {res.settings_line('transformer', runs)}.")
+                   drawing.notes(
+                       model=model_line(res, runs), settings=res.settings_line("transformer", runs),
+                       methods=f"{methods_text(runs)}; one colour per method configuration"
+                               + (f", {seeds_text(runs)}" if seeds_text(runs) else ""),
+                       measured="validation accuracy and loss (cross-entropy) on the held-out samples at "
+                                "step 0, every eval_every_steps, after the stage switch and at the end"))
 
 
 def fig13_rank_adaptation(res: Results, out: Path) -> None:
     """Not in the paper: for each CoMERA target (0.8, 0.5, 0.2), the TT size relative to the size at the
     stage switch and the validation accuracy along training; targets without a late stage are named."""
-    name, title = "fig13_rank_adaptation", "Rank adaptation along training (not a figure of the paper)"
+    name, title = ("fig13_rank_adaptation",
+                   "CoMERA's rank adaptation along training (TT size, accuracy per target)")
     runs, labels, source = quality_runs(res)
     runs = runs[(runs.method == "comera") & runs.target_ratio.notna()]
     why = pd.Series([late_stage_missing(r) for r in runs.itertuples()], index=runs.index, dtype=str)
@@ -135,16 +182,18 @@ def fig13_rank_adaptation(res: Results, out: Path) -> None:
         return empty(out, name, title, "CoMERA runs with a target whose late stage ran ("
                       + ("; ".join(missing) or f"none among the {source}") + ")", res.settings_line())
     fig, (left, right) = panels(2)
-    for i, r in enumerate(shown.itertuples()):
+    styles = line_styles(shown)
+    for r in shown.itertuples():
         size, acc = res.series(r.run_id, "method", "params_tt"), res.series(r.run_id, "eval", "accuracy")
         ratio = size.value / res.switch(r)["size"]
-        style = {**distinct(i), "marker": None}
+        style = {**styles[r.run_id], "marker": None}
         left.plot(size.step, ratio, label=labels[r.run_id], **style)
-        left.axhline(r.target_ratio, color=f"C{i}", ls="--", lw=0.8)
-        if len(ratio) and ratio.iloc[-1] > r.target_ratio * (1 + TARGET_SLACK):
+        left.axhline(r.target_ratio, color=style["color"], ls="--", lw=0.8)
+        if target_missed(r):
             seed = "" if pd.isna(r.seed) else f" (seed {int(r.seed)})"
-            missed.append(f"target {r.target_ratio:g}{seed} ends at {ratio.iloc[-1]:.2f}x")
-        right.plot(acc.step, acc.value, label=labels[r.run_id], **distinct(i))
+            end = f" ends at {ratio.iloc[-1]:.2f}x" if len(ratio) else ""
+            missed.append(f"target {r.target_ratio:g}{seed}{end}")
+        right.plot(acc.step, acc.value, label=labels[r.run_id], **styles[r.run_id])
     left.plot([], [], color="gray", ls="--", lw=0.8, label="target (dashed, the line's colour)")
     for ax, ylabel in ((left, "TT size / size at the switch"),
                        (right, "validation accuracy (fraction)")):
@@ -160,15 +209,16 @@ def fig13_rank_adaptation(res: Results, out: Path) -> None:
     if notes:  # above the panel, where it hides no line
         left.text(0.0, 1.02, textwrap.fill("; ".join(notes), 80), fontsize=7,
                   transform=left.transAxes, color="red", va="bottom", ha="left")
-    drawing.finish(fig, title, quality_footer(res, shown, source), out, name,
-            "TT size = scalars in every core and gate (curves method/params_tt, after every step) divided by "
-            "the size right after the switch's pruning (the same divisor before the switch); "
-            f"{ramp_text(shown)}; accuracy as in Fig 6. {why_short + '. ' if why_short else ''}"
-            f"{res.settings_line('transformer', shown)}.")
-
-
-TARGET_SLACK = 0.05
-"""Fig 13 says a target was missed when the TT size ends more than this fraction above it."""
+    drawing.finish(fig, title, quality_footer(res, shown, source), out, name, drawing.notes(
+        model=model_line(res, shown), settings=res.settings_line("transformer", shown),
+        methods=f"CoMERA with a size target, one line per target and seed ({methods_text(shown)}); "
+                + ramp_text(shown),
+        measured="TT size = scalars in every core and gate (curves method/params_tt, after every step) "
+                 "divided by the size right after the switch's pruning (the same divisor before the switch); "
+                 "a target is reached when the run's target_reached says so (the TT size ends at most 5% "
+                 "above it, or within one rank's saving: comera.rank's rule); accuracy as in Fig 6",
+        more=("No counterpart in the paper: its Fig 13 is another figure; the file keeps the pipeline's "
+              "name. " + (f"{why_short}." if why_short else ""))))
 
 
 def ramp_text(runs: pd.DataFrame) -> str:
@@ -282,6 +332,13 @@ def fig14_accuracy_vs_compression(res: Results, out: Path) -> None:
     seeds = ok.seed.nunique()
     footer = (f"{knee + '. ' if knee else ''}{res.label}, {source}, {seeds} seed{'s' if seeds != 1 else ''} "
               "(small: each seed; large: mean). More: table_mnli_size.")
-    drawing.finish(fig, title, footer, out, name)
+    drawing.finish(fig, title, footer, out, name, drawing.notes(
+        model=model_line(res, ok), settings=res.settings_line("transformer", ok),
+        methods=f"{methods_text(ok)}; the size-matched model is the uncompressed one made narrower to "
+                "CoMERA's parameter count at its target",
+        measured="final validation accuracy (the last evaluation) against whole-model compression = the "
+                 "uncompressed model's parameters / the trained model's (compression_total); markers at "
+                 "the same compression are set side by side",
+        more="No counterpart in the paper."))
 
 

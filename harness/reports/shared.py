@@ -48,13 +48,23 @@ def late_stage_missing(row: Any) -> str:
     return shortfall or f"late stage never started (late_start_step {method.get('late_start_step')})"
 
 
+def target_missed(row: Any) -> bool:
+    """Whether a run's late stage ran and its ``target_reached`` column says the size target was not
+    reached (the library's rule, comera.rank.TwoStageRankAdaptation.reached); False for a run reached, not
+    judged (null) or without a late stage (:func:`late_stage_missing`)."""
+    if row.method != "comera" or pd.isna(row.target_ratio) or row.status != "ok" or late_stage_missing(row):
+        return False
+    reached = getattr(row, "target_reached", None)
+    return reached is not None and not pd.isna(reached) and not bool(reached)
+
+
 def target_shortfall(row: Any) -> str:
     """"target not reached: <why>" for a CoMERA run whose late stage ran and stopped short of its target
-    (the shortfall its rank adaptation reported), else ""."""
-    if row.method != "comera" or pd.isna(row.target_ratio) or row.status != "ok" or late_stage_missing(row):
+    (:func:`target_missed`; why: the shortfall its rank adaptation reported), else ""."""
+    if not target_missed(row):
         return ""
     shortfall = (settings_of(row).get("method", {}).get("outcome") or {}).get("shortfall")
-    return f"target not reached: {shortfall}" if shortfall else ""
+    return f"target not reached: {shortfall}" if shortfall else "target not reached"
 
 
 QUALITY_ORDER = {"dense": 0, "comera": 1, "galore": 2, "lte": 3}

@@ -205,7 +205,9 @@ def table_mnli_size(res: Results) -> tuple[pd.DataFrame, str]:
             "(it still separates models whose accuracies have saturated), accuracy_at_switch = the one right "
             "after the stage switch; sizes = parameters x 4 bytes (float32), MB = 10^6 bytes; "
             "TT size = scalars in every core and gate (at the switch: after its pruning); end/switch = TT "
-            "size at the end / at the switch, to be read against the target; params = parameters of the "
+            "size at the end / at the switch, to be read against the target; a note \"target reached\" or "
+            "\"target not reached\": the run's target_reached (its TT size ends at most 5% above the target, "
+            "or within one rank's saving of it: the library's rule); params = parameters of the "
             "trained model; the size-matched dense model is the uncompressed model made narrower (d_model, "
             "d_ff) to the parameter count nearest CoMERA's at its target, computed before training (every "
             "parameter but the TT cores and gates, plus the target x those at initialization; its note gives "
@@ -213,6 +215,15 @@ def table_mnli_size(res: Results) -> tuple[pd.DataFrame, str]:
             f"{reference.source_text(paper['source'])}); a note \"still "
             f"learning\": its accuracy rose by more than {LEARNING_RISE:g} over its last "
             f"{LEARNING_TAIL:.0%} of steps to less than 1, so it is not a settled result")
+
+
+def _reached(r: Any) -> str:
+    """"target reached" for a CoMERA run with a target whose late stage ran and whose ``target_reached``
+    column (the library's rule) says so, else "" (a miss is :func:`target_shortfall`'s note)."""
+    if r.method != "comera" or pd.isna(r.target_ratio) or r.status != "ok" or late_stage_missing(r):
+        return ""
+    reached = getattr(r, "target_reached", None)
+    return "target reached" if reached is not None and not pd.isna(reached) and reached else ""
 
 
 def _count(value: Any) -> int | None:
@@ -233,6 +244,7 @@ def _size_row(res: Results, r: Any) -> dict[str, Any]:
             "tensorized_layers_MB": _mb(r.params_factorized_layers),
             "compression_total": r.compression_total, "compression_layers": r.compression_layers,
             "note": "; ".join(filter(None, (status_note(r) or late_stage_missing(r), target_shortfall(r),
+                                            _reached(r),
                                             matched_note(r), res.still_learning(r))))}
 
 

@@ -63,6 +63,7 @@ RUNS_TYPES: dict[str, pa.DataType] = {
     **PROVENANCE_TYPES,
     # beyond the paper-facing columns (docs/schema.md)
     "flops_per_step": pa.float64(), "settings": pa.string(), "extra": pa.string(), "purpose": pa.string(),
+    "target_reached": pa.bool_(),
     # timing trust (harness.core.timing): the machine's state while the steps ran, the verdict, the rounds
     "timing_quality": pa.string(), "load_avg_1m": pa.float64(), "cpu_pressure": pa.float64(),
     "run_queue_frac": pa.float64(), "cpu_time_ratio": pa.float64(), "timing_group": pa.string(),

@@ -239,6 +239,8 @@ def build_row(st: CellState, status: str, error: str, tb: str = "") -> dict[str,
         row["state_bytes"] = _state_bytes(prepared)
         row.update(_size_columns(prepared))
         row["ranks"] = json.dumps(prepared.ranks() or {})
+        reached = (settings.get("outcome") or {}).get("reached")  # a method with a size target: its verdict
+        row["target_reached"] = None if reached is None else bool(reached)
         if st.flops_tokens:
             row["flops_per_step"], _ = measure.flops_per_step(prepared.model, st.flops_tokens)
             extra.update(flops_per_step_initial=st.flops_initial, **st.flops_basis)

@@ -53,3 +53,5 @@ def test_late_stage_ends_within_15_percent_of_its_size_target():
     sizes = [c["value"] for c in curves if c["split"] == "method" and c["metric_name"] == "params_tt"]
     assert len(sizes) == steps
     assert abs(sizes[-1] - switch["size_target"]) <= 0.15 * switch["size_target"], method["outcome"]
+    # the library's verdict, in the row: reached (within 5% or one rank's saving)
+    assert row["target_reached"] is True and method["outcome"]["reached"] is True, method["outcome"]

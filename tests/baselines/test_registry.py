@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import importlib
-import importlib.util
 
 import pytest
 
@@ -11,8 +10,7 @@ from baselines.base import trainable_parameters
 
 from .conftest import make_toy_workload, train
 
-HAS_COMERA = importlib.util.find_spec("baselines.comera") is not None
-OWN_METHODS = ["dense", "galore", "lte"]
+METHODS = ["dense", "galore", "lte", "comera"]
 
 
 def test_methods_are_the_four_of_the_paper():
@@ -26,7 +24,7 @@ def test_unknown_method_names_the_known_ones():
         baselines.check_params("sgd", {})
 
 
-@pytest.mark.parametrize("name", OWN_METHODS + (["comera"] if HAS_COMERA else []))
+@pytest.mark.parametrize("name", METHODS)
 def test_unknown_param_names_key_and_allowed_keys(name):
     defaults = baselines.check_params(name, {})
     with pytest.raises(ValueError, match=r"'bogus'.*allowed.*'lr"):
@@ -58,8 +56,7 @@ def test_bad_values_are_named(name, params, match):
     ("galore", {"rank": 4, "update_proj_gap": 25, "scale": 1.0}),
     ("galore", {"rank": 4, "update_proj_gap": 25, "scale": 1.0, "layerwise": True}),
     ("lte", {"preset": "tuned"}),
-    pytest.param("comera", {}, marks=pytest.mark.skipif(not HAS_COMERA,
-                                                        reason="baselines/comera.py not written yet")),
+    ("comera", {}),
 ])
 def test_method_learns_toy_task_well_above_chance(name, params):
     workload = make_toy_workload()

@@ -104,6 +104,7 @@ class Outcome:
     accuracy: float
     size_ratio: float | None = None   # TT size at the end / at the stage switch
     shortfall: str | None = None
+    reached: bool | None = None       # the library's rule (comera.rank.TwoStageRankAdaptation.reached)
     switch_step: int | None = None
     removed: tuple[str, ...] = ()
 
@@ -149,5 +150,6 @@ def train(task: str, kind: str, seed: int, method: str, *, target: float | None 
         return Outcome(accuracy)
     switch = adapt.driver.switch
     return Outcome(accuracy, size_ratio=adapt.size / switch["size"] if switch else 1.0,
-                   shortfall=adapt.shortfall, switch_step=switch.get("step"),
+                   shortfall=adapt.shortfall, reached=adapt.driver.reached(),
+                   switch_step=switch.get("step"),
                    removed=tuple(adapt.removed_layers))

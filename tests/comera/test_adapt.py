@@ -288,3 +288,32 @@ def test_the_summary_of_a_model_whose_tt_layers_were_all_removed_says_so():
     text = adapt.summary()
     assert "step 0, early stage: 0 TT parameters (every TT layer was removed before rank adaptation" in text
     assert "removed layers (weight zero): 0" in text
+
+
+def test_summary_states_the_layers_and_the_whole_models_compression_as_tensorize_counts_them():
+    """One count on both sides (biases with the TT layers as with the dense ones): summary()'s layer
+    compression is tensorize's report's, and the whole model's stands beside it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10), nn.LayerNorm(10))
+    report = comera.tensorize(model, {"0": {"rank": 8}, "2": {"rank": 8}})
+    adapt = comera.RankAdaptation(model, torch.optim.AdamW(comera.param_groups(model)))
+    text = adapt.summary()
+    assert f"tensorized layers {report.compression_layers:.1f}x" in text
+    assert (f"({report.params_dense_layers:,} dense -> {report.params_layers:,})" in text
+            and f"whole model {report.compression_total:.2f}x" in text)
+    assert f"({report.params_dense_total:,} dense -> {report.params_total:,})" in text
+    assert report.compression_total < report.compression_layers  # the LayerNorm stays dense
+
+
+def test_an_optimizer_built_before_tensorize_is_refused():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    early = torch.optim.AdamW(model.parameters())
+    comera.tensorize(model, {"0": {"rank": 4}})
+    with pytest.raises(ValueError, match=r"does not hold 11 of the model's 11 TT parameters .* build the "
+                                         r"optimizer after comera.tensorize"):
+        comera.RankAdaptation(model, early, target=0.5, total_steps=10)
+    partial = torch.optim.AdamW(model[0].cores)  # the gates left out
+    with pytest.raises(ValueError, match="does not hold 5 of the model's 11"):
+        comera.RankAdaptation(model, [partial])
+    comera.RankAdaptation(model, torch.optim.AdamW(comera.param_groups(model)))  # after tensorize: taken

@@ -45,6 +45,7 @@ def test_tensorize_replaces_modules_and_reports_hand_counted_compression():
     assert report.layers["1"]["ranks"] == [1, 2, 2, 2, 1] and report.layers["1"]["params"] == 100
     assert report.as_dict()["params_total"] == 480
     assert model_size(model) == {"params_total": 480.0, "params_factorized_layers": 325.0,
+                                 "params_dense_total": 3305.0, "params_dense_layers": 3150.0,
                                  "compression_total": pytest.approx(3305 / 480),
                                  "compression_layers": pytest.approx(3150 / 325)}
     out = model(torch.tensor([[1, 2, 0]]))
@@ -121,14 +122,30 @@ def test_multihead_attention_keeps_its_out_proj():
     the report naming it; the layer still runs forward and backward; naming it exactly is an error."""
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(d_model=24, nhead=4, dim_feedforward=48, batch_first=True)
-    with pytest.warns(UserWarning, match=r"left out \['self_attn.out_proj'\]: MultiheadAttention reads"):
+    with pytest.warns(UserWarning, match=r"left out \['self_attn.in_proj_weight', 'self_attn.out_proj'\]: "
+                                         r"MultiheadAttention holds its Q/K/V projections as Parameters"):
         report = tensorize(layer, "all-linear", rank=3)
-    assert sorted(report.layers) == ["linear1", "linear2"] and list(report.skipped) == ["self_attn.out_proj"]
+    assert sorted(report.layers) == ["linear1", "linear2"]
+    assert sorted(report.skipped) == ["self_attn.in_proj_weight", "self_attn.out_proj"]
+    assert "stay dense" in report.skipped["self_attn.in_proj_weight"]
     assert type(layer.self_attn.out_proj) is nn.modules.linear.NonDynamicallyQuantizableLinear
     layer(torch.randn(2, 5, 24)).sum().backward()
     with pytest.raises(ValueError, match=r"'self_attn.out_proj' cannot be replaced: MultiheadAttention"):
         tensorize(nn.TransformerEncoderLayer(d_model=24, nhead=4, dim_feedforward=48),
                   {"self_attn.out_proj": {"rank": 3}})
+
+
+def test_every_attention_projection_left_dense_is_named():
+    """Separate key / value sizes: MultiheadAttention holds q_proj_weight, k_proj_weight and v_proj_weight;
+    each is named in the report and the warning, for every attention a pattern reached; a pattern that
+    reaches no attention names none."""
+    model = nn.ModuleDict({"attn": nn.MultiheadAttention(8, 2, kdim=6, vdim=4), "fc": nn.Linear(8, 8)})
+    with pytest.warns(UserWarning, match=r"attn.k_proj_weight"):
+        report = tensorize(model, "all-linear", rank=2)
+    assert sorted(report.skipped) == ["attn.k_proj_weight", "attn.out_proj", "attn.q_proj_weight",
+                                      "attn.v_proj_weight"]
+    other = nn.ModuleDict({"attn": nn.MultiheadAttention(8, 2), "fc": nn.Linear(8, 8)})
+    assert tensorize(other, "fc", rank=2).skipped == {}
 
 
 class _Tied(nn.Module):

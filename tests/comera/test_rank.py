@@ -125,13 +125,31 @@ def test_a_late_stage_reaches_its_target_size_or_says_why_not():
     driver.objective(loss(1.0), 1)
     driver.after_step(1)
     message = driver.shortfall()
-    assert message.startswith("stopped at 0.") and "target 0.5" in message
+    assert message.startswith("stopped at 0.") and "target 0.5" in message and driver.reached() is False
     with torch.no_grad():
         for gate in layer.gates:
             gate.zero_()             # every rank inactive: the size floor stops pruning at the target
     driver.objective(loss(1.0), 2)
     driver.after_step(2)
     assert size.tt_parameter_count(layer) >= 0.5 * 295 and driver.shortfall() is None
+    assert driver.reached() is True
+
+
+def test_reached_is_the_one_rule_and_goes_into_the_outcome():
+    """``reached``: None without a target, False with no late stage or a size still above the target by
+    more than 5% and one rank's saving (nothing pruned), True within; the last step writes it into the
+    outcome beside the shortfall (each CoMERA row's target_reached)."""
+    layer = ttm()
+    assert rank.TwoStageRankAdaptation(layer, rank.RankSettings()).reached() is None
+    settings = rank.RankSettings(late_start_step=1, target_ratio=0.5, prune_every=1, switch_when="step",
+                                 target_ramp=0.0, total_steps=3, threshold=0.0)
+    driver = rank.TwoStageRankAdaptation(layer, settings)
+    assert driver.reached() is False and "no late stage" in driver.shortfall()
+    _drive(driver, [1.0, 1.0, 1.0])    # threshold 0: nothing is pruned
+    assert driver.outcome["reached"] is False and driver.outcome["shortfall"].startswith("stopped at 1.000")
+    target = driver.switch["size_target"]
+    saving = rank.smallest_saving(layer, settings.min_rank)
+    assert size.tt_parameter_count(layer) - target > max(saving, rank.REACHED_WITHIN * target)
 
 
 def test_ramped_target_falls_linearly_and_floors_pruning():

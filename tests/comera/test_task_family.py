@@ -1,23 +1,41 @@
 """README's recipe on the task family of tests/comera/task_family.py (five label kinds, networks with and
 without residual connections, one seed each, alternating, batch 32-128, targets 0.5 and 0.2): rank
-adaptation never ends more than 0.05 below the same TT model trained without it, and it reaches its size
-target or says why not (its ``shortfall``). The measured table, both seeds of every case: docs/recipe.md
-("The task family")."""
+adaptation never ends more than 0.05 below the same TT model trained without it; it reaches its size
+target (the library's rule, ``comera.rank.TwoStageRankAdaptation.reached``) or says why not (its
+``shortfall``); and at least :data:`SUITE_REACHED` of the suite's cases reach it. The measured table,
+both seeds of every case: docs/recipe.md ("The task family")."""
+import functools
+
 import pytest
 
 from tests.comera import task_family
 
 CASES = [pytest.param(*case, id=f"{case[0]}-{case[1]}-s{case[2]}") for case in task_family.SUITE]
+SUITE_REACHED = 5
+"""How many of the suite's 10 cases reach their target (measured 2026-12-07: clusters plain and residual,
+tt_teacher residual, digits plain and residual). A run that prunes nothing reaches none."""
+
+
+@functools.cache
+def trained(task, kind, seed, batch, target, method):
+    """One case's run (the count test reuses the per-case tests' runs in the same process)."""
+    return task_family.train(task, kind, seed, method, target=target if method == "comera" else None,
+                             batch=batch)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("task,kind,seed,batch,target", CASES)
 def test_rank_adaptation_keeps_what_the_tt_model_learns(task, kind, seed, batch, target):
-    twin = task_family.train(task, kind, seed, "tt", batch=batch)
-    comera = task_family.train(task, kind, seed, "comera", target=target, batch=batch)
+    twin = trained(task, kind, seed, batch, target, "tt")
+    comera = trained(task, kind, seed, batch, target, "comera")
     assert comera.accuracy >= twin.accuracy - 0.05, (comera, twin)
-    if comera.shortfall is None:       # reached, give or take one rank
-        assert comera.size_ratio <= target * 1.1, comera
-    else:                              # says where it stopped
+    assert comera.reached is (comera.shortfall is None), comera
+    if not comera.reached:             # says where it stopped
         assert "no late stage" in comera.shortfall or f"{comera.size_ratio:.3f}" in comera.shortfall, comera
     assert comera.removed == ()
+
+
+@pytest.mark.slow
+def test_the_suite_reaches_its_targets():
+    reached = [case[:2] for case in task_family.SUITE if trained(*case, "comera").reached]
+    assert len(reached) >= SUITE_REACHED, reached

@@ -252,6 +252,9 @@ def test_version_and_known_names_in_help(capsys):
         cli.main(["run", "--help"])
     out = capsys.readouterr().out
     assert "one of dlrm, mlm, transformer" in out and "one of comera, dense, galore, lte" in out
+    # the default output the help and the module docstring name is where a run writes (results/cli)
+    assert "results/cli/<device>/<run_id>.runs.parquet" in " ".join(out.split())
+    assert "results/runs" not in cli.__doc__ and "(defaults, results/cli/)" in cli.__doc__
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -176,6 +176,7 @@ def cell(rid: str, spec: dict[str, Any], device: dict[str, Any]
         git_commit="0" * 40, git_dirty=False, cell_hash=spec["cell_hash"],
         execution_hash=spec["execution_hash"], hostname="synthetic",
         started_at="2026-01-01T00:00:00Z", matmul_precision="highest", flops_per_step=1e9 / compression,
+        target_reached=True if tt and spec["target_ratio"] is not None else None,
         purpose=spec.get("purpose"), timing_quality=timing, load_avg_1m=0.5, cpu_pressure=0.0,
         run_queue_frac=0.01, cpu_time_ratio=1.0, timing_group=spec["execution"].get("timing_group"),
         round_step_ms=json.dumps([step_ms] * rounds),

@@ -336,6 +336,17 @@ def test_c4_needs_mnli_and_lte(tmp_path):
     assert evaluate(tmp_path / "b", rows, only=["C4"]).loc["C4", VERDICT] == claims.NOT_COMPARABLE
 
 
+def test_c5_says_when_its_best_run_missed_its_target(tmp_path):
+    """C5 reads each run's target_reached (the library's rule): a best run that stopped short says so."""
+    rows = edit(placed(paper_rows()), {"compression_total": 60.0}, workload="transformer", target_ratio=0.2)
+    assert "at target 0.2," in evaluate(tmp_path / "a", rows, only=["C5"]).loc["C5", MEASURED]
+    for r in (r for r in rows if r["workload"] == "transformer" and r["target_ratio"] == 0.2):
+        settings = json.loads(r["settings"])
+        settings["method"] = {**settings.get("method", {}), "switch": {"step": 100, "size": 1000.0}}
+        r.update(target_reached=False, settings=json.dumps(settings))
+    assert "at target 0.2 (not reached)" in evaluate(tmp_path / "b", rows, only=["C5"]).loc["C5", MEASURED]
+
+
 def test_c5_counts_only_rank_adapted_runs(tmp_path):
     rows = edit(placed(paper_rows()), {"compression_total": 60.0}, workload="transformer", target_ratio=0.2)
     table = evaluate(tmp_path / "a", rows, only=["C5"])
@@ -364,9 +375,9 @@ def test_claims_md_columns(tmp_path):
     summary = [ln for ln in lines if ln.startswith("| C")]
     verdicts = [ln.strip("|").split("|")[3].strip() for ln in summary]
     assert verdicts == [judging.HOLDS] * 10
-    for ln in summary:  # every cell short; the details are in the claim's own section
-        cells = ln.replace("\\", "").strip("|").split("|")  # the words, without Markdown's escapes
-        assert all(len(c.strip()) <= claims.SUMMARY_CELL for c in cells), ln
+    for ln in summary:  # every cell short as written (escapes counted); the details in the claim's section
+        cells = re.split(r"(?<!\\)\|", ln.strip().strip("|"))
+        assert len(cells) == 4 and all(len(c.strip()) <= claims.SUMMARY_CELL == 120 for c in cells), ln
     for cid in [f"C{i}" for i in range(1, 11)]:
         assert f"## {cid}: " in text
     assert "- same comparison here:" in text and "- judged by:" in text

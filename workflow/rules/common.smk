@@ -209,9 +209,8 @@ onsuccess:
         _summary = _noisy.summary([f"{MERGED}/runs.parquet"], _cells, **_options)
         if _summary:
             logger.warning(f"comera-bench: {_summary}")
-        _report = command_line(["--report", "report.html", "figures"])
-        if _report != "snakemake --report report.html figures":  # the README's command would not find it
-            logger.warning(f"comera-bench: The HTML report of this run: {_report}")
+        _report = command_line(["--report", "report.html", "figures"])  # with the run's options, if any
+        logger.warning(f"comera-bench: The HTML report of this run: {_report}")
         try:
             os.makedirs(os.path.dirname(LAST_RUN), exist_ok=True)
             with open(LAST_RUN, "w") as _fh:

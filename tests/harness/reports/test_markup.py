@@ -113,6 +113,7 @@ def test_a_notes_line_starting_with_block_markup_is_text(tmp_path):
 
     for start in ("# H", "> q", "- l", "1. n", "    code"):
         fig, _ = drawing.panels(1)
-        drawing.finish(fig, "T", f"{start} footer", tmp_path, "n", f"{start} notes")
+        notes = drawing.notes(model="m", settings="s", methods="x", measured="y", more=f"{start} notes")
+        drawing.finish(fig, "T", f"{start} footer", tmp_path, "n", notes)
         body = (tmp_path / "n.html").read_text().split("<body>", 1)[1]
         assert re.findall(r"<(?:h2|h1|blockquote|ul|ol|pre)", body) == ["<h1"], start

@@ -2,9 +2,8 @@
 import pytest
 import torch
 
+from comera import convert
 from harness.workloads import WORKLOADS, build_workload
-
-convert = pytest.importorskip("comera.convert")
 
 
 @pytest.mark.parametrize("name", WORKLOADS)
