@@ -69,6 +69,8 @@ class CoMERAParams:
     branch_average: float = _library("branch_average", "[0,1]")
     stop_at_target: bool = _library("stop_at_target")
     target_ramp: float = _library("target_ramp", "[0,1]")
+    late_fraction: float = _library("late_fraction", "[0,1)")
+    recover_fraction: float = _library("recover_fraction", "[0,1)")
     mask_gates: Literal[MASK_GATES] = _library("mask_gates")
     init: Literal[INIT_SCHEMES] = "official"     # the TT layers' init (comera.init)
     embedding_init_std: float | None = None      # the TTM table's std; None: the workload's, else init's

@@ -12,8 +12,8 @@ import typing
 from typing import Any, Literal, Union
 
 CHECKS = {">0": lambda v: v > 0, ">=0": lambda v: v >= 0, ">=1": lambda v: v >= 1,
-          "[0,1]": lambda v: 0 <= v <= 1}
-_WORDS = {">0": "> 0", ">=0": ">= 0", ">=1": "a positive integer", "[0,1]": "in [0, 1]"}
+          "[0,1]": lambda v: 0 <= v <= 1, "[0,1)": lambda v: 0 <= v < 1}
+_WORDS = {">0": "> 0", ">=0": ">= 0", ">=1": "a positive integer", "[0,1]": "in [0, 1]", "[0,1)": "in [0, 1)"}
 
 
 def check(rule: str, **kwargs: Any) -> dict[str, Any]:

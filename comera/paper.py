@@ -12,9 +12,11 @@ from comera.size import layout, tensorized_modules
 from comera.tt import parameter_entries
 
 PAPER_LOSS_WEIGHT = 0.1  # the paper's late objective keeps the task loss at this weight in both branches
-PAPER_FIXED = {"switch_when": "step", "target_ramp": 0.0, "mask_gates": "every_step", "stop_at_target": False}
+PAPER_FIXED = {"switch_when": "step", "target_ramp": 0.0, "mask_gates": "every_step", "stop_at_target": False,
+               "late_fraction": 0.0, "recover_fraction": 0.0}
 """Settings the paper's rules fix: the switch at a fixed step, S0 fixed, gates <= threshold masked in every
-forward (so pruning them changes nothing), pruning by the threshold alone."""
+forward (so pruning them changes nothing), pruning by the threshold alone, no switch deadline and no recovery
+steps (the project's late_fraction and recover_fraction)."""
 PAPER_DEFAULTS = {"l1_weight": 0.01, "min_rank": 0, "loss_target": 0.8, **PAPER_FIXED}
 """The paper's rules' defaults: the official code's penalty weight, no rank kept per bond, its L0."""
 PAPER_UNREAD = ("converged_window", "converged_gain", "loss_tolerance", "size_weight", "branch_average")

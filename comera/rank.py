@@ -153,8 +153,12 @@ class RankSettings:
     loss_average: float = 0.98      # EMA factor of the slow running loss (L0, convergence)
     branch_average: float = 0.9     # EMA factor of the fast running loss (the branch test)
     stop_at_target: bool = True     # late-stage pruning never takes the size below S0
-    target_ramp: float = 0.8        # S0 falls linearly to its value over this fraction of the late stage
+    target_ramp: float = 0.5        # S0 falls linearly to its value over this fraction of the late stage
                                     # (0: fixed, the paper)
+    late_fraction: float = 1 / 3    # the late stage's least share of total_steps: the switch comes at the
+                                    # latest at (1 - late_fraction) x total_steps, converged or not (0: never)
+    recover_fraction: float = 0.2   # the late stage's last share trains the task loss alone at the ranks it
+                                    # reached: no size term, no pruning (0: none)
     total_steps: int | None = None  # steps of the whole run (the ramp's length; the last step's check)
 
     def check(self) -> None:
@@ -195,6 +199,8 @@ class RankSettings:
                  ("converged_window", self.converged_window >= 1, ">= 1"),
                  ("converged_gain", 0 <= self.converged_gain <= 1, "in [0, 1]"),
                  ("target_ramp", 0 <= self.target_ramp <= 1, "in [0, 1]"),
+                 ("late_fraction", 0 <= self.late_fraction < 1, "in [0, 1)"),
+                 ("recover_fraction", 0 <= self.recover_fraction < 1, "in [0, 1)"),
                  ("loss_tolerance", self.loss_tolerance >= 0, ">= 0"),
                  ("size_weight", self.size_weight >= 0, ">= 0"),
                  ("loss_average", 0 <= self.loss_average < 1, "in [0, 1)"),
@@ -315,8 +321,9 @@ class TwoStageRankAdaptation:
             if s.l2_weight:
                 objective = objective + s.l2_weight * layout(self.model).core_l2().to(task_loss)
             return objective
-        if self.stage == 0:
-            return early_objective(task_loss, self.model, l1_weight=s.l1_weight, l2_weight=s.l2_weight)
+        if self.stage == 0 or self.recovering(step):
+            return early_objective(task_loss, self.model, l1_weight=0.0 if self.stage else s.l1_weight,
+                                   l2_weight=s.l2_weight)
         if paper:
             objective, self.last_size_active = paper_late_objective(
                 task_loss, self.model, loss_target=self.target.loss_target,
@@ -361,7 +368,7 @@ class TwoStageRankAdaptation:
         if self.stage == 0 and self._switch_due(done):
             self.start_late_stage(step=done)
             pruned = True
-        elif s.prune_every and done % s.prune_every == 0:
+        elif s.prune_every and done % s.prune_every == 0 and not self.recovering(step):
             floor = float(self.target.size_target) if self.stage == 1 and s.stop_at_target else None
             self._pruned(prune(self.model, s.threshold, self.optimizers, min_size=floor, min_rank=s.min_rank,
                                by=self._prune_by))
@@ -379,12 +386,21 @@ class TwoStageRankAdaptation:
                                 removed=list(self.progress.removed))
         return info
 
+    def recovering(self, step: int) -> bool:
+        """Whether step ``step`` (0-based) is in the late stage's recovery: its last ``recover_fraction``,
+        where the task loss alone is trained at the ranks reached and nothing is pruned."""
+        start = self.switch.get("recover_step")
+        return self.stage == 1 and start is not None and step >= start
+
     def _switch_due(self, done: int) -> bool:
         s = self.settings
         if s.target_ratio is None or s.late_start_step is None or done < s.late_start_step:
             return False
         if s.switch_when == "step":
             return True
+        if s.late_fraction and s.total_steps is not None and done >= s.total_steps - round(
+                s.late_fraction * s.total_steps):
+            return True  # the late stage keeps its share of the run, converged or not
         return bool(self.progress.checks) and self.progress.checks[-1][0] == done and self.converged()
 
     def converged(self) -> bool:
@@ -453,9 +469,11 @@ class TwoStageRankAdaptation:
         reference = loss_target if loss_target is not None else self.running.best
         left = (s.total_steps - (step or 0)) if s.total_steps is not None else 0
         ramp_steps = max(0, round(s.target_ramp * left))
+        recovery = round(s.recover_fraction * left)
         self.target = self._late_target(reference, start_size, final, start_size if ramp_steps else final)
         self.switch.update(step=step or 0, size=start_size, size_target=final, loss_target=float(reference),
-                           ramp_steps=ramp_steps)
+                           ramp_steps=ramp_steps,
+                           recover_step=s.total_steps - recovery if recovery and s.total_steps else None)
         self.stage = 1
         return self.target
 

@@ -85,7 +85,7 @@ def test_loss_and_step_switch_stage_and_prune_with_the_optimizer_state():
     model = _model()
     optimizer = torch.optim.AdamW(comera.param_groups(model))
     adapt = comera.RankAdaptation(model, optimizer, target=0.5, total_steps=20, early_fraction=0.5,
-                                  switch_when="step", l1_weight=0.01)
+                                  switch_when="step", l1_weight=0.01, recover_fraction=0.0)
     x, y = torch.randn(32, 16), torch.randint(0, 4, (32,))
     stages = []
     for step in range(20):
@@ -317,3 +317,58 @@ def test_an_optimizer_built_before_tensorize_is_refused():
     with pytest.raises(ValueError, match="does not hold 5 of the model's 11"):
         comera.RankAdaptation(model, [partial])
     comera.RankAdaptation(model, torch.optim.AdamW(comera.param_groups(model)))  # after tensorize: taken
+
+
+def _steps(adapt, model, optimizer, steps, on_loss=None, after=None):
+    torch.manual_seed(1)
+    x, y = torch.randn(32, 16), torch.randint(0, 4, (32,))
+    for step in range(steps):
+        task = nn.functional.cross_entropy(model(x), y)
+        objective = adapt.loss(task)
+        if on_loss:
+            on_loss(step, task, objective)
+        objective.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if after:
+            after(step)
+        adapt.step()
+
+
+@pytest.mark.parametrize("late_fraction, switch", [(1 / 3, 20), (0.5, 15), (0.0, None)])
+def test_the_late_stage_keeps_its_share_converged_or_not(late_fraction, switch):
+    """A loss that never counts as converged (a window longer than the run): the switch comes at
+    (1 - late_fraction) x total_steps all the same; with late_fraction 0 it never comes."""
+    model = _model()
+    optimizer = torch.optim.AdamW(comera.param_groups(model))
+    adapt = comera.RankAdaptation(model, optimizer, target=0.5, total_steps=30, early_fraction=0.2,
+                                  converged_window=10_000, late_fraction=late_fraction)
+    _steps(adapt, model, optimizer, 30)
+    assert adapt.driver.switch.get("step") == switch
+    assert adapt.stage == ("early" if switch is None else "late")
+
+
+def test_recovery_trains_the_task_loss_alone_and_prunes_nothing():
+    """The late stage's last recover_fraction: the objective is the task loss (no size term) and a gate at
+    zero is not pruned; before it the same gate is."""
+    model = _model()
+    optimizer = torch.optim.AdamW(comera.param_groups(model))
+    adapt = comera.RankAdaptation(model, optimizer, target=0.2, total_steps=40, early_fraction=0.5,
+                                  switch_when="step", recover_fraction=0.25, target_ramp=0.0)
+    seen = {}
+
+    def on_loss(step, task, objective):
+        seen[step] = (adapt.driver.recovering(step), objective.item() == task.item(),
+                      sum(adapt.ranks()["0"]))
+
+    def after(step):
+        if step in (24, 34):
+            with torch.no_grad():
+                model[0].gates[1][:1] = 0.0  # a rank the next pruning (every 10 steps) would take
+
+    _steps(adapt, model, optimizer, 40, on_loss, after)
+    assert adapt.driver.switch["step"] == 20 and adapt.driver.switch["recover_step"] == 35
+    assert [s for s in seen if seen[s][0]] == list(range(35, 40))
+    assert all(seen[s][1] for s in range(35, 40)) and not any(seen[s][1] for s in range(20, 35))
+    assert seen[30][2] < seen[24][2]           # pruned after step 29, before the recovery
+    assert sum(adapt.ranks()["0"]) == seen[35][2]  # nothing pruned during it (step 39's pruning skipped)

@@ -155,11 +155,11 @@ def test_reached_is_the_one_rule_and_goes_into_the_outcome():
 def test_ramped_target_falls_linearly_and_floors_pruning():
     layer = ttm()
     settings = rank.RankSettings(late_start_step=1, target_ratio=0.2, prune_every=1, target_ramp=0.5,
-                                 total_steps=9, switch_when="step")
+                                 total_steps=9, switch_when="step", recover_fraction=0.0)
     driver = rank.TwoStageRankAdaptation(layer, settings)
     _drive(driver, [1.0])
     assert driver.switch == {"step": 1, "size": 295.0, "size_target": 59.0, "loss_target": 1.0,
-                             "ramp_steps": 4}
+                             "ramp_steps": 4, "recover_step": None}
     assert float(driver.target.size_target) == 295.0
     targets = []
     for step in range(1, 7):
