@@ -239,9 +239,13 @@ def _params(key: str, name: str, given: Any, check: Callable[[str, dict[str, Any
 def run_id(spec: Mapping[str, Any], suffix: str = "", entry: str | None = None) -> str:
     """The cell's name from a spec's JSON (its workload, method, variant, batch, target, seed, execution
     wrappers and purpose), starting with its config entry's name (default the workload's); ``suffix``
-    names a sweep point."""
+    names a sweep point. A cell without a target whose method params name a ``match_run`` (a size-matched
+    cell) takes that cell's target in its name."""
     execution = spec.get("execution") or {}
     target = "none" if spec.get("target_ratio") is None else f"{spec['target_ratio']:g}"
+    matched = (spec.get("method_params") or {}).get("match_run")
+    if target == "none" and isinstance(matched, str):  # a size-matched cell: the target it matches
+        target = (re.search(r"_t([^_]+)_s\d", matched) or [None, "match"])[1]
     precision = execution.get("matmul_precision", "highest")
     graph = ("_cg" if execution.get("cuda_graph") else "") + ("_compiled" if execution.get("compile") else "")
     graph += f"_matmul-{precision}" if precision != "highest" else ""

@@ -572,3 +572,78 @@ def test_the_default_grid_draws_fig9_and_fig10_from_quality_cells_of_two_seeds()
         assert sorted((c["method"], c["seed"]) for c in quality) == [
             ("comera", 0), ("comera", 1), ("dense", 0), ("dense", 1)], workload
         assert all(c["target_ratio"] is None for c in quality)
+
+
+def matched_config() -> dict:
+    config = minimal()
+    config["methods"]["dense-matched"] = {"method": "dense", "variant": "size-matched", "match": "comera"}
+    config["methods"]["comera-fixed"] = {"method": "comera", "variant": "fixed-rank", "match": "comera"}
+    config["workloads"]["transformer"]["quality"] = {
+        "batch_sizes": [8], "targets": [0.8, 0.5, 0.2], "seeds": [0, 1], "budget": {"max_steps_per_epoch": 20},
+        "methods": ["dense", {"name": "dense-matched", "targets": [0.5, 0.2]}, "comera", "comera-fixed"]}
+    return config
+
+
+def test_a_matched_cell_names_the_comera_cell_of_its_target_batch_and_seed_and_has_no_target():
+    config = filled(matched_config())
+    grid.check_config(config)
+    cells, _ = expand(config)
+    dense = {k: c for k, c in cells.items() if c["variant"] == "size-matched"}
+    fixed = {k: c for k, c in cells.items() if c["variant"] == "fixed-rank"}
+    assert sorted(dense) == [f"transformer_dense-size-matched_b8_t{t}_s{s}_quality"
+                             for t in ("0.2", "0.5") for s in (0, 1)]
+    assert len(fixed) == 6  # every CoMERA target when the reference names none
+    for rid, cell in {**dense, **fixed}.items():
+        source = cells[cell["method_params"]["match_run"]]
+        assert (source["method"], source["variant"], source["purpose"]) == ("comera", "default", "quality")
+        assert (source["seed"], source["batch_size"]) == (cell["seed"], cell["batch_size"])
+        assert f"_t{source['target_ratio']:g}_" in rid and cell["target_ratio"] is None
+    from harness import spec as specs
+
+    bare = {k: v for k, v in dense["transformer_dense-size-matched_b8_t0.5_s1_quality"].items()
+            if k not in ("run_id", "cell_hash", "execution_hash")}
+    assert specs.make(bare).run_id == "transformer_dense-size-matched_b8_t0.5_s1_quality"  # one identity
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda c: c["workloads"]["transformer"]["quality"]["methods"].remove("comera"),
+     "matches 'comera', which this block does not run"),
+    (lambda c: c["workloads"]["transformer"]["quality"]["methods"].__setitem__(
+        1, {"name": "dense-matched", "targets": [0.3]}), r"targets \[0.3\] must be among 'comera'"),
+    (lambda c: c["workloads"]["transformer"]["methods"].append("dense-matched"), "quality blocks only"),
+    (lambda c: c["methods"]["dense-matched"].__setitem__("match", "dense"), "methods.dense-matched.match"),
+    (lambda c: c["methods"].__setitem__("galore-matched", {"method": "galore", "match": "comera"}),
+     "takes no param match_run"),
+])
+def test_bad_matches_are_named(mutate, message):
+    config = matched_config()
+    mutate(config)
+    with pytest.raises(grid.ConfigError, match=message):
+        grid.check_config(filled(config))
+
+
+def test_the_train_rule_runs_a_matched_cell_after_the_cell_it_matches(tmp_path):
+    """Snakemake's dry run of the matched config: the size-matched cell's job lists the CoMERA cell's runs
+    file as an input."""
+    import subprocess
+    import sys
+
+    config = matched_config()
+    config["workloads"]["transformer"]["quality"].update(targets=[0.5], seeds=[0])
+    config["workloads"]["transformer"]["quality"]["methods"] = ["dense-matched", "comera"]
+    config.update(device_name="cpu-test", results_dir=str(tmp_path / "results"),
+                  figures_dir=str(tmp_path / "figures"), execution={"device": "cpu", "threads": 1})
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    cells = tmp_path / "results" / "runs" / "cpu-test"
+    target = cells / "transformer_dense-size-matched_b8_t0.5_s0_quality.runs.parquet"
+    out = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile", str(path),
+                          "--directory", str(tmp_path), "--printshellcmds", str(target)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:] + out.stdout[-2000:]
+    source = cells / "transformer_comera-default_b8_t0.5_s0_quality.runs.parquet"
+    inputs = {line.split("output: ")[1].split(",")[0]: previous.split("input: ")[1].split(", ")
+              for previous, line in zip(out.stdout.splitlines(), out.stdout.splitlines()[1:])
+              if line.strip().startswith("output: ") and "input: " in previous}
+    assert str(source) in inputs[str(target)]
+    assert str(source) in inputs  # the cell it matches is a job of the same run
