@@ -100,8 +100,8 @@ def matched_source(method: str, match_run: str) -> dict[str, Any]:
 
     folder = os.environ.get(CELLS_DIR_ENV)
     if not folder:
-        raise ValueError(f"method {method!r}: parameter 'match_run' needs the folder of the cells' runs files "
-                         f"(environment variable {CELLS_DIR_ENV}, set by the runner from --runs-out)")
+        raise ValueError(f"method {method!r}: parameter 'match_run' needs the folder of the cells' runs "
+                         f"files (environment variable {CELLS_DIR_ENV}, set by the runner from --runs-out)")
     path = Path(folder) / f"{match_run}.runs.parquet"
     if not path.is_file():
         raise ValueError(f"method {method!r}: match_run {match_run!r}: {path} does not exist (that cell has "

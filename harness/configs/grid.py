@@ -262,12 +262,12 @@ def _matched_ref(config: dict[str, Any], section: dict[str, Any], ref: dict[str,
     target is not one of its targets."""
     wanted = config["methods"][ref["name"]]["match"]
     if key != ".quality":
-        raise ConfigError(f"config key {where}: {ref['name']!r} matches {wanted!r}'s reached size: it runs in "
-                          "quality blocks only (the cell it matches must finish first)")
+        raise ConfigError(f"config key {where}: {ref['name']!r} matches {wanted!r}'s reached size: it runs "
+                          "in quality blocks only (the cell it matches must finish first)")
     found = [r for r in _method_refs(section) if r["name"] == wanted]
     if not found:
-        raise ConfigError(f"config key {where}: {ref['name']!r} matches {wanted!r}, which this block does not "
-                          "run; add it to its methods")
+        raise ConfigError(f"config key {where}: {ref['name']!r} matches {wanted!r}, which this block does "
+                          "not run; add it to its methods")
     theirs = [t for t in found[0].get("targets", section["targets"]) if t is not None]
     targets = [t for t in ref.get("targets", theirs) if t is not None]
     if not targets or set(targets) - set(theirs):

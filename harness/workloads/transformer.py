@@ -1,7 +1,8 @@
 """The paper's six-encoder transformer on MNLI (docs/workloads.md), and the encoder the MLM workload reuses.
 
 Sizes "tiny", "small" (default) and "paper"; :func:`official_init`, :func:`sized_candidates` (the
-size-matched dense model's shapes). Why the paper size is built so, the rates and the params: docs/design-notes.md.
+size-matched dense model's shapes). Why the paper size is built so, the rates and the params:
+docs/design-notes.md.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from torch import nn
 from comera import feed_forward
 from harness.data import batching, mnli, nli_synthetic
 from harness.data.cache import cache_dir, cached_tensors, fingerprint
-from harness.data.text_tokenizer import UNK_ID, load_or_train, load_tokenizer_file, encode_pairs, train_wordpiece
+from harness.data.text_tokenizer import (UNK_ID, encode_pairs, load_or_train, load_tokenizer_file,
+                                         train_wordpiece)
 from harness.workloads.base import Batch, Holdout, SizedModel, Workload, evaluating, seeded_model
 from harness.workloads.dropout import Dropout, attention, replaces_torch
 from harness.workloads.params import Choice, ListOf, positive, require
@@ -276,7 +278,8 @@ def sized_candidates(p: dict[str, Any], n: int, task_ids: list[int] | None = Non
         out.append(("depth", sized_params({**p, "num_layers": p["num_layers"] // 2}, n)))
     if task_ids is not None and len(task_ids) < p["vocab_size"]:
         q = sized_params({**p, "vocab_size": len(task_ids)}, n)
-        out.append(("task-vocabulary", {**q, "vocab_size": p["vocab_size"], "task_vocabulary": len(task_ids)}))
+        out.append(("task-vocabulary", {**q, "vocab_size": p["vocab_size"],
+                                        "task_vocabulary": len(task_ids)}))
     return out
 
 

@@ -278,7 +278,7 @@ def test_fixed_rank_twin_takes_the_uniform_rank_nearest_the_matched_size_and_pru
     assert (matched["rank"], matched["embedding_rank"], matched["run"]) == (3, 3, "c-t0.2")
     assert prepared.size()["params_total"] == matched["fixed_params"] == counts[3]
     assert {max(r) for r in prepared.ranks().values()} == {3}
-    with pytest.raises(ValueError, match="sets fixed ranks: target_ratio, rank and embedding_rank must be null"):
+    with pytest.raises(ValueError, match="fixed ranks: target_ratio, rank and embedding_rank must be null"):
         CoMERAMethod().prepare(workload.model, workload, {"match_run": "c-t0.2"}, target_ratio=0.5,
                                total_steps=4)
 

@@ -92,7 +92,8 @@ def source_row(folder, run_id, *, status="ok", params=5000, target=0.2, shortfal
     import pandas as pd
 
     row = {"run_id": run_id, "status": status, "params_total": float(params), "target_ratio": target,
-           "compression_total": 4.0, "settings": json.dumps({"method": {"outcome": {"shortfall": shortfall}}})}
+           "compression_total": 4.0,
+           "settings": json.dumps({"method": {"outcome": {"shortfall": shortfall}}})}
     pd.DataFrame([row]).to_parquet(folder / f"{run_id}.runs.parquet")
 
 
@@ -173,7 +174,8 @@ def selection_workload(calls):
         evaluate=evaluate, eval_batches=lambda: calls.append("eval_batches") or iter(()),
         sized_models=lambda n: [SizedModel(tag, {"tag": tag}, n, lambda tag=tag: Tagged(tag))
                                 for tag in ("constant", "linear")],
-        holdout=lambda fraction: Holdout(lambda epoch: iter(train.split(8)), 7, lambda m: score(m, held, 1.0)))
+        holdout=lambda fraction: Holdout(lambda epoch: iter(train.split(8)), 7,
+                                         lambda m: score(m, held, 1.0)))
 
 
 def test_the_size_matched_dense_model_is_chosen_on_held_out_training_data_never_the_eval_split(cells):

@@ -579,7 +579,8 @@ def matched_config() -> dict:
     config["methods"]["dense-matched"] = {"method": "dense", "variant": "size-matched", "match": "comera"}
     config["methods"]["comera-fixed"] = {"method": "comera", "variant": "fixed-rank", "match": "comera"}
     config["workloads"]["transformer"]["quality"] = {
-        "batch_sizes": [8], "targets": [0.8, 0.5, 0.2], "seeds": [0, 1], "budget": {"max_steps_per_epoch": 20},
+        "batch_sizes": [8], "targets": [0.8, 0.5, 0.2], "seeds": [0, 1],
+        "budget": {"max_steps_per_epoch": 20},
         "methods": ["dense", {"name": "dense-matched", "targets": [0.5, 0.2]}, "comera", "comera-fixed"]}
     return config
 

@@ -193,7 +193,8 @@ def test_sized_models_are_width_depth_and_the_task_vocabulary_each_seeded_as_the
         model, again = c.build(), c.build()
         assert sum(q.numel() for q in model.parameters()) == c.params
         assert abs(c.params - 70_000) < 10_000
-        assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+        assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                     again.state_dict().values()))
     word = shapes["task-vocabulary"].build().encoder.embeddings.word
     ids = nli_synthetic.token_ids(1024, 96)
     assert word.embedding.weight.shape[0] == len(ids) == 102
