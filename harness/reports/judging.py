@@ -311,7 +311,8 @@ def size_matched_text(rows: pd.DataFrame, late: pd.DataFrame) -> str:
     parameters and compression; ", target not reached" where a matched CoMERA cell stopped short. The
     CoMERA side: the matched cells among ``late`` (rows after their late stage). "" without one. Not part
     of any verdict: the paper has no such baselines."""
-    matched = rows[(rows.status == "ok") & [bool(size_matched(r)) for r in rows.itertuples()]]
+    has = pd.Series([bool(size_matched(r)) for r in rows.itertuples()], index=rows.index, dtype=bool)
+    matched = rows[(rows.status == "ok") & has]
     targets = pd.Series([size_matched(r).get("target") for r in matched.itertuples()], index=matched.index,
                         dtype=float)
     texts = []
