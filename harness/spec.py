@@ -31,6 +31,9 @@ RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 """A run_id is a plain file name (it names the cell's files): no "/", not starting with "." or "-"."""
 MAX_RUN_ID = 150
 """The longest cell name: it names files such as .<run_id>.runs.parquet.<host>.<pid>.<random>.tmp."""
+MATCH_PARAM = "match_run"
+"""The method param of a size-matched cell: the run_id of the cell whose reached size it matches
+(docs/workloads.md); the grid fills it, the cell's name takes that cell's target."""
 HASHES = ("cell_hash", "execution_hash")
 """Keys of a spec's JSON derived from the rest (:attr:`Spec.cell_hash`, :attr:`Spec.execution_hash`)."""
 
@@ -243,7 +246,7 @@ def run_id(spec: Mapping[str, Any], suffix: str = "", entry: str | None = None) 
     cell) takes that cell's target in its name."""
     execution = spec.get("execution") or {}
     target = "none" if spec.get("target_ratio") is None else f"{spec['target_ratio']:g}"
-    matched = (spec.get("method_params") or {}).get("match_run")
+    matched = (spec.get("method_params") or {}).get(MATCH_PARAM)
     if target == "none" and isinstance(matched, str):  # a size-matched cell: the target it matches
         target = (re.search(r"_t([^_]+)_s\d", matched) or [None, "match"])[1]
     precision = execution.get("matmul_precision", "highest")

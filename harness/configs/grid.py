@@ -224,7 +224,7 @@ def check_config(config: dict[str, Any], missing: list[str] | None = None) -> No
                     f"config key methods.{name}.match: {entry['match']!r} must name a method configuration "
                     "with uses_target and no sweep (one to match per target), and this one must have no "
                     f"uses_target; defined: {sorted(config['methods'])}")
-            _checked(baselines.check_params, entry["method"], {**entry["params"], "match_run": "cell"},
+            _checked(baselines.check_params, entry["method"], {**entry["params"], specs.MATCH_PARAM: "cell"},
                      f"methods.{name}.match (method {entry['method']!r} takes no param match_run)")
     for wname, workload in config["workloads"].items():
         module = module_of(wname, workload)
@@ -360,7 +360,7 @@ def expand_grid(config: dict[str, Any]) -> tuple[dict[str, Spec], dict[str, dict
                     }
                     if matched is not None:
                         source = config["methods"][entry["match"]]
-                        raw["method_params"] = {**params, "match_run": specs.run_id(
+                        raw["method_params"] = {**params, specs.MATCH_PARAM: specs.run_id(
                             {**raw, "method": source["method"], "variant": source["variant"]}, suffix, wname)}
                         raw["target_ratio"] = None
                     rid = raw["run_id"] = specs.run_id(raw, suffix, wname)
@@ -379,7 +379,7 @@ def expand_grid(config: dict[str, Any]) -> tuple[dict[str, Spec], dict[str, dict
                     if point:
                         sweeps[spec.run_id] = point
     for rid, spec in grid.items():
-        source = spec.method_params.get("match_run")
+        source = spec.method_params.get(specs.MATCH_PARAM)
         if source is not None and source not in grid:
             raise ConfigError(f"config key methods.*.match: cell {rid} matches cell {source}, which the grid "
                               "does not have (it needs the same batch size, seed and execution settings)")

@@ -1,6 +1,7 @@
 """Uncompressed AdamW baseline: learning rate, parameter coverage, sizes and analytic state bytes."""
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -228,3 +229,23 @@ def test_matched_transformer_tries_width_depth_and_the_task_vocabulary(cells):
     assert count == selection["params"] and prepared.size()["params_total"] == count
     assert abs(count - full // 4) < full // 8
     assert prepared.size()["compression_total"] == pytest.approx(full / count)
+
+
+def test_a_cell_run_to_files_finds_the_cell_it_matches_beside_its_own_runs_file(tmp_path, monkeypatch):
+    """The runner points the method at the folder of ``--runs-out`` (whatever the variable said before)."""
+    from baselines.dense import CELLS_DIR_ENV
+    from harness.running.run import run_to_files
+
+    monkeypatch.setenv(CELLS_DIR_ENV, str(tmp_path / "elsewhere"))
+    folder = tmp_path / "runs" / "cpu"
+    folder.mkdir(parents=True)
+    workload = tiny_transformer()
+    source_row(folder, "c-t0.5", params=sum(p.numel() for p in workload.model.parameters()) // 3)
+    row = run_to_files({"workload": "transformer", "method": "dense", "batch_size": 4, "purpose": "quality",
+                        "workload_params": {"size": "tiny", "train_samples": 64, "eval_samples": 16},
+                        "method_params": {"match_run": "c-t0.5"}, "execution": {"device": "cpu",
+                                                                                "num_threads": 1},
+                        "budget": {"epochs": 1, "max_steps_per_epoch": 4, "warmup_steps": 1}},
+                       folder / "m.runs.parquet", folder / "m.curves.parquet")
+    assert row["status"] == "ok", row["error"]
+    assert json.loads(row["settings"])["method"]["matched"]["run"] == "c-t0.5"
