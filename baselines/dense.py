@@ -151,7 +151,8 @@ def select_matched(workload: Any, count: int, lr: float, weight_decay: float, to
 
     Returns:
         (the winning :class:`harness.workloads.base.SizedModel`, its rate, the record: ``shape``,
-        ``dims``, ``lr``, ``params``, ``metric``, ``steps``, ``holdout_fraction``, ``seconds`` and
+        ``dims``, ``lr``, ``params``, ``metric``, ``tied`` (how many candidates had the best score: more
+        than 1, the held-out loss chose among them), ``steps``, ``holdout_fraction``, ``seconds`` and
         ``candidates``: each shape and rate with its held-out ``score`` and ``loss``).
 
     Raises:
@@ -180,7 +181,8 @@ def select_matched(workload: Any, count: int, lr: float, weight_decay: float, to
                                      -(t["loss"] if t["loss"] is not None and math.isfinite(t["loss"])
                                        else math.inf)))
     record = {key: best[key] for key in ("shape", "dims", "lr", "params", "metric")}
-    record.update(steps=steps, holdout_fraction=holdout_fraction, seconds=time.perf_counter() - started,
+    record.update(tied=sum(t["score"] == best["score"] for t in tried), steps=steps,
+                  holdout_fraction=holdout_fraction, seconds=time.perf_counter() - started,
                   candidates=[{k: v for k, v in t.items() if k not in ("index", "metric")} for t in tried])
     return candidates[best["index"]], best["lr"], record
 

@@ -199,7 +199,8 @@ def _size_row(res: Results, r: Any) -> dict[str, Any]:
 def matched_note(row: Any) -> str:
     """What a size-matched row matches and what it is: "matches CoMERA target 0.2 (reached): 70123
     parameters; chosen on held-out training data of 9: task-vocabulary (d_model 48, d_ff 192, num_layers
-    2, task_vocabulary 102), lr 0.001" (the dense model) or "...; rank 6 (TTM 12)" (the fixed-rank TT
+    2, task_vocabulary 102), lr 0.001" (the dense model; "(held-out accuracy tied for 9: chosen by held-out
+    loss)" after it where the choice's scores tied) or "...; rank 6 (TTM 12)" (the fixed-rank TT
     model); "" for other rows."""
     m = size_matched(row)
     if not m:
@@ -212,6 +213,8 @@ def matched_note(row: Any) -> str:
         dims = ", ".join(f"{k} {v}" for k, v in chosen["dims"].items())
         text += (f"; chosen on held-out training data of {len(chosen['candidates'])}: {chosen['shape']} "
                  f"({dims}), lr {chosen['lr']:.3g}")
+        if (chosen.get("tied") or 1) > 1:
+            text += f" (held-out {chosen['metric']} tied for {chosen['tied']}: chosen by held-out loss)"
     if m.get("rank") is not None:
         ttm = f" (TTM {m['embedding_rank']})" if m.get("embedding_rank") is not None else ""
         text += f"; rank {m['rank']}{ttm}"

@@ -151,7 +151,7 @@ class Tagged(nn.Module):
         return self.net(x) + (self.bias if self.tag == "constant" else 0)
 
 
-def selection_workload(calls):
+def selection_workload(calls, tie=False):
     """Training and held-out data follow y = x @ w, the eval split y = -x @ w: the held-out slice picks
     the linear candidate at the highest rate, the eval split would pick the constant one."""
     from harness.workloads.base import Holdout, SizedModel
@@ -164,7 +164,7 @@ def selection_workload(calls):
     def score(m, data, sign):
         with torch.no_grad():
             error = (m(data) - sign * data @ w).pow(2).mean().item()
-        return {"metric_name": "accuracy", "metric_value": -error, "loss": error}
+        return {"metric_name": "accuracy", "metric_value": 0.5 if tie else -error, "loss": error}
 
     def evaluate(m):
         calls.append("eval")
@@ -195,6 +195,7 @@ def test_the_size_matched_dense_model_is_chosen_on_held_out_training_data_never_
         (shape, lr) for shape in ("constant", "linear") for lr in (0.0033, 0.01, 0.03)]
     best = max(selection["candidates"], key=lambda c: c["score"])
     assert best["shape"] == "linear" and best["lr"] == selection["lr"] and selection["seconds"] >= 0
+    assert selection["tied"] == 1
     # the eval split would have chosen the constant model
     assert workload.evaluate(Tagged("constant"))["metric_value"] > workload.evaluate(Tagged("linear"))[
         "metric_value"]
@@ -249,3 +250,17 @@ def test_a_cell_run_to_files_finds_the_cell_it_matches_beside_its_own_runs_file(
                        folder / "m.runs.parquet", folder / "m.curves.parquet")
     assert row["status"] == "ok", row["error"]
     assert json.loads(row["settings"])["method"]["matched"]["run"] == "c-t0.5"
+
+
+def test_held_out_scores_that_tie_are_chosen_between_by_held_out_loss_and_counted(cells):
+    """Every candidate on the same held-out accuracy (a plateau): the lowest held-out loss wins, and the
+    record says how many tied."""
+    source_row(cells, "c-t0.2", params=4)
+    prepared = DenseMethod().prepare(mlp(), selection_workload([], tie=True),
+                                     {"match_run": "c-t0.2", "select_fraction": 0.5}, target_ratio=None,
+                                     total_steps=20)
+    selection = prepared.settings["selection"]
+    assert selection["tied"] == 6
+    best = min(selection["candidates"], key=lambda c: c["loss"])
+    assert (selection["shape"], selection["lr"]) == (best["shape"], best["lr"])
+    assert (best["shape"], best["lr"]) == ("linear", pytest.approx(0.03))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import re
+from types import SimpleNamespace
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -945,7 +946,7 @@ def seeded_cell(cell, seed, compression=1.0, matched=None, **method):
 
 SELECTED = {"shape": "task-vocabulary", "dims": {"d_model": 48, "d_ff": 192, "num_layers": 2,
                                                  "task_vocabulary": 102},
-            "lr": 0.001, "params": 67203, "candidates": [{}] * 9}
+            "lr": 0.001, "params": 67203, "candidates": [{}] * 9, "metric": "accuracy", "tied": 1}
 
 
 def fig14_cells():
@@ -1050,3 +1051,11 @@ def test_a_log_axis_spanning_decades_is_labelled_in_plain_numbers():
     plt.close(fig)
     assert ax.get_yscale() == "log" and labels
     assert not any("times" in label or "^" in label for label in labels), labels
+
+
+def test_a_size_matched_note_says_when_the_held_out_scores_tied():
+    selection = {**SELECTED, "tied": 9}
+    row = SimpleNamespace(settings=json.dumps({"method": {"selection": selection, "matched": {
+        "run": "c", "params": 70000, "target": 0.2, "target_reached": True}}}))
+    assert tables.matched_note(row).endswith(
+        "lr 0.001 (held-out accuracy tied for 9: chosen by held-out loss)")
