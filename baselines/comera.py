@@ -7,13 +7,15 @@ Params: :class:`CoMERAParams`; the rank-adaptation defaults are the library's (d
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass, field
+import warnings
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
+import torch
 from torch import nn
 
 from baselines.base import Periodic, Prepared
-from baselines.dense import adamw
+from baselines.dense import adamw, matched_source
 from baselines.params import check, defaults, parse
 from comera.size import ranks
 from comera.adapt import RankAdaptation, learning_rates, param_groups
@@ -75,6 +77,7 @@ class CoMERAParams:
     init: Literal[INIT_SCHEMES] = "official"     # the TT layers' init (comera.init)
     embedding_init_std: float | None = None      # the TTM table's std; None: the workload's, else init's
     dense_init: Literal[DENSE_INITS] = "workload"  # "official": the workload's official_init for the rest
+    match_run: str | None = None  # fixed ranks matched to that cell's reached size (:func:`fixed_rank_spec`)
 
     @staticmethod
     def resolve(given: dict[str, Any]) -> dict[str, Any]:
@@ -96,6 +99,8 @@ class CoMERAParams:
 
 PARAMS_DEFAULTS: dict[str, Any] = defaults(CoMERAParams)
 VARIANTS = {"optimized": "default", "naive": "naive-lookup"}
+FIXED_RANK = "fixed-rank"
+"""The variant of a cell with ``match_run``: the TT model at fixed ranks (no pruning, no target)."""
 
 
 PRUNING = "comera pruning"
@@ -134,7 +139,18 @@ class CoMERAMethod:
         if target_ratio is not None and not 0 < target_ratio <= 1:
             raise ValueError(f"comera: target_ratio={target_ratio!r} must be in (0, 1]")
         self.variant = VARIANTS[p.lookup]
-        report = tensorize(model, _spec(workload.tt_spec, p))
+        spec, matched = _spec(workload.tt_spec, p), None
+        if p.match_run is not None:
+            if target_ratio is not None or p.rank is not None or p.embedding_rank is not None:
+                raise ValueError(f"comera: match_run {p.match_run!r} sets fixed ranks: target_ratio, rank "
+                                 f"and embedding_rank must be null (got {target_ratio!r}, {p.rank!r}, "
+                                 f"{p.embedding_rank!r})")
+            matched = matched_source("comera", p.match_run)
+            spec, fixed = fixed_rank_spec(model, spec, matched["params"])
+            matched.update(fixed)
+            p = replace(p, prune_every=0)  # fixed ranks: nothing pruned
+            self.variant = FIXED_RANK
+        report = tensorize(model, spec)
         if p.dense_init == "official" and getattr(workload, "official_init", None) is not None:
             workload.official_init(model)
         stated = {group: getattr(p, f"lr_{group}") or workload.lr.get(group)
@@ -163,12 +179,64 @@ class CoMERAMethod:
                       "time_window_steps": p.prune_every if p.prune_every > 1 else None,
                       # both filled in as the run goes (recorded with the row at its end)
                       "switch": driver.switch, "outcome": driver.outcome, "conversion": report.as_dict(),
-                      "optimizer": "torch.optim.AdamW", "optimizer_impl": impl},
+                      "optimizer": "torch.optim.AdamW", "optimizer_impl": impl, "matched": matched},
             ranks=lambda: ranks(model),
             size=lambda: model_size(model),
             stateful={"rank_adaptation": adapt},
             periodic=periodic(asdict(p)),
         )
+
+
+def _with_rank(spec: dict[str, dict[str, Any]], rank: int, scale: dict[str, float]
+               ) -> dict[str, dict[str, Any]]:
+    out = copy.deepcopy(spec)
+    for name, entry in out.items():
+        entry["rank"] = max(1, round(rank * scale[name])) if entry.get("kind") == "embedding" else rank
+    return out
+
+
+def fixed_rank_spec(model: nn.Module, spec: dict[str, dict[str, Any]], count: int
+                    ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """``spec`` at the uniform rank whose tensorized ``model`` has the parameter count (cores, gates and
+    every dense parameter, as the row's ``params_total``) nearest ``count`` (the lower rank on a tie): every
+    TT linear layer at rank r from 1 to the largest rank of ``spec``'s linear layers, every TTM embedding at
+    r times its rank over that largest one (rounded, at least 1), so the ratio of ``spec``'s ranks stays.
+    The count is taken on copies of ``model`` (the global random state is left as it was).
+
+    Returns:
+        (the spec, ``{"rank": r, "embedding_rank": the first TTM's or None, "fixed_params": its count}``).
+    """
+    def most(rank: Any) -> int:
+        return max(rank) if isinstance(rank, (list, tuple)) else int(rank)
+
+    linear = [most(e["rank"]) for e in spec.values() if e.get("kind") != "embedding"]
+    top = max(linear or [most(e["rank"]) for e in spec.values()])
+    scale = {name: most(e["rank"]) / top for name, e in spec.items()}
+    counts: dict[int, int] = {}
+
+    def size(rank: int) -> int:
+        if rank not in counts:
+            with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the cell's own conversion gives its warnings
+                counts[rank] = int(model_size(tensorize_copy(model, _with_rank(spec, rank, scale)))[
+                    "params_total"])
+        return counts[rank]
+
+    low, high = 1, top  # the first rank with at least count parameters (sizes grow with the rank)
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (mid + 1, high) if size(mid) < count else (low, mid)
+    rank = min(range(max(low - 1, 1), low + 1), key=lambda r: abs(size(r) - count))
+    chosen = _with_rank(spec, rank, scale)
+    embedding = next((e["rank"] for e in chosen.values() if e.get("kind") == "embedding"), None)
+    return chosen, {"rank": rank, "embedding_rank": embedding, "fixed_params": size(rank)}
+
+
+def tensorize_copy(model: nn.Module, spec: dict[str, dict[str, Any]]) -> nn.Module:
+    """A tensorized copy of ``model`` (``model`` unchanged)."""
+    copied = copy.deepcopy(model)
+    tensorize(copied, copy.deepcopy(spec))
+    return copied
 
 
 def _spec(tt_spec: dict[str, dict[str, Any]], p: CoMERAParams) -> dict[str, dict[str, Any]]:

@@ -103,6 +103,9 @@ _SETTINGS = (
             "start phase)", "the cell's start", set_by="the harness", read_in="harness.core.stops"),
     Setting("COMERA_BENCH_SLURM_TESTS", "switch", "1: the tests start a one-node SLURM cluster (needs root)",
             "the SLURM tests", default=False, read_in="tests/workflow/test_slurm.py"),
+    Setting("COMERA_BENCH_CELLS_DIR", "path", "the folder of the cells' runs files, where a size-matched "
+            "cell reads the row of the cell it matches", "the cells' folder", set_by="the harness",
+            read_in="baselines.dense"),
     Setting("COMERA_BENCH_OFFICIAL_DIR", "path", "a checkout of the official CoMERA code (ziyangjoy/CoMERA): "
             "the tests check the paper's rules against its own functions", "the official checkout",
             read_in="tests/comera/test_paper_rules.py"),

@@ -35,6 +35,9 @@ MAX_SEED = 2**32 - 1
 """The largest seed: numpy's seeds are 32-bit."""
 MAX_THREADS = 1024
 """The most torch threads of a cell: the config's cap (``execution.threads`` in the config schema)."""
+MATCH_PARAM = "match_run"
+"""The method param of a size-matched cell: the run_id of the cell whose reached size it matches
+(docs/workloads.md); the grid fills it, the cell's name takes that cell's target."""
 HASHES = ("cell_hash", "execution_hash")
 """Keys of a spec's JSON derived from the rest (:attr:`Spec.cell_hash`, :attr:`Spec.execution_hash`)."""
 
@@ -244,9 +247,13 @@ def _params(key: str, name: str, given: Any, check: Callable[[str, dict[str, Any
 def run_id(spec: Mapping[str, Any], suffix: str = "", entry: str | None = None) -> str:
     """The cell's name from a spec's JSON (its workload, method, variant, batch, target, seed, execution
     wrappers and purpose), starting with its config entry's name (default the workload's); ``suffix``
-    names a sweep point."""
+    names a sweep point. A cell without a target whose method params name a ``match_run`` (a size-matched
+    cell) takes that cell's target in its name."""
     execution = spec.get("execution") or {}
     target = "none" if spec.get("target_ratio") is None else f"{spec['target_ratio']:g}"
+    matched = (spec.get("method_params") or {}).get(MATCH_PARAM)
+    if target == "none" and isinstance(matched, str):  # a size-matched cell: the target it matches
+        target = (re.search(r"_t([^_]+)_s\d", matched) or [None, "match"])[1]
     precision = execution.get("matmul_precision", "highest")
     graph = ("_cg" if execution.get("cuda_graph") else "") + ("_compiled" if execution.get("compile") else "")
     graph += f"_matmul-{precision}" if precision != "highest" else ""

@@ -217,6 +217,15 @@ def check_config(config: dict[str, Any], missing: list[str] | None = None) -> No
                 _checked(baselines.check_params, entry["method"], {**entry["params"], key: value},
                          f"methods.{name}.sweep.{key}")
         _checked(baselines.check_params, entry["method"], entry["params"], f"methods.{name}.params")
+        if entry.get("match"):
+            matched = config["methods"].get(entry["match"])
+            if matched is None or not matched["uses_target"] or matched["sweep"] or entry["uses_target"]:
+                raise ConfigError(
+                    f"config key methods.{name}.match: {entry['match']!r} must name a method configuration "
+                    "with uses_target and no sweep (one to match per target), and this one must have no "
+                    f"uses_target; defined: {sorted(config['methods'])}")
+            _checked(baselines.check_params, entry["method"], {**entry["params"], specs.MATCH_PARAM: "cell"},
+                     f"methods.{name}.match (method {entry['method']!r} takes no param match_run)")
     for wname, workload in config["workloads"].items():
         module = module_of(wname, workload)
         if module not in workloads.WORKLOADS:
@@ -241,6 +250,8 @@ def check_config(config: dict[str, Any], missing: list[str] | None = None) -> No
                                           f"workloads.{wname}{key}.methods[{i}]")
                 if purpose == "timing":
                     _check_periodic(config, ref["name"], budget, f"workloads.{wname}{key}.budget")
+                if config["methods"][ref["name"]].get("match"):
+                    _matched_ref(config, section, ref, f"workloads.{wname}{key}.methods[{i}]", key)
     for name, spec in config["microbench"]["specs"].items():
         try:
             microbench_spec.check_spec(spec, source=f"spec {name}")
@@ -257,6 +268,8 @@ def _check_method_on_workload(entry: dict[str, Any], name: str, workload: str, k
 
     offered = workloads.features(workload)
     for _, params, _ in _variants(entry):
+        if entry.get("match"):  # the grid fills the matched cell's run_id in
+            params = {**params, specs.MATCH_PARAM: entry["match"]}
         needs = baselines.workload_needs(entry["method"], baselines.check_params(entry["method"], params))
         for feature, why in needs.items():
             if feature not in offered:
@@ -296,6 +309,27 @@ def _check_periodic(config: dict[str, Any], name: str, budget: dict[str, Any], k
                     "to run it off its schedule, so the step times would leave it out: give at least "
                     f"{2 * (plan.every + 1) + warmup} steps (max_steps_per_epoch x epochs), or change the "
                     "period")
+
+
+def _matched_ref(config: dict[str, Any], section: dict[str, Any], ref: dict[str, Any], where: str,
+                 key: str) -> tuple[dict[str, Any], list[float]]:
+    """(the reference to the configuration a ``match`` entry matches, the targets matched) in one block;
+    ConfigError naming ``where`` when it is no quality block, the matched configuration is not in it, or a
+    target is not one of its targets."""
+    wanted = config["methods"][ref["name"]]["match"]
+    if key != ".quality":
+        raise ConfigError(f"config key {where}: {ref['name']!r} matches {wanted!r}'s reached size: it runs "
+                          "in quality blocks only (the cell it matches must finish first)")
+    found = [r for r in _method_refs(section) if r["name"] == wanted]
+    if not found:
+        raise ConfigError(f"config key {where}: {ref['name']!r} matches {wanted!r}, which this block does "
+                          "not run; add it to its methods")
+    theirs = [t for t in found[0].get("targets", section["targets"]) if t is not None]
+    targets = [t for t in ref.get("targets", theirs) if t is not None]
+    if not targets or set(targets) - set(theirs):
+        raise ConfigError(f"config key {where}: targets {targets} must be among {wanted!r}'s targets here "
+                          f"{theirs} (none given: all of them)")
+    return found[0], targets
 
 
 def _checked(check, name: str, params: dict[str, Any], key: str, missing: list[str] | None = None
@@ -355,6 +389,10 @@ def expand_grid(config: dict[str, Any]) -> tuple[dict[str, Spec], dict[str, dict
                     "cuda_graph", execution["cuda_graph"])))
                 entry = config["methods"][ref["name"]]
                 targets = ref.get("targets", section["targets"]) if entry["uses_target"] else [None]
+                matched = None
+                if entry.get("match"):  # one cell per target of the cells it matches, named after them
+                    matched, targets = _matched_ref(config, section, ref, f"workloads.{wname}{key}.methods",
+                                                    key)
                 batches = ref.get("batch_sizes", section["batch_sizes"])
                 compiles = (execution["compile"] if isinstance(execution["compile"], list)
                             else [execution["compile"]])
@@ -376,6 +414,11 @@ def expand_grid(config: dict[str, Any]) -> tuple[dict[str, Spec], dict[str, dict
                                       "cuda_graph": graph, "compile": compiled, "matmul_precision": precision,
                                       "rounds": execution["rounds"], "timing_group": group},
                     }
+                    if matched is not None:
+                        source = config["methods"][entry["match"]]
+                        raw["method_params"] = {**params, specs.MATCH_PARAM: specs.run_id(
+                            {**raw, "method": source["method"], "variant": source["variant"]}, suffix, wname)}
+                        raw["target_ratio"] = None
                     rid = raw["run_id"] = specs.run_id(raw, suffix, wname)
                     where = f"config key workloads.{wname}{key}"
                     if len(rid) > specs.MAX_RUN_ID:  # it names files: keep well below 255 bytes
@@ -391,6 +434,11 @@ def expand_grid(config: dict[str, Any]) -> tuple[dict[str, Spec], dict[str, dict
                     grid[spec.run_id] = spec
                     if point:
                         sweeps[spec.run_id] = point
+    for rid, spec in grid.items():
+        source = spec.method_params.get(specs.MATCH_PARAM)
+        if source is not None and source not in grid:
+            raise ConfigError(f"config key methods.*.match: cell {rid} matches cell {source}, which the grid "
+                              "does not have (it needs the same batch size, seed and execution settings)")
     return _alone_untimed_in_groups(grid), sweeps
 
 

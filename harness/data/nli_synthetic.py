@@ -86,6 +86,19 @@ def generate(num_samples: int, *, vocab_size: int, seq_len: int, premise_len: in
             "attention_mask": ids_t != PAD_ID, "labels": torch.from_numpy(labels)}
 
 
+def token_ids(vocab_size: int, num_words: int | None = None) -> list[int]:
+    """The token ids :func:`generate` can emit for these ``vocab_size`` / ``num_words`` (the special
+    tokens, ``not``, the content words), ascending; the rest of the vocabulary never occurs.
+
+    Example::
+
+        >>> len(token_ids(1024, 96))
+        102
+    """
+    words = vocab_size - FIRST_WORD_ID if num_words is None else num_words
+    return [*range(len(SPECIAL_TOKENS)), NOT_ID, *range(FIRST_WORD_ID, FIRST_WORD_ID + words)]
+
+
 def word_topics(num_words: int, num_topics: int, topic_seed: int | None = None) -> np.ndarray:
     """The topic of each content word: entry ``i`` is that of word id ``FIRST_WORD_ID + i``.
 

@@ -365,22 +365,43 @@ def kept_accuracy(rows: pd.DataFrame, variant: str = "default") -> pd.DataFrame:
 
 
 def size_matched_text(rows: pd.DataFrame, late: pd.DataFrame) -> str:
-    """", size-matched dense model (CoMERA target 0.2's 24419 parameters, 22.7x) 0.760 vs CoMERA 0.840 at that
-    target" for each target a size-matched dense baseline (tables.size_matched) of one workload's ``rows`` was
-    trained for, against ``late`` (that workload's CoMERA rows after their late stage): the median over seeds
-    of each side; "" without one. Not part of any verdict: the paper has no such baseline."""
-    texts = []
-    dense = rows[(rows.method == "dense") & (rows.status == "ok")]
-    targets = pd.Series([size_matched(r).get("target") for r in dense.itertuples()], index=dense.index,
+    """"; at CoMERA target 0.2's reached size (70123 parameters, 7.9x): CoMERA 0.892, size-matched dense
+    0.840 (67203 parameters, 8.2x; task-vocabulary, lr 0.001), fixed-rank TT 0.900 (rank 6, 71000
+    parameters, 7.8x)" for each target whose reached size a cell of one workload's ``rows`` matched
+    (:func:`harness.reports.shared.size_matched`), each side the median over seeds of its accuracy,
+    parameters and compression; ", target not reached" where a matched CoMERA cell stopped short. The
+    CoMERA side: the matched cells among ``late`` (rows after their late stage). "" without one. Not part
+    of any verdict: the paper has no such baselines."""
+    has = pd.Series([bool(size_matched(r)) for r in rows.itertuples()], index=rows.index, dtype=bool)
+    matched = rows[(rows.status == "ok") & has]
+    targets = pd.Series([size_matched(r).get("target") for r in matched.itertuples()], index=matched.index,
                         dtype=float)
-    for target, group in dense.groupby(targets):
-        comera = late[late.target_ratio == target]
-        first = size_matched(group.iloc[0])
-        versus = f" vs CoMERA {comera.metric_value.median():.3f} at that target" if len(comera) else ""
-        texts.append(f"size-matched dense model (CoMERA target {target:g}'s {first['comera_params']} "
-                     f"parameters, {group.compression_total.median():.1f}x) {group.metric_value.median():.3f}"
-                     + versus)
-    return "".join(f", {t}" for t in texts)
+    texts = []
+    for target, group in matched.groupby(targets, sort=False):
+        records = [size_matched(r) for r in group.itertuples()]
+        sources = late[late.run_id.isin({m["run"] for m in records})]
+        counts = pd.Series([m["params"] for m in records])
+        missed = any(m.get("target_reached") is False for m in records)
+        head = (f"at CoMERA target {target:g}'s reached size ({counts.median():.0f} parameters"
+                + (f", {sources.compression_total.median():.1f}x" if len(sources) else "")
+                + (", target not reached" if missed else "") + ")")
+        sides = ([f"CoMERA {sources.metric_value.median():.3f}"] if len(sources) else [])
+        for name, cells in (("size-matched dense", group[group.method == "dense"]),
+                            ("fixed-rank TT", group[group.method == "comera"])):
+            if not len(cells):
+                continue
+            how = []
+            for r in cells.itertuples():
+                method = settings_of(r).get("method", {})
+                chosen, own = method.get("selection") or {}, size_matched(r)
+                how.append(f"{chosen['shape']}, lr {chosen['lr']:.3g}" if chosen else
+                           f"rank {own['rank']}" if own.get("rank") is not None else "")
+            shown = "/".join(dict.fromkeys(h for h in how if h))
+            size = (f"{cells.params_total.median():.0f} parameters, {cells.compression_total.median():.1f}x")
+            sides.append(f"{name} {cells.metric_value.median():.3f} ("
+                         + (f"{shown}, {size}" if name == "fixed-rank TT" else f"{size}; {shown}") + ")")
+        texts.append(f"{head}: {', '.join(sides)}")
+    return "".join(f"; {t}" for t in texts)
 
 
 # --------------------------------------------------------------------------------- C6 (microbench)

@@ -19,7 +19,7 @@ from harness.reports.drawing import (PAPER, device_text, display_label, empty, m
                                      methods_text, model_line, panels, plain_log_ticks, steps_axis,
                                      values_text)
 from harness.reports.shared import (late_stage_missing, method_label, quality_order,  # noqa: E402
-                                    target_missed, target_shortfall)
+                                    size_matched, target_missed, target_reached, target_shortfall)
 from harness.results.analysis import Results, settings_of  # noqa: E402
 
 
@@ -277,11 +277,13 @@ def dodged(xs: list[float], step: float = 1.07) -> list[float]:
 
 
 def fig14_accuracy_vs_compression(res: Results, out: Path) -> None:
-    """Not in the paper: the final validation accuracy of every transformer quality cell against its whole-
-    model compression (the uncompressed model's parameters / the trained model's), one small marker per
-    seed and a large one for the mean of a method configuration; CoMERA's targets joined by a line, the
-    uncompressed model's mean as a horizontal line (its seeds' range shaded), the size-matched dense model
-    beside CoMERA; the footer says where the knee is (:func:`knee_text`)."""
+    """Not in the paper: the final validation accuracy of every transformer quality cell against its
+    measured whole-model compression (the uncompressed model's parameters / the trained model's), one small
+    marker per seed and a large one for the mean of a method configuration; a CoMERA target not reached
+    hollow (each seed that missed it; the mean where any did); CoMERA's targets joined by a line, the
+    uncompressed model's mean as a horizontal line (its seeds' range shaded); each size-matched model (dense,
+    fixed-rank TT) joined by a dotted line to the CoMERA point whose reached size it matches; the footer
+    says where the knee is (:func:`knee_text`) and compares the matched models at equal size."""
     name, title = "fig14_accuracy_vs_compression", "Accuracy vs compression (not a figure of the paper)"
     runs, source = res.quality_runs("transformer")
     runs = quality_order(runs)
@@ -292,6 +294,7 @@ def fig14_accuracy_vs_compression(res: Results, out: Path) -> None:
                       res.settings_line())
     fig, (ax,) = panels(1, width=6.4)
     labels = ok.apply(display_label, axis=1)
+    reached = pd.Series([target_reached(r) for r in ok.itertuples()], index=ok.index, dtype=object)
     dense = ok[(ok.method == "dense") & (labels == "uncompressed")]
     if len(dense):
         mean = dense.metric_value.mean()
@@ -303,17 +306,30 @@ def fig14_accuracy_vs_compression(res: Results, out: Path) -> None:
         if len(found) == 1 and None not in found:
             value = found.pop()
             ax.axhline(value, color="gray", ls=style, lw=1, label=text.format(value))
-    comera, groups = [], list(ok.groupby(labels, sort=False))
+    comera, groups, means = [], list(ok.groupby(labels, sort=False)), {}
     dodge = dodged([g.compression_total.mean() for _, g in groups])
     for i, (label, group) in enumerate(groups):
         style = {"color": f"C{i}", "marker": MARKERS[i % len(MARKERS)]}
         x, mean = group.compression_total.mean(), group.metric_value.mean()
-        ax.plot(group.compression_total * dodge[i], group.metric_value, ls="none", ms=5, alpha=0.6,
-                mfc="none", **style)
-        ax.plot([x * dodge[i]], [mean], ls="none", ms=9, label=label, **style)
+        missed = reached[group.index] == False  # noqa: E712 -- None (no target) is neither
+        for hollow in (False, True):
+            seeds = group[missed == hollow]
+            ax.plot(seeds.compression_total * dodge[i], seeds.metric_value, ls="none", ms=5, alpha=0.6,
+                    **style, **({"mfc": "none"} if hollow else {}))
+        shown = label + (f" [target not reached: {int(missed.sum())} of {len(group)}]" if missed.any()
+                         else "")
+        ax.plot([x * dodge[i]], [mean], ls="none", ms=9, label=shown, **style,
+                **({"mfc": "none", "mew": 1.5} if missed.any() else {}))
+        for rid in group.run_id:
+            means[rid] = (x * dodge[i], mean)
         if (group.method == "comera").all() and group.target_ratio.notna().all():
             comera.append({"compression": x, "accuracy": mean, "target": group.target_ratio.iloc[0],
                            "x": x * dodge[i]})
+    paired = [(means[r.run_id], means[m["run"]]) for r in ok.itertuples()
+              if (m := size_matched(r)) and m.get("run") in means]
+    for i, (point, matched) in enumerate(dict.fromkeys(paired)):
+        ax.plot([point[0], matched[0]], [point[1], matched[1]], color="gray", ls=":", lw=0.9, zorder=0,
+                label="size-matched: joined to the CoMERA point it matches" if i == 0 else None)
     knee = ""
     if comera:
         line = pd.DataFrame(comera).sort_values("compression")
@@ -330,15 +346,37 @@ def fig14_accuracy_vs_compression(res: Results, out: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     seeds = ok.seed.nunique()
-    footer = (f"{knee + '. ' if knee else ''}{res.label}, {source}, {seeds} seed{'s' if seeds != 1 else ''} "
-              "(small: each seed; large: mean). More: table_mnli_size.")
+    footer = (f"{knee + '. ' if knee else ''}{equal_size_text(ok)}{res.label}, {source}, {seeds} "
+              f"seed{'s' if seeds != 1 else ''} (small: each seed; large: mean; hollow: target not "
+              "reached). More: table_mnli_size.")
     drawing.finish(fig, title, footer, out, name, drawing.notes(
         model=model_line(res, ok), settings=res.settings_line("transformer", ok),
-        methods=f"{methods_text(ok)}; the size-matched model is the uncompressed one made narrower to "
-                "CoMERA's parameter count at its target",
+        methods=f"{methods_text(ok)}; the size-matched dense model (the best of its shapes x rates on "
+                "held-out training data) and the fixed-rank TT model, each at the parameter count the CoMERA "
+                "cell it matches reached, joined to it by a dotted line",
         measured="final validation accuracy (the last evaluation) against whole-model compression = the "
                  "uncompressed model's parameters / the trained model's (compression_total); markers at "
                  "the same compression are set side by side",
         more="No counterpart in the paper."))
 
 
+def equal_size_text(ok: pd.DataFrame) -> str:
+    """"At equal size: CoMERA target 0.2 (7.9x) 0.892, dense 0.840 (8.2x), fixed-rank TT 0.900 (7.8x). "
+    for each CoMERA target a size-matched model matches (means over seeds; every point at its measured
+    compression); "" without one."""
+    texts = []
+    rows = {r.run_id: r for r in ok.itertuples()}
+    matched = [(m, r) for r in ok.itertuples() if (m := size_matched(r))]
+    for target in dict.fromkeys(m.get("target") for m, _ in matched):
+        pairs = [(m, r) for m, r in matched if m.get("target") == target]
+        sources = pd.DataFrame([rows[m["run"]]._asdict() for m, _ in pairs if m["run"] in rows]
+                               ).drop_duplicates("run_id") if pairs else pd.DataFrame()
+        parts = ([f"CoMERA target {target:g} ({sources.compression_total.mean():.1f}x) "
+                  f"{sources.metric_value.mean():.3f}"] if len(sources) else [])
+        for name, method in (("dense", "dense"), ("fixed-rank TT", "comera")):
+            cells = pd.DataFrame([r._asdict() for _, r in pairs if r.method == method])
+            if len(cells):
+                parts.append(f"{name} ({cells.compression_total.mean():.1f}x) "
+                             f"{cells.metric_value.mean():.3f}")
+        texts.append(", ".join(parts))
+    return f"At equal size: {'; '.join(texts)}. " if texts else ""

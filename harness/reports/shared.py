@@ -14,19 +14,39 @@ GIB = 2 ** 30
 
 
 def method_label(row: Any) -> str:
-    """"comera (target 0.2)", "lte-tuned", "dense, size-matched to CoMERA target 0.2" (the dense method's
-    size-matched baseline, :func:`size_matched`)."""
+    """"comera (target 0.2)", "lte-tuned", "dense, size-matched to CoMERA target 0.2" and
+    "comera-fixed-rank, size-matched to CoMERA target 0.2" (cells matched to the size a CoMERA cell reached,
+    :func:`size_matched`)."""
     label = row.method if row.variant in ("default", "", None) else f"{row.method}-{row.variant}"
     if pd.notna(row.target_ratio):
         label += f" (target {row.target_ratio:g})"
     matched = size_matched(row)
-    return f"{row.method}, size-matched to CoMERA target {matched['target']:g}" if matched else label
+    if not matched:
+        return label
+    plain = row.variant in ("default", "size-matched", "", None)
+    named = row.method if plain else f"{row.method}-{row.variant}"
+    target = "" if matched.get("target") is None else f" target {matched['target']:g}"
+    return f"{named}, size-matched to CoMERA{target}"
 
 
 def size_matched(row: Any) -> dict[str, Any]:
-    """The record of a size-matched dense baseline (baselines.dense.size_matched: ``target``,
-    ``comera_params``, ``params``, ``full_params`` and its width), {} for any other row."""
-    return settings_of(row).get("method", {}).get("size_matched") or {}
+    """The record of a cell matched to the size another cell reached (method param ``match_run``: the
+    size-matched dense model, the fixed-rank TT model): ``run``, ``params`` (the count it matched),
+    ``target``, ``target_reached`` of that cell, and the method's own (the dense model's, the ranks);
+    {} for any other row."""
+    return settings_of(row).get("method", {}).get("matched") or {}
+
+
+def target_reached(row: Any) -> bool | None:
+    """Whether a CoMERA run with a target reached it: the row's ``target_reached`` column where it has one,
+    else no shortfall reported (:func:`target_shortfall`, :func:`late_stage_missing`); None for a run
+    without a target or that failed."""
+    if row.method != "comera" or pd.isna(row.target_ratio) or row.status != "ok":
+        return None
+    given = getattr(row, "target_reached", None)
+    if given is not None and not pd.isna(given):
+        return bool(given)
+    return not (late_stage_missing(row) or target_shortfall(row))
 
 
 def status_note(row: Any) -> str:

@@ -208,10 +208,12 @@ def table_mnli_size(res: Results) -> tuple[pd.DataFrame, str]:
             "size at the end / at the switch, to be read against the target; a note \"target reached\" or "
             "\"target not reached\": the run's target_reached (its TT size ends at most 5% above the target, "
             "or within one rank's saving of it: the library's rule); params = parameters of the "
-            "trained model; the size-matched dense model is the uncompressed model made narrower (d_model, "
-            "d_ff) to the parameter count nearest CoMERA's at its target, computed before training (every "
-            "parameter but the TT cores and gates, plus the target x those at initialization; its note gives "
-            "that count and the width); the paper row is its model at full size (source: "
+            "trained model; the size-matched models match the parameters a CoMERA cell of the same seed "
+            "reached at its target: the dense one is the best on held-out training data of its shapes "
+            "(narrower, shallower, a word table over the task's tokens) x three rates, the fixed-rank one "
+            "the TT model at the uniform rank nearest that count, trained without rank adaptation (their "
+            "notes give the count, the shape and rate, the rank); the paper row is its model at full size "
+            "(source: "
             f"{reference.source_text(paper['source'])}); a note \"still "
             f"learning\": its accuracy rose by more than {LEARNING_RISE:g} over its last "
             f"{LEARNING_TAIL:.0%} of steps to less than 1, so it is not a settled result")
@@ -249,16 +251,28 @@ def _size_row(res: Results, r: Any) -> dict[str, Any]:
 
 
 def matched_note(row: Any) -> str:
-    """What a size-matched dense row matches: "matches CoMERA target 0.2: 24419 parameters (d_model 16,
-    d_ff 64)"; "" for other rows."""
+    """What a size-matched row matches and what it is: "matches CoMERA target 0.2 (reached): 70123
+    parameters; chosen on held-out training data of 9: task-vocabulary (d_model 48, d_ff 192, num_layers
+    2, task_vocabulary 102), lr 0.001" (the dense model; "(held-out accuracy tied for 9: chosen by held-out
+    loss)" after it where the choice's scores tied) or "...; rank 6 (TTM 12)" (the fixed-rank TT
+    model); "" for other rows."""
     m = size_matched(row)
     if not m:
         return ""
-    dims = sorted(set(m) - {"target", "comera_params", "params", "full_params"},
-                  key=lambda k: (k != "d_model", k))  # d_model first
-    width = ", ".join(f"{k} {m[k]}" for k in dims)
-    return (f"matches CoMERA target {m['target']:g}: {m['comera_params']} parameters"
-            + (f" ({width})" if width else ""))
+    reached = {True: " (reached)", False: " (not reached)"}.get(m.get("target_reached"), "")
+    target = f" target {m['target']:g}{reached}" if m.get("target") is not None else ""
+    text = f"matches CoMERA{target}: {m['params']} parameters"
+    chosen = settings_of(row).get("method", {}).get("selection") or {}
+    if chosen:
+        dims = ", ".join(f"{k} {v}" for k, v in chosen["dims"].items())
+        text += (f"; chosen on held-out training data of {len(chosen['candidates'])}: {chosen['shape']} "
+                 f"({dims}), lr {chosen['lr']:.3g}")
+        if (chosen.get("tied") or 1) > 1:
+            text += f" (held-out {chosen['metric']} tied for {chosen['tied']}: chosen by held-out loss)"
+    if m.get("rank") is not None:
+        ttm = f" (TTM {m['embedding_rank']})" if m.get("embedding_rank") is not None else ""
+        text += f"; rank {m['rank']}{ttm}"
+    return text
 
 
 def table_runs(res: Results) -> tuple[pd.DataFrame, str]:

@@ -14,6 +14,8 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 import torch
 
+from harness.spec import MATCH_PARAM
+
 #: Per workload: the params that give it data for one training batch of the given size (and one eval
 #: sample), over the "tiny" preset.
 ONE_BATCH: dict[str, Callable[[int], dict[str, Any]]] = {
@@ -39,7 +41,8 @@ def warm_up(workload: str, method: str, *, batch_size: int, device: torch.device
             target_ratio: float | None = None, seed: int = 0,
             build_workload: Callable[..., Any] | None = None,
             get_method: Callable[[str], Any] | None = None) -> str:
-    """One training step of ``method`` (with its checked ``method_params``) on the tiny ``workload``
+    """One training step of ``method`` (with its checked ``method_params``, less the cell a size-matched
+    cell matches: it trains the method's own model) on the tiny ``workload``
     (see :func:`_tiny_params`; ``workload_params`` are the cell's), everything dropped afterwards and
     the random states untouched. ``build_workload``/``get_method`` default to the real registries.
 
@@ -60,7 +63,8 @@ def warm_up(workload: str, method: str, *, batch_size: int, device: torch.device
             return _one_step(build_workload, get_method, workload, method, batch_size=batch_size,
                              device=device, workload_params=_tiny_params(workload, workload_params or {},
                                                                         batch_size),
-                             method_params=dict(method_params or {}), target_ratio=target_ratio, seed=seed)
+                             method_params=_warm_up_params(method_params), target_ratio=target_ratio,
+                             seed=seed)
     except BaseException as exc:
         traceback.clear_frames(exc.__traceback__)  # the failed step's locals hold the tiny model
         raise
@@ -68,6 +72,12 @@ def warm_up(workload: str, method: str, *, batch_size: int, device: torch.device
         if device.type == "cuda":  # its cached blocks would count as reserved in the measured region
             gc.collect()
             torch.cuda.empty_cache()
+
+
+def _warm_up_params(method_params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The cell's method params without the cell it matches (``harness.spec.MATCH_PARAM``): the tiny
+    instance has no such cell, and a size-matched method would choose its model first."""
+    return {k: v for k, v in (method_params or {}).items() if k != MATCH_PARAM}
 
 
 def _one_step(build_workload: Callable[..., Any], get_method: Callable[[str], Any], workload: str,

@@ -19,10 +19,10 @@ _FILES = plugins.discover("workloads", Path(__file__).parent)
 WORKLOADS: tuple[str, ...] = tuple(_FILES)
 """transformer, dlrm, mlm, and every other module here (or plug-in folder file) that defines ``build``."""
 
-FEATURES: dict[str, str] = {"sized_model": "sized_params"}
+FEATURES: dict[str, str] = {"sized_models": "sized_candidates"}
 """What a workload may offer a method, each with the module-level function whose presence says the workload
-offers it: ``sized_model``, a smaller dense model of its kind (:attr:`Workload.sized_model`; the
-size-matched dense baseline), where the module defines ``sized_params(params, n)``."""
+offers it: ``sized_models``, smaller dense models of its kind (:attr:`Workload.sized_models`; the
+size-matched dense baseline), where the module defines ``sized_candidates(params, n)``."""
 
 __all__ = ["FEATURES", "WORKLOADS", "PARAMS_DEFAULTS", "Workload", "build_workload", "check_params",
            "features"]

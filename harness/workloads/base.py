@@ -6,12 +6,35 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
 from torch import nn
 
 Batch = dict[str, torch.Tensor]
+
+
+class SizedModel(NamedTuple):
+    """One candidate shape of a smaller dense model (:attr:`Workload.sized_models`)."""
+
+    shape: str
+    """What was made smaller, e.g. "width", "depth", "task-vocabulary"."""
+    dims: dict[str, Any]
+    """The params that set its size, e.g. ``{"d_model": 32, "d_ff": 128, "num_layers": 2}``."""
+    params: int
+    """Its parameter count."""
+    build: Callable[[], nn.Module]
+    """A fresh model of this shape, seeded and placed as :attr:`Workload.model`."""
+
+
+class Holdout(NamedTuple):
+    """The training data split for model selection (:attr:`Workload.holdout`)."""
+
+    train_batches: Callable[[int], Iterator[Batch]]
+    """epoch -> batches of the training data without the held-out slice."""
+    steps_per_epoch: int
+    evaluate: Callable[[nn.Module], dict[str, float]]
+    """As :attr:`Workload.evaluate`, on the held-out slice of the training data (never the eval split)."""
 
 
 @dataclass
@@ -41,11 +64,13 @@ class Workload:
     official_init: Callable[[nn.Module], None] | None = None
     """Re-initializes the parameters that stay dense after tensorizing as the official CoMERA code does
     (the CoMERA method's ``dense_init: official``); None: they keep the workload's own init."""
-    sized_model: Callable[[int], tuple[nn.Module, dict[str, Any]]] | None = None
-    """``n`` -> a smaller dense model of the same kind whose parameter count is the nearest to ``n`` the
-    workload's rule gives, seeded and placed as ``model``, and the params that set its size (e.g.
-    ``{"d_model": 16, "d_ff": 64}``); the dense method's size-matched baseline trains it. None: the
-    workload has no such rule."""
+    sized_models: Callable[[int], list[SizedModel]] | None = None
+    """``n`` -> candidate smaller dense models of the same kind (one per shape the workload can shrink),
+    each with the parameter count nearest ``n`` its rule gives; the dense method's size-matched model is
+    chosen among them (docs/workloads.md). None: the workload has no such rule."""
+    holdout: Callable[[float], Holdout] | None = None
+    """``fraction`` -> the training data without its last ``fraction`` of samples, and an evaluation on
+    that slice: what a model is chosen on without seeing the eval split. None: the workload has none."""
 
 
 def seeded_model(build_model: Callable[[dict[str, Any]], nn.Module], params: dict[str, Any], seed: int,

@@ -1,7 +1,8 @@
 """The paper's six-encoder transformer on MNLI (docs/workloads.md), and the encoder the MLM workload reuses.
 
-Sizes "tiny", "small" (default) and "paper"; :func:`official_init`, :func:`sized_params` (the size-matched
-dense model). Why the paper size is built so, the rates and the params: docs/design-notes.md.
+Sizes "tiny", "small" (default) and "paper"; :func:`official_init`, :func:`sized_candidates` (the
+size-matched dense model's shapes). Why the paper size is built so, the rates and the params:
+docs/design-notes.md.
 """
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from torch import nn
 from comera import feed_forward
 from harness.data import batching, mnli, nli_synthetic
 from harness.data.cache import cache_dir, cached_tensors, fingerprint
-from harness.data.text_tokenizer import load_or_train, load_tokenizer_file, encode_pairs, train_wordpiece
-from harness.workloads.base import Batch, Workload, evaluating, seeded_model
+from harness.data.text_tokenizer import (UNK_ID, encode_pairs, load_or_train, load_tokenizer_file,
+                                         train_wordpiece)
+from harness.workloads.base import Batch, Holdout, SizedModel, Workload, evaluating, seeded_model
 from harness.workloads.dropout import Dropout, attention, replaces_torch
 from harness.workloads.params import Choice, ListOf, positive, require
 from harness.workloads.tt_spec import embedding_shapes, embedding_spec, linear_spec
@@ -243,6 +245,54 @@ def sized_params(p: dict[str, Any], n: int) -> dict[str, Any]:
     return min(widths[max(low - 1, 0):low + 1], key=lambda q: abs(parameter_count(q) - n))
 
 
+class TaskVocabulary(nn.Module):
+    """A word embedding over only the token ids a task uses: id -> its row (``index``, a buffer, not a
+    parameter); ids outside ``ids`` take the row of [UNK] (which must be among them).
+
+    Shape:
+        input: any shape of token ids below the full vocabulary size; output: (*input, embedding_dim).
+    """
+
+    def __init__(self, ids: list[int], vocab_size: int, embedding: nn.Embedding):
+        super().__init__()
+        if embedding.num_embeddings != len(ids) or UNK_ID not in ids:
+            raise ValueError(f"TaskVocabulary: {len(ids)} ids (with [UNK] {UNK_ID}) for a table of "
+                             f"{embedding.num_embeddings} rows")
+        index = torch.full((vocab_size,), ids.index(UNK_ID), dtype=torch.long)
+        index[torch.tensor(ids)] = torch.arange(len(ids))
+        self.register_buffer("index", index.to(embedding.weight.device), persistent=False)
+        self.embedding = embedding
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embedding(self.index[input_ids])
+
+
+def sized_candidates(p: dict[str, Any], n: int, task_ids: list[int] | None = None) -> list[tuple[str, dict]]:
+    """The shapes of the size-matched dense model, each at the parameter count nearest ``n``
+    (:func:`sized_params`): "width" (d_model and d_ff narrower), "depth" (half the layers, rounded down,
+    at the width that then matches; only with two layers or more) and "task-vocabulary" (a word table over
+    ``task_ids`` only, the width then matched; only when given). Returns (shape, params) pairs;
+    ``params["task_vocabulary"]`` is the number of ids of the last one."""
+    out = [("width", sized_params(p, n))]
+    if p["num_layers"] > 1:
+        out.append(("depth", sized_params({**p, "num_layers": p["num_layers"] // 2}, n)))
+    if task_ids is not None and len(task_ids) < p["vocab_size"]:
+        q = sized_params({**p, "vocab_size": len(task_ids)}, n)
+        out.append(("task-vocabulary", {**q, "vocab_size": p["vocab_size"],
+                                        "task_vocabulary": len(task_ids)}))
+    return out
+
+
+def build_sized(q: dict[str, Any], task_ids: list[int] | None) -> NLIClassifier:
+    """The classifier of a :func:`sized_candidates` shape (its word table over ``task_ids`` when the shape
+    has ``task_vocabulary``)."""
+    if not q.get("task_vocabulary"):
+        return build_model(q)
+    model = build_model({**q, "vocab_size": len(task_ids)})
+    model.encoder.embeddings.word = TaskVocabulary(task_ids, q["vocab_size"], model.encoder.embeddings.word)
+    return model
+
+
 def tt_spec(p: dict[str, Any]) -> dict[str, dict]:
     """Attention q/k/v/o, FFN in/out and fc1 as TT; the word embedding as TTM (if tensorize_embedding)."""
     spec = encoder_tt_spec("encoder.", p["num_layers"], p["d_model"], p["d_ff"], p["rank"])
@@ -320,20 +370,37 @@ def build(p: dict[str, Any], *, batch_size: int, seed: int, device: torch.device
     train, evals, info = load_data(p)
     model = seeded_model(build_model, p, seed, device)
 
-    def sized_model(n: int) -> tuple[nn.Module, dict[str, Any]]:
-        q = sized_params(p, n)
-        return seeded_model(build_model, q, seed, device), {"d_model": q["d_model"], "d_ff": q["d_ff"]}
+    task_ids = (nli_synthetic.token_ids(p["vocab_size"], p["num_words"]) if p["data"] == "synthetic"
+                else None)
+
+    def sized_models(n: int) -> list[SizedModel]:
+        return [SizedModel(shape, {k: q[k] for k in ("d_model", "d_ff", "num_layers", "task_vocabulary")
+                                   if k in q}, parameter_count({**q, "vocab_size": len(task_ids)}
+                                                               if q.get("task_vocabulary") else q),
+                           lambda q=q: seeded_model(lambda r: build_sized(r, task_ids), q, seed, device))
+                for shape, q in sized_candidates(p, n, task_ids)]
     eval_bs = p["eval_batch_size"] or max(batch_size, 64)
 
-    def evaluate(m: nn.Module) -> dict[str, float]:
+    def scored(m: nn.Module, data: dict[str, torch.Tensor]) -> dict[str, float]:
         correct, total_loss, n = 0, 0.0, 0
         with evaluating(m):
-            for batch in batching.eval_batches(evals, eval_bs, device):
+            for batch in batching.eval_batches(data, eval_bs, device):
                 logits = m(batch["input_ids"], batch["segment_ids"], batch["attention_mask"])
                 total_loss += F.cross_entropy(logits, batch["labels"], reduction="sum").item()
                 correct += (logits.argmax(-1) == batch["labels"]).sum().item()
                 n += batch["labels"].shape[0]
         return {"metric_name": "accuracy", "metric_value": correct / n, "loss": total_loss / n, "samples": n}
+
+    def evaluate(m: nn.Module) -> dict[str, float]:
+        return scored(m, evals)
+
+    def holdout(fraction: float) -> Holdout:
+        rows = batching.num_rows(train)
+        held = min(max(1, round(fraction * rows)), rows - 1)
+        fit = {k: t[:rows - held] for k, t in train.items()}
+        kept = {k: t[rows - held:] for k, t in train.items()}
+        return Holdout(lambda epoch: batching.train_batches(fit, batch_size, seed, epoch, device),
+                       batching.train_steps(rows - held, batch_size), lambda m: scored(m, kept))
 
     info.update(train_samples=batching.num_rows(train), eval_samples=batching.num_rows(evals),
                 vocab_size=p["vocab_size"], eval_batch_size=eval_bs,
@@ -345,4 +412,4 @@ def build(p: dict[str, Any], *, batch_size: int, seed: int, device: torch.device
         loss=loss, evaluate=evaluate,
         steps_per_epoch=batching.train_steps(batching.num_rows(train), batch_size),
         metric_name="accuracy", seq_len=p["seq_len"], lr=dict(LR["paper" if p["size"] == "paper" else "cpu"]),
-        info=info, official_init=official_init, sized_model=sized_model)
+        info=info, official_init=official_init, sized_models=sized_models, holdout=holdout)

@@ -265,3 +265,50 @@ def test_a_comera_models_loss_traces_to_one_graph(workload):
     explained = torch._dynamo.explain(lambda b: built.loss(prepared.model, b))(batch)
     assert explained.graph_break_count == 0, [str(r.reason).splitlines()[0] for r in explained.break_reasons]
     torch._dynamo.reset()
+
+
+def test_fixed_rank_twin_takes_the_uniform_rank_nearest_the_matched_size_and_prunes_nothing(tmp_path,
+                                                                                           monkeypatch):
+    """``match_run``: the tiny transformer's TT layers at one rank r (its TTM at r x 8/8), the count
+    nearest the source row's params_total; no target, no pruning; the row records what it matched."""
+    import copy
+
+    import pandas as pd
+
+    from baselines.comera import fixed_rank_spec
+    from baselines.dense import CELLS_DIR_ENV
+    from harness.workloads import build_workload
+
+    workload = build_workload("transformer", {"size": "tiny", "train_samples": 16, "eval_samples": 8},
+                              batch_size=4, seed=0, device="cpu")
+    _, fixed = fixed_rank_spec(workload.model, workload.tt_spec, 1)
+    counts = {}
+    for rank in (2, 3, 4):
+        spec = {name: {**e, "rank": rank} for name, e in workload.tt_spec.items()}
+        twin = CoMERAMethod().prepare(copy.deepcopy(workload.model), SimpleWorkload(workload, spec), {},
+                                      target_ratio=None, total_steps=4)
+        counts[rank] = twin.size()["params_total"]
+    assert fixed["rank"] == 1
+    wanted = (counts[3] * 2 + counts[4]) / 3  # nearer rank 3's count than rank 4's
+    monkeypatch.setenv(CELLS_DIR_ENV, str(tmp_path))
+    pd.DataFrame([{"status": "ok", "params_total": wanted, "target_ratio": 0.2, "compression_total": 3.0,
+                   "settings": "{}"}]).to_parquet(tmp_path / "c-t0.2.runs.parquet")
+    method = CoMERAMethod()
+    prepared = method.prepare(workload.model, workload, {"match_run": "c-t0.2"}, target_ratio=None,
+                              total_steps=4)
+    assert method.variant == "fixed-rank" and prepared.settings["prune_every"] == 0
+    matched = prepared.settings["matched"]
+    assert (matched["rank"], matched["embedding_rank"], matched["run"]) == (3, 3, "c-t0.2")
+    assert prepared.size()["params_total"] == matched["fixed_params"] == counts[3]
+    assert {max(r) for r in prepared.ranks().values()} == {3}
+    with pytest.raises(ValueError, match="fixed ranks: target_ratio, rank and embedding_rank must be null"):
+        CoMERAMethod().prepare(workload.model, workload, {"match_run": "c-t0.2"}, target_ratio=0.5,
+                               total_steps=4)
+
+
+class SimpleWorkload:
+    """``workload`` with another tt_spec."""
+
+    def __init__(self, workload, tt_spec):
+        self.__dict__.update(vars(workload))
+        self.tt_spec = tt_spec

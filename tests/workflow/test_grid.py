@@ -633,30 +633,100 @@ def test_the_papers_comera_runs_beside_the_projects_at_targets_half_and_a_fifth(
     assert methods.index("comera-paper") == methods.index("comera") + 1
 
 
-@pytest.mark.parametrize("workload", ["mlm", "dlrm"])
-@pytest.mark.parametrize("where", ["params", "sweep", "quality"])
-def test_the_size_matched_dense_model_on_a_workload_without_smaller_models_is_refused(workload, where):
-    """``match_target`` needs a workload that builds smaller models of its kind (the transformer's
-    ``sized_params``): on MLM or DLRM every such cell would end as an error row after it ran, so the config
-    check names the workload entry's method reference, the method configuration, the workload and why."""
+def matched_config() -> dict:
     config = minimal()
-    matched = {"method": "dense", "variant": "size-matched", "params": {"match_target": 0.5}}
-    if where == "sweep":
-        matched = {"method": "dense", "variant": "size-matched", "sweep": {"match_target": [0.2, 0.5]}}
-    config["methods"]["dense-matched"] = matched
-    config["workloads"]["transformer"]["methods"].append("dense-matched")  # the transformer has them
-    grid.check_config(filled(config))
-    entry = {"params": {"size": "tiny"}, "batch_sizes": [4], "methods": ["dense", "dense-matched"]}
-    key = f"workloads.{workload}.methods[1]"
-    if where == "quality":
-        entry = {**entry, "methods": ["dense"],
-                 "quality": {"batch_sizes": [4], "methods": ["dense-matched"], "budget": {}}}
-        key = f"workloads.{workload}.quality.methods[0]"
-    config["workloads"][workload] = entry
+    config["methods"]["dense-matched"] = {"method": "dense", "variant": "size-matched", "match": "comera"}
+    config["methods"]["comera-fixed"] = {"method": "comera", "variant": "fixed-rank", "match": "comera"}
+    config["workloads"]["transformer"]["quality"] = {
+        "batch_sizes": [8], "targets": [0.8, 0.5, 0.2], "seeds": [0, 1],
+        "budget": {"max_steps_per_epoch": 20},
+        "methods": ["dense", {"name": "dense-matched", "targets": [0.5, 0.2]}, "comera", "comera-fixed"]}
+    return config
+
+
+def test_a_matched_cell_names_the_comera_cell_of_its_target_batch_and_seed_and_has_no_target():
+    config = filled(matched_config())
+    grid.check_config(config)
+    cells, _ = expand(config)
+    dense = {k: c for k, c in cells.items() if c["variant"] == "size-matched"}
+    fixed = {k: c for k, c in cells.items() if c["variant"] == "fixed-rank"}
+    assert sorted(dense) == [f"transformer_dense-size-matched_b8_t{t}_s{s}_quality"
+                             for t in ("0.2", "0.5") for s in (0, 1)]
+    assert len(fixed) == 6  # every CoMERA target when the reference names none
+    for rid, cell in {**dense, **fixed}.items():
+        source = cells[cell["method_params"]["match_run"]]
+        assert (source["method"], source["variant"], source["purpose"]) == ("comera", "default", "quality")
+        assert (source["seed"], source["batch_size"]) == (cell["seed"], cell["batch_size"])
+        assert f"_t{source['target_ratio']:g}_" in rid and cell["target_ratio"] is None
+    from harness import spec as specs
+
+    bare = {k: v for k, v in dense["transformer_dense-size-matched_b8_t0.5_s1_quality"].items()
+            if k not in ("run_id", "cell_hash", "execution_hash")}
+    made = specs.make(bare)  # one identity: the same cell, its name derived with the cell hash
+    assert made.run_id.startswith("transformer_dense-size-matched_b8_t0.5_s1_quality_c")
+    assert made.cell_hash == dense["transformer_dense-size-matched_b8_t0.5_s1_quality"]["cell_hash"]
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda c: c["workloads"]["transformer"]["quality"]["methods"].remove("comera"),
+     "matches 'comera', which this block does not run"),
+    (lambda c: c["workloads"]["transformer"]["quality"]["methods"].__setitem__(
+        1, {"name": "dense-matched", "targets": [0.3]}), r"targets \[0.3\] must be among 'comera'"),
+    (lambda c: c["workloads"]["transformer"]["methods"].append("dense-matched"), "quality blocks only"),
+    (lambda c: c["methods"]["dense-matched"].__setitem__("match", "dense"), "methods.dense-matched.match"),
+    (lambda c: c["methods"].__setitem__("galore-matched", {"method": "galore", "match": "comera"}),
+     "takes no param match_run"),
+])
+def test_bad_matches_are_named(mutate, message):
+    config = matched_config()
+    mutate(config)
+    with pytest.raises(grid.ConfigError, match=message):
+        grid.check_config(filled(config))
+
+
+def test_the_train_rule_runs_a_matched_cell_after_the_cell_it_matches(tmp_path):
+    """Snakemake's dry run of the matched config: the size-matched cell's job lists the CoMERA cell's runs
+    file as an input."""
+    import subprocess
+    import sys
+
+    config = matched_config()
+    config["workloads"]["transformer"]["quality"].update(targets=[0.5], seeds=[0])
+    config["workloads"]["transformer"]["quality"]["methods"] = ["dense-matched", "comera"]
+    config.update(device_name="cpu-test", results_dir=str(tmp_path / "results"),
+                  figures_dir=str(tmp_path / "figures"), execution={"device": "cpu", "threads": 1})
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    cells = tmp_path / "results" / "runs" / "cpu-test"
+    target = cells / "transformer_dense-size-matched_b8_t0.5_s0_quality.runs.parquet"
+    out = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile", str(path),
+                          "--directory", str(tmp_path), "--printshellcmds", str(target)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:] + out.stdout[-2000:]
+    source = cells / "transformer_comera-default_b8_t0.5_s0_quality.runs.parquet"
+    inputs = {line.split("output: ")[1].split(",")[0]: previous.split("input: ")[1].split(", ")
+              for previous, line in zip(out.stdout.splitlines(), out.stdout.splitlines()[1:])
+              if line.strip().startswith("output: ") and "input: " in previous}
+    assert str(source) in inputs[str(target)]
+    assert str(source) in inputs  # the cell it matches is a job of the same run
+
+
+@pytest.mark.parametrize("workload", ["mlm", "dlrm"])
+def test_the_size_matched_dense_model_on_a_workload_without_smaller_models_is_refused(workload):
+    """``match`` on the dense method needs a workload that builds smaller models of its kind (the
+    transformer's ``sized_candidates``): on MLM or DLRM every such cell would end as an error row after it
+    ran, so the config check names the workload entry's method reference, the method configuration, the
+    workload and why."""
+    config = matched_config()
+    grid.check_config(filled(config))  # the transformer has them
+    config["workloads"][workload] = {"params": {"size": "tiny"}, "batch_sizes": [4], "methods": ["dense"],
+                                     "quality": {"batch_sizes": [4], "methods": ["comera", "dense-matched"],
+                                                 "targets": [0.5], "budget": {}}}
     with pytest.raises(grid.ConfigError) as err:
         grid.check_config(filled(config))
     assert str(err.value) == (
-        f"config key {key}: method configuration 'dense-matched' (method 'dense') cannot run on workload "
-        f"{workload!r}: its parameter 'match_target' trains the size-matched dense model, a smaller model of "
-        f"the workload's kind, and workload {workload!r} offers no sized_model (its module defines no "
-        "sized_params; docs/workloads.md); leave 'dense-matched' out of this workload's methods")
+        f"config key workloads.{workload}.quality.methods[1]: method configuration 'dense-matched' (method "
+        f"'dense') cannot run on workload {workload!r}: its size-matched dense model (match) is chosen among "
+        f"smaller models of the workload's kind, and workload {workload!r} offers no sized_models (its "
+        "module defines no sized_candidates; docs/workloads.md); leave 'dense-matched' out of this "
+        "workload's methods")

@@ -174,11 +174,20 @@ def test_merged_tables_complete(pipeline):
     comera_ok = runs[(runs.method == "comera") & (runs.status == "ok")]
     kernels = [json.loads(s)["tt_kernels"] for s in comera_ok.settings]
     assert kernels and all(set(k) == {"native", "why"} for k in kernels), kernels
-    # the size-matched dense model (Fig 14): a narrower dense model with CoMERA's count at target 0.5
-    (matched,) = runs[runs.variant == "size-matched"].itertuples()
-    record = json.loads(matched.settings)["method"]["size_matched"]
-    assert matched.status == "ok" and record["target"] == 0.5 and matched.params_total == record["params"]
-    assert matched.compression_total > 1 and record["d_model"] < 32
+    # the size-matched models (Fig 14): matched to the size CoMERA's target-0.5 quality cell reached
+    (source,) = runs[(runs.method == "comera") & (runs.target_ratio == 0.5) & (runs.purpose == "quality")
+                     ].itertuples()
+    for variant in ("size-matched", "fixed-rank"):
+        (matched,) = runs[runs.variant == variant].itertuples()
+        method = json.loads(matched.settings)["method"]
+        record = method["matched"]
+        assert matched.status == "ok", matched.error
+        assert record["run"] == source.run_id and record["params"] == source.params_total
+        assert matched.compression_total > 1 and pd.isna(matched.target_ratio)
+    assert method["prune_every"] == 0 and record["rank"] >= 1  # the fixed-rank TT model
+    dense = json.loads(runs[runs.variant == "size-matched"].settings.iloc[0])["method"]["selection"]
+    # the tiny preset: one layer, every token id of its vocabulary used: one shape (width) x three rates
+    assert [c["shape"] for c in dense["candidates"]] == ["width"] * 3 and dense["shape"] == "width"
 
 
 HOG = "import time\nend = time.monotonic() + {s}\nwhile time.monotonic() < end: pass"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import re
+from types import SimpleNamespace
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -980,51 +981,106 @@ def test_compare_marks_unstable_times_and_says_they_were_measured(tmp_path, monk
                                       "74%, CPU pressure 100%"}
 
 
-def seeded_cell(cell, seed, compression=1.0, matched=None):
-    """A quality cell of ``seed`` with its whole-model compression; ``matched``: a size-matched record."""
+def seeded_cell(cell, seed, compression=1.0, matched=None, **method):
+    """A quality cell of ``seed`` with its whole-model compression; ``matched``: a size-matched record;
+    ``method``: more of its method settings (a CoMERA cell's outcome, a dense model's selection)."""
     row, curves = cell
     rid = f"{row['run_id']}_s{seed}"
     row = {**row, "run_id": rid, "seed": seed, "compression_total": compression}
-    if matched:
-        row["settings"] = json.dumps({"method": {"size_matched": matched}})
+    if matched or method:
+        settings = json.loads(row.get("settings") or "{}")
+        settings.setdefault("method", {}).update(method, **({"matched": matched} if matched else {}))
+        row["settings"] = json.dumps(settings)
     return row, [{**c, "run_id": rid} for c in curves]
 
 
-MATCHED = {"comera_params": 24419, "d_ff": 64, "d_model": 16, "full_params": 553219, "params": 24355,
-           "target": 0.2}  # as a row's settings JSON has it: keys sorted
+SELECTED = {"shape": "task-vocabulary", "dims": {"d_model": 48, "d_ff": 192, "num_layers": 2,
+                                                 "task_vocabulary": 102},
+            "lr": 0.001, "params": 67203, "candidates": [{}] * 9, "metric": "accuracy", "tied": 1}
 
 
-def test_fig14_draws_accuracy_against_compression_per_seed_with_the_size_matched_model_and_the_knee(
-        tmp_path, drawn):
-    """Two seeds per configuration: a small marker each and a large one at their mean; the uncompressed
-    mean as a line; CoMERA's targets joined; the knee in the footer; the matched model labelled by target."""
+def _reached(cell, reached):
+    row, curves = cell
+    return {**row, "target_reached": reached}, curves
+
+
+def fig14_cells():
+    """Two seeds of dense, CoMERA at 0.5 and 0.2 (seed 1 stops short of 0.2) and, matched to CoMERA 0.2's
+    reached size of each seed, the size-matched dense and fixed-rank TT models."""
     cells = []
     for seed, shift in ((0, 0.0), (1, 0.02)):
+        source = f"{quality_cell('comera', 0.2)[0]['run_id']}_s{seed}"
+        record = {"run": source, "params": 70000, "target": 0.2, "target_reached": seed == 0}
+        short = {"outcome": {"shortfall": "the loss guard held it back"}} if seed else {}
         cells += [seeded_cell(quality_cell("dense", end_acc=0.93 + shift), seed),
                   seeded_cell(quality_cell("comera", 0.5, end_acc=0.92 + shift), seed, 7.7),
-                  seeded_cell(quality_cell("comera", 0.2, end_acc=0.83 + shift), seed, 22.7),
-                  seeded_cell(quality_cell("dense", variant="size-matched", end_acc=0.75 + shift), seed, 22.7,
-                              MATCHED),
+                  _reached(seeded_cell(quality_cell("comera", 0.2, end_acc=0.83 + shift), seed, 7.9, **short),
+                           seed == 0),
+                  seeded_cell(quality_cell("dense", variant="size-matched", end_acc=0.75 + shift), seed, 8.2,
+                              record, selection=SELECTED),
+                  seeded_cell(quality_cell("comera", variant="fixed-rank", end_acc=0.79 + shift), seed, 7.8,
+                              {**record, "rank": 6, "embedding_rank": 12, "fixed_params": 71000}),
                   seeded_cell(quality_cell("galore", end_acc=0.90 + shift), seed)]
     cells[0][0]["params_total"] = 553219
-    res = quality_folder(tmp_path / "q", *cells)
+    return cells
+
+
+def test_fig14_places_every_point_at_its_size_hollow_where_a_target_was_missed_and_pairs_the_matched(
+        tmp_path, monkeypatch):
+    """A small marker per seed and a large one at their mean, at the measured compression; CoMERA 0.2's
+    seed 1 missed its target: that seed's marker and the mean are hollow; each size-matched model is joined
+    to the CoMERA point it matches, and the footer compares them at equal size."""
+    kept = {}
+    monkeypatch.setattr(drawing, "finish",
+                        lambda fig, title, footer, *a, **k: kept.update(fig=fig, footer=footer))
+    res = quality_folder(tmp_path / "q", *fig14_cells())
+    quality_figures.fig14_accuracy_vs_compression(res, tmp_path)
+    (ax,) = kept["fig"].axes
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    missed = lines["comera (target 0.2) [target not reached: 1 of 2]"]
+    assert missed.get_markerfacecolor() == "none" and missed.get_ydata()[0] == pytest.approx(0.84)
+    assert lines["comera (target 0.5)"].get_markerfacecolor() != "none"
+    hollow = [ln for ln in ax.get_lines() if ln.get_label().startswith("_")
+              and ln.get_markerfacecolor() == "none" and len(ln.get_xdata())]
+    assert [list(ln.get_ydata()) for ln in hollow] == [[pytest.approx(0.85)]]  # seed 1 of target 0.2 only
+    dense = lines["uncompressed, size-matched to CoMERA target 0.2"]
+    fixed = lines["comera-fixed-rank, size-matched to CoMERA target 0.2"]
+    assert dense.get_xdata()[0] == pytest.approx(8.2, rel=0.1) and dense.get_ydata()[0] == pytest.approx(0.76)
+    assert fixed.get_ydata()[0] == pytest.approx(0.80)
+    joins = [ln for ln in ax.get_lines() if ln.get_linestyle() == ":" and len(ln.get_xdata()) == 2]
+    assert sorted(sorted(ln.get_ydata()) for ln in joins) == [[pytest.approx(0.76), pytest.approx(0.84)],
+                                                               [pytest.approx(0.80), pytest.approx(0.84)]]
+    assert "At equal size: CoMERA target 0.2 (7.9x) 0.840, dense (8.2x) 0.760, fixed-rank TT (7.8x) 0.800" \
+        in kept["footer"]
+    assert "hollow: target not reached" in kept["footer"]
+    plt.close(kept["fig"])
+    size, _ = tables.table_mnli_size(res)
+    notes = set(size[size.method == "dense, size-matched to CoMERA target 0.2"].note)
+    assert notes == {"matches CoMERA target 0.2 (reached): 70000 parameters; chosen on held-out training "
+                     "data of 9: task-vocabulary (d_model 48, d_ff 192, num_layers 2, task_vocabulary 102), "
+                     "lr 0.001",
+                     "matches CoMERA target 0.2 (not reached): 70000 parameters; chosen on held-out training "
+                     "data of 9: task-vocabulary (d_model 48, d_ff 192, num_layers 2, task_vocabulary 102), "
+                     "lr 0.001"}
+    fixed_notes = set(size[size.method == "comera-fixed-rank, size-matched to CoMERA target 0.2"].note)
+    assert fixed_notes == {"matches CoMERA target 0.2 (reached): 70000 parameters; rank 6 (TTM 12)",
+                           "matches CoMERA target 0.2 (not reached): 70000 parameters; rank 6 (TTM 12)"}
+
+
+def test_fig14_draws_the_knee_and_the_uncompressed_line(tmp_path, drawn):
+    res = quality_folder(tmp_path / "q", *fig14_cells())
     quality_figures.fig14_accuracy_vs_compression(res, tmp_path)
     (points,), texts, footer = drawn["fig14_accuracy_vs_compression"]
     assert points["uncompressed"] == [pytest.approx(0.94)]  # the mean of the seeds' 0.93 and 0.95
     assert points["uncompressed, mean 0.940 (seeds' range shaded)"] == [pytest.approx(0.94)] * 2
-    assert points["comera (target 0.2)"] == [pytest.approx(0.84)]
-    assert points["uncompressed, size-matched to CoMERA target 0.2"] == [pytest.approx(0.76)]
     assert points["galore"] == [pytest.approx(0.91)]
     assert footer.startswith("CoMERA within 0.02 of uncompressed up to 7.7x (target 0.5); 0.100 below at "
-                             "22.7x (target 0.2)")  # the figure's finding first: the footer keeps two lines
+                             "7.9x (target 0.2)")  # the figure's finding first
     assert "2 seeds" in footer and "quality cells" in footer
     size, note = tables.table_mnli_size(res)
-    matched = size[size.method == "dense, size-matched to CoMERA target 0.2"]
-    assert matched.params.tolist() == [1000, 1000]  # the rows' params_total
     tables.write_table(size, note, "t", tmp_path, "t", "")
     text = (tmp_path / "t.md").read_text()
     assert " 553219 |" in text and "e+05" not in text  # the dense rows' count, whole
-    assert set(matched.note) == {"matches CoMERA target 0.2: 24419 parameters (d_model 16, d_ff 64)"}
 
 
 @pytest.mark.parametrize("accuracies, expected", [
@@ -1210,3 +1266,11 @@ def test_switch_lines_name_the_targets_where_they_switched_apart(tmp_path, drawn
     (acc, _), _, _ = drawn["fig6_accuracy"]
     assert [label for label in acc if label.startswith("stage switch")] == [
         "stage switch, target 0.2, seed 0", "stage switch, targets 0.8/0.5, seed 0"]
+
+
+def test_a_size_matched_note_says_when_the_held_out_scores_tied():
+    selection = {**SELECTED, "tied": 9}
+    row = SimpleNamespace(settings=json.dumps({"method": {"selection": selection, "matched": {
+        "run": "c", "params": 70000, "target": 0.2, "target_reached": True}}}))
+    assert tables.matched_note(row).endswith(
+        "lr 0.001 (held-out accuracy tied for 9: chosen by held-out loss)")

@@ -89,6 +89,10 @@ if config["only_finished"]:
 GROUPS = _grid.timing_groups(GRID) if not config["only_finished"] else {}  # group -> cells, timed in rounds
 GROUPED = {rid for ids in GROUPS.values() for rid in ids}
 SOLO = [rid for rid in GRID if rid not in GROUPED] if not config["only_finished"] else []  # timed alone
+# a size-matched cell (method param match_run) runs after the cell it matches: that cell's runs file is an input
+from harness.spec import MATCH_PARAM as _MATCH
+
+MATCHED = {rid: spec.method_params[_MATCH] for rid, spec in GRID.items() if spec.method_params.get(_MATCH)}
 SPEC_FILES = expand(f"{CELLS}/{{run_id}}.spec.json", run_id=GRID)
 RUN_FILES = expand(f"{CELLS}/{{run_id}}.runs.parquet", run_id=GRID)
 CURVE_FILES = expand(f"{CELLS}/{{run_id}}.curves.parquet", run_id=GRID)

@@ -2,7 +2,9 @@
 # it in its own process. The runner writes both files atomically, also for a failed cell (status
 # oom | diverged | error | timeout); a runner killed by a signal (the OOM killer's SIGKILL) gets its row
 # from its supervising parent (`--isolate`, harness/running/supervise.py). Either way the job succeeds, the
-# cell is done and the tables go on; to run a failed cell again, delete its files (docs/pipeline.md).
+# cell is done and the tables go on; to run a failed cell again, delete its files (docs/pipeline.md). A
+# size-matched cell (method param match_run) reads the runs file of the cell it matches: an input, so it runs
+# after it, and again when that cell ran again.
 localrules: cell_spec, runs
 
 
@@ -24,6 +26,7 @@ rule train:
         run_id="|".join(map(_re.escape, SOLO)) or "(?!)",
     input:
         spec=f"{CELLS}/{{run_id}}.spec.json",
+        matched=lambda w: [f"{CELLS}/{MATCHED[w.run_id]}.runs.parquet"] if w.run_id in MATCHED else [],
     output:
         runs=f"{CELLS}/{{run_id}}.runs.parquet",
         curves=f"{CELLS}/{{run_id}}.curves.parquet",

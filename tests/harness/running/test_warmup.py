@@ -96,3 +96,20 @@ def test_every_real_workload_has_a_tiny_instance(tmp_path, workload, method, met
     outcome = warmup.warm_up(workload, method, batch_size=batch_size, device=CPU, workload_params=cell,
                              method_params=baselines.check_params(method, method_params))
     assert outcome == "ok"
+
+
+def test_a_size_matched_cell_warms_up_without_the_cell_it_matches():
+    """The tiny instance has no cell to match (and a size-matched dense method would first train its
+    candidates for a quarter of the warm-up's 10**6 steps): the step gets the other params only."""
+    seen = []
+
+    class Method(ToyMethod):
+        def prepare(self, model, workload, params, **kw):
+            seen.append(dict(params))
+            return super().prepare(model, workload, {k: v for k, v in params.items() if k != "match_run"},
+                                   **kw)
+
+    assert warmup.warm_up("toy", "toy", batch_size=16, device=CPU,
+                          method_params={"match_run": "cell_t0.2_s0", "lr": 0.1},
+                          build_workload=Recorder().build_workload, get_method=lambda name: Method()) == "ok"
+    assert seen == [{"lr": 0.1}]

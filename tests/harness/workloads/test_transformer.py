@@ -175,11 +175,41 @@ def test_sized_params_give_the_width_with_the_nearest_parameter_count():
             k: v for k, v in p.items() if k not in ("d_model", "d_ff")}
 
 
-def test_sized_model_is_seeded_as_the_workloads(tiny):
-    model, dims = tiny.sized_model(10_000)
-    again, _ = tiny.sized_model(10_000)
-    assert dims["d_model"] < 32 and model.encoder.embeddings.word.weight.shape[1] == dims["d_model"]
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+def test_sized_models_are_width_depth_and_the_task_vocabulary_each_seeded_as_the_workloads():
+    """The small preset (two layers) with the grid's 96 words: three shapes near the count asked for; the
+    task-vocabulary model embeds only the 102 ids the generator emits, every other id as [UNK]."""
+    from harness.data import nli_synthetic
+    from harness.data.text_tokenizer import UNK_ID
+
+    work = build_workload("transformer", {"size": "small", "num_words": 96, "num_topics": 8, "premise_len": 8,
+                                          "train_samples": 64, "eval_samples": 16},
+                          batch_size=8, seed=0, device="cpu")
+    shapes = {c.shape: c for c in work.sized_models(70_000)}
+    assert list(shapes) == ["width", "depth", "task-vocabulary"]
+    assert shapes["depth"].dims["num_layers"] == 1 and shapes["width"].dims["num_layers"] == 2
+    assert shapes["depth"].dims["d_model"] > shapes["width"].dims["d_model"]
+    assert shapes["task-vocabulary"].dims["task_vocabulary"] == 102
+    for c in shapes.values():
+        model, again = c.build(), c.build()
+        assert sum(q.numel() for q in model.parameters()) == c.params
+        assert abs(c.params - 70_000) < 10_000
+        assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                     again.state_dict().values()))
+    word = shapes["task-vocabulary"].build().encoder.embeddings.word
+    ids = nli_synthetic.token_ids(1024, 96)
+    assert word.embedding.weight.shape[0] == len(ids) == 102
+    assert torch.equal(word(torch.tensor(ids)), word.embedding.weight)
+    assert torch.equal(word(torch.tensor([1023])), word(torch.tensor([UNK_ID])))
+
+
+def test_holdout_is_the_last_slice_of_the_training_data_and_never_the_eval_split():
+    work = build_workload("transformer", {"size": "tiny", "train_samples": 100, "eval_samples": 7},
+                          batch_size=10, seed=0, device="cpu")
+    held = work.holdout(0.2)
+    assert held.steps_per_epoch == 8
+    fitted = torch.cat([b["input_ids"] for b in held.train_batches(0)])
+    assert fitted.shape[0] == 80
+    assert held.evaluate(work.model)["samples"] == 20 and work.evaluate(work.model)["samples"] == 7
 
 
 def test_label_noise_ceilings_are_in_the_workload_info():
