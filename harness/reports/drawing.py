@@ -21,7 +21,9 @@ from harness.reports.html import cell_text, write_html  # noqa: E402
 from harness.reports.shared import (method_label)
 from harness.results.analysis import Results, model_size, settings_of, step_time_spread, stable
 
-matplotlib.rcParams["text.parse_math"] = False  # text from the rows is text, never math to parse
+LITERAL = {"parse_math": False}
+"""Keyword arguments of a figure text that may hold strings from the rows (footer, notes in a panel, a
+failed cell's status): drawn as text, never parsed as math (a ``$`` in a device name)."""
 
 
 PAPER = "paper (RTX 3090)"
@@ -130,10 +132,10 @@ def finish(fig: plt.Figure, title: str, footer: str, out: Path, name: str, notes
     if missing:
         plt.close(fig)
         raise ValueError(f"{name}: its notes lack {', '.join(missing)} (drawing.notes builds them)")
-    fig.suptitle(title, fontsize=11)
+    fig.suptitle(title, fontsize=11, **LITERAL)
     width = int(fig.get_figwidth() * FOOTER_CHARS_PER_INCH)
     lines = textwrap.wrap(short_footer(footer, f"Notes: {name}.md.", width), width)
-    fig.text(0.01, 0.01, "\n".join(lines), fontsize=FOOTER_POINTS, va="bottom", ha="left")
+    fig.text(0.01, 0.01, "\n".join(lines), fontsize=FOOTER_POINTS, va="bottom", ha="left", **LITERAL)
     bottom = (6 + len(lines) * FOOTER_POINTS * 1.3) / 72 / fig.get_figheight()  # the footer's share
     fig.tight_layout(pad=0.6, rect=(0, bottom, 1, 0.95))
     out.mkdir(parents=True, exist_ok=True)
@@ -155,7 +157,8 @@ def empty(out: Path, name: str, title: str, why: str, footer: str) -> None:
     """A figure with nothing to draw: what it would need (``why``) in its panel and notes."""
     fig, (ax,) = panels(1)
     ax.axis("off")
-    ax.text(0.5, 0.5, textwrap.fill(f"Not measured in this grid: {why}", 60), ha="center", va="center")
+    ax.text(0.5, 0.5, textwrap.fill(f"Not measured in this grid: {why}", 60), ha="center", va="center",
+            **LITERAL)
     finish(fig, title, footer, out, name, notes(
         model="none drawn", settings=footer, methods="none drawn",
         measured=f"nothing: not measured in this grid; the figure needs {why}"))
@@ -172,7 +175,7 @@ def device_text(res: Results, runs: pd.DataFrame) -> str:
 
 def mark_failed(ax: plt.Axes, x: float, status: str) -> None:
     ax.plot([x], [0], marker="x", color="red", markersize=9, clip_on=False, zorder=5)
-    ax.annotate(status, (x, 0), textcoords="offset points", xytext=(3, 6), color="red", fontsize=7)
+    ax.annotate(status, (x, 0), textcoords="offset points", xytext=(3, 6), color="red", fontsize=7, **LITERAL)
 
 
 def display_label(row: pd.Series) -> str:

@@ -4,6 +4,7 @@ adaptation, not in the paper) and Fig 14 (accuracy against compression, not in t
 from __future__ import annotations
 
 import math
+import re
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,26 @@ LOG_LOSS_SPAN = 10.0
 """Fig 6 draws the validation loss on a log scale where its values span at least this factor."""
 
 
+SEED_SUFFIX = re.compile(r", seed \d+$")
+
+
+def method_legend(ax: plt.Axes, runs: pd.DataFrame) -> tuple[list[Any], list[str]]:
+    """(handles, labels) of ``ax``'s legend: one entry per method configuration and target (its colour;
+    the seeds' entries merged), then one per seed's line style (:func:`line_styles`)."""
+    handles, labels, seen = [], [], set()
+    for handle, label in zip(*ax.get_legend_handles_labels()):
+        merged = SEED_SUFFIX.sub("", label)
+        if merged not in seen:
+            seen.add(merged)
+            handles.append(handle)
+            labels.append(merged)
+    seeds = sorted(int(seed) for seed in runs.seed.dropna().unique())
+    for i, seed in enumerate(seeds if len(seeds) > 1 else []):
+        handles.append(matplotlib.lines.Line2D([], [], color="gray", ls=LINE_STYLES[i % len(LINE_STYLES)]))
+        labels.append(f"seed {seed}")
+    return handles, labels
+
+
 def fig6_accuracy(res: Results, out: Path) -> None:
     """Validation accuracy (left) and loss (right, on a log scale where it spans LOG_LOSS_SPAN or more: it
     still separates models whose accuracies have saturated) over training, one line per quality cell
@@ -125,7 +146,7 @@ def fig6_accuracy(res: Results, out: Path) -> None:
     if not any(len(c) for c in curves.values()):
         return empty(out, name, title, f"eval accuracy curves of transformer runs ({source})",
                       res.settings_line())
-    fig, (ax, loss_ax) = panels(2, width=6.6)  # room beside the legend of 7 methods and targets
+    fig, (ax, loss_ax) = panels(2, width=6.6)  # room beside the legend: a line per method and target
     losses = []
     styles = line_styles(runs)
     for r in runs.itertuples():
@@ -154,7 +175,7 @@ def fig6_accuracy(res: Results, out: Path) -> None:
     if log:
         loss_ax.set_yscale("log")
     if losses:
-        loss_ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+        loss_ax.legend(*method_legend(loss_ax, runs), fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     else:
         loss_ax.text(0.5, 0.5, "no validation loss recorded by these runs", ha="center", va="center",
                      transform=loss_ax.transAxes, fontsize=8)
@@ -208,7 +229,7 @@ def fig13_rank_adaptation(res: Results, out: Path) -> None:
                           if (w := target_shortfall(r)))
     if notes:  # above the panel, where it hides no line
         left.text(0.0, 1.02, textwrap.fill("; ".join(notes), 80), fontsize=7,
-                  transform=left.transAxes, color="red", va="bottom", ha="left")
+                  transform=left.transAxes, color="red", va="bottom", ha="left", **drawing.LITERAL)
     drawing.finish(fig, title, quality_footer(res, shown, source), out, name, drawing.notes(
         model=model_line(res, shown), settings=res.settings_line("transformer", shown),
         methods=f"CoMERA with a size target, one line per target and seed ({methods_text(shown)}); "

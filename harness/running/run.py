@@ -26,7 +26,6 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from baselines.dense import CELLS_DIR_ENV
 from harness import results
 from harness import spec as specs
 from harness.core import allocator, stops
@@ -570,7 +569,10 @@ def run_to_files(spec: specs.Spec | dict[str, Any], runs_out: str | os.PathLike,
 
     registry = registry or default_registry()
     spec = cell_spec(spec, registry)
-    # a matched cell reads the row of the cell it matches beside its own (baselines.dense.matched_source)
+    # a matched cell reads the row of the cell it matches beside its own (baselines.dense.matched_source;
+    # imported here: the methods' package is loaded through the registry, whose errors are the row's)
+    from baselines.dense import CELLS_DIR_ENV
+
     os.environ[CELLS_DIR_ENV] = str(Path(runs_out).parent)
     checkpoint = checkpoints.checkpointing(spec, runs_out)
     stop = stops.CellStop(defer=checkpoint is not None)

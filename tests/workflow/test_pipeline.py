@@ -372,7 +372,7 @@ def test_cell_logs_show_steps_with_an_eta_and_the_pipeline_counts_cells(pipeline
         line = rf"^{re.escape(run_id)}: step \d+ of \d+, elapsed {CLOCK}, ETA {CLOCK}$"
         assert re.search(line, text, re.M), text
     out = pipeline["first_log"] + pipeline["second"].stderr
-    assert re.search(rf"^comera-bench: cells \d+ of 8 done \(\d+ in this run, {CLOCK}\); about \S+ left", out,
+    assert re.search(rf"^comera-bench: cells \d+ of 9 done \(\d+ in this run, {CLOCK}\); about \S+ left", out,
                      re.M), out
 
 
@@ -392,7 +392,7 @@ def test_the_retime_hint_works_as_printed(quiet_and_loaded):
             != "noisy: made so by the test")
     assert re.search(r"round 1/5: \d+ cells \(\d+ s\); about \S+ left in this group's "
                      r"rounds", out), out[-3000:]
-    assert re.search(r"^comera-bench: cells 8 of 8 done", out, re.M), out[-3000:]
+    assert re.search(r"^comera-bench: cells 9 of 9 done", out, re.M), out[-3000:]
 
 
 def test_figures_without_metadata_runs_exactly_the_new_cells(pipeline, tmp_path):
@@ -512,7 +512,7 @@ def test_the_busy_warnings_one_thread_command_gives_every_cell_one_thread(tmp_pa
                          env=ENV, cwd=ROOT, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     specs = [line for line in res.stdout.splitlines() if '"run_id"' in line]
-    assert len(specs) == 41 and all(re.search(r'"num_threads": 1[,}]', line) for line in specs)
+    assert len(specs) == 43 and all(re.search(r'"num_threads": 1[,}]', line) for line in specs)
 
 
 @pytest.mark.parametrize("case", ["injected results_dir", "injected device variable", "duplicated key"])
@@ -542,7 +542,7 @@ def test_sigterm_to_the_pipeline_leaves_no_failure_and_a_rerun_finishes(tmp_path
     """`timeout`, scancel or a closed session send SIGTERM to the pipeline's process group: the cell that
     was running is interrupted (no row), the README's command run again finishes every cell ok, and the
     cells whose jobs had finished keep their numbers (their files are not rewritten). The tiny grid with
-    one timing group of two cells beside its three quality cells."""
+    one timing group of two cells beside its four quality cells."""
     config = yaml.safe_load(TINY.read_text())
     config["workloads"]["transformer"].update(methods=["dense", "comera"], targets=[None])
     config_path = tmp_path / "two-groups.yaml"
@@ -567,7 +567,7 @@ def test_sigterm_to_the_pipeline_leaves_no_failure_and_a_rerun_finishes(tmp_path
     again = snakemake(tmp_path, "runs", configfile=config_path)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     rows = pd.concat(pd.read_parquet(p) for p in folder.glob("*.runs.parquet"))
-    assert len(rows) == 5 and (rows.status == "ok").all(), rows[["run_id", "status", "error"]]
+    assert len(rows) == 6 and (rows.status == "ok").all(), rows[["run_id", "status", "error"]]
     for name, mtime in kept.items():
         assert (folder / name).stat().st_mtime_ns == mtime, f"{name} was rewritten"
 

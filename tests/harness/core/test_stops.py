@@ -124,7 +124,8 @@ def test_a_cell_stop_decides_copies_second_stops_and_stops_outside_the_steps():
 
 
 HUNG_CELL = """
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a shell's background job starts with it ignored
 from harness.running import run as runner
 from tests.harness.running import run_toys
 real_sleep = time.sleep
