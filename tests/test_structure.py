@@ -261,3 +261,23 @@ def test_no_module_is_longer_than_the_limit():
     long = sorted(f"{m.name} ({n} lines)" for m in MODULES
                   if (n := len(m.path.read_text().splitlines())) > MAX_LINES)
     assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+PIPELINE_TESTS = "tests/workflow"
+"""End-to-end tests: each module runs the Snakefile (or its entry point) on a tiny config."""
+NON_PACKAGE_TESTS = {"tests/docs", "tests/packaging", "tests/scripts", PIPELINE_TESTS}
+
+
+def test_test_folders_mirror_the_packages():
+    """Every folder of unit tests is named after the package folder it tests (tests/harness/reports tests
+    harness/reports), and the pipeline folder holds only tests that run the pipeline."""
+    root = Path(__file__).resolve().parent.parent
+    strays = [str(d.relative_to(root)) for d in sorted((root / "tests").rglob("*"))
+              if d.is_dir() and d.name != "__pycache__" and not d.name.startswith(".")
+              and (d / "__init__.py").exists()
+              and str(d.relative_to(root)) not in NON_PACKAGE_TESTS
+              and not (root / d.relative_to(root / "tests")).is_dir()]
+    assert not strays, f"test folders with no package folder of the same path: {strays}"
+    not_pipeline = [p.name for p in sorted((root / PIPELINE_TESTS).glob("test_*.py"))
+                    if not any(word in p.read_text() for word in ("snakemake", "Snakefile"))]
+    assert not not_pipeline, f"{PIPELINE_TESTS} modules that never run the pipeline: {not_pipeline}"

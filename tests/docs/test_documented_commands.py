@@ -1,5 +1,5 @@
 """Every `comera-bench show | merge | compare | noisy` command that README.md and docs/*.md print, pasted into
-bash as written, on a results folder shaped like a pipeline's (tests/workflow/synthetic.py on
+bash as written, on a results folder shaped like a pipeline's (tests/harness/reports/synthetic.py on
 config/tiny.yaml): it exits 0 and writes no file but the ones it names with --out (a `>` left unquoted
 in `--where step_time_ms>=10` redirected the output into a file named `=10`)."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.workflow import synthetic
+from tests.harness.reports import synthetic
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -518,7 +518,7 @@ def test_the_busy_warnings_one_thread_command_gives_every_cell_one_thread(tmp_pa
 @pytest.mark.parametrize("case", ["injected results_dir", "injected device variable", "duplicated key"])
 def test_unsafe_config_runs_nothing(tmp_path, case):
     """Rejected while the config is read: no job, no shell command, no file (a path with a space is
-    rejected by the same schema rule: tests/workflow/test_grid.py)."""
+    rejected by the same schema rule: tests/harness/configs/test_grid.py)."""
     marker = tmp_path / "injected"
     text, env, key = TINY.read_text(), dict(ENV), "key results_dir"
     if case == "injected results_dir":

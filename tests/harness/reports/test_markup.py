@@ -88,7 +88,7 @@ def test_figure_notes_from_data_are_text(tmp_path):
     """Every figure's notes (``<fig>.md`` / ``.html``) hold the rows' device name and torch version: a
     Markdown link, image, heading or tag in them stays text."""
     from harness.reports import figures
-    from tests.workflow.test_reports import make_folder, run_row
+    from tests.harness.reports.test_reports import make_folder, run_row
 
     rows = [run_row("transformer", m, b, time_s=t) for m, b, t in
             (("dense", 1, 30), ("comera", 1, 10), ("dense", 32, 90), ("comera", 32, 30))]

@@ -2,7 +2,8 @@
 and of the paper's grid (config/paper.yaml), checked for what a reader trips over: tick labels printed on
 top of each other, a plot squeezed below half the figure by its footer, text outside the picture or over a
 plot, a long footer (its details belong in the figure's notes file). The folders come from
-tests/workflow/synthetic.py, which follows the configs as they are (another cell list still gets checked)."""
+tests/harness/reports/synthetic.py, which follows the configs as they are (another cell list still gets
+checked)."""
 from __future__ import annotations
 
 import itertools
@@ -13,7 +14,7 @@ import pytest
 
 from harness.reports import compare, drawing, figures, tables
 from harness.results.analysis import load
-from tests.workflow import synthetic
+from tests.harness.reports import synthetic
 
 pytestmark = pytest.mark.slow  # draws every figure of two grids (~30 s)
 CONFIGS = {"default": synthetic.ROOT / "config" / "config.yaml",

@@ -13,8 +13,8 @@ import pytest
 from harness.core import timing
 from harness.reports import claims, compare, drawing, figures
 from harness.results import analysis
-from tests.workflow.test_claims import MEASURED, placed, run
-from tests.workflow.test_reports import make_folder
+from tests.harness.reports.test_claims import MEASURED, placed, run
+from tests.harness.reports.test_reports import make_folder
 
 ROUNDS, PERIOD, WARMUP, STEPS_PER_EPOCH = 4, 5, 1, 100
 TOTAL = WARMUP + ROUNDS * (1 + PERIOD)

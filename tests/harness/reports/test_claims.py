@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from harness.reports import claims, judging, reference
-from tests.workflow import test_grid
+from tests.harness.configs import test_grid
 from harness.results import RUNS_COLUMNS, analysis, to_frame, write_parquet_atomic
 
 RTX3090, RTX4090 = "NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 4090"

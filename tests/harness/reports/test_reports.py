@@ -715,7 +715,7 @@ def test_curve_figures_draw_the_quality_cells_seeds_as_mean_and_range(tmp_path, 
 
 def lookup_folder(path):
     """A results folder with C6's small-table lookups, the naive TTM one at 20000 indices not stable."""
-    from tests.workflow.test_claims import SMALL_TABLE, lookup_rows
+    from tests.harness.reports.test_claims import SMALL_TABLE, lookup_rows
 
     path = make_folder(path, [run_row("transformer", "dense", 1)])
     rows = lookup_rows(SMALL_TABLE, device="cpu", name="Test CPU", ttm_extra=1000)
@@ -1149,7 +1149,7 @@ def test_dividing_two_plotted_points_gives_the_footers_ratio(tmp_path, drawn):
     quotient of the cells' mean-based epoch times): Fig 1's uncompressed point over its CoMERA point is the
     footer's ratio, within its printed interval, at every batch size the footer names; so is Fig 8's and
     each Fig 12 point over its uncompressed line; and the ratio is the claims' (analysis.pair_ratio)."""
-    from tests.workflow import synthetic
+    from tests.harness.reports import synthetic
 
     folder = synthetic.results_folder(synthetic.ROOT / "config" / "config.yaml", tmp_path / "r")
     runs = analysis.load(folder).runs.assign(timing_quality="stable")  # every pair has its ratio

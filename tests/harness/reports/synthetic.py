@@ -2,8 +2,9 @@
 grid gets a row (ok, with a few timing cells not stable) and the curves the reports read, with numbers of
 the sizes a real run gives (the paper shapes' step times, CoMERA's compressions, a rank sweep whose largest
 rank is slower than uncompressed training, accuracies that saturate on the synthetic task); the grid's
-micro-benchmark specs get their rows. Layout tests draw every figure from it (tests/workflow/test_layout.py);
-the documented commands run on it (tests/docs/test_documented_commands.py)."""
+micro-benchmark specs get their rows. Layout tests draw every figure from it
+(tests/harness/reports/test_layout.py); the documented commands run on it
+(tests/docs/test_documented_commands.py)."""
 from __future__ import annotations
 
 import json
@@ -19,7 +20,7 @@ from harness.configs import grid as grids
 from harness.configs.microbench_spec import check_spec
 from harness.results import PROVENANCE_COLUMNS, RUNS_COLUMNS, to_frame, write_parquet_atomic
 from harness.running import threads
-from tests.workflow.test_grid import filled
+from tests.harness.configs.test_grid import filled
 
 ROOT = Path(__file__).resolve().parents[2]
 MB = 1e6
