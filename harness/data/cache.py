@@ -39,6 +39,15 @@ def cache_dir(root: str | os.PathLike | None, *parts: str) -> Path:
     return path
 
 
+def configured_cache_dir(root: str | os.PathLike | None, *parts: str) -> Path | None:
+    """:func:`cache_dir` where a cache folder was asked for (``root``, or CACHE_ENV: a pipeline's or
+    ``comera-bench run``'s), else None: data cheap to rebuild is cached only where a run keeps a cache,
+    never in a default folder under the current directory."""
+    if root is None and not settings.read(CACHE_ENV):
+        return None
+    return cache_dir(root, *parts)
+
+
 @contextlib.contextmanager
 def run_cache(folder: str | os.PathLike) -> Iterator[None]:
     """CACHE_ENV is ``folder`` inside the block (and in the processes started there), unless it is set

@@ -38,15 +38,19 @@ def size_matched(row: Any) -> dict[str, Any]:
 
 
 def target_reached(row: Any) -> bool | None:
-    """Whether a CoMERA run with a target reached it: the row's ``target_reached`` column where it has one,
-    else no shortfall reported (:func:`target_shortfall`, :func:`late_stage_missing`); None for a run
-    without a target or that failed."""
+    """Whether a CoMERA run with a target reached it: False without a late stage
+    (:func:`late_stage_missing`), else the row's ``target_reached`` column (the library's rule,
+    comera.rank.TwoStageRankAdaptation.reached) where it has one, else whether its rank adaptation reported
+    no shortfall; None for a run without a target or that failed. The one rule every table, figure and
+    claim reads."""
     if row.method != "comera" or pd.isna(row.target_ratio) or row.status != "ok":
         return None
+    if late_stage_missing(row):
+        return False
     given = getattr(row, "target_reached", None)
     if given is not None and not pd.isna(given):
         return bool(given)
-    return not (late_stage_missing(row) or target_shortfall(row))
+    return not (settings_of(row).get("method", {}).get("outcome") or {}).get("shortfall")
 
 
 def status_note(row: Any) -> str:
@@ -69,13 +73,9 @@ def late_stage_missing(row: Any) -> str:
 
 
 def target_missed(row: Any) -> bool:
-    """Whether a run's late stage ran and its ``target_reached`` column says the size target was not
-    reached (the library's rule, comera.rank.TwoStageRankAdaptation.reached); False for a run reached, not
-    judged (null) or without a late stage (:func:`late_stage_missing`)."""
-    if row.method != "comera" or pd.isna(row.target_ratio) or row.status != "ok" or late_stage_missing(row):
-        return False
-    reached = getattr(row, "target_reached", None)
-    return reached is not None and not pd.isna(reached) and not bool(reached)
+    """Whether a run's late stage ran and stopped short of its size target (:func:`target_reached` is
+    False); False for a run that reached it, has no target or no late stage (:func:`late_stage_missing`)."""
+    return target_reached(row) is False and not late_stage_missing(row)
 
 
 def target_shortfall(row: Any) -> str:

@@ -14,7 +14,7 @@ import pandas as pd
 from harness.reports import feeds, reference
 from harness.reports.html import cell_text, markdown_table, write_html
 from harness.reports.shared import (GIB, MB, late_stage_missing, method_label, quality_order, report_args,
-                                    size_matched, status_note, target_shortfall)
+                                    size_matched, status_note, target_reached, target_shortfall)
 from harness.results.analysis import (LEARNING_RISE, LEARNING_TAIL, Results, extra_of, purpose_of, ranks_of,
                                       settings_of, stable, timing_cells)
 
@@ -220,12 +220,9 @@ def table_mnli_size(res: Results) -> tuple[pd.DataFrame, str]:
 
 
 def _reached(r: Any) -> str:
-    """"target reached" for a CoMERA run with a target whose late stage ran and whose ``target_reached``
-    column (the library's rule) says so, else "" (a miss is :func:`target_shortfall`'s note)."""
-    if r.method != "comera" or pd.isna(r.target_ratio) or r.status != "ok" or late_stage_missing(r):
-        return ""
-    reached = getattr(r, "target_reached", None)
-    return "target reached" if reached is not None and not pd.isna(reached) and reached else ""
+    """"target reached" for a CoMERA run with a target that reached it (:func:`target_reached`), else ""
+    (a miss is :func:`target_shortfall`'s note)."""
+    return "target reached" if target_reached(r) else ""
 
 
 def _count(value: Any) -> int | None:

@@ -14,7 +14,7 @@ from torch import nn
 
 from comera import feed_forward
 from harness.data import batching, mnli, nli_synthetic
-from harness.data.cache import cache_dir, cached_tensors, fingerprint
+from harness.data.cache import cache_dir, cached_tensors, configured_cache_dir, fingerprint
 from harness.data.text_tokenizer import (UNK_ID, encode_pairs, load_or_train, load_tokenizer_file,
                                          train_wordpiece)
 from harness.workloads.base import Batch, Holdout, SizedModel, Workload, evaluating, seeded_model
@@ -309,20 +309,43 @@ def tt_spec(p: dict[str, Any]) -> dict[str, dict]:
 def load_data(p: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
     """(train, eval, info) tensors on the CPU: input_ids, segment_ids, attention_mask, labels."""
     if p["data"] == "synthetic":
-        common = dict(vocab_size=p["vocab_size"], seq_len=p["seq_len"], premise_len=p["premise_len"],
-                      hypothesis_len=p["hypothesis_len"], num_words=p["num_words"], task=p["task"],
-                      num_topics=p["num_topics"], label_noise=p["label_noise"],
-                      topic_seed=p["data_seed"] if p["word_topics"] == "random" else None)
-        train = nli_synthetic.generate(p["train_samples"], seed=2 * p["data_seed"], **common)
-        evals = nli_synthetic.generate(p["eval_samples"], seed=2 * p["data_seed"] + 1, **common)
-        info = {"data": "synthetic", "task": p["task"], "hypothesis_only_ceiling": 2 / 3}
+        return _load_synthetic(p)
+    return _load_mnli(p)
+
+
+SYNTHETIC_PARTS = ("input_ids", "segment_ids", "attention_mask", "labels")
+
+
+def _load_synthetic(p: dict[str, Any]):
+    """The synthetic task's pairs, from the run's cache where it keeps one (its key: the parameters and
+    the generator's source file)."""
+    common = dict(vocab_size=p["vocab_size"], seq_len=p["seq_len"], premise_len=p["premise_len"],
+                  hypothesis_len=p["hypothesis_len"], num_words=p["num_words"], task=p["task"],
+                  num_topics=p["num_topics"], label_noise=p["label_noise"],
+                  topic_seed=p["data_seed"] if p["word_topics"] == "random" else None)
+    counts = {"train": p["train_samples"], "eval": p["eval_samples"]}
+
+    def build() -> dict[str, torch.Tensor]:
+        data = {}
+        for i, (split, count) in enumerate(counts.items()):
+            pairs = nli_synthetic.generate(count, seed=2 * p["data_seed"] + i, **common)
+            data.update({f"{split}_{k}": pairs[k] for k in SYNTHETIC_PARTS})
         if p["label_noise"]:  # the share of evaluation labels that the noise left as the task's rule gives
             clean = nli_synthetic.generate(p["eval_samples"], seed=2 * p["data_seed"] + 1,
                                            **{**common, "label_noise": 0.0})
-            info["label_ceiling"] = float((clean["labels"] == evals["labels"]).double().mean())
-            info["hypothesis_only_ceiling"] = 2 / 3 - p["label_noise"] / 3  # a redrawn label: right 1 in 3
-        return train, evals, info
-    return _load_mnli(p)
+            data["label_ceiling"] = (clean["labels"] == data["eval_labels"]).double().mean()
+        return data
+
+    folder = configured_cache_dir(p["cache_dir"], "nli")
+    key = fingerprint("synthetic", common, counts, p["data_seed"], files=[nli_synthetic.__file__])
+    data = build() if folder is None else cached_tensors(
+        folder / f"synthetic-{key}.pt", build, keys=[f"{s}_{k}" for s in counts for k in SYNTHETIC_PARTS])
+    train, evals = ({k: data[f"{split}_{k}"] for k in SYNTHETIC_PARTS} for split in counts)
+    info = {"data": "synthetic", "task": p["task"], "hypothesis_only_ceiling": 2 / 3}
+    if p["label_noise"]:
+        info["label_ceiling"] = float(data["label_ceiling"])
+        info["hypothesis_only_ceiling"] = 2 / 3 - p["label_noise"] / 3  # a redrawn label: right 1 in 3
+    return train, evals, info
 
 
 def _load_mnli(p: dict[str, Any]):

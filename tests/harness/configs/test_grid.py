@@ -12,7 +12,7 @@ import yaml
 from harness.configs import grid
 from harness.running import threads
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
 

@@ -22,7 +22,7 @@ from harness.results import PROVENANCE_COLUMNS, RUNS_COLUMNS, to_frame, write_pa
 from harness.running import threads
 from tests.harness.configs.test_grid import filled
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MB = 1e6
 # step time (ms) at batch 1 and its growth with the batch (exponent), per workload, size and method
 STEP_MS = {("transformer", "paper"): {"dense": (222, 0.85), "comera": (56, 0.70), "galore": (299, 0.85),

@@ -21,7 +21,7 @@ VERDICT, MEASURED, ELSEWHERE, SETTINGS = (claims.COLUMNS[k] for k in ("verdict",
                                                                     "settings"))
 PAPER_TABLE = (1_000_000, 128, "[32,32,32,32|2,4,4,4]", 32)
 SMALL_TABLE = (1000, 16, "[10,10,10|2,2,4]", 4)
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def run(workload, method, batch, *, variant="default", target=None, time=10.0, mem=100e6, metric=0.5,

@@ -223,3 +223,32 @@ def test_label_noise_ceilings_are_in_the_workload_info():
     assert noisy.info["label_ceiling"] == float((evals["noisy"] == evals["clean"]).double().mean()) < 1
     assert noisy.info["hypothesis_only_ceiling"] == pytest.approx(2 / 3 - 0.1)
     assert "label_ceiling" not in clean.info and clean.info["hypothesis_only_ceiling"] == 2 / 3
+
+
+@pytest.mark.parametrize("label_noise", [0.0, 0.1])
+def test_synthetic_pairs_come_from_the_runs_cache_unchanged(tmp_path, monkeypatch, label_noise):
+    """The synthetic pairs are generated once per cache folder (the pipeline's) and read back equal; with
+    no cache folder asked for, nothing is written (not even under the current directory)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("COMERA_BENCH_CACHE_DIR", raising=False)
+    params = check_params("transformer", {"size": "tiny", "label_noise": label_noise})
+    fresh = transformer.load_data(params)
+    assert not any(tmp_path.iterdir())
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("COMERA_BENCH_CACHE_DIR", str(cache))
+    first = transformer.load_data(params)
+    (entry,) = (cache / "nli").glob("synthetic-*.pt")
+    generate, calls = transformer.nli_synthetic.generate, []
+    monkeypatch.setattr(transformer.nli_synthetic, "generate", lambda *a, **k: calls.append(a))
+    again = transformer.load_data(params)
+    assert not calls and entry.exists()
+    monkeypatch.setattr(transformer.nli_synthetic, "generate", generate)
+    for loaded in (first, again):
+        assert loaded[2] == fresh[2]
+        for split in (0, 1):
+            assert loaded[split].keys() == fresh[split].keys()
+            for key, tensor in fresh[split].items():
+                assert torch.equal(loaded[split][key], tensor), key
+    other = transformer.load_data({**params, "data_seed": params["data_seed"] + 1})
+    assert len(list((cache / "nli").glob("synthetic-*.pt"))) == 2
+    assert not torch.equal(other[0]["input_ids"], fresh[0]["input_ids"])
