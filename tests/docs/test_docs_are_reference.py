@@ -8,7 +8,7 @@
   in a heading above it; docs/changelog.md dates every section);
 - config/*.yaml comments quote no measured number at all (what a setting does, not what a run measured);
 - every citation of a page's section (``docs/recipe.md, "The task family"``) in the code, configs, tests
-  and docs names a heading (or a bold paragraph label) of that page.
+  and docs names a heading (or a bold label opening a paragraph or list item) of that page.
 """
 from __future__ import annotations
 
@@ -185,6 +185,6 @@ def citations() -> list[tuple[str, str, str]]:
 def test_a_cited_section_exists(where, page, section):
     text = (DOCS / page).read_text() if (DOCS / page).exists() else ""
     names = [_label(h) for h in re.findall(r"^#+\s+(.*)$", text, re.M)]
-    names += [_label(b) for b in re.findall(r"^\*\*(.+?)\*\*", text, re.M)]
+    names += [_label(b) for b in re.findall(r"^(?:[-*] )?\*\*(.+?)\*\*", text, re.M)]
     assert any(n.startswith(_label(section)) for n in names), \
         f"{where} cites docs/{page}, {section!r}: no such heading there"
