@@ -28,7 +28,7 @@ CHANGELOG = "changelog.md"
 DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
 UNITS = r"x(?!\s*[\d(])|ms|s|min|h|µs|us"  # x: a ratio (12x), not a product (4096 x 3072)
 NUMBER = re.compile(rf"(?<![\w./\-^=])(\d+(?:\.\d+)?)(\s?(?:{UNITS})\b|\s?%)?(?![\w]|\.\d|-\d)")
-VERSIONED = re.compile(r"(?:torch|python|cuda|glibc|version|arxiv|numpy|pandas|snakemake|ubuntu|sm)\s*$",
+VERSIONED = re.compile(r"(?:torch|python|cuda|glibc|version|arxiv|numpy|pandas|snakemake|ubuntu|yaml|sm)\s*$",
                        re.I)
 EXEMPT_FENCES = {"bash", "python", "yaml", "toml", "sh"}  # commands and code, not output
 
@@ -55,15 +55,15 @@ def _prose(text: str) -> str:
     def blank(m: re.Match) -> str:
         return re.sub(r"[^\n]", " ", m.group(0))
 
-    def fence(m: re.Match) -> str:
-        return blank(m) if m.group(1).strip().lower() in EXEMPT_FENCES else m.group(0)
+    def fence(m: re.Match) -> str:  # an exempt block blanked; another's content kept, without its backticks
+        return blank(m) if m.group(1).strip().lower() in EXEMPT_FENCES else m.group(0).replace("`", " ")
 
     def span(m: re.Match) -> str:
         bare = re.fullmatch(rf"\s*\d+(?:\.\d+)?\s?(?:{UNITS}|%)?\s*", m.group(1))
         return m.group(0) if bare else blank(m)
 
     text = re.sub(r"```([^\n]*)\n.*?```", fence, text, flags=re.S)
-    text = re.sub(r"`([^`\n]+)`", span, text)
+    text = re.sub(r"`([^`]+)`", span, text)  # a span may break across lines
     text = re.sub(r"\]\([^)]*\)|https?://\S+", blank, text)
     return text
 
