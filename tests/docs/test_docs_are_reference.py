@@ -68,26 +68,27 @@ def _prose(text: str) -> str:
     return text
 
 
-def measured_numbers(text: str) -> list[tuple[int, str]]:
-    """(line number, the number with its unit) of each measured-looking number outside what is exempt."""
+def _measured(text: str) -> list[tuple[int, int, str]]:
+    """(offset, line number, the number with its unit) of each measured-looking number outside what is
+    exempt."""
     prose = _prose(text)
     found = []
     for m in NUMBER.finditer(prose):
         number, unit = m.group(1), m.group(2)
         if not measured(number, unit) or VERSIONED.search(prose[max(0, m.start() - 12):m.start()]):
             continue
-        found.append((prose.count("\n", 0, m.start()) + 1, m.group(0).strip()))
+        found.append((m.start(), prose.count("\n", 0, m.start()) + 1, m.group(0).strip()))
     return found
 
 
-def checked_lines(name: str, text: str) -> set[int]:
-    """Lines whose quoted number tests/docs/test_quoted_defaults.py compares with the code's default."""
-    lines = set()
-    for doc, pattern, _ in QUOTED:
-        if doc == name:
-            for m in re.finditer(pattern, text):
-                lines |= set(range(text.count("\n", 0, m.start()) + 1, text.count("\n", 0, m.end()) + 2))
-    return lines
+def measured_numbers(text: str) -> list[tuple[int, str]]:
+    """(line number, the number with its unit) of each measured-looking number outside what is exempt."""
+    return [(line, number) for _, line, number in _measured(text)]
+
+
+def checked_offsets(name: str, text: str) -> set[int]:
+    """Where the numbers start that tests/docs/test_quoted_defaults.py compares with the code's value."""
+    return {m.start(1) for doc, pattern, _ in QUOTED if doc == name for m in re.finditer(pattern, text)}
 
 
 def dated_lines(text: str) -> set[int]:
@@ -108,8 +109,9 @@ def dated_lines(text: str) -> set[int]:
 
 def undated_numbers(name: str, text: str) -> list[tuple[int, str]]:
     """The measured-looking numbers of page ``name`` that are neither checked against the code nor dated."""
-    allowed = checked_lines(name, text) | dated_lines(text)
-    return [(line, number) for line, number in measured_numbers(text) if line not in allowed]
+    checked, dated = checked_offsets(name, text), dated_lines(text)
+    return [(line, number) for offset, line, number in _measured(text)
+            if offset not in checked and line not in dated]
 
 
 PAGES = sorted(p.name for p in DOCS.glob("*.md"))
