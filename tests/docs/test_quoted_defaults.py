@@ -1,7 +1,7 @@
 """The defaults that the docs quote equal the code's (the library's in docs/library.md,
 docs/library-reference.md and comera/adapt.py's docstring; the default grid's in docs/pipeline.md and
 docs/recipe.md; the progress lines' period in README and docs/usage.md; the stability thresholds in
-docs/measurement.md, docs/usage.md and docs/schema.md): each entry is a pattern whose one
+docs/measurement.md and docs/schema.md): each entry is a pattern whose one
 group is the quoted value, and where in the code or the config that value lives."""
 from __future__ import annotations
 
@@ -68,11 +68,6 @@ QUOTED = [  # (file, pattern with the quoted value as its group, the code's defa
     ("measurement.md", rf"<= {NUMBER} \(`MAX_RUN_QUEUE_FRAC`\)", timing.MAX_RUN_QUEUE_FRAC),
     ("measurement.md", rf"<= {NUMBER} \(`MAX_CPU_PRESSURE`\)", timing.MAX_CPU_PRESSURE),
     ("measurement.md", rf"`CONFIDENCE` = {NUMBER}%", 100 * CONFIDENCE),
-    ("usage.md", rf"fewer than {NUMBER} timed steps", timing.MIN_TIMED_STEPS),
-    ("usage.md", rf"an IQR above {NUMBER}% of the median", 100 * timing.MAX_IQR_OVER_MEDIAN),
-    ("usage.md", rf"a mean above {NUMBER}x the median", timing.MAX_MEAN_OVER_MEDIAN),
-    ("usage.md", rf"a CPU more than {NUMBER}% of their\s+runnable time", 100 * timing.MAX_RUN_QUEUE_FRAC),
-    ("usage.md", rf"CPU pressure above {NUMBER}%", 100 * timing.MAX_CPU_PRESSURE),
     ("schema.md", rf"rounds spread more than {NUMBER}% of their median", 100 * timing.MAX_IQR_OVER_MEDIAN),
     ("schema.md", rf"\(over {NUMBER}% of their runnable time\)", 100 * timing.MAX_RUN_QUEUE_FRAC),
     ("schema.md", rf"CPU pressure \(over {NUMBER}%\)", 100 * timing.MAX_CPU_PRESSURE),
