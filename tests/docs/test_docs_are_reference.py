@@ -119,7 +119,8 @@ PAGES = sorted(p.name for p in DOCS.glob("*.md"))
 
 def test_the_docs_stay_within_their_size():
     sizes = {p.name: len(p.read_text()) for p in DOCS.glob("*.md")}
-    assert sum(sizes.values()) <= LIMIT, f"docs/*.md hold {sum(sizes.values())} characters (at most {LIMIT}): " \
+    total = sum(sizes.values())
+    assert total <= LIMIT, f"docs/*.md hold {total} characters (at most {LIMIT}): " \
         f"{sorted(sizes.items(), key=lambda kv: -kv[1])}; move measured runs to docs/{CHANGELOG} or drop them"
 
 
@@ -130,7 +131,8 @@ def test_every_quoted_number_is_generated_checked_or_dated(name):
         assert text == GENERATED[name](), f"docs/{name} is generated: write it again from its script"
         return
     undated = undated_numbers(name, text)
-    assert not undated, f"docs/{name} quotes measured-looking numbers outside a dated section (line, number): " \
+    assert not undated, f"docs/{name} quotes measured-looking numbers outside a dated section " \
+        f"(line, number): " \
         f"{undated}; date the section (YYYY-MM-DD), move them to docs/{CHANGELOG}, or drop them"
 
 
@@ -144,7 +146,8 @@ def test_the_changelog_dates_every_section():
 
 @pytest.mark.parametrize("path", sorted((ROOT / "config").glob("*.yaml")), ids=lambda p: p.name)
 def test_config_comments_quote_no_measured_number(path):
-    comments = "\n".join(line.split("#", 1)[1] if "#" in line else "" for line in path.read_text().splitlines())
+    lines = path.read_text().splitlines()
+    comments = "\n".join(line.split("#", 1)[1] if "#" in line else "" for line in lines)
     found = measured_numbers(comments)
     assert not found, f"{path.relative_to(ROOT)}: comments quote measured-looking numbers (line, number) " \
         f"{found}; say what the setting does, and put measured runs in docs/{CHANGELOG}"
