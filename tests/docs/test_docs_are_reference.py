@@ -27,7 +27,8 @@ GENERATED = {"settings.md": settings.markdown}  # page -> the function whose out
 CHANGELOG = "changelog.md"
 DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
 UNITS = r"x(?!\s*[\d(])|ms|s|min|h|µs|us"  # x: a ratio (12x), not a product (4096 x 3072)
-NUMBER = re.compile(rf"(?<![\w./^=])(\d+(?:\.\d+)?)(\s?(?:{UNITS})\b|\s?%)?(?![\w]|\.\d)")
+UNIT = r"x\b(?!\d)|\s?(?:ms|s|min|h|µs|us)\b|\s?%|\sx\b(?!\s*[\d(])"  # 1.27x (rank 600): a ratio
+NUMBER = re.compile(rf"(?<![\w./^=])(\d+(?:\.\d+)?)({UNIT})?(?![\w]|\.\d)")
 VERSIONED = re.compile(r"(?:torch|python|cuda|glibc|version|arxiv|numpy|pandas|snakemake|ubuntu|yaml|sm)\s*$",
                        re.I)
 EXEMPT_FENCES = {"bash", "python", "yaml", "toml", "sh"}  # commands and code, not output
@@ -155,7 +156,8 @@ def test_config_comments_quote_no_measured_number(path):
 
 @pytest.mark.parametrize("text, expected", [
     ("accuracy 0.93 after 941 s, 3.47x faster, 87% reached", ["0.93", "941 s", "3.47x", "87%"]),
-    ("a range 0.08-0.11, a gap of -0.044", ["0.08", "0.11", "0.044"]),
+    ("a range 0.18-0.21, a gap of -0.044", ["0.18", "0.21", "0.044"]),
+    ("from 1.27x (rank 600) to 62x (rank 30); 4096 x (3072)", ["1.27x", "62x"]),
     ("a bare `0.93` in code is still a number", ["0.93"]),
     ("rank 30, 16 steps, every 30 s, target 0.5, `target_ramp: 0.25`, torch 2.4, 4096 x 3072", []),
     ("```text\nstep 941 s\n```\n```bash\nsleep 941s\n```", ["941 s"]),
