@@ -173,7 +173,7 @@ def test_a_date_covers_its_section_only():
 
 SOURCES = [p for pattern in ("*.py", "*.md", "*.yaml", "*.smk", "Snakefile", "*.sh")
            for p in ROOT.rglob(pattern) if not {".venv", ".git", "results", ".snakemake"} & set(p.parts)]
-CITATION = re.compile(r"docs/([a-z-]+\.md),?\s+\(?[\"“']([^\"”']{3,80})[\"”']")
+CITATION = re.compile(r"(?:docs/|\]\()([a-z-]+\.md)\)?,?\s+\(?[\"“']([^\"”']{3,80})[\"”']")
 
 
 def _label(text: str) -> str:
@@ -181,7 +181,8 @@ def _label(text: str) -> str:
 
 
 def citations() -> list[tuple[str, str, str]]:
-    """(citing file, page, section) of each citation of a page's section, across line breaks."""
+    """(citing file, page, section) of each citation of a page's section (``docs/<page>.md, "<section>"`` or
+    a Markdown link to the page followed by the quoted section), across line breaks."""
     found = []
     for path in SOURCES:
         text = re.sub(r"\s*\n\s*(?:#\s*|//\s*)?", " ", path.read_text(errors="replace"))
