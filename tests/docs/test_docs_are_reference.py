@@ -2,7 +2,8 @@
 
 - their total size stays at most :data:`LIMIT` characters;
 - every measured-looking number they quote (:func:`measured_numbers`: a decimal with 2+ significant digits
-  such as 0.93 or 3.47x, or a time, ratio or share with 2+ significant digits such as 941 s, 12x or 87%)
+  such as 0.93 or 3.47x, or a time, ratio or share with 2+ significant digits such as 941 s, 12x or 87%;
+  in prose, tables, inline code that is only a number, text blocks and the comments of code blocks)
   is generated (the page is made by a script: :data:`GENERATED`), checked against the code (a value that
   tests/docs/test_quoted_defaults.py compares with its default) or dated (a date YYYY-MM-DD on its line or
   in a heading above it; docs/changelog.md dates every section);
@@ -56,8 +57,16 @@ def _prose(text: str) -> str:
     def blank(m: re.Match) -> str:
         return re.sub(r"[^\n]", " ", m.group(0))
 
-    def fence(m: re.Match) -> str:  # an exempt block blanked; another's content kept, without its backticks
-        return blank(m) if m.group(1).strip().lower() in EXEMPT_FENCES else m.group(0).replace("`", " ")
+    def fence(m: re.Match) -> str:
+        """A block of commands or code blanked but for its comments (a measured number in a comment still
+        counts); another block's content kept, without its backticks."""
+        if m.group(1).strip().lower() not in EXEMPT_FENCES:
+            return m.group(0).replace("`", " ")
+        kept = []
+        for line in m.group(0).split("\n"):
+            code, hashed, comment = line.partition(" # ")
+            kept.append(" " * len(code + hashed) + comment.replace("`", " ") if hashed else " " * len(line))
+        return "\n".join(kept)
 
     def span(m: re.Match) -> str:
         bare = re.fullmatch(rf"\s*\d+(?:\.\d+)?\s?(?:{UNITS}|%)?\s*", m.group(1))
@@ -161,6 +170,7 @@ def test_config_comments_quote_no_measured_number(path):
     ("a bare `0.93` in code is still a number", ["0.93"]),
     ("rank 30, 16 steps, every 30 s, target 0.5, `target_ramp: 0.25`, torch 2.4, 4096 x 3072", []),
     ("```text\nstep 941 s\n```\n```bash\nsleep 941s\n```", ["941 s"]),
+    ("```python\nx = f(0.93)  # accuracy 0.93\n```", ["0.93"]),
 ])
 def test_what_reads_as_measured(text, expected):
     assert [n for _, n in measured_numbers(text)] == expected
