@@ -1,5 +1,5 @@
-"""Print docs/recipe.md's task-family table: every case of tests/comera/test_task_family.py (README's
-recipe) beside its TT twin and the dense model.
+"""Print the task-family table (docs/recipe.md, "The task family"): every case of
+tests/comera/test_task_family.py (README's recipe) beside its TT twin and the dense model.
 
     python scripts/task_family_table.py
 

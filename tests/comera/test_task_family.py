@@ -3,7 +3,7 @@ without residual connections, one seed each, alternating, batch 32-128, targets 
 adaptation never ends more than 0.05 below the same TT model trained without it; it reaches its size
 target (the library's rule, ``comera.rank.TwoStageRankAdaptation.reached``) or says why not (its
 ``shortfall``); and at least :data:`SUITE_REACHED` of the suite's cases reach it. The measured table,
-both seeds of every case: docs/recipe.md ("The task family")."""
+both seeds of every case: ``python scripts/task_family_table.py`` (docs/recipe.md, "The task family")."""
 import functools
 
 import pytest

@@ -1,6 +1,7 @@
 """The defaults that the docs quote equal the code's (the library's in docs/library.md,
 docs/library-reference.md and comera/adapt.py's docstring; the default grid's in docs/pipeline.md and
-docs/recipe.md; the progress lines' period in README and docs/usage.md): each entry is a pattern whose one
+docs/recipe.md; the progress lines' period in README and docs/usage.md; the stability thresholds in
+docs/measurement.md and docs/schema.md): each entry is a pattern whose one
 group is the quoted value, and where in the code or the config that value lives."""
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 import yaml
 
 from comera.adapt import defaults
+from harness.core import timing
+from harness.results.analysis import CONFIDENCE
 from harness.running.progress import LOG_EVERY_S
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,17 +41,6 @@ QUOTED = [  # (file, pattern with the quoted value as its group, the code's defa
     ("library.md", rf"`threshold` \({NUMBER}\)", LIBRARY["threshold"]),
     ("library.md", rf"`prune_every` \({NUMBER}\) steps", LIBRARY["prune_every"]),
     ("library.md", rf"`min_rank`\s+\({NUMBER}\) ranks", LIBRARY["min_rank"]),
-    ("library-reference.md", rf"`prune_every` steps, {NUMBER}\)", LIBRARY["prune_every"]),
-    ("library-reference.md", rf"`threshold` \({NUMBER}\)", LIBRARY["threshold"]),
-    ("library-reference.md", rf"`min_rank` ranks \({NUMBER}\)", LIBRARY["min_rank"]),
-    ("library-reference.md", rf"`l1_weight` \({NUMBER}; the paper's", LIBRARY["l1_weight"]),
-    ("library-reference.md", rf"`l2_weight` \({NUMBER}\)", LIBRARY["l2_weight"]),
-    ("library-reference.md", rf"`converged_gain` \({NUMBER}%\)", 100 * LIBRARY["converged_gain"]),
-    ("library-reference.md", rf"`early_fraction` \({NUMBER}\)", LIBRARY["early_fraction"]),
-    ("library-reference.md", rf"`branch_average`, {NUMBER}\)", LIBRARY["branch_average"]),
-    ("library-reference.md", rf"`loss_tolerance` \({NUMBER}\)", LIBRARY["loss_tolerance"]),
-    ("library-reference.md", rf"`size_weight` \({NUMBER}\)", LIBRARY["size_weight"]),
-    ("library-reference.md", rf"`target_ramp`\s+\({NUMBER}\)", LIBRARY["target_ramp"]),
     ("library-reference.md", rf"Early stage: `L \+ {NUMBER} R` \(`l1_weight`\)", PAPER["l1_weight"]),
     ("library-reference.md", rf"`threshold` \({NUMBER}; signed", PAPER["threshold"]),
     ("library-reference.md", rf"\(`min_rank` {NUMBER}\)", PAPER["min_rank"]),
@@ -60,6 +52,14 @@ QUOTED = [  # (file, pattern with the quoted value as its group, the code's defa
     ("pipeline.md", rf"one epoch of\s+{NUMBER} steps", QUALITY_STEPS),
     ("pipeline.md", rf"ETA \.\.\.` at least\s+every {NUMBER} s", LOG_EVERY_S),
     ("usage.md", rf"ETA \.\.\.` every {NUMBER} s", LOG_EVERY_S),
+    ("measurement.md", rf"<= {NUMBER} \(`MAX_IQR_OVER_MEDIAN`\)", timing.MAX_IQR_OVER_MEDIAN),
+    ("measurement.md", rf"<= {NUMBER} \(`MAX_MEAN_OVER_MEDIAN`\)", timing.MAX_MEAN_OVER_MEDIAN),
+    ("measurement.md", rf"<= {NUMBER} \(`MAX_RUN_QUEUE_FRAC`\)", timing.MAX_RUN_QUEUE_FRAC),
+    ("measurement.md", rf"<= {NUMBER} \(`MAX_CPU_PRESSURE`\)", timing.MAX_CPU_PRESSURE),
+    ("measurement.md", rf"`CONFIDENCE` = {NUMBER}%", 100 * CONFIDENCE),
+    ("schema.md", rf"rounds spread more than {NUMBER}% of their median", 100 * timing.MAX_IQR_OVER_MEDIAN),
+    ("schema.md", rf"\(over {NUMBER}% of their runnable time\)", 100 * timing.MAX_RUN_QUEUE_FRAC),
+    ("schema.md", rf"CPU pressure \(over {NUMBER}%\)", 100 * timing.MAX_CPU_PRESSURE),
     ("../README.md", rf"ETA at least every {NUMBER} s", LOG_EVERY_S),
 ]
 

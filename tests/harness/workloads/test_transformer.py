@@ -42,7 +42,7 @@ def test_paper_tt_spec_is_the_papers(paper_model):
     emb = spec["encoder.embeddings.word"]
     assert (emb["row_shape"], emb["col_shape"], emb["rank"]) == ([16, 20, 10, 10], [4, 4, 8, 6],
                                                                  [1, 32, 32, 32, 1])
-    # docs/workloads.md: "tensorized at init about 1.49M" (cores only; rank gates not counted)
+    # docs/workloads.md: "tensorized one 1,485,795 at initialization" (cores; rank gates not counted)
     replaced = sum(modules[name].weight.numel() for name in spec)
     tensorized = (sum(p.numel() for p in model.parameters()) - replaced
                   + sum(map(tt_parameter_count, spec.values())))
