@@ -3,7 +3,7 @@
 :class:`OfficialTTLinear` reimplements (no code copied) the official layer and its ``TT_forward`` for three
 input and three output modes; :class:`OfficialTTMEmbedding` the official order-4 TTM embedding's unique
 lookup (``TensorizedEmbedding_order4.TTM_select_ind`` with ``use_unique=True``). Not part of ``comera``.
-The official algorithms: docs/design-notes.md.
+The official TT algorithm: docs/design-notes.md; the lookup: the class docstring.
 """
 from __future__ import annotations
 
