@@ -49,13 +49,15 @@ def test_quick_targets_produce_a_table(tmp_path, monkeypatch, capsys):
                             for line in lines))
     monkeypatch.setitem(layers.EMBEDDING_CASES, "quick", [
         ({"num_embeddings": 1000, "embedding_dim": 8, "row_shape": [5, 5, 5, 8], "col_shape": [2, 2, 2, 1],
-          "rank": 2}, [300])])
+          "rank": 2}, [300], True),
+        ({"num_embeddings": 100, "embedding_dim": 4, "row_shape": [5, 5, 2, 2], "col_shape": [1, 2, 2, 1],
+          "rank": 2}, [50], False)])
     monkeypatch.setattr(targets, "measure_roofline", lambda *a, **k: Roofline(1e10, 1e9))
     out = tmp_path / "cpu" / "bench.parquet"
     assert bench.cli(["--quick", "--targets", "1,3,5", "--threads", "1", "--goals", str(path),
                       "--out", str(out)]) == 0
     frame = pd.read_parquet(out)
-    assert list(frame["target"]) == [1] * 12 + [3] * 5 + [5, 5]
+    assert list(frame["target"]) == [1] * 12 + [3] * 8 + [5, 5]
     assert set(PROVENANCE_COLUMNS) <= set(frame.columns) and (frame["device"] == "cpu").all()
     # real times: maybe noisy
     assert set(frame["verdict"]) <= {"pass", "short", "noisy", "impossible", "info"}
@@ -69,7 +71,8 @@ def test_quick_targets_produce_a_table(tmp_path, monkeypatch, capsys):
                                                                          f"linear[{i}].vs_official", "")] + [
                                        "linear_ops.goal"] * 3 + [
                                        "lookup.speedup", "lookup.memory", "lookup.vs_official",
-                                       "lookup.table_memory", "", "plans.flops_vs_optimal", ""]
+                                       "lookup.table_memory", "", "lookup.speedup", "lookup.memory",
+                                       "lookup.vs_official", "plans.flops_vs_optimal", ""]
     kernel = frame.iloc[-1]
     assert kernel["verdict"] == "info" and kernel["measured"] > 0 and "KERNEL_COST" in kernel["what"]
     assert "measured" in kernel["medians"] and "default" in kernel["medians"]
@@ -92,6 +95,7 @@ def test_quick_targets_produce_a_table(tmp_path, monkeypatch, capsys):
     lookup_official = frame[frame["goal_key"] == "lookup.vs_official"].iloc[0]
     assert lookup_official["goal"] == 1.0 and "official unique" in lookup_official["medians"]
     assert "1000x8 rank 2, 300 indices" in lookup_official["what"]
+    assert not frame["what"].str.contains("table memory.*100x4 rank 2").any()  # that table: no memory rows
     official = frame.iloc[1]
     assert official["what"].startswith("TTLinear vs official TT_forward, 16->32 r4, 8 tokens")
     assert official["goal"] == 0.5 and official["flop_ratio"] > 0 and math.isnan(official["bound"])
@@ -108,7 +112,7 @@ def test_quick_targets_produce_a_table(tmp_path, monkeypatch, capsys):
     assert "target 1 CUDA rows skipped: they need a CUDA device, this run's is cpu" in capsys.readouterr().err
     assert file_metadata(out)["provenance"]["device"] == "cpu"
     text = out.with_suffix(".md").read_text()
-    assert text.count("\n| 3 |") == 5 and "| 5 |" in text and "Allocator: reuse" in text
+    assert text.count("\n| 3 |") == 8 and "| 5 |" in text and "Allocator: reuse" in text
     assert out.with_suffix(".png").stat().st_size > 0 and out.with_suffix(".pdf").stat().st_size > 0
 
 
