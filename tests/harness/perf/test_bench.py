@@ -29,6 +29,24 @@ def test_default_out_is_the_pipeline_folder_of_this_machine(monkeypatch, env, de
     assert str(bench.default_out(device)) == expected
 
 
+@pytest.mark.parametrize("argv, message", [(["--rounds", "0"], "--rounds 0: need at least 1"),
+                                           (["--block-s", "0"], "--block-s 0: need a positive")])
+def test_bad_rounds_or_block_seconds_stop_before_measuring(tmp_path, capsys, argv, message):
+    assert bench.cli(["--targets", "1", *argv, "--out", str(tmp_path / "b.parquet")]) == 2
+    assert message in capsys.readouterr().err and not (tmp_path / "b.parquet").exists()
+
+
+def test_rounds_and_block_seconds_reach_the_timed_targets(tmp_path, monkeypatch):
+    """--rounds and --block-s are the rounds and block seconds every single-layer timing uses."""
+    seen = []
+    monkeypatch.setattr(bench, "run_targets", lambda targets, cfg, **kw: seen.append(cfg) or [])
+    monkeypatch.setattr(bench, "write", lambda *a: ("", tmp_path / "b.parquet"))
+    monkeypatch.setattr(bench.figure, "draw", lambda *a: [])
+    assert bench.cli(["--targets", "1,3", "--rounds", "7", "--block-s", "0.2", "--out",
+                      str(tmp_path / "b.parquet")]) == 0
+    assert (seen[0].rounds, seen[0].min_run_time_s) == (7, 0.2)
+
+
 def test_a_bad_goals_file_stops_before_measuring(tmp_path, capsys):
     path = tmp_path / "bench.yaml"
     path.write_text(goals.DEFAULT_PATH.read_text().replace("table_memory: 15.0", "table_memory: many"))
