@@ -82,7 +82,8 @@ class ContractionPlan:
     """How one TT linear layer contracts its forward and backward passes for a given token count.
 
     Plans are values (frozen): build them with :func:`make_plan`; ``print(plan)`` lists the steps with
-    their FLOPs. :class:`comera.tt.TTLinearFunction` executes them.
+    their FLOPs and traffic, the order (:attr:`order`) and the predicted cost; :meth:`summary` gives the
+    same as values. :class:`comera.tt.TTLinearFunction` executes them.
 
     Example::
 
@@ -145,6 +146,53 @@ class ContractionPlan:
         """What the plan minimizes: ``flops + traffic_weight * traffic + kernel_cost * kernels``."""
         return _cost((self.steps,), self.settings)
 
+    def traffic_bytes(self, element_size: int = 4) -> int:
+        """Bytes of token-sized operands read and written, forward plus backward: :attr:`traffic` times
+        ``element_size`` (4 for float32, 2 for bfloat16)."""
+        if isinstance(element_size, bool) or not isinstance(element_size, int) or element_size <= 0:
+            raise ValueError(f"ContractionPlan.traffic_bytes: element_size must be a positive int, "
+                             f"got {element_size!r}")
+        return self.traffic * element_size
+
+    @property
+    def order(self) -> str:
+        """The contraction order in one line: which cores are merged into blocks, in which order they are
+        absorbed, and where the bias goes, e.g. ``x @ (G0 G1 G2) -> z; z @ (G3 G4 G5) + b (folded) -> y``."""
+        if self.zero:
+            return "y = b (a bond of rank 0: nothing contracted)" if self.bias else "y = 0 (a bond of rank 0)"
+        m = len(self.in_shape)
+        if self.dense:
+            return (f"W = ({' '.join(f'G{k}' for k in range(m))}) @ "
+                    f"({' '.join(f'G{k}' for k in range(m, len(self.ranks) - 1))}); y = x @ W"
+                    + (" + b" if self.bias else ""))
+
+        def side(groups, offset, start, end):
+            parts = [f"({' '.join(f'G{k}' for k in range(a, b))})" for a, b in bounds(groups, offset)]
+            return f"{start} @ " + " @ ".join(parts) + f" -> {end}"
+
+        bias = " + b (folded into the GEMM)" if self.fold_bias else (" + b" if self.bias else "")
+        return f"{side(self.left_groups, 0, 'x', 'z')}; {side(self.right_groups, m, 'z', 'y')}{bias}"
+
+    def summary(self, element_size: int = 4) -> dict:
+        """The plan's choice and predicted cost as plain values (for logs and tables).
+
+        Args:
+            element_size: bytes per element of the activations (4: float32).
+
+        Returns:
+            dict: ``order``, ``left``, ``right``, ``fold_bias``, ``flops`` (forward + backward),
+            ``traffic_bytes`` (token-sized operands read and written), ``kernels`` and ``cost`` (what
+            :func:`make_plan` minimizes, in FLOP-equivalents).
+
+        Example::
+
+            >>> make_plan((12, 8, 8), (12, 16, 16), (1, 12, 30, 30, 30, 16, 1), 4096).summary()["order"]
+            'x @ (G0 G1 G2) -> z; z @ (G3 G4 G5) -> y + b (folded into the GEMM)'
+        """
+        return {"order": self.order, "left": self.left, "right": self.right, "fold_bias": self.fold_bias,
+                "flops": self.flops, "traffic_bytes": self.traffic_bytes(element_size),
+                "kernels": self.kernels, "cost": self.cost}
+
     @property
     def fold_bias(self) -> bool:
         """True when the bias rides in the output GEMM as an extra row (``y = [z | 1] @ [B ; b]``), which
@@ -164,10 +212,15 @@ class ContractionPlan:
                 f"left={self.left} right={self.right}")
         width = max((len(s.name) for s in self.steps), default=4)
         lines = [head]
-        lines += [f"  {s.phase:<8} {s.name:<{width}}  {s.flops:>14,d}  {s.expr}" for s in self.steps]
+        lines.append(f"  order: {self.order}")
+        lines.append(f"  {'phase':<8} {'step':<{width}}  {'FLOPs':>14}  {'traffic':>11}  operation")
+        lines += [f"  {s.phase:<8} {s.name:<{width}}  {s.flops:>14,d}  {s.traffic:>11,d}  {s.expr}"
+                  for s in self.steps]
         lines.append(f"  forward {self.forward_flops:,d}  backward {self.backward_flops:,d}  "
-                     f"total {self.flops:,d} FLOPs; token-sized traffic {self.traffic:,d} elements; "
-                     f"{self.kernels} kernels")
+                     f"total {self.flops:,d} FLOPs; token-sized traffic {self.traffic:,d} elements "
+                     f"({self.traffic_bytes():,d} bytes in float32); {self.kernels} kernels")
+        lines.append(f"  predicted cost {self.cost:,d} FLOP-equivalents = FLOPs + "
+                     f"{self.settings.traffic_weight} x traffic + {self.settings.kernel_cost:,d} x kernels")
         return "\n".join(lines)
 
 

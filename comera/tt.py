@@ -424,7 +424,16 @@ class TTLinear(ResizeOnLoad, nn.Module):
 
     def plan(self, tokens: int) -> ContractionPlan:
         """The contraction plan for ``tokens`` rows at the current ranks and :attr:`plan_settings` (memoized
-        by :func:`~comera.contraction.make_plan`; pruning a rank changes the plan on the next call)."""
+        by :func:`~comera.contraction.make_plan`; pruning a rank changes the plan on the next call).
+        ``print(layer.plan(tokens))`` lists its order, steps and predicted cost; ``.summary()`` gives them
+        as values.
+
+        Example::
+
+            >>> layer = TTLinear(768, 3072, in_shape=(12, 8, 8), out_shape=(12, 16, 16), rank=30)
+            >>> layer.plan(4096).order
+            'x @ (G0 G1 G2) -> z; z @ (G3 G4 G5) -> y + b (folded into the GEMM)'
+        """
         return make_plan(self.in_shape, self.out_shape, tuple(self.ranks), int(tokens), self.bias is not None,
                          None, self.plan_settings)
 

@@ -1,7 +1,8 @@
 """``comera-bench bench``: the performance targets (harness.perf) measured in one run and judged.
 
     comera-bench bench [--quick] [--targets 1,2,3,4,5] [--device cpu|cuda|auto] [--threads N]
-                       [--allocator reuse|system] [--step-rounds R] [--goals GOALS.yaml]
+                       [--rounds R] [--block-s S] [--allocator reuse|system] [--step-rounds R]
+                       [--goals GOALS.yaml]
                        [--out results/<device>/bench.parquet]
 
 The table goes to stdout, the Parquet file, a Markdown file and a figure beside it (docs/performance.md).
@@ -82,6 +83,12 @@ def cli(argv: list[str]) -> int:
                                   "(default results/<device>/bench.parquet)")
     ap.add_argument("--step-timeout", type=float, default=1800, help="seconds for all transformer-step "
                     "processes together")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="interleaved rounds of the single-layer timings of targets 1 and 3 (default 3, "
+                         "--quick 2)")
+    ap.add_argument("--block-s", type=float, default=None,
+                    help="seconds of calls per timing in a round of targets 1 and 3 (default 0.5, "
+                         "--quick 0.05)")
     ap.add_argument("--step-rounds", type=int, default=None,
                     help="rounds of the transformer-step processes of targets 2 and 4, every configuration "
                          "once per round (default 3, --quick 1)")
@@ -100,7 +107,8 @@ def cli(argv: list[str]) -> int:
         if not args.step_timeout > 0:
             raise ValueError(f"--step-timeout {args.step_timeout:g}: need a positive number of seconds")
         targets = parse_targets(args.targets)
-        cfg = Config.make(args.device, args.threads, args.quick, args.allocator, args.step_rounds, args.goals)
+        cfg = Config.make(args.device, args.threads, args.quick, args.allocator, args.step_rounds, args.goals,
+                          rounds=args.rounds, min_run_time_s=args.block_s)
         out = Path(args.out) if args.out else default_out(cfg.device.type)
     except (ValueError, RuntimeError, grid.ConfigError) as exc:
         print(f"comera-bench bench: {exc}", file=sys.stderr)

@@ -1,7 +1,9 @@
-"""A bench-only TT linear layer that costs what the official CoMERA layer costs (target 1's side-by-side row).
+"""Bench-only layers that cost what the official CoMERA layers cost (targets 1 and 3, side by side).
 
 :class:`OfficialTTLinear` reimplements (no code copied) the official layer and its ``TT_forward`` for three
-input and three output modes; not part of ``comera``. The official algorithm: docs/design-notes.md.
+input and three output modes; :class:`OfficialTTMEmbedding` the official order-4 TTM embedding's unique
+lookup (``TensorizedEmbedding_order4.TTM_select_ind`` with ``use_unique=True``). Not part of ``comera``.
+The official TT algorithm: docs/design-notes.md; the lookup: the class docstring.
 """
 from __future__ import annotations
 
@@ -102,3 +104,47 @@ class OfficialTTLinear(nn.Module):
                              f"got shape {tuple(x.shape)}")
         y = _OfficialTTFunction.apply(x, *self.factors())
         return y + self.bias if self.bias is not None else y
+
+
+class OfficialTTMEmbedding(nn.Module):
+    """The official CoMERA order-4 TTM embedding lookup with ``use_unique=True`` on the parameters of a
+    :class:`comera.ttm.TTMEmbedding` (shared, not copied; gates applied to the cores first, as the official
+    ``get_factors(prune_mask=True)`` does).
+
+    Per call, as the official ``TTM_select_ind``: both half tables are formed in full under autograd
+    (cores 0-1 as ``(m0 m1, n0 n1, r2)``, cores 2-3 as ``(r2, m2 m3, n2 n3)``), the unique indices are
+    looked up in a row-to-coordinates table made once, their half-table rows gathered and multiplied by
+    one batched ``einsum``, and every index's row is gathered from the unique rows through a persistent
+    index-to-position buffer. Autograd differentiates it all (no custom backward, as there).
+
+    Shape:
+        - Input: integer tensor ``(*)``.
+        - Output: ``(*, embedding_dim)``.
+    """
+
+    def __init__(self, ttm: nn.Module):
+        super().__init__()
+        if len(ttm.row_shape) != 4:
+            raise ValueError(f"OfficialTTMEmbedding: the official optimized TTM lookup takes 4 cores, got "
+                             f"row_shape={list(ttm.row_shape)}")
+        self.ttm = ttm
+        rows = ttm.row_shape
+        right_rows = rows[2] * rows[3]
+        ids = torch.arange(ttm.num_embeddings, device=ttm.cores[0].device)
+        self.register_buffer("ind2coord", torch.stack([ids // right_rows, ids % right_rows], 1),
+                             persistent=False)
+        self.register_buffer("dict_tensor", torch.zeros_like(ids), persistent=False)
+        self.register_buffer("dict_range", ids.clone(), persistent=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        f0, f1, f2, f3 = self.ttm.gated_cores()
+        m, n = [f.shape[1] for f in (f0, f1, f2, f3)], [f.shape[2] for f in (f0, f1, f2, f3)]
+        out1 = torch.tensordot(f0, f1, [[-1], [0]]).movedim([3], [2]).reshape(m[0] * m[1], n[0] * n[1], -1)
+        out2 = torch.tensordot(f2, f3, [[-1], [0]]).movedim([3], [2]).reshape(f2.shape[0], m[2] * m[3],
+                                                                              n[2] * n[3])
+        flat = idx.reshape(-1)
+        unique = torch.unique(flat)
+        self.dict_tensor[unique] = self.dict_range[:unique.shape[0]]
+        targets = self.ind2coord[unique, :]
+        rows = torch.einsum("abc,cad->abd", out1[targets[:, 0], :, :], out2[:, targets[:, 1], :]).flatten(1)
+        return rows[self.dict_tensor[flat], :].reshape(*idx.shape, self.ttm.embedding_dim)

@@ -7,6 +7,7 @@ or outer product) 1 x; the plan counts the same way.
 """
 from __future__ import annotations
 
+import math
 import random
 
 import opt_einsum
@@ -343,3 +344,55 @@ def test_fold_flag(tokens):
     grouped = make_plan(*PAPER_FFN, tokens, True, ("merge", (1, 2)))
     assert not grouped.fold_bias
     assert any(s.name == "bias" for s in plan.steps) != folds
+
+
+PAPER_ATTN = ((12, 8, 8), (8, 8, 12), (1, 12, 30, 30, 30, 12, 1))
+
+
+@pytest.mark.parametrize("shape, tokens, folded", [(PAPER_FFN, 4096, True), (PAPER_ATTN, 4096, True),
+                                                   (PAPER_ATTN, 128, False)])
+def test_paper_shapes_choose_one_block_per_side_and_the_fewest_flops(shape, tokens, folded):
+    """At the paper's shapes the plan merges each side into one block (x @ A -> z, z @ B -> y: two token
+    GEMMs forward, the official TT_forward's order), which has the fewest FLOPs of every grouping; from
+    fold_bias_min_tokens the bias rides in the output GEMM, so the plan moves fewer bytes than the same order
+    with the bias added and summed in passes of its own (what the official code does)."""
+    plan = make_plan(*shape, tokens)
+    groups = [(3,), (1, 2), (2, 1), (1, 1, 1)]
+    every = [make_plan(*shape, tokens, True, (left, right)) for left in groups for right in groups]
+    assert (plan.left_groups, plan.right_groups, plan.fold_bias) == ((3,), (3,), folded)
+    assert plan.flops <= min(p.flops for p in every)
+    assert plan.order == ("x @ (G0 G1 G2) -> z; z @ (G3 G4 G5) -> y + b"
+                          + (" (folded into the GEMM)" if folded else ""))
+    unfolded = make_plan(*shape, tokens, True, ("merge", "merge"),
+                         PlanSettings(fold_bias_min_tokens=tokens + 1))
+    if folded:
+        passes = 3 * tokens * math.prod(plan.out_shape)  # y += b reads y and writes it; db reads dy
+        assert unfolded.traffic - plan.traffic == passes - tokens * 2  # the column of ones, forward + dB
+        assert plan.traffic_bytes() < unfolded.traffic_bytes()
+    else:
+        assert unfolded == plan
+
+
+def test_summary_and_printout_give_the_order_and_predicted_cost():
+    plan = make_plan(*PAPER_FFN, 4096)
+    summary = plan.summary()
+    assert summary == {"order": plan.order, "left": "merge", "right": "merge", "fold_bias": True,
+                       "flops": plan.flops, "traffic_bytes": 4 * plan.traffic, "kernels": plan.kernels,
+                       "cost": plan.cost}
+    assert plan.summary(element_size=2)["traffic_bytes"] == 2 * plan.traffic
+    text = str(plan)
+    assert f"order: {plan.order}" in text
+    assert f"predicted cost {plan.cost:,d} FLOP-equivalents" in text
+    assert f"({plan.traffic_bytes():,d} bytes in float32)" in text
+    for step in plan.steps:
+        assert f"{step.traffic:,d}" in text
+    with pytest.raises(ValueError, match="element_size"):
+        plan.traffic_bytes(0)
+
+
+def test_order_of_dense_sequential_and_zero_rank_plans():
+    assert make_plan((2,), (2,), (1, 2, 1), 32).order == "W = (G0) @ (G1); y = x @ W + b"
+    one = make_plan(*PAPER_FFN, 1)
+    assert one.order.startswith("x @ (G0) @ (G1) @ (G2) -> z; ")
+    assert make_plan((4, 6), (5, 6), (1, 3, 0, 2, 1), 7).order.startswith("y = b")
+    assert make_plan((4, 6), (5, 6), (1, 3, 0, 2, 1), 7, False).order.startswith("y = 0")

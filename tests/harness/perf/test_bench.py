@@ -29,6 +29,24 @@ def test_default_out_is_the_pipeline_folder_of_this_machine(monkeypatch, env, de
     assert str(bench.default_out(device)) == expected
 
 
+@pytest.mark.parametrize("argv, message", [(["--rounds", "0"], "--rounds 0: need at least 1"),
+                                           (["--block-s", "0"], "--block-s 0: need a positive")])
+def test_bad_rounds_or_block_seconds_stop_before_measuring(tmp_path, capsys, argv, message):
+    assert bench.cli(["--targets", "1", *argv, "--out", str(tmp_path / "b.parquet")]) == 2
+    assert message in capsys.readouterr().err and not (tmp_path / "b.parquet").exists()
+
+
+def test_rounds_and_block_seconds_reach_the_timed_targets(tmp_path, monkeypatch):
+    """--rounds and --block-s are the rounds and block seconds every single-layer timing uses."""
+    seen = []
+    monkeypatch.setattr(bench, "run_targets", lambda targets, cfg, **kw: seen.append(cfg) or [])
+    monkeypatch.setattr(bench, "write", lambda *a: ("", tmp_path / "b.parquet"))
+    monkeypatch.setattr(bench.figure, "draw", lambda *a: [])
+    assert bench.cli(["--targets", "1,3", "--rounds", "7", "--block-s", "0.2", "--out",
+                      str(tmp_path / "b.parquet")]) == 0
+    assert (seen[0].rounds, seen[0].min_run_time_s) == (7, 0.2)
+
+
 def test_a_bad_goals_file_stops_before_measuring(tmp_path, capsys):
     path = tmp_path / "bench.yaml"
     path.write_text(goals.DEFAULT_PATH.read_text().replace("table_memory: 15.0", "table_memory: many"))
@@ -47,16 +65,17 @@ def test_quick_targets_produce_a_table(tmp_path, monkeypatch, capsys):
     lines = goals.DEFAULT_PATH.read_text().splitlines(keepends=True)
     path.write_text("".join(small if line.startswith("  - {in_shape") and "graph:" not in line else line
                             for line in lines))
-    monkeypatch.setitem(layers.EMBEDDING_TABLE, "quick", {"num_embeddings": 1000, "embedding_dim": 8,
-                                                         "row_shape": [10, 10, 10], "col_shape": [2, 2, 2],
-                                                         "rank": 2})
-    monkeypatch.setitem(layers.EMBEDDING_INDICES, "quick", [300])
+    monkeypatch.setitem(layers.EMBEDDING_CASES, "quick", [
+        ({"num_embeddings": 1000, "embedding_dim": 8, "row_shape": [5, 5, 5, 8], "col_shape": [2, 2, 2, 1],
+          "rank": 2}, [300], True),
+        ({"num_embeddings": 100, "embedding_dim": 4, "row_shape": [5, 5, 2, 2], "col_shape": [1, 2, 2, 1],
+          "rank": 2}, [50], False)])
     monkeypatch.setattr(targets, "measure_roofline", lambda *a, **k: Roofline(1e10, 1e9))
     out = tmp_path / "cpu" / "bench.parquet"
     assert bench.cli(["--quick", "--targets", "1,3,5", "--threads", "1", "--goals", str(path),
                       "--out", str(out)]) == 0
     frame = pd.read_parquet(out)
-    assert list(frame["target"]) == [1] * 9 + [3, 3, 3, 3, 5, 5]
+    assert list(frame["target"]) == [1] * 12 + [3] * 8 + [5, 5]
     assert set(PROVENANCE_COLUMNS) <= set(frame.columns) and (frame["device"] == "cpu").all()
     # real times: maybe noisy
     assert set(frame["verdict"]) <= {"pass", "short", "noisy", "impossible", "info"}
@@ -66,11 +85,12 @@ def test_quick_targets_produce_a_table(tmp_path, monkeypatch, capsys):
     assert (frame[~timed]["stability"] == "").all()
     assert ((frame["verdict"] == "noisy") <= frame["stability"].str.startswith("noisy")).all()
     assert frame["measured"].map(math.isfinite).all()
-    assert list(frame["goal_key"]) == ["linear[0]", "linear[0].vs_official", "linear[1]",
-                                       "linear[1].vs_official",
-                                       "linear[2]", "linear[2].vs_official"] + ["linear_ops.goal"] * 3 + [
-                                       "lookup.speedup", "lookup.memory",
-                                       "lookup.table_memory", "", "plans.flops_vs_optimal", ""]
+    assert list(frame["goal_key"]) == [key for i in range(3) for key in (f"linear[{i}]",
+                                                                         f"linear[{i}].vs_official", "")] + [
+                                       "linear_ops.goal"] * 3 + [
+                                       "lookup.speedup", "lookup.memory", "lookup.vs_official",
+                                       "lookup.table_memory", "", "lookup.speedup", "lookup.memory",
+                                       "lookup.vs_official", "plans.flops_vs_optimal", ""]
     kernel = frame.iloc[-1]
     assert kernel["verdict"] == "info" and kernel["measured"] > 0 and "KERNEL_COST" in kernel["what"]
     assert "measured" in kernel["medians"] and "default" in kernel["medians"]
@@ -86,6 +106,14 @@ def test_quick_targets_produce_a_table(tmp_path, monkeypatch, capsys):
             and "at most" in linear["note"])
     assert ("per round" in linear["medians"]
             and "median over rounds of the ratio within a round" in linear["settings"])
+    dense_vs_official = frame.iloc[2]
+    assert dense_vs_official["what"].startswith("nn.Linear / official TT_forward fwd+bwd speedup, 16->32 r4")
+    assert dense_vs_official["verdict"] == "info" and "per round" in dense_vs_official["medians"]
+    assert "TTLinear's plan: x @ (G0 G1 G2) -> z" in dense_vs_official["note"]
+    lookup_official = frame[frame["goal_key"] == "lookup.vs_official"].iloc[0]
+    assert lookup_official["goal"] == 1.0 and "official unique" in lookup_official["medians"]
+    assert "1000x8 rank 2, 300 indices" in lookup_official["what"]
+    assert not frame["what"].str.contains("table memory.*100x4 rank 2").any()  # that table: no memory rows
     official = frame.iloc[1]
     assert official["what"].startswith("TTLinear vs official TT_forward, 16->32 r4, 8 tokens")
     assert official["goal"] == 0.5 and official["flop_ratio"] > 0 and math.isnan(official["bound"])
@@ -102,7 +130,7 @@ def test_quick_targets_produce_a_table(tmp_path, monkeypatch, capsys):
     assert "target 1 CUDA rows skipped: they need a CUDA device, this run's is cpu" in capsys.readouterr().err
     assert file_metadata(out)["provenance"]["device"] == "cpu"
     text = out.with_suffix(".md").read_text()
-    assert text.count("\n| 3 |") == 4 and "| 5 |" in text and "Allocator: reuse" in text
+    assert text.count("\n| 3 |") == 8 and "| 5 |" in text and "Allocator: reuse" in text
     assert out.with_suffix(".png").stat().st_size > 0 and out.with_suffix(".pdf").stat().st_size > 0
 
 

@@ -107,3 +107,36 @@ def test_other_than_three_plus_three_modes_is_a_clear_error(in_shape, out_shape)
                   out_shape=out_shape, rank=2)
     with pytest.raises(ValueError, match="official TT_forward handles 3 input and 3 output modes"):
         OfficialTTLinear(tt)
+
+
+def test_official_ttm_lookup_matches_the_dense_table_and_the_optimized_lookup():
+    """The official unique lookup (order 4) returns the table's rows and the same gradients as the
+    optimized TTMEmbedding it shares its parameters with (float64, gates away from one, repeated
+    indices)."""
+    from comera.ttm import TTMEmbedding
+    from harness.perf.official import OfficialTTMEmbedding
+
+    torch.manual_seed(0)
+    ttm = TTMEmbedding(300, 24, row_shape=[4, 5, 3, 5], col_shape=[2, 2, 3, 2], rank=[1, 3, 4, 2, 1],
+                       dtype=torch.float64)
+    with torch.no_grad():
+        for g in ttm.gates:
+            g.uniform_(0.25, 1.75)
+    official = OfficialTTMEmbedding(ttm)
+    idx = torch.tensor([[0, 299, 17, 17], [150, 0, 42, 299]])
+    dy = torch.randn(2, 4, 24, dtype=torch.float64)
+    wrt = [*ttm.cores, *ttm.gates]
+    got = official(idx)
+    assert torch.allclose(got, ttm.dense_weight()[idx], rtol=1e-12, atol=1e-12)
+    want_grads = torch.autograd.grad(ttm(idx), wrt, dy)
+    for a, b in zip(torch.autograd.grad(got, wrt, dy), want_grads):
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
+    assert list(official.parameters()) == list(ttm.parameters())
+
+
+def test_official_ttm_lookup_takes_four_cores_only():
+    from comera.ttm import TTMEmbedding
+    from harness.perf.official import OfficialTTMEmbedding
+
+    with pytest.raises(ValueError, match="4 cores, got row_shape=\\[10, 10, 10\\]"):
+        OfficialTTMEmbedding(TTMEmbedding(1000, 8, row_shape=[10, 10, 10], col_shape=[2, 2, 2], rank=2))
