@@ -42,7 +42,7 @@ def merged_runs(out: Path) -> pd.DataFrame:
 @pytest.mark.slow
 def test_dry_run_packs_runs_tables_figures_and_claims(tmp_path):
     proc = start(tmp_path)
-    output, _ = proc.communicate(timeout=240)
+    output, _ = proc.communicate(timeout=600)  # a safety net: 85-190 s on the 2-core VM, busy
     out = tmp_path / "out"
     log = (out / "gpu_check.log").read_text()
     assert proc.returncode == 0, output[-3000:]
