@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from comera import kernels, native, plain
+from comera import kernels, plain
 from comera.contraction import ContractionPlan
 from comera.tt import (
     TTLinear,
@@ -85,56 +85,6 @@ def _python_backward(ctx, groups, dy):
     return (dx, dbias1, dbias2, *d_cores1, *d_gates1, *d_cores2, *d_gates2)
 
 
-def _native_forward(plans, activation, x, bias1, bias2, cores1, gates1, cores2, gates2):
-    """The forward with the native ops (one per layer): ``(y, groups)``. Of what ``tt_forward`` returns,
-    layer 1 keeps its input side (z1 included), layer 2 all but its input groups' outputs before z2; the
-    backward recomputes the rest (:func:`comera.native.right_forward`, :func:`comera.native.left_forward`)."""
-    p1, p2 = plans
-    ops = torch.ops.comera_native
-    out1 = ops.tt_forward(x, bias1, cores1, gates1, *native.plan_args(p1))
-    hidden = activation(out1[0])
-    saved1 = native.split_saved(p1, out1[1:])._replace(right_blocks=[], right_acts=[])
-    del out1
-    y, *rest = ops.tt_forward(hidden, bias2, cores2, gates2, *native.plan_args(p2))
-    saved2 = native.split_saved(p2, rest)
-    saved2 = saved2._replace(left_outs=saved2.left_outs[-1:])
-    return y, [[x], _present(bias1), _present(bias2), cores1, gates1, *saved1, cores2, gates2, *saved2]
-
-
-def _native_unpack(groups):
-    """``(x, bias1, bias2, cores1, gates1, saved1, cores2, gates2, saved2)`` from :func:`_native_forward`'s
-    groups; a missing bias is None."""
-    (x,), bias1, bias2, cores1, gates1 = groups[:5]
-    cores2, gates2 = groups[10:12]
-    saved1, saved2 = native.SavedParts(*groups[5:10]), native.SavedParts(*groups[12:])
-    return x, (bias1 or [None])[0], (bias2 or [None])[0], cores1, gates1, saved1, cores2, gates2, saved2
-
-
-def _native_backward(ctx, groups, dy):
-    """Gradients as :func:`_python_backward` gives them, with the native ops: layer 1's output side and
-    (with several input groups) layer 2's input side recomputed, one op each, then one backward per layer."""
-    p1, p2 = ctx.plans
-    need = ctx.needs_input_grad
-    ops = torch.ops.comera_native
-    x, bias1, bias2, cores1, gates1, saved1, cores2, gates2, saved2 = _native_unpack(groups)
-    y1, blocks, acts = native.right_forward(p1, saved1.left_outs[-1], bias1, saved1.gated + cores1[-1:])
-    saved1 = saved1._replace(right_blocks=blocks, right_acts=acts)
-    with torch.enable_grad():
-        y1 = y1.detach().requires_grad_(True)
-        hidden = ctx.activation(y1)
-    if len(p2.left_groups) > 1:
-        outs = native.left_forward(p2, hidden, saved2.gated + cores2[-1:])[1]
-        saved2 = saved2._replace(left_outs=outs[:-1] + saved2.left_outs)
-    dhidden, dbias2, *grads2 = ops.tt_backward(dy, hidden, cores2, gates2, saved2.flat(),
-                                               *native.plan_args(p2), bias2 is not None, True, need[4])
-    (dy1,) = torch.autograd.grad(hidden, y1, dhidden)
-    del hidden, y1, dhidden
-    dx, dbias1, *grads1 = ops.tt_backward(dy1, x, cores1, gates1, saved1.flat(), *native.plan_args(p1),
-                                          bias1 is not None, need[2], need[3])
-    return (dx if need[2] else None, dbias1 if need[3] else None, dbias2 if need[4] else None,
-            *grads1, *grads2)
-
-
 def _differentiated_replay(ctx, groups, dy):
     """Gradients for ``create_graph=True``: the composition of two :func:`~comera.tt.tt_linear` calls re-run
     on the saved inputs and differentiated by autograd (:func:`~comera.tt.differentiated_grads`), so second
@@ -142,11 +92,8 @@ def _differentiated_replay(ctx, groups, dy):
     one stands in for it, and its gradient is ``dy.sum(0)``."""
     p1, p2 = ctx.plans
     need = ctx.needs_input_grad
-    if ctx.native:
-        x, bias1, _, cores1, gates1, _, cores2, gates2, _ = _native_unpack(groups)
-    else:
-        (x,), cores1, gates1, _, cores2, gates2 = groups[:6]
-        bias1 = (groups[-1] or [None])[0]
+    (x,), cores1, gates1, _, cores2, gates2 = groups[:6]
+    bias1 = (groups[-1] or [None])[0]
     bias2 = dy.new_zeros(dy.shape[1]) if p2.bias else None
     d1, d2 = len(cores1), len(cores2)
 
@@ -161,8 +108,7 @@ def _differentiated_replay(ctx, groups, dy):
 
 
 class _TTFeedForwardFunction(torch.autograd.Function):
-    """y = L2(act(L1(x))) for TT layers L1, L2 following their plans; saves rank-r products only. Native ops
-    run both layers when :func:`comera.native.usable` says so for both plans, else the Python kernels."""
+    """y = L2(act(L1(x))) for TT layers L1, L2 following their plans; saves rank-r products only."""
 
     @staticmethod
     def forward(ctx, plans, activation, x, bias1, bias2, *params):
@@ -170,9 +116,7 @@ class _TTFeedForwardFunction(torch.autograd.Function):
         d1 = len(p1.ranks) - 1
         layers = (*_split(params[:2 * d1 - 1], d1), *_split(params[2 * d1 - 1:], len(p2.ranks) - 1))
         ctx.plans, ctx.activation = plans, activation
-        ctx.native = native.usable(p1) and native.usable(p2)
-        run = _native_forward if ctx.native else _python_forward
-        y, groups = run(plans, activation, x, bias1, bias2, *layers)
+        y, groups = _python_forward(plans, activation, x, bias1, bias2, *layers)
         ctx.group_sizes = [len(g) for g in groups]
         ctx.save_for_backward(*(t for g in groups for t in g))
         return y
@@ -182,8 +126,6 @@ class _TTFeedForwardFunction(torch.autograd.Function):
         groups = regroup(ctx.saved_tensors, ctx.group_sizes)
         if torch.is_grad_enabled():
             return (None, None, *_differentiated_replay(ctx, groups, dy))
-        if ctx.native:
-            return (None, None, *_native_backward(ctx, groups, dy))
         return (None, None, *_python_backward(ctx, groups, dy))
 
 

@@ -23,11 +23,10 @@ narrow output, at most 64 columns; all others). Below, oneDNN's per-call set-up 
 
 
 def register_flop_formulas() -> None:
-    """Teach :class:`torch.utils.flop_counter.FlopCounterMode` the FLOPs of oneDNN's inner product and of
-    the native TT ops.
+    """Teach :class:`torch.utils.flop_counter.FlopCounterMode` the FLOPs of oneDNN's inner product.
 
     FlopCounterMode counts ``aten.mm`` but not ``mkldnn._linear_pointwise``, which large float32 CPU
-    products of a TT layer run through, nor the ATen calls inside the native ops (:mod:`comera.native`).
+    products of a TT layer run through.
     Call this once before counting FLOPs of TT layers (the harness does where it counts them); it changes
     torch's global ``flop_registry``, which is why importing :mod:`comera` does not. Idempotent.
 
@@ -40,9 +39,6 @@ def register_flop_formulas() -> None:
     """
     from torch.utils.flop_counter import flop_registry, register_flop_formula
 
-    from comera import native
-
-    native.register_flop_formulas()
     if _INNER_PRODUCT is None:
         return
 

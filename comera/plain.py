@@ -1,6 +1,6 @@
 """:func:`plain_autograd`: the library's layers as ordinary autograd ops, for ``torch.func`` transforms.
 
-Results are equal; autograd keeps more memory and no native op runs (docs/library.md, "Second derivatives
+Results are equal; autograd keeps more memory (docs/library.md, "Second derivatives
 and torch.func").
 """
 from __future__ import annotations

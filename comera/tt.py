@@ -1,8 +1,8 @@
 """TTLinear: a linear layer whose weight is a tensor train with diagonal rank gates.
 
 :class:`TTLinear` is the module, :func:`tt_linear` the functional form over a
-:class:`~comera.contraction.ContractionPlan`, :class:`TTLinearFunction` their autograd Function (native
-ops of :mod:`comera.native` where built, else :mod:`comera.kernels`).
+:class:`~comera.contraction.ContractionPlan`, :class:`TTLinearFunction` their autograd Function (the
+kernels of :mod:`comera.kernels`).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from comera import kernels, native, plain
+from comera import kernels, plain
 from comera.contraction import DEFAULT_SETTINGS, ContractionPlan, PlanSettings, make_plan
 from comera.init import INIT_SCHEMES, core_stds
 from comera.reload import ResizeOnLoad
@@ -135,8 +135,7 @@ class TTLinearFunction(torch.autograd.Function):
 
     ``TTLinearFunction.apply(plan, x, bias, *cores, *gates)``; backward returns the gradients of ``x``,
     ``bias``, every core and every gate. Saves ``x``, rank-sized intermediates and the merged core blocks,
-    never a full-width tensor. Forward and backward are one native op each where :func:`comera.native.usable`
-    says so, else the Python kernels (same results). Under ``create_graph=True`` the backward re-runs the
+    never a full-width tensor. Under ``create_graph=True`` the backward re-runs the
     forward under autograd (:func:`differentiated_grads`): derivatives of every order are exact.
     :func:`tt_linear` is the functional form.
 
@@ -154,17 +153,12 @@ class TTLinearFunction(torch.autograd.Function):
         cores, gates = params[:d], params[d:]
         ctx.plan = plan
         ctx.has_bias = bias is not None
-        ctx.native = native.usable(plan)
         ctx.constant = plan.zero or x.shape[0] == 0  # y = b: a rank-0 bond, or no tokens
         if ctx.constant:
             ctx.shapes = [p.shape for p in params]
             ctx.x_shape = x.shape
             y = x.new_zeros(x.shape[0], math.prod(plan.out_shape))
             return y if bias is None else y.add_(bias)
-        if ctx.native:  # one op; it returns y and the tensors it made for the backward
-            out = torch.ops.comera_native.tt_forward(x, bias, cores, gates, *native.plan_args(plan))
-            ctx.save_for_backward(x, *cores, *gates, *out[1:])
-            return out[0]
         y, groups = _python_forward(plan, x, bias, cores, gates)
         ctx.group_sizes = [len(g) for g in groups]
         ctx.save_for_backward(x, *(t for g in groups for t in g))
@@ -183,10 +177,6 @@ class TTLinearFunction(torch.autograd.Function):
         cores, gates = rest[:d], rest[d:2 * d - 1]
         if torch.is_grad_enabled():
             return (None, *_differentiated_replay(plan, x, cores, gates, dy, ctx.has_bias, need))
-        if ctx.native:
-            out = torch.ops.comera_native.tt_backward(dy, x, cores, gates, rest[2 * d - 1:],
-                                                      *native.plan_args(plan), ctx.has_bias, need[1], need[2])
-            return (None, out[0] if need[1] else None, out[1] if need[2] else None, *out[2:])
         groups = regroup(rest, ctx.group_sizes)
         eff = groups[2]
         m = len(plan.in_shape)

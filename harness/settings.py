@@ -3,8 +3,7 @@
 :data:`SETTINGS` declares them; :func:`read` is the one place the harness reads one, checked against its
 declaration: a bad value raises :class:`SettingError` naming the variable and the value. The reference
 table, docs/settings.md, is made from :data:`SETTINGS` (``python -m harness.settings > docs/settings.md``;
-a test keeps it current). ``comera.native`` reads its own three variables itself (the library does not
-import the harness); they are declared here all the same.
+a test keeps it current).
 """
 from __future__ import annotations
 
@@ -109,12 +108,6 @@ _SETTINGS = (
     Setting("COMERA_BENCH_OFFICIAL_DIR", "path", "a checkout of the official CoMERA code (ziyangjoy/CoMERA): "
             "the tests check the paper's rules against its own functions", "the official checkout",
             read_in="tests/comera/test_paper_rules.py"),
-    Setting("COMERA_NATIVE", "switch", "0: the library's Python kernels, never the native extension",
-            "the native extension", default=True, read_in="comera.native"),
-    Setting("COMERA_NATIVE_LIBRARY", "path", "a prebuilt native library to load instead of building one",
-            "the prebuilt library", read_in="comera.native"),
-    Setting("COMERA_NATIVE_BUILD_DIR", "path", "where the native extension is built (default: a cache "
-            "folder)", "the build folder", read_in="comera.native"),
 )
 SETTINGS: dict[str, Setting] = {s.name: s for s in _SETTINGS}
 """Every ``COMERA_*`` environment variable the project reads, by name."""

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The prepared GPU check: one run on a machine with one CUDA GPU and no network, at most BUDGET_S
-# (default 450 s) of wall time, that always leaves its results in $OUT (default results/gpu_check):
-#   here, once:      bash scripts/device_wheels.sh   (what the device image lacks, into .whl/)
-#   on the device:   bash scripts/gpu_check.sh       (device tool: carry [".whl"]; timeout_s 540)
-# First, when the native TT ops load, their device-parametrized tests on this device (at most 120 s): where
-# they fail, the phases run the Python kernels (COMERA_NATIVE=0; env.txt says so).
+# A GPU check on a machine with one CUDA GPU, in the current Python environment (PYTHON, default python3,
+# with this checkout's requirements: pip install -e '.[bench]'); it installs nothing unless WHEELS is set:
+#   bash scripts/gpu_check.sh      # results in $OUT (default results/gpu_check), at most BUDGET_S (450 s)
+# A GPU machine without network: where pip reaches the registry, `bash scripts/device_wheels.sh DIR` packs
+# as wheels what the GPU machine's environment lacks; copy DIR with the checkout, then
+# `WHEELS=DIR bash scripts/gpu_check.sh` installs them into the work folder (never into the environment).
 # Phases, each under `timeout` within what is left of the budget:
 #   tests   `pytest -m cuda`: the tests that need CUDA (at most TESTS_S, 90 s)
 #   bench   `comera-bench bench --device cuda --targets 1` (at most BENCH_S, 150 s: it compiles four modules)
@@ -12,17 +12,17 @@
 #           limit Snakemake and its jobs get SIGINT, SIGKILL KILL_S later: a stopped timing group leaves no row
 #   figures `snakemake figures --config only_finished=True`: merged tables, figures and claims of the cells
 #           that finished, when the grid did not end by itself (at most FIGURES_S, 60 s)
-# Files in $OUT, at most 8, rewritten after every phase (so SIGKILL loses at most the running phase):
+# Files in $OUT, rewritten after every phase (so SIGKILL loses at most the running phase):
 # gpu_check.log (phases, limits, exit codes), env.txt (GPU, torch build, CUDA, float32 matmul precision),
 # pytest.txt, bench.txt, pipeline.txt (Snakemake's output), results.tar.gz (per-cell files, merged
 # tables, grid.json, logs, bench.{parquet,md,png}) and figures.tar.gz (figures, tables, claims.md).
 # SIGTERM, SIGINT or SIGHUP stop the running phase, then the figures of what finished are drawn (at most
 # STOP_FIGURES_S, 30 s) and everything is packed. DEVICE=cpu QUICK=1 runs the same flow on the CPU with
-# config/gpu-tiny.yaml and the quick bench (the dry run of tests/scripts/test_gpu_check.py); PYTHON picks
-# the interpreter (default python3), WORK the pipeline's folder (default a new one in $TMPDIR), WHEEL_SITE
-# where the wheels go (default WORK/site: no two checks share it), GRID_CONFIG the grid (a file in config/),
-# BUDGET_S TESTS_S BENCH_S FIGURES_S STOP_FIGURES_S PACK_S KILL_S the limits above.
-# Exit status: 0 when every phase ended by itself with status 0.
+# config/gpu-tiny.yaml and the quick bench (the dry run of tests/scripts/test_gpu_check.py); WORK is the
+# pipeline's folder (default a new one in $TMPDIR), WHEEL_SITE where the wheels go (default WORK/site),
+# GRID_CONFIG the grid (a file in config/), BUDGET_S TESTS_S BENCH_S FIGURES_S STOP_FIGURES_S PACK_S KILL_S
+# the limits above.
+# Exit status: 0 when every phase ended by itself with status 0; 2 for a bad setting (named on stderr).
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$repo/results/gpu_check}
@@ -89,10 +89,12 @@ trap 'on_signal INT' INT
 trap 'on_signal HUP' HUP
 trap finish EXIT
 
-# What the device image lacks travels as wheels (scripts/device_wheels.sh): installed where missing.
-site=${WHEEL_SITE:-$work/site}  # this run's own folder: two checks never share one
-if compgen -G "$repo/.whl/*.whl" > /dev/null; then
-  mapfile -t wheels < <("$py" - "$repo"/.whl/*.whl << 'EOF'
+# WHEELS: a folder of wheels (scripts/device_wheels.sh), installed into this run's own folder where this
+# environment lacks them.
+if [[ -n ${WHEELS:-} ]]; then
+  site=${WHEEL_SITE:-$work/site}
+  compgen -G "$WHEELS/*.whl" > /dev/null || { log "WHEELS=$WHEELS: no *.whl file there"; status=2; exit 2; }
+  mapfile -t wheels < <("$py" - "$WHEELS"/*.whl << 'EOF'
 import sys
 from importlib import metadata
 for path in sys.argv[1:]:  # a wheel's distribution name is its file name up to the first "-"
@@ -107,9 +109,9 @@ EOF
     log "pip could not install the wheels: unpacking them instead"  # a wheel is a zip of its site-packages
     for wheel in "${wheels[@]}"; do "$py" -m zipfile -e "$wheel" "$site"; done
   fi
-  log "wheels: ${#wheels[@]} of $(compgen -G "$repo/.whl/*.whl" | wc -l) installed into $site (the others are here)"
+  log "wheels: ${#wheels[@]} of $(compgen -G "$WHEELS/*.whl" | wc -l) installed into $site (others: here)"
   export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
-  [[ -d $site/bin ]] && export PATH=$site/bin:$PATH  # ninja, which the native TT ops are built with
+  [[ -d $site/bin ]] && export PATH=$site/bin:$PATH
 fi
 export PYTHONPATH=$repo${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # The pipeline's shell commands call python, comera-bench and snakemake: this interpreter, this checkout.
@@ -140,33 +142,6 @@ EOF
     | grep -iE "^(snakemake|galore|bitsandbytes|transformers|jsonschema|pandas|pyarrow|numpy) "
 } > "$out/env.txt" 2>&1
 log "env: $(grep -E '^(device|torch|python)' "$out/env.txt" | tr '\n' ' ')"
-
-# The native TT ops (comera/native.py): the library prebuilt by device_wheels.sh when it matches this torch,
-# else compiled here once, before any phase is timed; without either the layers run their Python kernels
-# and every row's settings.tt_kernels says why.
-export COMERA_NATIVE_BUILD_DIR=${COMERA_NATIVE_BUILD_DIR:-$work/native-build}
-[[ -f $repo/.whl/native/comera_native.so ]] \
-  && export COMERA_NATIVE_LIBRARY=${COMERA_NATIVE_LIBRARY:-$repo/.whl/native/comera_native.so}
-native=$(cd "$repo" && timeout 180 "$py" -c "import comera.native as n; s = n.status()
-print(('in use, ' if s.in_use else 'not in use: ') + s.reason)" 2>&1 | tail -n 1)
-echo "comera.native: $native" >> "$out/env.txt"
-log "comera.native: $native"
-# The native ops' first run on this device: the device-parametrized tests compare them with the Python
-# kernels (layer and fused block, forward and backward). Where they fail, every later phase runs the Python
-# kernels (COMERA_NATIVE=0), so that a broken op cannot cost the CoMERA rows; env.txt says so.
-if [[ $native == "in use"* ]]; then
-  (cd "$repo" && timeout 120 "$py" -m pytest -q -p no:cacheprovider -k "on_the_device and $device" \
-    tests/comera/test_native.py tests/comera/test_feedforward.py) > "$work/native_check.txt" 2>&1
-  check_rc=$?
-  check="exit status $check_rc: $(grep -E '(passed|failed|error|skipped)' "$work/native_check.txt" | tail -n 1)"
-  if ((check_rc == 1)); then
-    export COMERA_NATIVE=0
-    check="$check; FAILED: the Python kernels run from here (COMERA_NATIVE=0)"
-    grep -E '^(FAILED|E )' "$work/native_check.txt" | head -n 20 >> "$out/env.txt"
-  fi
-  echo "comera.native check on $device: $check" >> "$out/env.txt"
-  log "comera.native check on $device: $check"
-fi
 
 cd "$repo" || exit 2
 cuda_tests=$(grep -rl --include='test_*.py' "mark.cuda" tests | sort)

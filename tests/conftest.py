@@ -1,12 +1,8 @@
 import os
-from pathlib import Path
 
 import pytest
 import torch
 
-# The native TT ops (comera/native.py) compile into the checkout, not into the user's torch extension
-# folder; pipeline subprocesses inherit the variable. Built once per fresh clone.
-os.environ.setdefault("COMERA_NATIVE_BUILD_DIR", str(Path(__file__).resolve().parents[1] / ".native-build"))
 # One intra-op thread for the whole session (module fixtures too, which run outside one_thread below) and
 # for the tests' subprocesses (cells, pipelines, scripts); a cell or a command that names its threads still
 # sets them (see one_thread).

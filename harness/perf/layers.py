@@ -113,12 +113,10 @@ def target_linear_ops(cfg: Config) -> list[BenchRow]:
     """ATen ops dispatched from Python by one forward+backward of the TTLinear (bias, rank gates; input
     gradient included; gradients reset to None first, as ``zero_grad`` does) at each layer shape of
     ``linear`` and each token count of ``linear_ops``, nn.Linear's count beside it (--quick counts the same
-    calls). With the native ops (``comera.native``) the note also gives the ATen calls made inside them."""
-    from comera import native
+    calls)."""
     from comera.tt import TTLinear
 
     goal = cfg.goals["linear_ops"]
-    state = native.status()
     rows = []
     for in_shape, out_shape, rank in linear_shapes(cfg.goals["linear"]):
         n_in, n_out = math.prod(in_shape), math.prod(out_shape)
@@ -130,16 +128,6 @@ def target_linear_ops(cfg: Config) -> list[BenchRow]:
                      for k, m in (("tt", tt), ("dense", dense))}
             ops = {k: mb.count_ops(run) for k, run in calls.items()}
             plan = tt.plan(tokens)
-            if native.usable(plan):
-                inner = mb.count_native_inner_ops(calls["tt"])
-                with native.disabled():
-                    python_ops = mb.count_ops(calls["tt"])
-                path = (f"native ops (comera.native): 2 of the {ops['tt']} are the native forward and "
-                        f"backward, inside which {inner} ATen calls run from C++ (views included; "
-                        "on a GPU each still launches its kernels, what goes is Python's per-op cost); "
-                        f"the Python kernels dispatch {python_ops}")
-            else:
-                path = f"Python kernels (native ops not in use: {state.reason})"
             rows.append(make_row(
                 1, f"ATen ops per TTLinear fwd+bwd, {n_in}->{n_out} r{rank}, {tokens} tokens", goal["goal"],
                 ops["tt"], better="<=", goal_key="linear_ops.goal",
@@ -147,8 +135,7 @@ def target_linear_ops(cfg: Config) -> list[BenchRow]:
                 settings=f"ranks {tt.ranks}, plan {plan.left}/{plan.right}, rank gates and bias",
                 note="ATen ops dispatched from Python (every op a TorchDispatchMode sees in one "
                      "forward+backward: views, and the one gradient accumulation per leaf "
-                     f"({1 + len(list(tt.parameters()))} for TTLinear: input, cores, gates, bias) included); "
-                     f"{path}"))
+                     f"({1 + len(list(tt.parameters()))} for TTLinear: input, cores, gates, bias) included)"))
     return rows
 
 

@@ -7,7 +7,6 @@ What each direction and number covers: docs/design-notes.md.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import sys
@@ -228,26 +227,11 @@ _NO_TRAFFIC = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.def
 class TrafficCounter(TorchDispatchMode):
     """Compulsory memory traffic of the executed ATen ops: every non-view op reads its tensor arguments
     and writes its outputs once; a gather reads only the rows it returns (2x output + indices).
-    A lower bound of real traffic for operands larger than the caches (reused operands counted again).
-    TT layers run their Python kernels under it (:func:`comera.native.disabled`): a native op's inner ATen
-    calls are invisible to a dispatch mode, and the Python kernels make the same calls."""
+    A lower bound of real traffic for operands larger than the caches (reused operands counted again)."""
 
     def __init__(self):
         super().__init__()
         self.bytes = 0
-        self._python_kernels = contextlib.ExitStack()
-
-    def __enter__(self):
-        from comera import native
-
-        self._python_kernels.enter_context(native.disabled())
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        try:
-            return super().__exit__(*exc)
-        finally:
-            self._python_kernels.close()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -276,7 +260,7 @@ def _nbytes(tensors: list[torch.Tensor]) -> int:
 class OpCounter(TorchDispatchMode):
     """Counts every ATen op dispatched while it is active, views and autograd's gradient accumulation
     included (one per op call, whatever it launches); ``names`` lists them in order (``"aten.mm.default"``,
-    ``"comera_native.tt_forward.default"``, ...)."""
+    ``"aten.add.Tensor"``, ...)."""
 
     def __init__(self):
         super().__init__()
@@ -297,17 +281,6 @@ def count_ops(run: Callable[[], Any]) -> int:
     with OpCounter() as counter:
         run()
     return counter.count
-
-
-def count_native_inner_ops(run: Callable[[], Any]) -> int:
-    """ATen calls made from C++ inside the native TT ops (``comera.native``) by one call of ``run`` (after
-    one unprofiled call): the direct children of each ``comera_native`` op as ``torch.profiler`` records
-    them, views included. A dispatch mode (:func:`count_ops`) sees each native op as one op; these calls
-    still run (on a GPU each still launches its kernels). 0 when no native op ran."""
-    run()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        run()
-    return sum(len(e.cpu_children) for e in prof.events() if e.name.startswith("comera_native::"))
 
 
 def count_cost(run: Callable[[], Any]) -> tuple[float, float]:

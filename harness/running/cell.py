@@ -271,19 +271,10 @@ def build_row(st: CellState, status: str, error: str, tb: str = "") -> dict[str,
         "workload_info": getattr(workload, "info", {}), "steps_per_epoch":
             getattr(workload, "steps_per_epoch", None), "steps_in_epoch": st.steps_in_epoch,
         "budget": dataclasses.asdict(spec.budget), "execution": dataclasses.asdict(ex),
-        "allocator": st.start.allocator, "warm_up": st.start.warm_up, "tt_kernels": tt_kernels()},
+        "allocator": st.start.allocator, "warm_up": st.start.warm_up},
         sort_keys=True, default=str)
     row["extra"] = json.dumps(extra, sort_keys=True, default=str)
     return _integral(row)
-
-
-def tt_kernels() -> dict[str, Any] | None:
-    """Which kernels this process's TT layers ran (comera.native): ``{"native": bool, "why": str}``, or
-    None when no TT layer ran."""
-    from comera import native
-
-    known = native.known_status()
-    return None if known is None else {"native": known.in_use, "why": known.reason}
 
 
 def _weighted(st: CellState) -> timing.Weighted | None:

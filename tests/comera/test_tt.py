@@ -1,7 +1,6 @@
 """TTLinear against a dense reference built from dense_weight() (forward, input, core and gate grads)."""
 from __future__ import annotations
 
-import contextlib
 import math
 import random
 
@@ -10,7 +9,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from comera import kernels, native
+from comera import kernels
 from comera.contraction import PlanSettings, make_plan
 from comera.tt import TTLinear, tt_linear
 
@@ -77,11 +76,10 @@ def _second_derivatives(linear, x, params):
     return torch.autograd.grad(gx.pow(2).sum(), [x, *params])
 
 
-@pytest.mark.parametrize("python_kernels", [False, True], ids=["default", "python-kernels"])
 @pytest.mark.parametrize("order,seed", [(2, 0), (4, 1), (5, 3), (6, 2)])
-def test_second_derivatives_match_dense_reference(order, seed, python_kernels):
+def test_second_derivatives_match_dense_reference(order, seed):
     """create_graph through every strategy: the saved intermediates are no constants to the second
-    derivative (with the native ops where they are built, and with the Python kernels)."""
+    derivative."""
     layer, rng = _random_layer(order, seed, bias=seed % 2 == 0)
     tokens = rng.choice([1, 3, 17])
     x = torch.randn(tokens, layer.in_features, dtype=torch.float64, requires_grad=True)
@@ -90,15 +88,14 @@ def test_second_derivatives_match_dense_reference(order, seed, python_kernels):
                                x, params)
     choices = ["dense"] + [(left, right) for left in _partitions(len(layer.in_shape))
                            for right in _partitions(len(layer.out_shape))]
-    with native.disabled() if python_kernels else contextlib.nullcontext():
-        for strategies in choices:
-            plan = make_plan(layer.in_shape, layer.out_shape, tuple(layer.ranks), tokens,
-                             layer.bias is not None, strategies)
-            got = _second_derivatives(lambda t: tt_linear(t, layer.cores, layer.gates, layer.bias, plan), x,
-                                      params)
-            for i, (a, b) in enumerate(zip(got, want)):
-                err = ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
-                assert err <= 1e-10, f"grad{i}: relative error {err:.2e} (plan {plan.left}/{plan.right})"
+    for strategies in choices:
+        plan = make_plan(layer.in_shape, layer.out_shape, tuple(layer.ranks), tokens,
+                         layer.bias is not None, strategies)
+        got = _second_derivatives(lambda t: tt_linear(t, layer.cores, layer.gates, layer.bias, plan), x,
+                                  params)
+        for i, (a, b) in enumerate(zip(got, want)):
+            err = ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+            assert err <= 1e-10, f"grad{i}: relative error {err:.2e} (plan {plan.left}/{plan.right})"
 
 
 @pytest.mark.parametrize("strategies", [None, "dense", ((1, 1), (2,))], ids=str)
@@ -192,17 +189,15 @@ def test_zero_rank_bond_gives_bias_and_zero_grads(bias):
         torch.testing.assert_close(layer.bias.grad, dy.sum((0, 1)))
 
 
-@pytest.mark.parametrize("python_kernels", [False, True], ids=["default", "python-kernels"])
 @pytest.mark.parametrize("lead", [(0,), (2, 0), (0, 3)], ids=str)
 @pytest.mark.parametrize("bias", [True, False])
-def test_no_tokens_give_an_empty_output_and_zero_gradients(lead, bias, python_kernels):
+def test_no_tokens_give_an_empty_output_and_zero_gradients(lead, bias):
     """An empty batch, as nn.Linear takes it: output (*lead, out_features), every gradient zero."""
     layer = TTLinear(24, 30, in_shape=[4, 6], out_shape=[5, 6], rank=3, bias=bias, dtype=torch.float64)
     x = torch.randn(*lead, 24, dtype=torch.float64, requires_grad=True)
-    with native.disabled() if python_kernels else contextlib.nullcontext():
-        y = layer(x)
-        assert y.shape == (*lead, 30)
-        y.sum().backward()
+    y = layer(x)
+    assert y.shape == (*lead, 30)
+    y.sum().backward()
     assert x.grad.shape == x.shape
     for p in layer.parameters():
         assert p.grad is not None and p.grad.shape == p.shape and torch.count_nonzero(p.grad) == 0
@@ -461,22 +456,8 @@ def _fwd_bwd_ops(in_shape, out_shape, tokens: int) -> int:
 @pytest.mark.parametrize("tokens", [1, 128, 4096])
 @pytest.mark.parametrize("in_shape,out_shape", PAPER_LAYERS)
 def test_fwd_bwd_dispatches_at_most_the_bound(in_shape, out_shape, tokens):
-    """The Python kernels' bound (the path without the native ops)."""
-
-    with native.disabled():
-        assert _fwd_bwd_ops(in_shape, out_shape, tokens) <= OP_BOUND
-
-
-@pytest.mark.parametrize("tokens", [1, 128, 4096])
-@pytest.mark.parametrize("in_shape,out_shape", PAPER_LAYERS)
-def test_fwd_bwd_meets_the_op_goal(in_shape, out_shape, tokens):
-    """With the native ops (comera.native) a forward+backward dispatches 2 ops from Python plus the 13
-    gradient accumulations; the Python kernels cannot go below about 72 (docs/performance.md)."""
-    from harness.perf import goals
-
-    if not native.status().in_use:
-        pytest.skip(f"the goal needs the native ops: {native.status().reason}")
-    assert _fwd_bwd_ops(in_shape, out_shape, tokens) <= goals.load()["linear_ops"]["goal"]
+    """The kernels' bound on the ATen ops dispatched from Python."""
+    assert _fwd_bwd_ops(in_shape, out_shape, tokens) <= OP_BOUND
 
 
 @pytest.mark.slow

@@ -40,13 +40,6 @@ def test_the_docs_table_is_current():
     assert out.stdout == settings.markdown()
 
 
-def test_the_library_reads_its_own_variables():
-    """comera.native reads the ones declared as read there (the library does not import the harness)."""
-    native = (ROOT / "comera" / "native.py").read_text()
-    declared = {n for n, s in settings.SETTINGS.items() if s.read_in == "comera.native"}
-    assert declared == set(re.findall(r"\bCOMERA_NATIVE[A-Z_]*\b", native))
-
-
 @pytest.mark.parametrize("value", ["abc", "0", "-3", "4294967296", "1025", "²", "2.5"])
 def test_a_bad_threads_variable_is_named(monkeypatch, tmp_path, value):
     monkeypatch.setenv(threads.THREADS_ENV, value)
@@ -118,8 +111,7 @@ def test_unset_or_empty_is_the_default():
     assert settings.read("COMERA_BENCH_STALL_LIMIT_S", {"COMERA_BENCH_STALL_LIMIT_S": " "}) == 3600.0
     assert settings.read("COMERA_BENCH_CHECKPOINT_S", {"COMERA_BENCH_CHECKPOINT_S": "0"}) is None
     assert settings.read("COMERA_BENCH_PLUGINS", {"COMERA_BENCH_PLUGINS": "a:b"}) == (Path("a"), Path("b"))
-    assert settings.read("COMERA_NATIVE", {}) is True
-    assert settings.read("COMERA_NATIVE", {"COMERA_NATIVE": "0"}) is False
+    assert settings.read("COMERA_BENCH_SLURM_TESTS", {}) is False
     assert settings.read("COMERA_BENCH_SLURM_TESTS", {"COMERA_BENCH_SLURM_TESTS": "1"}) is True
 
 

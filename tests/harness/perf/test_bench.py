@@ -123,10 +123,6 @@ def test_quick_targets_produce_a_table(tmp_path, monkeypatch, capsys):
     assert list(ops["what"].str.extract(r"(\d+) tokens")[0]) == ["1", "128", "4096"]
     assert (ops["goal"] == 48).all() and (ops["better"] == "<=").all() and (ops["measured"] > 0).all()
     assert ops["medians"].str.contains("nn.Linear 13 ops").all()
-    from comera import native
-
-    path = "ATen calls run from C++" if native.status().in_use else "Python kernels (native ops not in use"
-    assert ops["note"].str.contains(path, regex=False).all()  # --quick: small calls, native where built
     assert "target 1 CUDA rows skipped: they need a CUDA device, this run's is cpu" in capsys.readouterr().err
     assert file_metadata(out)["provenance"]["device"] == "cpu"
     text = out.with_suffix(".md").read_text()

@@ -683,13 +683,3 @@ def test_after_steps_runs_once_outside_the_memory_region_on_the_trained_cell(mon
 
     row, _ = runner.run_cell(spec, registry=TOY_REGISTRY, after_steps=broken)
     assert row["status"] == "error" and "profile broke" in row["error"]
-
-
-def test_a_rows_settings_say_which_kernels_its_tt_layers_had():
-    """Provenance: once a TT layer has run in the process, rows record comera.native.status() (the pipeline
-    run of tests/workflow/test_pipeline.py reads it from a CoMERA cell's row)."""
-    from comera import native
-    from harness.running import cell
-
-    known = native.status()  # the TT cells of this test session asked for it already, or this builds it
-    assert cell.tt_kernels() == {"native": known.in_use, "why": known.reason}
