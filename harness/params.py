@@ -25,11 +25,11 @@ from collections.abc import Mapping
 from typing import Any, Literal, Union
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.fields import FieldInfo
 
-__all__ = ["Field", "Params", "parse", "describe", "field_schema", "model_schema", "add_options",
-           "given_options", "option_name"]
+__all__ = ["Field", "Params", "model_validator", "parse", "describe", "field_schema", "model_schema",
+           "add_options", "given_options", "option_name"]
 
 _BOUNDS = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum", "lt": "exclusiveMaximum"}
 
