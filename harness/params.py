@@ -28,8 +28,8 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.fields import FieldInfo
 
-__all__ = ["Field", "Params", "model_validator", "parse", "describe", "field_schema", "model_schema",
-           "add_options", "given_options", "option_name"]
+__all__ = ["Field", "Params", "ReadOnlyDict", "model_validator", "parse", "describe", "field_schema",
+           "model_schema", "add_options", "given_options", "option_name"]
 
 _BOUNDS = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum", "lt": "exclusiveMaximum"}
 
@@ -43,6 +43,36 @@ class Params(BaseModel):
     def as_dict(self) -> dict[str, Any]:
         """The values as JSON-able Python values (nested models as dicts)."""
         return self.model_dump()
+
+
+class ReadOnlyDict(dict):
+    """A dict that refuses changes (TypeError); still a dict to ``json``, ``pickle`` and ``copy``.
+
+    Example:
+        >>> ReadOnlyDict({"lr": 0.1})["lr"] = 1.0
+        Traceback (most recent call last):
+        TypeError: read-only params: 'lr' cannot be set
+    """
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError(f"read-only params: {args[0]!r} cannot be set" if args else "read-only params")
+
+    __setitem__ = __delitem__ = setdefault = pop = _refuse
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("read-only params")
+
+    def clear(self) -> None:
+        raise TypeError("read-only params")
+
+    def popitem(self) -> Any:
+        raise TypeError("read-only params")
+
+    def __ior__(self, other: Any) -> Any:
+        raise TypeError("read-only params")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (dict(self),)
 
 
 def parse(model: type[Params], given: Any, *, owner: str = "", noun: str = "parameter") -> Params:

@@ -14,11 +14,10 @@ import json
 import os
 import re
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any, Callable, Literal, Mapping, NamedTuple
 
 from harness.core.allocator import POLICIES as ALLOCATOR_POLICIES
-from harness.params import Field, Params, parse
+from harness.params import Field, Params, ReadOnlyDict, parse
 
 PURPOSES = ("timing", "quality")
 """A cell's purpose: short runs for time and memory, or training long enough to compare accuracy."""
@@ -176,7 +175,7 @@ class Spec(Params):
 def _params(key: str, name: str, given: Mapping[str, Any],
             check: Callable[[str, dict[str, Any]], dict[str, Any]]) -> Mapping[str, Any]:
     try:
-        return MappingProxyType(dict(check(name, dict(given))))
+        return ReadOnlyDict(check(name, dict(given)))
     except (ValueError, TypeError, KeyError, FileNotFoundError) as err:
         raise SpecError(f"spec {key}: {err}") from err
 

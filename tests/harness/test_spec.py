@@ -1,6 +1,9 @@
 """harness.spec: a cell's keys, defaults and checks (messages name key and value), its name and hashes."""
 from __future__ import annotations
 
+import copy
+import json
+import pickle
 import re
 
 import pytest
@@ -27,7 +30,7 @@ def toy(**raw):
     ("execution", "device", "tpu", "key 'execution.device' must be a string matching "
                                    "^(cpu|cuda|auto|cuda:[0-9]+)$, got 'tpu'"),
     ("execution", "num_threads", None, "'execution.num_threads' must be an integer in [1, 1024], got None"),
-    ("execution", "num_threads", 2**31, f"'num_threads' must be an integer in [1, 1024], got {2**31}"),
+    ("execution", "num_threads", 2**31, f"num_threads' must be an integer in [1, 1024], got {2**31}"),
     ("execution", "num_threads", 1025, "'execution.num_threads' must be an integer in [1, 1024], got 1025"),
     ("execution", "cuda_graph", 1, "'execution.cuda_graph' must be true or false, got 1"),
     (None, "seed", 2**32, f"spec: key 'seed' must be an integer in [0, 4294967295], got {2**32}"),
@@ -35,7 +38,7 @@ def toy(**raw):
     (None, "run_id", "r" * 151, "spec: key 'run_id' must be a string matching"),
     (None, "run_id", "a/b", "spec: key 'run_id' must be a string matching ^[A-Za-z0-9_][A-Za-z0-9._-]*$ of "
                             "at most 150 characters or null, got 'a/b'"),
-    ("budget", "time_limit_s", -1, "'time_limit_s' must be a number in (0, 100000000] or null, got -1"),
+    ("budget", "time_limit_s", -1, "time_limit_s' must be a number in (0, 100000000] or null, got -1"),
     ("budget", "time_limit_s", float("nan"), "'budget.time_limit_s' must be a number in (0, 100000000] or "
                                              "null, got nan"),
     ("budget", "time_limit_s", float("inf"), "got inf"),
@@ -63,11 +66,16 @@ def test_spec_bounds_are_what_runs():
 
 def test_params_inside_a_spec_are_read_only():
     spec = toy(method_params={"lr": 0.1})
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="read-only params: 'lr' cannot be set"):
         spec.method_params["lr"] = 1.0
+    with pytest.raises(TypeError):
+        spec.workload_params.update(size="tiny")
     with pytest.raises(ValueError):  # pydantic's frozen model refuses, naming the field
         spec.seed = 3
     assert specs.make(spec.to_dict(), specs.AS_WRITTEN) == spec
+    # still a dict to JSON, pickle and copy (a row's settings, a process boundary)
+    assert json.loads(json.dumps(spec.method_params)) == {"lr": 0.1}
+    assert pickle.loads(pickle.dumps(spec)) == spec and copy.deepcopy(spec) == spec
 
 
 def test_a_long_derived_run_id_is_refused_too():
