@@ -39,6 +39,8 @@ def test_a_bad_spec_key_in_a_config_is_named():
     assert "seeds[0]" in grid.schema_error({**config(), "seeds": [-1]})
     assert "execution.threads" in grid.schema_error({**config(), "execution": {"threads": 0}})
     assert grid.schema_error({**config(), "execution": {"threads": "auto", "device": "cuda:1"}}) is None
+    assert grid.uses_gpu({"execution": {"device": "cuda:1"}})  # the spec's device values, cuda:N too
+    assert not grid.uses_gpu({"execution": {"device": "cpu"}})
 
 
 def test_the_defaults_filled_are_the_specs():
