@@ -168,7 +168,10 @@ def _describe(tp: Any, metadata: list[Any]) -> str:
 
 
 def describe(field: FieldInfo) -> str:
-    """What a field's value must be, in words ("an integer in [1, 1024]", "one of ['a', 'b'] or null")."""
+    """What a field's value must be, in words ("an integer in [1, 1024]", "one of ['a', 'b'] or null"); a
+    field with a ``title`` (the words for a pattern) is described by it."""
+    if field.title:
+        return field.title + (" or null" if _optional(field.annotation)[1] else "")
     return _describe(field.annotation, field.metadata)
 
 
@@ -201,6 +204,8 @@ def field_schema(field: FieldInfo) -> dict[str, Any]:
     if not field.is_required():
         default = field.get_default(call_default_factory=True)
         out["default"] = default.as_dict() if isinstance(default, Params) else default
+    if field.title:
+        out["title"] = field.title
     if field.description:
         out["description"] = field.description
     return out

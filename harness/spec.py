@@ -75,7 +75,7 @@ class Budget(Params):
 class Execution(Params):
     """How a cell runs: where, with how many threads, under which wrappers, in which timing rounds."""
 
-    device: str = Field("auto", pattern=r"^(cpu|cuda|auto|cuda:[0-9]+)$",
+    device: str = Field("auto", pattern=r"^(cpu|cuda|auto|cuda:[0-9]+)$", title="cpu, cuda, cuda:N or auto",
                         description="cpu, cuda, cuda:N or auto: cuda when available, else cpu")
     num_threads: int = Field(2, ge=1, le=MAX_THREADS, description="torch threads")
     cuda_graph: bool = Field(False, description="capture the training step in a CUDA graph")
@@ -126,6 +126,8 @@ class Spec(Params):
     read-only."""
 
     run_id: str | None = Field(None, pattern=f"^{RUN_ID_PATTERN.pattern}$", max_length=MAX_RUN_ID,
+                               title=f"a plain file name (letters, digits, . _ -; not starting with '.' or "
+                                     f"'-') of at most {MAX_RUN_ID} characters",
                                description="the cell's name (it names its files); null: derived")
     purpose: Literal[PURPOSES] = Field(
         DEFAULT_PURPOSE, description="timing (a short run for time and memory) or quality (trained to "

@@ -100,3 +100,22 @@ def test_the_options_are_the_declaration():
         parser.parse_args(["--mode", "c"])
     assert "step size (default 0.1)" in parser.format_help()
     assert "--sizes" not in parser.format_help()  # a list is no plain option
+
+
+def test_a_title_names_a_pattern_in_words():
+    class Named(Params):
+        name: str | None = Field(None, pattern="^[a-z]+$", title="lower-case letters")
+
+    with pytest.raises(ValueError, match=r"^parameter 'name' must be lower-case letters or null, got 'A'$"):
+        params.parse(Named, {"name": "A"})
+    assert params.model_schema(Named)["properties"]["name"]["title"] == "lower-case letters"
+
+
+def test_read_only_params_refuse_every_change():
+    ro = params.ReadOnlyDict({"a": 1})
+    for change in (lambda: ro.__setitem__("a", 2), lambda: ro.pop("a"), lambda: ro.update(a=2),
+                   lambda: ro.clear(), lambda: ro.setdefault("b", 1), lambda: ro.popitem(),
+                   lambda: ro.__delitem__("a")):
+        with pytest.raises(TypeError):
+            change()
+    assert ro == {"a": 1}

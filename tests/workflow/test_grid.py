@@ -375,7 +375,8 @@ def test_comera_rank_zero_rejected(where):
         entry.update(sweep={}, params={"rank": 0})
     else:
         entry["sweep"] = {"rank": [4, 0]}
-    with pytest.raises(grid.ConfigError, match=rf"methods\.comera-rank\.{where}.*'rank' must be a positive"):
+    message = rf"methods\.comera-rank\.{where}.*'rank' must be an integer >= 1 or null, got 0"
+    with pytest.raises(grid.ConfigError, match=message):
         grid.check_config(config)
 
 
@@ -539,7 +540,8 @@ def test_a_config_with_a_few_aliases_loads(tmp_path):
 def test_a_list_where_a_size_belongs_is_named():
     config = minimal()
     config["workloads"]["transformer"]["params"]["size"] = [1, 2]
-    with pytest.raises(grid.ConfigError, match=r"param size=\[1, 2\] must be one of tiny, small, paper"):
+    message = r"parameter 'size' must be one of \['tiny', 'small', 'paper'\], got \[1, 2\]"
+    with pytest.raises(grid.ConfigError, match=message):
         grid.check_config(filled(config))
 
 
