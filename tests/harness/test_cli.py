@@ -284,7 +284,7 @@ def test_version_and_known_names_in_help(capsys):
     (["--workload", "transformer", "--method", "dense", "--batch-size", "2", "--method-param", "lr=-1"],
      "lr"),
     (["--workload", "transformer", "--method", "dense", "--batch-size", "2", "--workload-param", "size=huge"],
-     "size='huge'"),
+     "parameter 'size' must be one of ['tiny', 'small', 'paper'], got 'huge'"),
 ])
 def test_run_usage_errors_exit_2_and_write_nothing(tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.chdir(tmp_path)
