@@ -1,19 +1,22 @@
 """Training methods behind one interface (baselines/base.py): dense, comera, galore, lte, and plug-ins.
 
 :func:`get_method` returns a fresh method object, :func:`check_params` checks a method's params and fills
-their defaults; modules are imported on first use. The one import from the harness is the plug-in finder
-(harness/plugins.py); why: docs/design-notes.md.
+their defaults; modules are imported on first use. The imports from the harness are the plug-in finder
+(harness/plugins.py; why: docs/design-notes.md) and the parameter declarations (harness/params.py, standard
+library and pydantic only).
 """
 from __future__ import annotations
 
-import dataclasses
+import copy
 from pathlib import Path
 from typing import Any
+
+from pydantic import create_model
 
 from harness import plugins
 
 from .base import Method, Periodic, Prepared
-from .params import parse
+from .params import Field, Params, parse
 
 _FILES = plugins.discover("methods", Path(__file__).parent)
 METHODS: tuple[str, ...] = tuple(_FILES)
@@ -61,24 +64,21 @@ def periodic(name: str, params: dict[str, Any]) -> dict[str, Periodic]:
 
 def validate_params(method: str, params: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
     """For plug-in methods that declare their parameters as a dict: ``defaults`` overridden by
-    ``params``, checked by :func:`baselines.params.parse` (the built-in methods' one validator) with the
-    type of each default (int accepted for float; None: a number or null)."""
-    return dataclasses.asdict(parse(method, params_class(method, defaults), params))
+    ``params``, checked by :func:`baselines.params.parse` (the built-in methods' one check) with the type
+    of each default (int accepted for float; None: a number or null)."""
+    return parse(method, params_class(method, defaults), params).as_dict()
 
 
-def params_class(method: str, defaults: dict[str, Any]) -> type:
-    """A frozen parameter dataclass whose fields are ``defaults``' keys, typed by their values."""
+def params_class(method: str, defaults: dict[str, Any]) -> type[Params]:
+    """A parameter model (:class:`harness.params.Params`) whose fields are ``defaults``' keys, typed by
+    their values."""
     def kind(value: Any) -> Any:
         return float | None if value is None else type(value)
 
-    def default(value: Any) -> Any:
-        if isinstance(value, (list, dict, set)):
-            return dataclasses.field(default_factory=lambda: type(value)(value))
-        return dataclasses.field(default=value)
-
-    fields = [(key, kind(value), default(value)) for key, value in defaults.items()]
+    fields = {key: (kind(value), Field(default_factory=lambda v=value: copy.deepcopy(v)))
+              for key, value in defaults.items()}
     name = "".join(part.title() for part in method.replace("-", "_").split("_") if part.isidentifier())
-    return dataclasses.make_dataclass(f"{name or 'Plugin'}Params", fields, frozen=True)
+    return create_model(f"{name or 'Plugin'}Params", __base__=Params, **fields)
 
 
 def positive(method: str, params: dict[str, Any], *keys: str) -> None:

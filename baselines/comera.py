@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import warnings
-from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 import torch
@@ -16,7 +15,7 @@ from torch import nn
 
 from baselines.base import Periodic, Prepared
 from baselines.dense import adamw, matched_source
-from baselines.params import check, defaults, parse
+from baselines.params import Field, Params, defaults, model_validator, parse
 from comera.size import ranks
 from comera.adapt import RankAdaptation, learning_rates, param_groups
 from comera.adapt import defaults as library_defaults
@@ -37,64 +36,70 @@ PAPER = library_defaults("paper")
 """The defaults under ``rules: paper`` (the paper's rules; docs/library-reference.md)."""
 
 
-def _library(key: str, rule: str | None = None) -> Any:
-    return field(default=LIBRARY[key], metadata=check(rule) if rule else {})
+def _library(key: str, **bounds: Any) -> Any:
+    return Field(LIBRARY[key], **bounds)
 
 
-@dataclass(frozen=True)
-class CoMERAParams:
-    """Parameters of the CoMERA method (module docstring), validated by :func:`baselines.params.parse`.
+class CoMERAParams(Params):
+    """Parameters of the CoMERA method (module docstring), checked by :func:`baselines.params.parse`.
     The rank-adaptation fields take the library's defaults (``LIBRARY``)."""
 
     rules: Literal[RULES] = _library("rules")  # "paper": the paper's rules and their defaults (PAPER)
     # the method's own: None keeps the workload's (its tt_spec, its lr groups)
-    rank: int | None = field(default=None, metadata=check(">=1"))            # every TT linear layer
-    embedding_rank: int | None = field(default=None, metadata=check(">=1"))  # every TTM embedding
+    rank: int | None = Field(None, ge=1)            # every TT linear layer
+    embedding_rank: int | None = Field(None, ge=1)  # every TTM embedding
     lookup: Literal[LOOKUP_MODES] = "optimized"  # the TTM lookup; "naive" is variant "naive-lookup"
-    lr_cores: float | None = field(default=None, metadata=check(">0"))
-    lr_gates: float | None = field(default=None, metadata=check(">0"))
-    lr_other: float | None = field(default=None, metadata=check(">0"))
-    lr_embedding_cores: float | None = field(default=None, metadata=check(">0"))
-    weight_decay: float = field(default=0.0, metadata=check(">=0"))
-    l1_weight: float = _library("l1_weight", ">=0")
-    l2_weight: float = _library("l2_weight", ">=0")
-    threshold: float = _library("threshold", ">=0")
-    prune_every: int = _library("prune_every", ">=0")
-    min_rank: int = _library("min_rank", ">=0")
-    early_fraction: float = _library("early_fraction", "[0,1]")
+    lr_cores: float | None = Field(None, gt=0)
+    lr_gates: float | None = Field(None, gt=0)
+    lr_other: float | None = Field(None, gt=0)
+    lr_embedding_cores: float | None = Field(None, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    l1_weight: float = _library("l1_weight", ge=0)
+    l2_weight: float = _library("l2_weight", ge=0)
+    threshold: float = _library("threshold", ge=0)
+    prune_every: int = _library("prune_every", ge=0)
+    min_rank: int = _library("min_rank", ge=0)
+    early_fraction: float = _library("early_fraction", ge=0, le=1)
     switch_when: Literal[SWITCH_RULES] = _library("switch_when")
-    converged_gain: float = _library("converged_gain", "[0,1]")
+    converged_gain: float = _library("converged_gain", ge=0, le=1)
     loss_target: float | None = _library("loss_target")
-    loss_tolerance: float = _library("loss_tolerance", ">=0")
-    size_weight: float = _library("size_weight", ">=0")
-    loss_average: float = _library("loss_average", "[0,1]")
-    branch_average: float = _library("branch_average", "[0,1]")
+    loss_tolerance: float = _library("loss_tolerance", ge=0)
+    size_weight: float = _library("size_weight", ge=0)
+    loss_average: float = _library("loss_average", ge=0, le=1)
+    branch_average: float = _library("branch_average", ge=0, le=1)
     stop_at_target: bool = _library("stop_at_target")
-    target_ramp: float = _library("target_ramp", "[0,1]")
-    late_fraction: float = _library("late_fraction", "[0,1)")
-    recover_fraction: float = _library("recover_fraction", "[0,1)")
+    target_ramp: float = _library("target_ramp", ge=0, le=1)
+    late_fraction: float = _library("late_fraction", ge=0, lt=1)
+    recover_fraction: float = _library("recover_fraction", ge=0, lt=1)
     mask_gates: Literal[MASK_GATES] = _library("mask_gates")
     init: Literal[INIT_SCHEMES] = "official"     # the TT layers' init (comera.init)
     embedding_init_std: float | None = None      # the TTM table's std; None: the workload's, else init's
     dense_init: Literal[DENSE_INITS] = "workload"  # "official": the workload's official_init for the rest
     match_run: str | None = None  # fixed ranks matched to that cell's reached size (:func:`fixed_rank_spec`)
 
-    @staticmethod
-    def resolve(given: dict[str, Any]) -> dict[str, Any]:
+    @model_validator(mode="before")
+    @classmethod
+    def _paper_defaults(cls, given: Any) -> Any:
         """Under ``rules: paper`` the rank-adaptation params not given take the paper's defaults
-        (``PAPER``); one the paper's rules do not read, or a value they fix, is a ValueError naming it."""
-        if given.get("rules") != "paper":
+        (``PAPER``); one the paper's rules do not read is a ValueError naming it."""
+        if not isinstance(given, dict) or given.get("rules") != "paper":
             return given
         unread = sorted(set(given) & set(PAPER_UNREAD))
         if unread:
             raise ValueError(f"method 'comera': parameter {unread[0]!r} is not read under rules 'paper' "
                              f"(the project's convergence switch and loss guard: {list(PAPER_UNREAD)})")
-        given = {**PAPER, **given}
-        try:
-            RankSettings(**{key: given[key] for key in RANK_SETTINGS if key in given}).check()
-        except ValueError as err:
-            raise ValueError(f"method 'comera': {err}") from err
-        return given
+        return {**PAPER, **given}
+
+    @model_validator(mode="after")
+    def _paper_fixed(self) -> CoMERAParams:
+        """Under ``rules: paper`` a value the paper's rules fix is a ValueError naming it."""
+        if self.rules == "paper":
+            try:
+                RankSettings(**{key: getattr(self, key) for key in RANK_SETTINGS
+                                if key in self.model_fields_set}).check()
+            except ValueError as err:
+                raise ValueError(f"method 'comera': {err}") from err
+        return self
 
 
 PARAMS_DEFAULTS: dict[str, Any] = defaults(CoMERAParams)
@@ -118,7 +123,7 @@ def periodic(params: dict[str, Any]) -> dict[str, Periodic]:
 def check_params(params: dict[str, Any] | None) -> dict[str, Any]:
     """Validate CoMERA params and fill defaults; an unknown key or a bad value raises ValueError. Under
     ``rules: paper`` the params these rules do not read (``PAPER_UNREAD``) are left out."""
-    out = asdict(parse("comera", CoMERAParams, params))
+    out = parse("comera", CoMERAParams, params).as_dict()
     if out["rules"] == "paper":
         out = {key: value for key, value in out.items() if key not in PAPER_UNREAD}
     return out
@@ -148,7 +153,7 @@ class CoMERAMethod:
             matched = matched_source("comera", p.match_run)
             spec, fixed = fixed_rank_spec(model, spec, matched["params"])
             matched.update(fixed)
-            p = replace(p, prune_every=0)  # fixed ranks: nothing pruned
+            p = p.model_copy(update={"prune_every": 0})  # fixed ranks: nothing pruned
             self.variant = FIXED_RANK
         report = tensorize(model, spec)
         if p.dense_init == "official" and getattr(workload, "official_init", None) is not None:
@@ -170,7 +175,7 @@ class CoMERAMethod:
             optimizers=[optimizer],
             total_loss=driver.objective,
             after_step=driver.after_step,
-            settings={**{key: value for key, value in asdict(p).items()
+            settings={**{key: value for key, value in p.as_dict().items()
                          if key in read or key not in LIBRARY},
                       "lr": lrs, "late_start_step": adapt.settings.late_start_step,
                       "target_ratio": target_ratio, "converged_window": adapt.settings.converged_window,
@@ -183,7 +188,7 @@ class CoMERAMethod:
             ranks=lambda: ranks(model),
             size=lambda: model_size(model),
             stateful={"rank_adaptation": adapt},
-            periodic=periodic(asdict(p)),
+            periodic=periodic(p.as_dict()),
         )
 
 

@@ -10,7 +10,6 @@ import math
 import os
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import torch
 from torch import nn
 
 from .base import Prepared, trainable_parameters
-from .params import check, defaults, parse
+from .params import Field, Params, defaults, parse
 
 CELLS_DIR_ENV = "COMERA_BENCH_CELLS_DIR"
 """The folder of the cells' runs files (``<results>/runs/<device>``), where a matched cell finds the row of
@@ -29,26 +28,16 @@ HIGHER_IS_BETTER = ("accuracy",)
 """Held-out metrics where more is better; any other (a loss, NCE) is better lower."""
 
 
-@dataclass(frozen=True)
-class DenseParams:
-    """Parameters of the dense method (validated by :func:`baselines.params.parse`). ``match_run``: train
+class DenseParams(Params):
+    """Parameters of the dense method (checked by :func:`baselines.params.parse`). ``match_run``: train
     the size-matched model instead (:func:`select_matched`), matched to that cell's reached size; None: the
     workload's model."""
 
-    lr: float | None = field(default=None, metadata=check(">0"))  # None: the workload's lr["dense"]
-    weight_decay: float = field(default=0.0, metadata=check(">=0"))
+    lr: float | None = Field(None, gt=0)  # None: the workload's lr["dense"]
+    weight_decay: float = Field(0.0, ge=0)
     match_run: str | None = None      # the run_id of the cell whose reached params_total is matched
-    select_fraction: float = field(default=0.25, metadata=check("[0,1]"))  # of the steps, per candidate
-    holdout_fraction: float = field(default=0.1, metadata=check("[0,1]"))  # of the training samples
-
-    @staticmethod
-    def resolve(given: dict[str, Any]) -> dict[str, Any]:
-        """Both fractions are above 0, the held-out one below 1."""
-        for key, value in given.items():
-            if key.endswith("_fraction") and not (0 < value < 1 if key == "holdout_fraction" else value > 0):
-                raise ValueError(f"method 'dense': parameter {key!r} must be in (0, "
-                                 f"{'1)' if key == 'holdout_fraction' else '1]'}, got {value!r}")
-        return given
+    select_fraction: float = Field(0.25, gt=0, le=1)  # of the steps, per candidate
+    holdout_fraction: float = Field(0.1, gt=0, lt=1)  # of the training samples
 
 
 PARAMS_DEFAULTS: dict[str, Any] = defaults(DenseParams)
@@ -56,7 +45,7 @@ PARAMS_DEFAULTS: dict[str, Any] = defaults(DenseParams)
 
 def check_params(params: dict[str, Any]) -> dict[str, Any]:
     """Dense params with defaults filled; ValueError naming an unknown key or a bad value."""
-    return asdict(parse("dense", DenseParams, params))
+    return parse("dense", DenseParams, params).as_dict()
 
 
 def workload_needs(params: dict[str, Any]) -> dict[str, str]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import warnings
-from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any, Literal
 
@@ -16,19 +15,18 @@ from torch import nn
 
 from .base import Periodic, Prepared, trainable_parameters
 from .dense import uncompressed_size, workload_lr
-from .params import check, defaults, parse
+from .params import Field, Params, defaults, parse
 
 PROJ_TYPES = ("std", "reverse_std", "right", "left", "full")
 
-@dataclass(frozen=True)
-class GaLoreParams:
-    """Parameters of the GaLore method (validated by :func:`baselines.params.parse`)."""
+class GaLoreParams(Params):
+    """Parameters of the GaLore method (checked by :func:`baselines.params.parse`)."""
 
-    lr: float | None = field(default=None, metadata=check(">0"))  # None: the workload's lr["dense"]
-    weight_decay: float = field(default=0.0, metadata=check(">=0"))
-    rank: int = field(default=128, metadata=check(">0"))
-    update_proj_gap: int = field(default=200, metadata=check(">0"))
-    scale: float = field(default=0.25, metadata=check(">0"))
+    lr: float | None = Field(None, gt=0)  # None: the workload's lr["dense"]
+    weight_decay: float = Field(0.0, ge=0)
+    rank: int = Field(128, gt=0)
+    update_proj_gap: int = Field(200, gt=0)
+    scale: float = Field(0.25, gt=0)
     proj_type: Literal[PROJ_TYPES] = "std"
     layerwise: bool = False
     eight_bit: bool = False
@@ -39,7 +37,7 @@ PARAMS_DEFAULTS: dict[str, Any] = defaults(GaLoreParams)
 
 def check_params(params: dict[str, Any]) -> dict[str, Any]:
     """GaLore params with defaults filled; ValueError naming an unknown key or a bad value."""
-    return asdict(parse("galore", GaLoreParams, params))
+    return parse("galore", GaLoreParams, params).as_dict()
 
 
 PROJECTION = "galore projection"

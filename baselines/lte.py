@@ -6,7 +6,7 @@ and "tuned". The algorithm and the presets' runs: docs/design-notes.md.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -15,29 +15,33 @@ from torch import nn
 
 from .base import Periodic, Prepared, trainable_parameters
 from .dense import adamw, uncompressed_size, workload_lr
-from .params import check, defaults, parse
+from .params import Field, Params, defaults, model_validator, parse
 
 PRESETS: dict[str, dict[str, Any]] = {
     "default": {"heads": 1, "rank": 8, "alpha": 16.0, "merge_every": 1, "lr": None},
     "tuned": {"heads": 4, "rank": 16, "alpha": 64.0, "merge_every": 10, "lr": None},
 }
-@dataclass(frozen=True)
-class LTEParams:
-    """Parameters of the LTE method (validated by :func:`baselines.params.parse`): ``preset`` fills every
+
+
+class LTEParams(Params):
+    """Parameters of the LTE method (checked by :func:`baselines.params.parse`): ``preset`` fills every
     head setting not given (the defaults below are the "default" preset's)."""
 
     preset: Literal[tuple(PRESETS)] = "default"
-    heads: int = field(default=PRESETS["default"]["heads"], metadata=check(">0"))
-    rank: int = field(default=PRESETS["default"]["rank"], metadata=check(">0"))
-    alpha: float = field(default=PRESETS["default"]["alpha"], metadata=check(">0"))
-    merge_every: int = field(default=PRESETS["default"]["merge_every"], metadata=check(">0"))
-    lr: float | None = field(default=PRESETS["default"]["lr"], metadata=check(">0"))  # None: lr["dense"]
-    lr_other: float | None = field(default=None, metadata=check(">0"))  # None: the workload's lr["dense"]
-    weight_decay: float = field(default=0.0, metadata=check(">=0"))
+    heads: int = Field(PRESETS["default"]["heads"], gt=0)
+    rank: int = Field(PRESETS["default"]["rank"], gt=0)
+    alpha: float = Field(PRESETS["default"]["alpha"], gt=0)
+    merge_every: int = Field(PRESETS["default"]["merge_every"], gt=0)
+    lr: float | None = Field(PRESETS["default"]["lr"], gt=0)  # None: lr["dense"]
+    lr_other: float | None = Field(None, gt=0)  # None: the workload's lr["dense"]
+    weight_decay: float = Field(0.0, ge=0)
 
-    @staticmethod
-    def resolve(given: dict[str, Any]) -> dict[str, Any]:
-        """The preset's values under the keys given."""
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, given: Any) -> Any:
+        """The preset's values under the keys given (an unknown preset: named by its field's check)."""
+        if not isinstance(given, dict) or given.get("preset", "default") not in PRESETS:
+            return given
         return {**PRESETS[given.get("preset", "default")], **given}
 
 
@@ -58,7 +62,7 @@ def periodic(params: dict[str, Any]) -> dict[str, Periodic]:
 def check_params(params: dict[str, Any]) -> dict[str, Any]:
     """LTE params: the preset's values, overridden by explicit keys; ValueError naming an unknown key
     or a bad value."""
-    return asdict(parse("lte", LTEParams, params))
+    return parse("lte", LTEParams, params).as_dict()
 
 
 class LTELinear(nn.Module):

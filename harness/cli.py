@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 import harness
-from harness import plugins
+from harness import params, plugins
+from harness import spec as specs
 from harness.configs import yamlnum
-from harness.spec import PURPOSES
 from harness.core import stops
 
 if TYPE_CHECKING:
@@ -91,33 +91,13 @@ def _parser(list_names: bool = False) -> argparse.ArgumentParser:
         workload_names, method_names = ", ".join(workloads.WORKLOADS), ", ".join(baselines.METHODS)
     cell.add_argument("--workload", help=f"one of {workload_names} (plug-ins included)")
     cell.add_argument("--method", help=f"one of {method_names} (plug-ins included)")
-    cell.add_argument("--batch-size", type=int)
-    cell.add_argument("--variant", default="default")
-    cell.add_argument("--target-ratio", type=float)
-    cell.add_argument("--seed", type=int, default=0)
-    cell.add_argument("--purpose", choices=PURPOSES,
-                      help="timing (default: a short run for time and memory) or quality (trained to compare "
-                           "accuracy; run_id has _quality), as a config's cells; the config's quality block "
-                           "is not applied (give its params and budget); the run_id ends in _c<cell hash>")
+    params.add_options(cell, specs.Spec, skip=("workload", "method"))
     cell.add_argument("--workload-param", action="append", default=[], metavar="KEY=VALUE",
                       help="workload parameter (YAML value), repeatable")
     cell.add_argument("--method-param", action="append", default=[], metavar="KEY=VALUE",
                       help="method parameter (YAML value), repeatable")
-    cell.add_argument("--epochs", type=int, default=1)
-    cell.add_argument("--max-steps-per-epoch", type=int)
-    cell.add_argument("--warmup-steps", type=int, help="steps timed but not counted (default: "
-                                                       "the budget default, 2)")
-    cell.add_argument("--eval-every-steps", type=int)
-    cell.add_argument("--time-limit-s", type=float)
-    cell.add_argument("--device", help="cpu | cuda | auto (default: auto, as in a config)")
-    cell.add_argument("--threads", type=int, help="torch threads (default 2, as in a config)")
-    cell.add_argument("--cuda-graph", action="store_true")
-    cell.add_argument("--compile", action="store_true")
-    cell.add_argument("--matmul-precision", choices=["highest", "high", "medium"], default="highest",
-                      help="torch.set_float32_matmul_precision (default highest: full FP32; high: "
-                           "TF32 on GPUs)")
-    cell.add_argument("--allocator", choices=["reuse", "system"], default="reuse",
-                      help="CPU allocator policy (harness/core/allocator.py; default reuse)")
+    params.add_options(cell, specs.Budget, prefix="budget.")
+    params.add_options(cell, specs.Execution, prefix="execution.", aliases={"num_threads": "--threads"})
     cell.add_argument("--results-dir", default=None,
                       help="folder for the default output paths and the data cache (default results/cli: "
                            "apart from the pipeline's results/runs, whose cells have the same names; with "
@@ -170,25 +150,18 @@ def _key_values(items: list[str], option: str) -> dict[str, Any]:
 
 
 def spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """A spec built from the cell options (defaults for everything not given)."""
+    """A spec built from the cell options (:func:`harness.params.add_options` of :class:`harness.spec.Spec`,
+    its budget and execution): the options given, the spec's defaults for the rest (as a config's)."""
     missing = [opt for opt, v in (("--workload", args.workload), ("--method", args.method),
                                   ("--batch-size", args.batch_size)) if v is None]
     if missing:
         raise SystemExit(f"comera-bench run: without --spec, {', '.join(missing)} must be given")
-    budget = {"epochs": args.epochs, "max_steps_per_epoch": args.max_steps_per_epoch,
-              "warmup_steps": args.warmup_steps, "eval_every_steps": args.eval_every_steps,
-              "time_limit_s": args.time_limit_s}
-    execution = {"device": args.device, "num_threads": args.threads, "cuda_graph": args.cuda_graph,
-                 "compile": args.compile, "matmul_precision": args.matmul_precision,
-                 "allocator": args.allocator}
-    return {  # options not given take the spec defaults (harness.spec), the same as a config's
-        "workload": args.workload, "method": args.method, "variant": args.variant,
+    return {
+        "workload": args.workload, "method": args.method, **params.given_options(args, specs.Spec),
         "workload_params": _key_values(args.workload_param, "--workload-param"),
         "method_params": _key_values(args.method_param, "--method-param"),
-        "batch_size": args.batch_size, "target_ratio": args.target_ratio, "seed": args.seed,
-        **({"purpose": args.purpose} if args.purpose else {}),
-        "budget": {k: v for k, v in budget.items() if v is not None or k not in ("warmup_steps",)},
-        "execution": {k: v for k, v in execution.items() if v is not None},
+        "budget": params.given_options(args, specs.Budget, prefix="budget."),
+        "execution": params.given_options(args, specs.Execution, prefix="execution."),
     }
 
 

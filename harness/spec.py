@@ -1,30 +1,28 @@
 """A cell's spec: its keys, defaults and checks, its name, purpose and two hashes (docs/usage.md).
 
-:func:`make` is the one place a spec is made and normalized: keys checked, the config schema's defaults
-filled (:data:`SCHEMA_KEYS`; tests/harness/test_spec.py), params resolved by their owners. A :class:`Spec`
-is frozen; :meth:`Spec.to_dict` is its JSON.
+:class:`Spec`, :class:`Budget` and :class:`Execution` declare every key once (type, default, bounds, help;
+:mod:`harness.params`): the config schema's budget and execution keys (harness.configs.schema) and the
+cell options of ``comera-bench run`` are made from them. :func:`make` is the one place a spec is made:
+keys checked, defaults filled, params resolved by their owners. A :class:`Spec` is frozen, its params
+read-only; :meth:`Spec.to_dict` is its JSON.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import json
-import math
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, Literal, Mapping, NamedTuple
 
-from harness.core import allocator
+from harness.core.allocator import POLICIES as ALLOCATOR_POLICIES
+from harness.params import Field, Params, ReadOnlyDict, parse
 
 PURPOSES = ("timing", "quality")
 """A cell's purpose: short runs for time and memory, or training long enough to compare accuracy."""
 DEFAULT_PURPOSE = PURPOSES[0]
 """The purpose of a spec that names none."""
-DEVICES = ("cpu", "cuda", "auto")
-"""Values of execution.device (also ``cuda:N``); auto: cuda when available, else cpu."""
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 """Values of execution.matmul_precision (torch.set_float32_matmul_precision; highest = full FP32)."""
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
@@ -34,7 +32,9 @@ MAX_RUN_ID = 150
 MAX_SEED = 2**32 - 1
 """The largest seed: numpy's seeds are 32-bit."""
 MAX_THREADS = 1024
-"""The most torch threads of a cell: the config's cap (``execution.threads`` in the config schema)."""
+"""The most torch threads of a cell."""
+MAX_ROUNDS = 1000
+"""The most timing rounds of a cell (also of a microbenchmark spec)."""
 MATCH_PARAM = "match_run"
 """The method param of a size-matched cell: the run_id of the cell whose reached size it matches
 (docs/workloads.md); the grid fills it, the cell's name takes that cell's target."""
@@ -54,45 +54,40 @@ def slug(text: str) -> str:
     return _SAFE.sub("-", text.strip().lower()).strip("-") or "device"
 
 
-@dataclass(frozen=True)
-class Budget:
+class Budget(Params):
     """How long a cell trains (the config's ``budget``)."""
 
-    epochs: int = 1
-    max_steps_per_epoch: int | None = None
-    warmup_steps: int = 2
-    eval_every_steps: int | None = None
-    time_limit_s: float | None = None
+    epochs: int = Field(1, ge=1, le=100_000, description="passes over the training data")
+    max_steps_per_epoch: int | None = Field(None, ge=1, le=10**9,
+                                            description="steps of an epoch at most (null: the whole epoch)")
+    warmup_steps: int = Field(2, ge=0, le=10**6,
+                              description="first steps, run but not counted in the step times")
+    eval_every_steps: int | None = Field(None, ge=1, le=10**9,
+                                         description="evaluate every this many steps (null: per epoch)")
+    time_limit_s: float | None = Field(
+        None, gt=0, le=10**8,
+        description="wall time from the first training step to the end of the final evaluation (warm-up, "
+                    "data and model building not counted); past it the cell is \"timeout\" with its partial "
+                    "numbers, and a step or evaluation still running 30 s later is ended by a watchdog "
+                    "(harness/running/run.py)")
 
 
-@dataclass(frozen=True)
-class Execution:
+class Execution(Params):
     """How a cell runs: where, with how many threads, under which wrappers, in which timing rounds."""
 
-    device: str = "auto"
-    num_threads: int = 2
-    cuda_graph: bool = False
-    compile: bool = False
-    matmul_precision: str = "highest"
-    allocator: str = "reuse"
-    rounds: int = 5
-    timing_group: str | None = None
-
-
-SCHEMA_KEYS: dict[str, str | None] = {
-    "purpose": None, "workload": None, "method": None, "batch_size": None, "run_id": None,
-    "variant": "methods.*.variant", "workload_params": "workloads.*.params",
-    "method_params": "methods.*.params",
-    "target_ratio": "workloads.*.targets", "seed": "seeds",
-    **{f"budget.{f.name}": f"$defs.budget.{f.name}" for f in dataclasses.fields(Budget)},
-    "execution.device": "execution.device", "execution.num_threads": "execution.threads",
-    "execution.cuda_graph": "execution.cuda_graph", "execution.compile": "execution.compile",
-    "execution.matmul_precision": "execution.matmul_precision", "execution.rounds": "execution.rounds",
-    "execution.allocator": None, "execution.timing_group": None,
-}
-"""Each spec key -> the config schema key whose default it shares (a list's one item for the grid's axes),
-or None: no default (workload, method, batch_size), derived by the grid (purpose, run_id, timing_group)
-or not in a config (allocator: ``comera-bench run --allocator``)."""
+    device: str = Field("auto", pattern=r"^(cpu|cuda|auto|cuda:[0-9]+)$", title="cpu, cuda, cuda:N or auto",
+                        description="cpu, cuda, cuda:N or auto: cuda when available, else cpu")
+    num_threads: int = Field(2, ge=1, le=MAX_THREADS, description="torch threads")
+    cuda_graph: bool = Field(False, description="capture the training step in a CUDA graph")
+    compile: bool = Field(False, description="run the model under torch.compile")
+    matmul_precision: Literal[MATMUL_PRECISIONS] = Field(
+        "highest", description="torch.set_float32_matmul_precision of the cell, applied before its model is "
+                               "built (highest: full FP32, as the paper's; high: TF32 on NVIDIA GPUs; "
+                               "medium: bfloat16)")
+    allocator: Literal[ALLOCATOR_POLICIES] = Field(
+        "reuse", description="CPU allocator policy (harness/core/allocator.py)")
+    rounds: int = Field(5, ge=1, le=MAX_ROUNDS, description="timing rounds of a timing cell")
+    timing_group: str | None = Field(None, description="the cells timed together in interleaved rounds")
 
 
 class ParamChecks(NamedTuple):
@@ -120,23 +115,35 @@ def _digest(content: Any) -> str:
     return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-@dataclass(frozen=True)
-class Spec:
-    """One cell, complete and checked (:func:`make`); ``workload_params`` and ``method_params`` are resolved
-    and not to be changed."""
+MAX_MAGNITUDE = 2**32
+"""The largest size of any number in a spec or config (a seed's range; the declarations bound most keys
+tighter): a larger one (``batch_sizes: [1e30]``, ``lr: 1e308``, ``d_model: 2**62``) is refused, naming the
+key, instead of crashing every cell that uses it."""
 
-    run_id: str
-    purpose: str
-    workload: str
-    workload_params: dict[str, Any]
-    method: str
-    variant: str
-    method_params: dict[str, Any]
-    batch_size: int
-    target_ratio: float | None
-    seed: int
-    budget: Budget
-    execution: Execution
+
+class Spec(Params):
+    """One cell, complete and checked (:func:`make`); its params are resolved (:data:`ParamChecks`) and
+    read-only."""
+
+    run_id: str | None = Field(None, pattern=f"^{RUN_ID_PATTERN.pattern}$", max_length=MAX_RUN_ID,
+                               title=f"a plain file name (letters, digits, . _ -; not starting with '.' or "
+                                     f"'-') of at most {MAX_RUN_ID} characters",
+                               description="the cell's name (it names its files); null: derived")
+    purpose: Literal[PURPOSES] = Field(
+        DEFAULT_PURPOSE, description="timing (a short run for time and memory) or quality (trained to "
+                                     "compare accuracy; run_id has _quality)")
+    workload: str = Field(min_length=1, description="a workload module or plug-in")
+    workload_params: Mapping[str, Any] = Field(default_factory=dict)
+    method: str = Field(min_length=1, description="a method module or plug-in")
+    variant: str = Field("default", min_length=1, description="the method configuration's variant")
+    method_params: Mapping[str, Any] = Field(default_factory=dict)
+    batch_size: int = Field(ge=1, le=2**20, description="samples per step")
+    target_ratio: float | None = Field(
+        None, gt=0, le=1, description="compression target (fraction of the tensorized size kept; null = "
+                                      "early stage only)")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="the seed of the data, the model and the run")
+    budget: Budget = Field(default_factory=Budget)
+    execution: Execution = Field(default_factory=Execution)
 
     @functools.cached_property
     def cell_hash(self) -> str:
@@ -149,13 +156,13 @@ class Spec:
     def execution_hash(self) -> str:
         """How the cell runs: the execution keys (device, threads, CUDA graph, compile, matmul precision,
         allocator, rounds, timing group)."""
-        return _digest(dataclasses.asdict(self.execution))
+        return _digest(self.execution.as_dict())
 
     def content(self) -> dict[str, Any]:
         """The spec's keys as JSON values, without the hashes."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out = {name: getattr(self, name) for name in type(self).model_fields}
         out.update(workload_params=dict(self.workload_params), method_params=dict(self.method_params),
-                   budget=dataclasses.asdict(self.budget), execution=dataclasses.asdict(self.execution))
+                   budget=self.budget.as_dict(), execution=self.execution.as_dict())
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -164,82 +171,13 @@ class Spec:
 
     def with_execution(self, **changes: Any) -> Spec:
         """This spec with execution keys changed (checked as :func:`make` checks them)."""
-        execution = {**dataclasses.asdict(self.execution), **changes}
-        return make({**self.content(), "execution": execution}, AS_WRITTEN)
+        return make({**self.content(), "execution": {**self.execution.as_dict(), **changes}}, AS_WRITTEN)
 
 
-MAX_MAGNITUDE = 2**32
-"""The largest size of any number in a spec or config (a seed's range; the schema bounds most keys
-tighter): a larger one (``batch_sizes: [1e30]``, ``lr: 1e308``, ``d_model: 2**62``) is refused, naming the
-key, instead of crashing every cell that uses it."""
-
-
-def _check_int(where: str, value: Any, minimum: int, *, optional: bool = False, maximum: int = MAX_MAGNITUDE,
-               shown: str = "2**32") -> None:
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
-        raise SpecError(f"spec {where} must be an integer from {minimum} to {shown}, got {value!r}")
-
-
-def _number(where: str, value: Any, check: Callable[[float], bool], what: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not check(value):
-        raise SpecError(f"spec {where} must be null or {what}, got {value!r}")
-    return float(value)
-
-
-def _section(where: str, given: Any, cls: type) -> dict[str, Any]:
-    if given is None:
-        given = {}
-    if not isinstance(given, Mapping):
-        raise SpecError(f"spec {where} must be a mapping, got {given!r}")
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(given) - set(names))
-    if unknown:
-        raise SpecError(f"unknown key {where}.{unknown[0]}; allowed keys: {sorted(names)}")
-    return {**dataclasses.asdict(cls()), **given}
-
-
-def _budget(given: Any) -> Budget:
-    b = _section("budget", given, Budget)
-    _check_int("budget.epochs", b["epochs"], 1)
-    _check_int("budget.max_steps_per_epoch", b["max_steps_per_epoch"], 1, optional=True)
-    _check_int("budget.warmup_steps", b["warmup_steps"], 0)
-    _check_int("budget.eval_every_steps", b["eval_every_steps"], 1, optional=True)
-    b["time_limit_s"] = _number("budget.time_limit_s", b["time_limit_s"], lambda v: v > 0,
-                                "a finite number > 0")
-    return Budget(**b)
-
-
-def _execution(given: Any) -> Execution:
-    ex = _section("execution", given, Execution)
-    if ex["device"] not in DEVICES and not str(ex["device"]).startswith("cuda:"):
-        raise SpecError(f"spec execution.device must be cpu|cuda|auto, got {ex['device']!r}")
-    _check_int("execution.num_threads", ex["num_threads"], 1, maximum=MAX_THREADS, shown=str(MAX_THREADS))
-    for key in ("cuda_graph", "compile"):
-        if not isinstance(ex[key], bool):
-            raise SpecError(f"spec execution.{key} must be true or false, got {ex[key]!r}")
-    if ex["matmul_precision"] not in MATMUL_PRECISIONS:
-        raise SpecError(f"spec execution.matmul_precision must be one of {list(MATMUL_PRECISIONS)}, "
-                        f"got {ex['matmul_precision']!r}")
-    if ex["allocator"] not in allocator.POLICIES:
-        raise SpecError(f"spec execution.allocator must be one of {list(allocator.POLICIES)}, "
-                        f"got {ex['allocator']!r}")
-    _check_int("execution.rounds", ex["rounds"], 1)
-    if ex["timing_group"] is not None and not isinstance(ex["timing_group"], str):
-        raise SpecError(f"spec execution.timing_group must be null or a string, got {ex['timing_group']!r}")
-    return Execution(**ex)
-
-
-def _params(key: str, name: str, given: Any, check: Callable[[str, dict[str, Any]], dict[str, Any]]
-            ) -> dict[str, Any]:
-    if given is not None and not isinstance(given, Mapping):
-        raise SpecError(f"spec {key} must be a mapping of parameter names to values, got {given!r}")
+def _params(key: str, name: str, given: Mapping[str, Any],
+            check: Callable[[str, dict[str, Any]], dict[str, Any]]) -> Mapping[str, Any]:
     try:
-        return dict(check(name, dict(given or {})))
+        return ReadOnlyDict(check(name, dict(given)))
     except (ValueError, TypeError, KeyError, FileNotFoundError) as err:
         raise SpecError(f"spec {key}: {err}") from err
 
@@ -266,8 +204,9 @@ def make(raw: Mapping[str, Any], checks: ParamChecks | None = None) -> Spec:
     """A complete, checked :class:`Spec` from a spec's JSON object.
 
     Args:
-        raw: the keys of :class:`Spec` (workload, method and batch_size required; the rest default);
-            ``cell_hash`` and ``execution_hash`` may be present and are derived again, never read.
+        raw: the keys of :class:`Spec` (workload, method and batch_size required; the rest default; a
+            null budget or execution: the defaults); ``cell_hash`` and ``execution_hash`` may be present
+            and are derived again, never read.
         checks: resolve the params (default :func:`registry_checks`; :data:`AS_WRITTEN` keeps them).
 
     Returns:
@@ -281,42 +220,25 @@ def make(raw: Mapping[str, Any], checks: ParamChecks | None = None) -> Spec:
     """
     if not isinstance(raw, Mapping):
         raise SpecError(f"a spec must be a JSON object, got {type(raw).__name__}")
-    keys = [f.name for f in dataclasses.fields(Spec)]
-    unknown = sorted(set(raw) - set(keys) - set(HASHES))
-    if unknown:
-        raise SpecError(f"unknown spec key {unknown[0]!r}; allowed keys: {keys}")
-    for key in ("workload", "method", "batch_size"):
-        if key not in raw:
-            raise SpecError(f"spec is missing the key {key!r}")
-    out = {k: v for k, v in raw.items() if k not in HASHES}
-    out.setdefault("variant", "default")
-    for key in ("workload", "method", "variant"):
-        if not isinstance(out[key], str) or not out[key]:
-            raise SpecError(f"spec {key} must be a non-empty string, got {out[key]!r}")
-    _check_int("batch_size", out["batch_size"], 1)
-    out.setdefault("seed", 0)
-    _check_int("seed", out["seed"], 0, maximum=MAX_SEED, shown="2**32 - 1")
-    out.setdefault("purpose", DEFAULT_PURPOSE)
-    if out["purpose"] not in PURPOSES:
-        raise SpecError(f"spec purpose must be one of {list(PURPOSES)}, got {out['purpose']!r}")
-    out["target_ratio"] = _number("target_ratio", out.get("target_ratio"), lambda v: 0 < v <= 1, "in (0, 1]")
-    given = out.get("run_id")
-    if given and (not isinstance(given, str) or not RUN_ID_PATTERN.fullmatch(given)):
-        raise SpecError(f"spec run_id must be a plain file name (letters, digits, . _ -; not starting "
-                        f"with '.' or '-'), got {out['run_id']!r}")
+    given = {k: v for k, v in raw.items() if k not in HASHES and not (
+        v is None and k in ("budget", "execution", "workload_params", "method_params", "run_id"))}
+    try:
+        spec = parse(Spec, given, owner="spec: ", noun="key")
+    except ValueError as err:
+        raise SpecError(str(err)) from None
     checks = checks or registry_checks()
-    out["workload_params"] = _params("workload_params", out["workload"], out.get("workload_params"),
-                                     checks.workload)
-    out["method_params"] = _params("method_params", out["method"], out.get("method_params"), checks.method)
-    out["budget"] = _budget(out.get("budget"))
-    out["execution"] = _execution(out.get("execution"))
-    if not out.get("run_id"):  # a name of the grid's scheme that says which cell it is
-        cell = Spec(**{**out, "run_id": "-"}).cell_hash
-        out["run_id"] = run_id({**out, "execution": dataclasses.asdict(out["execution"])}) + f"_c{cell[:8]}"
-    if len(out["run_id"]) > MAX_RUN_ID:
+    resolved = {"workload_params": _params("workload_params", spec.workload, spec.workload_params,
+                                           checks.workload),
+                "method_params": _params("method_params", spec.method, spec.method_params, checks.method)}
+    spec = spec.model_copy(update=resolved)
+    if spec.run_id:
+        return spec
+    content = spec.content()  # a name of the grid's scheme that says which cell it is
+    name = run_id(content) + f"_c{Spec.model_construct(**{**dict(spec), 'run_id': '-'}).cell_hash[:8]}"
+    if len(name) > MAX_RUN_ID:
         raise SpecError(f"spec run_id must be at most {MAX_RUN_ID} characters (it names files), got "
-                        f"{out['run_id']!r} ({len(out['run_id'])}); give a shorter run_id or variant")
-    return Spec(**out)
+                        f"{name!r} ({len(name)}); give a shorter run_id or variant")
+    return spec.model_copy(update={"run_id": name})
 
 
 def load(path: str | os.PathLike, checks: ParamChecks | None = None) -> Spec:

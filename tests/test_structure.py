@@ -10,7 +10,8 @@
   claims build no model (no harness.perf);
 * the library (``comera``) imports nothing of the harness or the baselines;
 * the methods (``baselines``) import nothing of the harness but the plug-in finder (harness.plugins,
-  standard library only, shared with the workload registry; baselines/__init__.py says why).
+  standard library only, shared with the workload registry; baselines/__init__.py says why) and the
+  parameter declarations (harness.params, standard library and pydantic only: it imports no project module).
 
 Every module of comera, harness, baselines and benchmarks is read.
 """
@@ -162,7 +163,8 @@ def test_no_module_uses_another_modules_private_names():
     ("harness.results", ("harness.configs", "harness.running", "harness.perf", "harness.reports"), ()),
     ("harness.reports.claims", ("harness.perf",), ()),
     ("comera", ("harness", "baselines", "benchmarks"), ()),
-    ("baselines", ("harness", "benchmarks"), ("harness.plugins",)),
+    ("baselines", ("harness", "benchmarks"), ("harness.plugins", "harness.params")),
+    ("harness.params", ("harness", "baselines", "comera", "benchmarks"), ()),
 ])
 def test_layers(package, forbidden, allowed):
     bad = []

@@ -42,14 +42,14 @@ def device_label(config: dict[str, Any]) -> str:
 
     if torch.cuda.is_available():
         return slug(torch.cuda.get_device_name(0))
-    return "cuda" if config["execution"]["device"] == "cuda" else "cpu"
+    return "cuda" if config["execution"]["device"].startswith("cuda") else "cpu"
 
 
 def uses_gpu(config: dict[str, Any]) -> bool:
-    """Whether the cells run on a GPU (execution.device cuda, or auto on a machine with one)."""
+    """Whether the cells run on a GPU (execution.device cuda or cuda:N, or auto on a machine with one)."""
     device = config["execution"]["device"]
     if device != "auto":
-        return device == "cuda"
+        return device.startswith("cuda")
     import torch
 
     return torch.cuda.is_available()
@@ -138,9 +138,18 @@ def _non_finite(value: Any, path: tuple = ()) -> tuple[tuple, float] | None:
     return None
 
 
-def schema_error(config: dict[str, Any], schema_path: str | Path) -> str | None:
+def _schema(schema: dict[str, Any] | str | Path | None) -> dict[str, Any]:
+    from harness.configs.schema import config_schema
+
+    if isinstance(schema, dict):
+        return schema
+    return config_schema() if schema is None else yaml.safe_load(Path(schema).read_text())
+
+
+def schema_error(config: dict[str, Any], schema: dict[str, Any] | str | Path | None = None) -> str | None:
     """The most relevant violation of ``config`` as "key a.b[0]: message", or None: a NaN or infinite
-    number anywhere, else the JSON schema, where (unlike JSON schema's own rule) an integer field
+    number anywhere, else the JSON schema (a dict, a YAML file, default the config's:
+    :func:`harness.configs.schema.config_schema`), where (unlike JSON schema's own rule) an integer field
     rejects a float such as 4.0."""
     import jsonschema
 
@@ -150,11 +159,10 @@ def schema_error(config: dict[str, Any], schema_path: str | Path) -> str | None:
             f"a number of size at most 2**32 ({MAX_MAGNITUDE})"
         shown = found[1] if isinstance(found[1], int) else f"{found[1]:.6g}"
         return f"key {_key(found[0])}: {shown} is not {what}"
-    schema = yaml.safe_load(Path(schema_path).read_text())
     base = jsonschema.Draft202012Validator
     strict_int = base.TYPE_CHECKER.redefine(
         "integer", lambda _, v: isinstance(v, int) and not isinstance(v, bool))
-    validator = jsonschema.validators.extend(base, type_checker=strict_int)(schema)
+    validator = jsonschema.validators.extend(base, type_checker=strict_int)(_schema(schema))
     error = jsonschema.exceptions.best_match(validator.iter_errors(config))
     if error is None:
         return None
@@ -162,6 +170,24 @@ def schema_error(config: dict[str, Any], schema_path: str | Path) -> str | None:
     if error.validator == "pattern" and "title" in error.schema:
         message += f" ({error.schema['title']})"
     return f"key {_key(error.absolute_path)}: {message}"
+
+
+def fill_defaults(config: dict[str, Any], schema: dict[str, Any] | str | Path | None = None) -> None:
+    """Fill the schema's defaults into ``config`` in place, at every level (a valid config:
+    :func:`schema_error` first), as ``snakemake.utils.validate`` does."""
+    import copy
+
+    import jsonschema
+
+    base = jsonschema.Draft202012Validator
+
+    def set_defaults(validator, properties, instance, sub):
+        for prop, node in properties.items():
+            if "default" in node and isinstance(instance, dict):
+                instance.setdefault(prop, copy.deepcopy(node["default"]))
+        yield from base.VALIDATORS["properties"](validator, properties, instance, sub)
+
+    jsonschema.validators.extend(base, {"properties": set_defaults})(_schema(schema)).validate(config)
 
 
 def _method_refs(workload: dict[str, Any]) -> list[dict[str, Any]]:

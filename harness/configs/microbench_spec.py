@@ -8,10 +8,8 @@ import math
 from typing import Any
 
 from harness.core import allocator
-from harness.spec import MAX_SEED, MAX_THREADS
+from harness.spec import MAX_ROUNDS, MAX_SEED, MAX_THREADS
 
-MAX_ROUNDS = 1000
-"""The most timing rounds: the config's cap (``execution.rounds`` in the config schema)."""
 DIRECTIONS = ("fwd", "fwd_bwd")
 LINEAR_VARIANTS = ("dense", "tt")
 EMBEDDING_VARIANTS = ("dense_grad", "sparse_grad", "ttm_naive", "ttm_order", "ttm_unique", "ttm_optimized")

@@ -5,7 +5,6 @@ complete, into the row, for the runner and the supervisor alike.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import statistics
@@ -270,7 +269,7 @@ def build_row(st: CellState, status: str, error: str, tb: str = "") -> dict[str,
         "method": settings, "method_params": spec.method_params, "workload_params": spec.workload_params,
         "workload_info": getattr(workload, "info", {}), "steps_per_epoch":
             getattr(workload, "steps_per_epoch", None), "steps_in_epoch": st.steps_in_epoch,
-        "budget": dataclasses.asdict(spec.budget), "execution": dataclasses.asdict(ex),
+        "budget": spec.budget.as_dict(), "execution": ex.as_dict(),
         "allocator": st.start.allocator, "warm_up": st.start.warm_up},
         sort_keys=True, default=str)
     row["extra"] = json.dumps(extra, sort_keys=True, default=str)

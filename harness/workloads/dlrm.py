@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +16,7 @@ from torch import nn
 from harness.data import batching, criteo
 from harness.data.cache import atomic_write, cache_dir, cached_tensors, fingerprint
 from harness.workloads.base import Batch, Workload, evaluating, seeded_model
-from harness.workloads.params import Choice, ListOf, positive, require
+from harness.workloads.params import Field, WorkloadParams, require
 from harness.workloads.tt_spec import embedding_spec, tt_parameter_count
 
 NAME = "dlrm"
@@ -29,24 +29,39 @@ PRESETS: dict[str, dict[str, Any]] = {
     "paper": dict(embedding_dim=16, bottom_mlp=[512, 256, 64, 16], top_mlp=[512, 256], max_table_rows=None,
                   rank=48, tt_min_rows=10000, synthetic_rows=2000000, synthetic_categories=200000),
 }
-DEFAULTS: dict[str, Any] = dict(data="synthetic", data_path=None, max_rows=None, eval_fraction=0.1,
-                                table_sizes=None, cache_dir=None, data_seed=0, eval_batch_size=None)
-TYPES: dict[str, Any] = dict(
-    embedding_dim=int, bottom_mlp=ListOf(int), top_mlp=ListOf(int), max_table_rows=(int, None), rank=int,
-    tt_min_rows=int, synthetic_rows=int, synthetic_categories=int, data=Choice(("synthetic", "criteo")),
-    data_path=(str, None), max_rows=(int, None), eval_fraction=float, table_sizes=(ListOf(int), None),
-    cache_dir=(str, None), data_seed=int, eval_batch_size=(int, None))
+
+
+class DLRMParams(WorkloadParams):
+    """DLRM's parameters; those without a default come from the size preset (PRESETS)."""
+
+    embedding_dim: int = Field(gt=0)
+    bottom_mlp: list[int]
+    top_mlp: list[int]
+    max_table_rows: int | None = Field(gt=0)
+    rank: int = Field(gt=0)
+    tt_min_rows: int = Field(gt=0)
+    synthetic_rows: int = Field(gt=0)
+    synthetic_categories: int = Field(gt=0)
+    data: Literal["synthetic", "criteo"] = "synthetic"
+    data_path: str | None = None
+    max_rows: int | None = Field(None, gt=0)
+    eval_fraction: float = Field(0.1, gt=0, lt=1)
+    table_sizes: list[int] | None = None
+    cache_dir: str | None = None
+    data_seed: int = 0
+    eval_batch_size: int | None = Field(None, gt=0)
+
+
+PARAMS = DLRMParams
 LR = {"dense": 1e-3, "cores": 1e-3, "other": 1e-3, "gates": 1e-2}
 
 
 def validate(p: dict[str, Any]) -> None:
-    positive(NAME, p, "embedding_dim", "max_table_rows", "rank", "tt_min_rows", "synthetic_rows",
-             "synthetic_categories", "max_rows", "eval_batch_size")
+    """The relations between params (each param's own bounds: :class:`DLRMParams`)."""
     require(bool(p["bottom_mlp"]) and p["bottom_mlp"][-1] == p["embedding_dim"], NAME, "bottom_mlp",
             p["bottom_mlp"], f"must end with embedding_dim={p['embedding_dim']}")
     require(all(w > 0 for w in p["bottom_mlp"] + p["top_mlp"]), NAME, "top_mlp", p["top_mlp"],
             "widths must be positive")
-    require(0.0 < p["eval_fraction"] < 1.0, NAME, "eval_fraction", p["eval_fraction"], "must be in (0, 1)")
     require(p["table_sizes"] is None or (len(p["table_sizes"]) == criteo.NUM_SPARSE
                                          and all(s > 0 for s in p["table_sizes"])),
             NAME, "table_sizes", p["table_sizes"], f"must be {criteo.NUM_SPARSE} positive sizes")

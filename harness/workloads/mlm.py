@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from array import array
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +20,7 @@ from harness.data.masking import IGNORE_INDEX, mask_tokens
 from harness.data.text_tokenizer import (SPECIAL_TOKENS, encode_stream, load_or_train, load_tokenizer_file,
                                          special_ids, train_byte_bpe, train_wordpiece)
 from harness.workloads.base import Batch, Workload, evaluating, seeded_model
-from harness.workloads.params import Choice, ListOf, positive, require
+from harness.workloads.params import Field, WorkloadParams, require
 from harness.workloads.transformer import BERT_INIT_STD, Encoder, encoder_tt_spec, init_bert_weights
 from harness.workloads.tt_spec import embedding_shapes, embedding_spec
 
@@ -47,35 +47,52 @@ PAPER_SIZES = ("paper", "bert-large")
 EMBEDDING_SHAPES = {(50265, 1024): ([15, 15, 15, 15], [4, 4, 8, 8]), (4096, 128): ([16, 16, 16], [8, 4, 4]),
                     (512, 32): ([8, 8, 8], [4, 4, 2])}
 
-DEFAULTS: dict[str, Any] = dict(embedding_row_shape=None, embedding_col_shape=None,
-                                data="stdlib", data_path=None, cache_dir=None, data_seed=0, eval_every=20,
-                                mask_prob=0.15, eval_batch_size=None, tensorize_embedding=True,
-                                tokenizer_file=None)
-TYPES: dict[str, Any] = dict(
-    vocab_size=int, d_model=int, num_layers=int, num_heads=int, d_ff=int, max_positions=int, seq_len=int,
-    dropout=float, rank=int, embedding_rank=int, embedding_row_shape=(ListOf(int), None),
-    embedding_col_shape=(ListOf(int), None), max_documents=(int, None), max_train_blocks=(int, None),
-    max_eval_blocks=(int, None), data=Choice(("stdlib", "jsonl", "text")), data_path=(str, None),
-    cache_dir=(str, None), data_seed=int, eval_every=int, mask_prob=float, eval_batch_size=(int, None),
-    tensorize_embedding=bool, tokenizer_file=(str, None))
+
+
+class MLMParams(WorkloadParams):
+    """The masked language model's parameters; those without a default come from the size preset
+    (PRESETS)."""
+
+    vocab_size: int = Field(gt=0)
+    d_model: int = Field(gt=0)
+    num_layers: int = Field(gt=0)
+    num_heads: int = Field(gt=0)
+    d_ff: int = Field(gt=0)
+    max_positions: int = Field(gt=0)
+    seq_len: int = Field(gt=0)
+    dropout: float = Field(ge=0, lt=1)
+    rank: int = Field(gt=0)
+    embedding_rank: int = Field(gt=0)
+    embedding_row_shape: list[int] | None = None
+    embedding_col_shape: list[int] | None = None
+    max_documents: int | None = Field(gt=0)
+    max_train_blocks: int | None = Field(gt=0)
+    max_eval_blocks: int | None = Field(gt=0)
+    data: Literal["stdlib", "jsonl", "text"] = "stdlib"
+    data_path: str | None = None
+    cache_dir: str | None = None
+    data_seed: int = 0
+    eval_every: int = Field(20, ge=2)
+    mask_prob: float = Field(0.15, gt=0, lt=1)
+    eval_batch_size: int | None = Field(None, gt=0)
+    tensorize_embedding: bool = True
+    tokenizer_file: str | None = None
+
+
+PARAMS = MLMParams
 LR = {"paper": {"dense": 1e-4, "cores": 1e-4, "other": 5e-5, "gates": 1e-3},
       "small": {"dense": 5e-4, "cores": 5e-4, "other": 5e-4, "gates": 5e-3},
       "tiny": {"dense": 2e-3, "cores": 2e-3, "other": 2e-3, "gates": 5e-3}}
 
 
 def validate(p: dict[str, Any]) -> None:
-    positive(NAME, p, "vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "max_positions", "seq_len",
-             "rank", "embedding_rank", "max_documents", "max_train_blocks", "max_eval_blocks", "eval_every",
-             "eval_batch_size")
+    """The relations between params (each param's own bounds: :class:`MLMParams`)."""
     require(p["d_model"] % p["num_heads"] == 0, NAME, "num_heads", p["num_heads"],
             f"must divide d_model={p['d_model']}")
     require(3 <= p["seq_len"] <= p["max_positions"], NAME, "seq_len", p["seq_len"],
             f"must be in [3, max_positions={p['max_positions']}]")
     require(p["vocab_size"] > len(SPECIAL_TOKENS) + 256, NAME, "vocab_size", p["vocab_size"],
             "must exceed the 256 byte tokens plus the special tokens")
-    require(0.0 < p["mask_prob"] < 1.0, NAME, "mask_prob", p["mask_prob"], "must be in (0, 1)")
-    require(0.0 <= p["dropout"] < 1.0, NAME, "dropout", p["dropout"], "must be in [0, 1)")
-    require(p["eval_every"] >= 2, NAME, "eval_every", p["eval_every"], "must be at least 2")
     require(p["data"] == "stdlib" or p["data_path"] is not None, NAME, "data_path", p["data_path"],
             f"is required when data={p['data']!r}")
 

@@ -6,7 +6,7 @@ docs/design-notes.md.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +19,7 @@ from harness.data.text_tokenizer import (UNK_ID, encode_pairs, load_or_train, lo
                                          train_wordpiece)
 from harness.workloads.base import Batch, Holdout, SizedModel, Workload, evaluating, seeded_model
 from harness.workloads.dropout import Dropout, attention, replaces_torch
-from harness.workloads.params import Choice, ListOf, positive, require
+from harness.workloads.params import Field, WorkloadParams, require
 from harness.workloads.tt_spec import embedding_shapes, embedding_spec, linear_spec
 
 NAME = "transformer"
@@ -40,33 +40,52 @@ PRESETS: dict[str, dict[str, Any]] = {
 EMBEDDING_SHAPES = {(30522, 768): ([16, 20, 10, 10], [4, 4, 8, 6]), (1024, 128): ([16, 8, 8], [8, 4, 4]),
                     (256, 32): ([8, 8, 4], [4, 4, 2])}
 
-DEFAULTS: dict[str, Any] = dict(embedding_row_shape=None, embedding_col_shape=None,
-                                data="synthetic", data_dir=None, tokenizer=None, cache_dir=None,
-                                data_seed=0, num_words=None, eval_batch_size=None, tensorize_embedding=True,
-                                task="topic", num_topics=4, word_topics="random", label_noise=0.0)
-TYPES: dict[str, Any] = dict(
-    vocab_size=int, d_model=int, num_layers=int, num_heads=int, d_ff=int, max_positions=int, seq_len=int,
-    dropout=float, rank=int, embedding_rank=int, embedding_row_shape=(ListOf(int), None),
-    embedding_col_shape=(ListOf(int), None), premise_len=int, hypothesis_len=int,
-    train_samples=(int, None), eval_samples=(int, None), data=Choice(("synthetic", "mnli")),
-    data_dir=(str, None), tokenizer=(str, None), cache_dir=(str, None), data_seed=int,
-    num_words=(int, None), eval_batch_size=(int, None), tensorize_embedding=bool,
-    task=Choice(nli_synthetic.TASKS), num_topics=int, word_topics=Choice(("modular", "random")),
-    label_noise=float)
+
+
+class TransformerParams(WorkloadParams):
+    """The transformer's parameters; those without a default come from the size preset (PRESETS)."""
+
+    vocab_size: int = Field(gt=0)
+    d_model: int = Field(gt=0)
+    num_layers: int = Field(gt=0)
+    num_heads: int = Field(gt=0)
+    d_ff: int = Field(gt=0)
+    max_positions: int = Field(gt=0)
+    seq_len: int = Field(gt=0)
+    dropout: float = Field(ge=0, lt=1)
+    rank: int = Field(gt=0)
+    embedding_rank: int = Field(gt=0)
+    embedding_row_shape: list[int] | None = None
+    embedding_col_shape: list[int] | None = None
+    premise_len: int
+    hypothesis_len: int
+    train_samples: int | None = Field(gt=0)
+    eval_samples: int | None = Field(gt=0)
+    data: Literal["synthetic", "mnli"] = "synthetic"
+    data_dir: str | None = None
+    tokenizer: str | None = None
+    cache_dir: str | None = None
+    data_seed: int = 0
+    num_words: int | None = Field(None, gt=0)
+    eval_batch_size: int | None = Field(None, gt=0)
+    tensorize_embedding: bool = True
+    task: Literal[nli_synthetic.TASKS] = "topic"
+    num_topics: int = Field(4, ge=2)
+    word_topics: Literal["modular", "random"] = "random"
+    label_noise: float = Field(0.0, ge=0, le=1)
+
+
+PARAMS = TransformerParams
 LR = {"paper": {"dense": 1e-4, "cores": 1e-4, "other": 5e-5, "gates": 1e-3},
       "cpu": {"dense": 3e-4, "cores": 3e-4, "other": 3e-4, "gates": 3e-3, "embedding_cores": 3e-3}}
 
 
 def validate(p: dict[str, Any]) -> None:
-    positive(NAME, p, "vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "max_positions", "seq_len",
-             "rank", "embedding_rank", "train_samples", "eval_samples", "num_words", "eval_batch_size")
+    """The relations between params (each param's own bounds: :class:`TransformerParams`)."""
     require(p["d_model"] % p["num_heads"] == 0, NAME, "num_heads", p["num_heads"],
             f"must divide d_model={p['d_model']}")
     require(p["seq_len"] <= p["max_positions"], NAME, "seq_len", p["seq_len"],
             f"exceeds max_positions={p['max_positions']}")
-    require(0.0 <= p["dropout"] < 1.0, NAME, "dropout", p["dropout"], "must be in [0, 1)")
-    require(p["num_topics"] >= 2, NAME, "num_topics", p["num_topics"], "must be >= 2")
-    require(0 <= p["label_noise"] <= 1, NAME, "label_noise", p["label_noise"], "must be in [0, 1]")
     if p["data"] == "synthetic":  # the generator's own rule, checked before any cell runs
         needed = p["premise_len"] + p["hypothesis_len"] + 4
         require(needed <= p["seq_len"], NAME, "seq_len", p["seq_len"],

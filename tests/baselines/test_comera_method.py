@@ -227,7 +227,7 @@ def test_rules_paper_selects_the_papers_rules_and_defaults():
 
 @pytest.mark.parametrize("method, params, message", [
     ("comera", {"size_wieght": 10}, "method 'comera': unknown parameter 'size_wieght'"),
-    ("comera", {"rules": "official"}, "parameter 'rules' must be one of \['project', 'paper'\]"),
+    ("comera", {"rules": "official"}, r"parameter 'rules' must be one of \['project', 'paper'\]"),
     ("comera", {"rules": "paper", "loss_tolerance": 0.1},
      "method 'comera': parameter 'loss_tolerance' is not read under rules 'paper'"),
     ("comera", {"rules": "paper", "target_ramp": 0.8},
@@ -235,12 +235,12 @@ def test_rules_paper_selects_the_papers_rules_and_defaults():
     ("dense", {"learning_rate": 1e-3}, "method 'dense': unknown parameter 'learning_rate'"),
     ("galore", {"rnak": 4}, "method 'galore': unknown parameter 'rnak'"),
     ("lte", {"head": 2}, "method 'lte': unknown parameter 'head'"),
-    ("comera", {"size_weight": "ten"}, "parameter 'size_weight' must be a number, got 'ten'"),
-    ("comera", {"prune_every": 2.5}, "parameter 'prune_every' must be an integer, got 2.5"),
+    ("comera", {"size_weight": "ten"}, "parameter 'size_weight' must be a number >= 0, got 'ten'"),
+    ("comera", {"prune_every": 2.5}, "parameter 'prune_every' must be an integer >= 0, got 2.5"),
     ("comera", {"stop_at_target": "yes"}, "parameter 'stop_at_target' must be true or false, got 'yes'"),
-    ("comera", {"target_ramp": 1.5}, "parameter 'target_ramp' must be in \\[0, 1\\], got 1.5"),
+    ("comera", {"target_ramp": 1.5}, "parameter 'target_ramp' must be a number in \\[0, 1\\], got 1.5"),
     ("comera", {"switch_when": "later"}, "parameter 'switch_when' must be one of .*, got 'later'"),
-    ("dense", {"lr": -1.0}, "parameter 'lr' must be > 0 or null, got -1.0"),
+    ("dense", {"lr": -1.0}, "parameter 'lr' must be a number > 0 or null, got -1.0"),
     ("galore", {"layerwise": 1}, "parameter 'layerwise' must be true or false, got 1"),
     ("lte", {"preset": "fast"}, "parameter 'preset' must be one of \\['default', 'tuned'\\], got 'fast'"),
 ])

@@ -35,15 +35,15 @@ def test_unknown_param_names_key_and_allowed_keys(name):
 
 
 @pytest.mark.parametrize("name, params, match", [
-    ("dense", {"lr": "fast"}, "'lr' must be a number or null"),
-    ("dense", {"lr": -1.0}, "'lr' must be > 0"),
-    ("dense", {"weight_decay": -0.1}, "'weight_decay' must be >= 0"),
+    ("dense", {"lr": "fast"}, "'lr' must be a number > 0 or null, got 'fast'"),
+    ("dense", {"lr": -1.0}, "'lr' must be a number > 0 or null, got -1.0"),
+    ("dense", {"weight_decay": -0.1}, "'weight_decay' must be a number >= 0, got -0.1"),
     ("galore", {"rank": 4.5}, "'rank' must be an integer"),
-    ("galore", {"rank": 0}, "'rank' must be > 0"),
+    ("galore", {"rank": 0}, "'rank' must be an integer > 0, got 0"),
     ("galore", {"layerwise": 1}, "'layerwise' must be true or false"),
     ("galore", {"proj_type": "diagonal"}, "'proj_type' must be one of"),
     ("lte", {"heads": True}, "'heads' must be an integer"),
-    ("lte", {"merge_every": 0}, "'merge_every' must be > 0"),
+    ("lte", {"merge_every": 0}, "'merge_every' must be an integer > 0, got 0"),
     ("lte", {"preset": "best"}, "'preset' must be one of"),
 ])
 def test_bad_values_are_named(name, params, match):

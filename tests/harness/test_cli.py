@@ -92,6 +92,27 @@ def test_run_gives_a_hung_cell_the_exit_status_of_a_failed_one(tmp_path, monkeyp
     assert statuses == [0, 1]
 
 
+def test_the_cell_options_are_the_specs_declaration(capsys):
+    """Every key of a spec's budget and execution (and its own scalar keys) is an option, from the one
+    declaration (harness.params.add_options): its default is the spec's, an option not given is left out."""
+    from harness import params
+    from harness import spec as specs
+
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    run_help = " ".join(capsys.readouterr().out.split())
+    for model in (specs.Budget, specs.Execution):
+        for name, field in model.model_fields.items():
+            assert params.option_name(name) in run_help, name
+    assert "--threads" in run_help and "torch threads (default 2)" in run_help
+    args = cli._parser().parse_args(["run", "--workload", "w", "--method", "m", "--batch-size", "2",
+                                     "--threads", "3", "--rounds", "4", "--cuda-graph", "--epochs", "2"])
+    spec = cli.spec_from_args(args)
+    assert spec["execution"] == {"num_threads": 3, "rounds": 4, "cuda_graph": True}
+    assert spec["budget"] == {"epochs": 2}
+    assert specs.make(spec, specs.AS_WRITTEN).budget.warmup_steps == specs.Budget().warmup_steps
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--workload", "toy"], "--method, --batch-size must be given"),
     (["--workload", "toy", "--method", "toy", "--batch-size", "2", "--method-param", "lr"],
@@ -106,7 +127,7 @@ def test_run_bad_spec_is_named(tmp_path, capsys):
     spec = tmp_path / "s.json"
     spec.write_text(json.dumps({**toy_spec(), "colour": "red"}))
     assert cli.main(["run", "--spec", str(spec), "--runs-out", str(tmp_path / "r.parquet")]) == 2
-    assert "unknown spec key 'colour'" in capsys.readouterr().err
+    assert "spec: unknown key 'colour'" in capsys.readouterr().err
     assert not (tmp_path / "r.parquet").exists()
     spec.write_text("{not json")
     assert cli.main(["run", "--spec", str(spec)]) == 2
@@ -263,7 +284,7 @@ def test_version_and_known_names_in_help(capsys):
     (["--workload", "transformer", "--method", "dense", "--batch-size", "2", "--method-param", "lr=-1"],
      "lr"),
     (["--workload", "transformer", "--method", "dense", "--batch-size", "2", "--workload-param", "size=huge"],
-     "size='huge'"),
+     "parameter 'size' must be one of ['tiny', 'small', 'paper'], got 'huge'"),
 ])
 def test_run_usage_errors_exit_2_and_write_nothing(tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.chdir(tmp_path)
@@ -290,9 +311,9 @@ def test_merge_of_folders_without_files_leaves_the_output_alone(tmp_path, capsys
 
 @pytest.mark.parametrize("content, message", [
     ('{"workload": "transformer", "method": "dense", "batch_size": 2, "method_params": "abc"}',
-     "spec method_params must be a mapping of parameter names to values, got 'abc'"),
+     "spec: key 'method_params' must be a mapping, got 'abc'"),
     ('{"workload": "transformer", "method": "dense", "batch_size": 2, "config_hash": "5"}',
-     "unknown spec key 'config_hash'"),
+     "spec: unknown key 'config_hash'"),
     (b"\xda\x00\xff binary", "cannot read spec"),
 ])
 def test_run_bad_spec_values_are_named(tmp_path, capsys, content, message):

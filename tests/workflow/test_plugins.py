@@ -41,10 +41,13 @@ TOY_WORKLOAD = '''
 import torch
 from torch import nn
 from harness.workloads.base import Workload, evaluating, seeded_model
+from harness.workloads.params import Field, WorkloadParams
 
 PRESETS = {"tiny": {"samples": 64}, "small": {"samples": 256}, "paper": {"samples": 1024}}
-DEFAULTS = {"features": 8}
-TYPES = {"samples": int, "features": int}
+
+class PARAMS(WorkloadParams):
+    samples: int = Field(gt=0)
+    features: int = Field(8, gt=0)
 
 def validate(params):
     pass

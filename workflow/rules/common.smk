@@ -8,7 +8,6 @@ import sys
 import time
 
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import validate
 
 REPO = workflow.basedir  # the checkout: its Snakefile is at the root
 sys.path.insert(0, REPO)  # the harness package of this checkout, even if not installed
@@ -24,7 +23,6 @@ from harness.configs import yamlnum as _yamlnum
 
 def _validate_config():
     """The checks that need no torch come first, so a bad value fails fast."""
-    schema = f"{REPO}/workflow/schemas/config.schema.yaml"
     try:
         # Snakemake's own loader lets a repeated key win silently and reads YAML 1.1: the files again
         documents = [_grid.load_config_file(path) for path in workflow.configfiles]
@@ -33,10 +31,10 @@ def _validate_config():
         _yamlnum.numbers_as_in(config, _yamlnum.merged(documents))
         # --config execution='{threads: 1}': a number, not the string Snakemake's base loader makes of it
         _yamlnum.typed_config_args(config, workflow.config_settings.config_args)
-        error = _grid.schema_error(config, schema)
+        error = _grid.schema_error(config)  # workflow/schemas/config.schema.yaml + harness/spec.py's keys
         if error:
             raise _grid.ConfigError(error)
-        validate(config, schema)  # fills the defaults
+        _grid.fill_defaults(config)
         # a dry run plans without the data (config/paper.yaml before fetching it): a note per missing path
         missing = [] if workflow.dryrun or getattr(workflow.output_settings, "dryrun", False) else None
         _grid.check_config(config, missing)

@@ -5,30 +5,20 @@ import copy
 import re
 from pathlib import Path
 
-import jsonschema
 import pytest
 import yaml
 
 from harness.configs import grid
+from harness.configs.schema import config_schema
 from harness.running import threads
 
 ROOT = Path(__file__).resolve().parents[3]
-SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
 
 def filled(config: dict) -> dict:
-    """The config with the schema's defaults filled in, as snakemake.utils.validate does."""
+    """The config with the schema's defaults filled in, as the Snakefile does."""
     config = copy.deepcopy(config)
-    schema = yaml.safe_load(SCHEMA.read_text())
-    base = jsonschema.Draft202012Validator
-
-    def set_defaults(validator, properties, instance, sch):
-        for prop, sub in properties.items():
-            if "default" in sub and isinstance(instance, dict):
-                instance.setdefault(prop, copy.deepcopy(sub["default"]))
-        yield from base.VALIDATORS["properties"](validator, properties, instance, sch)
-
-    jsonschema.validators.extend(base, {"properties": set_defaults})(schema).validate(config)
+    grid.fill_defaults(config)
     return config
 
 
@@ -67,7 +57,7 @@ def test_shipped_configs_are_valid(config_file, tmp_path, monkeypatch):
     paper_data(tmp_path)
     monkeypatch.chdir(tmp_path)
     config = yaml.safe_load(config_file.read_text())
-    assert grid.schema_error(config, SCHEMA) is None
+    assert grid.schema_error(config) is None
     grid.check_config(filled(config))  # method, workload and microbench params accepted by their owners
     config = filled(config)
     config["execution"]["threads"], _ = threads.resolve(config["execution"]["threads"], tmp_path, 0.0, cpus=2)
@@ -105,7 +95,7 @@ def test_an_entry_can_run_a_workload_under_its_own_name():
     config["workloads"]["wide"] = {"workload": "transformer", "params": {"size": "tiny", "d_model": 64},
                                    "batch_sizes": [4], "methods": ["dense"]}
     config = filled(config)
-    assert grid.schema_error(config, SCHEMA) is None
+    assert grid.schema_error(config) is None
     grid.check_config(config)
     cells, _ = expand(config)
     wide = {rid: c for rid, c in cells.items() if rid.startswith("wide_")}
@@ -157,7 +147,7 @@ def test_changing_one_cell_changes_only_its_spec():
 def test_schema_names_the_bad_key(mutate, key):
     config = minimal()
     mutate(config)
-    error = grid.schema_error(config, SCHEMA)
+    error = grid.schema_error(config)
     assert error is not None and error.startswith(f"key {key}:"), error
 
 
@@ -267,7 +257,7 @@ def test_grid_file_from_specs(tmp_path):
 def test_paths_and_labels_reject_shell_metacharacters(mutate, key, value):
     config = minimal()
     mutate(config)
-    error = grid.schema_error(config, SCHEMA)
+    error = grid.schema_error(config)
     assert error is not None and error.startswith(f"key {key}:") and value in error, error
     assert "no spaces" in error or "letters, digits" in error  # the rule, not only the regex
 
@@ -276,12 +266,11 @@ def test_plain_paths_and_labels_accepted():
     config = minimal()
     config.update(results_dir="/tmp/x/results-2.a_b+c@d", figures_dir="figures/tiny", device_name="gpu.a_1",
                   compare={"dirs": ["../other/results/nvidia-h200"]})
-    assert grid.schema_error(config, SCHEMA) is None
+    assert grid.schema_error(config) is None
 
 
 def test_label_pattern_matches_the_schema():
-    schema = yaml.safe_load(SCHEMA.read_text())
-    assert schema["$defs"]["label"]["pattern"] == grid.LABEL_PATTERN
+    assert config_schema()["$defs"]["label"]["pattern"] == grid.LABEL_PATTERN
 
 
 @pytest.mark.parametrize("value", ["x;touch /tmp/y", "$(id)", ".", "..", "a/b", "a b"])
@@ -306,7 +295,7 @@ def test_device_environment_variable_checked(monkeypatch, value):
 def test_integer_fields_reject_floats(mutate, key):
     config = minimal()
     mutate(config)
-    error = grid.schema_error(config, SCHEMA)
+    error = grid.schema_error(config)
     assert error is not None and error.startswith(f"key {key}:") and "integer" in error, error
 
 
@@ -322,7 +311,7 @@ def test_integer_fields_reject_floats(mutate, key):
 def test_non_finite_numbers_rejected_everywhere(mutate, key):
     config = minimal()
     mutate(config)
-    error = grid.schema_error(config, SCHEMA)
+    error = grid.schema_error(config)
     assert error is not None and error.startswith(f"key {key}:") and "not a finite number" in error, error
 
 
@@ -348,7 +337,7 @@ def test_numbers_too_large_for_a_cell_are_refused_naming_the_key(mutate, key, bo
     ever are refused by the config check (hence by ``snakemake -n``)."""
     config = minimal()
     mutate(config)
-    error = grid.schema_error(config, SCHEMA)
+    error = grid.schema_error(config)
     assert error is not None and error.startswith(f"key {key}:") and bound in error, error
 
 
@@ -386,7 +375,8 @@ def test_comera_rank_zero_rejected(where):
         entry.update(sweep={}, params={"rank": 0})
     else:
         entry["sweep"] = {"rank": [4, 0]}
-    with pytest.raises(grid.ConfigError, match=rf"methods\.comera-rank\.{where}.*'rank' must be a positive"):
+    message = rf"methods\.comera-rank\.{where}.*'rank' must be an integer >= 1 or null, got 0"
+    with pytest.raises(grid.ConfigError, match=message):
         grid.check_config(config)
 
 
@@ -416,7 +406,7 @@ def test_quality_cells_have_their_own_budget_params_and_run_ids():
 def test_bad_quality_blocks_are_named(block, key):
     config = minimal()
     config["workloads"]["transformer"]["quality"] = block
-    error = grid.schema_error(config, SCHEMA)
+    error = grid.schema_error(config)
     if error is None:
         with pytest.raises(grid.ConfigError, match=re.escape(key)):
             grid.check_config(filled(config))
@@ -520,7 +510,7 @@ def test_a_budget_without_a_timed_step_is_refused():
 def test_values_that_would_fail_every_cell_are_refused_by_the_schema(mutate, message):
     config = minimal()
     mutate(config)
-    error = grid.schema_error(config, SCHEMA)
+    error = grid.schema_error(config)
     assert error is not None and message in error, error
 
 
@@ -550,7 +540,8 @@ def test_a_config_with_a_few_aliases_loads(tmp_path):
 def test_a_list_where_a_size_belongs_is_named():
     config = minimal()
     config["workloads"]["transformer"]["params"]["size"] = [1, 2]
-    with pytest.raises(grid.ConfigError, match=r"param size=\[1, 2\] must be one of tiny, small, paper"):
+    message = r"parameter 'size' must be one of \['tiny', 'small', 'paper'\], got \[1, 2\]"
+    with pytest.raises(grid.ConfigError, match=message):
         grid.check_config(filled(config))
 
 
@@ -584,7 +575,7 @@ def test_matmul_precision_is_a_grid_axis_in_the_cell_identity():
     assert full["cell_hash"] == tf32["cell_hash"] and full["execution_hash"] != tf32["execution_hash"]
     assert full["execution"]["timing_group"] == tf32["execution"]["timing_group"]  # timed together
     config["execution"] = {"matmul_precision": ["fast"]}
-    assert "matmul_precision[0]: 'fast' is not one of" in grid.schema_error(config, SCHEMA)
+    assert "matmul_precision[0]: 'fast' is not one of" in grid.schema_error(config)
 
 
 def test_finished_cells_are_those_whose_three_files_exist(tmp_path):

@@ -68,8 +68,3 @@ def test_integers_past_what_runs_are_refused(key, value, message):
     with pytest.raises(ValueError, match=re.escape(f"microbench spec: {message}")):
         microbench_spec.check_spec({key: value})
     assert microbench_spec.check_spec({key: {"num_threads": 1024, "seed": 2**32 - 1, "rounds": 1000}[key]})
-
-
-def test_the_rounds_cap_is_the_configs():
-    schema = yaml.safe_load(open("workflow/schemas/config.schema.yaml"))
-    assert schema["properties"]["execution"]["properties"]["rounds"]["maximum"] == microbench_spec.MAX_ROUNDS

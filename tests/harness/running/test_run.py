@@ -424,7 +424,7 @@ def test_matmul_precision_applies_while_the_model_is_built_and_is_a_column():
     default, _ = runner.run_cell(toy_spec(budget={"epochs": 1}), registry=registry)
     assert default["matmul_precision"] == "highest" and default["variant"] == "default"
     assert set(seen) == {"highest"}
-    with pytest.raises(specs.SpecError, match="execution.matmul_precision must be one of"):
+    with pytest.raises(specs.SpecError, match="key 'execution.matmul_precision' must be one of"):
         runner.run_cell(toy_spec(execution={"matmul_precision": "tf32"}), registry=registry)
 
 

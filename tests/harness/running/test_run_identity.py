@@ -16,7 +16,7 @@ from tests.harness.running.run_toys import toy_spec
 
 @pytest.mark.parametrize("run_id", ["../escape", "a/b", "/abs", ".hidden", "..", "-rf", "a b", 7])
 def test_run_id_must_be_a_plain_file_name(run_id):
-    with pytest.raises(specs.SpecError, match=r"run_id must be a plain file name.*" + repr(run_id)[:3]):
+    with pytest.raises(specs.SpecError, match=r"run_id' must be a plain file name.*" + repr(run_id)[:3]):
         specs.make(toy_spec(run_id=run_id), specs.AS_WRITTEN)
 
 
@@ -25,7 +25,7 @@ def test_run_with_an_escaping_run_id_writes_nothing(tmp_path, monkeypatch, capsy
     spec = tmp_path / "s.json"
     spec.write_text(json.dumps(toy_spec(run_id="../../escaped")))
     assert cli.main(["run", "--spec", str(spec)]) == 2
-    assert "run_id must be a plain file name" in capsys.readouterr().err
+    assert "run_id' must be a plain file name" in capsys.readouterr().err
     assert not (tmp_path / "results").exists() and not list(tmp_path.parent.glob("escaped*"))
 
 
@@ -37,7 +37,7 @@ def test_derived_and_grid_run_ids_accepted():
 
 def test_comera_rank_below_one_refused():
     for bad in (0, -1):
-        with pytest.raises(ValueError, match="'rank' must be a positive integer"):
+        with pytest.raises(ValueError, match="'rank' must be an integer >= 1 or null"):
             check_params({"rank": bad})
 
 
