@@ -73,6 +73,7 @@ class CoMERAParams:
     target_ramp: float = _library("target_ramp", "[0,1]")
     late_fraction: float = _library("late_fraction", "[0,1)")
     recover_fraction: float = _library("recover_fraction", "[0,1)")
+    late_gate_travel: float = _library("late_gate_travel", ">=0")
     mask_gates: Literal[MASK_GATES] = _library("mask_gates")
     init: Literal[INIT_SCHEMES] = "official"     # the TT layers' init (comera.init)
     embedding_init_std: float | None = None      # the TTM table's std; None: the workload's, else init's

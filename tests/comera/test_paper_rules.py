@@ -190,7 +190,8 @@ def test_the_driver_runs_the_paper_objectives_and_prunes_by_the_gates():
     at the switch; late: :func:`paper_late_objective` with L the step's loss; pruning removes a rank by its
     gate (a negative gate of large magnitude, kept by the project's share rule, goes)."""
     model = _model()
-    optimizer, adapt = _adaptation(model, target=0.5, total_steps=12, prune_every=3)
+    optimizer, adapt = _adaptation(model, target=0.5, total_steps=12, prune_every=3,
+                                 late_gate_travel=0.0)  # the gates at their rate: the steps run out
     x, y = torch.randint(0, 64, (16,)), torch.randint(0, 4, (16,))
 
     def task():
@@ -248,3 +249,21 @@ def test_the_paper_rules_shrink_a_small_tt_mlp_toward_s0():
     assert switch["step"] == 160
     assert comera.ranks(model) != initial
     assert float(gate_size(model)) < switch["gate_size"] and adapt.size < switch["size"]
+
+
+def test_the_paper_rules_give_the_gates_one_official_late_epochs_travel():
+    """The official late stage: 10 MNLI epochs of 392,702 // 32 = 12,271 steps at gate rate 1e-3; the
+    default travel is one such epoch's, 12.271, so at the switch of a 30-step run (10 late steps) the
+    gates' rate is 1.2271 and the other groups keep theirs."""
+    assert PAPER_DEFAULTS["late_gate_travel"] == pytest.approx(1e-3 * 12_271)
+    optimizer, adapt = _adaptation(_model(), target=0.5, total_steps=30)
+    before = {g["name"]: g["lr"] for g in optimizer.param_groups}
+    x, y = torch.randint(0, 64, (16,)), torch.randint(0, 4, (16,))
+    for _ in range(20):
+        adapt.loss(nn.functional.cross_entropy(adapt.model[1:](adapt.model[0](x)), y)).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        adapt.step()
+    assert adapt.stage == "late"
+    after = {g["name"]: g["lr"] for g in optimizer.param_groups}
+    assert after == {**before, "gates": pytest.approx(12.271 / 10)}
