@@ -21,8 +21,9 @@ OFFICIAL_LATE_EPOCH_STEPS = 392_702 // 32
 """Steps of one epoch of the official MNLI run (392,702 training pairs, batch 32, the last batch dropped);
 its late stage is 10 of them."""
 OFFICIAL_LOSS_TARGET = 0.8
-"""The official MNLI run's ``L0`` (``target_loss=0.8`` in its driver): about the loss its model had reached
-by the switch (a three-class model at the accuracy its script's checkpoint names, 0.643)."""
+"""The official MNLI run's ``L0`` (``target_loss=0.8`` in its driver), read here as the loss level its model
+had reached by the switch: a three-class model near the accuracy its script's checkpoint name gives
+(0.643) has a loss of that order (an inference: the official logs are not available)."""
 PAPER_DEFAULTS = {"l1_weight": 0.01, "min_rank": 0, "loss_target": None,
                   "late_gate_travel": 1e-3 * OFFICIAL_LATE_EPOCH_STEPS, **PAPER_FIXED}
 """The paper's rules' defaults: the official code's penalty weight, no rank kept per bond; ``L0`` the slow
