@@ -159,8 +159,9 @@ class RankSettings:
                                     # latest at (1 - late_fraction) x total_steps, converged or not (0: never)
     recover_fraction: float = 0.2   # the late stage's last share trains the task loss alone at the ranks it
                                     # reached: no size term, no pruning (0: none)
-    late_gate_travel: float = 3.0   # at the switch, every optimizer group of gates alone gets at least this
-                                    # over the late stage's steps as its rate (0: rates unchanged)
+    late_gate_travel: float = 0.0   # at the switch, every optimizer group of gates alone gets at least this
+                                    # over the late stage's steps as its rate (0: rates unchanged; the
+                                    # paper's rules: PAPER_DEFAULTS)
     total_steps: int | None = None  # steps of the whole run (the ramp's length; the last step's check)
 
     def check(self) -> None:

@@ -85,8 +85,7 @@ def test_loss_and_step_switch_stage_and_prune_with_the_optimizer_state():
     model = _model()
     optimizer = torch.optim.AdamW(comera.param_groups(model))
     adapt = comera.RankAdaptation(model, optimizer, target=0.5, total_steps=20, early_fraction=0.5,
-                                  switch_when="step", l1_weight=0.01, recover_fraction=0.0,
-                                  late_gate_travel=0.0)  # the gates at their rate: a zeroed one stays
+                                  switch_when="step", l1_weight=0.01, recover_fraction=0.0)
     x, y = torch.randn(32, 16), torch.randint(0, 4, (32,))
     stages = []
     for step in range(20):
@@ -355,8 +354,7 @@ def test_recovery_trains_the_task_loss_alone_and_prunes_nothing():
     model = _model()
     optimizer = torch.optim.AdamW(comera.param_groups(model))
     adapt = comera.RankAdaptation(model, optimizer, target=0.2, total_steps=40, early_fraction=0.5,
-                                  switch_when="step", recover_fraction=0.25, target_ramp=0.0,
-                                  late_gate_travel=0.0)  # the gates at their rate: a zeroed one stays
+                                  switch_when="step", recover_fraction=0.25, target_ramp=0.0)
     seen = {}
 
     def on_loss(step, task, objective):
