@@ -159,6 +159,9 @@ class RankSettings:
                                     # latest at (1 - late_fraction) x total_steps, converged or not (0: never)
     recover_fraction: float = 0.2   # the late stage's last share trains the task loss alone at the ranks it
                                     # reached: no size term, no pruning (0: none)
+    late_gate_travel: float = 0.0   # at the switch, every optimizer group of gates alone gets at least this
+                                    # over the late stage's steps as its rate (0: rates unchanged; the
+                                    # paper's rules: PAPER_DEFAULTS)
     total_steps: int | None = None  # steps of the whole run (the ramp's length; the last step's check)
 
     def check(self) -> None:
@@ -201,6 +204,7 @@ class RankSettings:
                  ("target_ramp", 0 <= self.target_ramp <= 1, "in [0, 1]"),
                  ("late_fraction", 0 <= self.late_fraction < 1, "in [0, 1)"),
                  ("recover_fraction", 0 <= self.recover_fraction < 1, "in [0, 1)"),
+                 ("late_gate_travel", self.late_gate_travel >= 0, ">= 0"),
                  ("loss_tolerance", self.loss_tolerance >= 0, ">= 0"),
                  ("size_weight", self.size_weight >= 0, ">= 0"),
                  ("loss_average", 0 <= self.loss_average < 1, "in [0, 1)"),
@@ -458,6 +462,7 @@ class TwoStageRankAdaptation:
         s = self.settings
         self._pruned(prune(self.model, s.threshold, self.optimizers, min_rank=s.min_rank, by=self._prune_by))
         start_size = float(tt_parameter_count(self.model))
+        self._speed_up_gates(step)
         if s.rules == "paper":
             return self._start_paper_late_stage(loss_target, step, start_size)
         if loss_target is None:
@@ -476,6 +481,27 @@ class TwoStageRankAdaptation:
                            recover_step=s.total_steps - recovery if recovery and s.total_steps else None)
         self.stage = 1
         return self.target
+
+    def _speed_up_gates(self, step: int | None) -> None:
+        """Raise the rate of every optimizer group that holds gates alone to ``late_gate_travel`` over the
+        late stage's steps where it is below (``switch["gate_lr"]``: the highest such rate after, when
+        there is such a group).
+        Adam moves a parameter by about its rate per step at most, so a gate can travel at most rate x
+        steps in the late stage; a short late stage at the early stage's rate ends before the gates reach
+        the threshold (docs/recipe.md, "The gates' travel")."""
+        s = self.settings
+        if not s.late_gate_travel or s.total_steps is None:
+            return
+        left = max(1, s.total_steps - (step or 0))
+        gates = {id(g) for _, m in tensorized_modules(self.model) for g in m.gates}
+        rates = []
+        for opt in self.optimizers:
+            for group in opt.param_groups:
+                if group["params"] and all(id(p) in gates for p in group["params"]):
+                    group["lr"] = max(group["lr"], s.late_gate_travel / left)
+                    rates.append(group["lr"])
+        if rates:
+            self.switch["gate_lr"] = max(rates)
 
     def _start_paper_late_stage(self, loss_target: float | None, step: int | None,
                                 start_size: float) -> LateTarget:

@@ -208,12 +208,14 @@ def test_the_stage_switch_is_the_librarys_clamp():
 
 def test_rules_paper_selects_the_papers_rules_and_defaults():
     """``rules: paper`` fills the paper's defaults (2/3 early, gate penalty 0.01, threshold pruning, fixed
-    S0, L0 0.8), hands them to the library's driver, and records only the settings these rules read."""
+    S0, L0 the loss at the switch, the gates' late travel), hands them to the library's driver, and
+    records only the settings these rules read."""
     from comera.adapt import defaults
 
     params = check_params({"rules": "paper"})
     assert {key: params[key] for key in defaults("paper")} == defaults("paper")
-    assert (params["early_fraction"], params["l1_weight"], params["loss_target"]) == (2 / 3, 0.01, 0.8)
+    assert (params["early_fraction"], params["l1_weight"], params["loss_target"]) == (2 / 3, 0.01, None)
+    assert params["late_gate_travel"] == 1e-3 * 12_271
     assert "size_weight" not in params and check_params(params) == params  # filled params check again
     workload = _workload()
     prepared = CoMERAMethod().prepare(workload.model, workload, {"rules": "paper"}, target_ratio=0.5,

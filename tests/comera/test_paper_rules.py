@@ -170,7 +170,7 @@ def _adaptation(model, **settings):
 def test_the_paper_preset_fixes_its_rules_and_refuses_what_it_does_not_read():
     settings = _adaptation(_model(), target=0.5, total_steps=30)[1].settings
     assert (settings.rules, settings.l1_weight, settings.min_rank, settings.loss_target) == ("paper", 0.01, 0,
-                                                                                           0.8)
+                                                                                           None)
     assert (settings.switch_when, settings.target_ramp, settings.mask_gates, settings.stop_at_target) == (
         "step", 0.0, "every_step", False)
     assert settings.late_start_step == 20  # 2/3 of 30: the official 20 + 10 epochs
@@ -190,7 +190,8 @@ def test_the_driver_runs_the_paper_objectives_and_prunes_by_the_gates():
     at the switch; late: :func:`paper_late_objective` with L the step's loss; pruning removes a rank by its
     gate (a negative gate of large magnitude, kept by the project's share rule, goes)."""
     model = _model()
-    optimizer, adapt = _adaptation(model, target=0.5, total_steps=12, prune_every=3)
+    optimizer, adapt = _adaptation(model, target=0.5, total_steps=12, prune_every=3, loss_target=0.8,
+                                 late_gate_travel=0.0)  # the gates at their rate: the steps run out
     x, y = torch.randint(0, 64, (16,)), torch.randint(0, 4, (16,))
 
     def task():
@@ -248,3 +249,42 @@ def test_the_paper_rules_shrink_a_small_tt_mlp_toward_s0():
     assert switch["step"] == 160
     assert comera.ranks(model) != initial
     assert float(gate_size(model)) < switch["gate_size"] and adapt.size < switch["size"]
+
+
+def test_the_paper_rules_give_the_gates_one_official_late_epochs_travel():
+    """The official late stage: 10 MNLI epochs of 392,702 // 32 = 12,271 steps at gate rate 1e-3; the
+    default travel is one such epoch's, 12.271, so at the switch of a 30-step run (10 late steps) the
+    gates' rate is 1.2271 and the other groups keep theirs."""
+    assert PAPER_DEFAULTS["late_gate_travel"] == pytest.approx(1e-3 * 12_271)
+    optimizer, adapt = _adaptation(_model(), target=0.5, total_steps=30)
+    before = {g["name"]: g["lr"] for g in optimizer.param_groups}
+    x, y = torch.randint(0, 64, (16,)), torch.randint(0, 4, (16,))
+    for _ in range(20):
+        adapt.loss(nn.functional.cross_entropy(adapt.model[1:](adapt.model[0](x)), y)).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        adapt.step()
+    assert adapt.stage == "late"
+    after = {g["name"]: g["lr"] for g in optimizer.param_groups}
+    assert after == {**before, "gates": pytest.approx(12.271 / 10)}
+
+
+def test_the_paper_rules_take_l0_from_the_loss_at_the_switch_unless_given():
+    """``loss_target`` None (the default): L0 is the slow running loss at the switch (the official 0.8 was
+    its MNLI model's loss there), fixed for the late stage; a given ``loss_target`` is L0 as it is."""
+    from comera.paper import OFFICIAL_LOSS_TARGET
+
+    assert PAPER_DEFAULTS["loss_target"] is None and OFFICIAL_LOSS_TARGET == 0.8
+    for given in (None, 0.8):
+        model = _model()
+        _, adapt = _adaptation(model, target=0.5, total_steps=6, late_gate_travel=0.0,
+                               **({} if given is None else {"loss_target": given}))
+        slow = []
+        for value in (2.0, 1.0, 1.5, 0.5, 0.25, 3.0):
+            adapt.loss(torch.tensor(value, dtype=torch.float64, requires_grad=True))
+            slow.append(float(adapt.driver.running.slow))
+            adapt.step()
+        expected = slow[3] if given is None else given   # switch after the 4th step (2/3 of 6)
+        assert adapt.driver.switch["step"] == 4
+        assert adapt.driver.switch["loss_target"] == pytest.approx(expected)
+        assert adapt.driver.target.loss_target == pytest.approx(expected)

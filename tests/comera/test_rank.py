@@ -270,3 +270,27 @@ def test_a_late_stage_loss_well_above_the_switch_warns_once():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         driver.after_step(5)  # once
+
+
+def test_the_switch_raises_the_gates_rate_to_their_travel_over_the_late_steps():
+    """At the switch, each optimizer group of gates alone gets at least ``late_gate_travel`` / the late
+    stage's steps as its rate; the other groups, and a group that mixes gates with cores, keep theirs."""
+    import comera
+    layer = ttm()
+    optimizer = torch.optim.AdamW(comera.param_groups(layer, lr=1e-3))
+    mixed = torch.optim.AdamW([*layer.cores, *layer.gates], lr=1e-3)
+    settings = rank.RankSettings(late_start_step=6, target_ratio=0.5, prune_every=0, switch_when="step",
+                                 total_steps=10, late_gate_travel=2.0)
+    driver = rank.TwoStageRankAdaptation(layer, settings, [optimizer, mixed])
+    _drive(driver, [1.0] * 5)
+    assert {g["name"]: g["lr"] for g in optimizer.param_groups} == {"embedding_cores": 1e-3, "gates": 5e-3}
+    _drive(driver, [1.0], start=5)
+    assert driver.stage == 1
+    assert {g["name"]: g["lr"] for g in optimizer.param_groups} == {"embedding_cores": 1e-3, "gates": 2.0 / 4}
+    assert mixed.param_groups[0]["lr"] == 1e-3 and driver.switch["gate_lr"] == 0.5
+    fast = rank.RankSettings(late_start_step=6, target_ratio=0.5, prune_every=0, switch_when="step",
+                             total_steps=10, late_gate_travel=0.01)   # 0.01 / 4 < 5e-3: kept
+    optimizer = torch.optim.AdamW(comera.param_groups(layer, lr=1e-3))
+    driver = rank.TwoStageRankAdaptation(layer, fast, [optimizer])
+    _drive(driver, [1.0] * 6)
+    assert driver.stage == 1 and optimizer.param_groups[1]["lr"] == 5e-3
