@@ -111,7 +111,7 @@ def test_loss_and_step_switch_stage_and_prune_with_the_optimizer_state():
 
 def test_a_non_finite_task_loss_leaves_the_running_loss_alone():
     """A step whose task loss overflows (a GradScaler then skips it) must not freeze the late stage's loss
-    reference at inf (RunningLoss itself: tests/comera/test_rank.py)."""
+    reference at inf (comera.running_loss.RunningLoss itself: tests/comera/test_rank.py)."""
     model = _model()
     adapt = comera.RankAdaptation(model, torch.optim.AdamW(comera.param_groups(model)), target=0.5,
                                   total_steps=20)

@@ -9,6 +9,7 @@ import torch
 
 from comera import rank, size
 from comera.prune import prune
+from comera.running_loss import RunningLoss
 from tests.comera.test_size import ttm
 
 F64 = torch.float64
@@ -192,7 +193,7 @@ def test_late_reference_loss_is_the_best_slow_running_loss():
     ([math.nan, 1.0, 0.5], 0.98 * 1.0 + 0.02 * 0.5),            # a first bad loss gives way to a number
 ])
 def test_a_non_finite_task_loss_leaves_the_running_loss_alone(values, slow):
-    running = rank.RunningLoss(0.98, 0.9)
+    running = RunningLoss(0.98, 0.9)
     for value in values:
         running.update(loss(value))
     assert float(running.slow) == pytest.approx(slow) and math.isfinite(float(running.best))
@@ -200,7 +201,7 @@ def test_a_non_finite_task_loss_leaves_the_running_loss_alone(values, slow):
 
 
 def test_the_fast_running_loss_noise_follows_the_loss_variance():
-    running = rank.RunningLoss(0.98, 0.9)
+    running = RunningLoss(0.98, 0.9)
     torch.manual_seed(0)
     for value in 1.0 + 0.1 * torch.randn(4000, dtype=F64):
         running.update(value)
