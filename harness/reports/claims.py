@@ -491,6 +491,28 @@ NONE_IN_SETTING = "none: no row of this run is in the claim's setting ('judged b
 NONE_ELSEWHERE = "none: no row of this run makes this comparison in another setting"
 
 
+def top_level_parts(text: str, sep: str = "; ") -> list[str]:
+    """``text`` split at each ``sep`` outside parentheses and brackets (a comparison's own "; " inside its
+    parenthesis stays with it).
+
+    Example:
+        >>> top_level_parts("a (b; c); d [e; f]")
+        ['a (b; c)', 'd [e; f]']
+    """
+    parts, depth, start, i = [], 0, 0, 0
+    while i < len(text):
+        if text[i] in "([":
+            depth += 1
+        elif text[i] in ")]":
+            depth = max(0, depth - 1)
+        elif depth == 0 and text.startswith(sep, i):
+            parts.append(text[start:i])
+            start = i = i + len(sep)
+            continue
+        i += 1
+    return parts + [text[start:]]
+
+
 def markdown(table: pd.DataFrame, label: str, results_dirs: Sequence[str], left: str) -> str:
     """claims.md: the summary table a person reads in a minute, then one section per claim."""
     sources = "\n".join(f"- {k}: {v}" for k, v in reference.load()["sources"].items())
@@ -507,7 +529,7 @@ def markdown(table: pd.DataFrame, label: str, results_dirs: Sequence[str], left:
         measured = r[COLUMNS["measured"]]
         parts.append(f"- measured in its setting: {text(measured) if measured != '-' else NONE_IN_SETTING}")
         elsewhere = r[COLUMNS["elsewhere"]]
-        for item in (elsewhere.split("; ") if elsewhere != "-" else [NONE_ELSEWHERE]):
+        for item in (top_level_parts(elsewhere) if elsewhere != "-" else [NONE_ELSEWHERE]):
             parts.append(f"- same comparison here: {text(item)}")
         device = r[COLUMNS["device"]]
         parts.append(f"- devices: {text(device) if device != '-' else 'none (no row)'}")

@@ -735,3 +735,15 @@ def test_c5_compares_comera_with_the_size_matched_models_at_its_reached_size_wit
             "fixed-rank TT 0.600 (rank 6, 780000 parameters, 86.0x)" in table.loc["C5", MEASURED])
     assert "size-matched" not in evaluate(tmp_path / "b", placed(paper_rows())).loc["C5", MEASURED]
 
+
+
+@pytest.mark.parametrize("text, parts", [
+    ("a; b", ["a", "b"]),
+    ("dense 0.726 (49225 parameters, 11.5x; depth, lr 0.0009); fixed-rank 0.888 [cpu; small]",
+     ["dense 0.726 (49225 parameters, 11.5x; depth, lr 0.0009)", "fixed-rank 0.888 [cpu; small]"]),
+    ("one", ["one"]),
+])
+def test_a_claims_comparisons_split_only_between_comparisons(text, parts):
+    """claims.md lists each comparison of a claim on its own line; a "; " inside a comparison's
+    parenthesis (the size-matched model's shape and rate) stays on its line."""
+    assert claims.top_level_parts(text) == parts
