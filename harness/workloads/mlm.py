@@ -20,7 +20,7 @@ from harness.data.masking import IGNORE_INDEX, mask_tokens
 from harness.data.text_tokenizer import (SPECIAL_TOKENS, encode_stream, load_or_train, load_tokenizer_file,
                                          special_ids, train_byte_bpe, train_wordpiece)
 from harness.workloads.base import Batch, Workload, evaluating, seeded_model
-from harness.workloads.params import Field, WorkloadParams, require
+from harness.workloads.params import EncoderParams, Field, require
 from harness.workloads.transformer import BERT_INIT_STD, Encoder, encoder_tt_spec, init_bert_weights
 from harness.workloads.tt_spec import embedding_shapes, embedding_spec
 
@@ -49,22 +49,10 @@ EMBEDDING_SHAPES = {(50265, 1024): ([15, 15, 15, 15], [4, 4, 8, 8]), (4096, 128)
 
 
 
-class MLMParams(WorkloadParams):
+class MLMParams(EncoderParams):
     """The masked language model's parameters; those without a default come from the size preset
     (PRESETS)."""
 
-    vocab_size: int = Field(gt=0)
-    d_model: int = Field(gt=0)
-    num_layers: int = Field(gt=0)
-    num_heads: int = Field(gt=0)
-    d_ff: int = Field(gt=0)
-    max_positions: int = Field(gt=0)
-    seq_len: int = Field(gt=0)
-    dropout: float = Field(ge=0, lt=1)
-    rank: int = Field(gt=0)
-    embedding_rank: int = Field(gt=0)
-    embedding_row_shape: list[int] | None = None
-    embedding_col_shape: list[int] | None = None
     max_documents: int | None = Field(gt=0)
     max_train_blocks: int | None = Field(gt=0)
     max_eval_blocks: int | None = Field(gt=0)

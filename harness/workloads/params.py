@@ -21,13 +21,31 @@ from typing import Any, Mapping
 from harness import params
 from harness.params import Field
 
-__all__ = ["Field", "WorkloadParams", "require", "resolve"]
+__all__ = ["EncoderParams", "Field", "WorkloadParams", "require", "resolve"]
 
 
 class WorkloadParams(params.Params):
     """The base of a workload's parameter model: ``size`` names one of the module's PRESETS."""
 
     size: str = Field("small", description="the size preset whose values fill the keys not given")
+
+
+class EncoderParams(WorkloadParams):
+    """The parameters every encoder workload (the transformer, the masked language model) shares: its
+    shape, its TT ranks and its TTM word-table shapes; those without a default come from the preset."""
+
+    vocab_size: int = Field(gt=0)
+    d_model: int = Field(gt=0)
+    num_layers: int = Field(gt=0)
+    num_heads: int = Field(gt=0)
+    d_ff: int = Field(gt=0)
+    max_positions: int = Field(gt=0)
+    seq_len: int = Field(gt=0)
+    dropout: float = Field(ge=0, lt=1)
+    rank: int = Field(gt=0)
+    embedding_rank: int = Field(gt=0)
+    embedding_row_shape: list[int] | None = None
+    embedding_col_shape: list[int] | None = None
 
 
 def resolve(workload: str, module: Any, given: Mapping[str, Any] | None) -> dict[str, Any]:

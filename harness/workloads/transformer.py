@@ -19,7 +19,7 @@ from harness.data.text_tokenizer import (UNK_ID, encode_pairs, load_or_train, lo
                                          train_wordpiece)
 from harness.workloads.base import Batch, Holdout, SizedModel, Workload, evaluating, seeded_model
 from harness.workloads.dropout import Dropout, attention, replaces_torch
-from harness.workloads.params import Field, WorkloadParams, require
+from harness.workloads.params import EncoderParams, Field, require
 from harness.workloads.tt_spec import embedding_shapes, embedding_spec, linear_spec
 
 NAME = "transformer"
@@ -42,21 +42,9 @@ EMBEDDING_SHAPES = {(30522, 768): ([16, 20, 10, 10], [4, 4, 8, 6]), (1024, 128):
 
 
 
-class TransformerParams(WorkloadParams):
+class TransformerParams(EncoderParams):
     """The transformer's parameters; those without a default come from the size preset (PRESETS)."""
 
-    vocab_size: int = Field(gt=0)
-    d_model: int = Field(gt=0)
-    num_layers: int = Field(gt=0)
-    num_heads: int = Field(gt=0)
-    d_ff: int = Field(gt=0)
-    max_positions: int = Field(gt=0)
-    seq_len: int = Field(gt=0)
-    dropout: float = Field(ge=0, lt=1)
-    rank: int = Field(gt=0)
-    embedding_rank: int = Field(gt=0)
-    embedding_row_shape: list[int] | None = None
-    embedding_col_shape: list[int] | None = None
     premise_len: int
     hypothesis_len: int
     train_samples: int | None = Field(gt=0)
