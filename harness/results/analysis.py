@@ -96,6 +96,45 @@ def timing_cells(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[is_timing(runs)]
 
 
+PRECISION_NAMES = {"high": "TF32", "medium": "bfloat16"}
+"""What a matmul precision other than ``highest`` (full FP32) computes in, as a label names it."""
+
+
+def graphed(runs: pd.DataFrame) -> pd.Series:
+    """Which rows ran their step in a CUDA graph (the ``cuda_graph`` column; null reads as no)."""
+    return runs.cuda_graph.fillna(False).astype(bool)
+
+
+def paper_execution(runs: pd.DataFrame, *, graphs: bool = False) -> pd.Series:
+    """Which rows ran as the paper's: eagerly (with ``graphs`` also in a CUDA graph), not under
+    torch.compile, at full FP32 matmul precision (``highest``; null reads as such)."""
+    plain = ~runs["compile"].fillna(False).astype(bool) & runs.matmul_precision.fillna("highest").eq("highest")
+    return plain if graphs else plain & ~graphed(runs)
+
+
+def execution_label(row: Any) -> str:
+    """What a row's execution adds to its method's label: " + CUDA graph", " (compiled)", " TF32 (high)"
+    (or " bfloat16 (medium)") for each setting it ran with; "" for an eager FP32 row.
+
+    Args:
+        row: a runs row (a Series or ``itertuples`` tuple) with ``cuda_graph``, ``compile`` and
+            ``matmul_precision``; a missing or null value reads as the eager FP32 default.
+
+    Example:
+        >>> execution_label(pd.Series({"cuda_graph": True, "compile": False, "matmul_precision": "high"}))
+        ' + CUDA graph TF32 (high)'
+    """
+    def on(name: str) -> bool:
+        value = getattr(row, name, None)
+        return bool(value) if value is not None and not pd.isna(value) else False
+
+    precision = getattr(row, "matmul_precision", None)
+    label = (" + CUDA graph" if on("cuda_graph") else "") + (" (compiled)" if on("compile") else "")
+    if isinstance(precision, str) and precision != "highest":
+        label += f" {PRECISION_NAMES.get(precision, 'matmul')} ({precision})"
+    return label
+
+
 def is_stable(row: Mapping[str, Any] | pd.Series) -> bool:
     """Whether one row's timing is stable: its ``timing_quality`` verdict (harness.core.timing.judge) is
     "stable"; a row written before the verdict existed is not.
@@ -493,9 +532,8 @@ class Results:
         return self.main_runs(workload), "timing cells (this grid has no quality cells)"
 
     def plain(self, df: pd.DataFrame) -> pd.DataFrame:
-        """The rows of ``df`` outside any sweep and without CUDA graph."""
-        graph = df.run_id.map(self.cuda_graph).astype(bool)
-        return df[~df.run_id.isin(list(self.sweeps)) & ~graph]
+        """The rows of ``df`` outside any sweep and without CUDA graph (:func:`graphed`)."""
+        return df[~df.run_id.isin(list(self.sweeps)) & ~graphed(df)]
 
     def series(self, run_id: str, split: str, metric: str) -> pd.DataFrame:
         """One run's curve of one metric (its ``curves`` rows of ``split`` / ``metric``), in step order."""
@@ -527,10 +565,6 @@ class Results:
         ``first`` the one after the first step (the size before training unless that step pruned)."""
         c = self.series(run_id, "method", "params_tt")
         return float(c.value.iloc[0 if first else -1]) if len(c) else None
-
-    def cuda_graph(self, run_id: str) -> bool:
-        """Whether the cell ran with CUDA graph (its grid spec's execution.cuda_graph)."""
-        return bool(self.cells.get(run_id, {}).get("execution", {}).get("cuda_graph", False))
 
     def settings_line(self, workload: str | None = None, runs: pd.DataFrame | None = None) -> str:
         """Device + settings for captions: device name, threads, torch, workload params and budget of the
