@@ -179,8 +179,8 @@ def _why_apart(a: pd.DataFrame, b: pd.DataFrame, label_a: str, label_b: str) -> 
         va, vb = set(a[col].astype(str)), set(b[col].astype(str))
         if va != vb and not va & vb:
             reasons.append(f"{col}: {label_a} {sorted(va)[:3]} vs {label_b} {sorted(vb)[:3]}")
-    return "; ".join(reasons) or ("they differ in variant, execution, target, seed, purpose or several columns "
-                                  "at once")
+    return "; ".join(reasons) or ("they differ in variant, execution, target, seed, purpose or several "
+                                  "columns at once")
 
 
 def _left_out(other: pd.DataFrame, base: pd.DataFrame, column: str) -> str:

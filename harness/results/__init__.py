@@ -262,7 +262,7 @@ def read_parquet(path: str | os.PathLike, kind: str | None = None) -> pd.DataFra
     if kind is not None:
         _check_text_columns(table.schema, kind, path)
     df = table.to_pandas()
-    if kind == "runs" and not {"cuda_graph", "compile"} & set(df.columns):
+    if kind == "runs" and "variant" in df.columns and not {"cuda_graph", "compile"} & set(df.columns):
         df = from_tagged_variants(df)
     if kind is not None:
         df = coerce(df, kind, source=str(path))

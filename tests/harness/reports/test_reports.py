@@ -610,7 +610,8 @@ def test_size_table_prints_whole_scalar_counts_and_names_its_data(tmp_path):
 def _cells(*rows):
     cols = ("run_id", "workload", "method", "variant", "batch_size", "target_ratio", "status", "epoch_time_s",
             "flops_per_step")
-    return pd.DataFrame([dict(zip(cols, r)) for r in rows]).assign(seed=0, timing_quality="stable")
+    return pd.DataFrame([dict(zip(cols, r)) for r in rows]).assign(
+        seed=0, timing_quality="stable", cuda_graph=False, compile=False, matmul_precision="highest")
 
 
 def test_speedup_note_gives_the_ratio_and_flops_where_comera_is_slower():

@@ -82,7 +82,7 @@ def test_a_runs_file_from_before_the_execution_columns_reads_with_them(tmp_path)
            runs_row(run_id="c", variant="default")]
     frame = results.to_frame(old, "runs").drop(columns=["cuda_graph", "compile"])
     pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), tmp_path / "old.runs.parquet")
-    current = results.to_frame([runs_row(run_id="d", cuda_graph=True, compile=False)], "runs")
+    current = results.to_frame([runs_row(run_id="d", variant="default", cuda_graph=True, compile=False)], "runs")
     results.write_parquet_atomic(current, tmp_path / "new.runs.parquet", kind="runs")
     merged = results.merge([tmp_path], None, "runs").sort_values("run_id")
     assert list(merged.columns) == results.RUNS_COLUMNS
