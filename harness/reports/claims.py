@@ -25,8 +25,9 @@ from harness.reports.judging import (ACCURACY_KEPT, FAILS, HOLDS, LEFT_OUT, NOIS
 from harness.reports.judging import RULES_OF_VARIANT, comera_variants
 from harness.reports.shared import MB, target_missed
 from harness.results import FINAL_LOSS_WINDOW
-from harness.results.analysis import (CONFIDENCE, TIME, Results, describe_left_out, gpu_rows, graphed, load,
+from harness.results.analysis import (CONFIDENCE, TIME, Results, describe_left_out, gpu_rows, load,
                                       pair_ratio, stable, stable_only, timing_cells, unstable_timing_cells)
+from harness.results.execution import graphed
 
 ABOUT_ACCURACY = 0.03  # C4 "about 64%": within 3 accuracy points of the stated value
 FAR_BELOW = 0.10       # C4 "LTE did not converge": at least 10 points below CoMERA and GaLore in its cell

@@ -25,9 +25,9 @@ from harness.reports.html import cell_text, markdown_table, write_html  # noqa: 
 from harness.reports.shared import MB  # noqa: E402
 from harness.results import ResultsError  # noqa: E402
 from harness.results.analysis import (MEMORY, QUALITY, TIME, Results, is_stable, json_column, load,  # noqa: E402
-                                      execution_label, graphed, noisy_reason, pair_ratio, paper_execution,
-                                      purpose_of, ratio, same_memory_kind, settings_of, stable_only,
-                                      timing_cells)
+                                      noisy_reason, pair_ratio, purpose_of, ratio, same_memory_kind,
+                                      settings_of, stable_only, timing_cells)
+from harness.results.execution import execution_label, graphed, paper_execution  # noqa: E402
 
 CELL = ["cell_hash", "variant", "cuda_graph", "compile", "matmul_precision"]
 """A cell's identity across devices: its spec's cell hash, its variant and how it ran (CUDA graph, compile,

@@ -31,8 +31,9 @@ from harness.reports.drawing import (NOISY_RING, PAPER, SPREAD_NOTE, device_text
                                      empty, log_if_spread, mark_failed, methods_text, model_line, panels,
                                      plain_log_ticks, steps_axis, with_spread)
 from harness.reports.shared import MB, method_label, report_args  # noqa: E402
-from harness.results.analysis import (QUALITY, Results, graphed, model_size, pair_ratio,  # noqa: E402
-                                      paper_execution, purpose_of, ratio, settings_of, stable, timing_cells)
+from harness.results.analysis import (QUALITY, Results, model_size, pair_ratio, purpose_of,  # noqa: E402
+                                      ratio, settings_of, stable, timing_cells)
+from harness.results.execution import graphed, paper_execution  # noqa: E402
 
 def _per_batch(ax: plt.Axes, df: pd.DataFrame, column: str, scale: float, ylabel: str,
                spread: bool = False) -> None:
@@ -106,7 +107,7 @@ PAIRED_NOTE = ("Time points: each default CoMERA cell at its mean-based epoch ti
 
 def speedups(df: pd.DataFrame) -> dict[int, Any]:
     """batch -> uncompressed / CoMERA (no target) time of the eager FP32 cells
-    (harness.results.analysis.paper_execution), harness.results.analysis.pair_ratio: the ratio claims C1 and
+    (harness.results.execution.paper_execution), harness.results.analysis.pair_ratio: the ratio claims C1 and
     `comera-bench compare` show for the same pair (stable cells only)."""
     ok = df[(df.status == "ok") & df.target_ratio.isna() & paper_execution(df)]
     out = {}

@@ -15,8 +15,9 @@ from harness.reports import feeds, reference
 from harness.reports.html import cell_text, markdown_table, write_html
 from harness.reports.shared import (GIB, MB, late_stage_missing, method_label, quality_order, report_args,
                                     size_matched, status_note, target_reached, target_shortfall)
-from harness.results.analysis import (LEARNING_RISE, LEARNING_TAIL, Results, extra_of, paper_execution,
-                                      purpose_of, ranks_of, settings_of, stable, timing_cells)
+from harness.results.analysis import (LEARNING_RISE, LEARNING_TAIL, Results, extra_of, purpose_of, ranks_of,
+                                      settings_of, stable, timing_cells)
+from harness.results.execution import paper_execution
 
 BYTES_PER_PARAM = 4  # sizes in MB assume float32 parameters (the runs' dtype)
 

@@ -18,6 +18,7 @@ from scipy import stats
 from harness.spec import DEFAULT_PURPOSE, PURPOSES, slug
 from harness.core.timing import STABLE, finite, judge_rounds, quartiles
 from harness.results import ResultsError, empty_frame, read_parquet
+from harness.results.execution import graphed
 
 TIME = "epoch_time_s"
 """The time column a ratio is asked for: a cell's time per epoch (docs/measurement.md, "Ratios")."""
@@ -94,45 +95,6 @@ def is_timing(runs: pd.DataFrame) -> pd.Series:
 def timing_cells(runs: pd.DataFrame) -> pd.DataFrame:
     """Rows of timing cells (:func:`is_timing`)."""
     return runs[is_timing(runs)]
-
-
-PRECISION_NAMES = {"high": "TF32", "medium": "bfloat16"}
-"""What a matmul precision other than ``highest`` (full FP32) computes in, as a label names it."""
-
-
-def graphed(runs: pd.DataFrame) -> pd.Series:
-    """Which rows ran their step in a CUDA graph (the ``cuda_graph`` column; null reads as no)."""
-    return runs.cuda_graph.fillna(False).astype(bool)
-
-
-def paper_execution(runs: pd.DataFrame, *, graphs: bool = False) -> pd.Series:
-    """Which rows ran as the paper's: eagerly (with ``graphs`` also in a CUDA graph), not under
-    torch.compile, at full FP32 matmul precision (``highest``; null reads as such)."""
-    plain = ~runs["compile"].fillna(False).astype(bool) & runs.matmul_precision.fillna("highest").eq("highest")
-    return plain if graphs else plain & ~graphed(runs)
-
-
-def execution_label(row: Any) -> str:
-    """What a row's execution adds to its method's label: " + CUDA graph", " (compiled)", " TF32 (high)"
-    (or " bfloat16 (medium)") for each setting it ran with; "" for an eager FP32 row.
-
-    Args:
-        row: a runs row (a Series or ``itertuples`` tuple) with ``cuda_graph``, ``compile`` and
-            ``matmul_precision``; a missing or null value reads as the eager FP32 default.
-
-    Example:
-        >>> execution_label(pd.Series({"cuda_graph": True, "compile": False, "matmul_precision": "high"}))
-        ' + CUDA graph TF32 (high)'
-    """
-    def on(name: str) -> bool:
-        value = getattr(row, name, None)
-        return bool(value) if value is not None and not pd.isna(value) else False
-
-    precision = getattr(row, "matmul_precision", None)
-    label = (" + CUDA graph" if on("cuda_graph") else "") + (" (compiled)" if on("compile") else "")
-    if isinstance(precision, str) and precision != "highest":
-        label += f" {PRECISION_NAMES.get(precision, 'matmul')} ({precision})"
-    return label
 
 
 def is_stable(row: Mapping[str, Any] | pd.Series) -> bool:
@@ -532,7 +494,8 @@ class Results:
         return self.main_runs(workload), "timing cells (this grid has no quality cells)"
 
     def plain(self, df: pd.DataFrame) -> pd.DataFrame:
-        """The rows of ``df`` outside any sweep and without CUDA graph (:func:`graphed`)."""
+        """The rows of ``df`` outside any sweep and without CUDA graph
+        (harness.results.execution.graphed)."""
         return df[~df.run_id.isin(list(self.sweeps)) & ~graphed(df)]
 
     def series(self, run_id: str, split: str, metric: str) -> pd.DataFrame:
