@@ -293,7 +293,7 @@ def _find_results(paths: list[str], kind: str) -> list[Path]:
 _WHERE = re.compile(r"([A-Za-z0-9_]+)(!=|>=|<=|=|>|<|~)(.*)", re.S)
 _COMPARE = {"=": "__eq__", "!=": "__ne__", ">=": "__ge__", "<=": "__le__", ">": "__gt__", "<": "__lt__"}
 SETTINGS = ("workload", "method", "variant", "batch_size", "seq_len", "target_ratio", "purpose",
-            "device_name", "device")
+            "cuda_graph", "compile", "matmul_precision", "device_name", "device")
 """Columns naming what a cell ran: a --group-by summary never pools two values of one of them (it groups by
 each one whose values differ inside a group it was asked for, and says so)."""
 COUNTED = ("status", "timing_quality")

@@ -27,6 +27,7 @@ from harness.reports.shared import MB, target_missed
 from harness.results import FINAL_LOSS_WINDOW
 from harness.results.analysis import (CONFIDENCE, TIME, Results, describe_left_out, gpu_rows, load,
                                       pair_ratio, stable, stable_only, timing_cells, unstable_timing_cells)
+from harness.results.execution import graphed
 
 ABOUT_ACCURACY = 0.03  # C4 "about 64%": within 3 accuracy points of the stated value
 FAR_BELOW = 0.10       # C4 "LTE did not converge": at least 10 points below CoMERA and GaLore in its cell
@@ -45,14 +46,12 @@ COLUMNS = {"claim": "claim", "paper": "paper value", "measured": "measured (in i
 def c1(ctx: Context) -> Verdict:
     """Eager cells and CUDA-graph cells (both methods graphed) compared apart; judged on the CUDA-graph
     pairs where there are any (the paper's Fig 7 setting, where CoMERA's speedup is stated), else eager."""
-    v, graphed = ctx.values, ctx.res.cuda_graph
+    v = ctx.values
 
     def measure(rows: pd.DataFrame) -> Finding | None:
         modes = {}
         for mode, on in (("", False), ("with CUDA graph: ", True)):
-            part = rows[rows.run_id.map(graphed).astype(bool) == on]
-            r = ratios_vs(part.assign(variant=part.variant.str.replace("+cudagraph", "", regex=False)),
-                        "dense", TIME)
+            r = ratios_vs(rows[graphed(rows) == on], "dense", TIME)
             if r:
                 modes[mode] = r
         if not modes:

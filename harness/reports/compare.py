@@ -27,11 +27,13 @@ from harness.results import ResultsError  # noqa: E402
 from harness.results.analysis import (MEMORY, QUALITY, TIME, Results, is_stable, json_column, load,  # noqa: E402
                                       noisy_reason, pair_ratio, purpose_of, ratio, same_memory_kind,
                                       settings_of, stable_only, timing_cells)
+from harness.results.execution import execution_label, graphed, paper_execution  # noqa: E402
 
-CELL = ["cell_hash", "variant"]
-"""A cell's identity across devices: its spec's cell hash and its row's variant (execution wrappers)."""
+CELL = ["cell_hash", "variant", "cuda_graph", "compile", "matmul_precision"]
+"""A cell's identity across devices: its spec's cell hash, its variant and how it ran (CUDA graph, compile,
+matmul precision)."""
 SHOWN = ["workload", "workload_params", "method_params", "method", "batch_size", "seq_len", "rank",
-         "target_ratio", "seed", "cuda_graph", "purpose", "budget"]
+         "target_ratio", "seed", "purpose", "budget"]
 """Columns that describe a cell in the table (its identity is :data:`CELL`)."""
 QUANTITIES = {"epoch_time": TIME, "peak_mem": MEMORY}
 CHECKED = {"num_threads": "torch threads", "torch_version": "torch version", "peak_mem_kind": "memory kind",
@@ -79,7 +81,9 @@ def cells_of(res: Results) -> pd.DataFrame:
     under one group name on one machine), so a ratio between them divides their mean-based epoch times."""
     df = res.runs[res.runs.status == "ok"].copy()
     settings = [settings_of(r) for r in df.itertuples()]
-    df["cuda_graph"] = df.run_id.map(res.cuda_graph)
+    for col in ("cuda_graph", "compile"):  # null (a hand-made row) reads as no
+        df[col] = df[col].fillna(False).astype(bool)
+    df["matmul_precision"] = df.matmul_precision.fillna("highest")
     df["purpose"] = purpose_of(df)  # a quality cell is never pooled with a timing cell
     df["workload_params"] = [_canonical(s.get("workload_params",
                                               res.cells.get(rid, {}).get("workload_params")))
@@ -140,8 +144,8 @@ def side_by_side(folders: list[str | Path], names: list[str] | None = None
         other = frame.set_index(CELL)
         both = base.index.intersection(other.index)
         if not len(both):
-            warnings.append(f"{label} and {labels[0]} have no cell in common (no cell hash and variant in "
-                            "both): " + _why_apart(frames[0], frame, labels[0], label))
+            warnings.append(f"{label} and {labels[0]} have no cell in common (no cell hash, variant and "
+                            "execution in both): " + _why_apart(frames[0], frame, labels[0], label))
         table = table.join(other[list(QUANTITIES.values())].rename(
             columns={c: f"{q}@{label}" for q, c in QUANTITIES.items()}).assign(
             **{f"{STABLE_COLUMN}@{label}": [is_stable(r) for _, r in other.iterrows()]}), how="outer")
@@ -175,7 +179,8 @@ def _why_apart(a: pd.DataFrame, b: pd.DataFrame, label_a: str, label_b: str) -> 
         va, vb = set(a[col].astype(str)), set(b[col].astype(str))
         if va != vb and not va & vb:
             reasons.append(f"{col}: {label_a} {sorted(va)[:3]} vs {label_b} {sorted(vb)[:3]}")
-    return "; ".join(reasons) or "they differ in variant, target, seed, purpose or several columns at once"
+    return "; ".join(reasons) or ("they differ in variant, execution, target, seed, purpose or several "
+                                  "columns at once")
 
 
 def _left_out(other: pd.DataFrame, base: pd.DataFrame, column: str) -> str:
@@ -191,25 +196,30 @@ def _left_out(other: pd.DataFrame, base: pd.DataFrame, column: str) -> str:
 def method_ratios(folders: list[str | Path], names: list[str] | None = None) -> pd.DataFrame:
     """CoMERA vs each other method on every device (other / CoMERA, same workload, its parameters and
     batch: harness.results.analysis.pair_ratio, the median over seeds of the one ratio statistic), plus
-    the paper's stated ratios as devices "paper (RTX 3090)" and "paper (RTX 4090)"."""
+    the paper's stated ratios as devices "paper (RTX 3090)" and "paper (RTX 4090)". CoMERA is its default
+    eager FP32 cell; each other method's execution other than that is named in ``versus`` ("dense-default
+    TF32 (high)"); cells in a CUDA graph are left out."""
     rows = []
     for i, folder in enumerate(folders):
         res = load_checked(folder, names[i] if names else None)
         runs = timing_cells(res.runs)  # time and memory ratios of the timing cells only
         runs = runs[(runs.status == "ok") & runs.target_ratio.isna() & ~runs.run_id.isin(list(res.sweeps))
-                    & ~runs.run_id.map(res.cuda_graph).astype(bool)]
+                    & ~graphed(runs)]
         runs = runs.assign(workload_params=[_canonical(settings_of(r).get("workload_params"))
                                             for r in runs.itertuples()])
         for (workload, params, batch), group in runs.groupby(["workload", "workload_params", "batch_size"]):
-            base = group[(group.method == "comera") & (group.variant == "default")]
+            base = group[(group.method == "comera") & (group.variant == "default") & paper_execution(group)]
             if not len(base):
                 continue
-            for (method, variant), other in group[group.method != "comera"].groupby(["method", "variant"]):
+            others = group[group.method != "comera"]
+            ran = others.apply(execution_label, axis=1) if len(others) else pd.Series(dtype=object)
+            for (method, variant, how), other in others.groupby(["method", "variant", ran]):
                 for q, col in QUANTITIES.items():
                     r = pair_ratio(other, base, col)
                     rows.append({"device": res.label, "workload": workload, "params": params,
                                  "batch_size": batch,
-                                 "seeds": other.seed.nunique(dropna=False), "versus": f"{method}-{variant}",
+                                 "seeds": other.seed.nunique(dropna=False),
+                                 "versus": f"{method}-{variant}{how}",
                                  "quantity": q, "ratio": r.value if r else float("nan"),
                                  "low": r.low if r else float("nan"), "high": r.high if r else float("nan"),
                                  "rounds": r.n if r else 0, "interleaved": bool(r and r.interleaved),
@@ -236,14 +246,17 @@ def _batch_label(value: object) -> str:
 
 
 def cell_label(r: pd.Series, seed: bool = False) -> str:
-    """A cell as "transformer[size=small]/dense-default/b32/t0.5/cg/quality" (``seed``: with "/s1")."""
+    """A cell as "transformer[size=small]/dense-default/b32/t0.5/cg/compiled/matmul-high/quality" (``seed``:
+    with "/s1")."""
     params = json_column(r.workload_params, {})
     extra = ",".join(f"{k}={v}" for k, v in sorted((params or {}).items()) if k in ("size", "seq_len"))
     label = f"{r.workload}[{extra}]/{r.method}-{r.variant}/b{_batch(r.batch_size)}"
     label += "" if pd.isna(r.target_ratio) else f"/t{r.target_ratio:g}"
     label += f"/s{int(r.seed)}" if seed and pd.notna(r.seed) else ""
-    graph = pd.notna(r.cuda_graph) and bool(r.cuda_graph)
-    return label + ("/cg" if graph else "") + ("/quality" if r.purpose == QUALITY else "")
+    label += "/cg" if pd.notna(r.cuda_graph) and bool(r.cuda_graph) else ""
+    label += "/compiled" if pd.notna(r["compile"]) and bool(r["compile"]) else ""
+    label += f"/matmul-{r.matmul_precision}" if r.matmul_precision not in ("highest", None) else ""
+    return label + ("/quality" if r.purpose == QUALITY else "")
 
 
 def _log_x_if_positive(ax: plt.Axes, columns: list[pd.Series], label: str, unstable: int = 0,

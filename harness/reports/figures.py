@@ -33,6 +33,7 @@ from harness.reports.drawing import (NOISY_RING, PAPER, SPREAD_NOTE, device_text
 from harness.reports.shared import MB, method_label, report_args  # noqa: E402
 from harness.results.analysis import (QUALITY, Results, model_size, pair_ratio, purpose_of,  # noqa: E402
                                       ratio, settings_of, stable, timing_cells)
+from harness.results.execution import graphed, paper_execution  # noqa: E402
 
 def _per_batch(ax: plt.Axes, df: pd.DataFrame, column: str, scale: float, ylabel: str,
                spread: bool = False) -> None:
@@ -79,12 +80,13 @@ def paired_times(df: pd.DataFrame) -> pd.Series:
         df: timing rows of one workload (batch sizes, seeds, methods).
 
     Returns:
-        Per row: a default CoMERA cell without a target (the reference) its own ``epoch_time_s``; another
-        row that has a ratio to the reference of its batch size and seed (both stable) the reference's
-        ``epoch_time_s`` x that ratio; any other row (not stable, no reference) its own ``epoch_time_s``.
+        Per row: a default eager FP32 CoMERA cell without a target (the reference) its own
+        ``epoch_time_s``; another row that has a ratio to the reference of its batch size and seed (both
+        stable) the reference's ``epoch_time_s`` x that ratio; any other row (not stable, no reference) its
+        own ``epoch_time_s``.
     """
     ref = df[(df.method == "comera") & (df.variant == "default") & df.target_ratio.isna()
-             & (df.status == "ok")]
+             & (df.status == "ok") & paper_execution(df)]
     out = df.epoch_time_s.astype(float).copy()
     for i, row in df.iterrows():
         mine = ref[(ref.batch_size == row.batch_size) & (ref.seed == row.seed)] if pd.notna(row.seed) else \
@@ -104,9 +106,10 @@ PAIRED_NOTE = ("Time points: each default CoMERA cell at its mean-based epoch ti
 
 
 def speedups(df: pd.DataFrame) -> dict[int, Any]:
-    """batch -> uncompressed / CoMERA (no target) time, harness.results.analysis.pair_ratio: the ratio
-    claims C1 and `comera-bench compare` show for the same pair (stable cells only)."""
-    ok = df[(df.status == "ok") & df.target_ratio.isna()]
+    """batch -> uncompressed / CoMERA (no target) time of the eager FP32 cells
+    (harness.results.execution.paper_execution), harness.results.analysis.pair_ratio: the ratio claims C1 and
+    `comera-bench compare` show for the same pair (stable cells only)."""
+    ok = df[(df.status == "ok") & df.target_ratio.isna() & paper_execution(df)]
     out = {}
     for batch, cells in ok.groupby("batch_size"):
         dense, comera = (cells[cells.method == "dense"],
@@ -129,7 +132,7 @@ def speedup_note(df: pd.DataFrame) -> str:
             + ", ".join(f"{r.text()} @ batch {b}" for b, r in sorted(ratios.items())) + ". ")
     slower = []
     for b, r in sorted(ratios.items()):
-        cells = df[(df.batch_size == b) & (df.status == "ok") & df.target_ratio.isna()]
+        cells = df[(df.batch_size == b) & (df.status == "ok") & df.target_ratio.isna() & paper_execution(df)]
         d, c = (cells[cells.method == "dense"].iloc[0],
                 cells[(cells.method == "comera") & (cells.variant == "default")].iloc[0])
         if r.value < 1 and c.flops_per_step > 0 and d.flops_per_step > 0:
@@ -328,13 +331,10 @@ def fig7_cuda_graph(res: Results, out: Path) -> None:
     name, title = "fig7_cuda_graph", "Fig 7: epoch time with and without CUDA graph"
     df = timing_cells(res.runs[res.runs.workload == "transformer"])
     df = df[~df.run_id.isin(list(res.sweeps)) & df.target_ratio.isna()]
-    graph = df.run_id.map(res.cuda_graph)
-    if not graph.any():
+    if not graphed(df).any():
         return empty(out, name, title, "cells with execution.cuda_graph true (needs CUDA; set "
                       "execution.cuda_graph: [false, true])", res.settings_line())
-    df = df.assign(method=df.method + graph.map({True: " + CUDA graph", False: ""}),  # the label says it,
-                   variant=df.variant.str.replace("+cudagraph", "", regex=False))  # not the row's tag too
-    fig, (ax,) = panels(1)
+    fig, (ax,) = panels(1)  # the labels tell graphed from eager (shared.method_label)
     _per_batch(ax, df, "epoch_time_s", 1.0, "time per epoch (s)", spread=True)
     ax.legend(fontsize=7)
     drawing.finish(fig, title,
@@ -361,7 +361,8 @@ def fig12_time_vs_compression(res: Results, out: Path) -> None:
                       res.settings_line())
     main = res.main_runs(sweep.workload.iloc[0])
     main = main[main.batch_size.isin(sweep.batch_size) & main.target_ratio.isna()]
-    df = pd.concat([sweep, main[(main.method == "comera") & (main.variant == "default")]])
+    df = pd.concat([sweep, main[(main.method == "comera") & (main.variant == "default")
+                                & paper_execution(main)]])
     dense = main[(main.method == "dense") & (main.status == "ok")]
     fig, (ax,) = panels(1)
     slower = []

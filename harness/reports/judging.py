@@ -15,6 +15,7 @@ from harness.reports.shared import size_matched
 from harness.results.analysis import (CALL_TIME, MEMORY, QUALITY, Ratio, Results, gpu_rows, is_stable,
                                       is_timing, model_size, pair_ratio, purpose_of, ratio, settings_of,
                                       stable_only, timing_cells, unstable_timing_cells)
+from harness.results.execution import paper_execution
 
 HOLDS, FAILS, NOISE = "holds", "does not hold", "within noise"
 """The verdicts of a claim judged in its setting: its ratios' confidence intervals all reach the paper's
@@ -107,13 +108,13 @@ def annotate(res: Results, runs: pd.DataFrame) -> pd.DataFrame:
 
 def runs_of(res: Results, workloads: Iterable[str], *, sweeps: bool = False, timing: bool = False,
             quality: bool = False, graphs: bool = False) -> pd.DataFrame:
-    """Annotated runs of some workloads without CUDA graph (with ``graphs`` also those with); rank-sweep
-    rows only with ``sweeps``; with ``timing`` only timing cells (speed and memory claims: a quality cell
-    is trained for accuracy); with ``quality`` only the quality cells of a workload that has any (accuracy
-    and compression claims)."""
+    """Annotated runs of some workloads run as the paper's (harness.results.execution.paper_execution:
+    eagerly, not compiled, FP32 matmuls; with ``graphs`` also in a CUDA graph); rank-sweep rows only with
+    ``sweeps``; with ``timing`` only timing cells (speed and memory claims: a quality cell is trained for
+    accuracy); with ``quality`` only the quality cells of a workload that has any (accuracy and compression
+    claims)."""
     df = res.runs[res.runs.workload.isin(list(workloads))]
-    if not graphs:
-        df = df[~df.run_id.map(res.cuda_graph).astype(bool)]
+    df = df[paper_execution(df, graphs=graphs)]
     if timing:
         df = timing_cells(df)
     if quality:

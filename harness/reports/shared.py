@@ -8,23 +8,26 @@ import pandas as pd
 
 from harness.reports import feeds
 from harness.results.analysis import Results, load, settings_of
+from harness.results.execution import execution_label
 
 MB = 1e6
 GIB = 2 ** 30
 
 
 def method_label(row: Any) -> str:
-    """"comera (target 0.2)", "lte-tuned", "dense, size-matched to CoMERA target 0.2" and
-    "comera-fixed-rank, size-matched to CoMERA target 0.2" (cells matched to the size a CoMERA cell reached,
-    :func:`size_matched`)."""
-    label = row.method if row.variant in ("default", "", None) else f"{row.method}-{row.variant}"
+    """"comera (target 0.2)", "lte-tuned", "dense TF32 (high)", "comera + CUDA graph", "dense, size-matched
+    to CoMERA target 0.2" and "comera-fixed-rank, size-matched to CoMERA target 0.2" (cells matched to the
+    size a CoMERA cell reached, :func:`size_matched`): the method, its variant unless the default, its
+    execution where not eager FP32 (harness.results.execution.execution_label) and its target."""
+    how = execution_label(row)
+    label = (row.method if row.variant in ("default", "", None) else f"{row.method}-{row.variant}") + how
     if pd.notna(row.target_ratio):
         label += f" (target {row.target_ratio:g})"
     matched = size_matched(row)
     if not matched:
         return label
     plain = row.variant in ("default", "size-matched", "", None)
-    named = row.method if plain else f"{row.method}-{row.variant}"
+    named = (row.method if plain else f"{row.method}-{row.variant}") + how
     target = "" if matched.get("target") is None else f" target {matched['target']:g}"
     return f"{named}, size-matched to CoMERA{target}"
 

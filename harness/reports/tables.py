@@ -17,6 +17,7 @@ from harness.reports.shared import (GIB, MB, late_stage_missing, method_label, q
                                     size_matched, status_note, target_reached, target_shortfall)
 from harness.results.analysis import (LEARNING_RISE, LEARNING_TAIL, Results, extra_of, purpose_of, ranks_of,
                                       settings_of, stable, timing_cells)
+from harness.results.execution import paper_execution
 
 BYTES_PER_PARAM = 4  # sizes in MB assume float32 parameters (the runs' dtype)
 
@@ -52,7 +53,8 @@ def table1_ranks(res: Results, workload: str = "transformer") -> tuple[pd.DataFr
     a last row with the TT size of the whole model in each column. One seed's runs (the smallest seed
     with a finished CoMERA run), named in the note with the seeds left out."""
     runs, source = res.quality_runs(workload)
-    comera = quality_order(runs[(runs.method == "comera") & (runs.variant == "default")])
+    comera = quality_order(runs[(runs.method == "comera") & (runs.variant == "default")
+                                & paper_execution(runs)])
     finished = comera[comera.status == "ok"]
     if not len(finished):
         return pd.DataFrame(), f"no finished CoMERA run of the {workload} among the {source}"

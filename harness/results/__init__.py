@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from harness import package_version
 from harness.atomic import atomic_write
-from harness.spec import HASHES
+from harness.spec import HASHES, MATMUL_PRECISIONS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -68,6 +68,8 @@ RUNS_TYPES: dict[str, pa.DataType] = {
     "timing_quality": pa.string(), "load_avg_1m": pa.float64(), "cpu_pressure": pa.float64(),
     "run_queue_frac": pa.float64(), "cpu_time_ratio": pa.float64(), "timing_group": pa.string(),
     "round_step_ms": pa.string(), "group_start_s": pa.float64(), "round_step_mean_ms": pa.string(),
+    # how the cell ran (its spec's execution; num_threads and matmul_precision are provenance columns)
+    "cuda_graph": pa.bool_(), "compile": pa.bool_(),
 }
 
 CURVES_TYPES: dict[str, pa.DataType] = {
@@ -104,6 +106,10 @@ BENCH_COLUMNS: list[str] = list(BENCH_TYPES)
 KINDS: tuple[str, ...] = tuple(TYPES)
 
 STATUSES: tuple[str, ...] = ("ok", "oom", "diverged", "error", "timeout")
+
+EXECUTION_TAGS: tuple[str, ...] = ("cudagraph", "compile", *(f"matmul-{p}" for p in MATMUL_PRECISIONS))
+"""The tags a ``runs`` file written before the ``cuda_graph`` and ``compile`` columns appended to a row's
+variant for its execution (:func:`from_tagged_variants`)."""
 
 _PANDAS_DTYPES = {pa.string(): "object", pa.int64(): "Int64", pa.float64(): "float64",
                   pa.bool_(): "boolean"}
@@ -256,9 +262,34 @@ def read_parquet(path: str | os.PathLike, kind: str | None = None) -> pd.DataFra
     if kind is not None:
         _check_text_columns(table.schema, kind, path)
     df = table.to_pandas()
+    if kind == "runs" and "variant" in df.columns and not {"cuda_graph", "compile"} & set(df.columns):
+        df = from_tagged_variants(df)
     if kind is not None:
         df = coerce(df, kind, source=str(path))
     return df
+
+
+def from_tagged_variants(df: pd.DataFrame) -> pd.DataFrame:
+    """A ``runs`` table written before the ``cuda_graph`` and ``compile`` columns, as a current one: those
+    columns from the execution tags its writer appended to each row's variant (``+cudagraph``, ``+compile``;
+    :data:`EXECUTION_TAGS`), and the variant without the tags (the config's).
+
+    Args:
+        df: the older table (columns as read; ``variant`` may hold tags).
+
+    Returns:
+        A copy with the two columns added and the tags removed from ``variant``.
+
+    Example:
+        >>> import pandas as pd
+        >>> from_tagged_variants(pd.DataFrame({"variant": ["default+cudagraph+matmul-high"]})).iloc[0].tolist()
+        ['default', True, False]
+    """
+    tags = [str(v).split("+") if isinstance(v, str) else [] for v in df["variant"]]
+    return df.assign(
+        variant=["+".join(t for t in parts if t not in EXECUTION_TAGS) if isinstance(v, str) else v
+                 for v, parts in zip(df["variant"], tags)],
+        cuda_graph=["cudagraph" in parts for parts in tags], compile=["compile" in parts for parts in tags])
 
 
 def _check_text_columns(schema: pa.Schema, kind: str, path: Path) -> None:

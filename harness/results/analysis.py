@@ -18,6 +18,7 @@ from scipy import stats
 from harness.spec import DEFAULT_PURPOSE, PURPOSES, slug
 from harness.core.timing import STABLE, finite, judge_rounds, quartiles
 from harness.results import ResultsError, empty_frame, read_parquet
+from harness.results.execution import graphed
 
 TIME = "epoch_time_s"
 """The time column a ratio is asked for: a cell's time per epoch (docs/measurement.md, "Ratios")."""
@@ -493,9 +494,9 @@ class Results:
         return self.main_runs(workload), "timing cells (this grid has no quality cells)"
 
     def plain(self, df: pd.DataFrame) -> pd.DataFrame:
-        """The rows of ``df`` outside any sweep and without CUDA graph."""
-        graph = df.run_id.map(self.cuda_graph).astype(bool)
-        return df[~df.run_id.isin(list(self.sweeps)) & ~graph]
+        """The rows of ``df`` outside any sweep and without CUDA graph
+        (harness.results.execution.graphed)."""
+        return df[~df.run_id.isin(list(self.sweeps)) & ~graphed(df)]
 
     def series(self, run_id: str, split: str, metric: str) -> pd.DataFrame:
         """One run's curve of one metric (its ``curves`` rows of ``split`` / ``metric``), in step order."""
@@ -527,10 +528,6 @@ class Results:
         ``first`` the one after the first step (the size before training unless that step pruned)."""
         c = self.series(run_id, "method", "params_tt")
         return float(c.value.iloc[0 if first else -1]) if len(c) else None
-
-    def cuda_graph(self, run_id: str) -> bool:
-        """Whether the cell ran with CUDA graph (its grid spec's execution.cuda_graph)."""
-        return bool(self.cells.get(run_id, {}).get("execution", {}).get("cuda_graph", False))
 
     def settings_line(self, workload: str | None = None, runs: pd.DataFrame | None = None) -> str:
         """Device + settings for captions: device name, threads, torch, workload params and budget of the

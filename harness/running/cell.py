@@ -183,17 +183,13 @@ def build_row(st: CellState, status: str, error: str, tb: str = "") -> dict[str,
     device = st.device or torch.device("cpu")
     row: dict[str, Any] = {c: None for c in results.RUNS_COLUMNS}
     row.update(results.provenance(device))
-    row.update(cell_hash=spec.cell_hash, execution_hash=spec.execution_hash,
-               matmul_precision=ex.matmul_precision)  # what the cell ran with
-    variant = spec.variant or getattr(st.method, "variant", "") or ""
-    for on, tag in ((ex.cuda_graph, "cudagraph"), (ex.compile, "compile"),
-                    (ex.matmul_precision != "highest", f"matmul-{ex.matmul_precision}")):
-        if on and tag not in variant.split("+"):
-            variant = f"{variant}+{tag}" if variant else tag
+    row.update(cell_hash=spec.cell_hash, execution_hash=spec.execution_hash,  # what the cell ran with
+               matmul_precision=ex.matmul_precision, cuda_graph=ex.cuda_graph, compile=ex.compile)
     prepared, workload = st.prepared, st.workload
     settings = dict(prepared.settings) if prepared is not None else {}
     row.update(run_id=spec.run_id, purpose=spec.purpose, workload=spec.workload, method=spec.method,
-               variant=variant, batch_size=spec.batch_size, target_ratio=spec.target_ratio, seed=spec.seed,
+               variant=spec.variant, batch_size=spec.batch_size, target_ratio=spec.target_ratio,
+               seed=spec.seed,
                seq_len=getattr(workload, "seq_len", None),
                rank=_rank_setting(settings, spec.method_params, prepared, workload), status=status,
                error=error)

@@ -212,6 +212,19 @@ def test_show_group_by_never_pools_two_settings(runs_dir, capsys):
     assert "too" not in capsys.readouterr().err
 
 
+def test_show_group_by_keeps_graphed_compiled_and_tf32_cells_apart(runs_dir, capsys):
+    """Cells that differ only in how they ran (same variant, another execution column) are never pooled."""
+    frame = results.read_parquet(next((runs_dir / "runs" / "cpu").glob("r0.*")), "runs")
+    for rid, update in (("r4", dict(cuda_graph=True, step_time_ms=1.0)), ("r5", dict(compile=True)),
+                        ("r6", dict(matmul_precision="high"))):
+        row = {**frame.iloc[0].to_dict(), "run_id": rid, **update}
+        path = runs_dir / "runs" / "cpu" / f"{rid}.runs.parquet"
+        results.write_parquet_atomic(results.to_frame([row], "runs"), path, kind="runs")
+    table = cli.show_table([str(runs_dir)], group_by="method", columns="step_time_ms")
+    assert "grouped by cuda_graph, compile, matmul_precision too" in capsys.readouterr().err
+    assert len(table[table.method == "dense"]) == 4 and 1.0 in table.step_time_ms.tolist()
+
+
 def test_show_prefers_merged_tables(runs_dir, capsys):
     results.merge([runs_dir / "runs"], runs_dir / "cpu" / "runs.parquet", "runs")
     (runs_dir / "runs" / "cpu" / "r0.runs.parquet").unlink()

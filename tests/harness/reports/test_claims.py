@@ -664,21 +664,22 @@ def test_paper_grid_value_across_the_paper_figure_does_not_hold(tmp_path):
 
 def test_c1_is_judged_on_cuda_graph_cells_where_the_grid_has_them(tmp_path):
     """The paper states C1's speedup with CUDA graphs (Fig 7): graphed uncompressed / graphed CoMERA judges
-    it; the eager ratio is shown beside it, and judges it only in a grid without CUDA-graph cells."""
+    it; the eager ratio is shown beside it, and judges it only in a grid without CUDA-graph cells. A row's
+    ``cuda_graph`` column says which it is (its variant is the config's, "default", for both); TF32 and
+    compiled rows of the same cells (config/gpu.yaml's TF32 dense) enter neither ratio."""
     rows = edit(placed(transformer_rows()), {"epoch_time_s": 250.0}, method="comera", batch_size=32,
                 variant="default", target_ratio=None)  # eager: 300 / 250 = 1.2x, short of 2x
     eager = evaluate(tmp_path / "eager", rows, only=["C1"]).loc["C1"]
     assert eager[VERDICT] == judging.FAILS and "1.20x @ batch 32" in eager[MEASURED]
-    graphed = placed([run("transformer", method, b, variant="default+cudagraph", time=time)
+    graphed = placed([{**run("transformer", method, b, time=time), "cuda_graph": True}
                       for b in (32, 64, 128) for method, time in (("dense", 250.0), ("comera", 100.0))])
-    for r in graphed:
-        r["run_id"] += "_cg"
-    res = folder(tmp_path / "both", rows + graphed)
-    cells = json.loads((tmp_path / "both" / "grid.json").read_text())
-    for r in graphed:
-        cells["cells"][r["run_id"]]["execution"]["cuda_graph"] = True
-    (tmp_path / "both" / "grid.json").write_text(json.dumps(cells))
-    res = analysis.load(tmp_path / "both")
+    others = placed([{**run("transformer", "dense", 32, time=50.0), **how}  # 0.5x CoMERA, where they counted
+                     for how in ({"matmul_precision": "high"}, {"compile": True},
+                                 {"compile": True, "cuda_graph": True})])
+    suffixes = ["_cg"] * len(graphed) + ["_matmul-high", "_compiled", "_cg_compiled"]
+    for r, suffix in zip(graphed + others, suffixes):
+        r["run_id"] += suffix
+    res = folder(tmp_path / "both", others + rows + graphed)  # the grid's execution is not read
     c1 = claims.evaluate(res).set_index("claim").loc["C1"]
     assert c1[VERDICT] == judging.HOLDS, c1[MEASURED]
     assert "1.20x @ batch 32" in c1[MEASURED]

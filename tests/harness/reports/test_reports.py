@@ -17,10 +17,16 @@ from harness.results import RUNS_COLUMNS, ResultsError, analysis, merge, to_fram
 
 
 def run_row(workload, method, batch, *, variant="default", target=None, time_s=10.0, mem=100e6,
-            status="ok", metric=0.5, ranks=None, compression=1.0, **extra):
-    rid = f"{workload}_{method}-{variant}_b{batch}_t{target}"
+            status="ok", metric=0.5, ranks=None, compression=1.0, graph=False, compiled=False,
+            matmul="highest", **extra):
+    """A finished runs row; ``graph``, ``compiled`` and ``matmul``: its execution (columns ``cuda_graph``,
+    ``compile``, ``matmul_precision``, and the run_id's suffixes as a grid names them)."""
+    suffix = ("_cg" if graph else "") + ("_compiled" if compiled else "") + (
+        f"_matmul-{matmul}" if matmul != "highest" else "")
+    rid = f"{workload}_{method}-{variant}_b{batch}_t{target}{suffix}"
     row = {c: None for c in RUNS_COLUMNS}
     row.update(run_id=rid, workload=workload, method=method, variant=variant, batch_size=batch,
+               cuda_graph=graph, compile=compiled, matmul_precision=matmul,
                target_ratio=target, seed=0, status=status, error="" if status == "ok" else "boom",
                step_time_ms=time_s, epoch_time_s=time_s, epoch_time_kind="measured",
                peak_mem_bytes=None if mem is None else int(mem), peak_mem_kind="cpu_rss_delta",
@@ -33,19 +39,18 @@ def run_row(workload, method, batch, *, variant="default", target=None, time_s=1
 
 
 def spec_for(row):
-    """The grid spec of a hand-made row: its identity (its variant's execution tags as execution keys),
-    and the params and budget of its settings (as a cell's row records its spec's) where it has them."""
+    """The grid spec of a hand-made row: its identity (its execution columns as execution keys), and the
+    params and budget of its settings (as a cell's row records its spec's) where it has them."""
     settings = json.loads(row.get("settings") or "{}")
-    variant, *tags = row["variant"].split("+")
-    precision = next((t.removeprefix("matmul-") for t in tags if t.startswith("matmul-")), "highest")
     return specs.make({
         "purpose": row.get("purpose") or "timing", "workload": row["workload"],
         "workload_params": settings.get("workload_params", {"size": "small"}), "method": row["method"],
-        "variant": variant, "method_params": settings.get("method_params", {}),
+        "variant": row["variant"], "method_params": settings.get("method_params", {}),
         "batch_size": row["batch_size"], "target_ratio": row["target_ratio"], "seed": row["seed"],
         "budget": settings.get("budget", {"epochs": 1, "max_steps_per_epoch": 10}),
-        "execution": {"device": "cpu", "num_threads": 2, "cuda_graph": "cudagraph" in tags,
-                      "compile": "compile" in tags, "matmul_precision": precision}}, specs.AS_WRITTEN)
+        "execution": {"device": "cpu", "num_threads": 2, "cuda_graph": bool(row["cuda_graph"]),
+                      "compile": bool(row["compile"]),
+                      "matmul_precision": row["matmul_precision"] or "highest"}}, specs.AS_WRITTEN)
 
 
 def make_folder(path, rows, curves=(), sweeps=None):
@@ -385,10 +390,8 @@ def test_timing_outputs_ignore_quality_cells(tmp_path, drawn):
     overview, _ = tables.overview(res)
     notes = drawn[("fig1_time_memory", "notes")]  # the cells' budget: in the notes, not the footer
     assert "<= 10 steps/epoch" in notes and "<= 10 steps/epoch" not in footer
-    grid = json.loads((tmp_path / "q" / "grid.json").read_text())
-    for spec in grid["cells"].values():  # every dense cell with CUDA graph: Fig 7 draws the timing one only
-        spec["execution"]["cuda_graph"] = spec["method"] == "dense"
-    (tmp_path / "q" / "grid.json").write_text(json.dumps(grid))
+    runs = res.runs.assign(cuda_graph=res.runs.method == "dense")  # Fig 7 draws the timing one only
+    write_parquet_atomic(runs, tmp_path / "q" / "runs.parquet", kind="runs")
     figures.fig7_cuda_graph(analysis.load(tmp_path / "q"), tmp_path)
     assert drawn["fig7_cuda_graph"][0][0]["uncompressed + CUDA graph"] == [99.0]
     runs, _ = tables.table_runs(res)
@@ -448,7 +451,7 @@ def test_a_compiled_cells_graphs_are_in_the_runs_table_and_breaks_or_fallbacks_i
     """An eager cell beside a compiled one (extra.compile: harness.running.compiled): the runs table says
     what the compiler made of the compiled one; the overview names it when steps ran outside its graphs."""
     eager, cell = (run_row("transformer", "dense", 8),
-                   run_row("transformer", "dense", 8, variant="default+compile"))
+                   run_row("transformer", "dense", 8, compiled=True))
     if report is not None:
         cell["extra"] = json.dumps({"compile": report})
     res = analysis.load(make_folder(tmp_path / "r", [eager, cell]))
@@ -607,7 +610,8 @@ def test_size_table_prints_whole_scalar_counts_and_names_its_data(tmp_path):
 def _cells(*rows):
     cols = ("run_id", "workload", "method", "variant", "batch_size", "target_ratio", "status", "epoch_time_s",
             "flops_per_step")
-    return pd.DataFrame([dict(zip(cols, r)) for r in rows]).assign(seed=0, timing_quality="stable")
+    return pd.DataFrame([dict(zip(cols, r)) for r in rows]).assign(
+        seed=0, timing_quality="stable", cuda_graph=False, compile=False, matmul_precision="highest")
 
 
 def test_speedup_note_gives_the_ratio_and_flops_where_comera_is_slower():
@@ -640,19 +644,35 @@ def test_base_rate_note_when_no_dlrm_run_learned(last_nce, noted):
 
 
 def test_fig7_draws_the_pipelines_cuda_graph_cells_beside_their_eager_twins(tmp_path, drawn):
-    """A CUDA-graph cell's row has the variant "default+cudagraph" (harness.running.run): one series per
-    method and mode, labelled by the mode, at each batch size."""
-    rows = [run_row("transformer", method, b, variant=variant, time_s=time)
-            for b in (32, 128) for method, variant, time in (
-                ("dense", "default", 50.0), ("dense", "default+cudagraph", 40.0), ("comera", "default", 30.0),
-                ("comera", "default+cudagraph", 10.0), ("dense", "default+matmul-high", 20.0))]
-    path = make_folder(tmp_path / "g", rows)  # the cudagraph variants' specs: execution.cuda_graph
+    """A CUDA-graph cell's row has the config's variant and ``cuda_graph`` true (harness.running.cell): one
+    series per method and mode, labelled by the mode from the columns, at each batch size."""
+    rows = [run_row("transformer", method, b, time_s=time, **how)
+            for b in (32, 128) for method, how, time in (
+                ("dense", {}, 50.0), ("dense", {"graph": True}, 40.0), ("comera", {}, 30.0),
+                ("comera", {"graph": True}, 10.0), ("dense", {"matmul": "high"}, 20.0),
+                ("comera", {"compiled": True}, 25.0))]
+    path = make_folder(tmp_path / "g", rows)
     figures.fig7_cuda_graph(analysis.load(path), tmp_path)
     series = drawn["fig7_cuda_graph"][0][0]
     assert series == {"comera": [30.0, 30.0], "comera + CUDA graph": [10.0, 10.0],
-                      "uncompressed": [50.0, 50.0],
-                      "uncompressed + CUDA graph": [40.0, 40.0],
-                      "uncompressed-default+matmul-high": [20.0, 20.0]}
+                      "comera (compiled)": [25.0, 25.0], "uncompressed": [50.0, 50.0],
+                      "uncompressed + CUDA graph": [40.0, 40.0], "uncompressed TF32 (high)": [20.0, 20.0]}
+
+
+def test_fig1_and_its_speedups_tell_tf32_and_compiled_cells_from_fp32_ones(tmp_path, drawn):
+    """config/gpu.yaml runs uncompressed training at matmul precision high beside full FP32, with the same
+    variant: Fig 1 draws it as its own series (labelled from ``matmul_precision``) and its footer's
+    uncompressed / CoMERA ratio is the FP32 cells' (a compiled CoMERA cell is not the reference either)."""
+    rows = [run_row("transformer", "dense", 32, time_s=20.0, matmul="high"),  # first: read first if at all
+            run_row("transformer", "comera", 32, time_s=5.0, compiled=True),
+            run_row("transformer", "dense", 32, time_s=60.0),
+            run_row("transformer", "comera", 32, time_s=30.0)]
+    res = analysis.load(make_folder(tmp_path / "t", rows))
+    assert {r.variant for r in res.runs.itertuples()} == {"default"}
+    figures.fig1_time_memory(res, tmp_path)
+    series, _, footer = drawn["fig1_time_memory"]
+    assert set(series[0]) == {"comera", "comera (compiled)", "uncompressed", "uncompressed TF32 (high)"}
+    assert "Uncompressed / CoMERA time 2.00x" in footer, footer
 
 
 def test_curve_lines_part_by_size_data_and_sequence_length_where_they_vary(tmp_path, drawn):

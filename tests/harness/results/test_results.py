@@ -5,6 +5,7 @@ import sys
 import textwrap
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -70,6 +71,30 @@ def test_round_trip_keeps_types_and_metadata(tmp_path):
 def test_empty_tables_have_all_columns(tmp_path, kind):
     path = results.write_parquet_atomic(results.empty_frame(kind), tmp_path / "e.parquet", kind=kind)
     assert list(results.read_parquet(path, kind).columns) == list(results.TYPES[kind])
+
+
+def test_a_runs_file_from_before_the_execution_columns_reads_with_them(tmp_path):
+    """A runs file written before ``cuda_graph`` and ``compile`` were columns had the execution as tags on
+    the variant: it reads (and merges beside a current file) with the columns from the tags and the
+    config's variant; a file with only one of the two columns is refused, naming the other."""
+    old = [runs_row(run_id="a", variant="default+cudagraph"),
+           runs_row(run_id="b", variant="paper+compile+matmul-high", matmul_precision="high"),
+           runs_row(run_id="c", variant="default")]
+    frame = results.to_frame(old, "runs").drop(columns=["cuda_graph", "compile"])
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), tmp_path / "old.runs.parquet")
+    current = results.to_frame([runs_row(run_id="d", variant="default", cuda_graph=True, compile=False)], "runs")
+    results.write_parquet_atomic(current, tmp_path / "new.runs.parquet", kind="runs")
+    merged = results.merge([tmp_path], None, "runs").sort_values("run_id")
+    assert list(merged.columns) == results.RUNS_COLUMNS
+    assert merged.variant.tolist() == ["default", "paper", "default", "default"]
+    assert merged.cuda_graph.tolist() == [True, False, False, True]
+    assert merged["compile"].tolist() == [False, True, False, False]
+    assert merged.matmul_precision.tolist()[1] == "high"
+    half = results.to_frame(old, "runs").drop(columns=["compile"])
+    pq.write_table(pa.Table.from_pandas(half, preserve_index=False), tmp_path / "half.runs.parquet")
+    with pytest.raises(results.ResultsError, match=r"half.runs.parquet is not a runs table: missing columns "
+                                                   r"\['compile'\]"):
+        results.read_parquet(tmp_path / "half.runs.parquet", "runs")
 
 
 def test_row_with_missing_or_unknown_column_is_refused():
