@@ -186,7 +186,9 @@ def test_merged_tables_complete(pipeline):
     assert [c["shape"] for c in dense["candidates"]] == ["width"] * 3 and dense["shape"] == "width"
 
 
-HOG = "import time\nend = time.monotonic() + {s}\nwhile time.monotonic() < end: pass"
+HOG = "import os, time\nos.nice(19)\nend = time.monotonic() + {s}\nwhile time.monotonic() < end: pass"
+"""A CPU-bound loop at the lowest priority: it fills the run queue and the CPU pressure the cells record
+without taking the CPUs from the rest of the test suite."""
 
 
 @pytest.fixture(scope="module")
