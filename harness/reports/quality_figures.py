@@ -89,6 +89,10 @@ def quality_footer(res: Results, runs: pd.DataFrame, source: str) -> str:
     return f"{device_text(res, runs)}. From the {source}, batch {batches}, seed{plural} {seeds}."
 
 
+SWITCH_LABEL = "stage switch"
+"""The legend label of :func:`switch_line`'s lines, followed by whose switch it is."""
+
+
 def switch_line(ax: plt.Axes, res: Results, runs: pd.DataFrame) -> None:
     """A gray vertical line at each step where runs switched stage (early -> late), in the dash pattern of
     their seed (:func:`line_styles`), labelled with whose switch it is: "stage switch, seed 0" (every CoMERA
@@ -108,26 +112,31 @@ def switch_line(ax: plt.Axes, res: Results, runs: pd.DataFrame) -> None:
                   + "/".join(f"{t:g}" for t in sorted(targets, reverse=True))])
         whose += [f"seed {seeds}"] if seeds else []
         ax.axvline(step, color="gray", ls=styles[switched[0].run_id]["ls"], lw=1,
-                   label="stage switch" + (f", {', '.join(whose)}" if whose else ""))
+                   label=SWITCH_LABEL + (f", {', '.join(whose)}" if whose else ""))
 
 
 LOG_LOSS_SPAN = 10.0
 """Fig 6 draws the validation loss on a log scale where its values span at least this factor."""
 
 
-SEED_SUFFIX = re.compile(r", seed \d+$")
+SEED_LABEL = re.compile(r"^(?P<base>.*), seed (?P<seed>\d+)(?: \[(?P<mark>[^\]]*)\])?$")
+"""A line's label as quality_runs writes it: "<method> (target t), seed s", then "[<why>]" where its
+target was missed or it failed."""
 
 
 def method_legend(ax: plt.Axes, runs: pd.DataFrame) -> tuple[list[Any], list[str]]:
     """(handles, labels) of ``ax``'s legend: one entry per method configuration and target (its colour;
-    the seeds' entries merged), then one per seed's line style (:func:`line_styles`)."""
-    handles, labels, seen = [], [], set()
+    the seeds' entries merged, their marks kept as "[target not reached: seeds 0, 1]"), each stage-switch
+    line as drawn (whose switch it is), then one entry per seed's line style (:func:`line_styles`)."""
+    entries: dict[str, tuple[Any, dict[str, list[str]]]] = {}
     for handle, label in zip(*ax.get_legend_handles_labels()):
-        merged = SEED_SUFFIX.sub("", label)
-        if merged not in seen:
-            seen.add(merged)
-            handles.append(handle)
-            labels.append(merged)
+        match = None if label.startswith(SWITCH_LABEL) else SEED_LABEL.match(label)
+        marks = entries.setdefault(match["base"] if match else label, (handle, {}))[1]
+        if match and match["mark"]:
+            marks.setdefault(match["mark"], []).append(match["seed"])
+    handles = [handle for handle, _ in entries.values()]
+    labels = [base + "".join(f" [{mark}: seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)}]"
+                             for mark, seeds in marks.items()) for base, (_, marks) in entries.items()]
     seeds = sorted(int(seed) for seed in runs.seed.dropna().unique())
     for i, seed in enumerate(seeds if len(seeds) > 1 else []):
         handles.append(matplotlib.lines.Line2D([], [], color="gray", ls=LINE_STYLES[i % len(LINE_STYLES)]))
@@ -202,7 +211,7 @@ def fig13_rank_adaptation(res: Results, out: Path) -> None:
     if not len(shown):
         return empty(out, name, title, "CoMERA runs with a target whose late stage ran ("
                       + ("; ".join(missing) or f"none among the {source}") + ")", res.settings_line())
-    fig, (left, right) = panels(2)
+    fig, (left, right) = panels(2, width=6.6)  # room beside the legend, which hides no line
     styles = line_styles(shown)
     for r in shown.itertuples():
         size, acc = res.series(r.run_id, "method", "params_tt"), res.series(r.run_id, "eval", "accuracy")
@@ -215,14 +224,16 @@ def fig13_rank_adaptation(res: Results, out: Path) -> None:
             end = f" ends at {ratio.iloc[-1]:.2f}x" if len(ratio) else ""
             missed.append(f"target {r.target_ratio:g}{seed}{end}")
         right.plot(acc.step, acc.value, label=labels[r.run_id], **styles[r.run_id])
-    left.plot([], [], color="gray", ls="--", lw=0.8, label="target (dashed, the line's colour)")
     for ax, ylabel in ((left, "TT size / size at the switch"),
                        (right, "validation accuracy (fraction)")):
         switch_line(ax, res, shown)
         steps_axis(ax)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    handles, names = method_legend(right, shown)
+    right.legend([*handles, matplotlib.lines.Line2D([], [], color="gray", ls="--", lw=0.8)],
+                 [*names, "target (dashed, the line's colour)"], fontsize=7, loc="upper left",
+                 bbox_to_anchor=(1.01, 1))
     notes = ([f"not measured here: {'; '.join(missing)}"] if missing else []) + (
         [f"targets not reached: {', '.join(missed)}"] if missed else [])
     why_short = "; ".join(f"{labels[r.run_id]}: {w}" for r in shown.itertuples()

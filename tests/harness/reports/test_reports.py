@@ -1242,6 +1242,42 @@ def test_fig6_gives_each_method_its_colour_and_each_seed_its_line_style(tmp_path
     assert "line style: seed 0 solid, seed 1 dashed" in drawn[("fig6_accuracy", "notes")]
 
 
+def test_method_legend_merges_seeds_and_keeps_their_marks():
+    """One entry per method and target: the seeds' entries merge, each keeping its mark and seed; stage
+    switches stay as drawn (whose switch it is); then one entry per seed's line style."""
+    fig, ax = plt.subplots()
+    for label in ("comera (target 0.5), seed 0 [target not reached]", "comera (target 0.5), seed 1",
+                  "comera (target 0.2), seed 0 [target not reached]",
+                  "comera (target 0.2), seed 1 [target not reached]", "dense, seed 0", "dense, seed 1",
+                  "stage switch, seed 1", "stage switch, seed 0/1"):
+        ax.plot([0, 1], [0, 1], label=label)
+    runs = pd.DataFrame({"seed": [0, 1]})
+    _, labels = quality_figures.method_legend(ax, runs)
+    plt.close(fig)
+    assert labels == ["comera (target 0.5) [target not reached: seed 0]",
+                      "comera (target 0.2) [target not reached: seeds 0, 1]", "dense",
+                      "stage switch, seed 1", "stage switch, seed 0/1", "seed 0", "seed 1"]
+
+
+def test_fig13_legend_sits_beside_the_plots(tmp_path, monkeypatch):
+    """Fig 13's one legend is outside both panels, so it hides none of their lines."""
+    seen = {}
+
+    def spy(fig, title, footer, out, name, notes=""):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        seen["legends"] = [ax.get_legend().get_window_extent(renderer) for ax in fig.axes if ax.get_legend()]
+        seen["plots"] = [ax.get_window_extent(renderer) for ax in fig.axes]
+        plt.close(fig)
+
+    monkeypatch.setattr(drawing, "finish", spy)
+    row, curves = quality_cell("comera", 0.5)
+    res = analysis.load(make_folder(tmp_path / "syn", [row], curves))
+    quality_figures.fig13_rank_adaptation(res, tmp_path)
+    assert len(seen["legends"]) == 1
+    assert not any(seen["legends"][0].overlaps(plot) for plot in seen["plots"])
+
+
 def test_fig12_has_a_tick_near_its_leftmost_point(tmp_path, monkeypatch):
     """A sweep from 1.6x to 100x: the log axis' 1-3 ticks (1 out of view, 3 at 1.9x the point) leave its
     least compressed point without a tick near it, so one is added there."""
