@@ -68,6 +68,35 @@ def test_a_timing_job_runs_with_the_executions_threads(plan):
     assert "--threads 1 " in bench["shell"]
 
 
+def ran_together(log: str) -> set[tuple[str, str]]:
+    """The pairs of rules (sorted) that had jobs running at the same time in a Snakemake log: a job runs
+    from its ``rule NAME:`` block (with its ``jobid:``) to its ``Finished jobid:`` line."""
+    running: dict[str, str] = {}
+    pairs = set()
+    events = r"^(?:local)?rule (\S+):\n(?:\s+.*\n)*?\s+jobid: (\d+)$|^Finished jobid: (\d+)"
+    for event in re.finditer(events, log, re.M):
+        rule, started, finished = event.groups()
+        if finished:
+            running.pop(finished, None)
+            continue
+        pairs |= {tuple(sorted((rule, other))) for other in running.values()}
+        running[started] = rule
+    return pairs
+
+
+def is_timing_rule(rule: str) -> bool:
+    """Whether a rule's jobs measure time (a timing group, a micro-benchmark, `bench`)."""
+    return rule.startswith("time_") or rule in ("microbench_cell", "bench")
+
+
+def test_ran_together_reads_a_log():
+    log = ("[t]\nlocalrule train:\n    output: a\n    jobid: 3\n[t]\nrule train:\n    jobid: 4\n"
+           "[t]\nFinished jobid: 3 (Rule: train)\n[t]\nFinished jobid: 4 (Rule: train)\n"
+           "[t]\nlocalrule time_g:\n    jobid: 5\nFinished jobid: 5 (Rule: time_g)\n"
+           "[t]\nlocalrule merge:\n    jobid: 6\n")
+    assert ran_together(log) == {("train", "train")}
+
+
 def test_planned_jobs_reads_threads_and_commands():
     text = ("rule a:\n    output: x\n    threads: 3\nShell command: do x\n\n"
             "localrule b:\n    output: y\nShell command: do y\n")
