@@ -78,7 +78,8 @@ if THREADS_WHY:
 # Jobs that measure time (the timing groups, the micro-benchmarks, `bench`) claim every core Snakemake was
 # given (`threads:` above --cores is cut to --cores), so no other job runs beside them; a quality cell takes
 # its torch threads, so `--cores N` runs N / threads of them side by side (docs/pipeline.md, "Jobs side by
-# side"). Under a cluster executor (no local cores) every job has its own allocation: the execution's threads.
+# side"). Under a cluster executor (no local cores) every job has its own allocation of the execution's
+# threads.
 CORES = workflow.resource_settings.cores if workflow.local_exec else None
 TIMING_THREADS = CORES or config["execution"]["threads"]
 
