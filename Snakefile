@@ -1,6 +1,6 @@
 # comera-bench pipeline: config -> grid of cells (one process each) -> merged tables -> figures,
 # tables, claims -> device comparison -> `snakemake --report report.html`. See docs/pipeline.md.
-# The entry point at the repository root: `snakemake --cores 1 figures` from here finds this file and its
+# The entry point at the repository root: `snakemake --cores all figures` from here finds this file and its
 # default profile (profiles/default); the rules, schemas and report captions are in workflow/.
 # The embedded default, unless --configfile is given (Snakemake would deep-merge the two: a smaller
 # config must not inherit the default's workloads and methods).

@@ -44,6 +44,9 @@ STABLE_COLUMN = "timing_stable"
 TIMES = (TIME, "step_time_ms")
 """Time columns of an ok row that ratios divide: a finite number > 0 where the row has one (so is each of
 its round means, ``round_step_mean_ms``), else the folder is refused (:func:`load_checked`)."""
+QUALITY_TIME = ("quality cell: no time shown (trained for accuracy, beside other cells where --cores allows: "
+                "not a timing result)")
+"""The differences of a quality cell's row: its epoch time is left out of the table, its bars and ratios."""
 DEVICE_SPREAD = ("bars: each device's round-mean quartiles over its median, combined the widest way\n"
                  "(low: Q1 of the later device against Q3 of the first)")
 """What the spread of a time ratio between two devices is (harness.results.analysis.apart_ratio)."""
@@ -78,7 +81,8 @@ def cells_of(res: Results) -> pd.DataFrame:
     table's order, not pooled) with the identity columns :data:`CELL`, :data:`SHOWN`, the quantities, the
     timing verdict and :data:`CHECKED`, and each cell's round means (``round_step_mean_ms``, the spread of a
     ratio between devices). No timing group is kept: cells of two folders were never timed together (even
-    under one group name on one machine), so a ratio between them divides their mean-based epoch times."""
+    under one group name on one machine), so a ratio between them divides their mean-based epoch times. A
+    quality cell's time is not a timing result (it may run beside other jobs): its :data:`TIME` is null."""
     df = res.runs[res.runs.status == "ok"].copy()
     settings = [settings_of(r) for r in df.itertuples()]
     for col in ("cuda_graph", "compile"):  # null (a hand-made row) reads as no
@@ -95,6 +99,7 @@ def cells_of(res: Results) -> pd.DataFrame:
     df["allocator"] = [s.get("execution", {}).get("allocator") for s in settings]
     for col in QUANTITIES.values():
         df[col] = df[col].astype(float)
+    df.loc[df.purpose == QUALITY, TIME] = float("nan")
     keep = ["run_id", *SHOWN, *QUANTITIES.values(), "timing_quality", "round_step_mean_ms", *CHECKED]
     return df[CELL + keep].drop_duplicates(CELL, keep="last").reset_index(drop=True)
 
@@ -106,7 +111,7 @@ def _flags(a: pd.Series, b: pd.Series, label_a: str, label_b: str) -> list[str]:
         if pd.notna(x) and pd.notna(y) and str(x) != str(y):
             out.append(f"{what} differs ({label_a} {x} vs {label_b} {y})")
     for label, row in ((label_a, a), (label_b, b)):
-        if not is_stable(row):
+        if row.get("purpose") != QUALITY and not is_stable(row):  # a quality cell's time: not shown
             out.append(f"timing not stable on {label}: {brief_reason(row)}")
     return out
 
@@ -169,6 +174,9 @@ def side_by_side(folders: list[str | Path], names: list[str] | None = None
             table[f"{q} ratio {label}/{labels[0]}"] = value
             table[f"{q} ratio {label}/{labels[0]} low"] = low
             table[f"{q} ratio {label}/{labels[0]} high"] = high
+    quality = table.purpose == QUALITY
+    table.loc[quality, "differences"] = [QUALITY_TIME + ("; " + d if d else "")
+                                         for d in table.loc[quality, "differences"]]
     return table.reset_index(), labels, warnings
 
 
@@ -413,7 +421,9 @@ def _markdown(table: pd.DataFrame, labels: list[str], ratios: pd.DataFrame, warn
                   "interleaved", "note", "source"]
     devices = ", ".join(map(cell_text, labels))
     return (f"# Devices compared: {devices}\n{warn}\nPer cell (ok cells; time in s, memory in bytes "
-            "of each device's own peak_mem_kind). A cell is matched by its cell hash (workload and method "
+            "of each device's own peak_mem_kind; a quality cell's time is not shown: trained for accuracy, "
+            "beside other cells where the pipeline's --cores allows, it is not a timing result). A cell is "
+            "matched by its cell hash (workload and method "
             "with their resolved parameters, variant, batch, target, seed, purpose, budget) and its "
             "variant; a time ratio needs a stable timing on both devices, a memory ratio the same memory "
             "kind; flags name what differs. An epoch time ratio between devices divides mean-based epoch "
@@ -454,7 +464,7 @@ def cli(argv: list[str]) -> int:
     (out / "compare.md").write_text(_markdown(table, labels, ratios, warnings))
     write_html(out / "compare.md")
     plot(table, labels, ratios, out)
-    flagged = int((table.differences != "").sum()) if len(table) else 0
+    flagged = int((~table.differences.isin(["", QUALITY_TIME])).sum()) if len(table) else 0
     print(f"compared {len(table)} cells over {labels} ({flagged} flagged) -> {out}")
     return 0
 

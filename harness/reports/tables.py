@@ -15,8 +15,8 @@ from harness.reports import feeds, reference
 from harness.reports.html import cell_text, markdown_table, write_html
 from harness.reports.shared import (GIB, MB, late_stage_missing, method_label, quality_order, report_args,
                                     size_matched, status_note, target_reached, target_shortfall)
-from harness.results.analysis import (LEARNING_RISE, LEARNING_TAIL, Results, extra_of, purpose_of, ranks_of,
-                                      settings_of, stable, timing_cells)
+from harness.results.analysis import (LEARNING_RISE, LEARNING_TAIL, QUALITY, Results, extra_of, purpose_of,
+                                      ranks_of, settings_of, stable, timing_cells)
 from harness.results.execution import paper_execution
 
 BYTES_PER_PARAM = 4  # sizes in MB assume float32 parameters (the runs' dtype)
@@ -274,8 +274,13 @@ def matched_note(row: Any) -> str:
     return text
 
 
+NOT_TIMED = "not a timing result (quality cell)"
+"""table_runs' ``timing_quality`` of a quality cell, whatever its own verdict."""
+
+
 def table_runs(res: Results) -> tuple[pd.DataFrame, str]:
-    """Every run: status, step/epoch time, peak memory, quality and compression."""
+    """Every run: status, step/epoch time, peak memory, quality and compression; a quality cell's
+    ``timing_quality`` is :data:`NOT_TIMED` (its times are not speed results)."""
     cols = ["run_id", "purpose", "seed", "status", "step_time_ms", "step_time_ms_iqr", "timing_quality",
             "run_queue_frac", "epoch_time_s", "epoch_time_kind", "peak_mem_bytes", "peak_mem_kind",
             "metric_name", "metric_value", "compression_total", "error"]
@@ -289,16 +294,20 @@ def table_runs(res: Results) -> tuple[pd.DataFrame, str]:
               [periodic_work(row) for row in res.runs.itertuples()])
     df["error"] = df["error"].fillna("").str.slice(0, 80)
     df["purpose"] = purpose_of(df)
+    df.loc[df.purpose == QUALITY, "timing_quality"] = NOT_TIMED
     return df.sort_values("run_id").reset_index(drop=True), (
-        "peak_mem_MB = peak_mem_bytes / 10^6; timing_quality: 'stable' or 'noisy: "
-        "<reasons>' (docs/measurement.md); run_queue_frac: share of its runnable time the cell's threads "
-        "waited for a CPU; resumed_at: the steps a stopped cell resumed at from its checkpoint (its step "
-        "times and memory: its last process's); timed_alone: a timing cell that ran out of memory beside the "
-        "other cells of its timing group and was timed by itself after them (its time ratios are of cells "
-        "timed apart); compiled: a compiled cell's graphs and graph breaks under torch.compile, "
-        "and its eager fallbacks (code Dynamo left to run eagerly, e.g. past its recompile limit); "
-        "with a break or a fallback its steps were timed partly eager; periodic_work: how the method's "
-        "periodic work entered its step times (docs/measurement.md, \"Periodic work\")")
+        "peak_mem_MB = peak_mem_bytes / 10^6; timing_quality: 'stable' or 'noisy: <reasons>' "
+        f"(docs/measurement.md), or '{NOT_TIMED}': a quality cell's step_time_ms, epoch_time_s and "
+        "run_queue_frac are no speed result (trained for accuracy, it runs beside other cells where the "
+        "pipeline's --cores allows; speed comes from the timing cells, which run alone); run_queue_frac: "
+        "share of its runnable time the cell's threads waited for a CPU; resumed_at: the steps a stopped "
+        "cell resumed at from its checkpoint (its step times and memory: its last process's); "
+        "timed_alone: a timing cell that ran out of memory beside the other cells of its timing group and"
+        " was timed by itself after them (its time ratios are of cells timed apart); compiled: a compiled"
+        " cell's graphs and graph breaks under torch.compile, and its eager fallbacks (code Dynamo left "
+        "to run eagerly, e.g. past its recompile limit); with a break or a fallback its steps were timed "
+        "partly eager; periodic_work: how the method's periodic work entered its step times "
+        "(docs/measurement.md, \"Periodic work\")")
 
 
 def periodic_work(row: Any) -> str:

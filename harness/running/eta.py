@@ -18,7 +18,7 @@ CELLS_ENV = "COMERA_BENCH_PIPELINE_CELLS"
 def cells_progress(folder: str | Path, total: int, started: float | None, now: float) -> str:
     """``cells N of TOTAL done`` with, when some finished in this run (runs files written since
     ``started``, and not after ``now``: a file from the future was copied), its elapsed time and the time
-    left at its rate."""
+    left at its rate (cells done per second of this run, so jobs run side by side count as they ran)."""
     from harness.results.mtimes import FUTURE_SLACK_S  # lazily: a group's coordinator starts without pyarrow
 
     written = [p.stat().st_mtime for p in Path(folder).glob("*.runs.parquet")]

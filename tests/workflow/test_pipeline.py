@@ -1,12 +1,12 @@
-"""The Snakemake pipeline end to end on config/tiny.yaml (all rules, all four methods, one workload):
-a cell killed mid-run becomes a row with its status and is not re-run; a second pipeline on the same
-results folder is refused while the first runs (a dry run is not); a second call does nothing; the
-report builds; the report and re-time commands the pipeline prints work typed as printed; cell logs show
-steps with an ETA and the pipeline counts cells; `figures` without .snakemake/ metadata runs exactly the new
-cells; a quality cell stopped with the pipeline resumes from its checkpoint; a truncated cell file fails
-the merge naming it; bad or unsafe configs fail before any job; `lr: 1e-3`
-is a number; the busy warning's one-thread command gives every cell one thread. The tiny grid's timing
-group timed again (the re-time hint typed as printed) beside a bounded CPU hog: every time ratio the
+"""The Snakemake pipeline end to end on config/tiny.yaml (all rules, all four methods, one workload): a cell
+killed mid-run becomes a row with its status and is not re-run; a second pipeline on the same results
+folder is refused while the first runs (a dry run is not); a second call does nothing; the report builds;
+the report and re-time commands the pipeline prints work typed as printed; cell logs show steps with an ETA
+and the pipeline counts cells; timing jobs run alone and quality cells side by side; `figures` without
+.snakemake/ metadata runs exactly the new cells; a quality cell stopped with the pipeline resumes from its
+checkpoint; a truncated cell file fails the merge naming it; bad or unsafe configs fail before any job;
+`lr: 1e-3` is a number; the busy warning's one-thread command gives every cell one thread. The tiny grid's
+timing group timed again (the re-time hint typed as printed) beside a bounded CPU hog: every time ratio the
 reports use is within 20% of the first run's, or its rows are flagged as not stable, left out of every
 ratio and named in claims.md."""
 from __future__ import annotations
@@ -130,6 +130,18 @@ def pipeline(tmp_path_factory):
     return {"workdir": workdir, "killed": killed, "first_rc": proc.returncode, "first_log": first_log,
             "after_kill": after_kill, "second": second, "blocked": (concurrent[0].returncode, blocked),
             "dry": (concurrent[1].returncode, dry), "blocked_ran_its_job": blocked_ran_its_job}
+
+
+def test_timing_jobs_ran_alone_and_quality_cells_side_by_side(pipeline):
+    """README's --cores 2 (tests/workflow/test_scheduling.py: what each job claims): no job ran beside a
+    timing group or a micro-benchmark, and two quality cells ran at once."""
+    from tests.workflow.test_scheduling import is_timing_rule, ran_together
+
+    pairs = set()
+    for log in (pipeline["first_log"], pipeline["second"].stdout + pipeline["second"].stderr):
+        pairs |= ran_together(log)
+    assert not {pair for pair in pairs if any(map(is_timing_rule, pair))}, pairs
+    assert ("train", "train") in pairs
 
 
 def test_killed_cell_is_a_row_and_not_rerun(pipeline):

@@ -13,12 +13,15 @@ rule bench:
         md=f"{MERGED}/bench.md",
     log:
         f"{MERGED}/logs/bench.log",
-    threads: config["execution"]["threads"]
+    threads: TIMING_THREADS  # every core: no other job beside a timing (common.smk)
     resources:
         **({"gpu": 1} if ON_GPU else {}),
     params:
         wrapper=gpu_wrapper(),
         device="cuda" if ON_GPU else "cpu",
+        threads=config["execution"]["threads"],
+        threads_env=threads_env(),
     shell:
-        "{params.wrapper}comera-bench bench --device {params.device:q} --threads {threads:q}"
+        "env {params.threads_env:q} {params.wrapper}comera-bench bench --device {params.device:q}"
+        " --threads {params.threads:q}"
         " --goals {input.goals:q} --out {output.parquet:q} > {log:q} 2>&1"

@@ -75,6 +75,25 @@ except ValueError as _err:
     raise WorkflowError(f"invalid environment: {_err}")
 if THREADS_WHY:
     os.environ[_threads.THREADS_ENV] = str(config["execution"]["threads"])
+# Jobs that measure time (the timing groups, the micro-benchmarks, `bench`) claim every core Snakemake was
+# given (`threads:` above --cores is cut to --cores), so no other job runs beside them; a quality cell takes
+# its torch threads, so `--cores N` runs N / threads of them side by side (docs/pipeline.md, "Jobs side by
+# side"). Under a cluster executor (no local cores) every job has its own allocation of the execution's
+# threads.
+CORES = workflow.resource_settings.cores if workflow.local_exec else None
+TIMING_THREADS = CORES or config["execution"]["threads"]
+
+
+def threads_env():
+    """`env` arguments setting the thread variables Snakemake derives from a job's `threads:`
+    (OMP_NUM_THREADS and the like) to the execution's threads: a job that claims every core to be alone
+    runs with the threads it would have had otherwise, so what it measures does not change."""
+    count = config["execution"]["threads"]
+    names = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+             "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+    return [f"{name}={count}" for name in names]
+
+
 GRID, SWEEPS = _grid.expand_grid(config)
 MICROBENCH = config["microbench"]["specs"]
 # only_finished (a stopped run's tables): the grid is the cells whose files exist, and no rule runs a
@@ -195,8 +214,9 @@ onstart:
     _count = config["execution"]["threads"]
     if THREADS_WHY and not ON_GPU:
         logger.warning(f"comera-bench: torch threads per cell: {THREADS_WHY}")
-    _busy = _timing.busy_warning(_count, command=command_line(
-        ["--cores", "1", "figures"], ["execution={threads: 1}"]) if _count > 1 and not ON_GPU else "")
+    # the run's own --cores: timing jobs still run alone, quality cells of one thread side by side
+    _one_thread = command_line(["--cores", str(CORES or 1), "figures"], ["execution={threads: 1}"])
+    _busy = _timing.busy_warning(_count, command=_one_thread if _count > 1 and not ON_GPU else "")
     if _busy:
         logger.warning(f"comera-bench: warning: {_busy}")
 

@@ -20,13 +20,15 @@ rule microbench_cell:
         f"{CELLS}/microbench/{{name}}.microbench.parquet",
     log:
         f"{CELLS}/logs/microbench_{{name}}.log",
-    threads: config["execution"]["threads"]
+    threads: TIMING_THREADS  # every core: no other job beside a timing (common.smk)
     resources:
         **({"gpu": 1} if ON_GPU else {}),
     params:
         wrapper=gpu_wrapper(),
+        threads_env=threads_env(),
     shell:
-        "{params.wrapper}comera-bench microbench --spec {input.spec:q} --out {output:q} > {log:q} 2>&1"
+        "env {params.threads_env:q} {params.wrapper}comera-bench microbench --spec {input.spec:q}"
+        " --out {output:q} > {log:q} 2>&1"
 
 
 rule microbench:

@@ -52,8 +52,8 @@ rule runs:
 
 # The timing cells of one group (same workload, sweep point, batch size and seed; harness/running/group.py)
 # run as one job: every cell in its own process, taking turns round by round, so that a change of the
-# machine's load hits every method alike. A changed or missing cell re-runs its whole group: ratios come
-# only from cells timed together.
+# machine's load hits every method alike; the job claims every core (TIMING_THREADS), so no other job runs
+# beside it. A changed or missing cell re-runs its whole group: ratios come only from cells timed together.
 for _group, _ids in GROUPS.items():
 
     rule:
@@ -65,13 +65,15 @@ for _group, _ids in GROUPS.items():
             [f"{CELLS}/{rid}.{kind}.parquet" for rid in _ids for kind in ("runs", "curves")],
         log:
             [f"{CELLS}/logs/{rid}.log" for rid in _ids],
-        threads: config["execution"]["threads"]
+        threads: TIMING_THREADS
         resources:
             **({"gpu": 1} if ON_GPU else {}),
         params:
             wrapper=gpu_wrapper(),
+            threads_env=threads_env(),
             cells=[arg for rid in _ids for arg in ("--cell", f"{CELLS}/{rid}.spec.json",
                    f"{CELLS}/{rid}.runs.parquet", f"{CELLS}/{rid}.curves.parquet", f"{CELLS}/logs/{rid}.log")],
             rounds=config["execution"]["rounds"],
         shell:
-            "exec {params.wrapper}python -m harness.running.group --rounds {params.rounds:q} {params.cells:q}"
+            "exec env {params.threads_env:q} {params.wrapper}python -m harness.running.group"
+            " --rounds {params.rounds:q} {params.cells:q}"

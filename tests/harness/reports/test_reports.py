@@ -943,7 +943,7 @@ def test_compare_gives_a_noisy_quality_cell_no_time_ratio(tmp_path):
     table, labels, _ = compare.side_by_side([make_folder(tmp_path / "a", [row]),
                                              make_folder(tmp_path / "b", [noisy])])
     cell = table[table.purpose == "quality"].iloc[0]
-    assert pd.isna(cell["epoch_time ratio b/a"]) and "timing not stable on b" in cell["differences"]
+    assert pd.isna(cell["epoch_time ratio b/a"]) and cell["differences"] == compare.QUALITY_TIME
     assert cell["peak_mem ratio b/a"] == 1.0
 
 
@@ -1330,3 +1330,29 @@ def test_a_size_matched_note_says_when_the_held_out_scores_tied():
         "run": "c", "params": 70000, "target": 0.2, "target_reached": True}}}))
     assert tables.matched_note(row).endswith(
         "lr 0.001 (held-out accuracy tied for 9: chosen by held-out loss)")
+
+
+def test_the_runs_table_labels_a_quality_cells_times_as_no_timing_result(tmp_path):
+    """Quality cells run beside other cells (`--cores N`): their step times are shown, their timing verdict
+    says they are no timing result; a timing cell keeps its own verdict."""
+    res = quality_folder(tmp_path / "q")
+    runs, note = tables.table_runs(res)
+    verdicts = runs.groupby("purpose").timing_quality.agg(set).to_dict()
+    assert verdicts == {"quality": {tables.NOT_TIMED}, "timing": {"stable"}}
+    assert runs[runs.purpose == "quality"].step_time_ms.notna().all()
+    assert f"'{tables.NOT_TIMED}': a quality cell's step_time_ms, epoch_time_s" in note
+
+
+def test_devices_compared_show_no_time_of_a_quality_cell(tmp_path):
+    """A quality cell's epoch time (stable or not) is no timing result: no time, bar or device ratio, and
+    its row says why; the timing cells beside it keep theirs."""
+    quality_folder(tmp_path / "a")
+    quality_folder(tmp_path / "b")
+    table, labels, _ = compare.side_by_side([tmp_path / "a", tmp_path / "b"])
+    assert labels == ["a", "b"]
+    quality, timing = table[table.purpose == "quality"], table[table.purpose == "timing"]
+    assert len(quality) == 6 and len(timing) == 2
+    assert quality["epoch_time@a"].isna().all() and quality["epoch_time ratio b/a"].isna().all()
+    assert set(quality.differences) == {compare.QUALITY_TIME}
+    assert quality["peak_mem ratio b/a"].tolist() == [1.0] * 6  # memory is the cell's own
+    assert timing["epoch_time ratio b/a"].tolist() == [1.0, 1.0] and set(timing.differences) == {""}

@@ -118,3 +118,17 @@ def test_pipeline_line_counts_cells_and_extrapolates_this_runs_rate(tmp_path, mo
     monkeypatch.setenv(eta.STARTED_ENV, "1000")
     monkeypatch.setenv(eta.CELLS_ENV, "10")
     assert eta.pipeline_line(tmp_path).startswith("comera-bench: cells 3 of 10 done (2 in this run")
+
+
+def test_the_time_left_counts_jobs_run_side_by_side(tmp_path):
+    """Two quality cells of 60 s each run side by side (`--cores 2`), both done at 60 s: the rate is 2 cells
+    a minute, so the 8 left take about 4 minutes, not the 8 their durations add up to."""
+    import os
+
+    from harness.running import eta
+
+    for name in ("a", "b"):
+        path = tmp_path / f"{name}.runs.parquet"
+        path.write_bytes(b"")
+        os.utime(path, (1060.0, 1060.0))
+    assert "about 4m00s left" in eta.cells_progress(tmp_path, 10, 1000.0, 1060.0)
