@@ -15,9 +15,10 @@ class Roofline:
     def time_bound(self, flops: float, traffic: float) -> float:
         return max(flops / self.flops_per_s, traffic / self.bytes_per_s)
 
-    def speedup_bound(self, slow: tuple[float, float], fast: tuple[float, float]) -> float:
-        """Roofline bound on how much faster ``fast`` (flops, bytes) can be than ``slow``."""
-        return self.time_bound(*slow) / self.time_bound(*fast)
+    def speedup_bound(self, slow_s: float, fast: tuple[float, float]) -> float:
+        """The most ``slow_s / t_fast`` can be: ``fast`` (its flops, bytes) takes at least its roofline time,
+        however far below the roofline the slow op ran in its measured ``slow_s`` seconds."""
+        return slow_s / self.time_bound(*fast)
 
 
 def measure_roofline(device: torch.device, num_threads: int, *, size: int = 2048,

@@ -348,8 +348,9 @@ def target_steps(cfg: Config, targets: set[int], timeout_s: float,
 
 def halving_rows(cfg: Config, result: dict[str, Any], batch: int, settings: str, errors: str,
                  roof: Roofline | None = None) -> list[BenchRow]:
-    """Target 4: the tensorized layers' speedup after halving every rank (bound: the roofline of their
-    counted FLOPs and traffic before and after, or the FLOP ratio without a roofline), and the step's
+    """Target 4: the tensorized layers' speedup after halving every rank (bound: their time before
+    over the roofline time of the halved layers' counted FLOPs and traffic, or the FLOP ratio without a
+    roofline), and the step's
     speedup as a fraction of its Amdahl estimate."""
     goals = cfg.goals["halving"]
     before, after = result.get("ranks") or {}, result.get("ranks_halved") or {}
@@ -358,10 +359,10 @@ def halving_rows(cfg: Config, result: dict[str, Any], batch: int, settings: str,
     layers, layer_rounds = halving_speedup(result, "tt_layers_ms")
     flop_ratio = quotient(result.get("tt_layers_flops"), result.get("tt_layers_flops_halved"))
     traffic_ratio = quotient(result.get("tt_layers_traffic"), result.get("tt_layers_traffic_halved"))
-    costs = [result.get(k) for k in ("tt_layers_flops", "tt_layers_traffic", "tt_layers_flops_halved",
-                                     "tt_layers_traffic_halved")]
-    if roof is not None and all(costs):
-        bound, basis = roof.speedup_bound((costs[0], costs[1]), (costs[2], costs[3])), "roofline"
+    halved = [result.get(k) for k in ("tt_layers_flops_halved", "tt_layers_traffic_halved")]
+    full_ms = before_halving(result, "tt_layers_ms")
+    if roof is not None and all(halved) and full_ms:
+        bound, basis = roof.speedup_bound(full_ms / 1e3, (halved[0], halved[1])), "roofline"
     else:
         bound, basis = flop_ratio, "FLOPs" if flop_ratio else ""
     step, step_rounds = halving_speedup(result, "step_time_ms")

@@ -11,10 +11,18 @@ from harness.perf.roofline import Roofline
 CUDA = pytest.mark.cuda  # skipped without a CUDA device (tests/conftest.py); `pytest -m cuda` selects them
 
 
-def test_roofline_bound_takes_the_slower_resource():
+def test_roofline_bound_takes_the_slower_resource_of_the_fast_op():
     roof = Roofline(flops_per_s=100.0, bytes_per_s=10.0)
-    # slow op is compute bound (10 s), fast op is memory bound (2 s): bound 5x, not the FLOP ratio 100x
-    assert roof.speedup_bound((1000.0, 10.0), (10.0, 20.0)) == pytest.approx(5.0)
+    # the fast op is memory bound (2 s at the roofline, not the 0.1 s of its FLOPs): the slow op's 10 s
+    # allow at most 5x
+    assert roof.speedup_bound(10.0, (10.0, 20.0)) == pytest.approx(5.0)
+
+
+def test_roofline_bound_allows_a_slow_op_far_below_its_roofline():
+    """A slow op of many small products measured at 40x the fast one's roofline time: 40x is possible
+    however few FLOPs the slow op counts (its roofline time no bound on its measured time)."""
+    roof = Roofline(flops_per_s=100.0, bytes_per_s=10.0)
+    assert roof.speedup_bound(80.0, (10.0, 20.0)) == pytest.approx(40.0)
 
 
 def test_table_memory_counts_params_grads_and_working_memory_beyond_the_output():

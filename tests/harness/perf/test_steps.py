@@ -234,14 +234,14 @@ def test_step_table_from_worker_results(monkeypatch):
 
 
 def test_halving_bound_is_the_roofline_of_the_counted_costs():
-    """With the machine's roofline the layer row's bound is the roofline ratio of FLOPs and traffic before
-    and after (traffic-bound here: 4 s vs 3.2 s), the FLOP ratio stays in its column."""
+    """With the machine's roofline the layer row's bound is the measured time before over the halved
+    layers' roofline time (traffic-bound here: 40 ms over 32 ms), the FLOP ratio stays in its column."""
     from harness.perf.roofline import Roofline
 
     result = {"tt_layers_ms": 40.0, "tt_layers_ms_halved": 30.0, "tt_layers_flops": 9e9,
               "tt_layers_flops_halved": 5e9, "tt_layers_traffic": 4e8, "tt_layers_traffic_halved": 3.2e8}
     cfg = Config.make("cpu", 1, quick=True)
-    layers = steps.halving_rows(cfg, result, 32, "", "", Roofline(flops_per_s=1e12, bytes_per_s=1e8))[0]
+    layers = steps.halving_rows(cfg, result, 32, "", "", Roofline(flops_per_s=1e12, bytes_per_s=1e10))[0]
     assert layers.bound == pytest.approx(1.25) and layers.bound_basis == "roofline"
     assert layers.flop_ratio == pytest.approx(1.8) and layers.measured == pytest.approx(40 / 30)
     flops_only = steps.halving_rows(cfg, result, 32, "", "")[0]
