@@ -119,15 +119,16 @@ def regroup(tensors: Sequence[torch.Tensor], sizes: Sequence[int]) -> list[list[
 
 
 def _python_forward(plan: ContractionPlan, x, bias, cores, gates):
-    """The forward with the Python kernels: ``(y, groups)``, the tensors the backward reads, in groups."""
+    """The forward with the Python kernels: ``(y, groups)``, the tensors the backward reads, in groups (the
+    gated cores only as the views the chains hold: the backward takes their shapes from ``cores``)."""
     eff = gated_cores(cores, gates)
     m = len(plan.in_shape)
     if plan.dense:
         y, weight, left, right = kernels.dense_forward(x, eff[:m], eff[m:], bias)
-        return y, [cores, gates, eff, [x, weight], left, right]
+        return y, [cores, gates, [x, weight], left, right]
     z, left_in, left = kernels.left_forward(x, eff[:m], plan.left_groups)
     y, right_in, right = kernels.right_forward(z, eff[m:], plan.right_groups, bias, plan.fold_bias)
-    return y, [cores, gates, eff, left_in, *left, right_in, *right]
+    return y, [cores, gates, left_in, *left, right_in, *right]
 
 
 class TTLinearFunction(torch.autograd.Function):
@@ -178,21 +179,20 @@ class TTLinearFunction(torch.autograd.Function):
         if torch.is_grad_enabled():
             return (None, *_differentiated_replay(plan, x, cores, gates, dy, ctx.has_bias, need))
         groups = regroup(rest, ctx.group_sizes)
-        eff = groups[2]
         m = len(plan.in_shape)
         dbias = dy.sum(0) if ctx.has_bias and need[2] and not plan.fold_bias else None
         if plan.dense:
-            (x, weight), left, right = groups[3:]
-            dx, d_eff = kernels.dense_backward(dy, x, weight, eff[:m], eff[m:], left, right, need[1])
+            (x, weight), left, right = groups[2:]
+            dx, d_eff = kernels.dense_backward(dy, x, weight, cores[:m], cores[m:], left, right, need[1])
         else:
             nl = len(plan.left_groups)
-            left_in, left = groups[3], groups[4:4 + nl]
-            right_in, right = groups[4 + nl], groups[5 + nl:]
-            dz, d_right, folded_dbias = kernels.right_backward(dy, eff[m:], right_in, right,
+            left_in, left = groups[2], groups[3:3 + nl]
+            right_in, right = groups[3 + nl], groups[4 + nl:]
+            dz, d_right, folded_dbias = kernels.right_backward(dy, cores[m:], right_in, right,
                                                                    plan.right_groups)
             if folded_dbias is not None:
                 dbias = folded_dbias if need[2] else None
-            dx, d_left = kernels.left_backward(dz, eff[:m], left_in, left, plan.left_groups, need[1])
+            dx, d_left = kernels.left_backward(dz, cores[:m], left_in, left, plan.left_groups, need[1])
             d_eff = d_left + d_right
         d_cores, d_gates = core_and_gate_grads(d_eff, cores, gates)
         return (None, dx, dbias, *d_cores, *d_gates)

@@ -360,6 +360,37 @@ def test_float32_at_inner_product_sizes_matches_dense_reference(bias):
         assert ((a - b).norm() / b.norm()).item() <= 1e-4
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_float64_at_narrow_product_sizes_matches_dense_reference(bias, monkeypatch):
+    """Enough tokens and input features that ``z = x A`` and ``dz = dy B^T`` run as transposed products
+    (kernels._narrow_mm, _narrow_mm_t; z and dz are then transposed views): output, the gradients of x,
+    cores, gates and bias, and second derivatives (create_graph) equal the float64 reference."""
+    torch.manual_seed(0)
+    layer = TTLinear(256, 320, in_shape=[8, 8, 4], out_shape=[4, 8, 10], rank=[1, 6, 9, 7, 5, 8, 1],
+                     bias=bias, dtype=torch.float64)
+    with torch.no_grad():
+        for gate in layer.gates:
+            gate.uniform_(0.3, 1.7)
+    tokens = 24
+    plan = make_plan(layer.in_shape, layer.out_shape, tuple(layer.ranks), tokens, bias, ("merge", "merge"))
+    transposed = []
+    for name in ("_narrow_mm", "_narrow_mm_t"):
+        def spy(*args, _fn=getattr(kernels, name)):
+            out = _fn(*args)
+            transposed.append(not out.is_contiguous())
+            return out
+        monkeypatch.setattr(kernels, name, spy)
+    x = torch.randn(tokens, 256, dtype=torch.float64)
+    _compare(layer, x, plan, 1e-10)
+    assert len(transposed) == 2 and all(transposed)
+    x = x.requires_grad_(True)
+    params = [*layer.cores, *layer.gates] + ([layer.bias] if bias else [])
+    want = _second_derivatives(lambda t: t @ layer.dense_weight() + (layer.bias if bias else 0), x, params)
+    got = _second_derivatives(lambda t: tt_linear(t, layer.cores, layer.gates, layer.bias, plan), x, params)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert ((a - b).norm() / b.norm()).item() <= 1e-10, f"grad{i}"
+
+
 @pytest.mark.slow
 def test_compiled_layer_at_inner_product_sizes_matches_eager():
     """Under torch.compile the contraction leaves the oneDNN inner product to the compiler (its lowering
