@@ -329,6 +329,23 @@ def test_backward_saves_no_full_width_tensor():
     assert max(t.numel() for t in saved) <= 256 * 768  # x itself; nothing of size tokens x 3072
 
 
+@pytest.mark.parametrize("tokens", [1, 128])
+def test_backward_saves_each_gated_core_only_as_its_chain_views(tokens):
+    """Saved per call (each a packed tensor autograd keeps, with its bookkeeping on every call): the input
+    (twice: as the layer input and as the first absorption's), the 6 cores and 5 gates (their gradients
+    need them), and per side the merge chain, 2 per core but one, or one matrix per core when every
+    group is one core, plus each group's input: not the gated cores besides (their shapes are the cores')."""
+    layer = TTLinear(768, 768, in_shape=[12, 8, 8], out_shape=[8, 8, 12], rank=30)
+    plan = layer.plan(tokens)
+    x = torch.randn(tokens, 768, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        layer(x)
+    chains = sum(2 * size - 1 for size in plan.left_groups + plan.right_groups)
+    group_inputs = len(plan.left_groups) + len(plan.right_groups)
+    assert len(saved) == 1 + 6 + 5 + chains + group_inputs, str(plan)
+
+
 @pytest.mark.parametrize("strategies", ["dense", ((3, 1), (1, 1)), ((1, 3), (2,)), ((2, 2), "merge")])
 def test_executed_matmul_flops_equal_plan_for_forced_strategies(strategies):
     layer = TTLinear(120, 12, in_shape=[4, 3, 5, 2], out_shape=[3, 4], rank=[1, 4, 6, 3, 5, 4, 1])
