@@ -231,7 +231,7 @@ def _input_block_grad(zin: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
     return torch.mm(zin.t(), dz)
 
 
-def left_backward(dz: torch.Tensor, cores, inputs, chains, groups, need_dx: bool):
+def left_backward(dz: torch.Tensor, cores, inputs, chains, groups, need_dx: bool, need_cores: bool = True):
     """Backward of :func:`left_forward`.
 
     Args:
@@ -241,13 +241,16 @@ def left_backward(dz: torch.Tensor, cores, inputs, chains, groups, need_dx: bool
         groups: as given to :func:`left_forward`.
         inputs, chains: what :func:`left_forward` returned.
         need_dx: whether to compute the input gradient.
+        need_cores: whether to compute the cores' gradients (else they are None).
 
     Returns:
         ``(dx or None, [dH_0, .., dH_{m-1}])``: ``dx`` is ``(T, in_features)``, each ``dH_k`` the shape of
-        its core.
+        its core, or None without ``need_cores``.
     """
     tokens = dz.shape[0]
     grads = [None] * len(cores)
+    if not (need_dx or need_cores):
+        return None, grads
     spans = bounds(groups)
     for g in range(len(spans) - 1, -1, -1):
         a, b = spans[g]
@@ -255,17 +258,18 @@ def left_backward(dz: torch.Tensor, cores, inputs, chains, groups, need_dx: bool
         wanted = g > 0 or need_dx
         if b == len(cores):
             dz = _rows(dz, tokens)
-            dblock = _input_block_grad(zin, dz)
+            dblock = _input_block_grad(zin, dz) if need_cores else None
             dzin = _mm_t(dz, block) if wanted else None
         elif tokens == 1:
             dz = _rows(dz, block.shape[1])
-            dblock = torch.mm(zin, dz.t())
+            dblock = torch.mm(zin, dz.t()) if need_cores else None
             dzin = torch.mm(block, dz) if wanted else None
         else:
             dz = dz.view(tokens, block.shape[1], -1)
-            dblock = torch.einsum("tcs,tbs->cb", zin, dz)
+            dblock = torch.einsum("tcs,tbs->cb", zin, dz) if need_cores else None
             dzin = torch.matmul(block, dz) if wanted else None
-        grads[a:b] = _merge_left_backward(dblock, cores[a:b], chains[g])
+        if need_cores:
+            grads[a:b] = _merge_left_backward(dblock, cores[a:b], chains[g])
         dz = dzin
     return (_rows(dz, tokens) if need_dx else None), grads
 
@@ -308,7 +312,7 @@ def right_forward(z: torch.Tensor, cores, groups, bias, fold_bias: bool = False)
     return (y if bias is None else y.add_(bias)), inputs, chains
 
 
-def right_backward(dy: torch.Tensor, cores, inputs, chains, groups):
+def right_backward(dy: torch.Tensor, cores, inputs, chains, groups, need_cores: bool = True):
     """Backward of :func:`right_forward`.
 
     Args:
@@ -317,6 +321,7 @@ def right_backward(dy: torch.Tensor, cores, inputs, chains, groups):
             read).
         groups: as given to :func:`right_forward`.
         inputs, chains: what :func:`right_forward` returned.
+        need_cores: whether to compute the cores' gradients (else they are None).
 
     Returns:
         ``(dz, [dH_m, .., dH_{d-1}], db)``: ``db`` only when the bias was folded in, else None (the caller
@@ -329,11 +334,15 @@ def right_backward(dy: torch.Tensor, cores, inputs, chains, groups):
         a, b = spans[g]
         block, yin = chains[g][0], inputs[g]
         dy = _rows(dy, yin.shape[0])
-        dblock = torch.mm(yin.t(), dy)
-        if yin.shape[1] > block.shape[0]:  # folded bias: the last row is db
-            dblock, dbias = dblock[:-1], dblock[-1]
+        folded = yin.shape[1] > block.shape[0]  # folded bias: the last row of [dB ; db] is db
+        if need_cores:
+            dblock = torch.mm(yin.t(), dy)
+            if folded:
+                dblock, dbias = dblock[:-1], dblock[-1]
+            grads[a:b] = _merge_right_backward(dblock, cores[a:b], chains[g])
+        elif folded:
+            dbias = dy.sum(0)
         dy = _narrow_mm_t(dy, block) if g == 0 else _mm_t(dy, block)  # dz is read as a matrix
-        grads[a:b] = _merge_right_backward(dblock, cores[a:b], chains[g])
     return _rows(dy, inputs[0].shape[0]), grads, dbias
 
 
@@ -349,10 +358,13 @@ def dense_forward(x: torch.Tensor, left_cores, right_cores, bias):
     return y, weight, left, right
 
 
-def dense_backward(dy, x, weight, left_cores, right_cores, left, right, need_dx: bool):
-    """Backward of :func:`dense_forward`: ``(dx or None, [dH_k] of both sides)``; of the cores only the
-    shapes are read."""
-    dweight = torch.mm(x.t(), dy)
+def dense_backward(dy, x, weight, left_cores, right_cores, left, right, need_dx: bool,
+                   need_cores: bool = True):
+    """Backward of :func:`dense_forward`: ``(dx or None, [dH_k] of both sides, or Nones without
+    ``need_cores``)``; of the cores only the shapes are read."""
     dx = torch.mm(dy, weight.t()) if need_dx else None
+    if not need_cores:
+        return dx, [None] * (len(left_cores) + len(right_cores))
+    dweight = torch.mm(x.t(), dy)
     da, db = torch.mm(dweight, right[0].t()), torch.mm(_left_block(left).t(), dweight)
     return dx, _merge_left_backward(da, left_cores, left) + _merge_right_backward(db, right_cores, right)

@@ -135,7 +135,8 @@ class TTLinearFunction(torch.autograd.Function):
     """``y = x W + b`` with ``W = H_0 ... H_{d-1}``, ``H_k = cores[k] * gates[k]``, following a plan.
 
     ``TTLinearFunction.apply(plan, x, bias, *cores, *gates)``; backward returns the gradients of ``x``,
-    ``bias``, every core and every gate. Saves ``x``, rank-sized intermediates and the merged core blocks,
+    ``bias``, every core and every gate (None for each that needs none; when no core or gate needs one,
+    no core gradient is formed). Saves ``x``, rank-sized intermediates and the merged core blocks,
     never a full-width tensor. Under ``create_graph=True`` the backward re-runs the
     forward under autograd (:func:`differentiated_grads`): derivatives of every order are exact.
     :func:`tt_linear` is the functional form.
@@ -180,20 +181,25 @@ class TTLinearFunction(torch.autograd.Function):
             return (None, *_differentiated_replay(plan, x, cores, gates, dy, ctx.has_bias, need))
         groups = regroup(rest, ctx.group_sizes)
         m = len(plan.in_shape)
+        need_params = any(need[3:])  # else (frozen cores and gates) no core gradient is formed
         dbias = dy.sum(0) if ctx.has_bias and need[2] and not plan.fold_bias else None
         if plan.dense:
             (x, weight), left, right = groups[2:]
-            dx, d_eff = kernels.dense_backward(dy, x, weight, cores[:m], cores[m:], left, right, need[1])
+            dx, d_eff = kernels.dense_backward(dy, x, weight, cores[:m], cores[m:], left, right, need[1],
+                                               need_params)
         else:
             nl = len(plan.left_groups)
             left_in, left = groups[2], groups[3:3 + nl]
             right_in, right = groups[3 + nl], groups[4 + nl:]
             dz, d_right, folded_dbias = kernels.right_backward(dy, cores[m:], right_in, right,
-                                                                   plan.right_groups)
+                                                                   plan.right_groups, need_params)
             if folded_dbias is not None:
                 dbias = folded_dbias if need[2] else None
-            dx, d_left = kernels.left_backward(dz, cores[:m], left_in, left, plan.left_groups, need[1])
+            dx, d_left = kernels.left_backward(dz, cores[:m], left_in, left, plan.left_groups, need[1],
+                                               need_params)
             d_eff = d_left + d_right
+        if not need_params:
+            return (None, dx, dbias, *([None] * (2 * d - 1)))
         d_cores, d_gates = core_and_gate_grads(d_eff, cores, gates)
         return (None, dx, dbias, *d_cores, *d_gates)
 

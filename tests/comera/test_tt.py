@@ -69,6 +69,46 @@ def test_float64_matches_dense_reference(order, seed):
         _compare(layer, x, plan, 1e-10)
 
 
+@pytest.mark.parametrize("tokens", [1, 5, 24])
+def test_frozen_cores_and_gates_give_exact_input_and_bias_grads_without_core_grads(tokens):
+    """Cores and gates that need no gradient (frozen): every strategy and the folded bias still give the
+    float64 reference's output, input and bias gradients, and the backward forms no core gradient: it runs
+    only the products of dz and dx (and the bias sum), none of the merges' backward."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Products(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += str(func.overloadpacket) in ("aten.mm", "aten.bmm", "aten.addmm", "aten.t_copy",
+                                                       "mkldnn._linear_pointwise", "aten.mul",
+                                                       "aten._foreach_mul")
+            return func(*args, **(kwargs or {}))
+
+    layer, _ = _random_layer(6, 5, bias=True)
+    for p in [*layer.cores, *layer.gates]:
+        p.requires_grad_(False)
+    m, q = len(layer.in_shape), len(layer.out_shape)
+    x = torch.randn(tokens, layer.in_features, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(tokens, layer.out_features, dtype=torch.float64)
+    want_y = x @ layer.dense_weight() + layer.bias
+    want = torch.autograd.grad(want_y, [x, layer.bias], dy)
+    choices = ["dense", ("merge", "merge"), ("sequential", "sequential"), ((1, m - 1), (q - 1, 1))]
+    for strategies, fold in [(c, 10**9) for c in choices] + [(("merge", "merge"), 0)]:
+        plan = make_plan(layer.in_shape, layer.out_shape, tuple(layer.ranks), tokens, True, strategies,
+                         PlanSettings(fold_bias_min_tokens=fold))
+        y = tt_linear(x, layer.cores, layer.gates, layer.bias, plan)
+        with Products() as products:
+            got = torch.autograd.grad(y, [x, layer.bias], dy)
+        for a, b in [(y, want_y), *zip(got, want)]:
+            assert ((a - b).norm() / b.norm()).item() <= 1e-10, str(plan)
+        # dense: dx = dy W^T; grouped: one product per group and side (dz, then dz .. dx)
+        expected = 1 if plan.dense else len(plan.left_groups) + len(plan.right_groups)
+        assert products.count == expected, (str(plan), products.count)
+
+
 def _second_derivatives(linear, x, params):
     """Gradients of ``|| d/dx sum(tanh(linear(x))^2) ||^2`` (a gradient penalty) with respect to ``x`` and
     ``params``: second derivatives through the layer, as create_graph gives them."""
