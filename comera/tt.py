@@ -455,14 +455,22 @@ class TTLinear(ResizeOnLoad, nn.Module):
             raise ValueError(f"TTLinear: expected input with last dimension {self.in_features}, "
                              f"got shape {tuple(x.shape)}")
         cores = parameter_entries(self.cores)
-        if x.dtype != cores[0].dtype and not autocasting(x.device.type):
+        device_type = x.device.type
+        autocast = autocasting(device_type)
+        if x.dtype != cores[0].dtype and not autocast:
             raise TypeError(f"TTLinear: input dtype {x.dtype} differs from the layer's "
                             f"{cores[0].dtype}; cast one of them, or run under torch.autocast")
         x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
-        plan = self.plan(x2.shape[0])
-        d = len(cores)
-        y = outside_autocast(lambda x, b, *p: tt_linear(x.contiguous(), p[:d], p[d:], b, plan),
-                             x.device.type, x2, self.bias, *cores, *forward_gates(self))
+        bias = self.bias
+        # the plan of self.plan(tokens), its ranks read from the cores at hand
+        plan = make_plan(self.in_shape, self.out_shape, (1, *[c.shape[2] for c in cores[:-1]], 1),
+                         x2.shape[0], bias is not None, None, self.plan_settings)
+        if autocast:
+            d = len(cores)
+            y = outside_autocast(lambda x, b, *p: tt_linear(x.contiguous(), p[:d], p[d:], b, plan),
+                                 device_type, x2, bias, *cores, *forward_gates(self))
+        else:
+            y = tt_linear(x2.contiguous(), cores, forward_gates(self), bias, plan)
         return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
