@@ -57,9 +57,9 @@ def _inner_product_fits(a: torch.Tensor, w: torch.Tensor, cols: int, bias: torch
     record (the inner product has no autograd formula), outside :func:`comera.plain_autograd` and
     torch.compile (the compiler picks the kernels; its lowering of the inner product needs a constant
     weight)."""
-    return (not torch.compiler.is_compiling() and not plain.active() and _INNER_PRODUCT is not None
-            and a.dtype == torch.float32 and w.dtype == torch.float32 and a.device.type == "cpu"
-            and a.shape[0] * a.shape[1] * cols >= INNER_PRODUCT_MIN_MACS[cols > 64]
+    return (a.shape[0] * a.shape[1] * cols >= INNER_PRODUCT_MIN_MACS[cols > 64]  # cheapest test first
+            and _INNER_PRODUCT is not None and a.dtype == torch.float32 and w.dtype == torch.float32
+            and a.device.type == "cpu" and not torch.compiler.is_compiling() and not plain.active()
             and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
             and a.is_contiguous() and not (torch.is_grad_enabled() and (a.requires_grad or w.requires_grad)))
 
@@ -91,6 +91,33 @@ def _mm_t(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if out is not None:
             return out
     return torch.mm(a, w.t())
+
+
+NARROW_COLS, NARROW_MIN_INNER, NARROW_MIN_ROWS = 32, 256, 16
+"""A CPU product ``a @ b`` with at most ``NARROW_COLS`` output columns, an inner dimension of at least
+``NARROW_MIN_INNER`` and at least ``NARROW_MIN_ROWS`` rows, that oneDNN does not take, runs as
+``(b^T a^T)^T`` (:func:`_narrow_mm`): MKL runs that layout faster (docs/performance.md)."""
+
+
+def _narrow_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` of 2-D tensors for a result read as a matrix (never reshaped): :func:`_mm`, except that a
+    narrow CPU product below oneDNN's sizes (:data:`NARROW_COLS`) is computed as ``(b^T a^T)^T``, a
+    transposed view of a contiguous ``(cols, rows)`` result."""
+    rows, inner, cols = a.shape[0], a.shape[1], b.shape[1]
+    if (cols <= NARROW_COLS and inner >= NARROW_MIN_INNER and rows >= NARROW_MIN_ROWS
+            and a.device.type == "cpu" and not _inner_product_fits(a, b, cols, None)):
+        return torch.mm(b.t(), a.t()).t()
+    return _mm(a, b)
+
+
+def _narrow_mm_t(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``a @ w^T`` as :func:`_narrow_mm` computes ``a @ b``: ``(w a^T)^T`` for a narrow CPU product below
+    oneDNN's sizes, else :func:`_mm_t`."""
+    rows, inner, cols = a.shape[0], a.shape[1], w.shape[0]
+    if (cols <= NARROW_COLS and inner >= NARROW_MIN_INNER and rows >= NARROW_MIN_ROWS
+            and a.device.type == "cpu" and not _inner_product_fits(a, w, cols, None)):
+        return torch.mm(w, a.t()).t()
+    return _mm_t(a, w)
 
 
 # A merged group is saved as one flat list ("chain"): its blocks, then its cores as the matrices the
@@ -184,7 +211,7 @@ def left_forward(x: torch.Tensor, cores, groups):
         block = _left_block(chain)
         if b == len(cores):
             inputs.append(_rows(z, tokens))
-            z = _mm(inputs[-1], block)
+            z = _narrow_mm(inputs[-1], block)
         elif tokens == 1:
             inputs.append(_rows(z, block.shape[0]))
             z = torch.mm(block.t(), inputs[-1])
@@ -204,21 +231,26 @@ def _input_block_grad(zin: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
     return torch.mm(zin.t(), dz)
 
 
-def left_backward(dz: torch.Tensor, cores, inputs, chains, groups, need_dx: bool):
+def left_backward(dz: torch.Tensor, cores, inputs, chains, groups, need_dx: bool, need_cores: bool = True):
     """Backward of :func:`left_forward`.
 
     Args:
         dz: gradient of ``z``, ``(T, r_m)``.
-        cores, groups: as given to :func:`left_forward`.
+        cores: tensors of the shapes of the cores given to :func:`left_forward` (only their shapes are read:
+            the gated cores or the cores themselves).
+        groups: as given to :func:`left_forward`.
         inputs, chains: what :func:`left_forward` returned.
         need_dx: whether to compute the input gradient.
+        need_cores: whether to compute the cores' gradients (else they are None).
 
     Returns:
         ``(dx or None, [dH_0, .., dH_{m-1}])``: ``dx`` is ``(T, in_features)``, each ``dH_k`` the shape of
-        its core.
+        its core, or None without ``need_cores``.
     """
     tokens = dz.shape[0]
     grads = [None] * len(cores)
+    if not (need_dx or need_cores):
+        return None, grads
     spans = bounds(groups)
     for g in range(len(spans) - 1, -1, -1):
         a, b = spans[g]
@@ -226,17 +258,18 @@ def left_backward(dz: torch.Tensor, cores, inputs, chains, groups, need_dx: bool
         wanted = g > 0 or need_dx
         if b == len(cores):
             dz = _rows(dz, tokens)
-            dblock = _input_block_grad(zin, dz)
+            dblock = _input_block_grad(zin, dz) if need_cores else None
             dzin = _mm_t(dz, block) if wanted else None
         elif tokens == 1:
             dz = _rows(dz, block.shape[1])
-            dblock = torch.mm(zin, dz.t())
+            dblock = torch.mm(zin, dz.t()) if need_cores else None
             dzin = torch.mm(block, dz) if wanted else None
         else:
             dz = dz.view(tokens, block.shape[1], -1)
-            dblock = torch.einsum("tcs,tbs->cb", zin, dz)
+            dblock = torch.einsum("tcs,tbs->cb", zin, dz) if need_cores else None
             dzin = torch.matmul(block, dz) if wanted else None
-        grads[a:b] = _merge_left_backward(dblock, cores[a:b], chains[g])
+        if need_cores:
+            grads[a:b] = _merge_left_backward(dblock, cores[a:b], chains[g])
         dz = dzin
     return (_rows(dz, tokens) if need_dx else None), grads
 
@@ -279,13 +312,16 @@ def right_forward(z: torch.Tensor, cores, groups, bias, fold_bias: bool = False)
     return (y if bias is None else y.add_(bias)), inputs, chains
 
 
-def right_backward(dy: torch.Tensor, cores, inputs, chains, groups):
+def right_backward(dy: torch.Tensor, cores, inputs, chains, groups, need_cores: bool = True):
     """Backward of :func:`right_forward`.
 
     Args:
         dy: gradient of ``y``, ``(T, out_features)``.
-        cores, groups: as given to :func:`right_forward`.
+        cores: tensors of the shapes of the cores given to :func:`right_forward` (only their shapes are
+            read).
+        groups: as given to :func:`right_forward`.
         inputs, chains: what :func:`right_forward` returned.
+        need_cores: whether to compute the cores' gradients (else they are None).
 
     Returns:
         ``(dz, [dH_m, .., dH_{d-1}], db)``: ``db`` only when the bias was folded in, else None (the caller
@@ -298,11 +334,15 @@ def right_backward(dy: torch.Tensor, cores, inputs, chains, groups):
         a, b = spans[g]
         block, yin = chains[g][0], inputs[g]
         dy = _rows(dy, yin.shape[0])
-        dblock = torch.mm(yin.t(), dy)
-        if yin.shape[1] > block.shape[0]:  # folded bias: the last row is db
-            dblock, dbias = dblock[:-1], dblock[-1]
-        dy = _mm_t(dy, block)
-        grads[a:b] = _merge_right_backward(dblock, cores[a:b], chains[g])
+        folded = yin.shape[1] > block.shape[0]  # folded bias: the last row of [dB ; db] is db
+        if need_cores:
+            dblock = torch.mm(yin.t(), dy)
+            if folded:
+                dblock, dbias = dblock[:-1], dblock[-1]
+            grads[a:b] = _merge_right_backward(dblock, cores[a:b], chains[g])
+        elif folded:
+            dbias = dy.sum(0)
+        dy = _narrow_mm_t(dy, block) if g == 0 else _mm_t(dy, block)  # dz is read as a matrix
     return _rows(dy, inputs[0].shape[0]), grads, dbias
 
 
@@ -318,9 +358,13 @@ def dense_forward(x: torch.Tensor, left_cores, right_cores, bias):
     return y, weight, left, right
 
 
-def dense_backward(dy, x, weight, left_cores, right_cores, left, right, need_dx: bool):
-    """Backward of :func:`dense_forward`: ``(dx or None, [dH_k] of both sides)``."""
-    dweight = torch.mm(x.t(), dy)
+def dense_backward(dy, x, weight, left_cores, right_cores, left, right, need_dx: bool,
+                   need_cores: bool = True):
+    """Backward of :func:`dense_forward`: ``(dx or None, [dH_k] of both sides, or Nones without
+    ``need_cores``)``; of the cores only the shapes are read."""
     dx = torch.mm(dy, weight.t()) if need_dx else None
+    if not need_cores:
+        return dx, [None] * (len(left_cores) + len(right_cores))
+    dweight = torch.mm(x.t(), dy)
     da, db = torch.mm(dweight, right[0].t()), torch.mm(_left_block(left).t(), dweight)
     return dx, _merge_left_backward(da, left_cores, left) + _merge_right_backward(db, right_cores, right)

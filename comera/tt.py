@@ -119,22 +119,24 @@ def regroup(tensors: Sequence[torch.Tensor], sizes: Sequence[int]) -> list[list[
 
 
 def _python_forward(plan: ContractionPlan, x, bias, cores, gates):
-    """The forward with the Python kernels: ``(y, groups)``, the tensors the backward reads, in groups."""
+    """The forward with the Python kernels: ``(y, groups)``, the tensors the backward reads, in groups (the
+    gated cores only as the views the chains hold: the backward takes their shapes from ``cores``)."""
     eff = gated_cores(cores, gates)
     m = len(plan.in_shape)
     if plan.dense:
         y, weight, left, right = kernels.dense_forward(x, eff[:m], eff[m:], bias)
-        return y, [cores, gates, eff, [x, weight], left, right]
+        return y, [cores, gates, [x, weight], left, right]
     z, left_in, left = kernels.left_forward(x, eff[:m], plan.left_groups)
     y, right_in, right = kernels.right_forward(z, eff[m:], plan.right_groups, bias, plan.fold_bias)
-    return y, [cores, gates, eff, left_in, *left, right_in, *right]
+    return y, [cores, gates, left_in, *left, right_in, *right]
 
 
 class TTLinearFunction(torch.autograd.Function):
     """``y = x W + b`` with ``W = H_0 ... H_{d-1}``, ``H_k = cores[k] * gates[k]``, following a plan.
 
     ``TTLinearFunction.apply(plan, x, bias, *cores, *gates)``; backward returns the gradients of ``x``,
-    ``bias``, every core and every gate. Saves ``x``, rank-sized intermediates and the merged core blocks,
+    ``bias``, every core and every gate (None for each that needs none; when no core or gate needs one,
+    no core gradient is formed). Saves ``x``, rank-sized intermediates and the merged core blocks,
     never a full-width tensor. Under ``create_graph=True`` the backward re-runs the
     forward under autograd (:func:`differentiated_grads`): derivatives of every order are exact.
     :func:`tt_linear` is the functional form.
@@ -178,22 +180,26 @@ class TTLinearFunction(torch.autograd.Function):
         if torch.is_grad_enabled():
             return (None, *_differentiated_replay(plan, x, cores, gates, dy, ctx.has_bias, need))
         groups = regroup(rest, ctx.group_sizes)
-        eff = groups[2]
         m = len(plan.in_shape)
+        need_params = any(need[3:])  # else (frozen cores and gates) no core gradient is formed
         dbias = dy.sum(0) if ctx.has_bias and need[2] and not plan.fold_bias else None
         if plan.dense:
-            (x, weight), left, right = groups[3:]
-            dx, d_eff = kernels.dense_backward(dy, x, weight, eff[:m], eff[m:], left, right, need[1])
+            (x, weight), left, right = groups[2:]
+            dx, d_eff = kernels.dense_backward(dy, x, weight, cores[:m], cores[m:], left, right, need[1],
+                                               need_params)
         else:
             nl = len(plan.left_groups)
-            left_in, left = groups[3], groups[4:4 + nl]
-            right_in, right = groups[4 + nl], groups[5 + nl:]
-            dz, d_right, folded_dbias = kernels.right_backward(dy, eff[m:], right_in, right,
-                                                                   plan.right_groups)
+            left_in, left = groups[2], groups[3:3 + nl]
+            right_in, right = groups[3 + nl], groups[4 + nl:]
+            dz, d_right, folded_dbias = kernels.right_backward(dy, cores[m:], right_in, right,
+                                                                   plan.right_groups, need_params)
             if folded_dbias is not None:
                 dbias = folded_dbias if need[2] else None
-            dx, d_left = kernels.left_backward(dz, eff[:m], left_in, left, plan.left_groups, need[1])
+            dx, d_left = kernels.left_backward(dz, cores[:m], left_in, left, plan.left_groups, need[1],
+                                               need_params)
             d_eff = d_left + d_right
+        if not need_params:
+            return (None, dx, dbias, *([None] * (2 * d - 1)))
         d_cores, d_gates = core_and_gate_grads(d_eff, cores, gates)
         return (None, dx, dbias, *d_cores, *d_gates)
 
@@ -449,14 +455,22 @@ class TTLinear(ResizeOnLoad, nn.Module):
             raise ValueError(f"TTLinear: expected input with last dimension {self.in_features}, "
                              f"got shape {tuple(x.shape)}")
         cores = parameter_entries(self.cores)
-        if x.dtype != cores[0].dtype and not autocasting(x.device.type):
+        device_type = x.device.type
+        autocast = autocasting(device_type)
+        if x.dtype != cores[0].dtype and not autocast:
             raise TypeError(f"TTLinear: input dtype {x.dtype} differs from the layer's "
                             f"{cores[0].dtype}; cast one of them, or run under torch.autocast")
         x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
-        plan = self.plan(x2.shape[0])
-        d = len(cores)
-        y = outside_autocast(lambda x, b, *p: tt_linear(x.contiguous(), p[:d], p[d:], b, plan),
-                             x.device.type, x2, self.bias, *cores, *forward_gates(self))
+        bias = self.bias
+        # the plan of self.plan(tokens), its ranks read from the cores at hand
+        plan = make_plan(self.in_shape, self.out_shape, (1, *[c.shape[2] for c in cores[:-1]], 1),
+                         x2.shape[0], bias is not None, None, self.plan_settings)
+        if autocast:
+            d = len(cores)
+            y = outside_autocast(lambda x, b, *p: tt_linear(x.contiguous(), p[:d], p[d:], b, plan),
+                                 device_type, x2, bias, *cores, *forward_gates(self))
+        else:
+            y = tt_linear(x2.contiguous(), cores, forward_gates(self), bias, plan)
         return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

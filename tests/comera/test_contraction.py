@@ -253,6 +253,23 @@ def test_mm_keeps_autograd_when_recording():
     torch.testing.assert_close(a.grad, b.sum(1).expand(4096, 64))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rows,inner,cols,narrow", [(128, 768, 30, True), (16, 256, 32, True),
+                                                     (128, 96, 30, False), (8, 768, 30, False),
+                                                     (64, 768, 48, False)])
+def test_narrow_mm_computes_the_transposed_product_below_onednn_sizes(dtype, rows, inner, cols, narrow):
+    """kernels._narrow_mm / _narrow_mm_t: ``a @ b`` and ``a @ w^T``; a narrow CPU product with a long inner
+    dimension (below oneDNN's sizes) comes back as the transposed view of a contiguous (cols, rows) result,
+    any other as a contiguous one."""
+    torch.manual_seed(0)
+    a, b = torch.randn(rows, inner, dtype=dtype), torch.randn(inner, cols, dtype=dtype)
+    assert rows * inner * cols < kernels.INNER_PRODUCT_MIN_MACS[0]
+    want = a.double() @ b.double()
+    for got in (kernels._narrow_mm(a, b), kernels._narrow_mm_t(a, b.t().contiguous())):
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+        assert got.is_contiguous() != narrow and got.t().is_contiguous() == narrow
+
+
 def test_mm_falls_back_to_torch_mm_when_onednn_fails(monkeypatch):
     def unsupported(*args):
         raise RuntimeError("could not create a primitive descriptor")

@@ -69,6 +69,46 @@ def test_float64_matches_dense_reference(order, seed):
         _compare(layer, x, plan, 1e-10)
 
 
+@pytest.mark.parametrize("tokens", [1, 5, 24])
+def test_frozen_cores_and_gates_give_exact_input_and_bias_grads_without_core_grads(tokens):
+    """Cores and gates that need no gradient (frozen): every strategy and the folded bias still give the
+    float64 reference's output, input and bias gradients, and the backward forms no core gradient: it runs
+    only the products of dz and dx (and the bias sum), none of the merges' backward."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Products(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += str(func.overloadpacket) in ("aten.mm", "aten.bmm", "aten.addmm", "aten.t_copy",
+                                                       "mkldnn._linear_pointwise", "aten.mul",
+                                                       "aten._foreach_mul")
+            return func(*args, **(kwargs or {}))
+
+    layer, _ = _random_layer(6, 5, bias=True)
+    for p in [*layer.cores, *layer.gates]:
+        p.requires_grad_(False)
+    m, q = len(layer.in_shape), len(layer.out_shape)
+    x = torch.randn(tokens, layer.in_features, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(tokens, layer.out_features, dtype=torch.float64)
+    want_y = x @ layer.dense_weight() + layer.bias
+    want = torch.autograd.grad(want_y, [x, layer.bias], dy)
+    choices = ["dense", ("merge", "merge"), ("sequential", "sequential"), ((1, m - 1), (q - 1, 1))]
+    for strategies, fold in [(c, 10**9) for c in choices] + [(("merge", "merge"), 0)]:
+        plan = make_plan(layer.in_shape, layer.out_shape, tuple(layer.ranks), tokens, True, strategies,
+                         PlanSettings(fold_bias_min_tokens=fold))
+        y = tt_linear(x, layer.cores, layer.gates, layer.bias, plan)
+        with Products() as products:
+            got = torch.autograd.grad(y, [x, layer.bias], dy)
+        for a, b in [(y, want_y), *zip(got, want)]:
+            assert ((a - b).norm() / b.norm()).item() <= 1e-10, str(plan)
+        # dense: dx = dy W^T; grouped: one product per group and side (dz, then dz .. dx)
+        expected = 1 if plan.dense else len(plan.left_groups) + len(plan.right_groups)
+        assert products.count == expected, (str(plan), products.count)
+
+
 def _second_derivatives(linear, x, params):
     """Gradients of ``|| d/dx sum(tanh(linear(x))^2) ||^2`` (a gradient penalty) with respect to ``x`` and
     ``params``: second derivatives through the layer, as create_graph gives them."""
@@ -329,6 +369,23 @@ def test_backward_saves_no_full_width_tensor():
     assert max(t.numel() for t in saved) <= 256 * 768  # x itself; nothing of size tokens x 3072
 
 
+@pytest.mark.parametrize("tokens", [1, 128])
+def test_backward_saves_each_gated_core_only_as_its_chain_views(tokens):
+    """Saved per call (each a packed tensor autograd keeps, with its bookkeeping on every call): the input
+    (twice: as the layer input and as the first absorption's), the 6 cores and 5 gates (their gradients
+    need them), and per side the merge chain, 2 per core but one, or one matrix per core when every
+    group is one core, plus each group's input: not the gated cores besides (their shapes are the cores')."""
+    layer = TTLinear(768, 768, in_shape=[12, 8, 8], out_shape=[8, 8, 12], rank=30)
+    plan = layer.plan(tokens)
+    x = torch.randn(tokens, 768, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        layer(x)
+    chains = sum(2 * size - 1 for size in plan.left_groups + plan.right_groups)
+    group_inputs = len(plan.left_groups) + len(plan.right_groups)
+    assert len(saved) == 1 + 6 + 5 + chains + group_inputs, str(plan)
+
+
 @pytest.mark.parametrize("strategies", ["dense", ((3, 1), (1, 1)), ((1, 3), (2,)), ((2, 2), "merge")])
 def test_executed_matmul_flops_equal_plan_for_forced_strategies(strategies):
     layer = TTLinear(120, 12, in_shape=[4, 3, 5, 2], out_shape=[3, 4], rank=[1, 4, 6, 3, 5, 4, 1])
@@ -358,6 +415,37 @@ def test_float32_at_inner_product_sizes_matches_dense_reference(bias):
     want = torch.autograd.grad((x @ layer.dense_weight() + (layer.bias if bias else 0)).sum(), params)
     for a, b in zip(got, want):
         assert ((a - b).norm() / b.norm()).item() <= 1e-4
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_float64_at_narrow_product_sizes_matches_dense_reference(bias, monkeypatch):
+    """Enough tokens and input features that ``z = x A`` and ``dz = dy B^T`` run as transposed products
+    (kernels._narrow_mm, _narrow_mm_t; z and dz are then transposed views): output, the gradients of x,
+    cores, gates and bias, and second derivatives (create_graph) equal the float64 reference."""
+    torch.manual_seed(0)
+    layer = TTLinear(256, 320, in_shape=[8, 8, 4], out_shape=[4, 8, 10], rank=[1, 6, 9, 7, 5, 8, 1],
+                     bias=bias, dtype=torch.float64)
+    with torch.no_grad():
+        for gate in layer.gates:
+            gate.uniform_(0.3, 1.7)
+    tokens = 24
+    plan = make_plan(layer.in_shape, layer.out_shape, tuple(layer.ranks), tokens, bias, ("merge", "merge"))
+    transposed = []
+    for name in ("_narrow_mm", "_narrow_mm_t"):
+        def spy(*args, _fn=getattr(kernels, name)):
+            out = _fn(*args)
+            transposed.append(not out.is_contiguous())
+            return out
+        monkeypatch.setattr(kernels, name, spy)
+    x = torch.randn(tokens, 256, dtype=torch.float64)
+    _compare(layer, x, plan, 1e-10)
+    assert len(transposed) == 2 and all(transposed)
+    x = x.requires_grad_(True)
+    params = [*layer.cores, *layer.gates] + ([layer.bias] if bias else [])
+    want = _second_derivatives(lambda t: t @ layer.dense_weight() + (layer.bias if bias else 0), x, params)
+    got = _second_derivatives(lambda t: tt_linear(t, layer.cores, layer.gates, layer.bias, plan), x, params)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert ((a - b).norm() / b.norm()).item() <= 1e-10, f"grad{i}"
 
 
 @pytest.mark.slow
