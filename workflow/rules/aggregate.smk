@@ -23,8 +23,12 @@ rule merge_runs:
     params:
         sweeps=json.dumps(SWEEPS, sort_keys=True),
         empty=["--allow-empty"] if config["only_finished"] else [],  # a run stopped before any cell ended
-    run:  # not a shell command: it would name every cell's files, one log line of thousands of characters
-        merge_cells(input, output, params, log[0])
+        cells=CELLS,
+        run_ids=list(GRID),  # each cell named once; the command finds its three files in CELLS
+    shell:  # a shell command, not a `run:` block, which Snakemake runs in a second Snakemake process
+        "python -m harness.configs.merge_cells --cells {params.cells:q} --sweeps {params.sweeps:q} {params.empty}"
+        " --grid-out {output.grid:q} --runs-out {output.runs:q} --curves-out {output.curves:q}"
+        " {params.run_ids:q} > {log:q} 2>&1 || {{ status=$?; tail -n 5 {log:q} >&2; exit $status; }}"
 
 
 rule merge_microbench:

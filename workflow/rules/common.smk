@@ -248,21 +248,3 @@ onerror:
 wildcard_constraints:
     run_id="[A-Za-z0-9._-]+",
     name="[A-Za-z0-9._-]+",
-
-
-def merge_cells(input, output, params, log):
-    """The grid file, then the runs and curves tables (``comera-bench merge``), stopping at the first
-    failure; their messages go to ``log``, and a failure raises naming it with its last lines."""
-    import contextlib
-    from harness import results as _results
-
-    steps = [(_grid.main, ["--out", output.grid, "--sweeps", params.sweeps, *input.specs]),
-             (_results.cli_merge, ["--kind", "runs", *params.empty, "--grid", output.grid, "--out",
-                                   output.runs, *input.runs]),
-             (_results.cli_merge, ["--kind", "curves", *params.empty, "--grid", output.grid, "--out",
-                                   output.curves, *input.curves])]
-    with open(log, "w") as fh, contextlib.redirect_stdout(fh), contextlib.redirect_stderr(fh):
-        failed = next((code for step, argv in steps if (code := step(argv))), 0)
-    if failed:
-        tail = "".join(open(log).readlines()[-5:])
-        raise WorkflowError(f"merge_runs failed (exit status {failed}); {log}:\n{tail}")
