@@ -23,7 +23,7 @@ rule merge_runs:
     params:
         sweeps=json.dumps(SWEEPS, sort_keys=True),
         empty=["--allow-empty"] if config["only_finished"] else [],  # a run stopped before any cell ended
-        cells=CELLS,
+        cells=lambda w, input: os.path.dirname(input.specs[0]) if input.specs else CELLS,
         run_ids=list(GRID),  # each cell named once; the command finds its three files in CELLS
     shell:  # a shell command, not a `run:` block, which Snakemake runs in a second Snakemake process
         "python -m harness.configs.merge_cells --cells {params.cells:q} --sweeps {params.sweeps:q} {params.empty}"
