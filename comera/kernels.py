@@ -99,25 +99,24 @@ NARROW_COLS, NARROW_MIN_INNER, NARROW_MIN_ROWS = 32, 256, 16
 ``(b^T a^T)^T`` (:func:`_narrow_mm`): MKL runs that layout faster (docs/performance.md)."""
 
 
+def _narrow(a: torch.Tensor, other: torch.Tensor, cols: int) -> bool:
+    """Whether ``a`` times ``other`` (or its transpose), ``cols`` output columns, is a narrow CPU product
+    below oneDNN's sizes (:data:`NARROW_COLS`)."""
+    return (cols <= NARROW_COLS and a.shape[1] >= NARROW_MIN_INNER and a.shape[0] >= NARROW_MIN_ROWS
+            and a.device.type == "cpu" and not _inner_product_fits(a, other, cols, None))
+
+
 def _narrow_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` of 2-D tensors for a result read as a matrix (never reshaped): :func:`_mm`, except that a
-    narrow CPU product below oneDNN's sizes (:data:`NARROW_COLS`) is computed as ``(b^T a^T)^T``, a
+    narrow CPU product below oneDNN's sizes (:func:`_narrow`) is computed as ``(b^T a^T)^T``, a
     transposed view of a contiguous ``(cols, rows)`` result."""
-    rows, inner, cols = a.shape[0], a.shape[1], b.shape[1]
-    if (cols <= NARROW_COLS and inner >= NARROW_MIN_INNER and rows >= NARROW_MIN_ROWS
-            and a.device.type == "cpu" and not _inner_product_fits(a, b, cols, None)):
-        return torch.mm(b.t(), a.t()).t()
-    return _mm(a, b)
+    return torch.mm(b.t(), a.t()).t() if _narrow(a, b, b.shape[1]) else _mm(a, b)
 
 
 def _narrow_mm_t(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``a @ w^T`` as :func:`_narrow_mm` computes ``a @ b``: ``(w a^T)^T`` for a narrow CPU product below
     oneDNN's sizes, else :func:`_mm_t`."""
-    rows, inner, cols = a.shape[0], a.shape[1], w.shape[0]
-    if (cols <= NARROW_COLS and inner >= NARROW_MIN_INNER and rows >= NARROW_MIN_ROWS
-            and a.device.type == "cpu" and not _inner_product_fits(a, w, cols, None)):
-        return torch.mm(w, a.t()).t()
-    return _mm_t(a, w)
+    return torch.mm(w, a.t()).t() if _narrow(a, w, w.shape[0]) else _mm_t(a, w)
 
 
 # A merged group is saved as one flat list ("chain"): its blocks, then its cores as the matrices the
