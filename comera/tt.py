@@ -52,6 +52,11 @@ def _shape(features: int, shape: Sequence[int] | None, name: str, default_modes:
     return shape
 
 
+def bond_sizes(cores: Sequence[torch.Tensor]) -> tuple[int, ...]:
+    """The bond sizes ``(1, r_1, ..., r_{d-1}, 1)`` of TT cores of shape ``(r_k, n_k, r_{k+1})``."""
+    return (1, *[c.shape[2] for c in cores[:-1]], 1)
+
+
 def parameter_entries(params: nn.ParameterList) -> list[torch.Tensor]:
     """The parameters of ``params`` in order, as a plain list.
 
@@ -368,7 +373,7 @@ class TTLinear(ResizeOnLoad, nn.Module):
     @property
     def ranks(self) -> list[int]:
         """Current bond sizes [1, r_1, ..., r_{d-1}, 1] (read from the cores, so pruning shows)."""
-        return [1] + [c.shape[2] for c in parameter_entries(self.cores)][:-1] + [1]
+        return list(bond_sizes(parameter_entries(self.cores)))
 
     def reset_parameters(self) -> None:
         """Cores normal with Var(W_ij) = 1 / (3 in_features) (nn.Linear's default uniform init), one std
@@ -430,7 +435,11 @@ class TTLinear(ResizeOnLoad, nn.Module):
             >>> layer.plan(4096).order
             'x @ (G0 G1 G2) -> z; z @ (G3 G4 G5) -> y + b (folded into the GEMM)'
         """
-        return make_plan(self.in_shape, self.out_shape, tuple(self.ranks), int(tokens), self.bias is not None,
+        return self._plan(int(tokens), parameter_entries(self.cores))
+
+    def _plan(self, tokens: int, cores: Sequence[torch.Tensor]) -> ContractionPlan:
+        """:meth:`plan` with the ranks read from ``cores``, the layer's core tensors at hand."""
+        return make_plan(self.in_shape, self.out_shape, bond_sizes(cores), tokens, self.bias is not None,
                          None, self.plan_settings)
 
     def flops(self, tokens: int) -> int:
@@ -462,9 +471,7 @@ class TTLinear(ResizeOnLoad, nn.Module):
                             f"{cores[0].dtype}; cast one of them, or run under torch.autocast")
         x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         bias = self.bias
-        # the plan of self.plan(tokens), its ranks read from the cores at hand
-        plan = make_plan(self.in_shape, self.out_shape, (1, *[c.shape[2] for c in cores[:-1]], 1),
-                         x2.shape[0], bias is not None, None, self.plan_settings)
+        plan = self._plan(x2.shape[0], cores)
         if autocast:
             d = len(cores)
             y = outside_autocast(lambda x, b, *p: tt_linear(x.contiguous(), p[:d], p[d:], b, plan),
