@@ -348,10 +348,9 @@ def target_steps(cfg: Config, targets: set[int], timeout_s: float,
 
 def halving_rows(cfg: Config, result: dict[str, Any], batch: int, settings: str, errors: str,
                  roof: Roofline | None = None) -> list[BenchRow]:
-    """Target 4: the tensorized layers' speedup after halving every rank (bound: their time before
-    over the roofline time of the halved layers' counted FLOPs and traffic, or the FLOP ratio without a
-    roofline), and the step's
-    speedup as a fraction of its Amdahl estimate."""
+    """Target 4: the tensorized layers' speedup after halving every rank (bound: their time before over the
+    roofline time of the halved layers' counted FLOPs and traffic, or the FLOP ratio without a roofline),
+    and the step's speedup as a fraction of its Amdahl estimate."""
     goals = cfg.goals["halving"]
     before, after = result.get("ranks") or {}, result.get("ranks_halved") or {}
     sample = next(iter(before), None)
