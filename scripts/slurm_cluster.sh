@@ -26,9 +26,6 @@ may_write() {
 
 start() {
     [ "$(id -u)" = 0 ] || { echo "slurm_cluster.sh: needs root" >&2; exit 2; }
-    if command -v sinfo >/dev/null && timeout 10 sinfo -h -o %t 2>/dev/null | grep -q idle; then
-        echo "slurm: already running"; return 0
-    fi
     if [ ! -x /usr/sbin/slurmctld ] || [ ! -x /usr/sbin/slurmd ] || [ ! -x /usr/sbin/munged ] \
         || ! command -v sbatch >/dev/null; then
         export DEBIAN_FRONTEND=noninteractive
@@ -45,7 +42,7 @@ start() {
     host=$(hostname -s)
     mkdir -p /var/spool/slurmctld /var/spool/slurmd /var/log/slurm /etc/slurm "$FAKE_GPU_DIR"
     for i in 0 1; do [ -c "$FAKE_GPU_DIR/gpu$i" ] || mknod "$FAKE_GPU_DIR/gpu$i" c 1 3; done
-    local conf
+    local conf  # CPUs: the machine's online CPUs (`nproc` follows OMP_NUM_THREADS, which the tests set to 1)
     conf=$(cat <<CONF
 $MARK
 ClusterName=ci
@@ -69,11 +66,17 @@ ReturnToService=2
 MpiDefault=none
 MinJobAge=300
 GresTypes=gpu
-NodeName=${host} NodeAddr=127.0.0.1 CPUs=$(nproc) RealMemory=4000 Gres=gpu:2 State=UNKNOWN
+NodeName=${host} NodeAddr=127.0.0.1 CPUs=$(getconf _NPROCESSORS_ONLN) RealMemory=4000 Gres=gpu:2 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
 )
     may_write /etc/slurm/slurm.conf "$conf" || exit 4
+    if command -v sinfo >/dev/null && timeout 10 sinfo -h -o %t 2>/dev/null | grep -q idle; then
+        if [ "$(cat /etc/slurm/slurm.conf)" = "$conf" ]; then echo "slurm: already running"; return 0; fi
+        echo "slurm: running with another slurm.conf; restarting it with this one"
+        for f in /run/slurmd.pid /run/slurmctld.pid; do [ -s "$f" ] && kill "$(cat "$f")" 2>/dev/null || true; done
+        sleep 2
+    fi
     printf '%s\n' "$conf" > /etc/slurm/slurm.conf
     echo "NodeName=${host} Name=gpu File=${FAKE_GPU_DIR}/gpu[0-1]" > /etc/slurm/gres.conf
     /usr/sbin/slurmctld
