@@ -1,4 +1,8 @@
+import atexit
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,6 +12,16 @@ import torch
 # sets them (see one_thread).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
+
+NO_SCONTROL_DIR = Path(tempfile.mkdtemp(prefix="comera-bench-tests-bin-"))
+"""First on the tests' PATH: an ``scontrol`` that fails at once. snakemake-executor-plugin-slurm runs
+``scontrol show config`` whenever Snakemake loads its plug-ins, and where a SLURM client has no controller
+(this machine once tests/workflow/test_slurm.py stopped its daemons) that waits ~9 s in every Snakemake
+process; the plug-in takes a failure as "no MinJobAge" either way. test_slurm.py takes it off its PATH."""
+(NO_SCONTROL_DIR / "scontrol").write_text("#!/bin/sh\nexit 1\n")
+(NO_SCONTROL_DIR / "scontrol").chmod(0o755)
+os.environ["PATH"] = f"{NO_SCONTROL_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
+atexit.register(shutil.rmtree, NO_SCONTROL_DIR, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
@@ -44,11 +58,9 @@ def pytest_collection_modifyitems(config, items):
     worker, so that a module fixture -- the tiny pipeline run, the SLURM cluster -- is made once): files
     with a test marked ``slow`` first, so that the long end-to-end files start early and the many quick
     files fill the workers' ends; among them, most tests first; slow tests first inside a file. Files with
-    tests marked ``slurm`` last: once their cluster's daemons are stopped, the Slurm client they installed
-    makes every later Snakemake start wait ~9 s for a controller (snakemake-executor-plugin-slurm runs
-    ``scontrol show config`` when Snakemake loads its plug-ins). Tests marked ``cuda`` need a CUDA device:
-    skipped without one (``pytest -m cuda`` selects them, as scripts/gpu_check.sh does). The order is the
-    same in every xdist worker."""
+    tests marked ``slurm`` last: their cluster holds the CPUs while it runs jobs. Tests marked ``cuda`` need
+    a CUDA device: skipped without one (``pytest -m cuda`` selects them, as scripts/gpu_check.sh does). The
+    order is the same in every xdist worker."""
     files: dict[str, list] = {}
     for item in items:
         files.setdefault(item.nodeid.split("::")[0], []).append(item)

@@ -1,5 +1,6 @@
-"""The slurm profile for real: a one-node SLURM cluster (scripts/slurm_cluster.sh) runs the tiny grid
-through snakemake-executor-plugin-slurm; the daemons are stopped by their PID files afterwards."""
+"""The slurm profile for real: a one-node SLURM cluster (scripts/slurm_cluster.sh) runs jobs of each kind
+of the tiny grid through snakemake-executor-plugin-slurm; the daemons are stopped by their PID files
+afterwards."""
 from __future__ import annotations
 
 import os
@@ -15,7 +16,9 @@ from harness import settings
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+PATH = [d for d in os.environ.get("PATH", "").split(os.pathsep)
+        if not Path(d).name.startswith("comera-bench-tests-bin-")]  # the real scontrol (tests/conftest.py)
+ENV = {**os.environ, "PATH": os.pathsep.join([str(BIN), *PATH])}
 SCRIPT = ROOT / "scripts" / "slurm_cluster.sh"
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -60,21 +63,30 @@ def test_fake_gpu_gres_sets_cuda_visible_devices(cluster):
     assert out.stdout.strip() in ("0", "1")
 
 
+CELLS = "results/runs/cpu-tiny"
+TARGETS = [f"{CELLS}/transformer_dense-default_b4_tnone_s0.runs.parquet",  # the timing group: every method
+           f"{CELLS}/transformer_dense-default_b8_tnone_s0_quality.runs.parquet",  # a quality cell
+           f"{CELLS}/microbench/tiny.microbench.parquet"]
+"""Jobs of each kind the tiny grid submits (the matched quality cells, which wait for CoMERA's, add time and
+no kind)."""
+
+
 def test_tiny_grid_through_the_slurm_plugin(cluster, tmp_path):
     cmd = ["timeout", "-k", "10", "900", str(BIN / "snakemake"), "--snakefile", str(ROOT / "Snakefile"),
            "--directory", str(tmp_path), "--profile", str(ROOT / "profiles" / "slurm"),
-           "runs", "microbench", "--configfile", str(ROOT / "config" / "tiny.yaml")]
+           "--configfile", str(ROOT / "config" / "tiny.yaml"), "--", *TARGETS]
     res = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=960)
     if res.returncode != 0:  # a job SLURM can never run (more CPUs than the node has) pends until the timeout
         queue = subprocess.run(["squeue", "-o", "%i %j %T %r %C"], capture_output=True, text=True, timeout=30)
         pytest.fail(f"{(res.stdout + res.stderr)[-4000:]}\nsqueue at the end:\n{queue.stdout}{queue.stderr}")
     log = res.stdout + res.stderr
     assert "sbatch" in log or "SLURM" in log or "slurm" in log
-    files = sorted((tmp_path / "results" / "runs" / "cpu-tiny").glob("*.runs.parquet"))
+    files = sorted((tmp_path / CELLS).glob("*.runs.parquet"))
     rows = pd.concat([pd.read_parquet(f) for f in files])
     assert set(rows.method) == {"dense", "comera", "galore", "lte"}
+    assert set(rows.purpose) == {"timing", "quality"}
     assert set(rows.status) <= {"ok", "oom", "diverged", "error", "timeout"}
-    assert (tmp_path / "results" / "runs" / "cpu-tiny" / "microbench" / "tiny.microbench.parquet").exists()
+    assert all((tmp_path / target).exists() for target in TARGETS)
 
 
 def test_the_script_never_overwrites_a_foreign_slurm_conf(tmp_path):
