@@ -324,7 +324,8 @@ def fig14_accuracy_vs_compression(res: Results, out: Path) -> None:
     if not len(ok):
         return empty(out, name, title, f"transformer cells with a final accuracy ({source})",
                       res.settings_line())
-    fig, (ax,) = panels(1, width=6.4)
+    fig, (ax,) = panels(1, width=12.0)  # room beside the legend, which hides no point
+    fig.set_figheight(5.4)
     labels = ok.apply(display_label, axis=1)
     reached = pd.Series([target_reached(r) for r in ok.itertuples()], index=ok.index, dtype=object)
     dense = ok[(ok.method == "dense") & (labels == "uncompressed")]
@@ -376,7 +377,7 @@ def fig14_accuracy_vs_compression(res: Results, out: Path) -> None:
     ax.set_xlabel("whole-model compression (uncompressed parameters / the model's)")
     ax.set_ylabel("final validation accuracy")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.01, 1))
     seeds = ok.seed.nunique()
     footer = (f"{knee + '. ' if knee else ''}{equal_size_text(ok)}{res.label}, {source}, {seeds} "
               f"seed{'s' if seeds != 1 else ''} (small: each seed; large: mean; hollow: target not "

@@ -1278,6 +1278,22 @@ def test_fig13_legend_sits_beside_the_plots(tmp_path, monkeypatch):
     assert not any(seen["legends"][0].overlaps(plot) for plot in seen["plots"])
 
 
+def test_fig14_legend_sits_beside_the_plot(tmp_path, monkeypatch):
+    """Fig 14's legend is outside its plot: inside it had hidden the uncompressed methods' points at 1x."""
+    seen = {}
+
+    def spy(fig, title, footer, out, name, notes=""):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        (ax,) = fig.axes
+        seen.update(legend=ax.get_legend().get_window_extent(renderer), plot=ax.get_window_extent(renderer))
+        plt.close(fig)
+
+    monkeypatch.setattr(drawing, "finish", spy)
+    quality_figures.fig14_accuracy_vs_compression(quality_folder(tmp_path / "q", *fig14_cells()), tmp_path)
+    assert not seen["legend"].overlaps(seen["plot"])
+
+
 def test_fig12_has_a_tick_near_its_leftmost_point(tmp_path, monkeypatch):
     """A sweep from 1.6x to 100x: the log axis' 1-3 ticks (1 out of view, 3 at 1.9x the point) leave its
     least compressed point without a tick near it, so one is added there."""
