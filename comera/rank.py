@@ -520,7 +520,7 @@ class TwoStageRankAdaptation:
                     f"above S0: the paper's rule; loss_target)")
         if shrinking > 0.5:
             return (f"{where}: the late stage ({p.late_steps} steps) ended first; give it more steps or a "
-                    f"larger size_weight")
+                    f"higher late_gate_travel (Adam moves a gate about its rate per step)")
         return (f"{where}: shrinking was held back on {1 - shrinking:.0%} of the {final} steps at the final "
                 f"target, where it would have raised the task loss beyond its tolerance (loss_tolerance)")
 
