@@ -257,16 +257,22 @@ def _curve_figure(res: Results, out: Path, name: str, title: str, workload: str,
         return empty(out, name, title, f"{split} curves ({'/'.join(metrics)}) of {workload} runs ({source})",
                       res.settings_line())
     fig, (ax,) = panels(1)
-    banded = False
+    banded, windows = False, set()
     for i, (label, group) in enumerate(df.groupby("label", sort=True)):
         seeds = sorted(int(seed) for seed in group.seed.dropna().unique())
-        by_step = group.groupby("step").value
-        mean = by_step.mean()
+        by_seed = group.groupby(["step", "seed"], dropna=False).value.mean().unstack()
+        mean = by_seed.mean(axis=1)
+        window = smoothing_window(len(mean))
+        if window > 1:  # each step faint behind the rolling mean
+            ax.plot(mean.index, mean.values, color=f"C{i}", alpha=0.25, lw=0.6)
+            windows.add(window)
+        by_seed = by_seed.rolling(window, center=True, min_periods=1).mean()
         if len(seeds) > 1:
             label += f", mean of seeds {', '.join(map(str, seeds))}"
-            ax.fill_between(mean.index, by_step.min().values, by_step.max().values, color=f"C{i}", alpha=0.2,
-                            lw=0)
+            ax.fill_between(by_seed.index, by_seed.min(axis=1).values, by_seed.max(axis=1).values,
+                            color=f"C{i}", alpha=0.2, lw=0)
             banded = True
+        mean = by_seed.mean(axis=1)
         ax.plot(mean.index, mean.values, marker="." if len(mean) < 30 else None, color=f"C{i}", label=label)
     if paper is not None:
         ax.axhline(paper[0], color="gray", ls="--", lw=1, label=f"{PAPER}: {paper[1]}")
@@ -277,13 +283,28 @@ def _curve_figure(res: Results, out: Path, name: str, title: str, workload: str,
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     failed = [f"{r.run_id} ({r.status})" for r in runs.itertuples() if r.status != "ok"]
-    footer = [f"{device_text(res, runs)}; {source}"
+    smoothed = (f"; {'/'.join(map(str, sorted(windows)))}-step rolling means (each step faint)" if windows
+                else "")
+    footer = [f"{device_text(res, runs)}; {source}{smoothed}"
               + ("; shaded: the range over the seeds." if banded else "."),
               f"Failed: {', '.join(failed)}." if failed else "", note(df, source) if note else ""]
     drawing.finish(fig, title, " ".join(filter(None, footer)), out, name, drawing.notes(
         model=model_line(res, runs), settings=res.settings_line(workload, runs), methods=methods_text(runs),
         measured=f"{ylabel}: the {split} curves ({'/'.join(metrics)}) the runs recorded, one line per method "
-                 "configuration (the mean of its seeds per step where it has several)"))
+                 "configuration (the mean of its seeds per step where it has several); a curve of more than "
+                 f"{SMOOTH_ABOVE} steps is drawn as a centred rolling mean of each seed over "
+                 f"{SMOOTH_SHARE:.0%} of its steps (the shaded range too), with the step-by-step mean faint"))
+
+
+SMOOTH_ABOVE, SMOOTH_SHARE = 100, 1 / 30
+"""A curve of more points than SMOOTH_ABOVE (per-step training losses) is drawn as a centred rolling mean
+over SMOOTH_SHARE of its points (:func:`smoothing_window`)."""
+
+
+def smoothing_window(points: int) -> int:
+    """The rolling window of a curve of ``points`` points: 1 (none) up to :data:`SMOOTH_ABOVE` points,
+    then ``SMOOTH_SHARE`` of them, at least 5."""
+    return max(5, round(points * SMOOTH_SHARE)) if points > SMOOTH_ABOVE else 1
 
 
 BASE_RATE_NCE = 0.98

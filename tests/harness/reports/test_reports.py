@@ -697,6 +697,31 @@ def test_curve_lines_part_by_size_data_and_sequence_length_where_they_vary(tmp_p
                            "dense, batch 32, size bert-large, data text, seq 128": [2.28, 3.28]}
 
 
+def test_a_long_curve_is_drawn_as_a_rolling_mean_over_its_faint_steps(tmp_path, monkeypatch):
+    """300 per-step losses alternating 1 and 2 (one seed): the labelled line is their 10-step centred rolling
+    mean (1.5 inside), each step is drawn faint behind it, and the footer says so; a short curve is drawn
+    as it is (the other curve tests)."""
+    row = run_row("mlm", "dense", 16)
+    row.update(run_id=f"{row['run_id']}_s0_quality", seed=0, purpose="quality")
+    curves = [{"run_id": row["run_id"], "step": s, "epoch": 0, "split": "train", "metric_name": "loss",
+               "value": 1.0 + s % 2} for s in range(300)]
+    found = {}
+
+    def spy(fig, title, footer, out, name, notes=""):
+        (ax,) = fig.axes
+        found.update(lines=[(ln.get_label(), list(ln.get_ydata()), ln.get_alpha()) for ln in ax.get_lines()],
+                     footer=footer)
+        plt.close(fig)
+
+    monkeypatch.setattr(drawing, "finish", spy)
+    figures.fig10_mlm_loss(analysis.load(make_folder(tmp_path / "c", [row], curves)), tmp_path)
+    (faint,) = [ys for label, ys, alpha in found["lines"] if alpha is not None and alpha < 1]
+    assert faint == [1.0 + s % 2 for s in range(300)]
+    (smooth,) = [ys for label, ys, _ in found["lines"] if "batch 16" in label]
+    assert smooth[10:290] == pytest.approx([1.5] * 280)
+    assert "10-step rolling means (each step faint)" in found["footer"]
+
+
 @pytest.mark.parametrize("workload, split, metric, figure", [
     ("dlrm", "eval", "nce", "fig9_dlrm_nce"), ("mlm", "train", "loss", "fig10_mlm_loss")])
 def test_curve_figures_draw_the_quality_cells_seeds_as_mean_and_range(tmp_path, monkeypatch, workload, split,
