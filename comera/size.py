@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from comera import plain
-from comera.tt import parameter_entries
+from comera.tt import bond_sizes as tt_bond_sizes, parameter_entries
 
 
 def is_tensorized(module: nn.Module) -> bool:
@@ -32,7 +32,7 @@ def tensorized_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def bond_sizes(module: nn.Module) -> list[int]:
     """``[1, r_1, ..., r_{d-1}, 1]`` of one tensorized module, read from its core shapes."""
-    return [module.cores[0].shape[0]] + [core.shape[-1] for core in module.cores]
+    return list(tt_bond_sizes(parameter_entries(module.cores)))
 
 
 def rank_saving(module: nn.Module, k: int, bonds: list[int] | None = None) -> int:

@@ -53,8 +53,9 @@ def _shape(features: int, shape: Sequence[int] | None, name: str, default_modes:
 
 
 def bond_sizes(cores: Sequence[torch.Tensor]) -> tuple[int, ...]:
-    """The bond sizes ``(1, r_1, ..., r_{d-1}, 1)`` of TT cores of shape ``(r_k, n_k, r_{k+1})``."""
-    return (1, *[c.shape[2] for c in cores[:-1]], 1)
+    """The bond sizes ``(r_0, r_1, ..., r_d)`` (``r_0 = r_d = 1``) of TT or TTM cores, each of shape
+    ``(r_k, ..., r_{k+1})``."""
+    return (cores[0].shape[0], *[c.shape[-1] for c in cores])
 
 
 def parameter_entries(params: nn.ParameterList) -> list[torch.Tensor]:

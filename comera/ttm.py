@@ -15,7 +15,7 @@ from torch import nn
 from comera import plain
 from comera.init import core_stds
 from comera.reload import ResizeOnLoad
-from comera.tt import forward_gates, outside_autocast, parameter_entries
+from comera.tt import bond_sizes, forward_gates, outside_autocast, parameter_entries
 from comera.ttsvd import relative_error, tt_svd
 
 LOOKUP_MODES = ("naive", "optimized")
@@ -149,7 +149,7 @@ class TTMEmbedding(ResizeOnLoad, nn.Module):
     @property
     def ranks(self) -> list[int]:
         """Current TT ranks ``[1, r_1, ..., r_{d-1}, 1]`` (read from the core shapes)."""
-        return [self.cores[0].shape[0]] + [core.shape[-1] for core in self.cores]
+        return list(bond_sizes(parameter_entries(self.cores)))
 
     def extra_repr(self) -> str:
         return (f"{self.num_embeddings}, {self.embedding_dim}, row_shape={self.row_shape}, "
