@@ -12,7 +12,15 @@ set -euo pipefail
 
 FAKE_GPU_DIR=${FAKE_GPU_DIR:-/run/comera-bench-fake-gpus}
 MARK="# written by comera-bench scripts/slurm_cluster.sh"
-PID_FILES=(/run/slurmd.pid /run/slurmctld.pid /run/munge/munged.pid)
+SLURM_PID_FILES=(/run/slurmd.pid /run/slurmctld.pid)
+PID_FILES=("${SLURM_PID_FILES[@]}" /run/munge/munged.pid)
+
+# kill_daemons PID_FILE...: stop each daemon whose PID file is given and not empty.
+kill_daemons() {
+    for f in "$@"; do
+        if [ -s "$f" ]; then kill "$(cat "$f")" 2>/dev/null || true; fi
+    done
+}
 
 # may_write FILE CONTENT: FILE is absent, carries this script's mark, or already holds CONTENT (written
 # by an earlier version of this script, before the mark); else say so and fail.
@@ -74,7 +82,7 @@ CONF
     if command -v sinfo >/dev/null && timeout 10 sinfo -h -o %t 2>/dev/null | grep -q idle; then
         if [ "$(cat /etc/slurm/slurm.conf)" = "$conf" ]; then echo "slurm: already running"; return 0; fi
         echo "slurm: running with another slurm.conf; restarting it with this one"
-        for f in /run/slurmd.pid /run/slurmctld.pid; do [ -s "$f" ] && kill "$(cat "$f")" 2>/dev/null || true; done
+        kill_daemons "${SLURM_PID_FILES[@]}"
         sleep 2
     fi
     printf '%s\n' "$conf" > /etc/slurm/slurm.conf
@@ -90,9 +98,7 @@ CONF
 }
 
 stop() {
-    for f in "${PID_FILES[@]}"; do
-        if [ -s "$f" ]; then kill "$(cat "$f")" 2>/dev/null || true; fi
-    done
+    kill_daemons "${PID_FILES[@]}"
 }
 
 case "${1:-}" in

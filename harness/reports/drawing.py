@@ -38,9 +38,9 @@ SPREAD_NOTE = ("Bars: IQR of the cell's step times (scaled to the epoch); black-
                "timing not stable (timing_quality, table_runs), left out of every verdict.")
 
 
-def panels(ncols: int = 2, width: float = 5.2) -> tuple[plt.Figure, list[plt.Axes]]:
-    """A row of ``ncols`` panels, each ``width`` inches wide."""
-    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, 4.2), squeeze=False)
+def panels(ncols: int = 2, width: float = 5.2, height: float = 4.2) -> tuple[plt.Figure, list[plt.Axes]]:
+    """A row of ``ncols`` panels, each ``width`` inches wide, the figure ``height`` inches tall."""
+    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
     return fig, list(axes[0])
 
 

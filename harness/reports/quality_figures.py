@@ -324,8 +324,7 @@ def fig14_accuracy_vs_compression(res: Results, out: Path) -> None:
     if not len(ok):
         return empty(out, name, title, f"transformer cells with a final accuracy ({source})",
                       res.settings_line())
-    fig, (ax,) = panels(1, width=12.0)  # room beside the legend, which hides no point
-    fig.set_figheight(5.4)
+    fig, (ax,) = panels(1, width=12.0, height=5.4)  # room beside the legend, which hides no point
     labels = ok.apply(display_label, axis=1)
     reached = pd.Series([target_reached(r) for r in ok.itertuples()], index=ok.index, dtype=object)
     dense = ok[(ok.method == "dense") & (labels == "uncompressed")]
