@@ -72,6 +72,7 @@ class CoMERAParams(Params):
     late_fraction: float = _library("late_fraction", ge=0, lt=1)
     recover_fraction: float = _library("recover_fraction", ge=0, lt=1)
     late_gate_travel: float = _library("late_gate_travel", ge=0)
+    reach_target: bool = _library("reach_target")
     mask_gates: Literal[MASK_GATES] = _library("mask_gates")
     init: Literal[INIT_SCHEMES] = "official"     # the TT layers' init (comera.init)
     embedding_init_std: float | None = None      # the TTM table's std; None: the workload's, else init's

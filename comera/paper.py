@@ -13,10 +13,10 @@ from comera.tt import parameter_entries
 
 PAPER_LOSS_WEIGHT = 0.1  # the paper's late objective keeps the task loss at this weight in both branches
 PAPER_FIXED = {"switch_when": "step", "target_ramp": 0.0, "mask_gates": "every_step", "stop_at_target": False,
-               "late_fraction": 0.0, "recover_fraction": 0.0}
+               "late_fraction": 0.0, "recover_fraction": 0.0, "reach_target": False}
 """Settings the paper's rules fix: the switch at a fixed step, S0 fixed, gates <= threshold masked in every
-forward (so pruning them changes nothing), pruning by the threshold alone, no switch deadline and no recovery
-steps (the project's late_fraction and recover_fraction)."""
+forward (so pruning them changes nothing), pruning by the threshold alone, no switch deadline, no recovery
+steps and no size ceiling (the project's late_fraction, recover_fraction and reach_target)."""
 OFFICIAL_LATE_EPOCH_STEPS = 392_702 // 32
 """Steps of one epoch of the official MNLI run (392,702 training pairs, batch 32, the last batch dropped);
 its late stage is 10 of them."""

@@ -163,6 +163,10 @@ class RankSettings:
     late_gate_travel: float = 0.0   # at the switch, every optimizer group of gates alone gets at least this
                                     # over the late stage's steps as its rate (0: rates unchanged; the
                                     # paper's rules: PAPER_DEFAULTS)
+    reach_target: bool = False      # the target as a deadline: late-stage pruning also removes the ranks of
+                                    # smallest share above a ceiling that falls linearly from the size at
+                                    # the switch to S0 at the recovery's start, whatever the loss (False:
+                                    # accuracy first, the guard alone decides how far the size falls)
     total_steps: int | None = None  # steps of the whole run (the ramp's length; the last step's check)
 
     def check(self) -> None:
@@ -206,6 +210,8 @@ class RankSettings:
                  ("late_fraction", 0 <= self.late_fraction < 1, "in [0, 1)"),
                  ("recover_fraction", 0 <= self.recover_fraction < 1, "in [0, 1)"),
                  ("late_gate_travel", self.late_gate_travel >= 0, ">= 0"),
+                 ("reach_target", not (self.reach_target and self.total_steps is None),
+                  "false without total_steps (its ceiling's schedule)"),
                  ("loss_tolerance", self.loss_tolerance >= 0, ">= 0"),
                  ("size_weight", self.size_weight >= 0, ">= 0"),
                  ("loss_average", 0 <= self.loss_average < 1, "in [0, 1)"),
@@ -323,6 +329,9 @@ class TwoStageRankAdaptation:
             floor = float(self.target.size_target) if self.stage == 1 and s.stop_at_target else None
             self._pruned(prune(self.model, s.threshold, self.optimizers, min_size=floor, min_rank=s.min_rank,
                                by=self._prune_by))
+            if self.stage == 1 and s.reach_target and float(self._size) > self._ceiling(done):
+                self._pruned(prune(self.model, 1.0, self.optimizers, min_size=self._ceiling(done),
+                                   min_rank=s.min_rank, by="share"))
             pruned = True
         parts = layout(self.model)
         gate_sizes = [g.shape[0] for g in parts.gates]  # gate k spans internal bond k+1
@@ -336,6 +345,15 @@ class TwoStageRankAdaptation:
             self.outcome.update(reached=self.reached(), shortfall=self.shortfall(),
                                 removed=list(self.progress.removed))
         return info
+
+    def _ceiling(self, done: int) -> float:
+        """``reach_target``'s ceiling after ``done`` steps: the switch's size falling linearly to ``S0`` at the
+        last pruning step before the recovery (before the run's end without one)."""
+        every = self.settings.prune_every or 10
+        start = self.switch["step"]
+        end = (self.switch.get("recover_step") or self.settings.total_steps) // every * every
+        progress = min(1.0, (done - start) / max(1, end - start))
+        return self.switch["size"] - (self.switch["size"] - self.switch["size_target"]) * progress
 
     def recovering(self, step: int) -> bool:
         """Whether step ``step`` (0-based) is in the late stage's recovery: its last ``recover_fraction``,
@@ -518,11 +536,15 @@ class TwoStageRankAdaptation:
             return (f"{where}: the loss branch took {1 - shrinking:.0%} of the {final} late steps (the task "
                     f"loss further above L0 = {self.switch['loss_target']:.4g}, relatively, than the size "
                     f"above S0: the paper's rule; loss_target)")
+        if s.reach_target:
+            return (f"{where}: every bond is down to the min_rank={s.min_rank} ranks it keeps (reach_target "
+                    "prunes no further)")
         if shrinking > 0.5:
             return (f"{where}: the late stage ({p.late_steps} steps) ended first; give it more steps or a "
                     f"higher late_gate_travel (Adam moves a gate about its rate per step)")
         return (f"{where}: shrinking was held back on {1 - shrinking:.0%} of the {final} steps at the final "
-                f"target, where it would have raised the task loss beyond its tolerance (loss_tolerance)")
+                f"target, where it would have raised the task loss beyond its tolerance (loss_tolerance; "
+                f"reach_target=True reaches the target whatever the loss)")
 
     def state_dict(self) -> dict[str, Any]:
         """The driver's state (stage, switch point, running losses, the late target as it stands now,

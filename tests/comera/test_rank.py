@@ -173,6 +173,33 @@ def test_ramped_target_falls_linearly_and_floors_pruning():
     assert targets == pytest.approx([295 - 236 * k / 4 for k in (1, 2, 3, 4)] + [59.0, 59.0])
 
 
+@pytest.mark.parametrize("reach", [False, True])
+def test_reach_target_prunes_the_smallest_shares_down_to_a_ceiling_falling_to_the_target(reach):
+    """With ``reach_target`` each late pruning step removes ranks, smallest share first, down to a ceiling
+    that falls linearly from the switch's size to the target at the last pruning step before the recovery
+    (none would take the size below it), whatever their shares; then nothing is pruned. Without it, shares
+    above ``threshold`` stay (here every one: threshold 0)."""
+    layer = ttm()
+    settings = rank.RankSettings(late_start_step=1, target_ratio=0.3, prune_every=1, switch_when="step",
+                                 total_steps=11, recover_fraction=0.2, threshold=0.0, reach_target=reach)
+    driver = rank.TwoStageRankAdaptation(layer, settings)
+    _drive(driver, [1.0])
+    assert driver.switch["recover_step"] == 9    # 2 of the 10 late steps recover
+    sizes = []
+    for step in range(1, 11):
+        driver.objective(loss(1.0), step)
+        driver.after_step(step)
+        sizes.append(size.tt_parameter_count(layer))
+        ceiling = 295 - (295 - 0.3 * 295) * min(1, step / 8)
+        if reach and step <= 8:
+            assert ceiling <= sizes[-1] < ceiling + rank.smallest_saving(layer, settings.min_rank)
+    if reach:
+        assert sizes[-1] == sizes[7] < 295 and driver.reached() is True  # recovery: no pruning
+    else:
+        assert sizes == [295] * 10 and driver.reached() is False
+        assert driver.shortfall().startswith("stopped at 1.000")
+
+
 def test_late_reference_loss_is_the_best_slow_running_loss():
     layer = ttm()
     settings = rank.RankSettings(late_start_step=2, target_ratio=0.5, prune_every=0, loss_average=0.5,
@@ -225,7 +252,7 @@ def test_a_removed_layer_is_warned_about_and_listed():
     # types: an int field takes no float and no bool; a float field no bool and nothing non-finite
     ("min_rank", 1.5), ("min_rank", True), ("min_rank", rank.MAX_RANK + 1), ("min_rank", 10**6),
     ("prune_every", 2.0), ("converged_window", True), ("late_start_step", 3.5), ("late_start_step", -1),
-    ("total_steps", 0), ("stop_at_target", 1),
+    ("total_steps", 0), ("stop_at_target", 1), ("reach_target", 1), ("reach_target", True),
     ("threshold", float("nan")), ("threshold", -1), ("threshold", float("inf")), ("threshold", True),
     ("l1_weight", float("nan")), ("l1_weight", -0.01), ("l2_weight", float("inf")),
     ("size_weight", float("inf")), ("converged_gain", float("nan")), ("loss_average", float("nan")),
