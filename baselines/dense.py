@@ -87,8 +87,9 @@ def adamw(params: Iterable[Any], *, lr: float, weight_decay: float) -> tuple[tor
 
 def matched_source(method: str, match_run: str) -> dict[str, Any]:
     """The cell a matched cell matches: its row in ``<CELLS_DIR_ENV>/<match_run>.runs.parquet`` as
-    ``{"run": match_run, "params": its params_total, "target": its target_ratio, "target_reached": bool
-    (None without a target), "compression_total": ...}``. ``target_reached``: the row's column where it
+    ``{"run": match_run, "variant": its variant, "params": its params_total, "target": its target_ratio,
+    "target_reached": bool (None without a target), "compression_total": ...}``. ``target_reached``:
+    the row's column where it
     has one, else whether its rank adaptation reported no shortfall.
 
     Raises:
@@ -118,7 +119,9 @@ def matched_source(method: str, match_run: str) -> dict[str, Any]:
         settings = json.loads(row.get("settings") or "{}").get("method", {})
         reached = None if target is None else not (settings.get("outcome") or {}).get("shortfall")
     compression = row.get("compression_total")
-    return {"run": match_run, "params": int(row["params_total"]), "target": target,
+    variant = row.get("variant")
+    return {"run": match_run, "variant": variant if isinstance(variant, str) else None,
+            "params": int(row["params_total"]), "target": target,
             "target_reached": None if reached is None else bool(reached),
             "compression_total": float(compression) if pd.notna(compression) else None}
 

@@ -347,8 +347,8 @@ class TwoStageRankAdaptation:
         return info
 
     def _ceiling(self, done: int) -> float:
-        """``reach_target``'s ceiling after ``done`` steps: the switch's size falling linearly to ``S0`` at the
-        last pruning step before the recovery (before the run's end without one)."""
+        """``reach_target``'s ceiling after ``done`` steps: the switch's size falling linearly to ``S0`` at
+        the last pruning step before the recovery (before the run's end without one)."""
         every = self.settings.prune_every or 10
         start = self.switch["step"]
         end = (self.switch.get("recover_step") or self.settings.total_steps) // every * every

@@ -22,7 +22,7 @@ from harness.reports.judging import (ACCURACY_KEPT, FAILS, HOLDS, LEFT_OUT, NOIS
                                      epoch_kind, in_setting, in_timing_setting, judge, judged, kept_accuracy,
                                      lookup_finding, lookups, make_verdict, no_ratio, ratios_vs, reaches,
                                      runs_of, size_matched_text)
-from harness.reports.judging import RULES_OF_VARIANT, comera_variants
+from harness.reports.judging import RULES_OF_VARIANT, VARIANT_NAMES, comera_variants
 from harness.reports.shared import MB, target_missed
 from harness.results import FINAL_LOSS_WINDOW
 from harness.results.analysis import (CONFIDENCE, TIME, Results, describe_left_out, gpu_rows, load,
@@ -148,9 +148,8 @@ def c4(ctx: Context) -> Verdict:
     v = ctx.values
 
     def measure(rows: pd.DataFrame) -> Finding | None:
-        variants = comera_variants(rows)  # the first judged, the project's beside the paper's
-        names = {f"CoMERA ({variant.replace('default', 'project')} rules)": ("comera", variant)
-                 for variant in variants}
+        variants = comera_variants(rows)  # the first judged, the others beside it
+        names = {f"CoMERA ({VARIANT_NAMES[variant]})": ("comera", variant) for variant in variants}
         judged_name = next(iter(names))
         names.update({"GaLore": ("galore", "default"), "LTE default": ("lte", "default")})
         cells = {k: accuracy_cells(rows, method, variant).dropna(subset=["metric_value"])
@@ -175,11 +174,13 @@ def c4(ctx: Context) -> Verdict:
                    f"transformer size=paper on MNLI, {ctx.gpu}, full schedule, quality cells where the "
                    "grid has them, per batch size: CoMERA (no target; with its targets where it has no such "
                    f"row) and GaLore accuracy within {ABOUT_ACCURACY:g} of {v['accuracy_comera']:g}; LTE "
-                   f"(default preset) at least {FAR_BELOW:g} below both. CoMERA: the "
-                   f"{RULES_OF_VARIANT['paper']} (variant paper) where it ran, the "
-                   f"{RULES_OF_VARIANT['default']} (variant default) shown beside it, or judged where the "
-                   "paper's did not run",
+                   f"(default preset) at least {FAR_BELOW:g} below both. CoMERA: {VARIANTS_READ}",
                    in_setting(df, ctx.gpu) & (df.dataset == "mnli"))
+
+
+VARIANTS_READ = ("the first of these variants that ran is judged, the others shown beside it: "
+                 + "; ".join(f"{rules} (variant {v})" for v, rules in RULES_OF_VARIANT.items()))
+"""Which CoMERA variant C4 and C5 judge, and which they show beside it (:func:`comera_variants`)."""
 
 
 def c5(ctx: Context) -> Verdict:
@@ -191,8 +192,8 @@ def c5(ctx: Context) -> Verdict:
         for workload, stated in paper.items():
             here = rows[rows.workload == workload]
             shown = []
-            for n, variant in enumerate(comera_variants(here)):  # the first judged, the second beside it
-                rules = RULES_OF_VARIANT[variant].split(":")[0]
+            for n, variant in enumerate(comera_variants(here)):  # the first judged, the others beside it
+                rules = VARIANT_NAMES[variant]
                 text, best = _compression(here, variant)
                 if n == 0:
                     parts.append(None if best is None else bool(best and best >= stated))
@@ -207,10 +208,8 @@ def c5(ctx: Context) -> Verdict:
                    f"size=paper, {ctx.gpu}, full schedule; CoMERA after its late stage (target set, "
                    f"late_start_step reached) with accuracy at most {ACCURACY_KEPT:g} below dense at "
                    "the same batch; best total compression >= the stated one; rank sweeps and "
-                   "early-stage-only models are not counted. Per workload the CoMERA with the "
-                   f"{RULES_OF_VARIANT['paper']} (variant paper) is judged where it ran, the one with the "
-                   f"{RULES_OF_VARIANT['default']} (variant default) shown beside it, or judged where the "
-                   "paper's did not run", in_setting(df, ctx.gpu))
+                   f"early-stage-only models are not counted. Per workload, CoMERA: {VARIANTS_READ}",
+                   in_setting(df, ctx.gpu))
 
 
 def _compression(rows: pd.DataFrame, variant: str) -> tuple[str, float | None]:
@@ -407,7 +406,7 @@ RULES = (f"A verdict ({HOLDS} / {FAILS} / {NOISE}) comes only from rows in the c
          "(device cuda and a device name ending in that model, e.g. NVIDIA GeForce RTX 3090; an RTX 3090 Ti "
          "or another GPU does not count), default method configurations; CoMERA's accuracy and "
          "compression (C4, C5) under the paper's rules (variant paper) where it ran, the project's "
-         "(variant default) beside it. "
+         "(variants reach and default) beside it. "
          "Time and memory claims use timing cells (status ok; time ratios from stable rows only, whose epoch "
          "time is the mean timed step x steps per epoch where the run stopped early; ratios of cells timed "
          "together: the median of their per-round ratios of mean step times); accuracy, loss "

@@ -228,17 +228,23 @@ def cells_of(df: pd.DataFrame, method: str, variant: str = "default") -> pd.Data
 
 RULES_OF_VARIANT = {
     "paper": "paper rules: gate penalty 0.01, threshold pruning, fixed 2/3 split, two-branch late stage",
+    "reach": ("project rules, target as a deadline (reach_target): as below, and the ranks of smallest "
+              "share pruned down to a ceiling falling to the target"),
     "default": ("project rules: no early penalty, pruning by a rank's share of its bond, switch once the "
                 "loss converged, guarded late stage with a ramped target")}
-"""The rank-adaptation rules of CoMERA's two variants that the accuracy and compression claims read
-(docs/library-reference.md, "The paper's rules")."""
+"""The rank-adaptation rules of the CoMERA variants that the accuracy and compression claims read, in the
+order they are read (docs/library-reference.md, "The paper's rules"; docs/recipe.md, "The target as a
+deadline")."""
+VARIANT_NAMES = {"paper": "paper rules", "reach": "project rules with reach_target",
+                 "default": "project rules"}
+"""How a report names each of those variants."""
 
 
 def comera_variants(rows: pd.DataFrame) -> list[str]:
-    """The CoMERA variants an accuracy or compression claim reads among ``rows``, the judged one first:
-    ``["paper", "default"]`` where ok rows of the paper's rules exist, else ``["default"]``."""
-    paper = (rows.method == "comera") & (rows.variant == "paper") & (rows.status == "ok")
-    return ["paper", "default"] if paper.any() else ["default"]
+    """The CoMERA variants of :data:`RULES_OF_VARIANT` with ok rows among ``rows``, in its order (the
+    first is judged, the others shown beside it); ``["default"]`` where none has."""
+    ok = rows[(rows.method == "comera") & (rows.status == "ok")]
+    return [v for v in RULES_OF_VARIANT if (ok.variant == v).any()] or ["default"]
 
 
 def accuracy_cells(df: pd.DataFrame, method: str, variant: str = "default") -> pd.DataFrame:
@@ -370,10 +376,11 @@ def size_matched_text(rows: pd.DataFrame, late: pd.DataFrame) -> str:
     0.840 (67203 parameters, 8.2x; task-vocabulary, lr 0.001), fixed-rank TT 0.900 (rank 6, 71000
     parameters, 7.8x)" for each target whose reached size a cell of one workload's ``rows`` matched
     (:func:`harness.reports.shared.size_matched`), each side the median over seeds of its accuracy,
-    parameters and compression; ", target not reached" where a matched CoMERA cell stopped short. The
-    CoMERA side: the matched cells among ``late`` (rows after their late stage). "" without one. Not part
-    of any verdict: the paper has no such baselines."""
-    has = pd.Series([bool(size_matched(r)) for r in rows.itertuples()], index=rows.index, dtype=bool)
+    parameters and compression; ", target not reached" where a matched CoMERA cell stopped short. Only
+    cells matched to one of ``late`` (CoMERA rows after their late stage), which give the CoMERA side. ""
+    without one. Not part of any verdict: the paper has no such baselines."""
+    has = pd.Series([size_matched(r).get("run") in set(late.run_id) for r in rows.itertuples()],
+                    index=rows.index, dtype=bool)
     matched = rows[(rows.status == "ok") & has]
     targets = pd.Series([size_matched(r).get("target") for r in matched.itertuples()], index=matched.index,
                         dtype=float)
@@ -383,7 +390,9 @@ def size_matched_text(rows: pd.DataFrame, late: pd.DataFrame) -> str:
         sources = late[late.run_id.isin({m["run"] for m in records})]
         counts = pd.Series([m["params"] for m in records])
         missed = any(m.get("target_reached") is False for m in records)
-        head = (f"at CoMERA target {target:g}'s reached size ({counts.median():.0f} parameters"
+        variant = sources.variant.iloc[0] if len(sources) else "default"
+        name = "CoMERA" if variant == "default" else f"comera-{variant}"
+        head = (f"at {name} target {target:g}'s reached size ({counts.median():.0f} parameters"
                 + (f", {sources.compression_total.median():.1f}x" if len(sources) else "")
                 + (", target not reached" if missed else "") + ")")
         sides = ([f"CoMERA {sources.metric_value.median():.3f}"] if len(sources) else [])

@@ -222,7 +222,7 @@ def fig13_rank_adaptation(res: Results, out: Path) -> None:
         if target_missed(r):
             seed = "" if pd.isna(r.seed) else f" (seed {int(r.seed)})"
             end = f" ends at {ratio.iloc[-1]:.2f}x" if len(ratio) else ""
-            missed.append(f"target {r.target_ratio:g}{seed}{end}")
+            missed.append(f"{variant_name(r.variant)} target {r.target_ratio:g}{seed}{end}")
         right.plot(acc.step, acc.value, label=labels[r.run_id], **styles[r.run_id])
     for ax, ylabel in ((left, "TT size / size at the switch"),
                        (right, "validation accuracy (fraction)")):
@@ -264,36 +264,24 @@ def ramp_text(runs: pd.DataFrame) -> str:
             + " of the late stage (method param target_ramp), then stays")
 
 
-KNEE_DROP = 0.02
-"""Fig 14's knee: the largest compression at which CoMERA's mean accuracy is at most this far below the
-uncompressed model's mean (the issue's "within 0.02 of dense")."""
+VARIANT_LINES = {"reach": "--", "paper": "-.", "default": (0, (1, 1.5))}
+"""Fig 14's line through one CoMERA variant's targets (black), by variant; another variant: dashed."""
 
 
-def knee_text(points: pd.DataFrame, reference_acc: float) -> str:
-    """Where CoMERA's accuracy leaves the uncompressed model's: ``points`` are its targets' mean accuracy
-    (column ``accuracy``) and compression (``compression``); e.g. "CoMERA within 0.02 of uncompressed up to
-    7.7x (target 0.5); 0.120 below at 22.7x (target 0.2)"."""
+def variant_name(variant: str) -> str:
+    """A CoMERA variant as its points are labelled: "comera" (the defaults), else "comera-<variant>"."""
+    return "comera" if variant in ("default", "", None) else f"comera-{variant}"
+
+
+def gaps_text(points: pd.DataFrame, reference_acc: float, name: str) -> str:
+    """One CoMERA variant's mean accuracy minus the uncompressed model's at each of its targets, from the
+    least compression: ``points`` has columns ``accuracy`` and ``compression``; e.g. "comera-reach -0.002 /
+    -0.050 at 9.9x / 18.5x" ("" without points)."""
     points = points.sort_values("compression")
     if not len(points):
         return ""
-    gap = reference_acc - points.accuracy
-    kept = points[gap <= KNEE_DROP + 1e-9]
-    last_kept = kept.compression.max() if len(kept) else 0.0
-    beyond = points[(gap > KNEE_DROP + 1e-9) & (points.compression > last_kept)]
-
-    def at(r: Any) -> str:
-        return f"{r.compression:.1f}x (target {r.target:g})"
-
-    if not len(kept):
-        first = points.iloc[0]
-        return (f"CoMERA more than {KNEE_DROP:g} below uncompressed from its least compression, "
-                f"{reference_acc - first.accuracy:.3f} below at {at(first)}")
-    last = kept.iloc[-1]
-    text = f"CoMERA within {KNEE_DROP:g} of uncompressed up to {at(last)}"
-    if len(beyond):
-        first = beyond.iloc[0]
-        return text + f"; {reference_acc - first.accuracy:.3f} below at {at(first)}"
-    return text + " (no knee in the targets run)"
+    gaps = " / ".join(f"{a - reference_acc:+.3f}" for a in points.accuracy)
+    return f"{name} {gaps} at " + " / ".join(f"{c:.1f}x" for c in points.compression)
 
 
 def dodged(xs: list[float], step: float = 1.07) -> list[float]:
@@ -312,10 +300,12 @@ def fig14_accuracy_vs_compression(res: Results, out: Path) -> None:
     """Not in the paper: the final validation accuracy of every transformer quality cell against its
     measured whole-model compression (the uncompressed model's parameters / the trained model's), one small
     marker per seed and a large one for the mean of a method configuration; a CoMERA target not reached
-    hollow (each seed that missed it; the mean where any did); CoMERA's targets joined by a line, the
+    hollow (each seed that missed it; the mean where any did); each CoMERA variant's targets joined by a
+    black line of its own pattern (:data:`VARIANT_LINES`), the
     uncompressed model's mean as a horizontal line (its seeds' range shaded); each size-matched model (dense,
     fixed-rank TT) joined by a dotted line to the CoMERA point whose reached size it matches; the footer
-    says where the knee is (:func:`knee_text`) and compares the matched models at equal size."""
+    gives each CoMERA variant's accuracy gap to it per target (:func:`gaps_text`) and compares the matched
+    models at equal size."""
     name, title = "fig14_accuracy_vs_compression", "Accuracy vs compression (not a figure of the paper)"
     runs, source = res.quality_runs("transformer")
     runs = quality_order(runs)
@@ -356,17 +346,21 @@ def fig14_accuracy_vs_compression(res: Results, out: Path) -> None:
             means[rid] = (x * dodge[i], mean)
         if (group.method == "comera").all() and group.target_ratio.notna().all():
             comera.append({"compression": x, "accuracy": mean, "target": group.target_ratio.iloc[0],
-                           "x": x * dodge[i]})
+                           "x": x * dodge[i], "variant": group.variant.iloc[0]})
     paired = [(means[r.run_id], means[m["run"]]) for r in ok.itertuples()
               if (m := size_matched(r)) and m.get("run") in means]
     for i, (point, matched) in enumerate(dict.fromkeys(paired)):
         ax.plot([point[0], matched[0]], [point[1], matched[1]], color="gray", ls=":", lw=0.9, zorder=0,
                 label="size-matched: joined to the CoMERA point it matches" if i == 0 else None)
-    knee = ""
-    if comera:
-        line = pd.DataFrame(comera).sort_values("compression")
-        ax.plot(line.x, line.accuracy, color="black", lw=0.8, ls="--", zorder=0)
-        knee = knee_text(line, dense.metric_value.mean()) if len(dense) else ""
+    gaps = []
+    for variant, line in (pd.DataFrame(comera).groupby("variant", sort=False) if comera else ()):
+        line = line.sort_values("compression")
+        ax.plot(line.x, line.accuracy, color="black", lw=0.8, ls=VARIANT_LINES.get(variant, "--"), zorder=0,
+                label=f"{variant_name(variant)}: its targets joined" if len(line) > 1 else None)
+        if len(dense):
+            gaps.append(gaps_text(line, dense.metric_value.mean(), variant_name(variant)))
+    knee = (f"Accuracy minus the uncompressed mean ({dense.metric_value.mean():.3f}), per target: "
+            + "; ".join(gaps) if gaps else "")
     for r in runs[runs.status != "ok"].itertuples():
         mark_failed(ax, r.compression_total if pd.notna(r.compression_total) else 1.0,
                      f"{method_label(r)}: {r.status}")
@@ -393,7 +387,7 @@ def fig14_accuracy_vs_compression(res: Results, out: Path) -> None:
 
 
 def equal_size_text(ok: pd.DataFrame) -> str:
-    """"At equal size: CoMERA target 0.2 (7.9x) 0.892, dense 0.840 (8.2x), fixed-rank TT 0.900 (7.8x). "
+    """"At equal size: comera-reach target 0.2 (7.9x) 0.892, dense (8.2x) 0.840, fixed-rank TT (7.8x) 0.900. "
     for each CoMERA target a size-matched model matches (means over seeds; every point at its measured
     compression); "" without one."""
     texts = []
@@ -403,7 +397,8 @@ def equal_size_text(ok: pd.DataFrame) -> str:
         pairs = [(m, r) for m, r in matched if m.get("target") == target]
         sources = pd.DataFrame([rows[m["run"]]._asdict() for m, _ in pairs if m["run"] in rows]
                                ).drop_duplicates("run_id") if pairs else pd.DataFrame()
-        parts = ([f"CoMERA target {target:g} ({sources.compression_total.mean():.1f}x) "
+        name = variant_name(sources.variant.iloc[0]) if len(sources) else "comera"
+        parts = ([f"{name} target {target:g} ({sources.compression_total.mean():.1f}x) "
                   f"{sources.metric_value.mean():.3f}"] if len(sources) else [])
         for name, method in (("dense", "dense"), ("fixed-rank TT", "comera")):
             cells = pd.DataFrame([r._asdict() for _, r in pairs if r.method == method])

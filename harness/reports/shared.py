@@ -16,9 +16,10 @@ GIB = 2 ** 30
 
 def method_label(row: Any) -> str:
     """"comera (target 0.2)", "lte-tuned", "dense TF32 (high)", "comera + CUDA graph", "dense, size-matched
-    to CoMERA target 0.2" and "comera-fixed-rank, size-matched to CoMERA target 0.2" (cells matched to the
-    size a CoMERA cell reached, :func:`size_matched`): the method, its variant unless the default, its
-    execution where not eager FP32 (harness.results.execution.execution_label) and its target."""
+    to CoMERA target 0.2" and "comera-fixed-rank, size-matched to comera-reach target 0.2" (cells matched
+    to the size a CoMERA cell reached, :func:`size_matched`, named after that cell's configuration unless
+    it is the default): the method, its variant unless the default, its execution where not eager FP32
+    (harness.results.execution.execution_label) and its target."""
     how = execution_label(row)
     label = (row.method if row.variant in ("default", "", None) else f"{row.method}-{row.variant}") + how
     if pd.notna(row.target_ratio):
@@ -29,7 +30,8 @@ def method_label(row: Any) -> str:
     plain = row.variant in ("default", "size-matched", "", None)
     named = (row.method if plain else f"{row.method}-{row.variant}") + how
     target = "" if matched.get("target") is None else f" target {matched['target']:g}"
-    return f"{named}, size-matched to CoMERA{target}"
+    source = "CoMERA" if matched.get("variant") in ("default", None) else f"comera-{matched['variant']}"
+    return f"{named}, size-matched to {source}{target}"
 
 
 def size_matched(row: Any) -> dict[str, Any]:

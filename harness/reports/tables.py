@@ -13,6 +13,7 @@ import pandas as pd
 
 from harness.reports import feeds, reference
 from harness.reports.html import cell_text, markdown_table, write_html
+from harness.reports.judging import VARIANT_NAMES
 from harness.reports.shared import (GIB, MB, late_stage_missing, method_label, quality_order, report_args,
                                     size_matched, status_note, target_reached, target_shortfall)
 from harness.results.analysis import (LEARNING_RISE, LEARNING_TAIL, QUALITY, Results, extra_of, purpose_of,
@@ -46,14 +47,19 @@ def ranks_by_step(curves: pd.DataFrame, run_id: str) -> dict[int, dict[str, list
             for step, layers in sorted(out.items())}
 
 
+PROJECT_VARIANTS = ("default", "reach")
+"""The CoMERA variants of the project's rules Table 1 shows: the library's defaults and reach_target."""
+
+
 def table1_ranks(res: Results, workload: str = "transformer") -> tuple[pd.DataFrame, str]:
     """Internal TT ranks of the 5th encoder block (the last one when the model has fewer) before
-    training, after the early stage (at the stage switch) and after the late stage for each target, from
+    training, after the early stage (at the stage switch) and after the late stage for each target and
+    project variant (:data:`PROJECT_VARIANTS`; a reach_target column says so), from
     the runner's rank records (curves split "ranks": before training, at the switch, at the end), plus
     a last row with the TT size of the whole model in each column. One seed's runs (the smallest seed
     with a finished CoMERA run), named in the note with the seeds left out."""
     runs, source = res.quality_runs(workload)
-    comera = quality_order(runs[(runs.method == "comera") & (runs.variant == "default")
+    comera = quality_order(runs[(runs.method == "comera") & runs.variant.isin(PROJECT_VARIANTS)
                                 & paper_execution(runs)])
     finished = comera[comera.status == "ok"]
     if not len(finished):
@@ -77,11 +83,10 @@ def table1_ranks(res: Results, workload: str = "transformer") -> tuple[pd.DataFr
         notes.append("the early stage pruned no rank: by default it trains the TT model on the task loss "
                      "alone and prunes only ranks whose share of their bond fell to the threshold (why: "
                      "docs/recipe.md, \"The early stage\")")
-    missing = [f"target {r.target_ratio:g}: {why}" for r in comera.itertuples()
-               if (why := late_stage_missing(r))]
+    missing = [f"{_target(r)}: {why}" for r in comera.itertuples() if (why := late_stage_missing(r))]
     if missing:
         notes.append("not measured here: " + "; ".join(missing))
-    short = [f"target {r.target_ratio:g}: {why.removeprefix('target not reached: ')}"
+    short = [f"{_target(r)}: {why.removeprefix('target not reached: ')}"
              for r in comera.itertuples() if (why := target_shortfall(r))]
     if short:
         notes.append("targets not reached (the late stage's ranks where it stopped): " + "; ".join(short))
@@ -117,8 +122,14 @@ def _rank_columns(res: Results, df: pd.DataFrame
         columns["after early stage (no switch: end of early-stage-only run)"] = (
             ranks_of(early.iloc[0]), res.tt_size(early.run_id.iloc[0]))
     for r, info in targets:
-        columns[f"late stage, target {r.target_ratio:g}"] = (ranks_of(r), info["size_end"])
+        columns[f"late stage, {_target(r)}"] = (ranks_of(r), info["size_end"])
     return columns, notes
+
+
+def _target(row: Any) -> str:
+    """"target 0.2", with the variant's name unless it is the library's default rules."""
+    variant = "" if row.variant == "default" else f" ({VARIANT_NAMES.get(row.variant, row.variant)})"
+    return f"target {row.target_ratio:g}{variant}"
 
 
 def _ranks_text(r: list[int] | None) -> str:

@@ -33,7 +33,7 @@ def choose(cpus: int, load: float | None) -> int:
     average; None: unknown, taken as 0): the CPUs free less one, left to the rest of the machine (Snakemake,
     the system, whatever starts later), rounded; at least 1, at most :data:`AUTO_MOST`. So 1 on a 2-CPU
     machine, busy or not: a cell whose threads take every CPU waits for all of them at each parallel step
-    whenever anything else runs (docs/performance.md, "The default grid on a busy machine")."""
+    whenever anything else runs (docs/changelog.md, "2026-12-06: the default grid on a busy machine")."""
     free = cpus - (load or 0.0)
     return max(1, min(AUTO_MOST, round(free - 1)))
 

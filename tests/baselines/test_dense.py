@@ -93,7 +93,7 @@ def source_row(folder, run_id, *, status="ok", params=5000, target=0.2, shortfal
     import pandas as pd
 
     row = {"run_id": run_id, "status": status, "params_total": float(params), "target_ratio": target,
-           "compression_total": 4.0,
+           "compression_total": 4.0, "variant": "reach",
            "settings": json.dumps({"method": {"outcome": {"shortfall": shortfall}}})}
     pd.DataFrame([row]).to_parquet(folder / f"{run_id}.runs.parquet")
 
@@ -111,7 +111,7 @@ def test_matched_source_reads_the_reached_size_and_names_the_file_of_a_missing_o
 
     source_row(cells, "c-ok", params=1234, shortfall="the loss guard held it back")
     got = matched_source("dense", "c-ok")
-    assert got == {"run": "c-ok", "params": 1234, "target": 0.2, "target_reached": False,
+    assert got == {"run": "c-ok", "variant": "reach", "params": 1234, "target": 0.2, "target_reached": False,
                    "compression_total": 4.0}
     source_row(cells, "c-reached")
     assert matched_source("dense", "c-reached")["target_reached"] is True

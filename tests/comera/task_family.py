@@ -118,9 +118,9 @@ def split(task: str, seed: int) -> tuple[torch.Tensor, ...]:
 
 
 def train(task: str, kind: str, seed: int, method: str, *, target: float | None = None, batch: int = 128,
-          steps: int = STEPS, on_step=None) -> Outcome:
-    """README's recipe (``method`` "comera", with ``target``), the TT twin ("tt") or the dense model
-    ("dense"); ``on_step(step, model, adapt)`` after each step."""
+          steps: int = STEPS, on_step=None, **settings) -> Outcome:
+    """README's recipe (``method`` "comera", with ``target`` and any rank-adaptation ``settings``), the TT
+    twin ("tt") or the dense model ("dense"); ``on_step(step, model, adapt)`` after each step."""
     torch.set_num_threads(1)
     x, y, x_test, y_test = split(task, seed)
     torch.manual_seed(seed)
@@ -132,7 +132,7 @@ def train(task: str, kind: str, seed: int, method: str, *, target: float | None 
         comera.tensorize(model, "all-linear", rank=RANK)
         optimizer = torch.optim.AdamW(comera.param_groups(model, lr=LR))
         if method == "comera":
-            adapt = comera.RankAdaptation(model, optimizer, target=target, total_steps=steps)
+            adapt = comera.RankAdaptation(model, optimizer, target=target, total_steps=steps, **settings)
     batches = torch.Generator().manual_seed(seed)
     for step in range(1, steps + 1):
         pick = torch.randint(0, len(x), (batch,), generator=batches)

@@ -606,8 +606,10 @@ def test_the_default_grid_draws_fig9_and_fig10_from_quality_cells_of_two_seeds()
 
 def test_the_papers_comera_runs_beside_the_projects_at_targets_half_and_a_fifth():
     """The default grid's transformer quality cells run CoMERA under the paper's rules (variant "paper",
-    ``rules: paper``) at targets 0.5 and 0.2 only, on both seeds, beside the project's variant at every
-    target; config/paper.yaml has it beside ``comera`` in the transformer's quality cells."""
+    ``rules: paper``) at targets 0.5 and 0.2 only, on both seeds, beside the project's rules with the
+    target as a deadline (variant "reach", ``reach_target``) at both targets, which the size-matched models
+    match, and the library's defaults at target 0.2; config/paper.yaml has the paper's beside ``comera``
+    in the transformer's quality cells."""
     config = filled(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()))
     config["execution"]["threads"] = 1
     cells, _ = expand(config)
@@ -617,11 +619,17 @@ def test_the_papers_comera_runs_beside_the_projects_at_targets_half_and_a_fifth(
     assert paper == [(0.2, 0), (0.2, 1), (0.5, 0), (0.5, 1)]
     assert all(c["method_params"]["rules"] == "paper" and "size_weight" not in c["method_params"]
                for c in quality if c["variant"] == "paper")
-    assert sorted({c["target_ratio"] for c in quality if c["variant"] == "default"}) == [0.2, 0.5, 0.8]
+    assert sorted({c["target_ratio"] for c in quality if c["variant"] == "reach"}) == [0.2, 0.5]
+    assert all(c["method_params"]["reach_target"] for c in quality if c["variant"] == "reach")
+    default = [c for c in quality if c["variant"] == "default"]
+    assert {c["target_ratio"] for c in default} == {0.2} and not any(
+        c["method_params"]["reach_target"] for c in default)
+    matched = [c["method_params"]["match_run"] for c in cells.values() if c["method_params"].get("match_run")]
+    assert matched and all("_comera-reach_" in run for run in matched)
     full = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
     assert full["methods"]["comera-paper"]["params"] == {"rules": "paper", "loss_target": 0.8}  # MNLI's L0
     methods = full["workloads"]["transformer"]["quality"]["methods"]
-    assert methods.index("comera-paper") == methods.index("comera") + 1
+    assert methods.index("comera-paper") == methods.index("comera") + 2  # comera-reach between them
 
 
 def matched_config() -> dict:

@@ -473,6 +473,19 @@ def test_table1_reads_quality_cells_in_target_order(tmp_path):
     assert "5th encoder block" in note and "from the quality cells" in note and "step 4" in note
 
 
+def test_table1_shows_the_project_rules_with_and_without_reach_target(tmp_path):
+    """The library's defaults and its reach_target variant side by side, the latter's columns named so;
+    the paper's rules are not Table 1's."""
+    res = quality_folder(tmp_path / "q", quality_cell("dense"), quality_cell("comera", 0.2),
+                         quality_cell("comera", 0.5, variant="reach"),
+                         quality_cell("comera", 0.2, variant="reach"),
+                         quality_cell("comera", 0.2, variant="paper"))
+    t1, _ = tables.table1_ranks(res)
+    assert list(t1.columns) == ["layer", "before training", "after early stage", "late stage, target 0.2",
+                                "late stage, target 0.5 (project rules with reach_target)",
+                                "late stage, target 0.2 (project rules with reach_target)"]
+
+
 def test_table1_says_when_the_early_stage_pruned_no_rank(tmp_path, monkeypatch):
     """Ranks at the switch equal to those before training: the note says why (the early stage's default)."""
     _, note = tables.table1_ranks(quality_folder(tmp_path / "q"))
@@ -907,7 +920,7 @@ def test_fig6_draws_the_paper_line_on_mnli_only_and_fig13_names_a_missed_target(
     (acc, _), _, footer = drawn["fig6_accuracy"]
     assert not any(label.startswith("paper") for label in acc) and "~64% (real MNLI) not drawn" in footer
     texts = drawn["fig13_rank_adaptation"][1]
-    missed = "targets not reached: target 0.5 (seed 0) ends at 1.00x"
+    missed = "targets not reached: comera target 0.5 (seed 0) ends at 1.00x"
     assert any(missed in t.replace("\n", " ") for t in texts), texts
     settings = json.loads(row["settings"])
     mnli = [{**r, "settings": json.dumps({**settings, "workload_info": {"data": "mnli"}})}
@@ -1095,7 +1108,7 @@ def test_fig14_places_every_point_at_its_size_hollow_where_a_target_was_missed_a
     joins = [ln for ln in ax.get_lines() if ln.get_linestyle() == ":" and len(ln.get_xdata()) == 2]
     assert sorted(sorted(ln.get_ydata()) for ln in joins) == [[pytest.approx(0.76), pytest.approx(0.84)],
                                                                [pytest.approx(0.80), pytest.approx(0.84)]]
-    assert "At equal size: CoMERA target 0.2 (7.9x) 0.840, dense (8.2x) 0.760, fixed-rank TT (7.8x) 0.800" \
+    assert "At equal size: comera target 0.2 (7.9x) 0.840, dense (8.2x) 0.760, fixed-rank TT (7.8x) 0.800" \
         in kept["footer"]
     assert "hollow: target not reached" in kept["footer"]
     plt.close(kept["fig"])
@@ -1112,15 +1125,15 @@ def test_fig14_places_every_point_at_its_size_hollow_where_a_target_was_missed_a
                            "matches CoMERA target 0.2 (not reached): 70000 parameters; rank 6 (TTM 12)"}
 
 
-def test_fig14_draws_the_knee_and_the_uncompressed_line(tmp_path, drawn):
+def test_fig14_gives_the_gaps_per_target_and_draws_the_uncompressed_line(tmp_path, drawn):
     res = quality_folder(tmp_path / "q", *fig14_cells())
     quality_figures.fig14_accuracy_vs_compression(res, tmp_path)
     (points,), texts, footer = drawn["fig14_accuracy_vs_compression"]
     assert points["uncompressed"] == [pytest.approx(0.94)]  # the mean of the seeds' 0.93 and 0.95
     assert points["uncompressed, mean 0.940 (seeds' range shaded)"] == [pytest.approx(0.94)] * 2
     assert points["galore"] == [pytest.approx(0.91)]
-    assert footer.startswith("CoMERA within 0.02 of uncompressed up to 7.7x (target 0.5); 0.100 below at "
-                             "7.9x (target 0.2)")  # the figure's finding first
+    assert footer.startswith("Accuracy minus the uncompressed mean (0.940), per target: comera -0.010 / "
+                             "-0.100 at 7.7x / 7.9x")  # the figure's finding first
     assert "2 seeds" in footer and "quality cells" in footer
     size, note = tables.table_mnli_size(res)
     tables.write_table(size, note, "t", tmp_path, "t", "")
@@ -1128,16 +1141,42 @@ def test_fig14_draws_the_knee_and_the_uncompressed_line(tmp_path, drawn):
     assert " 553219 |" in text and "e+05" not in text  # the dense rows' count, whole
 
 
-@pytest.mark.parametrize("accuracies, expected", [
-    ((0.95, 0.94), "CoMERA within 0.02 of uncompressed up to 22.7x (target 0.2) (no knee in the targets "
-                   "run)"),
-    ((0.90, 0.80), "CoMERA more than 0.02 below uncompressed from its least compression, 0.050 below at 7.7x "
-                   "(target 0.5)"),
-    ((0.94, 0.80), "CoMERA within 0.02 of uncompressed up to 7.7x (target 0.5); 0.150 below at 22.7x "
-                   "(target 0.2)")])
-def test_knee_is_the_largest_compression_within_0_02_of_uncompressed(accuracies, expected):
-    points = pd.DataFrame({"compression": [22.7, 7.7], "accuracy": accuracies[::-1], "target": [0.2, 0.5]})
-    assert quality_figures.knee_text(points, 0.95) == expected
+def test_fig14_joins_each_comera_variants_targets_and_names_its_gaps_and_matched_models(tmp_path,
+                                                                                      monkeypatch):
+    """A black line through each CoMERA variant's targets, of its own pattern, in the legend; the footer
+    gives each variant's gap to the uncompressed model per target and names the variant the size-matched
+    models match."""
+    kept = {}
+    monkeypatch.setattr(drawing, "finish",
+                        lambda fig, title, footer, *a, **k: kept.update(fig=fig, footer=footer))
+    record = {"run": f"{quality_cell('comera', 0.2, variant='reach')[0]['run_id']}_s0", "variant": "reach",
+              "params": 30000, "target": 0.2, "target_reached": True}
+    cells = [seeded_cell(quality_cell("dense", end_acc=0.94), 0),
+             seeded_cell(quality_cell("comera", 0.2, end_acc=0.93), 0, 5.0),
+             seeded_cell(quality_cell("comera", 0.5, variant="reach", end_acc=0.93), 0, 8.0),
+             seeded_cell(quality_cell("comera", 0.2, variant="reach", end_acc=0.90), 0, 18.0),
+             seeded_cell(quality_cell("dense", variant="size-matched", end_acc=0.75), 0, 18.5, record,
+                         selection=SELECTED)]
+    res = quality_folder(tmp_path / "q", *cells)
+    quality_figures.fig14_accuracy_vs_compression(res, tmp_path)
+    (ax,) = kept["fig"].axes
+    points = {ln.get_label(): ln for ln in ax.get_lines()}
+    joined = points["comera-reach: its targets joined"]
+    assert sorted(joined.get_ydata()) == [pytest.approx(0.90), pytest.approx(0.93)]
+    assert joined.get_linestyle() == "--" and joined.get_color() == "black"
+    assert "comera: its targets joined" not in points  # one target: no line
+    assert "uncompressed, size-matched to comera-reach target 0.2" in points
+    footer = kept["footer"]
+    assert footer.startswith("Accuracy minus the uncompressed mean (0.940), per target: comera -0.010 at "
+                             "5.0x; comera-reach -0.010 / -0.040 at 8.0x / 18.0x. ")
+    assert "At equal size: comera-reach target 0.2 (18.0x) 0.900, dense (18.5x) 0.750" in footer
+
+
+def test_gaps_are_each_targets_accuracy_minus_uncompressed_from_the_least_compression():
+    points = pd.DataFrame({"compression": [22.7, 7.7], "accuracy": [0.80, 0.96], "target": [0.2, 0.5]})
+    assert (quality_figures.gaps_text(points, 0.95, "comera-paper")
+            == "comera-paper +0.010 / -0.150 at 7.7x / 22.7x")
+    assert quality_figures.gaps_text(points.iloc[:0], 0.95, "comera") == ""
 
 
 def test_a_log_axis_spanning_decades_is_labelled_in_plain_numbers():
