@@ -522,7 +522,7 @@ def test_the_busy_warnings_one_thread_command_gives_every_cell_one_thread(tmp_pa
                          env=ENV, cwd=ROOT, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     specs = [line for line in res.stdout.splitlines() if '"run_id"' in line]
-    assert len(specs) == 43 and all(re.search(r'"num_threads": 1[,}]', line) for line in specs)
+    assert len(specs) == 41 and all(re.search(r'"num_threads": 1[,}]', line) for line in specs)
 
 
 @pytest.mark.parametrize("case", ["injected results_dir", "injected device variable", "duplicated key"])
