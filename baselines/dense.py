@@ -89,8 +89,7 @@ def matched_source(method: str, match_run: str) -> dict[str, Any]:
     """The cell a matched cell matches: its row in ``<CELLS_DIR_ENV>/<match_run>.runs.parquet`` as
     ``{"run": match_run, "variant": its variant, "params": its params_total, "target": its target_ratio,
     "target_reached": bool (None without a target), "compression_total": ...}``. ``target_reached``:
-    the row's column where it
-    has one, else whether its rank adaptation reported no shortfall.
+    the row's column where it has one, else whether its rank adaptation reported no shortfall.
 
     Raises:
         ValueError: the folder is not set, the file is missing or unreadable, or its row is not ok or has

@@ -329,9 +329,10 @@ class TwoStageRankAdaptation:
             floor = float(self.target.size_target) if self.stage == 1 and s.stop_at_target else None
             self._pruned(prune(self.model, s.threshold, self.optimizers, min_size=floor, min_rank=s.min_rank,
                                by=self._prune_by))
-            if self.stage == 1 and s.reach_target and float(self._size) > self._ceiling(done):
-                self._pruned(prune(self.model, 1.0, self.optimizers, min_size=self._ceiling(done),
-                                   min_rank=s.min_rank, by="share"))
+            ceiling = self._ceiling(done) if self.stage == 1 and s.reach_target else math.inf
+            if float(self._size) > ceiling:
+                self._pruned(prune(self.model, 1.0, self.optimizers, min_size=ceiling, min_rank=s.min_rank,
+                                   by="share"))
             pruned = True
         parts = layout(self.model)
         gate_sizes = [g.shape[0] for g in parts.gates]  # gate k spans internal bond k+1

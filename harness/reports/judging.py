@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable, Sequence, Union
 import pandas as pd
 
 from harness.core.timing import STABLE
-from harness.reports.shared import size_matched
+from harness.reports.shared import matched_name, size_matched
 from harness.results.analysis import (CALL_TIME, MEMORY, QUALITY, Ratio, Results, gpu_rows, is_stable,
                                       is_timing, model_size, pair_ratio, purpose_of, ratio, settings_of,
                                       stable_only, timing_cells, unstable_timing_cells)
@@ -379,7 +379,8 @@ def size_matched_text(rows: pd.DataFrame, late: pd.DataFrame) -> str:
     parameters and compression; ", target not reached" where a matched CoMERA cell stopped short. Only
     cells matched to one of ``late`` (CoMERA rows after their late stage), which give the CoMERA side. ""
     without one. Not part of any verdict: the paper has no such baselines."""
-    has = pd.Series([size_matched(r).get("run") in set(late.run_id) for r in rows.itertuples()],
+    sources_run = set(late.run_id)
+    has = pd.Series([size_matched(r).get("run") in sources_run for r in rows.itertuples()],
                     index=rows.index, dtype=bool)
     matched = rows[(rows.status == "ok") & has]
     targets = pd.Series([size_matched(r).get("target") for r in matched.itertuples()], index=matched.index,
@@ -390,8 +391,7 @@ def size_matched_text(rows: pd.DataFrame, late: pd.DataFrame) -> str:
         sources = late[late.run_id.isin({m["run"] for m in records})]
         counts = pd.Series([m["params"] for m in records])
         missed = any(m.get("target_reached") is False for m in records)
-        variant = sources.variant.iloc[0] if len(sources) else "default"
-        name = "CoMERA" if variant == "default" else f"comera-{variant}"
+        name = matched_name(sources.variant.iloc[0] if len(sources) else None)
         head = (f"at {name} target {target:g}'s reached size ({counts.median():.0f} parameters"
                 + (f", {sources.compression_total.median():.1f}x" if len(sources) else "")
                 + (", target not reached" if missed else "") + ")")

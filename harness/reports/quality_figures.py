@@ -19,7 +19,7 @@ from harness.reports import drawing, reference  # noqa: E402
 from harness.reports.drawing import (PAPER, device_text, display_label, empty, mark_failed,  # noqa: E402
                                      methods_text, model_line, panels, plain_log_ticks, steps_axis,
                                      values_text)
-from harness.reports.shared import (late_stage_missing, method_label, quality_order,  # noqa: E402
+from harness.reports.shared import (configuration, late_stage_missing, method_label, quality_order,  # noqa: E402
                                     size_matched, target_missed, target_reached, target_shortfall)
 from harness.results.analysis import Results, settings_of  # noqa: E402
 
@@ -222,7 +222,7 @@ def fig13_rank_adaptation(res: Results, out: Path) -> None:
         if target_missed(r):
             seed = "" if pd.isna(r.seed) else f" (seed {int(r.seed)})"
             end = f" ends at {ratio.iloc[-1]:.2f}x" if len(ratio) else ""
-            missed.append(f"{variant_name(r.variant)} target {r.target_ratio:g}{seed}{end}")
+            missed.append(f"{configuration('comera', r.variant)} target {r.target_ratio:g}{seed}{end}")
         right.plot(acc.step, acc.value, label=labels[r.run_id], **styles[r.run_id])
     for ax, ylabel in ((left, "TT size / size at the switch"),
                        (right, "validation accuracy (fraction)")):
@@ -266,11 +266,6 @@ def ramp_text(runs: pd.DataFrame) -> str:
 
 VARIANT_LINES = {"reach": "--", "paper": "-.", "default": (0, (1, 1.5))}
 """Fig 14's line through one CoMERA variant's targets (black), by variant; another variant: dashed."""
-
-
-def variant_name(variant: str) -> str:
-    """A CoMERA variant as its points are labelled: "comera" (the defaults), else "comera-<variant>"."""
-    return "comera" if variant in ("default", "", None) else f"comera-{variant}"
 
 
 def gaps_text(points: pd.DataFrame, reference_acc: float, name: str) -> str:
@@ -356,11 +351,11 @@ def fig14_accuracy_vs_compression(res: Results, out: Path) -> None:
     for variant, line in (pd.DataFrame(comera).groupby("variant", sort=False) if comera else ()):
         line = line.sort_values("compression")
         ax.plot(line.x, line.accuracy, color="black", lw=0.8, ls=VARIANT_LINES.get(variant, "--"), zorder=0,
-                label=f"{variant_name(variant)}: its targets joined" if len(line) > 1 else None)
+                label=f"{configuration('comera', variant)}: its targets joined" if len(line) > 1 else None)
         if len(dense):
-            gaps.append(gaps_text(line, dense.metric_value.mean(), variant_name(variant)))
-    knee = (f"Accuracy minus the uncompressed mean ({dense.metric_value.mean():.3f}), per target: "
-            + "; ".join(gaps) if gaps else "")
+            gaps.append(gaps_text(line, dense.metric_value.mean(), configuration("comera", variant)))
+    gaps_line = (f"Accuracy minus the uncompressed mean ({dense.metric_value.mean():.3f}), per target: "
+                 + "; ".join(gaps) if gaps else "")
     for r in runs[runs.status != "ok"].itertuples():
         mark_failed(ax, r.compression_total if pd.notna(r.compression_total) else 1.0,
                      f"{method_label(r)}: {r.status}")
@@ -372,7 +367,7 @@ def fig14_accuracy_vs_compression(res: Results, out: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.01, 1))
     seeds = ok.seed.nunique()
-    footer = (f"{knee + '. ' if knee else ''}{equal_size_text(ok)}{res.label}, {source}, {seeds} "
+    footer = (f"{gaps_line + '. ' if gaps_line else ''}{equal_size_text(ok)}{res.label}, {source}, {seeds} "
               f"seed{'s' if seeds != 1 else ''} (small: each seed; large: mean; hollow: target not "
               "reached). More: table_mnli_size.")
     drawing.finish(fig, title, footer, out, name, drawing.notes(
@@ -397,7 +392,7 @@ def equal_size_text(ok: pd.DataFrame) -> str:
         pairs = [(m, r) for m, r in matched if m.get("target") == target]
         sources = pd.DataFrame([rows[m["run"]]._asdict() for m, _ in pairs if m["run"] in rows]
                                ).drop_duplicates("run_id") if pairs else pd.DataFrame()
-        name = variant_name(sources.variant.iloc[0]) if len(sources) else "comera"
+        name = configuration("comera", sources.variant.iloc[0] if len(sources) else None)
         parts = ([f"{name} target {target:g} ({sources.compression_total.mean():.1f}x) "
                   f"{sources.metric_value.mean():.3f}"] if len(sources) else [])
         for name, method in (("dense", "dense"), ("fixed-rank TT", "comera")):

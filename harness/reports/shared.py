@@ -14,6 +14,18 @@ MB = 1e6
 GIB = 2 ** 30
 
 
+def configuration(method: str, variant: str | None) -> str:
+    """A method configuration's name: the method, with its variant unless that is the default
+    ("comera", "comera-reach")."""
+    return method if variant in ("default", "", None) else f"{method}-{variant}"
+
+
+def matched_name(variant: str | None) -> str:
+    """How text names the CoMERA configuration a size-matched cell matched: "CoMERA" (the defaults), else
+    its configuration ("comera-reach")."""
+    return "CoMERA" if variant in ("default", "", None) else configuration("comera", variant)
+
+
 def method_label(row: Any) -> str:
     """"comera (target 0.2)", "lte-tuned", "dense TF32 (high)", "comera + CUDA graph", "dense, size-matched
     to CoMERA target 0.2" and "comera-fixed-rank, size-matched to comera-reach target 0.2" (cells matched
@@ -21,7 +33,7 @@ def method_label(row: Any) -> str:
     it is the default): the method, its variant unless the default, its execution where not eager FP32
     (harness.results.execution.execution_label) and its target."""
     how = execution_label(row)
-    label = (row.method if row.variant in ("default", "", None) else f"{row.method}-{row.variant}") + how
+    label = configuration(row.method, row.variant) + how
     if pd.notna(row.target_ratio):
         label += f" (target {row.target_ratio:g})"
     matched = size_matched(row)
@@ -30,8 +42,7 @@ def method_label(row: Any) -> str:
     plain = row.variant in ("default", "size-matched", "", None)
     named = (row.method if plain else f"{row.method}-{row.variant}") + how
     target = "" if matched.get("target") is None else f" target {matched['target']:g}"
-    source = "CoMERA" if matched.get("variant") in ("default", None) else f"comera-{matched['variant']}"
-    return f"{named}, size-matched to {source}{target}"
+    return f"{named}, size-matched to {matched_name(matched.get('variant'))}{target}"
 
 
 def size_matched(row: Any) -> dict[str, Any]:
